@@ -1,0 +1,61 @@
+"""Build macros shared by every dpproxy package.
+
+dpp_grpc_library runs the system protoc and grpc_cpp_plugin (Debian's
+protobuf-compiler and protobuf-compiler-grpc) in a genrule, so no Bazel
+proto rules have to be downloaded.
+"""
+
+_WARNINGS = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
+
+def dpp_cc_library(name, copts = [], **kwargs):
+    native.cc_library(name = name, copts = _WARNINGS + copts, **kwargs)
+
+def dpp_cc_binary(name, copts = [], **kwargs):
+    native.cc_binary(name = name, copts = _WARNINGS + copts, **kwargs)
+
+def dpp_cc_test(name, copts = [], deps = [], **kwargs):
+    native.cc_test(
+        name = name,
+        copts = _WARNINGS + copts,
+        deps = deps + ["//third_party:gtest_main", "//third_party:gmock"],
+        **kwargs
+    )
+
+def dpp_grpc_library(name, src, deps = [], grpc = True, visibility = None):
+    """C++ message and service code (plus gMock stubs) for one .proto file.
+
+    Args:
+      name: the cc_library target.
+      src: the .proto file, in this package.
+      deps: dpp_grpc_library targets whose .proto files `src` imports.
+      grpc: whether the file defines services.
+      visibility: passed to the cc_library.
+    """
+    base = src[:-len(".proto")]
+    outs = [base + ".pb.h", base + ".pb.cc"]
+    if grpc:
+        outs += [base + ".grpc.pb.h", base + ".grpc.pb.cc", base + "_mock.grpc.pb.h"]
+    dep_protos = [d + "_proto_srcs" for d in deps]
+    native.filegroup(
+        name = name + "_proto_srcs",
+        srcs = [src] + dep_protos,
+        visibility = ["//visibility:public"],
+    )
+    grpc_args = ""
+    if grpc:
+        grpc_args = ("--grpc_out=generate_mock_code=true:$(GENDIR) " +
+                     "--plugin=protoc-gen-grpc=/usr/bin/grpc_cpp_plugin ")
+    native.genrule(
+        name = name + "_gen",
+        srcs = [src] + dep_protos,
+        outs = outs,
+        cmd = ("/usr/bin/protoc -I. --cpp_out=$(GENDIR) " + grpc_args +
+               "$(location " + src + ")"),
+    )
+    native.cc_library(
+        name = name,
+        srcs = [o for o in outs if o.endswith(".cc")],
+        hdrs = [o for o in outs if o.endswith(".h")],
+        deps = deps + ["//third_party:grpc"],
+        visibility = visibility,
+    )

@@ -1,0 +1,89 @@
+#include "proxy/common/cli.h"
+
+#include <algorithm>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace dpproxy {
+
+std::string FlagsHelp(const std::vector<std::string>& file_substrings) {
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  std::sort(flags.begin(), flags.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::string out;
+  for (const auto& f : flags) {
+    bool mine = false;
+    for (const std::string& s : file_substrings) {
+      if (absl::StrContains(f.filename, s)) mine = true;
+    }
+    if (!mine) continue;
+    std::string def = f.type == "string" ? absl::StrCat("\"", f.default_value, "\"")
+                                         : f.default_value;
+    absl::StrAppend(&out, "  --", f.name, " (", f.type, ", default ", def, ")\n");
+    for (absl::string_view line : absl::StrSplit(f.description, '\n')) {
+      absl::StrAppend(&out, "      ", line, "\n");
+    }
+  }
+  return out;
+}
+
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (a == "--help" || a == "-h" || a == "-help" || a == "help" || a == "--helpfull") {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ShiftArgs(int* argc, char** argv) {
+  if (*argc < 2) return;
+  for (int i = 1; i + 1 < *argc; ++i) argv[i] = argv[i + 1];
+  --*argc;
+  argv[*argc] = nullptr;
+}
+
+}  // namespace dpproxy
+
+#include <signal.h>
+
+namespace dpproxy {
+
+void NormalizeFlagDashes(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* a = argv[i];
+    if (a[0] != '-' || a[1] != '-') continue;
+    for (char* p = a + 2; *p != '\0' && *p != '='; ++p) {
+      if (*p == '-') *p = '_';
+    }
+  }
+}
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  return sig;
+}
+
+}  // namespace dpproxy

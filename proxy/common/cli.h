@@ -1,0 +1,44 @@
+// File: cli.h
+//
+// Command-line helpers shared by the dpproxy binaries: a --help that lists
+// only the binary's own flags (not glog's) with their defaults, and
+// subcommand dispatch.
+#ifndef DPPROXY_PROXY_COMMON_CLI_H_
+#define DPPROXY_PROXY_COMMON_CLI_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace dpproxy {
+
+// Text of every gflags flag defined in a file whose path contains one of
+// `file_substrings`, one paragraph each: name, type, default, description.
+std::string FlagsHelp(const std::vector<std::string>& file_substrings);
+
+// True if argv asks for help: "--help", "-h", "-help" or "help".
+bool WantsHelp(int argc, char** argv);
+
+// Removes argv[1] (a subcommand name) so gflags sees only flags.
+void ShiftArgs(int* argc, char** argv);
+
+}  // namespace dpproxy
+
+
+
+namespace dpproxy {
+
+// Rewrites "--some-flag" to "--some_flag" (the part before '='), so people
+// can type either; gflags only knows underscores.
+void NormalizeFlagDashes(int argc, char** argv);
+
+// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and the threads it
+// starts later; call before starting any thread.
+void BlockTerminationSignals();
+
+// Waits for SIGTERM, SIGINT or SIGHUP; returns the signal number.
+int WaitForTerminationSignal();
+
+}  // namespace dpproxy
+#endif  // DPPROXY_PROXY_COMMON_CLI_H_

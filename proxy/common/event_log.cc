@@ -1,0 +1,118 @@
+#include "proxy/common/event_log.h"
+
+#include <errno.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proxy/common/files.h"
+
+namespace dpproxy {
+
+EventLog::EventLog(std::string source) : source_(std::move(source)) {}
+
+EventLog::~EventLog() {
+  absl::MutexLock lock(&mu_);
+  if (file_ != nullptr) fclose(file_);
+}
+
+absl::Status EventLog::OpenFile(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "ae");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot open event file ", path, ": ", ErrnoText(errno)));
+  }
+  absl::MutexLock lock(&mu_);
+  if (file_ != nullptr) fclose(file_);
+  file_ = f;
+  return absl::OkStatus();
+}
+
+void EventLog::SetEcho(bool echo) {
+  absl::MutexLock lock(&mu_);
+  echo_ = echo;
+}
+
+void EventLog::Emit(const std::string& event, Json fields) {
+  Json e = Json::object();
+  e["ts"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  e["source"] = source_;
+  e["event"] = event;
+  if (fields.is_object()) {
+    for (auto it = fields.begin(); it != fields.end(); ++it) e[it.key()] = it.value();
+  }
+  absl::MutexLock lock(&mu_);
+  if (file_ != nullptr) {
+    std::string line = e.dump(-1, ' ', false, Json::error_handler_t::replace);
+    line += '\n';
+    fwrite(line.data(), 1, line.size(), file_);
+    fflush(file_);
+  }
+  if (echo_) {
+    std::string line = Format(e);
+    line += '\n';
+    fwrite(line.data(), 1, line.size(), stdout);
+    fflush(stdout);
+  }
+  events_.push_back(std::move(e));
+}
+
+std::vector<Json> EventLog::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  return events_;
+}
+
+size_t EventLog::Size() const {
+  absl::MutexLock lock(&mu_);
+  return events_.size();
+}
+
+std::optional<Json> EventLog::WaitFor(const std::function<bool(const Json&)>& pred,
+                                      absl::Duration timeout, size_t from) const {
+  absl::MutexLock lock(&mu_);
+  std::optional<Json> found;
+  size_t scanned = from;
+  auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (; scanned < events_.size(); ++scanned) {
+      if (pred(events_[scanned])) {
+        found = events_[scanned];
+        return true;
+      }
+    }
+    return false;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&check), timeout);
+  return found;
+}
+
+std::optional<Json> EventLog::WaitForEvent(const std::string& event, const Json& match,
+                                           absl::Duration timeout, size_t from) const {
+  return WaitFor(
+      [&](const Json& e) { return e.value("event", "") == event && JsonMatches(e, match); },
+      timeout, from);
+}
+
+std::string EventLog::Format(const Json& e) {
+  std::string ts = e.value("ts", "");
+  // Keep HH:MM:SS.mmm of the timestamp.
+  std::string clock = ts.size() >= 23 ? ts.substr(11, 12) : ts;
+  std::string out = absl::StrCat(clock, " ", e.value("source", ""), ": ",
+                                 e.value("event", ""));
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    if (it.key() == "ts" || it.key() == "source" || it.key() == "event") continue;
+    std::string v = it.value().is_string() ? it.value().get<std::string>()
+                                           : it.value().dump();
+    absl::StrAppend(&out, " ", it.key(), "=", v);
+  }
+  return out;
+}
+
+bool JsonMatches(const Json& event, const Json& match) {
+  if (!match.is_object()) return true;
+  for (auto it = match.begin(); it != match.end(); ++it) {
+    auto f = event.find(it.key());
+    if (f == event.end() || *f != it.value()) return false;
+  }
+  return true;
+}
+
+}  // namespace dpproxy

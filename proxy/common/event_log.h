@@ -1,0 +1,78 @@
+// File: event_log.h
+//
+// Structured events as JSON lines: one object per line with "ts" (RFC 3339,
+// UTC), "source" and "event", plus event-specific fields. The tools write
+// them to a file that tests and CI scripts read, optionally echo a readable
+// line to stdout, and keep them in memory so in-process tests can wait for
+// one:
+//
+//   log.Emit("registered", {{"resource", "vendor.com/gpu"}});
+//   auto e = log.WaitFor([](const Json& j) { return j["event"] == "registered"; },
+//                        absl::Seconds(5));
+#ifndef DPPROXY_PROXY_COMMON_EVENT_LOG_H_
+#define DPPROXY_PROXY_COMMON_EVENT_LOG_H_
+
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace dpproxy {
+
+using Json = nlohmann::json;
+
+class EventLog {
+ public:
+  explicit EventLog(std::string source);
+  ~EventLog();
+
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
+
+  // Appends events to `path` from now on (created if missing).
+  absl::Status OpenFile(const std::string& path);
+  // Prints a readable line per event to stdout.
+  void SetEcho(bool echo);
+
+  // Records one event. Thread-safe; never blocks on anything but the file.
+  void Emit(const std::string& event, Json fields = Json::object());
+
+  // Every event so far, oldest first.
+  std::vector<Json> Snapshot() const;
+  size_t Size() const;
+
+  // Waits until an event at index >= `from` satisfies `pred`; returns it, or
+  // nullopt after `timeout`.
+  std::optional<Json> WaitFor(const std::function<bool(const Json&)>& pred,
+                              absl::Duration timeout, size_t from = 0) const;
+
+  // Shorthand: the first event named `event` whose fields include all of
+  // `match` (equal values).
+  std::optional<Json> WaitForEvent(const std::string& event, const Json& match,
+                                   absl::Duration timeout, size_t from = 0) const;
+
+  // The readable form of an event, as echoed.
+  static std::string Format(const Json& e);
+
+ private:
+  const std::string source_;
+  mutable absl::Mutex mu_;
+  std::vector<Json> events_ ABSL_GUARDED_BY(mu_);
+  FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool echo_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// True if every key of `match` is in `event` with an equal value.
+bool JsonMatches(const Json& event, const Json& match);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_COMMON_EVENT_LOG_H_

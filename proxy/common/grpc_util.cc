@@ -1,0 +1,97 @@
+#include "proxy/common/grpc_util.h"
+
+#include <algorithm>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proxy/common/files.h"
+
+namespace dpproxy {
+
+grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
+    grpc::GenericCallbackServerContext* ctx) {
+  // "/pkg.Service/Method"
+  std::string method = ctx->method();
+  std::string service, name;
+  size_t slash = method.find('/', 1);
+  if (!method.empty() && method[0] == '/' && slash != std::string::npos) {
+    service = method.substr(1, slash - 1);
+    name = method.substr(slash + 1);
+  } else {
+    service = method;
+  }
+  std::string message;
+  if (std::find(served_.begin(), served_.end(), service) != served_.end()) {
+    message = absl::StrCat("unknown method ", name, " for service ", service);
+  } else {
+    message = absl::StrCat("unknown service ", service);
+  }
+  class Reactor : public grpc::ServerGenericBidiReactor {
+   public:
+    explicit Reactor(std::string message) {
+      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message));
+    }
+    void OnDone() override { delete this; }
+  };
+  return new Reactor(std::move(message));
+}
+
+std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path) {
+  grpc::ChannelArguments args;
+  // Peers on a Unix socket come back quickly after a restart; do not wait
+  // seconds between reconnection attempts.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Separate channels to the same socket must not share a subchannel, so a
+  // dead peer's connection is not reused by a fresh channel.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(UnixAddress(socket_path),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
+    if (absl::Now() >= deadline ||
+        !channel->WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+      return absl::DeadlineExceededError("context deadline exceeded");
+    }
+  }
+}
+
+std::string GoCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "Canceled";
+    case grpc::StatusCode::UNKNOWN: return "Unknown";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "InvalidArgument";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DeadlineExceeded";
+    case grpc::StatusCode::NOT_FOUND: return "NotFound";
+    case grpc::StatusCode::ALREADY_EXISTS: return "AlreadyExists";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PermissionDenied";
+    case grpc::StatusCode::UNAUTHENTICATED: return "Unauthenticated";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "ResourceExhausted";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FailedPrecondition";
+    case grpc::StatusCode::ABORTED: return "Aborted";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OutOfRange";
+    case grpc::StatusCode::UNIMPLEMENTED: return "Unimplemented";
+    case grpc::StatusCode::INTERNAL: return "Internal";
+    case grpc::StatusCode::UNAVAILABLE: return "Unavailable";
+    case grpc::StatusCode::DATA_LOSS: return "DataLoss";
+    default: return absl::StrCat("Code(", static_cast<int>(code), ")");
+  }
+}
+
+std::string GoRpcError(const grpc::Status& s) {
+  return absl::StrCat("rpc error: code = ", GoCodeName(s.error_code()),
+                      " desc = ", s.error_message());
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,51 @@
+// File: grpc_util.h
+//
+// gRPC pieces shared by the simulator, the sample plugin and the proxy.
+#ifndef DPPROXY_PROXY_COMMON_GRPC_UTIL_H_
+#define DPPROXY_PROXY_COMMON_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace dpproxy {
+
+// Answers calls to services a server does not have the way Go gRPC servers
+// (the kubelet, most plugins) do: UNIMPLEMENTED with "unknown service
+// <pkg.Service>", or "unknown method <M> for service <pkg.Service>" when the
+// service exists. C++ gRPC would answer with an empty message.
+class GoStyleUnknownHandler : public grpc::CallbackGenericService {
+ public:
+  // `served` are full service names, e.g. "v1beta1.Registration".
+  explicit GoStyleUnknownHandler(std::vector<std::string> served)
+      : served_(std::move(served)) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* ctx) override;
+
+ private:
+  const std::vector<std::string> served_;
+};
+
+// A channel to a Unix socket, made once and reused for every call.
+std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path);
+
+// Waits until `channel` is connected; kDeadlineExceeded after `timeout`.
+absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout);
+
+// Go's name of a gRPC code ("Unavailable", "DeadlineExceeded"), as in the
+// kubelet's "rpc error: code = X desc = Y" error texts.
+std::string GoCodeName(grpc::StatusCode code);
+
+// "rpc error: code = Unavailable desc = ...", the text a Go client prints.
+std::string GoRpcError(const grpc::Status& s);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_COMMON_GRPC_UTIL_H_

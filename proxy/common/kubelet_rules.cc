@@ -1,0 +1,138 @@
+#include "proxy/common/kubelet_rules.h"
+
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace dpproxy {
+namespace {
+
+bool IsAlnum(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)); }
+
+// Kubernetes' qualified-name part: [A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?,
+// at most 63 characters.
+bool IsQualifiedNamePart(absl::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  if (!IsAlnum(s.front()) || !IsAlnum(s.back())) return false;
+  for (char c : s) {
+    if (!IsAlnum(c) && c != '-' && c != '_' && c != '.') return false;
+  }
+  return true;
+}
+
+// RFC 1123 DNS subdomain: lower-case labels [a-z0-9]([-a-z0-9]*[a-z0-9])?
+// separated by dots, at most 253 characters.
+bool IsDnsSubdomain(absl::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (absl::string_view label : absl::StrSplit(s, '.')) {
+    if (label.empty()) return false;
+    auto ok_end = [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    };
+    if (!ok_end(label.front()) || !ok_end(label.back())) return false;
+    for (char c : label) {
+      if (!ok_end(c) && c != '-') return false;
+    }
+  }
+  return true;
+}
+
+bool IsQualifiedName(absl::string_view s) {
+  std::vector<absl::string_view> parts = absl::StrSplit(s, '/');
+  if (parts.size() == 1) return IsQualifiedNamePart(parts[0]);
+  if (parts.size() != 2) return false;
+  return IsDnsSubdomain(parts[0]) && IsQualifiedNamePart(parts[1]);
+}
+
+}  // namespace
+
+std::string GoQuote(absl::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += absl::StrFormat("\\x%02x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += "\"";
+  return out;
+}
+
+std::string GoStringSlice(const std::vector<std::string>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, " "), "]");
+}
+
+bool IsExtendedResourceName(absl::string_view name) {
+  // Native resources live in the default namespace (no '/') or in
+  // kubernetes.io; neither may be served by a device plugin.
+  if (!absl::StrContains(name, "/")) return false;
+  if (absl::StrContains(name, "kubernetes.io/")) return false;
+  if (absl::StartsWith(name, "requests.")) return false;
+  return IsQualifiedName(absl::StrCat("requests.", name));
+}
+
+absl::Status ValidateResourceName(absl::string_view name) {
+  if (IsExtendedResourceName(name)) return absl::OkStatus();
+  return absl::UnknownError(
+      absl::StrCat("the ResourceName ", GoQuote(name), " is invalid"));
+}
+
+absl::Status ValidateV1Beta1Version(absl::string_view version) {
+  if (version == kV1Beta1Version) return absl::OkStatus();
+  return absl::UnknownError(absl::StrCat(
+      "requested API version ", GoQuote(version),
+      " is not supported by kubelet. Supported version is [",
+      GoQuote(kV1Beta1Version), "]"));
+}
+
+absl::Status ValidateV1AlphaVersion(absl::string_view version) {
+  if (version == kV1AlphaVersion) return absl::OkStatus();
+  return absl::UnknownError(absl::StrCat(
+      "requested API version ", GoQuote(version),
+      " is not supported by kubelet. Supported version is ",
+      GoQuote(kV1AlphaVersion)));
+}
+
+absl::Status ValidateWatcherVersions(const std::vector<std::string>& versions) {
+  for (const std::string& v : versions) {
+    if (v == kV1Beta1Version) return absl::OkStatus();
+  }
+  return absl::UnknownError(absl::StrCat(
+      "manager version, v1beta1, is not among plugin supported versions ",
+      GoStringSlice(versions)));
+}
+
+absl::Status ValidateEndpointName(absl::string_view endpoint) {
+  if (endpoint.empty()) {
+    return absl::InvalidArgumentError("endpoint is empty");
+  }
+  if (endpoint.front() == '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "endpoint ", GoQuote(endpoint),
+        " is absolute; it must be a socket name relative to the plugin "
+        "directory"));
+  }
+  for (absl::string_view part : absl::StrSplit(endpoint, '/')) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "endpoint ", GoQuote(endpoint), " escapes the plugin directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dpproxy

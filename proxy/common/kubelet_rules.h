@@ -1,0 +1,76 @@
+// File: kubelet_rules.h
+//
+// The checks a kubelet applies to a device plugin's registration, with the
+// kubelet's own error texts (protocol-facts.md §1.5, §3.1, §3.7, §9). The
+// kubelet simulator and dpproxy's backend registration server both use these,
+// so a plugin sees the same answer from either.
+//
+//   if (absl::Status s = ValidateResourceName(req.resource_name()); !s.ok())
+//     return ToGrpcStatus(s);  // code UNKNOWN, as the Go kubelet returns
+#ifndef DPPROXY_PROXY_COMMON_KUBELET_RULES_H_
+#define DPPROXY_PROXY_COMMON_KUBELET_RULES_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace dpproxy {
+
+// Register version strings.
+inline constexpr absl::string_view kV1AlphaVersion = "v1alpha2";  // k8s 1.9
+inline constexpr absl::string_view kV1Beta1Version = "v1beta1";   // 1.10+
+
+inline constexpr absl::string_view kHealthy = "Healthy";
+inline constexpr absl::string_view kUnhealthy = "Unhealthy";
+
+// The kubelet's socket and checkpoint names inside device-plugins/.
+inline constexpr absl::string_view kKubeletSocketName = "kubelet.sock";
+inline constexpr absl::string_view kKubeletCheckpointName =
+    "kubelet_internal_checkpoint";
+inline constexpr absl::string_view kDeprecationMarkerName = "DEPRECATION";
+
+// Plugin-watcher plugin type for device plugins.
+inline constexpr absl::string_view kDevicePluginType = "DevicePlugin";
+
+// Go's strconv.Quote for the strings that occur here: double quotes,
+// backslash escapes for `"`, `\` and control characters.
+std::string GoQuote(absl::string_view s);
+
+// Go's %v of a []string: "[a b c]".
+std::string GoStringSlice(const std::vector<std::string>& v);
+
+// True if `name` is an extended resource name the kubelet accepts: it
+// contains '/', is not in the kubernetes.io namespace, does not start with
+// "requests.", and "requests." + name is a valid qualified name (optional
+// DNS-subdomain prefix of at most 253 characters, '/', name part of at most
+// 63 characters matching [A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?).
+bool IsExtendedResourceName(absl::string_view name);
+
+// kUnknown `the ResourceName "x" is invalid` unless IsExtendedResourceName.
+absl::Status ValidateResourceName(absl::string_view name);
+
+// A v1beta1 kubelet's version check (1.15+ text):
+// `requested API version "v1alpha2" is not supported by kubelet. Supported
+// version is ["v1beta1"]`.
+absl::Status ValidateV1Beta1Version(absl::string_view version);
+
+// A 1.9 kubelet's version check: exact "v1alpha2", else
+// `requested API version "x" is not supported by kubelet. Supported version
+// is "v1alpha2"`.
+absl::Status ValidateV1AlphaVersion(absl::string_view version);
+
+// The plugin-watcher device handler's check: any of `versions` is
+// "v1beta1", else `manager version, v1beta1, is not among plugin supported
+// versions [a b]`.
+absl::Status ValidateWatcherVersions(const std::vector<std::string>& versions);
+
+// Registration endpoints are socket names relative to the device-plugins
+// directory. The kubelet joins them without checks; dpproxy refuses names
+// that are empty, absolute or escape the directory, with kInvalidArgument.
+absl::Status ValidateEndpointName(absl::string_view endpoint);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_COMMON_KUBELET_RULES_H_

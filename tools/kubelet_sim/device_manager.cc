@@ -1,0 +1,397 @@
+#include "tools/kubelet_sim/device_manager.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proxy/common/kubelet_rules.h"
+
+namespace dpproxy::sim {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kUnexpectedAdmissionError[] = "UnexpectedAdmissionError";
+
+std::string Holder(const ContainerAllocation& a) {
+  return absl::StrCat(a.pod_namespace(), "/", a.pod_name(), "/", a.container());
+}
+
+}  // namespace
+
+uint32_t Fnv32a(const std::string& data) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+void DeviceManager::RegisterEndpoint(const std::string& resource,
+                                   const std::string& endpoint,
+                                   const std::string& api_version,
+                                   const std::string& via,
+                                   const v1beta1::DevicePluginOptions& options,
+                                   uint64_t generation) {
+  ResourceRecord& r = resources_[resource];
+  r.name = resource;
+  r.endpoint = endpoint;
+  r.api_version = api_version;
+  r.registered_via = via;
+  r.options = options;
+  r.connected = true;
+  r.stopped_at.reset();
+  r.generation = generation;
+}
+
+bool DeviceManager::UpdateDevices(const std::string& resource, uint64_t generation,
+                                const std::vector<v1beta1::Device>& devices) {
+  auto it = resources_.find(resource);
+  if (it == resources_.end() || it->second.generation != generation) return false;
+  ResourceRecord& r = it->second;
+  r.devices.clear();
+  for (const v1beta1::Device& d : devices) {
+    DeviceInfo info;
+    info.health = d.health();
+    for (const auto& n : d.topology().nodes()) info.numa_nodes.push_back(n.id());
+    r.devices[d.id()] = std::move(info);
+  }
+  return true;
+}
+
+bool DeviceManager::EndpointLost(const std::string& resource, uint64_t generation,
+                               absl::Time now) {
+  auto it = resources_.find(resource);
+  if (it == resources_.end() || it->second.generation != generation) return false;
+  ResourceRecord& r = it->second;
+  r.connected = false;
+  r.stopped_at = now;
+  for (auto& [id, d] : r.devices) d.health = std::string(kUnhealthy);
+  return true;
+}
+
+std::vector<std::string> DeviceManager::ExpireResources(absl::Time now,
+                                                      absl::Duration grace) {
+  std::vector<std::string> removed;
+  for (auto it = resources_.begin(); it != resources_.end();) {
+    const ResourceRecord& r = it->second;
+    if (!r.connected && r.stopped_at.has_value() && now - *r.stopped_at >= grace) {
+      removed.push_back(it->first);
+      it = resources_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+const ResourceRecord* DeviceManager::Find(const std::string& resource) const {
+  auto it = resources_.find(resource);
+  return it == resources_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> DeviceManager::ResourceNames() const {
+  std::vector<std::string> names;
+  for (const auto& [name, r] : resources_) names.push_back(name);
+  return names;
+}
+
+std::set<std::string> DeviceManager::AllocatedDevices(const std::string& resource) const {
+  std::set<std::string> out;
+  for (const ContainerAllocation& a : allocations_) {
+    if (a.resource() != resource) continue;
+    auto pod = pods_.find(a.pod_uid());
+    if (pod != pods_.end() && pod->second.phase() == "Failed") continue;
+    out.insert(a.device_ids().begin(), a.device_ids().end());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> DeviceManager::AvailableFor(
+    const std::string& resource, int count) const {
+  const ResourceRecord* r = Find(resource);
+  if (r == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot allocate unregistered device ", resource));
+  }
+  std::vector<std::string> healthy;
+  for (const auto& [id, d] : r->devices) {
+    if (d.health == kHealthy) healthy.push_back(id);
+  }
+  if (healthy.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no healthy devices present; cannot allocate unhealthy devices ", resource));
+  }
+  std::set<std::string> allocated = AllocatedDevices(resource);
+  std::vector<std::string> available;
+  for (const std::string& id : healthy) {
+    if (allocated.count(id) == 0) available.push_back(id);
+  }
+  if (static_cast<int>(available.size()) < count) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "requested number of devices unavailable for ", resource,
+        ". Requested: ", count, ", Available: ", available.size()));
+  }
+  return available;
+}
+
+bool DeviceManager::HasPod(const std::string& uid) const { return pods_.count(uid) > 0; }
+
+void DeviceManager::AddPod(const PodState& pod) { pods_[pod.uid()] = pod; }
+
+void DeviceManager::AddAllocation(const ContainerAllocation& allocation) {
+  allocations_.push_back(allocation);
+}
+
+void DeviceManager::FailPod(const std::string& uid, const std::string& reason,
+                          const std::string& message) {
+  auto it = pods_.find(uid);
+  if (it != pods_.end()) {
+    it->second.set_phase("Failed");
+    it->second.set_reason(reason);
+    it->second.set_message(message);
+  }
+  allocations_.erase(std::remove_if(allocations_.begin(), allocations_.end(),
+                                    [&](const ContainerAllocation& a) {
+                                      return a.pod_uid() == uid;
+                                    }),
+                     allocations_.end());
+}
+
+absl::Status DeviceManager::DeletePod(const std::string& uid) {
+  if (pods_.erase(uid) == 0) {
+    return absl::NotFoundError(absl::StrCat("no pod with uid ", GoQuote(uid)));
+  }
+  allocations_.erase(std::remove_if(allocations_.begin(), allocations_.end(),
+                                    [&](const ContainerAllocation& a) {
+                                      return a.pod_uid() == uid;
+                                    }),
+                     allocations_.end());
+  return absl::OkStatus();
+}
+
+std::vector<ReadmitResult> DeviceManager::Readmit() {
+  std::vector<ReadmitResult> results;
+  std::map<std::string, std::string> failed;  // pod uid -> message
+  for (const ContainerAllocation& a : allocations_) {
+    auto pod = pods_.find(a.pod_uid());
+    if (pod != pods_.end() && pod->second.phase() != "Running") continue;
+    ReadmitResult res;
+    res.set_pod_uid(a.pod_uid());
+    res.set_pod_name(a.pod_name());
+    res.set_container(a.container());
+    res.set_resource(a.resource());
+    std::string err;
+    const ResourceRecord* r = Find(a.resource());
+    if (r == nullptr) {
+      err = absl::StrCat("cannot allocate unregistered device ", a.resource());
+    } else {
+      std::set<std::string> healthy;
+      for (const auto& [id, d] : r->devices) {
+        if (d.health == kHealthy) healthy.insert(id);
+      }
+      if (healthy.empty()) {
+        err = absl::StrCat("no healthy devices present; cannot allocate unhealthy devices ",
+                           a.resource());
+      } else {
+        for (const std::string& id : a.device_ids()) {
+          if (healthy.count(id) == 0) {
+            err = absl::StrCat(
+                "previously allocated devices are no longer healthy; cannot "
+                "allocate unhealthy devices ",
+                a.resource());
+            break;
+          }
+        }
+      }
+    }
+    res.set_admitted(err.empty());
+    if (!err.empty()) {
+      res.set_reason(kUnexpectedAdmissionError);
+      res.set_message(absl::StrCat("Allocate failed due to ", err, ", which is unexpected"));
+      failed.emplace(a.pod_uid(), res.message());
+    }
+    results.push_back(std::move(res));
+  }
+  for (const auto& [uid, message] : failed) FailPod(uid, kUnexpectedAdmissionError, message);
+  return results;
+}
+
+std::string DeviceManager::CheckpointJson() const {
+  Json entries = Json::array();
+  for (const ContainerAllocation& a : allocations_) {
+    const ResourceRecord* r = Find(a.resource());
+    Json per_numa = Json::object();
+    for (const std::string& id : a.device_ids()) {
+      std::string key = "-1";
+      if (r != nullptr) {
+        auto d = r->devices.find(id);
+        if (d != r->devices.end() && !d->second.numa_nodes.empty()) {
+          key = std::to_string(d->second.numa_nodes.front());
+        }
+      }
+      per_numa[key].push_back(id);
+    }
+    std::string resp;
+    a.response().SerializeToString(&resp);
+    entries.push_back({{"PodUID", a.pod_uid()},
+                       {"ContainerName", a.container()},
+                       {"ResourceName", a.resource()},
+                       {"DeviceIDs", per_numa},
+                       {"AllocResp", absl::Base64Escape(resp)}});
+  }
+  Json registered = Json::object();
+  for (const auto& [name, r] : resources_) {
+    Json ids = Json::array();
+    for (const auto& [id, d] : r.devices) {
+      if (d.health == kHealthy) ids.push_back(id);
+    }
+    registered[name] = ids;
+  }
+  Json data = {{"PodDeviceEntries", entries}, {"RegisteredDevices", registered}};
+  Json top = {{"Data", data}, {"Checksum", Fnv32a(data.dump())}};
+  return top.dump();
+}
+
+std::string DeviceManager::PodsJson() const {
+  Json pods = Json::array();
+  for (const auto& [uid, p] : pods_) {
+    pods.push_back({{"uid", p.uid()},
+                    {"name", p.name()},
+                    {"namespace", p.namespace_()},
+                    {"phase", p.phase()},
+                    {"reason", p.reason()},
+                    {"message", p.message()}});
+  }
+  return Json({{"format_version", 1}, {"pods", pods}}).dump(1);
+}
+
+absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
+                                  const std::string& pods_json, absl::Time now) {
+  resources_.clear();
+  pods_.clear();
+  allocations_.clear();
+  if (!pods_json.empty()) {
+    Json pj = Json::parse(pods_json, nullptr, /*allow_exceptions=*/false);
+    if (pj.is_object() && pj.contains("pods") && pj["pods"].is_array()) {
+      for (const Json& p : pj["pods"]) {
+        if (!p.is_object()) continue;
+        PodState pod;
+        pod.set_uid(p.value("uid", ""));
+        pod.set_name(p.value("name", ""));
+        pod.set_namespace_(p.value("namespace", ""));
+        pod.set_phase(p.value("phase", "Running"));
+        pod.set_reason(p.value("reason", ""));
+        pod.set_message(p.value("message", ""));
+        if (!pod.uid().empty()) pods_[pod.uid()] = pod;
+      }
+    }
+  }
+  if (checkpoint_json.empty()) return absl::OkStatus();
+  Json top = Json::parse(checkpoint_json, nullptr, /*allow_exceptions=*/false);
+  auto corrupt = [&](const std::string& why) {
+    resources_.clear();
+    allocations_.clear();
+    return absl::DataLossError(absl::StrCat("checkpoint is corrupt: ", why));
+  };
+  if (!top.is_object() || !top.contains("Data") || !top["Data"].is_object() ||
+      !top.contains("Checksum") || !top["Checksum"].is_number_unsigned()) {
+    return corrupt("not a {\"Data\":...,\"Checksum\":N} object");
+  }
+  const Json& data = top["Data"];
+  if (Fnv32a(data.dump()) != top["Checksum"].get<uint32_t>()) {
+    return corrupt("checksum mismatch");
+  }
+  if (data.contains("RegisteredDevices") && data["RegisteredDevices"].is_object()) {
+    for (auto it = data["RegisteredDevices"].begin(); it != data["RegisteredDevices"].end();
+         ++it) {
+      ResourceRecord& r = resources_[it.key()];
+      r.name = it.key();
+      r.connected = false;
+      r.stopped_at = now;
+    }
+  }
+  if (data.contains("PodDeviceEntries") && data["PodDeviceEntries"].is_array()) {
+    for (const Json& e : data["PodDeviceEntries"]) {
+      if (!e.is_object()) return corrupt("an entry is not an object");
+      ContainerAllocation a;
+      a.set_pod_uid(e.value("PodUID", ""));
+      a.set_container(e.value("ContainerName", ""));
+      a.set_resource(e.value("ResourceName", ""));
+      if (e.contains("DeviceIDs") && e["DeviceIDs"].is_object()) {
+        for (auto it = e["DeviceIDs"].begin(); it != e["DeviceIDs"].end(); ++it) {
+          if (!it.value().is_array()) return corrupt("DeviceIDs is not a map of lists");
+          for (const Json& id : it.value()) {
+            if (id.is_string()) a.add_device_ids(id.get<std::string>());
+          }
+        }
+      }
+      std::string raw;
+      if (!absl::Base64Unescape(e.value("AllocResp", ""), &raw) ||
+          !a.mutable_response()->ParseFromString(raw)) {
+        return corrupt("AllocResp is not a ContainerAllocateResponse");
+      }
+      auto pod = pods_.find(a.pod_uid());
+      if (pod != pods_.end()) {
+        a.set_pod_name(pod->second.name());
+        a.set_pod_namespace(pod->second.namespace_());
+      }
+      allocations_.push_back(std::move(a));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t DeviceManager::Capacity(const std::string& resource) const {
+  const ResourceRecord* r = Find(resource);
+  return r == nullptr ? 0 : static_cast<int64_t>(r->devices.size());
+}
+
+int64_t DeviceManager::Allocatable(const std::string& resource) const {
+  const ResourceRecord* r = Find(resource);
+  if (r == nullptr) return 0;
+  int64_t n = 0;
+  for (const auto& [id, d] : r->devices) n += d.health == kHealthy ? 1 : 0;
+  return n;
+}
+
+void DeviceManager::FillState(absl::Time now, State* out) const {
+  std::map<std::string, std::string> holder;  // resource + '\0' + id -> holder
+  for (const ContainerAllocation& a : allocations_) {
+    for (const std::string& id : a.device_ids()) {
+      holder[absl::StrCat(a.resource(), std::string(1, '\0'), id)] = Holder(a);
+    }
+  }
+  for (const auto& [name, r] : resources_) {
+    ResourceState* rs = out->add_resources();
+    rs->set_name(name);
+    rs->set_endpoint(r.endpoint);
+    rs->set_api_version(r.api_version);
+    rs->set_registered_via(r.registered_via);
+    rs->set_connected(r.connected);
+    rs->set_capacity(Capacity(name));
+    rs->set_allocatable(Allocatable(name));
+    rs->set_pre_start_required(r.options.pre_start_required());
+    rs->set_get_preferred_allocation_available(
+        r.options.get_preferred_allocation_available());
+    if (r.stopped_at.has_value()) {
+      rs->set_disconnected_ms(absl::ToInt64Milliseconds(now - *r.stopped_at));
+    }
+    for (const auto& [id, d] : r.devices) {
+      DeviceState* ds = rs->add_devices();
+      ds->set_id(id);
+      ds->set_health(d.health);
+      for (int64_t n : d.numa_nodes) ds->add_numa_nodes(n);
+      auto h = holder.find(absl::StrCat(name, std::string(1, '\0'), id));
+      if (h != holder.end()) ds->set_allocated_to(h->second);
+    }
+  }
+  for (const auto& [uid, p] : pods_) *out->add_pods() = p;
+  for (const ContainerAllocation& a : allocations_) *out->add_allocations() = a;
+}
+
+}  // namespace dpproxy::sim

@@ -1,0 +1,136 @@
+// File: device_manager.h
+//
+// The simulated kubelet's device-manager state, without any I/O: which
+// resources are registered through which endpoint, their devices and health,
+// the grace period after a plugin is lost, the allocations of pods, the
+// kubelet-format checkpoint, and the re-admission rule applied after a
+// restart (protocol-facts.md §3.3–§3.5, §4). Not thread-safe; KubeletSim
+// guards it with its mutex. Time is passed in, so tests control it.
+#ifndef DPPROXY_TOOLS_KUBELET_SIM_DEVICE_MANAGER_H_
+#define DPPROXY_TOOLS_KUBELET_SIM_DEVICE_MANAGER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/v1beta1/api.pb.h"
+#include "tools/kubelet_sim/control.pb.h"
+
+namespace dpproxy::sim {
+
+struct DeviceInfo {
+  std::string health;
+  std::vector<int64_t> numa_nodes;
+};
+
+struct ResourceRecord {
+  std::string name;
+  std::string endpoint;  // socket path
+  std::string api_version;  // "v1alpha2" or "v1beta1"
+  std::string registered_via;  // "kubelet.sock" or "plugin-watcher"
+  v1beta1::DevicePluginOptions options;
+  std::map<std::string, DeviceInfo> devices;
+  bool connected = false;
+  // Set when the plugin was lost, or when restored from a checkpoint.
+  std::optional<absl::Time> stopped_at;
+  uint64_t generation = 0;  // endpoint generation that owns the record
+};
+
+class DeviceManager {
+ public:
+  // --- Registration and device lists -------------------------------------
+
+  // A plugin registered (again): the new endpoint replaces any old one.
+  // Devices are kept until the new endpoint's first list replaces them.
+  void RegisterEndpoint(const std::string& resource, const std::string& endpoint,
+                        const std::string& api_version, const std::string& via,
+                        const v1beta1::DevicePluginOptions& options,
+                        uint64_t generation);
+
+  // A ListAndWatch update: replaces the device list wholesale. Returns false
+  // (and changes nothing) if `generation` is not the current endpoint.
+  bool UpdateDevices(const std::string& resource, uint64_t generation,
+                     const std::vector<v1beta1::Device>& devices);
+
+  // The endpoint's stream ended: every device becomes Unhealthy and the
+  // grace period starts. Returns false if `generation` is stale (a replaced
+  // endpoint ending does not touch its successor).
+  bool EndpointLost(const std::string& resource, uint64_t generation, absl::Time now);
+
+  // Removes resources lost for at least `grace`; returns their names.
+  std::vector<std::string> ExpireResources(absl::Time now, absl::Duration grace);
+
+  const ResourceRecord* Find(const std::string& resource) const;
+  std::vector<std::string> ResourceNames() const;
+
+  // --- Allocation ----------------------------------------------------------
+
+  // Devices that are healthy and not held by a running pod, sorted.
+  // Errors use the kubelet's texts: unregistered resource, no healthy device,
+  // not enough devices.
+  absl::StatusOr<std::vector<std::string>> AvailableFor(const std::string& resource,
+                                                        int count) const;
+
+  bool HasPod(const std::string& uid) const;
+  void AddPod(const PodState& pod);
+  void AddAllocation(const ContainerAllocation& allocation);
+  // Marks a pod Failed and frees its devices.
+  void FailPod(const std::string& uid, const std::string& reason,
+               const std::string& message);
+  // Forgets a pod and its allocations. kNotFound if unknown.
+  absl::Status DeletePod(const std::string& uid);
+
+  const std::vector<ContainerAllocation>& allocations() const { return allocations_; }
+  const std::map<std::string, PodState>& pods() const { return pods_; }
+
+  // The kubelet's re-admission check for every running pod (protocol-facts
+  // §4.2): resource registered, at least one healthy device, every
+  // previously allocated device healthy. Pods that fail are marked Failed
+  // with reason UnexpectedAdmissionError and their devices freed.
+  std::vector<ReadmitResult> Readmit();
+
+  // --- Persistence ------------------------------------------------------------
+
+  // The device-manager checkpoint in the kubelet's 1.23+ JSON layout
+  // ({"Data":{"PodDeviceEntries":[...],"RegisteredDevices":{...}},
+  // "Checksum":N}). The checksum is FNV-32a over the compact JSON of "Data"
+  // (the kubelet's own is Go-specific and cannot be reproduced here).
+  std::string CheckpointJson() const;
+  // Pods with names and phases: the simulator's stand-in for the API server.
+  std::string PodsJson() const;
+
+  // Replaces the state with what a kubelet rebuilds at start: allocations
+  // from the checkpoint, and for every checkpointed resource a stopped
+  // endpoint with no devices (capacity 0) whose grace period starts at
+  // `now`. kDataLoss if the checkpoint is corrupt (the state is then empty,
+  // as the kubelet continues without it).
+  absl::Status Restore(const std::string& checkpoint_json, const std::string& pods_json,
+                       absl::Time now);
+
+  // --- Views -----------------------------------------------------------------
+
+  int64_t Capacity(const std::string& resource) const;
+  int64_t Allocatable(const std::string& resource) const;
+  // Resources, devices (with their holders), pods and allocations.
+  void FillState(absl::Time now, State* out) const;
+
+ private:
+  std::set<std::string> AllocatedDevices(const std::string& resource) const;
+
+  std::map<std::string, ResourceRecord> resources_;
+  std::map<std::string, PodState> pods_;
+  std::vector<ContainerAllocation> allocations_;
+};
+
+// FNV-32a of `data`.
+uint32_t Fnv32a(const std::string& data);
+
+}  // namespace dpproxy::sim
+
+#endif  // DPPROXY_TOOLS_KUBELET_SIM_DEVICE_MANAGER_H_

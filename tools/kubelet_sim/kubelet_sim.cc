@@ -1,0 +1,1196 @@
+#include "tools/kubelet_sim/kubelet_sim.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proto/pluginregistration/api.grpc.pb.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proto/v1alpha/api.grpc.pb.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/common/files.h"
+#include "proxy/common/grpc_util.h"
+#include "proxy/common/kubelet_rules.h"
+#include "proxy/common/status_util.h"
+#include "tools/kubelet_sim/control.grpc.pb.h"
+
+namespace dpproxy::sim {
+namespace {
+
+constexpr char kPodsFileName[] = "kubelet_sim_pods.json";
+constexpr absl::Duration kPreStartTimeout = absl::Seconds(30);
+// The kubelet sets no deadline on Allocate and GetPreferredAllocation; the
+// simulator uses a long one so a hung plugin cannot hang it forever.
+constexpr absl::Duration kAdmissionRpcTimeout = absl::Seconds(60);
+
+std::string NewPodUid() {
+  static std::mt19937_64 rng{std::random_device{}()};
+  static absl::Mutex mu(absl::kConstInit);
+  absl::MutexLock lock(&mu);
+  uint64_t a = rng(), b = rng();
+  return absl::StrFormat("%08x-%04x-%04x-%04x-%012x", a >> 32, (a >> 16) & 0xffff,
+                         a & 0xffff, b >> 48, b & 0xffffffffffffULL);
+}
+
+Json DevicesJson(const std::vector<v1beta1::Device>& devices) {
+  Json out = Json::array();
+  for (const auto& d : devices) {
+    Json j = {{"id", d.id()}, {"health", d.health()}};
+    if (d.has_topology()) {
+      Json nodes = Json::array();
+      for (const auto& n : d.topology().nodes()) nodes.push_back(n.id());
+      j["numa"] = nodes;
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::string InodeKey(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return "";
+  return absl::StrCat(st.st_dev, ":", st.st_ino);
+}
+
+// Socket files in `dir` whose names do not start with '.'.
+std::vector<std::string> ListSockets(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.empty() || name[0] == '.') continue;
+    std::string full = JoinPath(dir, name);
+    struct stat st;
+    if (::lstat(full.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) out.push_back(full);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Dials in short slices so that `cancelled` (checked between slices) can end
+// the wait early.
+absl::Status Dial(grpc::Channel* channel, absl::Duration timeout,
+                  const std::function<bool()>& cancelled) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (cancelled()) return absl::CancelledError("kubelet stopping");
+    absl::Duration slice = std::min(absl::Milliseconds(200), deadline - absl::Now());
+    if (WaitForConnected(channel, slice).ok()) return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError("context deadline exceeded");
+}
+
+}  // namespace
+
+absl::StatusOr<Personality> ParsePersonality(absl::string_view name) {
+  if (name == "v1alpha") return Personality::kV1Alpha;
+  if (name == "v1beta1-async") return Personality::kV1Beta1Async;
+  if (name == "v1beta1-sync") return Personality::kV1Beta1Sync;
+  if (name == "plugin-watcher") return Personality::kPluginWatcher;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown personality \"", name,
+      "\"; expected one of v1alpha, v1beta1-async, v1beta1-sync, plugin-watcher"));
+}
+
+std::string PersonalityName(Personality p) {
+  switch (p) {
+    case Personality::kV1Alpha: return "v1alpha";
+    case Personality::kV1Beta1Async: return "v1beta1-async";
+    case Personality::kV1Beta1Sync: return "v1beta1-sync";
+    case Personality::kPluginWatcher: return "plugin-watcher";
+  }
+  return "unknown";
+}
+
+// --- A connection to one registered plugin ------------------------------------
+
+struct KubeletSim::PluginClient {
+  std::string resource;
+  std::string socket_path;
+  std::string api_version;  // "v1alpha2" or "v1beta1"
+  std::string via;          // "kubelet.sock" or "plugin-watcher"
+  std::string watch_socket;  // plugins_registry socket, for plugin-watcher
+  v1beta1::DevicePluginOptions options;
+  uint64_t generation = 0;
+  bool dialled = false;  // sync registration already dialled
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1beta1::DevicePlugin::Stub> beta;
+  std::unique_ptr<deviceplugin::DevicePlugin::Stub> alpha;
+  std::thread thread;
+
+  absl::Mutex mu;
+  grpc::ClientContext* stream_ctx ABSL_GUARDED_BY(mu) = nullptr;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+
+  bool IsCancelled() {
+    absl::MutexLock lock(&mu);
+    return cancelled;
+  }
+  void Cancel() {
+    absl::MutexLock lock(&mu);
+    cancelled = true;
+    if (stream_ctx != nullptr) stream_ctx->TryCancel();
+  }
+};
+
+// --- gRPC services -------------------------------------------------------------
+
+class KubeletSim::RegistrationV1Beta1 final : public v1beta1::Registration::Service {
+ public:
+  explicit RegistrationV1Beta1(KubeletSim* sim) : sim_(sim) {}
+  grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest* req,
+                        v1beta1::Empty*) override {
+    return ToGrpcStatus(sim_->HandleRegister(std::string(kV1Beta1Version), req->version(),
+                                             req->endpoint(), req->resource_name(),
+                                             &req->options()));
+  }
+
+ private:
+  KubeletSim* const sim_;
+};
+
+class KubeletSim::RegistrationV1Alpha final : public deviceplugin::Registration::Service {
+ public:
+  explicit RegistrationV1Alpha(KubeletSim* sim) : sim_(sim) {}
+  grpc::Status Register(grpc::ServerContext*, const deviceplugin::RegisterRequest* req,
+                        deviceplugin::Empty*) override {
+    return ToGrpcStatus(sim_->HandleRegister(std::string(kV1AlphaVersion), req->version(),
+                                             req->endpoint(), req->resource_name(),
+                                             nullptr));
+  }
+
+ private:
+  KubeletSim* const sim_;
+};
+
+class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
+ public:
+  explicit PodResources(KubeletSim* sim) : sim_(sim) {}
+
+  grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
+                    v1::ListPodResourcesResponse* resp) override {
+    State st = sim_->GetState();
+    std::map<std::string, v1::PodResources*> by_uid;
+    for (const PodState& p : st.pods()) {
+      if (p.phase() != "Running") continue;
+      v1::PodResources* pr = resp->add_pod_resources();
+      pr->set_name(p.name());
+      pr->set_namespace_(p.namespace_());
+      by_uid[p.uid()] = pr;
+    }
+    for (const ContainerAllocation& a : st.allocations()) {
+      auto it = by_uid.find(a.pod_uid());
+      if (it == by_uid.end()) continue;
+      v1::ContainerResources* c = nullptr;
+      for (auto& existing : *it->second->mutable_containers()) {
+        if (existing.name() == a.container()) c = &existing;
+      }
+      if (c == nullptr) {
+        c = it->second->add_containers();
+        c->set_name(a.container());
+      }
+      v1::ContainerDevices* d = c->add_devices();
+      d->set_resource_name(a.resource());
+      for (const std::string& id : a.device_ids()) d->add_device_ids(id);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetAllocatableResources(grpc::ServerContext*,
+                                       const v1::AllocatableResourcesRequest*,
+                                       v1::AllocatableResourcesResponse* resp) override {
+    State st = sim_->GetState();
+    for (const ResourceState& r : st.resources()) {
+      for (const sim::DeviceState& d : r.devices()) {
+        if (d.health() != kHealthy) continue;
+        v1::ContainerDevices* cd = resp->add_devices();
+        cd->set_resource_name(r.name());
+        cd->add_device_ids(d.id());
+        for (int64_t n : d.numa_nodes()) cd->mutable_topology()->add_nodes()->set_id(n);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  KubeletSim* const sim_;
+};
+
+class KubeletSim::Control final : public KubeletControl::Service {
+ public:
+  explicit Control(KubeletSim* sim) : sim_(sim) {}
+
+  grpc::Status Allocate(grpc::ServerContext*, const AllocateRequest* req,
+                        AllocateResponse* resp) override {
+    absl::StatusOr<AllocateResponse> r = sim_->Allocate(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetState(grpc::ServerContext*, const GetStateRequest*, State* resp) override {
+    *resp = sim_->GetState();
+    return grpc::Status::OK;
+  }
+  grpc::Status Restart(grpc::ServerContext*, const RestartRequest* req, State* resp) override {
+    std::optional<Personality> p;
+    if (!req->personality().empty()) {
+      absl::StatusOr<Personality> parsed = ParsePersonality(req->personality());
+      if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+      p = *parsed;
+    }
+    if (absl::Status s = sim_->Restart(p); !s.ok()) return ToGrpcStatus(s);
+    *resp = sim_->GetState();
+    return grpc::Status::OK;
+  }
+  grpc::Status Readmit(grpc::ServerContext*, const ReadmitRequest*,
+                       ReadmitResponse* resp) override {
+    *resp = sim_->Readmit();
+    return grpc::Status::OK;
+  }
+  grpc::Status DeletePod(grpc::ServerContext*, const DeletePodRequest* req,
+                         State* resp) override {
+    if (absl::Status s = sim_->DeletePod(req->pod_uid()); !s.ok()) return ToGrpcStatus(s);
+    *resp = sim_->GetState();
+    return grpc::Status::OK;
+  }
+  grpc::Status WaitForResource(grpc::ServerContext*, const WaitForResourceRequest* req,
+                               State* resp) override {
+    bool ok = sim_->WaitForResource(req->resource(), req->min_healthy(),
+                                    absl::Milliseconds(req->timeout_ms()));
+    *resp = sim_->GetState();
+    if (!ok) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("resource ", req->resource(), " did not reach ",
+                                       req->min_healthy(), " healthy devices within ",
+                                       req->timeout_ms(), " ms"));
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  KubeletSim* const sim_;
+};
+
+// --- KubeletSim -----------------------------------------------------------------
+
+KubeletSim::KubeletSim(KubeletSimOptions options)
+    : options_(std::move(options)), personality_(options_.personality) {}
+
+KubeletSim::~KubeletSim() {
+  StopControl();
+  Stop();
+}
+
+std::string KubeletSim::device_plugin_dir() const {
+  return JoinPath(options_.root_dir, "device-plugins");
+}
+std::string KubeletSim::kubelet_socket() const {
+  return JoinPath(device_plugin_dir(), kKubeletSocketName);
+}
+std::string KubeletSim::plugins_registry_dir() const {
+  return JoinPath(options_.root_dir, "plugins_registry");
+}
+std::string KubeletSim::pod_resources_socket() const {
+  return JoinPath(JoinPath(options_.root_dir, "pod-resources"), "kubelet.sock");
+}
+std::string KubeletSim::checkpoint_path() const {
+  return JoinPath(device_plugin_dir(), kKubeletCheckpointName);
+}
+
+Personality KubeletSim::personality() {
+  absl::MutexLock lock(&mu_);
+  return personality_;
+}
+
+absl::Duration KubeletSim::Grace() const {
+  if (options_.endpoint_grace.has_value()) return *options_.endpoint_grace;
+  return personality_ == Personality::kV1Alpha ? absl::ZeroDuration() : absl::Minutes(5);
+}
+
+absl::Status KubeletSim::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (running_) return absl::OkStatus();
+  }
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(kubelet_socket()));
+  if (options_.pod_resources) DPP_RETURN_IF_ERROR(ValidateSocketPath(pod_resources_socket()));
+  DPP_RETURN_IF_ERROR(MakeDirs(device_plugin_dir()));
+  DPP_RETURN_IF_ERROR(MakeDirs(plugins_registry_dir()));
+  if (options_.pod_resources) {
+    DPP_RETURN_IF_ERROR(MakeDirs(JoinPath(options_.root_dir, "pod-resources")));
+  }
+
+  // Allocation state first, as the kubelet reads its checkpoint at start.
+  std::string checkpoint, pods;
+  if (absl::StatusOr<std::string> c = ReadFile(checkpoint_path()); c.ok()) checkpoint = *c;
+  if (absl::StatusOr<std::string> p = ReadFile(JoinPath(options_.root_dir, kPodsFileName));
+      p.ok()) {
+    pods = *p;
+  }
+  Personality personality;
+  size_t restored_allocations = 0, restored_resources = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    personality = personality_;
+    absl::Status s = state_.Restore(checkpoint, pods, absl::Now());
+    if (!s.ok()) {
+      events_.Emit("checkpoint_unreadable",
+                   {{"error", std::string(s.message())},
+                    {"note", "Continue after failing to read checkpoint file. Device "
+                             "allocation info may NOT be up-to-date"}});
+    }
+    restored_allocations = state_.allocations().size();
+    restored_resources = state_.ResourceNames().size();
+  }
+
+  // Remove every non-directory entry but the checkpoint: plugins see their
+  // sockets vanish and know the kubelet restarted.
+  absl::StatusOr<std::vector<std::string>> removed =
+      RemoveFilesExcept(device_plugin_dir(), {std::string(kKubeletCheckpointName)});
+  if (!removed.ok()) return removed.status();
+  events_.Emit("directory_cleaned", {{"dir", device_plugin_dir()}, {"removed", *removed}});
+  if (personality == Personality::kPluginWatcher) {
+    DPP_RETURN_IF_ERROR(WriteFileAtomic(
+        JoinPath(device_plugin_dir(), kDeprecationMarkerName), ""));
+  }
+
+  {
+    absl::MutexLock lock(&mu_);
+    running_ = true;
+    ++starts_;
+  }
+
+  std::vector<std::string> served;
+  if (personality == Personality::kV1Alpha) {
+    registration_service_ = std::make_unique<RegistrationV1Alpha>(this);
+    served = {"deviceplugin.Registration"};
+  } else {
+    registration_service_ = std::make_unique<RegistrationV1Beta1>(this);
+    served = {"v1beta1.Registration"};
+  }
+  unknown_handler_ = std::make_unique<GoStyleUnknownHandler>(served);
+  {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(UnixAddress(kubelet_socket()), grpc::InsecureServerCredentials());
+    builder.RegisterService(registration_service_.get());
+    builder.RegisterCallbackGenericService(unknown_handler_.get());
+    registration_server_ = builder.BuildAndStart();
+  }
+  if (registration_server_ == nullptr) {
+    absl::MutexLock lock(&mu_);
+    running_ = false;
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", kubelet_socket()));
+  }
+  if (options_.pod_resources) {
+    pod_resources_service_ = std::make_unique<PodResources>(this);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(UnixAddress(pod_resources_socket()),
+                             grpc::InsecureServerCredentials());
+    builder.RegisterService(pod_resources_service_.get());
+    pod_resources_server_ = builder.BuildAndStart();
+    if (pod_resources_server_ == nullptr) {
+      Stop();
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", pod_resources_socket()));
+    }
+  }
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stop_housekeeping_ = false;
+  }
+  housekeeping_ = std::thread([this] { Housekeeping(); });
+  if (personality == Personality::kPluginWatcher) {
+    watcher_ = std::make_unique<DirWatcher>(plugins_registry_dir(),
+                                            [this](const DirWatcher::Event&) {
+                                              ReconcileWatcher();
+                                            });
+    DPP_RETURN_IF_ERROR(watcher_->Start());
+  }
+  int64_t starts;
+  {
+    absl::MutexLock lock(&mu_);
+    starts = starts_;
+  }
+  events_.Emit("kubelet_started", {{"personality", PersonalityName(personality)},
+                                   {"socket", kubelet_socket()},
+                                   {"starts", starts},
+                                   {"restored_allocations", restored_allocations},
+                                   {"restored_resources", restored_resources}});
+  return absl::OkStatus();
+}
+
+void KubeletSim::Stop() {
+  std::vector<std::shared_ptr<PluginClient>> clients;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    running_ = false;
+    clients.swap(all_clients_);
+    clients_.clear();
+    watched_.clear();
+  }
+  if (watcher_) {
+    watcher_->Stop();
+    watcher_.reset();
+  }
+  for (auto& c : clients) c->Cancel();
+  if (registration_server_) {
+    registration_server_->Shutdown(std::chrono::system_clock::now());
+    registration_server_->Wait();
+    registration_server_.reset();
+  }
+  if (pod_resources_server_) {
+    pod_resources_server_->Shutdown(std::chrono::system_clock::now());
+    pod_resources_server_->Wait();
+    pod_resources_server_.reset();
+  }
+  for (auto& c : clients) {
+    if (c->thread.joinable()) c->thread.join();
+  }
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stop_housekeeping_ = true;
+  }
+  if (housekeeping_.joinable()) housekeeping_.join();
+  events_.Emit("kubelet_stopped", {{"socket", kubelet_socket()}});
+}
+
+absl::Status KubeletSim::Restart(std::optional<Personality> personality) {
+  Stop();
+  if (personality.has_value()) {
+    absl::MutexLock lock(&mu_);
+    personality_ = *personality;
+  }
+  return Start();
+}
+
+absl::Status KubeletSim::StartControl(const std::string& socket_path) {
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path));
+  control_service_ = std::make_unique<Control>(this);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(socket_path), grpc::InsecureServerCredentials());
+  builder.RegisterService(control_service_.get());
+  control_server_ = builder.BuildAndStart();
+  if (control_server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path));
+  }
+  return absl::OkStatus();
+}
+
+void KubeletSim::StopControl() {
+  if (control_server_) {
+    control_server_->Shutdown(std::chrono::system_clock::now() +
+                              std::chrono::milliseconds(500));
+    control_server_->Wait();
+    control_server_.reset();
+  }
+}
+
+void KubeletSim::Housekeeping() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&stop_mu_);
+      stop_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_), absl::Seconds(1));
+      if (stop_housekeeping_) return;
+    }
+    absl::MutexLock lock(&mu_);
+    if (!running_) continue;
+    std::vector<std::string> removed = state_.ExpireResources(absl::Now(), Grace());
+    for (const std::string& r : removed) {
+      events_.Emit("resource_removed",
+                   {{"resource", r}, {"reason", "grace period after plugin loss ended"}});
+    }
+    if (!removed.empty()) WriteCheckpointLocked();
+  }
+}
+
+void KubeletSim::WriteCheckpointLocked() {
+  absl::Status s = WriteFileAtomic(checkpoint_path(), state_.CheckpointJson());
+  if (s.ok()) {
+    s = WriteFileAtomic(JoinPath(options_.root_dir, kPodsFileName), state_.PodsJson());
+  }
+  if (!s.ok()) events_.Emit("checkpoint_write_failed", {{"error", std::string(s.message())}});
+}
+
+void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
+  state_.RegisterEndpoint(client->resource, client->socket_path, client->api_version,
+                          client->via, client->options, client->generation);
+  auto it = clients_.find(client->resource);
+  if (it != clients_.end() && it->second != client) {
+    events_.Emit("endpoint_replaced", {{"resource", client->resource},
+                                       {"old_endpoint", it->second->socket_path},
+                                       {"new_endpoint", client->socket_path}});
+    it->second->Cancel();
+  }
+  clients_[client->resource] = client;
+}
+
+absl::Status KubeletSim::HandleRegister(const std::string& api_version,
+                                        const std::string& version,
+                                        const std::string& endpoint,
+                                        const std::string& resource,
+                                        const v1beta1::DevicePluginOptions* request_options) {
+  Personality personality;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::UnavailableError("kubelet is stopping");
+    personality = personality_;
+  }
+  events_.Emit("register_request", {{"resource", resource},
+                                    {"version", version},
+                                    {"endpoint", endpoint},
+                                    {"service", api_version == kV1Beta1Version
+                                                    ? "v1beta1.Registration"
+                                                    : "deviceplugin.Registration"}});
+  auto reject = [&](absl::Status s) {
+    events_.Emit("registration_rejected",
+                 {{"resource", resource}, {"version", version},
+                  {"error", std::string(s.message())}});
+    return s;
+  };
+  absl::Status s = api_version == kV1AlphaVersion ? ValidateV1AlphaVersion(version)
+                                                  : ValidateV1Beta1Version(version);
+  if (!s.ok()) return reject(s);
+  if (s = ValidateResourceName(resource); !s.ok()) return reject(s);
+  const std::string socket_path = JoinPath(device_plugin_dir(), endpoint);
+
+  const bool sync = personality == Personality::kV1Beta1Sync ||
+                    personality == Personality::kPluginWatcher;
+  if (sync) {
+    absl::StatusOr<std::shared_ptr<PluginClient>> c =
+        ConnectSync(resource, socket_path, "kubelet.sock");
+    if (!c.ok()) return reject(c.status());
+  } else {
+    auto client = std::make_shared<PluginClient>();
+    client->resource = resource;
+    client->socket_path = socket_path;
+    client->api_version = version;
+    client->via = "kubelet.sock";
+    if (request_options != nullptr) client->options = *request_options;
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::UnavailableError("kubelet is stopping");
+    client->generation = next_generation_++;
+    all_clients_.push_back(client);
+    client->thread = std::thread([this, client] { RunClient(client); });
+  }
+  events_.Emit("registered", {{"resource", resource},
+                              {"endpoint", socket_path},
+                              {"api_version", version},
+                              {"via", "kubelet.sock"},
+                              {"mode", sync ? "sync" : "async"}});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::ConnectSync(
+    const std::string& resource, const std::string& socket_path, const std::string& via) {
+  if (absl::Status s = ValidateSocketPath(socket_path); !s.ok()) {
+    return absl::UnknownError(absl::StrCat("failed to dial device plugin: ", s.message()));
+  }
+  auto client = std::make_shared<PluginClient>();
+  client->resource = resource;
+  client->socket_path = socket_path;
+  client->api_version = std::string(kV1Beta1Version);
+  client->via = via;
+  client->dialled = true;
+  client->channel = MakeUnixChannel(socket_path);
+  auto stopping = [this] {
+    absl::MutexLock lock(&mu_);
+    return !running_;
+  };
+  if (absl::Status s = Dial(client->channel.get(), options_.dial_timeout, stopping);
+      !s.ok()) {
+    return absl::UnknownError(absl::StrCat("failed to dial device plugin: ", s.message()));
+  }
+  client->beta = v1beta1::DevicePlugin::NewStub(client->channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.dial_timeout));
+  grpc::Status st = client->beta->GetDevicePluginOptions(&ctx, v1beta1::Empty(),
+                                                         &client->options);
+  if (!st.ok()) {
+    return absl::UnknownError(
+        absl::StrCat("failed to get device plugin options: ", GoRpcError(st)));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!running_) return absl::UnavailableError("kubelet is stopping");
+  client->generation = next_generation_++;
+  InstallClient(client);
+  all_clients_.push_back(client);
+  client->thread = std::thread([this, client] { RunClient(client); });
+  return client;
+}
+
+void KubeletSim::RunClient(std::shared_ptr<PluginClient> client) {
+  if (!client->dialled) {
+    // Asynchronous registration: the kubelet dials after Register returned,
+    // and a plugin it cannot reach is simply not registered.
+    if (absl::Status s = ValidateSocketPath(client->socket_path); !s.ok()) {
+      events_.Emit("plugin_dial_failed", {{"resource", client->resource},
+                                          {"endpoint", client->socket_path},
+                                          {"error", std::string(s.message())}});
+      return;
+    }
+    client->channel = MakeUnixChannel(client->socket_path);
+    absl::Status s = Dial(client->channel.get(), options_.dial_timeout,
+                          [&] { return client->IsCancelled(); });
+    if (!s.ok()) {
+      if (!client->IsCancelled()) {
+        events_.Emit("plugin_dial_failed",
+                     {{"resource", client->resource},
+                      {"endpoint", client->socket_path},
+                      {"error", absl::StrCat("failed to dial device plugin: ", s.message())}});
+      }
+      return;
+    }
+    if (client->api_version == kV1AlphaVersion) {
+      client->alpha = deviceplugin::DevicePlugin::NewStub(client->channel);
+    } else {
+      client->beta = v1beta1::DevicePlugin::NewStub(client->channel);
+    }
+    absl::MutexLock lock(&mu_);
+    if (!running_ || client->IsCancelled()) return;
+    InstallClient(client);
+  }
+  events_.Emit("plugin_connected", {{"resource", client->resource},
+                                    {"endpoint", client->socket_path},
+                                    {"api_version", client->api_version},
+                                    {"pre_start_required", client->options.pre_start_required()},
+                                    {"get_preferred_allocation_available",
+                                     client->options.get_preferred_allocation_available()}});
+  grpc::ClientContext ctx;
+  {
+    absl::MutexLock lock(&client->mu);
+    if (client->cancelled) return;
+    client->stream_ctx = &ctx;
+  }
+  grpc::Status status;
+  if (client->beta) {
+    auto reader = client->beta->ListAndWatch(&ctx, v1beta1::Empty());
+    v1beta1::ListAndWatchResponse resp;
+    while (reader->Read(&resp)) {
+      OnDevices(client, {resp.devices().begin(), resp.devices().end()});
+    }
+    status = reader->Finish();
+  } else {
+    auto reader = client->alpha->ListAndWatch(&ctx, deviceplugin::Empty());
+    deviceplugin::ListAndWatchResponse resp;
+    while (reader->Read(&resp)) {
+      std::vector<v1beta1::Device> devices;
+      for (const auto& d : resp.devices()) {
+        v1beta1::Device b;
+        b.set_id(d.id());
+        b.set_health(d.health());
+        devices.push_back(std::move(b));
+      }
+      OnDevices(client, devices);
+    }
+    status = reader->Finish();
+  }
+  {
+    absl::MutexLock lock(&client->mu);
+    client->stream_ctx = nullptr;
+  }
+  OnClientLost(client, DescribeGrpcStatus(status));
+}
+
+void KubeletSim::OnDevices(const std::shared_ptr<PluginClient>& client,
+                           const std::vector<v1beta1::Device>& devices) {
+  absl::MutexLock lock(&mu_);
+  if (!running_) return;
+  if (!state_.UpdateDevices(client->resource, client->generation, devices)) return;
+  events_.Emit("devices", {{"resource", client->resource},
+                           {"devices", DevicesJson(devices)},
+                           {"capacity", state_.Capacity(client->resource)},
+                           {"allocatable", state_.Allocatable(client->resource)}});
+  WriteCheckpointLocked();
+}
+
+void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
+                              const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (!running_) return;
+  auto it = clients_.find(client->resource);
+  if (it == clients_.end() || it->second != client) return;  // replaced
+  clients_.erase(it);
+  if (!state_.EndpointLost(client->resource, client->generation, absl::Now())) return;
+  events_.Emit("plugin_lost", {{"resource", client->resource},
+                               {"endpoint", client->socket_path},
+                               {"reason", why},
+                               {"grace_seconds", absl::ToInt64Seconds(Grace())}});
+  for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
+    events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
+  }
+  WriteCheckpointLocked();
+}
+
+void KubeletSim::ReconcileWatcher() {
+  const std::vector<std::string> present = ListSockets(plugins_registry_dir());
+  std::vector<std::string> to_register;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    // Sockets that went away, or were replaced: deregister.
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      const std::string& path = it->first;
+      bool still = std::find(present.begin(), present.end(), path) != present.end() &&
+                   InodeKey(path) == it->second.inode_key;
+      if (still) {
+        ++it;
+        continue;
+      }
+      if (it->second.registered) {
+        auto c = clients_.find(it->second.resource);
+        if (c != clients_.end() && c->second->watch_socket == path) {
+          std::shared_ptr<PluginClient> client = c->second;
+          clients_.erase(c);
+          client->Cancel();
+          if (state_.EndpointLost(client->resource, client->generation, absl::Now())) {
+            events_.Emit("plugin_deregistered",
+                         {{"resource", client->resource}, {"socket", path}});
+            for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
+              events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
+            }
+            WriteCheckpointLocked();
+          }
+        }
+      }
+      it = watched_.erase(it);
+    }
+    for (const std::string& path : present) {
+      if (watched_.count(path) == 0) to_register.push_back(path);
+    }
+  }
+  for (const std::string& path : to_register) RegisterWatcherPlugin(path);
+}
+
+void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
+  const std::string inode = InodeKey(socket_path);
+  events_.Emit("watcher_found", {{"socket", socket_path}});
+  auto channel = MakeUnixChannel(socket_path);
+  auto stopping = [this] {
+    absl::MutexLock lock(&mu_);
+    return !running_;
+  };
+  auto remember = [&](const std::string& resource, bool registered) {
+    absl::MutexLock lock(&mu_);
+    watched_[socket_path] = WatchedSocket{inode, resource, registered};
+  };
+  auto stub = pluginregistration::Registration::NewStub(channel);
+  auto notify = [&](bool ok, const std::string& error) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    pluginregistration::RegistrationStatus st;
+    st.set_plugin_registered(ok);
+    st.set_error(error);
+    pluginregistration::RegistrationStatusResponse resp;
+    stub->NotifyRegistrationStatus(&ctx, st, &resp);
+  };
+  if (absl::Status s = Dial(channel.get(), options_.dial_timeout, stopping); !s.ok()) {
+    events_.Emit("watcher_registration_failed",
+                 {{"socket", socket_path},
+                  {"error", absl::StrCat("failed to dial socket ", socket_path, ", err: ",
+                                         s.message())}});
+    remember("", false);
+    return;
+  }
+  pluginregistration::PluginInfo info;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    grpc::Status st = stub->GetInfo(&ctx, pluginregistration::InfoRequest(), &info);
+    if (!st.ok()) {
+      events_.Emit("watcher_registration_failed",
+                   {{"socket", socket_path},
+                    {"error", absl::StrCat("failed to get plugin info using RPC GetInfo at "
+                                           "socket ", socket_path, ", err: ", GoRpcError(st))}});
+      remember("", false);
+      return;
+    }
+  }
+  std::string error;
+  if (info.type() != kDevicePluginType) {
+    error = absl::StrCat("no handler registered for plugin type: ", info.type(),
+                         " at socket ", socket_path);
+  } else {
+    std::vector<std::string> versions(info.supported_versions().begin(),
+                                      info.supported_versions().end());
+    absl::Status s = ValidateWatcherVersions(versions);
+    if (s.ok()) s = ValidateResourceName(info.name());
+    if (!s.ok()) error = std::string(s.message());
+  }
+  const std::string endpoint = info.endpoint().empty() ? socket_path : info.endpoint();
+  if (error.empty()) {
+    absl::StatusOr<std::shared_ptr<PluginClient>> c =
+        ConnectSync(info.name(), endpoint, "plugin-watcher");
+    if (!c.ok()) {
+      error = std::string(c.status().message());
+    } else {
+      (*c)->watch_socket = socket_path;
+    }
+  }
+  if (!error.empty()) {
+    events_.Emit("registration_rejected", {{"resource", info.name()},
+                                           {"socket", socket_path},
+                                           {"via", "plugin-watcher"},
+                                           {"error", error}});
+    notify(false, error);
+    remember(info.name(), false);
+    return;
+  }
+  remember(info.name(), true);
+  notify(true, "");
+  events_.Emit("registered", {{"resource", info.name()},
+                              {"endpoint", endpoint},
+                              {"api_version", std::string(kV1Beta1Version)},
+                              {"via", "plugin-watcher"},
+                              {"mode", "sync"}});
+}
+
+// --- Admission -------------------------------------------------------------------
+
+absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& request) {
+  if (request.containers().empty()) {
+    return absl::InvalidArgumentError("pod has no containers");
+  }
+  std::set<std::string> names;
+  for (const ContainerRequest& c : request.containers()) {
+    if (c.name().empty()) return absl::InvalidArgumentError("a container has no name");
+    if (!names.insert(c.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("container name ", GoQuote(c.name()), " is used twice"));
+    }
+    if (c.resource().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("container ", GoQuote(c.name()), " names no resource"));
+    }
+    if (c.count() < 0 || (c.count() == 0 && c.device_ids().empty())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "container ", GoQuote(c.name()), " must request at least one device"));
+    }
+    if (!c.device_ids().empty() && c.count() != 0 && c.count() != c.device_ids_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "container ", GoQuote(c.name()), " asks for ", c.count(), " devices but names ",
+          c.device_ids_size()));
+    }
+  }
+  AllocateRequest req = request;
+  if (req.pod_uid().empty()) req.set_pod_uid(NewPodUid());
+  if (req.pod_namespace().empty()) req.set_pod_namespace("default");
+  if (req.pod_name().empty()) req.set_pod_name(absl::StrCat("pod-", req.pod_uid().substr(0, 8)));
+
+  absl::MutexLock admit(&admit_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::UnavailableError("kubelet is not running");
+    if (state_.HasPod(req.pod_uid())) {
+      return absl::AlreadyExistsError(absl::StrCat("pod ", req.pod_uid(), " already exists"));
+    }
+  }
+  AllocateResponse response;
+  response.set_pod_uid(req.pod_uid());
+  absl::Status s = AdmitPod(req, &response);
+  if (!s.ok()) {
+    std::string message = absl::StrCat("Allocate failed due to ", s.message(),
+                                       ", which is unexpected");
+    if (s.code() == absl::StatusCode::kAborted) message = std::string(s.message());
+    PodState pod;
+    pod.set_uid(req.pod_uid());
+    pod.set_name(req.pod_name());
+    pod.set_namespace_(req.pod_namespace());
+    pod.set_phase("Failed");
+    pod.set_reason(s.code() == absl::StatusCode::kAborted ? "RunContainerError"
+                                                          : "UnexpectedAdmissionError");
+    pod.set_message(message);
+    {
+      absl::MutexLock lock(&mu_);
+      state_.AddPod(pod);
+      state_.FailPod(pod.uid(), pod.reason(), pod.message());
+      WriteCheckpointLocked();
+    }
+    events_.Emit("admission_failed", {{"pod", req.pod_name()},
+                                      {"pod_uid", req.pod_uid()},
+                                      {"reason", pod.reason()},
+                                      {"message", message}});
+    return absl::FailedPreconditionError(message);
+  }
+  return response;
+}
+
+absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* response) {
+  struct Planned {
+    const ContainerRequest* request;
+    std::vector<std::string> ids;
+  };
+  std::vector<Planned> planned;
+  std::map<std::string, std::set<std::string>> taken;  // by this pod so far
+
+  // 1. Pick devices per container, asking the plugin for its preference.
+  for (const ContainerRequest& c : req.containers()) {
+    const int count = c.count() != 0 ? c.count() : c.device_ids_size();
+    std::vector<std::string> available;
+    std::shared_ptr<PluginClient> client;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::StatusOr<std::vector<std::string>> avail = state_.AvailableFor(c.resource(), 0);
+      if (!avail.ok()) return avail.status();
+      for (const std::string& id : *avail) {
+        if (taken[c.resource()].count(id) == 0) available.push_back(id);
+      }
+      auto it = clients_.find(c.resource());
+      if (it != clients_.end()) client = it->second;
+    }
+    if (static_cast<int>(available.size()) < count) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "requested number of devices unavailable for ", c.resource(),
+          ". Requested: ", count, ", Available: ", available.size()));
+    }
+    if (client == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("endpoint for ", c.resource(), " has been stopped"));
+    }
+    std::vector<std::string> chosen;
+    if (!c.device_ids().empty()) {
+      for (const std::string& id : c.device_ids()) {
+        if (std::find(available.begin(), available.end(), id) == available.end()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "device ", GoQuote(id), " of ", c.resource(),
+              " is not available (unknown, unhealthy or allocated)"));
+        }
+        chosen.push_back(id);
+      }
+    } else if (client->beta && client->options.get_preferred_allocation_available()) {
+      v1beta1::PreferredAllocationRequest preq;
+      auto* cr = preq.add_container_requests();
+      for (const std::string& id : available) cr->add_available_deviceids(id);
+      cr->set_allocation_size(count);
+      v1beta1::PreferredAllocationResponse presp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAdmissionRpcTimeout));
+      grpc::Status st = client->beta->GetPreferredAllocation(&ctx, preq, &presp);
+      if (!st.ok()) {
+        return absl::UnknownError(absl::StrCat(
+            "device plugin GetPreferredAllocation rpc failed with err: ", GoRpcError(st)));
+      }
+      std::vector<std::string> preferred;
+      if (presp.container_responses_size() > 0) {
+        for (const std::string& id : presp.container_responses(0).deviceids()) {
+          if (std::find(available.begin(), available.end(), id) != available.end() &&
+              std::find(preferred.begin(), preferred.end(), id) == preferred.end()) {
+            preferred.push_back(id);
+          }
+        }
+      }
+      events_.Emit("preferred_allocation", {{"resource", c.resource()},
+                                            {"container", c.name()},
+                                            {"available", available},
+                                            {"size", count},
+                                            {"preferred", preferred}});
+      chosen = preferred;
+      for (const std::string& id : available) {
+        if (static_cast<int>(chosen.size()) >= count) break;
+        if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) chosen.push_back(id);
+      }
+      chosen.resize(count);
+    } else {
+      chosen.assign(available.begin(), available.begin() + count);
+    }
+    taken[c.resource()].insert(chosen.begin(), chosen.end());
+    planned.push_back({&c, chosen});
+  }
+
+  // 2. Allocate: one call per container as the kubelet does, or one call
+  // per resource with every container request when batching.
+  std::vector<v1beta1::ContainerAllocateResponse> responses(planned.size());
+  std::vector<std::vector<size_t>> calls;
+  if (req.batch()) {
+    std::map<std::string, size_t> call_of;
+    for (size_t i = 0; i < planned.size(); ++i) {
+      auto [it, inserted] = call_of.emplace(planned[i].request->resource(), calls.size());
+      if (inserted) calls.emplace_back();
+      calls[it->second].push_back(i);
+    }
+  } else {
+    for (size_t i = 0; i < planned.size(); ++i) calls.push_back({i});
+  }
+  std::map<std::string, std::shared_ptr<PluginClient>> used;
+  for (const std::vector<size_t>& call : calls) {
+    const std::string& resource = planned[call[0]].request->resource();
+    std::shared_ptr<PluginClient> client;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = clients_.find(resource);
+      if (it != clients_.end()) client = it->second;
+    }
+    if (client == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("endpoint for ", resource, " has been stopped"));
+    }
+    used[resource] = client;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAdmissionRpcTimeout));
+    if (client->beta) {
+      v1beta1::AllocateRequest areq;
+      for (size_t i : call) {
+        auto* cr = areq.add_container_requests();
+        for (const std::string& id : planned[i].ids) cr->add_devices_ids(id);
+      }
+      v1beta1::AllocateResponse aresp;
+      grpc::Status st = client->beta->Allocate(&ctx, areq, &aresp);
+      if (!st.ok()) return absl::UnknownError(GoRpcError(st));
+      if (aresp.container_responses_size() == 0) {
+        return absl::UnknownError("no containers return in allocation response");
+      }
+      if (aresp.container_responses_size() < static_cast<int>(call.size())) {
+        return absl::UnknownError(absl::StrCat(
+            "allocation response has ", aresp.container_responses_size(),
+            " container responses for ", call.size(), " container requests"));
+      }
+      for (size_t k = 0; k < call.size(); ++k) responses[call[k]] = aresp.container_responses(k);
+    } else {
+      if (call.size() != 1) {
+        return absl::InvalidArgumentError("v1alpha plugins take one container per Allocate");
+      }
+      deviceplugin::AllocateRequest areq;
+      for (const std::string& id : planned[call[0]].ids) areq.add_devicesids(id);
+      deviceplugin::AllocateResponse aresp;
+      grpc::Status st = client->alpha->Allocate(&ctx, areq, &aresp);
+      if (!st.ok()) return absl::UnknownError(GoRpcError(st));
+      // A 1.9 kubelet stored the v1alpha response as it came; it parses as a
+      // v1beta1 ContainerAllocateResponse (same field numbers). Annotations
+      // were never read by a 1.9 kubelet.
+      aresp.clear_annotations();
+      std::string bytes;
+      aresp.SerializeToString(&bytes);
+      responses[call[0]].ParseFromString(bytes);
+    }
+  }
+
+  // 3. Record (checkpoint) the admitted pod.
+  std::vector<ContainerAllocation> allocations;
+  {
+    absl::MutexLock lock(&mu_);
+    PodState pod;
+    pod.set_uid(req.pod_uid());
+    pod.set_name(req.pod_name());
+    pod.set_namespace_(req.pod_namespace());
+    pod.set_phase("Running");
+    state_.AddPod(pod);
+    for (size_t i = 0; i < planned.size(); ++i) {
+      ContainerAllocation a;
+      a.set_pod_uid(req.pod_uid());
+      a.set_pod_name(req.pod_name());
+      a.set_pod_namespace(req.pod_namespace());
+      a.set_container(planned[i].request->name());
+      a.set_resource(planned[i].request->resource());
+      for (const std::string& id : planned[i].ids) a.add_device_ids(id);
+      *a.mutable_response() = responses[i];
+      state_.AddAllocation(a);
+      allocations.push_back(a);
+    }
+    WriteCheckpointLocked();
+  }
+  for (const ContainerAllocation& a : allocations) {
+    Json envs = Json::object();
+    for (const auto& [k, v] : a.response().envs()) envs[k] = v;
+    Json cdi = Json::array();
+    for (const auto& d : a.response().cdi_devices()) cdi.push_back(d.name());
+    events_.Emit("allocated", {{"pod", a.pod_name()},
+                               {"pod_uid", a.pod_uid()},
+                               {"container", a.container()},
+                               {"resource", a.resource()},
+                               {"devices", std::vector<std::string>(a.device_ids().begin(),
+                                                                    a.device_ids().end())},
+                               {"envs", envs},
+                               {"mounts", a.response().mounts_size()},
+                               {"device_specs", a.response().devices_size()},
+                               {"annotations", a.response().annotations_size()},
+                               {"cdi_devices", cdi}});
+  }
+
+  // 4. Start the containers: PreStartContainer when the plugin requires it.
+  for (ContainerAllocation& a : allocations) {
+    std::shared_ptr<PluginClient> client = used[a.resource()];
+    if (!client->beta || !client->options.pre_start_required()) {
+      *response->add_allocations() = a;
+      continue;
+    }
+    v1beta1::PreStartContainerRequest preq;
+    for (const std::string& id : a.device_ids()) preq.add_devices_ids(id);
+    v1beta1::PreStartContainerResponse presp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kPreStartTimeout));
+    grpc::Status st = client->beta->PreStartContainer(&ctx, preq, &presp);
+    if (!st.ok()) {
+      return absl::AbortedError(absl::StrCat(
+          "device plugin PreStartContainer rpc failed with err: ", GoRpcError(st)));
+    }
+    a.set_pre_started(true);
+    events_.Emit("pre_start", {{"pod", a.pod_name()},
+                               {"container", a.container()},
+                               {"resource", a.resource()},
+                               {"devices", std::vector<std::string>(a.device_ids().begin(),
+                                                                    a.device_ids().end())}});
+    *response->add_allocations() = a;
+  }
+  return absl::OkStatus();
+}
+
+State KubeletSim::GetState() {
+  State st;
+  absl::MutexLock lock(&mu_);
+  st.set_personality(PersonalityName(personality_));
+  st.set_starts(starts_);
+  st.set_root_dir(options_.root_dir);
+  state_.FillState(absl::Now(), &st);
+  return st;
+}
+
+ReadmitResponse KubeletSim::Readmit() {
+  ReadmitResponse resp;
+  absl::MutexLock admit(&admit_mu_);
+  absl::MutexLock lock(&mu_);
+  for (ReadmitResult& r : state_.Readmit()) {
+    events_.Emit(r.admitted() ? "readmitted" : "readmission_failed",
+                 {{"pod", r.pod_name()},
+                  {"pod_uid", r.pod_uid()},
+                  {"container", r.container()},
+                  {"resource", r.resource()},
+                  {"reason", r.reason()},
+                  {"message", r.message()}});
+    *resp.add_results() = std::move(r);
+  }
+  WriteCheckpointLocked();
+  return resp;
+}
+
+absl::Status KubeletSim::DeletePod(const std::string& uid) {
+  absl::MutexLock admit(&admit_mu_);
+  absl::MutexLock lock(&mu_);
+  DPP_RETURN_IF_ERROR(state_.DeletePod(uid));
+  events_.Emit("pod_deleted", {{"pod_uid", uid}});
+  WriteCheckpointLocked();
+  return absl::OkStatus();
+}
+
+bool KubeletSim::WaitForResource(const std::string& resource, int min_healthy,
+                                 absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool {
+    const ResourceRecord* r = state_.Find(resource);
+    return r != nullptr && r->connected && state_.Allocatable(resource) >= min_healthy;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+}
+
+}  // namespace dpproxy::sim

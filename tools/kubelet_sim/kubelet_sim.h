@@ -1,0 +1,175 @@
+// File: kubelet_sim.h
+//
+// A kubelet stand-in for testing device plugins and dpproxy: it serves the
+// device-plugin Registration service at <root>/device-plugins/kubelet.sock
+// in one of four personalities, connects to registered plugins, follows
+// their device lists, admits pods (Allocate, GetPreferredAllocation,
+// PreStartContainer), checkpoints allocations the way the kubelet does, and
+// serves the pod-resources API. Its behaviour follows protocol-facts.md:
+//
+//   v1alpha        Kubernetes 1.9: /deviceplugin.Registration, exact
+//                  version "v1alpha2", asynchronous, no grace period.
+//   v1beta1-async  1.10-1.24: /v1beta1.Registration, options read from the
+//                  RegisterRequest, plugin dialled after Register returns.
+//   v1beta1-sync   1.25+: Register dials the plugin (10 s) and calls
+//                  GetDevicePluginOptions before returning; request options
+//                  are ignored.
+//   plugin-watcher v1beta1-sync plus the plugin watcher on
+//                  <root>/plugins_registry/ and the DEPRECATION marker.
+//
+// Every action is recorded as a JSON-lines event (events()).
+#ifndef DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_H_
+#define DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proxy/common/dir_watcher.h"
+#include "proxy/common/event_log.h"
+#include "tools/kubelet_sim/control.pb.h"
+#include "tools/kubelet_sim/device_manager.h"
+
+namespace dpproxy::sim {
+
+enum class Personality { kV1Alpha, kV1Beta1Async, kV1Beta1Sync, kPluginWatcher };
+
+absl::StatusOr<Personality> ParsePersonality(absl::string_view name);
+std::string PersonalityName(Personality p);
+
+struct KubeletSimOptions {
+  // Holds device-plugins/, plugins_registry/, pod-resources/.
+  std::string root_dir = "/var/lib/kubelet";
+  Personality personality = Personality::kV1Beta1Sync;
+  // How long a lost plugin's resource is kept (devices unhealthy) before it
+  // is removed. Default: none for v1alpha (1.9 dropped it at once), 5 minutes
+  // for the v1beta1 personalities.
+  std::optional<absl::Duration> endpoint_grace;
+  // The kubelet's limit for dialling a plugin.
+  absl::Duration dial_timeout = absl::Seconds(10);
+  // Serve <root>/pod-resources/kubelet.sock.
+  bool pod_resources = true;
+};
+
+class KubeletSim {
+ public:
+  explicit KubeletSim(KubeletSimOptions options);
+  ~KubeletSim();
+
+  KubeletSim(const KubeletSim&) = delete;
+  KubeletSim& operator=(const KubeletSim&) = delete;
+
+  // Starts the kubelet part as a kubelet does: loads the checkpoint, removes
+  // every non-directory file in device-plugins/ except the checkpoint, then
+  // listens on kubelet.sock (and watches plugins_registry/).
+  absl::Status Start();
+  // Stops the kubelet part abruptly, as a killed kubelet: servers and plugin
+  // streams close, nothing more is written. Idempotent.
+  void Stop();
+  // Stop() then Start(), optionally as another personality.
+  absl::Status Restart(std::optional<Personality> personality = std::nullopt);
+
+  // Serves the control API on `socket_path` (outlives kubelet restarts).
+  absl::Status StartControl(const std::string& socket_path);
+  void StopControl();
+
+  // Pod admission; see control.proto. Admission errors are
+  // kFailedPrecondition with the kubelet's message ("Allocate failed due to
+  // ..., which is unexpected"); the pod is then recorded as Failed.
+  absl::StatusOr<AllocateResponse> Allocate(const AllocateRequest& request);
+  State GetState();
+  ReadmitResponse Readmit();
+  absl::Status DeletePod(const std::string& uid);
+  // True once `resource` is registered and has >= min_healthy healthy devices.
+  bool WaitForResource(const std::string& resource, int min_healthy,
+                       absl::Duration timeout);
+
+  EventLog& events() { return events_; }
+  Personality personality();
+  std::string device_plugin_dir() const;
+  std::string kubelet_socket() const;
+  std::string plugins_registry_dir() const;
+  std::string pod_resources_socket() const;
+  std::string checkpoint_path() const;
+
+  // Implementation types, public so the .cc file's services can name them.
+  struct PluginClient;
+  absl::Status HandleRegister(const std::string& api_version,
+                              const std::string& version, const std::string& endpoint,
+                              const std::string& resource,
+                              const v1beta1::DevicePluginOptions* request_options);
+
+ private:
+  class RegistrationV1Beta1;
+  class RegistrationV1Alpha;
+  class PodResources;
+  class Control;
+
+  absl::Duration Grace() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunClient(std::shared_ptr<PluginClient> client);
+  void OnDevices(const std::shared_ptr<PluginClient>& client,
+                 const std::vector<v1beta1::Device>& devices);
+  void OnClientLost(const std::shared_ptr<PluginClient>& client, const std::string& why);
+  absl::StatusOr<std::shared_ptr<PluginClient>> ConnectSync(
+      const std::string& resource, const std::string& socket_path,
+      const std::string& via);
+  void InstallClient(std::shared_ptr<PluginClient> client)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Housekeeping();
+  void ReconcileWatcher();
+  void RegisterWatcherPlugin(const std::string& socket_path);
+  absl::Status AdmitPod(const AllocateRequest& request, AllocateResponse* response);
+
+  const KubeletSimOptions options_;
+  EventLog events_{"kubelet_sim"};
+
+  // Serializes pod admission, as the kubelet admits one pod at a time.
+  absl::Mutex admit_mu_;
+
+  absl::Mutex mu_;
+  Personality personality_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  DeviceManager state_ ABSL_GUARDED_BY(mu_);
+  // Current client per resource.
+  std::map<std::string, std::shared_ptr<PluginClient>> clients_ ABSL_GUARDED_BY(mu_);
+  // Every client whose thread may still run (current and replaced).
+  std::vector<std::shared_ptr<PluginClient>> all_clients_ ABSL_GUARDED_BY(mu_);
+  // plugins_registry socket path -> (inode, resource) of registered plugins,
+  // and inodes whose registration failed (not retried until replaced).
+  struct WatchedSocket {
+    std::string inode_key;
+    std::string resource;
+    bool registered = false;
+  };
+  std::map<std::string, WatchedSocket> watched_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<grpc::Server> registration_server_;
+  std::unique_ptr<grpc::Server> pod_resources_server_;
+  std::unique_ptr<grpc::Server> control_server_;
+  std::unique_ptr<grpc::Service> registration_service_;
+  std::unique_ptr<grpc::Service> pod_resources_service_;
+  std::unique_ptr<grpc::Service> control_service_;
+  std::unique_ptr<grpc::CallbackGenericService> unknown_handler_;
+  std::unique_ptr<DirWatcher> watcher_;
+  std::thread housekeeping_;
+  absl::Mutex stop_mu_;
+  bool stop_housekeeping_ ABSL_GUARDED_BY(stop_mu_) = false;
+};
+
+}  // namespace dpproxy::sim
+
+#endif  // DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_H_

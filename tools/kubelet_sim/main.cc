@@ -1,0 +1,361 @@
+// kubelet_sim: a kubelet stand-in for device plugins and dpproxy.
+// See kubelet_sim.h for the behaviour and `kubelet_sim --help` for use.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "proxy/common/cli.h"
+#include "proxy/common/files.h"
+#include "proxy/common/grpc_util.h"
+#include "proxy/common/status_util.h"
+#include "tools/kubelet_sim/control.grpc.pb.h"
+#include "tools/kubelet_sim/kubelet_sim.h"
+
+DEFINE_string(root_dir, "/var/lib/kubelet",
+              "Kubelet root directory. The simulator serves\n"
+              "<root>/device-plugins/kubelet.sock, watches <root>/plugins_registry/\n"
+              "(plugin-watcher) and serves <root>/pod-resources/kubelet.sock.");
+DEFINE_string(personality, "v1beta1-sync",
+              "Which kubelet to behave like: v1alpha (Kubernetes 1.9), v1beta1-async\n"
+              "(1.10-1.24), v1beta1-sync (1.25+), plugin-watcher (1.25+ with the\n"
+              "plugins_registry watcher). [serve, restart]");
+DEFINE_string(grace, "",
+              "How long a lost plugin's resource is kept (devices Unhealthy) before\n"
+              "it is removed, e.g. 5m or 30s. Empty: 0 for v1alpha, 5m otherwise. [serve]");
+DEFINE_string(dial_timeout, "10s", "Limit for dialling a plugin's socket. [serve]");
+DEFINE_string(events, "",
+              "Append JSON-lines events to this file. Empty: <root>/kubelet_sim.events.jsonl;\n"
+              "\"-\": none. [serve]");
+DEFINE_string(control_socket, "",
+              "Control socket of a running simulator. Empty: <root>/kubelet_sim.sock.");
+DEFINE_bool(quiet, false, "Do not print events to stdout. [serve]");
+DEFINE_bool(pod_resources, true, "Serve the pod-resources API. [serve]");
+DEFINE_string(pod, "", "Pod name. Empty: pod-<uid prefix>. [allocate]");
+DEFINE_string(pod_namespace, "default", "Pod namespace. [allocate]");
+DEFINE_string(uid, "", "Pod UID. Empty: generated. [allocate, delete-pod]");
+DEFINE_string(containers, "",
+              "Containers and their requests, comma-separated, each\n"
+              "NAME=RESOURCE:COUNT or NAME=RESOURCE:ID+ID+... for exact devices, e.g.\n"
+              "\"main=vendor.com/gpu:2,side=vendor.com/gpu:1\". [allocate]");
+DEFINE_bool(batch, false,
+            "Send all containers of one resource in a single Allocate call (the\n"
+            "API allows it; real kubelets send one container per call). [allocate]");
+DEFINE_string(output, "table", "Output format: table or json. [allocate, state, readmit]");
+DEFINE_string(resource, "", "Resource name. [wait]");
+DEFINE_int32(min_healthy, 1, "Healthy devices to wait for. [wait]");
+DEFINE_string(timeout, "30s", "How long to wait. [wait]");
+
+namespace dpproxy::sim {
+namespace {
+
+constexpr char kUsage[] = R"(kubelet_sim: a kubelet stand-in for testing device plugins and dpproxy.
+
+Usage:
+  kubelet_sim serve [flags]        run the simulated kubelet (default subcommand)
+  kubelet_sim allocate [flags]     admit a pod: pick devices, Allocate, PreStart
+  kubelet_sim state [flags]        show resources, devices, pods and allocations
+  kubelet_sim restart [flags]      restart the kubelet part (wipes device-plugins/),
+                                   optionally as another --personality
+  kubelet_sim readmit [flags]      re-run admission for running pods (the check a
+                                   kubelet makes after a restart or reboot)
+  kubelet_sim delete-pod --uid=U   delete a pod, freeing its devices
+  kubelet_sim wait --resource=R    wait until R has --min_healthy healthy devices
+
+The subcommands other than serve talk to a running simulator through its
+control socket (--control_socket, or --root_dir to find it). Flags may be
+written with dashes or underscores. Events are JSON lines (one object per
+line with "ts", "source", "event" and fields) in the --events file.
+
+Examples:
+  kubelet_sim serve --root_dir=/tmp/k --personality=v1beta1-sync
+  kubelet_sim allocate --root_dir=/tmp/k --pod=train --containers=main=vendor.com/gpu:2
+  kubelet_sim restart --root_dir=/tmp/k --personality=plugin-watcher
+  kubelet_sim state --root_dir=/tmp/k --output=json
+
+Flags (the subcommands each flag applies to are in brackets):
+)";
+
+int Fail(const std::string& msg) {
+  std::cerr << "kubelet_sim: " << msg << "\n";
+  return 1;
+}
+
+absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string& value) {
+  absl::Duration d;
+  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
+  }
+  return d;
+}
+
+std::string ControlSocket() {
+  if (!FLAGS_control_socket.empty()) return FLAGS_control_socket;
+  return JoinPath(FLAGS_root_dir, "kubelet_sim.sock");
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+void PrintState(const State& st) {
+  std::cout << absl::StrFormat("kubelet_sim %s, root %s, started %d time(s)\n",
+                               st.personality(), st.root_dir(), st.starts());
+  if (st.resources().empty()) std::cout << "no resources registered\n";
+  for (const ResourceState& r : st.resources()) {
+    std::cout << absl::StrFormat(
+        "\nresource %s  api %s via %s  %s  capacity %d  allocatable %d\n  endpoint %s%s%s\n",
+        r.name(), r.api_version().empty() ? "-" : r.api_version(),
+        r.registered_via().empty() ? "checkpoint" : r.registered_via(),
+        r.connected() ? "connected"
+                      : absl::StrCat("disconnected for ", r.disconnected_ms() / 1000, "s"),
+        r.capacity(), r.allocatable(), r.endpoint().empty() ? "-" : r.endpoint(),
+        r.pre_start_required() ? "  [PreStart required]" : "",
+        r.get_preferred_allocation_available() ? "  [preferred allocation]" : "");
+    for (const DeviceState& d : r.devices()) {
+      std::cout << absl::StrFormat("  %-40s %-9s numa=%-5s %s\n", d.id(), d.health(),
+                                   d.numa_nodes().empty() ? "-" : absl::StrJoin(d.numa_nodes(), "+"),
+                                   d.allocated_to().empty() ? "" : "-> " + d.allocated_to());
+    }
+  }
+  if (!st.pods().empty()) std::cout << "\npods:\n";
+  for (const PodState& p : st.pods()) {
+    std::cout << absl::StrFormat("  %s/%s uid=%s %s%s\n", p.namespace_(), p.name(), p.uid(),
+                                 p.phase(),
+                                 p.reason().empty() ? "" : " (" + p.reason() + ": " + p.message() + ")");
+  }
+}
+
+absl::StatusOr<AllocateRequest> ParseAllocate() {
+  AllocateRequest req;
+  req.set_pod_name(FLAGS_pod);
+  req.set_pod_namespace(FLAGS_pod_namespace);
+  req.set_pod_uid(FLAGS_uid);
+  req.set_batch(FLAGS_batch);
+  if (FLAGS_containers.empty()) {
+    return absl::InvalidArgumentError(
+        "--containers is required, e.g. --containers=main=vendor.com/gpu:1");
+  }
+  for (absl::string_view spec : absl::StrSplit(FLAGS_containers, ',', absl::SkipEmpty())) {
+    std::vector<absl::string_view> nv = absl::StrSplit(spec, absl::MaxSplits('=', 1));
+    size_t colon = nv.size() == 2 ? nv[1].rfind(':') : absl::string_view::npos;
+    if (nv.size() != 2 || nv[0].empty() || colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "container spec \"", spec, "\" is not NAME=RESOURCE:COUNT or NAME=RESOURCE:ID+ID"));
+    }
+    ContainerRequest* c = req.add_containers();
+    c->set_name(std::string(nv[0]));
+    c->set_resource(std::string(nv[1].substr(0, colon)));
+    absl::string_view what = nv[1].substr(colon + 1);
+    int count = 0;
+    if (absl::SimpleAtoi(what, &count)) {
+      if (count <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("container spec \"", spec, "\": count must be at least 1"));
+      }
+      c->set_count(count);
+    } else {
+      for (absl::string_view id : absl::StrSplit(what, '+', absl::SkipEmpty())) {
+        c->add_device_ids(std::string(id));
+      }
+      if (c->device_ids().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("container spec \"", spec, "\" names no device"));
+      }
+    }
+  }
+  return req;
+}
+
+int RunClient(const std::string& command) {
+  const std::string socket = ControlSocket();
+  if (!PathExists(socket)) {
+    return Fail(absl::StrCat("no simulator control socket at ", socket,
+                             " (is `kubelet_sim serve` running with this --root_dir?)"));
+  }
+  auto stub = KubeletControl::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  grpc::Status st;
+  const bool json = FLAGS_output == "json";
+  if (FLAGS_output != "json" && FLAGS_output != "table") {
+    return Fail(absl::StrCat("--output=", FLAGS_output, " is not table or json"));
+  }
+  if (command == "allocate") {
+    absl::StatusOr<AllocateRequest> req = ParseAllocate();
+    if (!req.ok()) return Fail(std::string(req.status().message()));
+    AllocateResponse resp;
+    st = stub->Allocate(&ctx, *req, &resp);
+    if (st.ok()) {
+      if (json) {
+        std::cout << ToJson(resp) << "\n";
+      } else {
+        std::cout << "pod uid " << resp.pod_uid() << " admitted\n";
+        for (const ContainerAllocation& a : resp.allocations()) {
+          std::cout << absl::StrFormat("  container %s: %s %s%s\n", a.container(), a.resource(),
+                                       absl::StrJoin(a.device_ids(), ","),
+                                       a.pre_started() ? " (PreStartContainer called)" : "");
+          for (const auto& [k, v] : a.response().envs()) {
+            std::cout << "    env " << k << "=" << v << "\n";
+          }
+          for (const auto& m : a.response().mounts()) {
+            std::cout << "    mount " << m.host_path() << " -> " << m.container_path()
+                      << (m.read_only() ? " (ro)" : "") << "\n";
+          }
+          for (const auto& d : a.response().devices()) {
+            std::cout << "    device " << d.host_path() << " -> " << d.container_path() << " "
+                      << d.permissions() << "\n";
+          }
+          for (const auto& [k, v] : a.response().annotations()) {
+            std::cout << "    annotation " << k << "=" << v << "\n";
+          }
+          for (const auto& c : a.response().cdi_devices()) {
+            std::cout << "    cdi " << c.name() << "\n";
+          }
+        }
+      }
+    }
+  } else if (command == "state") {
+    State resp;
+    st = stub->GetState(&ctx, GetStateRequest(), &resp);
+    if (st.ok()) json ? void(std::cout << ToJson(resp) << "\n") : PrintState(resp);
+  } else if (command == "restart") {
+    RestartRequest req;
+    if (gflags::GetCommandLineFlagInfoOrDie("personality").is_default == false) {
+      req.set_personality(FLAGS_personality);
+    }
+    State resp;
+    st = stub->Restart(&ctx, req, &resp);
+    if (st.ok()) std::cout << "restarted as " << resp.personality() << "\n";
+  } else if (command == "readmit") {
+    ReadmitResponse resp;
+    st = stub->Readmit(&ctx, ReadmitRequest(), &resp);
+    if (st.ok()) {
+      if (json) {
+        std::cout << ToJson(resp) << "\n";
+      } else {
+        int failed = 0;
+        for (const ReadmitResult& r : resp.results()) {
+          failed += r.admitted() ? 0 : 1;
+          std::cout << absl::StrFormat("  %s/%s %s: %s\n", r.pod_name(), r.container(),
+                                       r.resource(),
+                                       r.admitted() ? "admitted" : r.reason() + ": " + r.message());
+        }
+        std::cout << resp.results_size() - failed << " admitted, " << failed << " failed\n";
+      }
+    }
+  } else if (command == "delete-pod") {
+    if (FLAGS_uid.empty()) return Fail("delete-pod needs --uid");
+    DeletePodRequest req;
+    req.set_pod_uid(FLAGS_uid);
+    State resp;
+    st = stub->DeletePod(&ctx, req, &resp);
+    if (st.ok()) std::cout << "pod " << FLAGS_uid << " deleted\n";
+  } else if (command == "wait") {
+    if (FLAGS_resource.empty()) return Fail("wait needs --resource");
+    absl::StatusOr<absl::Duration> timeout = FlagDuration("timeout", FLAGS_timeout);
+    if (!timeout.ok()) return Fail(std::string(timeout.status().message()));
+    WaitForResourceRequest req;
+    req.set_resource(FLAGS_resource);
+    req.set_min_healthy(FLAGS_min_healthy);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(*timeout));
+    State resp;
+    st = stub->WaitForResource(&ctx, req, &resp);
+    if (st.ok()) std::cout << FLAGS_resource << " ready\n";
+  }
+  if (!st.ok()) return Fail(DescribeGrpcStatus(st));
+  return 0;
+}
+
+int Serve() {
+  absl::StatusOr<Personality> personality = ParsePersonality(FLAGS_personality);
+  if (!personality.ok()) return Fail(std::string(personality.status().message()));
+  KubeletSimOptions options;
+  options.root_dir = FLAGS_root_dir;
+  options.personality = *personality;
+  options.pod_resources = FLAGS_pod_resources;
+  if (!FLAGS_grace.empty()) {
+    absl::StatusOr<absl::Duration> g = FlagDuration("grace", FLAGS_grace);
+    if (!g.ok()) return Fail(std::string(g.status().message()));
+    options.endpoint_grace = *g;
+  }
+  absl::StatusOr<absl::Duration> dial = FlagDuration("dial_timeout", FLAGS_dial_timeout);
+  if (!dial.ok()) return Fail(std::string(dial.status().message()));
+  options.dial_timeout = *dial;
+  if (absl::Status s = MakeDirs(options.root_dir); !s.ok()) {
+    return Fail(absl::StrCat("cannot create --root_dir: ", s.message()));
+  }
+
+  BlockTerminationSignals();
+  KubeletSim sim(options);
+  sim.events().SetEcho(!FLAGS_quiet);
+  std::string events = FLAGS_events.empty()
+                           ? JoinPath(options.root_dir, "kubelet_sim.events.jsonl")
+                           : FLAGS_events;
+  if (events != "-") {
+    if (absl::Status s = sim.events().OpenFile(events); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
+  if (absl::Status s = sim.StartControl(ControlSocket()); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  if (absl::Status s = sim.Start(); !s.ok()) return Fail(std::string(s.message()));
+  int sig = WaitForTerminationSignal();
+  sim.events().Emit("signal", {{"signal", sig}});
+  sim.StopControl();
+  sim.Stop();
+  ::unlink(ControlSocket().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace dpproxy::sim
+
+int main(int argc, char** argv) {
+  std::string command = "serve";
+  if (argc >= 2 && argv[1][0] != '-') {
+    command = argv[1];
+    dpproxy::ShiftArgs(&argc, argv);
+  }
+  const std::vector<std::string> known = {"serve", "allocate", "state", "restart",
+                                          "readmit", "delete-pod", "wait", "help"};
+  if (dpproxy::WantsHelp(argc, argv) || command == "help") {
+    std::cout << dpproxy::sim::kUsage << dpproxy::FlagsHelp({"kubelet_sim/main.cc"});
+    return 0;
+  }
+  if (std::find(known.begin(), known.end(), command) == known.end()) {
+    std::cerr << "kubelet_sim: unknown subcommand \"" << command
+              << "\"; see kubelet_sim --help\n";
+    return 2;
+  }
+  dpproxy::NormalizeFlagDashes(argc, argv);
+  gflags::SetUsageMessage("see kubelet_sim --help");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::cerr << "kubelet_sim: unexpected argument \"" << argv[1] << "\"; see kubelet_sim --help\n";
+    return 2;
+  }
+  if (command == "serve") return dpproxy::sim::Serve();
+  return dpproxy::sim::RunClient(command);
+}

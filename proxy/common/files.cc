@@ -77,7 +77,8 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
 std::optional<FileId> StatFileId(const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return std::nullopt;
-  return FileId{st.st_dev, st.st_ino};
+  return FileId{st.st_dev, st.st_ino,
+                static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
 }
 
 bool PathExists(const std::string& path) {

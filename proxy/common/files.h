@@ -8,6 +8,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,11 +33,16 @@ std::string UnixAddress(absl::string_view path);
 // Joins a directory and a relative name with exactly one '/'.
 std::string JoinPath(absl::string_view dir, absl::string_view name);
 
-// Identity of a file: device and inode, or nullopt if it does not exist.
+// Identity of a file: device, inode and change time, or nullopt if it does
+// not exist. The change time matters: a socket removed and created again
+// often gets the same inode number back.
 struct FileId {
   dev_t dev = 0;
   ino_t ino = 0;
-  bool operator==(const FileId& o) const { return dev == o.dev && ino == o.ino; }
+  int64_t ctime_ns = 0;
+  bool operator==(const FileId& o) const {
+    return dev == o.dev && ino == o.ino && ctime_ns == o.ctime_ns;
+  }
   bool operator!=(const FileId& o) const { return !(*this == o); }
 };
 std::optional<FileId> StatFileId(const std::string& path);

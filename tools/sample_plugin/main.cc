@@ -1,0 +1,224 @@
+// sample_plugin: a configurable device plugin of either API version.
+// See sample_plugin.h for the behaviour and `sample_plugin --help` for use.
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "proxy/common/cli.h"
+#include "proxy/common/files.h"
+#include "proxy/common/grpc_util.h"
+#include "proxy/common/status_util.h"
+#include "tools/sample_plugin/control.grpc.pb.h"
+#include "tools/sample_plugin/sample_plugin.h"
+
+DEFINE_string(api, "v1beta1",
+              "Device-plugin API to speak: v1alpha (Kubernetes 1.9, Register version\n"
+              "\"v1alpha2\") or v1beta1 (1.10+).");
+DEFINE_string(resource, "example.com/device", "Extended resource name to serve.");
+DEFINE_int32(devices, 4, "Number of devices.");
+DEFINE_string(id_pattern, "dev-{i}",
+              "Device ID pattern: {i} is the index (0..N-1), {uuid} a UUID derived\n"
+              "from the resource and index (same on every run).");
+DEFINE_int32(numa_nodes, 0,
+             "Report topology: device i on NUMA node i % N. 0: no topology. v1beta1 only.");
+DEFINE_bool(preferred, false, "Offer GetPreferredAllocation. v1beta1 only.");
+DEFINE_bool(pre_start_required, false, "Ask for PreStartContainer calls. v1beta1 only.");
+DEFINE_string(kubelet_socket, "/var/lib/kubelet/device-plugins/kubelet.sock",
+              "Registration socket to register at: a kubelet's, or dpproxy's. The\n"
+              "plugin's own socket is created in the same directory.");
+DEFINE_string(socket_name, "",
+              "File name of the plugin's own socket. Empty: sample-<name>.sock.");
+DEFINE_string(registration, "kubelet",
+              "How to register: kubelet (Register on --kubelet_socket, again after\n"
+              "every kubelet restart), plugin-watcher (serve the pluginregistration\n"
+              "service in --plugins_registry_dir), or none.");
+DEFINE_string(plugins_registry_dir, "/var/lib/kubelet/plugins_registry",
+              "Directory for the plugin-watcher registration socket.");
+DEFINE_string(register_version, "",
+              "Version string to send in Register instead of the API's own; for\n"
+              "testing how a kubelet rejects a wrong version.");
+DEFINE_string(flip_device, "", "Toggle this device's health every --flip_interval.");
+DEFINE_string(flip_interval, "0s", "Period of health flips, e.g. 10s.");
+DEFINE_bool(single_stream_updates, false,
+            "Give each device-list update to only one ListAndWatch stream, as the\n"
+            "kubelet's stub plugin does.");
+DEFINE_string(allocate_delay, "0s", "Fault injection: delay every Allocate by this much.");
+DEFINE_string(fail_allocate, "",
+              "Fault injection: fail every Allocate with INTERNAL and this message.");
+DEFINE_string(control_socket, "",
+              "Serve the control API here (set-health, status). Empty: no control\n"
+              "socket for serve; required for set-health and status.");
+DEFINE_string(events, "", "Append JSON-lines events to this file. Empty: none.");
+DEFINE_bool(quiet, false, "Do not print events to stdout.");
+DEFINE_string(device, "", "Device ID. [set-health]");
+DEFINE_string(health, "Unhealthy", "Healthy or Unhealthy. [set-health]");
+
+namespace dpproxy::sample {
+namespace {
+
+constexpr char kUsage[] = R"(sample_plugin: a configurable device plugin (v1alpha or v1beta1).
+
+Usage:
+  sample_plugin [serve] [flags]                       serve and register
+  sample_plugin set-health --control_socket=S --device=ID --health=Unhealthy
+  sample_plugin status --control_socket=S             counters and devices (JSON)
+
+It serves its socket before registering, re-registers whenever the kubelet
+restarts (kubelet.sock recreated, or its own socket removed), and answers
+Allocate with envs, mounts and device specs (plus annotations and CDI devices
+in v1beta1) derived from the device IDs. Bad flags exit with status 2 and a
+message naming the flag. Flags may be written with dashes or underscores.
+
+Examples:
+  sample_plugin --resource=vendor.com/gpu --devices=8 --numa_nodes=2 --preferred
+  sample_plugin --api=v1alpha --kubelet_socket=/var/lib/dpproxy/plugins/kubelet.sock
+
+Flags:
+)";
+
+int Fail(int code, const std::string& msg) {
+  std::cerr << "sample_plugin: " << msg << "\n";
+  return code;
+}
+
+absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string& value) {
+  absl::Duration d;
+  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
+  }
+  return d;
+}
+
+absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
+  SamplePluginOptions o;
+  if (FLAGS_api == "v1alpha") {
+    o.api = PluginApi::kV1Alpha;
+  } else if (FLAGS_api == "v1beta1") {
+    o.api = PluginApi::kV1Beta1;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--api=", FLAGS_api, " is not v1alpha or v1beta1"));
+  }
+  if (FLAGS_registration == "kubelet") {
+    o.registration = RegistrationMode::kKubelet;
+  } else if (FLAGS_registration == "plugin-watcher") {
+    o.registration = RegistrationMode::kPluginWatcher;
+  } else if (FLAGS_registration == "none") {
+    o.registration = RegistrationMode::kNone;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--registration=", FLAGS_registration, " is not kubelet, plugin-watcher or none"));
+  }
+  o.resource = FLAGS_resource;
+  o.devices = FLAGS_devices;
+  o.id_pattern = FLAGS_id_pattern;
+  o.numa_nodes = FLAGS_numa_nodes;
+  o.preferred = FLAGS_preferred;
+  o.pre_start_required = FLAGS_pre_start_required;
+  o.kubelet_socket = FLAGS_kubelet_socket;
+  o.socket_name = FLAGS_socket_name;
+  o.plugins_registry_dir = FLAGS_plugins_registry_dir;
+  o.register_version = FLAGS_register_version;
+  o.flip_device = FLAGS_flip_device;
+  DPP_ASSIGN_OR_RETURN(o.flip_interval, FlagDuration("flip_interval", FLAGS_flip_interval));
+  o.single_stream_updates = FLAGS_single_stream_updates;
+  DPP_ASSIGN_OR_RETURN(o.allocate_delay, FlagDuration("allocate_delay", FLAGS_allocate_delay));
+  o.fail_allocate = FLAGS_fail_allocate;
+  DPP_RETURN_IF_ERROR(ValidateOptions(o));
+  return o;
+}
+
+int Serve() {
+  absl::StatusOr<SamplePluginOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(2, std::string(options.status().message()));
+  BlockTerminationSignals();
+  SamplePlugin plugin(*options);
+  plugin.events().SetEcho(!FLAGS_quiet);
+  if (!FLAGS_events.empty()) {
+    if (absl::Status s = plugin.events().OpenFile(FLAGS_events); !s.ok()) {
+      return Fail(2, std::string(s.message()));
+    }
+  }
+  if (!FLAGS_control_socket.empty()) {
+    if (absl::Status s = plugin.StartControl(FLAGS_control_socket); !s.ok()) {
+      return Fail(1, std::string(s.message()));
+    }
+  }
+  if (absl::Status s = plugin.Start(); !s.ok()) return Fail(1, std::string(s.message()));
+  int sig = WaitForTerminationSignal();
+  plugin.events().Emit("signal", {{"signal", sig}});
+  plugin.StopControl();
+  plugin.Stop();
+  if (!FLAGS_control_socket.empty()) ::unlink(FLAGS_control_socket.c_str());
+  return 0;
+}
+
+int RunClient(const std::string& command) {
+  if (FLAGS_control_socket.empty()) return Fail(2, command + " needs --control_socket");
+  if (!PathExists(FLAGS_control_socket)) {
+    return Fail(1, absl::StrCat("no control socket at ", FLAGS_control_socket));
+  }
+  auto stub = PluginControl::NewStub(MakeUnixChannel(FLAGS_control_socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  PluginStatus status;
+  grpc::Status st;
+  if (command == "set-health") {
+    if (FLAGS_device.empty()) return Fail(2, "set-health needs --device");
+    SetHealthRequest req;
+    req.set_device_id(FLAGS_device);
+    req.set_health(FLAGS_health);
+    st = stub->SetHealth(&ctx, req, &status);
+  } else {
+    st = stub->GetStatus(&ctx, GetStatusRequest(), &status);
+  }
+  if (!st.ok()) return Fail(1, DescribeGrpcStatus(st));
+  std::string out;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(status, &out, o);
+  std::cout << out << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace dpproxy::sample
+
+int main(int argc, char** argv) {
+  std::string command = "serve";
+  if (argc >= 2 && argv[1][0] != '-') {
+    command = argv[1];
+    dpproxy::ShiftArgs(&argc, argv);
+  }
+  if (dpproxy::WantsHelp(argc, argv) || command == "help") {
+    std::cout << dpproxy::sample::kUsage << dpproxy::FlagsHelp({"sample_plugin/main.cc"});
+    return 0;
+  }
+  if (command != "serve" && command != "set-health" && command != "status") {
+    std::cerr << "sample_plugin: unknown subcommand \"" << command
+              << "\"; see sample_plugin --help\n";
+    return 2;
+  }
+  dpproxy::NormalizeFlagDashes(argc, argv);
+  gflags::SetUsageMessage("see sample_plugin --help");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::cerr << "sample_plugin: unexpected argument \"" << argv[1]
+              << "\"; see sample_plugin --help\n";
+    return 2;
+  }
+  if (command == "serve") return dpproxy::sample::Serve();
+  return dpproxy::sample::RunClient(command);
+}

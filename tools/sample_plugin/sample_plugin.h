@@ -1,0 +1,147 @@
+// File: sample_plugin.h
+//
+// A configurable device plugin speaking v1alpha (Kubernetes 1.9) or v1beta1,
+// for testing kubelets, dpproxy and CI pipelines. It serves its socket
+// before registering, registers at the kubelet socket (or through the plugin
+// watcher), re-registers when the kubelet restarts (inotify on the socket
+// directory, plus a stat check once a second), and answers every call with
+// responses derived from the device IDs:
+//
+//   envs        SAMPLE_<NAME>_DEVICES=<ids comma-separated>, SAMPLE_PLUGIN_API
+//   mounts      /var/run/sample-plugin/<name>/<id> -> /run/sample/<id> (ro)
+//   devices     /dev/sample/<id> -> /dev/sample/<id> (rw)
+//   annotations <domain>/devices=<ids>                      (v1beta1 only)
+//   cdi_devices <domain>/<name>=<id>                        (v1beta1 only)
+//
+// where the resource is <domain>/<name>. With --preferred, it prefers
+// must-include devices, then devices packed on as few NUMA nodes as
+// possible, higher IDs first (so its choice is visibly not the kubelet's
+// default of the first IDs).
+#ifndef DPPROXY_TOOLS_SAMPLE_PLUGIN_SAMPLE_PLUGIN_H_
+#define DPPROXY_TOOLS_SAMPLE_PLUGIN_SAMPLE_PLUGIN_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/v1beta1/api.pb.h"
+#include "proxy/common/dir_watcher.h"
+#include "proxy/common/event_log.h"
+#include "proxy/common/files.h"
+#include "tools/sample_plugin/control.pb.h"
+
+namespace dpproxy::sample {
+
+enum class PluginApi { kV1Alpha, kV1Beta1 };
+enum class RegistrationMode { kKubelet, kPluginWatcher, kNone };
+
+struct SamplePluginOptions {
+  PluginApi api = PluginApi::kV1Beta1;
+  std::string resource = "example.com/device";
+  int devices = 4;
+  // "{i}" is replaced by the index, "{uuid}" by a UUID derived from the
+  // resource and index (stable across runs).
+  std::string id_pattern = "dev-{i}";
+  // 0: no topology. N > 0: device i is on NUMA node i % N (v1beta1 only).
+  int numa_nodes = 0;
+  bool preferred = false;            // offer GetPreferredAllocation
+  bool pre_start_required = false;   // ask for PreStartContainer
+  // Registration socket of the kubelet (or of dpproxy). The plugin's own
+  // socket is created in the same directory.
+  std::string kubelet_socket = "/var/lib/kubelet/device-plugins/kubelet.sock";
+  // Own socket file name; empty: sample-<name>.sock.
+  std::string socket_name;
+  RegistrationMode registration = RegistrationMode::kKubelet;
+  // plugin-watcher mode: directory for the registration socket.
+  std::string plugins_registry_dir = "/var/lib/kubelet/plugins_registry";
+  // Version string to send in Register; empty: the API's own ("v1alpha2"
+  // or "v1beta1"). For testing how a kubelet rejects a wrong version.
+  std::string register_version;
+  // Toggle this device's health every flip_interval (0: never).
+  std::string flip_device;
+  absl::Duration flip_interval = absl::ZeroDuration();
+  // Hand each device-list update to only one ListAndWatch stream, as the
+  // kubelet's own stub plugin does.
+  bool single_stream_updates = false;
+  // Fault injection: delay Allocate by this much; fail it with this message.
+  absl::Duration allocate_delay = absl::ZeroDuration();
+  std::string fail_allocate;
+};
+
+// Checks the options; kInvalidArgument naming the flag and the problem.
+absl::Status ValidateOptions(const SamplePluginOptions& options);
+
+// The device IDs the options describe, in index order.
+std::vector<std::string> DeviceIds(const SamplePluginOptions& options);
+
+class SamplePlugin {
+ public:
+  explicit SamplePlugin(SamplePluginOptions options);
+  ~SamplePlugin();
+
+  SamplePlugin(const SamplePlugin&) = delete;
+  SamplePlugin& operator=(const SamplePlugin&) = delete;
+
+  // Serves the socket, then registers (a failed registration is an event
+  // and a status, not an error: the plugin keeps serving and tries again
+  // when the kubelet socket is recreated), then watches for kubelet
+  // restarts. Errors: bad options, cannot listen.
+  absl::Status Start();
+  // Stops serving and removes the plugin's sockets. Idempotent.
+  void Stop();
+
+  // Changes one device's health and sends the new list. kNotFound for an
+  // unknown ID, kInvalidArgument for a health other than Healthy/Unhealthy.
+  absl::Status SetHealth(const std::string& id, const std::string& health);
+
+  absl::Status StartControl(const std::string& socket_path);
+  void StopControl();
+
+  PluginStatus Status();
+  EventLog& events() { return events_; }
+  std::string socket_path() const { return socket_path_; }
+  // Last registration attempt's result (OK before any attempt).
+  absl::Status last_registration();
+
+  // Implementation, public for the .cc file's services.
+  class Impl;
+  struct Services;
+
+ private:
+  void ServeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
+  void CheckKubelet();
+  absl::Status RegisterOnce();
+  void FlipLoop();
+
+  const SamplePluginOptions options_;
+  const std::string socket_path_;
+  EventLog events_{"sample_plugin"};
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Services> services_;
+
+  absl::Mutex server_mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
+  std::unique_ptr<grpc::Server> control_server_;
+  std::unique_ptr<DirWatcher> watcher_;
+  std::thread flipper_;
+
+  absl::Mutex check_mu_;  // one CheckKubelet at a time
+  std::optional<FileId> registered_kubelet_ ABSL_GUARDED_BY(check_mu_);
+  std::optional<FileId> failed_kubelet_ ABSL_GUARDED_BY(check_mu_);
+  absl::Status last_registration_ ABSL_GUARDED_BY(check_mu_);
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace dpproxy::sample
+
+#endif  // DPPROXY_TOOLS_SAMPLE_PLUGIN_SAMPLE_PLUGIN_H_

@@ -1,0 +1,80 @@
+#include "proxy/common/kubelet_rules.h"
+
+#include "gtest/gtest.h"
+
+namespace dpproxy {
+namespace {
+
+TEST(KubeletRulesTest, AcceptsExtendedResourceNames) {
+  for (const char* name : {"vendor.com/gpu", "nvidia.com/gpu", "example.com/foo-bar_1.x",
+                           "a.b.c/d", "intel.com/qat_generic"}) {
+    EXPECT_TRUE(IsExtendedResourceName(name)) << name;
+    EXPECT_TRUE(ValidateResourceName(name).ok()) << name;
+  }
+}
+
+TEST(KubeletRulesTest, RejectsNativeAndMalformedNames) {
+  for (const char* name : {
+           "gpu",                      // no domain: a native resource
+           "kubernetes.io/gpu",        // native namespace
+           "foo.kubernetes.io/gpu",    // still native
+           "requests.vendor.com/gpu",  // quota prefix
+           "Vendor.com/gpu",           // upper-case domain
+           "vendor.com/",              // empty name
+           "vendor.com/-gpu",          // must start alphanumeric
+           "vendor.com/gpu-",          // must end alphanumeric
+           "vendor.com/g/pu",          // two slashes
+           "vendor..com/gpu",          // empty label
+           "vendor.com/a b",           // space
+           "",
+       }) {
+    EXPECT_FALSE(IsExtendedResourceName(name)) << name;
+  }
+  std::string long_name = "vendor.com/" + std::string(64, 'a');
+  EXPECT_FALSE(IsExtendedResourceName(long_name));
+  EXPECT_TRUE(IsExtendedResourceName("vendor.com/" + std::string(63, 'a')));
+}
+
+TEST(KubeletRulesTest, ErrorTextsAreTheKubeletsOwn) {
+  absl::Status s = ValidateResourceName("badname");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnknown);
+  EXPECT_EQ(s.message(), "the ResourceName \"badname\" is invalid");
+
+  s = ValidateV1Beta1Version("v1alpha");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnknown);
+  EXPECT_EQ(s.message(),
+            "requested API version \"v1alpha\" is not supported by kubelet. Supported "
+            "version is [\"v1beta1\"]");
+  EXPECT_TRUE(ValidateV1Beta1Version("v1beta1").ok());
+
+  s = ValidateV1AlphaVersion("v1beta1");
+  EXPECT_EQ(s.message(),
+            "requested API version \"v1beta1\" is not supported by kubelet. Supported "
+            "version is \"v1alpha2\"");
+  EXPECT_TRUE(ValidateV1AlphaVersion("v1alpha2").ok());
+  EXPECT_FALSE(ValidateV1AlphaVersion("0.1").ok());  // 1.8's version is not 1.9's
+
+  s = ValidateWatcherVersions({"v1alpha2", "v1"});
+  EXPECT_EQ(s.message(),
+            "manager version, v1beta1, is not among plugin supported versions [v1alpha2 v1]");
+  EXPECT_TRUE(ValidateWatcherVersions({"v1", "v1beta1"}).ok());
+  EXPECT_FALSE(ValidateWatcherVersions({}).ok());
+}
+
+TEST(KubeletRulesTest, GoQuoteEscapes) {
+  EXPECT_EQ(GoQuote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\x01\"");
+  EXPECT_EQ(GoStringSlice({}), "[]");
+}
+
+TEST(KubeletRulesTest, EndpointNames) {
+  EXPECT_TRUE(ValidateEndpointName("gpu.sock").ok());
+  EXPECT_TRUE(ValidateEndpointName("sub/gpu.sock").ok());
+  EXPECT_EQ(ValidateEndpointName("").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateEndpointName("/abs.sock").code(), absl::StatusCode::kInvalidArgument);
+  absl::Status s = ValidateEndpointName("../../etc/x.sock");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("escapes"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -570,7 +570,7 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
                     personality == Personality::kPluginWatcher;
   if (sync) {
     absl::StatusOr<std::shared_ptr<PluginClient>> c =
-        ConnectSync(resource, socket_path, "kubelet.sock");
+        ConnectSync(resource, socket_path, "kubelet.sock", "");
     if (!c.ok()) return reject(c.status());
   } else {
     auto client = std::make_shared<PluginClient>();
@@ -594,7 +594,8 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
 }
 
 absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::ConnectSync(
-    const std::string& resource, const std::string& socket_path, const std::string& via) {
+    const std::string& resource, const std::string& socket_path, const std::string& via,
+    const std::string& watch_socket) {
   if (absl::Status s = ValidateSocketPath(socket_path); !s.ok()) {
     return absl::UnknownError(absl::StrCat("failed to dial device plugin: ", s.message()));
   }
@@ -603,6 +604,7 @@ absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::ConnectSyn
   client->socket_path = socket_path;
   client->api_version = std::string(kV1Beta1Version);
   client->via = via;
+  client->watch_socket = watch_socket;
   client->dialled = true;
   client->channel = MakeUnixChannel(socket_path);
   auto stopping = [this] {
@@ -750,14 +752,16 @@ void KubeletSim::ReconcileWatcher() {
         continue;
       }
       if (it->second.registered) {
+        // Deregistration. The plugin's stream may already have ended (then
+        // its devices are unhealthy already); the watcher reports it anyway.
+        events_.Emit("plugin_deregistered",
+                     {{"resource", it->second.resource}, {"socket", path}});
         auto c = clients_.find(it->second.resource);
         if (c != clients_.end() && c->second->watch_socket == path) {
           std::shared_ptr<PluginClient> client = c->second;
           clients_.erase(c);
           client->Cancel();
           if (state_.EndpointLost(client->resource, client->generation, absl::Now())) {
-            events_.Emit("plugin_deregistered",
-                         {{"resource", client->resource}, {"socket", path}});
             for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
               events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
             }
@@ -832,12 +836,8 @@ void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
   const std::string endpoint = info.endpoint().empty() ? socket_path : info.endpoint();
   if (error.empty()) {
     absl::StatusOr<std::shared_ptr<PluginClient>> c =
-        ConnectSync(info.name(), endpoint, "plugin-watcher");
-    if (!c.ok()) {
-      error = std::string(c.status().message());
-    } else {
-      (*c)->watch_socket = socket_path;
-    }
+        ConnectSync(info.name(), endpoint, "plugin-watcher", socket_path);
+    if (!c.ok()) error = std::string(c.status().message());
   }
   if (!error.empty()) {
     events_.Emit("registration_rejected", {{"resource", info.name()},

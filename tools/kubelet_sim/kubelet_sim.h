@@ -123,7 +123,7 @@ class KubeletSim {
   void OnClientLost(const std::shared_ptr<PluginClient>& client, const std::string& why);
   absl::StatusOr<std::shared_ptr<PluginClient>> ConnectSync(
       const std::string& resource, const std::string& socket_path,
-      const std::string& via);
+      const std::string& via, const std::string& watch_socket);
   void InstallClient(std::shared_ptr<PluginClient> client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

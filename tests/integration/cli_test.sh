@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The shipped binaries as a user runs them: real processes, real sockets,
+# real signals. Checks --help, bad flags, the CLI round trip and shutdown.
+set -uo pipefail
+
+RUNFILES="${TEST_SRCDIR:-$PWD/..}/dpproxy"
+SIM="$RUNFILES/tools/kubelet_sim/kubelet_sim"
+PLUGIN="$RUNFILES/tools/sample_plugin/sample_plugin"
+DIR="$(mktemp -d /tmp/dpp.XXXXXX)"
+ROOT="$DIR/k"
+FAILURES=0
+PIDS=()
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
+pass() { echo "ok: $*"; }
+expect_contains() {  # name, haystack, needle
+  if [[ "$2" == *"$3"* ]]; then pass "$1"; else fail "$1: expected to find [$3] in: $2"; fi
+}
+expect_exit() {  # name, expected code, command...
+  local name="$1" want="$2"; shift 2
+  local out; out="$("$@" 2>&1)"; local got=$?
+  if [[ $got -eq $want ]]; then pass "$name (exit $got)"; else fail "$name: exit $got, want $want: $out"; fi
+  LAST_OUT="$out"
+}
+
+# --help explains every flag each binary defines.
+help="$("$SIM" --help)"
+for flag in root_dir personality grace dial_timeout events control_socket quiet pod_resources \
+            pod pod_namespace uid containers batch output resource min_healthy timeout; do
+  expect_contains "kubelet_sim --help lists --$flag" "$help" "--$flag ("
+done
+expect_contains "kubelet_sim --help has no glog flags" "$(echo "$help" | grep -c -- '--logtostderr' || true)" "0"
+help="$("$PLUGIN" --help)"
+for flag in api resource devices id_pattern numa_nodes preferred pre_start_required kubelet_socket \
+            socket_name registration plugins_registry_dir register_version flip_device \
+            flip_interval single_stream_updates allocate_delay fail_allocate control_socket \
+            events quiet device health; do
+  expect_contains "sample_plugin --help lists --$flag" "$help" "--$flag ("
+done
+
+# Bad input: a clear message and a non-zero exit.
+expect_exit "bad personality" 1 "$SIM" serve --root_dir="$ROOT" --personality=v2
+expect_contains "bad personality message" "$LAST_OUT" 'unknown personality "v2"'
+expect_exit "unknown subcommand" 2 "$SIM" frobnicate
+expect_exit "bad api" 2 "$PLUGIN" --api=v3
+expect_contains "bad api message" "$LAST_OUT" "--api=v3 is not v1alpha or v1beta1"
+expect_exit "bad resource" 2 "$PLUGIN" --resource=gpu --kubelet_socket="$ROOT/x.sock"
+expect_contains "bad resource message" "$LAST_OUT" 'the ResourceName "gpu" is invalid'
+expect_exit "bad duration" 2 "$PLUGIN" --flip_interval=soon
+expect_contains "bad duration message" "$LAST_OUT" "--flip_interval=soon is not a duration"
+expect_exit "v1alpha with preferred" 2 "$PLUGIN" --api=v1alpha --preferred
+expect_exit "too long socket path" 2 "$PLUGIN" --kubelet_socket="/tmp/$(printf 'x%.0s' {1..120})/kubelet.sock"
+expect_contains "too long socket message" "$LAST_OUT" "at most 107 bytes"
+expect_exit "client without simulator" 1 "$SIM" state --root_dir="$DIR/nothing"
+expect_contains "client without simulator message" "$LAST_OUT" "no simulator control socket"
+
+# A real simulator and a real plugin, driven through the CLI.
+"$SIM" serve --root-dir="$ROOT" --personality=v1beta1-async --quiet &
+SIM_PID=$!; PIDS+=($SIM_PID)
+for _ in $(seq 100); do [[ -S "$ROOT/kubelet_sim.sock" ]] && break; sleep 0.05; done
+"$PLUGIN" --resource=vendor.com/gpu --devices=3 --kubelet-socket="$ROOT/device-plugins/kubelet.sock" \
+  --control-socket="$DIR/plugin.ctl" --events="$DIR/plugin.jsonl" --quiet &
+PLUGIN_PID=$!; PIDS+=($PLUGIN_PID)
+expect_exit "wait for resource" 0 "$SIM" wait --root_dir="$ROOT" --resource=vendor.com/gpu --min_healthy=3 --timeout=10s
+expect_exit "allocate via CLI" 0 "$SIM" allocate --root_dir="$ROOT" --pod=p1 --uid=uid-1 \
+  --containers=a=vendor.com/gpu:1,b=vendor.com/gpu:dev-2 --output=json
+expect_contains "allocation JSON has the explicit device" "$LAST_OUT" '"dev-2"'
+expect_contains "allocation JSON has the env" "$LAST_OUT" '"SAMPLE_GPU_DEVICES"'
+expect_exit "bad container spec" 1 "$SIM" allocate --root_dir="$ROOT" --containers=nodevice
+expect_contains "bad container spec message" "$LAST_OUT" "is not NAME=RESOURCE:COUNT"
+expect_exit "set-health" 0 "$PLUGIN" set-health --control_socket="$DIR/plugin.ctl" --device=dev-0 --health=Unhealthy
+# allocatable counts healthy devices (allocated ones included): 3 -> 2.
+for _ in $(seq 100); do
+  "$SIM" state --root_dir="$ROOT" --output=json | grep -q '"allocatable": "2"' && break; sleep 0.05
+done
+expect_contains "kubelet saw the flip" "$("$SIM" state --root_dir="$ROOT" --output=json)" '"allocatable": "2"'
+expect_exit "set-health back" 0 "$PLUGIN" set-health --control_socket="$DIR/plugin.ctl" --device=dev-0 --health=Healthy
+for _ in $(seq 100); do
+  "$SIM" state --root_dir="$ROOT" --output=json | grep -q '"allocatable": "3"' && break; sleep 0.05
+done
+expect_exit "restart via CLI" 0 "$SIM" restart --root_dir="$ROOT" --personality=v1beta1-sync
+expect_exit "re-registered after restart" 0 "$SIM" wait --root_dir="$ROOT" --resource=vendor.com/gpu --min_healthy=3 --timeout=10s
+expect_exit "readmit via CLI" 0 "$SIM" readmit --root_dir="$ROOT"
+expect_contains "pod readmitted" "$LAST_OUT" "2 admitted, 0 failed"
+expect_contains "checkpoint written" "$(cat "$ROOT/device-plugins/kubelet_internal_checkpoint")" '"PodUID":"uid-1"'
+expect_exit "delete pod" 0 "$SIM" delete-pod --root_dir="$ROOT" --uid=uid-1
+
+# A device that turns unhealthy under a running pod fails its re-admission.
+expect_exit "allocate p2" 0 "$SIM" allocate --root_dir="$ROOT" --pod=p2 --containers=c=vendor.com/gpu:dev-1
+expect_exit "flip dev-1" 0 "$PLUGIN" set-health --control_socket="$DIR/plugin.ctl" --device=dev-1 --health=Unhealthy
+for _ in $(seq 100); do
+  "$SIM" state --root_dir="$ROOT" --output=json | grep -q '"allocatable": "2"' && break; sleep 0.05
+done
+expect_exit "readmit p2" 0 "$SIM" readmit --root_dir="$ROOT"
+expect_contains "p2 refused" "$LAST_OUT" "previously allocated devices are no longer healthy"
+expect_contains "p2 counted" "$LAST_OUT" "0 admitted, 1 failed"
+
+# SIGTERM: both stop cleanly and remove their sockets.
+kill -TERM "$PLUGIN_PID"; wait "$PLUGIN_PID"; rc=$?
+[[ $rc -eq 0 ]] && pass "plugin exits 0 on SIGTERM" || fail "plugin exit $rc on SIGTERM"
+[[ ! -e "$ROOT/device-plugins/sample-gpu.sock" ]] && pass "plugin socket removed" || fail "plugin socket left behind"
+grep -q '"event":"signal"' "$DIR/plugin.jsonl" && pass "plugin logged the signal" || fail "no signal event"
+kill -TERM "$SIM_PID"; wait "$SIM_PID"; rc=$?
+[[ $rc -eq 0 ]] && pass "simulator exits 0 on SIGTERM" || fail "simulator exit $rc on SIGTERM"
+[[ ! -e "$ROOT/kubelet_sim.sock" ]] && pass "control socket removed" || fail "control socket left behind"
+grep -q '"event":"kubelet_stopped"' "$ROOT/kubelet_sim.events.jsonl" && pass "events file has kubelet_stopped" || fail "no kubelet_stopped event"
+
+echo "$FAILURES failure(s)"
+[[ $FAILURES -eq 0 ]]

@@ -1,0 +1,91 @@
+// File: backend.h
+//
+// One vendor device plugin as the proxy sees it: a channel to its socket made
+// once, exactly one ListAndWatch stream (real plugins may hand an update to
+// only one stream; the proxy fans out itself), and per-call deadlines (the
+// kubelet sets none on Allocate, so the proxy must). Requests and responses
+// are v1beta1, the proxy's canonical model; each adapter translates to its
+// plugin's version at the edge.
+//
+//   absl::StatusOr<std::shared_ptr<Backend>> b =
+//       ConnectBackend("vendor.com/gpu", "/var/lib/dpproxy/device-plugins/gpu.sock",
+//                      PluginApi::kV1Alpha, absl::Seconds(10));
+//   (*b)->Start({on_devices, on_lost});
+//   auto resp = (*b)->Allocate(req, absl::Seconds(30));  // blocking
+#ifndef DPPROXY_BACKENDS_BACKEND_H_
+#define DPPROXY_BACKENDS_BACKEND_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/v1beta1/api.pb.h"
+
+namespace dpproxy {
+
+enum class PluginApi { kV1Alpha, kV1Beta1 };
+
+// The Register version string of an API: "v1alpha2" or "v1beta1".
+std::string ApiVersionString(PluginApi api);
+
+struct BackendCallbacks {
+  // Every full device list the plugin sends, in order, on the reader thread.
+  std::function<void(const std::vector<v1beta1::Device>&)> on_devices;
+  // The stream ended (plugin gone or restarted). Called at most once, on the
+  // reader thread, and never after Stop() returned.
+  std::function<void(const std::string& why)> on_lost;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual PluginApi api() const = 0;
+  // Socket path of the plugin.
+  virtual const std::string& endpoint() const = 0;
+  // Resource name the plugin registered (before any rename).
+  virtual const std::string& resource() const = 0;
+  // The plugin's options; for v1alpha plugins the proxy's answer (all off).
+  virtual v1beta1::DevicePluginOptions options() const = 0;
+
+  // Opens the ListAndWatch stream on a reader thread. Non-blocking.
+  virtual void Start(BackendCallbacks callbacks) = 0;
+
+  // Blocking calls with a deadline. Errors name the backend and the call:
+  // kDeadlineExceeded if it did not answer in time, kUnavailable if it is
+  // gone, kInternal for an answer that breaks the protocol.
+  // One container response per container request, in order; a v1alpha
+  // backend gets one call per container (all-or-nothing).
+  virtual absl::StatusOr<v1beta1::AllocateResponse> Allocate(
+      const v1beta1::AllocateRequest& request, absl::Duration timeout) = 0;
+  // kUnimplemented for v1alpha backends and plugins that do not offer it.
+  virtual absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
+      const v1beta1::PreferredAllocationRequest& request, absl::Duration timeout) = 0;
+  // A no-op for v1alpha backends.
+  virtual absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest& request,
+                                         absl::Duration timeout) = 0;
+
+  // Ends the stream and joins the reader. Idempotent; safe from any thread
+  // but the reader's own callbacks.
+  virtual void Stop() = 0;
+};
+
+// Dials the plugin (up to `dial_timeout`) and, for v1beta1, asks for its
+// options. kUnavailable naming the socket if it cannot be reached.
+absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
+                                                        const std::string& socket_path,
+                                                        PluginApi api,
+                                                        absl::Duration dial_timeout);
+
+// Finds out which DevicePlugin service a plugin serves: v1beta1 if
+// GetDevicePluginOptions answers, v1alpha if that service is unknown.
+absl::StatusOr<PluginApi> ProbeBackendApi(const std::string& socket_path,
+                                          absl::Duration timeout);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_BACKENDS_BACKEND_H_

@@ -1,0 +1,160 @@
+#include "backends/registration_server.h"
+
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_context.h>
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/v1alpha/api.grpc.pb.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/common/files.h"
+#include "proxy/common/grpc_util.h"
+#include "proxy/common/kubelet_rules.h"
+#include "proxy/common/status_util.h"
+
+namespace dpproxy {
+namespace {
+
+class BetaRegistration final : public v1beta1::Registration::Service {
+ public:
+  explicit BetaRegistration(BackendRegistrationServer* s) : s_(s) {}
+  grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest* r,
+                        v1beta1::Empty*) override {
+    return ToGrpcStatus(
+        s_->HandleRegister(PluginApi::kV1Beta1, r->version(), r->endpoint(), r->resource_name()));
+  }
+
+ private:
+  BackendRegistrationServer* const s_;
+};
+
+class AlphaRegistration final : public deviceplugin::Registration::Service {
+ public:
+  explicit AlphaRegistration(BackendRegistrationServer* s) : s_(s) {}
+  grpc::Status Register(grpc::ServerContext*, const deviceplugin::RegisterRequest* r,
+                        deviceplugin::Empty*) override {
+    return ToGrpcStatus(
+        s_->HandleRegister(PluginApi::kV1Alpha, r->version(), r->endpoint(), r->resource_name()));
+  }
+
+ private:
+  BackendRegistrationServer* const s_;
+};
+
+}  // namespace
+
+BackendRegistrationServer::BackendRegistrationServer(Options options, OnBackend on_backend,
+                                                     EventLog* events)
+    : options_(std::move(options)), on_backend_(std::move(on_backend)), events_(events) {}
+
+BackendRegistrationServer::~BackendRegistrationServer() { Stop(); }
+
+std::string BackendRegistrationServer::socket_path() const {
+  return JoinPath(options_.dir, kKubeletSocketName);
+}
+
+absl::Status BackendRegistrationServer::Start() {
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path()));
+  DPP_RETURN_IF_ERROR(MakeDirs(options_.dir));
+  absl::StatusOr<std::vector<std::string>> removed = RemoveFilesExcept(options_.dir, {});
+  if (!removed.ok()) return removed.status();
+  beta_service_ = std::make_unique<BetaRegistration>(this);
+  alpha_service_ = std::make_unique<AlphaRegistration>(this);
+  unknown_ = std::make_unique<GoStyleUnknownHandler>(
+      std::vector<std::string>{"v1beta1.Registration", "deviceplugin.Registration"});
+  {
+    absl::MutexLock lock(&mu_);
+    running_ = true;
+  }
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(socket_path()), grpc::InsecureServerCredentials());
+  builder.RegisterService(beta_service_.get());
+  builder.RegisterService(alpha_service_.get());
+  builder.RegisterCallbackGenericService(unknown_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    absl::MutexLock lock(&mu_);
+    running_ = false;
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path()));
+  }
+  LOG(INFO) << "backend registration socket " << socket_path()
+            << " accepts v1alpha (\"v1alpha2\") and v1beta1 plugins";
+  events_->Emit("backend_registration_listening", {{"socket", socket_path()}});
+  return absl::OkStatus();
+}
+
+void BackendRegistrationServer::Stop() {
+  std::vector<std::thread> dialers;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    running_ = false;
+    dialers.swap(dialers_);
+  }
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+  }
+  for (auto& t : dialers) t.join();
+  ::unlink(socket_path().c_str());
+}
+
+absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std::string& version,
+                                                       const std::string& endpoint,
+                                                       const std::string& resource) {
+  auto reject = [&](absl::Status s) {
+    LOG(WARNING) << "backend registration of " << GoQuote(resource) << " (" << version
+                 << ", endpoint " << GoQuote(endpoint) << ") refused: " << s.message();
+    events_->Emit("backend_registration_rejected", {{"resource", resource},
+                                                    {"version", version},
+                                                    {"endpoint", endpoint},
+                                                    {"error", std::string(s.message())}});
+    return s;
+  };
+  absl::Status s = api == PluginApi::kV1Alpha ? ValidateV1AlphaVersion(version)
+                                              : ValidateV1Beta1Version(version);
+  if (!s.ok()) return reject(s);
+  if (s = ValidateResourceName(resource); !s.ok()) return reject(s);
+  if (s = ValidateEndpointName(endpoint); !s.ok()) return reject(s);
+  const std::string socket = JoinPath(options_.dir, endpoint);
+  if (s = ValidateSocketPath(socket); !s.ok()) return reject(s);
+
+  if (api == PluginApi::kV1Beta1) {
+    absl::StatusOr<std::shared_ptr<Backend>> b =
+        ConnectBackend(resource, socket, api, options_.dial_timeout);
+    if (!b.ok()) {
+      return reject(absl::UnknownError(
+          absl::StrCat("failed to dial device plugin: ", b.status().message())));
+    }
+    if (s = on_backend_(*b); !s.ok()) {
+      (*b)->Stop();
+      return reject(s);
+    }
+    return absl::OkStatus();
+  }
+  // v1alpha: answer now, dial afterwards (1.9 semantics).
+  absl::MutexLock lock(&mu_);
+  if (!running_) return absl::UnavailableError("dpproxy is stopping");
+  dialers_.emplace_back([this, resource, socket, api] {
+    absl::StatusOr<std::shared_ptr<Backend>> b =
+        ConnectBackend(resource, socket, api, options_.dial_timeout);
+    if (!b.ok()) {
+      LOG(WARNING) << "v1alpha backend " << resource << " at " << socket
+                   << " registered but cannot be reached: " << b.status().message();
+      events_->Emit("backend_dial_failed", {{"resource", resource},
+                                            {"endpoint", socket},
+                                            {"error", std::string(b.status().message())}});
+      return;
+    }
+    if (absl::Status s = on_backend_(*b); !s.ok()) {
+      (*b)->Stop();
+      events_->Emit("backend_registration_rejected",
+                    {{"resource", resource}, {"error", std::string(s.message())}});
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace dpproxy

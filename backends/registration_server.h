@@ -1,0 +1,73 @@
+// File: registration_server.h
+//
+// The proxy's own kubelet.sock, toward vendor plugins: a legacy plugin is
+// pointed at this directory instead of the kubelet's and needs no change.
+// It accepts /deviceplugin.Registration/Register ("v1alpha2") and
+// /v1beta1.Registration/Register ("v1beta1") on one socket, validating
+// exactly as a kubelet does (same error texts), and also refuses endpoints
+// that escape the directory.
+//
+// v1beta1 registrations are synchronous, as on a 1.25+ kubelet: the plugin is
+// dialled and asked for its options before Register returns. v1alpha
+// registrations are asynchronous, as on the 1.9 kubelet those plugins were
+// written for: Register returns at once and the proxy dials afterwards.
+#ifndef DPPROXY_BACKENDS_REGISTRATION_SERVER_H_
+#define DPPROXY_BACKENDS_REGISTRATION_SERVER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "proxy/common/event_log.h"
+
+namespace dpproxy {
+
+class BackendRegistrationServer {
+ public:
+  struct Options {
+    // Directory holding kubelet.sock and the plugins' sockets.
+    std::string dir;
+    absl::Duration dial_timeout = absl::Seconds(10);
+  };
+  // Called with each connected backend. An error is returned to a v1beta1
+  // plugin's Register (and logged for a v1alpha one).
+  using OnBackend = std::function<absl::Status(std::shared_ptr<Backend>)>;
+
+  BackendRegistrationServer(Options options, OnBackend on_backend, EventLog* events);
+  ~BackendRegistrationServer();
+
+  // Removes stale files from the directory (as a kubelet does at start, so
+  // plugins notice and register again), then listens.
+  absl::Status Start();
+  void Stop();  // idempotent
+  std::string socket_path() const;
+
+  // Implementation, public for the services in the .cc file.
+  absl::Status HandleRegister(PluginApi api, const std::string& version,
+                              const std::string& endpoint, const std::string& resource);
+
+ private:
+  const Options options_;
+  const OnBackend on_backend_;
+  EventLog* const events_;
+  std::unique_ptr<grpc::Service> beta_service_;
+  std::unique_ptr<grpc::Service> alpha_service_;
+  std::unique_ptr<grpc::CallbackGenericService> unknown_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Mutex mu_;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> dialers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_BACKENDS_REGISTRATION_SERVER_H_

@@ -1,0 +1,161 @@
+#include "proxy/core/resource.h"
+
+#include <glog/logging.h>
+
+#include "absl/time/clock.h"
+#include "proxy/common/kubelet_rules.h"
+
+namespace dpproxy {
+
+Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events)
+    : name_(std::move(name)), policy_(policy), events_(events) {}
+
+Resource::~Resource() { Shutdown(); }
+
+bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
+  std::shared_ptr<Backend> old;
+  uint64_t generation;
+  bool options_changed;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::move(backend_);
+    backend_ = backend;
+    generation = ++generation_;
+    connected_ = true;
+    lost_at_.reset();
+    v1beta1::DevicePluginOptions opts = backend->options();
+    options_changed = opts.SerializeAsString() != options_.SerializeAsString();
+    options_ = opts;
+  }
+  if (old != nullptr) {
+    LOG(INFO) << "resource " << name_ << ": backend " << old->endpoint() << " ("
+              << ApiVersionString(old->api()) << ") replaced by " << backend->endpoint() << " ("
+              << ApiVersionString(backend->api()) << ")";
+    old->Stop();
+  }
+  LOG(INFO) << "resource " << name_ << ": backend up at " << backend->endpoint() << " ("
+            << ApiVersionString(backend->api()) << ")";
+  events_->Emit("backend_up", {{"resource", name_},
+                               {"backend_resource", backend->resource()},
+                               {"endpoint", backend->endpoint()},
+                               {"api_version", ApiVersionString(backend->api())},
+                               {"replaced", old != nullptr}});
+  backend->Start(BackendCallbacks{
+      [this, generation](const std::vector<v1beta1::Device>& d) { OnDevices(generation, d); },
+      [this, generation](const std::string& why) { OnLost(generation, why); }});
+  return options_changed;
+}
+
+std::shared_ptr<Backend> Resource::backend() {
+  absl::MutexLock lock(&mu_);
+  return connected_ ? backend_ : nullptr;
+}
+
+bool Resource::backend_connected() {
+  absl::MutexLock lock(&mu_);
+  return connected_;
+}
+
+v1beta1::DevicePluginOptions Resource::options() {
+  absl::MutexLock lock(&mu_);
+  return options_;
+}
+
+Resource::Snapshot Resource::Current() {
+  absl::MutexLock lock(&mu_);
+  return snapshot_;
+}
+
+bool Resource::WaitForChange(uint64_t seen, absl::Duration timeout, Snapshot* out) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t wake = wake_;
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool {
+    return snapshot_.version != seen || wake_ != wake;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+  if (snapshot_.version == seen) return false;
+  *out = snapshot_;
+  return true;
+}
+
+void Resource::WakeAll() {
+  absl::MutexLock lock(&mu_);
+  ++wake_;
+}
+
+bool Resource::HasDevice(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& d : snapshot_.list.devices()) {
+    if (d.id() == id) return true;
+  }
+  return false;
+}
+
+void Resource::MarkAllLocked(const std::string& health) {
+  bool changed = false;
+  for (auto& d : *snapshot_.list.mutable_devices()) {
+    if (d.health() != health) {
+      d.set_health(health);
+      changed = true;
+    }
+  }
+  if (changed) ++snapshot_.version;
+}
+
+void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices) {
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_) return;  // a replaced backend
+  v1beta1::ListAndWatchResponse list;
+  for (const auto& d : devices) *list.add_devices() = d;
+  snapshot_.list = std::move(list);
+  ++snapshot_.version;
+  int healthy = 0;
+  for (const auto& d : devices) healthy += d.health() == kHealthy ? 1 : 0;
+  VLOG(1) << "resource " << name_ << ": " << devices.size() << " devices, " << healthy
+          << " healthy";
+  events_->Emit("devices", {{"resource", name_},
+                            {"total", devices.size()},
+                            {"healthy", healthy},
+                            {"version", snapshot_.version}});
+}
+
+void Resource::OnLost(uint64_t generation, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_) return;
+  connected_ = false;
+  lost_at_ = absl::Now();
+  LOG(WARNING) << "resource " << name_ << ": backend "
+               << (backend_ ? backend_->endpoint() : std::string("?")) << " lost (" << why
+               << "); devices "
+               << (policy_.loss_policy == LossPolicy::kUnhealthy
+                       ? "reported Unhealthy"
+                       : "held at their last health for " + absl::FormatDuration(policy_.hold));
+  events_->Emit("backend_down", {{"resource", name_},
+                                 {"endpoint", backend_ ? backend_->endpoint() : ""},
+                                 {"reason", why}});
+  if (policy_.loss_policy == LossPolicy::kUnhealthy || policy_.hold <= absl::ZeroDuration()) {
+    MarkAllLocked(std::string(kUnhealthy));
+  }
+}
+
+void Resource::Tick(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (!connected_ && lost_at_.has_value() && policy_.loss_policy == LossPolicy::kHold &&
+      now - *lost_at_ >= policy_.hold) {
+    MarkAllLocked(std::string(kUnhealthy));
+  }
+}
+
+void Resource::Shutdown() {
+  std::shared_ptr<Backend> b;
+  {
+    absl::MutexLock lock(&mu_);
+    b = std::move(backend_);
+    connected_ = false;
+    ++generation_;
+    ++wake_;
+  }
+  if (b) b->Stop();
+}
+
+}  // namespace dpproxy

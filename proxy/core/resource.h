@@ -1,0 +1,105 @@
+// File: resource.h
+//
+// One resource as the kubelet sees it: the backend currently serving it, the
+// last device list (the kubelet-facing truth, cached so a re-registering
+// kubelet gets it at once), and the policy for a backend that goes away.
+// Thread-safe. Calls to the backend are made without holding the lock.
+//
+// Device IDs never change because a backend went away: on loss the cached
+// devices stay, with their health set by the loss policy, until the backend
+// (or its replacement) sends a new list.
+#ifndef DPPROXY_PROXY_CORE_RESOURCE_H_
+#define DPPROXY_PROXY_CORE_RESOURCE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "proto/v1beta1/api.pb.h"
+#include "proxy/common/event_log.h"
+
+namespace dpproxy {
+
+enum class LossPolicy {
+  // Report every device Unhealthy as soon as the backend is lost: no new pod
+  // gets a device nobody answers for. The default.
+  kUnhealthy,
+  // Keep reporting the last known health for `hold`, then Unhealthy: rides
+  // out a quick plugin restart without the kubelet seeing a flap.
+  kHold,
+};
+
+struct ResourcePolicy {
+  LossPolicy loss_policy = LossPolicy::kUnhealthy;
+  absl::Duration hold = absl::ZeroDuration();
+};
+
+class Resource {
+ public:
+  struct Snapshot {
+    uint64_t version = 0;
+    v1beta1::ListAndWatchResponse list;
+  };
+
+  // `name` is the kubelet-facing name (after any rename).
+  Resource(std::string name, ResourcePolicy policy, EventLog* events);
+  ~Resource();
+
+  const std::string& name() const { return name_; }
+
+  // Makes `backend` the one serving this resource and starts its stream. A
+  // previous backend is stopped. Returns true if the options the kubelet
+  // must be told about changed (the caller registers again).
+  bool AttachBackend(std::shared_ptr<Backend> backend);
+  // The current backend, or nullptr while none is connected.
+  std::shared_ptr<Backend> backend();
+  bool backend_connected();
+
+  // Options to advertise to the kubelet: the current (or last) backend's.
+  v1beta1::DevicePluginOptions options();
+
+  Snapshot Current();
+  // Waits until the list changes past `seen` or `timeout` passes; true and
+  // `out` filled if it changed.
+  bool WaitForChange(uint64_t seen, absl::Duration timeout, Snapshot* out);
+  // Wakes every waiter (shutdown, kubelet-side server restart).
+  void WakeAll();
+
+  // True if `id` is in the current device list.
+  bool HasDevice(const std::string& id);
+
+  // Applies the hold expiry of the loss policy; call about once a second.
+  void Tick(absl::Time now);
+
+  // Stops the backend. Idempotent.
+  void Shutdown();
+
+ private:
+  void OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices);
+  void OnLost(uint64_t generation, const std::string& why);
+  void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string name_;
+  const ResourcePolicy policy_;
+  EventLog* const events_;
+
+  absl::Mutex mu_;
+  std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Time> lost_at_ ABSL_GUARDED_BY(mu_);
+  v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
+  Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_CORE_RESOURCE_H_

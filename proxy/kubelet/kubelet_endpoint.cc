@@ -1,0 +1,404 @@
+#include "proxy/kubelet/kubelet_endpoint.h"
+
+#include <unistd.h>
+
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_context.h>
+#include <glog/logging.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proto/pluginregistration/api.grpc.pb.h"
+#include "proto/v1alpha/api.grpc.pb.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/common/files.h"
+#include "proxy/common/grpc_util.h"
+#include "proxy/common/kubelet_rules.h"
+#include "proxy/common/status_util.h"
+
+namespace dpproxy {
+namespace {
+
+std::string SocketNameFor(const std::string& resource) {
+  std::string n = resource;
+  for (char& c : n) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  return absl::StrCat("dpproxy-", n, ".sock");
+}
+
+// Checks a kubelet's request names only devices this resource has.
+grpc::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
+  if (req.container_requests_size() == 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "AllocateRequest has no container requests");
+  }
+  for (int i = 0; i < req.container_requests_size(); ++i) {
+    const auto& c = req.container_requests(i);
+    if (c.devices_ids_size() == 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("container request ", i + 1, " names no device"));
+    }
+    for (const std::string& id : c.devices_ids()) {
+      if (!r->HasDevice(id)) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("unknown device ID ", GoQuote(id), " for resource ",
+                                         r->name()));
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status NoBackend(Resource* r) {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("no backend is connected for resource ", r->name(),
+                                   "; its devices are reported Unhealthy until one registers"));
+}
+
+}  // namespace
+
+std::string DevicePluginDir(const KubeletSideOptions& o) {
+  return JoinPath(o.kubelet_root, "device-plugins");
+}
+std::string KubeletSocketPath(const KubeletSideOptions& o) {
+  return JoinPath(DevicePluginDir(o), kKubeletSocketName);
+}
+
+// --- Services ---------------------------------------------------------------------
+
+class KubeletEndpoint::Services {
+ public:
+  class Beta final : public v1beta1::DevicePlugin::Service {
+   public:
+    explicit Beta(KubeletEndpoint* e) : e_(e) {}
+
+    grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
+                                        v1beta1::DevicePluginOptions* resp) override {
+      *resp = e_->resource()->options();
+      return grpc::Status::OK;
+    }
+
+    grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
+                              grpc::ServerWriter<v1beta1::ListAndWatchResponse>* w) override {
+      return Stream(e_, ctx, [w](const v1beta1::ListAndWatchResponse& l) { return w->Write(l); });
+    }
+
+    grpc::Status GetPreferredAllocation(grpc::ServerContext*,
+                                        const v1beta1::PreferredAllocationRequest* req,
+                                        v1beta1::PreferredAllocationResponse* resp) override {
+      std::shared_ptr<Backend> b = e_->resource()->backend();
+      if (b == nullptr) return NoBackend(e_->resource());
+      absl::StatusOr<v1beta1::PreferredAllocationResponse> r =
+          b->GetPreferredAllocation(*req, e_->options().backend_timeout);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      *resp = *std::move(r);
+      return grpc::Status::OK;
+    }
+
+    grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
+                          v1beta1::AllocateResponse* resp) override {
+      if (grpc::Status s = CheckRequest(e_->resource(), *req); !s.ok()) return s;
+      std::shared_ptr<Backend> b = e_->resource()->backend();
+      if (b == nullptr) return NoBackend(e_->resource());
+      absl::StatusOr<v1beta1::AllocateResponse> r =
+          b->Allocate(*req, e_->options().backend_timeout);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      *resp = *std::move(r);
+      if (e_->options().cdi_annotations) {
+        for (auto& c : *resp->mutable_container_responses()) {
+          if (c.cdi_devices_size() == 0) continue;
+          std::vector<std::string> names;
+          for (const auto& d : c.cdi_devices()) names.push_back(d.name());
+          std::string key = absl::StrCat("cdi.k8s.io/dpproxy_", e_->socket_name());
+          (*c.mutable_annotations())[key.substr(0, key.size() - 5)] = absl::StrJoin(names, ",");
+        }
+      }
+      e_->events()->Emit("allocate", {{"resource", e_->resource()->name()},
+                                      {"kubelet_api", "v1beta1"},
+                                      {"containers", req->container_requests_size()}});
+      return grpc::Status::OK;
+    }
+
+    grpc::Status PreStartContainer(grpc::ServerContext*,
+                                   const v1beta1::PreStartContainerRequest* req,
+                                   v1beta1::PreStartContainerResponse*) override {
+      std::shared_ptr<Backend> b = e_->resource()->backend();
+      if (b == nullptr) return NoBackend(e_->resource());
+      return ToGrpcStatus(b->PreStartContainer(*req, e_->options().backend_timeout));
+    }
+
+   private:
+    KubeletEndpoint* const e_;
+  };
+
+  class Alpha final : public deviceplugin::DevicePlugin::Service {
+   public:
+    explicit Alpha(KubeletEndpoint* e) : e_(e) {}
+
+    grpc::Status ListAndWatch(grpc::ServerContext* ctx, const deviceplugin::Empty*,
+                              grpc::ServerWriter<deviceplugin::ListAndWatchResponse>* w) override {
+      return Stream(e_, ctx, [this, w](const v1beta1::ListAndWatchResponse& l) {
+        Loss loss;
+        deviceplugin::ListAndWatchResponse out = ToV1AlphaList(l, &loss);
+        e_->NoteLoss(loss);
+        return w->Write(out);
+      });
+    }
+
+    grpc::Status Allocate(grpc::ServerContext*, const deviceplugin::AllocateRequest* req,
+                          deviceplugin::AllocateResponse* resp) override {
+      v1beta1::AllocateRequest breq = FromV1AlphaAllocate(*req);
+      if (grpc::Status s = CheckRequest(e_->resource(), breq); !s.ok()) return s;
+      std::shared_ptr<Backend> b = e_->resource()->backend();
+      if (b == nullptr) return NoBackend(e_->resource());
+      const absl::Time deadline = absl::Now() + e_->options().backend_timeout;
+      absl::StatusOr<v1beta1::AllocateResponse> r =
+          b->Allocate(breq, e_->options().backend_timeout);
+      if (!r.ok()) return ToGrpcStatus(r.status());
+      // A 1.9 kubelet never calls PreStartContainer: if the backend needs
+      // it, the proxy calls it right after Allocate.
+      if (b->options().pre_start_required()) {
+        v1beta1::PreStartContainerRequest pre;
+        for (const std::string& id : req->devicesids()) pre.add_devices_ids(id);
+        absl::Status s = b->PreStartContainer(pre, std::max(absl::Milliseconds(1),
+                                                            deadline - absl::Now()));
+        if (!s.ok()) return ToGrpcStatus(s);
+      }
+      Loss loss;
+      *resp = ToV1AlphaResponse(r->container_responses(0), &loss);
+      e_->NoteLoss(loss);
+      e_->events()->Emit("allocate", {{"resource", e_->resource()->name()},
+                                      {"kubelet_api", "v1alpha2"},
+                                      {"containers", 1}});
+      return grpc::Status::OK;
+    }
+
+   private:
+    KubeletEndpoint* const e_;
+  };
+
+  class Watcher final : public pluginregistration::Registration::Service {
+   public:
+    explicit Watcher(KubeletEndpoint* e) : e_(e) {}
+    grpc::Status GetInfo(grpc::ServerContext*, const pluginregistration::InfoRequest*,
+                         pluginregistration::PluginInfo* info) override {
+      info->set_type(std::string(kDevicePluginType));
+      info->set_name(e_->resource()->name());
+      info->set_endpoint(e_->socket_path());
+      info->add_supported_versions(std::string(kV1Beta1Version));
+      return grpc::Status::OK;
+    }
+    grpc::Status NotifyRegistrationStatus(grpc::ServerContext*,
+                                          const pluginregistration::RegistrationStatus* st,
+                                          pluginregistration::RegistrationStatusResponse*) override {
+      if (st->plugin_registered()) {
+        e_->SetNegotiated("v1beta1 (plugin-watcher)");
+      } else {
+        LOG(ERROR) << "resource " << e_->resource()->name()
+                   << ": the kubelet's plugin watcher refused registration: " << st->error();
+        e_->events()->Emit("kubelet_registration_failed",
+                           {{"resource", e_->resource()->name()},
+                            {"via", "plugin-watcher"},
+                            {"error", st->error()}});
+      }
+      return grpc::Status::OK;
+    }
+
+   private:
+    KubeletEndpoint* const e_;
+  };
+
+  // One ListAndWatch stream toward the kubelet: the cached list at once,
+  // then every change. Ends when the kubelet goes away, the server is
+  // recreated (epoch) or the proxy stops.
+  template <typename WriteFn>
+  static grpc::Status Stream(KubeletEndpoint* e, grpc::ServerContext* ctx, WriteFn write) {
+    const uint64_t epoch = e->epoch();
+    Resource::Snapshot snap = e->resource()->Current();
+    if (!write(snap.list)) return grpc::Status::OK;
+    uint64_t seen = snap.version;
+    for (;;) {
+      if (e->stopping() || e->epoch() != epoch) return grpc::Status::OK;
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      Resource::Snapshot next;
+      if (e->resource()->WaitForChange(seen, absl::Seconds(1), &next)) {
+        seen = next.version;
+        if (!write(next.list)) return grpc::Status::OK;
+      }
+    }
+  }
+
+  explicit Services(KubeletEndpoint* e) : beta(e), alpha(e), watcher(e) {}
+  Beta beta;
+  Alpha alpha;
+  Watcher watcher;
+  // A callback generic service serves one server in its life: one per Serve().
+  std::unique_ptr<GoStyleUnknownHandler> unknown;
+};
+
+// --- KubeletEndpoint -------------------------------------------------------------------
+
+KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& options,
+                                 LossCounter* losses, EventLog* events)
+    : resource_(resource),
+      options_(options),
+      losses_(losses),
+      events_(events),
+      socket_name_(SocketNameFor(resource->name())),
+      socket_path_(options.registration == KubeletRegistration::kPluginWatcher
+                       ? JoinPath(JoinPath(options.kubelet_root, "plugins_registry"),
+                                  SocketNameFor(resource->name()))
+                       : JoinPath(DevicePluginDir(options), SocketNameFor(resource->name()))),
+      services_(std::make_unique<Services>(this)) {}
+
+KubeletEndpoint::~KubeletEndpoint() { Stop(); }
+
+bool KubeletEndpoint::SocketPresent() const { return PathExists(socket_path_); }
+
+absl::Status KubeletEndpoint::Serve() {
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path_));
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::CancelledError("stopping");
+  ++epoch_;
+  resource_->WakeAll();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+  }
+  size_t slash = socket_path_.rfind('/');
+  DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
+  std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
+  builder.RegisterService(&services_->beta);
+  builder.RegisterService(&services_->alpha);
+  if (options_.registration == KubeletRegistration::kPluginWatcher) {
+    builder.RegisterService(&services_->watcher);
+    served.push_back("pluginregistration.Registration");
+  }
+  services_->unknown = std::make_unique<GoStyleUnknownHandler>(served);
+  builder.RegisterCallbackGenericService(services_->unknown.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KubeletEndpoint::Register() {
+  if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
+  const std::string kubelet = KubeletSocketPath(options_);
+  auto channel = MakeUnixChannel(kubelet);
+  if (!WaitForConnected(channel.get(), absl::Seconds(2)).ok()) {
+    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
+  }
+  std::vector<KubeletApi> tries;
+  if (options_.api == KubeletApi::kAuto || options_.api == KubeletApi::kV1Beta1) {
+    tries.push_back(KubeletApi::kV1Beta1);
+  }
+  if (options_.api == KubeletApi::kAuto || options_.api == KubeletApi::kV1Alpha) {
+    tries.push_back(KubeletApi::kV1Alpha);
+  }
+  std::vector<std::string> refusals;
+  for (KubeletApi api : tries) {
+    grpc::ClientContext ctx;
+    // A 1.25+ kubelet dials back before answering, for up to 10 s.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(15)));
+    grpc::Status st;
+    std::string version;
+    if (api == KubeletApi::kV1Beta1) {
+      version = std::string(kV1Beta1Version);
+      v1beta1::RegisterRequest req;
+      req.set_version(version);
+      req.set_endpoint(socket_name_);
+      req.set_resource_name(resource_->name());
+      *req.mutable_options() = resource_->options();
+      v1beta1::Empty resp;
+      st = v1beta1::Registration::NewStub(channel)->Register(&ctx, req, &resp);
+    } else {
+      version = std::string(kV1AlphaVersion);
+      deviceplugin::RegisterRequest req;
+      req.set_version(version);
+      req.set_endpoint(socket_name_);
+      req.set_resource_name(resource_->name());
+      deviceplugin::Empty resp;
+      st = deviceplugin::Registration::NewStub(channel)->Register(&ctx, req, &resp);
+    }
+    if (st.ok()) {
+      SetNegotiated(version);
+      std::shared_ptr<Backend> b = resource_->backend();
+      LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as "
+                << version << " (backend "
+                << (b ? ApiVersionString(b->api()) + " at " + b->endpoint() : "not connected")
+                << ")";
+      events_->Emit("kubelet_registered",
+                    {{"resource", resource_->name()},
+                     {"kubelet_api", version},
+                     {"backend_api", b ? ApiVersionString(b->api()) : ""},
+                     {"socket", socket_path_},
+                     {"refused_first", refusals}});
+      return absl::OkStatus();
+    }
+    refusals.push_back(absl::StrCat(version, ": ", DescribeGrpcStatus(st)));
+    const bool next = st.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+                      (st.error_code() == grpc::StatusCode::UNKNOWN &&
+                       absl::StrContains(st.error_message(), "is not supported by kubelet"));
+    if (!next) break;
+    LOG(INFO) << "resource " << resource_->name() << ": kubelet refused " << version << " ("
+              << DescribeGrpcStatus(st) << "); trying the next version";
+  }
+  std::string why = absl::StrJoin(refusals, "; ");
+  LOG(ERROR) << "resource " << resource_->name() << ": kubelet registration failed: " << why;
+  events_->Emit("kubelet_registration_failed",
+                {{"resource", resource_->name()}, {"error", why}});
+  return absl::FailedPreconditionError(
+      absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
+}
+
+std::string KubeletEndpoint::negotiated() {
+  absl::MutexLock lock(&negotiated_mu_);
+  return negotiated_;
+}
+
+void KubeletEndpoint::SetNegotiated(const std::string& v) {
+  absl::MutexLock lock(&negotiated_mu_);
+  if (negotiated_ != v) {
+    negotiated_ = v;
+    if (absl::StrContains(v, "plugin-watcher")) {
+      LOG(INFO) << "resource " << resource_->name()
+                << ": registered with the kubelet through the plugin watcher";
+      events_->Emit("kubelet_registered", {{"resource", resource_->name()},
+                                           {"kubelet_api", v},
+                                           {"socket", socket_path_}});
+    }
+  }
+}
+
+void KubeletEndpoint::NoteLoss(const Loss& loss) {
+  for (const std::string& kind : losses_->Add(resource_->name(), loss)) {
+    LOG(WARNING) << "resource " << resource_->name() << ": the kubelet's API (v1alpha) has no "
+                 << kind << "; dropping them (logged once per resource, counted)";
+    events_->Emit("lossy_translation", {{"resource", resource_->name()},
+                                        {"kind", kind},
+                                        {"kubelet_api", "v1alpha2"}});
+  }
+}
+
+void KubeletEndpoint::Stop() {
+  stopping_ = true;
+  resource_->WakeAll();
+  absl::MutexLock lock(&mu_);
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    ::unlink(socket_path_.c_str());
+  }
+}
+
+}  // namespace dpproxy

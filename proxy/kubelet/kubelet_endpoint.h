@@ -1,0 +1,102 @@
+// File: kubelet_endpoint.h
+//
+// The proxy as one device plugin toward the kubelet, for one resource: a
+// socket serving both deviceplugin.DevicePlugin (v1alpha kubelets) and
+// v1beta1.DevicePlugin (1.10+), and the registration with the kubelet in
+// whichever version it accepts (newest first: UNIMPLEMENTED or the kubelet's
+// unsupported-version error means try the next), or through the plugin
+// watcher. Options are the same in the RegisterRequest and in
+// GetDevicePluginOptions (kubelets up to 1.24 read the first, 1.25+ the
+// second), and GetDevicePluginOptions answers from memory at once.
+#ifndef DPPROXY_PROXY_KUBELET_KUBELET_ENDPOINT_H_
+#define DPPROXY_PROXY_KUBELET_KUBELET_ENDPOINT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proxy/common/event_log.h"
+#include "proxy/core/resource.h"
+#include "proxy/translate/translate.h"
+
+namespace dpproxy {
+
+enum class KubeletApi { kAuto, kV1Beta1, kV1Alpha };
+enum class KubeletRegistration { kKubeletSocket, kPluginWatcher };
+
+struct KubeletSideOptions {
+  std::string kubelet_root = "/var/lib/kubelet";
+  KubeletApi api = KubeletApi::kAuto;
+  KubeletRegistration registration = KubeletRegistration::kKubeletSocket;
+  // Deadline of every call the proxy makes to a backend.
+  absl::Duration backend_timeout = absl::Seconds(30);
+  // Also express CDI devices as a "cdi.k8s.io/..." container annotation, for
+  // runtimes driven by kubelets that predate the cdi_devices field.
+  bool cdi_annotations = false;
+};
+
+std::string DevicePluginDir(const KubeletSideOptions& o);
+std::string KubeletSocketPath(const KubeletSideOptions& o);
+
+class KubeletEndpoint {
+ public:
+  KubeletEndpoint(Resource* resource, const KubeletSideOptions& options, LossCounter* losses,
+                  EventLog* events);
+  ~KubeletEndpoint();
+
+  KubeletEndpoint(const KubeletEndpoint&) = delete;
+  KubeletEndpoint& operator=(const KubeletEndpoint&) = delete;
+
+  // "dpproxy-vendor.com_gpu.sock"
+  const std::string& socket_name() const { return socket_name_; }
+  const std::string& socket_path() const { return socket_path_; }
+  bool SocketPresent() const;
+
+  // (Re)creates the server on the socket; streams of an older server end.
+  absl::Status Serve();
+  // Registers at kubelet.sock, negotiating the version. kUnavailable if the
+  // kubelet is not answering (worth retrying); other codes if it refused.
+  // Does nothing in plugin-watcher mode (the kubelet comes to us).
+  absl::Status Register();
+  // "v1beta1", "v1alpha2", "v1beta1 (plugin-watcher)" or "" if not yet.
+  std::string negotiated();
+  void Stop();  // idempotent
+
+  // Implementation, public for the services in the .cc file.
+  class Services;
+  Resource* resource() { return resource_; }
+  const KubeletSideOptions& options() const { return options_; }
+  LossCounter* losses() { return losses_; }
+  EventLog* events() { return events_; }
+  uint64_t epoch() const { return epoch_.load(); }
+  bool stopping() const { return stopping_.load(); }
+  void SetNegotiated(const std::string& v);
+  void NoteLoss(const Loss& loss);
+
+ private:
+  Resource* const resource_;
+  const KubeletSideOptions options_;
+  LossCounter* const losses_;
+  EventLog* const events_;
+  const std::string socket_name_;
+  const std::string socket_path_;
+  std::unique_ptr<Services> services_;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> stopping_{false};
+  absl::Mutex mu_;
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
+  // Separate from mu_: handlers set it while Serve() may hold mu_ and wait
+  // for the handlers to finish.
+  absl::Mutex negotiated_mu_;
+  std::string negotiated_ ABSL_GUARDED_BY(negotiated_mu_);
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_KUBELET_KUBELET_ENDPOINT_H_

@@ -1,0 +1,182 @@
+// dpproxy: bridges Kubernetes device-plugin API versions. Only this file
+// touches gflags; everything else takes a ProxyConfig.
+#include <iostream>
+#include <string>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "proxy/common/cli.h"
+#include "proxy/common/status_util.h"
+#include "proxy/server/proxy_server.h"
+
+DEFINE_string(kubelet_root, "/var/lib/kubelet",
+              "Kubelet root directory (k3s, k0s and snaps move it). The proxy serves its\n"
+              "sockets in <root>/device-plugins/ and registers at\n"
+              "<root>/device-plugins/kubelet.sock, or uses <root>/plugins_registry/.");
+DEFINE_string(plugin_dir, "/var/lib/dpproxy/device-plugins",
+              "Directory where vendor plugins register with the proxy: point a plugin's\n"
+              "kubelet socket at <plugin_dir>/kubelet.sock. Must not be the kubelet's own.");
+DEFINE_string(kubelet_api, "auto",
+              "Device-plugin API toward the kubelet: auto (try v1beta1, then v1alpha),\n"
+              "v1beta1 or v1alpha (pin it).");
+DEFINE_string(kubelet_registration, "kubelet",
+              "How to register with the kubelet: kubelet (Register at kubelet.sock) or\n"
+              "plugin-watcher (a socket in <kubelet_root>/plugins_registry/).");
+DEFINE_string(backend_timeout, "30s",
+              "Deadline of every call to a backend plugin (the kubelet sets none on Allocate).");
+DEFINE_string(dial_timeout, "10s", "How long to wait for a registering plugin's socket.");
+DEFINE_string(backend_loss_policy, "unhealthy",
+              "What the kubelet sees while a backend is away: unhealthy (every device\n"
+              "Unhealthy at once) or hold (last known health for --backend_hold, then\n"
+              "Unhealthy). Device IDs never change because a backend went away.");
+DEFINE_string(backend_hold, "30s", "Hold time for --backend_loss_policy=hold.");
+DEFINE_string(rename, "",
+              "Serve backend resources under other names, comma-separated FROM=TO, e.g.\n"
+              "\"legacy.com/gpu=vendor.com/gpu\".");
+DEFINE_string(static_backend, "",
+              "Plugins that cannot be pointed at the proxy, comma-separated\n"
+              "RESOURCE=SOCKET[@API] with API v1alpha, v1beta1 or auto (default), e.g.\n"
+              "\"vendor.com/gpu=/run/vendor/gpu.sock@v1alpha\". Reconnected once a second\n"
+              "while away.");
+DEFINE_bool(cdi_annotations, false,
+            "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
+            "for kubelets that predate the cdi_devices field (1.27 and older).");
+DEFINE_string(events, "", "Append JSON-lines lifecycle events to this file. Empty: none.");
+
+namespace dpproxy {
+namespace {
+
+constexpr char kUsage[] = R"(dpproxy: bridges Kubernetes device-plugin API versions.
+
+Usage:
+  dpproxy [flags]
+
+Toward the kubelet, dpproxy registers one device plugin per resource in
+whichever API the kubelet accepts (v1alpha of 1.9, v1beta1 from 1.10,
+synchronous registration from 1.25, or the plugin watcher). Toward vendor
+plugins it is a kubelet: point a plugin's kubelet socket at
+<plugin_dir>/kubelet.sock and it registers there, in v1alpha ("v1alpha2")
+or v1beta1, unchanged. Every call is translated (see docs/translation.md).
+SIGTERM or SIGINT stop it cleanly. Logs go to glog (--logtostderr, -v=1 for
+per-call detail).
+
+Example:
+  dpproxy --kubelet_root=/var/lib/kubelet --plugin_dir=/var/lib/dpproxy/device-plugins
+
+Flags:
+)";
+
+absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string& value) {
+  absl::Duration d;
+  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
+  }
+  return d;
+}
+
+absl::StatusOr<ProxyConfig> ConfigFromFlags() {
+  ProxyConfig c;
+  c.kubelet.kubelet_root = FLAGS_kubelet_root;
+  c.plugin_dir = FLAGS_plugin_dir;
+  if (FLAGS_kubelet_api == "auto") {
+    c.kubelet.api = KubeletApi::kAuto;
+  } else if (FLAGS_kubelet_api == "v1beta1") {
+    c.kubelet.api = KubeletApi::kV1Beta1;
+  } else if (FLAGS_kubelet_api == "v1alpha") {
+    c.kubelet.api = KubeletApi::kV1Alpha;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kubelet_api=", FLAGS_kubelet_api, " is not auto, v1beta1 or v1alpha"));
+  }
+  if (FLAGS_kubelet_registration == "kubelet") {
+    c.kubelet.registration = KubeletRegistration::kKubeletSocket;
+  } else if (FLAGS_kubelet_registration == "plugin-watcher") {
+    c.kubelet.registration = KubeletRegistration::kPluginWatcher;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kubelet_registration=", FLAGS_kubelet_registration,
+        " is not kubelet or plugin-watcher"));
+  }
+  DPP_ASSIGN_OR_RETURN(c.kubelet.backend_timeout,
+                       FlagDuration("backend_timeout", FLAGS_backend_timeout));
+  DPP_ASSIGN_OR_RETURN(c.dial_timeout, FlagDuration("dial_timeout", FLAGS_dial_timeout));
+  if (FLAGS_backend_loss_policy == "unhealthy") {
+    c.policy.loss_policy = LossPolicy::kUnhealthy;
+  } else if (FLAGS_backend_loss_policy == "hold") {
+    c.policy.loss_policy = LossPolicy::kHold;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend_loss_policy=", FLAGS_backend_loss_policy, " is not unhealthy or hold"));
+  }
+  DPP_ASSIGN_OR_RETURN(c.policy.hold, FlagDuration("backend_hold", FLAGS_backend_hold));
+  for (absl::string_view item : absl::StrSplit(FLAGS_rename, ',', absl::SkipEmpty())) {
+    std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rename: \"", item, "\" is not FROM=TO"));
+    }
+    c.renames[kv[0]] = kv[1];
+  }
+  for (absl::string_view item : absl::StrSplit(FLAGS_static_backend, ',', absl::SkipEmpty())) {
+    std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--static_backend: \"", item, "\" is not RESOURCE=SOCKET[@API]"));
+    }
+    StaticBackendConfig sb;
+    sb.resource = kv[0];
+    std::vector<std::string> ea = absl::StrSplit(kv[1], absl::MaxSplits('@', 1));
+    sb.endpoint = ea[0];
+    if (ea.size() == 2) sb.api = ea[1];
+    c.static_backends.push_back(sb);
+  }
+  c.kubelet.cdi_annotations = FLAGS_cdi_annotations;
+  DPP_RETURN_IF_ERROR(ValidateConfig(c));
+  return c;
+}
+
+}  // namespace
+}  // namespace dpproxy
+
+int main(int argc, char** argv) {
+  if (dpproxy::WantsHelp(argc, argv)) {
+    std::cout << dpproxy::kUsage << dpproxy::FlagsHelp({"proxy/main.cc"});
+    return 0;
+  }
+  dpproxy::NormalizeFlagDashes(argc, argv);
+  gflags::SetUsageMessage("see dpproxy --help");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::cerr << "dpproxy: unexpected argument \"" << argv[1] << "\"; see dpproxy --help\n";
+    return 2;
+  }
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  absl::StatusOr<dpproxy::ProxyConfig> config = dpproxy::ConfigFromFlags();
+  if (!config.ok()) {
+    std::cerr << "dpproxy: " << config.status().message() << "\n";
+    return 2;
+  }
+  dpproxy::BlockTerminationSignals();
+  dpproxy::ProxyServer server(*config);
+  if (!FLAGS_events.empty()) {
+    if (absl::Status s = server.events().OpenFile(FLAGS_events); !s.ok()) {
+      std::cerr << "dpproxy: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (absl::Status s = server.Start(); !s.ok()) {
+    LOG(ERROR) << "cannot start: " << s.message();
+    return 1;
+  }
+  int sig = dpproxy::WaitForTerminationSignal();
+  LOG(INFO) << "signal " << sig << " received";
+  server.events().Emit("signal", {{"signal", sig}});
+  server.Shutdown();
+  return 0;
+}

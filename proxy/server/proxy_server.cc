@@ -1,0 +1,323 @@
+#include "proxy/server/proxy_server.h"
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proxy/common/kubelet_rules.h"
+#include "proxy/common/status_util.h"
+
+namespace dpproxy {
+
+absl::Status ValidateConfig(const ProxyConfig& c) {
+  if (c.kubelet.kubelet_root.empty() || c.kubelet.kubelet_root[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kubelet root directory \"", c.kubelet.kubelet_root, "\" must be an absolute path"));
+  }
+  if (c.plugin_dir.empty() || c.plugin_dir[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plugin directory \"", c.plugin_dir, "\" must be an absolute path"));
+  }
+  if (c.plugin_dir == DevicePluginDir(c.kubelet)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plugin directory ", c.plugin_dir,
+        " is the kubelet's own device-plugins directory; plugins must register with the "
+        "proxy in a directory of its own (default /var/lib/dpproxy/device-plugins)"));
+  }
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(JoinPath(c.plugin_dir, kKubeletSocketName)));
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(KubeletSocketPath(c.kubelet)));
+  if (c.kubelet.backend_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("backend timeout must be positive");
+  }
+  if (c.dial_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("dial timeout must be positive");
+  }
+  if (c.policy.hold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("backend hold time must not be negative");
+  }
+  for (const auto& [from, to] : c.renames) {
+    if (absl::Status s = ValidateResourceName(to); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rename ", from, " -> ", to, ": ", s.message()));
+    }
+  }
+  for (const StaticBackendConfig& b : c.static_backends) {
+    if (absl::Status s = ValidateResourceName(b.resource); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("static backend: ", s.message()));
+    }
+    if (b.endpoint.empty() || b.endpoint[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "static backend ", b.resource, ": endpoint \"", b.endpoint,
+          "\" must be an absolute socket path"));
+    }
+    DPP_RETURN_IF_ERROR(ValidateSocketPath(b.endpoint));
+    if (b.api != "auto" && b.api != "v1alpha" && b.api != "v1beta1") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "static backend ", b.resource, ": api \"", b.api,
+          "\" is not one of auto, v1alpha, v1beta1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ProxyServer::ProxyServer(ProxyConfig config) : config_(std::move(config)) {}
+
+ProxyServer::~ProxyServer() { Shutdown(); }
+
+std::string ProxyServer::backend_registration_socket() const {
+  return JoinPath(config_.plugin_dir, kKubeletSocketName);
+}
+
+absl::Status ProxyServer::Start() {
+  DPP_RETURN_IF_ERROR(ValidateConfig(config_));
+  {
+    absl::MutexLock lock(&mu_);
+    if (running_) return absl::OkStatus();
+    running_ = true;
+  }
+  LOG(INFO) << "dpproxy starting: kubelet root " << config_.kubelet.kubelet_root
+            << ", plugins register at " << backend_registration_socket();
+  events_.Emit("proxy_starting", {{"kubelet_root", config_.kubelet.kubelet_root},
+                                  {"plugin_socket", backend_registration_socket()}});
+  registration_ = std::make_unique<BackendRegistrationServer>(
+      BackendRegistrationServer::Options{config_.plugin_dir, config_.dial_timeout},
+      [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }, &events_);
+  if (absl::Status s = registration_->Start(); !s.ok()) {
+    Shutdown();
+    return s;
+  }
+  for (const StaticBackendConfig& sb : config_.static_backends) {
+    std::string name = sb.resource;
+    auto r = config_.renames.find(name);
+    if (r != config_.renames.end()) name = r->second;
+    Entry* e = EnsureEntry(name);
+    absl::MutexLock lock(&mu_);
+    e->static_backend = true;
+    e->static_config = sb;
+  }
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stop_ = false;
+  }
+  registrar_ = std::thread([this] { RegistrarLoop(); });
+  const std::string watch_dir =
+      config_.kubelet.registration == KubeletRegistration::kPluginWatcher
+          ? JoinPath(config_.kubelet.kubelet_root, "plugins_registry")
+          : DevicePluginDir(config_.kubelet);
+  watcher_ = std::make_unique<DirWatcher>(watch_dir, [this](const DirWatcher::Event& e) {
+    if (e.kind != DirWatcher::Event::kTick) WakeRegistrar();
+  });
+  DPP_RETURN_IF_ERROR(watcher_->Start());
+  WakeRegistrar();
+  events_.Emit("proxy_started", {});
+  return absl::OkStatus();
+}
+
+void ProxyServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    running_ = false;
+  }
+  LOG(INFO) << "dpproxy shutting down";
+  if (watcher_) watcher_->Stop();
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stop_ = true;
+  }
+  if (registrar_.joinable()) registrar_.join();
+  if (registration_) registration_->Stop();
+  std::map<std::string, std::unique_ptr<Entry>> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    entries.swap(entries_);
+  }
+  for (auto& [name, e] : entries) {
+    e->endpoint->Stop();
+    e->resource->Shutdown();
+  }
+  events_.Emit("proxy_stopped", {});
+}
+
+ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(name);
+  if (it != entries_.end()) return it->second.get();
+  auto e = std::make_unique<Entry>();
+  e->resource = std::make_unique<Resource>(name, config_.policy, &events_);
+  e->endpoint =
+      std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_, &events_);
+  Entry* raw = e.get();
+  entries_[name] = std::move(e);
+  LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
+  WakeRegistrar();
+  return raw;
+}
+
+absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::UnavailableError("dpproxy is stopping");
+  }
+  std::string name = backend->resource();
+  auto r = config_.renames.find(name);
+  if (r != config_.renames.end()) {
+    name = r->second;
+    LOG(INFO) << "backend resource " << backend->resource() << " is served to the kubelet as "
+              << name;
+  }
+  Entry* e = EnsureEntry(name);
+  if (e->resource->AttachBackend(std::move(backend))) {
+    // Options changed: kubelets up to 1.24 only read them at registration.
+    absl::MutexLock lock(&mu_);
+    if (e->registered_with.has_value()) {
+      LOG(INFO) << "resource " << name << ": options changed; registering again";
+      e->registered_with.reset();
+    }
+  }
+  WakeRegistrar();
+  return absl::OkStatus();
+}
+
+void ProxyServer::WakeRegistrar() {
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+void ProxyServer::RegistrarLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
+        return wake_ || stop_;
+      };
+      // Once a second at most without a wake-up: the stat fallback.
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      wake_ = false;
+    }
+    CheckKubelet();
+  }
+}
+
+void ProxyServer::ConnectStatic(Entry* e) {
+  const StaticBackendConfig& sb = e->static_config;
+  absl::StatusOr<PluginApi> api;
+  if (sb.api == "v1alpha") {
+    api = PluginApi::kV1Alpha;
+  } else if (sb.api == "v1beta1") {
+    api = PluginApi::kV1Beta1;
+  } else {
+    api = ProbeBackendApi(sb.endpoint, absl::Milliseconds(500));
+  }
+  if (!api.ok()) return;
+  absl::StatusOr<std::shared_ptr<Backend>> b =
+      ConnectBackend(sb.resource, sb.endpoint, *api, absl::Milliseconds(500));
+  if (!b.ok()) return;
+  (void)AttachBackend(*b);
+}
+
+void ProxyServer::CheckKubelet() {
+  absl::MutexLock check(&check_mu_);
+  std::vector<Entry*> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    for (auto& [name, e] : entries_) entries.push_back(e.get());
+  }
+  const absl::Time now = absl::Now();
+  for (Entry* e : entries) {
+    e->resource->Tick(now);
+    if (e->static_backend && !e->resource->backend_connected()) ConnectStatic(e);
+  }
+  // Our sockets: a kubelet start removes every file in device-plugins/.
+  for (Entry* e : entries) {
+    if (e->endpoint->SocketPresent()) continue;
+    const bool first = !e->registered_with.has_value() && e->endpoint->negotiated().empty();
+    if (absl::Status s = e->endpoint->Serve(); !s.ok()) {
+      LOG(ERROR) << "resource " << e->resource->name() << ": " << s.message();
+      continue;
+    }
+    if (!first) {
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": kubelet restart detected (our socket was removed); serving again";
+      events_.Emit("kubelet_restart_detected",
+                   {{"resource", e->resource->name()}, {"signal", "socket removed"}});
+    }
+    absl::MutexLock lock(&mu_);
+    e->registered_with.reset();
+    e->failed_with.reset();
+  }
+  if (config_.kubelet.registration == KubeletRegistration::kPluginWatcher) return;
+  std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(config_.kubelet));
+  if (!kubelet.has_value()) return;  // no kubelet yet; the watcher wakes us
+  for (Entry* e : entries) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (e->registered_with == kubelet || e->failed_with == kubelet) continue;
+      if (e->registered_with.has_value()) {
+        LOG(INFO) << "resource " << e->resource->name()
+                  << ": kubelet restart detected (new kubelet.sock); registering again";
+        events_.Emit("kubelet_restart_detected",
+                     {{"resource", e->resource->name()}, {"signal", "kubelet.sock recreated"}});
+      }
+    }
+    absl::Status s = e->endpoint->Register();
+    absl::MutexLock lock(&mu_);
+    if (s.ok()) {
+      e->registered_with = kubelet;
+      e->failed_with.reset();
+    } else if (s.code() != absl::StatusCode::kUnavailable) {
+      e->failed_with = kubelet;  // refused: try again with the next kubelet
+    }
+  }
+}
+
+std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(resource);
+  return it == entries_.end() ? "" : it->second->endpoint->socket_path();
+}
+
+Json ProxyServer::Status() {
+  Json resources = Json::array();
+  std::vector<Entry*> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : entries_) entries.push_back(e.get());
+  }
+  for (Entry* e : entries) {
+    Resource::Snapshot snap = e->resource->Current();
+    int healthy = 0;
+    Json devices = Json::array();
+    for (const auto& d : snap.list.devices()) {
+      healthy += d.health() == kHealthy ? 1 : 0;
+      devices.push_back({{"id", d.id()}, {"health", d.health()}});
+    }
+    std::shared_ptr<Backend> b = e->resource->backend();
+    v1beta1::DevicePluginOptions opts = e->resource->options();
+    resources.push_back({{"resource", e->resource->name()},
+                         {"kubelet_api", e->endpoint->negotiated()},
+                         {"kubelet_socket", e->endpoint->socket_path()},
+                         {"backend_connected", b != nullptr},
+                         {"backend_api", b ? ApiVersionString(b->api()) : ""},
+                         {"backend_endpoint", b ? b->endpoint() : ""},
+                         {"static_backend", e->static_backend},
+                         {"pre_start_required", opts.pre_start_required()},
+                         {"get_preferred_allocation_available",
+                          opts.get_preferred_allocation_available()},
+                         {"devices_total", snap.list.devices_size()},
+                         {"devices_healthy", healthy},
+                         {"devices", devices}});
+  }
+  Json losses = Json::object();
+  for (const auto& [res, kinds] : losses_.Snapshot()) {
+    for (const auto& [kind, n] : kinds) losses[res][kind] = n;
+  }
+  return {{"resources", resources},
+          {"lossy_translations", losses},
+          {"plugin_socket", backend_registration_socket()},
+          {"kubelet_root", config_.kubelet.kubelet_root}};
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,118 @@
+// File: proxy_server.h
+//
+// dpproxy: one device plugin per resource toward the kubelet, a kubelet
+// toward vendor plugins, translating between them. Owns the backend
+// registration socket, static backends, the per-resource state and kubelet
+// endpoints, and the registrar that (re-)registers with the kubelet:
+// inotify on device-plugins/ plus a stat check once a second; a new
+// kubelet.sock or our socket removed means a kubelet restart, after which
+// every resource is served and registered again with the cached device list.
+// Backend connections stay open throughout.
+#ifndef DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
+#define DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "backends/registration_server.h"
+#include "proxy/common/dir_watcher.h"
+#include "proxy/common/event_log.h"
+#include "proxy/common/files.h"
+#include "proxy/core/resource.h"
+#include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/translate/translate.h"
+
+namespace dpproxy {
+
+struct StaticBackendConfig {
+  std::string resource;  // as the plugin names it (before renames)
+  std::string endpoint;  // absolute socket path
+  // "v1alpha", "v1beta1" or "auto" (probe which DevicePlugin service answers)
+  std::string api = "auto";
+};
+
+struct ProxyConfig {
+  KubeletSideOptions kubelet;
+  // Where vendor plugins register (kubelet.sock) and put their sockets.
+  std::string plugin_dir = "/var/lib/dpproxy/device-plugins";
+  absl::Duration dial_timeout = absl::Seconds(10);
+  ResourcePolicy policy;
+  // Backend resource name -> name toward the kubelet.
+  std::map<std::string, std::string> renames;
+  std::vector<StaticBackendConfig> static_backends;
+};
+
+// kInvalidArgument naming the field and the problem.
+absl::Status ValidateConfig(const ProxyConfig& config);
+
+class ProxyServer {
+ public:
+  explicit ProxyServer(ProxyConfig config);
+  ~ProxyServer();
+
+  ProxyServer(const ProxyServer&) = delete;
+  ProxyServer& operator=(const ProxyServer&) = delete;
+
+  absl::Status Start();
+  // Closes streams, stops backends, removes the proxy's sockets. Idempotent.
+  void Shutdown();
+
+  EventLog& events() { return events_; }
+  LossCounter& losses() { return losses_; }
+  // Where vendor plugins register.
+  std::string backend_registration_socket() const;
+  // Resources, negotiated versions, backends, devices, lossy counters.
+  Json Status();
+  // The kubelet-facing socket of a resource ("" if unknown).
+  std::string KubeletSocketOf(const std::string& resource);
+
+  // Takes a connected backend (from the registration socket or a static
+  // backend) and makes it serve its resource.
+  absl::Status AttachBackend(std::shared_ptr<Backend> backend);
+
+ private:
+  struct Entry {
+    std::unique_ptr<Resource> resource;
+    std::unique_ptr<KubeletEndpoint> endpoint;
+    std::optional<FileId> registered_with;  // kubelet.sock it registered at
+    std::optional<FileId> failed_with;      // kubelet.sock that refused it
+    bool static_backend = false;
+    StaticBackendConfig static_config;
+  };
+
+  Entry* EnsureEntry(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  void RegistrarLoop();
+  void CheckKubelet();
+  void WakeRegistrar();
+  void ConnectStatic(Entry* e);
+
+  const ProxyConfig config_;
+  EventLog events_{"dpproxy"};
+  LossCounter losses_;
+  std::unique_ptr<BackendRegistrationServer> registration_;
+  std::unique_ptr<DirWatcher> watcher_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex wake_mu_;
+  bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
+  std::thread registrar_;
+  // Serializes CheckKubelet (registrar thread and Start).
+  absl::Mutex check_mu_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_PROXY_SERVER_H_

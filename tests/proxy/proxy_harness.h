@@ -1,0 +1,112 @@
+// File: proxy_harness.h
+//
+// A simulated kubelet, dpproxy and sample plugins in one process, each on its
+// own real Unix sockets under a short temporary directory.
+#ifndef DPPROXY_TESTS_PROXY_PROXY_HARNESS_H_
+#define DPPROXY_TESTS_PROXY_PROXY_HARNESS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "proxy/server/proxy_server.h"
+#include "tests/testing/temp_dir.h"
+#include "tools/kubelet_sim/kubelet_sim.h"
+#include "tools/sample_plugin/sample_plugin.h"
+
+namespace dpproxy::testing {
+
+inline constexpr absl::Duration kWait = absl::Seconds(10);
+
+class ProxyHarness {
+ public:
+  // `watcher`: the proxy registers through the plugin watcher.
+  ProxyHarness(sim::Personality personality, bool watcher,
+               std::function<void(ProxyConfig&)> tweak = nullptr) {
+    sim::KubeletSimOptions so;
+    so.root_dir = dir_.Sub("k");
+    so.personality = personality;
+    sim_ = std::make_unique<sim::KubeletSim>(so);
+    config_.kubelet.kubelet_root = dir_.Sub("k");
+    config_.plugin_dir = dir_.Sub("p");
+    config_.kubelet.registration =
+        watcher ? KubeletRegistration::kPluginWatcher : KubeletRegistration::kKubeletSocket;
+    config_.kubelet.backend_timeout = absl::Seconds(5);
+    config_.dial_timeout = absl::Seconds(5);
+    if (tweak) tweak(config_);
+    proxy_ = std::make_unique<ProxyServer>(config_);
+  }
+  ~ProxyHarness() {
+    plugins_.clear();
+    proxy_.reset();
+    sim_.reset();
+  }
+
+  sim::KubeletSim& sim() { return *sim_; }
+  ProxyServer& proxy() { return *proxy_; }
+  const ProxyConfig& config() const { return config_; }
+  std::string dir(const std::string& sub) const { return dir_.Sub(sub); }
+
+  // Restarts the proxy process (a new ProxyServer on the same directories).
+  void RestartProxy() {
+    proxy_.reset();
+    proxy_ = std::make_unique<ProxyServer>(config_);
+  }
+
+  sample::SamplePluginOptions PluginOptions(sample::PluginApi api) const {
+    sample::SamplePluginOptions o;
+    o.api = api;
+    o.resource = "vendor.com/gpu";
+    o.devices = 4;
+    o.id_pattern = "gpu-{i}";
+    o.kubelet_socket = dir_.Sub("p") + "/kubelet.sock";
+    return o;
+  }
+
+  sample::SamplePlugin* StartPlugin(const sample::SamplePluginOptions& o) {
+    plugins_.push_back(std::make_unique<sample::SamplePlugin>(o));
+    if (!plugins_.back()->Start().ok()) return nullptr;
+    return plugins_.back().get();
+  }
+  void StopPlugins() { plugins_.clear(); }
+
+  const sim::ResourceState* Resource(const sim::State& st, const std::string& name) {
+    for (const auto& r : st.resources()) {
+      if (r.name() == name) return &r;
+    }
+    return nullptr;
+  }
+
+  bool WaitFor(const std::function<bool()>& pred, absl::Duration timeout = kWait) {
+    absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (pred()) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return pred();
+  }
+
+  // Health of one device as the kubelet sees it ("" if unknown).
+  std::string KubeletHealth(const std::string& resource, const std::string& id) {
+    sim::State st = sim_->GetState();
+    const sim::ResourceState* r = Resource(st, resource);
+    if (r == nullptr) return "";
+    for (const auto& d : r->devices()) {
+      if (d.id() == id) return d.health();
+    }
+    return "";
+  }
+
+ private:
+  ShortTempDir dir_;
+  ProxyConfig config_;
+  std::unique_ptr<sim::KubeletSim> sim_;
+  std::unique_ptr<ProxyServer> proxy_;
+  std::vector<std::unique_ptr<sample::SamplePlugin>> plugins_;
+};
+
+}  // namespace dpproxy::testing
+
+#endif  // DPPROXY_TESTS_PROXY_PROXY_HARNESS_H_

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The demo behind `tools/dev demo`: a simulated 1.25+ kubelet and a sample
-# v1beta1 device plugin in a temporary directory: registration, a pod
-# admitted with two containers, a kubelet restart survived. Usage:
-#   tools/demo.sh <bazel-bin directory>
+# The demo behind `tools/dev demo`: a legacy v1alpha (Kubernetes 1.9) device
+# plugin, which a 1.25+ kubelet refuses, served to a simulated 1.25+ kubelet
+# through dpproxy: registration, a pod with two containers, a kubelet
+# restart survived. Usage: tools/demo.sh <bazel-bin directory>
 set -euo pipefail
 
 BIN="${1:?usage: tools/demo.sh <bazel-bin>}"
 SIM="$BIN/tools/kubelet_sim/kubelet_sim"
 PLUGIN="$BIN/tools/sample_plugin/sample_plugin"
+PROXY="$BIN/proxy/dpproxy"
 DIR="$(mktemp -d /tmp/dpp-demo.XXXXXX)"
 ROOT="$DIR/kubelet"
+PLUGINS="$DIR/dpproxy/device-plugins"
 PIDS=()
 
 cleanup() {
@@ -19,40 +21,59 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-show_events() {  # file, event names...
+bold() { if [[ -t 1 ]]; then printf '\033[1m%s\033[0m\n' "$*"; else printf '%s\n' "$*"; fi; }
+step() { echo; bold "== $*"; }
+# Prints chosen events of a JSON-lines file readably.
+show_events() {
   local file="$1"; shift
-  local pattern; pattern="$(printf '"event":"%s"|' "$@")"
-  grep -E "${pattern%|}" "$file" | sed -E 's/^\{//; s/\}$//; s/"([a-z_]+)":/\1=/g; s/^/   /' | cut -c1-160 || true
+  local only; only="$(IFS=,; echo "$*")"
+  "$SIM" events --events="$file" --only="$only" | cut -c1-160 | sed 's/^/   /'
 }
 
-step "1. Start a kubelet simulator with 1.25+ behaviour (synchronous Register) in $ROOT"
+step "1. A simulated kubelet with 1.25+ behaviour (v1beta1, synchronous Register)"
 "$SIM" serve --root_dir="$ROOT" --personality=v1beta1-sync --quiet &
 PIDS+=($!)
-for _ in $(seq 50); do [[ -S "$ROOT/device-plugins/kubelet.sock" ]] && break; sleep 0.1; done
+for _ in $(seq 100); do [[ -S "$ROOT/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
 echo "   listening on $ROOT/device-plugins/kubelet.sock"
 
-step "2. Start a v1beta1 sample plugin: 4 GPUs on 2 NUMA nodes, preferred allocation, PreStart"
-"$PLUGIN" --resource=example.com/gpu --devices=4 --id_pattern='gpu-{i}' --numa_nodes=2 \
-  --preferred --pre_start_required \
-  --kubelet_socket="$ROOT/device-plugins/kubelet.sock" --events="$DIR/plugin.jsonl" --quiet &
+step "2. A legacy v1alpha plugin (Kubernetes 1.9 API) registering directly: refused, as in the field"
+"$PLUGIN" --api=v1alpha --resource=example.com/gpu --devices=4 --id_pattern='gpu-{i}' \
+  --socket_name=legacy-direct.sock \
+  --kubelet_socket="$ROOT/device-plugins/kubelet.sock" --events="$DIR/direct.jsonl" --quiet &
+DIRECT=$!
+for _ in $(seq 100); do grep -q registration_failed "$DIR/direct.jsonl" 2>/dev/null && break; sleep 0.05; done
+kill "$DIRECT"; wait "$DIRECT" 2>/dev/null || true
+show_events "$DIR/direct.jsonl" registration_failed
+echo "   -> the node would report example.com/gpu capacity 0"
+
+step "3. dpproxy between them: kubelet side in $ROOT, plugins register at $PLUGINS/kubelet.sock"
+"$PROXY" --kubelet_root="$ROOT" --plugin_dir="$PLUGINS" --events="$DIR/proxy.jsonl" \
+  2>"$DIR/proxy.log" &
+PIDS+=($!)
+for _ in $(seq 100); do [[ -S "$PLUGINS/kubelet.sock" ]] && break; sleep 0.05; done
+
+step "4. The same legacy plugin, unchanged, pointed at dpproxy"
+"$PLUGIN" --api=v1alpha --resource=example.com/gpu --devices=4 --id_pattern='gpu-{i}' \
+  --kubelet_socket="$PLUGINS/kubelet.sock" --events="$DIR/plugin.jsonl" --quiet &
 PIDS+=($!)
 "$SIM" wait --root_dir="$ROOT" --resource=example.com/gpu --min_healthy=4 --timeout=15s
-show_events "$ROOT/kubelet_sim.events.jsonl" registered devices
+show_events "$DIR/proxy.jsonl" backend_up kubelet_registered
+show_events "$ROOT/kubelet_sim.events.jsonl" registered
 
-step "3. Admit a pod with two containers (the kubelet asks the plugin for its preference first)"
+step "5. A pod with two containers: the kubelet's v1beta1 calls become v1alpha calls, one per container"
 "$SIM" allocate --root_dir="$ROOT" --pod=training \
   --containers=trainer=example.com/gpu:2,sidecar=example.com/gpu:1
 
-step "4. Restart the kubelet: it wipes device-plugins/, the plugin notices and registers again"
+step "6. The kubelet restarts (wipes device-plugins/): dpproxy re-registers at once, same device IDs"
 "$SIM" restart --root_dir="$ROOT"
 "$SIM" wait --root_dir="$ROOT" --resource=example.com/gpu --min_healthy=4 --timeout=15s
-show_events "$DIR/plugin.jsonl" socket_recreated registered
+show_events "$DIR/proxy.jsonl" kubelet_restart_detected
+grep -c '"event":"registered"' "$DIR/plugin.jsonl" | sed 's/^/   the plugin registered /; s/$/ time(s) in all: it never noticed/'
 
-step "5. Re-admission after the restart: the pod's devices are registered and healthy"
+step "7. The kubelet's re-admission check after the restart: the running pod keeps its devices"
 "$SIM" readmit --root_dir="$ROOT"
 
-step "6. Final state"
+step "8. What the kubelet sees now"
 "$SIM" state --root_dir="$ROOT"
 echo
-echo "Done. Event logs were in $DIR (removed on exit). Run the tests with: tools/dev test"
+echo "Done. dpproxy's log was $DIR/proxy.log (removed on exit). Tests: tools/dev test; matrix: tools/dev matrix"

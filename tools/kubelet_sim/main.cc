@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "proxy/common/cli.h"
+#include "proxy/common/event_log.h"
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
 #include "proxy/common/status_util.h"
@@ -57,6 +58,8 @@ DEFINE_bool(batch, false,
             "API allows it; real kubelets send one container per call). [allocate]");
 DEFINE_string(output, "table", "Output format: table or json. [allocate, state, readmit]");
 DEFINE_string(resource, "", "Resource name. [wait]");
+DEFINE_string(only, "",
+              "Comma-separated event names to print; empty: all. [events]");
 DEFINE_int32(min_healthy, 1, "Healthy devices to wait for. [wait]");
 DEFINE_string(timeout, "30s", "How long to wait. [wait]");
 
@@ -75,6 +78,8 @@ Usage:
                                    kubelet makes after a restart or reboot)
   kubelet_sim delete-pod --uid=U   delete a pod, freeing its devices
   kubelet_sim wait --resource=R    wait until R has --min_healthy healthy devices
+  kubelet_sim events --events=FILE print a JSON-lines event file (any dpproxy
+                                   tool's) readably, optionally --only=a,b
 
 The subcommands other than serve talk to a running simulator through its
 control socket (--control_socket, or --root_dir to find it). Flags may be
@@ -287,6 +292,29 @@ int RunClient(const std::string& command) {
   return 0;
 }
 
+int PrintEvents() {
+  if (FLAGS_events.empty() || FLAGS_events == "-") return Fail("events needs --events=FILE");
+  absl::StatusOr<std::string> text = ReadFile(FLAGS_events);
+  if (!text.ok()) return Fail(std::string(text.status().message()));
+  std::vector<std::string> only = absl::StrSplit(FLAGS_only, ',', absl::SkipEmpty());
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    ++line_no;
+    Json e = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (e.is_discarded() || !e.is_object()) {
+      std::cerr << "kubelet_sim: " << FLAGS_events << ":" << line_no
+                << ": not a JSON object; skipped\n";
+      continue;
+    }
+    if (!only.empty() &&
+        std::find(only.begin(), only.end(), e.value("event", "")) == only.end()) {
+      continue;
+    }
+    std::cout << EventLog::Format(e) << "\n";
+  }
+  return 0;
+}
+
 int Serve() {
   absl::StatusOr<Personality> personality = ParsePersonality(FLAGS_personality);
   if (!personality.ok()) return Fail(std::string(personality.status().message()));
@@ -339,7 +367,7 @@ int main(int argc, char** argv) {
     dpproxy::ShiftArgs(&argc, argv);
   }
   const std::vector<std::string> known = {"serve", "allocate", "state", "restart",
-                                          "readmit", "delete-pod", "wait", "help"};
+                                          "readmit", "delete-pod", "wait", "events", "help"};
   if (dpproxy::WantsHelp(argc, argv) || command == "help") {
     std::cout << dpproxy::sim::kUsage << dpproxy::FlagsHelp({"kubelet_sim/main.cc"});
     return 0;
@@ -357,5 +385,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "serve") return dpproxy::sim::Serve();
+  if (command == "events") return dpproxy::sim::PrintEvents();
   return dpproxy::sim::RunClient(command);
 }

@@ -1,0 +1,332 @@
+// dpproxy's own behaviours beyond the matrix: bad input at both edges,
+// deadlines toward backends, version negotiation, renames, static backends,
+// loss policies, backend swaps, proxy restarts and configuration errors.
+#include <thread>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/v1alpha/api.grpc.pb.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/common/files.h"
+#include "proxy/common/grpc_util.h"
+#include "tests/proxy/proxy_harness.h"
+
+namespace dpproxy {
+namespace {
+
+using sample::PluginApi;
+using sample::SamplePlugin;
+using sim::Personality;
+using testing::kWait;
+using testing::ProxyHarness;
+using ::testing::HasSubstr;
+
+constexpr char kGpu[] = "vendor.com/gpu";
+
+sim::AllocateRequest Pod(const std::string& name, int count) {
+  sim::AllocateRequest r;
+  r.set_pod_name(name);
+  auto* c = r.add_containers();
+  c->set_name("main");
+  c->set_resource(kGpu);
+  c->set_count(count);
+  return r;
+}
+
+grpc::Status RegisterBeta(const std::string& socket, const std::string& version,
+                          const std::string& resource, const std::string& endpoint) {
+  auto stub = v1beta1::Registration::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  v1beta1::RegisterRequest req;
+  req.set_version(version);
+  req.set_resource_name(resource);
+  req.set_endpoint(endpoint);
+  v1beta1::Empty resp;
+  return stub->Register(&ctx, req, &resp);
+}
+
+class ProxyTest : public ::testing::Test {
+ protected:
+  void Start(ProxyHarness& h) {
+    ASSERT_TRUE(h.sim().Start().ok());
+    ASSERT_TRUE(h.proxy().Start().ok());
+  }
+};
+
+TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.dial_timeout = absl::Milliseconds(300); });
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const std::string sock = h.proxy().backend_registration_socket();
+
+  grpc::Status s = RegisterBeta(sock, "v1alpha2", "other.com/x", "x.sock");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
+  EXPECT_EQ(s.error_message(),
+            "requested API version \"v1alpha2\" is not supported by kubelet. Supported "
+            "version is [\"v1beta1\"]");
+  s = RegisterBeta(sock, "v1beta1", "kubernetes.io/gpu", "x.sock");
+  EXPECT_EQ(s.error_message(), "the ResourceName \"kubernetes.io/gpu\" is invalid");
+  s = RegisterBeta(sock, "v1beta1", "other.com/x", "../../etc/evil.sock");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("escapes the plugin directory"));
+  s = RegisterBeta(sock, "v1beta1", "other.com/x", "/abs.sock");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = RegisterBeta(sock, "v1beta1", "other.com/x", "nobody-listens.sock");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
+  EXPECT_THAT(s.error_message(), HasSubstr("failed to dial device plugin"));
+
+  auto alpha = deviceplugin::Registration::NewStub(MakeUnixChannel(sock));
+  grpc::ClientContext ctx;
+  deviceplugin::RegisterRequest req;
+  req.set_version("0.1");
+  req.set_resource_name("other.com/x");
+  req.set_endpoint("x.sock");
+  deviceplugin::Empty resp;
+  s = alpha->Register(&ctx, req, &resp);
+  EXPECT_EQ(s.error_message(),
+            "requested API version \"0.1\" is not supported by kubelet. Supported version is "
+            "\"v1alpha2\"");
+
+  // Nothing else was disturbed.
+  EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
+  EXPECT_TRUE(h.sim().Allocate(Pod("still-fine", 1)).ok());
+}
+
+TEST_F(ProxyTest, KubeletSideRejectsUnknownDevicesAndEmptyRequests) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  {
+    grpc::ClientContext ctx;
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids("gpu-99");
+    v1beta1::AllocateResponse resp;
+    grpc::Status s = stub->Allocate(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "unknown device ID \"gpu-99\" for resource vendor.com/gpu");
+  }
+  {
+    grpc::ClientContext ctx;
+    v1beta1::AllocateResponse resp;
+    grpc::Status s = stub->Allocate(&ctx, v1beta1::AllocateRequest(), &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(p->Status().allocate_calls(), 0);  // never reached the backend
+  // An unknown service on the proxy's socket answers like Go.
+  auto reg = v1beta1::Registration::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  grpc::ClientContext ctx;
+  v1beta1::Empty e;
+  grpc::Status s = reg->Register(&ctx, v1beta1::RegisterRequest(), &e);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(s.error_message(), "unknown service v1beta1.Registration");
+}
+
+TEST_F(ProxyTest, HangingBackendGivesTheKubeletADeadlineError) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.kubelet.backend_timeout = absl::Milliseconds(300); });
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Alpha);
+  o.allocate_delay = absl::Seconds(3);
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  grpc::ClientContext ctx;  // no deadline, like the kubelet
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("gpu-0");
+  v1beta1::AllocateResponse resp;
+  absl::Time start = absl::Now();
+  grpc::Status s = stub->Allocate(&ctx, req, &resp);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(s.error_message(), HasSubstr("did not answer Allocate within 300ms"));
+  EXPECT_THAT(s.error_message(), HasSubstr(h.dir("p")));  // names the backend
+}
+
+TEST_F(ProxyTest, BackendDyingMidCallGivesUnavailable) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.allocate_delay = absl::Seconds(2);
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  grpc::Status s;
+  std::thread caller([&] {
+    auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+    grpc::ClientContext ctx;
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids("gpu-0");
+    v1beta1::AllocateResponse resp;
+    s = stub->Allocate(&ctx, req, &resp);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  h.StopPlugins();
+  caller.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("is unavailable during Allocate"));
+  // The proxy is fine: the kubelet's stream to it is still up.
+  sim::State st = h.sim().GetState();
+  EXPECT_TRUE(h.Resource(st, kGpu)->connected());
+}
+
+TEST_F(ProxyTest, NegotiationFallsBackToV1AlphaAndRecordsWhy) {
+  ProxyHarness h(Personality::kV1Alpha, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  std::optional<Json> e =
+      h.proxy().events().WaitForEvent("kubelet_registered", {{"kubelet_api", "v1alpha2"}}, kWait);
+  ASSERT_TRUE(e.has_value());
+  ASSERT_EQ((*e)["refused_first"].size(), 1u);
+  EXPECT_THAT((*e)["refused_first"][0].get<std::string>(),
+              HasSubstr("UNIMPLEMENTED: unknown service v1beta1.Registration"));
+}
+
+TEST_F(ProxyTest, PinnedKubeletApiDoesNotFallBack) {
+  ProxyHarness h(Personality::kV1Alpha, false,
+                 [](ProxyConfig& c) { c.kubelet.api = KubeletApi::kV1Beta1; });
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  std::optional<Json> e =
+      h.proxy().events().WaitForEvent("kubelet_registration_failed", {{"resource", kGpu}}, kWait);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_THAT((*e)["error"].get<std::string>(), HasSubstr("unknown service v1beta1.Registration"));
+  EXPECT_EQ(h.sim().GetState().resources_size(), 0);
+}
+
+TEST_F(ProxyTest, RenamesTheResourceTowardTheKubelet) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.renames["legacy.example.com/gpu"] = "vendor.com/gpu";
+  });
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Alpha);
+  o.resource = "legacy.example.com/gpu";
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.Resource(h.sim().GetState(), "legacy.example.com/gpu"), nullptr);
+  EXPECT_TRUE(h.sim().Allocate(Pod("renamed", 1)).ok());
+}
+
+TEST_F(ProxyTest, StaticBackendIsProbedConnectedAndReconnected) {
+  testing::ShortTempDir plugin_dir;
+  const std::string socket = plugin_dir.Sub("static-gpu.sock");
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
+    c.static_backends.push_back({kGpu, socket, "auto"});
+  });
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Alpha);
+  o.registration = sample::RegistrationMode::kNone;
+  o.kubelet_socket = plugin_dir.Sub("unused.sock");
+  o.socket_name = "static-gpu.sock";
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  Start(h);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.proxy().Status()["resources"][0]["backend_api"], "v1alpha2");  // probed
+  EXPECT_EQ(h.proxy().Status()["resources"][0]["static_backend"], true);
+  h.StopPlugins();
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Healthy"; }));
+}
+
+TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.policy.loss_policy = LossPolicy::kHold;
+    c.policy.hold = absl::Seconds(2);
+  });
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const size_t mark = h.proxy().events().Size();
+  h.StopPlugins();
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
+  EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Healthy");  // held
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+}
+
+TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {
+  ProxyHarness h(Personality::kV1Beta1Async, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("before", 1)).ok());
+  const size_t mark = h.sim().events().Size();
+  h.StopPlugins();
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.pre_start_required = true;
+  SamplePlugin* p = h.StartPlugin(o);
+  ASSERT_NE(p, nullptr);
+  // New options: the proxy registers again so a 1.10-1.24 kubelet learns them.
+  EXPECT_TRUE(h.WaitFor([&] {
+    const auto* r = h.Resource(h.sim().GetState(), kGpu);
+    return r != nullptr && r->pre_start_required() && r->allocatable() == 4;
+  }));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("after", 1));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->allocations(0).pre_started());
+  EXPECT_EQ(p->Status().pre_start_calls(), 1);
+  sim::ReadmitResponse r = h.sim().Readmit();
+  for (const auto& res : r.results()) EXPECT_TRUE(res.admitted()) << res.message();
+  EXPECT_FALSE(h.sim().events().WaitForEvent("resource_removed", {}, absl::ZeroDuration(), mark));
+}
+
+TEST_F(ProxyTest, ProxyRestartMakesPluginsRegisterAgain) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha));
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  // The proxy cleaned its plugin directory like a kubelet: the plugin saw
+  // its socket go and registered again.
+  EXPECT_TRUE(h.WaitFor([&] { return p->Status().registrations() == 2; }));
+  EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_TRUE(h.sim().Allocate(Pod("after-proxy-restart", 2)).ok());
+}
+
+TEST_F(ProxyTest, ManyResourcesInOneProxy) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  for (int i = 0; i < 5; ++i) {
+    sample::SamplePluginOptions o = h.PluginOptions(i % 2 ? PluginApi::kV1Alpha
+                                                          : PluginApi::kV1Beta1);
+    o.resource = absl::StrCat("vendor.com/dev", i);
+    o.devices = i + 1;
+    ASSERT_NE(h.StartPlugin(o), nullptr);
+  }
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(h.sim().WaitForResource(absl::StrCat("vendor.com/dev", i), i + 1, kWait)) << i;
+  }
+  EXPECT_EQ(h.proxy().Status()["resources"].size(), 5u);
+}
+
+TEST(ProxyConfigTest, BadConfigurationsAreNamed) {
+  ProxyConfig c;
+  c.kubelet.kubelet_root = "/tmp/k";
+  c.plugin_dir = "/tmp/k/device-plugins";
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("is the kubelet's own device-plugins directory"));
+  c.plugin_dir = "relative/dir";
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("must be an absolute path"));
+  c.plugin_dir = "/tmp/" + std::string(110, 'p');
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("at most 107 bytes"));
+  c.plugin_dir = "/tmp/p";
+  c.renames["a.com/x"] = "badname";
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("rename a.com/x -> badname"));
+  c.renames.clear();
+  c.static_backends.push_back({"vendor.com/gpu", "/run/x.sock", "v2"});
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("api \"v2\" is not one of auto, v1alpha, v1beta1"));
+  c.static_backends[0].api = "auto";
+  EXPECT_TRUE(ValidateConfig(c).ok());
+}
+
+}  // namespace
+}  // namespace dpproxy

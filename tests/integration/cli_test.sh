@@ -6,6 +6,7 @@ set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD/..}/dpproxy"
 SIM="$RUNFILES/tools/kubelet_sim/kubelet_sim"
 PLUGIN="$RUNFILES/tools/sample_plugin/sample_plugin"
+PROXY="$RUNFILES/proxy/dpproxy"
 DIR="$(mktemp -d /tmp/dpp.XXXXXX)"
 ROOT="$DIR/k"
 FAILURES=0
@@ -110,6 +111,38 @@ kill -TERM "$SIM_PID"; wait "$SIM_PID"; rc=$?
 [[ $rc -eq 0 ]] && pass "simulator exits 0 on SIGTERM" || fail "simulator exit $rc on SIGTERM"
 [[ ! -e "$ROOT/kubelet_sim.sock" ]] && pass "control socket removed" || fail "control socket left behind"
 grep -q '"event":"kubelet_stopped"' "$ROOT/kubelet_sim.events.jsonl" && pass "events file has kubelet_stopped" || fail "no kubelet_stopped event"
+
+# dpproxy as a process: help, bad flags, a legacy plugin through it, SIGTERM.
+help="$("$PROXY" --help)"
+for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
+            backend_loss_policy backend_hold rename static_backend cdi_annotations events; do
+  expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
+done
+expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
+expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1beta1 or v1alpha"
+expect_exit "dpproxy bad rename" 2 "$PROXY" --rename=nonsense
+expect_contains "dpproxy bad rename message" "$LAST_OUT" '"nonsense" is not FROM=TO'
+expect_exit "dpproxy plugin_dir = kubelet dir" 2 "$PROXY" --kubelet_root=/tmp/k --plugin_dir=/tmp/k/device-plugins
+expect_exit "dpproxy bad duration" 2 "$PROXY" --backend_timeout=forever
+
+R2="$DIR/r2"
+"$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
+SIM2=$!; PIDS+=($SIM2)
+for _ in $(seq 100); do [[ -S "$R2/k/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
+"$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --events="$R2/proxy.jsonl" 2>"$R2/proxy.log" &
+PROXY_PID=$!; PIDS+=($PROXY_PID)
+for _ in $(seq 100); do [[ -S "$R2/p/kubelet.sock" ]] && break; sleep 0.05; done
+"$PLUGIN" --api=v1alpha --resource=vendor.com/gpu --devices=2 --kubelet_socket="$R2/p/kubelet.sock" --quiet &
+P2=$!; PIDS+=($P2)
+expect_exit "legacy plugin through dpproxy" 0 "$SIM" wait --root_dir="$R2/k" --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
+expect_exit "allocate through dpproxy" 0 "$SIM" allocate --root_dir="$R2/k" --containers=c=vendor.com/gpu:2
+expect_contains "glog line names both versions" "$(cat "$R2/proxy.log")" "registered with the kubelet as v1beta1 (backend v1alpha2"
+kill -TERM "$PROXY_PID"; wait "$PROXY_PID"; rc=$?
+[[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM" || fail "dpproxy exit $rc on SIGTERM"
+[[ ! -e "$R2/k/device-plugins/dpproxy-vendor.com_gpu.sock" ]] && pass "dpproxy kubelet-side socket removed" || fail "kubelet-side socket left behind"
+[[ ! -e "$R2/p/kubelet.sock" ]] && pass "dpproxy registration socket removed" || fail "registration socket left behind"
+grep -q '"event":"proxy_stopped"' "$R2/proxy.jsonl" && pass "proxy_stopped event" || fail "no proxy_stopped event"
+kill -TERM "$P2" "$SIM2"; wait "$P2" "$SIM2" 2>/dev/null
 
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

@@ -468,8 +468,8 @@ TEST(BadRegistrationTest, SyncKubeletIgnoresRequestOptions) {
   v1beta1::Empty resp;
   ASSERT_TRUE(stub->Register(&ctx, req, &resp).ok());
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  EXPECT_FALSE(h.Resource(h.sim().GetState(), kGpu) == nullptr);
   sim::State st = h.sim().GetState();
+  ASSERT_NE(h.Resource(st, kGpu), nullptr);
   EXPECT_FALSE(h.Resource(st, kGpu)->pre_start_required());
 }
 

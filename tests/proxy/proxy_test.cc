@@ -210,7 +210,8 @@ TEST_F(ProxyTest, RenamesTheResourceTowardTheKubelet) {
   o.resource = "legacy.example.com/gpu";
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  EXPECT_EQ(h.Resource(h.sim().GetState(), "legacy.example.com/gpu"), nullptr);
+  sim::State st = h.sim().GetState();
+  EXPECT_EQ(h.Resource(st, "legacy.example.com/gpu"), nullptr);
   EXPECT_TRUE(h.sim().Allocate(Pod("renamed", 1)).ok());
 }
 
@@ -264,7 +265,8 @@ TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {
   ASSERT_NE(p, nullptr);
   // New options: the proxy registers again so a 1.10-1.24 kubelet learns them.
   EXPECT_TRUE(h.WaitFor([&] {
-    const auto* r = h.Resource(h.sim().GetState(), kGpu);
+    sim::State st = h.sim().GetState();  // keep it alive while r points into it
+    const auto* r = h.Resource(st, kGpu);
     return r != nullptr && r->pre_start_required() && r->allocatable() == 4;
   }));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("after", 1));

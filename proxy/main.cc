@@ -9,7 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/str_format.h"
 #include "proxy/common/cli.h"
+#include "proxy/common/event_log.h"
+#include "proxy/common/files.h"
 #include "proxy/common/status_util.h"
 #include "proxy/server/proxy_server.h"
 
@@ -46,6 +49,11 @@ DEFINE_bool(cdi_annotations, false,
             "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
             "for kubelets that predate the cdi_devices field (1.27 and older).");
 DEFINE_string(events, "", "Append JSON-lines lifecycle events to this file. Empty: none.");
+DEFINE_string(status_file, "/var/lib/dpproxy/status.json",
+              "Where dpproxy keeps its status (resources, negotiated versions, backends,\n"
+              "devices, lossy-translation counts) as JSON, rewritten on change; read by\n"
+              "`dpproxy status`. Empty: none.");
+DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
 
 namespace dpproxy {
 namespace {
@@ -53,7 +61,9 @@ namespace {
 constexpr char kUsage[] = R"(dpproxy: bridges Kubernetes device-plugin API versions.
 
 Usage:
-  dpproxy [flags]
+  dpproxy [flags]                 run the proxy
+  dpproxy status [--status_file=F] [--output=table|json]
+                                  show what a running dpproxy is doing
 
 Toward the kubelet, dpproxy registers one device plugin per resource in
 whichever API the kubelet accepts (v1alpha of 1.9, v1beta1 from 1.10,
@@ -136,15 +146,65 @@ absl::StatusOr<ProxyConfig> ConfigFromFlags() {
     c.static_backends.push_back(sb);
   }
   c.kubelet.cdi_annotations = FLAGS_cdi_annotations;
+  c.status_file = FLAGS_status_file;
   DPP_RETURN_IF_ERROR(ValidateConfig(c));
   return c;
+}
+
+int PrintStatus() {
+  absl::StatusOr<std::string> text = ReadFile(FLAGS_status_file);
+  if (!text.ok()) {
+    std::cerr << "dpproxy: no status at " << FLAGS_status_file
+              << " (is dpproxy running with this --status_file?): " << text.status().message()
+              << "\n";
+    return 1;
+  }
+  Json st = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (st.is_discarded() || !st.is_object()) {
+    std::cerr << "dpproxy: " << FLAGS_status_file << " is not a status file\n";
+    return 1;
+  }
+  if (FLAGS_output == "json") {
+    std::cout << st.dump(2) << "\n";
+    return 0;
+  }
+  if (FLAGS_output != "table") {
+    std::cerr << "dpproxy: --output=" << FLAGS_output << " is not table or json\n";
+    return 2;
+  }
+  std::cout << "dpproxy pid " << st.value("pid", 0) << ", kubelet root "
+            << st.value("kubelet_root", "") << ", plugins register at "
+            << st.value("plugin_socket", "") << "\n\n";
+  std::cout << absl::StrFormat("%-28s %-26s %-9s %-40s %s\n", "RESOURCE", "KUBELET API",
+                               "BACKEND", "BACKEND ENDPOINT", "DEVICES");
+  for (const Json& r : st.value("resources", Json::array())) {
+    std::string backend = r.value("backend_connected", false) ? r.value("backend_api", "")
+                                                              : std::string("down");
+    std::cout << absl::StrFormat(
+        "%-28s %-26s %-9s %-40s %d/%d healthy\n", r.value("resource", ""),
+        r.value("kubelet_api", "").empty() ? "(not registered)" : r.value("kubelet_api", ""),
+        backend, r.value("backend_endpoint", "").empty() ? "-" : r.value("backend_endpoint", ""),
+        r.value("devices_healthy", 0), r.value("devices_total", 0));
+  }
+  const Json losses = st.value("lossy_translations", Json::object());
+  if (!losses.empty()) std::cout << "\nlossy translations: " << losses.dump() << "\n";
+  return 0;
 }
 
 }  // namespace
 }  // namespace dpproxy
 
 int main(int argc, char** argv) {
-  if (dpproxy::WantsHelp(argc, argv)) {
+  std::string command = "run";
+  if (argc >= 2 && argv[1][0] != '-') {
+    command = argv[1];
+    dpproxy::ShiftArgs(&argc, argv);
+  }
+  if (command != "run" && command != "status" && command != "help") {
+    std::cerr << "dpproxy: unknown subcommand \"" << command << "\"; see dpproxy --help\n";
+    return 2;
+  }
+  if (dpproxy::WantsHelp(argc, argv) || command == "help") {
     std::cout << dpproxy::kUsage << dpproxy::FlagsHelp({"proxy/main.cc"});
     return 0;
   }
@@ -155,6 +215,7 @@ int main(int argc, char** argv) {
     std::cerr << "dpproxy: unexpected argument \"" << argv[1] << "\"; see dpproxy --help\n";
     return 2;
   }
+  if (command == "status") return dpproxy::PrintStatus();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   absl::StatusOr<dpproxy::ProxyConfig> config = dpproxy::ConfigFromFlags();

@@ -48,6 +48,7 @@ echo "   -> the node would report example.com/gpu capacity 0"
 
 step "3. dpproxy between them: kubelet side in $ROOT, plugins register at $PLUGINS/kubelet.sock"
 "$PROXY" --kubelet_root="$ROOT" --plugin_dir="$PLUGINS" --events="$DIR/proxy.jsonl" \
+  --status_file="$DIR/status.json" \
   2>"$DIR/proxy.log" &
 PIDS+=($!)
 for _ in $(seq 100); do [[ -S "$PLUGINS/kubelet.sock" ]] && break; sleep 0.05; done
@@ -73,7 +74,9 @@ grep -c '"event":"registered"' "$DIR/plugin.jsonl" | sed 's/^/   the plugin regi
 step "7. The kubelet's re-admission check after the restart: the running pod keeps its devices"
 "$SIM" readmit --root_dir="$ROOT"
 
-step "8. What the kubelet sees now"
+step "8. What dpproxy reports (dpproxy status), and what the kubelet sees"
+"$PROXY" status --status_file="$DIR/status.json"
+echo
 "$SIM" state --root_dir="$ROOT"
 echo
 echo "Done. dpproxy's log was $DIR/proxy.log (removed on exit). Tests: tools/dev test; matrix: tools/dev matrix"

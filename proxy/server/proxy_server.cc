@@ -1,5 +1,7 @@
 #include "proxy/server/proxy_server.h"
 
+#include <unistd.h>
+
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
@@ -136,6 +138,7 @@ void ProxyServer::Shutdown() {
     e->endpoint->Stop();
     e->resource->Shutdown();
   }
+  if (!config_.status_file.empty()) ::unlink(config_.status_file.c_str());
   events_.Emit("proxy_stopped", {});
 }
 
@@ -197,7 +200,22 @@ void ProxyServer::RegistrarLoop() {
       wake_ = false;
     }
     CheckKubelet();
+    WriteStatusIfChanged();
   }
+}
+
+void ProxyServer::WriteStatusIfChanged() {
+  if (config_.status_file.empty()) return;
+  Json st = Status();
+  // Device health changes are in the file too; the registrar wakes at least
+  // once a second, so the file is at most a second behind.
+  std::string text = st.dump(1);
+  if (text == last_status_) return;
+  if (absl::Status s = WriteFileAtomic(config_.status_file, text + "\n"); !s.ok()) {
+    LOG(WARNING) << "cannot write status file: " << s.message();
+    return;
+  }
+  last_status_ = std::move(text);
 }
 
 void ProxyServer::ConnectStatic(Entry* e) {
@@ -314,7 +332,8 @@ Json ProxyServer::Status() {
   for (const auto& [res, kinds] : losses_.Snapshot()) {
     for (const auto& [kind, n] : kinds) losses[res][kind] = n;
   }
-  return {{"resources", resources},
+  return {{"pid", static_cast<int64_t>(::getpid())},
+          {"resources", resources},
           {"lossy_translations", losses},
           {"plugin_socket", backend_registration_socket()},
           {"kubelet_root", config_.kubelet.kubelet_root}};

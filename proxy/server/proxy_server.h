@@ -49,6 +49,8 @@ struct ProxyConfig {
   // Backend resource name -> name toward the kubelet.
   std::map<std::string, std::string> renames;
   std::vector<StaticBackendConfig> static_backends;
+  // Status() as JSON, rewritten (atomically) whenever it changes; "" = none.
+  std::string status_file;
 };
 
 // kInvalidArgument naming the field and the problem.
@@ -94,6 +96,7 @@ class ProxyServer {
   void CheckKubelet();
   void WakeRegistrar();
   void ConnectStatic(Entry* e);
+  void WriteStatusIfChanged();
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
@@ -111,6 +114,7 @@ class ProxyServer {
   std::thread registrar_;
   // Serializes CheckKubelet (registrar thread and Start).
   absl::Mutex check_mu_;
+  std::string last_status_;  // registrar thread only
 };
 
 }  // namespace dpproxy

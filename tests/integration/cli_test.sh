@@ -115,7 +115,8 @@ grep -q '"event":"kubelet_stopped"' "$ROOT/kubelet_sim.events.jsonl" && pass "ev
 # dpproxy as a process: help, bad flags, a legacy plugin through it, SIGTERM.
 help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
-            backend_loss_policy backend_hold rename static_backend cdi_annotations events; do
+            backend_loss_policy backend_hold rename static_backend cdi_annotations events \
+            status_file output; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
@@ -129,19 +130,28 @@ R2="$DIR/r2"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
 SIM2=$!; PIDS+=($SIM2)
 for _ in $(seq 100); do [[ -S "$R2/k/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
-"$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --events="$R2/proxy.jsonl" 2>"$R2/proxy.log" &
+"$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --events="$R2/proxy.jsonl" \
+  --status-file="$R2/status.json" 2>"$R2/proxy.log" &
 PROXY_PID=$!; PIDS+=($PROXY_PID)
 for _ in $(seq 100); do [[ -S "$R2/p/kubelet.sock" ]] && break; sleep 0.05; done
 "$PLUGIN" --api=v1alpha --resource=vendor.com/gpu --devices=2 --kubelet_socket="$R2/p/kubelet.sock" --quiet &
 P2=$!; PIDS+=($P2)
 expect_exit "legacy plugin through dpproxy" 0 "$SIM" wait --root_dir="$R2/k" --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
 expect_exit "allocate through dpproxy" 0 "$SIM" allocate --root_dir="$R2/k" --containers=c=vendor.com/gpu:2
+for _ in $(seq 100); do grep -q '"kubelet_api": "v1beta1"' "$R2/status.json" 2>/dev/null && break; sleep 0.05; done
+expect_exit "dpproxy status" 0 "$PROXY" status --status_file="$R2/status.json"
+expect_contains "status shows the negotiated version" "$LAST_OUT" "vendor.com/gpu"
+expect_contains "status shows both versions" "$LAST_OUT" "v1beta1                    v1alpha2"
+expect_exit "dpproxy status json" 0 "$PROXY" status --status_file="$R2/status.json" --output=json
+expect_contains "status json" "$LAST_OUT" '"backend_api": "v1alpha2"'
+expect_exit "dpproxy status without proxy" 1 "$PROXY" status --status_file="$R2/none.json"
 expect_contains "glog line names both versions" "$(cat "$R2/proxy.log")" "registered with the kubelet as v1beta1 (backend v1alpha2"
 kill -TERM "$PROXY_PID"; wait "$PROXY_PID"; rc=$?
 [[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM" || fail "dpproxy exit $rc on SIGTERM"
 [[ ! -e "$R2/k/device-plugins/dpproxy-vendor.com_gpu.sock" ]] && pass "dpproxy kubelet-side socket removed" || fail "kubelet-side socket left behind"
 [[ ! -e "$R2/p/kubelet.sock" ]] && pass "dpproxy registration socket removed" || fail "registration socket left behind"
 grep -q '"event":"proxy_stopped"' "$R2/proxy.jsonl" && pass "proxy_stopped event" || fail "no proxy_stopped event"
+[[ ! -e "$R2/status.json" ]] && pass "status file removed on stop" || fail "status file left behind"
 kill -TERM "$P2" "$SIM2"; wait "$P2" "$SIM2" 2>/dev/null
 
 echo "$FAILURES failure(s)"

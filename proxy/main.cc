@@ -14,6 +14,7 @@
 #include "proxy/common/event_log.h"
 #include "proxy/common/files.h"
 #include "proxy/common/status_util.h"
+#include "proxy/config/config_file.h"
 #include "proxy/server/proxy_server.h"
 
 DEFINE_string(kubelet_root, "/var/lib/kubelet",
@@ -49,6 +50,9 @@ DEFINE_bool(cdi_annotations, false,
             "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
             "for kubelets that predate the cdi_devices field (1.27 and older).");
 DEFINE_string(events, "", "Append JSON-lines lifecycle events to this file. Empty: none.");
+DEFINE_string(config, "",
+              "YAML configuration file (docs/configuration.md). Flags given on the\n"
+              "command line override it; list flags (--rename, --static_backend) add to it.");
 DEFINE_string(status_file, "/var/lib/dpproxy/status.json",
               "Where dpproxy keeps its status (resources, negotiated versions, backends,\n"
               "devices, lossy-translation counts) as JSON, rewritten on change; read by\n"
@@ -89,48 +93,64 @@ absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string&
   return d;
 }
 
-absl::StatusOr<ProxyConfig> ConfigFromFlags() {
-  ProxyConfig c;
-  c.kubelet.kubelet_root = FLAGS_kubelet_root;
-  c.plugin_dir = FLAGS_plugin_dir;
-  if (FLAGS_kubelet_api == "auto") {
-    c.kubelet.api = KubeletApi::kAuto;
-  } else if (FLAGS_kubelet_api == "v1beta1") {
-    c.kubelet.api = KubeletApi::kV1Beta1;
-  } else if (FLAGS_kubelet_api == "v1alpha") {
-    c.kubelet.api = KubeletApi::kV1Alpha;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kubelet_api=", FLAGS_kubelet_api, " is not auto, v1beta1 or v1alpha"));
+// Applies the flags to `c`: every flag, or only those given on the command
+// line (so that they override a configuration file).
+absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
+  auto set = [&](const char* name) {
+    return !only_explicit || !gflags::GetCommandLineFlagInfoOrDie(name).is_default;
+  };
+  if (set("kubelet_root")) c->kubelet.kubelet_root = FLAGS_kubelet_root;
+  if (set("plugin_dir")) c->plugin_dir = FLAGS_plugin_dir;
+  if (set("kubelet_api")) {
+    if (FLAGS_kubelet_api == "auto") {
+      c->kubelet.api = KubeletApi::kAuto;
+    } else if (FLAGS_kubelet_api == "v1beta1") {
+      c->kubelet.api = KubeletApi::kV1Beta1;
+    } else if (FLAGS_kubelet_api == "v1alpha") {
+      c->kubelet.api = KubeletApi::kV1Alpha;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kubelet_api=", FLAGS_kubelet_api, " is not auto, v1beta1 or v1alpha"));
+    }
   }
-  if (FLAGS_kubelet_registration == "kubelet") {
-    c.kubelet.registration = KubeletRegistration::kKubeletSocket;
-  } else if (FLAGS_kubelet_registration == "plugin-watcher") {
-    c.kubelet.registration = KubeletRegistration::kPluginWatcher;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kubelet_registration=", FLAGS_kubelet_registration,
-        " is not kubelet or plugin-watcher"));
+  if (set("kubelet_registration")) {
+    if (FLAGS_kubelet_registration == "kubelet") {
+      c->kubelet.registration = KubeletRegistration::kKubeletSocket;
+    } else if (FLAGS_kubelet_registration == "plugin-watcher") {
+      c->kubelet.registration = KubeletRegistration::kPluginWatcher;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kubelet_registration=", FLAGS_kubelet_registration,
+          " is not kubelet or plugin-watcher"));
+    }
   }
-  DPP_ASSIGN_OR_RETURN(c.kubelet.backend_timeout,
-                       FlagDuration("backend_timeout", FLAGS_backend_timeout));
-  DPP_ASSIGN_OR_RETURN(c.dial_timeout, FlagDuration("dial_timeout", FLAGS_dial_timeout));
-  if (FLAGS_backend_loss_policy == "unhealthy") {
-    c.policy.loss_policy = LossPolicy::kUnhealthy;
-  } else if (FLAGS_backend_loss_policy == "hold") {
-    c.policy.loss_policy = LossPolicy::kHold;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--backend_loss_policy=", FLAGS_backend_loss_policy, " is not unhealthy or hold"));
+  if (set("backend_timeout")) {
+    DPP_ASSIGN_OR_RETURN(c->kubelet.backend_timeout,
+                         FlagDuration("backend_timeout", FLAGS_backend_timeout));
   }
-  DPP_ASSIGN_OR_RETURN(c.policy.hold, FlagDuration("backend_hold", FLAGS_backend_hold));
+  if (set("dial_timeout")) {
+    DPP_ASSIGN_OR_RETURN(c->dial_timeout, FlagDuration("dial_timeout", FLAGS_dial_timeout));
+  }
+  if (set("backend_loss_policy")) {
+    if (FLAGS_backend_loss_policy == "unhealthy") {
+      c->policy.loss_policy = LossPolicy::kUnhealthy;
+    } else if (FLAGS_backend_loss_policy == "hold") {
+      c->policy.loss_policy = LossPolicy::kHold;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend_loss_policy=", FLAGS_backend_loss_policy, " is not unhealthy or hold"));
+    }
+  }
+  if (set("backend_hold")) {
+    DPP_ASSIGN_OR_RETURN(c->policy.hold, FlagDuration("backend_hold", FLAGS_backend_hold));
+  }
   for (absl::string_view item : absl::StrSplit(FLAGS_rename, ',', absl::SkipEmpty())) {
     std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--rename: \"", item, "\" is not FROM=TO"));
     }
-    c.renames[kv[0]] = kv[1];
+    c->renames[kv[0]] = kv[1];
   }
   for (absl::string_view item : absl::StrSplit(FLAGS_static_backend, ',', absl::SkipEmpty())) {
     std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
@@ -143,10 +163,22 @@ absl::StatusOr<ProxyConfig> ConfigFromFlags() {
     std::vector<std::string> ea = absl::StrSplit(kv[1], absl::MaxSplits('@', 1));
     sb.endpoint = ea[0];
     if (ea.size() == 2) sb.api = ea[1];
-    c.static_backends.push_back(sb);
+    c->static_backends.push_back(sb);
   }
-  c.kubelet.cdi_annotations = FLAGS_cdi_annotations;
-  c.status_file = FLAGS_status_file;
+  if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
+  if (set("status_file")) c->status_file = FLAGS_status_file;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ProxyConfig> ConfigFromFlags() {
+  ProxyConfig c;
+  DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/false, &c));  // flag defaults
+  if (!FLAGS_config.empty()) {
+    c.renames.clear();
+    c.static_backends.clear();
+    DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
+    DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
+  }
   DPP_RETURN_IF_ERROR(ValidateConfig(c));
   return c;
 }

@@ -116,7 +116,7 @@ grep -q '"event":"kubelet_stopped"' "$ROOT/kubelet_sim.events.jsonl" && pass "ev
 help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
             backend_loss_policy backend_hold rename static_backend cdi_annotations events \
-            status_file output; do
+            status_file output config; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
@@ -125,6 +125,9 @@ expect_exit "dpproxy bad rename" 2 "$PROXY" --rename=nonsense
 expect_contains "dpproxy bad rename message" "$LAST_OUT" '"nonsense" is not FROM=TO'
 expect_exit "dpproxy plugin_dir = kubelet dir" 2 "$PROXY" --kubelet_root=/tmp/k --plugin_dir=/tmp/k/device-plugins
 expect_exit "dpproxy bad duration" 2 "$PROXY" --backend_timeout=forever
+printf 'kubelet:\n  rot: /x\n' > "$DIR/bad.yaml"
+expect_exit "dpproxy bad config file" 2 "$PROXY" --config="$DIR/bad.yaml"
+expect_contains "bad config file message" "$LAST_OUT" "bad.yaml:2:3: kubelet.rot: unknown key"
 
 R2="$DIR/r2"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &

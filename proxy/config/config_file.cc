@@ -1,0 +1,203 @@
+#include "proxy/config/config_file.h"
+
+#include <set>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "proxy/common/files.h"
+
+namespace dpproxy {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(std::string name) : name_(std::move(name)) {}
+
+  absl::Status Error(const YAML::Node& n, const std::string& key, const std::string& why) {
+    std::string where = name_;
+    if (n.IsDefined() && n.Mark().line >= 0) {
+      absl::StrAppend(&where, ":", n.Mark().line + 1, ":", n.Mark().column + 1);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, ": ", why));
+  }
+
+  absl::Status CheckKeys(const YAML::Node& map, const std::string& path,
+                         const std::set<std::string>& known) {
+    if (!map.IsMap()) return Error(map, path.empty() ? "(top level)" : path, "must be a mapping");
+    for (const auto& kv : map) {
+      const std::string key = kv.first.as<std::string>();
+      if (known.count(key) == 0) {
+        return Error(kv.first, Join(path, key),
+                     absl::StrCat("unknown key (known here: ",
+                                  absl::StrJoin(known.begin(), known.end(), ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status String(const YAML::Node& n, const std::string& key, std::string* out) {
+    if (!n.IsScalar()) return Error(n, key, "must be a string");
+    *out = n.as<std::string>();
+    return absl::OkStatus();
+  }
+
+  absl::Status OneOf(const YAML::Node& n, const std::string& key,
+                     const std::set<std::string>& allowed, std::string* out) {
+    std::string v;
+    if (absl::Status s = String(n, key, &v); !s.ok()) return s;
+    if (allowed.count(v) == 0) {
+      return Error(n, key, absl::StrCat("\"", v, "\" is not one of ",
+                                        absl::StrJoin(allowed.begin(), allowed.end(), ", ")));
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+
+  absl::Status Duration(const YAML::Node& n, const std::string& key, absl::Duration* out) {
+    std::string v;
+    if (absl::Status s = String(n, key, &v); !s.ok()) return s;
+    absl::Duration d;
+    if (!absl::ParseDuration(v, &d) || d < absl::ZeroDuration()) {
+      return Error(n, key, absl::StrCat("\"", v, "\" is not a duration (examples: 500ms, 10s, 5m)"));
+    }
+    *out = d;
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const YAML::Node& n, const std::string& key, bool* out) {
+    bool b;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, b)) {
+      return Error(n, key, "must be true or false");
+    }
+    *out = b;
+    return absl::OkStatus();
+  }
+
+  static std::string Join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : absl::StrCat(path, ".", key);
+  }
+
+ private:
+  const std::string name_;
+};
+
+#define DPP_CFG(expr)                          \
+  do {                                         \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
+  } while (0)
+
+absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
+  if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
+  DPP_CFG(r.CheckKeys(root, "",
+                      {"kubelet", "plugin_dir", "status_file", "timeouts", "backend_loss",
+                       "cdi_annotations", "renames", "backends"}));
+  if (const YAML::Node k = root["kubelet"]) {
+    DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
+    if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
+    if (k["api"]) {
+      std::string v;
+      DPP_CFG(r.OneOf(k["api"], "kubelet.api", {"auto", "v1beta1", "v1alpha"}, &v));
+      c->kubelet.api = v == "auto" ? KubeletApi::kAuto
+                                   : v == "v1beta1" ? KubeletApi::kV1Beta1 : KubeletApi::kV1Alpha;
+    }
+    if (k["registration"]) {
+      std::string v;
+      DPP_CFG(r.OneOf(k["registration"], "kubelet.registration", {"kubelet", "plugin-watcher"},
+                      &v));
+      c->kubelet.registration = v == "kubelet" ? KubeletRegistration::kKubeletSocket
+                                               : KubeletRegistration::kPluginWatcher;
+    }
+  }
+  if (root["plugin_dir"]) DPP_CFG(r.String(root["plugin_dir"], "plugin_dir", &c->plugin_dir));
+  if (root["status_file"]) {
+    DPP_CFG(r.String(root["status_file"], "status_file", &c->status_file));
+  }
+  if (const YAML::Node t = root["timeouts"]) {
+    DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));
+    if (t["backend"]) {
+      DPP_CFG(r.Duration(t["backend"], "timeouts.backend", &c->kubelet.backend_timeout));
+    }
+    if (t["dial"]) DPP_CFG(r.Duration(t["dial"], "timeouts.dial", &c->dial_timeout));
+  }
+  if (const YAML::Node b = root["backend_loss"]) {
+    DPP_CFG(r.CheckKeys(b, "backend_loss", {"policy", "hold"}));
+    if (b["policy"]) {
+      std::string v;
+      DPP_CFG(r.OneOf(b["policy"], "backend_loss.policy", {"unhealthy", "hold"}, &v));
+      c->policy.loss_policy = v == "hold" ? LossPolicy::kHold : LossPolicy::kUnhealthy;
+    }
+    if (b["hold"]) DPP_CFG(r.Duration(b["hold"], "backend_loss.hold", &c->policy.hold));
+  }
+  if (root["cdi_annotations"]) {
+    DPP_CFG(r.Bool(root["cdi_annotations"], "cdi_annotations", &c->kubelet.cdi_annotations));
+  }
+  if (const YAML::Node m = root["renames"]) {
+    if (!m.IsMap()) return r.Error(m, "renames", "must be a mapping FROM: TO");
+    for (const auto& kv : m) {
+      std::string to;
+      const std::string from = kv.first.as<std::string>();
+      DPP_CFG(r.String(kv.second, absl::StrCat("renames.", from), &to));
+      c->renames[from] = to;
+    }
+  }
+  if (const YAML::Node list = root["backends"]) {
+    if (!list.IsSequence()) return r.Error(list, "backends", "must be a list");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const YAML::Node b = list[i];
+      const std::string path = absl::StrCat("backends[", i, "]");
+      DPP_CFG(r.CheckKeys(b, path, {"resource", "endpoint", "api"}));
+      StaticBackendConfig sb;
+      if (!b["resource"]) return r.Error(b, path, "needs a resource");
+      if (!b["endpoint"]) return r.Error(b, path, "needs an endpoint (socket path)");
+      DPP_CFG(r.String(b["resource"], path + ".resource", &sb.resource));
+      DPP_CFG(r.String(b["endpoint"], path + ".endpoint", &sb.endpoint));
+      if (b["api"]) {
+        DPP_CFG(r.OneOf(b["api"], path + ".api", {"auto", "v1alpha", "v1beta1"}, &sb.api));
+      }
+      c->static_backends.push_back(sb);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LoadConfigText(const std::string& text, const std::string& name,
+                            ProxyConfig* config) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ":", e.mark.line + 1, ":",
+                                                   e.mark.column + 1, ": not valid YAML: ",
+                                                   e.msg));
+  }
+  ProxyConfig copy = *config;
+  Reader reader(name);
+  absl::Status s;
+  try {
+    s = Apply(reader, root, &copy);
+  } catch (const YAML::Exception& e) {
+    s = absl::InvalidArgumentError(absl::StrCat(name, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  if (!s.ok()) return s;
+  if (absl::Status v = ValidateConfig(copy); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", v.message()));
+  }
+  *config = std::move(copy);
+  return absl::OkStatus();
+}
+
+absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read configuration file: ", text.status().message()));
+  }
+  return LoadConfigText(*text, path, config);
+}
+
+}  // namespace dpproxy

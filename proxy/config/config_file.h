@@ -1,0 +1,42 @@
+// File: config_file.h
+//
+// dpproxy's YAML configuration file, for many backends, renames, policies
+// and deadlines. Every key is optional; what is absent keeps the value it
+// had. Unknown keys, wrong types and bad values are refused with the file,
+// line, key and reason, e.g.
+//   /etc/dpproxy.yaml:7:3: timeouts.backend: "forever" is not a duration
+//
+//   kubelet:
+//     root: /var/lib/kubelet
+//     api: auto                   # auto | v1beta1 | v1alpha
+//     registration: kubelet       # kubelet | plugin-watcher
+//   plugin_dir: /var/lib/dpproxy/device-plugins
+//   status_file: /var/lib/dpproxy/status.json
+//   timeouts: {backend: 30s, dial: 10s}
+//   backend_loss: {policy: unhealthy, hold: 30s}   # unhealthy | hold
+//   cdi_annotations: false
+//   renames: {legacy.example.com/gpu: vendor.com/gpu}
+//   backends:
+//     - {resource: vendor.com/nic, endpoint: /run/nic/plugin.sock, api: auto}
+#ifndef DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_
+#define DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proxy/server/proxy_server.h"
+
+namespace dpproxy {
+
+// Applies the file at `path` on top of `config`. kInvalidArgument with
+// "<path>:<line>:<column>: <key>: <reason>" on any problem; `config` is
+// then unchanged.
+absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config);
+
+// Same, from text (`name` stands for the file in messages).
+absl::Status LoadConfigText(const std::string& text, const std::string& name,
+                            ProxyConfig* config);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_

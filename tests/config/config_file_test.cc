@@ -1,0 +1,112 @@
+#include "proxy/config/config_file.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/common/files.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+
+ProxyConfig Base() {
+  ProxyConfig c;
+  c.kubelet.kubelet_root = "/var/lib/kubelet";
+  c.plugin_dir = "/var/lib/dpproxy/device-plugins";
+  return c;
+}
+
+TEST(ConfigFileTest, FullFileIsApplied) {
+  ProxyConfig c = Base();
+  absl::Status s = LoadConfigText(R"(
+kubelet:
+  root: /var/snap/microk8s/common/var/lib/kubelet
+  api: v1alpha
+  registration: plugin-watcher
+plugin_dir: /run/dpproxy/plugins
+status_file: /run/dpproxy/status.json
+timeouts: {backend: 5s, dial: 2s}
+backend_loss: {policy: hold, hold: 45s}
+cdi_annotations: true
+renames:
+  legacy.example.com/gpu: vendor.com/gpu
+backends:
+  - resource: vendor.com/nic
+    endpoint: /run/nic/plugin.sock
+    api: v1beta1
+  - {resource: vendor.com/fpga, endpoint: /run/fpga.sock}
+)",
+                                  "dpproxy.yaml", &c);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(c.kubelet.kubelet_root, "/var/snap/microk8s/common/var/lib/kubelet");
+  EXPECT_EQ(c.kubelet.api, KubeletApi::kV1Alpha);
+  EXPECT_EQ(c.kubelet.registration, KubeletRegistration::kPluginWatcher);
+  EXPECT_EQ(c.plugin_dir, "/run/dpproxy/plugins");
+  EXPECT_EQ(c.status_file, "/run/dpproxy/status.json");
+  EXPECT_EQ(c.kubelet.backend_timeout, absl::Seconds(5));
+  EXPECT_EQ(c.dial_timeout, absl::Seconds(2));
+  EXPECT_EQ(c.policy.loss_policy, LossPolicy::kHold);
+  EXPECT_EQ(c.policy.hold, absl::Seconds(45));
+  EXPECT_TRUE(c.kubelet.cdi_annotations);
+  EXPECT_EQ(c.renames.at("legacy.example.com/gpu"), "vendor.com/gpu");
+  ASSERT_EQ(c.static_backends.size(), 2u);
+  EXPECT_EQ(c.static_backends[0].api, "v1beta1");
+  EXPECT_EQ(c.static_backends[1].api, "auto");
+}
+
+TEST(ConfigFileTest, EmptyFileChangesNothing) {
+  ProxyConfig c = Base();
+  ASSERT_TRUE(LoadConfigText("", "empty.yaml", &c).ok());
+  EXPECT_EQ(c.kubelet.backend_timeout, absl::Seconds(30));
+}
+
+struct BadCase {
+  const char* text;
+  const char* message;
+};
+
+TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
+  const BadCase cases[] = {
+      {"kubelet:\n  rot: /x\n", "f.yaml:2:3: kubelet.rot: unknown key (known here: api, registration, root)"},
+      {"timeouts:\n  backend: forever\n", "f.yaml:2:12: timeouts.backend: \"forever\" is not a duration"},
+      {"kubelet: {api: v2}\n", "kubelet.api: \"v2\" is not one of auto, v1alpha, v1beta1"},
+      {"backend_loss: {policy: maybe}\n", "backend_loss.policy: \"maybe\" is not one of hold, unhealthy"},
+      {"cdi_annotations: sometimes\n", "cdi_annotations: must be true or false"},
+      {"backends: {a: b}\n", "backends: must be a list"},
+      {"backends:\n  - {resource: vendor.com/x}\n", "backends[0]: needs an endpoint"},
+      {"backends:\n  - {resource: vendor.com/x, endpoint: /s, port: 1}\n", "backends[0].port: unknown key"},
+      {"backends:\n  - {resource: vendor.com/x, endpoint: relative.sock}\n",
+       "must be an absolute socket path"},
+      {"renames: {a.com/x: notvalid}\n", "rename a.com/x -> notvalid"},
+      {"kubelet: [1, 2]\n", "kubelet: must be a mapping"},
+      {"frobnicate: 1\n", "f.yaml:1:1: frobnicate: unknown key"},
+      {"timeouts: {backend: 5s\n", "f.yaml:"},  // malformed YAML
+      {"plugin_dir: /var/lib/kubelet/device-plugins\n", "is the kubelet's own device-plugins"},
+  };
+  for (const BadCase& c : cases) {
+    ProxyConfig config = Base();
+    absl::Status s = LoadConfigText(c.text, "f.yaml", &config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.text;
+    EXPECT_EQ(config.kubelet.backend_timeout, absl::Seconds(30)) << "changed on error";
+  }
+}
+
+TEST(ConfigFileTest, MissingFileIsAClearError) {
+  ProxyConfig c = Base();
+  absl::Status s = LoadConfigFile("/nonexistent/dpproxy.yaml", &c);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("cannot read configuration file: open /nonexistent/dpproxy.yaml"));
+}
+
+TEST(ConfigFileTest, LoadsFromDisk) {
+  testing::ShortTempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("c.yaml"), "timeouts: {backend: 1m}\n").ok());
+  ProxyConfig c = Base();
+  ASSERT_TRUE(LoadConfigFile(dir.Sub("c.yaml"), &c).ok());
+  EXPECT_EQ(c.kubelet.backend_timeout, absl::Minutes(1));
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -85,21 +85,27 @@ void Resource::WakeAll() {
 
 bool Resource::HasDevice(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  for (const auto& d : snapshot_.list.devices()) {
+  for (const auto& d : snapshot_.list->devices()) {
     if (d.id() == id) return true;
   }
   return false;
 }
 
+void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
+  snapshot_.list = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
+  ++snapshot_.version;
+}
+
 void Resource::MarkAllLocked(const std::string& health) {
   bool changed = false;
-  for (auto& d : *snapshot_.list.mutable_devices()) {
+  v1beta1::ListAndWatchResponse list = *snapshot_.list;
+  for (auto& d : *list.mutable_devices()) {
     if (d.health() != health) {
       d.set_health(health);
       changed = true;
     }
   }
-  if (changed) ++snapshot_.version;
+  if (changed) PublishLocked(std::move(list));
 }
 
 void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices) {
@@ -107,8 +113,7 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
   if (generation != generation_) return;  // a replaced backend
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
-  snapshot_.list = std::move(list);
-  ++snapshot_.version;
+  PublishLocked(std::move(list));
   int healthy = 0;
   for (const auto& d : devices) healthy += d.health() == kHealthy ? 1 : 0;
   VLOG(1) << "resource " << name_ << ": " << devices.size() << " devices, " << healthy

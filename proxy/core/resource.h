@@ -43,9 +43,12 @@ struct ResourcePolicy {
 
 class Resource {
  public:
+  // The list is immutable once published: every kubelet stream writes the
+  // same message, and taking a snapshot copies a pointer, not the list.
   struct Snapshot {
     uint64_t version = 0;
-    v1beta1::ListAndWatchResponse list;
+    std::shared_ptr<const v1beta1::ListAndWatchResponse> list =
+        std::make_shared<const v1beta1::ListAndWatchResponse>();
   };
 
   // `name` is the kubelet-facing name (after any rename).
@@ -85,6 +88,7 @@ class Resource {
   void OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   const ResourcePolicy policy_;

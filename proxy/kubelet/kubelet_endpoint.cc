@@ -189,7 +189,9 @@ class KubeletEndpoint::Services {
       info->set_type(std::string(kDevicePluginType));
       info->set_name(e_->resource()->name());
       info->set_endpoint(e_->socket_path());
+      // Every version served on this socket; the kubelet picks v1beta1.
       info->add_supported_versions(std::string(kV1Beta1Version));
+      info->add_supported_versions(std::string(kV1AlphaVersion));
       return grpc::Status::OK;
     }
     grpc::Status NotifyRegistrationStatus(grpc::ServerContext*,
@@ -219,7 +221,7 @@ class KubeletEndpoint::Services {
   static grpc::Status Stream(KubeletEndpoint* e, grpc::ServerContext* ctx, WriteFn write) {
     const uint64_t epoch = e->epoch();
     Resource::Snapshot snap = e->resource()->Current();
-    if (!write(snap.list)) return grpc::Status::OK;
+    if (!write(*snap.list)) return grpc::Status::OK;
     uint64_t seen = snap.version;
     for (;;) {
       if (e->stopping() || e->epoch() != epoch) return grpc::Status::OK;
@@ -227,7 +229,7 @@ class KubeletEndpoint::Services {
       Resource::Snapshot next;
       if (e->resource()->WaitForChange(seen, absl::Seconds(1), &next)) {
         seen = next.version;
-        if (!write(next.list)) return grpc::Status::OK;
+        if (!write(*next.list)) return grpc::Status::OK;
       }
     }
   }

@@ -235,8 +235,9 @@ void ProxyServer::ConnectStatic(Entry* e) {
   (void)AttachBackend(*b);
 }
 
+// Runs on the registrar thread only, so no lock is needed to serialize it
+// (and none is held across the Register calls it makes).
 void ProxyServer::CheckKubelet() {
-  absl::MutexLock check(&check_mu_);
   std::vector<Entry*> entries;
   {
     absl::MutexLock lock(&mu_);
@@ -308,7 +309,7 @@ Json ProxyServer::Status() {
     Resource::Snapshot snap = e->resource->Current();
     int healthy = 0;
     Json devices = Json::array();
-    for (const auto& d : snap.list.devices()) {
+    for (const auto& d : snap.list->devices()) {
       healthy += d.health() == kHealthy ? 1 : 0;
       devices.push_back({{"id", d.id()}, {"health", d.health()}});
     }
@@ -324,7 +325,7 @@ Json ProxyServer::Status() {
                          {"pre_start_required", opts.pre_start_required()},
                          {"get_preferred_allocation_available",
                           opts.get_preferred_allocation_available()},
-                         {"devices_total", snap.list.devices_size()},
+                         {"devices_total", snap.list->devices_size()},
                          {"devices_healthy", healthy},
                          {"devices", devices}});
   }

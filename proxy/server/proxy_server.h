@@ -112,8 +112,6 @@ class ProxyServer {
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread registrar_;
-  // Serializes CheckKubelet (registrar thread and Start).
-  absl::Mutex check_mu_;
   std::string last_status_;  // registrar thread only
 };
 

@@ -84,15 +84,6 @@ Example:
 Flags:
 )";
 
-absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string& value) {
-  absl::Duration d;
-  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
-  }
-  return d;
-}
-
 // Applies the flags to `c`: every flag, or only those given on the command
 // line (so that they override a configuration file).
 absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
@@ -126,10 +117,10 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   }
   if (set("backend_timeout")) {
     DPP_ASSIGN_OR_RETURN(c->kubelet.backend_timeout,
-                         FlagDuration("backend_timeout", FLAGS_backend_timeout));
+                         ParseFlagDuration("backend_timeout", FLAGS_backend_timeout));
   }
   if (set("dial_timeout")) {
-    DPP_ASSIGN_OR_RETURN(c->dial_timeout, FlagDuration("dial_timeout", FLAGS_dial_timeout));
+    DPP_ASSIGN_OR_RETURN(c->dial_timeout, ParseFlagDuration("dial_timeout", FLAGS_dial_timeout));
   }
   if (set("backend_loss_policy")) {
     if (FLAGS_backend_loss_policy == "unhealthy") {
@@ -142,7 +133,7 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
     }
   }
   if (set("backend_hold")) {
-    DPP_ASSIGN_OR_RETURN(c->policy.hold, FlagDuration("backend_hold", FLAGS_backend_hold));
+    DPP_ASSIGN_OR_RETURN(c->policy.hold, ParseFlagDuration("backend_hold", FLAGS_backend_hold));
   }
   for (absl::string_view item : absl::StrSplit(FLAGS_rename, ',', absl::SkipEmpty())) {
     std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));

@@ -55,6 +55,15 @@ void ShiftArgs(int* argc, char** argv) {
 
 namespace dpproxy {
 
+absl::StatusOr<absl::Duration> ParseFlagDuration(const char* name, const std::string& value) {
+  absl::Duration d;
+  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
+  }
+  return d;
+}
+
 void NormalizeFlagDashes(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     char* a = argv[i];

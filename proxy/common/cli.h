@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace dpproxy {
 
@@ -32,6 +34,10 @@ namespace dpproxy {
 // Rewrites "--some-flag" to "--some_flag" (the part before '='), so people
 // can type either; gflags only knows underscores.
 void NormalizeFlagDashes(int argc, char** argv);
+
+// Parses a duration flag ("500ms", "10s", "5m"); kInvalidArgument naming
+// the flag if it is not one or is negative.
+absl::StatusOr<absl::Duration> ParseFlagDuration(const char* name, const std::string& value);
 
 // Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and the threads it
 // starts later; call before starting any thread.

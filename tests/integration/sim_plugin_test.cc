@@ -21,6 +21,7 @@
 #include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
+#include "tests/testing/raw_clients.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 #include "tools/sample_plugin/sample_plugin.h"
@@ -379,41 +380,15 @@ TEST(V1AlphaTest, KubeletNeitherAsksPreferenceNorPreStartsAndSendsOneContainerPe
 
 // --- Bad registrations, answered with the kubelet's exact texts -----------------------
 
-grpc::Status RegisterBeta(const std::string& socket, const std::string& version,
-                          const std::string& resource, const std::string& endpoint) {
-  auto stub = v1beta1::Registration::NewStub(MakeUnixChannel(socket));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  v1beta1::RegisterRequest req;
-  req.set_version(version);
-  req.set_resource_name(resource);
-  req.set_endpoint(endpoint);
-  v1beta1::Empty resp;
-  return stub->Register(&ctx, req, &resp);
-}
-
-grpc::Status RegisterAlpha(const std::string& socket, const std::string& version,
-                           const std::string& resource, const std::string& endpoint) {
-  auto stub = deviceplugin::Registration::NewStub(MakeUnixChannel(socket));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  deviceplugin::RegisterRequest req;
-  req.set_version(version);
-  req.set_resource_name(resource);
-  req.set_endpoint(endpoint);
-  deviceplugin::Empty resp;
-  return stub->Register(&ctx, req, &resp);
-}
-
 TEST(BadRegistrationTest, V1Beta1KubeletRejectsWrongVersionAndBadName) {
   Harness h(Personality::kV1Beta1Sync);
   ASSERT_TRUE(h.sim().Start().ok());
-  grpc::Status s = RegisterBeta(h.sim().kubelet_socket(), "v1alpha", kGpu, "x.sock");
+  grpc::Status s = testing::RegisterV1Beta1(h.sim().kubelet_socket(), "v1alpha", kGpu, "x.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(),
             "requested API version \"v1alpha\" is not supported by kubelet. Supported "
             "version is [\"v1beta1\"]");
-  s = RegisterBeta(h.sim().kubelet_socket(), "v1beta1", "badname", "x.sock");
+  s = testing::RegisterV1Beta1(h.sim().kubelet_socket(), "v1beta1", "badname", "x.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(), "the ResourceName \"badname\" is invalid");
   EXPECT_TRUE(h.sim().events().WaitForEvent("registration_rejected", {{"resource", "badname"}},
@@ -424,7 +399,7 @@ TEST(BadRegistrationTest, V1Beta1KubeletRejectsWrongVersionAndBadName) {
 TEST(BadRegistrationTest, V1AlphaKubeletWantsExactlyV1Alpha2) {
   Harness h(Personality::kV1Alpha);
   ASSERT_TRUE(h.sim().Start().ok());
-  grpc::Status s = RegisterAlpha(h.sim().kubelet_socket(), "0.1", kGpu, "x.sock");
+  grpc::Status s = testing::RegisterV1Alpha(h.sim().kubelet_socket(), "0.1", kGpu, "x.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(),
             "requested API version \"0.1\" is not supported by kubelet. Supported version "
@@ -435,7 +410,7 @@ TEST(BadRegistrationTest, SyncKubeletFailsRegisterWhenPluginIsNotServing) {
   Harness h(Personality::kV1Beta1Sync, /*dial_timeout=*/absl::Milliseconds(500));
   ASSERT_TRUE(h.sim().Start().ok());
   absl::Time start = absl::Now();
-  grpc::Status s = RegisterBeta(h.sim().kubelet_socket(), "v1beta1", kGpu, "missing.sock");
+  grpc::Status s = testing::RegisterV1Beta1(h.sim().kubelet_socket(), "v1beta1", kGpu, "missing.sock");
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));  // it really dialled
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(), "failed to dial device plugin: context deadline exceeded");
@@ -445,7 +420,7 @@ TEST(BadRegistrationTest, SyncKubeletFailsRegisterWhenPluginIsNotServing) {
 TEST(BadRegistrationTest, AsyncKubeletAcceptsRegisterThenFailsToDial) {
   Harness h(Personality::kV1Beta1Async, /*dial_timeout=*/absl::Milliseconds(300));
   ASSERT_TRUE(h.sim().Start().ok());
-  grpc::Status s = RegisterBeta(h.sim().kubelet_socket(), "v1beta1", kGpu, "missing.sock");
+  grpc::Status s = testing::RegisterV1Beta1(h.sim().kubelet_socket(), "v1beta1", kGpu, "missing.sock");
   EXPECT_TRUE(s.ok()) << s.error_message();  // 1.10-1.24 return at once
   EXPECT_TRUE(h.sim().events().WaitForEvent(
       "plugin_dial_failed", {{"resource", kGpu}}, kWait));
@@ -515,7 +490,7 @@ TEST(BadRegistrationTest, UnknownServicesAnswerLikeGo) {
   Harness h(Personality::kV1Beta1Sync);
   ASSERT_TRUE(h.sim().Start().ok());
   // A v1beta1 kubelet does not serve v1alpha's Registration at all.
-  grpc::Status s = RegisterAlpha(h.sim().kubelet_socket(), "v1alpha2", kGpu, "x.sock");
+  grpc::Status s = testing::RegisterV1Alpha(h.sim().kubelet_socket(), "v1alpha2", kGpu, "x.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(s.error_message(), "unknown service deviceplugin.Registration");
 }

@@ -13,6 +13,7 @@
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/raw_clients.h"
 
 namespace dpproxy {
 namespace {
@@ -36,19 +37,6 @@ sim::AllocateRequest Pod(const std::string& name, int count) {
   return r;
 }
 
-grpc::Status RegisterBeta(const std::string& socket, const std::string& version,
-                          const std::string& resource, const std::string& endpoint) {
-  auto stub = v1beta1::Registration::NewStub(MakeUnixChannel(socket));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  v1beta1::RegisterRequest req;
-  req.set_version(version);
-  req.set_resource_name(resource);
-  req.set_endpoint(endpoint);
-  v1beta1::Empty resp;
-  return stub->Register(&ctx, req, &resp);
-}
-
 class ProxyTest : public ::testing::Test {
  protected:
   void Start(ProxyHarness& h) {
@@ -65,30 +53,23 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const std::string sock = h.proxy().backend_registration_socket();
 
-  grpc::Status s = RegisterBeta(sock, "v1alpha2", "other.com/x", "x.sock");
+  grpc::Status s = testing::RegisterV1Beta1(sock, "v1alpha2", "other.com/x", "x.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(),
             "requested API version \"v1alpha2\" is not supported by kubelet. Supported "
             "version is [\"v1beta1\"]");
-  s = RegisterBeta(sock, "v1beta1", "kubernetes.io/gpu", "x.sock");
+  s = testing::RegisterV1Beta1(sock, "v1beta1", "kubernetes.io/gpu", "x.sock");
   EXPECT_EQ(s.error_message(), "the ResourceName \"kubernetes.io/gpu\" is invalid");
-  s = RegisterBeta(sock, "v1beta1", "other.com/x", "../../etc/evil.sock");
+  s = testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", "../../etc/evil.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("escapes the plugin directory"));
-  s = RegisterBeta(sock, "v1beta1", "other.com/x", "/abs.sock");
+  s = testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", "/abs.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  s = RegisterBeta(sock, "v1beta1", "other.com/x", "nobody-listens.sock");
+  s = testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", "nobody-listens.sock");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_THAT(s.error_message(), HasSubstr("failed to dial device plugin"));
 
-  auto alpha = deviceplugin::Registration::NewStub(MakeUnixChannel(sock));
-  grpc::ClientContext ctx;
-  deviceplugin::RegisterRequest req;
-  req.set_version("0.1");
-  req.set_resource_name("other.com/x");
-  req.set_endpoint("x.sock");
-  deviceplugin::Empty resp;
-  s = alpha->Register(&ctx, req, &resp);
+  s = testing::RegisterV1Alpha(sock, "0.1", "other.com/x", "x.sock");
   EXPECT_EQ(s.error_message(),
             "requested API version \"0.1\" is not supported by kubelet. Supported version is "
             "\"v1alpha2\"");

@@ -100,15 +100,6 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
-absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string& value) {
-  absl::Duration d;
-  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
-  }
-  return d;
-}
-
 std::string ControlSocket() {
   if (!FLAGS_control_socket.empty()) return FLAGS_control_socket;
   return JoinPath(FLAGS_root_dir, "kubelet_sim.sock");
@@ -278,7 +269,7 @@ int RunClient(const std::string& command) {
     if (st.ok()) std::cout << "pod " << FLAGS_uid << " deleted\n";
   } else if (command == "wait") {
     if (FLAGS_resource.empty()) return Fail("wait needs --resource");
-    absl::StatusOr<absl::Duration> timeout = FlagDuration("timeout", FLAGS_timeout);
+    absl::StatusOr<absl::Duration> timeout = ParseFlagDuration("timeout", FLAGS_timeout);
     if (!timeout.ok()) return Fail(std::string(timeout.status().message()));
     WaitForResourceRequest req;
     req.set_resource(FLAGS_resource);
@@ -323,11 +314,11 @@ int Serve() {
   options.personality = *personality;
   options.pod_resources = FLAGS_pod_resources;
   if (!FLAGS_grace.empty()) {
-    absl::StatusOr<absl::Duration> g = FlagDuration("grace", FLAGS_grace);
+    absl::StatusOr<absl::Duration> g = ParseFlagDuration("grace", FLAGS_grace);
     if (!g.ok()) return Fail(std::string(g.status().message()));
     options.endpoint_grace = *g;
   }
-  absl::StatusOr<absl::Duration> dial = FlagDuration("dial_timeout", FLAGS_dial_timeout);
+  absl::StatusOr<absl::Duration> dial = ParseFlagDuration("dial_timeout", FLAGS_dial_timeout);
   if (!dial.ok()) return Fail(std::string(dial.status().message()));
   options.dial_timeout = *dial;
   if (absl::Status s = MakeDirs(options.root_dir); !s.ok()) {

@@ -91,15 +91,6 @@ int Fail(int code, const std::string& msg) {
   return code;
 }
 
-absl::StatusOr<absl::Duration> FlagDuration(const char* name, const std::string& value) {
-  absl::Duration d;
-  if (!absl::ParseDuration(value, &d) || d < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
-  }
-  return d;
-}
-
 absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   SamplePluginOptions o;
   if (FLAGS_api == "v1alpha") {
@@ -131,9 +122,9 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.plugins_registry_dir = FLAGS_plugins_registry_dir;
   o.register_version = FLAGS_register_version;
   o.flip_device = FLAGS_flip_device;
-  DPP_ASSIGN_OR_RETURN(o.flip_interval, FlagDuration("flip_interval", FLAGS_flip_interval));
+  DPP_ASSIGN_OR_RETURN(o.flip_interval, ParseFlagDuration("flip_interval", FLAGS_flip_interval));
   o.single_stream_updates = FLAGS_single_stream_updates;
-  DPP_ASSIGN_OR_RETURN(o.allocate_delay, FlagDuration("allocate_delay", FLAGS_allocate_delay));
+  DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));
   o.fail_allocate = FLAGS_fail_allocate;
   DPP_RETURN_IF_ERROR(ValidateOptions(o));
   return o;

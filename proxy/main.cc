@@ -58,6 +58,15 @@ DEFINE_string(status_file, "/var/lib/dpproxy/status.json",
               "devices, lossy-translation counts) as JSON, rewritten on change; read by\n"
               "`dpproxy status`. Empty: none.");
 DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
+DEFINE_string(state_dir, "/var/lib/dpproxy",
+              "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
+              "device lists and every allocation the kubelet was answered. Must not be a\n"
+              "device-plugins directory. Empty: keep nothing on disk.");
+DEFINE_string(restore_policy, "trust",
+              "After a dpproxy restart, what the kubelet is told about remembered devices\n"
+              "until their backend is back: trust (their remembered health, for\n"
+              "--restore_hold) or unhealthy. See docs/configuration.md for the trade-off.");
+DEFINE_string(restore_hold, "5m", "How long --restore_policy=trust trusts remembered health.");
 
 namespace dpproxy {
 namespace {
@@ -158,6 +167,20 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   }
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
   if (set("status_file")) c->status_file = FLAGS_status_file;
+  if (set("state_dir")) c->state_dir = FLAGS_state_dir;
+  if (set("restore_policy")) {
+    if (FLAGS_restore_policy == "trust") {
+      c->restore_policy = RestorePolicy::kTrust;
+    } else if (FLAGS_restore_policy == "unhealthy") {
+      c->restore_policy = RestorePolicy::kUnhealthy;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--restore_policy=", FLAGS_restore_policy, " is not trust or unhealthy"));
+    }
+  }
+  if (set("restore_hold")) {
+    DPP_ASSIGN_OR_RETURN(c->restore_hold, ParseFlagDuration("restore_hold", FLAGS_restore_hold));
+  }
   return absl::OkStatus();
 }
 

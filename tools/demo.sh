@@ -48,7 +48,7 @@ echo "   -> the node would report example.com/gpu capacity 0"
 
 step "3. dpproxy between them: kubelet side in $ROOT, plugins register at $PLUGINS/kubelet.sock"
 "$PROXY" --kubelet_root="$ROOT" --plugin_dir="$PLUGINS" --events="$DIR/proxy.jsonl" \
-  --status_file="$DIR/status.json" \
+  --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" \
   2>"$DIR/proxy.log" &
 PIDS+=($!)
 for _ in $(seq 100); do [[ -S "$PLUGINS/kubelet.sock" ]] && break; sleep 0.05; done

@@ -92,8 +92,8 @@ class Reader {
 absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
-                      {"kubelet", "plugin_dir", "status_file", "timeouts", "backend_loss",
-                       "cdi_annotations", "renames", "backends"}));
+                      {"kubelet", "plugin_dir", "status_file", "state_dir", "restore",
+                       "timeouts", "backend_loss", "cdi_annotations", "renames", "backends"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
     if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
@@ -114,6 +114,16 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root["plugin_dir"]) DPP_CFG(r.String(root["plugin_dir"], "plugin_dir", &c->plugin_dir));
   if (root["status_file"]) {
     DPP_CFG(r.String(root["status_file"], "status_file", &c->status_file));
+  }
+  if (root["state_dir"]) DPP_CFG(r.String(root["state_dir"], "state_dir", &c->state_dir));
+  if (const YAML::Node rs = root["restore"]) {
+    DPP_CFG(r.CheckKeys(rs, "restore", {"policy", "hold"}));
+    if (rs["policy"]) {
+      std::string v;
+      DPP_CFG(r.OneOf(rs["policy"], "restore.policy", {"trust", "unhealthy"}, &v));
+      c->restore_policy = v == "trust" ? RestorePolicy::kTrust : RestorePolicy::kUnhealthy;
+    }
+    if (rs["hold"]) DPP_CFG(r.Duration(rs["hold"], "restore.hold", &c->restore_hold));
   }
   if (const YAML::Node t = root["timeouts"]) {
     DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));

@@ -12,6 +12,8 @@
 //     registration: kubelet       # kubelet | plugin-watcher
 //   plugin_dir: /var/lib/dpproxy/device-plugins
 //   status_file: /var/lib/dpproxy/status.json
+//   state_dir: /var/lib/dpproxy
+//   restore: {policy: trust, hold: 5m}             # trust | unhealthy
 //   timeouts: {backend: 30s, dial: 10s}
 //   backend_loss: {policy: unhealthy, hold: 30s}   # unhealthy | hold
 //   cdi_annotations: false

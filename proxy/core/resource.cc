@@ -23,6 +23,9 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
     generation = ++generation_;
     connected_ = true;
     lost_at_.reset();
+    hold_override_.reset();
+    last_endpoint_ = backend->endpoint();
+    last_api_ = ApiVersionString(backend->api());
     v1beta1::DevicePluginOptions opts = backend->options();
     options_changed = opts.SerializeAsString() != options_.SerializeAsString();
     options_ = opts;
@@ -129,6 +132,7 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   if (generation != generation_) return;
   connected_ = false;
   lost_at_ = absl::Now();
+  hold_override_.reset();
   LOG(WARNING) << "resource " << name_ << ": backend "
                << (backend_ ? backend_->endpoint() : std::string("?")) << " lost (" << why
                << "); devices "
@@ -143,12 +147,37 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   }
 }
 
+void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Duration trust_for,
+                       const std::string& backend_endpoint, const std::string& backend_api) {
+  absl::MutexLock lock(&mu_);
+  if (connected_) return;  // a backend was faster: its list wins
+  v1beta1::ListAndWatchResponse list;
+  for (const auto& d : devices) *list.add_devices() = d;
+  PublishLocked(std::move(list));
+  lost_at_ = absl::Now();
+  hold_override_ = trust_for;
+  last_endpoint_ = backend_endpoint;
+  last_api_ = backend_api;
+  if (trust_for <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
+}
+
+std::pair<std::string, std::string> Resource::last_backend() {
+  absl::MutexLock lock(&mu_);
+  return {last_endpoint_, last_api_};
+}
+
 void Resource::Tick(absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (!connected_ && lost_at_.has_value() && policy_.loss_policy == LossPolicy::kHold &&
-      now - *lost_at_ >= policy_.hold) {
-    MarkAllLocked(std::string(kUnhealthy));
+  if (connected_ || !lost_at_.has_value()) return;
+  absl::Duration hold;
+  if (hold_override_.has_value()) {
+    hold = *hold_override_;
+  } else if (policy_.loss_policy == LossPolicy::kHold) {
+    hold = policy_.hold;
+  } else {
+    return;  // already marked Unhealthy when the backend was lost
   }
+  if (now - *lost_at_ >= hold) MarkAllLocked(std::string(kUnhealthy));
 }
 
 void Resource::Shutdown() {

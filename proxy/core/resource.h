@@ -78,6 +78,18 @@ class Resource {
   // True if `id` is in the current device list.
   bool HasDevice(const std::string& id);
 
+  // Restores a remembered device list after a proxy restart, before any
+  // backend is back: the devices keep their remembered health for
+  // `trust_for` (0: Unhealthy at once), then turn Unhealthy unless a backend
+  // has sent a list by then. `backend_endpoint`/`backend_api` describe the
+  // backend the list came from.
+  void Restore(const std::vector<v1beta1::Device>& devices, absl::Duration trust_for,
+               const std::string& backend_endpoint, const std::string& backend_api);
+
+  // The backend that served this resource last (current or gone), for
+  // status and state: endpoint and Register version; empty if none yet.
+  std::pair<std::string, std::string> last_backend();
+
   // Applies the hold expiry of the loss policy; call about once a second.
   void Tick(absl::Time now);
 
@@ -99,6 +111,10 @@ class Resource {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Time> lost_at_ ABSL_GUARDED_BY(mu_);
+  // Hold for the current absence, when it is not the loss policy's (restore).
+  std::optional<absl::Duration> hold_override_ ABSL_GUARDED_BY(mu_);
+  std::string last_endpoint_ ABSL_GUARDED_BY(mu_);
+  std::string last_api_ ABSL_GUARDED_BY(mu_);
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;

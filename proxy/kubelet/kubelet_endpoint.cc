@@ -107,6 +107,7 @@ class KubeletEndpoint::Services {
       absl::StatusOr<v1beta1::AllocateResponse> r =
           b->Allocate(*req, e_->options().backend_timeout);
       if (!r.ok()) return ToGrpcStatus(r.status());
+      if (grpc::Status s = e_->Journal(*req, *r, *b); !s.ok()) return s;
       *resp = *std::move(r);
       if (e_->options().cdi_annotations) {
         for (auto& c : *resp->mutable_container_responses()) {
@@ -168,6 +169,7 @@ class KubeletEndpoint::Services {
                                                             deadline - absl::Now()));
         if (!s.ok()) return ToGrpcStatus(s);
       }
+      if (grpc::Status s = e_->Journal(breq, *r, *b); !s.ok()) return s;
       Loss loss;
       *resp = ToV1AlphaResponse(r->container_responses(0), &loss);
       e_->NoteLoss(loss);
@@ -245,11 +247,13 @@ class KubeletEndpoint::Services {
 // --- KubeletEndpoint -------------------------------------------------------------------
 
 KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& options,
-                                 LossCounter* losses, EventLog* events)
+                                 LossCounter* losses, EventLog* events,
+                                 AllocationJournal* journal)
     : resource_(resource),
       options_(options),
       losses_(losses),
       events_(events),
+      journal_(journal),
       socket_name_(SocketNameFor(resource->name())),
       socket_path_(options.registration == KubeletRegistration::kPluginWatcher
                        ? JoinPath(JoinPath(options.kubelet_root, "plugins_registry"),
@@ -360,6 +364,18 @@ absl::Status KubeletEndpoint::Register() {
                 {{"resource", resource_->name()}, {"error", why}});
   return absl::FailedPreconditionError(
       absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
+}
+
+grpc::Status KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
+                                      const v1beta1::AllocateResponse& resp,
+                                      const Backend& backend) {
+  if (journal_ == nullptr) return grpc::Status::OK;
+  absl::Status s = journal_->Record(resource_->name(), req, resp, ApiVersionString(backend.api()),
+                                    backend.endpoint());
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("dpproxy cannot persist the allocation for ",
+                                   resource_->name(), ", so it refuses it: ", s.message()));
 }
 
 std::string KubeletEndpoint::negotiated() {

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "proxy/common/event_log.h"
 #include "proxy/core/resource.h"
+#include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
@@ -46,8 +47,9 @@ std::string KubeletSocketPath(const KubeletSideOptions& o);
 
 class KubeletEndpoint {
  public:
+  // `journal` (may be null) persists every answered allocation first.
   KubeletEndpoint(Resource* resource, const KubeletSideOptions& options, LossCounter* losses,
-                  EventLog* events);
+                  EventLog* events, AllocationJournal* journal = nullptr);
   ~KubeletEndpoint();
 
   KubeletEndpoint(const KubeletEndpoint&) = delete;
@@ -73,6 +75,11 @@ class KubeletEndpoint {
   Resource* resource() { return resource_; }
   const KubeletSideOptions& options() const { return options_; }
   LossCounter* losses() { return losses_; }
+  // Persists an answered allocation; kUnavailable-style gRPC error if it
+  // cannot (the kubelet is then refused, as a kubelet refuses admission when
+  // its own checkpoint cannot be written).
+  grpc::Status Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
+                       const Backend& backend);
   EventLog* events() { return events_; }
   uint64_t epoch() const { return epoch_.load(); }
   bool stopping() const { return stopping_.load(); }
@@ -84,6 +91,7 @@ class KubeletEndpoint {
   const KubeletSideOptions options_;
   LossCounter* const losses_;
   EventLog* const events_;
+  AllocationJournal* const journal_;
   const std::string socket_name_;
   const std::string socket_path_;
   std::unique_ptr<Services> services_;

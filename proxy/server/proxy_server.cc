@@ -34,6 +34,20 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
   if (c.dial_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("dial timeout must be positive");
   }
+  if (!c.state_dir.empty()) {
+    if (c.state_dir[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state directory \"", c.state_dir, "\" must be an absolute path"));
+    }
+    if (c.state_dir == c.plugin_dir || c.state_dir == DevicePluginDir(c.kubelet)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state directory ", c.state_dir,
+          " must not be a plugin directory: those are wiped at start"));
+    }
+  }
+  if (c.restore_hold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("restore hold must not be negative");
+  }
   if (c.policy.hold < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("backend hold time must not be negative");
   }
@@ -81,6 +95,16 @@ absl::Status ProxyServer::Start() {
             << ", plugins register at " << backend_registration_socket();
   events_.Emit("proxy_starting", {{"kubelet_root", config_.kubelet.kubelet_root},
                                   {"plugin_socket", backend_registration_socket()}});
+  // State first: remembered resources are served and registered before any
+  // backend is back.
+  if (!config_.state_dir.empty()) {
+    if (absl::Status s = MakeDirs(config_.state_dir); !s.ok()) {
+      Shutdown();
+      return s;
+    }
+    keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
+    RestoreState();
+  }
   registration_ = std::make_unique<BackendRegistrationServer>(
       BackendRegistrationServer::Options{config_.plugin_dir, config_.dial_timeout},
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }, &events_);
@@ -148,8 +172,8 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
   if (it != entries_.end()) return it->second.get();
   auto e = std::make_unique<Entry>();
   e->resource = std::make_unique<Resource>(name, config_.policy, &events_);
-  e->endpoint =
-      std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_, &events_);
+  e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_,
+                                                  &events_, keeper_.get());
   Entry* raw = e.get();
   entries_[name] = std::move(e);
   LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
@@ -200,8 +224,65 @@ void ProxyServer::RegistrarLoop() {
       wake_ = false;
     }
     CheckKubelet();
+    PersistResources();
     WriteStatusIfChanged();
   }
+}
+
+void ProxyServer::RestoreState() {
+  state::State st = keeper_->Load();
+  const absl::Duration trust =
+      config_.restore_policy == RestorePolicy::kTrust ? config_.restore_hold : absl::ZeroDuration();
+  for (const state::Resource& r : st.resources()) {
+    Entry* e = EnsureEntry(r.name());
+    e->resource->Restore({r.devices().begin(), r.devices().end()}, trust,
+                         r.backend().endpoint(), r.backend().api_version());
+    {
+      absl::MutexLock lock(&mu_);
+      e->restored_kubelet_api = r.kubelet_api();
+    }
+    LOG(INFO) << "resource " << r.name() << ": restored " << r.devices_size()
+              << " devices from the state file; "
+              << (trust > absl::ZeroDuration()
+                      ? "trusted at their remembered health for " + absl::FormatDuration(trust)
+                      : std::string("reported Unhealthy"))
+              << " until backend " << r.backend().endpoint() << " ("
+              << r.backend().api_version() << ") is back";
+    events_.Emit("resource_restored", {{"resource", r.name()},
+                                       {"devices", r.devices_size()},
+                                       {"trusted_seconds", absl::ToInt64Seconds(trust)}});
+  }
+}
+
+void ProxyServer::PersistResources() {
+  if (!keeper_) return;
+  std::vector<Entry*> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    for (auto& [name, e] : entries_) entries.push_back(e.get());
+  }
+  std::vector<state::Resource> out;
+  for (Entry* e : entries) {
+    state::Resource r;
+    r.set_name(e->resource->name());
+    std::string api = e->endpoint->negotiated();
+    if (api.empty()) {
+      absl::MutexLock lock(&mu_);
+      api = e->restored_kubelet_api;
+    }
+    r.set_kubelet_api(api);
+    auto [endpoint, backend_api] = e->resource->last_backend();
+    r.mutable_backend()->set_endpoint(endpoint);
+    r.mutable_backend()->set_api_version(backend_api);
+    r.mutable_backend()->set_static_backend(e->static_backend);
+    std::shared_ptr<Backend> b = e->resource->backend();
+    if (b) r.mutable_backend()->set_backend_resource(b->resource());
+    Resource::Snapshot snap = e->resource->Current();
+    for (const auto& d : snap.list->devices()) *r.add_devices() = d;
+    out.push_back(std::move(r));
+  }
+  (void)keeper_->SetResources(std::move(out));  // failures are logged and counted
 }
 
 void ProxyServer::WriteStatusIfChanged() {
@@ -319,8 +400,8 @@ Json ProxyServer::Status() {
                          {"kubelet_api", e->endpoint->negotiated()},
                          {"kubelet_socket", e->endpoint->socket_path()},
                          {"backend_connected", b != nullptr},
-                         {"backend_api", b ? ApiVersionString(b->api()) : ""},
-                         {"backend_endpoint", b ? b->endpoint() : ""},
+                         {"backend_api", e->resource->last_backend().second},
+                         {"backend_endpoint", e->resource->last_backend().first},
                          {"static_backend", e->static_backend},
                          {"pre_start_required", opts.pre_start_required()},
                          {"get_preferred_allocation_available",
@@ -329,6 +410,13 @@ Json ProxyServer::Status() {
                          {"devices_healthy", healthy},
                          {"devices", devices}});
   }
+  Json state = nullptr;
+  if (keeper_) {
+    state::State st = keeper_->Snapshot();
+    state = {{"path", keeper_->path()},
+             {"allocations", st.allocations_size()},
+             {"save_failures", keeper_->save_failures()}};
+  }
   Json losses = Json::object();
   for (const auto& [res, kinds] : losses_.Snapshot()) {
     for (const auto& [kind, n] : kinds) losses[res][kind] = n;
@@ -336,6 +424,7 @@ Json ProxyServer::Status() {
   return {{"pid", static_cast<int64_t>(::getpid())},
           {"resources", resources},
           {"lossy_translations", losses},
+          {"state", state},
           {"plugin_socket", backend_registration_socket()},
           {"kubelet_root", config_.kubelet.kubelet_root}};
 }

@@ -29,6 +29,7 @@
 #include "proxy/common/files.h"
 #include "proxy/core/resource.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
@@ -38,6 +39,18 @@ struct StaticBackendConfig {
   std::string endpoint;  // absolute socket path
   // "v1alpha", "v1beta1" or "auto" (probe which DevicePlugin service answers)
   std::string api = "auto";
+};
+
+// What the kubelet is told about remembered devices after a proxy restart,
+// until their backend is back.
+enum class RestorePolicy {
+  // Remembered health for `restore_hold`: a kubelet that re-admits pods in
+  // that window (node reboot, kubelet restart) finds their devices healthy.
+  kTrust,
+  // Unhealthy at once: no pod is admitted to a device nobody answers for,
+  // but pods re-admitted before the backend is back fail with
+  // UnexpectedAdmissionError.
+  kUnhealthy,
 };
 
 struct ProxyConfig {
@@ -51,6 +64,10 @@ struct ProxyConfig {
   std::vector<StaticBackendConfig> static_backends;
   // Status() as JSON, rewritten (atomically) whenever it changes; "" = none.
   std::string status_file;
+  // Durable state (<state_dir>/state.pb); "" = keep nothing on disk.
+  std::string state_dir;
+  RestorePolicy restore_policy = RestorePolicy::kTrust;
+  absl::Duration restore_hold = absl::Minutes(5);
 };
 
 // kInvalidArgument naming the field and the problem.
@@ -70,6 +87,8 @@ class ProxyServer {
 
   EventLog& events() { return events_; }
   LossCounter& losses() { return losses_; }
+  // The durable state (nullptr without a state_dir).
+  StateKeeper* state() { return keeper_.get(); }
   // Where vendor plugins register.
   std::string backend_registration_socket() const;
   // Resources, negotiated versions, backends, devices, lossy counters.
@@ -89,6 +108,7 @@ class ProxyServer {
     std::optional<FileId> failed_with;      // kubelet.sock that refused it
     bool static_backend = false;
     StaticBackendConfig static_config;
+    std::string restored_kubelet_api;  // from the state file, until registered
   };
 
   Entry* EnsureEntry(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
@@ -97,10 +117,13 @@ class ProxyServer {
   void WakeRegistrar();
   void ConnectStatic(Entry* e);
   void WriteStatusIfChanged();
+  void RestoreState();
+  void PersistResources();
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
   LossCounter losses_;
+  std::unique_ptr<StateKeeper> keeper_;
   std::unique_ptr<BackendRegistrationServer> registration_;
   std::unique_ptr<DirWatcher> watcher_;
 

@@ -116,7 +116,7 @@ grep -q '"event":"kubelet_stopped"' "$ROOT/kubelet_sim.events.jsonl" && pass "ev
 help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
             backend_loss_policy backend_hold rename static_backend cdi_annotations events \
-            status_file output config; do
+            status_file output config state_dir restore_policy restore_hold; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
@@ -134,7 +134,7 @@ R2="$DIR/r2"
 SIM2=$!; PIDS+=($SIM2)
 for _ in $(seq 100); do [[ -S "$R2/k/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
 "$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --events="$R2/proxy.jsonl" \
-  --status-file="$R2/status.json" 2>"$R2/proxy.log" &
+  --status-file="$R2/status.json" --state-dir="$R2/state" 2>"$R2/proxy.log" &
 PROXY_PID=$!; PIDS+=($PROXY_PID)
 for _ in $(seq 100); do [[ -S "$R2/p/kubelet.sock" ]] && break; sleep 0.05; done
 "$PLUGIN" --api=v1alpha --resource=vendor.com/gpu --devices=2 --kubelet_socket="$R2/p/kubelet.sock" --quiet &

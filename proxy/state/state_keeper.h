@@ -1,0 +1,75 @@
+// File: state_keeper.h
+//
+// dpproxy's durable state in memory and on disk. Allocations are recorded
+// synchronously: the kubelet's Allocate is answered only after the record is
+// on disk, so every allocation the kubelet received an answer for survives a
+// crash. Resource snapshots (devices, backend, negotiated version) are saved
+// when they change, at most a second late (the registrar's cadence).
+// Thread-safe; saves are serialized.
+#ifndef DPPROXY_PROXY_STATE_STATE_KEEPER_H_
+#define DPPROXY_PROXY_STATE_STATE_KEEPER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/v1beta1/api.pb.h"
+#include "proxy/common/event_log.h"
+#include "proxy/state/state_store.h"
+
+namespace dpproxy {
+
+// Where the kubelet side reports answered allocations.
+class AllocationJournal {
+ public:
+  virtual ~AllocationJournal() = default;
+  // Persists one record per container request before the kubelet is
+  // answered. An error means nothing was recorded.
+  virtual absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
+                              const v1beta1::AllocateResponse& resp,
+                              const std::string& backend_api,
+                              const std::string& backend_endpoint) = 0;
+};
+
+class StateKeeper : public AllocationJournal {
+ public:
+  StateKeeper(std::string path, EventLog* events);
+
+  // Loads the file. A missing file is a fresh start; an untrusted one is
+  // moved aside, logged and reported as an event, and the keeper starts
+  // empty. Returns what was loaded.
+  state::State Load();
+
+  absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
+                      const v1beta1::AllocateResponse& resp, const std::string& backend_api,
+                      const std::string& backend_endpoint) override;
+
+  // Replaces the saved resource snapshots; saves if they changed.
+  absl::Status SetResources(std::vector<state::Resource> resources);
+
+  // Forgets allocations (their pods are gone). Saves.
+  absl::Status Release(const std::vector<uint64_t>& ids);
+  // Records which pod and container hold an allocation. Saves if changed.
+  absl::Status Annotate(uint64_t id, const std::string& pod_namespace,
+                        const std::string& pod_name, const std::string& container);
+
+  state::State Snapshot();
+  const std::string& path() const { return store_.path(); }
+  int64_t save_failures() const { return store_.save_failures(); }
+
+ private:
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  FileStateStore store_;
+  EventLog* const events_;
+  absl::Mutex mu_;
+  state::State state_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_STATE_STATE_KEEPER_H_

@@ -1,0 +1,65 @@
+// File: state_store.h
+//
+// Reads and writes dpproxy's state file. The file is
+//
+//   "DPPSTATE"                 8 bytes, magic
+//   format version             uint32, little endian (kFormatVersion)
+//   payload length             uint64, little endian
+//   FNV-1a 64 of the payload   uint64, little endian
+//   payload                    a serialized dpproxy.state.State
+//
+// written atomically (temporary file, fsync, rename, fsync of the
+// directory): a crash leaves the old file or the new one, never a mix. A
+// failed write leaves the previous file intact and is reported.
+//
+//   FileStateStore store("/var/lib/dpproxy/state.pb");
+//   absl::StatusOr<state::State> s = store.Load();  // empty State if no file
+//   if (s.status().code() == absl::StatusCode::kDataLoss) { /* moved aside */ }
+#ifndef DPPROXY_PROXY_STATE_STATE_STORE_H_
+#define DPPROXY_PROXY_STATE_STATE_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proxy/state/state.pb.h"
+
+namespace dpproxy {
+
+inline constexpr uint32_t kStateFormatVersion = 1;
+
+// Encodes and decodes the file format above (no I/O).
+std::string EncodeStateFile(const state::State& s);
+// kDataLoss naming what is wrong: short file, bad magic, unknown format
+// version, length or checksum mismatch, unparsable payload.
+absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes);
+
+class FileStateStore {
+ public:
+  explicit FileStateStore(std::string path) : path_(std::move(path)) {}
+
+  const std::string& path() const { return path_; }
+
+  // The saved state; an empty State if there is no file yet. If the file
+  // cannot be trusted it is renamed to "<path>.corrupt-<unix seconds>" and
+  // kDataLoss is returned with the reason and the new name.
+  absl::StatusOr<state::State> Load();
+
+  // Atomically replaces the file. Blocks on fsync. Not thread-safe: the
+  // caller serializes saves.
+  absl::Status Save(const state::State& s);
+
+  int64_t saves() const { return saves_.load(); }
+  int64_t save_failures() const { return save_failures_.load(); }
+
+ private:
+  const std::string path_;
+  std::atomic<int64_t> saves_{0};
+  std::atomic<int64_t> save_failures_{0};
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_STATE_STATE_STORE_H_

@@ -117,6 +117,7 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
   PublishLocked(std::move(list));
+  reported_ = devices;
   int healthy = 0;
   for (const auto& d : devices) healthy += d.health() == kHealthy ? 1 : 0;
   VLOG(1) << "resource " << name_ << ": " << devices.size() << " devices, " << healthy
@@ -154,11 +155,17 @@ void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Durati
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
   PublishLocked(std::move(list));
+  reported_ = devices;
   lost_at_ = absl::Now();
   hold_override_ = trust_for;
   last_endpoint_ = backend_endpoint;
   last_api_ = backend_api;
   if (trust_for <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
+}
+
+std::vector<v1beta1::Device> Resource::ReportedDevices() {
+  absl::MutexLock lock(&mu_);
+  return reported_;
 }
 
 std::pair<std::string, std::string> Resource::last_backend() {

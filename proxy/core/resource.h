@@ -86,6 +86,12 @@ class Resource {
   void Restore(const std::vector<v1beta1::Device>& devices, absl::Duration trust_for,
                const std::string& backend_endpoint, const std::string& backend_api);
 
+  // The device list as the backend last reported it (or as restored), with
+  // the backend's health, not the loss policy's: what the state file keeps,
+  // so a restart never remembers devices as Unhealthy merely because their
+  // backend was away when the state was saved.
+  std::vector<v1beta1::Device> ReportedDevices();
+
   // The backend that served this resource last (current or gone), for
   // status and state: endpoint and Register version; empty if none yet.
   std::pair<std::string, std::string> last_backend();
@@ -117,6 +123,7 @@ class Resource {
   std::string last_api_ ABSL_GUARDED_BY(mu_);
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -278,8 +278,7 @@ void ProxyServer::PersistResources() {
     r.mutable_backend()->set_static_backend(e->static_backend);
     std::shared_ptr<Backend> b = e->resource->backend();
     if (b) r.mutable_backend()->set_backend_resource(b->resource());
-    Resource::Snapshot snap = e->resource->Current();
-    for (const auto& d : snap.list->devices()) *r.add_devices() = d;
+    for (const auto& d : e->resource->ReportedDevices()) *r.add_devices() = d;
     out.push_back(std::move(r));
   }
   (void)keeper_->SetResources(std::move(out));  // failures are logged and counted

@@ -34,6 +34,7 @@ class ProxyHarness {
     config_.kubelet.registration =
         watcher ? KubeletRegistration::kPluginWatcher : KubeletRegistration::kKubeletSocket;
     config_.kubelet.backend_timeout = absl::Seconds(5);
+    config_.state_dir = dir_.Sub("state");
     config_.dial_timeout = absl::Seconds(5);
     if (tweak) tweak(config_);
     proxy_ = std::make_unique<ProxyServer>(config_);
@@ -49,11 +50,14 @@ class ProxyHarness {
   const ProxyConfig& config() const { return config_; }
   std::string dir(const std::string& sub) const { return dir_.Sub(sub); }
 
-  // Restarts the proxy process (a new ProxyServer on the same directories).
-  void RestartProxy() {
+  // Restarts the proxy process (a new ProxyServer on the same directories),
+  // optionally with changed configuration.
+  void RestartProxy(std::function<void(ProxyConfig&)> tweak = nullptr) {
     proxy_.reset();
+    if (tweak) tweak(config_);
     proxy_ = std::make_unique<ProxyServer>(config_);
   }
+  void StopProxy() { proxy_->Shutdown(); }
 
   sample::SamplePluginOptions PluginOptions(sample::PluginApi api) const {
     sample::SamplePluginOptions o;

@@ -1,0 +1,190 @@
+// Allocations survive: the proxy's journal, proxy restarts before backends
+// return (node reboot), and kubelet upgrades, judged by the kubelet
+// simulator's re-admission rule.
+#include <set>
+
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/proxy/proxy_harness.h"
+
+namespace dpproxy {
+namespace {
+
+using sample::PluginApi;
+using sim::Personality;
+using testing::kWait;
+using testing::ProxyHarness;
+using ::testing::HasSubstr;
+
+constexpr char kGpu[] = "vendor.com/gpu";
+
+sim::AllocateRequest Pod(const std::string& name,
+                         std::vector<std::pair<std::string, int>> containers) {
+  sim::AllocateRequest r;
+  r.set_pod_name(name);
+  for (auto& [c, n] : containers) {
+    auto* cr = r.add_containers();
+    cr->set_name(c);
+    cr->set_resource(kGpu);
+    cr->set_count(n);
+  }
+  return r;
+}
+
+// (resource, devices) of every allocation, as a multiset.
+std::multiset<std::string> Keys(const sim::State& st) {
+  std::multiset<std::string> out;
+  for (const auto& a : st.allocations()) {
+    out.insert(a.resource() + ":" + absl::StrJoin(a.device_ids(), ","));
+  }
+  return out;
+}
+std::multiset<std::string> Keys(const state::State& st) {
+  std::multiset<std::string> out;
+  for (const auto& a : st.allocations()) {
+    out.insert(a.resource() + ":" + absl::StrJoin(a.device_ids(), ","));
+  }
+  return out;
+}
+
+TEST(StateTest, EveryAnsweredAllocationIsJournaled) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"main", 2}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"x", 1}, {"y", 1}})).ok());
+  state::State st = h.proxy().state()->Snapshot();
+  EXPECT_EQ(Keys(st), Keys(h.sim().GetState()));  // one record per container, same devices
+  ASSERT_EQ(st.allocations_size(), 3);
+  EXPECT_EQ(st.allocations(0).backend_api(), "v1alpha2");
+  EXPECT_EQ(st.allocations(0).response().envs().at("SAMPLE_PLUGIN_API"), "v1alpha");
+  EXPECT_GT(st.allocations(0).allocated_unix_ms(), 0);
+  // The resource snapshot (devices, backend, negotiated version) follows.
+  EXPECT_TRUE(h.WaitFor([&] {
+    state::State s = h.proxy().state()->Snapshot();
+    return s.resources_size() == 1 && s.resources(0).kubelet_api() == "v1beta1" &&
+           s.resources(0).devices_size() == 4 &&
+           s.resources(0).backend().api_version() == "v1alpha2";
+  }));
+}
+
+// Node reboot: kubelet, proxy and plugin all restart; the kubelet re-admits
+// running pods before the plugin is back.
+class NodeRebootTest : public ::testing::TestWithParam<RestorePolicy> {};
+
+TEST_P(NodeRebootTest, RestorePolicyDecidesReadmission) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.restore_policy = GetParam();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("survivor", {{"main", 2}})).ok());
+  ASSERT_TRUE(h.WaitFor([&] {
+    state::State s = h.proxy().state()->Snapshot();
+    return s.resources_size() == 1 && s.resources(0).devices_size() == 4;
+  }));
+
+  // Everything goes down, the plugin first (and the proxy saves its state
+  // after that); the kubelet and the proxy come back, the plugin not yet.
+  h.StopPlugins();
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+  absl::SleepFor(absl::Milliseconds(1500));  // at least one save after the loss
+  h.StopProxy();
+  h.sim().Stop();
+  ASSERT_TRUE(h.sim().Start().ok());
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("resource_restored", {{"resource", kGpu}}, kWait));
+  ASSERT_TRUE(h.WaitFor([&] {
+    const auto* r = h.Resource(h.sim().GetState(), kGpu);
+    return r != nullptr && r->connected() && r->capacity() == 4;
+  }));  // registered with the remembered devices before any backend
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 1);
+  if (GetParam() == RestorePolicy::kTrust) {
+    EXPECT_TRUE(r.results(0).admitted()) << r.results(0).message();
+  } else {
+    EXPECT_FALSE(r.results(0).admitted());
+    EXPECT_THAT(r.results(0).message(), HasSubstr("no healthy devices present"));
+  }
+  // The plugin comes back: devices are confirmed by the backend.
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 1);  // nothing lost
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, NodeRebootTest,
+                         ::testing::Values(RestorePolicy::kTrust, RestorePolicy::kUnhealthy),
+                         [](const ::testing::TestParamInfo<RestorePolicy>& i) {
+                           return i.param == RestorePolicy::kTrust ? std::string("trust")
+                                                                   : std::string("unhealthy");
+                         });
+
+TEST(StateTest, TrustIsBoundedByTheRestoreHold) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.restore_policy = RestorePolicy::kTrust;
+    c.restore_hold = absl::Seconds(1);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.WaitFor([&] {
+    state::State s = h.proxy().state()->Snapshot();
+    return s.resources_size() == 1 && s.resources(0).devices_size() == 4;
+  }));
+  h.StopPlugins();
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // trusted first
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+}
+
+// Kubelet upgrade: a 1.9 kubelet with running allocations is replaced by a
+// 1.25+ one (or the plugin-watcher kind), which wipes device-plugins/.
+class KubeletUpgradeTest : public ::testing::TestWithParam<Personality> {};
+
+TEST_P(KubeletUpgradeTest, ProxyRenegotiatesAndEveryPodIsReadmitted) {
+  ProxyHarness h(Personality::kV1Alpha, false);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("one", {{"main", 2}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("two", {{"main", 1}})).ok());
+  ASSERT_EQ(h.proxy().Status()["resources"][0]["kubelet_api"], "v1alpha2");
+  const std::multiset<std::string> before = Keys(h.sim().GetState());
+
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(h.sim().Restart(GetParam()).ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(h.proxy().Status()["resources"][0]["kubelet_api"], "v1beta1");
+  sim::State st = h.sim().GetState();
+  std::set<std::string> ids;
+  for (const auto& d : h.Resource(st, kGpu)->devices()) ids.insert(d.id());
+  EXPECT_EQ(ids, (std::set<std::string>{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}));
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 2);  // one container in each pod
+  for (const auto& res : r.results()) EXPECT_TRUE(res.admitted()) << res.message();
+  EXPECT_EQ(Keys(h.sim().GetState()), before);  // zero lost, zero duplicated
+  std::cout << "re-registered with the upgraded kubelet in " << absl::FormatDuration(took)
+            << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(To, KubeletUpgradeTest,
+                         ::testing::Values(Personality::kV1Beta1Sync,
+                                           Personality::kPluginWatcher),
+                         [](const ::testing::TestParamInfo<Personality>& i) {
+                           std::string n = sim::PersonalityName(i.param);
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace dpproxy

@@ -1,0 +1,162 @@
+#include "proxy/state/state_store.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/common/files.h"
+#include "proxy/state/state_keeper.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+
+state::State Sample() {
+  state::State s;
+  state::Resource* r = s.add_resources();
+  r->set_name("vendor.com/gpu");
+  r->set_kubelet_api("v1beta1");
+  r->mutable_backend()->set_endpoint("/var/lib/dpproxy/device-plugins/gpu.sock");
+  r->mutable_backend()->set_api_version("v1alpha2");
+  auto* d = r->add_devices();
+  d->set_id("gpu-0");
+  d->set_health("Healthy");
+  state::Allocation* a = s.add_allocations();
+  a->set_id(1);
+  a->set_resource("vendor.com/gpu");
+  a->add_device_ids("gpu-0");
+  (*a->mutable_response()->mutable_envs())["GPU"] = "gpu-0";
+  s.set_next_allocation_id(1);
+  return s;
+}
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  while (struct dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  closedir(d);
+  return out;
+}
+
+TEST(StateFileTest, RoundTrips) {
+  absl::StatusOr<state::State> back = DecodeStateFile(EncodeStateFile(Sample()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->SerializeAsString(), Sample().SerializeAsString());
+}
+
+TEST(StateFileTest, EveryKindOfDamageIsDetected) {
+  const std::string good = EncodeStateFile(Sample());
+  struct Case {
+    std::string bytes;
+    const char* reason;
+  };
+  std::string flipped = good;
+  flipped[flipped.size() - 3] ^= 0x01;
+  std::string version = good;
+  version[8] = 2;
+  std::string magic = good;
+  magic[0] = 'X';
+  const Case cases[] = {
+      {good.substr(0, 10), "truncated"},
+      {good.substr(0, good.size() - 1), "truncated or padded"},
+      {good + "x", "truncated or padded"},
+      {flipped, "checksum mismatch"},
+      {version, "unknown format version 2"},
+      {magic, "bad magic"},
+      {"", "truncated"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<state::State> s = DecodeStateFile(c.bytes);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << c.reason;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.reason));
+  }
+}
+
+TEST(FileStateStoreTest, MissingFileIsAFreshStart) {
+  testing::ShortTempDir dir;
+  FileStateStore store(dir.Sub("state.pb"));
+  absl::StatusOr<state::State> s = store.Load();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->allocations_size(), 0);
+}
+
+TEST(FileStateStoreTest, CorruptFileIsMovedAsideNotLoaded) {
+  testing::ShortTempDir dir;
+  FileStateStore store(dir.Sub("state.pb"));
+  ASSERT_TRUE(store.Save(Sample()).ok());
+  std::string bytes = *ReadFile(dir.Sub("state.pb"));
+  bytes[bytes.size() / 2] ^= 0x40;
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("state.pb"), bytes).ok());
+  absl::StatusOr<state::State> s = store.Load();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("moved aside to"));
+  EXPECT_FALSE(PathExists(dir.Sub("state.pb")));
+  std::vector<std::string> names = Names(dir.path());
+  ASSERT_EQ(names.size(), 1u);
+  EXPECT_THAT(names[0], HasSubstr("state.pb.corrupt-"));
+  EXPECT_EQ(*ReadFile(dir.Sub(names[0])), bytes);  // kept for inspection
+  // The next load is a fresh start.
+  EXPECT_TRUE(store.Load().ok());
+}
+
+TEST(FileStateStoreTest, FailedSaveKeepsThePreviousFileAndIsCounted) {
+  testing::ShortTempDir dir;
+  FileStateStore store(dir.Sub("state.pb"));
+  ASSERT_TRUE(store.Save(Sample()).ok());
+  // A directory where the temporary file must go makes the write fail.
+  ASSERT_EQ(::mkdir(dir.Sub("state.pb.tmp").c_str(), 0755), 0);
+  state::State changed = Sample();
+  changed.add_allocations()->set_id(2);
+  EXPECT_FALSE(store.Save(changed).ok());
+  EXPECT_EQ(store.save_failures(), 1);
+  absl::StatusOr<state::State> s = store.Load();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->allocations_size(), 1);
+}
+
+TEST(StateKeeperTest, RecordIsAllOrNothing) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  keeper.Load();
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("a");
+  req.add_container_requests()->add_devices_ids("b");
+  v1beta1::AllocateResponse resp;
+  resp.add_container_responses();
+  resp.add_container_responses();
+  ASSERT_TRUE(keeper.Record("vendor.com/gpu", req, resp, "v1beta1", "/s").ok());
+  EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);
+  ASSERT_EQ(::mkdir(dir.Sub("state.pb.tmp").c_str(), 0755), 0);  // saves now fail
+  EXPECT_FALSE(keeper.Record("vendor.com/gpu", req, resp, "v1beta1", "/s").ok());
+  EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);  // nothing half-recorded
+  EXPECT_TRUE(events.WaitForEvent("state_save_failed", {}, absl::Seconds(1)).has_value());
+  ::rmdir(dir.Sub("state.pb.tmp").c_str());
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  state::State s = reloaded.Load();
+  ASSERT_EQ(s.allocations_size(), 2);
+  EXPECT_EQ(s.allocations(1).device_ids(0), "b");
+  EXPECT_EQ(s.allocations(1).id(), 2u);
+}
+
+TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  keeper.Load();
+  std::vector<state::Resource> rs(1);
+  rs[0].set_name("vendor.com/gpu");
+  ASSERT_TRUE(keeper.SetResources(rs).ok());
+  std::optional<FileId> first = StatFileId(dir.Sub("state.pb"));
+  ASSERT_TRUE(keeper.SetResources(rs).ok());
+  EXPECT_EQ(StatFileId(dir.Sub("state.pb")), first);  // not rewritten
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -7,8 +7,9 @@
 
 namespace dpproxy {
 
-Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events)
-    : name_(std::move(name)), policy_(policy), events_(events) {}
+Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
+                   std::function<void()> on_change)
+    : name_(std::move(name)), policy_(policy), events_(events), on_change_(std::move(on_change)) {}
 
 Resource::~Resource() { Shutdown(); }
 
@@ -43,6 +44,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
                                {"endpoint", backend->endpoint()},
                                {"api_version", ApiVersionString(backend->api())},
                                {"replaced", old != nullptr}});
+  if (on_change_) on_change_();
   backend->Start(BackendCallbacks{
       [this, generation](const std::vector<v1beta1::Device>& d) { OnDevices(generation, d); },
       [this, generation](const std::string& why) { OnLost(generation, why); }});
@@ -112,8 +114,15 @@ void Resource::MarkAllLocked(const std::string& health) {
 }
 
 void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices) {
-  absl::MutexLock lock(&mu_);
-  if (generation != generation_) return;  // a replaced backend
+  {
+    absl::MutexLock lock(&mu_);
+    if (!OnDevicesLocked(generation, devices)) return;
+  }
+  if (on_change_) on_change_();
+}
+
+bool Resource::OnDevicesLocked(uint64_t generation, const std::vector<v1beta1::Device>& devices) {
+  if (generation != generation_) return false;  // a replaced backend
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
   PublishLocked(std::move(list));
@@ -126,6 +135,7 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
                             {"total", devices.size()},
                             {"healthy", healthy},
                             {"version", snapshot_.version}});
+  return true;
 }
 
 void Resource::OnLost(uint64_t generation, const std::string& why) {

@@ -51,8 +51,11 @@ class Resource {
         std::make_shared<const v1beta1::ListAndWatchResponse>();
   };
 
-  // `name` is the kubelet-facing name (after any rename).
-  Resource(std::string name, ResourcePolicy policy, EventLog* events);
+  // `name` is the kubelet-facing name (after any rename). `on_change`, if
+  // set, is called (without locks held) after every device-list or backend
+  // change, e.g. to save the state promptly.
+  Resource(std::string name, ResourcePolicy policy, EventLog* events,
+           std::function<void()> on_change = nullptr);
   ~Resource();
 
   const std::string& name() const { return name_; }
@@ -104,6 +107,8 @@ class Resource {
 
  private:
   void OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices);
+  bool OnDevicesLocked(uint64_t generation, const std::vector<v1beta1::Device>& devices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -111,6 +116,7 @@ class Resource {
   const std::string name_;
   const ResourcePolicy policy_;
   EventLog* const events_;
+  const std::function<void()> on_change_;
 
   absl::Mutex mu_;
   std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);

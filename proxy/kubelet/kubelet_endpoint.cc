@@ -263,7 +263,10 @@ KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& o
 
 KubeletEndpoint::~KubeletEndpoint() { Stop(); }
 
-bool KubeletEndpoint::SocketPresent() const { return PathExists(socket_path_); }
+bool KubeletEndpoint::SocketPresent() {
+  absl::MutexLock lock(&mu_);
+  return server_ != nullptr && served_id_.has_value() && StatFileId(socket_path_) == served_id_;
+}
 
 absl::Status KubeletEndpoint::Serve() {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path_));
@@ -291,8 +294,10 @@ absl::Status KubeletEndpoint::Serve() {
   builder.RegisterCallbackGenericService(services_->unknown.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
+    served_id_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));
   }
+  served_id_ = StatFileId(socket_path_);
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/server.h>
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proxy/common/event_log.h"
+#include "proxy/common/files.h"
 #include "proxy/core/resource.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
@@ -58,7 +60,10 @@ class KubeletEndpoint {
   // "dpproxy-vendor.com_gpu.sock"
   const std::string& socket_name() const { return socket_name_; }
   const std::string& socket_path() const { return socket_path_; }
-  bool SocketPresent() const;
+  // True if this endpoint serves and the file at socket_path() is the one it
+  // created (a kubelet start removes it; a crashed predecessor leaves a
+  // stale one that is not ours).
+  bool SocketPresent();
 
   // (Re)creates the server on the socket; streams of an older server end.
   absl::Status Serve();
@@ -99,6 +104,7 @@ class KubeletEndpoint {
   std::atomic<bool> stopping_{false};
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
+  std::optional<FileId> served_id_ ABSL_GUARDED_BY(mu_);
   // Separate from mu_: handlers set it while Serve() may hold mu_ and wait
   // for the handlers to finish.
   absl::Mutex negotiated_mu_;

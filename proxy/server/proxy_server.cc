@@ -171,7 +171,8 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
   auto it = entries_.find(name);
   if (it != entries_.end()) return it->second.get();
   auto e = std::make_unique<Entry>();
-  e->resource = std::make_unique<Resource>(name, config_.policy, &events_);
+  e->resource = std::make_unique<Resource>(name, config_.policy, &events_,
+                                           [this] { WakeRegistrar(); });
   e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_,
                                                   &events_, keeper_.get());
   Entry* raw = e.get();

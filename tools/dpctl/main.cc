@@ -1,0 +1,131 @@
+// dpctl: inspect dpproxy's durable state. Reads the state file directly and
+// never changes it, so it works while dpproxy is stopped (upgrade windows).
+#include <iostream>
+#include <string>
+
+#include <gflags/gflags.h>
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proxy/common/cli.h"
+#include "proxy/common/files.h"
+#include "proxy/common/kubelet_rules.h"
+#include "proxy/state/state_store.h"
+
+DEFINE_string(state_dir, "/var/lib/dpproxy", "dpproxy's --state_dir; the file is state.pb in it.");
+DEFINE_string(output, "table", "table or json.");
+
+namespace dpproxy {
+namespace {
+
+constexpr char kUsage[] = R"(dpctl: inspect dpproxy's durable state.
+
+Usage:
+  dpctl state  [--state_dir=DIR] [--output=table|json]   resources, devices, allocations
+  dpctl verify [--state_dir=DIR]                         exit 0 if the file is intact
+
+The state file is read, never written: a damaged file is reported, not moved
+(dpproxy moves it aside at its next start).
+
+Flags:
+)";
+
+std::string Age(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  absl::Duration d = absl::Now() - absl::FromUnixMillis(unix_ms);
+  return absl::FormatDuration(absl::Trunc(d, absl::Seconds(1)));
+}
+
+void PrintTable(const std::string& path, const state::State& s) {
+  std::cout << "state file " << path << ", saved "
+            << (s.saved_unix_ms() > 0 ? Age(s.saved_unix_ms()) + " ago" : std::string("never"))
+            << "\n\n";
+  std::cout << absl::StrFormat("%-28s %-26s %-9s %-9s %s\n", "RESOURCE", "KUBELET API",
+                               "BACKEND", "DEVICES", "BACKEND ENDPOINT");
+  for (const state::Resource& r : s.resources()) {
+    int healthy = 0;
+    for (const auto& d : r.devices()) healthy += d.health() == kHealthy ? 1 : 0;
+    std::cout << absl::StrFormat(
+        "%-28s %-26s %-9s %-9s %s\n", r.name(),
+        r.kubelet_api().empty() ? "(not registered)" : r.kubelet_api(),
+        r.backend().api_version().empty() ? "-" : r.backend().api_version(),
+        absl::StrFormat("%d/%d", healthy, r.devices_size()),
+        r.backend().endpoint().empty() ? "-" : r.backend().endpoint());
+  }
+  std::cout << "\n" << s.allocations_size() << " allocation(s)\n";
+  if (s.allocations_size() == 0) return;
+  std::cout << absl::StrFormat("%-6s %-24s %-30s %-32s %-9s %s\n", "ID", "RESOURCE", "DEVICES",
+                               "POD / CONTAINER", "BACKEND", "AGE");
+  for (const state::Allocation& a : s.allocations()) {
+    std::string holder = a.pod_name().empty()
+                             ? std::string("(not yet reconciled)")
+                             : absl::StrCat(a.pod_namespace(), "/", a.pod_name(), " / ",
+                                            a.container());
+    std::cout << absl::StrFormat("%-6d %-24s %-30s %-32s %-9s %s\n", a.id(), a.resource(),
+                                 absl::StrJoin(a.device_ids(), ","), holder, a.backend_api(),
+                                 Age(a.allocated_unix_ms()));
+  }
+}
+
+int Run(const std::string& command) {
+  const std::string path = JoinPath(FLAGS_state_dir, "state.pb");
+  absl::StatusOr<std::string> bytes = ReadFile(path);
+  if (!bytes.ok()) {
+    std::cerr << "dpctl: cannot read " << path << ": " << bytes.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<state::State> s = DecodeStateFile(*bytes);
+  if (!s.ok()) {
+    std::cerr << "dpctl: " << path << " is not trusted: " << s.status().message() << "\n";
+    return 1;
+  }
+  if (command == "verify") {
+    std::cout << path << ": intact, format " << kStateFormatVersion << ", "
+              << s->resources_size() << " resource(s), " << s->allocations_size()
+              << " allocation(s)\n";
+    return 0;
+  }
+  if (FLAGS_output == "json") {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = true;
+    o.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(*s, &out, o);
+    std::cout << out << "\n";
+    return 0;
+  }
+  if (FLAGS_output != "table") {
+    std::cerr << "dpctl: --output=" << FLAGS_output << " is not table or json\n";
+    return 2;
+  }
+  PrintTable(path, *s);
+  return 0;
+}
+
+}  // namespace
+}  // namespace dpproxy
+
+int main(int argc, char** argv) {
+  std::string command = "state";
+  if (argc >= 2 && argv[1][0] != '-') {
+    command = argv[1];
+    dpproxy::ShiftArgs(&argc, argv);
+  }
+  if (dpproxy::WantsHelp(argc, argv) || command == "help") {
+    std::cout << dpproxy::kUsage << dpproxy::FlagsHelp({"tools/dpctl/main.cc"});
+    return 0;
+  }
+  if (command != "state" && command != "verify") {
+    std::cerr << "dpctl: unknown subcommand \"" << command << "\"; see dpctl --help\n";
+    return 2;
+  }
+  dpproxy::NormalizeFlagDashes(argc, argv);
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::cerr << "dpctl: unexpected argument \"" << argv[1] << "\"; see dpctl --help\n";
+    return 2;
+  }
+  return dpproxy::Run(command);
+}

@@ -67,6 +67,12 @@ DEFINE_string(restore_policy, "trust",
               "until their backend is back: trust (their remembered health, for\n"
               "--restore_hold) or unhealthy. See docs/configuration.md for the trade-off.");
 DEFINE_string(restore_hold, "5m", "How long --restore_policy=trust trusts remembered health.");
+DEFINE_string(reconcile_interval, "1m",
+              "How often to read the kubelet's pod-resources API to learn which pod holds\n"
+              "each allocation and release journal entries of pods that are gone (also\n"
+              "shortly after start). 0s turns it off.");
+DEFINE_string(reconcile_grace, "5m",
+              "Journal entries younger than this are never released by reconciliation.");
 
 namespace dpproxy {
 namespace {
@@ -177,6 +183,14 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--restore_policy=", FLAGS_restore_policy, " is not trust or unhealthy"));
     }
+  }
+  if (set("reconcile_interval")) {
+    DPP_ASSIGN_OR_RETURN(c->reconcile_interval,
+                         ParseFlagDuration("reconcile_interval", FLAGS_reconcile_interval));
+  }
+  if (set("reconcile_grace")) {
+    DPP_ASSIGN_OR_RETURN(c->reconcile_grace,
+                         ParseFlagDuration("reconcile_grace", FLAGS_reconcile_grace));
   }
   if (set("restore_hold")) {
     DPP_ASSIGN_OR_RETURN(c->restore_hold, ParseFlagDuration("restore_hold", FLAGS_restore_hold));

@@ -92,7 +92,7 @@ class Reader {
 absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
-                      {"kubelet", "plugin_dir", "status_file", "state_dir", "restore",
+                      {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
                        "timeouts", "backend_loss", "cdi_annotations", "renames", "backends"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
@@ -124,6 +124,13 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       c->restore_policy = v == "trust" ? RestorePolicy::kTrust : RestorePolicy::kUnhealthy;
     }
     if (rs["hold"]) DPP_CFG(r.Duration(rs["hold"], "restore.hold", &c->restore_hold));
+  }
+  if (const YAML::Node rc = root["reconcile"]) {
+    DPP_CFG(r.CheckKeys(rc, "reconcile", {"interval", "grace"}));
+    if (rc["interval"]) {
+      DPP_CFG(r.Duration(rc["interval"], "reconcile.interval", &c->reconcile_interval));
+    }
+    if (rc["grace"]) DPP_CFG(r.Duration(rc["grace"], "reconcile.grace", &c->reconcile_grace));
   }
   if (const YAML::Node t = root["timeouts"]) {
     DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));

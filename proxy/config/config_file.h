@@ -14,6 +14,7 @@
 //   status_file: /var/lib/dpproxy/status.json
 //   state_dir: /var/lib/dpproxy
 //   restore: {policy: trust, hold: 5m}             # trust | unhealthy
+//   reconcile: {interval: 1m, grace: 5m}
 //   timeouts: {backend: 30s, dial: 10s}
 //   backend_loss: {policy: unhealthy, hold: 30s}   # unhealthy | hold
 //   cdi_annotations: false

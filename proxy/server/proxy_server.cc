@@ -2,10 +2,18 @@
 
 #include <unistd.h>
 
+#include <grpcpp/client_context.h>
 #include <glog/logging.h>
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_join.h"
+#include "proto/podresources/api.grpc.pb.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proxy/common/grpc_util.h"
 #include "proxy/common/kubelet_rules.h"
 #include "proxy/common/status_util.h"
 
@@ -126,6 +134,9 @@ absl::Status ProxyServer::Start() {
     stop_ = false;
   }
   registrar_ = std::thread([this] { RegistrarLoop(); });
+  if (keeper_ && config_.reconcile_interval > absl::ZeroDuration()) {
+    reconciler_ = std::thread([this] { ReconcileLoop(); });
+  }
   const std::string watch_dir =
       config_.kubelet.registration == KubeletRegistration::kPluginWatcher
           ? JoinPath(config_.kubelet.kubelet_root, "plugins_registry")
@@ -152,6 +163,7 @@ void ProxyServer::Shutdown() {
     stop_ = true;
   }
   if (registrar_.joinable()) registrar_.join();
+  if (reconciler_.joinable()) reconciler_.join();
   if (registration_) registration_->Stop();
   std::map<std::string, std::unique_ptr<Entry>> entries;
   {
@@ -228,6 +240,95 @@ void ProxyServer::RegistrarLoop() {
     PersistResources();
     WriteStatusIfChanged();
   }
+}
+
+void ProxyServer::ReconcileLoop() {
+  // First pass soon after start (the kubelet may be starting too), then
+  // every interval.
+  absl::Duration wait = std::min(absl::Seconds(10), config_.reconcile_interval);
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool { return stop_; };
+      if (wake_mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
+    }
+    absl::Status s = ReconcileOnce();
+    if (!s.ok()) VLOG(1) << "reconciliation skipped: " << s.message();
+    wait = config_.reconcile_interval;
+  }
+}
+
+absl::Status ProxyServer::ReconcileOnce() {
+  if (!keeper_) return absl::FailedPreconditionError("no state directory");
+  const std::string socket = JoinPath(
+      JoinPath(config_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+  if (!PathExists(socket)) {
+    return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
+  }
+  auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::ListPodResourcesResponse list;
+  grpc::Status st = stub->List(&ctx, v1::ListPodResourcesRequest(), &list);
+  if (!st.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("pod-resources List failed: ", DescribeGrpcStatus(st)));
+  }
+  // Who holds which devices, per resource: "resource\0sorted ids" -> holder.
+  struct Holder {
+    std::string ns, pod, container;
+  };
+  auto key = [](const std::string& resource, std::vector<std::string> ids) {
+    std::sort(ids.begin(), ids.end());
+    return absl::StrCat(resource, std::string(1, '\0'), absl::StrJoin(ids, ","));
+  };
+  std::map<std::string, Holder> held;
+  for (const auto& pod : list.pod_resources()) {
+    for (const auto& c : pod.containers()) {
+      for (const auto& d : c.devices()) {
+        held[key(d.resource_name(), {d.device_ids().begin(), d.device_ids().end()})] =
+            Holder{pod.namespace_(), pod.name(), c.name()};
+      }
+    }
+  }
+  state::State st_now = keeper_->Snapshot();
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::set<std::string> matched;  // device sets already given to a newer entry
+  std::vector<uint64_t> release;
+  std::set<uint64_t> missing;
+  int annotated = 0;
+  // Newest first: when a device set was allocated several times, the newest
+  // entry is the one a running pod holds.
+  for (int i = st_now.allocations_size() - 1; i >= 0; --i) {
+    const state::Allocation& a = st_now.allocations(i);
+    const std::string k = key(a.resource(), {a.device_ids().begin(), a.device_ids().end()});
+    auto h = held.find(k);
+    if (h != held.end() && matched.insert(k).second) {
+      if (keeper_->Annotate(a.id(), h->second.ns, h->second.pod, h->second.container).ok()) {
+        ++annotated;
+      }
+      continue;
+    }
+    const bool old_enough =
+        now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(config_.reconcile_grace);
+    if (!old_enough) continue;
+    if (missing_once_.count(a.id()) > 0) {
+      release.push_back(a.id());
+    } else {
+      missing.insert(a.id());
+    }
+  }
+  missing_once_ = std::move(missing);
+  if (!release.empty()) {
+    LOG(INFO) << "reconciliation: releasing " << release.size()
+              << " journal entries whose pods are gone";
+    DPP_RETURN_IF_ERROR(keeper_->Release(release));
+  }
+  events_.Emit("reconciled", {{"pods", list.pod_resources_size()},
+                              {"annotated", annotated},
+                              {"released", release.size()},
+                              {"missing_once", missing_once_.size()}});
+  return absl::OkStatus();
 }
 
 void ProxyServer::RestoreState() {

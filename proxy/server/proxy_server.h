@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +69,13 @@ struct ProxyConfig {
   std::string state_dir;
   RestorePolicy restore_policy = RestorePolicy::kTrust;
   absl::Duration restore_hold = absl::Minutes(5);
+  // Reconciliation with the kubelet's pod-resources API
+  // (<kubelet_root>/pod-resources/kubelet.sock): shortly after start and
+  // then every interval; 0 turns it off. Journal entries whose devices no
+  // pod holds in two consecutive answers, and that are older than the grace,
+  // are released.
+  absl::Duration reconcile_interval = absl::Minutes(1);
+  absl::Duration reconcile_grace = absl::Minutes(5);
 };
 
 // kInvalidArgument naming the field and the problem.
@@ -89,6 +97,9 @@ class ProxyServer {
   LossCounter& losses() { return losses_; }
   // The durable state (nullptr without a state_dir).
   StateKeeper* state() { return keeper_.get(); }
+  // One reconciliation pass now (also run periodically). kUnavailable if
+  // the pod-resources API did not answer (nothing is released then).
+  absl::Status ReconcileOnce();
   // Where vendor plugins register.
   std::string backend_registration_socket() const;
   // Resources, negotiated versions, backends, devices, lossy counters.
@@ -119,6 +130,7 @@ class ProxyServer {
   void WriteStatusIfChanged();
   void RestoreState();
   void PersistResources();
+  void ReconcileLoop();
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
@@ -135,6 +147,9 @@ class ProxyServer {
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread registrar_;
+  std::thread reconciler_;
+  // Allocation ids missing from the last successful List (reconciler only).
+  std::set<uint64_t> missing_once_;
   std::string last_status_;  // registrar thread only
 };
 

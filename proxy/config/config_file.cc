@@ -93,7 +93,8 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
-                       "timeouts", "backend_loss", "cdi_annotations", "renames", "backends"}));
+                       "timeouts", "backend_loss", "cdi_annotations", "renames", "id_maps",
+                       "backends"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
     if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
@@ -158,6 +159,19 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       const std::string from = kv.first.as<std::string>();
       DPP_CFG(r.String(kv.second, absl::StrCat("renames.", from), &to));
       c->renames[from] = to;
+    }
+  }
+  if (const YAML::Node maps = root["id_maps"]) {
+    if (!maps.IsMap()) return r.Error(maps, "id_maps", "must be a mapping RESOURCE: {BACKEND_ID: ID}");
+    for (const auto& rm : maps) {
+      const std::string resource = rm.first.as<std::string>();
+      const std::string path = absl::StrCat("id_maps.", resource);
+      if (!rm.second.IsMap()) return r.Error(rm.second, path, "must be a mapping BACKEND_ID: ID");
+      for (const auto& kv : rm.second) {
+        std::string to;
+        DPP_CFG(r.String(kv.second, absl::StrCat(path, ".", kv.first.as<std::string>()), &to));
+        c->id_maps[resource][kv.first.as<std::string>()] = to;
+      }
     }
   }
   if (const YAML::Node list = root["backends"]) {

@@ -19,6 +19,8 @@
 //   backend_loss: {policy: unhealthy, hold: 30s}   # unhealthy | hold
 //   cdi_annotations: false
 //   renames: {legacy.example.com/gpu: vendor.com/gpu}
+//   id_maps:                                        # backend ID -> kubelet ID
+//     vendor.com/gpu: {GPU-1a2b...: "0", GPU-3c4d...: "1"}
 //   backends:
 //     - {resource: vendor.com/nic, endpoint: /run/nic/plugin.sock, api: auto}
 #ifndef DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_

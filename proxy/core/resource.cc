@@ -2,14 +2,17 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 #include "proxy/common/kubelet_rules.h"
 
 namespace dpproxy {
 
 Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
-                   std::function<void()> on_change)
-    : name_(std::move(name)), policy_(policy), events_(events), on_change_(std::move(on_change)) {}
+                   ResourceHooks hooks)
+    : name_(std::move(name)), policy_(std::move(policy)), events_(events),
+      hooks_(std::move(hooks)) {}
 
 Resource::~Resource() { Shutdown(); }
 
@@ -44,7 +47,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
                                {"endpoint", backend->endpoint()},
                                {"api_version", ApiVersionString(backend->api())},
                                {"replaced", old != nullptr}});
-  if (on_change_) on_change_();
+  if (hooks_.on_change) hooks_.on_change();
   backend->Start(BackendCallbacks{
       [this, generation](const std::vector<v1beta1::Device>& d) { OnDevices(generation, d); },
       [this, generation](const std::string& why) { OnLost(generation, why); }});
@@ -118,11 +121,50 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
     absl::MutexLock lock(&mu_);
     if (!OnDevicesLocked(generation, devices)) return;
   }
-  if (on_change_) on_change_();
+  if (hooks_.on_change) hooks_.on_change();
 }
 
-bool Resource::OnDevicesLocked(uint64_t generation, const std::vector<v1beta1::Device>& devices) {
+bool Resource::OnDevicesLocked(uint64_t generation,
+                               const std::vector<v1beta1::Device>& backend_devices) {
   if (generation != generation_) return false;  // a replaced backend
+  // The kubelet's names for the backend's devices.
+  std::vector<v1beta1::Device> devices;
+  std::map<std::string, std::string> to_backend;
+  for (const auto& b : backend_devices) {
+    v1beta1::Device d = b;
+    auto m = policy_.id_map.find(b.id());
+    if (m != policy_.id_map.end()) {
+      d.set_id(m->second);
+      to_backend[m->second] = b.id();
+    }
+    devices.push_back(std::move(d));
+  }
+  // Devices the kubelet knew that the backend no longer reports are never
+  // silently renamed or dropped while an allocation holds them: they stay,
+  // Unhealthy. Others are dropped, as a kubelet would.
+  std::vector<std::string> kept, dropped;
+  for (const auto& old : reported_) {
+    bool still = std::any_of(devices.begin(), devices.end(),
+                             [&](const v1beta1::Device& d) { return d.id() == old.id(); });
+    if (still) continue;
+    if (hooks_.is_allocated && hooks_.is_allocated(old.id())) {
+      v1beta1::Device d = old;
+      d.set_health(std::string(kUnhealthy));
+      devices.push_back(std::move(d));
+      kept.push_back(old.id());
+    } else {
+      dropped.push_back(old.id());
+    }
+  }
+  if (!kept.empty() || !dropped.empty()) {
+    LOG(WARNING) << "resource " << name_ << ": the backend no longer reports "
+                 << kept.size() + dropped.size() << " device(s); " << kept.size()
+                 << " held by allocations stay listed as Unhealthy, " << dropped.size()
+                 << " are dropped";
+    events_->Emit("devices_vanished", {{"resource", name_}, {"kept_unhealthy", kept},
+                                       {"dropped", dropped}});
+  }
+  to_backend_ = std::move(to_backend);
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
   PublishLocked(std::move(list));
@@ -136,6 +178,17 @@ bool Resource::OnDevicesLocked(uint64_t generation, const std::vector<v1beta1::D
                             {"healthy", healthy},
                             {"version", snapshot_.version}});
   return true;
+}
+
+std::string Resource::ToBackendId(const std::string& kubelet_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = to_backend_.find(kubelet_id);
+  return it == to_backend_.end() ? kubelet_id : it->second;
+}
+
+std::string Resource::ToKubeletId(const std::string& backend_id) {
+  auto m = policy_.id_map.find(backend_id);
+  return m == policy_.id_map.end() ? backend_id : m->second;
 }
 
 void Resource::OnLost(uint64_t generation, const std::string& why) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,18 @@ enum class LossPolicy {
 struct ResourcePolicy {
   LossPolicy loss_policy = LossPolicy::kUnhealthy;
   absl::Duration hold = absl::ZeroDuration();
+  // Backend device ID -> the ID the kubelet sees, for a backend that names
+  // devices differently from its predecessor (indexes vs UUIDs). IDs not in
+  // the map pass through unchanged.
+  std::map<std::string, std::string> id_map;
+};
+
+struct ResourceHooks {
+  // Called (without locks held) after every device-list or backend change.
+  std::function<void()> on_change;
+  // Whether a device is held by an allocation in the journal: a device the
+  // backend stops reporting stays listed (Unhealthy) while it is.
+  std::function<bool(const std::string& id)> is_allocated;
 };
 
 class Resource {
@@ -51,11 +64,9 @@ class Resource {
         std::make_shared<const v1beta1::ListAndWatchResponse>();
   };
 
-  // `name` is the kubelet-facing name (after any rename). `on_change`, if
-  // set, is called (without locks held) after every device-list or backend
-  // change, e.g. to save the state promptly.
+  // `name` is the kubelet-facing name (after any rename).
   Resource(std::string name, ResourcePolicy policy, EventLog* events,
-           std::function<void()> on_change = nullptr);
+           ResourceHooks hooks = ResourceHooks());
   ~Resource();
 
   const std::string& name() const { return name_; }
@@ -80,6 +91,11 @@ class Resource {
 
   // True if `id` is in the current device list.
   bool HasDevice(const std::string& id);
+
+  // Device IDs between the kubelet's names and the current backend's (see
+  // ResourcePolicy::id_map). Unknown IDs pass through.
+  std::string ToBackendId(const std::string& kubelet_id);
+  std::string ToKubeletId(const std::string& backend_id);
 
   // Restores a remembered device list after a proxy restart, before any
   // backend is back: the devices keep their remembered health for
@@ -116,7 +132,7 @@ class Resource {
   const std::string name_;
   const ResourcePolicy policy_;
   EventLog* const events_;
-  const std::function<void()> on_change_;
+  const ResourceHooks hooks_;
 
   absl::Mutex mu_;
   std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
@@ -130,6 +146,8 @@ class Resource {
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
   std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
+  // Kubelet ID -> current backend's ID, for the mapped devices it reports.
+  std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -53,6 +53,15 @@ grpc::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
   return grpc::Status::OK;
 }
 
+// The request with the kubelet's device IDs renamed to the backend's.
+v1beta1::AllocateRequest ToBackendIds(Resource* r, const v1beta1::AllocateRequest& req) {
+  v1beta1::AllocateRequest out = req;
+  for (auto& c : *out.mutable_container_requests()) {
+    for (auto& id : *c.mutable_devices_ids()) id = r->ToBackendId(id);
+  }
+  return out;
+}
+
 grpc::Status NoBackend(Resource* r) {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       absl::StrCat("no backend is connected for resource ", r->name(),
@@ -92,10 +101,19 @@ class KubeletEndpoint::Services {
                                         v1beta1::PreferredAllocationResponse* resp) override {
       std::shared_ptr<Backend> b = e_->resource()->backend();
       if (b == nullptr) return NoBackend(e_->resource());
+      Resource* res = e_->resource();
+      v1beta1::PreferredAllocationRequest breq = *req;
+      for (auto& c : *breq.mutable_container_requests()) {
+        for (auto& id : *c.mutable_available_deviceids()) id = res->ToBackendId(id);
+        for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
+      }
       absl::StatusOr<v1beta1::PreferredAllocationResponse> r =
-          b->GetPreferredAllocation(*req, e_->options().backend_timeout);
+          b->GetPreferredAllocation(breq, e_->options().backend_timeout);
       if (!r.ok()) return ToGrpcStatus(r.status());
       *resp = *std::move(r);
+      for (auto& c : *resp->mutable_container_responses()) {
+        for (auto& id : *c.mutable_deviceids()) id = res->ToKubeletId(id);
+      }
       return grpc::Status::OK;
     }
 
@@ -105,7 +123,7 @@ class KubeletEndpoint::Services {
       std::shared_ptr<Backend> b = e_->resource()->backend();
       if (b == nullptr) return NoBackend(e_->resource());
       absl::StatusOr<v1beta1::AllocateResponse> r =
-          b->Allocate(*req, e_->options().backend_timeout);
+          b->Allocate(ToBackendIds(e_->resource(), *req), e_->options().backend_timeout);
       if (!r.ok()) return ToGrpcStatus(r.status());
       if (grpc::Status s = e_->Journal(*req, *r, *b); !s.ok()) return s;
       *resp = *std::move(r);
@@ -129,7 +147,9 @@ class KubeletEndpoint::Services {
                                    v1beta1::PreStartContainerResponse*) override {
       std::shared_ptr<Backend> b = e_->resource()->backend();
       if (b == nullptr) return NoBackend(e_->resource());
-      return ToGrpcStatus(b->PreStartContainer(*req, e_->options().backend_timeout));
+      v1beta1::PreStartContainerRequest breq = *req;
+      for (auto& id : *breq.mutable_devices_ids()) id = e_->resource()->ToBackendId(id);
+      return ToGrpcStatus(b->PreStartContainer(breq, e_->options().backend_timeout));
     }
 
    private:
@@ -158,13 +178,15 @@ class KubeletEndpoint::Services {
       if (b == nullptr) return NoBackend(e_->resource());
       const absl::Time deadline = absl::Now() + e_->options().backend_timeout;
       absl::StatusOr<v1beta1::AllocateResponse> r =
-          b->Allocate(breq, e_->options().backend_timeout);
+          b->Allocate(ToBackendIds(e_->resource(), breq), e_->options().backend_timeout);
       if (!r.ok()) return ToGrpcStatus(r.status());
       // A 1.9 kubelet never calls PreStartContainer: if the backend needs
       // it, the proxy calls it right after Allocate.
       if (b->options().pre_start_required()) {
         v1beta1::PreStartContainerRequest pre;
-        for (const std::string& id : req->devicesids()) pre.add_devices_ids(id);
+        for (const std::string& id : req->devicesids()) {
+          pre.add_devices_ids(e_->resource()->ToBackendId(id));
+        }
         absl::Status s = b->PreStartContainer(pre, std::max(absl::Milliseconds(1),
                                                             deadline - absl::Now()));
         if (!s.ok()) return ToGrpcStatus(s);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_join.h"
 #include "proto/podresources/api.grpc.pb.h"
@@ -63,6 +64,22 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
     if (absl::Status s = ValidateResourceName(to); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rename ", from, " -> ", to, ": ", s.message()));
+    }
+  }
+  for (const auto& [resource, map] : c.id_maps) {
+    if (absl::Status s = ValidateResourceName(resource); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("id map: ", s.message()));
+    }
+    std::set<std::string> targets;
+    for (const auto& [from, to] : map) {
+      if (from.empty() || to.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("id map of ", resource, ": device IDs must not be empty"));
+      }
+      if (!targets.insert(to).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "id map of ", resource, ": two backend devices map to \"", to, "\""));
+      }
     }
   }
   for (const StaticBackendConfig& b : c.static_backends) {
@@ -183,8 +200,16 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
   auto it = entries_.find(name);
   if (it != entries_.end()) return it->second.get();
   auto e = std::make_unique<Entry>();
-  e->resource = std::make_unique<Resource>(name, config_.policy, &events_,
-                                           [this] { WakeRegistrar(); });
+  ResourcePolicy policy = config_.policy;
+  auto m = config_.id_maps.find(name);
+  if (m != config_.id_maps.end()) policy.id_map = m->second;
+  ResourceHooks hooks;
+  hooks.on_change = [this] { WakeRegistrar(); };
+  StateKeeper* keeper = keeper_.get();
+  hooks.is_allocated = [keeper, name](const std::string& id) {
+    return keeper != nullptr && keeper->HoldsDevice(name, id);
+  };
+  e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_,
                                                   &events_, keeper_.get());
   Entry* raw = e.get();

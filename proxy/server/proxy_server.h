@@ -62,6 +62,8 @@ struct ProxyConfig {
   ResourcePolicy policy;
   // Backend resource name -> name toward the kubelet.
   std::map<std::string, std::string> renames;
+  // Kubelet-facing resource -> (backend device ID -> kubelet device ID).
+  std::map<std::string, std::map<std::string, std::string>> id_maps;
   std::vector<StaticBackendConfig> static_backends;
   // Status() as JSON, rewritten (atomically) whenever it changes; "" = none.
   std::string status_file;

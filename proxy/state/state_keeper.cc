@@ -126,6 +126,17 @@ absl::Status StateKeeper::Annotate(uint64_t id, const std::string& pod_namespace
   return absl::NotFoundError(absl::StrCat("no allocation ", id));
 }
 
+bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  for (const state::Allocation& a : state_.allocations()) {
+    if (a.resource() != resource) continue;
+    for (const std::string& d : a.device_ids()) {
+      if (d == id) return true;
+    }
+  }
+  return false;
+}
+
 state::State StateKeeper::Snapshot() {
   absl::MutexLock lock(&mu_);
   return state_;

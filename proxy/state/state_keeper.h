@@ -58,6 +58,8 @@ class StateKeeper : public AllocationJournal {
                         const std::string& pod_name, const std::string& container);
 
   state::State Snapshot();
+  // Whether an allocation of `resource` in the journal names device `id`.
+  bool HoldsDevice(const std::string& resource, const std::string& id);
   const std::string& path() const { return store_.path(); }
   int64_t save_failures() const { return store_.save_failures(); }
 

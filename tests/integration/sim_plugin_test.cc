@@ -86,6 +86,8 @@ class Harness {
 
   void StopPlugins() { plugins_.clear(); }
 
+  // Never from a temporary State: the pointer would dangle.
+  const sim::ResourceState* Resource(sim::State&& st, const std::string& name) = delete;
   const sim::ResourceState* Resource(const sim::State& st, const std::string& name) {
     for (const auto& r : st.resources()) {
       if (r.name() == name) return &r;

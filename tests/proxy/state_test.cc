@@ -103,7 +103,8 @@ TEST_P(NodeRebootTest, RestorePolicyDecidesReadmission) {
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.proxy().events().WaitForEvent("resource_restored", {{"resource", kGpu}}, kWait));
   ASSERT_TRUE(h.WaitFor([&] {
-    const auto* r = h.Resource(h.sim().GetState(), kGpu);
+    const sim::State st = h.sim().GetState();
+    const auto* r = h.Resource(st, kGpu);
     return r != nullptr && r->connected() && r->capacity() == 4;
   }));  // registered with the remembered devices before any backend
   sim::ReadmitResponse r = h.sim().Readmit();
@@ -200,6 +201,79 @@ TEST(ReconcileTest, YoungEntriesAreNeverReleased) {
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 1);
+}
+
+// A plugin swap during an upgrade: a v1alpha plugin naming devices gpu-N is
+// replaced by a v1beta1 plugin naming them by UUID, under running pods.
+TEST(SwapTest, IdMapKeepsKubeletIdsStableAcrossAVersionSwap) {
+  sample::SamplePluginOptions uuid_opts;
+  uuid_opts.resource = kGpu;
+  uuid_opts.devices = 4;
+  uuid_opts.id_pattern = "{uuid}";
+  const std::vector<std::string> uuids = sample::DeviceIds(uuid_opts);
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
+    for (int i = 0; i < 4; ++i) c.id_maps[kGpu][uuids[i]] = absl::StrCat("gpu-", i);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("before", {{"main", 2}})).ok());
+  const size_t mark = h.sim().events().Size();
+
+  h.StopPlugins();
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.id_pattern = "{uuid}";
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  sim::State st = h.sim().GetState();
+  std::set<std::string> ids;
+  for (const auto& d : h.Resource(st, kGpu)->devices()) ids.insert(d.id());
+  EXPECT_EQ(ids, (std::set<std::string>{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}));  // stable
+  // One uninterrupted registration toward the kubelet.
+  EXPECT_FALSE(h.sim().events().WaitForEvent("plugin_lost", {}, absl::ZeroDuration(), mark));
+  EXPECT_FALSE(h.sim().events().WaitForEvent("registered", {}, absl::ZeroDuration(), mark));
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_TRUE(r.results(0).admitted()) << r.results(0).message();
+  // New allocations reach the new plugin under its own names.
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("after", {{"main", 1}}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string kubelet_id = a->allocations(0).device_ids(0);
+  const int index = kubelet_id.back() - '0';
+  EXPECT_EQ(a->allocations(0).response().envs().at("SAMPLE_GPU_DEVICES"), uuids[index]);
+}
+
+TEST(SwapTest, VanishedDevicesStayUnhealthyWhileAllocatedOthersAreDropped) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  sim::AllocateRequest req = Pod("holds-gpu-3", {});
+  auto* c = req.add_containers();
+  c->set_name("main");
+  c->set_resource(kGpu);
+  c->add_device_ids("gpu-3");
+  ASSERT_TRUE(h.sim().Allocate(req).ok());
+
+  h.StopPlugins();
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.devices = 2;  // the new plugin knows gpu-0 and gpu-1 only
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.WaitFor([&] {
+    const sim::State st = h.sim().GetState();
+    const auto* r = h.Resource(st, kGpu);
+    return r != nullptr && r->capacity() == 3 && r->allocatable() == 2;
+  }));
+  EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-3"), "Unhealthy");  // held: kept, not renamed
+  EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-2"), "");           // not held: dropped
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_vanished", {{"resource", kGpu}}, kWait));
+  // The kubelet's rule now reports the truth for the pod on the vanished device.
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_FALSE(r.results(0).admitted());
+  EXPECT_THAT(r.results(0).message(), HasSubstr("previously allocated devices are no longer healthy"));
 }
 
 // Kubelet upgrade: a 1.9 kubelet with running allocations is replaced by a

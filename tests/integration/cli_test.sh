@@ -7,6 +7,7 @@ RUNFILES="${TEST_SRCDIR:-$PWD/..}/dpproxy"
 SIM="$RUNFILES/tools/kubelet_sim/kubelet_sim"
 PLUGIN="$RUNFILES/tools/sample_plugin/sample_plugin"
 PROXY="$RUNFILES/proxy/dpproxy"
+DPCTL="$RUNFILES/tools/dpctl/dpctl"
 DIR="$(mktemp -d /tmp/dpp.XXXXXX)"
 ROOT="$DIR/k"
 FAILURES=0
@@ -157,6 +158,32 @@ kill -TERM "$PROXY_PID"; wait "$PROXY_PID"; rc=$?
 grep -q '"event":"proxy_stopped"' "$R2/proxy.jsonl" && pass "proxy_stopped event" || fail "no proxy_stopped event"
 [[ ! -e "$R2/status.json" ]] && pass "status file removed on stop" || fail "status file left behind"
 kill -TERM "$P2" "$SIM2"; wait "$P2" "$SIM2" 2>/dev/null
+
+# dpctl reads the state dpproxy left behind, without dpproxy running.
+expect_exit "dpctl verify" 0 "$DPCTL" verify --state_dir="$R2/state"
+expect_contains "dpctl verify counts" "$LAST_OUT" "1 allocation(s)"
+expect_exit "dpctl state table" 0 "$DPCTL" state --state_dir="$R2/state"
+expect_contains "dpctl table lists the resource" "$LAST_OUT" "vendor.com/gpu"
+expect_contains "dpctl table lists the allocation" "$LAST_OUT" "dev-0,dev-1"
+expect_exit "dpctl state json" 0 "$DPCTL" state --state_dir="$R2/state" --output=json
+expect_contains "dpctl json" "$LAST_OUT" '"backend_api": "v1alpha2"'
+help="$("$DPCTL" --help)"
+for flag in state_dir output; do
+  expect_contains "dpctl --help lists --$flag" "$help" "--$flag ("
+done
+# A damaged file is refused by dpctl (and left in place) ...
+printf 'X' | dd of="$R2/state/state.pb" bs=1 seek=40 conv=notrunc status=none
+expect_exit "dpctl verify damaged" 1 "$DPCTL" verify --state_dir="$R2/state"
+expect_contains "dpctl names the damage" "$LAST_OUT" "checksum mismatch"
+[[ -e "$R2/state/state.pb" ]] && pass "dpctl leaves the damaged file alone" || fail "dpctl moved the file"
+# ... and moved aside by dpproxy at start, which starts from nothing.
+"$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --state-dir="$R2/state" --status-file= \
+  --events="$R2/proxy2.jsonl" 2>"$R2/proxy2.log" &
+PROXY3=$!; PIDS+=($PROXY3)
+for _ in $(seq 100); do grep -q state_untrusted "$R2/proxy2.jsonl" 2>/dev/null && break; sleep 0.05; done
+expect_contains "dpproxy reports the untrusted state" "$(cat "$R2/proxy2.log")" "is not trusted (checksum mismatch); moved aside to"
+ls "$R2/state" | grep -q "state.pb.corrupt-" && pass "damaged state kept aside" || fail "no .corrupt- file"
+kill -TERM "$PROXY3"; wait "$PROXY3"
 
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

@@ -73,6 +73,33 @@ TEST(StateTest, EveryAnsweredAllocationIsJournaled) {
   }));
 }
 
+TEST(StateTest, ProxyRestartLosesAndDuplicatesNothing) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha));
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"x", 1}, {"y", 2}})).ok());
+  const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
+  ASSERT_EQ(before.size(), 2u);
+
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  // Restored from disk at once, then confirmed by the plugin, which
+  // registered again because the proxy cleaned its directory.
+  EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
+  ASSERT_TRUE(h.WaitFor([&] { return p->Status().registrations() == 2; }));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 2);
+  for (const auto& res : r.results()) EXPECT_TRUE(res.admitted()) << res.message();
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"z", 1}})).ok());
+  std::multiset<std::string> after = Keys(h.proxy().state()->Snapshot());
+  EXPECT_EQ(after.size(), 3u);
+  EXPECT_EQ(after, Keys(h.sim().GetState()));  // the journal matches the kubelet's view
+}
+
 // Node reboot: kubelet, proxy and plugin all restart; the kubelet re-admits
 // running pods before the plugin is back.
 class NodeRebootTest : public ::testing::TestWithParam<RestorePolicy> {};

@@ -22,6 +22,7 @@
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
 #include "tests/testing/raw_clients.h"
+#include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 #include "tools/sample_plugin/sample_plugin.h"
@@ -42,6 +43,11 @@ using ::testing::UnorderedElementsAre;
 
 constexpr absl::Duration kWait = absl::Seconds(10);
 constexpr char kGpu[] = "vendor.com/gpu";
+
+sim::AllocateRequest Pod(const std::string& name,
+                         const std::vector<std::pair<std::string, int>>& containers) {
+  return testing::PodRequest(name, containers, kGpu);
+}
 
 struct Pair {
   Personality personality;
@@ -89,31 +95,17 @@ class Harness {
   // Never from a temporary State: the pointer would dangle.
   const sim::ResourceState* Resource(sim::State&& st, const std::string& name) = delete;
   const sim::ResourceState* Resource(const sim::State& st, const std::string& name) {
-    for (const auto& r : st.resources()) {
-      if (r.name() == name) return &r;
-    }
-    return nullptr;
+    return testing::FindResource(st, name);
   }
 
   // Waits until `pred(state)` holds.
   bool WaitState(const std::function<bool(const sim::State&)>& pred,
                  absl::Duration timeout = kWait) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (pred(sim_->GetState())) return true;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return pred(sim_->GetState());
+    return testing::WaitUntil([&] { return pred(sim_->GetState()); }, timeout);
   }
 
   std::string DeviceHealth(const std::string& id) {
-    sim::State st = sim_->GetState();
-    const sim::ResourceState* r = Resource(st, kGpu);
-    if (r == nullptr) return "";
-    for (const auto& d : r->devices()) {
-      if (d.id() == id) return d.health();
-    }
-    return "";
+    return testing::KubeletHealth(*sim_, kGpu, id);
   }
 
  private:
@@ -121,23 +113,6 @@ class Harness {
   std::unique_ptr<KubeletSim> sim_;
   std::vector<std::unique_ptr<SamplePlugin>> plugins_;
 };
-
-sim::AllocateRequest Pod(const std::string& name,
-                         std::vector<std::pair<std::string, int>> containers) {
-  sim::AllocateRequest r;
-  r.set_pod_name(name);
-  for (auto& [c, n] : containers) {
-    auto* cr = r.add_containers();
-    cr->set_name(c);
-    cr->set_resource(kGpu);
-    cr->set_count(n);
-  }
-  return r;
-}
-
-std::vector<std::string> Ids(const sim::ContainerAllocation& a) {
-  return {a.device_ids().begin(), a.device_ids().end()};
-}
 
 class PersonalityTest : public ::testing::TestWithParam<Pair> {
  protected:
@@ -178,7 +153,7 @@ TEST_P(PersonalityTest, HealthFlipIsSeenByTheKubelet) {
   // The unhealthy device is not given to new pods.
   absl::StatusOr<sim::AllocateResponse> a = h_.sim().Allocate(Pod("p", {{"c", 3}}));
   ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_THAT(Ids(a->allocations(0)), ::testing::Not(::testing::Contains("gpu-1")));
+  EXPECT_THAT(testing::DeviceIdsOf(a->allocations(0)), ::testing::Not(::testing::Contains("gpu-1")));
   ASSERT_TRUE(plugin.SetHealth("gpu-1", "Healthy").ok());
   EXPECT_TRUE(h_.WaitState([&](const sim::State&) { return h_.DeviceHealth("gpu-1") == "Healthy"; }));
 }
@@ -322,7 +297,7 @@ TEST_P(BetaPersonalityTest, PreferredAllocationAndPreStartWhenOffered) {
   ASSERT_TRUE(a.ok()) << a.status();
   // The plugin packs onto one NUMA node, highest IDs first; the kubelet's
   // own choice would have been gpu-0,gpu-1.
-  EXPECT_THAT(Ids(a->allocations(0)), ElementsAre("gpu-2", "gpu-0"));
+  EXPECT_THAT(testing::DeviceIdsOf(a->allocations(0)), ElementsAre("gpu-2", "gpu-0"));
   EXPECT_TRUE(a->allocations(0).pre_started());
   EXPECT_EQ(plugin.Status().preferred_allocation_calls(), 1);
   EXPECT_EQ(plugin.Status().pre_start_calls(), 1);
@@ -369,7 +344,7 @@ TEST(V1AlphaTest, KubeletNeitherAsksPreferenceNorPreStartsAndSendsOneContainerPe
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("alpha", {{"main", 2}}));
   ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_THAT(Ids(a->allocations(0)), ElementsAre("gpu-0", "gpu-1"));  // kubelet's own pick
+  EXPECT_THAT(testing::DeviceIdsOf(a->allocations(0)), ElementsAre("gpu-0", "gpu-1"));  // kubelet's own pick
   EXPECT_FALSE(a->allocations(0).pre_started());
   EXPECT_EQ(p.Status().preferred_allocation_calls(), 0);
   EXPECT_EQ(p.Status().pre_start_calls(), 0);
@@ -429,9 +404,11 @@ TEST(BadRegistrationTest, AsyncKubeletAcceptsRegisterThenFailsToDial) {
   EXPECT_EQ(h.sim().GetState().resources_size(), 0);
 }
 
-TEST(BadRegistrationTest, SyncKubeletIgnoresRequestOptions) {
-  Harness h(Personality::kV1Beta1Sync);
-  ASSERT_TRUE(h.sim().Start().ok());
+// Registers a plugin that offers no options with a RegisterRequest that
+// claims pre_start_required, and returns what the kubelet believed.
+bool KubeletBelievesRequestOptions(Personality p) {
+  Harness h(p);
+  EXPECT_TRUE(h.sim().Start().ok());
   SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kNone);
   o.socket_name = "plain.sock";
   h.StartPlugin(o);  // serves, does not register, offers no options
@@ -441,33 +418,21 @@ TEST(BadRegistrationTest, SyncKubeletIgnoresRequestOptions) {
   req.set_version("v1beta1");
   req.set_resource_name(kGpu);
   req.set_endpoint("plain.sock");
-  req.mutable_options()->set_pre_start_required(true);  // a lie the RPC contradicts
+  req.mutable_options()->set_pre_start_required(true);  // the RPC will say otherwise
   v1beta1::Empty resp;
-  ASSERT_TRUE(stub->Register(&ctx, req, &resp).ok());
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  sim::State st = h.sim().GetState();
-  ASSERT_NE(h.Resource(st, kGpu), nullptr);
-  EXPECT_FALSE(h.Resource(st, kGpu)->pre_start_required());
+  EXPECT_TRUE(stub->Register(&ctx, req, &resp).ok());
+  EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const sim::State st = h.sim().GetState();
+  const sim::ResourceState* r = h.Resource(st, kGpu);
+  return r != nullptr && r->pre_start_required();
+}
+
+TEST(BadRegistrationTest, SyncKubeletIgnoresRequestOptions) {
+  EXPECT_FALSE(KubeletBelievesRequestOptions(Personality::kV1Beta1Sync));
 }
 
 TEST(BadRegistrationTest, AsyncKubeletTakesRequestOptions) {
-  Harness h(Personality::kV1Beta1Async);
-  ASSERT_TRUE(h.sim().Start().ok());
-  SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kNone);
-  o.socket_name = "plain.sock";
-  h.StartPlugin(o);
-  auto stub = v1beta1::Registration::NewStub(MakeUnixChannel(h.sim().kubelet_socket()));
-  grpc::ClientContext ctx;
-  v1beta1::RegisterRequest req;
-  req.set_version("v1beta1");
-  req.set_resource_name(kGpu);
-  req.set_endpoint("plain.sock");
-  req.mutable_options()->set_pre_start_required(true);
-  v1beta1::Empty resp;
-  ASSERT_TRUE(stub->Register(&ctx, req, &resp).ok());
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  sim::State st = h.sim().GetState();
-  EXPECT_TRUE(h.Resource(st, kGpu)->pre_start_required());
+  EXPECT_TRUE(KubeletBelievesRequestOptions(Personality::kV1Beta1Async));
 }
 
 TEST(BadRegistrationTest, ReRegistrationReplacesTheEndpoint) {

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "proxy/common/files.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/sim_helpers.h"
 
 namespace dpproxy {
 namespace {
@@ -23,6 +24,11 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kGpu[] = "vendor.com/gpu";
+
+sim::AllocateRequest Pod(const std::string& name,
+                         const std::vector<std::pair<std::string, int>>& containers) {
+  return testing::PodRequest(name, containers, kGpu);
+}
 
 struct Cell {
   Personality personality;
@@ -38,19 +44,6 @@ std::string CellName(const ::testing::TestParamInfo<Cell>& info) {
 void PrintTo(const Cell& c, std::ostream* os) {
   *os << sim::PersonalityName(c.personality) << " x "
       << (c.plugin == PluginApi::kV1Alpha ? "v1alpha" : "v1beta1");
-}
-
-sim::AllocateRequest Pod(const std::string& name,
-                         std::vector<std::pair<std::string, int>> containers) {
-  sim::AllocateRequest r;
-  r.set_pod_name(name);
-  for (auto& [c, n] : containers) {
-    auto* cr = r.add_containers();
-    cr->set_name(c);
-    cr->set_resource(kGpu);
-    cr->set_count(n);
-  }
-  return r;
 }
 
 class MatrixTest : public ::testing::TestWithParam<Cell> {

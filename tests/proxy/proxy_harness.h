@@ -12,6 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "proxy/server/proxy_server.h"
+#include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 #include "tools/sample_plugin/sample_plugin.h"
@@ -79,30 +80,16 @@ class ProxyHarness {
   // Never from a temporary State: the pointer would dangle.
   const sim::ResourceState* Resource(sim::State&& st, const std::string& name) = delete;
   const sim::ResourceState* Resource(const sim::State& st, const std::string& name) {
-    for (const auto& r : st.resources()) {
-      if (r.name() == name) return &r;
-    }
-    return nullptr;
+    return FindResource(st, name);
   }
 
   bool WaitFor(const std::function<bool()>& pred, absl::Duration timeout = kWait) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (pred()) return true;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return pred();
+    return WaitUntil(pred, timeout);
   }
 
   // Health of one device as the kubelet sees it ("" if unknown).
   std::string KubeletHealth(const std::string& resource, const std::string& id) {
-    sim::State st = sim_->GetState();
-    const sim::ResourceState* r = Resource(st, resource);
-    if (r == nullptr) return "";
-    for (const auto& d : r->devices()) {
-      if (d.id() == id) return d.health();
-    }
-    return "";
+    return testing::KubeletHealth(*sim_, resource, id);
   }
 
  private:

@@ -14,6 +14,7 @@
 #include "proxy/common/grpc_util.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/raw_clients.h"
+#include "tests/testing/sim_helpers.h"
 
 namespace dpproxy {
 namespace {
@@ -28,13 +29,7 @@ using ::testing::HasSubstr;
 constexpr char kGpu[] = "vendor.com/gpu";
 
 sim::AllocateRequest Pod(const std::string& name, int count) {
-  sim::AllocateRequest r;
-  r.set_pod_name(name);
-  auto* c = r.add_containers();
-  c->set_name("main");
-  c->set_resource(kGpu);
-  c->set_count(count);
-  return r;
+  return testing::PodRequest(name, {{"main", count}}, kGpu);
 }
 
 class ProxyTest : public ::testing::Test {

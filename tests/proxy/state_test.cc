@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/sim_helpers.h"
 
 namespace dpproxy {
 namespace {
@@ -22,16 +23,8 @@ using ::testing::HasSubstr;
 constexpr char kGpu[] = "vendor.com/gpu";
 
 sim::AllocateRequest Pod(const std::string& name,
-                         std::vector<std::pair<std::string, int>> containers) {
-  sim::AllocateRequest r;
-  r.set_pod_name(name);
-  for (auto& [c, n] : containers) {
-    auto* cr = r.add_containers();
-    cr->set_name(c);
-    cr->set_resource(kGpu);
-    cr->set_count(n);
-  }
-  return r;
+                         const std::vector<std::pair<std::string, int>>& containers) {
+  return testing::PodRequest(name, containers, kGpu);
 }
 
 // (resource, devices) of every allocation, as a multiset.

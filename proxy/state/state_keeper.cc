@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <stdio.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -9,14 +11,48 @@
 
 namespace dpproxy {
 
+namespace {
+
+// Journal records beyond this are folded into a new snapshot.
+constexpr size_t kCompactAfter = 1000;
+
+std::string JournalPathFor(const std::string& snapshot) {
+  size_t slash = snapshot.rfind('/');
+  return slash == std::string::npos ? std::string("journal.wal")
+                                    : snapshot.substr(0, slash + 1) + "journal.wal";
+}
+
+}  // namespace
+
 StateKeeper::StateKeeper(std::string path, EventLog* events)
-    : store_(std::move(path)), events_(events) {}
+    : store_(path), journal_(JournalPathFor(path)), events_(events) {}
 
 state::State StateKeeper::Load() {
   absl::StatusOr<state::State> s = store_.Load();
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<JournalFile::Replay> replay = journal_.Open();
+  if (!replay.ok() && replay.status().code() == absl::StatusCode::kDataLoss) {
+    // Not a journal at all: keep it aside, start a new one.
+    const std::string aside =
+        absl::StrCat(journal_.path(), ".corrupt-", absl::ToUnixSeconds(absl::Now()));
+    LOG(ERROR) << replay.status().message() << "; moved aside to " << aside;
+    events_->Emit("state_untrusted", {{"path", journal_.path()},
+                                      {"error", std::string(replay.status().message())}});
+    ::rename(journal_.path().c_str(), aside.c_str());
+    replay = journal_.Open();
+  }
+  journal_ok_ = replay.ok();
+  if (!replay.ok()) {
+    LOG(ERROR) << "cannot open the allocation journal: " << replay.status().message();
+  } else if (replay->cut_bytes > 0) {
+    LOG(WARNING) << "journal " << journal_.path() << ": cut " << replay->cut_bytes
+                 << " bytes of a record torn by a crash (it was never acknowledged)";
+    events_->Emit("journal_torn_tail", {{"path", journal_.path()},
+                                        {"bytes", replay->cut_bytes}});
+  }
   if (s.ok()) {
     state_ = *std::move(s);
+    if (replay.ok()) MergeJournal(replay->records, &state_);
     LOG(INFO) << "state loaded from " << store_.path() << ": " << state_.resources_size()
               << " resources, " << state_.allocations_size() << " allocations";
     events_->Emit("state_loaded", {{"path", store_.path()},
@@ -24,16 +60,28 @@ state::State StateKeeper::Load() {
                                    {"allocations", state_.allocations_size()}});
   } else {
     state_ = state::State();
+    // The journal alone still holds the allocations recorded since the last
+    // snapshot; they are trusted (each record has its own checksum).
+    if (replay.ok()) MergeJournal(replay->records, &state_);
     LOG(ERROR) << s.status().message();
     events_->Emit("state_untrusted", {{"path", store_.path()},
                                       {"error", std::string(s.status().message())}});
   }
+  // Fold what the journal held into a fresh snapshot.
+  if (replay.ok() && !replay->records.empty()) (void)SaveLocked();
   return state_;
 }
 
 absl::Status StateKeeper::SaveLocked() {
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
   absl::Status s = store_.Save(state_);
+  if (s.ok() && journal_ok_) {
+    // Every journaled allocation is in the snapshot now. A crash before the
+    // reset replays them again; Load() keeps one of each.
+    if (absl::Status r = journal_.Reset(); !r.ok()) {
+      LOG(ERROR) << "cannot reset the journal: " << r.message();
+    }
+  }
   if (!s.ok()) {
     LOG(ERROR) << "cannot save state to " << store_.path() << " (the previous file is intact): "
                << s.message();
@@ -50,27 +98,43 @@ absl::Status StateKeeper::Record(const std::string& resource,
                                  const std::string& backend_api,
                                  const std::string& backend_endpoint) {
   absl::MutexLock lock(&mu_);
-  const int before = state_.allocations_size();
-  const uint64_t next_before = state_.next_allocation_id();
   const int64_t now = absl::ToUnixMillis(absl::Now());
+  std::vector<state::Allocation> records;
+  uint64_t next = state_.next_allocation_id();
   for (int i = 0; i < req.container_requests_size(); ++i) {
-    state::Allocation* a = state_.add_allocations();
-    a->set_id(state_.next_allocation_id() + 1);
-    state_.set_next_allocation_id(a->id());
-    a->set_resource(resource);
-    for (const std::string& id : req.container_requests(i).devices_ids()) a->add_device_ids(id);
-    if (i < resp.container_responses_size()) *a->mutable_response() = resp.container_responses(i);
-    a->set_backend_api(backend_api);
-    a->set_backend_endpoint(backend_endpoint);
-    a->set_allocated_unix_ms(now);
+    state::Allocation a;
+    a.set_id(++next);
+    a.set_resource(resource);
+    for (const std::string& id : req.container_requests(i).devices_ids()) a.add_device_ids(id);
+    if (i < resp.container_responses_size()) *a.mutable_response() = resp.container_responses(i);
+    a.set_backend_api(backend_api);
+    a.set_backend_endpoint(backend_endpoint);
+    a.set_allocated_unix_ms(now);
+    records.push_back(std::move(a));
   }
-  absl::Status s = SaveLocked();
-  if (!s.ok()) {
-    // Nothing recorded: the caller fails the Allocate.
-    while (state_.allocations_size() > before) state_.mutable_allocations()->RemoveLast();
-    state_.set_next_allocation_id(next_before);
+  // One append and one fdatasync; without a journal, a full snapshot.
+  absl::Status s;
+  if (journal_ok_) {
+    s = journal_.Append(records);
+    if (!s.ok()) {
+      LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
+      events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                          {"error", std::string(s.message())}});
+      return s;  // nothing recorded
+    }
   }
-  return s;
+  for (auto& a : records) *state_.add_allocations() = std::move(a);
+  state_.set_next_allocation_id(next);
+  if (!journal_ok_ || journal_.records() >= kCompactAfter) {
+    s = SaveLocked();
+    if (!s.ok() && !journal_ok_) {
+      // Nothing durable was written: take the records back.
+      for (size_t i = 0; i < records.size(); ++i) state_.mutable_allocations()->RemoveLast();
+      state_.set_next_allocation_id(next - records.size());
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {

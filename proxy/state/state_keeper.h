@@ -1,9 +1,10 @@
 // File: state_keeper.h
 //
 // dpproxy's durable state in memory and on disk. Allocations are recorded
-// synchronously: the kubelet's Allocate is answered only after the record is
-// on disk, so every allocation the kubelet received an answer for survives a
-// crash. Resource snapshots (devices, backend, negotiated version) are saved
+// synchronously in an append-only journal (journal_file.h): the kubelet's
+// Allocate is answered only after the record is synced, so every allocation
+// the kubelet received an answer for survives a crash. Snapshots
+// (state_store.h) take in the journal, which is then emptied. Resource snapshots (devices, backend, negotiated version) are saved
 // when they change, at most a second late (the registrar's cadence).
 // Thread-safe; saves are serialized.
 #ifndef DPPROXY_PROXY_STATE_STATE_KEEPER_H_
@@ -19,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/common/event_log.h"
+#include "proxy/state/journal_file.h"
 #include "proxy/state/state_store.h"
 
 namespace dpproxy {
@@ -37,6 +39,8 @@ class AllocationJournal {
 
 class StateKeeper : public AllocationJournal {
  public:
+  // `path` is the snapshot (<state_dir>/state.pb); the journal is
+  // journal.wal beside it.
   StateKeeper(std::string path, EventLog* events);
 
   // Loads the file. A missing file is a fresh start; an untrusted one is
@@ -67,6 +71,8 @@ class StateKeeper : public AllocationJournal {
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   FileStateStore store_;
+  JournalFile journal_ ABSL_GUARDED_BY(mu_);
+  bool journal_ok_ ABSL_GUARDED_BY(mu_) = false;
   EventLog* const events_;
   absl::Mutex mu_;
   state::State state_ ABSL_GUARDED_BY(mu_);

@@ -1,7 +1,7 @@
 // Crash safety: dpproxy, a real process, is killed with SIGKILL at random
-// moments during a stream of allocations. After every kill the state file
-// must be intact and hold every allocation the client received an answer
-// for. 20 kills by default; DPP_CRASH_ITERATIONS=N for a longer run.
+// moments during a stream of allocations. After every kill the state (the
+// snapshot and the journal) must be intact and hold every allocation the
+// client received an answer for. 20 kills by default; DPP_CRASH_ITERATIONS=N for a longer run.
 #include <dirent.h>
 #include <signal.h>
 #include <spawn.h>
@@ -24,6 +24,7 @@
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
 #include "proxy/common/status_util.h"
+#include "proxy/state/journal_file.h"
 #include "proxy/state/state_store.h"
 #include "tests/testing/temp_dir.h"
 
@@ -154,9 +155,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
     }
 
     // The file is intact and holds every answered allocation.
-    absl::StatusOr<std::string> bytes = ReadFile(state_dir + "/state.pb");
-    ASSERT_TRUE(bytes.ok()) << bytes.status();
-    absl::StatusOr<state::State> st = DecodeStateFile(*bytes);
+    absl::StatusOr<state::State> st = ReadStateDir(state_dir);
     ASSERT_TRUE(st.ok()) << "round " << round << ": " << st.status();
     std::map<std::string, int> journaled;
     for (const auto& a : st->allocations()) {

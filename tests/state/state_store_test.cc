@@ -1,11 +1,14 @@
 #include "proxy/state/state_store.h"
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/common/files.h"
+#include "proxy/state/journal_file.h"
 #include "proxy/state/state_keeper.h"
 #include "tests/testing/temp_dir.h"
 
@@ -120,29 +123,124 @@ TEST(FileStateStoreTest, FailedSaveKeepsThePreviousFileAndIsCounted) {
   EXPECT_EQ(s->allocations_size(), 1);
 }
 
-TEST(StateKeeperTest, RecordIsAllOrNothing) {
-  testing::ShortTempDir dir;
-  EventLog events("test");
-  StateKeeper keeper(dir.Sub("state.pb"), &events);
-  keeper.Load();
+v1beta1::AllocateRequest TwoContainers(const char* a, const char* b) {
   v1beta1::AllocateRequest req;
-  req.add_container_requests()->add_devices_ids("a");
-  req.add_container_requests()->add_devices_ids("b");
+  req.add_container_requests()->add_devices_ids(a);
+  req.add_container_requests()->add_devices_ids(b);
+  return req;
+}
+
+v1beta1::AllocateResponse TwoResponses() {
   v1beta1::AllocateResponse resp;
   resp.add_container_responses();
   resp.add_container_responses();
-  ASSERT_TRUE(keeper.Record("vendor.com/gpu", req, resp, "v1beta1", "/s").ok());
-  EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);
-  ASSERT_EQ(::mkdir(dir.Sub("state.pb.tmp").c_str(), 0755), 0);  // saves now fail
-  EXPECT_FALSE(keeper.Record("vendor.com/gpu", req, resp, "v1beta1", "/s").ok());
-  EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);  // nothing half-recorded
-  EXPECT_TRUE(events.WaitForEvent("state_save_failed", {}, absl::Seconds(1)).has_value());
-  ::rmdir(dir.Sub("state.pb.tmp").c_str());
+  return resp;
+}
+
+// Makes every write past `bytes` fail with EFBIG (a real kernel error) for
+// the lifetime of the object.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old_);
+    struct rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  ~FileSizeLimit() { setrlimit(RLIMIT_FSIZE, &old_); }
+
+ private:
+  struct rlimit old_;
+};
+
+TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    keeper.Load();
+    ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
+                              "v1beta1", "/s").ok());
+    EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);
+  }
+  // Only the journal has them (no snapshot was needed for a Record).
+  absl::StatusOr<std::string> journal = ReadFile(dir.Sub("journal.wal"));
+  ASSERT_TRUE(journal.ok());
+  absl::StatusOr<JournalContents> parsed = ParseJournal(*journal);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->records.size(), 2u);
+  absl::StatusOr<state::State> read = ReadStateDir(dir.path());
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->allocations_size(), 2);
+  // A new keeper replays it, folds it into a snapshot, and keeps the ids.
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
   state::State s = reloaded.Load();
   ASSERT_EQ(s.allocations_size(), 2);
   EXPECT_EQ(s.allocations(1).device_ids(0), "b");
-  EXPECT_EQ(s.allocations(1).id(), 2u);
+  EXPECT_EQ(s.next_allocation_id(), 2u);
+  ASSERT_TRUE(reloaded.Record("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(),
+                              "v1beta1", "/s").ok());
+  EXPECT_EQ(reloaded.Snapshot().allocations(3).id(), 4u);
+}
+
+TEST(StateKeeperTest, FailedJournalWriteRecordsNothing) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  keeper.Load();
+  ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
+                            "v1beta1", "/s").ok());
+  const std::string before = *ReadFile(dir.Sub("journal.wal"));
+  {
+    FileSizeLimit full(before.size() + 10);  // the disk is "full"
+    absl::Status s = keeper.Record("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(),
+                                   "v1beta1", "/s");
+    EXPECT_FALSE(s.ok());
+  }
+  EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);  // nothing half-recorded
+  EXPECT_EQ(*ReadFile(dir.Sub("journal.wal")), before);  // cut back
+  EXPECT_TRUE(events.WaitForEvent("state_save_failed", {}, absl::Seconds(1)).has_value());
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(reloaded.Load().allocations_size(), 2);
+}
+
+TEST(StateKeeperTest, TornJournalTailIsCutAndTheRestKept) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    keeper.Load();
+    ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
+                              "v1beta1", "/s").ok());
+  }
+  // A crash in the middle of the next append leaves half a record.
+  std::string bytes = *ReadFile(dir.Sub("journal.wal"));
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 9)).ok());
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(reloaded.Load().allocations_size(), 2);
+  EXPECT_TRUE(events.WaitForEvent("journal_torn_tail", {{"bytes", 9}}, absl::Seconds(1)));
+}
+
+TEST(StateKeeperTest, JournalRecordsAlsoInTheSnapshotAreNotDuplicated) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  std::string journal;
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    keeper.Load();
+    ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
+                              "v1beta1", "/s").ok());
+    journal = *ReadFile(dir.Sub("journal.wal"));
+    // A snapshot save folds the journal in and empties it...
+    std::vector<state::Resource> rs(1);
+    rs[0].set_name("vendor.com/gpu");
+    ASSERT_TRUE(keeper.SetResources(rs).ok());
+  }
+  // ... but a crash right before the journal was emptied leaves both.
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), journal).ok());
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(reloaded.Load().allocations_size(), 2);
 }
 
 TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {

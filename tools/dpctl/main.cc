@@ -12,6 +12,7 @@
 #include "proxy/common/cli.h"
 #include "proxy/common/files.h"
 #include "proxy/common/kubelet_rules.h"
+#include "proxy/state/journal_file.h"
 #include "proxy/state/state_store.h"
 
 DEFINE_string(state_dir, "/var/lib/dpproxy", "dpproxy's --state_dir; the file is state.pb in it.");
@@ -26,8 +27,8 @@ Usage:
   dpctl state  [--state_dir=DIR] [--output=table|json]   resources, devices, allocations
   dpctl verify [--state_dir=DIR]                         exit 0 if the file is intact
 
-The state file is read, never written: a damaged file is reported, not moved
-(dpproxy moves it aside at its next start).
+The state (state.pb and the journal beside it) is read, never written: a
+damaged file is reported, not moved (dpproxy moves it aside at its next start).
 
 Flags:
 )";
@@ -71,18 +72,18 @@ void PrintTable(const std::string& path, const state::State& s) {
 
 int Run(const std::string& command) {
   const std::string path = JoinPath(FLAGS_state_dir, "state.pb");
-  absl::StatusOr<std::string> bytes = ReadFile(path);
-  if (!bytes.ok()) {
-    std::cerr << "dpctl: cannot read " << path << ": " << bytes.status().message() << "\n";
+  if (!PathExists(path) && !PathExists(JoinPath(FLAGS_state_dir, "journal.wal"))) {
+    std::cerr << "dpctl: no dpproxy state in " << FLAGS_state_dir << " (is --state_dir right?)\n";
     return 1;
   }
-  absl::StatusOr<state::State> s = DecodeStateFile(*bytes);
+  absl::StatusOr<state::State> s = ReadStateDir(FLAGS_state_dir);
   if (!s.ok()) {
-    std::cerr << "dpctl: " << path << " is not trusted: " << s.status().message() << "\n";
+    std::cerr << "dpctl: the state in " << FLAGS_state_dir << " is not trusted: "
+              << s.status().message() << "\n";
     return 1;
   }
   if (command == "verify") {
-    std::cout << path << ": intact, format " << kStateFormatVersion << ", "
+    std::cout << FLAGS_state_dir << ": snapshot and journal intact, format " << kStateFormatVersion << ", "
               << s->resources_size() << " resource(s), " << s->allocations_size()
               << " allocation(s)\n";
     return 0;

@@ -74,7 +74,17 @@ grep -c '"event":"registered"' "$DIR/plugin.jsonl" | sed 's/^/   the plugin regi
 step "7. The kubelet's re-admission check after the restart: the running pod keeps its devices"
 "$SIM" readmit --root_dir="$ROOT"
 
-step "8. What dpproxy reports (dpproxy status), and what the kubelet sees"
+step "8. dpproxy itself crashes (SIGKILL) and comes back: nothing it answered is lost"
+kill -KILL "${PIDS[1]}"; wait "${PIDS[1]}" 2>/dev/null || true
+"$PROXY" --kubelet_root="$ROOT" --plugin_dir="$PLUGINS" --events="$DIR/proxy.jsonl" \
+  --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" 2>>"$DIR/proxy.log" &
+PIDS[1]=$!
+"$SIM" wait --root_dir="$ROOT" --resource=example.com/gpu --min_healthy=4 --timeout=15s
+show_events "$DIR/proxy.jsonl" state_loaded resource_restored
+"$BIN/tools/dpctl/dpctl" state --state_dir="$DIR/dpproxy" | sed 's/^/   /'
+"$SIM" readmit --root_dir="$ROOT"
+
+step "9. What dpproxy reports (dpproxy status), and what the kubelet sees"
 "$PROXY" status --status_file="$DIR/status.json"
 echo
 "$SIM" state --root_dir="$ROOT"

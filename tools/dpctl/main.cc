@@ -36,6 +36,7 @@ Flags:
 std::string Age(int64_t unix_ms) {
   if (unix_ms <= 0) return "-";
   absl::Duration d = absl::Now() - absl::FromUnixMillis(unix_ms);
+  if (d < absl::Seconds(1)) return "<1s";
   return absl::FormatDuration(absl::Trunc(d, absl::Seconds(1)));
 }
 

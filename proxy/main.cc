@@ -4,6 +4,7 @@
 #include <string>
 
 #include <gflags/gflags.h>
+#include <prometheus/exposer.h>
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "proxy/common/files.h"
 #include "proxy/common/status_util.h"
 #include "proxy/config/config_file.h"
+#include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 
 DEFINE_string(kubelet_root, "/var/lib/kubelet",
@@ -67,6 +69,9 @@ DEFINE_string(restore_policy, "trust",
               "until their backend is back: trust (their remembered health, for\n"
               "--restore_hold) or unhealthy. See docs/configuration.md for the trade-off.");
 DEFINE_string(restore_hold, "5m", "How long --restore_policy=trust trusts remembered health.");
+DEFINE_string(metrics_address, "127.0.0.1:9464",
+              "Serve Prometheus metrics at http://<address>/metrics (host:port; port 0\n"
+              "picks a free one, logged at start). Empty: no metrics endpoint.");
 DEFINE_string(reconcile_interval, "1m",
               "How often to read the kubelet's pod-resources API to learn which pod holds\n"
               "each allocation and release journal entries of pods that are gone (also\n"
@@ -174,6 +179,7 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
   if (set("status_file")) c->status_file = FLAGS_status_file;
   if (set("state_dir")) c->state_dir = FLAGS_state_dir;
+  if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;
   if (set("restore_policy")) {
     if (FLAGS_restore_policy == "trust") {
       c->restore_policy = RestorePolicy::kTrust;
@@ -295,9 +301,25 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot start: " << s.message();
     return 1;
   }
+  auto metrics = std::make_shared<dpproxy::ProxyMetrics>(&server);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!config->metrics_address.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config->metrics_address);
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "cannot serve metrics at " << config->metrics_address << ": " << e.what();
+      server.Shutdown();
+      return 1;
+    }
+    exposer->RegisterCollectable(metrics);
+    std::vector<int> ports = exposer->GetListeningPorts();
+    LOG(INFO) << "metrics at http://" << config->metrics_address.substr(0, config->metrics_address.rfind(':'))
+              << ":" << (ports.empty() ? 0 : ports[0]) << "/metrics";
+  }
   int sig = dpproxy::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << " received";
   server.events().Emit("signal", {{"signal", sig}});
+  exposer.reset();
   server.Shutdown();
   return 0;
 }

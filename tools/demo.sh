@@ -48,7 +48,7 @@ echo "   -> the node would report example.com/gpu capacity 0"
 
 step "3. dpproxy between them: kubelet side in $ROOT, plugins register at $PLUGINS/kubelet.sock"
 "$PROXY" --kubelet_root="$ROOT" --plugin_dir="$PLUGINS" --events="$DIR/proxy.jsonl" \
-  --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" \
+  --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" --metrics_address= \
   2>"$DIR/proxy.log" &
 PIDS+=($!)
 for _ in $(seq 100); do [[ -S "$PLUGINS/kubelet.sock" ]] && break; sleep 0.05; done
@@ -77,7 +77,8 @@ step "7. The kubelet's re-admission check after the restart: the running pod kee
 step "8. dpproxy itself crashes (SIGKILL) and comes back: nothing it answered is lost"
 kill -KILL "${PIDS[1]}"; wait "${PIDS[1]}" 2>/dev/null || true
 "$PROXY" --kubelet_root="$ROOT" --plugin_dir="$PLUGINS" --events="$DIR/proxy.jsonl" \
-  --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" 2>>"$DIR/proxy.log" &
+  --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" --metrics_address= \
+  2>>"$DIR/proxy.log" &
 PIDS[1]=$!
 "$SIM" wait --root_dir="$ROOT" --resource=example.com/gpu --min_healthy=4 --timeout=15s
 show_events "$DIR/proxy.jsonl" state_loaded resource_restored

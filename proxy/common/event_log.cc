@@ -41,6 +41,8 @@ void EventLog::Emit(const std::string& event, Json fields) {
     for (auto it = fields.begin(); it != fields.end(); ++it) e[it.key()] = it.value();
   }
   absl::MutexLock lock(&mu_);
+  auto res = e.find("resource");
+  ++counts_[{event, res != e.end() && res->is_string() ? res->get<std::string>() : ""}];
   if (file_ != nullptr) {
     std::string line = e.dump(-1, ' ', false, Json::error_handler_t::replace);
     line += '\n';
@@ -59,6 +61,11 @@ void EventLog::Emit(const std::string& event, Json fields) {
 std::vector<Json> EventLog::Snapshot() const {
   absl::MutexLock lock(&mu_);
   return events_;
+}
+
+std::map<std::pair<std::string, std::string>, int64_t> EventLog::Counts() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
 }
 
 size_t EventLog::Size() const {

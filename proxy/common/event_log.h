@@ -13,7 +13,10 @@
 #define DPPROXY_PROXY_COMMON_EVENT_LOG_H_
 
 #include <cstdio>
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +62,10 @@ class EventLog {
   std::optional<Json> WaitForEvent(const std::string& event, const Json& match,
                                    absl::Duration timeout, size_t from = 0) const;
 
+  // How many events of each name were emitted, per "resource" field ("" if
+  // the event has none): (event, resource) -> count. For metrics.
+  std::map<std::pair<std::string, std::string>, int64_t> Counts() const;
+
   // The readable form of an event, as echoed.
   static std::string Format(const Json& e);
 
@@ -66,6 +73,7 @@ class EventLog {
   const std::string source_;
   mutable absl::Mutex mu_;
   std::vector<Json> events_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, int64_t> counts_ ABSL_GUARDED_BY(mu_);
   FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool echo_ ABSL_GUARDED_BY(mu_) = false;
 };

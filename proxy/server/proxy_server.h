@@ -77,6 +77,8 @@ struct ProxyConfig {
   // pod holds in two consecutive answers, and that are older than the grace,
   // are released.
   absl::Duration reconcile_interval = absl::Minutes(1);
+  // Prometheus endpoint (host:port) served by the dpproxy binary; "" = none.
+  std::string metrics_address;
   absl::Duration reconcile_grace = absl::Minutes(5);
 };
 

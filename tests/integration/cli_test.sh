@@ -118,7 +118,7 @@ help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
             backend_loss_policy backend_hold rename static_backend cdi_annotations events \
             status_file output config state_dir restore_policy restore_hold reconcile_interval \
-            reconcile_grace; do
+            reconcile_grace metrics_address; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
@@ -136,7 +136,8 @@ R2="$DIR/r2"
 SIM2=$!; PIDS+=($SIM2)
 for _ in $(seq 100); do [[ -S "$R2/k/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
 "$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --events="$R2/proxy.jsonl" \
-  --status-file="$R2/status.json" --state-dir="$R2/state" 2>"$R2/proxy.log" &
+  --status-file="$R2/status.json" --state-dir="$R2/state" --metrics-address=127.0.0.1:0 \
+  2>"$R2/proxy.log" &
 PROXY_PID=$!; PIDS+=($PROXY_PID)
 for _ in $(seq 100); do [[ -S "$R2/p/kubelet.sock" ]] && break; sleep 0.05; done
 "$PLUGIN" --api=v1alpha --resource=vendor.com/gpu --devices=2 --kubelet_socket="$R2/p/kubelet.sock" --quiet &
@@ -150,6 +151,15 @@ expect_contains "status shows both versions" "$LAST_OUT" "v1beta1               
 expect_exit "dpproxy status json" 0 "$PROXY" status --status_file="$R2/status.json" --output=json
 expect_contains "status json" "$LAST_OUT" '"backend_api": "v1alpha2"'
 expect_exit "dpproxy status without proxy" 1 "$PROXY" status --status_file="$R2/none.json"
+port="$(grep -o 'metrics at http://127.0.0.1:[0-9]*' "$R2/proxy.log" | grep -o '[0-9]*$' | head -1)"
+if [[ -n "$port" ]] && exec 3<>"/dev/tcp/127.0.0.1/$port"; then
+  printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+  scrape="$(timeout 5 cat <&3)"; exec 3<&-
+  expect_contains "metrics endpoint serves allocations" "$scrape" 'dpproxy_events_total{event="allocate",resource="vendor.com/gpu"} 1'
+  expect_contains "metrics endpoint serves devices" "$scrape" 'dpproxy_devices{resource="vendor.com/gpu",health="healthy"} 2'
+else
+  fail "no metrics endpoint (port '$port')"
+fi
 expect_contains "glog line names both versions" "$(cat "$R2/proxy.log")" "registered with the kubelet as v1beta1 (backend v1alpha2"
 kill -TERM "$PROXY_PID"; wait "$PROXY_PID"; rc=$?
 [[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM" || fail "dpproxy exit $rc on SIGTERM"
@@ -178,6 +188,7 @@ expect_contains "dpctl names the damage" "$LAST_OUT" "checksum mismatch"
 [[ -e "$R2/state/state.pb" ]] && pass "dpctl leaves the damaged file alone" || fail "dpctl moved the file"
 # ... and moved aside by dpproxy at start, which starts from nothing.
 "$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --state-dir="$R2/state" --status-file= \
+  --metrics-address= \
   --events="$R2/proxy2.jsonl" 2>"$R2/proxy2.log" &
 PROXY3=$!; PIDS+=($PROXY3)
 for _ in $(seq 100); do grep -q state_untrusted "$R2/proxy2.jsonl" 2>/dev/null && break; sleep 0.05; done

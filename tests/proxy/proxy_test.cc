@@ -12,6 +12,7 @@
 #include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
+#include "proxy/server/metrics.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/raw_clients.h"
 #include "tests/testing/sim_helpers.h"
@@ -283,6 +284,23 @@ TEST_F(ProxyTest, ManyResourcesInOneProxy) {
     EXPECT_TRUE(h.sim().WaitForResource(absl::StrCat("vendor.com/dev", i), i + 1, kWait)) << i;
   }
   EXPECT_EQ(h.proxy().Status()["resources"].size(), 5u);
+}
+
+TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
+  ProxyHarness h(Personality::kV1Alpha, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("m", 2)).ok());
+  const std::string text = ProxyMetrics(&h.proxy()).Text();
+  EXPECT_THAT(text, HasSubstr("dpproxy_events_total{event=\"allocate\",resource=\"vendor.com/gpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_devices{resource=\"vendor.com/gpu\",health=\"healthy\"} 4"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_backend_connected{resource=\"vendor.com/gpu\",backend_api=\"v1beta1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_kubelet_registered{resource=\"vendor.com/gpu\",kubelet_api=\"v1alpha2\"} 1"));
+  // A v1beta1 plugin's CDI devices cannot reach a 1.9 kubelet: counted.
+  EXPECT_THAT(text, HasSubstr("dpproxy_lossy_translations_total{resource=\"vendor.com/gpu\",kind=\"cdi_devices\"} 2"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_journal_allocations 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 0"));
 }
 
 TEST(ProxyConfigTest, BadConfigurationsAreNamed) {

@@ -92,7 +92,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
     std::vector<std::string> proxy_args = {Runfile("proxy/dpproxy"),
                                            "--kubelet_root=" + kubelet_root,
                                            "--plugin_dir=" + plugins, "--state_dir=" + state_dir,
-                                           "--status_file=",
+                                           "--status_file=", "--metrics_address=",
                                            trace != nullptr ? "--minloglevel=0" : "--minloglevel=2"};
     if (trace != nullptr) proxy_args.push_back(absl::StrCat("--events=", trace, "/proxy.jsonl"));
     pid_t proxy = Spawn(proxy_args);

@@ -170,7 +170,7 @@ int Run() {
 
   const std::string plugins = dir + "/p";
   pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + plugins,
-                       "--status_file=" + dir + "/status.json", "--state_dir=" + dir + "/state",
+                       "--status_file=" + dir + "/status.json", "--state_dir=" + dir + "/state", "--metrics_address=",
                        "--minloglevel=1"});
   if (!WaitForPath(plugins + "/kubelet.sock", absl::Seconds(10))) {
     std::cerr << "allocate_bench: dpproxy did not start\n";

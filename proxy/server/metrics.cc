@@ -1,0 +1,101 @@
+#include "proxy/server/metrics.h"
+
+#include <prometheus/text_serializer.h>
+
+#include "proxy/common/kubelet_rules.h"
+
+namespace dpproxy {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(const std::string& name, const std::string& help, MetricType type) {
+  MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+void AddGauge(MetricFamily* f, std::vector<ClientMetric::Label> labels, double v) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = v;
+  f->metric.push_back(std::move(m));
+}
+
+void AddCounter(MetricFamily* f, std::vector<ClientMetric::Label> labels, double v) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.counter.value = v;
+  f->metric.push_back(std::move(m));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> ProxyMetrics::Collect() const {
+  std::vector<MetricFamily> out;
+  MetricFamily events = Family("dpproxy_events_total",
+                               "Lifecycle events and kubelet calls, by event and resource.",
+                               MetricType::Counter);
+  for (const auto& [key, n] : server_->events().Counts()) {
+    AddCounter(&events, {{"event", key.first}, {"resource", key.second}},
+               static_cast<double>(n));
+  }
+  out.push_back(std::move(events));
+
+  const Json status = server_->Status();
+  MetricFamily devices = Family("dpproxy_devices", "Devices reported to the kubelet, by health.",
+                                MetricType::Gauge);
+  MetricFamily backend = Family("dpproxy_backend_connected",
+                                "1 while a backend serves the resource.", MetricType::Gauge);
+  MetricFamily kubelet = Family("dpproxy_kubelet_registered",
+                                "1 once registered with the kubelet, labelled with the version.",
+                                MetricType::Gauge);
+  for (const Json& r : status.value("resources", Json::array())) {
+    const std::string name = r.value("resource", "");
+    const int total = r.value("devices_total", 0);
+    const int healthy = r.value("devices_healthy", 0);
+    AddGauge(&devices, {{"resource", name}, {"health", "healthy"}}, healthy);
+    AddGauge(&devices, {{"resource", name}, {"health", "unhealthy"}}, total - healthy);
+    AddGauge(&backend, {{"resource", name}, {"backend_api", r.value("backend_api", "")}},
+             r.value("backend_connected", false) ? 1 : 0);
+    const std::string api = r.value("kubelet_api", "");
+    AddGauge(&kubelet, {{"resource", name}, {"kubelet_api", api}}, api.empty() ? 0 : 1);
+  }
+  out.push_back(std::move(devices));
+  out.push_back(std::move(backend));
+  out.push_back(std::move(kubelet));
+
+  MetricFamily losses = Family("dpproxy_lossy_translations_total",
+                               "Fields dropped because the other side's API has no place for "
+                               "them, by resource and kind.",
+                               MetricType::Counter);
+  for (const auto& [res, kinds] : server_->losses().Snapshot()) {
+    for (const auto& [kind, n] : kinds) {
+      AddCounter(&losses, {{"resource", res}, {"kind", kind}}, static_cast<double>(n));
+    }
+  }
+  out.push_back(std::move(losses));
+
+  if (StateKeeper* keeper = server_->state()) {
+    MetricFamily failures = Family("dpproxy_state_save_failures_total",
+                                   "Failed writes of the state file or journal.",
+                                   MetricType::Counter);
+    AddCounter(&failures, {}, static_cast<double>(keeper->save_failures()));
+    out.push_back(std::move(failures));
+    MetricFamily journal = Family("dpproxy_journal_allocations",
+                                  "Allocations in dpproxy's durable state.", MetricType::Gauge);
+    AddGauge(&journal, {}, keeper->Snapshot().allocations_size());
+    out.push_back(std::move(journal));
+  }
+  return out;
+}
+
+std::string ProxyMetrics::Text() const {
+  return prometheus::TextSerializer().Serialize(Collect());
+}
+
+}  // namespace dpproxy

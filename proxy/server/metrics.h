@@ -1,0 +1,41 @@
+// File: metrics.h
+//
+// dpproxy's Prometheus metrics, collected when scraped from what the proxy
+// already tracks, so no call path pays for them:
+//
+//   dpproxy_events_total{event,resource}        lifecycle events and calls:
+//       kubelet_registered, kubelet_restart_detected, backend_up, backend_down,
+//       allocate, lossy_translation, state_save_failed, devices_vanished, ...
+//   dpproxy_devices{resource,health}            devices reported to the kubelet
+//   dpproxy_backend_connected{resource,backend_api}
+//   dpproxy_kubelet_registered{resource,kubelet_api}
+//   dpproxy_lossy_translations_total{resource,kind}
+//   dpproxy_state_save_failures_total, dpproxy_journal_allocations
+#ifndef DPPROXY_PROXY_SERVER_METRICS_H_
+#define DPPROXY_PROXY_SERVER_METRICS_H_
+
+#include <string>
+#include <vector>
+
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
+
+#include "proxy/server/proxy_server.h"
+
+namespace dpproxy {
+
+class ProxyMetrics : public prometheus::Collectable {
+ public:
+  explicit ProxyMetrics(ProxyServer* server) : server_(server) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+  // The Prometheus text exposition of Collect(), for tests and debugging.
+  std::string Text() const;
+
+ private:
+  ProxyServer* const server_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_METRICS_H_

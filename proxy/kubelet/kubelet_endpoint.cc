@@ -30,6 +30,21 @@ std::string SocketNameFor(const std::string& resource) {
   return absl::StrCat("dpproxy-", n, ".sock");
 }
 
+// "cdi.k8s.io/dpproxy_vendor.com_gpu": the CDI annotation convention's
+// prefix, and a name part that is a valid annotation name.
+std::string CdiAnnotationKey(const std::string& resource) {
+  std::string n = resource;
+  for (char& c : n) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  std::string name = absl::StrCat("dpproxy_", n);
+  if (name.size() > 63) name.resize(63);
+  while (!name.empty() && !absl::ascii_isalnum(static_cast<unsigned char>(name.back()))) {
+    name.pop_back();
+  }
+  return absl::StrCat("cdi.k8s.io/", name);
+}
+
 // Checks a kubelet's request names only devices this resource has.
 grpc::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
   if (req.container_requests_size() == 0) {
@@ -132,8 +147,8 @@ class KubeletEndpoint::Services {
           if (c.cdi_devices_size() == 0) continue;
           std::vector<std::string> names;
           for (const auto& d : c.cdi_devices()) names.push_back(d.name());
-          std::string key = absl::StrCat("cdi.k8s.io/dpproxy_", e_->socket_name());
-          (*c.mutable_annotations())[key.substr(0, key.size() - 5)] = absl::StrJoin(names, ",");
+          (*c.mutable_annotations())[CdiAnnotationKey(e_->resource()->name())] =
+              absl::StrJoin(names, ",");
         }
       }
       e_->events()->Emit("allocate", {{"resource", e_->resource()->name()},

@@ -6,6 +6,7 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -301,6 +302,41 @@ TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
   EXPECT_THAT(text, HasSubstr("dpproxy_lossy_translations_total{resource=\"vendor.com/gpu\",kind=\"cdi_devices\"} 2"));
   EXPECT_THAT(text, HasSubstr("dpproxy_journal_allocations 1"));
   EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 0"));
+}
+
+TEST_F(ProxyTest, CdiDevicesCanAlsoTravelAsAnAnnotation) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.kubelet.cdi_annotations = true; });
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("cdi", 2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const auto& r = a->allocations(0).response();
+  ASSERT_EQ(r.cdi_devices_size(), 2);  // the field is still there
+  std::string expected;
+  for (const auto& id : a->allocations(0).device_ids()) {
+    expected += (expected.empty() ? "" : ",") + std::string("vendor.com/gpu=") + id;
+  }
+  EXPECT_EQ(r.annotations().at("cdi.k8s.io/dpproxy_vendor.com_gpu"), expected);
+}
+
+TEST_F(ProxyTest, OneStreamPerBackendSoSingleStreamPluginsLoseNoUpdate) {
+  // This plugin hands each update to only one ListAndWatch stream, as the
+  // kubelet's stub plugin does: a proxy with two streams would lose some.
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.single_stream_updates = true;
+  SamplePlugin* p = h.StartPlugin(o);
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = absl::StrCat("gpu-", i);
+    ASSERT_TRUE(p->SetHealth(id, "Unhealthy").ok());
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
+  }
+  EXPECT_EQ(p->Status().list_and_watch_streams(), 1);
 }
 
 TEST(ProxyConfigTest, BadConfigurationsAreNamed) {

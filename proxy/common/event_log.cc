@@ -2,13 +2,16 @@
 
 #include <errno.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proxy/common/files.h"
 
 namespace dpproxy {
 
-EventLog::EventLog(std::string source) : source_(std::move(source)) {}
+EventLog::EventLog(std::string source, size_t history)
+    : source_(std::move(source)), history_(std::max<size_t>(1, history)) {}
 
 EventLog::~EventLog() {
   absl::MutexLock lock(&mu_);
@@ -56,11 +59,15 @@ void EventLog::Emit(const std::string& event, Json fields) {
     fflush(stdout);
   }
   events_.push_back(std::move(e));
+  if (events_.size() > history_) {
+    events_.pop_front();
+    ++dropped_;
+  }
 }
 
 std::vector<Json> EventLog::Snapshot() const {
   absl::MutexLock lock(&mu_);
-  return events_;
+  return {events_.begin(), events_.end()};
 }
 
 std::map<std::pair<std::string, std::string>, int64_t> EventLog::Counts() const {
@@ -70,18 +77,20 @@ std::map<std::pair<std::string, std::string>, int64_t> EventLog::Counts() const 
 
 size_t EventLog::Size() const {
   absl::MutexLock lock(&mu_);
-  return events_.size();
+  return dropped_ + events_.size();
 }
 
 std::optional<Json> EventLog::WaitFor(const std::function<bool(const Json&)>& pred,
                                       absl::Duration timeout, size_t from) const {
   absl::MutexLock lock(&mu_);
   std::optional<Json> found;
-  size_t scanned = from;
+  size_t scanned = from;  // absolute index
   auto check = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (; scanned < events_.size(); ++scanned) {
-      if (pred(events_[scanned])) {
-        found = events_[scanned];
+    scanned = std::max(scanned, dropped_);
+    for (; scanned < dropped_ + events_.size(); ++scanned) {
+      const Json& e = events_[scanned - dropped_];
+      if (pred(e)) {
+        found = e;
         return true;
       }
     }

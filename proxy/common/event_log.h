@@ -13,6 +13,7 @@
 #define DPPROXY_PROXY_COMMON_EVENT_LOG_H_
 
 #include <cstdio>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,7 +35,9 @@ using Json = nlohmann::json;
 
 class EventLog {
  public:
-  explicit EventLog(std::string source);
+  // Keeps the last `history` events in memory (every event still goes to
+  // the file): a daemon emits one per call and must not grow without bound.
+  explicit EventLog(std::string source, size_t history = 10000);
   ~EventLog();
 
   EventLog(const EventLog&) = delete;
@@ -48,12 +51,14 @@ class EventLog {
   // Records one event. Thread-safe; never blocks on anything but the file.
   void Emit(const std::string& event, Json fields = Json::object());
 
-  // Every event so far, oldest first.
+  // The events still in memory, oldest first.
   std::vector<Json> Snapshot() const;
+  // How many events were emitted in all; the index of the next one.
   size_t Size() const;
 
-  // Waits until an event at index >= `from` satisfies `pred`; returns it, or
-  // nullopt after `timeout`.
+  // Waits until an event at index >= `from` (an index as counted by Size())
+  // satisfies `pred`; returns it, or nullopt after `timeout`. Events that
+  // left the in-memory history are not searched.
   std::optional<Json> WaitFor(const std::function<bool(const Json&)>& pred,
                               absl::Duration timeout, size_t from = 0) const;
 
@@ -71,8 +76,10 @@ class EventLog {
 
  private:
   const std::string source_;
+  const size_t history_;
   mutable absl::Mutex mu_;
-  std::vector<Json> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<Json> events_ ABSL_GUARDED_BY(mu_);
+  size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;  // index of events_.front()
   std::map<std::pair<std::string, std::string>, int64_t> counts_ ABSL_GUARDED_BY(mu_);
   FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool echo_ ABSL_GUARDED_BY(mu_) = false;

@@ -30,6 +30,9 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+
+}  // namespace
+
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -42,7 +45,14 @@ absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status SyncDir(const std::string& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoStatus(errno, absl::StrCat("open directory ", dir));
+  absl::Status s;
+  if (::fsync(dfd) != 0) s = ErrnoStatus(errno, absl::StrCat("fsync directory ", dir));
+  ::close(dfd);
+  return s;
+}
 
 std::string ErrnoText(int err) {
   char buf[256];
@@ -140,12 +150,7 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
     ::unlink(tmp.c_str());
     return s;
   }
-  const std::string dir = DirName(path);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ErrnoStatus(errno, absl::StrCat("open directory ", dir));
-  if (::fsync(dfd) != 0) s = ErrnoStatus(errno, absl::StrCat("fsync directory ", dir));
-  ::close(dfd);
-  return s;
+  return SyncDir(DirName(path));
 }
 
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(

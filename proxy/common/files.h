@@ -55,6 +55,12 @@ absl::Status MakeDirs(const std::string& path);
 // Reads a whole file. kNotFound if it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// Writes all of `data` to `fd` (retrying short writes); errors name `path`.
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path);
+
+// fsyncs a directory, making entries created or renamed in it durable.
+absl::Status SyncDir(const std::string& dir);
+
 // Replaces `path` with `contents` so that a crash leaves either the old or the
 // new file: writes `path`.tmp, fsyncs it, renames it over `path`, fsyncs the
 // directory. On failure the temporary file is removed and `path` is intact.

@@ -88,7 +88,7 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
     out.push_back(std::move(failures));
     MetricFamily journal = Family("dpproxy_journal_allocations",
                                   "Allocations in dpproxy's durable state.", MetricType::Gauge);
-    AddGauge(&journal, {}, keeper->Snapshot().allocations_size());
+    AddGauge(&journal, {}, keeper->AllocationCount());
     out.push_back(std::move(journal));
   }
   return out;

@@ -538,9 +538,8 @@ Json ProxyServer::Status() {
   }
   Json state = nullptr;
   if (keeper_) {
-    state::State st = keeper_->Snapshot();
     state = {{"path", keeper_->path()},
-             {"allocations", st.allocations_size()},
+             {"allocations", keeper_->AllocationCount()},
              {"save_failures", keeper_->save_failures()}};
   }
   Json losses = Json::object();

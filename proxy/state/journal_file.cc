@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "proxy/common/encoding.h"
 #include "proxy/common/files.h"
 #include "proxy/state/state_store.h"
 
@@ -18,47 +19,11 @@ namespace {
 constexpr char kMagic[8] = {'D', 'P', 'P', 'J', 'R', 'N', 'L', '1'};
 constexpr size_t kRecordHeader = 4 + 8;
 
-uint64_t Fnv64(const char* data, size_t n) {
-  uint64_t h = 14695981039346656037ULL;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-template <typename T>
-void PutLe(std::string* out, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-template <typename T>
-T GetLe(const std::string& in, size_t pos) {
-  T v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    v |= static_cast<T>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
-  }
-  return v;
-}
-
 absl::Status Errno(const std::string& what) {
   int err = errno;
   std::string msg = absl::StrCat(what, ": ", ErrnoText(err));
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
-}
-
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno(absl::StrCat("write ", path));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -72,11 +37,11 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
   }
   size_t pos = sizeof(kMagic);
   while (pos + kRecordHeader <= bytes.size()) {
-    const uint32_t len = GetLe<uint32_t>(bytes, pos);
-    const uint64_t sum = GetLe<uint64_t>(bytes, pos + 4);
+    const uint32_t len = GetLittleEndian<uint32_t>(bytes, pos);
+    const uint64_t sum = GetLittleEndian<uint64_t>(bytes, pos + 4);
     if (pos + kRecordHeader + len > bytes.size()) break;  // torn
     const char* payload = bytes.data() + pos + kRecordHeader;
-    if (Fnv64(payload, len) != sum) break;  // torn
+    if (Fnv64(absl::string_view(payload, len)) != sum) break;  // torn
     state::Allocation a;
     if (!a.ParseFromArray(payload, static_cast<int>(len))) break;
     out.records.push_back(std::move(a));
@@ -145,11 +110,10 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
     if (absl::Status s = WriteAll(fd_, magic, path_); !s.ok()) return s;
     if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
     // The new file's directory entry must be durable too.
-    const std::string dir = path_.substr(0, path_.rfind('/') == std::string::npos ? 0 : path_.rfind('/'));
-    int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
+    const size_t slash = path_.rfind('/');
+    if (absl::Status s = SyncDir(slash == std::string::npos ? "." : path_.substr(0, slash));
+        !s.ok()) {
+      return s;
     }
     size_ = magic.size();
     records_ = 0;
@@ -179,8 +143,8 @@ absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) 
   for (const state::Allocation& a : records) {
     std::string payload;
     a.SerializeToString(&payload);
-    PutLe<uint32_t>(&data, static_cast<uint32_t>(payload.size()));
-    PutLe<uint64_t>(&data, Fnv64(payload.data(), payload.size()));
+    PutLittleEndian<uint32_t>(&data, static_cast<uint32_t>(payload.size()));
+    PutLittleEndian<uint64_t>(&data, Fnv64(payload));
     data += payload;
   }
   if (::lseek(fd_, static_cast<off_t>(size_), SEEK_SET) < 0) {

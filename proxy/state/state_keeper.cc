@@ -201,6 +201,11 @@ bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id
   return false;
 }
 
+int StateKeeper::AllocationCount() {
+  absl::MutexLock lock(&mu_);
+  return state_.allocations_size();
+}
+
 state::State StateKeeper::Snapshot() {
   absl::MutexLock lock(&mu_);
   return state_;

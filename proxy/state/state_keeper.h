@@ -61,7 +61,10 @@ class StateKeeper : public AllocationJournal {
   absl::Status Annotate(uint64_t id, const std::string& pod_namespace,
                         const std::string& pod_name, const std::string& container);
 
+  // A copy of everything (for reconciliation and dpctl-like views).
   state::State Snapshot();
+  // Cheap, for status and metrics.
+  int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.
   bool HoldsDevice(const std::string& resource, const std::string& id);
   const std::string& path() const { return store_.path(); }

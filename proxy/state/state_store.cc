@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proxy/common/encoding.h"
 #include "proxy/common/files.h"
 
 namespace dpproxy {
@@ -14,38 +15,15 @@ namespace {
 constexpr char kMagic[8] = {'D', 'P', 'P', 'S', 'T', 'A', 'T', 'E'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 8;
 
-uint64_t Fnv64(const std::string& data) {
-  uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-template <typename T>
-void PutLe(std::string* out, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-template <typename T>
-T GetLe(const std::string& in, size_t pos) {
-  T v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    v |= static_cast<T>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
-  }
-  return v;
-}
-
 }  // namespace
 
 std::string EncodeStateFile(const state::State& s) {
   std::string payload;
   s.SerializeToString(&payload);
   std::string out(kMagic, sizeof(kMagic));
-  PutLe<uint32_t>(&out, kStateFormatVersion);
-  PutLe<uint64_t>(&out, payload.size());
-  PutLe<uint64_t>(&out, Fnv64(payload));
+  PutLittleEndian<uint32_t>(&out, kStateFormatVersion);
+  PutLittleEndian<uint64_t>(&out, payload.size());
+  PutLittleEndian<uint64_t>(&out, Fnv64(payload));
   out += payload;
   return out;
 }
@@ -59,20 +37,20 @@ absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes) {
   if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return absl::DataLossError("not a dpproxy state file (bad magic)");
   }
-  const uint32_t version = GetLe<uint32_t>(bytes, 8);
+  const uint32_t version = GetLittleEndian<uint32_t>(bytes, 8);
   if (version != kStateFormatVersion) {
     return absl::DataLossError(absl::StrCat("unknown format version ", version,
                                             " (this dpproxy reads version ",
                                             kStateFormatVersion, ")"));
   }
-  const uint64_t length = GetLe<uint64_t>(bytes, 12);
+  const uint64_t length = GetLittleEndian<uint64_t>(bytes, 12);
   if (length != bytes.size() - kHeaderSize) {
     return absl::DataLossError(absl::StrCat("truncated or padded: header says ", length,
                                             " payload bytes, file has ",
                                             bytes.size() - kHeaderSize));
   }
   const std::string payload = bytes.substr(kHeaderSize);
-  if (Fnv64(payload) != GetLe<uint64_t>(bytes, 20)) {
+  if (Fnv64(payload) != GetLittleEndian<uint64_t>(bytes, 20)) {
     return absl::DataLossError("checksum mismatch");
   }
   state::State s;

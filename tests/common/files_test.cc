@@ -154,5 +154,21 @@ TEST(EventLogTest, WritesJsonLinesAndWaits) {
   EXPECT_FALSE(log.OpenFile("/nonexistent-dir/x.jsonl").ok());
 }
 
+TEST(EventLogTest, HistoryIsBoundedButIndicesStayAbsolute) {
+  testing::ShortTempDir dir;
+  EventLog log("test", /*history=*/3);
+  ASSERT_TRUE(log.OpenFile(dir.Sub("events.jsonl")).ok());
+  for (int i = 0; i < 5; ++i) log.Emit("e", {{"n", i}});
+  EXPECT_EQ(log.Size(), 5u);
+  ASSERT_EQ(log.Snapshot().size(), 3u);
+  EXPECT_EQ(log.Snapshot().front()["n"], 2);
+  EXPECT_FALSE(log.WaitForEvent("e", {{"n", 0}}, absl::ZeroDuration()).has_value());  // gone
+  EXPECT_TRUE(log.WaitForEvent("e", {{"n", 4}}, absl::ZeroDuration(), 4).has_value());
+  EXPECT_FALSE(log.WaitForEvent("e", {{"n", 3}}, absl::ZeroDuration(), 4).has_value());
+  std::string text = *ReadFile(dir.Sub("events.jsonl"));  // the file keeps all
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5);
+  EXPECT_EQ(log.Counts().at({"e", ""}), 5);
+}
+
 }  // namespace
 }  // namespace dpproxy

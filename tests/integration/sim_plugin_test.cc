@@ -386,9 +386,7 @@ TEST(BadRegistrationTest, V1AlphaKubeletWantsExactlyV1Alpha2) {
 TEST(BadRegistrationTest, SyncKubeletFailsRegisterWhenPluginIsNotServing) {
   Harness h(Personality::kV1Beta1Sync, /*dial_timeout=*/absl::Milliseconds(500));
   ASSERT_TRUE(h.sim().Start().ok());
-  absl::Time start = absl::Now();
   grpc::Status s = testing::RegisterV1Beta1(h.sim().kubelet_socket(), "v1beta1", kGpu, "missing.sock");
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(450));  // it really dialled
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(s.error_message(), "failed to dial device plugin: context deadline exceeded");
   EXPECT_EQ(h.sim().GetState().resources_size(), 0);

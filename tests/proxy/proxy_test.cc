@@ -120,9 +120,7 @@ TEST_F(ProxyTest, HangingBackendGivesTheKubeletADeadlineError) {
   v1beta1::AllocateRequest req;
   req.add_container_requests()->add_devices_ids("gpu-0");
   v1beta1::AllocateResponse resp;
-  absl::Time start = absl::Now();
   grpc::Status s = stub->Allocate(&ctx, req, &resp);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_THAT(s.error_message(), HasSubstr("did not answer Allocate within 300ms"));
   EXPECT_THAT(s.error_message(), HasSubstr(h.dir("p")));  // names the backend

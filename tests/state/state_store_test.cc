@@ -137,6 +137,16 @@ v1beta1::AllocateResponse TwoResponses() {
   return resp;
 }
 
+absl::Status RecordTwo(StateKeeper& keeper, const char* a, const char* b) {
+  return keeper.Record("vendor.com/gpu", TwoContainers(a, b), TwoResponses(), "v1beta1", "/s");
+}
+
+std::vector<state::Resource> OneResource() {
+  std::vector<state::Resource> rs(1);
+  rs[0].set_name("vendor.com/gpu");
+  return rs;
+}
+
 // Makes every write past `bytes` fail with EFBIG (a real kernel error) for
 // the lifetime of the object.
 class FileSizeLimit {
@@ -160,8 +170,7 @@ TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
     keeper.Load();
-    ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
-                              "v1beta1", "/s").ok());
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
     EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);
   }
   // Only the journal has them (no snapshot was needed for a Record).
@@ -179,8 +188,7 @@ TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
   ASSERT_EQ(s.allocations_size(), 2);
   EXPECT_EQ(s.allocations(1).device_ids(0), "b");
   EXPECT_EQ(s.next_allocation_id(), 2u);
-  ASSERT_TRUE(reloaded.Record("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(),
-                              "v1beta1", "/s").ok());
+  ASSERT_TRUE(RecordTwo(reloaded, "c", "d").ok());
   EXPECT_EQ(reloaded.Snapshot().allocations(3).id(), 4u);
 }
 
@@ -189,13 +197,11 @@ TEST(StateKeeperTest, FailedJournalWriteRecordsNothing) {
   EventLog events("test");
   StateKeeper keeper(dir.Sub("state.pb"), &events);
   keeper.Load();
-  ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
-                            "v1beta1", "/s").ok());
+  ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
   {
     FileSizeLimit full(before.size() + 10);  // the disk is "full"
-    absl::Status s = keeper.Record("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(),
-                                   "v1beta1", "/s");
+    absl::Status s = RecordTwo(keeper, "c", "d");
     EXPECT_FALSE(s.ok());
   }
   EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);  // nothing half-recorded
@@ -211,8 +217,7 @@ TEST(StateKeeperTest, TornJournalTailIsCutAndTheRestKept) {
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
     keeper.Load();
-    ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
-                              "v1beta1", "/s").ok());
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
   }
   // A crash in the middle of the next append leaves half a record.
   std::string bytes = *ReadFile(dir.Sub("journal.wal"));
@@ -229,13 +234,10 @@ TEST(StateKeeperTest, JournalRecordsAlsoInTheSnapshotAreNotDuplicated) {
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
     keeper.Load();
-    ASSERT_TRUE(keeper.Record("vendor.com/gpu", TwoContainers("a", "b"), TwoResponses(),
-                              "v1beta1", "/s").ok());
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
     journal = *ReadFile(dir.Sub("journal.wal"));
     // A snapshot save folds the journal in and empties it...
-    std::vector<state::Resource> rs(1);
-    rs[0].set_name("vendor.com/gpu");
-    ASSERT_TRUE(keeper.SetResources(rs).ok());
+    ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
   }
   // ... but a crash right before the journal was emptied leaves both.
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), journal).ok());
@@ -248,11 +250,9 @@ TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
   EventLog events("test");
   StateKeeper keeper(dir.Sub("state.pb"), &events);
   keeper.Load();
-  std::vector<state::Resource> rs(1);
-  rs[0].set_name("vendor.com/gpu");
-  ASSERT_TRUE(keeper.SetResources(rs).ok());
+  ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
   std::optional<FileId> first = StatFileId(dir.Sub("state.pb"));
-  ASSERT_TRUE(keeper.SetResources(rs).ok());
+  ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
   EXPECT_EQ(StatFileId(dir.Sub("state.pb")), first);  // not rewritten
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proxy/common/encoding.h"
 #include "proxy/common/kubelet_rules.h"
 
 namespace dpproxy::sim {
@@ -21,15 +22,6 @@ std::string Holder(const ContainerAllocation& a) {
 }
 
 }  // namespace
-
-uint32_t Fnv32a(const std::string& data) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : data) {
-    h ^= c;
-    h *= 16777619u;
-  }
-  return h;
-}
 
 void DeviceManager::RegisterEndpoint(const std::string& resource,
                                    const std::string& endpoint,

@@ -128,9 +128,6 @@ class DeviceManager {
   std::vector<ContainerAllocation> allocations_;
 };
 
-// FNV-32a of `data`.
-uint32_t Fnv32a(const std::string& data);
-
 }  // namespace dpproxy::sim
 
 #endif  // DPPROXY_TOOLS_KUBELET_SIM_DEVICE_MANAGER_H_

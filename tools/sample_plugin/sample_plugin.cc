@@ -18,6 +18,7 @@
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/common/encoding.h"
 #include "proxy/common/grpc_util.h"
 #include "proxy/common/kubelet_rules.h"
 #include "proxy/common/status_util.h"
@@ -64,16 +65,9 @@ std::string SocketPathFor(const SamplePluginOptions& o) {
 }
 
 std::string StableUuid(const std::string& resource, int index) {
-  // FNV-1a 64 of resource and index, twice with different seeds.
-  auto fnv = [](const std::string& s, uint64_t h) {
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 1099511628211ULL;
-    }
-    return h;
-  };
+  // FNV-1a 64 of resource and index, with two different seeds.
   std::string key = absl::StrCat(resource, "#", index);
-  uint64_t a = fnv(key, 14695981039346656037ULL), b = fnv(key, 1469598103934665603ULL);
+  uint64_t a = Fnv64(key), b = Fnv64(key, 1469598103934665603ULL);
   return absl::StrFormat("%08x-%04x-%04x-%04x-%012x", a >> 32, (a >> 16) & 0xffff,
                          a & 0xffff, b >> 48, b & 0xffffffffffffULL);
 }

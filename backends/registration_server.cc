@@ -57,8 +57,12 @@ std::string BackendRegistrationServer::socket_path() const {
 absl::Status BackendRegistrationServer::Start() {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path()));
   DPP_RETURN_IF_ERROR(MakeDirs(options_.dir));
-  absl::StatusOr<std::vector<std::string>> removed = RemoveFilesExcept(options_.dir, {});
+  DPP_RETURN_IF_ERROR(CheckOwnDirectory(options_.dir));
+  absl::StatusOr<std::vector<std::string>> removed = RemoveStaleSockets(options_.dir);
   if (!removed.ok()) return removed.status();
+  if (!removed->empty()) {
+    LOG(INFO) << "removed " << removed->size() << " stale socket(s) from " << options_.dir;
+  }
   beta_service_ = std::make_unique<BetaRegistration>(this);
   alpha_service_ = std::make_unique<AlphaRegistration>(this);
   unknown_ = std::make_unique<GoStyleUnknownHandler>(
@@ -77,6 +81,12 @@ absl::Status BackendRegistrationServer::Start() {
     absl::MutexLock lock(&mu_);
     running_ = false;
     return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path()));
+  }
+  const bool grouped = options_.socket_gid != static_cast<gid_t>(-1);
+  if (absl::Status m = SetMode(socket_path(), grouped ? 0660 : 0700, options_.socket_gid);
+      !m.ok()) {
+    Stop();
+    return m;
   }
   LOG(INFO) << "backend registration socket " << socket_path()
             << " accepts v1alpha (\"v1alpha2\") and v1beta1 plugins";

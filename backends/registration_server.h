@@ -14,6 +14,8 @@
 #ifndef DPPROXY_BACKENDS_REGISTRATION_SERVER_H_
 #define DPPROXY_BACKENDS_REGISTRATION_SERVER_H_
 
+#include <sys/types.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,6 +39,9 @@ class BackendRegistrationServer {
     // Directory holding kubelet.sock and the plugins' sockets.
     std::string dir;
     absl::Duration dial_timeout = absl::Seconds(10);
+    // kubelet.sock's group: -1 keeps it 0700 (root's plugins only); a group
+    // makes it 0660 so plugins running under that group may register.
+    gid_t socket_gid = static_cast<gid_t>(-1);
   };
   // Called with each connected backend. An error is returned to a v1beta1
   // plugin's Register (and logged for a v1alpha one).
@@ -45,8 +50,10 @@ class BackendRegistrationServer {
   BackendRegistrationServer(Options options, OnBackend on_backend, EventLog* events);
   ~BackendRegistrationServer();
 
-  // Removes stale files from the directory (as a kubelet does at start, so
-  // plugins notice and register again), then listens.
+  // Checks the directory is dpproxy's own (see CheckOwnDirectory), removes
+  // stale sockets from it (as a kubelet does at start, so plugins notice and
+  // register again; files, directories and links are never removed), then
+  // listens with a deliberate mode, whatever the umask.
   absl::Status Start();
   void Stop();  // idempotent
   std::string socket_path() const;

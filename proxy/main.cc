@@ -252,6 +252,18 @@ int PrintStatus() {
         backend, r.value("backend_endpoint", "").empty() ? "-" : r.value("backend_endpoint", ""),
         r.value("devices_healthy", 0), r.value("devices_total", 0));
   }
+  const Json state = st.value("state", Json());
+  if (state.is_object()) {
+    std::cout << "\nstate " << state.value("path", "") << ": "
+              << state.value("allocations", 0) << " allocation(s), ";
+    if (state.value("writable", true)) {
+      std::cout << "writable";
+    } else {
+      std::cout << "NOT WRITABLE (every Allocate is refused until it is): "
+                << state.value("last_write_error", "");
+    }
+    std::cout << ", " << state.value("save_failures", 0) << " failed write(s)\n";
+  }
   const Json losses = st.value("lossy_translations", Json::object());
   if (!losses.empty()) std::cout << "\nlossy translations: " << losses.dump() << "\n";
   return 0;

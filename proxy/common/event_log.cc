@@ -1,6 +1,7 @@
 #include "proxy/common/event_log.h"
 
 #include <errno.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -19,8 +20,15 @@ EventLog::~EventLog() {
 }
 
 absl::Status EventLog::OpenFile(const std::string& path) {
-  FILE* f = fopen(path.c_str(), "ae");
+  // Never through a link planted at `path`; mode 0640 whatever the umask.
+  absl::StatusOr<int> fd = OpenOwnFileForAppend(path, 0640);
+  if (!fd.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot open event file: ", fd.status().message()));
+  }
+  FILE* f = fdopen(*fd, "a");
   if (f == nullptr) {
+    ::close(*fd);
     return absl::InvalidArgumentError(
         absl::StrCat("cannot open event file ", path, ": ", ErrnoText(errno)));
   }

@@ -3,13 +3,19 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
+
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 
 namespace dpproxy {
@@ -136,11 +142,15 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
+                             mode_t mode) {
+  std::string tmp = absl::StrCat(path, ".tmp.XXXXXX");
+  // mkostemp creates the file with O_EXCL: a planted file or link at the
+  // temporary name makes it pick another name, never write through it.
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create a temporary file beside ", path));
   absl::Status s = WriteAll(fd, contents, tmp);
+  if (s.ok() && ::fchmod(fd, mode) != 0) s = ErrnoStatus(errno, absl::StrCat("chmod ", tmp));
   if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus(errno, absl::StrCat("fsync ", tmp));
   if (::close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, absl::StrCat("close ", tmp));
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -151,6 +161,202 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
     return s;
   }
   return SyncDir(DirName(path));
+}
+
+absl::StatusOr<std::string> ReadOwnFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is a symbolic link; dpproxy does not follow links in its own directories"));
+    }
+    return ErrnoStatus(err, absl::StrCat("open ", path));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat("stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, S_ISDIR(st.st_mode) ? " is a directory" : " is not a regular file",
+        "; dpproxy expects a file of its own there"));
+  }
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is a symbolic link; dpproxy does not write through links"));
+    }
+    return ErrnoStatus(err, absl::StrCat("open ", path));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
+  if ((st.st_mode & 07777) != mode) (void)::fchmod(fd, mode);
+  return fd;
+}
+
+absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    const int err = errno;
+    if (err == ELOOP || err == ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, " is not a directory (or is a symbolic link); not cleaning it"));
+    }
+    return ErrnoStatus(err, absl::StrCat("open directory ", dir));
+  }
+  DIR* d = ::fdopendir(dfd);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(dfd);
+    return ErrnoStatus(err, absl::StrCat("read directory ", dir));
+  }
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    names.push_back(name);
+  }
+  std::vector<std::string> removed;
+  absl::Status status;
+  for (const std::string& name : names) {
+    struct stat st;
+    if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISSOCK(st.st_mode)) continue;  // files, directories, links: not ours to remove
+    if (::unlinkat(dfd, name.c_str(), 0) != 0 && errno != ENOENT) {
+      status = ErrnoStatus(errno, absl::StrCat("remove ", JoinPath(dir, name)));
+      break;
+    }
+    removed.push_back(name);
+  }
+  ::closedir(d);  // closes dfd
+  if (!status.ok()) return status;
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
+absl::StatusOr<std::string> ResolvePath(const std::string& path) {
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("\"", path, "\" is not an absolute path"));
+  }
+  std::string existing = path;
+  std::string rest;
+  for (;;) {
+    char buf[PATH_MAX];
+    if (::realpath(existing.c_str(), buf) != nullptr) {
+      return rest.empty() ? std::string(buf) : JoinPath(buf, rest);
+    }
+    if (errno != ENOENT && errno != ENOTDIR) {
+      return ErrnoStatus(errno, absl::StrCat("resolve ", existing));
+    }
+    const size_t slash = existing.rfind('/');
+    if (slash == std::string::npos || existing == "/") {
+      return absl::NotFoundError(absl::StrCat("cannot resolve ", path));
+    }
+    const std::string last = existing.substr(slash + 1);
+    if (last == "..") {
+      // "missing/.." cannot be resolved without the missing directory.
+      return absl::NotFoundError(
+          absl::StrCat("cannot resolve ", path, ": a missing directory is followed by \"..\""));
+    }
+    if (!last.empty() && last != ".") rest = rest.empty() ? last : JoinPath(last, rest);
+    existing = slash == 0 ? "/" : existing.substr(0, slash);
+  }
+}
+
+bool IsSameOrInside(const std::string& inner, const std::string& outer) {
+  absl::StatusOr<std::string> in = ResolvePath(inner);
+  absl::StatusOr<std::string> out = ResolvePath(outer);
+  if (!in.ok() || !out.ok()) return false;
+  struct stat ost;
+  if (::stat(out->c_str(), &ost) != 0) {
+    // `outer` does not exist yet: compare the resolved names.
+    return *in == *out || absl::StartsWith(*in, JoinPath(*out, ""));
+  }
+  std::string p = *in;
+  for (;;) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) == 0 && st.st_dev == ost.st_dev && st.st_ino == ost.st_ino) {
+      return true;
+    }
+    if (p == "/") return false;
+    const size_t slash = p.rfind('/');
+    p = slash == 0 ? "/" : p.substr(0, slash);
+  }
+}
+
+absl::Status CheckOwnDirectory(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", dir));
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
+  }
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " is owned by uid ", st.st_uid, ", not by root or dpproxy's user (uid ",
+        ::geteuid(), "); another user could plant files or links in it"));
+  }
+  if ((st.st_mode & S_IWOTH) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir, " is writable by every user (mode ", absl::StrFormat("%04o", st.st_mode & 07777),
+        "); another user could plant files or links in it (chmod o-w ", dir, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
+  if (group.empty()) return absl::InvalidArgumentError("group name is empty");
+  std::vector<char> buf(16384);
+  struct group g;
+  struct group* found = nullptr;
+  if (::getgrnam_r(group.c_str(), &g, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+    return found->gr_gid;
+  }
+  if (std::all_of(group.begin(), group.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      group.size() < 10) {
+    return static_cast<gid_t>(std::stoul(group));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown group \"", group, "\""));
+}
+
+absl::Status SetMode(const std::string& path, mode_t mode, gid_t gid) {
+  if (gid != static_cast<gid_t>(-1) &&
+      ::fchownat(AT_FDCWD, path.c_str(), static_cast<uid_t>(-1), gid, AT_SYMLINK_NOFOLLOW) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("chown ", path, " to group ", gid));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("stat ", path));
+  if (S_ISLNK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is a symbolic link"));
+  }
+  if (::chmod(path.c_str(), mode) != 0) return ErrnoStatus(errno, absl::StrCat("chmod ", path));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(

@@ -55,6 +55,17 @@ absl::Status MakeDirs(const std::string& path);
 // Reads a whole file. kNotFound if it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// Reads a whole file that must be a regular file reached without following
+// a symbolic link (dpproxy's own state): kNotFound if it does not exist,
+// kFailedPrecondition naming the path if it is a link, a directory or
+// anything else but a regular file, kPermissionDenied/kInternal with the
+// errno text for other errors (EIO, EMFILE, EACCES: never "corrupt").
+absl::StatusOr<std::string> ReadOwnFile(const std::string& path);
+
+// Opens (creating with `mode` if missing, whatever the umask) a regular
+// file for appending, without following a link at `path`. Returns the fd.
+absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode);
+
 // Writes all of `data` to `fd` (retrying short writes); errors name `path`.
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path);
 
@@ -62,14 +73,48 @@ absl::Status WriteAll(int fd, absl::string_view data, const std::string& path);
 absl::Status SyncDir(const std::string& dir);
 
 // Replaces `path` with `contents` so that a crash leaves either the old or the
-// new file: writes `path`.tmp, fsyncs it, renames it over `path`, fsyncs the
+// new file: writes a fresh temporary file beside it (`path`.tmp.XXXXXX,
+// created exclusively, so a planted file or link there is never written
+// through), fsyncs it, gives it `mode` (whatever the umask), renames it over
+// `path` (replacing a link at `path`, never its target), fsyncs the
 // directory. On failure the temporary file is removed and `path` is intact.
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
+                             mode_t mode = 0600);
 
 // What a kubelet does to device-plugins/ at start: removes every entry that
 // is not a directory, except the names in `keep`. Returns the removed names.
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
     const std::string& dir, const std::vector<std::string>& keep);
+
+// What dpproxy does to its own plugin directory at start: removes stale
+// Unix sockets (so plugins notice and register again) and nothing else:
+// regular files, directories and links are left alone, and the directory
+// is opened without following a link. Returns the removed names.
+absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& dir);
+
+// The canonical absolute path of `path` (symlinks and ".." resolved). A
+// path that does not exist yet is resolved through its deepest existing
+// ancestor, with the missing components appended.
+absl::StatusOr<std::string> ResolvePath(const std::string& path);
+
+// True if directory `inner` is `outer` or lies below it, compared by
+// identity (device and inode of each ancestor of the resolved `inner`), so
+// "..", symlinks and bind mounts do not hide it. Paths that do not exist
+// are compared through ResolvePath.
+bool IsSameOrInside(const std::string& inner, const std::string& outer);
+
+// Checks a directory dpproxy creates files in: it must be a directory
+// (after resolving links), owned by root or by the effective user, and not
+// writable by other users (who could plant files or links in it).
+// kFailedPrecondition naming the directory and the problem.
+absl::Status CheckOwnDirectory(const std::string& dir);
+
+// chmod (and chown to `gid` unless it is -1) of a socket or file dpproxy
+// created, without following a link.
+absl::Status SetMode(const std::string& path, mode_t mode, gid_t gid = static_cast<gid_t>(-1));
+
+// A group name or number -> gid. kInvalidArgument naming it if unknown.
+absl::StatusOr<gid_t> ResolveGroup(const std::string& group);
 
 // Errno text, e.g. "No such file or directory".
 std::string ErrnoText(int err);

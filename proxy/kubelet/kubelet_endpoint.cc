@@ -334,6 +334,14 @@ absl::Status KubeletEndpoint::Serve() {
     served_id_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));
   }
+  // Only the kubelet (root) may connect, whatever the umask.
+  if (absl::Status m = SetMode(socket_path_, 0700); !m.ok()) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    served_id_.reset();
+    return m;
+  }
   served_id_ = StatFileId(socket_path_);
   return absl::OkStatus();
 }

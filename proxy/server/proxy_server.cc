@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -29,11 +30,16 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("plugin directory \"", c.plugin_dir, "\" must be an absolute path"));
   }
-  if (c.plugin_dir == DevicePluginDir(c.kubelet)) {
+  // Compared by identity (device and inode of every ancestor, links and
+  // ".." resolved), not by spelling: dpproxy removes stale sockets from its
+  // plugin directory at start and must never do so in the kubelet's.
+  if (IsSameOrInside(c.plugin_dir, c.kubelet.kubelet_root) ||
+      IsSameOrInside(c.kubelet.kubelet_root, c.plugin_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "plugin directory ", c.plugin_dir,
-        " is the kubelet's own device-plugins directory; plugins must register with the "
-        "proxy in a directory of its own (default /var/lib/dpproxy/device-plugins)"));
+        "plugin directory ", c.plugin_dir, " is, contains or lies inside the kubelet root ",
+        c.kubelet.kubelet_root,
+        "; plugins must register with the proxy in a directory of its own (default "
+        "/var/lib/dpproxy/device-plugins)"));
   }
   DPP_RETURN_IF_ERROR(ValidateSocketPath(JoinPath(c.plugin_dir, kKubeletSocketName)));
   DPP_RETURN_IF_ERROR(ValidateSocketPath(KubeletSocketPath(c.kubelet)));
@@ -48,10 +54,21 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("state directory \"", c.state_dir, "\" must be an absolute path"));
     }
-    if (c.state_dir == c.plugin_dir || c.state_dir == DevicePluginDir(c.kubelet)) {
+    if (IsSameOrInside(c.state_dir, c.plugin_dir)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "state directory ", c.state_dir,
-          " must not be a plugin directory: those are wiped at start"));
+          "state directory ", c.state_dir, " is or lies inside the plugin directory ",
+          c.plugin_dir, "; keep them apart (default: state in /var/lib/dpproxy, plugins in "
+          "/var/lib/dpproxy/device-plugins)"));
+    }
+    if (IsSameOrInside(c.state_dir, c.kubelet.kubelet_root)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state directory ", c.state_dir, " lies inside the kubelet root ",
+          c.kubelet.kubelet_root, "; dpproxy keeps its state in a directory of its own"));
+    }
+  }
+  if (!c.socket_group.empty()) {
+    if (absl::StatusOr<gid_t> g = ResolveGroup(c.socket_group); !g.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("socket group: ", g.status().message()));
     }
   }
   if (c.restore_hold < absl::ZeroDuration()) {
@@ -123,15 +140,22 @@ absl::Status ProxyServer::Start() {
   // State first: remembered resources are served and registered before any
   // backend is back.
   if (!config_.state_dir.empty()) {
-    if (absl::Status s = MakeDirs(config_.state_dir); !s.ok()) {
-      Shutdown();
-      return s;
+    absl::Status s = MakeDirs(config_.state_dir);
+    if (s.ok()) s = CheckOwnDirectory(config_.state_dir);
+    if (s.ok()) {
+      keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
+      s = RestoreState();
     }
-    keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
-    RestoreState();
+    if (!s.ok()) {
+      Shutdown();
+      return absl::FailedPreconditionError(
+          absl::StrCat("state directory ", config_.state_dir, ": ", s.message()));
+    }
   }
+  BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout};
+  if (!config_.socket_group.empty()) reg_options.socket_gid = *ResolveGroup(config_.socket_group);
   registration_ = std::make_unique<BackendRegistrationServer>(
-      BackendRegistrationServer::Options{config_.plugin_dir, config_.dial_timeout},
+      reg_options,
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }, &events_);
   if (absl::Status s = registration_->Start(); !s.ok()) {
     Shutdown();
@@ -232,14 +256,9 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
               << name;
   }
   Entry* e = EnsureEntry(name);
-  if (e->resource->AttachBackend(std::move(backend))) {
-    // Options changed: kubelets up to 1.24 only read them at registration.
-    absl::MutexLock lock(&mu_);
-    if (e->registered_with.has_value()) {
-      LOG(INFO) << "resource " << name << ": options changed; registering again";
-      e->registered_with.reset();
-    }
-  }
+  // Options may change: the registrar compares them with those it
+  // registered (kubelets up to 1.24 only read them at registration).
+  (void)e->resource->AttachBackend(std::move(backend));
   WakeRegistrar();
   return absl::OkStatus();
 }
@@ -299,39 +318,59 @@ absl::Status ProxyServer::ReconcileOnce() {
     return absl::UnavailableError(
         absl::StrCat("pod-resources List failed: ", DescribeGrpcStatus(st)));
   }
-  // Who holds which devices, per resource: "resource\0sorted ids" -> holder.
+  // Who holds which devices. A real kubelet lists one ContainerDevices per
+  // device ID (older ones may group them): a container holds an allocation
+  // if the union of its entries for that resource has every device of it.
   struct Holder {
     std::string ns, pod, container;
   };
-  auto key = [](const std::string& resource, std::vector<std::string> ids) {
-    std::sort(ids.begin(), ids.end());
-    return absl::StrCat(resource, std::string(1, '\0'), absl::StrJoin(ids, ","));
-  };
-  std::map<std::string, Holder> held;
+  std::vector<Holder> holders;
+  // (resource, device id) -> indexes into holders
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> held;
   for (const auto& pod : list.pod_resources()) {
     for (const auto& c : pod.containers()) {
+      const size_t index = holders.size();
+      holders.push_back(Holder{pod.namespace_(), pod.name(), c.name()});
       for (const auto& d : c.devices()) {
-        held[key(d.resource_name(), {d.device_ids().begin(), d.device_ids().end()})] =
-            Holder{pod.namespace_(), pod.name(), c.name()};
+        for (const std::string& id : d.device_ids()) {
+          std::vector<size_t>& h = held[{d.resource_name(), id}];
+          if (h.empty() || h.back() != index) h.push_back(index);
+        }
       }
     }
   }
   state::State st_now = keeper_->Snapshot();
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-  std::set<std::string> matched;  // device sets already given to a newer entry
+  // Devices already given to a newer matched entry: an older entry naming
+  // one of them is superseded.
+  std::set<std::pair<std::string, std::string>> claimed;
+  std::vector<StateKeeper::Holder> annotate;
   std::vector<uint64_t> release;
   std::set<uint64_t> missing;
-  int annotated = 0;
-  // Newest first: when a device set was allocated several times, the newest
+  // Newest first: when a device was allocated several times, the newest
   // entry is the one a running pod holds.
   for (int i = st_now.allocations_size() - 1; i >= 0; --i) {
     const state::Allocation& a = st_now.allocations(i);
-    const std::string k = key(a.resource(), {a.device_ids().begin(), a.device_ids().end()});
-    auto h = held.find(k);
-    if (h != held.end() && matched.insert(k).second) {
-      if (keeper_->Annotate(a.id(), h->second.ns, h->second.pod, h->second.container).ok()) {
-        ++annotated;
+    std::vector<size_t> candidates;
+    bool superseded = false;
+    for (int k = 0; k < a.device_ids_size(); ++k) {
+      const std::pair<std::string, std::string> key{a.resource(), a.device_ids(k)};
+      if (claimed.count(key) > 0) superseded = true;
+      auto h = held.find(key);
+      std::vector<size_t> here = h == held.end() ? std::vector<size_t>() : h->second;
+      if (k == 0) {
+        candidates = std::move(here);
+      } else {
+        std::vector<size_t> both;
+        std::set_intersection(candidates.begin(), candidates.end(), here.begin(), here.end(),
+                              std::back_inserter(both));
+        candidates = std::move(both);
       }
+    }
+    if (!superseded && !candidates.empty() && a.device_ids_size() > 0) {
+      const Holder& h = holders[candidates.front()];
+      annotate.push_back(StateKeeper::Holder{a.id(), h.ns, h.pod, h.container});
+      for (const std::string& id : a.device_ids()) claimed.insert({a.resource(), id});
       continue;
     }
     const bool old_enough =
@@ -347,17 +386,20 @@ absl::Status ProxyServer::ReconcileOnce() {
   if (!release.empty()) {
     LOG(INFO) << "reconciliation: releasing " << release.size()
               << " journal entries whose pods are gone";
-    DPP_RETURN_IF_ERROR(keeper_->Release(release));
   }
+  absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
+  if (!annotated.ok()) return annotated.status();
   events_.Emit("reconciled", {{"pods", list.pod_resources_size()},
-                              {"annotated", annotated},
+                              {"annotated", *annotated},
                               {"released", release.size()},
                               {"missing_once", missing_once_.size()}});
   return absl::OkStatus();
 }
 
-void ProxyServer::RestoreState() {
-  state::State st = keeper_->Load();
+absl::Status ProxyServer::RestoreState() {
+  absl::StatusOr<state::State> loaded = keeper_->Load();
+  if (!loaded.ok()) return loaded.status();
+  const state::State& st = *loaded;
   const absl::Duration trust =
       config_.restore_policy == RestorePolicy::kTrust ? config_.restore_hold : absl::ZeroDuration();
   for (const state::Resource& r : st.resources()) {
@@ -379,6 +421,7 @@ void ProxyServer::RestoreState() {
                                        {"devices", r.devices_size()},
                                        {"trusted_seconds", absl::ToInt64Seconds(trust)}});
   }
+  return absl::OkStatus();
 }
 
 void ProxyServer::PersistResources() {
@@ -418,7 +461,7 @@ void ProxyServer::WriteStatusIfChanged() {
   // once a second, so the file is at most a second behind.
   std::string text = st.dump(1);
   if (text == last_status_) return;
-  if (absl::Status s = WriteFileAtomic(config_.status_file, text + "\n"); !s.ok()) {
+  if (absl::Status s = WriteFileAtomic(config_.status_file, text + "\n", 0640); !s.ok()) {
     LOG(WARNING) << "cannot write status file: " << s.message();
     return;
   }
@@ -478,10 +521,14 @@ void ProxyServer::CheckKubelet() {
   std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(config_.kubelet));
   if (!kubelet.has_value()) return;  // no kubelet yet; the watcher wakes us
   for (Entry* e : entries) {
+    const std::string options = e->resource->options().SerializeAsString();
     {
       absl::MutexLock lock(&mu_);
-      if (e->registered_with == kubelet || e->failed_with == kubelet) continue;
-      if (e->registered_with.has_value()) {
+      if (e->failed_with == kubelet) continue;
+      if (e->registered_with == kubelet) {
+        if (e->registered_options == options) continue;
+        LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+      } else if (e->registered_with.has_value()) {
         LOG(INFO) << "resource " << e->resource->name()
                   << ": kubelet restart detected (new kubelet.sock); registering again";
         events_.Emit("kubelet_restart_detected",
@@ -492,6 +539,7 @@ void ProxyServer::CheckKubelet() {
     absl::MutexLock lock(&mu_);
     if (s.ok()) {
       e->registered_with = kubelet;
+      e->registered_options = options;
       e->failed_with.reset();
     } else if (s.code() != absl::StatusCode::kUnavailable) {
       e->failed_with = kubelet;  // refused: try again with the next kubelet
@@ -540,7 +588,10 @@ Json ProxyServer::Status() {
   if (keeper_) {
     state = {{"path", keeper_->path()},
              {"allocations", keeper_->AllocationCount()},
-             {"save_failures", keeper_->save_failures()}};
+             {"save_failures", keeper_->save_failures()},
+             {"writable", keeper_->writable()},
+             {"last_write_error", keeper_->writable() ? std::string()
+                                                      : keeper_->last_write_error()}};
   }
   Json losses = Json::object();
   for (const auto& [res, kinds] : losses_.Snapshot()) {

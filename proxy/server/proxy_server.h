@@ -77,6 +77,9 @@ struct ProxyConfig {
   // pod holds in two consecutive answers, and that are older than the grace,
   // are released.
   absl::Duration reconcile_interval = absl::Minutes(1);
+  // Group allowed to use the backend registration socket (mode 0660); ""
+  // keeps it 0700 (root's plugins only). Name or number.
+  std::string socket_group;
   // Prometheus endpoint (host:port) served by the dpproxy binary; "" = none.
   std::string metrics_address;
   absl::Duration reconcile_grace = absl::Minutes(5);
@@ -121,6 +124,9 @@ class ProxyServer {
     std::unique_ptr<KubeletEndpoint> endpoint;
     std::optional<FileId> registered_with;  // kubelet.sock it registered at
     std::optional<FileId> failed_with;      // kubelet.sock that refused it
+    // Options sent in that registration (serialized): kubelets up to 1.24
+    // read them only there, so a change means registering again.
+    std::string registered_options;
     bool static_backend = false;
     StaticBackendConfig static_config;
     std::string restored_kubelet_api;  // from the state file, until registered
@@ -132,7 +138,7 @@ class ProxyServer {
   void WakeRegistrar();
   void ConnectStatic(Entry* e);
   void WriteStatusIfChanged();
-  void RestoreState();
+  absl::Status RestoreState();
   void PersistResources();
   void ReconcileLoop();
 

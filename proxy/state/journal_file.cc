@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "proxy/common/encoding.h"
 #include "proxy/common/files.h"
 #include "proxy/state/state_store.h"
+#include <time.h>
 
 namespace dpproxy {
 namespace {
@@ -26,9 +28,32 @@ absl::Status Errno(const std::string& what) {
   return absl::InternalError(msg);
 }
 
+void AppendRecord(const state::Allocation& a, std::string* out) {
+  std::string payload;
+  a.SerializeToString(&payload);
+  PutLittleEndian<uint32_t>(out, static_cast<uint32_t>(payload.size()));
+  PutLittleEndian<uint64_t>(out, Fnv64(payload));
+  *out += payload;
+}
+
 }  // namespace
 
-void MergeJournal(const std::vector<state::Allocation>& records, state::State* st);
+namespace {
+
+// The record at `pos`, if an intact one starts there.
+bool RecordAt(const std::string& bytes, size_t pos, state::Allocation* out, size_t* size) {
+  if (pos + kRecordHeader > bytes.size()) return false;
+  const uint32_t len = GetLittleEndian<uint32_t>(bytes, pos);
+  if (len > bytes.size() - pos - kRecordHeader) return false;
+  const uint64_t sum = GetLittleEndian<uint64_t>(bytes, pos + 4);
+  const char* payload = bytes.data() + pos + kRecordHeader;
+  if (Fnv64(absl::string_view(payload, len)) != sum) return false;
+  if (!out->ParseFromArray(payload, static_cast<int>(len))) return false;
+  *size = kRecordHeader + len;
+  return true;
+}
+
+}  // namespace
 
 absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
   JournalContents out;
@@ -36,16 +61,27 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
     return absl::DataLossError("not a dpproxy journal (bad magic)");
   }
   size_t pos = sizeof(kMagic);
-  while (pos + kRecordHeader <= bytes.size()) {
-    const uint32_t len = GetLittleEndian<uint32_t>(bytes, pos);
-    const uint64_t sum = GetLittleEndian<uint64_t>(bytes, pos + 4);
-    if (pos + kRecordHeader + len > bytes.size()) break;  // torn
-    const char* payload = bytes.data() + pos + kRecordHeader;
-    if (Fnv64(absl::string_view(payload, len)) != sum) break;  // torn
+  while (pos < bytes.size()) {
     state::Allocation a;
-    if (!a.ParseFromArray(payload, static_cast<int>(len))) break;
-    out.records.push_back(std::move(a));
-    pos += kRecordHeader + len;
+    size_t size = 0;
+    if (RecordAt(bytes, pos, &a, &size)) {
+      out.records.push_back(std::move(a));
+      pos += size;
+      continue;
+    }
+    // Bad bytes at `pos`. Look for an intact record further on: if there is
+    // one, this is damage in the middle, not a torn tail. A false match
+    // needs a 64-bit checksum to agree by chance and the bytes to parse.
+    size_t next = pos + 1;
+    for (; next < bytes.size(); ++next) {
+      state::Allocation probe;
+      size_t probe_size = 0;
+      if (RecordAt(bytes, next, &probe, &probe_size)) break;
+    }
+    if (next >= bytes.size()) break;  // nothing intact after it: a torn tail
+    out.damaged_bytes += next - pos;
+    ++out.damaged_regions;
+    pos = next;
   }
   out.valid_bytes = pos;
   out.cut_bytes = bytes.size() - pos;
@@ -53,43 +89,92 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
 }
 
 absl::StatusOr<state::State> ReadStateDir(const std::string& dir) {
-  state::State st;
-  absl::StatusOr<std::string> snap = ReadFile(JoinPath(dir, "state.pb"));
+  StateDirReport r = InspectStateDir(dir);
+  if (r.refuses_start) {
+    return absl::FailedPreconditionError(r.problems.empty() ? "unusable" : r.problems[0]);
+  }
+  for (const std::string& p : r.problems) {
+    if (p.find("not trusted") != std::string::npos) return absl::DataLossError(p);
+  }
+  return std::move(r.state);
+}
+
+StateDirReport InspectStateDir(const std::string& dir) {
+  StateDirReport r;
+  const std::string snap_path = JoinPath(dir, "state.pb");
+  const std::string journal_path = JoinPath(dir, "journal.wal");
+  absl::StatusOr<std::string> snap = ReadOwnFile(snap_path);
   if (snap.ok()) {
     absl::StatusOr<state::State> decoded = DecodeStateFile(*snap);
-    if (!decoded.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(JoinPath(dir, "state.pb"), ": ", decoded.status().message()));
+    if (decoded.ok()) {
+      r.state = *std::move(decoded);
+    } else {
+      r.problems.push_back(absl::StrCat(snap_path, " is not trusted (", decoded.status().message(),
+                                        "): dpproxy moves it aside and starts without it"));
     }
-    st = *std::move(decoded);
   } else if (snap.status().code() != absl::StatusCode::kNotFound) {
-    return snap.status();
+    r.refuses_start = true;
+    r.problems.push_back(absl::StrCat(snap.status().message(), ": dpproxy refuses to start"));
   }
-  absl::StatusOr<std::string> journal = ReadFile(JoinPath(dir, "journal.wal"));
+  absl::StatusOr<std::string> journal = ReadOwnFile(journal_path);
   if (journal.ok() && !journal->empty()) {
     absl::StatusOr<JournalContents> j = ParseJournal(*journal);
     if (!j.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(JoinPath(dir, "journal.wal"), ": ", j.status().message()));
+      r.problems.push_back(absl::StrCat(journal_path, " is not trusted (", j.status().message(),
+                                        "): dpproxy moves it aside and starts without it"));
+    } else {
+      if (j->damaged_bytes > 0) {
+        r.problems.push_back(absl::StrCat(
+            journal_path, " is damaged in the middle: ", j->damaged_bytes, " bad byte(s) in ",
+            j->damaged_regions, " place(s) between intact records; dpproxy keeps the ",
+            j->records.size(), " intact record(s), copies the file aside and rewrites it"));
+      }
+      if (j->cut_bytes > 0) {
+        r.problems.push_back(absl::StrCat(
+            journal_path, " ends in a torn record (", j->cut_bytes,
+            " byte(s), never acknowledged): dpproxy cuts it at start"));
+      }
+      MergeJournal(j->records, &r.state);
     }
-    MergeJournal(j->records, &st);
+  } else if (!journal.ok() && journal.status().code() != absl::StatusCode::kNotFound) {
+    r.refuses_start = true;
+    r.problems.push_back(absl::StrCat(journal.status().message(), ": dpproxy refuses to start"));
   }
-  return st;
+  return r;
 }
 
 void MergeJournal(const std::vector<state::Allocation>& records, state::State* st) {
   uint64_t max_id = st->next_allocation_id();
-  std::set<uint64_t> known;
+  // id -> what identifies the allocation (annotations may differ: they are
+  // added to the snapshot after the record was journaled).
+  auto identity = [](const state::Allocation& a) {
+    state::Allocation c = a;
+    c.clear_pod_namespace();
+    c.clear_pod_name();
+    c.clear_container();
+    return c.SerializeAsString();
+  };
+  std::map<uint64_t, std::string> known;
   for (const auto& a : st->allocations()) {
-    known.insert(a.id());
+    known[a.id()] = identity(a);
     max_id = std::max<uint64_t>(max_id, a.id());
   }
+  for (const auto& a : records) max_id = std::max<uint64_t>(max_id, a.id());
   for (const auto& a : records) {
-    // Records saved into a snapshot before a crash could reset the journal
-    // are in both: keep one.
-    if (!known.insert(a.id()).second) continue;
+    auto it = known.find(a.id());
+    if (it != known.end()) {
+      // Saved into a snapshot before a crash could reset the journal: keep
+      // one. A different allocation under the same id is never dropped: it
+      // gets a fresh id.
+      if (it->second == identity(a)) continue;
+      state::Allocation renumbered = a;
+      renumbered.set_id(++max_id);
+      known[renumbered.id()] = identity(renumbered);
+      *st->add_allocations() = std::move(renumbered);
+      continue;
+    }
+    known[a.id()] = identity(a);
     *st->add_allocations() = a;
-    max_id = std::max<uint64_t>(max_id, a.id());
   }
   st->set_next_allocation_id(max_id);
 }
@@ -100,10 +185,20 @@ JournalFile::~JournalFile() {
 
 absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   if (fd_ >= 0) ::close(fd_);
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) return Errno(absl::StrCat("open ", path_));
-  absl::StatusOr<std::string> bytes = ReadFile(path_);
-  if (!bytes.ok()) return bytes.status();
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd_ < 0) {
+    if (errno == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path_, " is a symbolic link; dpproxy does not follow links in its state directory"));
+    }
+    return Errno(absl::StrCat("open ", path_));
+  }
+  absl::StatusOr<std::string> bytes = ReadOwnFile(path_);
+  if (!bytes.ok()) {
+    ::close(fd_);
+    fd_ = -1;
+    return bytes.status();
+  }
   Replay replay;
   if (bytes->empty()) {
     std::string magic(kMagic, sizeof(kMagic));
@@ -125,6 +220,24 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   }
   replay.records = std::move(contents->records);
   replay.cut_bytes = contents->cut_bytes;
+  replay.damaged_bytes = contents->damaged_bytes;
+  replay.damaged_regions = contents->damaged_regions;
+  if (replay.damaged_bytes > 0) {
+    // Keep the damaged file for inspection, then rewrite the journal with
+    // the intact records only, so appends never follow bad bytes.
+    replay.damaged_copy = absl::StrCat(path_, ".damaged-", ::time(nullptr));
+    if (absl::Status w = WriteFileAtomic(replay.damaged_copy, *bytes, 0600); !w.ok()) return w;
+    std::string clean(kMagic, sizeof(kMagic));
+    for (const state::Allocation& a : replay.records) AppendRecord(a, &clean);
+    if (absl::Status w = WriteFileAtomic(path_, clean, 0600); !w.ok()) return w;
+    ::close(fd_);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd_ < 0) return Errno(absl::StrCat("open ", path_));
+    size_ = clean.size();
+    records_ = replay.records.size();
+    replay.cut_bytes = 0;
+    return replay;
+  }
   const size_t pos = contents->valid_bytes;
   if (replay.cut_bytes > 0) {
     if (::ftruncate(fd_, static_cast<off_t>(pos)) != 0) {
@@ -140,13 +253,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
 absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) {
   if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
   std::string data;
-  for (const state::Allocation& a : records) {
-    std::string payload;
-    a.SerializeToString(&payload);
-    PutLittleEndian<uint32_t>(&data, static_cast<uint32_t>(payload.size()));
-    PutLittleEndian<uint64_t>(&data, Fnv64(payload));
-    data += payload;
-  }
+  for (const state::Allocation& a : records) AppendRecord(a, &data);
   if (::lseek(fd_, static_cast<off_t>(size_), SEEK_SET) < 0) {
     return Errno(absl::StrCat("seek ", path_));
   }

@@ -9,8 +9,12 @@
 //            payload (a serialized dpproxy.state.Allocation)
 //
 // A record is acknowledged only after fdatasync returns, so a record torn by
-// a crash was never acknowledged: replay stops at the first record that is
-// short or fails its checksum and cuts the file there.
+// a crash was never acknowledged. Replay tells two kinds of bad bytes apart:
+//   - a torn tail: bad bytes with no intact record after them, the last
+//     append interrupted by a crash. Cut; nothing acknowledged is lost.
+//   - damage in the middle: bad bytes followed by intact records (a bad
+//     disk, a stray write). Every intact record is kept, the damaged file is
+//     kept aside for inspection, and the damage is reported.
 #ifndef DPPROXY_PROXY_STATE_JOURNAL_FILE_H_
 #define DPPROXY_PROXY_STATE_JOURNAL_FILE_H_
 
@@ -25,8 +29,12 @@ namespace dpproxy {
 
 struct JournalContents {
   std::vector<state::Allocation> records;
-  size_t valid_bytes = 0;  // through the last intact record
-  size_t cut_bytes = 0;    // torn tail after it
+  size_t valid_bytes = 0;    // through the last intact record
+  size_t cut_bytes = 0;      // torn tail after it
+  // Bad bytes before the last intact record (damage in the middle), and in
+  // how many separate places.
+  size_t damaged_bytes = 0;
+  int damaged_regions = 0;
 };
 
 // Parses journal bytes without touching any file. kDataLoss on bad magic.
@@ -40,6 +48,18 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
 // dpproxy would load, for dpctl and tests. A missing journal is empty.
 absl::StatusOr<state::State> ReadStateDir(const std::string& dir);
 
+// What dpproxy would find in a state directory at start, without changing
+// anything (dpctl verify). `problems` lists every condition dpproxy would
+// refuse to start on or repair (moved aside, cut, rewritten); empty means
+// intact.
+struct StateDirReport {
+  state::State state;  // what would be loaded (snapshot + journal)
+  std::vector<std::string> problems;
+  // dpproxy would refuse to start (unreadable, not a file, a link).
+  bool refuses_start = false;
+};
+StateDirReport InspectStateDir(const std::string& dir);
+
 class JournalFile {
  public:
   explicit JournalFile(std::string path) : path_(std::move(path)) {}
@@ -49,10 +69,19 @@ class JournalFile {
     std::vector<state::Allocation> records;
     // Bytes cut from the end (a torn, never acknowledged record); 0 if none.
     size_t cut_bytes = 0;
+    // Damage in the middle: bad bytes between intact records. The file was
+    // copied to `damaged_copy` and rewritten with the intact records only.
+    size_t damaged_bytes = 0;
+    int damaged_regions = 0;
+    std::string damaged_copy;
   };
 
-  // Opens (creating if needed) and reads every intact record, cutting a
-  // torn tail. kDataLoss if the file exists but is not a journal (bad magic).
+  // Opens (creating if needed, mode 0600, never through a link) and reads
+  // every intact record, cutting a torn tail and rewriting around damage in
+  // the middle. kDataLoss if the file exists but is not a journal (bad
+  // magic); any other error (EIO, EROFS, a directory in its place) is
+  // returned as it is: the journal is then not usable and nothing is
+  // changed.
   absl::StatusOr<Replay> Open();
 
   // Appends the records and syncs; on failure the file is cut back to where

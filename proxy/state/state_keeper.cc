@@ -5,9 +5,12 @@
 #include <stdio.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proxy/common/files.h"
 
 namespace dpproxy {
 
@@ -27,8 +30,12 @@ std::string JournalPathFor(const std::string& snapshot) {
 StateKeeper::StateKeeper(std::string path, EventLog* events)
     : store_(path), journal_(JournalPathFor(path)), events_(events) {}
 
-state::State StateKeeper::Load() {
+absl::StatusOr<state::State> StateKeeper::Load() {
   absl::StatusOr<state::State> s = store_.Load();
+  if (!s.ok() && s.status().code() != absl::StatusCode::kDataLoss) {
+    // Unreadable but not proven corrupt: never start empty over it.
+    return s.status();
+  }
   absl::MutexLock lock(&mu_);
   absl::StatusOr<JournalFile::Replay> replay = journal_.Open();
   if (!replay.ok() && replay.status().code() == absl::StatusCode::kDataLoss) {
@@ -37,22 +44,41 @@ state::State StateKeeper::Load() {
         absl::StrCat(journal_.path(), ".corrupt-", absl::ToUnixSeconds(absl::Now()));
     LOG(ERROR) << replay.status().message() << "; moved aside to " << aside;
     events_->Emit("state_untrusted", {{"path", journal_.path()},
-                                      {"error", std::string(replay.status().message())}});
-    ::rename(journal_.path().c_str(), aside.c_str());
+                                      {"error", std::string(replay.status().message())},
+                                      {"moved_to", aside}});
+    if (::rename(journal_.path().c_str(), aside.c_str()) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot move the untrusted journal ", journal_.path(), " aside: ", ErrnoText(errno)));
+    }
     replay = journal_.Open();
   }
-  journal_ok_ = replay.ok();
   if (!replay.ok()) {
-    LOG(ERROR) << "cannot open the allocation journal: " << replay.status().message();
-  } else if (replay->cut_bytes > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open the allocation journal: ", replay.status().message(),
+        "; dpproxy does not run without it (allocation IDs would collide with the records "
+        "it holds)"));
+  }
+  journal_ok_ = true;
+  if (replay->cut_bytes > 0) {
     LOG(WARNING) << "journal " << journal_.path() << ": cut " << replay->cut_bytes
                  << " bytes of a record torn by a crash (it was never acknowledged)";
     events_->Emit("journal_torn_tail", {{"path", journal_.path()},
                                         {"bytes", replay->cut_bytes}});
   }
+  if (replay->damaged_bytes > 0) {
+    LOG(ERROR) << "journal " << journal_.path() << " was damaged in the middle: "
+               << replay->damaged_bytes << " bad bytes in " << replay->damaged_regions
+               << " place(s); kept all " << replay->records.size()
+               << " intact records, the damaged file is at " << replay->damaged_copy;
+    events_->Emit("journal_damaged", {{"path", journal_.path()},
+                                      {"bytes", replay->damaged_bytes},
+                                      {"regions", replay->damaged_regions},
+                                      {"intact_records", replay->records.size()},
+                                      {"copy", replay->damaged_copy}});
+  }
   if (s.ok()) {
     state_ = *std::move(s);
-    if (replay.ok()) MergeJournal(replay->records, &state_);
+    MergeJournal(replay->records, &state_);
     LOG(INFO) << "state loaded from " << store_.path() << ": " << state_.resources_size()
               << " resources, " << state_.allocations_size() << " allocations";
     events_->Emit("state_loaded", {{"path", store_.path()},
@@ -62,19 +88,40 @@ state::State StateKeeper::Load() {
     state_ = state::State();
     // The journal alone still holds the allocations recorded since the last
     // snapshot; they are trusted (each record has its own checksum).
-    if (replay.ok()) MergeJournal(replay->records, &state_);
+    MergeJournal(replay->records, &state_);
     LOG(ERROR) << s.status().message();
     events_->Emit("state_untrusted", {{"path", store_.path()},
                                       {"error", std::string(s.status().message())}});
   }
   // Fold what the journal held into a fresh snapshot.
-  if (replay.ok() && !replay->records.empty()) (void)SaveLocked();
+  if (!replay->records.empty()) {
+    if (absl::Status save = SaveLocked(); !save.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write the state after loading it: ", save.message()));
+    }
+  }
   return state_;
+}
+
+void StateKeeper::NoteWrite(const absl::Status& s) {
+  if (s.ok()) {
+    writable_ = true;
+    return;
+  }
+  ++write_failures_;
+  writable_ = false;
+  last_write_error_ = std::string(s.message());
+}
+
+std::string StateKeeper::last_write_error() {
+  absl::MutexLock lock(&mu_);
+  return last_write_error_;
 }
 
 absl::Status StateKeeper::SaveLocked() {
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
   absl::Status s = store_.Save(state_);
+  NoteWrite(s);
   if (s.ok() && journal_ok_) {
     // Every journaled allocation is in the snapshot now. A crash before the
     // reset replays them again; Load() keeps one of each.
@@ -87,7 +134,7 @@ absl::Status StateKeeper::SaveLocked() {
                << s.message();
     events_->Emit("state_save_failed", {{"path", store_.path()},
                                         {"error", std::string(s.message())},
-                                        {"failures", store_.save_failures()}});
+                                        {"failures", write_failures_.load()}});
   }
   return s;
 }
@@ -116,10 +163,12 @@ absl::Status StateKeeper::Record(const std::string& resource,
   absl::Status s;
   if (journal_ok_) {
     s = journal_.Append(records);
+    NoteWrite(s);
     if (!s.ok()) {
       LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
       events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                          {"error", std::string(s.message())}});
+                                          {"error", std::string(s.message())},
+                                          {"failures", write_failures_.load()}});
       return s;  // nothing recorded
     }
   }
@@ -188,6 +237,36 @@ absl::Status StateKeeper::Annotate(uint64_t id, const std::string& pod_namespace
     return SaveLocked();
   }
   return absl::NotFoundError(absl::StrCat("no allocation ", id));
+}
+
+absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
+                                           const std::vector<uint64_t>& release) {
+  absl::MutexLock lock(&mu_);
+  std::map<uint64_t, const Holder*> by_id;
+  for (const Holder& h : holders) by_id[h.id] = &h;
+  const std::set<uint64_t> gone(release.begin(), release.end());
+  int changed = 0;
+  auto* all = state_.mutable_allocations();
+  const int before = all->size();
+  for (state::Allocation& a : *all) {
+    auto it = by_id.find(a.id());
+    if (it == by_id.end()) continue;
+    const Holder& h = *it->second;
+    if (a.pod_namespace() == h.pod_namespace && a.pod_name() == h.pod_name &&
+        a.container() == h.container) {
+      continue;
+    }
+    a.set_pod_namespace(h.pod_namespace);
+    a.set_pod_name(h.pod_name);
+    a.set_container(h.container);
+    ++changed;
+  }
+  all->erase(std::remove_if(all->begin(), all->end(),
+                            [&](const state::Allocation& x) { return gone.count(x.id()) > 0; }),
+             all->end());
+  if (changed == 0 && all->size() == before) return 0;
+  if (absl::Status s = SaveLocked(); !s.ok()) return s;
+  return changed;
 }
 
 bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {

@@ -10,6 +10,7 @@
 #ifndef DPPROXY_PROXY_STATE_STATE_KEEPER_H_
 #define DPPROXY_PROXY_STATE_STATE_KEEPER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,10 +44,15 @@ class StateKeeper : public AllocationJournal {
   // journal.wal beside it.
   StateKeeper(std::string path, EventLog* events);
 
-  // Loads the file. A missing file is a fresh start; an untrusted one is
-  // moved aside, logged and reported as an event, and the keeper starts
-  // empty. Returns what was loaded.
-  state::State Load();
+  // Loads the snapshot and the journal. A missing file is a fresh start; one
+  // proven corrupt is moved aside, logged and reported as an event (the
+  // journal's intact records are still loaded). Damage in the middle of the
+  // journal keeps every intact record, copies the file aside and is
+  // reported. Anything else that keeps the state from being read or the
+  // journal from being opened for writing (EIO, EACCES, a read-only
+  // filesystem, a directory or a link in place of a file) is an error: the
+  // caller must not run on half the state.
+  absl::StatusOr<state::State> Load();
 
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const std::string& backend_api,
@@ -61,6 +67,16 @@ class StateKeeper : public AllocationJournal {
   absl::Status Annotate(uint64_t id, const std::string& pod_namespace,
                         const std::string& pod_name, const std::string& container);
 
+  // One reconciliation pass: names the holders of some allocations and
+  // forgets others, with one save if anything changed. Returns how many
+  // annotations changed.
+  struct Holder {
+    uint64_t id = 0;
+    std::string pod_namespace, pod_name, container;
+  };
+  absl::StatusOr<int> Reconcile(const std::vector<Holder>& holders,
+                                const std::vector<uint64_t>& release);
+
   // A copy of everything (for reconciliation and dpctl-like views).
   state::State Snapshot();
   // Cheap, for status and metrics.
@@ -68,10 +84,16 @@ class StateKeeper : public AllocationJournal {
   // Whether an allocation of `resource` in the journal names device `id`.
   bool HoldsDevice(const std::string& resource, const std::string& id);
   const std::string& path() const { return store_.path(); }
-  int64_t save_failures() const { return store_.save_failures(); }
+  // Failed writes of either kind: journal appends (each refused an
+  // Allocate) and snapshot saves.
+  int64_t save_failures() const { return write_failures_.load(); }
+  // False after a failed write until the next one succeeds; the error.
+  bool writable() const { return writable_.load(); }
+  std::string last_write_error();
 
  private:
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   FileStateStore store_;
   JournalFile journal_ ABSL_GUARDED_BY(mu_);
@@ -79,6 +101,9 @@ class StateKeeper : public AllocationJournal {
   EventLog* const events_;
   absl::Mutex mu_;
   state::State state_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> write_failures_{0};
+  std::atomic<bool> writable_{true};
+  std::string last_write_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dpproxy

@@ -61,10 +61,14 @@ absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes) {
 }
 
 absl::StatusOr<state::State> FileStateStore::Load() {
-  absl::StatusOr<std::string> bytes = ReadFile(path_);
+  absl::StatusOr<std::string> bytes = ReadOwnFile(path_);
   if (!bytes.ok()) {
     if (bytes.status().code() == absl::StatusCode::kNotFound) return state::State();
-    return bytes.status();
+    // Not proven corrupt (EIO, EMFILE, EACCES, a directory or a link in its
+    // place): the file may be fine, so it is neither moved nor replaced.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot read the state file: ", bytes.status().message(),
+        "; it is left as it is (only a file proven corrupt is moved aside)"));
   }
   absl::StatusOr<state::State> s = DecodeStateFile(*bytes);
   if (s.ok()) return s;
@@ -82,7 +86,7 @@ absl::StatusOr<state::State> FileStateStore::Load() {
 }
 
 absl::Status FileStateStore::Save(const state::State& s) {
-  absl::Status st = WriteFileAtomic(path_, EncodeStateFile(s));
+  absl::Status st = WriteFileAtomic(path_, EncodeStateFile(s), 0600);
   if (st.ok()) {
     ++saves_;
   } else {

@@ -42,9 +42,12 @@ class FileStateStore {
 
   const std::string& path() const { return path_; }
 
-  // The saved state; an empty State if there is no file yet. If the file
-  // cannot be trusted it is renamed to "<path>.corrupt-<unix seconds>" and
-  // kDataLoss is returned with the reason and the new name.
+  // The saved state; an empty State if there is no file yet. If the file is
+  // proven corrupt (bad magic, format version, length, checksum) it is
+  // renamed to "<path>.corrupt-<unix seconds>" and kDataLoss is returned
+  // with the reason and the new name. Any other error (EIO, EMFILE, EACCES,
+  // a directory or a symbolic link in its place) is kFailedPrecondition and
+  // changes nothing: the caller must not start on an empty state.
   absl::StatusOr<state::State> Load();
 
   // Atomically replaces the file. Blocks on fsync. Not thread-safe: the

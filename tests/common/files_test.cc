@@ -1,11 +1,14 @@
 #include "proxy/common/files.h"
 
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -38,13 +41,25 @@ TEST(FilesTest, JoinPath) {
   EXPECT_EQ(JoinPath("", "b"), "b");
 }
 
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  while (struct dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 TEST(FilesTest, WriteFileAtomicReplacesAndLeavesNoTemp) {
   testing::ShortTempDir dir;
   const std::string path = dir.Sub("state.json");
   ASSERT_TRUE(WriteFileAtomic(path, "one").ok());
   ASSERT_TRUE(WriteFileAtomic(path, "two").ok());
   EXPECT_EQ(*ReadFile(path), "two");
-  EXPECT_FALSE(PathExists(path + ".tmp"));
+  EXPECT_THAT(Entries(dir.path()), ElementsAre("state.json"));
 }
 
 TEST(FilesTest, WriteFileAtomicFailureKeepsOldFile) {
@@ -58,6 +73,7 @@ TEST(FilesTest, WriteFileAtomicFailureKeepsOldFile) {
     absl::Status s = WriteFileAtomic(path, "new");
     EXPECT_FALSE(s.ok());
     EXPECT_FALSE(PathExists(path + ".tmp"));
+    EXPECT_THAT(Entries(dir.path()), ElementsAre("d"));  // no temporary left
     EXPECT_TRUE(PathExists(path + "/x"));  // old content intact
     return;
   }
@@ -86,6 +102,134 @@ TEST(FilesTest, RemoveFilesExceptKeepsDirectoriesAndNamedFiles) {
   EXPECT_THAT(*removed, ElementsAre("DEPRECATION", "a.sock"));
   EXPECT_TRUE(PathExists(dir.Sub("kubelet_internal_checkpoint")));
   EXPECT_TRUE(PathExists(dir.Sub("subdir")));
+}
+
+// Creates a real Unix socket file at `path` (bound, then closed).
+void MakeSocketFile(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
+  ::close(fd);
+}
+
+TEST(FilesTest, RemoveStaleSocketsRemovesOnlySockets) {
+  testing::ShortTempDir dir;
+  testing::ShortTempDir elsewhere;
+  MakeSocketFile(dir.Sub("old-plugin.sock"));
+  MakeSocketFile(dir.Sub("kubelet.sock"));
+  MakeSocketFile(elsewhere.Sub("their.sock"));
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("kubelet_internal_checkpoint"), "{}").ok());
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("notes.txt"), "keep me").ok());
+  ASSERT_TRUE(MakeDirs(dir.Sub("subdir")).ok());
+  MakeSocketFile(dir.Sub("subdir/inner.sock"));
+  // A link to a socket elsewhere: neither the link nor its target goes.
+  ASSERT_EQ(::symlink(elsewhere.Sub("their.sock").c_str(), dir.Sub("link.sock").c_str()), 0);
+  absl::StatusOr<std::vector<std::string>> removed = RemoveStaleSockets(dir.path());
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ElementsAre("kubelet.sock", "old-plugin.sock"));
+  EXPECT_EQ(*ReadFile(dir.Sub("kubelet_internal_checkpoint")), "{}");
+  EXPECT_EQ(*ReadFile(dir.Sub("notes.txt")), "keep me");
+  EXPECT_TRUE(PathExists(dir.Sub("subdir/inner.sock")));
+  EXPECT_TRUE(PathExists(dir.Sub("link.sock")));
+  EXPECT_TRUE(PathExists(elsewhere.Sub("their.sock")));
+  // A link in place of the directory itself is not followed.
+  ASSERT_EQ(::symlink(elsewhere.path().c_str(), dir.Sub("via-link").c_str()), 0);
+  absl::StatusOr<std::vector<std::string>> through = RemoveStaleSockets(dir.Sub("via-link"));
+  EXPECT_FALSE(through.ok());
+  EXPECT_TRUE(PathExists(elsewhere.Sub("their.sock")));
+}
+
+TEST(FilesTest, IsSameOrInsideComparesByIdentityNotSpelling) {
+  testing::ShortTempDir root;
+  ASSERT_TRUE(MakeDirs(root.Sub("kubelet/device-plugins")).ok());
+  ASSERT_TRUE(MakeDirs(root.Sub("kubelet/plugins_registry")).ok());
+  ASSERT_TRUE(MakeDirs(root.Sub("dpproxy/device-plugins")).ok());
+  const std::string kubelet = root.Sub("kubelet");
+  EXPECT_TRUE(IsSameOrInside(kubelet, kubelet));
+  EXPECT_TRUE(IsSameOrInside(root.Sub("kubelet/plugins_registry"), kubelet));
+  EXPECT_TRUE(IsSameOrInside(root.Sub("kubelet/device-plugins/../device-plugins"), kubelet));
+  EXPECT_TRUE(IsSameOrInside(root.Sub("kubelet/device-plugins/"), kubelet));
+  EXPECT_TRUE(IsSameOrInside(root.Sub("kubelet/not-yet/made"), kubelet));
+  ASSERT_EQ(::symlink(root.Sub("kubelet/device-plugins").c_str(), root.Sub("alias").c_str()), 0);
+  EXPECT_TRUE(IsSameOrInside(root.Sub("alias"), kubelet));
+  EXPECT_TRUE(IsSameOrInside(root.Sub("alias"), root.Sub("kubelet/device-plugins")));
+  EXPECT_FALSE(IsSameOrInside(root.Sub("dpproxy/device-plugins"), kubelet));
+  EXPECT_FALSE(IsSameOrInside(root.Sub("kubelet-other"), kubelet));
+  EXPECT_FALSE(IsSameOrInside(kubelet, root.Sub("kubelet/device-plugins")));
+}
+
+TEST(FilesTest, CheckOwnDirectoryRefusesDirectoriesOthersCanWrite) {
+  testing::ShortTempDir dir;
+  ASSERT_TRUE(MakeDirs(dir.Sub("ok")).ok());
+  ASSERT_EQ(::chmod(dir.Sub("ok").c_str(), 0755), 0);
+  EXPECT_TRUE(CheckOwnDirectory(dir.Sub("ok")).ok());
+  ASSERT_TRUE(MakeDirs(dir.Sub("open")).ok());
+  ASSERT_EQ(::chmod(dir.Sub("open").c_str(), 0777), 0);
+  absl::Status s = CheckOwnDirectory(dir.Sub("open"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("writable by every user"));
+  if (::geteuid() == 0) {
+    ASSERT_TRUE(MakeDirs(dir.Sub("theirs")).ok());
+    ASSERT_EQ(::chown(dir.Sub("theirs").c_str(), 65534, 65534), 0);
+    s = CheckOwnDirectory(dir.Sub("theirs"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("owned by uid 65534"));
+  }
+}
+
+TEST(FilesTest, WriteFileAtomicNeverWritesThroughAPlantedLink) {
+  testing::ShortTempDir dir;
+  testing::ShortTempDir elsewhere;
+  const std::string victim = elsewhere.Sub("passwd");
+  ASSERT_TRUE(WriteFileAtomic(victim, "root:x:0:0").ok());
+  const std::string path = dir.Sub("status.json");
+  // Links planted at the old fixed temporary name and at the file itself.
+  ASSERT_EQ(::symlink(victim.c_str(), (path + ".tmp").c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomic(path, "one").ok());
+  EXPECT_EQ(*ReadFile(victim), "root:x:0:0");
+  ::unlink(path.c_str());
+  ASSERT_EQ(::symlink(victim.c_str(), path.c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomic(path, "two").ok());
+  EXPECT_EQ(*ReadFile(victim), "root:x:0:0");  // the link was replaced, not followed
+  EXPECT_EQ(*ReadFile(path), "two");
+  EXPECT_EQ(ReadOwnFile(dir.Sub("status.json.tmp")).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // a link: refused
+}
+
+TEST(FilesTest, WriteFileAtomicSetsTheModeWhateverTheUmask) {
+  testing::ShortTempDir dir;
+  const mode_t old = ::umask(0);
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("a"), "x", 0640).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("b"), "x").ok());
+  ::umask(old);
+  struct stat st;
+  ASSERT_EQ(::stat(dir.Sub("a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  ASSERT_EQ(::stat(dir.Sub("b").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
+TEST(EventLogTest, NeverAppendsThroughAPlantedLinkAndIs0640) {
+  testing::ShortTempDir dir;
+  testing::ShortTempDir elsewhere;
+  const std::string victim = elsewhere.Sub("shadow");
+  ASSERT_TRUE(WriteFileAtomic(victim, "secret").ok());
+  ASSERT_EQ(::symlink(victim.c_str(), dir.Sub("events.jsonl").c_str()), 0);
+  EventLog log("test");
+  absl::Status s = log.OpenFile(dir.Sub("events.jsonl"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("symbolic link"));
+  log.Emit("hello");
+  EXPECT_EQ(*ReadFile(victim), "secret");
+  const mode_t old = ::umask(0);
+  ASSERT_TRUE(log.OpenFile(dir.Sub("own.jsonl")).ok());
+  ::umask(old);
+  struct stat st;
+  ASSERT_EQ(::stat(dir.Sub("own.jsonl").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
 }
 
 TEST(FilesTest, FileIdChangesWhenFileIsRecreated) {

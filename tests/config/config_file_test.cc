@@ -82,7 +82,7 @@ TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
       {"kubelet: [1, 2]\n", "kubelet: must be a mapping"},
       {"frobnicate: 1\n", "f.yaml:1:1: frobnicate: unknown key"},
       {"timeouts: {backend: 5s\n", "f.yaml:"},  // malformed YAML
-      {"plugin_dir: /var/lib/kubelet/device-plugins\n", "is the kubelet's own device-plugins"},
+      {"plugin_dir: /var/lib/kubelet/device-plugins\n", "lies inside the kubelet root"},
   };
   for (const BadCase& c : cases) {
     ProxyConfig config = Base();

@@ -190,7 +190,12 @@ TEST_P(PersonalityTest, AllocatesForOneContainer) {
   ASSERT_EQ(list.pod_resources_size(), 1);
   EXPECT_EQ(list.pod_resources(0).name(), "single");
   ASSERT_EQ(list.pod_resources(0).containers_size(), 1);
-  EXPECT_THAT(list.pod_resources(0).containers(0).devices(0).device_ids(),
+  // One ContainerDevices per device ID, as the real kubelet answers.
+  const auto& listed = list.pod_resources(0).containers(0).devices();
+  ASSERT_EQ(listed.size(), 2);
+  EXPECT_EQ(listed[0].device_ids_size(), 1);
+  EXPECT_EQ(listed[1].device_ids_size(), 1);
+  EXPECT_THAT(std::vector<std::string>({listed[0].device_ids(0), listed[1].device_ids(0)}),
               UnorderedElementsAre(c.device_ids(0), c.device_ids(1)));
   grpc::ClientContext ctx2;
   v1::AllocatableResourcesResponse alloc;

@@ -1,6 +1,9 @@
 // dpproxy's own behaviours beyond the matrix: bad input at both edges,
 // deadlines toward backends, version negotiation, renames, static backends,
 // loss policies, backend swaps, proxy restarts and configuration errors.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <thread>
 
 #include <grpcpp/client_context.h>
@@ -337,12 +340,102 @@ TEST_F(ProxyTest, OneStreamPerBackendSoSingleStreamPluginsLoseNoUpdate) {
   EXPECT_EQ(p->Status().list_and_watch_streams(), 1);
 }
 
+// Issue 7.5: the plugin directory is compared with the kubelet's by
+// identity, whatever the spelling, and dpproxy's start-up cleaning removes
+// only stale sockets.
+TEST(ProxyConfigTest, PluginDirIsComparedByIdentity) {
+  testing::ShortTempDir dir;
+  ASSERT_TRUE(MakeDirs(dir.Sub("k/device-plugins")).ok());
+  ASSERT_TRUE(MakeDirs(dir.Sub("k/plugins_registry")).ok());
+  ASSERT_EQ(::symlink(dir.Sub("k/device-plugins").c_str(), dir.Sub("alias").c_str()), 0);
+  ProxyConfig c;
+  c.kubelet.kubelet_root = dir.Sub("k");
+  c.state_dir = dir.Sub("state");
+  for (const std::string& bad :
+       {dir.Sub("k"), dir.Sub("k/"), dir.Sub("k/plugins_registry"),
+        dir.Sub("k/device-plugins/../device-plugins"), dir.Sub("alias"), dir.Sub("k/sub/new"),
+        dir.path()}) {
+    c.plugin_dir = bad;
+    absl::Status s = ValidateConfig(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("kubelet root")) << bad;
+  }
+  c.plugin_dir = dir.Sub("p");
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.state_dir = dir.Sub("p");
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("plugin directory"));
+  c.state_dir = dir.Sub("p/state");
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("plugin directory"));
+  c.state_dir = dir.Sub("k/dpproxy");
+  EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("inside the kubelet root"));
+}
+
+TEST(ProxyConfigTest, StartRemovesOnlyStaleSocketsFromThePluginDir) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(MakeDirs(h.dir("p/nested")).ok());
+  ASSERT_TRUE(WriteFileAtomic(h.dir("p/notes.txt"), "mine").ok());
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  EXPECT_EQ(*ReadFile(h.dir("p/notes.txt")), "mine");
+  EXPECT_TRUE(PathExists(h.dir("p/nested")));
+}
+
+// Issue 7.10: a state or plugin directory other users may write is refused.
+TEST(ProxyConfigTest, DirectoriesOthersCanWriteAreRefused) {
+  for (const char* which : {"state", "p"}) {
+    ProxyHarness h(Personality::kV1Beta1Sync, false);
+    ASSERT_TRUE(MakeDirs(h.dir(which)).ok());
+    ASSERT_EQ(::chmod(h.dir(which).c_str(), 0777), 0);
+    ASSERT_TRUE(h.sim().Start().ok());
+    absl::Status s = h.proxy().Start();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << which;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("writable by every user")) << which;
+  }
+}
+
+// Issue 7.11: sockets and files get deliberate modes whatever the umask.
+TEST(ProxyConfigTest, SocketsAndFilesHaveDeliberateModesUnderUmask000) {
+  const mode_t old = ::umask(0);
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  h.RestartProxy([&](ProxyConfig& c) { c.status_file = h.dir("state/status.json"); });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.WaitFor([&] { return PathExists(h.dir("state/status.json")); }));
+  ::umask(old);
+  auto mode = [](const std::string& path) {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  };
+  EXPECT_EQ(mode(h.dir("p/kubelet.sock")), 0700);
+  EXPECT_EQ(mode(h.proxy().KubeletSocketOf(kGpu)), 0700);
+  EXPECT_EQ(mode(h.dir("state/state.pb")), 0600);
+  EXPECT_EQ(mode(h.dir("state/journal.wal")), 0600);
+  EXPECT_EQ(mode(h.dir("state/status.json")), 0640);
+}
+
+TEST(ProxyConfigTest, SocketGroupMakesTheRegistrationSocket0660) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.socket_group = "0";
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  struct stat st;
+  ASSERT_EQ(::stat(h.dir("p/kubelet.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ(st.st_gid, 0u);
+  ProxyConfig bad = h.config();
+  bad.socket_group = "no-such-group-dpp";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("unknown group"));
+}
+
 TEST(ProxyConfigTest, BadConfigurationsAreNamed) {
   ProxyConfig c;
   c.kubelet.kubelet_root = "/tmp/k";
   c.plugin_dir = "/tmp/k/device-plugins";
   EXPECT_THAT(std::string(ValidateConfig(c).message()),
-              HasSubstr("is the kubelet's own device-plugins directory"));
+              HasSubstr("lies inside the kubelet root /tmp/k"));
   c.plugin_dir = "relative/dir";
   EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("must be an absolute path"));
   c.plugin_dir = "/tmp/" + std::string(110, 'p');

@@ -4,7 +4,11 @@
 #include <map>
 #include <set>
 
+#include <grpcpp/client_context.h>
+
 #include "absl/strings/str_cat.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/common/grpc_util.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,6 +25,17 @@ using testing::ProxyHarness;
 using ::testing::HasSubstr;
 
 constexpr char kGpu[] = "vendor.com/gpu";
+
+// The simulated kubelet's pod-resources List, over its real socket.
+v1::ListPodResourcesResponse ListPodResources(sim::KubeletSim& sim) {
+  auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(sim.pod_resources_socket()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  v1::ListPodResourcesResponse resp;
+  grpc::Status st = stub->List(&ctx, v1::ListPodResourcesRequest(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return resp;
+}
 
 sim::AllocateRequest Pod(const std::string& name,
                          const std::vector<std::pair<std::string, int>>& containers) {
@@ -205,6 +220,32 @@ TEST(ReconcileTest, PodsAreNamedAndGonePodsReleased) {
   h.sim().Stop();
   EXPECT_EQ(h.proxy().ReconcileOnce().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 1);
+}
+
+// Issue 7.1: a real kubelet's pod-resources List has one ContainerDevices
+// per device ID. A running multi-device allocation must be matched against
+// the union of its container's entries and never released.
+TEST(ReconcileTest, RunningMultiDeviceAllocationsAreNeverReleased) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::ZeroDuration();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("big", {{"main", 3}}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  // The simulator answers like the kubelet: one entry per device.
+  v1::ListPodResourcesResponse list = ListPodResources(h.sim());
+  ASSERT_EQ(list.pod_resources_size(), 1);
+  ASSERT_EQ(list.pod_resources(0).containers(0).devices_size(), 3);
+  for (int pass = 0; pass < 4; ++pass) ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  state::State st = h.proxy().state()->Snapshot();
+  ASSERT_EQ(st.allocations_size(), 1);
+  EXPECT_EQ(st.allocations(0).device_ids_size(), 3);
+  EXPECT_EQ(st.allocations(0).pod_name(), "big");
+  EXPECT_EQ(st.allocations(0).container(), "main");
 }
 
 TEST(ReconcileTest, YoungEntriesAreNeverReleased) {

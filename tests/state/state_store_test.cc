@@ -5,6 +5,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/common/files.h"
@@ -81,6 +83,23 @@ TEST(StateFileTest, EveryKindOfDamageIsDetected) {
   }
 }
 
+// Makes every write past `bytes` fail with EFBIG (a real kernel error) for
+// the lifetime of the object.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old_);
+    struct rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  ~FileSizeLimit() { setrlimit(RLIMIT_FSIZE, &old_); }
+
+ private:
+  struct rlimit old_;
+};
+
 TEST(FileStateStoreTest, MissingFileIsAFreshStart) {
   testing::ShortTempDir dir;
   FileStateStore store(dir.Sub("state.pb"));
@@ -112,11 +131,15 @@ TEST(FileStateStoreTest, FailedSaveKeepsThePreviousFileAndIsCounted) {
   testing::ShortTempDir dir;
   FileStateStore store(dir.Sub("state.pb"));
   ASSERT_TRUE(store.Save(Sample()).ok());
-  // A directory where the temporary file must go makes the write fail.
-  ASSERT_EQ(::mkdir(dir.Sub("state.pb.tmp").c_str(), 0755), 0);
+  const std::string before = *ReadFile(dir.Sub("state.pb"));
   state::State changed = Sample();
   changed.add_allocations()->set_id(2);
-  EXPECT_FALSE(store.Save(changed).ok());
+  {
+    FileSizeLimit full(before.size());  // the disk is "full" for the new file
+    EXPECT_FALSE(store.Save(changed).ok());
+  }
+  EXPECT_EQ(*ReadFile(dir.Sub("state.pb")), before);
+  EXPECT_THAT(Names(dir.path()), ::testing::ElementsAre("state.pb"));  // no temporary left
   EXPECT_EQ(store.save_failures(), 1);
   absl::StatusOr<state::State> s = store.Load();
   ASSERT_TRUE(s.ok());
@@ -147,29 +170,20 @@ std::vector<state::Resource> OneResource() {
   return rs;
 }
 
-// Makes every write past `bytes` fail with EFBIG (a real kernel error) for
-// the lifetime of the object.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    signal(SIGXFSZ, SIG_IGN);
-    getrlimit(RLIMIT_FSIZE, &old_);
-    struct rlimit lim = old_;
-    lim.rlim_cur = bytes;
-    setrlimit(RLIMIT_FSIZE, &lim);
-  }
-  ~FileSizeLimit() { setrlimit(RLIMIT_FSIZE, &old_); }
 
- private:
-  struct rlimit old_;
-};
+// Load() that must succeed.
+state::State MustLoad(StateKeeper& keeper) {
+  absl::StatusOr<state::State> s = keeper.Load();
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : state::State();
+}
 
 TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
   testing::ShortTempDir dir;
   EventLog events("test");
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
-    keeper.Load();
+    MustLoad(keeper);
     ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
     EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);
   }
@@ -184,7 +198,7 @@ TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
   EXPECT_EQ(read->allocations_size(), 2);
   // A new keeper replays it, folds it into a snapshot, and keeps the ids.
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
-  state::State s = reloaded.Load();
+  state::State s = MustLoad(reloaded);
   ASSERT_EQ(s.allocations_size(), 2);
   EXPECT_EQ(s.allocations(1).device_ids(0), "b");
   EXPECT_EQ(s.next_allocation_id(), 2u);
@@ -196,7 +210,7 @@ TEST(StateKeeperTest, FailedJournalWriteRecordsNothing) {
   testing::ShortTempDir dir;
   EventLog events("test");
   StateKeeper keeper(dir.Sub("state.pb"), &events);
-  keeper.Load();
+  MustLoad(keeper);
   ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
   {
@@ -207,8 +221,192 @@ TEST(StateKeeperTest, FailedJournalWriteRecordsNothing) {
   EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);  // nothing half-recorded
   EXPECT_EQ(*ReadFile(dir.Sub("journal.wal")), before);  // cut back
   EXPECT_TRUE(events.WaitForEvent("state_save_failed", {}, absl::Seconds(1)).has_value());
+  // Counted and visible (issue 7.9): a refused Allocate is a failed write.
+  EXPECT_EQ(keeper.save_failures(), 1);
+  EXPECT_FALSE(keeper.writable());
+  EXPECT_THAT(keeper.last_write_error(), HasSubstr("journal.wal"));
+  ASSERT_TRUE(RecordTwo(keeper, "e", "f").ok());  // space again
+  EXPECT_TRUE(keeper.writable());
+  EXPECT_EQ(keeper.save_failures(), 1);
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
-  EXPECT_EQ(reloaded.Load().allocations_size(), 2);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 4);
+}
+
+// Makes the next open() fail with EMFILE (a real, transient kernel error)
+// for the lifetime of the object.
+class NoFreeDescriptors {
+ public:
+  NoFreeDescriptors() {
+    getrlimit(RLIMIT_NOFILE, &old_);
+    const int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    struct rlimit lim = old_;
+    lim.rlim_cur = static_cast<rlim_t>(lowest_free);
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  ~NoFreeDescriptors() { setrlimit(RLIMIT_NOFILE, &old_); }
+
+ private:
+  struct rlimit old_;
+};
+
+TEST(StateKeeperTest, TransientReadErrorStopsStartAndChangesNothing) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+    ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
+  }
+  const std::string before = *ReadFile(dir.Sub("state.pb"));
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    absl::StatusOr<state::State> s;
+    {
+      NoFreeDescriptors emfile;
+      s = keeper.Load();
+    }
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("Too many open files"));
+  }
+  // Not moved aside, not overwritten: the next start loads it whole.
+  EXPECT_THAT(Names(dir.path()), ::testing::UnorderedElementsAre("state.pb", "journal.wal"));
+  EXPECT_EQ(*ReadFile(dir.Sub("state.pb")), before);
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2);
+}
+
+TEST(StateKeeperTest, DirectoryOrLinkInPlaceOfAFileStopsStart) {
+  for (const char* name : {"state.pb", "journal.wal"}) {
+    for (bool link : {false, true}) {
+      SCOPED_TRACE(std::string(name) + (link ? " as a link" : " as a directory"));
+      testing::ShortTempDir dir;
+      testing::ShortTempDir elsewhere;
+      const std::string target = elsewhere.Sub("victim");
+      ASSERT_TRUE(WriteFileAtomic(target, "precious").ok());
+      if (link) {
+        ASSERT_EQ(::symlink(target.c_str(), dir.Sub(name).c_str()), 0);
+      } else {
+        ASSERT_EQ(::mkdir(dir.Sub(name).c_str(), 0700), 0);
+      }
+      EventLog events("test");
+      StateKeeper keeper(dir.Sub("state.pb"), &events);
+      absl::StatusOr<state::State> s = keeper.Load();
+      ASSERT_FALSE(s.ok());
+      EXPECT_THAT(std::string(s.status().message()),
+                  HasSubstr(link ? "symbolic link" : "directory"));
+      EXPECT_EQ(*ReadFile(target), "precious");  // never written through
+      EXPECT_TRUE(PathExists(dir.Sub(name)));     // never moved or removed
+      StateDirReport report = InspectStateDir(dir.path());
+      EXPECT_TRUE(report.refuses_start);
+    }
+  }
+}
+
+TEST(StateKeeperTest, DamageInTheMiddleOfTheJournalKeepsLaterRecords) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+    ASSERT_TRUE(RecordTwo(keeper, "c", "d").ok());
+    ASSERT_TRUE(RecordTwo(keeper, "e", "f").ok());
+  }
+  std::string bytes = *ReadFile(dir.Sub("journal.wal"));
+  absl::StatusOr<JournalContents> intact = ParseJournal(bytes);
+  ASSERT_TRUE(intact.ok());
+  ASSERT_EQ(intact->records.size(), 6u);
+  // Flip a byte inside the second record's payload: records 3..6 are intact
+  // and were acknowledged; they must not be taken for a torn tail.
+  const size_t first = 8 + 12 + intact->records[0].ByteSizeLong();
+  bytes[first + 14] ^= 0x20;
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes).ok());
+  absl::StatusOr<JournalContents> parsed = ParseJournal(bytes);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->records.size(), 5u);
+  EXPECT_EQ(parsed->cut_bytes, 0u);
+  EXPECT_GT(parsed->damaged_bytes, 0u);
+  // dpctl verify sees it before dpproxy does.
+  StateDirReport report = InspectStateDir(dir.path());
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_THAT(report.problems[0], HasSubstr("damaged in the middle"));
+  EXPECT_EQ(report.state.allocations_size(), 5);
+
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  state::State s = MustLoad(reloaded);
+  std::vector<std::string> devices;
+  for (const auto& a : s.allocations()) devices.push_back(a.device_ids(0));
+  EXPECT_THAT(devices, ::testing::ElementsAre("a", "c", "d", "e", "f"));
+  std::optional<Json> e = events.WaitForEvent("journal_damaged", {}, absl::Seconds(1));
+  ASSERT_TRUE(e.has_value());
+  const std::string copy = (*e)["copy"];
+  EXPECT_EQ(*ReadFile(copy), bytes);  // the damaged file is kept for inspection
+  EXPECT_FALSE(events.WaitForEvent("journal_torn_tail", {}, absl::Milliseconds(1)).has_value());
+  // The rewritten journal is clean, and new records follow the old ids.
+  EXPECT_TRUE(InspectStateDir(dir.path()).problems.empty());
+  ASSERT_TRUE(RecordTwo(reloaded, "g", "h").ok());
+  EXPECT_EQ(reloaded.Snapshot().allocations(5).id(), 7u);
+}
+
+TEST(StateKeeperTest, TornTailIsReportedByInspection) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  }
+  std::string bytes = *ReadFile(dir.Sub("journal.wal"));
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 15)).ok());
+  StateDirReport report = InspectStateDir(dir.path());
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_THAT(report.problems[0], HasSubstr("torn record"));
+  EXPECT_FALSE(report.refuses_start);
+}
+
+TEST(MergeJournalTest, ADifferentAllocationUnderAKnownIdIsRenumberedNotDropped) {
+  state::State snap;
+  state::Allocation* a = snap.add_allocations();
+  a->set_id(3);
+  a->set_resource("vendor.com/gpu");
+  a->add_device_ids("gpu-0");
+  a->set_allocated_unix_ms(1000);
+  snap.set_next_allocation_id(3);
+  // The same record, annotated since: one copy.
+  state::Allocation same = *a;
+  same.clear_pod_name();
+  // Another allocation that got id 3 too (a collision): kept, renumbered.
+  state::Allocation other;
+  other.set_id(3);
+  other.set_resource("vendor.com/gpu");
+  other.add_device_ids("gpu-1");
+  other.set_allocated_unix_ms(2000);
+  a->set_pod_name("pod-a");
+  MergeJournal({same, other}, &snap);
+  ASSERT_EQ(snap.allocations_size(), 2);
+  EXPECT_EQ(snap.allocations(1).device_ids(0), "gpu-1");
+  EXPECT_EQ(snap.allocations(1).id(), 4u);
+  EXPECT_EQ(snap.next_allocation_id(), 4u);
+}
+
+TEST(StateFileModesTest, StateAndJournalAre0600WhateverTheUmask) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  const mode_t old = ::umask(0);
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
+  }
+  ::umask(old);
+  struct stat st;
+  ASSERT_EQ(::stat(dir.Sub("state.pb").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(::stat(dir.Sub("journal.wal").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
 TEST(StateKeeperTest, TornJournalTailIsCutAndTheRestKept) {
@@ -216,14 +414,14 @@ TEST(StateKeeperTest, TornJournalTailIsCutAndTheRestKept) {
   EventLog events("test");
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
-    keeper.Load();
+    MustLoad(keeper);
     ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
   }
   // A crash in the middle of the next append leaves half a record.
   std::string bytes = *ReadFile(dir.Sub("journal.wal"));
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 9)).ok());
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
-  EXPECT_EQ(reloaded.Load().allocations_size(), 2);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2);
   EXPECT_TRUE(events.WaitForEvent("journal_torn_tail", {{"bytes", 9}}, absl::Seconds(1)));
 }
 
@@ -233,7 +431,7 @@ TEST(StateKeeperTest, JournalRecordsAlsoInTheSnapshotAreNotDuplicated) {
   std::string journal;
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
-    keeper.Load();
+    MustLoad(keeper);
     ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
     journal = *ReadFile(dir.Sub("journal.wal"));
     // A snapshot save folds the journal in and empties it...
@@ -242,14 +440,14 @@ TEST(StateKeeperTest, JournalRecordsAlsoInTheSnapshotAreNotDuplicated) {
   // ... but a crash right before the journal was emptied leaves both.
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), journal).ok());
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
-  EXPECT_EQ(reloaded.Load().allocations_size(), 2);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2);
 }
 
 TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
   testing::ShortTempDir dir;
   EventLog events("test");
   StateKeeper keeper(dir.Sub("state.pb"), &events);
-  keeper.Load();
+  MustLoad(keeper);
   ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
   std::optional<FileId> first = StatFileId(dir.Sub("state.pb"));
   ASSERT_TRUE(keeper.SetResources(OneResource()).ok());

@@ -182,6 +182,11 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
   grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
                     v1::ListPodResourcesResponse* resp) override {
     State st = sim_->GetState();
+    // Topology of each device, as the kubelet reports it per device.
+    std::map<std::pair<std::string, std::string>, const sim::DeviceState*> devices;
+    for (const ResourceState& r : st.resources()) {
+      for (const sim::DeviceState& d : r.devices()) devices[{r.name(), d.id()}] = &d;
+    }
     std::map<std::string, v1::PodResources*> by_uid;
     for (const PodState& p : st.pods()) {
       if (p.phase() != "Running") continue;
@@ -201,9 +206,17 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
         c = it->second->add_containers();
         c->set_name(a.container());
       }
-      v1::ContainerDevices* d = c->add_devices();
-      d->set_resource_name(a.resource());
-      for (const std::string& id : a.device_ids()) d->add_device_ids(id);
+      // The real kubelet answers one ContainerDevices per device ID, each
+      // with its own topology, not one per container and resource.
+      for (const std::string& id : a.device_ids()) {
+        v1::ContainerDevices* d = c->add_devices();
+        d->set_resource_name(a.resource());
+        d->add_device_ids(id);
+        auto dev = devices.find({a.resource(), id});
+        if (dev != devices.end()) {
+          for (int64_t n : dev->second->numa_nodes()) d->mutable_topology()->add_nodes()->set_id(n);
+        }
+      }
     }
     return grpc::Status::OK;
   }

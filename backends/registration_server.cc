@@ -111,36 +111,51 @@ void BackendRegistrationServer::Stop() {
   ::unlink(socket_path().c_str());
 }
 
+void BackendRegistrationServer::CountRejection(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  ++rejections_[reason];
+}
+
+std::map<std::string, int64_t> BackendRegistrationServer::Rejections() {
+  absl::MutexLock lock(&mu_);
+  return rejections_;
+}
+
 absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std::string& version,
                                                        const std::string& endpoint,
                                                        const std::string& resource) {
-  auto reject = [&](absl::Status s) {
-    LOG(WARNING) << "backend registration of " << GoQuote(resource) << " (" << version
-                 << ", endpoint " << GoQuote(endpoint) << ") refused: " << s.message();
-    events_->Emit("backend_registration_rejected", {{"resource", resource},
-                                                    {"version", version},
-                                                    {"endpoint", endpoint},
+  // Untrusted input: quoted and bounded wherever it is echoed, and never a
+  // metric label (rejections are counted by reason only).
+  auto reject = [&](const char* reason, absl::Status s) {
+    LOG(WARNING) << "backend registration of " << GoQuote(resource) << " (version "
+                 << GoQuote(version) << ", endpoint " << GoQuote(endpoint)
+                 << ") refused: " << s.message();
+    CountRejection(reason);
+    events_->Emit("backend_registration_rejected", {{"requested_resource", GoQuote(resource)},
+                                                    {"version", GoQuote(version)},
+                                                    {"endpoint", GoQuote(endpoint)},
+                                                    {"reason", reason},
                                                     {"error", std::string(s.message())}});
     return s;
   };
   absl::Status s = api == PluginApi::kV1Alpha ? ValidateV1AlphaVersion(version)
                                               : ValidateV1Beta1Version(version);
-  if (!s.ok()) return reject(s);
-  if (s = ValidateResourceName(resource); !s.ok()) return reject(s);
-  if (s = ValidateEndpointName(endpoint); !s.ok()) return reject(s);
+  if (!s.ok()) return reject("version", s);
+  if (s = ValidateResourceName(resource); !s.ok()) return reject("resource_name", s);
+  if (s = ValidateEndpointName(endpoint); !s.ok()) return reject("endpoint", s);
   const std::string socket = JoinPath(options_.dir, endpoint);
-  if (s = ValidateSocketPath(socket); !s.ok()) return reject(s);
+  if (s = ValidateSocketPath(socket); !s.ok()) return reject("endpoint", s);
 
   if (api == PluginApi::kV1Beta1) {
     absl::StatusOr<std::shared_ptr<Backend>> b =
         ConnectBackend(resource, socket, api, options_.dial_timeout);
     if (!b.ok()) {
-      return reject(absl::UnknownError(
+      return reject("dial", absl::UnknownError(
           absl::StrCat("failed to dial device plugin: ", b.status().message())));
     }
     if (s = on_backend_(*b); !s.ok()) {
       (*b)->Stop();
-      return reject(s);
+      return reject("attach", s);
     }
     return absl::OkStatus();
   }
@@ -153,15 +168,18 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
     if (!b.ok()) {
       LOG(WARNING) << "v1alpha backend " << resource << " at " << socket
                    << " registered but cannot be reached: " << b.status().message();
-      events_->Emit("backend_dial_failed", {{"resource", resource},
+      CountRejection("dial");
+      events_->Emit("backend_dial_failed", {{"requested_resource", resource},
                                             {"endpoint", socket},
                                             {"error", std::string(b.status().message())}});
       return;
     }
     if (absl::Status s = on_backend_(*b); !s.ok()) {
       (*b)->Stop();
-      events_->Emit("backend_registration_rejected",
-                    {{"resource", resource}, {"error", std::string(s.message())}});
+      CountRejection("attach");
+      events_->Emit("backend_registration_rejected", {{"requested_resource", resource},
+                                                      {"reason", "attach"},
+                                                      {"error", std::string(s.message())}});
     }
   });
   return absl::OkStatus();

@@ -16,7 +16,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -58,6 +60,10 @@ class BackendRegistrationServer {
   void Stop();  // idempotent
   std::string socket_path() const;
 
+  // Refused registrations by reason (version, resource_name, endpoint, dial,
+  // attach): a bounded set, fit for metric labels.
+  std::map<std::string, int64_t> Rejections();
+
   // Implementation, public for the services in the .cc file.
   absl::Status HandleRegister(PluginApi api, const std::string& version,
                               const std::string& endpoint, const std::string& resource);
@@ -73,6 +79,9 @@ class BackendRegistrationServer {
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> dialers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> rejections_ ABSL_GUARDED_BY(mu_);
+
+  void CountRejection(const std::string& reason);
 };
 
 }  // namespace dpproxy

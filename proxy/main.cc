@@ -1,5 +1,7 @@
 // dpproxy: bridges Kubernetes device-plugin API versions. Only this file
 // touches gflags; everything else takes a ProxyConfig.
+#include <sys/stat.h>
+
 #include <iostream>
 #include <string>
 
@@ -71,7 +73,13 @@ DEFINE_string(restore_policy, "trust",
 DEFINE_string(restore_hold, "5m", "How long --restore_policy=trust trusts remembered health.");
 DEFINE_string(metrics_address, "127.0.0.1:9464",
               "Serve Prometheus metrics at http://<address>/metrics (host:port; port 0\n"
-              "picks a free one, logged at start). Empty: no metrics endpoint.");
+              "picks a free one, logged at start). Empty: no metrics endpoint. The endpoint\n"
+              "has no authentication: an address other than loopback exposes resource\n"
+              "names, device counts and pod activity to the network (warned at start).");
+DEFINE_string(socket_group, "",
+              "Group (name or number) allowed to register plugins: <plugin_dir>/kubelet.sock\n"
+              "becomes mode 0660 with this group. Empty: 0700, root's plugins only.\n"
+              "dpproxy's sockets toward the kubelet are always 0700.");
 DEFINE_string(reconcile_interval, "1m",
               "How often to read the kubelet's pod-resources API to learn which pod holds\n"
               "each allocation and release journal entries of pods that are gone (also\n"
@@ -180,6 +188,7 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("status_file")) c->status_file = FLAGS_status_file;
   if (set("state_dir")) c->state_dir = FLAGS_state_dir;
   if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;
+  if (set("socket_group")) c->socket_group = FLAGS_socket_group;
   if (set("restore_policy")) {
     if (FLAGS_restore_policy == "trust") {
       c->restore_policy = RestorePolicy::kTrust;
@@ -296,6 +305,9 @@ int main(int argc, char** argv) {
   if (command == "status") return dpproxy::PrintStatus();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Nothing dpproxy creates is readable or writable by others unless it
+  // says so (sockets and files also get explicit modes, whatever the umask).
+  ::umask(077);
   absl::StatusOr<dpproxy::ProxyConfig> config = dpproxy::ConfigFromFlags();
   if (!config.ok()) {
     std::cerr << "dpproxy: " << config.status().message() << "\n";
@@ -324,6 +336,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     exposer->RegisterCollectable(metrics);
+    if (!dpproxy::IsLoopbackAddress(config->metrics_address)) {
+      LOG(WARNING) << "metrics are served at " << config->metrics_address
+                   << ", which is not a loopback address: the endpoint has no authentication, "
+                      "so anyone who can reach it sees resource names, device counts and "
+                      "allocation activity (use 127.0.0.1:PORT, or protect the port)";
+      server.events().Emit("metrics_exposed", {{"address", config->metrics_address}});
+    }
     std::vector<int> ports = exposer->GetListeningPorts();
     LOG(INFO) << "metrics at http://" << config->metrics_address.substr(0, config->metrics_address.rfind(':'))
               << ":" << (ports.empty() ? 0 : ports[0]) << "/metrics";

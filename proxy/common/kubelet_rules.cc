@@ -52,8 +52,11 @@ bool IsQualifiedName(absl::string_view s) {
 }  // namespace
 
 std::string GoQuote(absl::string_view s) {
+  // Untrusted input is echoed only up to a bound: a 100 KB version string
+  // must not come back whole in errors, logs and events.
+  const absl::string_view shown = s.substr(0, kMaxEchoBytes);
   std::string out = "\"";
-  for (unsigned char c : s) {
+  for (unsigned char c : shown) {
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -69,6 +72,7 @@ std::string GoQuote(absl::string_view s) {
     }
   }
   out += "\"";
+  if (shown.size() < s.size()) absl::StrAppend(&out, "... (", s.size(), " bytes)");
   return out;
 }
 
@@ -126,10 +130,32 @@ absl::Status ValidateEndpointName(absl::string_view endpoint) {
         " is absolute; it must be a socket name relative to the plugin "
         "directory"));
   }
+  for (unsigned char c : endpoint) {
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "endpoint ", GoQuote(endpoint), " contains a control character (NUL, newline, ...)"));
+    }
+  }
+  if (endpoint == kKubeletSocketName) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "endpoint ", GoQuote(endpoint),
+        " is the registration socket itself, not a device plugin's socket"));
+  }
   for (absl::string_view part : absl::StrSplit(endpoint, '/')) {
     if (part == "..") {
       return absl::InvalidArgumentError(absl::StrCat(
           "endpoint ", GoQuote(endpoint), " escapes the plugin directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDeviceId(absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError("a device ID is empty");
+  for (unsigned char c : id) {
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device ID ", GoQuote(id), " contains a control character (NUL, newline, ...)"));
     }
   }
   return absl::OkStatus();

@@ -34,8 +34,12 @@ inline constexpr absl::string_view kDeprecationMarkerName = "DEPRECATION";
 // Plugin-watcher plugin type for device plugins.
 inline constexpr absl::string_view kDevicePluginType = "DevicePlugin";
 
+// How much of an untrusted string errors, logs and events echo.
+inline constexpr size_t kMaxEchoBytes = 256;
+
 // Go's strconv.Quote for the strings that occur here: double quotes,
-// backslash escapes for `"`, `\` and control characters.
+// backslash escapes for `"`, `\` and control characters. Strings longer
+// than kMaxEchoBytes are cut there and followed by `... (N bytes)`.
 std::string GoQuote(absl::string_view s);
 
 // Go's %v of a []string: "[a b c]".
@@ -68,8 +72,14 @@ absl::Status ValidateWatcherVersions(const std::vector<std::string>& versions);
 
 // Registration endpoints are socket names relative to the device-plugins
 // directory. The kubelet joins them without checks; dpproxy refuses names
-// that are empty, absolute or escape the directory, with kInvalidArgument.
+// that are empty, absolute, escape the directory, contain control
+// characters (NUL, newline) or name the registration socket itself, with
+// kInvalidArgument.
 absl::Status ValidateEndpointName(absl::string_view endpoint);
+
+// A device ID dpproxy passes on: not empty, no control characters (NUL,
+// newline, ...). kInvalidArgument naming the (bounded, quoted) ID.
+absl::Status ValidateDeviceId(absl::string_view id);
 
 }  // namespace dpproxy
 

@@ -93,7 +93,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
-                       "metrics_address", "timeouts", "backend_loss", "cdi_annotations", "renames", "id_maps",
+                       "metrics_address", "socket_group", "timeouts", "backend_loss", "cdi_annotations", "renames", "id_maps",
                        "backends"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
@@ -117,6 +117,9 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     DPP_CFG(r.String(root["status_file"], "status_file", &c->status_file));
   }
   if (root["state_dir"]) DPP_CFG(r.String(root["state_dir"], "state_dir", &c->state_dir));
+  if (root["socket_group"]) {
+    DPP_CFG(r.String(root["socket_group"], "socket_group", &c->socket_group));
+  }
   if (root["metrics_address"]) {
     DPP_CFG(r.String(root["metrics_address"], "metrics_address", &c->metrics_address));
   }

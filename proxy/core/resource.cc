@@ -3,6 +3,9 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
 
 #include "absl/time/clock.h"
 #include "proxy/common/kubelet_rules.h"
@@ -91,16 +94,21 @@ void Resource::WakeAll() {
   ++wake_;
 }
 
-bool Resource::HasDevice(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& d : snapshot_.list->devices()) {
-    if (d.id() == id) return true;
-  }
-  return false;
+bool Resource::HasDevice(const std::string& id) { return DeviceHealth(id).has_value(); }
+
+std::optional<std::string> Resource::DeviceHealth(const std::string& id) {
+  Snapshot snap = Current();
+  auto it = snap.index->find(id);
+  if (it == snap.index->end()) return std::nullopt;
+  return snap.list->devices(it->second).health();
 }
 
 void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
+  auto index = std::make_shared<std::unordered_map<std::string, int>>();
+  index->reserve(static_cast<size_t>(list.devices_size()));
+  for (int i = 0; i < list.devices_size(); ++i) index->emplace(list.devices(i).id(), i);
   snapshot_.list = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
+  snapshot_.index = std::move(index);
   ++snapshot_.version;
 }
 
@@ -116,7 +124,52 @@ void Resource::MarkAllLocked(const std::string& health) {
   if (changed) PublishLocked(std::move(list));
 }
 
-void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices) {
+namespace {
+
+// Refuses a backend's list with an empty ID, an ID with control characters
+// or an ID listed twice; relabels any health but Healthy/Unhealthy as
+// Unhealthy (as a kubelet reads it) and names those devices.
+absl::Status ValidateBackendDevices(std::vector<v1beta1::Device>* devices,
+                                    std::vector<std::string>* relabelled) {
+  std::unordered_set<std::string> seen;
+  seen.reserve(devices->size());
+  for (v1beta1::Device& d : *devices) {
+    if (absl::Status s = ValidateDeviceId(d.id()); !s.ok()) return s;
+    if (!seen.insert(d.id()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ID ", GoQuote(d.id()), " is listed twice"));
+    }
+    // The kubelet reads anything but "Healthy" as unhealthy; say so plainly.
+    if (d.health() != kHealthy && d.health() != kUnhealthy) {
+      relabelled->push_back(d.id());
+      d.set_health(std::string(kUnhealthy));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& reported) {
+  std::vector<v1beta1::Device> devices = reported;
+  std::vector<std::string> relabelled;
+  if (absl::Status s = ValidateBackendDevices(&devices, &relabelled); !s.ok()) {
+    // Nothing of a malformed list reaches the kubelet: the previous one stays.
+    LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("
+               << s.message() << "); the kubelet keeps the previous list";
+    events_->Emit("device_list_refused", {{"resource", name_},
+                                          {"devices", reported.size()},
+                                          {"error", std::string(s.message())}});
+    return;
+  }
+  if (!relabelled.empty()) {
+    LOG(WARNING) << "resource " << name_ << ": " << relabelled.size()
+                 << " device(s) have a health other than Healthy or Unhealthy (first: "
+                 << GoQuote(relabelled[0]) << "); reported Unhealthy, as a kubelet reads them";
+    events_->Emit("device_health_unknown", {{"resource", name_},
+                                            {"devices", relabelled.size()},
+                                            {"first", GoQuote(relabelled[0])}});
+  }
   {
     absl::MutexLock lock(&mu_);
     if (!OnDevicesLocked(generation, devices)) return;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,6 +63,9 @@ class Resource {
     uint64_t version = 0;
     std::shared_ptr<const v1beta1::ListAndWatchResponse> list =
         std::make_shared<const v1beta1::ListAndWatchResponse>();
+    // Device ID -> position in `list`, built once per published list.
+    std::shared_ptr<const std::unordered_map<std::string, int>> index =
+        std::make_shared<const std::unordered_map<std::string, int>>();
   };
 
   // `name` is the kubelet-facing name (after any rename).
@@ -91,6 +95,9 @@ class Resource {
 
   // True if `id` is in the current device list.
   bool HasDevice(const std::string& id);
+  // The health the kubelet currently sees for `id`, or nullopt if the
+  // current list has no such device. O(1).
+  std::optional<std::string> DeviceHealth(const std::string& id);
 
   // Device IDs between the kubelet's names and the current backend's (see
   // ResourcePolicy::id_map). Unknown IDs pass through.

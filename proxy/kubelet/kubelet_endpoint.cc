@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <unordered_set>
+
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
 #include <glog/logging.h>
@@ -57,11 +59,23 @@ grpc::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("container request ", i + 1, " names no device"));
     }
+    std::unordered_set<std::string> seen;
     for (const std::string& id : c.devices_ids()) {
-      if (!r->HasDevice(id)) {
+      std::optional<std::string> health = r->DeviceHealth(id);
+      if (!health.has_value()) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrCat("unknown device ID ", GoQuote(id), " for resource ",
                                          r->name()));
+      }
+      if (!seen.insert(id).second) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("container request ", i + 1, " names device ",
+                                         GoQuote(id), " twice"));
+      }
+      if (*health != kHealthy) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("device ", GoQuote(id), " of resource ", r->name(),
+                                         " is ", *health, "; dpproxy does not allocate it"));
       }
     }
   }

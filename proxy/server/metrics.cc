@@ -1,5 +1,8 @@
 #include "proxy/server/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <prometheus/text_serializer.h>
 
 #include "proxy/common/kubelet_rules.h"
@@ -34,6 +37,26 @@ void AddCounter(MetricFamily* f, std::vector<ClientMetric::Label> labels, double
 }
 
 }  // namespace
+
+bool IsLoopbackAddress(const std::string& host_port) {
+  std::string host = host_port;
+  const size_t colon = host_port.rfind(':');
+  if (colon != std::string::npos && host_port.find(']') == std::string::npos &&
+      host_port.find(':') == colon) {
+    host = host_port.substr(0, colon);  // host:port
+  } else if (!host_port.empty() && host_port[0] == '[') {
+    const size_t close = host_port.find(']');
+    host = host_port.substr(1, close == std::string::npos ? std::string::npos : close - 1);
+  }
+  if (host == "localhost") return true;
+  struct in_addr v4;
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  struct in6_addr v6;
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
+}
 
 std::vector<MetricFamily> ProxyMetrics::Collect() const {
   std::vector<MetricFamily> out;
@@ -79,6 +102,15 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
     }
   }
   out.push_back(std::move(losses));
+
+  MetricFamily rejected = Family("dpproxy_backend_registrations_rejected_total",
+                                 "Backend registrations refused, by reason (version, "
+                                 "resource_name, endpoint, dial, attach).",
+                                 MetricType::Counter);
+  for (const auto& [reason, n] : server_->RegistrationRejections()) {
+    AddCounter(&rejected, {{"reason", reason}}, static_cast<double>(n));
+  }
+  out.push_back(std::move(rejected));
 
   if (StateKeeper* keeper = server_->state()) {
     MetricFamily failures = Family("dpproxy_state_save_failures_total",

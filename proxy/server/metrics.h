@@ -10,7 +10,12 @@
 //   dpproxy_backend_connected{resource,backend_api}
 //   dpproxy_kubelet_registered{resource,kubelet_api}
 //   dpproxy_lossy_translations_total{resource,kind}
+//   dpproxy_backend_registrations_rejected_total{reason}
 //   dpproxy_state_save_failures_total, dpproxy_journal_allocations
+//
+// Labels carry only names dpproxy serves and fixed sets (reasons, health):
+// a name from a refused registration never becomes a series.
+
 #ifndef DPPROXY_PROXY_SERVER_METRICS_H_
 #define DPPROXY_PROXY_SERVER_METRICS_H_
 
@@ -23,6 +28,10 @@
 #include "proxy/server/proxy_server.h"
 
 namespace dpproxy {
+
+// True if `host_port` ("127.0.0.1:9464", "[::1]:9464", "localhost:9464")
+// names a loopback address; false for "0.0.0.0:9464", ":9464" and others.
+bool IsLoopbackAddress(const std::string& host_port);
 
 class ProxyMetrics : public prometheus::Collectable {
  public:

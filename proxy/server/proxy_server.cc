@@ -122,6 +122,10 @@ ProxyServer::ProxyServer(ProxyConfig config) : config_(std::move(config)) {}
 
 ProxyServer::~ProxyServer() { Shutdown(); }
 
+std::map<std::string, int64_t> ProxyServer::RegistrationRejections() {
+  return registration_ ? registration_->Rejections() : std::map<std::string, int64_t>();
+}
+
 std::string ProxyServer::backend_registration_socket() const {
   return JoinPath(config_.plugin_dir, kKubeletSocketName);
 }

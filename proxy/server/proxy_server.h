@@ -109,6 +109,8 @@ class ProxyServer {
   absl::Status ReconcileOnce();
   // Where vendor plugins register.
   std::string backend_registration_socket() const;
+  // Refused backend registrations by reason.
+  std::map<std::string, int64_t> RegistrationRejections();
   // Resources, negotiated versions, backends, devices, lossy counters.
   Json Status();
   // The kubelet-facing socket of a resource ("" if unknown).

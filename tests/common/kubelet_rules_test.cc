@@ -66,7 +66,27 @@ TEST(KubeletRulesTest, GoQuoteEscapes) {
   EXPECT_EQ(GoStringSlice({}), "[]");
 }
 
+TEST(KubeletRulesTest, UntrustedInputIsEchoedOnlyUpToABound) {
+  const std::string huge(100 * 1024, 'v');
+  absl::Status s = ValidateV1Beta1Version(huge);
+  EXPECT_LT(s.message().size(), 600u);
+  EXPECT_NE(s.message().find("... (102400 bytes)"), absl::string_view::npos);
+  EXPECT_EQ(GoQuote("short"), "\"short\"");  // short strings as Go quotes them
+}
+
+TEST(KubeletRulesTest, DeviceIds) {
+  EXPECT_TRUE(ValidateDeviceId("GPU-0b3c").ok());
+  EXPECT_EQ(ValidateDeviceId("").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateDeviceId(std::string("a\0b", 3)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateDeviceId("a\nb").code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KubeletRulesTest, EndpointNames) {
+  EXPECT_EQ(ValidateEndpointName(std::string("gpu\0.sock", 9)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateEndpointName("gpu\n.sock").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ValidateEndpointName("kubelet.sock").message().find("registration socket itself"),
+            absl::string_view::npos);
   EXPECT_TRUE(ValidateEndpointName("gpu.sock").ok());
   EXPECT_TRUE(ValidateEndpointName("sub/gpu.sock").ok());
   EXPECT_EQ(ValidateEndpointName("").code(), absl::StatusCode::kInvalidArgument);

@@ -118,7 +118,7 @@ help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
             backend_loss_policy backend_hold rename static_backend cdi_annotations events \
             status_file output config state_dir restore_policy restore_hold reconcile_interval \
-            reconcile_grace metrics_address; do
+            reconcile_grace metrics_address socket_group; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
@@ -181,6 +181,22 @@ help="$("$DPCTL" --help)"
 for flag in state_dir output; do
   expect_contains "dpctl --help lists --$flag" "$help" "--$flag ("
 done
+# A torn journal tail is reported (dpproxy cuts it at start).
+cp "$R2/state/journal.wal" "$DIR/journal.saved"
+printf 'torn' >> "$R2/state/journal.wal"
+expect_exit "dpctl verify torn tail" 1 "$DPCTL" verify --state_dir="$R2/state"
+expect_contains "dpctl names the torn tail" "$LAST_OUT" "ends in a torn record"
+cp "$DIR/journal.saved" "$R2/state/journal.wal"
+# A directory in place of the journal: dpctl says dpproxy refuses to start.
+mv "$R2/state/journal.wal" "$DIR/journal.saved2"; mkdir "$R2/state/journal.wal"
+expect_exit "dpctl verify directory" 1 "$DPCTL" verify --state_dir="$R2/state"
+expect_contains "dpctl says dpproxy refuses" "$LAST_OUT" "refuses to start"
+"$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --state-dir="$R2/state" --status-file= \
+  --metrics-address= >"$DIR/refused.log" 2>&1
+rc=$?
+[[ $rc -ne 0 ]] && pass "dpproxy refuses to start on a directory in place of its journal" || fail "dpproxy started on half its state"
+expect_contains "dpproxy names the directory" "$(cat "$DIR/refused.log")" "journal.wal: Is a directory"
+rmdir "$R2/state/journal.wal"; mv "$DIR/journal.saved2" "$R2/state/journal.wal"
 # A damaged file is refused by dpctl (and left in place) ...
 printf 'X' | dd of="$R2/state/state.pb" bs=1 seek=40 conv=notrunc status=none
 expect_exit "dpctl verify damaged" 1 "$DPCTL" verify --state_dir="$R2/state"
@@ -188,12 +204,14 @@ expect_contains "dpctl names the damage" "$LAST_OUT" "checksum mismatch"
 [[ -e "$R2/state/state.pb" ]] && pass "dpctl leaves the damaged file alone" || fail "dpctl moved the file"
 # ... and moved aside by dpproxy at start, which starts from nothing.
 "$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --state-dir="$R2/state" --status-file= \
-  --metrics-address= \
+  --metrics-address=0.0.0.0:0 \
   --events="$R2/proxy2.jsonl" 2>"$R2/proxy2.log" &
 PROXY3=$!; PIDS+=($PROXY3)
 for _ in $(seq 100); do grep -q state_untrusted "$R2/proxy2.jsonl" 2>/dev/null && break; sleep 0.05; done
 expect_contains "dpproxy reports the untrusted state" "$(cat "$R2/proxy2.log")" "is not trusted (checksum mismatch); moved aside to"
 ls "$R2/state" | grep -q "state.pb.corrupt-" && pass "damaged state kept aside" || fail "no .corrupt- file"
+for _ in $(seq 100); do grep -q metrics_exposed "$R2/proxy2.jsonl" 2>/dev/null && break; sleep 0.05; done
+expect_contains "dpproxy warns about metrics off loopback" "$(cat "$R2/proxy2.log")" "which is not a loopback address"
 kill -TERM "$PROXY3"; wait "$PROXY3"
 
 echo "$FAILURES failure(s)"

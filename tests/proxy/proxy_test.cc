@@ -30,6 +30,7 @@ using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kGpu[] = "vendor.com/gpu";
 
@@ -74,9 +75,100 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
             "requested API version \"0.1\" is not supported by kubelet. Supported version is "
             "\"v1alpha2\"");
 
+  // Issue 7.12: dpproxy's own registration socket is no backend; a NUL in
+  // an endpoint is refused; a huge version string is not echoed whole.
+  s = testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x", "kubelet.sock");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("registration socket itself"));
+  s = testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", std::string("x\0.sock", 7));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = testing::RegisterV1Beta1(sock, std::string(100 * 1024, 'v'), "other.com/x", "x.sock");
+  EXPECT_LT(s.error_message().size(), 600u);
+  // Issue 7.18: refused names never become metric labels; rejections are
+  // counted by reason.
+  s = testing::RegisterV1Beta1(sock, "v1beta1", "bad name with spaces", "x.sock");
+  const std::string metrics = ProxyMetrics(&h.proxy()).Text();
+  EXPECT_THAT(metrics, Not(HasSubstr("bad name with spaces")));
+  EXPECT_THAT(metrics, Not(HasSubstr("kubernetes.io/gpu")));
+  EXPECT_THAT(metrics, HasSubstr(
+      "dpproxy_backend_registrations_rejected_total{reason=\"resource_name\"} 2"));
+  EXPECT_THAT(metrics, HasSubstr(
+      "dpproxy_backend_registrations_rejected_total{reason=\"endpoint\"} 4"));
+
   // Nothing else was disturbed.
   EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
   EXPECT_TRUE(h.sim().Allocate(Pod("still-fine", 1)).ok());
+}
+
+// Issue 7.12: a malformed device list from a backend never reaches the
+// kubelet; an unknown health is reported Unhealthy, as a kubelet reads it.
+TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
+  for (const char* fault : {"duplicate-id", "empty-id", "newline-id"}) {
+    SCOPED_TRACE(fault);
+    ProxyHarness h(Personality::kV1Beta1Sync, false);
+    Start(h);
+    sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+    o.device_list_fault = fault;
+    ASSERT_NE(h.StartPlugin(o), nullptr);
+    ASSERT_TRUE(h.proxy().events().WaitForEvent("device_list_refused", {{"resource", kGpu}},
+                                                kWait));
+    sim::State st = h.sim().GetState();
+    const sim::ResourceState* r = h.Resource(st, kGpu);
+    EXPECT_TRUE(r == nullptr || r->devices_size() == 0) << "a malformed list reached the kubelet";
+  }
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.device_list_fault = "unknown-health";
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 3, kWait));
+  EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Unhealthy");
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("device_health_unknown", {{"devices", 1}}, kWait));
+}
+
+// Issue 7.12: an Allocate naming a device twice or an Unhealthy device is
+// refused before it reaches the backend.
+TEST_F(ProxyTest, AllocateOfDuplicateOrUnhealthyDevicesIsRefused) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(p->SetHealth("gpu-3", "Unhealthy").ok());
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-3") == "Unhealthy"; }));
+  auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  {
+    grpc::ClientContext ctx;
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids("gpu-1");
+    req.mutable_container_requests(0)->add_devices_ids("gpu-1");
+    v1beta1::AllocateResponse resp;
+    grpc::Status s = stub->Allocate(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("names device \"gpu-1\" twice"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids("gpu-3");
+    v1beta1::AllocateResponse resp;
+    grpc::Status s = stub->Allocate(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), HasSubstr("is Unhealthy"));
+  }
+  EXPECT_EQ(p->Status().allocate_calls(), 0);
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 0);
+}
+
+TEST(MetricsAddressTest, LoopbackIsToldApart) {
+  EXPECT_TRUE(IsLoopbackAddress("127.0.0.1:9464"));
+  EXPECT_TRUE(IsLoopbackAddress("127.3.2.1:1"));
+  EXPECT_TRUE(IsLoopbackAddress("localhost:9464"));
+  EXPECT_TRUE(IsLoopbackAddress("[::1]:9464"));
+  EXPECT_FALSE(IsLoopbackAddress("0.0.0.0:9464"));
+  EXPECT_FALSE(IsLoopbackAddress(":9464"));
+  EXPECT_FALSE(IsLoopbackAddress("10.1.2.3:9464"));
+  EXPECT_FALSE(IsLoopbackAddress("[::]:9464"));
+  EXPECT_FALSE(IsLoopbackAddress("node.example.com:9464"));
 }
 
 TEST_F(ProxyTest, KubeletSideRejectsUnknownDevicesAndEmptyRequests) {

@@ -25,10 +25,15 @@ constexpr char kUsage[] = R"(dpctl: inspect dpproxy's durable state.
 
 Usage:
   dpctl state  [--state_dir=DIR] [--output=table|json]   resources, devices, allocations
-  dpctl verify [--state_dir=DIR]                         exit 0 if the file is intact
+  dpctl verify [--state_dir=DIR]                         exit 0 if the state is intact
 
-The state (state.pb and the journal beside it) is read, never written: a
-damaged file is reported, not moved (dpproxy moves it aside at its next start).
+The state (state.pb and the journal beside it) is read, never written.
+verify lists every condition dpproxy would refuse to start on (an unreadable
+file, a directory or a link in place of one) or repair at its next start (a
+file proven corrupt is moved aside; a torn journal tail is cut; damage in the
+middle of the journal is copied aside and the intact records kept) and exits
+1 if there is any. state prints what dpproxy would load, with the same
+conditions as warnings.
 
 Flags:
 )";
@@ -77,24 +82,34 @@ int Run(const std::string& command) {
     std::cerr << "dpctl: no dpproxy state in " << FLAGS_state_dir << " (is --state_dir right?)\n";
     return 1;
   }
-  absl::StatusOr<state::State> s = ReadStateDir(FLAGS_state_dir);
-  if (!s.ok()) {
-    std::cerr << "dpctl: the state in " << FLAGS_state_dir << " is not trusted: "
-              << s.status().message() << "\n";
+  // The same inspection dpproxy's start-up makes, without changing anything.
+  StateDirReport report = InspectStateDir(FLAGS_state_dir);
+  if (command == "verify") {
+    if (report.problems.empty()) {
+      std::cout << FLAGS_state_dir << ": snapshot and journal intact, format "
+                << kStateFormatVersion << ", " << report.state.resources_size()
+                << " resource(s), " << report.state.allocations_size() << " allocation(s)\n";
+      return 0;
+    }
+    std::cout << FLAGS_state_dir << ": not intact"
+              << (report.refuses_start ? " (dpproxy refuses to start on it)" : "") << "\n";
+    for (const std::string& p : report.problems) std::cout << "  - " << p << "\n";
+    std::cout << "what dpproxy would load: " << report.state.resources_size()
+              << " resource(s), " << report.state.allocations_size() << " allocation(s)\n";
     return 1;
   }
-  if (command == "verify") {
-    std::cout << FLAGS_state_dir << ": snapshot and journal intact, format " << kStateFormatVersion << ", "
-              << s->resources_size() << " resource(s), " << s->allocations_size()
-              << " allocation(s)\n";
-    return 0;
+  for (const std::string& p : report.problems) std::cerr << "dpctl: warning: " << p << "\n";
+  if (report.refuses_start) {
+    std::cerr << "dpctl: the state in " << FLAGS_state_dir << " cannot be read\n";
+    return 1;
   }
+  const state::State& s = report.state;
   if (FLAGS_output == "json") {
     std::string out;
     google::protobuf::util::JsonPrintOptions o;
     o.add_whitespace = true;
     o.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(*s, &out, o);
+    (void)google::protobuf::util::MessageToJsonString(s, &out, o);
     std::cout << out << "\n";
     return 0;
   }
@@ -102,7 +117,7 @@ int Run(const std::string& command) {
     std::cerr << "dpctl: --output=" << FLAGS_output << " is not table or json\n";
     return 2;
   }
-  PrintTable(path, *s);
+  PrintTable(path, s);
   return 0;
 }
 

@@ -55,6 +55,9 @@ DEFINE_bool(single_stream_updates, false,
 DEFINE_string(allocate_delay, "0s", "Fault injection: delay every Allocate by this much.");
 DEFINE_string(fail_allocate, "",
               "Fault injection: fail every Allocate with INTERNAL and this message.");
+DEFINE_string(device_list_fault, "",
+              "Fault injection: send malformed device lists: duplicate-id, empty-id,\n"
+              "newline-id or unknown-health (first device reported \"Sick\").");
 DEFINE_string(control_socket, "",
               "Serve the control API here (set-health, status). Empty: no control\n"
               "socket for serve; required for set-health and status.");
@@ -126,6 +129,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.single_stream_updates = FLAGS_single_stream_updates;
   DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));
   o.fail_allocate = FLAGS_fail_allocate;
+  o.device_list_fault = FLAGS_device_list_fault;
   DPP_RETURN_IF_ERROR(ValidateOptions(o));
   return o;
 }

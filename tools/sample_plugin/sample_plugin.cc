@@ -100,6 +100,13 @@ absl::Status ValidateOptions(const SamplePluginOptions& o) {
         "--id_pattern=\"", o.id_pattern,
         "\" has neither {i} nor {uuid}, so all devices would have the same ID"));
   }
+  if (!o.device_list_fault.empty() &&
+      std::find(std::begin(kDeviceListFaults), std::end(kDeviceListFaults),
+                o.device_list_fault) == std::end(kDeviceListFaults)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device_list_fault=", o.device_list_fault,
+        " is not one of duplicate-id, empty-id, newline-id, unknown-health"));
+  }
   for (const std::string& id : DeviceIds(o)) {
     if (id.empty() || id.size() > 63) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -205,6 +212,23 @@ class SamplePlugin::Impl {
   }
 
   // Runs one ListAndWatch stream: the full list at once, then on every change.
+  void InjectDeviceListFault(std::vector<v1beta1::Device>* list) const {
+    const std::string& f = o_.device_list_fault;
+    if (f.empty() || list->empty()) return;
+    v1beta1::Device extra;
+    extra.set_health(std::string(kHealthy));
+    if (f == "duplicate-id") {
+      list->push_back(list->front());
+    } else if (f == "empty-id") {
+      list->push_back(extra);
+    } else if (f == "newline-id") {
+      extra.set_id("bad\nid");
+      list->push_back(extra);
+    } else if (f == "unknown-health") {
+      list->front().set_health("Sick");
+    }
+  }
+
   template <typename WriteFn>
   grpc::Status Stream(grpc::ServerContext* ctx, WriteFn write) {
     uint64_t my_epoch, seen = 0;
@@ -235,6 +259,7 @@ class SamplePlugin::Impl {
         }
       }
       if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      if (send) InjectDeviceListFault(&snapshot);
       if (send && !write(snapshot)) return grpc::Status::OK;
     }
   }

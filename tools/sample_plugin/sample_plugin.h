@@ -76,7 +76,16 @@ struct SamplePluginOptions {
   // Fault injection: delay Allocate by this much; fail it with this message.
   absl::Duration allocate_delay = absl::ZeroDuration();
   std::string fail_allocate;
+  // Fault injection: send malformed device lists (see kDeviceListFaults):
+  // "duplicate-id" repeats the first device, "empty-id" adds a device with
+  // an empty ID, "newline-id" adds "bad\nid", "unknown-health" reports the
+  // first device as "Sick". Empty: well-formed lists.
+  std::string device_list_fault;
 };
+
+// The values SamplePluginOptions::device_list_fault accepts.
+inline constexpr const char* kDeviceListFaults[] = {"duplicate-id", "empty-id", "newline-id",
+                                                    "unknown-health"};
 
 // Checks the options; kInvalidArgument naming the flag and the problem.
 absl::Status ValidateOptions(const SamplePluginOptions& options);

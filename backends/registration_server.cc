@@ -95,7 +95,7 @@ absl::Status BackendRegistrationServer::Start() {
 }
 
 void BackendRegistrationServer::Stop() {
-  std::vector<std::thread> dialers;
+  std::vector<std::unique_ptr<Dialer>> dialers;
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -107,8 +107,21 @@ void BackendRegistrationServer::Stop() {
     server_->Wait();
     server_.reset();
   }
-  for (auto& t : dialers) t.join();
+  for (auto& d : dialers) {
+    if (d->thread.joinable()) d->thread.join();
+  }
   ::unlink(socket_path().c_str());
+}
+
+void BackendRegistrationServer::ReapDialersLocked() {
+  for (auto it = dialers_.begin(); it != dialers_.end();) {
+    if ((*it)->done) {
+      (*it)->thread.join();  // it has returned or is returning
+      it = dialers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void BackendRegistrationServer::CountRejection(const std::string& reason) {
@@ -160,9 +173,30 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
     return absl::OkStatus();
   }
   // v1alpha: answer now, dial afterwards (1.9 semantics).
+  Dialer* raw = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::UnavailableError("dpproxy is stopping");
+    ReapDialersLocked();
+    for (const auto& d : dialers_) {
+      // Already being dialled: that dial picks up the plugin.
+      if (d->socket == socket && !d->done) return absl::OkStatus();
+    }
+    if (dialers_.size() < kMaxDials) {
+      dialers_.push_back(std::make_unique<Dialer>());
+      raw = dialers_.back().get();
+      raw->socket = socket;
+    }
+  }
+  if (raw == nullptr) {
+    return reject("busy", absl::UnavailableError(absl::StrCat(
+        kMaxDials, " v1alpha plugins are being dialled already; register again shortly")));
+  }
+  // Started under the lock: Stop() either took `raw` already (then nothing
+  // is started) or joins this thread.
   absl::MutexLock lock(&mu_);
   if (!running_) return absl::UnavailableError("dpproxy is stopping");
-  dialers_.emplace_back([this, resource, socket, api] {
+  raw->thread = std::thread([this, raw, resource, socket, api] {
     absl::StatusOr<std::shared_ptr<Backend>> b =
         ConnectBackend(resource, socket, api, options_.dial_timeout);
     if (!b.ok()) {
@@ -172,15 +206,15 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
       events_->Emit("backend_dial_failed", {{"requested_resource", resource},
                                             {"endpoint", socket},
                                             {"error", std::string(b.status().message())}});
-      return;
-    }
-    if (absl::Status s = on_backend_(*b); !s.ok()) {
+    } else if (absl::Status s = on_backend_(*b); !s.ok()) {
       (*b)->Stop();
       CountRejection("attach");
       events_->Emit("backend_registration_rejected", {{"requested_resource", resource},
                                                       {"reason", "attach"},
                                                       {"error", std::string(s.message())}});
     }
+    absl::MutexLock done_lock(&mu_);
+    raw->done = true;
   });
   return absl::OkStatus();
 }

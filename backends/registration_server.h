@@ -37,6 +37,10 @@ namespace dpproxy {
 
 class BackendRegistrationServer {
  public:
+  // v1alpha plugins being dialled at once; more registrations are refused
+  // with UNAVAILABLE until one finishes.
+  static constexpr size_t kMaxDials = 16;
+
   struct Options {
     // Directory holding kubelet.sock and the plugins' sockets.
     std::string dir;
@@ -78,7 +82,16 @@ class BackendRegistrationServer {
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> dialers_ ABSL_GUARDED_BY(mu_);
+  // v1alpha dials in flight (Register answered, plugin being dialled): one
+  // thread each, reaped when done, at most kMaxDials at once and one per
+  // socket, so a crash-looping plugin cannot pile up threads.
+  struct Dialer {
+    std::thread thread;
+    std::string socket;
+    bool done = false;
+  };
+  std::vector<std::unique_ptr<Dialer>> dialers_ ABSL_GUARDED_BY(mu_);
+  void ReapDialersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, int64_t> rejections_ ABSL_GUARDED_BY(mu_);
 
   void CountRejection(const std::string& reason);

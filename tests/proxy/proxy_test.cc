@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include <grpcpp/client_context.h>
@@ -98,6 +99,58 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   // Nothing else was disturbed.
   EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
   EXPECT_TRUE(h.sim().Allocate(Pod("still-fine", 1)).ok());
+}
+
+// Virtual memory of this process in kB (VmSize in /proc/self/status).
+int64_t VmSizeKb() {
+  absl::StatusOr<std::string> status = ReadFile("/proc/self/status");
+  if (!status.ok()) return -1;
+  const size_t at = status->find("VmSize:");
+  return at == std::string::npos ? -1 : std::atoll(status->c_str() + at + 7);
+}
+
+// Issue 7.14: every v1alpha registration used to leave its dialer thread
+// (and its stack mapping) until shutdown. Dialers are reaped, bounded, and
+// one per socket.
+TEST_F(ProxyTest, V1AlphaRegistrationStormsLeaveNoThreadsBehind) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.dial_timeout = absl::Milliseconds(50); });
+  Start(h);
+  const std::string sock = h.proxy().backend_registration_socket();
+  // Warm up once, then measure.
+  ASSERT_TRUE(testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x", "warm.sock").ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_dial_failed", {}, kWait));
+  const int64_t before = VmSizeKb();
+  constexpr int kRegistrations = 200;
+  int failed_dials = 1, busy = 0;
+  size_t from = 0;
+  for (int i = 0; i < kRegistrations; ++i) {
+    grpc::Status s = testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x",
+                                              absl::StrCat("gone-", i, ".sock"));
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      ++busy;
+      EXPECT_THAT(s.error_message(), HasSubstr("being dialled already"));
+      // Wait for one dial to finish, then try the same one again.
+      std::optional<Json> e = h.proxy().events().WaitForEvent("backend_dial_failed", {}, kWait,
+                                                              from);
+      ASSERT_TRUE(e.has_value());
+      from = h.proxy().events().Size();
+      --i;
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  // Every dial ends.
+  ASSERT_TRUE(h.WaitFor([&] {
+    return h.proxy().RegistrationRejections()["dial"] == kRegistrations + failed_dials;
+  }));
+  // One more registration reaps the finished dialers.
+  ASSERT_TRUE(testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x", "last.sock").ok());
+  const int64_t after = VmSizeKb();
+  // 200 leaked 8 MiB stacks would be 1.6 GB; a handful of live threads is
+  // well under 200 MB.
+  EXPECT_LT(after - before, 200 * 1024) << "VmSize grew from " << before << " to " << after
+                                        << " kB (" << busy << " busy answers)";
 }
 
 // Issue 7.12: a malformed device list from a backend never reaches the

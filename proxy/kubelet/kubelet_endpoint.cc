@@ -379,6 +379,18 @@ absl::Status KubeletEndpoint::Register() {
     grpc::ClientContext ctx;
     // A 1.25+ kubelet dials back before answering, for up to 10 s.
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(15)));
+    {
+      absl::MutexLock lock(&register_mu_);
+      if (stopping_) return absl::CancelledError("stopping");
+      register_ctx_ = &ctx;
+    }
+    struct Clear {
+      KubeletEndpoint* e;
+      ~Clear() {
+        absl::MutexLock lock(&e->register_mu_);
+        e->register_ctx_ = nullptr;
+      }
+    } clear{this};
     grpc::Status st;
     std::string version;
     if (api == KubeletApi::kV1Beta1) {
@@ -472,7 +484,11 @@ void KubeletEndpoint::NoteLoss(const Loss& loss) {
 }
 
 void KubeletEndpoint::Stop() {
-  stopping_ = true;
+  {
+    absl::MutexLock lock(&register_mu_);
+    stopping_ = true;
+    if (register_ctx_ != nullptr) register_ctx_->TryCancel();
+  }
   resource_->WakeAll();
   absl::MutexLock lock(&mu_);
   if (server_) {

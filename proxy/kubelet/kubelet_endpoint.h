@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include <grpcpp/client_context.h>
 #include <grpcpp/server.h>
 
 #include "absl/base/thread_annotations.h"
@@ -69,7 +70,9 @@ class KubeletEndpoint {
   absl::Status Serve();
   // Registers at kubelet.sock, negotiating the version. kUnavailable if the
   // kubelet is not answering (worth retrying); other codes if it refused.
-  // Does nothing in plugin-watcher mode (the kubelet comes to us).
+  // Does nothing in plugin-watcher mode (the kubelet comes to us). Blocks
+  // (a 1.25+ kubelet dials back for up to 10 s): call it off the threads
+  // that serve, detect and keep timers. Stop() cancels it.
   absl::Status Register();
   // "v1beta1", "v1alpha2", "v1beta1 (plugin-watcher)" or "" if not yet.
   std::string negotiated();
@@ -107,6 +110,9 @@ class KubeletEndpoint {
   std::optional<FileId> served_id_ ABSL_GUARDED_BY(mu_);
   // Separate from mu_: handlers set it while Serve() may hold mu_ and wait
   // for the handlers to finish.
+  // The Register call in flight, cancelled by Stop().
+  absl::Mutex register_mu_;
+  grpc::ClientContext* register_ctx_ ABSL_GUARDED_BY(register_mu_) = nullptr;
   absl::Mutex negotiated_mu_;
   std::string negotiated_ ABSL_GUARDED_BY(negotiated_mu_);
 };

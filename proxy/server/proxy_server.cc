@@ -18,8 +18,15 @@
 #include "proxy/common/grpc_util.h"
 #include "proxy/common/kubelet_rules.h"
 #include "proxy/common/status_util.h"
+#include "proxy/server/work_queue.h"
 
 namespace dpproxy {
+namespace {
+
+// Registrations in parallel; a fixed number, whatever the resource count.
+constexpr int kRegistrationWorkers = 4;
+
+}  // namespace
 
 absl::Status ValidateConfig(const ProxyConfig& c) {
   if (c.kubelet.kubelet_root.empty() || c.kubelet.kubelet_root[0] != '/') {
@@ -178,6 +185,10 @@ absl::Status ProxyServer::Start() {
     absl::MutexLock lock(&wake_mu_);
     stop_ = false;
   }
+  // Registrations run in parallel, never on the registrar thread: a 1.25+
+  // kubelet's 10 s dial must not hold up another resource, a socket that
+  // must be served again, or the hold and restore timers.
+  workers_ = std::make_unique<WorkQueue>(kRegistrationWorkers);
   registrar_ = std::thread([this] { RegistrarLoop(); });
   if (keeper_ && config_.reconcile_interval > absl::ZeroDuration()) {
     reconciler_ = std::thread([this] { ReconcileLoop(); });
@@ -215,6 +226,10 @@ void ProxyServer::Shutdown() {
     absl::MutexLock lock(&mu_);
     entries.swap(entries_);
   }
+  // Cancel Register calls in flight, then wait for the workers: their jobs
+  // point at the entries.
+  for (auto& [name, e] : entries) e->endpoint->Stop();
+  if (workers_) workers_->Shutdown();
   for (auto& [name, e] : entries) {
     e->endpoint->Stop();
     e->resource->Shutdown();
@@ -274,13 +289,20 @@ void ProxyServer::WakeRegistrar() {
 
 void ProxyServer::RegistrarLoop() {
   for (;;) {
+    // Once a second at most without a wake-up (the stat fallback), sooner
+    // when a registration is due for a retry. (mu_ is never taken while
+    // wake_mu_ is held: WakeRegistrar() is called under mu_.)
+    absl::Duration wait = absl::Seconds(1);
+    {
+      absl::MutexLock lock(&mu_);
+      wait = std::min(wait, std::max(absl::ZeroDuration(), next_check_ - absl::Now()));
+    }
     {
       absl::MutexLock lock(&wake_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
         return wake_ || stop_;
       };
-      // Once a second at most without a wake-up: the stat fallback.
-      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
       if (stop_) return;
       wake_ = false;
     }
@@ -489,24 +511,75 @@ void ProxyServer::ConnectStatic(Entry* e) {
   (void)AttachBackend(*b);
 }
 
-// Runs on the registrar thread only, so no lock is needed to serialize it
-// (and none is held across the Register calls it makes).
+void ProxyServer::RegisterOnWorker(Entry* e, FileId kubelet, std::string options) {
+  absl::Status s;
+  if (!e->endpoint->SocketPresent()) {
+    // Never ask a kubelet to dial a socket that is not serving (a kubelet's
+    // wipe removed it): the registrar serves it again, then registers.
+    s = absl::UnavailableError("our socket is not serving");
+  } else {
+    s = e->endpoint->Register();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    e->registering = false;
+    if (s.ok()) {
+      e->registered_with = kubelet;
+      e->registered_options = std::move(options);
+      e->backoff = absl::ZeroDuration();
+      e->retry_at = absl::InfinitePast();
+    } else {
+      // Retried soon, with backoff: not only at the next kubelet restart.
+      const absl::Duration cap = s.code() == absl::StatusCode::kUnavailable ||
+                                         s.code() == absl::StatusCode::kDeadlineExceeded
+                                     ? absl::Seconds(5)
+                                     : absl::Seconds(30);
+      e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
+      e->retry_at = absl::Now() + e->backoff;
+      next_check_ = std::min(next_check_, e->retry_at);
+      LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
+                << s.message() << "); retrying in " << absl::FormatDuration(e->backoff);
+    }
+  }
+  WakeRegistrar();
+}
+
+// Runs on the registrar thread only: detection, serving and timers, none of
+// which blocks. Registrations and static connects run on the workers.
 void ProxyServer::CheckKubelet() {
   std::vector<Entry*> entries;
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
     for (auto& [name, e] : entries_) entries.push_back(e.get());
+    next_check_ = absl::InfiniteFuture();
   }
   const absl::Time now = absl::Now();
   for (Entry* e : entries) {
     e->resource->Tick(now);
-    if (e->static_backend && !e->resource->backend_connected()) ConnectStatic(e);
+    if (!e->static_backend || e->resource->backend_connected()) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (e->connecting) continue;
+      e->connecting = true;
+    }
+    workers_->Submit([this, e] {
+      ConnectStatic(e);
+      absl::MutexLock lock(&mu_);
+      e->connecting = false;
+    });
   }
   // Our sockets: a kubelet start removes every file in device-plugins/.
+  // Serving again is quick and happens here, even while a Register of the
+  // same resource waits on the kubelet's dial: that dial then finds the
+  // socket again.
   for (Entry* e : entries) {
     if (e->endpoint->SocketPresent()) continue;
-    const bool first = !e->registered_with.has_value() && e->endpoint->negotiated().empty();
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = !e->registered_with.has_value() && e->endpoint->negotiated().empty();
+    }
     if (absl::Status s = e->endpoint->Serve(); !s.ok()) {
       LOG(ERROR) << "resource " << e->resource->name() << ": " << s.message();
       continue;
@@ -519,16 +592,17 @@ void ProxyServer::CheckKubelet() {
     }
     absl::MutexLock lock(&mu_);
     e->registered_with.reset();
-    e->failed_with.reset();
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::InfinitePast();
   }
   if (config_.kubelet.registration == KubeletRegistration::kPluginWatcher) return;
   std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(config_.kubelet));
   if (!kubelet.has_value()) return;  // no kubelet yet; the watcher wakes us
   for (Entry* e : entries) {
-    const std::string options = e->resource->options().SerializeAsString();
+    std::string options = e->resource->options().SerializeAsString();
     {
       absl::MutexLock lock(&mu_);
-      if (e->failed_with == kubelet) continue;
+      if (e->registering) continue;
       if (e->registered_with == kubelet) {
         if (e->registered_options == options) continue;
         LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
@@ -537,16 +611,21 @@ void ProxyServer::CheckKubelet() {
                   << ": kubelet restart detected (new kubelet.sock); registering again";
         events_.Emit("kubelet_restart_detected",
                      {{"resource", e->resource->name()}, {"signal", "kubelet.sock recreated"}});
+        e->registered_with.reset();
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::InfinitePast();
       }
+      if (now < e->retry_at) {
+        next_check_ = std::min(next_check_, e->retry_at);
+        continue;
+      }
+      e->registering = true;
     }
-    absl::Status s = e->endpoint->Register();
-    absl::MutexLock lock(&mu_);
-    if (s.ok()) {
-      e->registered_with = kubelet;
-      e->registered_options = options;
-      e->failed_with.reset();
-    } else if (s.code() != absl::StatusCode::kUnavailable) {
-      e->failed_with = kubelet;  // refused: try again with the next kubelet
+    if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options)]() mutable {
+          RegisterOnWorker(e, k, std::move(o));
+        })) {
+      absl::MutexLock lock(&mu_);
+      e->registering = false;
     }
   }
 }

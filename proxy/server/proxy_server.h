@@ -30,6 +30,7 @@
 #include "proxy/common/files.h"
 #include "proxy/core/resource.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/server/work_queue.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
@@ -125,10 +126,15 @@ class ProxyServer {
     std::unique_ptr<Resource> resource;
     std::unique_ptr<KubeletEndpoint> endpoint;
     std::optional<FileId> registered_with;  // kubelet.sock it registered at
-    std::optional<FileId> failed_with;      // kubelet.sock that refused it
     // Options sent in that registration (serialized): kubelets up to 1.24
     // read them only there, so a change means registering again.
     std::string registered_options;
+    // A Register (or static connect) is running on a worker; at most one.
+    bool registering = false;
+    bool connecting = false;
+    // After a failed Register: not before retry_at, then backoff doubles.
+    absl::Time retry_at = absl::InfinitePast();
+    absl::Duration backoff = absl::ZeroDuration();
     bool static_backend = false;
     StaticBackendConfig static_config;
     std::string restored_kubelet_api;  // from the state file, until registered
@@ -139,6 +145,8 @@ class ProxyServer {
   void CheckKubelet();
   void WakeRegistrar();
   void ConnectStatic(Entry* e);
+  // Runs on a worker: one registration of `e` with the kubelet at `kubelet`.
+  void RegisterOnWorker(Entry* e, FileId kubelet, std::string options);
   void WriteStatusIfChanged();
   absl::Status RestoreState();
   void PersistResources();
@@ -159,6 +167,10 @@ class ProxyServer {
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread registrar_;
+  // Blocking work handed off by the registrar (Register, static connects).
+  std::unique_ptr<WorkQueue> workers_;
+  // When the registrar must look again at the latest (retries).
+  absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::thread reconciler_;
   // Allocation ids missing from the last successful List (reconciler only).
   std::set<uint64_t> missing_once_;

@@ -25,10 +25,12 @@ class ProxyHarness {
  public:
   // `watcher`: the proxy registers through the plugin watcher.
   ProxyHarness(sim::Personality personality, bool watcher,
-               std::function<void(ProxyConfig&)> tweak = nullptr) {
+               std::function<void(ProxyConfig&)> tweak = nullptr,
+               std::function<void(sim::KubeletSimOptions&)> sim_tweak = nullptr) {
     sim::KubeletSimOptions so;
     so.root_dir = dir_.Sub("k");
     so.personality = personality;
+    if (sim_tweak) sim_tweak(so);
     sim_ = std::make_unique<sim::KubeletSim>(so);
     config_.kubelet.kubelet_root = dir_.Sub("k");
     config_.plugin_dir = dir_.Sub("p");

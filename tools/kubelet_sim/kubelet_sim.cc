@@ -424,6 +424,18 @@ absl::Status KubeletSim::Start() {
     stop_housekeeping_ = false;
   }
   housekeeping_ = std::thread([this] { Housekeeping(); });
+  if (options_.late_wipe > absl::ZeroDuration()) {
+    late_wipe_pending_ = true;
+    late_wipe_ = std::thread([this] {
+      {
+        absl::MutexLock lock(&stop_mu_);
+        if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_), options_.late_wipe)) {
+          return;  // stopped first
+        }
+      }
+      LateWipe();
+    });
+  }
   if (personality == Personality::kPluginWatcher) {
     watcher_ = std::make_unique<DirWatcher>(plugins_registry_dir(),
                                             [this](const DirWatcher::Event&) {
@@ -476,7 +488,9 @@ void KubeletSim::Stop() {
     absl::MutexLock lock(&stop_mu_);
     stop_housekeeping_ = true;
   }
+  late_wipe_pending_ = false;
   if (housekeeping_.joinable()) housekeeping_.join();
+  if (late_wipe_.joinable()) late_wipe_.join();
   events_.Emit("kubelet_stopped", {{"socket", kubelet_socket()}});
 }
 
@@ -508,6 +522,17 @@ void KubeletSim::StopControl() {
                               std::chrono::milliseconds(500));
     control_server_->Wait();
     control_server_.reset();
+  }
+}
+
+void KubeletSim::LateWipe() {
+  if (!late_wipe_pending_.exchange(false)) return;  // once per start
+  absl::StatusOr<std::vector<std::string>> removed = RemoveFilesExcept(
+      device_plugin_dir(), {std::string(kKubeletCheckpointName), std::string(kKubeletSocketName),
+                            std::string(kDeprecationMarkerName)});
+  if (removed.ok()) {
+    events_.Emit("directory_cleaned",
+                 {{"dir", device_plugin_dir()}, {"removed", *removed}, {"late", true}});
   }
 }
 
@@ -561,6 +586,7 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
     if (!running_) return absl::UnavailableError("kubelet is stopping");
     personality = personality_;
   }
+  LateWipe();  // if one is still to come, it lands now, before the dial
   events_.Emit("register_request", {{"resource", resource},
                                     {"version", version},
                                     {"endpoint", endpoint},

@@ -60,6 +60,12 @@ struct KubeletSimOptions {
   absl::Duration dial_timeout = absl::Seconds(10);
   // Serve <root>/pod-resources/kubelet.sock.
   bool pod_resources = true;
+  // Wipe device-plugins/ once more this long after kubelet.sock listens, or
+  // when the first Register arrives if that is sooner (the worst case of
+  // the race): a real kubelet's wipe can be seen after its new kubelet.sock
+  // appears, so a plugin that registers at once may have its socket removed
+  // under the kubelet's dial. 0: wipe only before listening.
+  absl::Duration late_wipe = absl::ZeroDuration();
 };
 
 class KubeletSim {
@@ -166,6 +172,10 @@ class KubeletSim {
   std::unique_ptr<grpc::CallbackGenericService> unknown_handler_;
   std::unique_ptr<DirWatcher> watcher_;
   std::thread housekeeping_;
+  std::thread late_wipe_;
+  // Set while the late wipe is still to come (this start).
+  std::atomic<bool> late_wipe_pending_{false};
+  void LateWipe();
   absl::Mutex stop_mu_;
   bool stop_housekeeping_ ABSL_GUARDED_BY(stop_mu_) = false;
 };

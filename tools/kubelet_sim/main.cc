@@ -39,6 +39,9 @@ DEFINE_string(grace, "",
               "How long a lost plugin's resource is kept (devices Unhealthy) before\n"
               "it is removed, e.g. 5m or 30s. Empty: 0 for v1alpha, 5m otherwise. [serve]");
 DEFINE_string(dial_timeout, "10s", "Limit for dialling a plugin's socket. [serve]");
+DEFINE_string(late_wipe, "0s",
+              "Wipe device-plugins/ once more this long after kubelet.sock listens, as a\n"
+              "real kubelet's wipe can be seen after its new socket appears. [serve]");
 DEFINE_string(events, "",
               "Append JSON-lines events to this file. Empty: <root>/kubelet_sim.events.jsonl;\n"
               "\"-\": none. [serve]");
@@ -321,6 +324,9 @@ int Serve() {
   absl::StatusOr<absl::Duration> dial = ParseFlagDuration("dial_timeout", FLAGS_dial_timeout);
   if (!dial.ok()) return Fail(std::string(dial.status().message()));
   options.dial_timeout = *dial;
+  absl::StatusOr<absl::Duration> late = ParseFlagDuration("late_wipe", FLAGS_late_wipe);
+  if (!late.ok()) return Fail(std::string(late.status().message()));
+  options.late_wipe = *late;
   if (absl::Status s = MakeDirs(options.root_dir); !s.ok()) {
     return Fail(absl::StrCat("cannot create --root_dir: ", s.message()));
   }

@@ -324,14 +324,25 @@ absl::Status KubeletEndpoint::Serve() {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::CancelledError("stopping");
   ++epoch_;
-  resource_->WakeAll();
-  if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-    server_.reset();
-  }
+  resource_->WakeAll();  // streams of the old server end
+  // The new server takes the path first (gRPC unlinks a stale socket file);
+  // the old one then finishes the calls it is answering, for a moment, so a
+  // kubelet's GetDevicePluginOptions in flight on it is answered, not
+  // cancelled.
+  std::unique_ptr<grpc::Server> old = std::move(server_);
+  std::unique_ptr<GoStyleUnknownHandler> old_unknown = std::move(services_->unknown);
+  auto retire_old = [&] {
+    if (old == nullptr) return;
+    old->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    old->Wait();
+    old.reset();
+    old_unknown.reset();
+  };
   size_t slash = socket_path_.rfind('/');
-  DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
+  if (absl::Status s = MakeDirs(socket_path_.substr(0, slash)); !s.ok()) {
+    retire_old();
+    return s;
+  }
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
   grpc::ServerBuilder builder;
   builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
@@ -344,6 +355,7 @@ absl::Status KubeletEndpoint::Serve() {
   services_->unknown = std::make_unique<GoStyleUnknownHandler>(served);
   builder.RegisterCallbackGenericService(services_->unknown.get());
   server_ = builder.BuildAndStart();
+  retire_old();
   if (server_ == nullptr) {
     served_id_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));

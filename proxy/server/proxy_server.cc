@@ -511,7 +511,8 @@ void ProxyServer::ConnectStatic(Entry* e) {
   (void)AttachBackend(*b);
 }
 
-void ProxyServer::RegisterOnWorker(Entry* e, FileId kubelet, std::string options) {
+void ProxyServer::RegisterOnWorker(Entry* e, FileId kubelet, std::string options,
+                                   uint64_t served) {
   absl::Status s;
   if (!e->endpoint->SocketPresent()) {
     // Never ask a kubelet to dial a socket that is not serving (a kubelet's
@@ -523,7 +524,12 @@ void ProxyServer::RegisterOnWorker(Entry* e, FileId kubelet, std::string options
   {
     absl::MutexLock lock(&mu_);
     e->registering = false;
-    if (s.ok()) {
+    if (s.ok() && e->served != served) {
+      // Served again while the kubelet was answering: register once more,
+      // toward the new server.
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": served again during registration; registering again";
+    } else if (s.ok()) {
       e->registered_with = kubelet;
       e->registered_options = std::move(options);
       e->backoff = absl::ZeroDuration();
@@ -591,6 +597,7 @@ void ProxyServer::CheckKubelet() {
                    {{"resource", e->resource->name()}, {"signal", "socket removed"}});
     }
     absl::MutexLock lock(&mu_);
+    ++e->served;
     e->registered_with.reset();
     e->backoff = absl::ZeroDuration();
     e->retry_at = absl::InfinitePast();
@@ -600,9 +607,11 @@ void ProxyServer::CheckKubelet() {
   if (!kubelet.has_value()) return;  // no kubelet yet; the watcher wakes us
   for (Entry* e : entries) {
     std::string options = e->resource->options().SerializeAsString();
+    uint64_t served;
     {
       absl::MutexLock lock(&mu_);
       if (e->registering) continue;
+      served = e->served;
       if (e->registered_with == kubelet) {
         if (e->registered_options == options) continue;
         LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
@@ -621,8 +630,8 @@ void ProxyServer::CheckKubelet() {
       }
       e->registering = true;
     }
-    if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options)]() mutable {
-          RegisterOnWorker(e, k, std::move(o));
+    if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options), served]() mutable {
+          RegisterOnWorker(e, k, std::move(o), served);
         })) {
       absl::MutexLock lock(&mu_);
       e->registering = false;

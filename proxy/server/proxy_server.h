@@ -129,6 +129,9 @@ class ProxyServer {
     // Options sent in that registration (serialized): kubelets up to 1.24
     // read them only there, so a change means registering again.
     std::string registered_options;
+    // Bumped each time the socket is served again: a Register that began
+    // before does not count (the kubelet's stream is on the old server).
+    uint64_t served = 0;
     // A Register (or static connect) is running on a worker; at most one.
     bool registering = false;
     bool connecting = false;
@@ -146,7 +149,7 @@ class ProxyServer {
   void WakeRegistrar();
   void ConnectStatic(Entry* e);
   // Runs on a worker: one registration of `e` with the kubelet at `kubelet`.
-  void RegisterOnWorker(Entry* e, FileId kubelet, std::string options);
+  void RegisterOnWorker(Entry* e, FileId kubelet, std::string options, uint64_t served);
   void WriteStatusIfChanged();
   absl::Status RestoreState();
   void PersistResources();

@@ -104,6 +104,12 @@ std::optional<std::string> Resource::DeviceHealth(const std::string& id) {
 }
 
 void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
+  base_ = list;
+  for (auto& d : *list.mutable_devices()) {
+    if (!quarantined_.empty() && quarantined_.count(d.id()) > 0) {
+      d.set_health(std::string(kUnhealthy));
+    }
+  }
   auto index = std::make_shared<std::unordered_map<std::string, int>>();
   index->reserve(static_cast<size_t>(list.devices_size()));
   for (int i = 0; i < list.devices_size(); ++i) index->emplace(list.devices(i).id(), i);
@@ -112,9 +118,19 @@ void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
   ++snapshot_.version;
 }
 
+void Resource::SetQuarantined(std::set<std::string> ids) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ids == quarantined_) return;
+    quarantined_ = std::move(ids);
+    PublishLocked(base_);
+  }
+  if (hooks_.on_change) hooks_.on_change();
+}
+
 void Resource::MarkAllLocked(const std::string& health) {
   bool changed = false;
-  v1beta1::ListAndWatchResponse list = *snapshot_.list;
+  v1beta1::ListAndWatchResponse list = base_;
   for (auto& d : *list.mutable_devices()) {
     if (d.health() != health) {
       d.set_health(health);

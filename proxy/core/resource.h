@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -122,6 +123,11 @@ class Resource {
   // status and state: endpoint and Register version; empty if none yet.
   std::pair<std::string, std::string> last_backend();
 
+  // Devices the kubelet must see Unhealthy whatever their health, because
+  // a pod the kubelet lost track of may still hold them (quarantine).
+  // Replaces the previous set; publishes a new list if anything changed.
+  void SetQuarantined(std::set<std::string> ids);
+
   // Applies the hold expiry of the loss policy; call about once a second.
   void Tick(absl::Time now);
 
@@ -152,6 +158,9 @@ class Resource {
   std::string last_api_ ABSL_GUARDED_BY(mu_);
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  // The list before quarantine overrides (what snapshot_ shows without them).
+  v1beta1::ListAndWatchResponse base_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
   std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 #include "proxy/kubelet/kubelet_endpoint.h"
 
+#include <errno.h>
 #include <unistd.h>
 
 #include <unordered_set>
@@ -325,24 +326,18 @@ absl::Status KubeletEndpoint::Serve() {
   if (stopping_) return absl::CancelledError("stopping");
   ++epoch_;
   resource_->WakeAll();  // streams of the old server end
-  // The new server takes the path first (gRPC unlinks a stale socket file);
-  // the old one then finishes the calls it is answering, for a moment, so a
-  // kubelet's GetDevicePluginOptions in flight on it is answered, not
-  // cancelled.
-  std::unique_ptr<grpc::Server> old = std::move(server_);
-  std::unique_ptr<GoStyleUnknownHandler> old_unknown = std::move(services_->unknown);
-  auto retire_old = [&] {
-    if (old == nullptr) return;
-    old->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    old->Wait();
-    old.reset();
-    old_unknown.reset();
-  };
-  size_t slash = socket_path_.rfind('/');
-  if (absl::Status s = MakeDirs(socket_path_.substr(0, slash)); !s.ok()) {
-    retire_old();
-    return s;
+  // The old server finishes the calls it is answering (for up to a
+  // second) before it goes, so a kubelet's GetDevicePluginOptions in flight
+  // on it is answered, not cancelled. It must go before the new one
+  // listens: gRPC unlinks a server's path when it shuts down.
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+    server_.reset();
   }
+  services_->unknown.reset();  // served only that server
+  size_t slash = socket_path_.rfind('/');
+  DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
   grpc::ServerBuilder builder;
   builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
@@ -355,7 +350,6 @@ absl::Status KubeletEndpoint::Serve() {
   services_->unknown = std::make_unique<GoStyleUnknownHandler>(served);
   builder.RegisterCallbackGenericService(services_->unknown.get());
   server_ = builder.BuildAndStart();
-  retire_old();
   if (server_ == nullptr) {
     served_id_.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));

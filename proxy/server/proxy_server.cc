@@ -19,6 +19,7 @@
 #include "proxy/common/kubelet_rules.h"
 #include "proxy/common/status_util.h"
 #include "proxy/server/work_queue.h"
+#include "proxy/kubelet/kubelet_checkpoint.h"
 
 namespace dpproxy {
 namespace {
@@ -307,6 +308,8 @@ void ProxyServer::RegistrarLoop() {
       wake_ = false;
     }
     CheckKubelet();
+    CheckKubeletCheckpoint();
+    ApplyQuarantine();
     PersistResources();
     WriteStatusIfChanged();
   }
@@ -344,68 +347,52 @@ absl::Status ProxyServer::ReconcileOnce() {
     return absl::UnavailableError(
         absl::StrCat("pod-resources List failed: ", DescribeGrpcStatus(st)));
   }
-  // Who holds which devices. A real kubelet lists one ContainerDevices per
-  // device ID (older ones may group them): a container holds an allocation
-  // if the union of its entries for that resource has every device of it.
-  struct Holder {
-    std::string ns, pod, container;
-  };
-  std::vector<Holder> holders;
-  // (resource, device id) -> indexes into holders
-  std::map<std::pair<std::string, std::string>, std::vector<size_t>> held;
+  Holdings holdings;
   for (const auto& pod : list.pod_resources()) {
+    holdings.AddPod(pod.namespace_(), pod.name());
     for (const auto& c : pod.containers()) {
-      const size_t index = holders.size();
-      holders.push_back(Holder{pod.namespace_(), pod.name(), c.name()});
+      const size_t index = holdings.AddHolder({pod.namespace_(), pod.name(), c.name(), ""});
       for (const auto& d : c.devices()) {
         for (const std::string& id : d.device_ids()) {
-          std::vector<size_t>& h = held[{d.resource_name(), id}];
-          if (h.empty() || h.back() != index) h.push_back(index);
+          holdings.AddDevice(index, d.resource_name(), id);
         }
       }
     }
   }
-  state::State st_now = keeper_->Snapshot();
+  const state::State st_now = keeper_->Snapshot();
+  const std::map<uint64_t, size_t> matched = holdings.Match(st_now);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-  // Devices already given to a newer matched entry: an older entry naming
-  // one of them is superseded.
-  std::set<std::pair<std::string, std::string>> claimed;
   std::vector<StateKeeper::Holder> annotate;
-  std::vector<uint64_t> release;
+  std::vector<uint64_t> release, contradicted;
+  std::vector<std::string> contradicted_pods;
   std::set<uint64_t> missing;
-  // Newest first: when a device was allocated several times, the newest
-  // entry is the one a running pod holds.
-  for (int i = st_now.allocations_size() - 1; i >= 0; --i) {
-    const state::Allocation& a = st_now.allocations(i);
-    std::vector<size_t> candidates;
-    bool superseded = false;
-    for (int k = 0; k < a.device_ids_size(); ++k) {
-      const std::pair<std::string, std::string> key{a.resource(), a.device_ids(k)};
-      if (claimed.count(key) > 0) superseded = true;
-      auto h = held.find(key);
-      std::vector<size_t> here = h == held.end() ? std::vector<size_t>() : h->second;
-      if (k == 0) {
-        candidates = std::move(here);
-      } else {
-        std::vector<size_t> both;
-        std::set_intersection(candidates.begin(), candidates.end(), here.begin(), here.end(),
-                              std::back_inserter(both));
-        candidates = std::move(both);
-      }
+  for (const state::Allocation& a : st_now.allocations()) {
+    auto m = matched.find(a.id());
+    if (m != matched.end()) {
+      const PodHolder& h = holdings.holder(m->second);
+      annotate.push_back({a.id(), h.pod_namespace, h.pod_name, h.container, ""});
+      continue;
     }
-    if (!superseded && !candidates.empty() && a.device_ids_size() > 0) {
-      const Holder& h = holders[candidates.front()];
-      annotate.push_back(StateKeeper::Holder{a.id(), h.ns, h.pod, h.container});
-      for (const std::string& id : a.device_ids()) claimed.insert({a.resource(), id});
+    const bool pod_listed =
+        !a.pod_name().empty() && holdings.HasPod(a.pod_namespace(), a.pod_name());
+    if (a.quarantined() && (a.pod_name().empty() || pod_listed)) {
+      // Its pod may still run: the devices stay away from new pods.
       continue;
     }
     const bool old_enough =
         now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(config_.reconcile_grace);
-    if (!old_enough) continue;
-    if (missing_once_.count(a.id()) > 0) {
-      release.push_back(a.id());
-    } else {
+    if (!old_enough && !pod_listed) continue;
+    if (missing_once_.count(a.id()) == 0) {
       missing.insert(a.id());
+      continue;
+    }
+    if (pod_listed) {
+      // The kubelet lists the pod as running but no longer these devices:
+      // it lost track of them (e.g. it restarted without its checkpoint).
+      contradicted.push_back(a.id());
+      contradicted_pods.push_back(absl::StrCat(a.pod_namespace(), "/", a.pod_name()));
+    } else {
+      release.push_back(a.id());
     }
   }
   missing_once_ = std::move(missing);
@@ -415,10 +402,216 @@ absl::Status ProxyServer::ReconcileOnce() {
   }
   absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
   if (!annotated.ok()) return annotated.status();
+  if (!contradicted.empty()) {
+    QuarantineAllocations(contradicted,
+                          absl::StrCat("the kubelet's pod-resources API lists ",
+                                       absl::StrJoin(contradicted_pods, ", "),
+                                       " without the devices dpproxy allocated to it"));
+  }
   events_.Emit("reconciled", {{"pods", list.pod_resources_size()},
                               {"annotated", *annotated},
                               {"released", release.size()},
+                              {"contradicted", contradicted.size()},
                               {"missing_once", missing_once_.size()}});
+  return absl::OkStatus();
+}
+
+void ProxyServer::QuarantineAllocations(const std::vector<uint64_t>& ids,
+                                        const std::string& reason) {
+  absl::StatusOr<int> added = keeper_->Quarantine(ids, reason);
+  if (!added.ok()) {
+    LOG(ERROR) << "cannot persist the quarantine of " << ids.size()
+               << " allocation(s) (kept in memory): " << added.status().message();
+  }
+  if (added.ok() && *added == 0) return;
+  const state::State st = keeper_->Snapshot();
+  const std::set<uint64_t> wanted(ids.begin(), ids.end());
+  // Which live allocations hold each device, to report a device held twice.
+  std::map<std::pair<std::string, std::string>, std::vector<const state::Allocation*>> by_device;
+  for (const state::Allocation& a : st.allocations()) {
+    for (const std::string& d : a.device_ids()) by_device[{a.resource(), d}].push_back(&a);
+  }
+  auto who = [](const state::Allocation& a) {
+    return a.pod_name().empty()
+               ? absl::StrCat("allocation ", a.id(),
+                              a.pod_uid().empty() ? "" : absl::StrCat(" (pod UID ", a.pod_uid(), ")"),
+                              " of an unknown pod")
+               : absl::StrCat(a.pod_namespace(), "/", a.pod_name(), "/", a.container());
+  };
+  for (const state::Allocation& a : st.allocations()) {
+    if (wanted.count(a.id()) == 0) continue;
+    LOG(ERROR) << "resource " << a.resource() << ": devices "
+               << absl::StrJoin(a.device_ids(), ",") << " of " << who(a)
+               << " are quarantined (reported Unhealthy until the pod is gone): " << reason;
+    events_.Emit("devices_quarantined", {{"resource", a.resource()},
+                                         {"allocation", a.id()},
+                                         {"devices", std::vector<std::string>(
+                                                         a.device_ids().begin(),
+                                                         a.device_ids().end())},
+                                         {"holder", who(a)},
+                                         {"reason", reason}});
+    for (const std::string& d : a.device_ids()) {
+      for (const state::Allocation* other : by_device[{a.resource(), d}]) {
+        if (other->id() <= a.id() || other->quarantined()) continue;
+        {
+          absl::MutexLock lock(&mu_);
+          ++devices_held_twice_;
+        }
+        LOG(ERROR) << "resource " << a.resource() << ": device " << d
+                   << " is held twice: by " << who(a) << " and, allocated since, by "
+                   << who(*other) << " (the kubelet handed it out again)";
+        events_.Emit("device_held_twice", {{"resource", a.resource()},
+                                           {"device", d},
+                                           {"first", who(a)},
+                                           {"second", who(*other)}});
+      }
+    }
+  }
+  WakeRegistrar();
+}
+
+void ProxyServer::ApplyQuarantine() {
+  if (!keeper_) return;
+  const uint64_t version = keeper_->quarantine_version();
+  if (version == applied_quarantine_) return;
+  applied_quarantine_ = version;
+  std::map<std::string, std::set<std::string>> devices;
+  Json list = Json::array();
+  const state::State st = keeper_->Snapshot();
+  for (const state::Allocation& a : st.allocations()) {
+    if (!a.quarantined()) continue;
+    devices[a.resource()].insert(a.device_ids().begin(), a.device_ids().end());
+    list.push_back({{"resource", a.resource()},
+                    {"allocation", a.id()},
+                    {"devices", std::vector<std::string>(a.device_ids().begin(),
+                                                         a.device_ids().end())},
+                    {"pod", a.pod_name().empty()
+                                ? std::string()
+                                : absl::StrCat(a.pod_namespace(), "/", a.pod_name())},
+                    {"container", a.container()},
+                    {"pod_uid", a.pod_uid()},
+                    {"reason", a.quarantine_reason()},
+                    {"since_unix_ms", a.quarantined_unix_ms()}});
+  }
+  std::vector<Entry*> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : entries_) entries.push_back(e.get());
+    quarantine_status_ = list;
+  }
+  for (Entry* e : entries) {
+    auto it = devices.find(e->resource->name());
+    e->resource->SetQuarantined(it == devices.end() ? std::set<std::string>() : it->second);
+  }
+}
+
+void ProxyServer::CheckKubeletCheckpoint() {
+  if (!keeper_) return;
+  const std::string path = JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName);
+  const std::optional<FileId> id = StatFileId(path);
+  const absl::Time now = absl::Now();
+  if (restart_check_.has_value()) {
+    // Wait until the restarted kubelet wrote its checkpoint (it does at its
+    // first device-list update), or for the deadline.
+    if (id == restart_check_->checkpoint_before && now < restart_check_->deadline) return;
+    RestartCheck check = *std::move(restart_check_);
+    restart_check_.reset();
+    std::string why;
+    absl::StatusOr<KubeletCheckpoint> ckpt = absl::NotFoundError("missing");
+    if (!id.has_value()) {
+      why = absl::StrCat("the kubelet restarted and has no checkpoint at ", path);
+    } else if (absl::StatusOr<std::string> text = ReadFile(path); !text.ok()) {
+      why = absl::StrCat("the kubelet restarted and its checkpoint cannot be read: ",
+                         text.status().message());
+    } else if (ckpt = ParseKubeletCheckpoint(*text); !ckpt.ok()) {
+      why = absl::StrCat("the kubelet restarted with an unreadable checkpoint (",
+                         ckpt.status().message(), ")");
+    }
+    std::vector<uint64_t> lost;
+    const state::State st = keeper_->Snapshot();
+    std::map<uint64_t, size_t> matched;
+    if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
+    for (const state::Allocation& a : st.allocations()) {
+      if (check.live.count(a.id()) == 0 || a.quarantined()) continue;
+      if (ckpt.ok() && matched.count(a.id()) > 0) continue;
+      lost.push_back(a.id());
+    }
+    if (why.empty()) {
+      why = "the kubelet restarted and its checkpoint no longer lists these devices (it lost "
+            "them: deleted, corrupt, or written by a release it cannot read)";
+    }
+    if (!lost.empty()) QuarantineAllocations(lost, why);
+    events_.Emit("kubelet_checkpoint_checked", {{"lost", lost.size()},
+                                                {"live", check.live.size()}});
+    last_checkpoint_ = id;
+    return;
+  }
+  // Release journal entries the kubelet no longer holds (every release
+  // writes its checkpoint; 1.9 kubelets have no pod-resources API): parsed
+  // when it changes, at most once a second.
+  if (!id.has_value() || id == last_checkpoint_ || now - last_checkpoint_parse_ < absl::Seconds(1)) {
+    return;
+  }
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return;
+  absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
+  last_checkpoint_ = id;
+  last_checkpoint_parse_ = now;
+  if (!ckpt.ok()) {
+    VLOG(1) << "kubelet checkpoint not used: " << ckpt.status().message();
+    return;
+  }
+  (void)CheckpointPass(*ckpt);
+}
+
+Holdings ProxyServer::CheckpointHoldings(const KubeletCheckpoint& ckpt) {
+  Holdings holdings;
+  std::map<std::pair<std::string, std::string>, size_t> by_container;
+  for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
+    auto [it, fresh] = by_container.try_emplace({e.pod_uid, e.container}, 0);
+    if (fresh) it->second = holdings.AddHolder({"", "", e.container, e.pod_uid});
+    for (const std::string& id : e.device_ids) holdings.AddDevice(it->second, e.resource, id);
+  }
+  return holdings;
+}
+
+absl::Status ProxyServer::CheckpointPass(const KubeletCheckpoint& ckpt) {
+  const state::State st = keeper_->Snapshot();
+  const Holdings holdings = CheckpointHoldings(ckpt);
+  const std::map<uint64_t, size_t> matched = holdings.Match(st);
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::vector<StateKeeper::Holder> annotate;
+  std::vector<uint64_t> release;
+  std::set<uint64_t> missing;
+  for (const state::Allocation& a : st.allocations()) {
+    auto m = matched.find(a.id());
+    if (m != matched.end()) {
+      const PodHolder& h = holdings.holder(m->second);
+      annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
+      continue;
+    }
+    // Quarantined: absent from the checkpoint is the symptom, not proof.
+    if (a.quarantined()) continue;
+    if (now_ms - a.allocated_unix_ms() < absl::ToInt64Milliseconds(config_.reconcile_grace)) {
+      continue;
+    }
+    if (checkpoint_missing_once_.count(a.id()) > 0) {
+      release.push_back(a.id());
+    } else {
+      missing.insert(a.id());
+    }
+  }
+  checkpoint_missing_once_ = std::move(missing);
+  absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
+  if (!annotated.ok()) return annotated.status();
+  if (!release.empty()) {
+    LOG(INFO) << "kubelet checkpoint: released " << release.size()
+              << " journal entries no kubelet container holds any more";
+  }
+  events_.Emit("checkpoint_reconciled", {{"entries", ckpt.entries.size()},
+                                         {"layout", LayoutWriters(ckpt.layout)},
+                                         {"released", release.size()},
+                                         {"missing_once", checkpoint_missing_once_.size()}});
   return absl::OkStatus();
 }
 
@@ -602,8 +795,22 @@ void ProxyServer::CheckKubelet() {
     e->backoff = absl::ZeroDuration();
     e->retry_at = absl::InfinitePast();
   }
-  if (config_.kubelet.registration == KubeletRegistration::kPluginWatcher) return;
   std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(config_.kubelet));
+  if (kubelet.has_value() && last_kubelet_.has_value() && kubelet != last_kubelet_ && keeper_) {
+    // A kubelet restart while dpproxy runs: check that it kept the
+    // allocations live now, once it has written its checkpoint again.
+    RestartCheck check;
+    check.checkpoint_before =
+        StatFileId(JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName));
+    check.deadline = now + absl::Seconds(30);
+    const state::State st = keeper_->Snapshot();
+    for (const state::Allocation& a : st.allocations()) {
+      if (!a.quarantined()) check.live.insert(a.id());
+    }
+    if (!check.live.empty()) restart_check_ = std::move(check);
+  }
+  if (kubelet.has_value()) last_kubelet_ = kubelet;
+  if (config_.kubelet.registration == KubeletRegistration::kPluginWatcher) return;
   if (!kubelet.has_value()) return;  // no kubelet yet; the watcher wakes us
   for (Entry* e : entries) {
     std::string options = e->resource->options().SerializeAsString();
@@ -676,6 +883,13 @@ Json ProxyServer::Status() {
                          {"devices_healthy", healthy},
                          {"devices", devices}});
   }
+  Json quarantined = Json::array();
+  int64_t held_twice = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    quarantined = quarantine_status_;
+    held_twice = devices_held_twice_;
+  }
   Json state = nullptr;
   if (keeper_) {
     state = {{"path", keeper_->path()},
@@ -693,6 +907,8 @@ Json ProxyServer::Status() {
           {"resources", resources},
           {"lossy_translations", losses},
           {"state", state},
+          {"quarantined", quarantined},
+          {"devices_held_twice", held_twice},
           {"plugin_socket", backend_registration_socket()},
           {"kubelet_root", config_.kubelet.kubelet_root}};
 }

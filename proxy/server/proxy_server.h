@@ -30,6 +30,8 @@
 #include "proxy/common/files.h"
 #include "proxy/core/resource.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/kubelet/kubelet_checkpoint.h"
+#include "proxy/server/holdings.h"
 #include "proxy/server/work_queue.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
@@ -154,6 +156,16 @@ class ProxyServer {
   absl::Status RestoreState();
   void PersistResources();
   void ReconcileLoop();
+  // Kubelet checkpoint: the check after a kubelet restart, and releasing
+  // entries no kubelet container holds (registrar thread).
+  void CheckKubeletCheckpoint();
+  Holdings CheckpointHoldings(const KubeletCheckpoint& ckpt);
+  absl::Status CheckpointPass(const KubeletCheckpoint& ckpt);
+  // Marks allocations quarantined, logs and reports each (and any device
+  // the kubelet has handed out again meanwhile).
+  void QuarantineAllocations(const std::vector<uint64_t>& ids, const std::string& reason);
+  // Reports quarantined devices Unhealthy (registrar thread, on change).
+  void ApplyQuarantine();
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
@@ -177,6 +189,21 @@ class ProxyServer {
   std::thread reconciler_;
   // Allocation ids missing from the last successful List (reconciler only).
   std::set<uint64_t> missing_once_;
+  // Registrar thread only: the kubelet.sock last seen, the check pending
+  // after a kubelet restart, and the checkpoint last parsed.
+  struct RestartCheck {
+    std::set<uint64_t> live;  // allocations live when the restart was seen
+    std::optional<FileId> checkpoint_before;
+    absl::Time deadline;
+  };
+  std::optional<FileId> last_kubelet_;
+  std::optional<RestartCheck> restart_check_;
+  std::optional<FileId> last_checkpoint_;
+  absl::Time last_checkpoint_parse_ = absl::InfinitePast();
+  std::set<uint64_t> checkpoint_missing_once_;
+  uint64_t applied_quarantine_ = 0;
+  Json quarantine_status_ ABSL_GUARDED_BY(mu_) = Json::array();
+  int64_t devices_held_twice_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_status_;  // registrar thread only
 };
 

@@ -93,6 +93,12 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     events_->Emit("state_untrusted", {{"path", store_.path()},
                                       {"error", std::string(s.status().message())}});
   }
+  for (const state::Allocation& a : state_.allocations()) {
+    if (a.quarantined()) {
+      ++quarantine_version_;
+      break;
+    }
+  }
   // Fold what the journal held into a fresh snapshot.
   if (!replay->records.empty()) {
     if (absl::Status save = SaveLocked(); !save.ok()) {
@@ -214,11 +220,17 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   if (ids.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   auto* a = state_.mutable_allocations();
+  bool lifted = false;
   a->erase(std::remove_if(a->begin(), a->end(),
                           [&](const state::Allocation& x) {
-                            return std::find(ids.begin(), ids.end(), x.id()) != ids.end();
+                            if (std::find(ids.begin(), ids.end(), x.id()) == ids.end()) {
+                              return false;
+                            }
+                            lifted = lifted || x.quarantined();
+                            return true;
                           }),
            a->end());
+  if (lifted) ++quarantine_version_;
   return SaveLocked();
 }
 
@@ -252,21 +264,55 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
     auto it = by_id.find(a.id());
     if (it == by_id.end()) continue;
     const Holder& h = *it->second;
-    if (a.pod_namespace() == h.pod_namespace && a.pod_name() == h.pod_name &&
-        a.container() == h.container) {
-      continue;
+    bool touched = false;
+    if (!h.pod_name.empty() && (a.pod_namespace() != h.pod_namespace ||
+                                a.pod_name() != h.pod_name || a.container() != h.container)) {
+      a.set_pod_namespace(h.pod_namespace);
+      a.set_pod_name(h.pod_name);
+      a.set_container(h.container);
+      touched = true;
     }
-    a.set_pod_namespace(h.pod_namespace);
-    a.set_pod_name(h.pod_name);
-    a.set_container(h.container);
-    ++changed;
+    if (!h.pod_uid.empty() && a.pod_uid() != h.pod_uid) {
+      a.set_pod_uid(h.pod_uid);
+      if (a.container().empty()) a.set_container(h.container);
+      touched = true;
+    }
+    changed += touched ? 1 : 0;
   }
+  bool lifted = false;
   all->erase(std::remove_if(all->begin(), all->end(),
-                            [&](const state::Allocation& x) { return gone.count(x.id()) > 0; }),
+                            [&](const state::Allocation& x) {
+                              if (gone.count(x.id()) == 0) return false;
+                              lifted = lifted || x.quarantined();
+                              return true;
+                            }),
              all->end());
+  if (lifted) ++quarantine_version_;
   if (changed == 0 && all->size() == before) return 0;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
   return changed;
+}
+
+absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
+                                            const std::string& reason) {
+  if (ids.empty()) return 0;
+  absl::MutexLock lock(&mu_);
+  const std::set<uint64_t> wanted(ids.begin(), ids.end());
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  int added = 0;
+  for (state::Allocation& a : *state_.mutable_allocations()) {
+    if (wanted.count(a.id()) == 0 || a.quarantined()) continue;
+    a.set_quarantined(true);
+    a.set_quarantine_reason(reason);
+    a.set_quarantined_unix_ms(now);
+    ++added;
+  }
+  if (added == 0) return 0;
+  ++quarantine_version_;
+  // Kept in memory even if the save fails: the devices stay away from new
+  // pods in this run either way.
+  if (absl::Status s = SaveLocked(); !s.ok()) return s;
+  return added;
 }
 
 bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {

@@ -73,9 +73,16 @@ class StateKeeper : public AllocationJournal {
   struct Holder {
     uint64_t id = 0;
     std::string pod_namespace, pod_name, container;
+    std::string pod_uid;  // from the kubelet's checkpoint; "" keeps the old
   };
   absl::StatusOr<int> Reconcile(const std::vector<Holder>& holders,
                                 const std::vector<uint64_t>& release);
+
+  // Marks allocations quarantined (see state.proto) with `reason`. Saves.
+  // Returns how many were newly quarantined.
+  absl::StatusOr<int> Quarantine(const std::vector<uint64_t>& ids, const std::string& reason);
+  // Changes whenever the set of quarantined allocations changes.
+  uint64_t quarantine_version() const { return quarantine_version_.load(); }
 
   // A copy of everything (for reconciliation and dpctl-like views).
   state::State Snapshot();
@@ -102,6 +109,7 @@ class StateKeeper : public AllocationJournal {
   absl::Mutex mu_;
   state::State state_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> write_failures_{0};
+  std::atomic<uint64_t> quarantine_version_{0};
   std::atomic<bool> writable_{true};
   std::string last_write_error_ ABSL_GUARDED_BY(mu_);
 };

@@ -630,8 +630,13 @@ absl::Status SamplePlugin::Start() {
   CheckKubelet();
   // Our socket's directory: device-plugins/ (beside kubelet.sock) or
   // plugins_registry/.
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stop_registrar_ = false;
+  }
+  registrar_ = std::thread([this] { RegistrarLoop(); });
   watcher_ = std::make_unique<DirWatcher>(
-      DirOf(socket_path_), [this](const DirWatcher::Event&) { CheckKubelet(); });
+      DirOf(socket_path_), [this](const DirWatcher::Event&) { OnDirEvent(); });
   DPP_RETURN_IF_ERROR(watcher_->Start());
   if (!options_.flip_device.empty()) flipper_ = std::thread([this] { FlipLoop(); });
   return absl::OkStatus();
@@ -645,6 +650,11 @@ void SamplePlugin::Stop() {
     watcher_->Stop();
     watcher_.reset();
   }
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stop_registrar_ = true;
+  }
+  if (registrar_.joinable()) registrar_.join();
   if (flipper_.joinable()) flipper_.join();
   {
     absl::MutexLock lock(&server_mu_);
@@ -683,20 +693,50 @@ absl::Status SamplePlugin::last_registration() {
   return last_registration_;
 }
 
-void SamplePlugin::CheckKubelet() {
-  absl::MutexLock lock(&check_mu_);
+bool SamplePlugin::ServeAgainIfRemoved() {
+  absl::MutexLock slock(&server_mu_);
+  if (PathExists(socket_path_)) return false;
+  impl_->EndStreams(/*stopping=*/false);
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+  }
+  ServeLocked();
+  events_.Emit("socket_recreated", {{"socket", socket_path_}, {"ok", server_ != nullptr}});
+  socket_recreated_ = true;
+  return true;
+}
+
+void SamplePlugin::OnDirEvent() {
   if (!started_) return;
-  // The kubelet removes our socket when it restarts: serve again.
-  if (!PathExists(socket_path_)) {
-    absl::MutexLock slock(&server_mu_);
-    impl_->EndStreams(/*stopping=*/false);
-    if (server_) {
-      server_->Shutdown(std::chrono::system_clock::now());
-      server_->Wait();
+  // The kubelet removes our socket when it restarts: serve again at once,
+  // even while a registration is in flight (its dial then finds the
+  // socket); registering is the registrar thread's job.
+  ServeAgainIfRemoved();
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+void SamplePlugin::RegistrarLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
+        return wake_ || stop_registrar_;
+      };
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_registrar_) return;
+      wake_ = false;
     }
-    ServeLocked();
-    events_.Emit("socket_recreated", {{"socket", socket_path_},
-                                      {"ok", server_ != nullptr}});
+    CheckKubelet();
+  }
+}
+
+void SamplePlugin::CheckKubelet() {
+  if (!started_) return;
+  ServeAgainIfRemoved();
+  absl::MutexLock lock(&check_mu_);
+  if (socket_recreated_.exchange(false)) {
     // Only a kubelet start removes our socket: whatever kubelet.sock is
     // there now belongs to a new kubelet.
     registered_kubelet_.reset();
@@ -712,6 +752,9 @@ void SamplePlugin::CheckKubelet() {
   absl::Time deadline = absl::Now() + absl::Seconds(5);
   absl::Status s;
   for (;;) {
+    // Never ask a kubelet to dial a socket that is not served: a kubelet
+    // that (re)started while we retried may have wiped it.
+    ServeAgainIfRemoved();
     s = RegisterOnce();
     if (s.ok() || s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline ||
         !started_) {

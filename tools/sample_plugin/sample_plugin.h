@@ -128,7 +128,13 @@ class SamplePlugin {
 
  private:
   void ServeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
+  // Registers when a new kubelet is there (registrar thread, and Start()).
   void CheckKubelet();
+  // The directory watcher's callback: serves again, wakes the registrar.
+  void OnDirEvent();
+  void RegistrarLoop();
+  // Serves the socket again if a kubelet start removed it; true if it did.
+  bool ServeAgainIfRemoved();
   absl::Status RegisterOnce();
   void FlipLoop();
 
@@ -143,8 +149,16 @@ class SamplePlugin {
   std::unique_ptr<grpc::Server> control_server_;
   std::unique_ptr<DirWatcher> watcher_;
   std::thread flipper_;
+  // Registers off the watcher's thread, so a Register blocked on a
+  // kubelet's dial never keeps the socket from being served again.
+  std::thread registrar_;
+  absl::Mutex wake_mu_;
+  bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool stop_registrar_ ABSL_GUARDED_BY(wake_mu_) = false;
 
-  absl::Mutex check_mu_;  // one CheckKubelet at a time
+  absl::Mutex check_mu_;  // one registration at a time
+  // Set when the socket was served again (a kubelet start removed it).
+  std::atomic<bool> socket_recreated_{false};
   std::optional<FileId> registered_kubelet_ ABSL_GUARDED_BY(check_mu_);
   std::optional<FileId> failed_kubelet_ ABSL_GUARDED_BY(check_mu_);
   absl::Status last_registration_ ABSL_GUARDED_BY(check_mu_);

@@ -549,7 +549,13 @@ void ProxyServer::CheckKubeletCheckpoint() {
   // Release journal entries the kubelet no longer holds (every release
   // writes its checkpoint; 1.9 kubelets have no pod-resources API): parsed
   // when it changes, at most once a second.
-  if (!id.has_value() || id == last_checkpoint_ || now - last_checkpoint_parse_ < absl::Seconds(1)) {
+  // When it changed (at most once a second), and on the reconcile interval
+  // (a quiet node writes no new checkpoint, and "missing twice" needs two
+  // passes).
+  const bool due = config_.reconcile_interval > absl::ZeroDuration() &&
+                   now - last_checkpoint_parse_ >= config_.reconcile_interval;
+  if (!id.has_value() || ((id == last_checkpoint_ || now - last_checkpoint_parse_ < absl::Seconds(1)) &&
+                          !due)) {
     return;
   }
   absl::StatusOr<std::string> text = ReadFile(path);
@@ -561,7 +567,19 @@ void ProxyServer::CheckKubeletCheckpoint() {
     VLOG(1) << "kubelet checkpoint not used: " << ckpt.status().message();
     return;
   }
+  absl::MutexLock lock(&checkpoint_mu_);
   (void)CheckpointPass(*ckpt);
+}
+
+absl::Status ProxyServer::ReconcileCheckpointOnce() {
+  if (!keeper_) return absl::FailedPreconditionError("no state directory");
+  const std::string path = JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName);
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::UnavailableError(text.status().message());
+  absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
+  if (!ckpt.ok()) return absl::UnavailableError(ckpt.status().message());
+  absl::MutexLock lock(&checkpoint_mu_);
+  return CheckpointPass(*ckpt);
 }
 
 Holdings ProxyServer::CheckpointHoldings(const KubeletCheckpoint& ckpt) {

@@ -110,6 +110,11 @@ class ProxyServer {
   // One reconciliation pass now (also run periodically). kUnavailable if
   // the pod-resources API did not answer (nothing is released then).
   absl::Status ReconcileOnce();
+  // One pass over the kubelet's checkpoint now (also run when it changes
+  // and on the reconcile interval): journal entries no kubelet container
+  // holds in two passes (and older than the grace) are released.
+  // kUnavailable if the checkpoint cannot be read.
+  absl::Status ReconcileCheckpointOnce();
   // Where vendor plugins register.
   std::string backend_registration_socket() const;
   // Refused backend registrations by reason.
@@ -160,7 +165,8 @@ class ProxyServer {
   // entries no kubelet container holds (registrar thread).
   void CheckKubeletCheckpoint();
   Holdings CheckpointHoldings(const KubeletCheckpoint& ckpt);
-  absl::Status CheckpointPass(const KubeletCheckpoint& ckpt);
+  absl::Status CheckpointPass(const KubeletCheckpoint& ckpt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // Marks allocations quarantined, logs and reports each (and any device
   // the kubelet has handed out again meanwhile).
   void QuarantineAllocations(const std::vector<uint64_t>& ids, const std::string& reason);
@@ -200,7 +206,8 @@ class ProxyServer {
   std::optional<RestartCheck> restart_check_;
   std::optional<FileId> last_checkpoint_;
   absl::Time last_checkpoint_parse_ = absl::InfinitePast();
-  std::set<uint64_t> checkpoint_missing_once_;
+  absl::Mutex checkpoint_mu_;  // one checkpoint pass at a time
+  std::set<uint64_t> checkpoint_missing_once_ ABSL_GUARDED_BY(checkpoint_mu_);
   uint64_t applied_quarantine_ = 0;
   Json quarantine_status_ ABSL_GUARDED_BY(mu_) = Json::array();
   int64_t devices_held_twice_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,6 +1,8 @@
 // Allocations survive: the proxy's journal, proxy restarts before backends
 // return (node reboot), and kubelet upgrades, judged by the kubelet
 // simulator's re-admission rule.
+#include <unistd.h>
+
 #include <map>
 #include <set>
 
@@ -22,7 +24,9 @@ using sample::PluginApi;
 using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
+using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kGpu[] = "vendor.com/gpu";
 
@@ -246,6 +250,127 @@ TEST(ReconcileTest, RunningMultiDeviceAllocationsAreNeverReleased) {
   EXPECT_EQ(st.allocations(0).device_ids_size(), 3);
   EXPECT_EQ(st.allocations(0).pod_name(), "big");
   EXPECT_EQ(st.allocations(0).container(), "main");
+}
+
+// Issue 7.3: a kubelet that restarts without its checkpoint would hand the
+// devices of running containers to new pods. dpproxy notices (the new
+// checkpoint no longer lists what it answered), keeps those devices away
+// from new pods (Unhealthy), names the pod, and lets go once it is gone.
+TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
+    c.reconcile_grace = absl::ZeroDuration();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("train", {{"main", 2}}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<std::string> held = testing::DeviceIdsOf(a->allocations(0));
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // dpproxy learns the pod's name
+
+  // The kubelet restarts and its checkpoint is gone; the pod keeps running.
+  h.sim().Stop();
+  ASSERT_EQ(::unlink(h.sim().checkpoint_path().c_str()), 0);
+  const size_t from = h.proxy().events().Size();
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_quarantined", {{"resource", kGpu}}, kWait,
+                                              from));
+  for (const std::string& id : held) {
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
+  }
+  Json status = h.proxy().Status();
+  ASSERT_EQ(status["quarantined"].size(), 1u) << status.dump();
+  EXPECT_EQ(status["quarantined"][0]["pod"], "default/train");
+  EXPECT_THAT(status["quarantined"][0]["reason"].get<std::string>(), HasSubstr("checkpoint"));
+
+  // A new pod gets the other devices, never the running pod's.
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("next", {{"main", 2}}));
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (const std::string& id : testing::DeviceIdsOf(b->allocations(0))) {
+    EXPECT_THAT(held, Not(Contains(id))) << "device " << id << " handed out twice";
+  }
+  // Survives a dpproxy restart too.
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].size() == 1u; }));
+
+  // The pod goes away: the quarantine ends and the devices are Healthy.
+  ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  for (const std::string& id : held) {
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
+  }
+  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].empty(); }));
+}
+
+// Issue 7.3: pod-resources listing a running pod without the devices
+// dpproxy allocated to it is the same loss, seen from the API.
+TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::ZeroDuration();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("infer", {{"main", 1}}));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  // dpproxy is down while the kubelet restarts without its checkpoint.
+  h.StopProxy();
+  h.sim().Stop();
+  ASSERT_EQ(::unlink(h.sim().checkpoint_path().c_str()), 0);
+  ASSERT_TRUE(h.sim().Start().ok());
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen once
+  EXPECT_TRUE(h.proxy().Status()["quarantined"].empty());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen twice: contradiction
+  Json status = h.proxy().Status();
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].size() == 1u; }))
+      << h.proxy().Status().dump();
+  EXPECT_THAT(h.proxy().Status()["quarantined"][0]["reason"].get<std::string>(),
+              HasSubstr("pod-resources"));
+  const std::string id = a->allocations(0).device_ids(0);
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; }));
+}
+
+// Issue 7.4: without pod-resources (1.9 kubelets, or the API not mounted)
+// the kubelet's checkpoint tells which allocations are live: the journal
+// stays bounded by the pods that hold devices.
+TEST(CheckpointReleaseTest, JournalIsBoundedWithoutPodResources) {
+  ProxyHarness h(
+      Personality::kV1Alpha, false,
+      [](ProxyConfig& c) {
+        c.reconcile_interval = absl::ZeroDuration();
+        c.reconcile_grace = absl::ZeroDuration();
+      },
+      [](sim::KubeletSimOptions& o) { o.pod_resources = false; });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.proxy().ReconcileOnce().code(), absl::StatusCode::kUnavailable);  // no API
+  absl::StatusOr<sim::AllocateResponse> keep = h.sim().Allocate(Pod("keep", {{"main", 1}}));
+  ASSERT_TRUE(keep.ok());
+  constexpr int kPods = 30;
+  for (int i = 0; i < kPods; ++i) {
+    absl::StatusOr<sim::AllocateResponse> p =
+        h.sim().Allocate(Pod(absl::StrCat("batch-", i), {{"main", 2}}));
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(h.sim().DeletePod(p->pod_uid()).ok());
+  }
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), kPods + 1);
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  state::State st = h.proxy().state()->Snapshot();
+  ASSERT_EQ(st.allocations_size(), 1) << "the journal still holds pods that are gone";
+  EXPECT_EQ(st.allocations(0).device_ids(0), keep->allocations(0).device_ids(0));
+  EXPECT_FALSE(st.allocations(0).pod_uid().empty());  // named by the checkpoint
 }
 
 TEST(ReconcileTest, YoungEntriesAreNeverReleased) {

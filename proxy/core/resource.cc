@@ -186,67 +186,83 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
                                             {"devices", relabelled.size()},
                                             {"first", GoQuote(relabelled[0])}});
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (!OnDevicesLocked(generation, devices)) return;
+  // The kubelet's names for the backend's devices, hashed: the update costs
+  // O(n), never O(n^2), and the lock Allocate needs is held only to swap.
+  std::map<std::string, std::string> to_backend;
+  std::unordered_set<std::string> now;
+  now.reserve(devices.size());
+  for (v1beta1::Device& d : devices) {
+    auto m = policy_.id_map.find(d.id());
+    if (m != policy_.id_map.end()) {
+      to_backend[m->second] = d.id();
+      d.set_id(m->second);
+    }
+    now.insert(d.id());
+  }
+  // Devices the kubelet knew that the backend no longer reports. Whether an
+  // allocation holds them is asked outside the lock (the state keeper may
+  // be writing to disk); retried if the list changed meanwhile.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<v1beta1::Device> vanished;
+    uint64_t seen_version;
+    {
+      absl::MutexLock lock(&mu_);
+      if (generation != generation_) return;  // a replaced backend
+      seen_version = snapshot_.version;
+      for (const auto& old : reported_) {
+        if (now.count(old.id()) == 0) vanished.push_back(old);
+      }
+    }
+    std::vector<std::string> kept, dropped;
+    std::vector<v1beta1::Device> keep_devices;
+    for (const v1beta1::Device& old : vanished) {
+      if (hooks_.is_allocated && hooks_.is_allocated(old.id())) {
+        v1beta1::Device d = old;
+        d.set_health(std::string(kUnhealthy));
+        keep_devices.push_back(std::move(d));
+        kept.push_back(old.id());
+      } else {
+        dropped.push_back(old.id());
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (generation != generation_) return;
+      if (snapshot_.version != seen_version && attempt < 3) continue;  // changed: again
+      if (!kept.empty() || !dropped.empty()) {
+        // Never silently renamed or dropped while an allocation holds them:
+        // they stay, Unhealthy. Others are dropped, as a kubelet would.
+        LOG(WARNING) << "resource " << name_ << ": the backend no longer reports "
+                     << kept.size() + dropped.size() << " device(s); " << kept.size()
+                     << " held by allocations stay listed as Unhealthy, " << dropped.size()
+                     << " are dropped";
+        events_->Emit("devices_vanished", {{"resource", name_},
+                                           {"kept_unhealthy", kept.size()},
+                                           {"dropped", dropped.size()},
+                                           {"first_kept", kept.empty() ? "" : kept[0]},
+                                           {"first_dropped", dropped.empty() ? "" : dropped[0]}});
+      }
+      for (auto& d : keep_devices) devices.push_back(std::move(d));
+      to_backend_ = std::move(to_backend);
+      v1beta1::ListAndWatchResponse list;
+      list.mutable_devices()->Reserve(static_cast<int>(devices.size()));
+      int healthy = 0;
+      for (const auto& d : devices) {
+        *list.add_devices() = d;
+        healthy += d.health() == kHealthy ? 1 : 0;
+      }
+      PublishLocked(std::move(list));
+      reported_ = std::move(devices);
+      VLOG(1) << "resource " << name_ << ": " << reported_.size() << " devices, " << healthy
+              << " healthy";
+      events_->Emit("devices", {{"resource", name_},
+                                {"total", reported_.size()},
+                                {"healthy", healthy},
+                                {"version", snapshot_.version}});
+      break;
+    }
   }
   if (hooks_.on_change) hooks_.on_change();
-}
-
-bool Resource::OnDevicesLocked(uint64_t generation,
-                               const std::vector<v1beta1::Device>& backend_devices) {
-  if (generation != generation_) return false;  // a replaced backend
-  // The kubelet's names for the backend's devices.
-  std::vector<v1beta1::Device> devices;
-  std::map<std::string, std::string> to_backend;
-  for (const auto& b : backend_devices) {
-    v1beta1::Device d = b;
-    auto m = policy_.id_map.find(b.id());
-    if (m != policy_.id_map.end()) {
-      d.set_id(m->second);
-      to_backend[m->second] = b.id();
-    }
-    devices.push_back(std::move(d));
-  }
-  // Devices the kubelet knew that the backend no longer reports are never
-  // silently renamed or dropped while an allocation holds them: they stay,
-  // Unhealthy. Others are dropped, as a kubelet would.
-  std::vector<std::string> kept, dropped;
-  for (const auto& old : reported_) {
-    bool still = std::any_of(devices.begin(), devices.end(),
-                             [&](const v1beta1::Device& d) { return d.id() == old.id(); });
-    if (still) continue;
-    if (hooks_.is_allocated && hooks_.is_allocated(old.id())) {
-      v1beta1::Device d = old;
-      d.set_health(std::string(kUnhealthy));
-      devices.push_back(std::move(d));
-      kept.push_back(old.id());
-    } else {
-      dropped.push_back(old.id());
-    }
-  }
-  if (!kept.empty() || !dropped.empty()) {
-    LOG(WARNING) << "resource " << name_ << ": the backend no longer reports "
-                 << kept.size() + dropped.size() << " device(s); " << kept.size()
-                 << " held by allocations stay listed as Unhealthy, " << dropped.size()
-                 << " are dropped";
-    events_->Emit("devices_vanished", {{"resource", name_}, {"kept_unhealthy", kept},
-                                       {"dropped", dropped}});
-  }
-  to_backend_ = std::move(to_backend);
-  v1beta1::ListAndWatchResponse list;
-  for (const auto& d : devices) *list.add_devices() = d;
-  PublishLocked(std::move(list));
-  reported_ = devices;
-  int healthy = 0;
-  for (const auto& d : devices) healthy += d.health() == kHealthy ? 1 : 0;
-  VLOG(1) << "resource " << name_ << ": " << devices.size() << " devices, " << healthy
-          << " healthy";
-  events_->Emit("devices", {{"resource", name_},
-                            {"total", devices.size()},
-                            {"healthy", healthy},
-                            {"version", snapshot_.version}});
-  return true;
 }
 
 std::string Resource::ToBackendId(const std::string& kubelet_id) {

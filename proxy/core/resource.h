@@ -136,8 +136,6 @@ class Resource {
 
  private:
   void OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices);
-  bool OnDevicesLocked(uint64_t generation, const std::vector<v1beta1::Device>& devices)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -16,6 +16,13 @@ namespace dpproxy {
 
 namespace {
 
+std::string HeldKey(const std::string& resource, const std::string& id) {
+  std::string k = resource;
+  k.push_back('\0');
+  k += id;
+  return k;
+}
+
 // Journal records beyond this are folded into a new snapshot.
 constexpr size_t kCompactAfter = 1000;
 
@@ -36,6 +43,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     // Unreadable but not proven corrupt: never start empty over it.
     return s.status();
   }
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   absl::StatusOr<JournalFile::Replay> replay = journal_.Open();
   if (!replay.ok() && replay.status().code() == absl::StatusCode::kDataLoss) {
@@ -99,6 +107,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
       break;
     }
   }
+  RebuildIndexLocked();
   // Fold what the journal held into a fresh snapshot.
   if (!replay->records.empty()) {
     if (absl::Status save = SaveLocked(); !save.ok()) {
@@ -126,8 +135,10 @@ std::string StateKeeper::last_write_error() {
 
 absl::Status StateKeeper::SaveLocked() {
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
-  absl::Status s = store_.Save(state_);
-  NoteWrite(s);
+  const state::State copy = state_;
+  // The write happens without mu_ (write_mu_ keeps other writers out).
+  mu_.Unlock();
+  absl::Status s = store_.Save(copy);
   if (s.ok() && journal_ok_) {
     // Every journaled allocation is in the snapshot now. A crash before the
     // reset replays them again; Load() keeps one of each.
@@ -135,6 +146,8 @@ absl::Status StateKeeper::SaveLocked() {
       LOG(ERROR) << "cannot reset the journal: " << r.message();
     }
   }
+  mu_.Lock();
+  NoteWrite(s);
   if (!s.ok()) {
     LOG(ERROR) << "cannot save state to " << store_.path() << " (the previous file is intact): "
                << s.message();
@@ -150,10 +163,18 @@ absl::Status StateKeeper::Record(const std::string& resource,
                                  const v1beta1::AllocateResponse& resp,
                                  const std::string& backend_api,
                                  const std::string& backend_endpoint) {
-  absl::MutexLock lock(&mu_);
+  // Writers take write_mu_ (one at a time); mu_ is held only to read and
+  // change the state in memory, never across the write and fdatasync, so
+  // readers (HoldsDevice, Snapshot, status) never wait for the disk.
+  absl::MutexLock write(&write_mu_);
+  if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
   const int64_t now = absl::ToUnixMillis(absl::Now());
+  uint64_t next;
+  {
+    absl::MutexLock lock(&mu_);
+    next = state_.next_allocation_id();
+  }
   std::vector<state::Allocation> records;
-  uint64_t next = state_.next_allocation_id();
   for (int i = 0; i < req.container_requests_size(); ++i) {
     state::Allocation a;
     a.set_id(++next);
@@ -165,36 +186,33 @@ absl::Status StateKeeper::Record(const std::string& resource,
     a.set_allocated_unix_ms(now);
     records.push_back(std::move(a));
   }
-  // One append and one fdatasync; without a journal, a full snapshot.
-  absl::Status s;
-  if (journal_ok_) {
-    s = journal_.Append(records);
-    NoteWrite(s);
-    if (!s.ok()) {
-      LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
-      events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                          {"error", std::string(s.message())},
-                                          {"failures", write_failures_.load()}});
-      return s;  // nothing recorded
-    }
+  // One append and one fdatasync.
+  const absl::Status s = journal_.Append(records);
+  absl::MutexLock lock(&mu_);
+  NoteWrite(s);
+  if (!s.ok()) {
+    LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
+    events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                        {"error", std::string(s.message())},
+                                        {"failures", write_failures_.load()}});
+    return s;  // nothing recorded
   }
-  for (auto& a : records) *state_.add_allocations() = std::move(a);
+  for (auto& a : records) {
+    for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+    *state_.add_allocations() = std::move(a);
+  }
+  allocation_count_ = state_.allocations_size();
   state_.set_next_allocation_id(next);
-  if (!journal_ok_ || journal_.records() >= kCompactAfter) {
-    s = SaveLocked();
-    if (!s.ok() && !journal_ok_) {
-      // Nothing durable was written: take the records back.
-      for (size_t i = 0; i < records.size(); ++i) state_.mutable_allocations()->RemoveLast();
-      state_.set_next_allocation_id(next - records.size());
-      return s;
-    }
-  }
+  // The records are durable in the journal; a failed compaction is logged
+  // and counted and tried again at the next record.
+  if (journal_.records() >= kCompactAfter) (void)SaveLocked();
   return absl::OkStatus();
 }
 
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
   std::sort(resources.begin(), resources.end(),
             [](const state::Resource& a, const state::Resource& b) { return a.name() < b.name(); });
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   // Compare without the timestamps: only real changes are saved.
   auto key = [](const state::Resource& r) {
@@ -218,6 +236,7 @@ absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
 
 absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   if (ids.empty()) return absl::OkStatus();
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   auto* a = state_.mutable_allocations();
   bool lifted = false;
@@ -231,11 +250,13 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
                           }),
            a->end());
   if (lifted) ++quarantine_version_;
+  RebuildIndexLocked();
   return SaveLocked();
 }
 
 absl::Status StateKeeper::Annotate(uint64_t id, const std::string& pod_namespace,
                                    const std::string& pod_name, const std::string& container) {
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   for (state::Allocation& a : *state_.mutable_allocations()) {
     if (a.id() != id) continue;
@@ -253,6 +274,7 @@ absl::Status StateKeeper::Annotate(uint64_t id, const std::string& pod_namespace
 
 absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
                                            const std::vector<uint64_t>& release) {
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   std::map<uint64_t, const Holder*> by_id;
   for (const Holder& h : holders) by_id[h.id] = &h;
@@ -288,6 +310,7 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
                             }),
              all->end());
   if (lifted) ++quarantine_version_;
+  if (all->size() != before) RebuildIndexLocked();
   if (changed == 0 && all->size() == before) return 0;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
   return changed;
@@ -296,6 +319,7 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
 absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
                                             const std::string& reason) {
   if (ids.empty()) return 0;
+  absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   const std::set<uint64_t> wanted(ids.begin(), ids.end());
   const int64_t now = absl::ToUnixMillis(absl::Now());
@@ -315,21 +339,20 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
   return added;
 }
 
-bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {
-  absl::MutexLock lock(&mu_);
+void StateKeeper::RebuildIndexLocked() {
+  held_.clear();
   for (const state::Allocation& a : state_.allocations()) {
-    if (a.resource() != resource) continue;
-    for (const std::string& d : a.device_ids()) {
-      if (d == id) return true;
-    }
+    for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
   }
-  return false;
+  allocation_count_ = state_.allocations_size();
 }
 
-int StateKeeper::AllocationCount() {
+bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {
   absl::MutexLock lock(&mu_);
-  return state_.allocations_size();
+  return held_.count(HeldKey(resource, id)) > 0;
 }
+
+int StateKeeper::AllocationCount() { return allocation_count_.load(); }
 
 state::State StateKeeper::Snapshot() {
   absl::MutexLock lock(&mu_);

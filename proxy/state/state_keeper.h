@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -99,15 +100,24 @@ class StateKeeper : public AllocationJournal {
   std::string last_write_error();
 
  private:
-  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves a copy of the state; releases mu_ during the write (write_mu_
+  // must be held, so no other writer changes the state meanwhile).
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, mu_);
   void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   FileStateStore store_;
-  JournalFile journal_ ABSL_GUARDED_BY(mu_);
-  bool journal_ok_ ABSL_GUARDED_BY(mu_) = false;
+  // Held by every writer, before mu_; the only lock held across disk I/O.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  JournalFile journal_ ABSL_GUARDED_BY(write_mu_);
+  bool journal_ok_ ABSL_GUARDED_BY(write_mu_) = false;
   EventLog* const events_;
   absl::Mutex mu_;
   state::State state_ ABSL_GUARDED_BY(mu_);
+  // "resource\0device" -> how many live allocations name it (HoldsDevice
+  // in O(1)); rebuilt after removals, added to by Record.
+  std::unordered_map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> allocation_count_{0};
+  void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int64_t> write_failures_{0};
   std::atomic<uint64_t> quarantine_version_{0};
   std::atomic<bool> writable_{true};

@@ -1,0 +1,160 @@
+// Resource, the per-resource core, driven by a fake backend that hands it
+// device lists directly (no sockets): what the kubelet is shown, and what a
+// list update costs in calls to the state keeper.
+#include "proxy/core/resource.h"
+
+#include <atomic>
+#include <optional>
+#include <thread>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/common/event_log.h"
+
+namespace dpproxy {
+namespace {
+
+// A backend whose ListAndWatch is the test: Deliver() hands a list to the
+// resource as the reader thread would.
+class FakeBackend : public Backend {
+ public:
+  PluginApi api() const override { return PluginApi::kV1Beta1; }
+  const std::string& endpoint() const override { return endpoint_; }
+  const std::string& resource() const override { return resource_; }
+  v1beta1::DevicePluginOptions options() const override { return {}; }
+  void Start(BackendCallbacks callbacks) override { callbacks_ = std::move(callbacks); }
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const v1beta1::AllocateRequest&,
+                                                     absl::Duration) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
+      const v1beta1::PreferredAllocationRequest&, absl::Duration) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest&,
+                                 absl::Duration) override {
+    return absl::OkStatus();
+  }
+  void Stop() override {}
+
+  void Deliver(const std::vector<v1beta1::Device>& devices) { callbacks_.on_devices(devices); }
+
+ private:
+  std::string endpoint_ = "/fake.sock";
+  std::string resource_ = "vendor.com/gpu";
+  BackendCallbacks callbacks_;
+};
+
+std::vector<v1beta1::Device> Devices(int n, const std::string& prefix) {
+  std::vector<v1beta1::Device> out(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    out[static_cast<size_t>(i)].set_id(absl::StrCat(prefix, i));
+    out[static_cast<size_t>(i)].set_health("Healthy");
+  }
+  return out;
+}
+
+// Issue 7.19: a changed list cost O(n^2) under the lock Allocate needs, and
+// asked the state keeper about every old device. It is O(n) with hashing,
+// and the keeper is asked only about devices that vanished.
+TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
+  EventLog events("test");
+  std::atomic<int> asked{0};
+  const std::set<std::string> allocated = {"gpu-7"};
+  ResourceHooks hooks;
+  hooks.is_allocated = [&](const std::string& id) {
+    ++asked;
+    return allocated.count(id) > 0;
+  };
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events, hooks);
+  auto backend = std::make_shared<FakeBackend>();
+  r.AttachBackend(backend);
+  constexpr int kDevices = 20000;
+  backend->Deliver(Devices(kDevices, "gpu-"));
+  EXPECT_EQ(r.Current().list->devices_size(), kDevices);
+  EXPECT_EQ(asked.load(), 0);
+
+  // One device changes health: nothing vanished, nobody asked.
+  std::vector<v1beta1::Device> flip = Devices(kDevices, "gpu-");
+  flip[3].set_health("Unhealthy");
+  backend->Deliver(flip);
+  EXPECT_EQ(asked.load(), 0);
+  EXPECT_EQ(r.DeviceHealth("gpu-3"), "Unhealthy");
+
+  // Two devices vanish: the keeper is asked about exactly those two; the
+  // allocated one stays listed Unhealthy, the other is dropped.
+  std::vector<v1beta1::Device> fewer = Devices(kDevices, "gpu-");
+  fewer.erase(fewer.begin() + 7);  // gpu-7 (allocated)
+  fewer.erase(fewer.begin() + 7);  // gpu-8
+  backend->Deliver(fewer);
+  EXPECT_EQ(asked.load(), 2);
+  EXPECT_EQ(r.DeviceHealth("gpu-7"), "Unhealthy");
+  EXPECT_FALSE(r.DeviceHealth("gpu-8").has_value());
+  EXPECT_EQ(r.Current().list->devices_size(), kDevices - 1);
+
+  // A whole new list of 20,000: asked once per vanished device, no more.
+  asked = 0;
+  backend->Deliver(Devices(kDevices, "uuid-"));
+  EXPECT_EQ(asked.load(), kDevices - 1);
+  EXPECT_TRUE(r.HasDevice("uuid-19999"));
+  EXPECT_TRUE(r.HasDevice("gpu-7"));  // still held by an allocation
+  r.Shutdown();
+}
+
+// Issues 7.16 and 7.19: the state keeper (which may be waiting on the
+// disk) is never asked under the lock Allocate's device checks need.
+TEST(ResourceTest, AllocateChecksNeverWaitForTheStateKeeper) {
+  EventLog events("test");
+  absl::Notification in_keeper, release_keeper;
+  ResourceHooks hooks;
+  hooks.is_allocated = [&](const std::string&) {
+    if (!in_keeper.HasBeenNotified()) in_keeper.Notify();
+    release_keeper.WaitForNotification();  // a keeper stuck on fdatasync
+    return false;
+  };
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events, hooks);
+  auto backend = std::make_shared<FakeBackend>();
+  r.AttachBackend(backend);
+  backend->Deliver(Devices(4, "gpu-"));
+  std::thread update([&] { backend->Deliver(Devices(2, "gpu-")); });  // two vanish
+  ASSERT_TRUE(in_keeper.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::Notification answered;
+  std::optional<std::string> health;
+  std::thread check([&] {
+    health = r.DeviceHealth("gpu-0");  // what Allocate asks
+    answered.Notify();
+  });
+  const bool ok = answered.WaitForNotificationWithTimeout(absl::Seconds(10));
+  release_keeper.Notify();
+  check.join();
+  update.join();
+  EXPECT_TRUE(ok) << "an Allocate check waited for the state keeper";
+  EXPECT_EQ(health, "Healthy");
+  EXPECT_EQ(r.Current().list->devices_size(), 2);
+  r.Shutdown();
+}
+
+TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
+  EventLog events("test");
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events);
+  auto backend = std::make_shared<FakeBackend>();
+  r.AttachBackend(backend);
+  backend->Deliver(Devices(4, "gpu-"));
+  r.SetQuarantined({"gpu-1"});
+  EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
+  EXPECT_EQ(r.DeviceHealth("gpu-0"), "Healthy");
+  // A new list from the backend does not undo it.
+  backend->Deliver(Devices(4, "gpu-"));
+  EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
+  // The state file keeps the backend's health, not the quarantine's.
+  for (const auto& d : r.ReportedDevices()) EXPECT_EQ(d.health(), "Healthy") << d.id();
+  r.SetQuarantined({});
+  EXPECT_EQ(r.DeviceHealth("gpu-1"), "Healthy");
+  r.Shutdown();
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -59,3 +59,35 @@ def dpp_grpc_library(name, src, deps = [], grpc = True, visibility = None):
         deps = deps + ["//third_party:grpc"],
         visibility = visibility,
     )
+
+def dpp_fuzz_target(name, srcs, deps = [], corpus = None):
+    """A libFuzzer target and a test that replays its seed corpus.
+
+    `srcs` define LLVMFuzzerTestOneInput. Two targets:
+      <name>_fuzzer       the fuzzer (clang, -fsanitize=fuzzer); manual, built
+                          by `tools/dev fuzz` with --config=fuzz.
+      <name>_corpus_test  every file of `corpus` through the same function,
+                          with the normal compiler, in every `bazel test //...`.
+
+    Args:
+      name: base name.
+      srcs: the fuzz target's sources.
+      deps: libraries they use.
+      corpus: a filegroup of seed inputs.
+    """
+    native.cc_binary(
+        name = name + "_fuzzer",
+        srcs = srcs,
+        copts = _WARNINGS + ["-fsanitize=fuzzer"],
+        linkopts = ["-fsanitize=fuzzer"],
+        deps = deps,
+        tags = ["manual"],
+    )
+    native.cc_test(
+        name = name + "_corpus_test",
+        srcs = srcs,
+        copts = _WARNINGS,
+        data = [corpus] if corpus else [],
+        args = ["$(locations " + corpus + ")"] if corpus else [],
+        deps = deps + ["//tests/fuzz:corpus_main"],
+    )

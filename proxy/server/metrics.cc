@@ -1,6 +1,7 @@
 #include "proxy/server/metrics.h"
 
 #include <arpa/inet.h>
+#include <map>
 #include <netinet/in.h>
 
 #include <prometheus/text_serializer.h>
@@ -91,6 +92,23 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   out.push_back(std::move(devices));
   out.push_back(std::move(backend));
   out.push_back(std::move(kubelet));
+
+  MetricFamily quarantined = Family(
+      "dpproxy_quarantined_devices",
+      "Devices reported Unhealthy because a pod the kubelet lost track of may hold them.",
+      MetricType::Gauge);
+  std::map<std::string, int> per_resource;
+  for (const Json& q : status.value("quarantined", Json::array())) {
+    per_resource[q.value("resource", "")] += static_cast<int>(q.value("devices", Json::array()).size());
+  }
+  for (const auto& [res, n] : per_resource) AddGauge(&quarantined, {{"resource", res}}, n);
+  out.push_back(std::move(quarantined));
+  MetricFamily twice = Family("dpproxy_devices_held_twice_total",
+                              "Devices found allocated to a second pod while a pod the "
+                              "kubelet lost track of held them.",
+                              MetricType::Counter);
+  AddCounter(&twice, {}, static_cast<double>(status.value("devices_held_twice", 0)));
+  out.push_back(std::move(twice));
 
   MetricFamily losses = Family("dpproxy_lossy_translations_total",
                                "Fields dropped because the other side's API has no place for "

@@ -11,6 +11,7 @@
 //   dpproxy_kubelet_registered{resource,kubelet_api}
 //   dpproxy_lossy_translations_total{resource,kind}
 //   dpproxy_backend_registrations_rejected_total{reason}
+//   dpproxy_quarantined_devices{resource}, dpproxy_devices_held_twice_total
 //   dpproxy_state_save_failures_total, dpproxy_journal_allocations
 //
 // Labels carry only names dpproxy serves and fixed sets (reasons, health):

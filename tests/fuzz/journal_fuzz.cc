@@ -1,0 +1,23 @@
+// The journal reader: any bytes parse (intact records, a torn tail, damage
+// in the middle) or give kDataLoss; the byte counts always add up, and the
+// records merge into a state without losing any.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "proxy/state/journal_file.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  absl::StatusOr<dpproxy::JournalContents> j = dpproxy::ParseJournal(bytes);
+  if (!j.ok()) {
+    if (j.status().code() != absl::StatusCode::kDataLoss) std::abort();
+    return 0;
+  }
+  if (j->valid_bytes + j->cut_bytes != bytes.size()) std::abort();
+  dpproxy::state::State st;
+  dpproxy::MergeJournal(j->records, &st);
+  // Every record is kept (duplicates of identical records merge into one).
+  if (static_cast<size_t>(st.allocations_size()) > j->records.size()) std::abort();
+  return 0;
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora under tests/fuzz/corpus/ (run from the repo root).
+
+The binary seeds are encoded here by hand from the formats in
+proxy/state/state_store.h and proxy/state/journal_file.h, so the corpus
+does not depend on a build. Re-run after a format change.
+"""
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def fnv64(data: bytes) -> int:
+    h = 14695981039346656037
+    for b in data:
+        h ^= b
+        h = (h * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def varint(n: int) -> bytes:
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def field(num: int, wire: int, payload) -> bytes:
+    key = varint((num << 3) | wire)
+    if wire == 0:
+        return key + varint(payload)
+    return key + varint(len(payload)) + payload
+
+
+def allocation(aid: int, resource: str, devices, pod: str = "") -> bytes:
+    out = field(1, 0, aid) + field(2, 2, resource.encode())
+    for d in devices:
+        out += field(3, 2, d.encode())
+    out += field(5, 2, b"v1beta1") + field(7, 0, 1700000000000)
+    if pod:
+        out += field(8, 2, b"default") + field(9, 2, pod.encode()) + field(10, 2, b"main")
+    return out
+
+
+def state_file(payload: bytes) -> bytes:
+    return (b"DPPSTATE" + struct.pack("<I", 1) + struct.pack("<Q", len(payload)) +
+            struct.pack("<Q", fnv64(payload)) + payload)
+
+
+def record(payload: bytes) -> bytes:
+    return struct.pack("<I", len(payload)) + struct.pack("<Q", fnv64(payload)) + payload
+
+
+def write(kind: str, name: str, data) -> None:
+    os.makedirs(os.path.join(ROOT, kind), exist_ok=True)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    with open(os.path.join(ROOT, kind, name), mode) as f:
+        f.write(data)
+
+
+a1 = allocation(1, "vendor.com/gpu", ["gpu-0", "gpu-1"], "train")
+a2 = allocation(2, "vendor.com/gpu", ["gpu-2"])
+resource = field(1, 2, b"vendor.com/gpu") + field(2, 2, b"v1beta1")
+state = field(1, 2, resource) + field(2, 2, a1) + field(2, 2, a2) + field(3, 0, 2)
+write("state_file", "empty", state_file(b""))
+write("state_file", "two_allocations", state_file(state))
+write("state_file", "bad_checksum", state_file(state)[:-1] + b"X")
+write("journal", "empty", b"DPPJRNL1")
+write("journal", "two_records", b"DPPJRNL1" + record(a1) + record(a2))
+write("journal", "torn_tail", b"DPPJRNL1" + record(a1) + record(a2)[:9])
+damaged = bytearray(b"DPPJRNL1" + record(a1) + record(a2) + record(a1))
+damaged[30] ^= 0x20
+write("journal", "damaged_middle", bytes(damaged))
+
+write("translate", "container_response",
+      field(1, 2, field(1, 2, b"GPU") + field(2, 2, b"gpu-0")) +
+      field(4, 2, field(1, 2, b"a") + field(2, 2, b"b")))
+write("translate", "device_list",
+      field(1, 2, field(1, 2, b"gpu-0") + field(2, 2, b"Healthy")) +
+      field(1, 2, field(1, 2, b"gpu-1") + field(2, 2, b"Unhealthy")))
+write("translate", "alpha_request", field(1, 2, b"gpu-0") + field(1, 2, b"gpu-1"))
+
+for i, s in enumerate(["vendor.com/gpu", "kubernetes.io/gpu", "requests.x/y", "a" * 300,
+                       "../../etc/passwd", "gpu\x00.sock", "kubelet.sock", "v1beta1",
+                       "v1alpha2", "dev\nid", ""]):
+    write("kubelet_rules", f"s{i}", s.encode("utf-8", "surrogateescape"))
+
+write("config", "minimal.yaml", "kubelet:\n  root: /var/lib/kubelet\nplugin_dir: /var/lib/dpproxy/device-plugins\n")
+write("config", "renames.yaml", "renames:\n  legacy.com/gpu: vendor.com/gpu\nid_maps:\n  vendor.com/gpu:\n    GPU-abc: gpu-0\n")
+write("config", "bad.yaml", "timeouts: {backend: 5s\n")
+write("config", "static.yaml", "static_backends:\n  - resource: vendor.com/gpu\n    endpoint: /run/x.sock\n    api: v1alpha\n")
+
+write("kubelet_checkpoint", "v19.json",
+      '{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"main","ResourceName":"vendor.com/gpu",'
+      '"DeviceIDs":["gpu-0"],"AllocResp":"Cg=="}],"RegisteredDevices":{"vendor.com/gpu":["gpu-0"]}}')
+write("kubelet_checkpoint", "v111.json",
+      '{"Data":{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"main","ResourceName":'
+      '"vendor.com/gpu","DeviceIDs":["gpu-0"],"AllocResp":"Cg=="}],"RegisteredDevices":{}},'
+      '"Checksum":1}')
+write("kubelet_checkpoint", "v120.json",
+      '{"Data":{"PodDeviceEntries":[{"PodUID":"u1","ContainerName":"main","ResourceName":'
+      '"vendor.com/gpu","DeviceIDs":{"-1":["gpu-0"],"0":["gpu-1"]},"AllocResp":"Cg=="}],'
+      '"RegisteredDevices":{"vendor.com/gpu":["gpu-0","gpu-1"]}},"Checksum":2}')
+write("kubelet_checkpoint", "null_entries.json",
+      '{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3}')

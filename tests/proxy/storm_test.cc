@@ -1,0 +1,149 @@
+// Storms, bounded in count and time (DPP_STORM=N for more): kubelet restarts
+// during a stream of allocations, and bursts of valid and invalid plugin
+// registrations. After each: every allocation the kubelet was answered for
+// is in dpproxy's state, and dpproxy's threads and file descriptors are
+// back to their level before the storm.
+#include <dirent.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/proxy/proxy_harness.h"
+#include "tests/testing/raw_clients.h"
+
+namespace dpproxy {
+namespace {
+
+using sample::PluginApi;
+using sim::Personality;
+using testing::kWait;
+using testing::ProxyHarness;
+
+constexpr char kGpu[] = "vendor.com/gpu";
+
+int Storm(int ci_default) {
+  const char* n = std::getenv("DPP_STORM");
+  return n != nullptr ? std::max(1, std::atoi(n)) : ci_default;
+}
+
+int CountEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (struct dirent* e = readdir(d)) n += e->d_name[0] != '.' ? 1 : 0;
+    closedir(d);
+  }
+  return n;
+}
+int Threads() { return CountEntries("/proc/self/task"); }
+int Fds() { return CountEntries("/proc/self/fd"); }
+
+// Threads and fds come back to their level (a little slack for gRPC's
+// own pollers, which grow and shrink with load).
+void ExpectBackToLevel(ProxyHarness& h, int threads, int fds) {
+  constexpr int kSlack = 6;
+  EXPECT_TRUE(h.WaitFor([&] { return Threads() <= threads + kSlack; }, absl::Seconds(20)))
+      << "threads " << threads << " before, " << Threads() << " after";
+  EXPECT_TRUE(h.WaitFor([&] { return Fds() <= fds + kSlack; }, absl::Seconds(20)))
+      << "fds " << fds << " before, " << Fds() << " after";
+}
+
+std::multiset<std::string> Journaled(ProxyHarness& h) {
+  std::multiset<std::string> out;
+  const state::State st = h.proxy().state()->Snapshot();
+  for (const auto& a : st.allocations()) out.insert(absl::StrJoin(a.device_ids(), ","));
+  return out;
+}
+
+TEST(StormTest, KubeletRestartsDuringAllocations) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();  // nothing is released meanwhile
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.devices = 16;
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 16, kWait));
+  const int threads = Threads(), fds = Fds();
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> progress{0};
+  std::multiset<std::string> answered;  // the allocator thread's until joined
+  std::thread allocator([&] {
+    for (int i = 0; !stop; ++i) {
+      absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(
+          testing::PodRequest(absl::StrCat("p", i), {{"main", 1}}, kGpu));
+      if (!a.ok()) continue;  // the kubelet was restarting: not answered
+      answered.insert(absl::StrJoin(a->allocations(0).device_ids(), ","));
+      ++progress;
+      (void)h.sim().DeletePod(a->pod_uid());
+    }
+  });
+  const int restarts = Storm(6);
+  for (int r = 0; r < restarts; ++r) {
+    // Restart while allocations flow: a few answered first.
+    const int before = progress.load();
+    ASSERT_TRUE(h.WaitFor([&] { return progress.load() >= before + 5; })) << "restart " << r;
+    ASSERT_TRUE(h.sim().Restart().ok());
+  }
+  stop = true;
+  allocator.join();
+  ASSERT_GT(answered.size(), 0u);
+  // Every answered allocation is journaled (once per answer: a device may
+  // be allocated again after its pod is deleted).
+  const std::multiset<std::string> journaled = Journaled(h);
+  for (const std::string& d : std::set<std::string>(answered.begin(), answered.end())) {
+    EXPECT_GE(journaled.count(d), answered.count(d)) << "allocation of " << d << " lost";
+  }
+  std::cout << restarts << " kubelet restarts, " << answered.size()
+            << " allocations answered, all journaled\n";
+  ExpectBackToLevel(h, threads, fds);
+}
+
+TEST(StormTest, RegistrationBurstsOfValidAndInvalidRequests) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.dial_timeout = absl::Milliseconds(200); });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const std::string sock = h.proxy().backend_registration_socket();
+  const int threads = Threads(), fds = Fds();
+  const int bursts = Storm(3);
+  for (int b = 0; b < bursts; ++b) {
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 8; ++c) {
+      clients.emplace_back([&, c] {
+        for (int i = 0; i < 10; ++i) {
+          const std::string name = absl::StrCat("x", c, "-", i, ".sock");
+          switch ((c + i) % 5) {
+            case 0: (void)testing::RegisterV1Beta1(sock, "v1alpha2", "other.com/x", name); break;
+            case 1: (void)testing::RegisterV1Beta1(sock, "v1beta1", "bad name", name); break;
+            case 2: (void)testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", "../" + name); break;
+            case 3: (void)testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", name); break;
+            case 4: (void)testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x", name); break;
+          }
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+  }
+  // Every dial of the burst ends; nothing else was disturbed.
+  ASSERT_TRUE(h.WaitFor([&] {
+    std::map<std::string, int64_t> r = h.proxy().RegistrationRejections();
+    return r["dial"] + r["busy"] >= 2 * 8 * 10 / 5 * bursts;
+  }, absl::Seconds(30)));
+  EXPECT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu)).ok());
+  EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
+  ExpectBackToLevel(h, threads, fds);
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -1,5 +1,7 @@
 #include "backends/backend.h"
 
+#include <grpcpp/server_context.h>
+
 #include <atomic>
 #include <thread>
 
@@ -35,6 +37,13 @@ absl::Status CallError(const std::string& endpoint, const char* call, const grpc
                           absl::StrCat("backend ", endpoint, " failed ", call, ": ",
                                        s.error_message()));
   }
+}
+
+// A context for a call that serves `caller` (the kubelet's call): its
+// cancellation and deadline carry over (gRPC's parent-call propagation).
+std::unique_ptr<grpc::ClientContext> CallContext(const grpc::ServerContextBase* caller) {
+  if (caller == nullptr) return std::make_unique<grpc::ClientContext>();
+  return grpc::ClientContext::FromServerContext(*caller);
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
@@ -126,12 +135,13 @@ class V1Beta1Backend final : public BackendBase {
   PluginApi api() const override { return PluginApi::kV1Beta1; }
   v1beta1::DevicePluginOptions options() const override { return options_; }
 
-  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const v1beta1::AllocateRequest& req,
-                                                     absl::Duration timeout) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout);
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(
+      const v1beta1::AllocateRequest& req, absl::Duration timeout,
+      const grpc::ServerContextBase* caller) override {
+    std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller);
+    SetDeadline(ctx.get(), timeout);
     v1beta1::AllocateResponse resp;
-    grpc::Status s = stub_->Allocate(&ctx, req, &resp);
+    grpc::Status s = stub_->Allocate(ctx.get(), req, &resp);
     if (!s.ok()) return CallError(endpoint_, "Allocate", s, timeout);
     if (resp.container_responses_size() != req.container_requests_size()) {
       return absl::InternalError(absl::StrCat(
@@ -142,25 +152,27 @@ class V1Beta1Backend final : public BackendBase {
   }
 
   absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
-      const v1beta1::PreferredAllocationRequest& req, absl::Duration timeout) override {
+      const v1beta1::PreferredAllocationRequest& req, absl::Duration timeout,
+      const grpc::ServerContextBase* caller) override {
     if (!options_.get_preferred_allocation_available()) {
       return absl::UnimplementedError(absl::StrCat(
           "backend ", endpoint_, " does not offer GetPreferredAllocation"));
     }
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout);
+    std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller);
+    SetDeadline(ctx.get(), timeout);
     v1beta1::PreferredAllocationResponse resp;
-    grpc::Status s = stub_->GetPreferredAllocation(&ctx, req, &resp);
+    grpc::Status s = stub_->GetPreferredAllocation(ctx.get(), req, &resp);
     if (!s.ok()) return CallError(endpoint_, "GetPreferredAllocation", s, timeout);
     return resp;
   }
 
   absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest& req,
-                                 absl::Duration timeout) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout);
+                                 absl::Duration timeout,
+                                 const grpc::ServerContextBase* caller) override {
+    std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller);
+    SetDeadline(ctx.get(), timeout);
     v1beta1::PreStartContainerResponse resp;
-    grpc::Status s = stub_->PreStartContainer(&ctx, req, &resp);
+    grpc::Status s = stub_->PreStartContainer(ctx.get(), req, &resp);
     if (!s.ok()) return CallError(endpoint_, "PreStartContainer", s, timeout);
     return absl::OkStatus();
   }
@@ -191,18 +203,20 @@ class V1AlphaBackend final : public BackendBase {
   PluginApi api() const override { return PluginApi::kV1Alpha; }
   v1beta1::DevicePluginOptions options() const override { return V1AlphaBackendOptions(); }
 
-  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const v1beta1::AllocateRequest& req,
-                                                     absl::Duration timeout) override {
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(
+      const v1beta1::AllocateRequest& req, absl::Duration timeout,
+      const grpc::ServerContextBase* caller) override {
     // v1alpha allocates one container per call: fan out in order, merge in
     // order, fail the whole request if any container fails. One deadline
     // covers the whole fan-out.
     const absl::Time deadline = absl::Now() + timeout;
     v1beta1::AllocateResponse out;
     for (int i = 0; i < req.container_requests_size(); ++i) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(deadline));
+      std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller);
+      ctx->set_deadline(absl::ToChronoTime(deadline));
       deviceplugin::AllocateResponse part;
-      grpc::Status s = stub_->Allocate(&ctx, ToV1AlphaAllocate(req.container_requests(i)), &part);
+      grpc::Status s =
+          stub_->Allocate(ctx.get(), ToV1AlphaAllocate(req.container_requests(i)), &part);
       if (!s.ok()) {
         absl::Status e = CallError(endpoint_, "Allocate", s, timeout);
         if (req.container_requests_size() > 1) {
@@ -217,13 +231,14 @@ class V1AlphaBackend final : public BackendBase {
   }
 
   absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
-      const v1beta1::PreferredAllocationRequest&, absl::Duration) override {
+      const v1beta1::PreferredAllocationRequest&, absl::Duration,
+      const grpc::ServerContextBase*) override {
     return absl::UnimplementedError(absl::StrCat(
         "backend ", endpoint_, " speaks v1alpha, which has no GetPreferredAllocation"));
   }
 
-  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest&,
-                                 absl::Duration) override {
+  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest&, absl::Duration,
+                                 const grpc::ServerContextBase*) override {
     return absl::OkStatus();  // v1alpha has no PreStartContainer: nothing to do
   }
 

@@ -25,6 +25,10 @@
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
 
+namespace grpc {
+class ServerContextBase;
+}  // namespace grpc
+
 namespace dpproxy {
 
 enum class PluginApi { kV1Alpha, kV1Beta1 };
@@ -60,14 +64,20 @@ class Backend {
   // gone, kInternal for an answer that breaks the protocol.
   // One container response per container request, in order; a v1alpha
   // backend gets one call per container (all-or-nothing).
+  // `caller` (may be null) is the kubelet's call this one serves: its
+  // cancellation (the kubelet gave up, or dpproxy replaced the server)
+  // cancels the backend call too.
   virtual absl::StatusOr<v1beta1::AllocateResponse> Allocate(
-      const v1beta1::AllocateRequest& request, absl::Duration timeout) = 0;
+      const v1beta1::AllocateRequest& request, absl::Duration timeout,
+      const grpc::ServerContextBase* caller = nullptr) = 0;
   // kUnimplemented for v1alpha backends and plugins that do not offer it.
   virtual absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
-      const v1beta1::PreferredAllocationRequest& request, absl::Duration timeout) = 0;
+      const v1beta1::PreferredAllocationRequest& request, absl::Duration timeout,
+      const grpc::ServerContextBase* caller = nullptr) = 0;
   // A no-op for v1alpha backends.
   virtual absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest& request,
-                                         absl::Duration timeout) = 0;
+                                         absl::Duration timeout,
+                                         const grpc::ServerContextBase* caller = nullptr) = 0;
 
   // Ends the stream and joins the reader. Idempotent; safe from any thread
   // but the reader's own callbacks.

@@ -126,7 +126,7 @@ class KubeletEndpoint::Services {
       return Stream(e_, ctx, [w](const v1beta1::ListAndWatchResponse& l) { return w->Write(l); });
     }
 
-    grpc::Status GetPreferredAllocation(grpc::ServerContext*,
+    grpc::Status GetPreferredAllocation(grpc::ServerContext* ctx,
                                         const v1beta1::PreferredAllocationRequest* req,
                                         v1beta1::PreferredAllocationResponse* resp) override {
       std::shared_ptr<Backend> b = e_->resource()->backend();
@@ -138,7 +138,7 @@ class KubeletEndpoint::Services {
         for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
       }
       absl::StatusOr<v1beta1::PreferredAllocationResponse> r =
-          b->GetPreferredAllocation(breq, e_->options().backend_timeout);
+          b->GetPreferredAllocation(breq, e_->options().backend_timeout, ctx);
       if (!r.ok()) return ToGrpcStatus(r.status());
       *resp = *std::move(r);
       for (auto& c : *resp->mutable_container_responses()) {
@@ -147,13 +147,13 @@ class KubeletEndpoint::Services {
       return grpc::Status::OK;
     }
 
-    grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
+    grpc::Status Allocate(grpc::ServerContext* ctx, const v1beta1::AllocateRequest* req,
                           v1beta1::AllocateResponse* resp) override {
       if (grpc::Status s = CheckRequest(e_->resource(), *req); !s.ok()) return s;
       std::shared_ptr<Backend> b = e_->resource()->backend();
       if (b == nullptr) return NoBackend(e_->resource());
       absl::StatusOr<v1beta1::AllocateResponse> r =
-          b->Allocate(ToBackendIds(e_->resource(), *req), e_->options().backend_timeout);
+          b->Allocate(ToBackendIds(e_->resource(), *req), e_->options().backend_timeout, ctx);
       if (!r.ok()) return ToGrpcStatus(r.status());
       if (grpc::Status s = e_->Journal(*req, *r, *b); !s.ok()) return s;
       *resp = *std::move(r);
@@ -172,14 +172,14 @@ class KubeletEndpoint::Services {
       return grpc::Status::OK;
     }
 
-    grpc::Status PreStartContainer(grpc::ServerContext*,
+    grpc::Status PreStartContainer(grpc::ServerContext* ctx,
                                    const v1beta1::PreStartContainerRequest* req,
                                    v1beta1::PreStartContainerResponse*) override {
       std::shared_ptr<Backend> b = e_->resource()->backend();
       if (b == nullptr) return NoBackend(e_->resource());
       v1beta1::PreStartContainerRequest breq = *req;
       for (auto& id : *breq.mutable_devices_ids()) id = e_->resource()->ToBackendId(id);
-      return ToGrpcStatus(b->PreStartContainer(breq, e_->options().backend_timeout));
+      return ToGrpcStatus(b->PreStartContainer(breq, e_->options().backend_timeout, ctx));
     }
 
    private:
@@ -200,7 +200,7 @@ class KubeletEndpoint::Services {
       });
     }
 
-    grpc::Status Allocate(grpc::ServerContext*, const deviceplugin::AllocateRequest* req,
+    grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
                           deviceplugin::AllocateResponse* resp) override {
       v1beta1::AllocateRequest breq = FromV1AlphaAllocate(*req);
       if (grpc::Status s = CheckRequest(e_->resource(), breq); !s.ok()) return s;
@@ -208,7 +208,7 @@ class KubeletEndpoint::Services {
       if (b == nullptr) return NoBackend(e_->resource());
       const absl::Time deadline = absl::Now() + e_->options().backend_timeout;
       absl::StatusOr<v1beta1::AllocateResponse> r =
-          b->Allocate(ToBackendIds(e_->resource(), breq), e_->options().backend_timeout);
+          b->Allocate(ToBackendIds(e_->resource(), breq), e_->options().backend_timeout, ctx);
       if (!r.ok()) return ToGrpcStatus(r.status());
       // A 1.9 kubelet never calls PreStartContainer: if the backend needs
       // it, the proxy calls it right after Allocate.
@@ -217,8 +217,8 @@ class KubeletEndpoint::Services {
         for (const std::string& id : req->devicesids()) {
           pre.add_devices_ids(e_->resource()->ToBackendId(id));
         }
-        absl::Status s = b->PreStartContainer(pre, std::max(absl::Milliseconds(1),
-                                                            deadline - absl::Now()));
+        absl::Status s = b->PreStartContainer(
+            pre, std::max(absl::Milliseconds(1), deadline - absl::Now()), ctx);
         if (!s.ok()) return ToGrpcStatus(s);
       }
       if (grpc::Status s = e_->Journal(breq, *r, *b); !s.ok()) return s;

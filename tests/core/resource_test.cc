@@ -27,15 +27,17 @@ class FakeBackend : public Backend {
   v1beta1::DevicePluginOptions options() const override { return {}; }
   void Start(BackendCallbacks callbacks) override { callbacks_ = std::move(callbacks); }
   absl::StatusOr<v1beta1::AllocateResponse> Allocate(const v1beta1::AllocateRequest&,
-                                                     absl::Duration) override {
+                                                     absl::Duration,
+                                                     const grpc::ServerContextBase*) override {
     return absl::UnimplementedError("fake");
   }
   absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
-      const v1beta1::PreferredAllocationRequest&, absl::Duration) override {
+      const v1beta1::PreferredAllocationRequest&, absl::Duration,
+      const grpc::ServerContextBase*) override {
     return absl::UnimplementedError("fake");
   }
-  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest&,
-                                 absl::Duration) override {
+  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest&, absl::Duration,
+                                 const grpc::ServerContextBase*) override {
     return absl::OkStatus();
   }
   void Stop() override {}

@@ -9,7 +9,14 @@
 #include <cstdlib>
 #include <iostream>
 
+#include <thread>
+
+#include <grpcpp/client_context.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/common/grpc_util.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,6 +93,46 @@ TEST(KubeletRestartTest, LateWipeNeverCostsAFailedRegistration) {
             << " resources registered again: median " << seconds[seconds.size() / 2] << ", max "
             << seconds.back() << "; registrations broken mid-call by the wipe (retried): "
             << refused_mid_call << "\n";
+}
+
+// Issue 7.20: an Allocate stuck on a backend used to hold the resource's
+// server for the whole backend timeout, so a kubelet restart could not be
+// served for that long. The kubelet's call now carries its cancellation to
+// the backend call, and serving again ends it.
+TEST(KubeletRestartTest, AnAllocateStuckOnABackendDoesNotHoldUpServingAgain) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.kubelet.backend_timeout = absl::Seconds(120);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  o.allocate_delay = absl::Seconds(120);
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(o.resource, 4, kWait));
+  absl::Notification returned;
+  grpc::Status stuck_status;
+  std::thread stuck([&] {
+    auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(o.resource)));
+    grpc::ClientContext ctx;  // no deadline, as a kubelet's Allocate
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids("gpu-0");
+    v1beta1::AllocateResponse resp;
+    stuck_status = stub->Allocate(&ctx, req, &resp);
+    returned.Notify();
+  });
+  // The Allocate reached the backend, which holds it.
+  ASSERT_TRUE(h.WaitFor([&] { return plugin->Status().allocate_calls() == 1; }));
+  // The kubelet restarts while the Allocate waits on the backend.
+  ASSERT_TRUE(h.sim().Restart().ok());
+  EXPECT_TRUE(h.sim().WaitForResource(o.resource, 4, kWait))
+      << "serving again waited for an Allocate stuck on the backend";
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(kWait));
+  stuck.join();
+  EXPECT_FALSE(stuck_status.ok());
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 0);  // never answered, never journaled
+  // The cancellation reached the backend's call.
+  EXPECT_TRUE(plugin->events().WaitForEvent("allocate_cancelled", {}, kWait).has_value());
 }
 
 }  // namespace

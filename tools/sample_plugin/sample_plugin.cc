@@ -340,13 +340,25 @@ class SamplePlugin::Impl {
     return out;
   }
 
-  grpc::Status Allocate(const std::vector<std::vector<std::string>>& requests,
+  grpc::Status Allocate(grpc::ServerContext* ctx,
+                        const std::vector<std::vector<std::string>>& requests,
                         std::vector<v1beta1::ContainerAllocateResponse>* out) {
     ++allocate_calls_;
     Json reqs = Json::array();
     for (const auto& ids : requests) reqs.push_back(ids);
     events_->Emit("allocate", {{"container_requests", reqs}});
-    if (o_.allocate_delay > absl::ZeroDuration()) absl::SleepFor(o_.allocate_delay);
+    if (o_.allocate_delay > absl::ZeroDuration()) {
+      // The injected delay ends early when the caller gives up, as a real
+      // plugin's work would be abandoned; that is recorded.
+      const absl::Time end = absl::Now() + o_.allocate_delay;
+      while (absl::Now() < end) {
+        if (ctx->IsCancelled()) {
+          events_->Emit("allocate_cancelled", {{"container_requests", reqs}});
+          return grpc::Status(grpc::StatusCode::CANCELLED, "the caller cancelled");
+        }
+        absl::SleepFor(std::min(absl::Milliseconds(20), end - absl::Now()));
+      }
+    }
     if (!o_.fail_allocate.empty()) {
       return grpc::Status(grpc::StatusCode::INTERNAL, o_.fail_allocate);
     }
@@ -446,14 +458,14 @@ class BetaService final : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
+  grpc::Status Allocate(grpc::ServerContext* ctx, const v1beta1::AllocateRequest* req,
                         v1beta1::AllocateResponse* resp) override {
     std::vector<std::vector<std::string>> requests;
     for (const auto& cr : req->container_requests()) {
       requests.emplace_back(cr.devices_ids().begin(), cr.devices_ids().end());
     }
     std::vector<v1beta1::ContainerAllocateResponse> out;
-    grpc::Status st = impl_->Allocate(requests, &out);
+    grpc::Status st = impl_->Allocate(ctx, requests, &out);
     if (!st.ok()) return st;
     for (auto& r : out) *resp->add_container_responses() = std::move(r);
     return grpc::Status::OK;
@@ -490,10 +502,11 @@ class AlphaService final : public deviceplugin::DevicePlugin::Service {
     });
   }
 
-  grpc::Status Allocate(grpc::ServerContext*, const deviceplugin::AllocateRequest* req,
+  grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
                         deviceplugin::AllocateResponse* resp) override {
     std::vector<v1beta1::ContainerAllocateResponse> out;
-    grpc::Status st = impl_->Allocate({{req->devicesids().begin(), req->devicesids().end()}}, &out);
+    grpc::Status st =
+        impl_->Allocate(ctx, {{req->devicesids().begin(), req->devicesids().end()}}, &out);
     if (!st.ok()) return st;
     // Same field numbers for envs, mounts and devices: copy through the wire.
     std::string bytes;

@@ -2,12 +2,15 @@
 
 #include <grpcpp/server_context.h>
 
+#include <optional>
+
 #include <atomic>
 #include <thread>
 
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -90,21 +93,26 @@ class BackendBase : public Backend {
                               const std::function<void(const std::vector<v1beta1::Device>&)>&
                                   on_devices) = 0;
 
+  // The context of the one stream (an adapter may have opened it already).
+  virtual std::unique_ptr<grpc::ClientContext> StreamContext() {
+    return std::make_unique<grpc::ClientContext>();
+  }
+
   const std::string resource_;
   const std::string endpoint_;
   const std::shared_ptr<grpc::Channel> channel_;
 
  private:
   void ReadLoop() {
-    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientContext> ctx = StreamContext();
     BackendCallbacks cb;
     {
       absl::MutexLock lock(&mu_);
       if (stopped_) return;
-      stream_ctx_ = &ctx;
+      stream_ctx_ = ctx.get();
       cb = callbacks_;
     }
-    grpc::Status s = Stream(&ctx, [&](const std::vector<v1beta1::Device>& d) {
+    grpc::Status s = Stream(ctx.get(), [&](const std::vector<v1beta1::Device>& d) {
       if (cb.on_devices) cb.on_devices(d);
     });
     bool stopped;
@@ -200,6 +208,43 @@ class V1AlphaBackend final : public BackendBase {
       : BackendBase(std::move(resource), std::move(endpoint), ch),
         stub_(deviceplugin::DevicePlugin::NewStub(ch)) {}
 
+  // Opens the stream and waits (up to `timeout`) for its first list: the
+  // proof that the socket serves v1alpha, since v1alpha has no call without
+  // side effects. The open stream becomes the backend's one stream, so the
+  // plugin sees a single ListAndWatch. kFailedPrecondition if the service
+  // is unknown there; kDeadlineExceeded if no list came in time.
+  absl::Status OpenStream(absl::Duration timeout) {
+    pre_ctx_ = std::make_unique<grpc::ClientContext>();
+    pre_reader_ = stub_->ListAndWatch(pre_ctx_.get(), deviceplugin::Empty());
+    absl::Notification read;
+    std::thread watchdog([this, &read, timeout] {
+      if (!read.WaitForNotificationWithTimeout(timeout)) pre_ctx_->TryCancel();
+    });
+    deviceplugin::ListAndWatchResponse first;
+    const bool got = pre_reader_->Read(&first);
+    read.Notify();
+    watchdog.join();
+    if (got) {
+      pre_first_ = std::move(first);
+      return absl::OkStatus();
+    }
+    grpc::Status s = pre_reader_->Finish();
+    pre_reader_.reset();
+    pre_ctx_.reset();
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the socket at ", endpoint_, " does not serve the v1alpha DevicePlugin API (",
+          DescribeGrpcStatus(s), ")"));
+    }
+    if (s.error_code() == grpc::StatusCode::CANCELLED) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the v1alpha plugin at ", endpoint_, " sent no device list within ",
+          absl::FormatDuration(timeout)));
+    }
+    return absl::UnavailableError(absl::StrCat("the v1alpha plugin at ", endpoint_,
+                                               " ended its stream: ", DescribeGrpcStatus(s)));
+  }
+
   PluginApi api() const override { return PluginApi::kV1Alpha; }
   v1beta1::DevicePluginOptions options() const override { return V1AlphaBackendOptions(); }
 
@@ -246,14 +291,30 @@ class V1AlphaBackend final : public BackendBase {
   grpc::Status Stream(grpc::ClientContext* ctx,
                       const std::function<void(const std::vector<v1beta1::Device>&)>& on_devices)
       override {
-    auto reader = stub_->ListAndWatch(ctx, deviceplugin::Empty());
+    std::unique_ptr<grpc::ClientReader<deviceplugin::ListAndWatchResponse>> reader =
+        std::move(pre_reader_);
+    if (reader != nullptr && pre_first_.has_value()) {
+      on_devices(FromV1AlphaDevices(*pre_first_));  // the list the probe read
+      pre_first_.reset();
+    } else {
+      reader = stub_->ListAndWatch(ctx, deviceplugin::Empty());
+    }
     deviceplugin::ListAndWatchResponse resp;
     while (reader->Read(&resp)) on_devices(FromV1AlphaDevices(resp));
     return reader->Finish();
   }
 
+  std::unique_ptr<grpc::ClientContext> StreamContext() override {
+    if (pre_ctx_ != nullptr) return std::move(pre_ctx_);
+    return BackendBase::StreamContext();
+  }
+
  private:
   std::unique_ptr<deviceplugin::DevicePlugin::Stub> stub_;
+  // The stream OpenStream() opened, until the reader thread takes it over.
+  std::unique_ptr<grpc::ClientContext> pre_ctx_;
+  std::unique_ptr<grpc::ClientReader<deviceplugin::ListAndWatchResponse>> pre_reader_;
+  std::optional<deviceplugin::ListAndWatchResponse> pre_first_;
 };
 
 }  // namespace
@@ -273,7 +334,11 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resou
                                                " within ", absl::FormatDuration(dial_timeout)));
   }
   if (api == PluginApi::kV1Alpha) {
-    return std::shared_ptr<Backend>(std::make_shared<V1AlphaBackend>(resource, socket_path, channel));
+    // A socket that does not serve v1alpha (a v1beta1-only plugin, a
+    // registration socket) is never attached in place of a working backend.
+    auto backend = std::make_shared<V1AlphaBackend>(resource, socket_path, channel);
+    DPP_RETURN_IF_ERROR(backend->OpenStream(dial_timeout));
+    return std::shared_ptr<Backend>(std::move(backend));
   }
   auto stub = v1beta1::DevicePlugin::NewStub(channel);
   grpc::ClientContext ctx;

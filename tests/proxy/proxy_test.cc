@@ -153,6 +153,29 @@ TEST_F(ProxyTest, V1AlphaRegistrationStormsLeaveNoThreadsBehind) {
                                         << " kB (" << busy << " busy answers)";
 }
 
+// Issue 7.12: a v1alpha registration is probed before it is attached: one
+// pointing at a socket that does not serve the v1alpha API never replaces a
+// working backend.
+TEST_F(ProxyTest, V1AlphaRegistrationOfANonV1AlphaSocketIsRefused) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const std::string sock = h.proxy().backend_registration_socket();
+  // The same resource, in v1alpha, pointing at the v1beta1 plugin's socket.
+  grpc::Status s = testing::RegisterV1Alpha(sock, "v1alpha2", kGpu, "sample-gpu.sock");
+  ASSERT_TRUE(s.ok()) << s.error_message();  // v1alpha: answered at once, dialled after
+  std::optional<Json> e =
+      h.proxy().events().WaitForEvent("backend_dial_failed", {{"requested_resource", kGpu}}, kWait);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_THAT((*e)["error"].get<std::string>(),
+              HasSubstr("does not serve the v1alpha DevicePlugin API"));
+  Json status = h.proxy().Status();
+  EXPECT_EQ(status["resources"][0]["backend_api"], "v1beta1");
+  EXPECT_TRUE(status["resources"][0]["backend_connected"].get<bool>());
+  EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Healthy");
+}
+
 // Issue 7.12: a malformed device list from a backend never reaches the
 // kubelet; an unknown health is reported Unhealthy, as a kubelet reads it.
 TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {

@@ -37,6 +37,25 @@ std::string DirName(const std::string& path) {
 }
 
 
+// Reads `fd` to the end and closes it; errors name `path`.
+absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path) {
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 }  // namespace
 
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
@@ -125,21 +144,7 @@ absl::Status MakeDirs(const std::string& path) {
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
-  std::string out;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, absl::StrCat("read ", path));
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  return ReadAndClose(fd, path);
 }
 
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
@@ -185,21 +190,7 @@ absl::StatusOr<std::string> ReadOwnFile(const std::string& path) {
         path, S_ISDIR(st.st_mode) ? " is a directory" : " is not a regular file",
         "; dpproxy expects a file of its own there"));
   }
-  std::string out;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, absl::StrCat("read ", path));
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  return ReadAndClose(fd, path);
 }
 
 absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode) {

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/sim_helpers.h"
 
 namespace dpproxy {
 namespace {
@@ -34,10 +35,6 @@ constexpr int kResources = 3;
 
 std::string ResourceName(int i) { return absl::StrCat("vendor.com/gpu", i); }
 
-int Restarts() {
-  const char* n = std::getenv("DPP_RESTARTS");  // more on demand
-  return n != nullptr ? std::max(1, std::atoi(n)) : 8;
-}
 
 TEST(KubeletRestartTest, LateWipeNeverCostsAFailedRegistration) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [](sim::KubeletSimOptions& o) {
@@ -57,7 +54,7 @@ TEST(KubeletRestartTest, LateWipeNeverCostsAFailedRegistration) {
   }
   std::vector<double> seconds;
   int refused_mid_call = 0;
-  for (int r = 0; r < Restarts(); ++r) {
+  for (int r = 0; r < testing::CountFromEnv("DPP_RESTARTS", 8); ++r) {
     const size_t from = h.sim().events().Size();
     const absl::Time start = absl::Now();
     ASSERT_TRUE(h.sim().Restart().ok());

@@ -30,6 +30,15 @@ using ::testing::Not;
 
 constexpr char kGpu[] = "vendor.com/gpu";
 
+// Starts the simulated kubelet and dpproxy, and one sample plugin of
+// `api` serving kGpu with 4 devices, and waits for the kubelet to see them.
+void UpWithPlugin(ProxyHarness& h, PluginApi api) {
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(api)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+}
+
 // The simulated kubelet's pod-resources List, over its real socket.
 v1::ListPodResourcesResponse ListPodResources(sim::KubeletSim& sim) {
   auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(sim.pod_resources_socket()));
@@ -172,10 +181,7 @@ TEST(StateTest, TrustIsBoundedByTheRestoreHold) {
     c.restore_policy = RestorePolicy::kTrust;
     c.restore_hold = absl::Seconds(1);
   });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  UpWithPlugin(h, PluginApi::kV1Beta1);
   ASSERT_TRUE(h.WaitFor([&] {
     state::State s = h.proxy().state()->Snapshot();
     return s.resources_size() == 1 && s.resources(0).devices_size() == 4;
@@ -234,10 +240,7 @@ TEST(ReconcileTest, RunningMultiDeviceAllocationsAreNeverReleased) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::ZeroDuration();
   });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  UpWithPlugin(h, PluginApi::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("big", {{"main", 3}}));
   ASSERT_TRUE(a.ok()) << a.status();
   // The simulator answers like the kubelet: one entry per device.
@@ -261,10 +264,7 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
     c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
     c.reconcile_grace = absl::ZeroDuration();
   });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  UpWithPlugin(h, PluginApi::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("train", {{"main", 2}}));
   ASSERT_TRUE(a.ok()) << a.status();
   const std::vector<std::string> held = testing::DeviceIdsOf(a->allocations(0));
@@ -313,10 +313,7 @@ TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::ZeroDuration();
   });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  UpWithPlugin(h, PluginApi::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("infer", {{"main", 1}}));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
@@ -378,10 +375,7 @@ TEST(ReconcileTest, YoungEntriesAreNeverReleased) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::Hours(1);
   });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  UpWithPlugin(h, PluginApi::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("brief", {{"c", 1}}));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/sim_helpers.h"
 #include "tests/testing/raw_clients.h"
 
 namespace dpproxy {
@@ -28,10 +29,6 @@ using testing::ProxyHarness;
 
 constexpr char kGpu[] = "vendor.com/gpu";
 
-int Storm(int ci_default) {
-  const char* n = std::getenv("DPP_STORM");
-  return n != nullptr ? std::max(1, std::atoi(n)) : ci_default;
-}
 
 int CountEntries(const char* dir) {
   int n = 0;
@@ -86,7 +83,7 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
       (void)h.sim().DeletePod(a->pod_uid());
     }
   });
-  const int restarts = Storm(6);
+  const int restarts = testing::CountFromEnv("DPP_STORM", 6);
   for (int r = 0; r < restarts; ++r) {
     // Restart while allocations flow: a few answered first.
     const int before = progress.load();
@@ -116,7 +113,7 @@ TEST(StormTest, RegistrationBurstsOfValidAndInvalidRequests) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const std::string sock = h.proxy().backend_registration_socket();
   const int threads = Threads(), fds = Fds();
-  const int bursts = Storm(3);
+  const int bursts = testing::CountFromEnv("DPP_STORM", 3);
   for (int b = 0; b < bursts; ++b) {
     std::vector<std::thread> clients;
     for (int c = 0; c < 8; ++c) {

@@ -178,6 +178,15 @@ state::State MustLoad(StateKeeper& keeper) {
   return s.ok() ? *s : state::State();
 }
 
+// Records one allocation of two containers per pair, in a fresh keeper that
+// is then closed: the state directory holds them in its journal.
+void JournalPairs(const std::string& dir, EventLog& events,
+                  const std::vector<std::pair<const char*, const char*>>& pairs) {
+  StateKeeper keeper(dir + "/state.pb", &events);
+  MustLoad(keeper);
+  for (const auto& [a, b] : pairs) ASSERT_TRUE(RecordTwo(keeper, a, b).ok());
+}
+
 TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
   testing::ShortTempDir dir;
   EventLog events("test");
@@ -308,13 +317,7 @@ TEST(StateKeeperTest, DirectoryOrLinkInPlaceOfAFileStopsStart) {
 TEST(StateKeeperTest, DamageInTheMiddleOfTheJournalKeepsLaterRecords) {
   testing::ShortTempDir dir;
   EventLog events("test");
-  {
-    StateKeeper keeper(dir.Sub("state.pb"), &events);
-    MustLoad(keeper);
-    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
-    ASSERT_TRUE(RecordTwo(keeper, "c", "d").ok());
-    ASSERT_TRUE(RecordTwo(keeper, "e", "f").ok());
-  }
+  JournalPairs(dir.path(), events, {{"a", "b"}, {"c", "d"}, {"e", "f"}});
   std::string bytes = *ReadFile(dir.Sub("journal.wal"));
   absl::StatusOr<JournalContents> intact = ParseJournal(bytes);
   ASSERT_TRUE(intact.ok());
@@ -354,11 +357,7 @@ TEST(StateKeeperTest, DamageInTheMiddleOfTheJournalKeepsLaterRecords) {
 TEST(StateKeeperTest, TornTailIsReportedByInspection) {
   testing::ShortTempDir dir;
   EventLog events("test");
-  {
-    StateKeeper keeper(dir.Sub("state.pb"), &events);
-    MustLoad(keeper);
-    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
-  }
+  JournalPairs(dir.path(), events, {{"a", "b"}});
   std::string bytes = *ReadFile(dir.Sub("journal.wal"));
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 15)).ok());
   StateDirReport report = InspectStateDir(dir.path());
@@ -412,11 +411,7 @@ TEST(StateFileModesTest, StateAndJournalAre0600WhateverTheUmask) {
 TEST(StateKeeperTest, TornJournalTailIsCutAndTheRestKept) {
   testing::ShortTempDir dir;
   EventLog events("test");
-  {
-    StateKeeper keeper(dir.Sub("state.pb"), &events);
-    MustLoad(keeper);
-    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
-  }
+  JournalPairs(dir.path(), events, {{"a", "b"}});
   // A crash in the middle of the next append leaves half a record.
   std::string bytes = *ReadFile(dir.Sub("journal.wal"));
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 9)).ok());

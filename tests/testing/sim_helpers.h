@@ -4,6 +4,8 @@
 #ifndef DPPROXY_TESTS_TESTING_SIM_HELPERS_H_
 #define DPPROXY_TESTS_TESTING_SIM_HELPERS_H_
 
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <utility>
@@ -54,6 +56,13 @@ inline std::string KubeletHealth(sim::KubeletSim& sim, const std::string& resour
     if (d.id() == id) return d.health();
   }
   return "";
+}
+
+// How many rounds a storm-like test runs: the environment variable `name`
+// if set (for longer runs on demand), else `ci_default`.
+inline int CountFromEnv(const char* name, int ci_default) {
+  const char* n = std::getenv(name);
+  return n != nullptr ? std::max(1, std::atoi(n)) : ci_default;
 }
 
 // Polls `pred` every 10 ms until it holds or `timeout` passes.

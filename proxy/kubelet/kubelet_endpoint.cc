@@ -455,6 +455,9 @@ grpc::Status KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
   absl::Status s = journal_->Record(resource_->name(), req, resp, ApiVersionString(backend.api()),
                                     backend.endpoint());
   if (s.ok()) return grpc::Status::OK;
+  if (s.code() == absl::StatusCode::kFailedPrecondition) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
+  }
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       absl::StrCat("dpproxy cannot persist the allocation for ",
                                    resource_->name(), ", so it refuses it: ", s.message()));

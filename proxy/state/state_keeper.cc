@@ -173,6 +173,20 @@ absl::Status StateKeeper::Record(const std::string& resource,
   {
     absl::MutexLock lock(&mu_);
     next = state_.next_allocation_id();
+    // A pod the kubelet lost track of may still hold these devices.
+    for (const auto& c : req.container_requests()) {
+      for (const std::string& id : c.devices_ids()) {
+        auto q = quarantined_held_.find(HeldKey(resource, id));
+        if (q == quarantined_held_.end()) continue;
+        events_->Emit("device_held_twice", {{"resource", resource},
+                                            {"device", id},
+                                            {"first", absl::StrCat("allocation ", q->second)},
+                                            {"second", "refused Allocate"}});
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device ", id, " of ", resource, " is quarantined: allocation ", q->second,
+            " may still hold it (the kubelet lost track of it); refused"));
+      }
+    }
   }
   std::vector<state::Allocation> records;
   for (int i = 0; i < req.container_requests_size(); ++i) {
@@ -333,6 +347,7 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
   }
   if (added == 0) return 0;
   ++quarantine_version_;
+  RebuildIndexLocked();
   // Kept in memory even if the save fails: the devices stay away from new
   // pods in this run either way.
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
@@ -341,8 +356,12 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
 
 void StateKeeper::RebuildIndexLocked() {
   held_.clear();
+  quarantined_held_.clear();
   for (const state::Allocation& a : state_.allocations()) {
-    for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+    for (const std::string& d : a.device_ids()) {
+      ++held_[HeldKey(a.resource(), d)];
+      if (a.quarantined()) quarantined_held_[HeldKey(a.resource(), d)] = a.id();
+    }
   }
   allocation_count_ = state_.allocations_size();
 }

@@ -32,7 +32,9 @@ class AllocationJournal {
  public:
   virtual ~AllocationJournal() = default;
   // Persists one record per container request before the kubelet is
-  // answered. An error means nothing was recorded.
+  // answered. An error means nothing was recorded. kFailedPrecondition
+  // (and a `device_held_twice` event) if a device is held by a quarantined
+  // allocation: a second live holder is never journaled.
   virtual absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                               const v1beta1::AllocateResponse& resp,
                               const std::string& backend_api,
@@ -116,6 +118,8 @@ class StateKeeper : public AllocationJournal {
   // "resource\0device" -> how many live allocations name it (HoldsDevice
   // in O(1)); rebuilt after removals, added to by Record.
   std::unordered_map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
+  // The same, for quarantined allocations only: Record refuses them.
+  std::unordered_map<std::string, uint64_t> quarantined_held_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> allocation_count_{0};
   void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int64_t> write_failures_{0};

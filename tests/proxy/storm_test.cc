@@ -2,8 +2,10 @@
 // during a stream of allocations, and bursts of valid and invalid plugin
 // registrations. After each: every allocation the kubelet was answered for
 // is in dpproxy's state, and dpproxy's threads and file descriptors are
-// back to their level before the storm.
+// back to their level before the storm. Backend plugins are real processes,
+// killed with SIGKILL.
 #include <dirent.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/sim_helpers.h"
+#include "tests/testing/process.h"
 #include "tests/testing/raw_clients.h"
 
 namespace dpproxy {
@@ -139,6 +142,62 @@ TEST(StormTest, RegistrationBurstsOfValidAndInvalidRequests) {
   }, absl::Seconds(30)));
   EXPECT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu)).ok());
   EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
+  ExpectBackToLevel(h, threads, fds);
+}
+
+// Backend plugins, as real processes, killed with SIGKILL and started again
+// (alternating v1alpha and v1beta1, as in an upgrade window) while
+// allocations flow: every answered allocation is journaled, the devices
+// come back Healthy each time, and nothing of dpproxy's is left over.
+TEST(StormTest, BackendKillAndRestartCycles) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  auto start_plugin = [&](int cycle) {
+    return testing::Spawn({testing::Runfile("tools/sample_plugin/sample_plugin"),
+                           cycle % 2 == 0 ? "--api=v1alpha" : "--api=v1beta1",
+                           "--resource=vendor.com/gpu", "--devices=8", "--id_pattern=gpu-{i}",
+                           "--kubelet_socket=" + h.dir("p") + "/kubelet.sock", "--quiet"});
+  };
+  pid_t plugin = start_plugin(0);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 8, kWait));
+  const int threads = Threads(), fds = Fds();
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> progress{0};
+  std::multiset<std::string> answered;  // the allocator thread's until joined
+  std::thread allocator([&] {
+    for (int i = 0; !stop; ++i) {
+      absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(
+          testing::PodRequest(absl::StrCat("p", i), {{"main", 1}}, kGpu));
+      if (!a.ok()) continue;  // the backend was away: not answered
+      answered.insert(absl::StrJoin(a->allocations(0).device_ids(), ","));
+      ++progress;
+      (void)h.sim().DeletePod(a->pod_uid());
+    }
+  });
+  const int cycles = testing::CountFromEnv("DPP_STORM", 6);
+  for (int c = 1; c <= cycles; ++c) {
+    const int before = progress.load();
+    ASSERT_TRUE(h.WaitFor([&] { return progress.load() >= before + 3; })) << "cycle " << c;
+    testing::Kill(plugin, SIGKILL);
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }))
+        << "cycle " << c;
+    plugin = start_plugin(c);
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Healthy"; }))
+        << "cycle " << c;
+  }
+  stop = true;
+  allocator.join();
+  testing::Kill(plugin, SIGTERM);
+  const std::multiset<std::string> journaled = Journaled(h);
+  for (const std::string& d : std::set<std::string>(answered.begin(), answered.end())) {
+    EXPECT_GE(journaled.count(d), answered.count(d)) << "allocation of " << d << " lost";
+  }
+  std::cout << cycles << " backend kill -9 cycles, " << answered.size()
+            << " allocations answered, all journaled\n";
   ExpectBackToLevel(h, threads, fds);
 }
 

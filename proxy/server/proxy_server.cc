@@ -598,12 +598,16 @@ absl::Status ProxyServer::CheckpointPass(const KubeletCheckpoint& ckpt) {
   const Holdings holdings = CheckpointHoldings(ckpt);
   const std::map<uint64_t, size_t> matched = holdings.Match(st);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  checkpoint_seen_ = true;
+  checkpoint_read_ms_ = now_ms;
+  checkpoint_live_.clear();
   std::vector<StateKeeper::Holder> annotate;
   std::vector<uint64_t> release;
   std::set<uint64_t> missing;
   for (const state::Allocation& a : st.allocations()) {
     auto m = matched.find(a.id());
     if (m != matched.end()) {
+      checkpoint_live_.insert(a.id());
       const PodHolder& h = holdings.holder(m->second);
       annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
       continue;
@@ -822,10 +826,20 @@ void ProxyServer::CheckKubelet() {
         StatFileId(JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName));
     check.deadline = now + absl::Seconds(30);
     const state::State st = keeper_->Snapshot();
-    for (const state::Allocation& a : st.allocations()) {
-      if (!a.quarantined()) check.live.insert(a.id());
+    {
+      // Live for the kubelet: what its last checkpoint listed, and what was
+      // allocated since it was read. (Entries of pods that ended before the
+      // restart are not, so they are never quarantined.) Never read: all.
+      absl::MutexLock lock(&checkpoint_mu_);
+      for (const state::Allocation& a : st.allocations()) {
+        if (a.quarantined()) continue;
+        if (!checkpoint_seen_ || checkpoint_live_.count(a.id()) > 0 ||
+            a.allocated_unix_ms() >= checkpoint_read_ms_) {
+          check.live.insert(a.id());
+        }
+      }
     }
-    if (!check.live.empty()) restart_check_ = std::move(check);
+    restart_check_ = std::move(check);  // checked (and reported) even if none is live
   }
   if (kubelet.has_value()) last_kubelet_ = kubelet;
   if (config_.kubelet.registration == KubeletRegistration::kPluginWatcher) return;

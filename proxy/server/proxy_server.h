@@ -208,6 +208,11 @@ class ProxyServer {
   absl::Time last_checkpoint_parse_ = absl::InfinitePast();
   absl::Mutex checkpoint_mu_;  // one checkpoint pass at a time
   std::set<uint64_t> checkpoint_missing_once_ ABSL_GUARDED_BY(checkpoint_mu_);
+  // What the kubelet's checkpoint listed at the last pass, and when: at a
+  // kubelet restart only those (and anything newer) were live for it.
+  bool checkpoint_seen_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  std::set<uint64_t> checkpoint_live_ ABSL_GUARDED_BY(checkpoint_mu_);
+  int64_t checkpoint_read_ms_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
   uint64_t applied_quarantine_ = 0;
   Json quarantine_status_ ABSL_GUARDED_BY(mu_) = Json::array();
   int64_t devices_held_twice_ ABSL_GUARDED_BY(mu_) = 0;

@@ -306,6 +306,30 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].empty(); }));
 }
 
+// A pod that ended before a kubelet restart is not the kubelet's loss: its
+// journal entry (not yet released) is never quarantined.
+TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);  // the entry stays in the journal
+  });
+  UpWithPlugin(h, PluginApi::kV1Beta1);
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("done", {{"main", 2}}));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
+  // dpproxy reads the kubelet's checkpoint (it does so whenever it changes).
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  const size_t from = h.proxy().events().Size();
+  ASSERT_TRUE(h.sim().Restart().ok());  // a normal restart: checkpoint kept
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("kubelet_checkpoint_checked", {}, kWait, from));
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_quarantined", {}, absl::ZeroDuration(),
+                                               from));
+  EXPECT_TRUE(h.proxy().Status()["quarantined"].empty());
+  for (const std::string& id : testing::DeviceIdsOf(a->allocations(0))) {
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
+  }
+}
+
 // Issue 7.3: pod-resources listing a running pod without the devices
 // dpproxy allocated to it is the same loss, seen from the API.
 TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {

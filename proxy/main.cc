@@ -273,6 +273,30 @@ int PrintStatus() {
     }
     std::cout << ", " << state.value("save_failures", 0) << " failed write(s)\n";
   }
+  const Json quarantined = st.value("quarantined", Json::array());
+  if (!quarantined.empty()) {
+    std::cout << "\nQUARANTINED (reported Unhealthy until the pod is gone):\n";
+    for (const Json& q : quarantined) {
+      std::string devices;
+      for (const Json& d : q.value("devices", Json::array())) {
+        devices += (devices.empty() ? "" : ",") + d.get<std::string>();
+      }
+      std::string pod = q.value("pod", "");
+      if (pod.empty()) {
+        pod = q.value("pod_uid", "").empty()
+                  ? absl::StrCat("allocation ", q.value("allocation", 0), " (pod unknown)")
+                  : absl::StrCat("pod UID ", q.value("pod_uid", ""));
+      } else if (!q.value("container", "").empty()) {
+        pod += "/" + q.value("container", "");
+      }
+      std::cout << "  " << q.value("resource", "") << " " << devices << " held by " << pod
+                << ": " << q.value("reason", "") << "\n";
+    }
+  }
+  if (st.value("devices_held_twice", 0) > 0) {
+    std::cout << "\n" << st.value("devices_held_twice", 0)
+              << " device(s) found held by two pods (see the device_held_twice events)\n";
+  }
   const Json losses = st.value("lossy_translations", Json::object());
   if (!losses.empty()) std::cout << "\nlossy translations: " << losses.dump() << "\n";
   return 0;

@@ -161,6 +161,17 @@ else
   fail "no metrics endpoint (port '$port')"
 fi
 expect_contains "glog line names both versions" "$(cat "$R2/proxy.log")" "registered with the kubelet as v1beta1 (backend v1alpha2"
+# The kubelet comes back without its checkpoint while the pod runs: the
+# pod's devices are quarantined, and dpproxy status says which pod holds them.
+kill -TERM "$SIM2"; wait "$SIM2" 2>/dev/null
+rm -f "$R2/k/device-plugins/kubelet_internal_checkpoint"
+"$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
+SIM2=$!; PIDS+=($SIM2)
+for _ in $(seq 200); do grep -q '"reason"' "$R2/status.json" 2>/dev/null && break; sleep 0.05; done
+expect_exit "dpproxy status after a lost checkpoint" 0 "$PROXY" status --status_file="$R2/status.json"
+expect_contains "status lists the quarantine" "$LAST_OUT" "QUARANTINED"
+expect_contains "status names the devices' holder" "$LAST_OUT" "vendor.com/gpu dev-0,dev-1 held by"
+expect_contains "status says why" "$LAST_OUT" "checkpoint"
 kill -TERM "$PROXY_PID"; wait "$PROXY_PID"; rc=$?
 [[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM" || fail "dpproxy exit $rc on SIGTERM"
 [[ ! -e "$R2/k/device-plugins/dpproxy-vendor.com_gpu.sock" ]] && pass "dpproxy kubelet-side socket removed" || fail "kubelet-side socket left behind"

@@ -4,13 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
 #include <grpcpp/client_context.h>
+#include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -396,6 +399,52 @@ TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
   ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
   EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Healthy");  // held
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+}
+
+// A kubelet whose Register does not answer until released (as a 1.25+
+// kubelet dialling a socket for 10 s).
+class StuckKubelet final : public v1beta1::Registration::Service {
+ public:
+  grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest*,
+                        v1beta1::Empty*) override {
+    ++calls;
+    release.WaitForNotificationWithTimeout(absl::Seconds(60));
+    return grpc::Status::OK;
+  }
+  std::atomic<int> calls{0};
+  absl::Notification release;
+};
+
+// Issue 7.17: timers (the hold expiry here) ran on the thread that made
+// blocking Register calls, so devices stayed Healthy long past the hold.
+TEST_F(ProxyTest, HoldExpiresWhileARegisterIsBlocked) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.policy.loss_policy = LossPolicy::kHold;
+    c.policy.hold = absl::Milliseconds(300);
+  });
+  ASSERT_TRUE(MakeDirs(h.dir("k/device-plugins")).ok());
+  StuckKubelet kubelet;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(h.dir("k/device-plugins/kubelet.sock")),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(&kubelet);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  auto healthy = [&] {
+    Json r = h.proxy().Status()["resources"];
+    return r.empty() ? -1 : r[0].value("devices_healthy", -1);
+  };
+  ASSERT_TRUE(h.WaitFor([&] { return healthy() == 4 && kubelet.calls.load() >= 1; }));
+  // The backend goes away while the Register is still stuck.
+  h.StopPlugins();
+  EXPECT_TRUE(h.WaitFor([&] { return healthy() == 0; }))
+      << "the hold expiry waited for a blocked Register";
+  EXPECT_EQ(kubelet.calls.load(), 1);  // still the same, stuck call
+  kubelet.release.Notify();
+  h.StopProxy();
+  server->Shutdown(std::chrono::system_clock::now());
 }
 
 TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {

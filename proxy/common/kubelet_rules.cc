@@ -77,7 +77,17 @@ std::string GoQuote(absl::string_view s) {
 }
 
 std::string GoStringSlice(const std::vector<std::string>& v) {
-  return absl::StrCat("[", absl::StrJoin(v, " "), "]");
+  // Go's %v, bounded like GoQuote: untrusted lists are echoed in part.
+  constexpr size_t kMaxItems = 16;
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < v.size() && i < kMaxItems; ++i) {
+    shown.push_back(v[i].size() <= kMaxEchoBytes
+                        ? v[i]
+                        : absl::StrCat(v[i].substr(0, kMaxEchoBytes), "... (", v[i].size(),
+                                       " bytes)"));
+  }
+  if (v.size() > kMaxItems) shown.push_back(absl::StrCat("... (", v.size() - kMaxItems, " more)"));
+  return absl::StrCat("[", absl::StrJoin(shown, " "), "]");
 }
 
 bool IsExtendedResourceName(absl::string_view name) {

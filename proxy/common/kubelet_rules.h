@@ -42,7 +42,8 @@ inline constexpr size_t kMaxEchoBytes = 256;
 // than kMaxEchoBytes are cut there and followed by `... (N bytes)`.
 std::string GoQuote(absl::string_view s);
 
-// Go's %v of a []string: "[a b c]".
+// Go's %v of a []string: "[a b c]"; items longer than kMaxEchoBytes are
+// cut, and at most 16 items are shown.
 std::string GoStringSlice(const std::vector<std::string>& v);
 
 // True if `name` is an extended resource name the kubelet accepts: it

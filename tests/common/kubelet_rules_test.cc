@@ -72,6 +72,11 @@ TEST(KubeletRulesTest, UntrustedInputIsEchoedOnlyUpToABound) {
   EXPECT_LT(s.message().size(), 600u);
   EXPECT_NE(s.message().find("... (102400 bytes)"), absl::string_view::npos);
   EXPECT_EQ(GoQuote("short"), "\"short\"");  // short strings as Go quotes them
+  // Found by the fuzzer: a plugin's version list was echoed whole.
+  absl::Status w = ValidateWatcherVersions({huge, huge, huge});
+  EXPECT_LT(w.message().size(), 1200u);
+  EXPECT_LT(GoStringSlice(std::vector<std::string>(100, "v")).size(), 100u);
+  EXPECT_EQ(GoStringSlice({"a", "b"}), "[a b]");
 }
 
 TEST(KubeletRulesTest, DeviceIds) {

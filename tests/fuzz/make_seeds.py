@@ -3,7 +3,8 @@
 
 The binary seeds are encoded here by hand from the formats in
 proxy/state/state_store.h and proxy/state/journal_file.h, so the corpus
-does not depend on a build. Re-run after a format change.
+does not depend on a build. Re-run after a format change. Files named crash-* are inputs a fuzzer once
+crashed on, kept as regressions; this script leaves them alone.
 """
 import os
 import struct

@@ -226,19 +226,28 @@ absl::Status StateKeeper::Record(const std::string& resource,
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
   std::sort(resources.begin(), resources.end(),
             [](const state::Resource& a, const state::Resource& b) { return a.name() < b.name(); });
-  absl::MutexLock write(&write_mu_);
-  absl::MutexLock lock(&mu_);
   // Compare without the timestamps: only real changes are saved.
   auto key = [](const state::Resource& r) {
     state::Resource c = r;
     c.clear_updated_unix_ms();
     return c.SerializeAsString();
   };
-  bool changed = static_cast<int>(resources.size()) != state_.resources_size();
-  for (size_t i = 0; !changed && i < resources.size(); ++i) {
-    changed = key(resources[i]) != key(state_.resources(static_cast<int>(i)));
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (static_cast<int>(resources.size()) != state_.resources_size()) return true;
+    for (size_t i = 0; i < resources.size(); ++i) {
+      if (key(resources[i]) != key(state_.resources(static_cast<int>(i)))) return true;
+    }
+    return false;
+  };
+  {
+    // The common case (nothing changed) never waits for a writer's
+    // fdatasync: the registrar calls this every tick.
+    absl::MutexLock lock(&mu_);
+    if (!changed()) return absl::OkStatus();
   }
-  if (!changed) return absl::OkStatus();
+  absl::MutexLock write(&write_mu_);
+  absl::MutexLock lock(&mu_);
+  if (!changed()) return absl::OkStatus();
   state_.clear_resources();
   const int64_t now = absl::ToUnixMillis(absl::Now());
   for (state::Resource& r : resources) {

@@ -26,6 +26,7 @@ kubelet:
   registration: plugin-watcher
 plugin_dir: /run/dpproxy/plugins
 status_file: /run/dpproxy/status.json
+socket_group: "0"
 timeouts: {backend: 5s, dial: 2s}
 backend_loss: {policy: hold, hold: 45s}
 cdi_annotations: true
@@ -44,6 +45,7 @@ backends:
   EXPECT_EQ(c.kubelet.registration, KubeletRegistration::kPluginWatcher);
   EXPECT_EQ(c.plugin_dir, "/run/dpproxy/plugins");
   EXPECT_EQ(c.status_file, "/run/dpproxy/status.json");
+  EXPECT_EQ(c.socket_group, "0");
   EXPECT_EQ(c.kubelet.backend_timeout, absl::Seconds(5));
   EXPECT_EQ(c.dial_timeout, absl::Seconds(2));
   EXPECT_EQ(c.policy.loss_policy, LossPolicy::kHold);

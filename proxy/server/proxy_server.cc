@@ -531,10 +531,22 @@ void ProxyServer::CheckKubeletCheckpoint() {
     const state::State st = keeper_->Snapshot();
     std::map<uint64_t, size_t> matched;
     if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
+    int kept = 0;
     for (const state::Allocation& a : st.allocations()) {
       if (check.live.count(a.id()) == 0 || a.quarantined()) continue;
-      if (ckpt.ok() && matched.count(a.id()) > 0) continue;
+      if (ckpt.ok() && matched.count(a.id()) > 0) {
+        ++kept;
+        continue;
+      }
       lost.push_back(a.id());
+    }
+    // A kubelet reads its checkpoint whole or discards it whole: if it still
+    // lists any allocation that was live before the restart, it kept them,
+    // and those missing are pods that ended meanwhile (released as usual).
+    if (kept > 0 && !lost.empty()) {
+      LOG(INFO) << "the restarted kubelet kept its checkpoint; " << lost.size()
+                << " allocation(s) it no longer lists belong to pods that ended";
+      lost.clear();
     }
     if (why.empty()) {
       why = "the kubelet restarted and its checkpoint no longer lists these devices (it lost "
@@ -548,16 +560,14 @@ void ProxyServer::CheckKubeletCheckpoint() {
   }
   // Release journal entries the kubelet no longer holds (every release
   // writes its checkpoint; 1.9 kubelets have no pod-resources API): parsed
-  // when it changes, at most once a second.
-  // When it changed (at most once a second), and on the reconcile interval
+  // whenever it changes, so that at a kubelet restart dpproxy knows what the
+  // kubelet held a moment before.
+  // When it changed, and on the reconcile interval
   // (a quiet node writes no new checkpoint, and "missing twice" needs two
   // passes).
   const bool due = config_.reconcile_interval > absl::ZeroDuration() &&
                    now - last_checkpoint_parse_ >= config_.reconcile_interval;
-  if (!id.has_value() || ((id == last_checkpoint_ || now - last_checkpoint_parse_ < absl::Seconds(1)) &&
-                          !due)) {
-    return;
-  }
+  if (!id.has_value() || (id == last_checkpoint_ && !due)) return;
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return;
   absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
@@ -822,19 +832,42 @@ void ProxyServer::CheckKubelet() {
     // A kubelet restart while dpproxy runs: check that it kept the
     // allocations live now, once it has written its checkpoint again.
     RestartCheck check;
-    check.checkpoint_before =
-        StatFileId(JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName));
+    const std::string ckpt_path =
+        JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName);
+    check.checkpoint_before = StatFileId(ckpt_path);
     check.deadline = now + absl::Seconds(30);
     const state::State st = keeper_->Snapshot();
-    {
-      // Live for the kubelet: what its last checkpoint listed, and what was
-      // allocated since it was read. (Entries of pods that ended before the
-      // restart are not, so they are never quarantined.) Never read: all.
+    // Live for the kubelet that stopped: the checkpoint still on disk is its
+    // final view if it predates the new kubelet.sock (a new kubelet writes
+    // only after devices register). Otherwise, what the last read listed
+    // and anything allocated since. Entries of pods that ended before the
+    // restart are thereby never quarantined. Never read at all: every entry.
+    std::optional<KubeletCheckpoint> current;
+    if (check.checkpoint_before.has_value()) {
+      if (absl::StatusOr<std::string> text = ReadFile(ckpt_path); text.ok()) {
+        if (absl::StatusOr<KubeletCheckpoint> k = ParseKubeletCheckpoint(*text); k.ok()) {
+          current = *std::move(k);
+        }
+      }
+    }
+    const bool final_view = current.has_value() && check.checkpoint_before->ctime_ns <=
+                                                       kubelet->ctime_ns;
+    if (final_view) {
+      for (const auto& [id, holder] : CheckpointHoldings(*current).Match(st)) {
+        check.live.insert(id);
+      }
+      for (const state::Allocation& a : st.allocations()) {
+        if (a.quarantined()) check.live.erase(a.id());
+      }
+    } else {
+      // (The last read is fresh: the checkpoint is read whenever it
+      // changes. Allocations since then count only if the file cannot be
+      // read now, i.e. the kubelet lost it.)
       absl::MutexLock lock(&checkpoint_mu_);
       for (const state::Allocation& a : st.allocations()) {
         if (a.quarantined()) continue;
         if (!checkpoint_seen_ || checkpoint_live_.count(a.id()) > 0 ||
-            a.allocated_unix_ms() >= checkpoint_read_ms_) {
+            (!current.has_value() && a.allocated_unix_ms() >= checkpoint_read_ms_)) {
           check.live.insert(a.id());
         }
       }

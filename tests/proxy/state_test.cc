@@ -385,7 +385,8 @@ TEST(CheckpointReleaseTest, JournalIsBoundedWithoutPodResources) {
     ASSERT_TRUE(p.ok()) << p.status();
     ASSERT_TRUE(h.sim().DeletePod(p->pod_uid()).ok());
   }
-  EXPECT_EQ(h.proxy().state()->AllocationCount(), kPods + 1);
+  // (dpproxy reads the checkpoint whenever the kubelet writes it, so some
+  // entries may be gone already; two explicit passes settle the rest.)
   ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
   ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
   state::State st = h.proxy().state()->Snapshot();

@@ -56,10 +56,13 @@ Json DevicesJson(const std::vector<v1beta1::Device>& devices) {
   return out;
 }
 
+// Identity of a socket file: device, inode and change time (a socket
+// removed and created again often gets its inode number back; a real
+// kubelet sees the delete and the create as fsnotify events).
 std::string InodeKey(const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_dev, ":", st.st_ino);
+  std::optional<FileId> id = StatFileId(path);
+  if (!id.has_value()) return "";
+  return absl::StrCat(id->dev, ":", id->ino, ":", id->ctime_ns);
 }
 
 // Socket files in `dir` whose names do not start with '.'.

@@ -71,6 +71,8 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   o.devices = 16;
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 16, kWait));
+  // A long-running pod, as on any real node, beside the short-lived ones.
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("steady", {{"main", 1}}, kGpu)).ok());
   const int threads = Threads(), fds = Fds();
 
   std::atomic<bool> stop{false};
@@ -104,6 +106,10 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   }
   std::cout << restarts << " kubelet restarts, " << answered.size()
             << " allocations answered, all journaled\n";
+  // The kubelet kept its checkpoint every time: pods that came and went
+  // around the restarts are never taken for a loss.
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_quarantined", {}, absl::ZeroDuration()))
+      << h.proxy().Status()["quarantined"].dump();
   ExpectBackToLevel(h, threads, fds);
 }
 

@@ -135,10 +135,11 @@ std::string StateKeeper::last_write_error() {
 
 absl::Status StateKeeper::SaveLocked() {
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
-  const state::State copy = state_;
-  // The write happens without mu_ (write_mu_ keeps other writers out).
+  // Encoded under mu_ (one buffer, no copy of the message graph); written
+  // without it (write_mu_ keeps other writers out).
+  const std::string bytes = EncodeStateFile(state_);
   mu_.Unlock();
-  absl::Status s = store_.Save(copy);
+  absl::Status s = store_.SaveEncoded(bytes);
   if (s.ok() && journal_ok_) {
     // Every journaled allocation is in the snapshot now. A crash before the
     // reset replays them again; Load() keeps one of each.

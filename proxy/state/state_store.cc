@@ -85,8 +85,10 @@ absl::StatusOr<state::State> FileStateStore::Load() {
                    where, "; starting without it"));
 }
 
-absl::Status FileStateStore::Save(const state::State& s) {
-  absl::Status st = WriteFileAtomic(path_, EncodeStateFile(s), 0600);
+absl::Status FileStateStore::Save(const state::State& s) { return SaveEncoded(EncodeStateFile(s)); }
+
+absl::Status FileStateStore::SaveEncoded(const std::string& bytes) {
+  absl::Status st = WriteFileAtomic(path_, bytes, 0600);
   if (st.ok()) {
     ++saves_;
   } else {

@@ -53,6 +53,9 @@ class FileStateStore {
   // Atomically replaces the file. Blocks on fsync. Not thread-safe: the
   // caller serializes saves.
   absl::Status Save(const state::State& s);
+  // The same with the file's bytes already encoded (EncodeStateFile), so a
+  // caller can encode under its lock and write outside it.
+  absl::Status SaveEncoded(const std::string& bytes);
 
   int64_t saves() const { return saves_.load(); }
   int64_t save_failures() const { return save_failures_.load(); }

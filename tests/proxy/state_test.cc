@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/podresources/api.grpc.pb.h"
 #include "proxy/common/grpc_util.h"
+#include "proxy/server/metrics.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -280,10 +281,12 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   for (const std::string& id : held) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
   }
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].size() == 1u; }));
   Json status = h.proxy().Status();
-  ASSERT_EQ(status["quarantined"].size(), 1u) << status.dump();
   EXPECT_EQ(status["quarantined"][0]["pod"], "default/train");
   EXPECT_THAT(status["quarantined"][0]["reason"].get<std::string>(), HasSubstr("checkpoint"));
+  EXPECT_THAT(ProxyMetrics(&h.proxy()).Text(),
+              HasSubstr("dpproxy_quarantined_devices{resource=\"vendor.com/gpu\"} 2"));
 
   // A new pod gets the other devices, never the running pod's.
   absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("next", {{"main", 2}}));
@@ -304,6 +307,8 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
   }
   EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].empty(); }));
+  EXPECT_THAT(ProxyMetrics(&h.proxy()).Text(),
+              Not(HasSubstr("dpproxy_quarantined_devices{")));
 }
 
 // A pod that ended before a kubelet restart is not the kubelet's loss: its

@@ -54,12 +54,56 @@ void ExpectBackToLevel(ProxyHarness& h, int threads, int fds) {
       << "fds " << fds << " before, " << Fds() << " after";
 }
 
-std::multiset<std::string> Journaled(ProxyHarness& h) {
-  std::multiset<std::string> out;
+// Short-lived pods, one after another, each deleted once admitted: the
+// allocations the kubelet was answered for, as a multiset of device lists.
+class AllocationStream {
+ public:
+  explicit AllocationStream(ProxyHarness& h) : h_(h), thread_([this] { Run(); }) {}
+  ~AllocationStream() { Stop(); }
+
+  // Waits until `n` more allocations have been answered.
+  bool WaitForMore(int n) {
+    const int before = progress_.load();
+    return h_.WaitFor([&] { return progress_.load() >= before + n; });
+  }
+  // Stops the stream; returns what was answered.
+  const std::multiset<std::string>& Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return answered_;
+  }
+
+ private:
+  void Run() {
+    for (int i = 0; !stop_; ++i) {
+      absl::StatusOr<sim::AllocateResponse> a = h_.sim().Allocate(
+          testing::PodRequest(absl::StrCat("p", i), {{"main", 1}}, kGpu));
+      if (!a.ok()) continue;  // the kubelet or the backend was away: not answered
+      answered_.insert(absl::StrJoin(a->allocations(0).device_ids(), ","));
+      ++progress_;
+      (void)h_.sim().DeletePod(a->pod_uid());
+    }
+  }
+
+  ProxyHarness& h_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> progress_{0};
+  std::multiset<std::string> answered_;  // the thread's until Stop()
+  std::thread thread_;
+};
+
+// Every answered allocation is journaled (once per answer: a device may be
+// allocated again after its pod is deleted).
+void ExpectAllJournaled(ProxyHarness& h, const std::multiset<std::string>& answered) {
+  ASSERT_GT(answered.size(), 0u);
+  std::multiset<std::string> journaled;
   const state::State st = h.proxy().state()->Snapshot();
-  for (const auto& a : st.allocations()) out.insert(absl::StrJoin(a.device_ids(), ","));
-  return out;
+  for (const auto& a : st.allocations()) journaled.insert(absl::StrJoin(a.device_ids(), ","));
+  for (const std::string& d : std::set<std::string>(answered.begin(), answered.end())) {
+    EXPECT_GE(journaled.count(d), answered.count(d)) << "allocation of " << d << " lost";
+  }
 }
+
 
 TEST(StormTest, KubeletRestartsDuringAllocations) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
@@ -75,35 +119,15 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("steady", {{"main", 1}}, kGpu)).ok());
   const int threads = Threads(), fds = Fds();
 
-  std::atomic<bool> stop{false};
-  std::atomic<int> progress{0};
-  std::multiset<std::string> answered;  // the allocator thread's until joined
-  std::thread allocator([&] {
-    for (int i = 0; !stop; ++i) {
-      absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(
-          testing::PodRequest(absl::StrCat("p", i), {{"main", 1}}, kGpu));
-      if (!a.ok()) continue;  // the kubelet was restarting: not answered
-      answered.insert(absl::StrJoin(a->allocations(0).device_ids(), ","));
-      ++progress;
-      (void)h.sim().DeletePod(a->pod_uid());
-    }
-  });
+  AllocationStream stream(h);
   const int restarts = testing::CountFromEnv("DPP_STORM", 6);
   for (int r = 0; r < restarts; ++r) {
     // Restart while allocations flow: a few answered first.
-    const int before = progress.load();
-    ASSERT_TRUE(h.WaitFor([&] { return progress.load() >= before + 5; })) << "restart " << r;
+    ASSERT_TRUE(stream.WaitForMore(5)) << "restart " << r;
     ASSERT_TRUE(h.sim().Restart().ok());
   }
-  stop = true;
-  allocator.join();
-  ASSERT_GT(answered.size(), 0u);
-  // Every answered allocation is journaled (once per answer: a device may
-  // be allocated again after its pod is deleted).
-  const std::multiset<std::string> journaled = Journaled(h);
-  for (const std::string& d : std::set<std::string>(answered.begin(), answered.end())) {
-    EXPECT_GE(journaled.count(d), answered.count(d)) << "allocation of " << d << " lost";
-  }
+  const std::multiset<std::string>& answered = stream.Stop();
+  ExpectAllJournaled(h, answered);
   std::cout << restarts << " kubelet restarts, " << answered.size()
             << " allocations answered, all journaled\n";
   // The kubelet kept its checkpoint every time: pods that came and went
@@ -179,23 +203,10 @@ TEST(StormTest, BackendKillAndRestartCycles) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 8, kWait));
   const int threads = Threads(), fds = Fds();
 
-  std::atomic<bool> stop{false};
-  std::atomic<int> progress{0};
-  std::multiset<std::string> answered;  // the allocator thread's until joined
-  std::thread allocator([&] {
-    for (int i = 0; !stop; ++i) {
-      absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(
-          testing::PodRequest(absl::StrCat("p", i), {{"main", 1}}, kGpu));
-      if (!a.ok()) continue;  // the backend was away: not answered
-      answered.insert(absl::StrJoin(a->allocations(0).device_ids(), ","));
-      ++progress;
-      (void)h.sim().DeletePod(a->pod_uid());
-    }
-  });
+  AllocationStream stream(h);
   const int cycles = testing::CountFromEnv("DPP_STORM", 6);
   for (int c = 1; c <= cycles; ++c) {
-    const int before = progress.load();
-    ASSERT_TRUE(h.WaitFor([&] { return progress.load() >= before + 3; })) << "cycle " << c;
+    ASSERT_TRUE(stream.WaitForMore(3)) << "cycle " << c;
     testing::Kill(plugin, SIGKILL);
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }))
         << "cycle " << c;
@@ -203,13 +214,9 @@ TEST(StormTest, BackendKillAndRestartCycles) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Healthy"; }))
         << "cycle " << c;
   }
-  stop = true;
-  allocator.join();
+  const std::multiset<std::string>& answered = stream.Stop();
   testing::Kill(plugin, SIGTERM);
-  const std::multiset<std::string> journaled = Journaled(h);
-  for (const std::string& d : std::set<std::string>(answered.begin(), answered.end())) {
-    EXPECT_GE(journaled.count(d), answered.count(d)) << "allocation of " << d << " lost";
-  }
+  ExpectAllJournaled(h, answered);
   std::cout << cycles << " backend kill -9 cycles, " << answered.size()
             << " allocations answered, all journaled\n";
   ExpectBackToLevel(h, threads, fds);

@@ -52,18 +52,24 @@ void Fill(const std::string& path) {
   }
 }
 
-sim::AllocateRequest Pod(const std::string& name) {
-  return testing::PodRequest(name, {{"main", 1}}, kGpu);
-}
-
-TEST(DiskFaultTest, FullDiskRefusesAllocateCountsItAndRecovers) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false);
+// The harness with its state directory on a 256 KiB tmpfs, a plugin, and
+// the kubelet seeing its devices.
+void UpWithStateOnTmpfs(ProxyHarness& h) {
   ASSERT_TRUE(MakeDirs(h.dir("state")).ok());
   MountTmpfs(h.dir("state"), "size=256k,mode=0755");
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+}
+
+sim::AllocateRequest Pod(const std::string& name) {
+  return testing::PodRequest(name, {{"main", 1}}, kGpu);
+}
+
+TEST(DiskFaultTest, FullDiskRefusesAllocateCountsItAndRecovers) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  UpWithStateOnTmpfs(h);
   absl::StatusOr<sim::AllocateResponse> first = h.sim().Allocate(Pod("first"));
   ASSERT_TRUE(first.ok()) << first.status();
 
@@ -100,12 +106,7 @@ TEST(DiskFaultTest, FullDiskRefusesAllocateCountsItAndRecovers) {
 
 TEST(DiskFaultTest, ReadOnlyStateDirStopsStartUp) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
-  ASSERT_TRUE(MakeDirs(h.dir("state")).ok());
-  MountTmpfs(h.dir("state"), "size=256k,mode=0755");
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  UpWithStateOnTmpfs(h);
   ASSERT_TRUE(h.sim().Allocate(Pod("kept")).ok());
   h.RestartProxy();  // the old one closed its files (remounting needs that)
   ASSERT_EQ(::mount(nullptr, h.dir("state").c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr), 0)

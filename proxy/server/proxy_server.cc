@@ -634,7 +634,10 @@ absl::Status ProxyServer::CheckpointPass(const KubeletCheckpoint& ckpt) {
     }
   }
   checkpoint_missing_once_ = std::move(missing);
-  absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
+  // The kubelet rewrites its checkpoint after every allocation: naming pod
+  // UIDs must not cost a snapshot write each time (only releases save).
+  absl::StatusOr<int> annotated =
+      keeper_->Reconcile(annotate, release, /*persist_names=*/false);
   if (!annotated.ok()) return annotated.status();
   if (!release.empty()) {
     LOG(INFO) << "kubelet checkpoint: released " << release.size()

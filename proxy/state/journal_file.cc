@@ -93,9 +93,7 @@ absl::StatusOr<state::State> ReadStateDir(const std::string& dir) {
   if (r.refuses_start) {
     return absl::FailedPreconditionError(r.problems.empty() ? "unusable" : r.problems[0]);
   }
-  for (const std::string& p : r.problems) {
-    if (p.find("not trusted") != std::string::npos) return absl::DataLossError(p);
-  }
+  if (r.untrusted) return absl::DataLossError(r.problems.empty() ? "untrusted" : r.problems[0]);
   return std::move(r.state);
 }
 
@@ -109,6 +107,7 @@ StateDirReport InspectStateDir(const std::string& dir) {
     if (decoded.ok()) {
       r.state = *std::move(decoded);
     } else {
+      r.untrusted = true;
       r.problems.push_back(absl::StrCat(snap_path, " is not trusted (", decoded.status().message(),
                                         "): dpproxy moves it aside and starts without it"));
     }
@@ -120,6 +119,7 @@ StateDirReport InspectStateDir(const std::string& dir) {
   if (journal.ok() && !journal->empty()) {
     absl::StatusOr<JournalContents> j = ParseJournal(*journal);
     if (!j.ok()) {
+      r.untrusted = true;
       r.problems.push_back(absl::StrCat(journal_path, " is not trusted (", j.status().message(),
                                         "): dpproxy moves it aside and starts without it"));
     } else {

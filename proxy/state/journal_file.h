@@ -57,6 +57,8 @@ struct StateDirReport {
   std::vector<std::string> problems;
   // dpproxy would refuse to start (unreadable, not a file, a link).
   bool refuses_start = false;
+  // A file is proven corrupt (dpproxy moves it aside).
+  bool untrusted = false;
 };
 StateDirReport InspectStateDir(const std::string& dir);
 

@@ -278,26 +278,9 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   return SaveLocked();
 }
 
-absl::Status StateKeeper::Annotate(uint64_t id, const std::string& pod_namespace,
-                                   const std::string& pod_name, const std::string& container) {
-  absl::MutexLock write(&write_mu_);
-  absl::MutexLock lock(&mu_);
-  for (state::Allocation& a : *state_.mutable_allocations()) {
-    if (a.id() != id) continue;
-    if (a.pod_namespace() == pod_namespace && a.pod_name() == pod_name &&
-        a.container() == container) {
-      return absl::OkStatus();
-    }
-    a.set_pod_namespace(pod_namespace);
-    a.set_pod_name(pod_name);
-    a.set_container(container);
-    return SaveLocked();
-  }
-  return absl::NotFoundError(absl::StrCat("no allocation ", id));
-}
-
 absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
-                                           const std::vector<uint64_t>& release) {
+                                           const std::vector<uint64_t>& release,
+                                           bool persist_names) {
   absl::MutexLock write(&write_mu_);
   absl::MutexLock lock(&mu_);
   std::map<uint64_t, const Holder*> by_id;
@@ -335,7 +318,7 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
              all->end());
   if (lifted) ++quarantine_version_;
   if (all->size() != before) RebuildIndexLocked();
-  if (changed == 0 && all->size() == before) return 0;
+  if (all->size() == before && (changed == 0 || !persist_names)) return changed;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
   return changed;
 }

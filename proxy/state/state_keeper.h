@@ -66,12 +66,10 @@ class StateKeeper : public AllocationJournal {
 
   // Forgets allocations (their pods are gone). Saves.
   absl::Status Release(const std::vector<uint64_t>& ids);
-  // Records which pod and container hold an allocation. Saves if changed.
-  absl::Status Annotate(uint64_t id, const std::string& pod_namespace,
-                        const std::string& pod_name, const std::string& container);
-
   // One reconciliation pass: names the holders of some allocations and
-  // forgets others, with one save if anything changed. Returns how many
+  // forgets others, with one save if anything changed (`persist_names`
+  // false: names alone are kept in memory and go to disk with the next
+  // save; they are learned again after a crash). Returns how many
   // annotations changed.
   struct Holder {
     uint64_t id = 0;
@@ -79,7 +77,8 @@ class StateKeeper : public AllocationJournal {
     std::string pod_uid;  // from the kubelet's checkpoint; "" keeps the old
   };
   absl::StatusOr<int> Reconcile(const std::vector<Holder>& holders,
-                                const std::vector<uint64_t>& release);
+                                const std::vector<uint64_t>& release,
+                                bool persist_names = true);
 
   // Marks allocations quarantined (see state.proto) with `reason`. Saves.
   // Returns how many were newly quarantined.

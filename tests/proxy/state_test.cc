@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/podresources/api.grpc.pb.h"
+#include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "absl/strings/str_join.h"
@@ -398,6 +399,26 @@ TEST(CheckpointReleaseTest, JournalIsBoundedWithoutPodResources) {
   ASSERT_EQ(st.allocations_size(), 1) << "the journal still holds pods that are gone";
   EXPECT_EQ(st.allocations(0).device_ids(0), keep->allocations(0).device_ids(0));
   EXPECT_FALSE(st.allocations(0).pod_uid().empty());  // named by the checkpoint
+}
+
+// The kubelet rewrites its checkpoint after every allocation: learning the
+// pod's UID from it must not cost a snapshot write each time.
+TEST(CheckpointReleaseTest, NamingFromTheCheckpointDoesNotRewriteTheSnapshot) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+  });
+  UpWithPlugin(h, PluginApi::kV1Beta1);
+  ASSERT_TRUE(h.WaitFor([&] { return PathExists(h.dir("state/state.pb")); }));
+  // An Allocate only appends to the journal; the snapshot stays as it is.
+  const std::optional<FileId> before = StatFileId(h.dir("state/state.pb"));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("named", {{"main", 1}}));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  const state::State st = h.proxy().state()->Snapshot();
+  ASSERT_EQ(st.allocations_size(), 1);
+  EXPECT_EQ(st.allocations(0).pod_uid(), a->pod_uid());  // named, in memory
+  EXPECT_EQ(StatFileId(h.dir("state/state.pb")), before);  // not rewritten
 }
 
 TEST(ReconcileTest, YoungEntriesAreNeverReleased) {

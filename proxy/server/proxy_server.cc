@@ -331,10 +331,13 @@ void ProxyServer::ReconcileLoop() {
   }
 }
 
+std::string ProxyServer::PodResourcesSocket() const {
+  return JoinPath(JoinPath(config_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+}
+
 absl::Status ProxyServer::ReconcileOnce() {
   if (!keeper_) return absl::FailedPreconditionError("no state directory");
-  const std::string socket = JoinPath(
-      JoinPath(config_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+  const std::string socket = PodResourcesSocket();
   if (!PathExists(socket)) {
     return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
   }
@@ -608,6 +611,7 @@ absl::Status ProxyServer::CheckpointPass(const KubeletCheckpoint& ckpt) {
   const Holdings holdings = CheckpointHoldings(ckpt);
   const std::map<uint64_t, size_t> matched = holdings.Match(st);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  const bool pod_resources = PathExists(PodResourcesSocket());
   checkpoint_seen_ = true;
   checkpoint_read_ms_ = now_ms;
   checkpoint_live_.clear();
@@ -623,7 +627,9 @@ absl::Status ProxyServer::CheckpointPass(const KubeletCheckpoint& ckpt) {
       continue;
     }
     // Quarantined: absent from the checkpoint is the symptom, not proof.
-    if (a.quarantined()) continue;
+    // Where pod-resources exists it decides (it can tell a pod that is gone
+    // from one whose devices the kubelet lost); the checkpoint only names.
+    if (a.quarantined() || pod_resources) continue;
     if (now_ms - a.allocated_unix_ms() < absl::ToInt64Milliseconds(config_.reconcile_grace)) {
       continue;
     }

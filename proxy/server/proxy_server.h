@@ -161,6 +161,7 @@ class ProxyServer {
   absl::Status RestoreState();
   void PersistResources();
   void ReconcileLoop();
+  std::string PodResourcesSocket() const;
   // Kubelet checkpoint: the check after a kubelet restart, and releasing
   // entries no kubelet container holds (registrar thread).
   void CheckKubeletCheckpoint();

@@ -13,6 +13,7 @@
 #include "proxy/common/files.h"
 #include "proxy/common/grpc_util.h"
 #include "proxy/server/metrics.h"
+#include "proxy/state/journal_file.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -409,7 +410,12 @@ TEST(CheckpointReleaseTest, NamingFromTheCheckpointDoesNotRewriteTheSnapshot) {
     c.reconcile_grace = absl::Hours(1);
   });
   UpWithPlugin(h, PluginApi::kV1Beta1);
-  ASSERT_TRUE(h.WaitFor([&] { return PathExists(h.dir("state/state.pb")); }));
+  // The resource (devices, negotiated version) is in the saved snapshot.
+  ASSERT_TRUE(h.WaitFor([&] {
+    absl::StatusOr<state::State> saved = ReadStateDir(h.dir("state"));
+    return saved.ok() && saved->resources_size() == 1 &&
+           saved->resources(0).devices_size() == 4 && !saved->resources(0).kubelet_api().empty();
+  }));
   // An Allocate only appends to the journal; the snapshot stays as it is.
   const std::optional<FileId> before = StatFileId(h.dir("state/state.pb"));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("named", {{"main", 1}}));

@@ -70,6 +70,19 @@ absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status WriteAllAt(int fd, absl::string_view data, off_t offset, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = ::pwrite(fd, data.data(), data.size(), offset);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("write ", path));
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SyncDir(const std::string& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return ErrnoStatus(errno, absl::StrCat("open directory ", dir));

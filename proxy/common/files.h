@@ -68,6 +68,8 @@ absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode);
 
 // Writes all of `data` to `fd` (retrying short writes); errors name `path`.
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path);
+// The same at `offset` (pwrite), leaving the file position alone.
+absl::Status WriteAllAt(int fd, absl::string_view data, off_t offset, const std::string& path);
 
 // fsyncs a directory, making entries created or renamed in it durable.
 absl::Status SyncDir(const std::string& dir);

@@ -250,14 +250,19 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   return replay;
 }
 
-absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) {
-  if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
+std::string JournalFile::Encode(const std::vector<state::Allocation>& records) {
   std::string data;
   for (const state::Allocation& a : records) AppendRecord(a, &data);
-  if (::lseek(fd_, static_cast<off_t>(size_), SEEK_SET) < 0) {
-    return Errno(absl::StrCat("seek ", path_));
-  }
-  absl::Status s = WriteAll(fd_, data, path_);
+  return data;
+}
+
+absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) {
+  return AppendEncoded(Encode(records), records.size());
+}
+
+absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count) {
+  if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
+  absl::Status s = WriteAllAt(fd_, data, static_cast<off_t>(size_), path_);
   if (s.ok() && ::fdatasync(fd_) != 0) s = Errno(absl::StrCat("fdatasync ", path_));
   if (!s.ok()) {
     // Nothing of this append may survive: it was not acknowledged.
@@ -265,7 +270,32 @@ absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) 
     return s;
   }
   size_ += data.size();
-  records_ += records.size();
+  records_ += count;
+  return absl::OkStatus();
+}
+
+absl::Status JournalFile::DropFront(size_t offset, size_t count) {
+  if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
+  if (offset >= size_) return Reset();
+  if (offset <= sizeof(kMagic)) return absl::OkStatus();
+  // Records after `offset` are not in the snapshot yet: a new file holds
+  // them alone, and replaces this one atomically (a crash leaves either
+  // file, and the snapshot covers what the new one lacks).
+  std::string tail(size_ - offset, '\0');
+  ssize_t n = ::pread(fd_, tail.data(), tail.size(), static_cast<off_t>(offset));
+  if (n != static_cast<ssize_t>(tail.size())) {
+    return n < 0 ? Errno(absl::StrCat("read ", path_))
+                 : absl::DataLossError(absl::StrCat(path_, " is shorter than dpproxy wrote it"));
+  }
+  std::string contents(kMagic, sizeof(kMagic));
+  contents += tail;
+  if (absl::Status w = WriteFileAtomic(path_, contents, 0600); !w.ok()) return w;
+  const int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return Errno(absl::StrCat("open ", path_));
+  ::close(fd_);
+  fd_ = fd;
+  size_ = contents.size();
+  records_ = count <= records_ ? records_ - count : 0;
   return absl::OkStatus();
 }
 

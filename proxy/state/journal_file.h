@@ -89,11 +89,21 @@ class JournalFile {
   // Appends the records and syncs; on failure the file is cut back to where
   // it was and nothing is recorded.
   absl::Status Append(const std::vector<state::Allocation>& records);
+  // The same with the records already encoded (Encode), so a caller can
+  // encode under its lock and write without it; `count` records.
+  static std::string Encode(const std::vector<state::Allocation>& records);
+  absl::Status AppendEncoded(const std::string& data, size_t count);
+
+  // Forgets the first `count` records, which end at file offset `offset`
+  // (size() when they were appended), after they went into a saved
+  // snapshot. Records appended after them are kept.
+  absl::Status DropFront(size_t offset, size_t count);
 
   // Empties the journal (after its records went into a saved snapshot).
   absl::Status Reset();
 
   size_t records() const { return records_; }
+  size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
  private:

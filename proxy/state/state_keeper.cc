@@ -23,9 +23,6 @@ std::string HeldKey(const std::string& resource, const std::string& id) {
   return k;
 }
 
-// Journal records beyond this are folded into a new snapshot.
-constexpr size_t kCompactAfter = 1000;
-
 std::string JournalPathFor(const std::string& snapshot) {
   size_t slash = snapshot.rfind('/');
   return slash == std::string::npos ? std::string("journal.wal")
@@ -35,7 +32,65 @@ std::string JournalPathFor(const std::string& snapshot) {
 }  // namespace
 
 StateKeeper::StateKeeper(std::string path, EventLog* events)
-    : store_(path), journal_(JournalPathFor(path)), events_(events) {}
+    : store_(path), events_(events), journal_(JournalPathFor(path)) {
+  compactor_ = std::thread([this] { CompactLoop(); });
+}
+
+StateKeeper::~StateKeeper() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  compactor_.join();
+}
+
+void StateKeeper::CompactLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
+            return k->compact_wanted_ || k->stopping_;
+          },
+          this));
+      if (stopping_) return;
+      compact_wanted_ = false;
+      compacting_ = true;
+    }
+    absl::MutexLock save(&save_mu_);
+    absl::MutexLock lock(&mu_);
+    // Another save may have taken the journal in meanwhile. A failed
+    // compaction is logged and counted, and tried again at the next record.
+    if (journal_ok_ && journal_applied_records_ >= kCompactAfter && SaveLocked().ok()) {
+      ++compactions_;
+    }
+    compacting_ = false;
+  }
+}
+
+bool StateKeeper::WaitForQueued(size_t n, absl::Duration timeout) {
+  struct Want {
+    StateKeeper* k;
+    size_t n;
+  } want{this, n};
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Want* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->k->mu_) {
+            return w->k->queue_.size() >= w->n;
+          },
+          &want),
+      timeout);
+}
+
+void StateKeeper::WaitForCompaction() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
+        return !k->compact_wanted_ && !k->compacting_;
+      },
+      this));
+}
 
 absl::StatusOr<state::State> StateKeeper::Load() {
   absl::StatusOr<state::State> s = store_.Load();
@@ -43,7 +98,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     // Unreadable but not proven corrupt: never start empty over it.
     return s.status();
   }
-  absl::MutexLock write(&write_mu_);
+  absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
   absl::StatusOr<JournalFile::Replay> replay = journal_.Open();
   if (!replay.ok() && replay.status().code() == absl::StatusCode::kDataLoss) {
@@ -67,6 +122,8 @@ absl::StatusOr<state::State> StateKeeper::Load() {
         "it holds)"));
   }
   journal_ok_ = true;
+  journal_applied_bytes_ = journal_.size();
+  journal_applied_records_ = journal_.records();
   if (replay->cut_bytes > 0) {
     LOG(WARNING) << "journal " << journal_.path() << ": cut " << replay->cut_bytes
                  << " bytes of a record torn by a crash (it was never acknowledged)";
@@ -136,18 +193,38 @@ std::string StateKeeper::last_write_error() {
 absl::Status StateKeeper::SaveLocked() {
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
   // Encoded under mu_ (one buffer, no copy of the message graph); written
-  // without it (write_mu_ keeps other writers out).
+  // without it, so Records go on meanwhile. The snapshot covers the journal
+  // through the last applied record; records appended during the write stay
+  // in the journal.
   const std::string bytes = EncodeStateFile(state_);
+  const size_t covered_bytes = journal_applied_bytes_;
+  const size_t covered_records = journal_applied_records_;
   mu_.Unlock();
+  if (test_hook_) test_hook_("snapshot_write");
   absl::Status s = store_.SaveEncoded(bytes);
-  if (s.ok() && journal_ok_) {
-    // Every journaled allocation is in the snapshot now. A crash before the
-    // reset replays them again; Load() keeps one of each.
-    if (absl::Status r = journal_.Reset(); !r.ok()) {
-      LOG(ERROR) << "cannot reset the journal: " << r.message();
+  mu_.Lock();
+  if (s.ok() && journal_ok_ && covered_records > 0) {
+    // Exclusive use of the journal: no append is in flight.
+    mu_.Await(absl::Condition(
+        +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
+        this));
+    journal_busy_ = true;
+    mu_.Unlock();
+    // A crash before this completes replays records the snapshot also holds;
+    // Load() keeps one of each.
+    const absl::Status r = journal_.DropFront(covered_bytes, covered_records);
+    const size_t size = journal_.size(), records = journal_.records();
+    mu_.Lock();
+    journal_busy_ = false;
+    if (r.ok()) {
+      journal_applied_bytes_ = size;
+      journal_applied_records_ = records;
+    } else {
+      LOG(ERROR) << "cannot drop the records a snapshot holds from the journal (they are "
+                    "kept; replay skips them): "
+                 << r.message();
     }
   }
-  mu_.Lock();
   NoteWrite(s);
   if (!s.ok()) {
     LOG(ERROR) << "cannot save state to " << store_.path() << " (the previous file is intact): "
@@ -164,32 +241,26 @@ absl::Status StateKeeper::Record(const std::string& resource,
                                  const v1beta1::AllocateResponse& resp,
                                  const std::string& backend_api,
                                  const std::string& backend_endpoint) {
-  // Writers take write_mu_ (one at a time); mu_ is held only to read and
-  // change the state in memory, never across the write and fdatasync, so
-  // readers (HoldsDevice, Snapshot, status) never wait for the disk.
-  absl::MutexLock write(&write_mu_);
-  if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
   const int64_t now = absl::ToUnixMillis(absl::Now());
-  uint64_t next;
-  {
-    absl::MutexLock lock(&mu_);
-    next = state_.next_allocation_id();
-    // A pod the kubelet lost track of may still hold these devices.
-    for (const auto& c : req.container_requests()) {
-      for (const std::string& id : c.devices_ids()) {
-        auto q = quarantined_held_.find(HeldKey(resource, id));
-        if (q == quarantined_held_.end()) continue;
-        events_->Emit("device_held_twice", {{"resource", resource},
-                                            {"device", id},
-                                            {"first", absl::StrCat("allocation ", q->second)},
-                                            {"second", "refused Allocate"}});
-        return absl::FailedPreconditionError(absl::StrCat(
-            "device ", id, " of ", resource, " is quarantined: allocation ", q->second,
-            " may still hold it (the kubelet lost track of it); refused"));
-      }
+  Pending me;
+  absl::MutexLock lock(&mu_);
+  if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
+  // A pod the kubelet lost track of may still hold these devices.
+  for (const auto& c : req.container_requests()) {
+    for (const std::string& id : c.devices_ids()) {
+      auto q = quarantined_held_.find(HeldKey(resource, id));
+      if (q == quarantined_held_.end()) continue;
+      events_->Emit("device_held_twice", {{"resource", resource},
+                                          {"device", id},
+                                          {"first", absl::StrCat("allocation ", q->second)},
+                                          {"second", "refused Allocate"}});
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device ", id, " of ", resource, " is quarantined: allocation ", q->second,
+          " may still hold it (the kubelet lost track of it); refused"));
     }
   }
-  std::vector<state::Allocation> records;
+  // Ids are taken now; a failed write leaves a gap, never a reuse.
+  uint64_t next = state_.next_allocation_id();
   for (int i = 0; i < req.container_requests_size(); ++i) {
     state::Allocation a;
     a.set_id(++next);
@@ -199,29 +270,68 @@ absl::Status StateKeeper::Record(const std::string& resource,
     a.set_backend_api(backend_api);
     a.set_backend_endpoint(backend_endpoint);
     a.set_allocated_unix_ms(now);
-    records.push_back(std::move(a));
+    me.records.push_back(std::move(a));
   }
-  // One append and one fdatasync.
-  const absl::Status s = journal_.Append(records);
-  absl::MutexLock lock(&mu_);
+  state_.set_next_allocation_id(next);
+  me.encoded = JournalFile::Encode(me.records);
+  queue_.push_back(&me);
+  // Either a leader writes these records with its batch, or this Record
+  // becomes the leader once it is first in line and the journal is free.
+  struct Turn {
+    StateKeeper* k;
+    Pending* me;
+  } turn{this, &me};
+  mu_.Await(absl::Condition(
+      +[](Turn* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->k->mu_) {
+        return t->me->done || (t->k->queue_.front() == t->me && !t->k->journal_busy_);
+      },
+      &turn));
+  if (me.done) return me.status;
+  // Leader: one write and one fdatasync for everything queued.
+  journal_busy_ = true;
+  const std::vector<Pending*> batch(queue_.begin(), queue_.end());
+  std::string data;
+  size_t count = 0;
+  for (Pending* p : batch) {
+    data += p->encoded;
+    count += p->records.size();
+  }
+  mu_.Unlock();
+  if (test_hook_) test_hook_("journal_write");
+  const absl::Status s = journal_.AppendEncoded(data, count);
+  const size_t journal_size = journal_.size(), journal_count = journal_.records();
+  mu_.Lock();
+  ++journal_writes_;
   NoteWrite(s);
   if (!s.ok()) {
     LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
     events_->Emit("state_save_failed", {{"path", journal_.path()},
                                         {"error", std::string(s.message())},
-                                        {"failures", write_failures_.load()}});
-    return s;  // nothing recorded
+                                        {"failures", write_failures_.load()},
+                                        {"allocations_refused", count}});
+  } else {
+    journal_records_ += static_cast<int64_t>(count);
+    journal_applied_bytes_ = journal_size;
+    journal_applied_records_ = journal_count;
   }
-  for (auto& a : records) {
-    for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
-    *state_.add_allocations() = std::move(a);
+  for (Pending* p : batch) {
+    queue_.pop_front();
+    p->status = s;  // an error: nothing of the batch was recorded
+    p->done = true;
+    if (!s.ok()) continue;
+    for (auto& a : p->records) {
+      for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+      *state_.add_allocations() = std::move(a);
+    }
   }
   allocation_count_ = state_.allocations_size();
-  state_.set_next_allocation_id(next);
-  // The records are durable in the journal; a failed compaction is logged
-  // and counted and tried again at the next record.
-  if (journal_.records() >= kCompactAfter) (void)SaveLocked();
-  return absl::OkStatus();
+  journal_busy_ = false;
+  // The records are durable in the journal; the snapshot that takes them in
+  // is written by the compactor, off this path.
+  if (s.ok() && journal_applied_records_ >= kCompactAfter && !compacting_) {
+    compact_wanted_ = true;
+  }
+  return me.status;
 }
 
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
@@ -246,7 +356,7 @@ absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
     absl::MutexLock lock(&mu_);
     if (!changed()) return absl::OkStatus();
   }
-  absl::MutexLock write(&write_mu_);
+  absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
   if (!changed()) return absl::OkStatus();
   state_.clear_resources();
@@ -260,7 +370,7 @@ absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
 
 absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   if (ids.empty()) return absl::OkStatus();
-  absl::MutexLock write(&write_mu_);
+  absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
   auto* a = state_.mutable_allocations();
   bool lifted = false;
@@ -281,7 +391,7 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
 absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
                                            const std::vector<uint64_t>& release,
                                            bool persist_names) {
-  absl::MutexLock write(&write_mu_);
+  absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
   std::map<uint64_t, const Holder*> by_id;
   for (const Holder& h : holders) by_id[h.id] = &h;
@@ -326,7 +436,7 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
 absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
                                             const std::string& reason) {
   if (ids.empty()) return 0;
-  absl::MutexLock write(&write_mu_);
+  absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
   const std::set<uint64_t> wanted(ids.begin(), ids.end());
   const int64_t now = absl::ToUnixMillis(absl::Now());

@@ -1,18 +1,30 @@
 // File: state_keeper.h
 //
 // dpproxy's durable state in memory and on disk. Allocations are recorded
-// synchronously in an append-only journal (journal_file.h): the kubelet's
-// Allocate is answered only after the record is synced, so every allocation
-// the kubelet received an answer for survives a crash. Snapshots
-// (state_store.h) take in the journal, which is then emptied. Resource snapshots (devices, backend, negotiated version) are saved
-// when they change, at most a second late (the registrar's cadence).
-// Thread-safe; saves are serialized.
+// in an append-only journal (journal_file.h): the kubelet's Allocate is
+// answered only after its record is synced, so every allocation the kubelet
+// received an answer for survives a crash.
+//
+// Group commit: concurrent Records queue up; the first in the queue (the
+// leader) writes every queued record with one write and one fdatasync, then
+// wakes the others with the result. No lock is held across the disk I/O.
+//
+// Snapshots (state_store.h) take in the journal: the state is encoded under
+// the lock, written without it while records keep arriving, and then only
+// the records the snapshot covers are dropped from the journal. Compaction
+// (every kCompactAfter records) runs on a thread of its own, so no Allocate
+// waits for a snapshot. Resource snapshots (devices, backend, negotiated
+// version) are saved when they change, at most a second late (the
+// registrar's cadence). Thread-safe; snapshot saves are serialized.
 #ifndef DPPROXY_PROXY_STATE_STATE_KEEPER_H_
 #define DPPROXY_PROXY_STATE_STATE_KEEPER_H_
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -46,6 +58,12 @@ class StateKeeper : public AllocationJournal {
   // `path` is the snapshot (<state_dir>/state.pb); the journal is
   // journal.wal beside it.
   StateKeeper(std::string path, EventLog* events);
+  ~StateKeeper() override;
+  StateKeeper(const StateKeeper&) = delete;
+  StateKeeper& operator=(const StateKeeper&) = delete;
+
+  // Journal records that start a compaction.
+  static constexpr size_t kCompactAfter = 1000;
 
   // Loads the snapshot and the journal. A missing file is a fresh start; one
   // proven corrupt is moved aside, logged and reported as an event (the
@@ -99,20 +117,56 @@ class StateKeeper : public AllocationJournal {
   // False after a failed write until the next one succeeds; the error.
   bool writable() const { return writable_.load(); }
   std::string last_write_error();
+  // How many journal writes (each one fdatasync) and records there were,
+  // and how many snapshots compaction wrote: batching shows as
+  // journal_records() > journal_writes().
+  int64_t journal_writes() const { return journal_writes_.load(); }
+  int64_t journal_records() const { return journal_records_.load(); }
+  int64_t compactions() const { return compactions_.load(); }
+  // Waits until no compaction is wanted or running (tests, shutdown).
+  void WaitForCompaction();
+
+  // For tests: called with no lock held right before a group-commit
+  // leader's journal write ("journal_write") and a snapshot write
+  // ("snapshot_write"). Set before any Record.
+  void SetTestHook(std::function<void(const char* where)> hook) { test_hook_ = std::move(hook); }
+  // Whether `n` Records are queued for the journal (including one being
+  // written) within `timeout`.
+  bool WaitForQueued(size_t n, absl::Duration timeout);
 
  private:
-  // Saves a copy of the state; releases mu_ during the write (write_mu_
-  // must be held, so no other writer changes the state meanwhile).
-  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_, mu_);
+  // One Record waiting for the journal.
+  struct Pending {
+    std::vector<state::Allocation> records;
+    std::string encoded;
+    absl::Status status;
+    bool done = false;
+  };
+
+  // Writes a snapshot of the state and drops the journal records it
+  // covers. Releases mu_ during the I/O; save_mu_ keeps other savers out.
+  absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_, mu_);
   void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompactLoop();
 
   FileStateStore store_;
-  // Held by every writer, before mu_; the only lock held across disk I/O.
-  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  JournalFile journal_ ABSL_GUARDED_BY(write_mu_);
-  bool journal_ok_ ABSL_GUARDED_BY(write_mu_) = false;
   EventLog* const events_;
+  // Held by snapshot savers, before mu_, across the snapshot's I/O. Record
+  // never takes it.
+  absl::Mutex save_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
+  // Used only by the holder of journal_busy_ (a group-commit leader, or a
+  // saver dropping covered records), with mu_ released; by Load() alone.
+  JournalFile journal_;
+  bool journal_busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool journal_ok_ ABSL_GUARDED_BY(mu_) = false;
+  // Records waiting for the journal, oldest first.
+  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  // The journal's size and record count through the last record applied
+  // to state_: what a snapshot encoded now covers.
+  size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t journal_applied_records_ ABSL_GUARDED_BY(mu_) = 0;
   state::State state_ ABSL_GUARDED_BY(mu_);
   // "resource\0device" -> how many live allocations name it (HoldsDevice
   // in O(1)); rebuilt after removals, added to by Record.
@@ -120,11 +174,18 @@ class StateKeeper : public AllocationJournal {
   // The same, for quarantined allocations only: Record refuses them.
   std::unordered_map<std::string, uint64_t> quarantined_held_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> allocation_count_{0};
-  void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int64_t> write_failures_{0};
   std::atomic<uint64_t> quarantine_version_{0};
   std::atomic<bool> writable_{true};
+  std::atomic<int64_t> journal_writes_{0};
+  std::atomic<int64_t> journal_records_{0};
+  std::atomic<int64_t> compactions_{0};
   std::string last_write_error_ ABSL_GUARDED_BY(mu_);
+  bool compact_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  bool compacting_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread compactor_;
+  std::function<void(const char*)> test_hook_;
 };
 
 }  // namespace dpproxy

@@ -7,8 +7,14 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <set>
+#include <thread>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "proxy/common/files.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_keeper.h"
@@ -471,6 +477,119 @@ TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
   std::optional<FileId> first = StatFileId(dir.Sub("state.pb"));
   ASSERT_TRUE(keeper.SetResources(OneResource()).ok());
   EXPECT_EQ(StatFileId(dir.Sub("state.pb")), first);  // not rewritten
+}
+
+
+// Group commit: Records that arrive while a journal write is in flight are
+// written together, with one write and one fdatasync, once it completes.
+TEST(StateKeeperTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  MustLoad(keeper);
+  constexpr int kWaiting = 7;
+  absl::Notification all_queued;
+  std::atomic<int> writes_seen{0};
+  keeper.SetTestHook([&](const char* where) {
+    if (std::string(where) != "journal_write" || writes_seen++ > 0) return;
+    // The first write is "on the disk" until every other Record queued.
+    EXPECT_TRUE(keeper.WaitForQueued(1 + kWaiting, absl::Seconds(10)));
+    all_queued.Notify();
+  });
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(1 + kWaiting);
+  threads.emplace_back([&] { results[0] = RecordTwo(keeper, "d0", "e0"); });
+  ASSERT_TRUE(keeper.WaitForQueued(1, absl::Seconds(10)));
+  for (int i = 1; i <= kWaiting; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string a = absl::StrCat("d", i), b = absl::StrCat("e", i);
+      results[i] = RecordTwo(keeper, a.c_str(), b.c_str());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(all_queued.HasBeenNotified());
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  // The first write, then one for the seven that waited behind it.
+  EXPECT_EQ(keeper.journal_writes(), 2);
+  EXPECT_EQ(keeper.journal_records(), 2 * (1 + kWaiting));
+  std::set<uint64_t> ids;
+  const state::State snapshot = keeper.Snapshot();
+  for (const state::Allocation& a : snapshot.allocations()) ids.insert(a.id());
+  EXPECT_EQ(ids.size(), 2u * (1 + kWaiting));  // distinct ids
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2 * (1 + kWaiting));
+}
+
+// A failed batch fails every Record in it, and records nothing of any.
+TEST(StateKeeperTest, AFailedGroupWriteRefusesEveryRecordInIt) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  MustLoad(keeper);
+  ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  const std::string before = *ReadFile(dir.Sub("journal.wal"));
+  std::atomic<int> writes_seen{0};
+  keeper.SetTestHook([&](const char* where) {
+    if (std::string(where) != "journal_write" || writes_seen++ > 0) return;
+    EXPECT_TRUE(keeper.WaitForQueued(3, absl::Seconds(10)));
+  });
+  absl::Status first, second, third;
+  {
+    // Room for one more record pair, not for the batch of two after it.
+    FileSizeLimit full(before.size() + before.size() - 8 + 10);
+    std::thread t1([&] { first = RecordTwo(keeper, "c", "d"); });
+    ASSERT_TRUE(keeper.WaitForQueued(1, absl::Seconds(10)));
+    std::thread t2([&] { second = RecordTwo(keeper, "e", "f"); });
+    std::thread t3([&] { third = RecordTwo(keeper, "g", "h"); });
+    t1.join();
+    t2.join();
+    t3.join();
+  }
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_FALSE(second.ok());
+  EXPECT_FALSE(third.ok());
+  EXPECT_EQ(keeper.Snapshot().allocations_size(), 4);
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 4);
+}
+
+// Compaction writes the snapshot on its own thread: Records go on while it
+// is stuck on the disk, and the records that arrived meanwhile stay in the
+// journal (the snapshot does not hold them).
+TEST(StateKeeperTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  MustLoad(keeper);
+  absl::Notification compaction_started, records_done;
+  keeper.SetTestHook([&](const char* where) {
+    if (std::string(where) != "snapshot_write" || compaction_started.HasBeenNotified()) return;
+    compaction_started.Notify();
+    EXPECT_TRUE(records_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  });
+  const int pairs = static_cast<int>(StateKeeper::kCompactAfter) / 2;
+  for (int i = 0; i < pairs; ++i) {
+    const std::string a = absl::StrCat("a", i), b = absl::StrCat("b", i);
+    ASSERT_TRUE(RecordTwo(keeper, a.c_str(), b.c_str()).ok());
+  }
+  ASSERT_TRUE(compaction_started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // The snapshot write is stuck; Records are not.
+  for (int i = 0; i < 5; ++i) {
+    const std::string a = absl::StrCat("late-a", i), b = absl::StrCat("late-b", i);
+    ASSERT_TRUE(RecordTwo(keeper, a.c_str(), b.c_str()).ok());
+  }
+  records_done.Notify();
+  keeper.WaitForCompaction();
+  EXPECT_EQ(keeper.compactions(), 1);
+  absl::StatusOr<state::State> snapshot = FileStateStore(dir.Sub("state.pb")).Load();
+  ASSERT_TRUE(snapshot.ok());
+  EXPECT_EQ(snapshot->allocations_size(), 2 * pairs);
+  absl::StatusOr<JournalContents> journal = ParseJournal(*ReadFile(dir.Sub("journal.wal")));
+  ASSERT_TRUE(journal.ok());
+  ASSERT_EQ(journal->records.size(), 10u);
+  EXPECT_EQ(journal->records[0].device_ids(0), "late-a0");
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2 * pairs + 10);
 }
 
 }  // namespace

@@ -10,12 +10,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gflags/gflags.h>
@@ -34,6 +37,10 @@ DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");
 DEFINE_string(sample_plugin, "", "Path of the sample_plugin binary.");
 DEFINE_int32(iterations, 3000, "Allocate calls per path and plugin version.");
 DEFINE_int32(block, 100, "Calls per block; blocks of the two paths alternate.");
+DEFINE_bool(journal, true, "Run dpproxy with a state directory (every answer journaled).");
+DEFINE_int32(metrics_port, 19464, "Loopback port of dpproxy's metrics during the run.");
+DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
+DEFINE_int32(concurrent_calls, 2000, "Allocate calls per client for the throughput figure.");
 
 namespace dpproxy {
 namespace {
@@ -128,6 +135,59 @@ Call AlphaAllocate(const std::string& socket, int* errors) {
   };
 }
 
+// The floor of a durable answer: one small write and fdatasync of a file in
+// the state directory (as the journal does), in microseconds.
+std::vector<double> FdatasyncFloor(const std::string& dir, int n) {
+  const std::string path = dir + "/fdatasync-floor";
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::vector<double> out;
+  if (fd < 0) return out;
+  const std::string record(200, 'x');
+  for (int i = 0; i < n; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (::write(fd, record.data(), record.size()) < 0 || ::fdatasync(fd) != 0) break;
+    auto t1 = std::chrono::steady_clock::now();
+    out.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  ::close(fd);
+  ::unlink(path.c_str());
+  return out;
+}
+
+// `clients` threads, each with its own channel, each making `calls` calls
+// made by `make(i)`. Returns calls per second and the slowest call (us).
+struct Throughput {
+  double per_second = 0;
+  double max_us = 0;
+  int errors = 0;
+};
+
+Throughput Concurrent(const std::function<Call(int, int*)>& make, int clients, int calls) {
+  std::vector<Call> c;
+  std::vector<int> errors(clients, 0);
+  for (int i = 0; i < clients; ++i) c.push_back(make(i, &errors[i]));
+  for (auto& call : c) {
+    for (int i = 0; i < 20; ++i) call();
+  }
+  std::vector<double> worst(clients, 0);
+  std::vector<std::thread> threads;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < calls; ++k) worst[i] = std::max(worst[i], TimeOne(c[i]));
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto t1 = std::chrono::steady_clock::now();
+  Throughput out;
+  out.per_second = clients * calls / std::chrono::duration<double>(t1 - t0).count();
+  for (int i = 0; i < clients; ++i) {
+    out.max_us = std::max(out.max_us, worst[i]);
+    out.errors += errors[i];
+  }
+  return out;
+}
+
 struct Result {
   std::string label;
   std::vector<double> direct, proxied;
@@ -170,13 +230,14 @@ int Run() {
 
   const std::string plugins = dir + "/p";
   pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + plugins,
-                       "--status_file=" + dir + "/status.json", "--state_dir=" + dir + "/state", "--metrics_address=",
+                       "--status_file=" + dir + "/status.json", "--state_dir=" + (FLAGS_journal ? dir + "/state" : ""), "--metrics_address=" + (FLAGS_journal ? "127.0.0.1:" + std::to_string(FLAGS_metrics_port) : ""),
                        "--minloglevel=1"});
   if (!WaitForPath(plugins + "/kubelet.sock", absl::Seconds(10))) {
     std::cerr << "allocate_bench: dpproxy did not start\n";
     return 1;
   }
   std::vector<Result> results;
+  Throughput direct_many, proxied_many;
   for (const std::string api : {"v1beta1", "v1alpha"}) {
     const std::string resource = absl::StrCat("bench.example.com/", api);
     const std::string sock_name = absl::StrCat("bench-", api, ".sock");
@@ -202,8 +263,17 @@ int Run() {
     Call proxied = BetaAllocate(proxied_socket, &r.errors);
     Measure(direct, proxied, &r);
     results.push_back(std::move(r));
+    if (api == "v1beta1") {
+      direct_many = Concurrent(
+          [&](int, int* e) { return BetaAllocate(direct_socket, e); }, FLAGS_clients,
+          FLAGS_concurrent_calls);
+      proxied_many = Concurrent(
+          [&](int, int* e) { return BetaAllocate(proxied_socket, e); }, FLAGS_clients,
+          FLAGS_concurrent_calls);
+    }
     Stop(plugin);
   }
+  const std::vector<double> floor = FdatasyncFloor(dir + "/state", 500);
   const std::string rss = ProcField(proxy, "VmRSS");
   const std::string hwm = ProcField(proxy, "VmHWM");
   const std::string threads = ProcField(proxy, "Threads");
@@ -225,6 +295,22 @@ int Run() {
                                  r.label, dp50, dp99, pp50, pp99, pp50 / dp50, pp99 / dp99,
                                  r.errors);
   }
+  std::cout << absl::StrFormat(
+      "\nAllocate from %d concurrent clients, %d calls each (v1beta1 plugin; each answer\n"
+      "through dpproxy waits for its journal record's fdatasync, shared by the calls that\n"
+      "arrive meanwhile)\n",
+      FLAGS_clients, FLAGS_concurrent_calls);
+  std::cout << absl::StrFormat("%-16s %12s %12s %7s\n", "path", "calls/s", "slowest", "errors");
+  std::cout << absl::StrFormat("%-16s %12.0f %10.1fms %7d\n", "direct", direct_many.per_second,
+                               direct_many.max_us / 1000, direct_many.errors);
+  std::cout << absl::StrFormat("%-16s %12.0f %10.1fms %7d\n", "via dpproxy",
+                               proxied_many.per_second, proxied_many.max_us / 1000,
+                               proxied_many.errors);
+  std::cout << absl::StrFormat("throughput ratio dpproxy/direct: %.2fx\n",
+                               proxied_many.per_second / direct_many.per_second);
+  std::cout << absl::StrFormat(
+      "\nfloor: write + fdatasync of 200 bytes in the state directory: p50 %.0fus, p99 %.0fus\n",
+      Percentile(floor, 0.5), Percentile(floor, 0.99));
   std::cout << "\ndpproxy resident memory after the run: " << rss << " (peak " << hwm << "), "
             << threads << " threads\n";
   std::error_code ec;

@@ -339,6 +339,9 @@ int main(int argc, char** argv) {
   }
   dpproxy::BlockTerminationSignals();
   dpproxy::ProxyServer server(*config);
+  // Events go to the log, the events file and the counts behind the
+  // metrics; the daemon keeps only a short history in memory.
+  server.events().SetHistory(256);
   if (!FLAGS_events.empty()) {
     if (absl::Status s = server.events().OpenFile(FLAGS_events); !s.ok()) {
       std::cerr << "dpproxy: " << s.message() << "\n";

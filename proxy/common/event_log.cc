@@ -73,6 +73,15 @@ void EventLog::Emit(const std::string& event, Json fields) {
   }
 }
 
+void EventLog::SetHistory(size_t n) {
+  absl::MutexLock lock(&mu_);
+  history_ = std::max<size_t>(1, n);
+  while (events_.size() > history_) {
+    events_.pop_front();
+    ++dropped_;
+  }
+}
+
 std::vector<Json> EventLog::Snapshot() const {
   absl::MutexLock lock(&mu_);
   return {events_.begin(), events_.end()};

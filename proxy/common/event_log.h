@@ -45,6 +45,10 @@ class EventLog {
 
   // Appends events to `path` from now on (created if missing).
   absl::Status OpenFile(const std::string& path);
+  // Keeps only the last `n` events in memory from now on (at least one).
+  // The in-memory history serves WaitFor (tests, tools); a daemon keeps a
+  // short one.
+  void SetHistory(size_t n);
   // Prints a readable line per event to stdout.
   void SetEcho(bool echo);
 
@@ -76,8 +80,8 @@ class EventLog {
 
  private:
   const std::string source_;
-  const size_t history_;
   mutable absl::Mutex mu_;
+  size_t history_ ABSL_GUARDED_BY(mu_);
   std::deque<Json> events_ ABSL_GUARDED_BY(mu_);
   size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;  // index of events_.front()
   std::map<std::pair<std::string, std::string>, int64_t> counts_ ABSL_GUARDED_BY(mu_);

@@ -10,14 +10,21 @@ _WARNINGS = ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"]
 def dpp_cc_library(name, copts = [], **kwargs):
     native.cc_library(name = name, copts = _WARNINGS + copts, **kwargs)
 
-def dpp_cc_binary(name, copts = [], **kwargs):
-    native.cc_binary(name = name, copts = _WARNINGS + copts, **kwargs)
+# In a TSan build (--config=tsan), every binary and test carries the
+# annotations that make Debian's Abseil mutexes visible to TSan.
+_TSAN_DEPS = select({
+    "//tools/sanitizers:tsan": ["//tools/sanitizers:tsan_absl"],
+    "//conditions:default": [],
+})
+
+def dpp_cc_binary(name, copts = [], deps = [], **kwargs):
+    native.cc_binary(name = name, copts = _WARNINGS + copts, deps = deps + _TSAN_DEPS, **kwargs)
 
 def dpp_cc_test(name, copts = [], deps = [], **kwargs):
     native.cc_test(
         name = name,
         copts = _WARNINGS + copts,
-        deps = deps + ["//third_party:gtest_main", "//third_party:gmock"],
+        deps = deps + ["//third_party:gtest_main", "//third_party:gmock"] + _TSAN_DEPS,
         **kwargs
     )
 

@@ -24,7 +24,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
   uint64_t generation;
   bool options_changed;
   {
-    absl::MutexLock lock(&mu_);
+    ChangeLock lock(this);
     old = std::move(backend_);
     backend_ = backend;
     generation = ++generation_;
@@ -77,21 +77,29 @@ Resource::Snapshot Resource::Current() {
   return snapshot_;
 }
 
-bool Resource::WaitForChange(uint64_t seen, absl::Duration timeout, Snapshot* out) {
-  absl::MutexLock lock(&mu_);
-  const uint64_t wake = wake_;
-  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool {
-    return snapshot_.version != seen || wake_ != wake;
-  };
-  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
-  if (snapshot_.version == seen) return false;
-  *out = snapshot_;
-  return true;
+uint64_t Resource::AddWatcher(std::function<void(const Snapshot&)> on_publish) {
+  absl::MutexLock lock(&watch_mu_);
+  watchers_.emplace(++next_watcher_, std::move(on_publish));
+  return next_watcher_;
 }
 
-void Resource::WakeAll() {
-  absl::MutexLock lock(&mu_);
-  ++wake_;
+void Resource::RemoveWatcher(uint64_t id) {
+  absl::MutexLock lock(&watch_mu_);
+  watchers_.erase(id);
+}
+
+Resource::ChangeLock::ChangeLock(Resource* r) : r_(r) {
+  r_->mu_.Lock();
+  before_ = r_->snapshot_.version;
+}
+
+Resource::ChangeLock::~ChangeLock() {
+  std::optional<Snapshot> published;
+  if (r_->snapshot_.version != before_) published = r_->snapshot_;
+  r_->mu_.Unlock();
+  if (!published.has_value()) return;
+  absl::MutexLock lock(&r_->watch_mu_);
+  for (auto& [id, on_publish] : r_->watchers_) on_publish(*published);
 }
 
 bool Resource::HasDevice(const std::string& id) { return DeviceHealth(id).has_value(); }
@@ -120,7 +128,7 @@ void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
 
 void Resource::SetQuarantined(std::set<std::string> ids) {
   {
-    absl::MutexLock lock(&mu_);
+    ChangeLock lock(this);
     if (ids == quarantined_) return;
     quarantined_ = std::move(ids);
     PublishLocked(base_);
@@ -206,7 +214,7 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
     std::vector<v1beta1::Device> vanished;
     uint64_t seen_version;
     {
-      absl::MutexLock lock(&mu_);
+      ChangeLock lock(this);
       if (generation != generation_) return;  // a replaced backend
       seen_version = snapshot_.version;
       for (const auto& old : reported_) {
@@ -226,7 +234,7 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
       }
     }
     {
-      absl::MutexLock lock(&mu_);
+      ChangeLock lock(this);
       if (generation != generation_) return;
       if (snapshot_.version != seen_version && attempt < 3) continue;  // changed: again
       if (!kept.empty() || !dropped.empty()) {
@@ -277,7 +285,7 @@ std::string Resource::ToKubeletId(const std::string& backend_id) {
 }
 
 void Resource::OnLost(uint64_t generation, const std::string& why) {
-  absl::MutexLock lock(&mu_);
+  ChangeLock lock(this);
   if (generation != generation_) return;
   connected_ = false;
   lost_at_ = absl::Now();
@@ -298,7 +306,7 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
 
 void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Duration trust_for,
                        const std::string& backend_endpoint, const std::string& backend_api) {
-  absl::MutexLock lock(&mu_);
+  ChangeLock lock(this);
   if (connected_) return;  // a backend was faster: its list wins
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
@@ -322,7 +330,7 @@ std::pair<std::string, std::string> Resource::last_backend() {
 }
 
 void Resource::Tick(absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  ChangeLock lock(this);
   if (connected_ || !lost_at_.has_value()) return;
   absl::Duration hold;
   if (hold_override_.has_value()) {
@@ -342,7 +350,6 @@ void Resource::Shutdown() {
     b = std::move(backend_);
     connected_ = false;
     ++generation_;
-    ++wake_;
   }
   if (b) b->Stop();
 }

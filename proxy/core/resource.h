@@ -88,11 +88,14 @@ class Resource {
   v1beta1::DevicePluginOptions options();
 
   Snapshot Current();
-  // Waits until the list changes past `seen` or `timeout` passes; true and
-  // `out` filled if it changed.
-  bool WaitForChange(uint64_t seen, absl::Duration timeout, Snapshot* out);
-  // Wakes every waiter (shutdown, kubelet-side server restart).
-  void WakeAll();
+
+  // Calls `on_publish` with every list published from now on (after the
+  // resource's lock is released; versions only grow, but two publishers may
+  // deliver out of order, so a watcher keeps the newest). The callback must
+  // not block nor call back into this Resource. Returns an id for
+  // RemoveWatcher, after which the callback is never called again.
+  uint64_t AddWatcher(std::function<void(const Snapshot&)> on_publish);
+  void RemoveWatcher(uint64_t id);
 
   // True if `id` is in the current device list.
   bool HasDevice(const std::string& id);
@@ -139,6 +142,17 @@ class Resource {
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds mu_ for a change; on release, delivers a list published under it
+  // to the watchers.
+  class ABSL_SCOPED_LOCKABLE ChangeLock {
+   public:
+    explicit ChangeLock(Resource* r) ABSL_EXCLUSIVE_LOCK_FUNCTION(r->mu_);
+    ~ChangeLock() ABSL_UNLOCK_FUNCTION();
+
+   private:
+    Resource* const r_;
+    uint64_t before_;
+  };
 
   const std::string name_;
   const ResourcePolicy policy_;
@@ -162,7 +176,10 @@ class Resource {
   std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
-  uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
+  // Taken after mu_ is released; held while watchers are called.
+  absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<uint64_t, std::function<void(const Snapshot&)>> watchers_ ABSL_GUARDED_BY(watch_mu_);
+  uint64_t next_watcher_ ABSL_GUARDED_BY(watch_mu_) = 0;
 };
 
 }  // namespace dpproxy

@@ -107,11 +107,107 @@ std::string KubeletSocketPath(const KubeletSideOptions& o) {
   return JoinPath(DevicePluginDir(o), kKubeletSocketName);
 }
 
+// --- ListAndWatch streams ------------------------------------------------------------
+
+// One ListAndWatch stream toward the kubelet, served without a thread of
+// its own: the current list at once, then the newest list whenever the
+// resource publishes one. At most one write is in flight; lists published
+// meanwhile are folded into the newest, which is written when the write
+// completes (the kubelet only ever needs the latest list). Ends when the
+// kubelet goes away, the server is replaced or the proxy stops
+// (KubeletEndpoint::FinishStreams), and deletes itself when gRPC is done.
+template <typename Msg>
+class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
+                                 public KubeletEndpoint::StreamHandle {
+ public:
+  // Makes the message for a published list (the version the kubelet
+  // speaks); it must stay valid until its write completes.
+  using Translate = std::function<std::shared_ptr<const Msg>(const Resource::Snapshot&)>;
+
+  ListAndWatchStream(KubeletEndpoint* e, Translate translate)
+      : e_(e), translate_(std::move(translate)) {
+    e_->AddStream(this);
+    watcher_ = e_->resource()->AddWatcher([this](const Resource::Snapshot& s) { Publish(s); });
+    Publish(e_->resource()->Current());
+  }
+
+  void FinishNow() override {
+    {
+      absl::MutexLock lock(&mu_);
+      finishing_ = true;
+    }
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      in_flight_.reset();
+      if (!ok) finishing_ = true;  // the kubelet is gone
+    }
+    Next();
+  }
+
+  void OnCancel() override { FinishNow(); }
+
+  void OnDone() override {
+    e_->resource()->RemoveWatcher(watcher_);  // no Publish runs after this
+    e_->RemoveStream(this);
+    delete this;
+  }
+
+ private:
+  void Publish(const Resource::Snapshot& s) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (latest_.has_value() && s.version <= latest_->version) return;  // older
+      latest_ = s;
+    }
+    Next();
+  }
+
+  // Starts the next write or the finish, if one is due. gRPC is called
+  // without mu_ held; the flags make each start happen once.
+  void Next() {
+    std::shared_ptr<const Msg> write;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || writing_) return;
+      if (finishing_) {
+        finished_ = finish = true;
+      } else if (latest_.has_value() && latest_->version != sent_version_) {
+        in_flight_ = write = translate_(*latest_);
+        sent_version_ = latest_->version;
+        writing_ = true;
+      }
+    }
+    if (finish) {
+      this->Finish(grpc::Status::OK);
+    } else if (write != nullptr) {
+      this->StartWrite(write.get());
+    }
+  }
+
+  KubeletEndpoint* const e_;
+  const Translate translate_;
+  uint64_t watcher_ = 0;
+  absl::Mutex mu_;
+  std::optional<Resource::Snapshot> latest_ ABSL_GUARDED_BY(mu_);
+  uint64_t sent_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const Msg> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // --- Services ---------------------------------------------------------------------
 
 class KubeletEndpoint::Services {
  public:
-  class Beta final : public v1beta1::DevicePlugin::Service {
+  class Beta final
+      : public v1beta1::DevicePlugin::WithCallbackMethod_ListAndWatch<v1beta1::DevicePlugin::Service> {
    public:
     explicit Beta(KubeletEndpoint* e) : e_(e) {}
 
@@ -121,9 +217,11 @@ class KubeletEndpoint::Services {
       return grpc::Status::OK;
     }
 
-    grpc::Status ListAndWatch(grpc::ServerContext* ctx, const v1beta1::Empty*,
-                              grpc::ServerWriter<v1beta1::ListAndWatchResponse>* w) override {
-      return Stream(e_, ctx, [w](const v1beta1::ListAndWatchResponse& l) { return w->Write(l); });
+    grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* ListAndWatch(
+        grpc::CallbackServerContext*, const v1beta1::Empty*) override {
+      // The published list is immutable: written as it is, never copied.
+      return new ListAndWatchStream<v1beta1::ListAndWatchResponse>(
+          e_, [](const Resource::Snapshot& s) { return s.list; });
     }
 
     grpc::Status GetPreferredAllocation(grpc::ServerContext* ctx,
@@ -186,18 +284,22 @@ class KubeletEndpoint::Services {
     KubeletEndpoint* const e_;
   };
 
-  class Alpha final : public deviceplugin::DevicePlugin::Service {
+  class Alpha final : public deviceplugin::DevicePlugin::WithCallbackMethod_ListAndWatch<
+                          deviceplugin::DevicePlugin::Service> {
    public:
     explicit Alpha(KubeletEndpoint* e) : e_(e) {}
 
-    grpc::Status ListAndWatch(grpc::ServerContext* ctx, const deviceplugin::Empty*,
-                              grpc::ServerWriter<deviceplugin::ListAndWatchResponse>* w) override {
-      return Stream(e_, ctx, [this, w](const v1beta1::ListAndWatchResponse& l) {
-        Loss loss;
-        deviceplugin::ListAndWatchResponse out = ToV1AlphaList(l, &loss);
-        e_->NoteLoss(loss);
-        return w->Write(out);
-      });
+    grpc::ServerWriteReactor<deviceplugin::ListAndWatchResponse>* ListAndWatch(
+        grpc::CallbackServerContext*, const deviceplugin::Empty*) override {
+      KubeletEndpoint* e = e_;
+      return new ListAndWatchStream<deviceplugin::ListAndWatchResponse>(
+          e, [e](const Resource::Snapshot& s) {
+            Loss loss;
+            auto out =
+                std::make_shared<const deviceplugin::ListAndWatchResponse>(ToV1AlphaList(*s.list, &loss));
+            e->NoteLoss(loss);
+            return out;
+          });
     }
 
     grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
@@ -268,26 +370,6 @@ class KubeletEndpoint::Services {
     KubeletEndpoint* const e_;
   };
 
-  // One ListAndWatch stream toward the kubelet: the cached list at once,
-  // then every change. Ends when the kubelet goes away, the server is
-  // recreated (epoch) or the proxy stops.
-  template <typename WriteFn>
-  static grpc::Status Stream(KubeletEndpoint* e, grpc::ServerContext* ctx, WriteFn write) {
-    const uint64_t epoch = e->epoch();
-    Resource::Snapshot snap = e->resource()->Current();
-    if (!write(*snap.list)) return grpc::Status::OK;
-    uint64_t seen = snap.version;
-    for (;;) {
-      if (e->stopping() || e->epoch() != epoch) return grpc::Status::OK;
-      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
-      Resource::Snapshot next;
-      if (e->resource()->WaitForChange(seen, absl::Seconds(1), &next)) {
-        seen = next.version;
-        if (!write(*next.list)) return grpc::Status::OK;
-      }
-    }
-  }
-
   explicit Services(KubeletEndpoint* e) : beta(e), alpha(e), watcher(e) {}
   Beta beta;
   Alpha alpha;
@@ -324,8 +406,7 @@ absl::Status KubeletEndpoint::Serve() {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path_));
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::CancelledError("stopping");
-  ++epoch_;
-  resource_->WakeAll();  // streams of the old server end
+  FinishStreams();  // streams of the old server end
   // The old server finishes the calls it is answering (for up to a
   // second) before it goes, so a kubelet's GetDevicePluginOptions in flight
   // on it is answered, not cancelled. It must go before the new one
@@ -340,6 +421,12 @@ absl::Status KubeletEndpoint::Serve() {
   DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
   grpc::ServerBuilder builder;
+  // One idle poller per resource: calls still run concurrently (a poller
+  // that takes a call is replaced while it works), and the threads a burst
+  // added leave after it. ListAndWatch streams hold no thread at all.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
   builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
   builder.RegisterService(&services_->beta);
   builder.RegisterService(&services_->alpha);
@@ -463,6 +550,23 @@ grpc::Status KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
                                    resource_->name(), ", so it refuses it: ", s.message()));
 }
 
+void KubeletEndpoint::AddStream(StreamHandle* s) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(s);
+}
+
+void KubeletEndpoint::RemoveStream(StreamHandle* s) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(s);
+}
+
+void KubeletEndpoint::FinishStreams() {
+  // Under streams_mu_: a stream leaves the set (in OnDone) only after its
+  // finish, and is deleted after that, so none is finished after deletion.
+  absl::MutexLock lock(&streams_mu_);
+  for (StreamHandle* s : streams_) s->FinishNow();
+}
+
 std::string KubeletEndpoint::negotiated() {
   absl::MutexLock lock(&negotiated_mu_);
   return negotiated_;
@@ -498,7 +602,7 @@ void KubeletEndpoint::Stop() {
     stopping_ = true;
     if (register_ctx_ != nullptr) register_ctx_->TryCancel();
   }
-  resource_->WakeAll();
+  FinishStreams();
   absl::MutexLock lock(&mu_);
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now());

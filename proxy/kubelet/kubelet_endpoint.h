@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <grpcpp/client_context.h>
@@ -89,8 +90,16 @@ class KubeletEndpoint {
   grpc::Status Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
                        const Backend& backend);
   EventLog* events() { return events_; }
-  uint64_t epoch() const { return epoch_.load(); }
   bool stopping() const { return stopping_.load(); }
+  // The ListAndWatch streams being served, so that a new server or Stop()
+  // can end them at once.
+  class StreamHandle {
+   public:
+    virtual ~StreamHandle() = default;
+    virtual void FinishNow() = 0;
+  };
+  void AddStream(StreamHandle* s);
+  void RemoveStream(StreamHandle* s);
   void SetNegotiated(const std::string& v);
   void NoteLoss(const Loss& loss);
 
@@ -103,7 +112,6 @@ class KubeletEndpoint {
   const std::string socket_name_;
   const std::string socket_path_;
   std::unique_ptr<Services> services_;
-  std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> stopping_{false};
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
@@ -113,6 +121,9 @@ class KubeletEndpoint {
   // The Register call in flight, cancelled by Stop().
   absl::Mutex register_mu_;
   grpc::ClientContext* register_ctx_ ABSL_GUARDED_BY(register_mu_) = nullptr;
+  void FinishStreams();
+  absl::Mutex streams_mu_;
+  std::set<StreamHandle*> streams_ ABSL_GUARDED_BY(streams_mu_);
   absl::Mutex negotiated_mu_;
   std::string negotiated_ ABSL_GUARDED_BY(negotiated_mu_);
 };

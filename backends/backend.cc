@@ -7,6 +7,8 @@
 #include <atomic>
 #include <thread>
 
+#include <grpcpp/support/client_callback.h>
+
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
@@ -53,7 +55,170 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
-// What both adapters share: the channel, the reader thread, Stop().
+// The backend's one ListAndWatch stream, read on gRPC's callback threads:
+// no thread of ours waits on it. Lists that arrive before Deliver() are kept
+// (the newest; a v1alpha probe reads the first list before the backend is
+// attached). After Stop() returns no callback runs; Stop() from within a
+// callback returns at once (the stream ends by itself, and the reader keeps
+// itself alive until gRPC is done with it).
+class ListStream {
+ public:
+  virtual ~ListStream() = default;
+  // Waits up to `timeout` for the first list or the end of the stream;
+  // true if a list came.
+  virtual bool WaitForFirst(absl::Duration timeout) = 0;
+  // Starts delivering lists (first any kept one) and, once, the end.
+  virtual void Deliver(std::function<void(const std::vector<v1beta1::Device>&)> on_devices,
+                       std::function<void(const grpc::Status&)> on_end) = 0;
+  // How the stream ended (only meaningful once it has).
+  virtual grpc::Status status() = 0;
+  virtual void Stop() = 0;
+};
+
+template <typename Request, typename Msg>
+class ListReader final : public grpc::ClientReadReactor<Msg>,
+                         public ListStream,
+                         public std::enable_shared_from_this<ListReader<Request, Msg>> {
+ public:
+  using Translate = std::function<std::vector<v1beta1::Device>(const Msg&)>;
+  using Open = std::function<void(grpc::ClientContext*, const Request*, grpc::ClientReadReactor<Msg>*)>;
+
+  static std::shared_ptr<ListReader> Start(const Open& open, Translate translate) {
+    auto r = std::shared_ptr<ListReader>(new ListReader(std::move(translate)));
+    {
+      absl::MutexLock lock(&r->mu_);
+      r->self_ = r;  // alive until gRPC is done with it (OnDone)
+    }
+    open(&r->ctx_, &r->request_, r.get());
+    r->StartRead(&r->msg_);
+    r->StartCall();
+    return r;
+  }
+
+  bool WaitForFirst(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](ListReader* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+                               return r->kept_.has_value() || r->done_;
+                             },
+                             this),
+                         timeout);
+    return kept_.has_value();
+  }
+
+  void Deliver(std::function<void(const std::vector<v1beta1::Device>&)> on_devices,
+               std::function<void(const grpc::Status&)> on_end) override {
+    std::optional<Msg> kept;
+    bool ended;
+    {
+      absl::MutexLock lock(&mu_);
+      on_devices_ = std::move(on_devices);
+      on_end_ = std::move(on_end);
+      kept.swap(kept_);
+      ended = done_ && !end_delivered_;
+      end_delivered_ = end_delivered_ || ended;
+      // Callbacks run one at a time, in order: gRPC's wait until these are
+      // delivered.
+      delivering_ = true;
+    }
+    if (kept.has_value()) on_devices_(translate_(*kept));
+    if (ended) on_end_(status());
+    absl::MutexLock lock(&mu_);
+    delivering_ = false;
+    started_ = true;
+  }
+
+  grpc::Status status() override {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+  void Stop() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopped_ = true;
+      if (std::this_thread::get_id() == callback_thread_) return;  // ends by itself
+    }
+    ctx_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&finished_));
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    if (Enter(/*end=*/false)) {
+      on_devices_(translate_(msg_));
+      Leave();
+    }
+    this->StartRead(&msg_);
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = s;
+      done_ = true;
+    }
+    if (Enter(/*end=*/true)) {
+      on_end_(s);
+      Leave();
+    }
+    std::shared_ptr<ListReader> keep;
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+    keep.swap(self_);  // released after the lock, as the last thing done
+  }
+
+ private:
+  explicit ListReader(Translate translate) : translate_(std::move(translate)) {}
+
+  // Decides, in one step, what a read or the end becomes: delivered now
+  // (true: this thread is marked as in a callback until Leave()), kept for
+  // Deliver() (a list before it), or dropped (after Stop(), or an end
+  // Deliver() already reported). Waits while Deliver() hands over a kept
+  // list, so the order holds.
+  bool Enter(bool end) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](ListReader* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return !r->delivering_; },
+        this));
+    if (stopped_) return false;
+    if (!started_) {
+      if (!end) kept_ = msg_;  // the newest list, for Deliver()
+      return false;
+    }
+    if (end) {
+      if (end_delivered_) return false;
+      end_delivered_ = true;
+    }
+    callback_thread_ = std::this_thread::get_id();
+    return true;
+  }
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    callback_thread_ = std::thread::id();
+  }
+
+  const Translate translate_;
+  grpc::ClientContext ctx_;
+  Request request_;
+  Msg msg_;  // the read in flight; touched only by gRPC and its callbacks
+  absl::Mutex mu_;
+  std::optional<Msg> kept_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::vector<v1beta1::Device>&)> on_devices_;  // set once, before started_
+  std::function<void(const grpc::Status&)> on_end_;
+  bool delivering_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool end_delivered_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  std::thread::id callback_thread_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ListReader> self_ ABSL_GUARDED_BY(mu_);
+};
+
+// What both adapters share: the channel, the one stream, Stop().
 class BackendBase : public Backend {
  public:
   BackendBase(std::string resource, std::string endpoint, std::shared_ptr<grpc::Channel> ch)
@@ -64,72 +229,46 @@ class BackendBase : public Backend {
   const std::string& resource() const override { return resource_; }
 
   void Start(BackendCallbacks callbacks) override {
-    absl::MutexLock lock(&mu_);
-    if (started_ || stopped_) return;
-    started_ = true;
-    callbacks_ = std::move(callbacks);
-    reader_ = std::thread([this] { ReadLoop(); });
+    std::shared_ptr<ListStream> stream;
+    {
+      absl::MutexLock lock(&mu_);
+      if (started_ || stopped_) return;
+      started_ = true;
+      stream_ = OpenList();
+      stream = stream_;
+    }
+    stream->Deliver(
+        [cb = callbacks](const std::vector<v1beta1::Device>& d) {
+          if (cb.on_devices) cb.on_devices(d);
+        },
+        [cb = callbacks](const grpc::Status& s) {
+          if (cb.on_lost) cb.on_lost(DescribeGrpcStatus(s));
+        });
   }
 
   void Stop() override {
-    std::thread reader;
+    std::shared_ptr<ListStream> stream;
     {
       absl::MutexLock lock(&mu_);
       stopped_ = true;
-      if (stream_ctx_ != nullptr) stream_ctx_->TryCancel();
-      reader.swap(reader_);
+      stream = stream_;
     }
-    if (!reader.joinable()) return;
-    if (reader.get_id() == std::this_thread::get_id()) {
-      reader.detach();  // Stop() from our own callback: the loop ends by itself
-    } else {
-      reader.join();
-    }
+    if (stream != nullptr) stream->Stop();
   }
 
  protected:
-  // Runs the stream until it ends; returns why.
-  virtual grpc::Status Stream(grpc::ClientContext* ctx,
-                              const std::function<void(const std::vector<v1beta1::Device>&)>&
-                                  on_devices) = 0;
-
-  // The context of the one stream (an adapter may have opened it already).
-  virtual std::unique_ptr<grpc::ClientContext> StreamContext() {
-    return std::make_unique<grpc::ClientContext>();
-  }
+  // The one stream: opened now, or the one a probe already opened.
+  virtual std::shared_ptr<ListStream> OpenList() = 0;
 
   const std::string resource_;
   const std::string endpoint_;
   const std::shared_ptr<grpc::Channel> channel_;
 
  private:
-  void ReadLoop() {
-    std::unique_ptr<grpc::ClientContext> ctx = StreamContext();
-    BackendCallbacks cb;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopped_) return;
-      stream_ctx_ = ctx.get();
-      cb = callbacks_;
-    }
-    grpc::Status s = Stream(ctx.get(), [&](const std::vector<v1beta1::Device>& d) {
-      if (cb.on_devices) cb.on_devices(d);
-    });
-    bool stopped;
-    {
-      absl::MutexLock lock(&mu_);
-      stream_ctx_ = nullptr;
-      stopped = stopped_;
-    }
-    if (!stopped && cb.on_lost) cb.on_lost(DescribeGrpcStatus(s));
-  }
-
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  BackendCallbacks callbacks_ ABSL_GUARDED_BY(mu_);
-  grpc::ClientContext* stream_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::thread reader_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ListStream> stream_ ABSL_GUARDED_BY(mu_);
 };
 
 class V1Beta1Backend final : public BackendBase {
@@ -186,15 +325,16 @@ class V1Beta1Backend final : public BackendBase {
   }
 
  protected:
-  grpc::Status Stream(grpc::ClientContext* ctx,
-                      const std::function<void(const std::vector<v1beta1::Device>&)>& on_devices)
-      override {
-    auto reader = stub_->ListAndWatch(ctx, v1beta1::Empty());
-    v1beta1::ListAndWatchResponse resp;
-    while (reader->Read(&resp)) {
-      on_devices(std::vector<v1beta1::Device>(resp.devices().begin(), resp.devices().end()));
-    }
-    return reader->Finish();
+  std::shared_ptr<ListStream> OpenList() override {
+    auto* stub = stub_.get();
+    return ListReader<v1beta1::Empty, v1beta1::ListAndWatchResponse>::Start(
+        [stub](grpc::ClientContext* ctx, const v1beta1::Empty* req,
+               grpc::ClientReadReactor<v1beta1::ListAndWatchResponse>* r) {
+          stub->async()->ListAndWatch(ctx, req, r);
+        },
+        [](const v1beta1::ListAndWatchResponse& resp) {
+          return std::vector<v1beta1::Device>(resp.devices().begin(), resp.devices().end());
+        });
   }
 
  private:
@@ -214,23 +354,14 @@ class V1AlphaBackend final : public BackendBase {
   // plugin sees a single ListAndWatch. kFailedPrecondition if the service
   // is unknown there; kDeadlineExceeded if no list came in time.
   absl::Status OpenStream(absl::Duration timeout) {
-    pre_ctx_ = std::make_unique<grpc::ClientContext>();
-    pre_reader_ = stub_->ListAndWatch(pre_ctx_.get(), deviceplugin::Empty());
-    absl::Notification read;
-    std::thread watchdog([this, &read, timeout] {
-      if (!read.WaitForNotificationWithTimeout(timeout)) pre_ctx_->TryCancel();
-    });
-    deviceplugin::ListAndWatchResponse first;
-    const bool got = pre_reader_->Read(&first);
-    read.Notify();
-    watchdog.join();
-    if (got) {
-      pre_first_ = std::move(first);
+    std::shared_ptr<ListStream> stream = NewList();
+    if (stream->WaitForFirst(timeout)) {
+      absl::MutexLock lock(&pre_mu_);
+      pre_ = std::move(stream);
       return absl::OkStatus();
     }
-    grpc::Status s = pre_reader_->Finish();
-    pre_reader_.reset();
-    pre_ctx_.reset();
+    stream->Stop();  // nothing came in time: cancelled, and ended
+    const grpc::Status s = stream->status();
     if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the socket at ", endpoint_, " does not serve the v1alpha DevicePlugin API (",
@@ -288,33 +419,44 @@ class V1AlphaBackend final : public BackendBase {
   }
 
  protected:
-  grpc::Status Stream(grpc::ClientContext* ctx,
-                      const std::function<void(const std::vector<v1beta1::Device>&)>& on_devices)
-      override {
-    std::unique_ptr<grpc::ClientReader<deviceplugin::ListAndWatchResponse>> reader =
-        std::move(pre_reader_);
-    if (reader != nullptr && pre_first_.has_value()) {
-      on_devices(FromV1AlphaDevices(*pre_first_));  // the list the probe read
-      pre_first_.reset();
-    } else {
-      reader = stub_->ListAndWatch(ctx, deviceplugin::Empty());
+  std::shared_ptr<ListStream> OpenList() override {
+    {
+      absl::MutexLock lock(&pre_mu_);
+      // The probe's stream, its first list kept.
+      if (pre_ != nullptr) return std::move(pre_);
     }
-    deviceplugin::ListAndWatchResponse resp;
-    while (reader->Read(&resp)) on_devices(FromV1AlphaDevices(resp));
-    return reader->Finish();
+    return NewList();
   }
 
-  std::unique_ptr<grpc::ClientContext> StreamContext() override {
-    if (pre_ctx_ != nullptr) return std::move(pre_ctx_);
-    return BackendBase::StreamContext();
+ public:
+  ~V1AlphaBackend() override { Stop(); }
+
+  // Also ends the probe's stream if it was never taken over.
+  void Stop() override {
+    std::shared_ptr<ListStream> pre;
+    {
+      absl::MutexLock lock(&pre_mu_);
+      pre.swap(pre_);
+    }
+    if (pre != nullptr) pre->Stop();
+    BackendBase::Stop();
   }
 
  private:
+  std::shared_ptr<ListStream> NewList() {
+    auto* stub = stub_.get();
+    return ListReader<deviceplugin::Empty, deviceplugin::ListAndWatchResponse>::Start(
+        [stub](grpc::ClientContext* ctx, const deviceplugin::Empty* req,
+               grpc::ClientReadReactor<deviceplugin::ListAndWatchResponse>* r) {
+          stub->async()->ListAndWatch(ctx, req, r);
+        },
+        [](const deviceplugin::ListAndWatchResponse& resp) { return FromV1AlphaDevices(resp); });
+  }
+
   std::unique_ptr<deviceplugin::DevicePlugin::Stub> stub_;
-  // The stream OpenStream() opened, until the reader thread takes it over.
-  std::unique_ptr<grpc::ClientContext> pre_ctx_;
-  std::unique_ptr<grpc::ClientReader<deviceplugin::ListAndWatchResponse>> pre_reader_;
-  std::optional<deviceplugin::ListAndWatchResponse> pre_first_;
+  // The stream OpenStream() opened, until Start() takes it over.
+  absl::Mutex pre_mu_;
+  std::shared_ptr<ListStream> pre_ ABSL_GUARDED_BY(pre_mu_);
 };
 
 }  // namespace

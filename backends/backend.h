@@ -37,10 +37,12 @@ enum class PluginApi { kV1Alpha, kV1Beta1 };
 std::string ApiVersionString(PluginApi api);
 
 struct BackendCallbacks {
-  // Every full device list the plugin sends, in order, on the reader thread.
+  // Every full device list the plugin sends, in order, one call at a time,
+  // on one of gRPC's callback threads (no thread per backend). Must not
+  // block for long: the next list waits for it.
   std::function<void(const std::vector<v1beta1::Device>&)> on_devices;
-  // The stream ended (plugin gone or restarted). Called at most once, on the
-  // reader thread, and never after Stop() returned.
+  // The stream ended (plugin gone or restarted). Called at most once, after
+  // the last on_devices, and never after Stop() returned.
   std::function<void(const std::string& why)> on_lost;
 };
 
@@ -56,7 +58,7 @@ class Backend {
   // The plugin's options; for v1alpha plugins the proxy's answer (all off).
   virtual v1beta1::DevicePluginOptions options() const = 0;
 
-  // Opens the ListAndWatch stream on a reader thread. Non-blocking.
+  // Starts delivering the ListAndWatch stream's lists. Non-blocking.
   virtual void Start(BackendCallbacks callbacks) = 0;
 
   // Blocking calls with a deadline. Errors name the backend and the call:
@@ -79,8 +81,8 @@ class Backend {
                                          absl::Duration timeout,
                                          const grpc::ServerContextBase* caller = nullptr) = 0;
 
-  // Ends the stream and joins the reader. Idempotent; safe from any thread
-  // but the reader's own callbacks.
+  // Ends the stream; no callback runs after it returns. Idempotent; from
+  // within a callback it returns at once (that callback is the last).
   virtual void Stop() = 0;
 };
 

@@ -301,9 +301,9 @@ TEST(StormTest, BackendKillAndRestartCycles) {
 int ThreadsOf(pid_t pid) { return CountEntries(absl::StrCat("/proc/", pid, "/task").c_str()); }
 
 // dpproxy as a real process with many resources: each resource costs one
-// idle poller of its kubelet-facing server and the reader of its backend's
-// stream; a ListAndWatch stream toward the kubelet holds no thread (it was
-// three per resource, with a parked stream handler and a second poller).
+// idle poller of its kubelet-facing server; the streams, the kubelet's
+// ListAndWatch and the backend's, hold no thread (it was three per
+// resource: a parked stream handler, a second poller and a reader).
 TEST(ScaleTest, ThreadsPerResourceStayBounded) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);  // its kubelet and directories only
   ASSERT_TRUE(h.sim().Start().ok());
@@ -326,7 +326,7 @@ TEST(ScaleTest, ThreadsPerResourceStayBounded) {
   const int one = ThreadsOf(proxy);
   constexpr int kMore = 12;
   for (int i = 1; i <= kMore; ++i) ASSERT_TRUE(add_resource(i)) << "resource " << i;
-  constexpr int kPerResource = 2, kSlack = 4;
+  constexpr int kPerResource = 1, kSlack = 4;
   EXPECT_TRUE(h.WaitFor([&] { return ThreadsOf(proxy) <= one + kPerResource * kMore + kSlack; },
                         absl::Seconds(20)))
       << "dpproxy had " << one << " threads with one resource and " << ThreadsOf(proxy)

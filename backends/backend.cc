@@ -468,9 +468,10 @@ std::string ApiVersionString(PluginApi api) {
 absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
                                                         const std::string& socket_path,
                                                         PluginApi api,
-                                                        absl::Duration dial_timeout) {
+                                                        absl::Duration dial_timeout,
+                                                        int max_receive_bytes) {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path));
-  std::shared_ptr<grpc::Channel> channel = MakeUnixChannel(socket_path);
+  std::shared_ptr<grpc::Channel> channel = MakeUnixChannel(socket_path, max_receive_bytes);
   if (!WaitForConnected(channel.get(), dial_timeout).ok()) {
     return absl::UnavailableError(absl::StrCat("cannot reach device plugin at ", socket_path,
                                                " within ", absl::FormatDuration(dial_timeout)));

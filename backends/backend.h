@@ -86,12 +86,19 @@ class Backend {
   virtual void Stop() = 0;
 };
 
+// The largest message dpproxy accepts from a plugin by default: device
+// lists of sliced GPUs reach tens of MiB, far past gRPC's 4 MiB default.
+inline constexpr int kDefaultBackendMaxListBytes = 256 << 20;
+
 // Dials the plugin (up to `dial_timeout`) and, for v1beta1, asks for its
 // options. kUnavailable naming the socket if it cannot be reached.
+// Messages from the plugin may be up to `max_receive_bytes`.
 absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
                                                         const std::string& socket_path,
                                                         PluginApi api,
-                                                        absl::Duration dial_timeout);
+                                                        absl::Duration dial_timeout,
+                                                        int max_receive_bytes =
+                                                            kDefaultBackendMaxListBytes);
 
 // Finds out which DevicePlugin service a plugin serves: v1beta1 if
 // GetDevicePluginOptions answers, v1alpha if that service is unknown.

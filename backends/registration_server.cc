@@ -161,7 +161,7 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
 
   if (api == PluginApi::kV1Beta1) {
     absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, options_.dial_timeout);
+        ConnectBackend(resource, socket, api, options_.dial_timeout, options_.max_list_bytes);
     if (!b.ok()) {
       return reject("dial", absl::UnknownError(
           absl::StrCat("failed to dial device plugin: ", b.status().message())));
@@ -198,7 +198,7 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
   if (!running_) return absl::UnavailableError("dpproxy is stopping");
   raw->thread = std::thread([this, raw, resource, socket, api] {
     absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, options_.dial_timeout);
+        ConnectBackend(resource, socket, api, options_.dial_timeout, options_.max_list_bytes);
     if (!b.ok()) {
       LOG(WARNING) << "v1alpha backend " << resource << " at " << socket
                    << " registered but cannot be reached: " << b.status().message();

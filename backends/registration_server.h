@@ -45,6 +45,8 @@ class BackendRegistrationServer {
     // Directory holding kubelet.sock and the plugins' sockets.
     std::string dir;
     absl::Duration dial_timeout = absl::Seconds(10);
+    // The largest message accepted from a plugin (its device lists).
+    int max_list_bytes = kDefaultBackendMaxListBytes;
     // kubelet.sock's group: -1 keeps it 0700 (root's plugins only); a group
     // makes it 0660 so plugins running under that group may register.
     gid_t socket_gid = static_cast<gid_t>(-1);

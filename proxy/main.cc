@@ -37,6 +37,10 @@ DEFINE_string(kubelet_registration, "kubelet",
 DEFINE_string(backend_timeout, "30s",
               "Deadline of every call to a backend plugin (the kubelet sets none on Allocate).");
 DEFINE_string(dial_timeout, "10s", "How long to wait for a registering plugin's socket.");
+DEFINE_int32(backend_max_list_mib, 256,
+             "The largest message (device list) accepted from a plugin, in MiB (4-2047).\n"
+             "The kubelet accepts at most 4 MiB: a larger list is reported (log, event,\n"
+             "metric, status), see docs/configuration.md.");
 DEFINE_string(backend_loss_policy, "unhealthy",
               "What the kubelet sees while a backend is away: unhealthy (every device\n"
               "Unhealthy at once) or hold (last known health for --backend_hold, then\n"
@@ -146,6 +150,13 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("backend_timeout")) {
     DPP_ASSIGN_OR_RETURN(c->kubelet.backend_timeout,
                          ParseFlagDuration("backend_timeout", FLAGS_backend_timeout));
+  }
+  if (set("backend_max_list_mib")) {
+    if (FLAGS_backend_max_list_mib < 4 || FLAGS_backend_max_list_mib > 2047) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend_max_list_mib=", FLAGS_backend_max_list_mib, " is not between 4 and 2047"));
+    }
+    c->backend_max_list_bytes = FLAGS_backend_max_list_mib << 20;
   }
   if (set("dial_timeout")) {
     DPP_ASSIGN_OR_RETURN(c->dial_timeout, ParseFlagDuration("dial_timeout", FLAGS_dial_timeout));
@@ -260,6 +271,12 @@ int PrintStatus() {
         r.value("kubelet_api", "").empty() ? "(not registered)" : r.value("kubelet_api", ""),
         backend, r.value("backend_endpoint", "").empty() ? "-" : r.value("backend_endpoint", ""),
         r.value("devices_healthy", 0), r.value("devices_total", 0));
+    if (r.value("device_list_too_large", false)) {
+      std::cout << absl::StrFormat(
+          "  ^ DEVICE LIST TOO LARGE for the kubelet: %d bytes, the kubelet accepts %d; it "
+          "sees no devices of this resource\n",
+          r.value("device_list_bytes", 0), Resource::kKubeletMaxListBytes);
+    }
   }
   const Json state = st.value("state", Json());
   if (state.is_object()) {

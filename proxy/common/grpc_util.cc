@@ -40,8 +40,10 @@ grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
   return new Reactor(std::move(message));
 }
 
-std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path) {
+std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
+                                               int max_receive_bytes) {
   grpc::ChannelArguments args;
+  if (max_receive_bytes > 0) args.SetMaxReceiveMessageSize(max_receive_bytes);
   // Peers on a Unix socket come back quickly after a restart; do not wait
   // seconds between reconnection attempts. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS
   // is deliberately left alone: gRPC also uses it as the minimum connect

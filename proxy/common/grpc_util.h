@@ -34,7 +34,10 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 };
 
 // A channel to a Unix socket, made once and reused for every call.
-std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path);
+// `max_receive_bytes` > 0 raises (or lowers) gRPC's 4 MiB default limit on
+// messages received over the channel.
+std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
+                                               int max_receive_bytes = 0);
 
 // Waits until `channel` is connected; kDeadlineExceeded after `timeout`.
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout);

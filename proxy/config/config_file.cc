@@ -67,6 +67,15 @@ class Reader {
     return absl::OkStatus();
   }
 
+  absl::Status IntIn(const YAML::Node& n, const std::string& key, int lo, int hi, int* out) {
+    int v;
+    if (!n.IsScalar() || !YAML::convert<int>::decode(n, v) || v < lo || v > hi) {
+      return Error(n, key, absl::StrCat("must be a whole number from ", lo, " to ", hi));
+    }
+    *out = v;
+    return absl::OkStatus();
+  }
+
   absl::Status Bool(const YAML::Node& n, const std::string& key, bool* out) {
     bool b;
     if (!n.IsScalar() || !YAML::convert<bool>::decode(n, b)) {
@@ -93,7 +102,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
-                       "metrics_address", "socket_group", "timeouts", "backend_loss", "cdi_annotations", "renames", "id_maps",
+                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss", "cdi_annotations", "renames", "id_maps",
                        "backends"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
@@ -145,6 +154,14 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       DPP_CFG(r.Duration(t["backend"], "timeouts.backend", &c->kubelet.backend_timeout));
     }
     if (t["dial"]) DPP_CFG(r.Duration(t["dial"], "timeouts.dial", &c->dial_timeout));
+  }
+  if (const YAML::Node l = root["limits"]) {
+    DPP_CFG(r.CheckKeys(l, "limits", {"backend_list_mib"}));
+    if (l["backend_list_mib"]) {
+      int mib = 0;
+      DPP_CFG(r.IntIn(l["backend_list_mib"], "limits.backend_list_mib", 4, 2047, &mib));
+      c->backend_max_list_bytes = mib << 20;
+    }
   }
   if (const YAML::Node b = root["backend_loss"]) {
     DPP_CFG(r.CheckKeys(b, "backend_loss", {"policy", "hold"}));

@@ -121,9 +121,30 @@ void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
   auto index = std::make_shared<std::unordered_map<std::string, int>>();
   index->reserve(static_cast<size_t>(list.devices_size()));
   for (int i = 0; i < list.devices_size(); ++i) index->emplace(list.devices(i).id(), i);
+  snapshot_.bytes = list.ByteSizeLong();
   snapshot_.list = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
   snapshot_.index = std::move(index);
   ++snapshot_.version;
+  const bool over = snapshot_.bytes > kKubeletMaxListBytes;
+  if (over != over_kubelet_limit_) {
+    over_kubelet_limit_ = over;
+    if (over) {
+      LOG(ERROR) << "resource " << name_ << ": the device list is " << snapshot_.bytes
+                 << " bytes (" << snapshot_.list->devices_size()
+                 << " devices), more than the kubelet accepts in one message ("
+                 << kKubeletMaxListBytes
+                 << "): its ListAndWatch stream will fail and the node will show no "
+                    "capacity for this resource";
+    } else {
+      LOG(INFO) << "resource " << name_ << ": the device list fits the kubelet's limit again ("
+                << snapshot_.bytes << " bytes)";
+    }
+    events_->Emit(over ? "device_list_too_large" : "device_list_fits",
+                  {{"resource", name_},
+                   {"bytes", snapshot_.bytes},
+                   {"limit", kKubeletMaxListBytes},
+                   {"devices", snapshot_.list->devices_size()}});
+  }
 }
 
 void Resource::SetQuarantined(std::set<std::string> ids) {

@@ -67,7 +67,15 @@ class Resource {
     // Device ID -> position in `list`, built once per published list.
     std::shared_ptr<const std::unordered_map<std::string, int>> index =
         std::make_shared<const std::unordered_map<std::string, int>>();
+    // The list's size on the wire (v1beta1; a v1alpha list, without
+    // topology, is no larger).
+    size_t bytes = 0;
   };
+
+  // What a kubelet accepts in one message: gRPC's default receive limit,
+  // which the kubelet's plugin client keeps. A larger list never arrives:
+  // the kubelet's stream fails and the resource shows no capacity.
+  static constexpr size_t kKubeletMaxListBytes = 4 << 20;
 
   // `name` is the kubelet-facing name (after any rename).
   Resource(std::string name, ResourcePolicy policy, EventLog* events,
@@ -173,6 +181,7 @@ class Resource {
   // The list before quarantine overrides (what snapshot_ shows without them).
   v1beta1::ListAndWatchResponse base_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
+  bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);

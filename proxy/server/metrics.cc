@@ -78,6 +78,10 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   MetricFamily kubelet = Family("dpproxy_kubelet_registered",
                                 "1 once registered with the kubelet, labelled with the version.",
                                 MetricType::Gauge);
+  MetricFamily list_bytes = Family(
+      "dpproxy_device_list_bytes",
+      "Size of the device list sent to the kubelet; the kubelet accepts at most 4194304.",
+      MetricType::Gauge);
   for (const Json& r : status.value("resources", Json::array())) {
     const std::string name = r.value("resource", "");
     const int total = r.value("devices_total", 0);
@@ -88,7 +92,10 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
              r.value("backend_connected", false) ? 1 : 0);
     const std::string api = r.value("kubelet_api", "");
     AddGauge(&kubelet, {{"resource", name}, {"kubelet_api", api}}, api.empty() ? 0 : 1);
+    AddGauge(&list_bytes, {{"resource", name}},
+             static_cast<double>(r.value("device_list_bytes", 0)));
   }
+  out.push_back(std::move(list_bytes));
   out.push_back(std::move(devices));
   out.push_back(std::move(backend));
   out.push_back(std::move(kubelet));

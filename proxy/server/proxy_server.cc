@@ -57,6 +57,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
   if (c.dial_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("dial timeout must be positive");
   }
+  if (c.backend_max_list_bytes < (4 << 20) || c.backend_max_list_bytes > (2047 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the largest device list accepted from a plugin must be 4 to 2047 MiB (gRPC's limit); "
+        "got ", c.backend_max_list_bytes / (1 << 20), " MiB"));
+  }
   if (!c.state_dir.empty()) {
     if (c.state_dir[0] != '/') {
       return absl::InvalidArgumentError(
@@ -164,7 +169,8 @@ absl::Status ProxyServer::Start() {
           absl::StrCat("state directory ", config_.state_dir, ": ", s.message()));
     }
   }
-  BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout};
+  BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
+                                                 config_.backend_max_list_bytes};
   if (!config_.socket_group.empty()) reg_options.socket_gid = *ResolveGroup(config_.socket_group);
   registration_ = std::make_unique<BackendRegistrationServer>(
       reg_options,
@@ -740,7 +746,8 @@ void ProxyServer::ConnectStatic(Entry* e) {
   }
   if (!api.ok()) return;
   absl::StatusOr<std::shared_ptr<Backend>> b =
-      ConnectBackend(sb.resource, sb.endpoint, *api, absl::Milliseconds(500));
+      ConnectBackend(sb.resource, sb.endpoint, *api, absl::Milliseconds(500),
+                     config_.backend_max_list_bytes);
   if (!b.ok()) return;
   (void)AttachBackend(*b);
 }
@@ -955,6 +962,8 @@ Json ProxyServer::Status() {
                           opts.get_preferred_allocation_available()},
                          {"devices_total", snap.list->devices_size()},
                          {"devices_healthy", healthy},
+                         {"device_list_bytes", snap.bytes},
+                         {"device_list_too_large", snap.bytes > Resource::kKubeletMaxListBytes},
                          {"devices", devices}});
   }
   Json quarantined = Json::array();

@@ -62,6 +62,9 @@ struct ProxyConfig {
   // Where vendor plugins register (kubelet.sock) and put their sockets.
   std::string plugin_dir = "/var/lib/dpproxy/device-plugins";
   absl::Duration dial_timeout = absl::Seconds(10);
+  // The largest message accepted from a plugin (a device list); the
+  // kubelet's own limit is 4 MiB, which dpproxy reports, not enforces.
+  int backend_max_list_bytes = kDefaultBackendMaxListBytes;
   ResourcePolicy policy;
   // Backend resource name -> name toward the kubelet.
   std::map<std::string, std::string> renames;

@@ -28,6 +28,7 @@ plugin_dir: /run/dpproxy/plugins
 status_file: /run/dpproxy/status.json
 socket_group: "0"
 timeouts: {backend: 5s, dial: 2s}
+limits: {backend_list_mib: 64}
 backend_loss: {policy: hold, hold: 45s}
 cdi_annotations: true
 renames:
@@ -48,6 +49,7 @@ backends:
   EXPECT_EQ(c.socket_group, "0");
   EXPECT_EQ(c.kubelet.backend_timeout, absl::Seconds(5));
   EXPECT_EQ(c.dial_timeout, absl::Seconds(2));
+  EXPECT_EQ(c.backend_max_list_bytes, 64 << 20);
   EXPECT_EQ(c.policy.loss_policy, LossPolicy::kHold);
   EXPECT_EQ(c.policy.hold, absl::Seconds(45));
   EXPECT_TRUE(c.kubelet.cdi_annotations);
@@ -75,6 +77,9 @@ TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
       {"kubelet: {api: v2}\n", "kubelet.api: \"v2\" is not one of auto, v1alpha, v1beta1"},
       {"backend_loss: {policy: maybe}\n", "backend_loss.policy: \"maybe\" is not one of hold, unhealthy"},
       {"cdi_annotations: sometimes\n", "cdi_annotations: must be true or false"},
+      {"limits: {backend_list_mib: 3}\n",
+       "limits.backend_list_mib: must be a whole number from 4 to 2047"},
+      {"limits: {backend_list_mib: lots}\n", "limits.backend_list_mib: must be a whole number"},
       {"backends: {a: b}\n", "backends: must be a list"},
       {"backends:\n  - {resource: vendor.com/x}\n", "backends[0]: needs an endpoint"},
       {"backends:\n  - {resource: vendor.com/x, endpoint: /s, port: 1}\n", "backends[0].port: unknown key"},

@@ -158,5 +158,42 @@ TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
   r.Shutdown();
 }
 
+
+// A list larger than the kubelet accepts in one message is reported when it
+// appears and when it fits again; the list itself is kept whole (a smaller
+// one may follow, and the state keeps what the plugin said).
+TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
+  EventLog events("test");
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events);
+  auto backend = std::make_shared<FakeBackend>();
+  r.AttachBackend(backend);
+  // UUID-named MIG slices: ~60 bytes each on the wire.
+  const std::string prefix = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-";
+  backend->Deliver(Devices(1000, prefix));
+  EXPECT_LT(r.Current().bytes, Resource::kKubeletMaxListBytes);
+  EXPECT_FALSE(events.WaitForEvent("device_list_too_large", {}, absl::ZeroDuration()));
+  constexpr int kMany = 100000;
+  backend->Deliver(Devices(kMany, prefix));
+  const Resource::Snapshot big = r.Current();
+  EXPECT_EQ(big.list->devices_size(), kMany);
+  EXPECT_EQ(big.bytes, big.list->ByteSizeLong());
+  EXPECT_GT(big.bytes, Resource::kKubeletMaxListBytes);
+  std::optional<Json> e = events.WaitForEvent("device_list_too_large",
+                                              {{"resource", "vendor.com/gpu"}, {"devices", kMany}},
+                                              absl::Seconds(1));
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ((*e)["bytes"].get<size_t>(), big.bytes);
+  EXPECT_EQ((*e)["limit"].get<size_t>(), Resource::kKubeletMaxListBytes);
+  // Reported once, not on every list while it stays too large.
+  backend->Deliver(Devices(kMany + 1, prefix));
+  const auto counts = events.Counts();
+  EXPECT_EQ(counts.at(std::make_pair(std::string("device_list_too_large"),
+                                     std::string("vendor.com/gpu"))),
+            1);
+  backend->Deliver(Devices(1000, prefix));
+  EXPECT_TRUE(events.WaitForEvent("device_list_fits", {{"resource", "vendor.com/gpu"}},
+                                  absl::Seconds(1)));
+}
+
 }  // namespace
 }  // namespace dpproxy

@@ -560,6 +560,36 @@ TEST_F(ProxyTest, OneStreamPerBackendSoSingleStreamPluginsLoseNoUpdate) {
 // Issue 7.5: the plugin directory is compared with the kubelet's by
 // identity, whatever the spelling, and dpproxy's start-up cleaning removes
 // only stale sockets.
+// Sliced GPUs send lists past gRPC's 4 MiB default: dpproxy accepts them
+// from the plugin (over a real socket, for v1beta1 and v1alpha plugins),
+// keeps every device, and says the kubelet will not accept the list: an
+// event, the status (its table too) and a metric.
+TEST_F(ProxyTest, DeviceListsOver4MiBAreAcceptedAndReported) {
+  for (PluginApi api : {PluginApi::kV1Beta1, PluginApi::kV1Alpha}) {
+    SCOPED_TRACE(api == PluginApi::kV1Beta1 ? "v1beta1 plugin" : "v1alpha plugin");
+    ProxyHarness h(Personality::kV1Beta1Sync, false);
+    Start(h);
+    sample::SamplePluginOptions o = h.PluginOptions(api);
+    o.devices = 100000;
+    o.id_pattern = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-{i}";
+    ASSERT_NE(h.StartPlugin(o), nullptr);
+    std::optional<Json> e = h.proxy().events().WaitForEvent(
+        "device_list_too_large", {{"resource", kGpu}, {"devices", 100000}}, kWait);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_GT((*e)["bytes"].get<size_t>(), 4u << 20);
+    const Json st = h.proxy().Status();
+    ASSERT_EQ(st["resources"].size(), 1u);
+    EXPECT_EQ(st["resources"][0]["devices_total"], 100000);
+    EXPECT_EQ(st["resources"][0]["device_list_too_large"], true);
+    EXPECT_TRUE(st["resources"][0]["backend_connected"].get<bool>());
+    EXPECT_THAT(ProxyMetrics(&h.proxy()).Text(),
+                HasSubstr(absl::StrCat("dpproxy_device_list_bytes{resource=\"", kGpu, "\"} ",
+                                       (*e)["bytes"].get<size_t>())));
+    // The backend's stream stayed up: nothing was lost or refused.
+    EXPECT_FALSE(h.proxy().events().WaitForEvent("backend_down", {}, absl::ZeroDuration()));
+  }
+}
+
 TEST(ProxyConfigTest, PluginDirIsComparedByIdentity) {
   testing::ShortTempDir dir;
   ASSERT_TRUE(MakeDirs(dir.Sub("k/device-plugins")).ok());
@@ -666,6 +696,9 @@ TEST(ProxyConfigTest, BadConfigurationsAreNamed) {
               HasSubstr("api \"v2\" is not one of auto, v1alpha, v1beta1"));
   c.static_backends[0].api = "auto";
   EXPECT_TRUE(ValidateConfig(c).ok());
+  c.backend_max_list_bytes = 1 << 20;
+  EXPECT_THAT(std::string(ValidateConfig(c).message()),
+              HasSubstr("must be 4 to 2047 MiB (gRPC's limit); got 1 MiB"));
 }
 
 }  // namespace

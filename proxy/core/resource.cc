@@ -36,6 +36,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
     v1beta1::DevicePluginOptions opts = backend->options();
     options_changed = opts.SerializeAsString() != options_.SerializeAsString();
     options_ = opts;
+    ++changes_;
   }
   if (old != nullptr) {
     LOG(INFO) << "resource " << name_ << ": backend " << old->endpoint() << " ("
@@ -97,6 +98,7 @@ Resource::ChangeLock::~ChangeLock() {
   std::optional<Snapshot> published;
   if (r_->snapshot_.version != before_) published = r_->snapshot_;
   r_->mu_.Unlock();
+  if (published.has_value()) ++r_->changes_;
   if (!published.has_value()) return;
   absl::MutexLock lock(&r_->watch_mu_);
   for (auto& [id, on_publish] : r_->watchers_) on_publish(*published);
@@ -122,6 +124,8 @@ void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
   index->reserve(static_cast<size_t>(list.devices_size()));
   for (int i = 0; i < list.devices_size(); ++i) index->emplace(list.devices(i).id(), i);
   snapshot_.bytes = list.ByteSizeLong();
+  snapshot_.healthy = 0;
+  for (const auto& d : list.devices()) snapshot_.healthy += d.health() == kHealthy ? 1 : 0;
   snapshot_.list = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
   snapshot_.index = std::move(index);
   ++snapshot_.version;
@@ -309,6 +313,7 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   ChangeLock lock(this);
   if (generation != generation_) return;
   connected_ = false;
+  ++changes_;
   lost_at_ = absl::Now();
   hold_override_.reset();
   LOG(WARNING) << "resource " << name_ << ": backend "

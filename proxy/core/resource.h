@@ -11,6 +11,7 @@
 #ifndef DPPROXY_PROXY_CORE_RESOURCE_H_
 #define DPPROXY_PROXY_CORE_RESOURCE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -70,6 +71,7 @@ class Resource {
     // The list's size on the wire (v1beta1; a v1alpha list, without
     // topology, is no larger).
     size_t bytes = 0;
+    int healthy = 0;  // devices in `list` reported Healthy
   };
 
   // What a kubelet accepts in one message: gRPC's default receive limit,
@@ -139,6 +141,11 @@ class Resource {
   // Replaces the previous set; publishes a new list if anything changed.
   void SetQuarantined(std::set<std::string> ids);
 
+  // Grows whenever anything status or the state file show changes (the
+  // list, the backend, its connection): callers compare it instead of the
+  // lists. O(1).
+  uint64_t changes() const { return changes_.load(); }
+
   // Applies the hold expiry of the loss policy; call about once a second.
   void Tick(absl::Time now);
 
@@ -182,6 +189,7 @@ class Resource {
   v1beta1::ListAndWatchResponse base_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> changes_{0};
   std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);

@@ -70,7 +70,7 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   }
   out.push_back(std::move(events));
 
-  const Json status = server_->Status();
+  const Json status = server_->Status(/*with_devices=*/false);
   MetricFamily devices = Family("dpproxy_devices", "Devices reported to the kubelet, by health.",
                                 MetricType::Gauge);
   MetricFamily backend = Family("dpproxy_backend_connected",

@@ -316,8 +316,11 @@ void ProxyServer::RegistrarLoop() {
     CheckKubelet();
     CheckKubeletCheckpoint();
     ApplyQuarantine();
-    PersistResources();
-    WriteStatusIfChanged();
+    // Nothing below costs more than O(resources) unless something changed.
+    const std::string fingerprint = Fingerprint();
+    PersistResources(fingerprint);
+    WriteStatusIfChanged(fingerprint);
+    ++registrar_ticks_;
   }
 }
 
@@ -690,8 +693,33 @@ absl::Status ProxyServer::RestoreState() {
   return absl::OkStatus();
 }
 
-void ProxyServer::PersistResources() {
+std::string ProxyServer::Fingerprint() {
+  std::string fp;
+  std::vector<Entry*> entries;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : entries_) {
+      entries.push_back(e.get());
+      absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend, "|");
+    }
+    absl::StrAppend(&fp, quarantine_status_.size(), "|", devices_held_twice_, "|");
+  }
+  for (Entry* e : entries) {
+    absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint->negotiated(), "|");
+  }
+  absl::StrAppend(&fp, losses_.Total(), "|");
+  if (keeper_) {
+    absl::StrAppend(&fp, keeper_->AllocationCount(), "|", keeper_->save_failures(), "|",
+                    keeper_->writable(), "|", keeper_->quarantine_version());
+  }
+  return fp;
+}
+
+void ProxyServer::PersistResources(const std::string& fingerprint) {
   if (!keeper_) return;
+  // Saved resources change only with what the fingerprint counts; a failed
+  // save counts a failure, which changes it, so it is tried again.
+  if (fingerprint == persisted_fingerprint_) return;
   std::vector<Entry*> entries;
   {
     absl::MutexLock lock(&mu_);
@@ -717,21 +745,23 @@ void ProxyServer::PersistResources() {
     for (const auto& d : e->resource->ReportedDevices()) *r.add_devices() = d;
     out.push_back(std::move(r));
   }
-  (void)keeper_->SetResources(std::move(out));  // failures are logged and counted
+  // Failures are logged and counted.
+  if (keeper_->SetResources(std::move(out)).ok()) persisted_fingerprint_ = fingerprint;
 }
 
-void ProxyServer::WriteStatusIfChanged() {
+void ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
   if (config_.status_file.empty()) return;
-  Json st = Status();
   // Device health changes are in the file too; the registrar wakes at least
   // once a second, so the file is at most a second behind.
-  std::string text = st.dump(1);
-  if (text == last_status_) return;
+  if (fingerprint == written_fingerprint_) return;
+  // Built from values at least as new as `fingerprint`: a change after it
+  // was taken changes the next one, so nothing is missed.
+  const std::string text = Status().dump(1);
   if (absl::Status s = WriteFileAtomic(config_.status_file, text + "\n", 0640); !s.ok()) {
     LOG(WARNING) << "cannot write status file: " << s.message();
     return;
   }
-  last_status_ = std::move(text);
+  written_fingerprint_ = fingerprint;
 }
 
 void ProxyServer::ConnectStatic(Entry* e) {
@@ -933,7 +963,8 @@ std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
   return it == entries_.end() ? "" : it->second->endpoint->socket_path();
 }
 
-Json ProxyServer::Status() {
+Json ProxyServer::Status(bool with_devices) {
+  if (with_devices) ++status_builds_;
   Json resources = Json::array();
   std::vector<Entry*> entries;
   {
@@ -942,11 +973,12 @@ Json ProxyServer::Status() {
   }
   for (Entry* e : entries) {
     Resource::Snapshot snap = e->resource->Current();
-    int healthy = 0;
+    const int healthy = snap.healthy;
     Json devices = Json::array();
-    for (const auto& d : snap.list->devices()) {
-      healthy += d.health() == kHealthy ? 1 : 0;
-      devices.push_back({{"id", d.id()}, {"health", d.health()}});
+    if (with_devices) {
+      for (const auto& d : snap.list->devices()) {
+        devices.push_back({{"id", d.id()}, {"health", d.health()}});
+      }
     }
     std::shared_ptr<Backend> b = e->resource->backend();
     v1beta1::DevicePluginOptions opts = e->resource->options();

@@ -123,7 +123,13 @@ class ProxyServer {
   // Refused backend registrations by reason.
   std::map<std::string, int64_t> RegistrationRejections();
   // Resources, negotiated versions, backends, devices, lossy counters.
-  Json Status();
+  // Without `with_devices` (metrics), the per-device lists are left out and
+  // the cost is O(resources).
+  Json Status(bool with_devices = true);
+  // How often a status with devices was built, and how many registrar
+  // passes ran (tests: an idle proxy builds nothing).
+  int64_t status_builds() const { return status_builds_.load(); }
+  int64_t registrar_ticks() const { return registrar_ticks_.load(); }
   // The kubelet-facing socket of a resource ("" if unknown).
   std::string KubeletSocketOf(const std::string& resource);
 
@@ -160,9 +166,9 @@ class ProxyServer {
   void ConnectStatic(Entry* e);
   // Runs on a worker: one registration of `e` with the kubelet at `kubelet`.
   void RegisterOnWorker(Entry* e, FileId kubelet, std::string options, uint64_t served);
-  void WriteStatusIfChanged();
+  void WriteStatusIfChanged(const std::string& fingerprint);
   absl::Status RestoreState();
-  void PersistResources();
+  void PersistResources(const std::string& fingerprint);
   void ReconcileLoop();
   std::string PodResourcesSocket() const;
   // Kubelet checkpoint: the check after a kubelet restart, and releasing
@@ -220,7 +226,15 @@ class ProxyServer {
   uint64_t applied_quarantine_ = 0;
   Json quarantine_status_ ABSL_GUARDED_BY(mu_) = Json::array();
   int64_t devices_held_twice_ ABSL_GUARDED_BY(mu_) = 0;
-  std::string last_status_;  // registrar thread only
+  // What status and the saved resources are made of, in O(resources):
+  // change counters and the few small values that have none.
+  std::string Fingerprint();
+  // Registrar thread only: the fingerprint of the last persisted resources
+  // and written status file.
+  std::string persisted_fingerprint_;
+  std::string written_fingerprint_;
+  std::atomic<int64_t> status_builds_{0};
+  std::atomic<int64_t> registrar_ticks_{0};
 };
 
 }  // namespace dpproxy

@@ -91,6 +91,7 @@ std::vector<std::string> LossCounter::Add(const std::string& resource, const Los
     int64_t& c = m[kind];
     if (c == 0) first.push_back(kind);
     c += n;
+    total_ += n;
   };
   add("annotations", loss.annotations);
   add("cdi_devices", loss.cdi_devices);

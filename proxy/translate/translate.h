@@ -11,6 +11,7 @@
 #define DPPROXY_PROXY_TRANSLATE_TRANSLATE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,10 +74,13 @@ class LossCounter {
   int64_t Count(const std::string& resource, const std::string& kind) const;
   // resource -> kind -> count.
   std::map<std::string, std::map<std::string, int64_t>> Snapshot() const;
+  // Everything counted so far, in O(1) (grows with every loss).
+  int64_t Total() const { return total_.load(); }
 
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, std::map<std::string, int64_t>> counts_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> total_{0};
 };
 
 }  // namespace dpproxy

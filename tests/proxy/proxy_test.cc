@@ -12,6 +12,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -588,6 +589,37 @@ TEST_F(ProxyTest, DeviceListsOver4MiBAreAcceptedAndReported) {
     // The backend's stream stayed up: nothing was lost or refused.
     EXPECT_FALSE(h.proxy().events().WaitForEvent("backend_down", {}, absl::ZeroDuration()));
   }
+}
+
+// An idle proxy does no work proportional to devices: its once-a-second
+// pass compares change counters, and status (file and metrics) is built
+// again only when something in it changed.
+TEST_F(ProxyTest, IdlePassesBuildNoStatus) {
+  testing::ShortTempDir status_dir;
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
+    c.status_file = status_dir.Sub("status.json");
+  });
+  Start(h);
+  sample::SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1));
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  auto passes = [&](int n) {
+    const int64_t from = h.proxy().registrar_ticks();
+    return h.WaitFor([&] { return h.proxy().registrar_ticks() >= from + n; });
+  };
+  ASSERT_TRUE(passes(2));  // settled
+  const int64_t builds = h.proxy().status_builds();
+  ASSERT_TRUE(passes(3));
+  EXPECT_EQ(h.proxy().status_builds(), builds);
+  (void)ProxyMetrics(&h.proxy()).Text();  // a scrape never lists devices
+  EXPECT_EQ(h.proxy().status_builds(), builds);
+  // A change is seen at the next pass: the status file shows it.
+  ASSERT_TRUE(plugin->SetHealth("gpu-1", "Unhealthy").ok());
+  EXPECT_TRUE(h.WaitFor([&] {
+    absl::StatusOr<std::string> text = ReadFile(h.config().status_file);
+    return text.ok() && absl::StrContains(*text, "\"devices_healthy\": 3");
+  })) << *ReadFile(h.config().status_file);
+  EXPECT_GT(h.proxy().status_builds(), builds);
 }
 
 TEST(ProxyConfigTest, PluginDirIsComparedByIdentity) {

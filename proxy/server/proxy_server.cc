@@ -371,7 +371,7 @@ absl::Status ProxyServer::ReconcileOnce() {
       }
     }
   }
-  const state::State st_now = keeper_->Snapshot();
+  const state::State st_now = keeper_->AllocationsSnapshot();
   const std::map<uint64_t, size_t> matched = holdings.Match(st_now);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   std::vector<StateKeeper::Holder> annotate;
@@ -436,7 +436,7 @@ void ProxyServer::QuarantineAllocations(const std::vector<uint64_t>& ids,
                << " allocation(s) (kept in memory): " << added.status().message();
   }
   if (added.ok() && *added == 0) return;
-  const state::State st = keeper_->Snapshot();
+  const state::State st = keeper_->AllocationsSnapshot();
   const std::set<uint64_t> wanted(ids.begin(), ids.end());
   // Which live allocations hold each device, to report a device held twice.
   std::map<std::pair<std::string, std::string>, std::vector<const state::Allocation*>> by_device;
@@ -489,7 +489,7 @@ void ProxyServer::ApplyQuarantine() {
   applied_quarantine_ = version;
   std::map<std::string, std::set<std::string>> devices;
   Json list = Json::array();
-  const state::State st = keeper_->Snapshot();
+  const state::State st = keeper_->AllocationsSnapshot();
   for (const state::Allocation& a : st.allocations()) {
     if (!a.quarantined()) continue;
     devices[a.resource()].insert(a.device_ids().begin(), a.device_ids().end());
@@ -540,7 +540,7 @@ void ProxyServer::CheckKubeletCheckpoint() {
                          ckpt.status().message(), ")");
     }
     std::vector<uint64_t> lost;
-    const state::State st = keeper_->Snapshot();
+    const state::State st = keeper_->AllocationsSnapshot();
     std::map<uint64_t, size_t> matched;
     if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
     int kept = 0;
@@ -616,7 +616,7 @@ Holdings ProxyServer::CheckpointHoldings(const KubeletCheckpoint& ckpt) {
 }
 
 absl::Status ProxyServer::CheckpointPass(const KubeletCheckpoint& ckpt) {
-  const state::State st = keeper_->Snapshot();
+  const state::State st = keeper_->AllocationsSnapshot();
   const Holdings holdings = CheckpointHoldings(ckpt);
   const std::map<uint64_t, size_t> matched = holdings.Match(st);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
@@ -882,7 +882,7 @@ void ProxyServer::CheckKubelet() {
         JoinPath(DevicePluginDir(config_.kubelet), kKubeletCheckpointName);
     check.checkpoint_before = StatFileId(ckpt_path);
     check.deadline = now + absl::Seconds(30);
-    const state::State st = keeper_->Snapshot();
+    const state::State st = keeper_->AllocationsSnapshot();
     // Live for the kubelet that stopped: the checkpoint still on disk is its
     // final view if it predates the new kubelet.sock (a new kubelet writes
     // only after devices register). Otherwise, what the last read listed

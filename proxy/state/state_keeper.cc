@@ -476,6 +476,14 @@ bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id
 
 int StateKeeper::AllocationCount() { return allocation_count_.load(); }
 
+state::State StateKeeper::AllocationsSnapshot() {
+  absl::MutexLock lock(&mu_);
+  state::State out;
+  *out.mutable_allocations() = state_.allocations();
+  out.set_next_allocation_id(state_.next_allocation_id());
+  return out;
+}
+
 state::State StateKeeper::Snapshot() {
   absl::MutexLock lock(&mu_);
   return state_;

@@ -104,8 +104,12 @@ class StateKeeper : public AllocationJournal {
   // Changes whenever the set of quarantined allocations changes.
   uint64_t quarantine_version() const { return quarantine_version_.load(); }
 
-  // A copy of everything (for reconciliation and dpctl-like views).
+  // A copy of everything (for dpctl-like views and tests).
   state::State Snapshot();
+  // A copy of the allocations alone (and the next id), without the saved
+  // device lists: what reconciliation and the checkpoint passes need, at a
+  // cost that does not grow with devices.
+  state::State AllocationsSnapshot();
   // Cheap, for status and metrics.
   int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.

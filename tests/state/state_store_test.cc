@@ -480,13 +480,21 @@ TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
 }
 
 
+// A loaded keeper in a fresh state directory.
+struct FreshKeeper {
+  FreshKeeper() { MustLoad(keeper); }
+  testing::ShortTempDir dir;
+  EventLog events{"test"};
+  StateKeeper keeper{dir.Sub("state.pb"), &events};
+};
+
 // Group commit: Records that arrive while a journal write is in flight are
 // written together, with one write and one fdatasync, once it completes.
 TEST(StateKeeperTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
-  testing::ShortTempDir dir;
-  EventLog events("test");
-  StateKeeper keeper(dir.Sub("state.pb"), &events);
-  MustLoad(keeper);
+  FreshKeeper fresh;
+  testing::ShortTempDir& dir = fresh.dir;
+  EventLog& events = fresh.events;
+  StateKeeper& keeper = fresh.keeper;
   constexpr int kWaiting = 7;
   absl::Notification all_queued;
   std::atomic<int> writes_seen{0};
@@ -522,10 +530,10 @@ TEST(StateKeeperTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
 
 // A failed batch fails every Record in it, and records nothing of any.
 TEST(StateKeeperTest, AFailedGroupWriteRefusesEveryRecordInIt) {
-  testing::ShortTempDir dir;
-  EventLog events("test");
-  StateKeeper keeper(dir.Sub("state.pb"), &events);
-  MustLoad(keeper);
+  FreshKeeper fresh;
+  testing::ShortTempDir& dir = fresh.dir;
+  EventLog& events = fresh.events;
+  StateKeeper& keeper = fresh.keeper;
   ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
   std::atomic<int> writes_seen{0};
@@ -557,10 +565,10 @@ TEST(StateKeeperTest, AFailedGroupWriteRefusesEveryRecordInIt) {
 // is stuck on the disk, and the records that arrived meanwhile stay in the
 // journal (the snapshot does not hold them).
 TEST(StateKeeperTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
-  testing::ShortTempDir dir;
-  EventLog events("test");
-  StateKeeper keeper(dir.Sub("state.pb"), &events);
-  MustLoad(keeper);
+  FreshKeeper fresh;
+  testing::ShortTempDir& dir = fresh.dir;
+  EventLog& events = fresh.events;
+  StateKeeper& keeper = fresh.keeper;
   absl::Notification compaction_started, records_done;
   keeper.SetTestHook([&](const char* where) {
     if (std::string(where) != "snapshot_write" || compaction_started.HasBeenNotified()) return;

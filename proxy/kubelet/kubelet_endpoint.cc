@@ -202,6 +202,55 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// --- Allocate -----------------------------------------------------------------------
+
+// The one Allocate policy, whatever API the kubelet speaks (its edge
+// translates the request in and the response out): check the request as
+// the kubelet's rules allow, map the IDs to the backend's, call it with a
+// deadline (cancelled with the kubelet's call), call PreStartContainer for
+// a kubelet that never will (v1alpha) when the backend needs it, journal the
+// answer durably, and only then answer.
+grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& req,
+                          KubeletApi kubelet_api, const grpc::ServerContextBase* ctx,
+                          v1beta1::AllocateResponse* resp) {
+  Resource* res = e->resource();
+  if (grpc::Status s = CheckRequest(res, req); !s.ok()) return s;
+  std::shared_ptr<Backend> b = res->backend();
+  if (b == nullptr) return NoBackend(res);
+  const absl::Duration timeout = e->options().backend_timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  const v1beta1::AllocateRequest breq = ToBackendIds(res, req);
+  absl::StatusOr<v1beta1::AllocateResponse> r = b->Allocate(breq, timeout, ctx);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  if (kubelet_api == KubeletApi::kV1Alpha && b->options().pre_start_required()) {
+    // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
+    // after Allocate, within the same deadline.
+    v1beta1::PreStartContainerRequest pre;
+    for (const auto& c : breq.container_requests()) {
+      for (const std::string& id : c.devices_ids()) pre.add_devices_ids(id);
+    }
+    absl::Status s =
+        b->PreStartContainer(pre, std::max(absl::Milliseconds(1), deadline - absl::Now()), ctx);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  if (grpc::Status s = e->Journal(req, *r, *b); !s.ok()) return s;
+  *resp = *std::move(r);
+  // v1alpha has no annotations: adding them would only count a loss.
+  if (e->options().cdi_annotations && kubelet_api == KubeletApi::kV1Beta1) {
+    for (auto& c : *resp->mutable_container_responses()) {
+      if (c.cdi_devices_size() == 0) continue;
+      std::vector<std::string> names;
+      for (const auto& d : c.cdi_devices()) names.push_back(d.name());
+      (*c.mutable_annotations())[CdiAnnotationKey(res->name())] = absl::StrJoin(names, ",");
+    }
+  }
+  e->events()->Emit("allocate",
+                    {{"resource", res->name()},
+                     {"kubelet_api", kubelet_api == KubeletApi::kV1Alpha ? "v1alpha2" : "v1beta1"},
+                     {"containers", req.container_requests_size()}});
+  return grpc::Status::OK;
+}
+
 // --- Services ---------------------------------------------------------------------
 
 class KubeletEndpoint::Services {
@@ -247,27 +296,7 @@ class KubeletEndpoint::Services {
 
     grpc::Status Allocate(grpc::ServerContext* ctx, const v1beta1::AllocateRequest* req,
                           v1beta1::AllocateResponse* resp) override {
-      if (grpc::Status s = CheckRequest(e_->resource(), *req); !s.ok()) return s;
-      std::shared_ptr<Backend> b = e_->resource()->backend();
-      if (b == nullptr) return NoBackend(e_->resource());
-      absl::StatusOr<v1beta1::AllocateResponse> r =
-          b->Allocate(ToBackendIds(e_->resource(), *req), e_->options().backend_timeout, ctx);
-      if (!r.ok()) return ToGrpcStatus(r.status());
-      if (grpc::Status s = e_->Journal(*req, *r, *b); !s.ok()) return s;
-      *resp = *std::move(r);
-      if (e_->options().cdi_annotations) {
-        for (auto& c : *resp->mutable_container_responses()) {
-          if (c.cdi_devices_size() == 0) continue;
-          std::vector<std::string> names;
-          for (const auto& d : c.cdi_devices()) names.push_back(d.name());
-          (*c.mutable_annotations())[CdiAnnotationKey(e_->resource()->name())] =
-              absl::StrJoin(names, ",");
-        }
-      }
-      e_->events()->Emit("allocate", {{"resource", e_->resource()->name()},
-                                      {"kubelet_api", "v1beta1"},
-                                      {"containers", req->container_requests_size()}});
-      return grpc::Status::OK;
+      return AllocateCore(e_, *req, KubeletApi::kV1Beta1, ctx, resp);
     }
 
     grpc::Status PreStartContainer(grpc::ServerContext* ctx,
@@ -302,34 +331,15 @@ class KubeletEndpoint::Services {
           });
     }
 
+    // The edge only translates: v1alpha in, the one core, v1alpha out.
     grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
                           deviceplugin::AllocateResponse* resp) override {
-      v1beta1::AllocateRequest breq = FromV1AlphaAllocate(*req);
-      if (grpc::Status s = CheckRequest(e_->resource(), breq); !s.ok()) return s;
-      std::shared_ptr<Backend> b = e_->resource()->backend();
-      if (b == nullptr) return NoBackend(e_->resource());
-      const absl::Time deadline = absl::Now() + e_->options().backend_timeout;
-      absl::StatusOr<v1beta1::AllocateResponse> r =
-          b->Allocate(ToBackendIds(e_->resource(), breq), e_->options().backend_timeout, ctx);
-      if (!r.ok()) return ToGrpcStatus(r.status());
-      // A 1.9 kubelet never calls PreStartContainer: if the backend needs
-      // it, the proxy calls it right after Allocate.
-      if (b->options().pre_start_required()) {
-        v1beta1::PreStartContainerRequest pre;
-        for (const std::string& id : req->devicesids()) {
-          pre.add_devices_ids(e_->resource()->ToBackendId(id));
-        }
-        absl::Status s = b->PreStartContainer(
-            pre, std::max(absl::Milliseconds(1), deadline - absl::Now()), ctx);
-        if (!s.ok()) return ToGrpcStatus(s);
-      }
-      if (grpc::Status s = e_->Journal(breq, *r, *b); !s.ok()) return s;
+      v1beta1::AllocateResponse r;
+      grpc::Status s = AllocateCore(e_, FromV1AlphaAllocate(*req), KubeletApi::kV1Alpha, ctx, &r);
+      if (!s.ok()) return s;
       Loss loss;
-      *resp = ToV1AlphaResponse(r->container_responses(0), &loss);
+      *resp = ToV1AlphaResponse(r.container_responses(0), &loss);
       e_->NoteLoss(loss);
-      e_->events()->Emit("allocate", {{"resource", e_->resource()->name()},
-                                      {"kubelet_api", "v1alpha2"},
-                                      {"containers", 1}});
       return grpc::Status::OK;
     }
 

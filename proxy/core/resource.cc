@@ -114,19 +114,37 @@ std::optional<std::string> Resource::DeviceHealth(const std::string& id) {
 }
 
 void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
-  base_ = list;
-  for (auto& d : *list.mutable_devices()) {
-    if (!quarantined_.empty() && quarantined_.count(d.id()) > 0) {
-      d.set_health(std::string(kUnhealthy));
+  PublishBaseLocked(std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list)));
+}
+
+void Resource::PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResponse> base) {
+  base_ = std::move(base);
+  // The kubelet sees the base list itself (one copy held) unless a
+  // quarantine overrides the health of a device in it.
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> shown = base_;
+  if (!quarantined_.empty()) {
+    bool overridden = false;
+    for (const auto& d : base_->devices()) {
+      if (d.health() != kUnhealthy && quarantined_.count(d.id()) > 0) {
+        overridden = true;
+        break;
+      }
+    }
+    if (overridden) {
+      v1beta1::ListAndWatchResponse list = *base_;
+      for (auto& d : *list.mutable_devices()) {
+        if (quarantined_.count(d.id()) > 0) d.set_health(std::string(kUnhealthy));
+      }
+      shown = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
     }
   }
   auto index = std::make_shared<std::unordered_map<std::string, int>>();
-  index->reserve(static_cast<size_t>(list.devices_size()));
-  for (int i = 0; i < list.devices_size(); ++i) index->emplace(list.devices(i).id(), i);
-  snapshot_.bytes = list.ByteSizeLong();
+  index->reserve(static_cast<size_t>(shown->devices_size()));
+  for (int i = 0; i < shown->devices_size(); ++i) index->emplace(shown->devices(i).id(), i);
+  snapshot_.bytes = shown->ByteSizeLong();
   snapshot_.healthy = 0;
-  for (const auto& d : list.devices()) snapshot_.healthy += d.health() == kHealthy ? 1 : 0;
-  snapshot_.list = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
+  for (const auto& d : shown->devices()) snapshot_.healthy += d.health() == kHealthy ? 1 : 0;
+  snapshot_.list = std::move(shown);
   snapshot_.index = std::move(index);
   ++snapshot_.version;
   const bool over = snapshot_.bytes > kKubeletMaxListBytes;
@@ -156,14 +174,14 @@ void Resource::SetQuarantined(std::set<std::string> ids) {
     ChangeLock lock(this);
     if (ids == quarantined_) return;
     quarantined_ = std::move(ids);
-    PublishLocked(base_);
+    PublishBaseLocked(base_);
   }
   if (hooks_.on_change) hooks_.on_change();
 }
 
 void Resource::MarkAllLocked(const std::string& health) {
   bool changed = false;
-  v1beta1::ListAndWatchResponse list = base_;
+  v1beta1::ListAndWatchResponse list = *base_;
   for (auto& d : *list.mutable_devices()) {
     if (d.health() != health) {
       d.set_health(health);

@@ -157,6 +157,8 @@ class Resource {
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResponse> base)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holds mu_ for a change; on release, delivers a list published under it
   // to the watchers.
   class ABSL_SCOPED_LOCKABLE ChangeLock {
@@ -186,7 +188,8 @@ class Resource {
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
   // The list before quarantine overrides (what snapshot_ shows without them).
-  v1beta1::ListAndWatchResponse base_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> base_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const v1beta1::ListAndWatchResponse>();
   std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> changes_{0};

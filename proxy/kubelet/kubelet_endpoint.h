@@ -116,9 +116,8 @@ class KubeletEndpoint {
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   std::optional<FileId> served_id_ ABSL_GUARDED_BY(mu_);
-  // Separate from mu_: handlers set it while Serve() may hold mu_ and wait
-  // for the handlers to finish.
-  // The Register call in flight, cancelled by Stop().
+  // The Register call in flight, cancelled by Stop(); a lock of its own,
+  // apart from mu_, which Serve() holds while the old server finishes.
   absl::Mutex register_mu_;
   grpc::ClientContext* register_ctx_ ABSL_GUARDED_BY(register_mu_) = nullptr;
   void FinishStreams();

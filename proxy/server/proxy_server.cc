@@ -702,7 +702,9 @@ std::string ProxyServer::Fingerprint() {
       entries.push_back(e.get());
       absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend, "|");
     }
-    absl::StrAppend(&fp, quarantine_status_.size(), "|", devices_held_twice_, "|");
+    // (The quarantine list is derived from the keeper's quarantine version,
+    // counted below.)
+    absl::StrAppend(&fp, devices_held_twice_, "|");
   }
   for (Entry* e : entries) {
     absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint->negotiated(), "|");

@@ -18,7 +18,7 @@ namespace dpproxy {
 namespace {
 
 // A backend whose ListAndWatch is the test: Deliver() hands a list to the
-// resource as the reader thread would.
+// resource as the backend's stream reader would.
 class FakeBackend : public Backend {
  public:
   PluginApi api() const override { return PluginApi::kV1Beta1; }

@@ -480,9 +480,11 @@ TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
 }
 
 
-// A loaded keeper in a fresh state directory.
-struct FreshKeeper {
-  FreshKeeper() { MustLoad(keeper); }
+// A loaded keeper in a fresh state directory, for the tests of how it
+// writes: group commit and compaction.
+class KeeperWritesTest : public ::testing::Test {
+ protected:
+  void SetUp() override { MustLoad(keeper); }
   testing::ShortTempDir dir;
   EventLog events{"test"};
   StateKeeper keeper{dir.Sub("state.pb"), &events};
@@ -490,11 +492,7 @@ struct FreshKeeper {
 
 // Group commit: Records that arrive while a journal write is in flight are
 // written together, with one write and one fdatasync, once it completes.
-TEST(StateKeeperTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
-  FreshKeeper fresh;
-  testing::ShortTempDir& dir = fresh.dir;
-  EventLog& events = fresh.events;
-  StateKeeper& keeper = fresh.keeper;
+TEST_F(KeeperWritesTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
   constexpr int kWaiting = 7;
   absl::Notification all_queued;
   std::atomic<int> writes_seen{0};
@@ -529,11 +527,7 @@ TEST(StateKeeperTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
 }
 
 // A failed batch fails every Record in it, and records nothing of any.
-TEST(StateKeeperTest, AFailedGroupWriteRefusesEveryRecordInIt) {
-  FreshKeeper fresh;
-  testing::ShortTempDir& dir = fresh.dir;
-  EventLog& events = fresh.events;
-  StateKeeper& keeper = fresh.keeper;
+TEST_F(KeeperWritesTest, AFailedGroupWriteRefusesEveryRecordInIt) {
   ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
   std::atomic<int> writes_seen{0};
@@ -564,11 +558,7 @@ TEST(StateKeeperTest, AFailedGroupWriteRefusesEveryRecordInIt) {
 // Compaction writes the snapshot on its own thread: Records go on while it
 // is stuck on the disk, and the records that arrived meanwhile stay in the
 // journal (the snapshot does not hold them).
-TEST(StateKeeperTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
-  FreshKeeper fresh;
-  testing::ShortTempDir& dir = fresh.dir;
-  EventLog& events = fresh.events;
-  StateKeeper& keeper = fresh.keeper;
+TEST_F(KeeperWritesTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
   absl::Notification compaction_started, records_done;
   keeper.SetTestHook([&](const char* where) {
     if (std::string(where) != "snapshot_write" || compaction_started.HasBeenNotified()) return;

@@ -38,7 +38,6 @@ DEFINE_string(sample_plugin, "", "Path of the sample_plugin binary.");
 DEFINE_int32(iterations, 3000, "Allocate calls per path and plugin version.");
 DEFINE_int32(block, 100, "Calls per block; blocks of the two paths alternate.");
 DEFINE_bool(journal, true, "Run dpproxy with a state directory (every answer journaled).");
-DEFINE_int32(metrics_port, 19464, "Loopback port of dpproxy's metrics during the run.");
 DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
 DEFINE_int32(concurrent_calls, 2000, "Allocate calls per client for the throughput figure.");
 
@@ -230,7 +229,9 @@ int Run() {
 
   const std::string plugins = dir + "/p";
   pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + plugins,
-                       "--status_file=" + dir + "/status.json", "--state_dir=" + (FLAGS_journal ? dir + "/state" : ""), "--metrics_address=" + (FLAGS_journal ? "127.0.0.1:" + std::to_string(FLAGS_metrics_port) : ""),
+                       "--status_file=" + dir + "/status.json",
+                       "--state_dir=" + (FLAGS_journal ? dir + "/state" : std::string()),
+                       "--metrics_address=",
                        "--minloglevel=1"});
   if (!WaitForPath(plugins + "/kubelet.sock", absl::Seconds(10))) {
     std::cerr << "allocate_bench: dpproxy did not start\n";

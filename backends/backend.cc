@@ -17,9 +17,10 @@
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
-#include "proxy/common/status_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
@@ -279,7 +280,7 @@ class V1Beta1Backend final : public BackendBase {
         stub_(v1beta1::DevicePlugin::NewStub(ch)),
         options_(std::move(options)) {}
 
-  PluginApi api() const override { return PluginApi::kV1Beta1; }
+  ApiVersion api() const override { return ApiVersion::kV1Beta1; }
   v1beta1::DevicePluginOptions options() const override { return options_; }
 
   absl::StatusOr<v1beta1::AllocateResponse> Allocate(
@@ -376,7 +377,7 @@ class V1AlphaBackend final : public BackendBase {
                                                " ended its stream: ", DescribeGrpcStatus(s)));
   }
 
-  PluginApi api() const override { return PluginApi::kV1Alpha; }
+  ApiVersion api() const override { return ApiVersion::kV1Alpha; }
   v1beta1::DevicePluginOptions options() const override { return V1AlphaBackendOptions(); }
 
   absl::StatusOr<v1beta1::AllocateResponse> Allocate(
@@ -461,13 +462,9 @@ class V1AlphaBackend final : public BackendBase {
 
 }  // namespace
 
-std::string ApiVersionString(PluginApi api) {
-  return api == PluginApi::kV1Alpha ? "v1alpha2" : "v1beta1";
-}
-
 absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
                                                         const std::string& socket_path,
-                                                        PluginApi api,
+                                                        ApiVersion api,
                                                         absl::Duration dial_timeout,
                                                         int max_receive_bytes) {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path));
@@ -476,7 +473,7 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resou
     return absl::UnavailableError(absl::StrCat("cannot reach device plugin at ", socket_path,
                                                " within ", absl::FormatDuration(dial_timeout)));
   }
-  if (api == PluginApi::kV1Alpha) {
+  if (api == ApiVersion::kV1Alpha) {
     // A socket that does not serve v1alpha (a v1beta1-only plugin, a
     // registration socket) is never attached in place of a working backend.
     auto backend = std::make_shared<V1AlphaBackend>(resource, socket_path, channel);
@@ -498,7 +495,7 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resou
       std::make_shared<V1Beta1Backend>(resource, socket_path, channel, options));
 }
 
-absl::StatusOr<PluginApi> ProbeBackendApi(const std::string& socket_path,
+absl::StatusOr<ApiVersion> ProbeBackendApi(const std::string& socket_path,
                                           absl::Duration timeout) {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path));
   std::shared_ptr<grpc::Channel> channel = MakeUnixChannel(socket_path);
@@ -510,8 +507,8 @@ absl::StatusOr<PluginApi> ProbeBackendApi(const std::string& socket_path,
   SetDeadline(&ctx, timeout);
   v1beta1::DevicePluginOptions options;
   grpc::Status s = stub->GetDevicePluginOptions(&ctx, v1beta1::Empty(), &options);
-  if (s.ok()) return PluginApi::kV1Beta1;
-  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return PluginApi::kV1Alpha;
+  if (s.ok()) return ApiVersion::kV1Beta1;
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return ApiVersion::kV1Alpha;
   return absl::UnavailableError(absl::StrCat("cannot tell the API of the device plugin at ",
                                              socket_path, ": ", DescribeGrpcStatus(s)));
 }

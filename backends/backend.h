@@ -9,7 +9,7 @@
 //
 //   absl::StatusOr<std::shared_ptr<Backend>> b =
 //       ConnectBackend("vendor.com/gpu", "/var/lib/dpproxy/device-plugins/gpu.sock",
-//                      PluginApi::kV1Alpha, absl::Seconds(10));
+//                      ApiVersion::kV1Alpha, absl::Seconds(10));
 //   (*b)->Start({on_devices, on_lost});
 //   auto resp = (*b)->Allocate(req, absl::Seconds(30));  // blocking
 #ifndef DPPROXY_BACKENDS_BACKEND_H_
@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
+#include "proxy/config/proxy_config.h"
 
 namespace grpc {
 class ServerContextBase;
@@ -31,10 +32,6 @@ class ServerContextBase;
 
 namespace dpproxy {
 
-enum class PluginApi { kV1Alpha, kV1Beta1 };
-
-// The Register version string of an API: "v1alpha2" or "v1beta1".
-std::string ApiVersionString(PluginApi api);
 
 struct BackendCallbacks {
   // Every full device list the plugin sends, in order, one call at a time,
@@ -50,7 +47,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  virtual PluginApi api() const = 0;
+  virtual ApiVersion api() const = 0;
   // Socket path of the plugin.
   virtual const std::string& endpoint() const = 0;
   // Resource name the plugin registered (before any rename).
@@ -86,23 +83,20 @@ class Backend {
   virtual void Stop() = 0;
 };
 
-// The largest message dpproxy accepts from a plugin by default: device
-// lists of sliced GPUs reach tens of MiB, far past gRPC's 4 MiB default.
-inline constexpr int kDefaultBackendMaxListBytes = 256 << 20;
 
 // Dials the plugin (up to `dial_timeout`) and, for v1beta1, asks for its
 // options. kUnavailable naming the socket if it cannot be reached.
 // Messages from the plugin may be up to `max_receive_bytes`.
 absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
                                                         const std::string& socket_path,
-                                                        PluginApi api,
+                                                        ApiVersion api,
                                                         absl::Duration dial_timeout,
                                                         int max_receive_bytes =
                                                             kDefaultBackendMaxListBytes);
 
 // Finds out which DevicePlugin service a plugin serves: v1beta1 if
 // GetDevicePluginOptions answers, v1alpha if that service is unknown.
-absl::StatusOr<PluginApi> ProbeBackendApi(const std::string& socket_path,
+absl::StatusOr<ApiVersion> ProbeBackendApi(const std::string& socket_path,
                                           absl::Duration timeout);
 
 }  // namespace dpproxy

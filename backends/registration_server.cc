@@ -8,10 +8,11 @@
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
-#include "proxy/common/kubelet_rules.h"
-#include "proxy/common/status_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
 
 namespace dpproxy {
 namespace {
@@ -22,7 +23,7 @@ class BetaRegistration final : public v1beta1::Registration::Service {
   grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest* r,
                         v1beta1::Empty*) override {
     return ToGrpcStatus(
-        s_->HandleRegister(PluginApi::kV1Beta1, r->version(), r->endpoint(), r->resource_name()));
+        s_->HandleRegister(ApiVersion::kV1Beta1, r->version(), r->endpoint(), r->resource_name()));
   }
 
  private:
@@ -35,7 +36,7 @@ class AlphaRegistration final : public deviceplugin::Registration::Service {
   grpc::Status Register(grpc::ServerContext*, const deviceplugin::RegisterRequest* r,
                         deviceplugin::Empty*) override {
     return ToGrpcStatus(
-        s_->HandleRegister(PluginApi::kV1Alpha, r->version(), r->endpoint(), r->resource_name()));
+        s_->HandleRegister(ApiVersion::kV1Alpha, r->version(), r->endpoint(), r->resource_name()));
   }
 
  private:
@@ -134,7 +135,7 @@ std::map<std::string, int64_t> BackendRegistrationServer::Rejections() {
   return rejections_;
 }
 
-absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std::string& version,
+absl::Status BackendRegistrationServer::HandleRegister(ApiVersion api, const std::string& version,
                                                        const std::string& endpoint,
                                                        const std::string& resource) {
   // Untrusted input: quoted and bounded wherever it is echoed, and never a
@@ -151,7 +152,7 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
                                                     {"error", std::string(s.message())}});
     return s;
   };
-  absl::Status s = api == PluginApi::kV1Alpha ? ValidateV1AlphaVersion(version)
+  absl::Status s = api == ApiVersion::kV1Alpha ? ValidateV1AlphaVersion(version)
                                               : ValidateV1Beta1Version(version);
   if (!s.ok()) return reject("version", s);
   if (s = ValidateResourceName(resource); !s.ok()) return reject("resource_name", s);
@@ -159,7 +160,7 @@ absl::Status BackendRegistrationServer::HandleRegister(PluginApi api, const std:
   const std::string socket = JoinPath(options_.dir, endpoint);
   if (s = ValidateSocketPath(socket); !s.ok()) return reject("endpoint", s);
 
-  if (api == PluginApi::kV1Beta1) {
+  if (api == ApiVersion::kV1Beta1) {
     absl::StatusOr<std::shared_ptr<Backend>> b =
         ConnectBackend(resource, socket, api, options_.dial_timeout, options_.max_list_bytes);
     if (!b.ok()) {

@@ -31,7 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
-#include "proxy/common/event_log.h"
+#include "proxy/events/event_log.h"
 
 namespace dpproxy {
 
@@ -71,7 +71,7 @@ class BackendRegistrationServer {
   std::map<std::string, int64_t> Rejections();
 
   // Implementation, public for the services in the .cc file.
-  absl::Status HandleRegister(PluginApi api, const std::string& version,
+  absl::Status HandleRegister(ApiVersion api, const std::string& version,
                               const std::string& endpoint, const std::string& resource);
 
  private:

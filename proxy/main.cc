@@ -13,10 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
-#include "proxy/common/cli.h"
-#include "proxy/common/event_log.h"
-#include "proxy/common/files.h"
-#include "proxy/common/status_util.h"
+#include "proxy/cli/cli.h"
+#include "proxy/events/event_log.h"
+#include "proxy/util/files.h"
+#include "proxy/util/status_macros.h"
 #include "proxy/config/config_file.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
@@ -125,16 +125,12 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("kubelet_root")) c->kubelet.kubelet_root = FLAGS_kubelet_root;
   if (set("plugin_dir")) c->plugin_dir = FLAGS_plugin_dir;
   if (set("kubelet_api")) {
-    if (FLAGS_kubelet_api == "auto") {
-      c->kubelet.api = KubeletApi::kAuto;
-    } else if (FLAGS_kubelet_api == "v1beta1") {
-      c->kubelet.api = KubeletApi::kV1Beta1;
-    } else if (FLAGS_kubelet_api == "v1alpha") {
-      c->kubelet.api = KubeletApi::kV1Alpha;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kubelet_api=", FLAGS_kubelet_api, " is not auto, v1beta1 or v1alpha"));
+    absl::StatusOr<std::optional<ApiVersion>> api =
+        ParseApiVersion(FLAGS_kubelet_api, /*allow_auto=*/true);
+    if (!api.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kubelet_api=", api.status().message()));
     }
+    c->kubelet.api = *api;
   }
   if (set("kubelet_registration")) {
     if (FLAGS_kubelet_registration == "kubelet") {
@@ -192,7 +188,14 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
     sb.resource = kv[0];
     std::vector<std::string> ea = absl::StrSplit(kv[1], absl::MaxSplits('@', 1));
     sb.endpoint = ea[0];
-    if (ea.size() == 2) sb.api = ea[1];
+    if (ea.size() == 2) {
+      absl::StatusOr<std::optional<ApiVersion>> api = ParseApiVersion(ea[1], /*allow_auto=*/true);
+      if (!api.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--static_backend ", sb.resource, ": api ", api.status().message()));
+      }
+      sb.api = *api;
+    }
     c->static_backends.push_back(sb);
   }
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 namespace {
@@ -110,8 +110,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     if (k["api"]) {
       std::string v;
       DPP_CFG(r.OneOf(k["api"], "kubelet.api", {"auto", "v1beta1", "v1alpha"}, &v));
-      c->kubelet.api = v == "auto" ? KubeletApi::kAuto
-                                   : v == "v1beta1" ? KubeletApi::kV1Beta1 : KubeletApi::kV1Alpha;
+      c->kubelet.api = *ParseApiVersion(v, /*allow_auto=*/true);
     }
     if (k["registration"]) {
       std::string v;
@@ -209,7 +208,9 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       DPP_CFG(r.String(b["resource"], path + ".resource", &sb.resource));
       DPP_CFG(r.String(b["endpoint"], path + ".endpoint", &sb.endpoint));
       if (b["api"]) {
-        DPP_CFG(r.OneOf(b["api"], path + ".api", {"auto", "v1alpha", "v1beta1"}, &sb.api));
+        std::string v;
+        DPP_CFG(r.OneOf(b["api"], path + ".api", {"auto", "v1alpha", "v1beta1"}, &v));
+        sb.api = *ParseApiVersion(v, /*allow_auto=*/true);
       }
       c->static_backends.push_back(sb);
     }

@@ -29,7 +29,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "proxy/server/proxy_server.h"
+#include "proxy/config/proxy_config.h"
 
 namespace dpproxy {
 

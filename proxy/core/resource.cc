@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "absl/time/clock.h"
-#include "proxy/common/kubelet_rules.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy {
 
@@ -32,7 +32,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
     lost_at_.reset();
     hold_override_.reset();
     last_endpoint_ = backend->endpoint();
-    last_api_ = ApiVersionString(backend->api());
+    last_api_ = std::string(ApiWireVersion(backend->api()));
     v1beta1::DevicePluginOptions opts = backend->options();
     options_changed = opts.SerializeAsString() != options_.SerializeAsString();
     options_ = opts;
@@ -40,16 +40,16 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
   }
   if (old != nullptr) {
     LOG(INFO) << "resource " << name_ << ": backend " << old->endpoint() << " ("
-              << ApiVersionString(old->api()) << ") replaced by " << backend->endpoint() << " ("
-              << ApiVersionString(backend->api()) << ")";
+              << ApiWireVersion(old->api()) << ") replaced by " << backend->endpoint() << " ("
+              << std::string(ApiWireVersion(backend->api())) << ")";
     old->Stop();
   }
   LOG(INFO) << "resource " << name_ << ": backend up at " << backend->endpoint() << " ("
-            << ApiVersionString(backend->api()) << ")";
+            << std::string(ApiWireVersion(backend->api())) << ")";
   events_->Emit("backend_up", {{"resource", name_},
                                {"backend_resource", backend->resource()},
                                {"endpoint", backend->endpoint()},
-                               {"api_version", ApiVersionString(backend->api())},
+                               {"api_version", std::string(ApiWireVersion(backend->api()))},
                                {"replaced", old != nullptr}});
   if (hooks_.on_change) hooks_.on_change();
   backend->Start(BackendCallbacks{

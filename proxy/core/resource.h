@@ -26,28 +26,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "proxy/config/proxy_config.h"
 #include "proto/v1beta1/api.pb.h"
-#include "proxy/common/event_log.h"
+#include "proxy/events/event_log.h"
 
 namespace dpproxy {
-
-enum class LossPolicy {
-  // Report every device Unhealthy as soon as the backend is lost: no new pod
-  // gets a device nobody answers for. The default.
-  kUnhealthy,
-  // Keep reporting the last known health for `hold`, then Unhealthy: rides
-  // out a quick plugin restart without the kubelet seeing a flap.
-  kHold,
-};
-
-struct ResourcePolicy {
-  LossPolicy loss_policy = LossPolicy::kUnhealthy;
-  absl::Duration hold = absl::ZeroDuration();
-  // Backend device ID -> the ID the kubelet sees, for a backend that names
-  // devices differently from its predecessor (indexes vs UUIDs). IDs not in
-  // the map pass through unchanged.
-  std::map<std::string, std::string> id_map;
-};
 
 struct ResourceHooks {
   // Called (without locks held) after every device-list or backend change.

@@ -17,10 +17,11 @@
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
-#include "proxy/common/kubelet_rules.h"
-#include "proxy/common/status_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
 
 namespace dpproxy {
 namespace {
@@ -99,13 +100,6 @@ grpc::Status NoBackend(Resource* r) {
 }
 
 }  // namespace
-
-std::string DevicePluginDir(const KubeletSideOptions& o) {
-  return JoinPath(o.kubelet_root, "device-plugins");
-}
-std::string KubeletSocketPath(const KubeletSideOptions& o) {
-  return JoinPath(DevicePluginDir(o), kKubeletSocketName);
-}
 
 // --- ListAndWatch streams ------------------------------------------------------------
 
@@ -211,7 +205,7 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
 // a kubelet that never will (v1alpha) when the backend needs it, journal the
 // answer durably, and only then answer.
 grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& req,
-                          KubeletApi kubelet_api, const grpc::ServerContextBase* ctx,
+                          ApiVersion kubelet_api, const grpc::ServerContextBase* ctx,
                           v1beta1::AllocateResponse* resp) {
   Resource* res = e->resource();
   if (grpc::Status s = CheckRequest(res, req); !s.ok()) return s;
@@ -222,7 +216,7 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
   const v1beta1::AllocateRequest breq = ToBackendIds(res, req);
   absl::StatusOr<v1beta1::AllocateResponse> r = b->Allocate(breq, timeout, ctx);
   if (!r.ok()) return ToGrpcStatus(r.status());
-  if (kubelet_api == KubeletApi::kV1Alpha && b->options().pre_start_required()) {
+  if (kubelet_api == ApiVersion::kV1Alpha && b->options().pre_start_required()) {
     // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
     // after Allocate, within the same deadline.
     v1beta1::PreStartContainerRequest pre;
@@ -236,7 +230,7 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
   if (grpc::Status s = e->Journal(req, *r, *b); !s.ok()) return s;
   *resp = *std::move(r);
   // v1alpha has no annotations: adding them would only count a loss.
-  if (e->options().cdi_annotations && kubelet_api == KubeletApi::kV1Beta1) {
+  if (e->options().cdi_annotations && kubelet_api == ApiVersion::kV1Beta1) {
     for (auto& c : *resp->mutable_container_responses()) {
       if (c.cdi_devices_size() == 0) continue;
       std::vector<std::string> names;
@@ -246,7 +240,7 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
   }
   e->events()->Emit("allocate",
                     {{"resource", res->name()},
-                     {"kubelet_api", kubelet_api == KubeletApi::kV1Alpha ? "v1alpha2" : "v1beta1"},
+                     {"kubelet_api", std::string(ApiWireVersion(kubelet_api))},
                      {"containers", req.container_requests_size()}});
   return grpc::Status::OK;
 }
@@ -296,7 +290,7 @@ class KubeletEndpoint::Services {
 
     grpc::Status Allocate(grpc::ServerContext* ctx, const v1beta1::AllocateRequest* req,
                           v1beta1::AllocateResponse* resp) override {
-      return AllocateCore(e_, *req, KubeletApi::kV1Beta1, ctx, resp);
+      return AllocateCore(e_, *req, ApiVersion::kV1Beta1, ctx, resp);
     }
 
     grpc::Status PreStartContainer(grpc::ServerContext* ctx,
@@ -335,7 +329,7 @@ class KubeletEndpoint::Services {
     grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
                           deviceplugin::AllocateResponse* resp) override {
       v1beta1::AllocateResponse r;
-      grpc::Status s = AllocateCore(e_, FromV1AlphaAllocate(*req), KubeletApi::kV1Alpha, ctx, &r);
+      grpc::Status s = AllocateCore(e_, FromV1AlphaAllocate(*req), ApiVersion::kV1Alpha, ctx, &r);
       if (!s.ok()) return s;
       Loss loss;
       *resp = ToV1AlphaResponse(r.container_responses(0), &loss);
@@ -470,15 +464,15 @@ absl::Status KubeletEndpoint::Register() {
   if (!WaitForConnected(channel.get(), absl::Seconds(2)).ok()) {
     return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
   }
-  std::vector<KubeletApi> tries;
-  if (options_.api == KubeletApi::kAuto || options_.api == KubeletApi::kV1Beta1) {
-    tries.push_back(KubeletApi::kV1Beta1);
+  std::vector<ApiVersion> tries;
+  if (!options_.api || options_.api == ApiVersion::kV1Beta1) {
+    tries.push_back(ApiVersion::kV1Beta1);
   }
-  if (options_.api == KubeletApi::kAuto || options_.api == KubeletApi::kV1Alpha) {
-    tries.push_back(KubeletApi::kV1Alpha);
+  if (!options_.api || options_.api == ApiVersion::kV1Alpha) {
+    tries.push_back(ApiVersion::kV1Alpha);
   }
   std::vector<std::string> refusals;
-  for (KubeletApi api : tries) {
+  for (ApiVersion api : tries) {
     grpc::ClientContext ctx;
     // A 1.25+ kubelet dials back before answering, for up to 10 s.
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(15)));
@@ -496,7 +490,7 @@ absl::Status KubeletEndpoint::Register() {
     } clear{this};
     grpc::Status st;
     std::string version;
-    if (api == KubeletApi::kV1Beta1) {
+    if (api == ApiVersion::kV1Beta1) {
       version = std::string(kV1Beta1Version);
       v1beta1::RegisterRequest req;
       req.set_version(version);
@@ -519,12 +513,12 @@ absl::Status KubeletEndpoint::Register() {
       std::shared_ptr<Backend> b = resource_->backend();
       LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as "
                 << version << " (backend "
-                << (b ? ApiVersionString(b->api()) + " at " + b->endpoint() : "not connected")
+                << (b ? std::string(ApiWireVersion(b->api())) + " at " + b->endpoint() : "not connected")
                 << ")";
       events_->Emit("kubelet_registered",
                     {{"resource", resource_->name()},
                      {"kubelet_api", version},
-                     {"backend_api", b ? ApiVersionString(b->api()) : ""},
+                     {"backend_api", b ? std::string(ApiWireVersion(b->api())) : ""},
                      {"socket", socket_path_},
                      {"refused_first", refusals}});
       return absl::OkStatus();
@@ -549,7 +543,7 @@ grpc::Status KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
                                       const v1beta1::AllocateResponse& resp,
                                       const Backend& backend) {
   if (journal_ == nullptr) return grpc::Status::OK;
-  absl::Status s = journal_->Record(resource_->name(), req, resp, ApiVersionString(backend.api()),
+  absl::Status s = journal_->Record(resource_->name(), req, resp, std::string(ApiWireVersion(backend.api())),
                                     backend.endpoint());
   if (s.ok()) return grpc::Status::OK;
   if (s.code() == absl::StatusCode::kFailedPrecondition) {

@@ -24,30 +24,14 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proxy/common/event_log.h"
-#include "proxy/common/files.h"
+#include "proxy/events/event_log.h"
+#include "proxy/util/files.h"
+#include "proxy/config/proxy_config.h"
 #include "proxy/core/resource.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
-
-enum class KubeletApi { kAuto, kV1Beta1, kV1Alpha };
-enum class KubeletRegistration { kKubeletSocket, kPluginWatcher };
-
-struct KubeletSideOptions {
-  std::string kubelet_root = "/var/lib/kubelet";
-  KubeletApi api = KubeletApi::kAuto;
-  KubeletRegistration registration = KubeletRegistration::kKubeletSocket;
-  // Deadline of every call the proxy makes to a backend.
-  absl::Duration backend_timeout = absl::Seconds(30);
-  // Also express CDI devices as a "cdi.k8s.io/..." container annotation, for
-  // runtimes driven by kubelets that predate the cdi_devices field.
-  bool cdi_annotations = false;
-};
-
-std::string DevicePluginDir(const KubeletSideOptions& o);
-std::string KubeletSocketPath(const KubeletSideOptions& o);
 
 class KubeletEndpoint {
  public:

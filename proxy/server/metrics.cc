@@ -6,7 +6,7 @@
 
 #include <prometheus/text_serializer.h>
 
-#include "proxy/common/kubelet_rules.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy {
 namespace {

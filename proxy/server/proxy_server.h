@@ -25,74 +25,19 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/registration_server.h"
-#include "proxy/common/dir_watcher.h"
-#include "proxy/common/event_log.h"
-#include "proxy/common/files.h"
+#include "proxy/config/proxy_config.h"
+#include "proxy/util/dir_watcher.h"
+#include "proxy/events/event_log.h"
+#include "proxy/util/files.h"
 #include "proxy/core/resource.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/kubelet/kubelet_checkpoint.h"
 #include "proxy/server/holdings.h"
-#include "proxy/server/work_queue.h"
+#include "proxy/util/work_queue.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
-
-struct StaticBackendConfig {
-  std::string resource;  // as the plugin names it (before renames)
-  std::string endpoint;  // absolute socket path
-  // "v1alpha", "v1beta1" or "auto" (probe which DevicePlugin service answers)
-  std::string api = "auto";
-};
-
-// What the kubelet is told about remembered devices after a proxy restart,
-// until their backend is back.
-enum class RestorePolicy {
-  // Remembered health for `restore_hold`: a kubelet that re-admits pods in
-  // that window (node reboot, kubelet restart) finds their devices healthy.
-  kTrust,
-  // Unhealthy at once: no pod is admitted to a device nobody answers for,
-  // but pods re-admitted before the backend is back fail with
-  // UnexpectedAdmissionError.
-  kUnhealthy,
-};
-
-struct ProxyConfig {
-  KubeletSideOptions kubelet;
-  // Where vendor plugins register (kubelet.sock) and put their sockets.
-  std::string plugin_dir = "/var/lib/dpproxy/device-plugins";
-  absl::Duration dial_timeout = absl::Seconds(10);
-  // The largest message accepted from a plugin (a device list); the
-  // kubelet's own limit is 4 MiB, which dpproxy reports, not enforces.
-  int backend_max_list_bytes = kDefaultBackendMaxListBytes;
-  ResourcePolicy policy;
-  // Backend resource name -> name toward the kubelet.
-  std::map<std::string, std::string> renames;
-  // Kubelet-facing resource -> (backend device ID -> kubelet device ID).
-  std::map<std::string, std::map<std::string, std::string>> id_maps;
-  std::vector<StaticBackendConfig> static_backends;
-  // Status() as JSON, rewritten (atomically) whenever it changes; "" = none.
-  std::string status_file;
-  // Durable state (<state_dir>/state.pb); "" = keep nothing on disk.
-  std::string state_dir;
-  RestorePolicy restore_policy = RestorePolicy::kTrust;
-  absl::Duration restore_hold = absl::Minutes(5);
-  // Reconciliation with the kubelet's pod-resources API
-  // (<kubelet_root>/pod-resources/kubelet.sock): shortly after start and
-  // then every interval; 0 turns it off. Journal entries whose devices no
-  // pod holds in two consecutive answers, and that are older than the grace,
-  // are released.
-  absl::Duration reconcile_interval = absl::Minutes(1);
-  // Group allowed to use the backend registration socket (mode 0660); ""
-  // keeps it 0700 (root's plugins only). Name or number.
-  std::string socket_group;
-  // Prometheus endpoint (host:port) served by the dpproxy binary; "" = none.
-  std::string metrics_address;
-  absl::Duration reconcile_grace = absl::Minutes(5);
-};
-
-// kInvalidArgument naming the field and the problem.
-absl::Status ValidateConfig(const ProxyConfig& config);
 
 class ProxyServer {
  public:

@@ -10,8 +10,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "proxy/common/encoding.h"
-#include "proxy/common/files.h"
+#include "proxy/util/encoding.h"
+#include "proxy/util/files.h"
 #include "proxy/state/state_store.h"
 #include <time.h>
 

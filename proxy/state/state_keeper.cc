@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 

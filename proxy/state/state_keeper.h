@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/v1beta1/api.pb.h"
-#include "proxy/common/event_log.h"
+#include "proxy/events/event_log.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_store.h"
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proxy/common/encoding.h"
-#include "proxy/common/files.h"
+#include "proxy/util/encoding.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 namespace {

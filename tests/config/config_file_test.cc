@@ -2,7 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dpproxy {
@@ -42,7 +42,7 @@ backends:
                                   "dpproxy.yaml", &c);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(c.kubelet.kubelet_root, "/var/snap/microk8s/common/var/lib/kubelet");
-  EXPECT_EQ(c.kubelet.api, KubeletApi::kV1Alpha);
+  EXPECT_EQ(c.kubelet.api, ApiVersion::kV1Alpha);
   EXPECT_EQ(c.kubelet.registration, KubeletRegistration::kPluginWatcher);
   EXPECT_EQ(c.plugin_dir, "/run/dpproxy/plugins");
   EXPECT_EQ(c.status_file, "/run/dpproxy/status.json");
@@ -55,8 +55,8 @@ backends:
   EXPECT_TRUE(c.kubelet.cdi_annotations);
   EXPECT_EQ(c.renames.at("legacy.example.com/gpu"), "vendor.com/gpu");
   ASSERT_EQ(c.static_backends.size(), 2u);
-  EXPECT_EQ(c.static_backends[0].api, "v1beta1");
-  EXPECT_EQ(c.static_backends[1].api, "auto");
+  EXPECT_EQ(c.static_backends[0].api, ApiVersion::kV1Beta1);
+  EXPECT_EQ(c.static_backends[1].api, std::nullopt);  // auto: probed
 }
 
 TEST(ConfigFileTest, EmptyFileChangesNothing) {
@@ -113,6 +113,21 @@ TEST(ConfigFileTest, LoadsFromDisk) {
   ProxyConfig c = Base();
   ASSERT_TRUE(LoadConfigFile(dir.Sub("c.yaml"), &c).ok());
   EXPECT_EQ(c.kubelet.backend_timeout, absl::Minutes(1));
+}
+
+TEST(ApiVersionTest, OneSpellingForPeopleOneForTheWire) {
+  for (ApiVersion api : {ApiVersion::kV1Alpha, ApiVersion::kV1Beta1}) {
+    EXPECT_EQ(*ParseApiVersion(ApiName(api), false), api);
+    EXPECT_EQ(*ParseApiVersion(ApiWireVersion(api), false), api);
+  }
+  EXPECT_EQ(ApiName(ApiVersion::kV1Alpha), "v1alpha");
+  EXPECT_EQ(ApiWireVersion(ApiVersion::kV1Alpha), "v1alpha2");
+  EXPECT_EQ(ApiWireVersion(ApiVersion::kV1Beta1), "v1beta1");
+  EXPECT_EQ(*ParseApiVersion("auto", /*allow_auto=*/true), std::nullopt);
+  EXPECT_EQ(ParseApiVersion("auto", /*allow_auto=*/false).status().message(),
+            "auto is not v1alpha or v1beta1");
+  EXPECT_EQ(ParseApiVersion("v1", /*allow_auto=*/true).status().message(),
+            "v1 is not auto, v1alpha or v1beta1");
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/common/event_log.h"
+#include "proxy/events/event_log.h"
 
 namespace dpproxy {
 namespace {
@@ -21,7 +21,7 @@ namespace {
 // resource as the backend's stream reader would.
 class FakeBackend : public Backend {
  public:
-  PluginApi api() const override { return PluginApi::kV1Beta1; }
+  ApiVersion api() const override { return ApiVersion::kV1Beta1; }
   const std::string& endpoint() const override { return endpoint_; }
   const std::string& resource() const override { return resource_; }
   v1beta1::DevicePluginOptions options() const override { return {}; }

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "proxy/common/kubelet_rules.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string s(reinterpret_cast<const char*>(data), size);

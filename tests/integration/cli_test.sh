@@ -122,7 +122,7 @@ for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_tim
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
-expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1beta1 or v1alpha"
+expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1alpha or v1beta1"
 expect_exit "dpproxy bad rename" 2 "$PROXY" --rename=nonsense
 expect_contains "dpproxy bad rename message" "$LAST_OUT" '"nonsense" is not FROM=TO'
 expect_exit "dpproxy plugin_dir = kubelet dir" 2 "$PROXY" --kubelet_root=/tmp/k --plugin_dir=/tmp/k/device-plugins

@@ -19,8 +19,8 @@
 #include "proto/podresources/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
 #include "tests/testing/raw_clients.h"
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
@@ -30,7 +30,7 @@
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sample::RegistrationMode;
 using sample::SamplePlugin;
 using sample::SamplePluginOptions;
@@ -51,7 +51,7 @@ sim::AllocateRequest Pod(const std::string& name,
 
 struct Pair {
   Personality personality;
-  PluginApi api;
+  ApiVersion api;
   RegistrationMode mode;
   std::string name;
 };
@@ -71,7 +71,7 @@ class Harness {
   KubeletSim& sim() { return *sim_; }
   std::string root() const { return dir_.Sub("kubelet"); }
 
-  SamplePluginOptions PluginOptions(PluginApi api, RegistrationMode mode) {
+  SamplePluginOptions PluginOptions(ApiVersion api, RegistrationMode mode) {
     SamplePluginOptions o;
     o.api = api;
     o.registration = mode;
@@ -119,7 +119,7 @@ class PersonalityTest : public ::testing::TestWithParam<Pair> {
   PersonalityTest() : h_(GetParam().personality) {}
   void SetUp() override { ASSERT_TRUE(h_.sim().Start().ok()); }
   SamplePluginOptions Options() { return h_.PluginOptions(GetParam().api, GetParam().mode); }
-  bool IsBeta() const { return GetParam().api == PluginApi::kV1Beta1; }
+  bool IsBeta() const { return GetParam().api == ApiVersion::kV1Beta1; }
   Harness h_;
 };
 
@@ -322,14 +322,14 @@ TEST_P(BetaPersonalityTest, BatchedAllocateCarriesEveryContainer) {
   EXPECT_EQ(plugin.Status().allocate_calls(), 1);
 }
 
-const Pair kV1AlphaPair{Personality::kV1Alpha, PluginApi::kV1Alpha, RegistrationMode::kKubelet,
+const Pair kV1AlphaPair{Personality::kV1Alpha, ApiVersion::kV1Alpha, RegistrationMode::kKubelet,
                         "v1alpha"};
 const Pair kBetaPairs[] = {
-    {Personality::kV1Beta1Async, PluginApi::kV1Beta1, RegistrationMode::kKubelet,
+    {Personality::kV1Beta1Async, ApiVersion::kV1Beta1, RegistrationMode::kKubelet,
      "v1beta1_async"},
-    {Personality::kV1Beta1Sync, PluginApi::kV1Beta1, RegistrationMode::kKubelet,
+    {Personality::kV1Beta1Sync, ApiVersion::kV1Beta1, RegistrationMode::kKubelet,
      "v1beta1_sync"},
-    {Personality::kPluginWatcher, PluginApi::kV1Beta1, RegistrationMode::kPluginWatcher,
+    {Personality::kPluginWatcher, ApiVersion::kV1Beta1, RegistrationMode::kPluginWatcher,
      "plugin_watcher"},
 };
 
@@ -345,7 +345,7 @@ INSTANTIATE_TEST_SUITE_P(V1Beta1Personalities, BetaPersonalityTest,
 TEST(V1AlphaTest, KubeletNeitherAsksPreferenceNorPreStartsAndSendsOneContainerPerCall) {
   Harness h(Personality::kV1Alpha);
   ASSERT_TRUE(h.sim().Start().ok());
-  SamplePlugin& p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha, RegistrationMode::kKubelet));
+  SamplePlugin& p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha, RegistrationMode::kKubelet));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("alpha", {{"main", 2}}));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -412,7 +412,7 @@ TEST(BadRegistrationTest, AsyncKubeletAcceptsRegisterThenFailsToDial) {
 bool KubeletBelievesRequestOptions(Personality p) {
   Harness h(p);
   EXPECT_TRUE(h.sim().Start().ok());
-  SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kNone);
+  SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kNone);
   o.socket_name = "plain.sock";
   h.StartPlugin(o);  // serves, does not register, offers no options
   auto stub = v1beta1::Registration::NewStub(MakeUnixChannel(h.sim().kubelet_socket()));
@@ -441,7 +441,7 @@ TEST(BadRegistrationTest, AsyncKubeletTakesRequestOptions) {
 TEST(BadRegistrationTest, ReRegistrationReplacesTheEndpoint) {
   Harness h(Personality::kV1Beta1Sync);
   ASSERT_TRUE(h.sim().Start().ok());
-  SamplePluginOptions a = h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kKubelet);
+  SamplePluginOptions a = h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet);
   a.socket_name = "a.sock";
   h.StartPlugin(a);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
@@ -470,7 +470,7 @@ TEST(BadRegistrationTest, UnknownServicesAnswerLikeGo) {
 TEST(MismatchTest, V1AlphaPluginOnV1Beta1Kubelet) {
   Harness h(Personality::kV1Beta1Sync);
   ASSERT_TRUE(h.sim().Start().ok());
-  SamplePlugin& p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha, RegistrationMode::kKubelet));
+  SamplePlugin& p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha, RegistrationMode::kKubelet));
   absl::Status s = p.last_registration();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(s.message()), HasSubstr("unknown service deviceplugin.Registration"));
@@ -481,7 +481,7 @@ TEST(MismatchTest, V1AlphaPluginOnV1Beta1Kubelet) {
 TEST(MismatchTest, V1Beta1PluginOnV1AlphaKubelet) {
   Harness h(Personality::kV1Alpha);
   ASSERT_TRUE(h.sim().Start().ok());
-  SamplePlugin& p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kKubelet));
+  SamplePlugin& p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet));
   absl::Status s = p.last_registration();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(s.message()), HasSubstr("unknown service v1beta1.Registration"));
@@ -492,7 +492,7 @@ TEST(MismatchTest, V1AlphaPluginThroughPluginWatcherIsRejected) {
   Harness h(Personality::kPluginWatcher);
   ASSERT_TRUE(h.sim().Start().ok());
   SamplePlugin& p =
-      h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha, RegistrationMode::kPluginWatcher));
+      h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha, RegistrationMode::kPluginWatcher));
   EXPECT_TRUE(p.events().WaitForEvent("registration_failed", {}, kWait));
   EXPECT_THAT(p.Status().last_registration_error(),
               HasSubstr("manager version, v1beta1, is not among plugin supported versions "
@@ -503,7 +503,7 @@ TEST(MismatchTest, V1AlphaPluginThroughPluginWatcherIsRejected) {
 TEST(MismatchTest, WrongVersionStringFromAV1Beta1Plugin) {
   Harness h(Personality::kV1Beta1Async);
   ASSERT_TRUE(h.sim().Start().ok());
-  SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kKubelet);
+  SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet);
   o.register_version = "v1";
   SamplePlugin& p = h.StartPlugin(o);
   EXPECT_EQ(p.last_registration().code(), absl::StatusCode::kUnknown);
@@ -518,7 +518,7 @@ TEST(PluginWatcherTest, MarkerAndDeregistrationBySocketRemoval) {
   ASSERT_TRUE(h.sim().Start().ok());
   EXPECT_TRUE(PathExists(JoinPath(h.sim().device_plugin_dir(), "DEPRECATION")));
   SamplePlugin& p =
-      h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kPluginWatcher));
+      h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kPluginWatcher));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_EQ(p.Status().registrations(), 1);  // from NotifyRegistrationStatus
   // Removing the registration socket is deregistration. The plugin keeps
@@ -536,7 +536,7 @@ TEST(PluginWatcherTest, MarkerAndDeregistrationBySocketRemoval) {
 TEST(PluginWatcherTest, PluginStopMakesDevicesUnhealthy) {
   Harness h(Personality::kPluginWatcher);
   ASSERT_TRUE(h.sim().Start().ok());
-  h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kPluginWatcher));
+  h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kPluginWatcher));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   h.StopPlugins();
   EXPECT_TRUE(h.WaitState([&](const sim::State& st) {
@@ -560,7 +560,7 @@ TEST(KubeletRestartTest, WipesPluginFilesButKeepsCheckpointAndDirectories) {
 TEST(KubeletRestartTest, UpgradeToAnotherPersonalityKeepsAllocations) {
   Harness h(Personality::kV1Beta1Async);
   ASSERT_TRUE(h.sim().Start().ok());
-  h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kKubelet));
+  h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("long-running", {{"main", 1}})).ok());
   ASSERT_TRUE(h.sim().Restart(Personality::kV1Beta1Sync).ok());
@@ -586,7 +586,7 @@ TEST(SamplePluginOptionsTest, BadConfigurationIsNamed) {
   o.resource = "gpu";
   EXPECT_THAT(std::string(sample::ValidateOptions(o).message()), HasSubstr("--resource"));
   o = SamplePluginOptions();
-  o.api = PluginApi::kV1Alpha;
+  o.api = ApiVersion::kV1Alpha;
   o.preferred = true;
   EXPECT_THAT(std::string(sample::ValidateOptions(o).message()),
               HasSubstr("--preferred needs --api=v1beta1"));
@@ -608,7 +608,7 @@ TEST(SamplePluginOptionsTest, BadConfigurationIsNamed) {
 TEST(SamplePluginTest, ScheduledHealthFlip) {
   Harness h(Personality::kV1Beta1Sync);
   ASSERT_TRUE(h.sim().Start().ok());
-  SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1, RegistrationMode::kKubelet);
+  SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet);
   o.flip_device = "gpu-3";
   o.flip_interval = absl::Milliseconds(200);
   h.StartPlugin(o);

@@ -8,14 +8,14 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/sim_helpers.h"
 
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sample::SamplePlugin;
 using sim::Personality;
 using testing::kWait;
@@ -32,18 +32,18 @@ sim::AllocateRequest Pod(const std::string& name,
 
 struct Cell {
   Personality personality;
-  PluginApi plugin;
+  ApiVersion plugin;
 };
 
 std::string CellName(const ::testing::TestParamInfo<Cell>& info) {
   std::string k = sim::PersonalityName(info.param.personality);
   for (char& c : k) c = c == '-' ? '_' : c;
-  return absl::StrCat(k, "__", info.param.plugin == PluginApi::kV1Alpha ? "v1alpha" : "v1beta1");
+  return absl::StrCat(k, "__", info.param.plugin == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1");
 }
 
 void PrintTo(const Cell& c, std::ostream* os) {
   *os << sim::PersonalityName(c.personality) << " x "
-      << (c.plugin == PluginApi::kV1Alpha ? "v1alpha" : "v1beta1");
+      << (c.plugin == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1");
 }
 
 class MatrixTest : public ::testing::TestWithParam<Cell> {
@@ -57,7 +57,7 @@ class MatrixTest : public ::testing::TestWithParam<Cell> {
   }
 
   sample::SamplePluginOptions Options() { return h_.PluginOptions(GetParam().plugin); }
-  bool BetaPlugin() const { return GetParam().plugin == PluginApi::kV1Beta1; }
+  bool BetaPlugin() const { return GetParam().plugin == ApiVersion::kV1Beta1; }
   bool AlphaKubelet() const { return GetParam().personality == Personality::kV1Alpha; }
 
   // Starts the plugin and waits until the kubelet sees all 4 devices healthy.
@@ -251,14 +251,14 @@ TEST_P(MatrixTest, ProxyStopsCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Matrix, MatrixTest,
-    ::testing::Values(Cell{Personality::kV1Alpha, PluginApi::kV1Alpha},
-                      Cell{Personality::kV1Alpha, PluginApi::kV1Beta1},
-                      Cell{Personality::kV1Beta1Async, PluginApi::kV1Alpha},
-                      Cell{Personality::kV1Beta1Async, PluginApi::kV1Beta1},
-                      Cell{Personality::kV1Beta1Sync, PluginApi::kV1Alpha},
-                      Cell{Personality::kV1Beta1Sync, PluginApi::kV1Beta1},
-                      Cell{Personality::kPluginWatcher, PluginApi::kV1Alpha},
-                      Cell{Personality::kPluginWatcher, PluginApi::kV1Beta1}),
+    ::testing::Values(Cell{Personality::kV1Alpha, ApiVersion::kV1Alpha},
+                      Cell{Personality::kV1Alpha, ApiVersion::kV1Beta1},
+                      Cell{Personality::kV1Beta1Async, ApiVersion::kV1Alpha},
+                      Cell{Personality::kV1Beta1Async, ApiVersion::kV1Beta1},
+                      Cell{Personality::kV1Beta1Sync, ApiVersion::kV1Alpha},
+                      Cell{Personality::kV1Beta1Sync, ApiVersion::kV1Beta1},
+                      Cell{Personality::kPluginWatcher, ApiVersion::kV1Alpha},
+                      Cell{Personality::kPluginWatcher, ApiVersion::kV1Beta1}),
     CellName);
 
 }  // namespace

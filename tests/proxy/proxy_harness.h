@@ -62,7 +62,7 @@ class ProxyHarness {
   }
   void StopProxy() { proxy_->Shutdown(); }
 
-  sample::SamplePluginOptions PluginOptions(sample::PluginApi api) const {
+  sample::SamplePluginOptions PluginOptions(ApiVersion api) const {
     sample::SamplePluginOptions o;
     o.api = api;
     o.resource = "vendor.com/gpu";

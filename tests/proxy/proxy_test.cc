@@ -19,8 +19,8 @@
 #include "gtest/gtest.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/raw_clients.h"
@@ -29,7 +29,7 @@
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sample::SamplePlugin;
 using sim::Personality;
 using testing::kWait;
@@ -55,7 +55,7 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   ProxyHarness h(Personality::kV1Beta1Sync, false,
                  [](ProxyConfig& c) { c.dial_timeout = absl::Milliseconds(300); });
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const std::string sock = h.proxy().backend_registration_socket();
 
@@ -163,7 +163,7 @@ TEST_F(ProxyTest, V1AlphaRegistrationStormsLeaveNoThreadsBehind) {
 TEST_F(ProxyTest, V1AlphaRegistrationOfANonV1AlphaSocketIsRefused) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const std::string sock = h.proxy().backend_registration_socket();
   // The same resource, in v1alpha, pointing at the v1beta1 plugin's socket.
@@ -187,7 +187,7 @@ TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
     SCOPED_TRACE(fault);
     ProxyHarness h(Personality::kV1Beta1Sync, false);
     Start(h);
-    sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+    sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
     o.device_list_fault = fault;
     ASSERT_NE(h.StartPlugin(o), nullptr);
     ASSERT_TRUE(h.proxy().events().WaitForEvent("device_list_refused", {{"resource", kGpu}},
@@ -198,7 +198,7 @@ TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
   }
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.device_list_fault = "unknown-health";
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 3, kWait));
@@ -211,7 +211,7 @@ TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
 TEST_F(ProxyTest, AllocateOfDuplicateOrUnhealthyDevicesIsRefused) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1));
+  SamplePlugin* p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(p->SetHealth("gpu-3", "Unhealthy").ok());
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-3") == "Unhealthy"; }));
@@ -254,7 +254,7 @@ TEST(MetricsAddressTest, LoopbackIsToldApart) {
 TEST_F(ProxyTest, KubeletSideRejectsUnknownDevicesAndEmptyRequests) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1));
+  SamplePlugin* p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
   {
@@ -286,7 +286,7 @@ TEST_F(ProxyTest, HangingBackendGivesTheKubeletADeadlineError) {
   ProxyHarness h(Personality::kV1Beta1Sync, false,
                  [](ProxyConfig& c) { c.kubelet.backend_timeout = absl::Milliseconds(300); });
   Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Alpha);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Alpha);
   o.allocate_delay = absl::Seconds(3);
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
@@ -304,7 +304,7 @@ TEST_F(ProxyTest, HangingBackendGivesTheKubeletADeadlineError) {
 TEST_F(ProxyTest, BackendDyingMidCallGivesUnavailable) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.allocate_delay = absl::Seconds(2);
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
@@ -330,7 +330,7 @@ TEST_F(ProxyTest, BackendDyingMidCallGivesUnavailable) {
 TEST_F(ProxyTest, NegotiationFallsBackToV1AlphaAndRecordsWhy) {
   ProxyHarness h(Personality::kV1Alpha, false);
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   std::optional<Json> e =
       h.proxy().events().WaitForEvent("kubelet_registered", {{"kubelet_api", "v1alpha2"}}, kWait);
@@ -342,9 +342,9 @@ TEST_F(ProxyTest, NegotiationFallsBackToV1AlphaAndRecordsWhy) {
 
 TEST_F(ProxyTest, PinnedKubeletApiDoesNotFallBack) {
   ProxyHarness h(Personality::kV1Alpha, false,
-                 [](ProxyConfig& c) { c.kubelet.api = KubeletApi::kV1Beta1; });
+                 [](ProxyConfig& c) { c.kubelet.api = ApiVersion::kV1Beta1; });
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   std::optional<Json> e =
       h.proxy().events().WaitForEvent("kubelet_registration_failed", {{"resource", kGpu}}, kWait);
   ASSERT_TRUE(e.has_value());
@@ -357,7 +357,7 @@ TEST_F(ProxyTest, RenamesTheResourceTowardTheKubelet) {
     c.renames["legacy.example.com/gpu"] = "vendor.com/gpu";
   });
   Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Alpha);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Alpha);
   o.resource = "legacy.example.com/gpu";
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
@@ -370,9 +370,9 @@ TEST_F(ProxyTest, StaticBackendIsProbedConnectedAndReconnected) {
   testing::ShortTempDir plugin_dir;
   const std::string socket = plugin_dir.Sub("static-gpu.sock");
   ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
-    c.static_backends.push_back({kGpu, socket, "auto"});
+    c.static_backends.push_back({kGpu, socket, std::nullopt});
   });
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Alpha);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Alpha);
   o.registration = sample::RegistrationMode::kNone;
   o.kubelet_socket = plugin_dir.Sub("unused.sock");
   o.socket_name = "static-gpu.sock";
@@ -393,7 +393,7 @@ TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
     c.policy.hold = absl::Seconds(2);
   });
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const size_t mark = h.proxy().events().Size();
   h.StopPlugins();
@@ -432,7 +432,7 @@ TEST_F(ProxyTest, HoldExpiresWhileARegisterIsBlocked) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   auto healthy = [&] {
     Json r = h.proxy().Status()["resources"];
     return r.empty() ? -1 : r[0].value("devices_healthy", -1);
@@ -451,12 +451,12 @@ TEST_F(ProxyTest, HoldExpiresWhileARegisterIsBlocked) {
 TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {
   ProxyHarness h(Personality::kV1Beta1Async, false);
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("before", 1)).ok());
   const size_t mark = h.sim().events().Size();
   h.StopPlugins();
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.pre_start_required = true;
   SamplePlugin* p = h.StartPlugin(o);
   ASSERT_NE(p, nullptr);
@@ -478,7 +478,7 @@ TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {
 TEST_F(ProxyTest, ProxyRestartMakesPluginsRegisterAgain) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha));
+  SamplePlugin* p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha));
   ASSERT_NE(p, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   h.RestartProxy();
@@ -494,8 +494,8 @@ TEST_F(ProxyTest, ManyResourcesInOneProxy) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
   for (int i = 0; i < 5; ++i) {
-    sample::SamplePluginOptions o = h.PluginOptions(i % 2 ? PluginApi::kV1Alpha
-                                                          : PluginApi::kV1Beta1);
+    sample::SamplePluginOptions o = h.PluginOptions(i % 2 ? ApiVersion::kV1Alpha
+                                                          : ApiVersion::kV1Beta1);
     o.resource = absl::StrCat("vendor.com/dev", i);
     o.devices = i + 1;
     ASSERT_NE(h.StartPlugin(o), nullptr);
@@ -509,7 +509,7 @@ TEST_F(ProxyTest, ManyResourcesInOneProxy) {
 TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
   ProxyHarness h(Personality::kV1Alpha, false);
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("m", 2)).ok());
   const std::string text = ProxyMetrics(&h.proxy()).Text();
@@ -527,7 +527,7 @@ TEST_F(ProxyTest, CdiDevicesCanAlsoTravelAsAnAnnotation) {
   ProxyHarness h(Personality::kV1Beta1Sync, false,
                  [](ProxyConfig& c) { c.kubelet.cdi_annotations = true; });
   Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("cdi", 2));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -545,7 +545,7 @@ TEST_F(ProxyTest, OneStreamPerBackendSoSingleStreamPluginsLoseNoUpdate) {
   // kubelet's stub plugin does: a proxy with two streams would lose some.
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.single_stream_updates = true;
   SamplePlugin* p = h.StartPlugin(o);
   ASSERT_NE(p, nullptr);
@@ -566,8 +566,8 @@ TEST_F(ProxyTest, OneStreamPerBackendSoSingleStreamPluginsLoseNoUpdate) {
 // keeps every device, and says the kubelet will not accept the list: an
 // event, the status (its table too) and a metric.
 TEST_F(ProxyTest, DeviceListsOver4MiBAreAcceptedAndReported) {
-  for (PluginApi api : {PluginApi::kV1Beta1, PluginApi::kV1Alpha}) {
-    SCOPED_TRACE(api == PluginApi::kV1Beta1 ? "v1beta1 plugin" : "v1alpha plugin");
+  for (ApiVersion api : {ApiVersion::kV1Beta1, ApiVersion::kV1Alpha}) {
+    SCOPED_TRACE(api == ApiVersion::kV1Beta1 ? "v1beta1 plugin" : "v1alpha plugin");
     ProxyHarness h(Personality::kV1Beta1Sync, false);
     Start(h);
     sample::SamplePluginOptions o = h.PluginOptions(api);
@@ -600,7 +600,7 @@ TEST_F(ProxyTest, IdlePassesBuildNoStatus) {
     c.status_file = status_dir.Sub("status.json");
   });
   Start(h);
-  sample::SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1));
+  sample::SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   auto passes = [&](int n) {
@@ -679,7 +679,7 @@ TEST(ProxyConfigTest, SocketsAndFilesHaveDeliberateModesUnderUmask000) {
   h.RestartProxy([&](ProxyConfig& c) { c.status_file = h.dir("state/status.json"); });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.WaitFor([&] { return PathExists(h.dir("state/status.json")); }));
   ::umask(old);
@@ -723,10 +723,7 @@ TEST(ProxyConfigTest, BadConfigurationsAreNamed) {
   c.renames["a.com/x"] = "badname";
   EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("rename a.com/x -> badname"));
   c.renames.clear();
-  c.static_backends.push_back({"vendor.com/gpu", "/run/x.sock", "v2"});
-  EXPECT_THAT(std::string(ValidateConfig(c).message()),
-              HasSubstr("api \"v2\" is not one of auto, v1alpha, v1beta1"));
-  c.static_backends[0].api = "auto";
+  c.static_backends.push_back({"vendor.com/gpu", "/run/x.sock", std::nullopt});
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.backend_max_list_bytes = 1 << 20;
   EXPECT_THAT(std::string(ValidateConfig(c).message()),

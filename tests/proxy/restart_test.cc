@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/grpc_util.h"
+#include "proxy/rpc/grpc_util.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -26,7 +26,7 @@
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
@@ -44,7 +44,7 @@ TEST(KubeletRestartTest, LateWipeNeverCostsAFailedRegistration) {
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
   for (int i = 0; i < kResources; ++i) {
-    sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+    sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
     o.resource = ResourceName(i);
     o.socket_name = absl::StrCat("plugin-", i, ".sock");
     ASSERT_NE(h.StartPlugin(o), nullptr);
@@ -102,7 +102,7 @@ TEST(KubeletRestartTest, AnAllocateStuckOnABackendDoesNotHoldUpServingAgain) {
   });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.allocate_delay = absl::Seconds(120);
   sample::SamplePlugin* plugin = h.StartPlugin(o);
   ASSERT_NE(plugin, nullptr);

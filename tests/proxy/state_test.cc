@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/podresources/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "proxy/state/journal_file.h"
 #include "absl/strings/str_join.h"
@@ -23,7 +23,7 @@
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
@@ -35,7 +35,7 @@ constexpr char kGpu[] = "vendor.com/gpu";
 
 // Starts the simulated kubelet and dpproxy, and one sample plugin of
 // `api` serving kGpu with 4 devices, and waits for the kubelet to see them.
-void UpWithPlugin(ProxyHarness& h, PluginApi api) {
+void UpWithPlugin(ProxyHarness& h, ApiVersion api) {
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_NE(h.StartPlugin(h.PluginOptions(api)), nullptr);
@@ -78,7 +78,7 @@ TEST(StateTest, EveryAnsweredAllocationIsJournaled) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"main", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"x", 1}, {"y", 1}})).ok());
@@ -101,7 +101,7 @@ TEST(StateTest, ProxyRestartLosesAndDuplicatesNothing) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  sample::SamplePlugin* p = h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha));
+  sample::SamplePlugin* p = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha));
   ASSERT_NE(p, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"x", 1}, {"y", 2}})).ok());
@@ -134,7 +134,7 @@ TEST_P(NodeRebootTest, RestorePolicyDecidesReadmission) {
   });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("survivor", {{"main", 2}})).ok());
   ASSERT_TRUE(h.WaitFor([&] {
@@ -167,7 +167,7 @@ TEST_P(NodeRebootTest, RestorePolicyDecidesReadmission) {
     EXPECT_THAT(r.results(0).message(), HasSubstr("no healthy devices present"));
   }
   // The plugin comes back: devices are confirmed by the backend.
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 1);  // nothing lost
 }
@@ -184,7 +184,7 @@ TEST(StateTest, TrustIsBoundedByTheRestoreHold) {
     c.restore_policy = RestorePolicy::kTrust;
     c.restore_hold = absl::Seconds(1);
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   ASSERT_TRUE(h.WaitFor([&] {
     state::State s = h.proxy().state()->Snapshot();
     return s.resources_size() == 1 && s.resources(0).devices_size() == 4;
@@ -203,7 +203,7 @@ TEST(ReconcileTest, PodsAreNamedAndGonePodsReleased) {
   });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("train", {{"t", 2}, {"s", 1}}));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -243,7 +243,7 @@ TEST(ReconcileTest, RunningMultiDeviceAllocationsAreNeverReleased) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::ZeroDuration();
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("big", {{"main", 3}}));
   ASSERT_TRUE(a.ok()) << a.status();
   // The simulator answers like the kubelet: one entry per device.
@@ -267,7 +267,7 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
     c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
     c.reconcile_grace = absl::ZeroDuration();
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("train", {{"main", 2}}));
   ASSERT_TRUE(a.ok()) << a.status();
   const std::vector<std::string> held = testing::DeviceIdsOf(a->allocations(0));
@@ -320,7 +320,7 @@ TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::Hours(1);  // the entry stays in the journal
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("done", {{"main", 2}}));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
@@ -344,7 +344,7 @@ TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::ZeroDuration();
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("infer", {{"main", 1}}));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
@@ -380,7 +380,7 @@ TEST(CheckpointReleaseTest, JournalIsBoundedWithoutPodResources) {
       [](sim::KubeletSimOptions& o) { o.pod_resources = false; });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_EQ(h.proxy().ReconcileOnce().code(), absl::StatusCode::kUnavailable);  // no API
   absl::StatusOr<sim::AllocateResponse> keep = h.sim().Allocate(Pod("keep", {{"main", 1}}));
@@ -409,7 +409,7 @@ TEST(CheckpointReleaseTest, NamingFromTheCheckpointDoesNotRewriteTheSnapshot) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::Hours(1);
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   // The resource (devices, negotiated version) is in the saved snapshot.
   ASSERT_TRUE(h.WaitFor([&] {
     absl::StatusOr<state::State> saved = ReadStateDir(h.dir("state"));
@@ -432,7 +432,7 @@ TEST(ReconcileTest, YoungEntriesAreNeverReleased) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::Hours(1);
   });
-  UpWithPlugin(h, PluginApi::kV1Beta1);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("brief", {{"c", 1}}));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
@@ -453,13 +453,13 @@ TEST(SwapTest, IdMapKeepsKubeletIdsStableAcrossAVersionSwap) {
   });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("before", {{"main", 2}})).ok());
   const size_t mark = h.sim().events().Size();
 
   h.StopPlugins();
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.id_pattern = "{uuid}";
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
@@ -485,7 +485,7 @@ TEST(SwapTest, VanishedDevicesStayUnhealthyWhileAllocatedOthersAreDropped) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   sim::AllocateRequest req = Pod("holds-gpu-3", {});
   auto* c = req.add_containers();
@@ -495,7 +495,7 @@ TEST(SwapTest, VanishedDevicesStayUnhealthyWhileAllocatedOthersAreDropped) {
   ASSERT_TRUE(h.sim().Allocate(req).ok());
 
   h.StopPlugins();
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.devices = 2;  // the new plugin knows gpu-0 and gpu-1 only
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.WaitFor([&] {
@@ -521,7 +521,7 @@ TEST_P(KubeletUpgradeTest, ProxyRenegotiatesAndEveryPodIsReadmitted) {
   ProxyHarness h(Personality::kV1Alpha, false);
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Alpha)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("one", {{"main", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("two", {{"main", 1}})).ok());

@@ -28,7 +28,7 @@
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
@@ -181,7 +181,7 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  sample::SamplePluginOptions o = h.PluginOptions(PluginApi::kV1Beta1);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.devices = 16;
   ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 16, kWait));
@@ -215,7 +215,7 @@ TEST(StormTest, RegistrationBurstsOfValidAndInvalidRequests) {
                  [](ProxyConfig& c) { c.dial_timeout = absl::Milliseconds(200); });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const std::string sock = h.proxy().backend_registration_socket();
   auto burst = [&] {

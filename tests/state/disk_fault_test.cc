@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_store.h"
 #include "tests/proxy/proxy_harness.h"
@@ -21,7 +21,7 @@
 namespace dpproxy {
 namespace {
 
-using sample::PluginApi;
+using ::dpproxy::ApiVersion;
 using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
@@ -59,7 +59,7 @@ void UpWithStateOnTmpfs(ProxyHarness& h) {
   MountTmpfs(h.dir("state"), "size=256k,mode=0755");
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(PluginApi::kV1Beta1)), nullptr);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
 }
 

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_keeper.h"
 #include "tests/testing/temp_dir.h"

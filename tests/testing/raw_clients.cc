@@ -5,7 +5,7 @@
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/grpc_util.h"
+#include "proxy/rpc/grpc_util.h"
 
 namespace dpproxy::testing {
 namespace {

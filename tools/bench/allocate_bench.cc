@@ -29,8 +29,8 @@
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
 DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");

@@ -9,9 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "proxy/common/cli.h"
-#include "proxy/common/files.h"
-#include "proxy/common/kubelet_rules.h"
+#include "proxy/cli/cli.h"
+#include "proxy/util/files.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_store.h"
 

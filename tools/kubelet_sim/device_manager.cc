@@ -7,8 +7,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proxy/common/encoding.h"
-#include "proxy/common/kubelet_rules.h"
+#include "proxy/util/encoding.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy::sim {
 namespace {

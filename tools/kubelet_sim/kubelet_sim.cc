@@ -18,10 +18,11 @@
 #include "proto/podresources/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
-#include "proxy/common/kubelet_rules.h"
-#include "proxy/common/status_util.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
 #include "tools/kubelet_sim/control.grpc.pb.h"
 
 namespace dpproxy::sim {

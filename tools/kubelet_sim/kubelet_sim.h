@@ -36,8 +36,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proxy/common/dir_watcher.h"
-#include "proxy/common/event_log.h"
+#include "proxy/util/dir_watcher.h"
+#include "proxy/events/event_log.h"
 #include "tools/kubelet_sim/control.pb.h"
 #include "tools/kubelet_sim/device_manager.h"
 

@@ -14,10 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "proxy/common/cli.h"
-#include "proxy/common/files.h"
-#include "proxy/common/grpc_util.h"
-#include "proxy/common/status_util.h"
+#include "proxy/cli/cli.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
 #include "tools/sample_plugin/control.grpc.pb.h"
 #include "tools/sample_plugin/sample_plugin.h"
 
@@ -96,14 +97,9 @@ int Fail(int code, const std::string& msg) {
 
 absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   SamplePluginOptions o;
-  if (FLAGS_api == "v1alpha") {
-    o.api = PluginApi::kV1Alpha;
-  } else if (FLAGS_api == "v1beta1") {
-    o.api = PluginApi::kV1Beta1;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--api=", FLAGS_api, " is not v1alpha or v1beta1"));
-  }
+  absl::StatusOr<std::optional<ApiVersion>> api = ParseApiVersion(FLAGS_api, /*allow_auto=*/false);
+  if (!api.ok()) return absl::InvalidArgumentError(absl::StrCat("--api=", api.status().message()));
+  o.api = **api;
   if (FLAGS_registration == "kubelet") {
     o.registration = RegistrationMode::kKubelet;
   } else if (FLAGS_registration == "plugin-watcher") {

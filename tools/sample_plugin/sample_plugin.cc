@@ -18,10 +18,11 @@
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
-#include "proxy/common/encoding.h"
-#include "proxy/common/grpc_util.h"
-#include "proxy/common/kubelet_rules.h"
-#include "proxy/common/status_util.h"
+#include "proxy/util/encoding.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
 #include "tools/sample_plugin/control.grpc.pb.h"
 
 namespace dpproxy::sample {
@@ -114,7 +115,7 @@ absl::Status ValidateOptions(const SamplePluginOptions& o) {
           " characters; IDs must be 1 to 63 characters"));
     }
   }
-  if (o.api == PluginApi::kV1Alpha) {
+  if (o.api == ApiVersion::kV1Alpha) {
     if (o.preferred) {
       return absl::InvalidArgumentError(
           "--preferred needs --api=v1beta1 (v1alpha has no GetPreferredAllocation)");
@@ -284,7 +285,7 @@ class SamplePlugin::Impl {
     v1beta1::ContainerAllocateResponse r;
     (*r.mutable_envs())[EnvName(o_.resource)] = absl::StrJoin(ids, ",");
     (*r.mutable_envs())["SAMPLE_PLUGIN_API"] =
-        o_.api == PluginApi::kV1Alpha ? "v1alpha" : "v1beta1";
+        o_.api == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1";
     for (const std::string& id : ids) {
       v1beta1::Mount* m = r.add_mounts();
       m->set_host_path(absl::StrCat("/var/run/sample-plugin/", name, "/", id));
@@ -294,11 +295,11 @@ class SamplePlugin::Impl {
       d->set_host_path(absl::StrCat("/dev/sample/", id));
       d->set_container_path(absl::StrCat("/dev/sample/", id));
       d->set_permissions("rw");
-      if (o_.api == PluginApi::kV1Beta1) {
+      if (o_.api == ApiVersion::kV1Beta1) {
         r.add_cdi_devices()->set_name(absl::StrCat(ResourceDomain(o_.resource), "/", name, "=", id));
       }
     }
-    if (o_.api == PluginApi::kV1Beta1) {
+    if (o_.api == ApiVersion::kV1Beta1) {
       (*r.mutable_annotations())[absl::StrCat(ResourceDomain(o_.resource), "/devices")] =
           absl::StrJoin(ids, ",");
     }
@@ -373,7 +374,7 @@ class SamplePlugin::Impl {
   PluginStatus Status() {
     PluginStatus st;
     st.set_resource(o_.resource);
-    st.set_api(o_.api == PluginApi::kV1Alpha ? "v1alpha" : "v1beta1");
+    st.set_api(o_.api == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1");
     st.set_socket(socket_path_);
     st.set_registrations(registrations_);
     st.set_allocate_calls(allocate_calls_);
@@ -528,7 +529,7 @@ class WatcherService final : public pluginregistration::Registration::Service {
     info->set_type(std::string(kDevicePluginType));
     info->set_name(impl_->o_.resource);
     info->set_endpoint(impl_->socket_path_);
-    info->add_supported_versions(impl_->o_.api == PluginApi::kV1Alpha
+    info->add_supported_versions(impl_->o_.api == ApiVersion::kV1Alpha
                                      ? std::string(kV1AlphaVersion)
                                      : std::string(kV1Beta1Version));
     impl_->events_->Emit("get_info", {{"socket", impl_->socket_path_}});
@@ -591,7 +592,7 @@ SamplePlugin::SamplePlugin(SamplePluginOptions options)
   impl_ = std::make_unique<Impl>(options_, &events_, socket_path_);
   services_ = std::make_unique<Services>();
   std::vector<std::string> served;
-  if (options_.api == PluginApi::kV1Beta1) {
+  if (options_.api == ApiVersion::kV1Beta1) {
     services_->beta = std::make_unique<BetaService>(impl_.get());
     served.push_back("v1beta1.DevicePlugin");
   } else {
@@ -637,7 +638,7 @@ absl::Status SamplePlugin::Start() {
   started_ = true;
   events_.Emit("serving", {{"socket", socket_path_},
                            {"resource", options_.resource},
-                           {"api", options_.api == PluginApi::kV1Alpha ? "v1alpha" : "v1beta1"},
+                           {"api", options_.api == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1"},
                            {"devices", DeviceIds(options_)}});
   // Register now (CheckKubelet), then on every change of the directory.
   CheckKubelet();
@@ -797,7 +798,7 @@ absl::Status SamplePlugin::RegisterOnce() {
   const std::string endpoint = DefaultSocketName(options_);
   grpc::Status st;
   std::string version;
-  if (options_.api == PluginApi::kV1Beta1) {
+  if (options_.api == ApiVersion::kV1Beta1) {
     v1beta1::RegisterRequest req;
     version = options_.register_version.empty() ? std::string(kV1Beta1Version)
                                                 : options_.register_version;

@@ -35,18 +35,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
-#include "proxy/common/dir_watcher.h"
-#include "proxy/common/event_log.h"
-#include "proxy/common/files.h"
+#include "proxy/config/api_version.h"
+#include "proxy/util/dir_watcher.h"
+#include "proxy/events/event_log.h"
+#include "proxy/util/files.h"
 #include "tools/sample_plugin/control.pb.h"
 
 namespace dpproxy::sample {
 
-enum class PluginApi { kV1Alpha, kV1Beta1 };
 enum class RegistrationMode { kKubelet, kPluginWatcher, kNone };
 
 struct SamplePluginOptions {
-  PluginApi api = PluginApi::kV1Beta1;
+  ApiVersion api = ApiVersion::kV1Beta1;
   std::string resource = "example.com/device";
   int devices = 4;
   // "{i}" is replaced by the index, "{uuid}" by a UUID derived from the

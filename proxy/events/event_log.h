@@ -9,8 +9,8 @@
 //   log.Emit("registered", {{"resource", "vendor.com/gpu"}});
 //   auto e = log.WaitFor([](const Json& j) { return j["event"] == "registered"; },
 //                        absl::Seconds(5));
-#ifndef DPPROXY_PROXY_COMMON_EVENT_LOG_H_
-#define DPPROXY_PROXY_COMMON_EVENT_LOG_H_
+#ifndef DPPROXY_PROXY_EVENTS_EVENT_LOG_H_
+#define DPPROXY_PROXY_EVENTS_EVENT_LOG_H_
 
 #include <cstdio>
 #include <deque>
@@ -94,4 +94,4 @@ bool JsonMatches(const Json& event, const Json& match);
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_COMMON_EVENT_LOG_H_
+#endif  // DPPROXY_PROXY_EVENTS_EVENT_LOG_H_

@@ -9,8 +9,8 @@
 //
 //   DirWatcher w(dir, [&](const DirWatcher::Event& e) { CheckKubelet(); });
 //   DPP_RETURN_IF_ERROR(w.Start());
-#ifndef DPPROXY_PROXY_COMMON_DIR_WATCHER_H_
-#define DPPROXY_PROXY_COMMON_DIR_WATCHER_H_
+#ifndef DPPROXY_PROXY_UTIL_DIR_WATCHER_H_
+#define DPPROXY_PROXY_UTIL_DIR_WATCHER_H_
 
 #include <functional>
 #include <string>
@@ -59,4 +59,4 @@ class DirWatcher {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_COMMON_DIR_WATCHER_H_
+#endif  // DPPROXY_PROXY_UTIL_DIR_WATCHER_H_

@@ -1,4 +1,4 @@
-#include "proxy/common/event_log.h"
+#include "proxy/events/event_log.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 

@@ -3,8 +3,8 @@
 // Filesystem helpers on real files: Unix socket path checks, durable atomic
 // writes (temporary file, fsync, rename, fsync of the directory), and the
 // kubelet's start-up wipe of its plugin directory.
-#ifndef DPPROXY_PROXY_COMMON_FILES_H_
-#define DPPROXY_PROXY_COMMON_FILES_H_
+#ifndef DPPROXY_PROXY_UTIL_FILES_H_
+#define DPPROXY_PROXY_UTIL_FILES_H_
 
 #include <sys/types.h>
 
@@ -123,4 +123,4 @@ std::string ErrnoText(int err);
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_COMMON_FILES_H_
+#endif  // DPPROXY_PROXY_UTIL_FILES_H_

@@ -1,8 +1,8 @@
 // File: grpc_util.h
 //
 // gRPC pieces shared by the simulator, the sample plugin and the proxy.
-#ifndef DPPROXY_PROXY_COMMON_GRPC_UTIL_H_
-#define DPPROXY_PROXY_COMMON_GRPC_UTIL_H_
+#ifndef DPPROXY_PROXY_RPC_GRPC_UTIL_H_
+#define DPPROXY_PROXY_RPC_GRPC_UTIL_H_
 
 #include <memory>
 #include <string>
@@ -51,4 +51,4 @@ std::string GoRpcError(const grpc::Status& s);
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_COMMON_GRPC_UTIL_H_
+#endif  // DPPROXY_PROXY_RPC_GRPC_UTIL_H_

@@ -2,8 +2,8 @@
 //
 // Checksums and fixed-width integers for dpproxy's own file formats and
 // stable identifiers.
-#ifndef DPPROXY_PROXY_COMMON_ENCODING_H_
-#define DPPROXY_PROXY_COMMON_ENCODING_H_
+#ifndef DPPROXY_PROXY_UTIL_ENCODING_H_
+#define DPPROXY_PROXY_UTIL_ENCODING_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -53,4 +53,4 @@ T GetLittleEndian(absl::string_view in, size_t pos) {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_COMMON_ENCODING_H_
+#endif  // DPPROXY_PROXY_UTIL_ENCODING_H_

@@ -1,4 +1,4 @@
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 #include <dirent.h>
 #include <sys/socket.h>
@@ -16,8 +16,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/common/dir_watcher.h"
-#include "proxy/common/event_log.h"
+#include "proxy/util/dir_watcher.h"
+#include "proxy/events/event_log.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dpproxy {

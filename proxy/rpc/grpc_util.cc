@@ -1,4 +1,4 @@
-#include "proxy/common/grpc_util.h"
+#include "proxy/rpc/grpc_util.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 

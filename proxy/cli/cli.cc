@@ -1,4 +1,4 @@
-#include "proxy/common/cli.h"
+#include "proxy/cli/cli.h"
 
 #include <algorithm>
 

@@ -9,8 +9,8 @@
 //   WorkQueue q(4);
 //   q.Submit([] { SlowCall(); });
 //   q.Shutdown();  // runs nothing more; waits for running jobs
-#ifndef DPPROXY_PROXY_SERVER_WORK_QUEUE_H_
-#define DPPROXY_PROXY_SERVER_WORK_QUEUE_H_
+#ifndef DPPROXY_PROXY_UTIL_WORK_QUEUE_H_
+#define DPPROXY_PROXY_UTIL_WORK_QUEUE_H_
 
 #include <deque>
 #include <functional>
@@ -78,4 +78,4 @@ class WorkQueue {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_WORK_QUEUE_H_
+#endif  // DPPROXY_PROXY_UTIL_WORK_QUEUE_H_

@@ -1,4 +1,4 @@
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -7,8 +7,8 @@
 //
 //   if (absl::Status s = ValidateResourceName(req.resource_name()); !s.ok())
 //     return ToGrpcStatus(s);  // code UNKNOWN, as the Go kubelet returns
-#ifndef DPPROXY_PROXY_COMMON_KUBELET_RULES_H_
-#define DPPROXY_PROXY_COMMON_KUBELET_RULES_H_
+#ifndef DPPROXY_PROXY_KUBELET_RULES_KUBELET_RULES_H_
+#define DPPROXY_PROXY_KUBELET_RULES_KUBELET_RULES_H_
 
 #include <string>
 #include <vector>
@@ -84,4 +84,4 @@ absl::Status ValidateDeviceId(absl::string_view id);
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_COMMON_KUBELET_RULES_H_
+#endif  // DPPROXY_PROXY_KUBELET_RULES_KUBELET_RULES_H_

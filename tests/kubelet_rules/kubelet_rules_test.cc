@@ -1,4 +1,4 @@
-#include "proxy/common/kubelet_rules.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 #include "gtest/gtest.h"
 

@@ -3,8 +3,8 @@
 // Command-line helpers shared by the dpproxy binaries: a --help that lists
 // only the binary's own flags (not glog's) with their defaults, and
 // subcommand dispatch.
-#ifndef DPPROXY_PROXY_COMMON_CLI_H_
-#define DPPROXY_PROXY_COMMON_CLI_H_
+#ifndef DPPROXY_PROXY_CLI_CLI_H_
+#define DPPROXY_PROXY_CLI_CLI_H_
 
 #include <string>
 #include <vector>
@@ -47,4 +47,4 @@ void BlockTerminationSignals();
 int WaitForTerminationSignal();
 
 }  // namespace dpproxy
-#endif  // DPPROXY_PROXY_COMMON_CLI_H_
+#endif  // DPPROXY_PROXY_CLI_CLI_H_

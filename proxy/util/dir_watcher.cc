@@ -1,4 +1,4 @@
-#include "proxy/common/dir_watcher.h"
+#include "proxy/util/dir_watcher.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proxy/common/files.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 

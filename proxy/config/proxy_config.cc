@@ -1,0 +1,122 @@
+#include "proxy/config/proxy_config.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "proxy/util/files.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/util/status_macros.h"
+
+namespace dpproxy {
+
+std::string DevicePluginDir(const KubeletSideOptions& o) {
+  return JoinPath(o.kubelet_root, "device-plugins");
+}
+
+std::string KubeletSocketPath(const KubeletSideOptions& o) {
+  return JoinPath(DevicePluginDir(o), kKubeletSocketName);
+}
+
+std::string KubeletResourceName(const ProxyConfig& config, const std::string& backend_resource) {
+  auto it = config.renames.find(backend_resource);
+  return it == config.renames.end() ? backend_resource : it->second;
+}
+
+absl::Status ValidateConfig(const ProxyConfig& c) {
+  if (c.kubelet.kubelet_root.empty() || c.kubelet.kubelet_root[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kubelet root directory \"", c.kubelet.kubelet_root, "\" must be an absolute path"));
+  }
+  if (c.plugin_dir.empty() || c.plugin_dir[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plugin directory \"", c.plugin_dir, "\" must be an absolute path"));
+  }
+  // Compared by identity (device and inode of every ancestor, links and
+  // ".." resolved), not by spelling: dpproxy removes stale sockets from its
+  // plugin directory at start and must never do so in the kubelet's.
+  if (IsSameOrInside(c.plugin_dir, c.kubelet.kubelet_root) ||
+      IsSameOrInside(c.kubelet.kubelet_root, c.plugin_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plugin directory ", c.plugin_dir, " is, contains or lies inside the kubelet root ",
+        c.kubelet.kubelet_root,
+        "; plugins must register with the proxy in a directory of its own (default "
+        "/var/lib/dpproxy/device-plugins)"));
+  }
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(JoinPath(c.plugin_dir, kKubeletSocketName)));
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(KubeletSocketPath(c.kubelet)));
+  if (c.kubelet.backend_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("backend timeout must be positive");
+  }
+  if (c.dial_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("dial timeout must be positive");
+  }
+  if (c.backend_max_list_bytes < (4 << 20) || c.backend_max_list_bytes > (2047 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the largest device list accepted from a plugin must be 4 to 2047 MiB (gRPC's limit); "
+        "got ", c.backend_max_list_bytes / (1 << 20), " MiB"));
+  }
+  if (!c.state_dir.empty()) {
+    if (c.state_dir[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state directory \"", c.state_dir, "\" must be an absolute path"));
+    }
+    if (IsSameOrInside(c.state_dir, c.plugin_dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state directory ", c.state_dir, " is or lies inside the plugin directory ",
+          c.plugin_dir, "; keep them apart (default: state in /var/lib/dpproxy, plugins in "
+          "/var/lib/dpproxy/device-plugins)"));
+    }
+    if (IsSameOrInside(c.state_dir, c.kubelet.kubelet_root)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state directory ", c.state_dir, " lies inside the kubelet root ",
+          c.kubelet.kubelet_root, "; dpproxy keeps its state in a directory of its own"));
+    }
+  }
+  if (!c.socket_group.empty()) {
+    if (absl::StatusOr<gid_t> g = ResolveGroup(c.socket_group); !g.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("socket group: ", g.status().message()));
+    }
+  }
+  if (c.restore_hold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("restore hold must not be negative");
+  }
+  if (c.policy.hold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("backend hold time must not be negative");
+  }
+  for (const auto& [from, to] : c.renames) {
+    if (absl::Status s = ValidateResourceName(to); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rename ", from, " -> ", to, ": ", s.message()));
+    }
+  }
+  for (const auto& [resource, map] : c.id_maps) {
+    if (absl::Status s = ValidateResourceName(resource); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("id map: ", s.message()));
+    }
+    std::set<std::string> targets;
+    for (const auto& [from, to] : map) {
+      if (from.empty() || to.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("id map of ", resource, ": device IDs must not be empty"));
+      }
+      if (!targets.insert(to).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "id map of ", resource, ": two backend devices map to \"", to, "\""));
+      }
+    }
+  }
+  for (const StaticBackendConfig& b : c.static_backends) {
+    if (absl::Status s = ValidateResourceName(b.resource); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("static backend: ", s.message()));
+    }
+    if (b.endpoint.empty() || b.endpoint[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "static backend ", b.resource, ": endpoint \"", b.endpoint,
+          "\" must be an absolute socket path"));
+    }
+    DPP_RETURN_IF_ERROR(ValidateSocketPath(b.endpoint));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,133 @@
+// File: proxy_config.h
+//
+// Everything dpproxy is told: where the kubelet and the plugins are, which
+// APIs to speak, policies, limits and files. Plain values with defaults,
+// and one validation that names the field and the problem. No gRPC, no
+// server: flags (flags.h) and the YAML file (config_file.h) fill it in, and
+// every other part takes the piece it needs.
+//
+//   ProxyConfig c;
+//   c.kubelet.kubelet_root = "/var/snap/microk8s/common/var/lib/kubelet";
+//   DPP_RETURN_IF_ERROR(ValidateConfig(c));
+#ifndef DPPROXY_PROXY_CONFIG_PROXY_CONFIG_H_
+#define DPPROXY_PROXY_CONFIG_PROXY_CONFIG_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proxy/config/api_version.h"
+
+namespace dpproxy {
+
+enum class KubeletRegistration {
+  kKubeletSocket,  // Register at <kubelet_root>/device-plugins/kubelet.sock
+  kPluginWatcher,  // a socket in <kubelet_root>/plugins_registry/
+};
+
+// The kubelet side: one device plugin per resource.
+struct KubeletSideOptions {
+  std::string kubelet_root = "/var/lib/kubelet";
+  // nullopt: negotiate (v1beta1 first, then v1alpha).
+  std::optional<ApiVersion> api;
+  KubeletRegistration registration = KubeletRegistration::kKubeletSocket;
+  // Deadline of every call the proxy makes to a backend.
+  absl::Duration backend_timeout = absl::Seconds(30);
+  // Also express CDI devices as a "cdi.k8s.io/..." container annotation, for
+  // runtimes driven by kubelets that predate the cdi_devices field.
+  bool cdi_annotations = false;
+};
+
+// <kubelet_root>/device-plugins and the kubelet.sock in it.
+std::string DevicePluginDir(const KubeletSideOptions& o);
+std::string KubeletSocketPath(const KubeletSideOptions& o);
+
+enum class LossPolicy {
+  // Report every device Unhealthy as soon as the backend is lost: no new pod
+  // gets a device nobody answers for. The default.
+  kUnhealthy,
+  // Keep reporting the last known health for `hold`, then Unhealthy: rides
+  // out a quick plugin restart without the kubelet seeing a flap.
+  kHold,
+};
+
+struct ResourcePolicy {
+  LossPolicy loss_policy = LossPolicy::kUnhealthy;
+  absl::Duration hold = absl::ZeroDuration();
+  // Backend device ID -> the ID the kubelet sees, for a backend that names
+  // devices differently from its predecessor (indexes vs UUIDs). IDs not in
+  // the map pass through unchanged.
+  std::map<std::string, std::string> id_map;
+};
+
+// A plugin that cannot be pointed at dpproxy's registration socket: dialled
+// by dpproxy instead.
+struct StaticBackendConfig {
+  std::string resource;  // as the plugin names it (before renames)
+  std::string endpoint;  // absolute socket path
+  // nullopt: probe which DevicePlugin service answers.
+  std::optional<ApiVersion> api;
+};
+
+// What the kubelet is told about remembered devices after a proxy restart,
+// until their backend is back.
+enum class RestorePolicy {
+  // Remembered health for `restore_hold`: a kubelet that re-admits pods in
+  // that window (node reboot, kubelet restart) finds their devices healthy.
+  kTrust,
+  // Unhealthy at once: no pod is admitted to a device nobody answers for,
+  // but pods re-admitted before the backend is back fail with
+  // UnexpectedAdmissionError.
+  kUnhealthy,
+};
+
+// The largest message dpproxy accepts from a plugin by default: device
+// lists of sliced GPUs reach tens of MiB, far past gRPC's 4 MiB default.
+inline constexpr int kDefaultBackendMaxListBytes = 256 << 20;
+
+struct ProxyConfig {
+  KubeletSideOptions kubelet;
+  // Where vendor plugins register (kubelet.sock) and put their sockets.
+  std::string plugin_dir = "/var/lib/dpproxy/device-plugins";
+  absl::Duration dial_timeout = absl::Seconds(10);
+  // The largest message accepted from a plugin (a device list); the
+  // kubelet's own limit is 4 MiB, which dpproxy reports, not enforces.
+  int backend_max_list_bytes = kDefaultBackendMaxListBytes;
+  ResourcePolicy policy;
+  // Backend resource name -> name toward the kubelet.
+  std::map<std::string, std::string> renames;
+  // Kubelet-facing resource -> (backend device ID -> kubelet device ID).
+  std::map<std::string, std::map<std::string, std::string>> id_maps;
+  std::vector<StaticBackendConfig> static_backends;
+  // The status as JSON, rewritten (atomically) whenever it changes; "" = none.
+  std::string status_file;
+  // Durable state (<state_dir>/state.pb); "" = keep nothing on disk.
+  std::string state_dir;
+  RestorePolicy restore_policy = RestorePolicy::kTrust;
+  absl::Duration restore_hold = absl::Minutes(5);
+  // Reconciliation with the kubelet's pod-resources API
+  // (<kubelet_root>/pod-resources/kubelet.sock): shortly after start and
+  // then every interval; 0 turns it off. Journal entries whose devices no
+  // pod holds in two consecutive answers, and that are older than the grace,
+  // are released.
+  absl::Duration reconcile_interval = absl::Minutes(1);
+  absl::Duration reconcile_grace = absl::Minutes(5);
+  // Group allowed to use the backend registration socket (mode 0660); ""
+  // keeps it 0700 (root's plugins only). Name or number.
+  std::string socket_group;
+  // Prometheus endpoint (host:port) served by the dpproxy binary; "" = none.
+  std::string metrics_address;
+};
+
+// kInvalidArgument naming the field and the problem.
+absl::Status ValidateConfig(const ProxyConfig& config);
+
+// The name the kubelet sees for a backend resource (after renames).
+std::string KubeletResourceName(const ProxyConfig& config, const std::string& backend_resource);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_CONFIG_PROXY_CONFIG_H_

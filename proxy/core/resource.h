@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "proxy/config/proxy_config.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/events/event_log.h"
 
@@ -57,10 +58,8 @@ class Resource {
     int healthy = 0;  // devices in `list` reported Healthy
   };
 
-  // What a kubelet accepts in one message: gRPC's default receive limit,
-  // which the kubelet's plugin client keeps. A larger list never arrives:
-  // the kubelet's stream fails and the resource shows no capacity.
-  static constexpr size_t kKubeletMaxListBytes = 4 << 20;
+  // What a kubelet accepts in one message (kubelet_rules.h).
+  static constexpr size_t kKubeletMaxListBytes = ::dpproxy::kKubeletMaxListBytes;
 
   // `name` is the kubelet-facing name (after any rename).
   Resource(std::string name, ResourcePolicy policy, EventLog* events,

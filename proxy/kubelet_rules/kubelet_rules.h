@@ -34,6 +34,11 @@ inline constexpr absl::string_view kDeprecationMarkerName = "DEPRECATION";
 // Plugin-watcher plugin type for device plugins.
 inline constexpr absl::string_view kDevicePluginType = "DevicePlugin";
 
+// The largest message a kubelet accepts from a device plugin (gRPC's
+// default receive limit; the kubelet sets none): a longer device list fails
+// its stream and the resource shows no devices.
+inline constexpr size_t kKubeletMaxListBytes = 4 << 20;
+
 // How much of an untrusted string errors, logs and events echo.
 inline constexpr size_t kMaxEchoBytes = 256;
 

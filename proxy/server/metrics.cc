@@ -6,7 +6,6 @@
 
 #include <prometheus/text_serializer.h>
 
-#include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy {
 namespace {
@@ -64,13 +63,13 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   MetricFamily events = Family("dpproxy_events_total",
                                "Lifecycle events and kubelet calls, by event and resource.",
                                MetricType::Counter);
-  for (const auto& [key, n] : server_->events().Counts()) {
+  for (const auto& [key, n] : events_->Counts()) {
     AddCounter(&events, {{"event", key.first}, {"resource", key.second}},
                static_cast<double>(n));
   }
   out.push_back(std::move(events));
 
-  const Json status = server_->Status(/*with_devices=*/false);
+  const ProxyStatus status = status_();
   MetricFamily devices = Family("dpproxy_devices", "Devices reported to the kubelet, by health.",
                                 MetricType::Gauge);
   MetricFamily backend = Family("dpproxy_backend_connected",
@@ -82,18 +81,16 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       "dpproxy_device_list_bytes",
       "Size of the device list sent to the kubelet; the kubelet accepts at most 4194304.",
       MetricType::Gauge);
-  for (const Json& r : status.value("resources", Json::array())) {
-    const std::string name = r.value("resource", "");
-    const int total = r.value("devices_total", 0);
-    const int healthy = r.value("devices_healthy", 0);
-    AddGauge(&devices, {{"resource", name}, {"health", "healthy"}}, healthy);
-    AddGauge(&devices, {{"resource", name}, {"health", "unhealthy"}}, total - healthy);
-    AddGauge(&backend, {{"resource", name}, {"backend_api", r.value("backend_api", "")}},
-             r.value("backend_connected", false) ? 1 : 0);
-    const std::string api = r.value("kubelet_api", "");
-    AddGauge(&kubelet, {{"resource", name}, {"kubelet_api", api}}, api.empty() ? 0 : 1);
-    AddGauge(&list_bytes, {{"resource", name}},
-             static_cast<double>(r.value("device_list_bytes", 0)));
+  for (const ResourceStatus& r : status.resources) {
+    AddGauge(&devices, {{"resource", r.resource}, {"health", "healthy"}},
+             static_cast<double>(r.devices_healthy));
+    AddGauge(&devices, {{"resource", r.resource}, {"health", "unhealthy"}},
+             static_cast<double>(r.devices_total - r.devices_healthy));
+    AddGauge(&backend, {{"resource", r.resource}, {"backend_api", r.backend_api}},
+             r.backend_connected ? 1 : 0);
+    AddGauge(&kubelet, {{"resource", r.resource}, {"kubelet_api", r.kubelet_api}},
+             r.kubelet_api.empty() ? 0 : 1);
+    AddGauge(&list_bytes, {{"resource", r.resource}}, static_cast<double>(r.device_list_bytes));
   }
   out.push_back(std::move(list_bytes));
   out.push_back(std::move(devices));
@@ -104,24 +101,24 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       "dpproxy_quarantined_devices",
       "Devices reported Unhealthy because a pod the kubelet lost track of may hold them.",
       MetricType::Gauge);
-  std::map<std::string, int> per_resource;
-  for (const Json& q : status.value("quarantined", Json::array())) {
-    per_resource[q.value("resource", "")] += static_cast<int>(q.value("devices", Json::array()).size());
+  std::map<std::string, size_t> per_resource;
+  for (const QuarantineStatus& q : status.quarantined) per_resource[q.resource] += q.devices.size();
+  for (const auto& [res, n] : per_resource) {
+    AddGauge(&quarantined, {{"resource", res}}, static_cast<double>(n));
   }
-  for (const auto& [res, n] : per_resource) AddGauge(&quarantined, {{"resource", res}}, n);
   out.push_back(std::move(quarantined));
   MetricFamily twice = Family("dpproxy_devices_held_twice_total",
                               "Devices found allocated to a second pod while a pod the "
                               "kubelet lost track of held them.",
                               MetricType::Counter);
-  AddCounter(&twice, {}, static_cast<double>(status.value("devices_held_twice", 0)));
+  AddCounter(&twice, {}, static_cast<double>(status.devices_held_twice));
   out.push_back(std::move(twice));
 
   MetricFamily losses = Family("dpproxy_lossy_translations_total",
                                "Fields dropped because the other side's API has no place for "
                                "them, by resource and kind.",
                                MetricType::Counter);
-  for (const auto& [res, kinds] : server_->losses().Snapshot()) {
+  for (const auto& [res, kinds] : status.lossy_translations) {
     for (const auto& [kind, n] : kinds) {
       AddCounter(&losses, {{"resource", res}, {"kind", kind}}, static_cast<double>(n));
     }
@@ -132,35 +129,36 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
                                  "Backend registrations refused, by reason (version, "
                                  "resource_name, endpoint, dial, attach).",
                                  MetricType::Counter);
-  for (const auto& [reason, n] : server_->RegistrationRejections()) {
+  for (const auto& [reason, n] : status.registrations_rejected) {
     AddCounter(&rejected, {{"reason", reason}}, static_cast<double>(n));
   }
   out.push_back(std::move(rejected));
 
-  if (StateKeeper* keeper = server_->state()) {
+  if (status.state) {
+    const StateStatus& s = *status.state;
     MetricFamily failures = Family("dpproxy_state_save_failures_total",
                                    "Failed writes of the state file or journal.",
                                    MetricType::Counter);
-    AddCounter(&failures, {}, static_cast<double>(keeper->save_failures()));
+    AddCounter(&failures, {}, static_cast<double>(s.save_failures));
     out.push_back(std::move(failures));
     MetricFamily journal = Family("dpproxy_journal_allocations",
                                   "Allocations in dpproxy's durable state.", MetricType::Gauge);
-    AddGauge(&journal, {}, keeper->AllocationCount());
+    AddGauge(&journal, {}, static_cast<double>(s.allocations));
     MetricFamily writes = Family(
         "dpproxy_journal_writes_total",
         "Journal writes, each one fdatasync; fewer than records when concurrent Allocates "
         "share one (group commit).",
         MetricType::Counter);
-    AddCounter(&writes, {}, static_cast<double>(keeper->journal_writes()));
+    AddCounter(&writes, {}, static_cast<double>(s.journal_writes));
     MetricFamily records = Family("dpproxy_journal_records_total",
                                   "Allocation records written to the journal.",
                                   MetricType::Counter);
-    AddCounter(&records, {}, static_cast<double>(keeper->journal_records()));
+    AddCounter(&records, {}, static_cast<double>(s.journal_records));
     MetricFamily compactions = Family(
         "dpproxy_state_compactions_total",
         "Snapshots written to take in the journal (on their own thread, off Allocate's path).",
         MetricType::Counter);
-    AddCounter(&compactions, {}, static_cast<double>(keeper->compactions()));
+    AddCounter(&compactions, {}, static_cast<double>(s.compactions));
     out.push_back(std::move(journal));
     out.push_back(std::move(writes));
     out.push_back(std::move(records));

@@ -26,7 +26,10 @@
 #include <prometheus/collectable.h>
 #include <prometheus/metric_family.h>
 
-#include "proxy/server/proxy_server.h"
+#include <functional>
+
+#include "proxy/events/event_log.h"
+#include "proxy/server/status_model.h"
 
 namespace dpproxy {
 
@@ -36,14 +39,17 @@ bool IsLoopbackAddress(const std::string& host_port);
 
 class ProxyMetrics : public prometheus::Collectable {
  public:
-  explicit ProxyMetrics(ProxyServer* server) : server_(server) {}
+  // `status` is called at each scrape (e.g. ProxyServer::Status(false)).
+  ProxyMetrics(std::function<ProxyStatus()> status, EventLog* events)
+      : status_(std::move(status)), events_(events) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
   // The Prometheus text exposition of Collect(), for tests and debugging.
   std::string Text() const;
 
  private:
-  ProxyServer* const server_;
+  const std::function<ProxyStatus()> status_;
+  EventLog* const events_;
 };
 
 }  // namespace dpproxy

@@ -64,7 +64,7 @@ class MatrixTest : public ::testing::TestWithParam<Cell> {
   SamplePlugin* Up(sample::SamplePluginOptions o) {
     SamplePlugin* p = h_.StartPlugin(o);
     EXPECT_NE(p, nullptr);
-    EXPECT_TRUE(h_.sim().WaitForResource(kGpu, 4, kWait)) << h_.proxy().Status().dump();
+    EXPECT_TRUE(h_.sim().WaitForResource(kGpu, 4, kWait)) << StatusToJson(h_.proxy().Status()).dump();
     return p;
   }
   SamplePlugin* Up() { return Up(Options()); }
@@ -88,7 +88,7 @@ TEST_P(MatrixTest, RegistrationAndDeviceList) {
   EXPECT_EQ(r->capacity(), 4);
   EXPECT_EQ(r->endpoint(), h_.proxy().KubeletSocketOf(kGpu));  // the kubelet talks to the proxy
   EXPECT_EQ(r->api_version(), AlphaKubelet() ? "v1alpha2" : "v1beta1");
-  Json status = h_.proxy().Status();
+  Json status = StatusToJson(h_.proxy().Status());
   ASSERT_EQ(status["resources"].size(), 1u);
   EXPECT_EQ(status["resources"][0]["kubelet_api"], ExpectedKubeletApi());
   EXPECT_EQ(status["resources"][0]["backend_api"], BetaPlugin() ? "v1beta1" : "v1alpha2");
@@ -204,7 +204,7 @@ TEST_P(MatrixTest, KubeletRestart) {
   absl::StatusOr<sim::AllocateResponse> a = h_.sim().Allocate(Pod("running", {{"main", 2}}));
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(h_.sim().Restart().ok());
-  ASSERT_TRUE(h_.sim().WaitForResource(kGpu, 4, kWait)) << h_.proxy().Status().dump();
+  ASSERT_TRUE(h_.sim().WaitForResource(kGpu, 4, kWait)) << StatusToJson(h_.proxy().Status()).dump();
   sim::State st = h_.sim().GetState();
   std::set<std::string> ids;
   for (const auto& d : h_.Resource(st, kGpu)->devices()) ids.insert(d.id());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
@@ -50,6 +51,12 @@ class ProxyHarness {
 
   sim::KubeletSim& sim() { return *sim_; }
   ProxyServer& proxy() { return *proxy_; }
+  // One scrape of the metrics dpproxy serves, as Prometheus text.
+  std::string MetricsText() {
+    return ProxyMetrics([this] { return proxy_->Status(/*with_devices=*/false); },
+                        &proxy_->events())
+        .Text();
+  }
   const ProxyConfig& config() const { return config_; }
   std::string dir(const std::string& sub) const { return dir_.Sub(sub); }
 

@@ -92,7 +92,7 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   // Issue 7.18: refused names never become metric labels; rejections are
   // counted by reason.
   s = testing::RegisterV1Beta1(sock, "v1beta1", "bad name with spaces", "x.sock");
-  const std::string metrics = ProxyMetrics(&h.proxy()).Text();
+  const std::string metrics = h.MetricsText();
   EXPECT_THAT(metrics, Not(HasSubstr("bad name with spaces")));
   EXPECT_THAT(metrics, Not(HasSubstr("kubernetes.io/gpu")));
   EXPECT_THAT(metrics, HasSubstr(
@@ -101,7 +101,7 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
       "dpproxy_backend_registrations_rejected_total{reason=\"endpoint\"} 4"));
 
   // Nothing else was disturbed.
-  EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
+  EXPECT_EQ(h.proxy().Status().resources.size(), 1u);
   EXPECT_TRUE(h.sim().Allocate(Pod("still-fine", 1)).ok());
 }
 
@@ -174,7 +174,7 @@ TEST_F(ProxyTest, V1AlphaRegistrationOfANonV1AlphaSocketIsRefused) {
   ASSERT_TRUE(e.has_value());
   EXPECT_THAT((*e)["error"].get<std::string>(),
               HasSubstr("does not serve the v1alpha DevicePlugin API"));
-  Json status = h.proxy().Status();
+  Json status = StatusToJson(h.proxy().Status());
   EXPECT_EQ(status["resources"][0]["backend_api"], "v1beta1");
   EXPECT_TRUE(status["resources"][0]["backend_connected"].get<bool>());
   EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Healthy");
@@ -379,8 +379,8 @@ TEST_F(ProxyTest, StaticBackendIsProbedConnectedAndReconnected) {
   ASSERT_NE(h.StartPlugin(o), nullptr);
   Start(h);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  EXPECT_EQ(h.proxy().Status()["resources"][0]["backend_api"], "v1alpha2");  // probed
-  EXPECT_EQ(h.proxy().Status()["resources"][0]["static_backend"], true);
+  EXPECT_EQ(h.proxy().Status().resources[0].backend_api, "v1alpha2");  // probed
+  EXPECT_EQ(h.proxy().Status().resources[0].static_backend, true);
   h.StopPlugins();
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
   ASSERT_NE(h.StartPlugin(o), nullptr);
@@ -434,8 +434,8 @@ TEST_F(ProxyTest, HoldExpiresWhileARegisterIsBlocked) {
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   auto healthy = [&] {
-    Json r = h.proxy().Status()["resources"];
-    return r.empty() ? -1 : r[0].value("devices_healthy", -1);
+    const ProxyStatus st = h.proxy().Status();
+    return st.resources.empty() ? int64_t{-1} : st.resources[0].devices_healthy;
   };
   ASSERT_TRUE(h.WaitFor([&] { return healthy() == 4 && kubelet.calls.load() >= 1; }));
   // The backend goes away while the Register is still stuck.
@@ -503,7 +503,7 @@ TEST_F(ProxyTest, ManyResourcesInOneProxy) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_TRUE(h.sim().WaitForResource(absl::StrCat("vendor.com/dev", i), i + 1, kWait)) << i;
   }
-  EXPECT_EQ(h.proxy().Status()["resources"].size(), 5u);
+  EXPECT_EQ(h.proxy().Status().resources.size(), 5u);
 }
 
 TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
@@ -512,7 +512,7 @@ TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
   ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("m", 2)).ok());
-  const std::string text = ProxyMetrics(&h.proxy()).Text();
+  const std::string text = h.MetricsText();
   EXPECT_THAT(text, HasSubstr("dpproxy_events_total{event=\"allocate\",resource=\"vendor.com/gpu\"} 1"));
   EXPECT_THAT(text, HasSubstr("dpproxy_devices{resource=\"vendor.com/gpu\",health=\"healthy\"} 4"));
   EXPECT_THAT(text, HasSubstr("dpproxy_backend_connected{resource=\"vendor.com/gpu\",backend_api=\"v1beta1\"} 1"));
@@ -578,12 +578,12 @@ TEST_F(ProxyTest, DeviceListsOver4MiBAreAcceptedAndReported) {
         "device_list_too_large", {{"resource", kGpu}, {"devices", 100000}}, kWait);
     ASSERT_TRUE(e.has_value());
     EXPECT_GT((*e)["bytes"].get<size_t>(), 4u << 20);
-    const Json st = h.proxy().Status();
+    const Json st = StatusToJson(h.proxy().Status());
     ASSERT_EQ(st["resources"].size(), 1u);
     EXPECT_EQ(st["resources"][0]["devices_total"], 100000);
     EXPECT_EQ(st["resources"][0]["device_list_too_large"], true);
     EXPECT_TRUE(st["resources"][0]["backend_connected"].get<bool>());
-    EXPECT_THAT(ProxyMetrics(&h.proxy()).Text(),
+    EXPECT_THAT(h.MetricsText(),
                 HasSubstr(absl::StrCat("dpproxy_device_list_bytes{resource=\"", kGpu, "\"} ",
                                        (*e)["bytes"].get<size_t>())));
     // The backend's stream stayed up: nothing was lost or refused.
@@ -604,14 +604,14 @@ TEST_F(ProxyTest, IdlePassesBuildNoStatus) {
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   auto passes = [&](int n) {
-    const int64_t from = h.proxy().registrar_ticks();
-    return h.WaitFor([&] { return h.proxy().registrar_ticks() >= from + n; });
+    const int64_t from = h.proxy().housekeeping_passes();
+    return h.WaitFor([&] { return h.proxy().housekeeping_passes() >= from + n; });
   };
   ASSERT_TRUE(passes(2));  // settled
   const int64_t builds = h.proxy().status_builds();
   ASSERT_TRUE(passes(3));
   EXPECT_EQ(h.proxy().status_builds(), builds);
-  (void)ProxyMetrics(&h.proxy()).Text();  // a scrape never lists devices
+  (void)h.MetricsText();  // a scrape never lists devices
   EXPECT_EQ(h.proxy().status_builds(), builds);
   // A change is seen at the next pass: the status file shows it.
   ASSERT_TRUE(plugin->SetHealth("gpu-1", "Unhealthy").ok());

@@ -283,11 +283,11 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   for (const std::string& id : held) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
   }
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].size() == 1u; }));
-  Json status = h.proxy().Status();
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.size() == 1u; }));
+  Json status = StatusToJson(h.proxy().Status());
   EXPECT_EQ(status["quarantined"][0]["pod"], "default/train");
   EXPECT_THAT(status["quarantined"][0]["reason"].get<std::string>(), HasSubstr("checkpoint"));
-  EXPECT_THAT(ProxyMetrics(&h.proxy()).Text(),
+  EXPECT_THAT(h.MetricsText(),
               HasSubstr("dpproxy_quarantined_devices{resource=\"vendor.com/gpu\"} 2"));
 
   // A new pod gets the other devices, never the running pod's.
@@ -299,7 +299,7 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   // Survives a dpproxy restart too.
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].size() == 1u; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.size() == 1u; }));
 
   // The pod goes away: the quarantine ends and the devices are Healthy.
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
@@ -308,8 +308,8 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   for (const std::string& id : held) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
   }
-  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].empty(); }));
-  EXPECT_THAT(ProxyMetrics(&h.proxy()).Text(),
+  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.empty(); }));
+  EXPECT_THAT(h.MetricsText(),
               Not(HasSubstr("dpproxy_quarantined_devices{")));
 }
 
@@ -331,7 +331,7 @@ TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
   ASSERT_TRUE(h.proxy().events().WaitForEvent("kubelet_checkpoint_checked", {}, kWait, from));
   EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_quarantined", {}, absl::ZeroDuration(),
                                                from));
-  EXPECT_TRUE(h.proxy().Status()["quarantined"].empty());
+  EXPECT_TRUE(h.proxy().Status().quarantined.empty());
   for (const std::string& id : testing::DeviceIdsOf(a->allocations(0))) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
   }
@@ -356,12 +356,12 @@ TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen once
-  EXPECT_TRUE(h.proxy().Status()["quarantined"].empty());
+  EXPECT_TRUE(h.proxy().Status().quarantined.empty());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen twice: contradiction
-  Json status = h.proxy().Status();
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status()["quarantined"].size() == 1u; }))
-      << h.proxy().Status().dump();
-  EXPECT_THAT(h.proxy().Status()["quarantined"][0]["reason"].get<std::string>(),
+  Json status = StatusToJson(h.proxy().Status());
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.size() == 1u; }))
+      << StatusToJson(h.proxy().Status()).dump();
+  EXPECT_THAT(h.proxy().Status().quarantined[0].reason,
               HasSubstr("pod-resources"));
   const std::string id = a->allocations(0).device_ids(0);
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; }));
@@ -525,14 +525,14 @@ TEST_P(KubeletUpgradeTest, ProxyRenegotiatesAndEveryPodIsReadmitted) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("one", {{"main", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("two", {{"main", 1}})).ok());
-  ASSERT_EQ(h.proxy().Status()["resources"][0]["kubelet_api"], "v1alpha2");
+  ASSERT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1alpha2");
   const std::multiset<std::string> before = Keys(h.sim().GetState());
 
   const absl::Time t0 = absl::Now();
   ASSERT_TRUE(h.sim().Restart(GetParam()).ok());
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const absl::Duration took = absl::Now() - t0;
-  EXPECT_EQ(h.proxy().Status()["resources"][0]["kubelet_api"], "v1beta1");
+  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1beta1");
   sim::State st = h.sim().GetState();
   std::set<std::string> ids;
   for (const auto& d : h.Resource(st, kGpu)->devices()) ids.insert(d.id());

@@ -206,7 +206,7 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   const auto counts = h.proxy().events().Counts();
   EXPECT_EQ(counts.count(std::make_pair(std::string("devices_quarantined"), std::string(kGpu))),
             0u)
-      << h.proxy().Status()["quarantined"].dump();
+      << StatusToJson(h.proxy().Status())["quarantined"].dump();
   ExpectBackToLevel(h, before, kKbPerAllocation * static_cast<int64_t>(answered.size()));
 }
 
@@ -253,7 +253,7 @@ TEST(StormTest, RegistrationBurstsOfValidAndInvalidRequests) {
   // Every dial of the bursts ends; nothing else was disturbed.
   ASSERT_TRUE(dials_done(bursts + 1));
   EXPECT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu)).ok());
-  EXPECT_EQ(h.proxy().Status()["resources"].size(), 1u);
+  EXPECT_EQ(h.proxy().Status().resources.size(), 1u);
   ExpectBackToLevel(h, before);
 }
 

@@ -87,7 +87,7 @@ TEST(DiskFaultTest, FullDiskRefusesAllocateCountsItAndRecovers) {
   ASSERT_FALSE(refused.ok()) << "the disk never filled up";
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("cannot persist"));
   EXPECT_GE(h.proxy().state()->save_failures(), 1);
-  Json status = h.proxy().Status();
+  Json status = StatusToJson(h.proxy().Status());
   EXPECT_FALSE(status["state"]["writable"].get<bool>());
   EXPECT_THAT(status["state"]["last_write_error"].get<std::string>(), HasSubstr("space"));
 
@@ -95,7 +95,7 @@ TEST(DiskFaultTest, FullDiskRefusesAllocateCountsItAndRecovers) {
   absl::StatusOr<sim::AllocateResponse> after = h.sim().Allocate(Pod("after"));
   ASSERT_TRUE(after.ok()) << after.status();
   ++acknowledged;
-  EXPECT_TRUE(h.proxy().Status()["state"]["writable"].get<bool>());
+  EXPECT_TRUE(h.proxy().Status().state->writable);
   // Every acknowledged allocation is on disk; the refused one is not.
   h.RestartProxy();  // the old one closed its files
   absl::StatusOr<state::State> st = ReadStateDir(h.dir("state"));

@@ -1,0 +1,213 @@
+#include "proxy/config/flags.h"
+
+#include <gflags/gflags.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "proxy/cli/cli.h"
+#include "proxy/config/config_file.h"
+#include "proxy/util/status_macros.h"
+
+DEFINE_string(kubelet_root, "/var/lib/kubelet",
+              "Kubelet root directory (k3s, k0s and snaps move it). The proxy serves its\n"
+              "sockets in <root>/device-plugins/ and registers at\n"
+              "<root>/device-plugins/kubelet.sock, or uses <root>/plugins_registry/.");
+DEFINE_string(plugin_dir, "/var/lib/dpproxy/device-plugins",
+              "Directory where vendor plugins register with the proxy: point a plugin's\n"
+              "kubelet socket at <plugin_dir>/kubelet.sock. Must not be the kubelet's own.");
+DEFINE_string(kubelet_api, "auto",
+              "Device-plugin API toward the kubelet: auto (try v1beta1, then v1alpha),\n"
+              "v1beta1 or v1alpha (pin it).");
+DEFINE_string(kubelet_registration, "kubelet",
+              "How to register with the kubelet: kubelet (Register at kubelet.sock) or\n"
+              "plugin-watcher (a socket in <kubelet_root>/plugins_registry/).");
+DEFINE_string(backend_timeout, "30s",
+              "Deadline of every call to a backend plugin (the kubelet sets none on Allocate).");
+DEFINE_string(dial_timeout, "10s", "How long to wait for a registering plugin's socket.");
+DEFINE_int32(backend_max_list_mib, 256,
+             "The largest message (device list) accepted from a plugin, in MiB (4-2047).\n"
+             "The kubelet accepts at most 4 MiB: a larger list is reported (log, event,\n"
+             "metric, status), see docs/configuration.md.");
+DEFINE_string(backend_loss_policy, "unhealthy",
+              "What the kubelet sees while a backend is away: unhealthy (every device\n"
+              "Unhealthy at once) or hold (last known health for --backend_hold, then\n"
+              "Unhealthy). Device IDs never change because a backend went away.");
+DEFINE_string(backend_hold, "30s", "Hold time for --backend_loss_policy=hold.");
+DEFINE_string(rename, "",
+              "Serve backend resources under other names, comma-separated FROM=TO, e.g.\n"
+              "\"legacy.com/gpu=vendor.com/gpu\".");
+DEFINE_string(static_backend, "",
+              "Plugins that cannot be pointed at the proxy, comma-separated\n"
+              "RESOURCE=SOCKET[@API] with API v1alpha, v1beta1 or auto (default), e.g.\n"
+              "\"vendor.com/gpu=/run/vendor/gpu.sock@v1alpha\". Reconnected once a second\n"
+              "while away.");
+DEFINE_bool(cdi_annotations, false,
+            "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
+            "for kubelets that predate the cdi_devices field (1.27 and older).");
+DEFINE_string(events, "", "Append JSON-lines lifecycle events to this file. Empty: none.");
+DEFINE_string(config, "",
+              "YAML configuration file (docs/configuration.md). Flags given on the\n"
+              "command line override it; list flags (--rename, --static_backend) add to it.");
+DEFINE_string(status_file, "/var/lib/dpproxy/status.json",
+              "Where dpproxy keeps its status (resources, negotiated versions, backends,\n"
+              "devices, lossy-translation counts) as JSON, rewritten on change; read by\n"
+              "`dpproxy status`. Empty: none.");
+DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
+DEFINE_string(state_dir, "/var/lib/dpproxy",
+              "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
+              "device lists and every allocation the kubelet was answered. Must not be a\n"
+              "device-plugins directory. Empty: keep nothing on disk.");
+DEFINE_string(restore_policy, "trust",
+              "After a dpproxy restart, what the kubelet is told about remembered devices\n"
+              "until their backend is back: trust (their remembered health, for\n"
+              "--restore_hold) or unhealthy. See docs/configuration.md for the trade-off.");
+DEFINE_string(restore_hold, "5m", "How long --restore_policy=trust trusts remembered health.");
+DEFINE_string(metrics_address, "127.0.0.1:9464",
+              "Serve Prometheus metrics at http://<address>/metrics (host:port; port 0\n"
+              "picks a free one, logged at start). Empty: no metrics endpoint. The endpoint\n"
+              "has no authentication: an address other than loopback exposes resource\n"
+              "names, device counts and pod activity to the network (warned at start).");
+DEFINE_string(socket_group, "",
+              "Group (name or number) allowed to register plugins: <plugin_dir>/kubelet.sock\n"
+              "becomes mode 0660 with this group. Empty: 0700, root's plugins only.\n"
+              "dpproxy's sockets toward the kubelet are always 0700.");
+DEFINE_string(reconcile_interval, "1m",
+              "How often to read the kubelet's pod-resources API to learn which pod holds\n"
+              "each allocation and release journal entries of pods that are gone (also\n"
+              "shortly after start). 0s turns it off.");
+DEFINE_string(reconcile_grace, "5m",
+              "Journal entries younger than this are never released by reconciliation.");
+
+namespace dpproxy {
+namespace {
+
+// Applies the flags to `c`: every flag, or only those given on the command
+// line (so that they override a configuration file).
+absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
+  auto set = [&](const char* name) {
+    return !only_explicit || !gflags::GetCommandLineFlagInfoOrDie(name).is_default;
+  };
+  if (set("kubelet_root")) c->kubelet.kubelet_root = FLAGS_kubelet_root;
+  if (set("plugin_dir")) c->plugin_dir = FLAGS_plugin_dir;
+  if (set("kubelet_api")) {
+    absl::StatusOr<std::optional<ApiVersion>> api =
+        ParseApiVersion(FLAGS_kubelet_api, /*allow_auto=*/true);
+    if (!api.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kubelet_api=", api.status().message()));
+    }
+    c->kubelet.api = *api;
+  }
+  if (set("kubelet_registration")) {
+    if (FLAGS_kubelet_registration == "kubelet") {
+      c->kubelet.registration = KubeletRegistration::kKubeletSocket;
+    } else if (FLAGS_kubelet_registration == "plugin-watcher") {
+      c->kubelet.registration = KubeletRegistration::kPluginWatcher;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kubelet_registration=", FLAGS_kubelet_registration,
+          " is not kubelet or plugin-watcher"));
+    }
+  }
+  if (set("backend_timeout")) {
+    DPP_ASSIGN_OR_RETURN(c->kubelet.backend_timeout,
+                         ParseFlagDuration("backend_timeout", FLAGS_backend_timeout));
+  }
+  if (set("backend_max_list_mib")) {
+    if (FLAGS_backend_max_list_mib < 4 || FLAGS_backend_max_list_mib > 2047) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend_max_list_mib=", FLAGS_backend_max_list_mib, " is not between 4 and 2047"));
+    }
+    c->backend_max_list_bytes = FLAGS_backend_max_list_mib << 20;
+  }
+  if (set("dial_timeout")) {
+    DPP_ASSIGN_OR_RETURN(c->dial_timeout, ParseFlagDuration("dial_timeout", FLAGS_dial_timeout));
+  }
+  if (set("backend_loss_policy")) {
+    if (FLAGS_backend_loss_policy == "unhealthy") {
+      c->policy.loss_policy = LossPolicy::kUnhealthy;
+    } else if (FLAGS_backend_loss_policy == "hold") {
+      c->policy.loss_policy = LossPolicy::kHold;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend_loss_policy=", FLAGS_backend_loss_policy, " is not unhealthy or hold"));
+    }
+  }
+  if (set("backend_hold")) {
+    DPP_ASSIGN_OR_RETURN(c->policy.hold, ParseFlagDuration("backend_hold", FLAGS_backend_hold));
+  }
+  for (absl::string_view item : absl::StrSplit(FLAGS_rename, ',', absl::SkipEmpty())) {
+    std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rename: \"", item, "\" is not FROM=TO"));
+    }
+    c->renames[kv[0]] = kv[1];
+  }
+  for (absl::string_view item : absl::StrSplit(FLAGS_static_backend, ',', absl::SkipEmpty())) {
+    std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--static_backend: \"", item, "\" is not RESOURCE=SOCKET[@API]"));
+    }
+    StaticBackendConfig sb;
+    sb.resource = kv[0];
+    std::vector<std::string> ea = absl::StrSplit(kv[1], absl::MaxSplits('@', 1));
+    sb.endpoint = ea[0];
+    if (ea.size() == 2) {
+      absl::StatusOr<std::optional<ApiVersion>> api = ParseApiVersion(ea[1], /*allow_auto=*/true);
+      if (!api.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--static_backend ", sb.resource, ": api ", api.status().message()));
+      }
+      sb.api = *api;
+    }
+    c->static_backends.push_back(sb);
+  }
+  if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
+  if (set("status_file")) c->status_file = FLAGS_status_file;
+  if (set("state_dir")) c->state_dir = FLAGS_state_dir;
+  if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;
+  if (set("socket_group")) c->socket_group = FLAGS_socket_group;
+  if (set("restore_policy")) {
+    if (FLAGS_restore_policy == "trust") {
+      c->restore_policy = RestorePolicy::kTrust;
+    } else if (FLAGS_restore_policy == "unhealthy") {
+      c->restore_policy = RestorePolicy::kUnhealthy;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--restore_policy=", FLAGS_restore_policy, " is not trust or unhealthy"));
+    }
+  }
+  if (set("reconcile_interval")) {
+    DPP_ASSIGN_OR_RETURN(c->reconcile_interval,
+                         ParseFlagDuration("reconcile_interval", FLAGS_reconcile_interval));
+  }
+  if (set("reconcile_grace")) {
+    DPP_ASSIGN_OR_RETURN(c->reconcile_grace,
+                         ParseFlagDuration("reconcile_grace", FLAGS_reconcile_grace));
+  }
+  if (set("restore_hold")) {
+    DPP_ASSIGN_OR_RETURN(c->restore_hold, ParseFlagDuration("restore_hold", FLAGS_restore_hold));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ProxyConfig> ConfigFromFlags() {
+  ProxyConfig c;
+  DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/false, &c));  // flag defaults
+  if (!FLAGS_config.empty()) {
+    c.renames.clear();
+    c.static_backends.clear();
+    DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
+    DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
+  }
+  DPP_RETURN_IF_ERROR(ValidateConfig(c));
+  return c;
+}
+
+}  // namespace dpproxy

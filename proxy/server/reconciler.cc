@@ -1,0 +1,423 @@
+#include "proxy/server/reconciler.h"
+
+#include <grpcpp/client_context.h>
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/rpc/grpc_util.h"
+
+namespace dpproxy {
+
+Reconciler::Reconciler(Options options, StateKeeper* keeper, EventLog* events,
+                       std::function<void()> changed)
+    : options_(std::move(options)), keeper_(keeper), events_(events),
+      changed_(std::move(changed)) {}
+
+Reconciler::~Reconciler() { Stop(); }
+
+void Reconciler::Start() {
+  if (options_.interval <= absl::ZeroDuration() || thread_.joinable()) return;
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stop_ = false;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Reconciler::Stop() {
+  {
+    absl::MutexLock lock(&stop_mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Reconciler::PodResourcesSocket() const {
+  return JoinPath(JoinPath(options_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+}
+
+std::string Reconciler::CheckpointPath() const {
+  return JoinPath(DevicePluginDir(options_.kubelet), kKubeletCheckpointName);
+}
+
+void Reconciler::Loop() {
+  // First pass soon after start (the kubelet may be starting too), then
+  // every interval.
+  absl::Duration wait = std::min(absl::Seconds(10), options_.interval);
+  for (;;) {
+    {
+      absl::MutexLock lock(&stop_mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) -> bool { return stop_; };
+      if (stop_mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
+    }
+    absl::Status s = ReconcileOnce();
+    if (!s.ok()) VLOG(1) << "reconciliation skipped: " << s.message();
+    wait = options_.interval;
+  }
+}
+
+absl::Status Reconciler::ReconcileOnce() {
+  const std::string socket = PodResourcesSocket();
+  if (!PathExists(socket)) {
+    return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
+  }
+  auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::ListPodResourcesResponse list;
+  grpc::Status st = stub->List(&ctx, v1::ListPodResourcesRequest(), &list);
+  if (!st.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("pod-resources List failed: ", DescribeGrpcStatus(st)));
+  }
+  absl::MutexLock pass(&pass_mu_);
+  Holdings holdings;
+  for (const auto& pod : list.pod_resources()) {
+    holdings.AddPod(pod.namespace_(), pod.name());
+    for (const auto& c : pod.containers()) {
+      const size_t index = holdings.AddHolder({pod.namespace_(), pod.name(), c.name(), ""});
+      for (const auto& d : c.devices()) {
+        for (const std::string& id : d.device_ids()) {
+          holdings.AddDevice(index, d.resource_name(), id);
+        }
+      }
+    }
+  }
+  const state::State st_now = keeper_->AllocationsSnapshot();
+  const std::map<uint64_t, size_t> matched = holdings.Match(st_now);
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::vector<StateKeeper::Holder> annotate;
+  std::vector<uint64_t> release, contradicted;
+  std::vector<std::string> contradicted_pods;
+  std::set<uint64_t> missing;
+  for (const state::Allocation& a : st_now.allocations()) {
+    auto m = matched.find(a.id());
+    if (m != matched.end()) {
+      const PodHolder& h = holdings.holder(m->second);
+      annotate.push_back({a.id(), h.pod_namespace, h.pod_name, h.container, ""});
+      continue;
+    }
+    const bool pod_listed =
+        !a.pod_name().empty() && holdings.HasPod(a.pod_namespace(), a.pod_name());
+    if (a.quarantined() && (a.pod_name().empty() || pod_listed)) {
+      // Its pod may still run: the devices stay away from new pods.
+      continue;
+    }
+    const bool old_enough =
+        now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(options_.grace);
+    if (!old_enough && !pod_listed) continue;
+    if (missing_once_.count(a.id()) == 0) {
+      missing.insert(a.id());
+      continue;
+    }
+    if (pod_listed) {
+      // The kubelet lists the pod as running but no longer these devices:
+      // it lost track of them (e.g. it restarted without its checkpoint).
+      contradicted.push_back(a.id());
+      contradicted_pods.push_back(absl::StrCat(a.pod_namespace(), "/", a.pod_name()));
+    } else {
+      release.push_back(a.id());
+    }
+  }
+  missing_once_ = std::move(missing);
+  if (!release.empty()) {
+    LOG(INFO) << "reconciliation: releasing " << release.size()
+              << " journal entries whose pods are gone";
+  }
+  absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
+  if (!annotated.ok()) return annotated.status();
+  if (!contradicted.empty()) {
+    Quarantine(contradicted,
+                          absl::StrCat("the kubelet's pod-resources API lists ",
+                                       absl::StrJoin(contradicted_pods, ", "),
+                                       " without the devices dpproxy allocated to it"));
+  }
+  events_->Emit("reconciled", {{"pods", list.pod_resources_size()},
+                              {"annotated", *annotated},
+                              {"released", release.size()},
+                              {"contradicted", contradicted.size()},
+                              {"missing_once", missing_once_.size()}});
+  return absl::OkStatus();
+}
+
+void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
+                                        const std::string& reason) {
+  absl::StatusOr<int> added = keeper_->Quarantine(ids, reason);
+  if (!added.ok()) {
+    LOG(ERROR) << "cannot persist the quarantine of " << ids.size()
+               << " allocation(s) (kept in memory): " << added.status().message();
+  }
+  if (added.ok() && *added == 0) return;
+  const state::State st = keeper_->AllocationsSnapshot();
+  const std::set<uint64_t> wanted(ids.begin(), ids.end());
+  // Which live allocations hold each device, to report a device held twice.
+  std::map<std::pair<std::string, std::string>, std::vector<const state::Allocation*>> by_device;
+  for (const state::Allocation& a : st.allocations()) {
+    for (const std::string& d : a.device_ids()) by_device[{a.resource(), d}].push_back(&a);
+  }
+  auto who = [](const state::Allocation& a) {
+    return a.pod_name().empty()
+               ? absl::StrCat("allocation ", a.id(),
+                              a.pod_uid().empty() ? "" : absl::StrCat(" (pod UID ", a.pod_uid(), ")"),
+                              " of an unknown pod")
+               : absl::StrCat(a.pod_namespace(), "/", a.pod_name(), "/", a.container());
+  };
+  for (const state::Allocation& a : st.allocations()) {
+    if (wanted.count(a.id()) == 0) continue;
+    LOG(ERROR) << "resource " << a.resource() << ": devices "
+               << absl::StrJoin(a.device_ids(), ",") << " of " << who(a)
+               << " are quarantined (reported Unhealthy until the pod is gone): " << reason;
+    events_->Emit("devices_quarantined", {{"resource", a.resource()},
+                                         {"allocation", a.id()},
+                                         {"devices", std::vector<std::string>(
+                                                         a.device_ids().begin(),
+                                                         a.device_ids().end())},
+                                         {"holder", who(a)},
+                                         {"reason", reason}});
+    for (const std::string& d : a.device_ids()) {
+      for (const state::Allocation* other : by_device[{a.resource(), d}]) {
+        if (other->id() <= a.id() || other->quarantined()) continue;
+        {
+          absl::MutexLock lock(&held_twice_mu_);
+          ++devices_held_twice_;
+        }
+        LOG(ERROR) << "resource " << a.resource() << ": device " << d
+                   << " is held twice: by " << who(a) << " and, allocated since, by "
+                   << who(*other) << " (the kubelet handed it out again)";
+        events_->Emit("device_held_twice", {{"resource", a.resource()},
+                                           {"device", d},
+                                           {"first", who(a)},
+                                           {"second", who(*other)}});
+      }
+    }
+  }
+  changed_();
+}
+
+std::map<std::string, std::set<std::string>> Reconciler::QuarantinedDevices(
+    std::vector<QuarantineStatus>* rows) const {
+  std::map<std::string, std::set<std::string>> devices;
+  const state::State st = keeper_->AllocationsSnapshot();
+  for (const state::Allocation& a : st.allocations()) {
+    if (!a.quarantined()) continue;
+    devices[a.resource()].insert(a.device_ids().begin(), a.device_ids().end());
+    if (rows == nullptr) continue;
+    QuarantineStatus q;
+    q.resource = a.resource();
+    q.allocation = a.id();
+    q.devices.assign(a.device_ids().begin(), a.device_ids().end());
+    q.pod = a.pod_name().empty() ? std::string() : absl::StrCat(a.pod_namespace(), "/", a.pod_name());
+    q.container = a.container();
+    q.pod_uid = a.pod_uid();
+    q.reason = a.quarantine_reason();
+    q.since_unix_ms = a.quarantined_unix_ms();
+    rows->push_back(std::move(q));
+  }
+  return devices;
+}
+
+int64_t Reconciler::devices_held_twice() const {
+  absl::MutexLock lock(&held_twice_mu_);
+  return devices_held_twice_;
+}
+
+void Reconciler::OnKubeletRestart(const FileId& kubelet) {
+  // A kubelet restart while dpproxy runs: check that it kept the
+  // allocations live now, once it has written its checkpoint again.
+  RestartCheck check;
+  const std::string ckpt_path = CheckpointPath();
+  check.checkpoint_before = StatFileId(ckpt_path);
+  check.deadline = absl::Now() + absl::Seconds(30);
+  const state::State st = keeper_->AllocationsSnapshot();
+  // Live for the kubelet that stopped: the checkpoint still on disk is its
+  // final view if it predates the new kubelet.sock (a new kubelet writes
+  // only after devices register). Otherwise, what the last read listed
+  // and anything allocated since. Entries of pods that ended before the
+  // restart are thereby never quarantined. Never read at all: every entry.
+  std::optional<KubeletCheckpoint> current;
+  if (check.checkpoint_before.has_value()) {
+    if (absl::StatusOr<std::string> text = ReadFile(ckpt_path); text.ok()) {
+      if (absl::StatusOr<KubeletCheckpoint> k = ParseKubeletCheckpoint(*text); k.ok()) {
+        current = *std::move(k);
+      }
+    }
+  }
+  const bool final_view = current.has_value() && check.checkpoint_before->ctime_ns <=
+                                                     kubelet.ctime_ns;
+  if (final_view) {
+    for (const auto& [id, holder] : CheckpointHoldings(*current).Match(st)) {
+      check.live.insert(id);
+    }
+    for (const state::Allocation& a : st.allocations()) {
+      if (a.quarantined()) check.live.erase(a.id());
+    }
+  } else {
+    // (The last read is fresh: the checkpoint is read whenever it
+    // changes. Allocations since then count only if the file cannot be
+    // read now, i.e. the kubelet lost it.)
+    absl::MutexLock lock(&checkpoint_mu_);
+    for (const state::Allocation& a : st.allocations()) {
+      if (a.quarantined()) continue;
+      if (!checkpoint_seen_ || checkpoint_live_.count(a.id()) > 0 ||
+          (!current.has_value() && a.allocated_unix_ms() >= checkpoint_read_ms_)) {
+        check.live.insert(a.id());
+      }
+    }
+  }
+  restart_check_ = std::move(check);  // checked (and reported) even if none is live
+}
+
+void Reconciler::CheckCheckpoint() {
+  const std::string path = CheckpointPath();
+  const std::optional<FileId> id = StatFileId(path);
+  const absl::Time now = absl::Now();
+  if (restart_check_.has_value()) {
+    // Wait until the restarted kubelet wrote its checkpoint (it does at its
+    // first device-list update), or for the deadline.
+    if (id == restart_check_->checkpoint_before && now < restart_check_->deadline) return;
+    RestartCheck check = *std::move(restart_check_);
+    restart_check_.reset();
+    std::string why;
+    absl::StatusOr<KubeletCheckpoint> ckpt = absl::NotFoundError("missing");
+    if (!id.has_value()) {
+      why = absl::StrCat("the kubelet restarted and has no checkpoint at ", path);
+    } else if (absl::StatusOr<std::string> text = ReadFile(path); !text.ok()) {
+      why = absl::StrCat("the kubelet restarted and its checkpoint cannot be read: ",
+                         text.status().message());
+    } else if (ckpt = ParseKubeletCheckpoint(*text); !ckpt.ok()) {
+      why = absl::StrCat("the kubelet restarted with an unreadable checkpoint (",
+                         ckpt.status().message(), ")");
+    }
+    std::vector<uint64_t> lost;
+    const state::State st = keeper_->AllocationsSnapshot();
+    std::map<uint64_t, size_t> matched;
+    if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
+    int kept = 0;
+    for (const state::Allocation& a : st.allocations()) {
+      if (check.live.count(a.id()) == 0 || a.quarantined()) continue;
+      if (ckpt.ok() && matched.count(a.id()) > 0) {
+        ++kept;
+        continue;
+      }
+      lost.push_back(a.id());
+    }
+    // A kubelet reads its checkpoint whole or discards it whole: if it still
+    // lists any allocation that was live before the restart, it kept them,
+    // and those missing are pods that ended meanwhile (released as usual).
+    if (kept > 0 && !lost.empty()) {
+      LOG(INFO) << "the restarted kubelet kept its checkpoint; " << lost.size()
+                << " allocation(s) it no longer lists belong to pods that ended";
+      lost.clear();
+    }
+    if (why.empty()) {
+      why = "the kubelet restarted and its checkpoint no longer lists these devices (it lost "
+            "them: deleted, corrupt, or written by a release it cannot read)";
+    }
+    if (!lost.empty()) Quarantine(lost, why);
+    events_->Emit("kubelet_checkpoint_checked", {{"lost", lost.size()},
+                                                {"live", check.live.size()}});
+    last_checkpoint_ = id;
+    return;
+  }
+  // Release journal entries the kubelet no longer holds (every release
+  // writes its checkpoint; 1.9 kubelets have no pod-resources API): parsed
+  // whenever it changes, so that at a kubelet restart dpproxy knows what the
+  // kubelet held a moment before.
+  // When it changed, and on the reconcile interval
+  // (a quiet node writes no new checkpoint, and "missing twice" needs two
+  // passes).
+  const bool due = options_.interval > absl::ZeroDuration() &&
+                   now - last_checkpoint_parse_ >= options_.interval;
+  if (!id.has_value() || (id == last_checkpoint_ && !due)) return;
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return;
+  absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
+  last_checkpoint_ = id;
+  last_checkpoint_parse_ = now;
+  if (!ckpt.ok()) {
+    VLOG(1) << "kubelet checkpoint not used: " << ckpt.status().message();
+    return;
+  }
+  absl::MutexLock lock(&checkpoint_mu_);
+  (void)CheckpointPass(*ckpt);
+}
+
+absl::Status Reconciler::ReconcileCheckpointOnce() {
+  const std::string path = CheckpointPath();
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return absl::UnavailableError(text.status().message());
+  absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
+  if (!ckpt.ok()) return absl::UnavailableError(ckpt.status().message());
+  absl::MutexLock lock(&checkpoint_mu_);
+  return CheckpointPass(*ckpt);
+}
+
+Holdings Reconciler::CheckpointHoldings(const KubeletCheckpoint& ckpt) {
+  Holdings holdings;
+  std::map<std::pair<std::string, std::string>, size_t> by_container;
+  for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
+    auto [it, fresh] = by_container.try_emplace({e.pod_uid, e.container}, 0);
+    if (fresh) it->second = holdings.AddHolder({"", "", e.container, e.pod_uid});
+    for (const std::string& id : e.device_ids) holdings.AddDevice(it->second, e.resource, id);
+  }
+  return holdings;
+}
+
+absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
+  const state::State st = keeper_->AllocationsSnapshot();
+  const Holdings holdings = CheckpointHoldings(ckpt);
+  const std::map<uint64_t, size_t> matched = holdings.Match(st);
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  const bool pod_resources = PathExists(PodResourcesSocket());
+  checkpoint_seen_ = true;
+  checkpoint_read_ms_ = now_ms;
+  checkpoint_live_.clear();
+  std::vector<StateKeeper::Holder> annotate;
+  std::vector<uint64_t> release;
+  std::set<uint64_t> missing;
+  for (const state::Allocation& a : st.allocations()) {
+    auto m = matched.find(a.id());
+    if (m != matched.end()) {
+      checkpoint_live_.insert(a.id());
+      const PodHolder& h = holdings.holder(m->second);
+      annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
+      continue;
+    }
+    // Quarantined: absent from the checkpoint is the symptom, not proof.
+    // Where pod-resources exists it decides (it can tell a pod that is gone
+    // from one whose devices the kubelet lost); the checkpoint only names.
+    if (a.quarantined() || pod_resources) continue;
+    if (now_ms - a.allocated_unix_ms() < absl::ToInt64Milliseconds(options_.grace)) {
+      continue;
+    }
+    if (checkpoint_missing_once_.count(a.id()) > 0) {
+      release.push_back(a.id());
+    } else {
+      missing.insert(a.id());
+    }
+  }
+  checkpoint_missing_once_ = std::move(missing);
+  // The kubelet rewrites its checkpoint after every allocation: naming pod
+  // UIDs must not cost a snapshot write each time (only releases save).
+  absl::StatusOr<int> annotated =
+      keeper_->Reconcile(annotate, release, /*persist_names=*/false);
+  if (!annotated.ok()) return annotated.status();
+  if (!release.empty()) {
+    LOG(INFO) << "kubelet checkpoint: released " << release.size()
+              << " journal entries no kubelet container holds any more";
+  }
+  events_->Emit("checkpoint_reconciled", {{"entries", ckpt.entries.size()},
+                                         {"layout", LayoutWriters(ckpt.layout)},
+                                         {"released", release.size()},
+                                         {"missing_once", checkpoint_missing_once_.size()}});
+  return absl::OkStatus();
+}
+
+}  // namespace dpproxy

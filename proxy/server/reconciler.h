@@ -1,0 +1,135 @@
+// File: reconciler.h
+//
+// Keeps dpproxy's journal in step with what the kubelet holds, the way the
+// kubelet's device manager keeps its checkpoint in step with active pods:
+//
+//  - pod-resources (1.15+): every interval, the kubelet's List names the
+//    container of each allocation; entries no pod holds in two answers in a
+//    row (and older than the grace) are released.
+//  - the kubelet's checkpoint (every release, the only source on 1.9):
+//    parsed whenever it changes and on the interval; names pod UIDs and, where
+//    pod-resources is absent, releases the same way.
+//  - after a kubelet restart: once the new kubelet has written its
+//    checkpoint, allocations that were live before and that it no longer
+//    lists are quarantined (it lost them; their devices are reported
+//    Unhealthy until their pod is gone), and a device handed out again
+//    meanwhile is reported as held twice.
+//
+// Owns its thread (the periodic pod-resources pass); the checkpoint checks
+// run on the caller's (the server's housekeeping thread).
+#ifndef DPPROXY_PROXY_SERVER_RECONCILER_H_
+#define DPPROXY_PROXY_SERVER_RECONCILER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proxy/config/proxy_config.h"
+#include "proxy/events/event_log.h"
+#include "proxy/kubelet/kubelet_checkpoint.h"
+#include "proxy/server/holdings.h"
+#include "proxy/server/status_model.h"
+#include "proxy/state/state_keeper.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+
+class Reconciler {
+ public:
+  struct Options {
+    KubeletSideOptions kubelet;
+    absl::Duration interval = absl::Minutes(1);  // 0: no periodic passes
+    absl::Duration grace = absl::Minutes(5);
+  };
+  // `changed` is called (no locks held) when the quarantine changed.
+  Reconciler(Options options, StateKeeper* keeper, EventLog* events,
+             std::function<void()> changed);
+  ~Reconciler();
+
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
+
+  // Starts the periodic pod-resources passes (first one 10 s after start).
+  void Start();
+  void Stop();
+
+  // One pod-resources pass now. kUnavailable if the API did not answer
+  // (nothing is released then).
+  absl::Status ReconcileOnce();
+  // One checkpoint pass now. kUnavailable if the checkpoint cannot be read.
+  absl::Status ReconcileCheckpointOnce();
+
+  // Housekeeping thread: a new kubelet.sock replaced `previous`; remembers
+  // what was live for the kubelet that stopped, checked by CheckCheckpoint.
+  void OnKubeletRestart(const FileId& kubelet);
+  // Housekeeping thread: the check after a kubelet restart when it is due,
+  // else a checkpoint pass if the checkpoint changed or the interval passed.
+  void CheckCheckpoint();
+
+  // Bumped whenever the set of quarantined allocations changes.
+  uint64_t quarantine_version() const { return keeper_->quarantine_version(); }
+  // Quarantined device IDs by resource, and their rows for the status.
+  std::map<std::string, std::set<std::string>> QuarantinedDevices(
+      std::vector<QuarantineStatus>* rows) const;
+  int64_t devices_held_twice() const;
+
+ private:
+  std::string PodResourcesSocket() const;
+  std::string CheckpointPath() const;
+  void Loop();
+  static Holdings CheckpointHoldings(const KubeletCheckpoint& ckpt);
+  absl::Status CheckpointPass(const KubeletCheckpoint& ckpt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
+  // Marks allocations quarantined, logs and reports each (and any device
+  // the kubelet has handed out again meanwhile).
+  void Quarantine(const std::vector<uint64_t>& ids, const std::string& reason);
+
+  const Options options_;
+  StateKeeper* const keeper_;
+  EventLog* const events_;
+  const std::function<void()> changed_;
+
+  absl::Mutex stop_mu_;
+  bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread thread_;
+
+  // Allocation ids missing from the last successful List (reconciler
+  // thread; ReconcileOnce callers serialise on pass_mu_).
+  absl::Mutex pass_mu_;
+  std::set<uint64_t> missing_once_ ABSL_GUARDED_BY(pass_mu_);
+
+  absl::Mutex checkpoint_mu_;  // one checkpoint pass at a time
+  std::set<uint64_t> checkpoint_missing_once_ ABSL_GUARDED_BY(checkpoint_mu_);
+  // What the kubelet's checkpoint listed at the last pass, and when: at a
+  // kubelet restart only those (and anything newer) were live for it.
+  bool checkpoint_seen_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  std::set<uint64_t> checkpoint_live_ ABSL_GUARDED_BY(checkpoint_mu_);
+  int64_t checkpoint_read_ms_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
+
+  // Housekeeping thread only: the check pending after a kubelet restart,
+  // and the checkpoint last parsed.
+  struct RestartCheck {
+    std::set<uint64_t> live;  // allocations live when the restart was seen
+    std::optional<FileId> checkpoint_before;
+    absl::Time deadline;
+  };
+  std::optional<RestartCheck> restart_check_;
+  std::optional<FileId> last_checkpoint_;
+  absl::Time last_checkpoint_parse_ = absl::InfinitePast();
+
+  mutable absl::Mutex held_twice_mu_;
+  int64_t devices_held_twice_ ABSL_GUARDED_BY(held_twice_mu_) = 0;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_RECONCILER_H_

@@ -1,0 +1,144 @@
+#include "proxy/server/registrar.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+
+namespace dpproxy {
+
+Registrar::Registrar(KubeletSideOptions kubelet, EventLog* events, WorkQueue* workers,
+                     std::function<void()> wake)
+    : kubelet_(std::move(kubelet)), events_(events), workers_(workers), wake_(std::move(wake)) {}
+
+void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
+  auto slot = std::make_unique<Slot>();
+  slot->resource = resource;
+  slot->endpoint = endpoint;
+  absl::MutexLock lock(&mu_);
+  slots_.push_back(std::move(slot));
+}
+
+void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
+  // Serving again is quick and happens here, even while a Register of the
+  // same resource waits on the kubelet's dial: that dial then finds the
+  // socket again.
+  for (Slot* e : slots) {
+    if (e->endpoint->SocketPresent()) continue;
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = !e->registered_with.has_value() && e->endpoint->negotiated().empty();
+    }
+    if (absl::Status s = e->endpoint->Serve(); !s.ok()) {
+      LOG(ERROR) << "resource " << e->resource->name() << ": " << s.message();
+      continue;
+    }
+    if (!first) {
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": kubelet restart detected (our socket was removed); serving again";
+      events_->Emit("kubelet_restart_detected",
+                    {{"resource", e->resource->name()}, {"signal", "socket removed"}});
+    }
+    absl::MutexLock lock(&mu_);
+    ++e->served;
+    e->registered_with.reset();
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::InfinitePast();
+  }
+}
+
+Registrar::PassResult Registrar::Pass(absl::Time now) {
+  PassResult result;
+  std::vector<Slot*> slots;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& s : slots_) slots.push_back(s.get());
+    next_retry_ = absl::InfiniteFuture();
+  }
+  ServeRemoved(slots);
+  const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(kubelet_));
+  if (kubelet.has_value() && last_kubelet_.has_value() && kubelet != last_kubelet_) {
+    result.kubelet_restarted = kubelet;
+  }
+  if (kubelet.has_value()) last_kubelet_ = kubelet;
+  if (kubelet_.registration == KubeletRegistration::kPluginWatcher || !kubelet.has_value()) {
+    return result;  // the kubelet comes to us, or is not there yet (the watcher wakes us)
+  }
+  for (Slot* e : slots) {
+    std::string options = e->resource->options().SerializeAsString();
+    uint64_t served;
+    {
+      absl::MutexLock lock(&mu_);
+      if (e->registering) continue;
+      served = e->served;
+      if (e->registered_with == kubelet) {
+        if (e->registered_options == options) continue;
+        LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+      } else if (e->registered_with.has_value()) {
+        LOG(INFO) << "resource " << e->resource->name()
+                  << ": kubelet restart detected (new kubelet.sock); registering again";
+        events_->Emit("kubelet_restart_detected", {{"resource", e->resource->name()},
+                                                   {"signal", "kubelet.sock recreated"}});
+        e->registered_with.reset();
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::InfinitePast();
+      }
+      if (now < e->retry_at) {
+        next_retry_ = std::min(next_retry_, e->retry_at);
+        continue;
+      }
+      e->registering = true;
+    }
+    if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options), served]() mutable {
+          RegisterOnWorker(e, k, std::move(o), served);
+        })) {
+      absl::MutexLock lock(&mu_);
+      e->registering = false;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  result.next_retry = next_retry_;
+  return result;
+}
+
+void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, uint64_t served) {
+  absl::Status s;
+  if (!e->endpoint->SocketPresent()) {
+    // Never ask a kubelet to dial a socket that is not serving (a kubelet's
+    // wipe removed it): the next pass serves it again, then registers.
+    s = absl::UnavailableError("our socket is not serving");
+  } else {
+    s = e->endpoint->Register();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    e->registering = false;
+    if (s.ok() && e->served != served) {
+      // Served again while the kubelet was answering: register once more,
+      // toward the new server.
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": served again during registration; registering again";
+    } else if (s.ok()) {
+      e->registered_with = kubelet;
+      e->registered_options = std::move(options);
+      e->backoff = absl::ZeroDuration();
+      e->retry_at = absl::InfinitePast();
+    } else {
+      // Retried soon, with backoff: not only at the next kubelet restart.
+      const absl::Duration cap = s.code() == absl::StatusCode::kUnavailable ||
+                                         s.code() == absl::StatusCode::kDeadlineExceeded
+                                     ? absl::Seconds(5)
+                                     : absl::Seconds(30);
+      e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
+      e->retry_at = absl::Now() + e->backoff;
+      next_retry_ = std::min(next_retry_, e->retry_at);
+      LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
+                << s.message() << "); retrying in " << absl::FormatDuration(e->backoff);
+    }
+  }
+  wake_();
+}
+
+}  // namespace dpproxy

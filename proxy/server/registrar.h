@@ -1,0 +1,98 @@
+// File: registrar.h
+//
+// Keeps every resource's kubelet-facing server served and registered with
+// the kubelet, as a device plugin that follows the kubelet's lifecycle must:
+//
+//  - a kubelet start removes every file in device-plugins/: a socket of ours
+//    that is gone is served again at once (our signal of a kubelet restart);
+//  - a new kubelet.sock (another inode) is the other signal: every resource
+//    registers again, with the device list it already has;
+//  - registrations run on the workers, never on the caller's thread (a
+//    1.25+ kubelet dials back for up to 10 s), one at a time per resource,
+//    retried with backoff (100 ms doubling to 5 s while the kubelet does not
+//    answer, to 30 s when it refuses);
+//  - options that changed since the last registration mean registering
+//    again (kubelets up to 1.24 read them only there).
+//
+// In plugin-watcher mode the kubelet comes to us: only serving is done.
+#ifndef DPPROXY_PROXY_SERVER_REGISTRAR_H_
+#define DPPROXY_PROXY_SERVER_REGISTRAR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proxy/config/proxy_config.h"
+#include "proxy/core/resource.h"
+#include "proxy/events/event_log.h"
+#include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/util/files.h"
+#include "proxy/util/work_queue.h"
+
+namespace dpproxy {
+
+class Registrar {
+ public:
+  // `wake` is called (no locks held) when a registration ended, so that the
+  // caller runs Pass() again.
+  Registrar(KubeletSideOptions kubelet, EventLog* events, WorkQueue* workers,
+            std::function<void()> wake);
+
+  Registrar(const Registrar&) = delete;
+  Registrar& operator=(const Registrar&) = delete;
+
+  // Starts keeping `endpoint` (of `resource`) served and registered. Both
+  // outlive the registrar's workers. Any thread.
+  void Add(Resource* resource, KubeletEndpoint* endpoint);
+
+  struct PassResult {
+    // A kubelet.sock other than the one seen at the last pass.
+    std::optional<FileId> kubelet_restarted;
+    // When Pass() must run again for a retry (InfiniteFuture: no retry due).
+    absl::Time next_retry = absl::InfiniteFuture();
+  };
+  // One pass: serves what a kubelet removed, notices a kubelet restart,
+  // starts the registrations that are due. Never blocks on the kubelet.
+  // One caller thread.
+  PassResult Pass(absl::Time now);
+
+ private:
+  struct Slot {
+    Resource* resource = nullptr;
+    KubeletEndpoint* endpoint = nullptr;
+    std::optional<FileId> registered_with;  // kubelet.sock it registered at
+    // Options sent in that registration (serialized).
+    std::string registered_options;
+    // Bumped each time the socket is served again: a Register that began
+    // before does not count (the kubelet's stream is on the old server).
+    uint64_t served = 0;
+    bool registering = false;  // at most one Register at a time
+    // After a failed Register: not before retry_at, then backoff doubles.
+    absl::Time retry_at = absl::InfinitePast();
+    absl::Duration backoff = absl::ZeroDuration();
+  };
+
+  void ServeRemoved(const std::vector<Slot*>& slots);
+  void RegisterOnWorker(Slot* slot, FileId kubelet, std::string options, uint64_t served);
+
+  const KubeletSideOptions kubelet_;
+  EventLog* const events_;
+  WorkQueue* const workers_;
+  const std::function<void()> wake_;
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_retry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Pass() only.
+  std::optional<FileId> last_kubelet_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_REGISTRAR_H_

@@ -1,0 +1,122 @@
+#include "proxy/server/status_model.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+
+namespace dpproxy {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DeviceStatus, id, health)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubelet_api,
+                                                kubelet_socket, backend_connected, backend_api,
+                                                backend_endpoint, static_backend,
+                                                pre_start_required,
+                                                get_preferred_allocation_available,
+                                                devices_total, devices_healthy,
+                                                device_list_bytes, device_list_too_large,
+                                                devices)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuarantineStatus, resource, allocation, devices,
+                                                pod, container, pod_uid, reason, since_unix_ms)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StateStatus, path, allocations, save_failures,
+                                                writable, last_write_error, journal_writes,
+                                                journal_records, compactions)
+
+const ResourceStatus* ProxyStatus::Find(const std::string& name) const {
+  for (const ResourceStatus& r : resources) {
+    if (r.resource == name) return &r;
+  }
+  return nullptr;
+}
+
+Json StatusToJson(const ProxyStatus& s) {
+  return {{"pid", s.pid},
+          {"kubelet_root", s.kubelet_root},
+          {"plugin_socket", s.plugin_socket},
+          {"resources", s.resources},
+          {"lossy_translations", s.lossy_translations},
+          {"state", s.state ? Json(*s.state) : Json(nullptr)},
+          {"quarantined", s.quarantined},
+          {"devices_held_twice", s.devices_held_twice},
+          {"registrations_rejected", s.registrations_rejected}};
+}
+
+absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
+  if (!j.is_object() || !j.contains("resources")) {
+    return absl::InvalidArgumentError("not a dpproxy status (no \"resources\")");
+  }
+  ProxyStatus s;
+  try {
+    s.pid = j.value("pid", int64_t{0});
+    s.kubelet_root = j.value("kubelet_root", "");
+    s.plugin_socket = j.value("plugin_socket", "");
+    j.at("resources").get_to(s.resources);
+    if (j.contains("lossy_translations")) j["lossy_translations"].get_to(s.lossy_translations);
+    if (j.contains("state") && j["state"].is_object()) s.state = j["state"].get<StateStatus>();
+    if (j.contains("quarantined")) j["quarantined"].get_to(s.quarantined);
+    s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
+    if (j.contains("registrations_rejected")) {
+      j["registrations_rejected"].get_to(s.registrations_rejected);
+    }
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not a dpproxy status: ", e.what()));
+  }
+  return s;
+}
+
+std::string StatusTable(const ProxyStatus& st) {
+  std::string out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
+                                 ", plugins register at ", st.plugin_socket, "\n\n");
+  absl::StrAppendFormat(&out, "%-28s %-26s %-9s %-40s %s\n", "RESOURCE", "KUBELET API",
+                        "BACKEND", "BACKEND ENDPOINT", "DEVICES");
+  for (const ResourceStatus& r : st.resources) {
+    absl::StrAppendFormat(
+        &out, "%-28s %-26s %-9s %-40s %d/%d healthy\n", r.resource,
+        r.kubelet_api.empty() ? "(not registered)" : r.kubelet_api,
+        r.backend_connected ? r.backend_api : "down",
+        r.backend_endpoint.empty() ? "-" : r.backend_endpoint, r.devices_healthy,
+        r.devices_total);
+    if (r.device_list_too_large) {
+      absl::StrAppendFormat(
+          &out,
+          "  ^ DEVICE LIST TOO LARGE for the kubelet: %d bytes, the kubelet accepts %d; it "
+          "sees no devices of this resource\n",
+          r.device_list_bytes, kKubeletMaxListBytes);
+    }
+  }
+  if (st.state) {
+    absl::StrAppend(&out, "\nstate ", st.state->path, ": ", st.state->allocations,
+                    " allocation(s), ");
+    if (st.state->writable) {
+      absl::StrAppend(&out, "writable");
+    } else {
+      absl::StrAppend(&out, "NOT WRITABLE (every Allocate is refused until it is): ",
+                      st.state->last_write_error);
+    }
+    absl::StrAppend(&out, ", ", st.state->save_failures, " failed write(s)\n");
+  }
+  if (!st.quarantined.empty()) {
+    absl::StrAppend(&out, "\nQUARANTINED (reported Unhealthy until the pod is gone):\n");
+    for (const QuarantineStatus& q : st.quarantined) {
+      std::string holder = q.pod;
+      if (holder.empty()) {
+        holder = q.pod_uid.empty() ? absl::StrCat("allocation ", q.allocation, " (pod unknown)")
+                                   : absl::StrCat("pod UID ", q.pod_uid);
+      } else if (!q.container.empty()) {
+        absl::StrAppend(&holder, "/", q.container);
+      }
+      absl::StrAppend(&out, "  ", q.resource, " ", absl::StrJoin(q.devices, ","), " held by ",
+                      holder, ": ", q.reason, "\n");
+    }
+  }
+  if (st.devices_held_twice > 0) {
+    absl::StrAppend(&out, "\n", st.devices_held_twice,
+                    " device(s) found held by two pods (see the device_held_twice events)\n");
+  }
+  if (!st.lossy_translations.empty()) {
+    absl::StrAppend(&out, "\nlossy translations: ", Json(st.lossy_translations).dump(), "\n");
+  }
+  return out;
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,100 @@
+// File: status_model.h
+//
+// What a running dpproxy reports about itself, as one typed structure: the
+// status file, `dpproxy status` and the Prometheus metrics are all made
+// from it, so they cannot disagree. Built by ProxyServer::Status(); read
+// back from the status file with StatusFromJson().
+//
+//   ProxyStatus st = server.Status(/*with_devices=*/false);
+//   for (const ResourceStatus& r : st.resources) ... r.devices_healthy ...
+//   std::cout << StatusTable(st);
+#ifndef DPPROXY_PROXY_SERVER_STATUS_MODEL_H_
+#define DPPROXY_PROXY_SERVER_STATUS_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proxy/events/event_log.h"
+
+namespace dpproxy {
+
+struct DeviceStatus {
+  std::string id;
+  std::string health;  // "Healthy" | "Unhealthy"
+};
+
+struct ResourceStatus {
+  std::string resource;  // the name the kubelet sees
+  // "v1beta1", "v1alpha2", "v1beta1 (plugin-watcher)"; "" until registered.
+  std::string kubelet_api;
+  std::string kubelet_socket;
+  bool backend_connected = false;
+  std::string backend_api;       // of the last backend seen ("" if none yet)
+  std::string backend_endpoint;  // ditto
+  bool static_backend = false;
+  bool pre_start_required = false;
+  bool get_preferred_allocation_available = false;
+  int64_t devices_total = 0;
+  int64_t devices_healthy = 0;
+  // The list's size on the wire; over kKubeletMaxListBytes the kubelet
+  // refuses it (and sees no devices).
+  int64_t device_list_bytes = 0;
+  bool device_list_too_large = false;
+  // Left empty unless asked for (the metrics never need them).
+  std::vector<DeviceStatus> devices;
+};
+
+struct QuarantineStatus {
+  std::string resource;
+  uint64_t allocation = 0;
+  std::vector<std::string> devices;
+  std::string pod;  // "namespace/name" or "" if unknown
+  std::string container;
+  std::string pod_uid;
+  std::string reason;
+  int64_t since_unix_ms = 0;
+};
+
+struct StateStatus {
+  std::string path;
+  int64_t allocations = 0;
+  int64_t save_failures = 0;
+  bool writable = true;
+  std::string last_write_error;
+  int64_t journal_writes = 0;
+  int64_t journal_records = 0;
+  int64_t compactions = 0;
+};
+
+struct ProxyStatus {
+  int64_t pid = 0;
+  std::string kubelet_root;
+  std::string plugin_socket;
+  std::vector<ResourceStatus> resources;
+  // resource -> kind ("annotations", "cdi_devices", "topology") -> count
+  std::map<std::string, std::map<std::string, int64_t>> lossy_translations;
+  std::optional<StateStatus> state;  // nullopt without a state directory
+  std::vector<QuarantineStatus> quarantined;
+  int64_t devices_held_twice = 0;
+  // Refused backend registrations by reason (version, resource_name, ...).
+  std::map<std::string, int64_t> registrations_rejected;
+
+  // The resource named `name`, or nullptr.
+  const ResourceStatus* Find(const std::string& name) const;
+};
+
+Json StatusToJson(const ProxyStatus& status);
+// kInvalidArgument if `json` is not a status (missing fields keep defaults:
+// a file written by an older dpproxy still reads).
+absl::StatusOr<ProxyStatus> StatusFromJson(const Json& json);
+// What `dpproxy status` prints.
+std::string StatusTable(const ProxyStatus& status);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_STATUS_MODEL_H_

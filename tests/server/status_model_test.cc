@@ -1,0 +1,145 @@
+// The status model: one structure behind the status file, `dpproxy status`
+// and the metrics.
+#include "proxy/server/status_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "proxy/server/metrics.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+ProxyStatus Example() {
+  ProxyStatus st;
+  st.pid = 4242;
+  st.kubelet_root = "/var/lib/kubelet";
+  st.plugin_socket = "/var/lib/dpproxy/device-plugins/kubelet.sock";
+  ResourceStatus gpu;
+  gpu.resource = "vendor.com/gpu";
+  gpu.kubelet_api = "v1beta1";
+  gpu.backend_connected = true;
+  gpu.backend_api = "v1alpha2";
+  gpu.backend_endpoint = "/var/lib/dpproxy/device-plugins/gpu.sock";
+  gpu.devices_total = 2;
+  gpu.devices_healthy = 1;
+  gpu.device_list_bytes = 60;
+  gpu.devices = {{"gpu-0", "Healthy"}, {"gpu-1", "Unhealthy"}};
+  ResourceStatus nic;
+  nic.resource = "vendor.com/nic";
+  nic.devices_total = 100000;
+  nic.device_list_bytes = 5 << 20;
+  nic.device_list_too_large = true;
+  st.resources = {gpu, nic};
+  st.lossy_translations["vendor.com/gpu"]["topology"] = 3;
+  st.state = StateStatus{"/var/lib/dpproxy/state.pb", 7, 1, false, "disk full", 9, 12, 2};
+  QuarantineStatus q;
+  q.resource = "vendor.com/gpu";
+  q.allocation = 5;
+  q.devices = {"gpu-1"};
+  q.pod = "default/trainer";
+  q.container = "main";
+  q.reason = "the kubelet restarted and lost it";
+  st.quarantined = {q};
+  st.devices_held_twice = 1;
+  st.registrations_rejected["version"] = 2;
+  return st;
+}
+
+TEST(StatusModelTest, TheStatusFileReadsBackAsWritten) {
+  const ProxyStatus st = Example();
+  const Json json = StatusToJson(st);
+  // The keys other tools read.
+  EXPECT_EQ(json["resources"][0]["devices"][1]["health"], "Unhealthy");
+  EXPECT_EQ(json["state"]["writable"], false);
+  EXPECT_EQ(json["quarantined"][0]["pod"], "default/trainer");
+  absl::StatusOr<ProxyStatus> back = StatusFromJson(Json::parse(json.dump()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(StatusToJson(*back), json);
+  ASSERT_NE(back->Find("vendor.com/nic"), nullptr);
+  EXPECT_TRUE(back->Find("vendor.com/nic")->device_list_too_large);
+  EXPECT_EQ(back->Find("vendor.com/fpga"), nullptr);
+}
+
+TEST(StatusModelTest, AFileFromAnOlderDpproxyStillReads) {
+  // Written before the journal counters and the rejections were reported,
+  // and without a state directory.
+  const Json old = Json::parse(R"({"pid": 7, "resources": [{"resource": "a.com/x",
+      "devices_total": 3, "devices_healthy": 3}], "state": null})");
+  absl::StatusOr<ProxyStatus> st = StatusFromJson(old);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->resources[0].devices_total, 3);
+  EXPECT_EQ(st->resources[0].kubelet_api, "");
+  EXPECT_FALSE(st->state.has_value());
+  EXPECT_TRUE(st->registrations_rejected.empty());
+}
+
+TEST(StatusModelTest, SomethingElseIsRefusedWithTheReason) {
+  EXPECT_THAT(std::string(StatusFromJson(Json::parse("[1,2]")).status().message()),
+              HasSubstr("not a dpproxy status"));
+  EXPECT_THAT(std::string(StatusFromJson(Json::parse(R"({"resources": 3})")).status().message()),
+              HasSubstr("not a dpproxy status"));
+}
+
+TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
+  const std::string table = StatusTable(Example());
+  EXPECT_THAT(table, HasSubstr("dpproxy pid 4242"));
+  EXPECT_THAT(table, HasSubstr("vendor.com/gpu"));
+  EXPECT_THAT(table, HasSubstr("1/2 healthy"));
+  EXPECT_THAT(table, HasSubstr("(not registered)"));  // the nic
+  EXPECT_THAT(table, HasSubstr("DEVICE LIST TOO LARGE for the kubelet: 5242880 bytes"));
+  EXPECT_THAT(table, HasSubstr("NOT WRITABLE (every Allocate is refused until it is): disk full"));
+  EXPECT_THAT(table, HasSubstr("vendor.com/gpu gpu-1 held by default/trainer/main"));
+  EXPECT_THAT(table, HasSubstr("1 device(s) found held by two pods"));
+  ProxyStatus quiet = Example();
+  quiet.quarantined.clear();
+  quiet.devices_held_twice = 0;
+  quiet.state->writable = true;
+  quiet.resources.pop_back();
+  const std::string calm = StatusTable(quiet);
+  EXPECT_THAT(calm, Not(HasSubstr("QUARANTINED")));
+  EXPECT_THAT(calm, Not(HasSubstr("TOO LARGE")));
+  EXPECT_THAT(calm, HasSubstr(", writable, 1 failed write(s)"));
+}
+
+TEST(MetricsTest, FamiliesComeFromTheStatus) {
+  EventLog events("test");
+  events.Emit("allocate", {{"resource", "vendor.com/gpu"}});
+  int scrapes = 0;
+  ProxyMetrics metrics(
+      [&] {
+        ++scrapes;
+        ProxyStatus st = Example();
+        st.resources[0].devices.clear();  // what Status(false) gives
+        return st;
+      },
+      &events);
+  const std::string text = metrics.Text();
+  EXPECT_EQ(scrapes, 1);
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_devices{resource=\"vendor.com/gpu\",health=\"healthy\"} 1"));
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_devices{resource=\"vendor.com/gpu\",health=\"unhealthy\"} 1"));
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_kubelet_registered{resource=\"vendor.com/nic\",kubelet_api=\"\"} 0"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_device_list_bytes{resource=\"vendor.com/nic\"} 5242880"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_quarantined_devices{resource=\"vendor.com/gpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_lossy_translations_total{resource=\"vendor.com/gpu\",kind=\"topology\"} 3"));
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_backend_registrations_rejected_total{reason=\"version\"} 2"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_journal_writes_total 9"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_journal_records_total 12"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 1"));
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_events_total{event=\"allocate\",resource=\"vendor.com/gpu\"} 1"));
+  // Without a state directory there is no state to report.
+  ProxyMetrics stateless([] { ProxyStatus st; return st; }, &events);
+  EXPECT_THAT(stateless.Text(), Not(HasSubstr("dpproxy_journal")));
+}
+
+}  // namespace
+}  // namespace dpproxy

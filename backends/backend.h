@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
-#include "proxy/config/proxy_config.h"
+#include "proxy/config/api_version.h"
 
 namespace grpc {
 class ServerContextBase;
@@ -83,21 +83,6 @@ class Backend {
   virtual void Stop() = 0;
 };
 
-
-// Dials the plugin (up to `dial_timeout`) and, for v1beta1, asks for its
-// options. kUnavailable naming the socket if it cannot be reached.
-// Messages from the plugin may be up to `max_receive_bytes`.
-absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
-                                                        const std::string& socket_path,
-                                                        ApiVersion api,
-                                                        absl::Duration dial_timeout,
-                                                        int max_receive_bytes =
-                                                            kDefaultBackendMaxListBytes);
-
-// Finds out which DevicePlugin service a plugin serves: v1beta1 if
-// GetDevicePluginOptions answers, v1alpha if that service is unknown.
-absl::StatusOr<ApiVersion> ProbeBackendApi(const std::string& socket_path,
-                                          absl::Duration timeout);
 
 }  // namespace dpproxy
 

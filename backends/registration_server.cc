@@ -1,5 +1,7 @@
 #include "backends/registration_server.h"
 
+#include "backends/connect.h"
+
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
 #include <glog/logging.h>

@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"
 
 namespace dpproxy {

@@ -1,5 +1,5 @@
-// Resource, the per-resource core, driven by a fake backend that hands it
-// device lists directly (no sockets): what the kubelet is shown, and what a
+// Resource, the per-resource core, driven by a strict mock backend whose
+// callbacks the test calls (no sockets): what the kubelet is shown, and what a
 // list update costs in calls to the state keeper.
 #include "proxy/core/resource.h"
 
@@ -13,42 +13,25 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/events/event_log.h"
+#include "tests/testing/mock_backend.h"
 
 namespace dpproxy {
 namespace {
 
-// A backend whose ListAndWatch is the test: Deliver() hands a list to the
-// resource as the backend's stream reader would.
-class FakeBackend : public Backend {
- public:
-  ApiVersion api() const override { return ApiVersion::kV1Beta1; }
-  const std::string& endpoint() const override { return endpoint_; }
-  const std::string& resource() const override { return resource_; }
-  v1beta1::DevicePluginOptions options() const override { return {}; }
-  void Start(BackendCallbacks callbacks) override { callbacks_ = std::move(callbacks); }
-  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const v1beta1::AllocateRequest&,
-                                                     absl::Duration,
-                                                     const grpc::ServerContextBase*) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
-      const v1beta1::PreferredAllocationRequest&, absl::Duration,
-      const grpc::ServerContextBase*) override {
-    return absl::UnimplementedError("fake");
-  }
-  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest&, absl::Duration,
-                                 const grpc::ServerContextBase*) override {
-    return absl::OkStatus();
-  }
-  void Stop() override {}
+using ::testing::_;
+using ::testing::AnyNumber;
+using ::testing::SaveArg;
+using ::testing::StrictMock;
+using MockBackend = StrictMock<testing::MockBackend>;
 
-  void Deliver(const std::vector<v1beta1::Device>& devices) { callbacks_.on_devices(devices); }
-
- private:
-  std::string endpoint_ = "/fake.sock";
-  std::string resource_ = "vendor.com/gpu";
-  BackendCallbacks callbacks_;
-};
+// A backend whose ListAndWatch is the test: its callbacks are called as the
+// stream reader would. Any call but Start and Stop fails the test.
+std::shared_ptr<MockBackend> StreamOnlyBackend(const std::string& endpoint = "/run/mock.sock") {
+  auto b = std::make_shared<MockBackend>("vendor.com/gpu", endpoint);
+  EXPECT_CALL(*b, Start(_)).WillOnce(SaveArg<0>(&b->callbacks));
+  EXPECT_CALL(*b, Stop()).Times(AnyNumber());
+  return b;
+}
 
 std::vector<v1beta1::Device> Devices(int n, const std::string& prefix) {
   std::vector<v1beta1::Device> out(static_cast<size_t>(n));
@@ -72,17 +55,17 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
     return allocated.count(id) > 0;
   };
   Resource r("vendor.com/gpu", ResourcePolicy(), &events, hooks);
-  auto backend = std::make_shared<FakeBackend>();
+  auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
   constexpr int kDevices = 20000;
-  backend->Deliver(Devices(kDevices, "gpu-"));
+  backend->callbacks.on_devices(Devices(kDevices, "gpu-"));
   EXPECT_EQ(r.Current().list->devices_size(), kDevices);
   EXPECT_EQ(asked.load(), 0);
 
   // One device changes health: nothing vanished, nobody asked.
   std::vector<v1beta1::Device> flip = Devices(kDevices, "gpu-");
   flip[3].set_health("Unhealthy");
-  backend->Deliver(flip);
+  backend->callbacks.on_devices(flip);
   EXPECT_EQ(asked.load(), 0);
   EXPECT_EQ(r.DeviceHealth("gpu-3"), "Unhealthy");
 
@@ -91,7 +74,7 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
   std::vector<v1beta1::Device> fewer = Devices(kDevices, "gpu-");
   fewer.erase(fewer.begin() + 7);  // gpu-7 (allocated)
   fewer.erase(fewer.begin() + 7);  // gpu-8
-  backend->Deliver(fewer);
+  backend->callbacks.on_devices(fewer);
   EXPECT_EQ(asked.load(), 2);
   EXPECT_EQ(r.DeviceHealth("gpu-7"), "Unhealthy");
   EXPECT_FALSE(r.DeviceHealth("gpu-8").has_value());
@@ -99,7 +82,7 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
 
   // A whole new list of 20,000: asked once per vanished device, no more.
   asked = 0;
-  backend->Deliver(Devices(kDevices, "uuid-"));
+  backend->callbacks.on_devices(Devices(kDevices, "uuid-"));
   EXPECT_EQ(asked.load(), kDevices - 1);
   EXPECT_TRUE(r.HasDevice("uuid-19999"));
   EXPECT_TRUE(r.HasDevice("gpu-7"));  // still held by an allocation
@@ -118,10 +101,10 @@ TEST(ResourceTest, AllocateChecksNeverWaitForTheStateKeeper) {
     return false;
   };
   Resource r("vendor.com/gpu", ResourcePolicy(), &events, hooks);
-  auto backend = std::make_shared<FakeBackend>();
+  auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
-  backend->Deliver(Devices(4, "gpu-"));
-  std::thread update([&] { backend->Deliver(Devices(2, "gpu-")); });  // two vanish
+  backend->callbacks.on_devices(Devices(4, "gpu-"));
+  std::thread update([&] { backend->callbacks.on_devices(Devices(2, "gpu-")); });  // two vanish
   ASSERT_TRUE(in_keeper.WaitForNotificationWithTimeout(absl::Seconds(10)));
   absl::Notification answered;
   std::optional<std::string> health;
@@ -142,14 +125,14 @@ TEST(ResourceTest, AllocateChecksNeverWaitForTheStateKeeper) {
 TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
   EventLog events("test");
   Resource r("vendor.com/gpu", ResourcePolicy(), &events);
-  auto backend = std::make_shared<FakeBackend>();
+  auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
-  backend->Deliver(Devices(4, "gpu-"));
+  backend->callbacks.on_devices(Devices(4, "gpu-"));
   r.SetQuarantined({"gpu-1"});
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   EXPECT_EQ(r.DeviceHealth("gpu-0"), "Healthy");
   // A new list from the backend does not undo it.
-  backend->Deliver(Devices(4, "gpu-"));
+  backend->callbacks.on_devices(Devices(4, "gpu-"));
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   // The state file keeps the backend's health, not the quarantine's.
   for (const auto& d : r.ReportedDevices()) EXPECT_EQ(d.health(), "Healthy") << d.id();
@@ -165,15 +148,15 @@ TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
 TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   EventLog events("test");
   Resource r("vendor.com/gpu", ResourcePolicy(), &events);
-  auto backend = std::make_shared<FakeBackend>();
+  auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
   // UUID-named MIG slices: ~60 bytes each on the wire.
   const std::string prefix = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-";
-  backend->Deliver(Devices(1000, prefix));
+  backend->callbacks.on_devices(Devices(1000, prefix));
   EXPECT_LT(r.Current().bytes, Resource::kKubeletMaxListBytes);
   EXPECT_FALSE(events.WaitForEvent("device_list_too_large", {}, absl::ZeroDuration()));
   constexpr int kMany = 100000;
-  backend->Deliver(Devices(kMany, prefix));
+  backend->callbacks.on_devices(Devices(kMany, prefix));
   const Resource::Snapshot big = r.Current();
   EXPECT_EQ(big.list->devices_size(), kMany);
   EXPECT_EQ(big.bytes, big.list->ByteSizeLong());
@@ -185,14 +168,44 @@ TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   EXPECT_EQ((*e)["bytes"].get<size_t>(), big.bytes);
   EXPECT_EQ((*e)["limit"].get<size_t>(), Resource::kKubeletMaxListBytes);
   // Reported once, not on every list while it stays too large.
-  backend->Deliver(Devices(kMany + 1, prefix));
+  backend->callbacks.on_devices(Devices(kMany + 1, prefix));
   const auto counts = events.Counts();
   EXPECT_EQ(counts.at(std::make_pair(std::string("device_list_too_large"),
                                      std::string("vendor.com/gpu"))),
             1);
-  backend->Deliver(Devices(1000, prefix));
+  backend->callbacks.on_devices(Devices(1000, prefix));
   EXPECT_TRUE(events.WaitForEvent("device_list_fits", {{"resource", "vendor.com/gpu"}},
                                   absl::Seconds(1)));
+}
+
+// A plugin restart or swap: the new backend serves, the old one is stopped
+// exactly once, and a list or an end the old stream still delivers changes
+// nothing (the kubelet never sees the old plugin's devices again).
+TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
+  EventLog events("test");
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events, ResourceHooks());
+  auto old_backend = std::make_shared<MockBackend>("vendor.com/gpu", "/run/old.sock");
+  EXPECT_CALL(*old_backend, Start(_)).WillOnce(SaveArg<0>(&old_backend->callbacks));
+  r.AttachBackend(old_backend);
+  old_backend->callbacks.on_devices(Devices(2, "old-"));
+  ASSERT_EQ(r.Current().list->devices_size(), 2);
+
+  auto new_backend = StreamOnlyBackend("/run/new.sock");
+  new_backend->plugin_options.set_pre_start_required(true);
+  EXPECT_CALL(*old_backend, Stop()).Times(1);
+  EXPECT_TRUE(r.AttachBackend(new_backend));  // the options changed
+  ::testing::Mock::VerifyAndClearExpectations(old_backend.get());
+  new_backend->callbacks.on_devices(Devices(3, "new-"));
+  EXPECT_EQ(r.Current().list->devices_size(), 3);
+
+  old_backend->callbacks.on_devices(Devices(5, "late-"));
+  old_backend->callbacks.on_lost("the old plugin exited");
+  EXPECT_EQ(r.Current().list->devices_size(), 3);
+  EXPECT_FALSE(r.HasDevice("late-0"));
+  EXPECT_TRUE(r.backend_connected());
+  EXPECT_EQ(r.last_backend().first, "/run/new.sock");
+  EXPECT_TRUE(r.options().pre_start_required());
+  r.Shutdown();
 }
 
 }  // namespace

@@ -1,0 +1,39 @@
+// File: connect.h
+//
+// Makes a Backend of a plugin's socket: dials it, finds out or checks which
+// DevicePlugin service it serves, and returns the adapter for that version.
+//
+//   absl::StatusOr<std::shared_ptr<Backend>> b =
+//       ConnectBackend("vendor.com/gpu", "/var/lib/dpproxy/device-plugins/gpu.sock",
+//                      ApiVersion::kV1Alpha, absl::Seconds(10));
+#ifndef DPPROXY_BACKENDS_CONNECT_H_
+#define DPPROXY_BACKENDS_CONNECT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "proxy/config/proxy_config.h"
+
+namespace dpproxy {
+
+// Dials the plugin (up to `dial_timeout`) and, for v1beta1, asks for its
+// options. kUnavailable naming the socket if it cannot be reached.
+// Messages from the plugin may be up to `max_receive_bytes`.
+absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
+                                                        const std::string& socket_path,
+                                                        ApiVersion api,
+                                                        absl::Duration dial_timeout,
+                                                        int max_receive_bytes =
+                                                            kDefaultBackendMaxListBytes);
+
+// Finds out which DevicePlugin service a plugin serves: v1beta1 if
+// GetDevicePluginOptions answers, v1alpha if that service is unknown.
+absl::StatusOr<ApiVersion> ProbeBackendApi(const std::string& socket_path,
+                                          absl::Duration timeout);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_BACKENDS_CONNECT_H_

@@ -1,0 +1,93 @@
+// File: v1beta1_backend.h
+//
+// A v1beta1 device plugin as dpproxy's backend: calls pass through with a
+// deadline and the kubelet's cancellation; an Allocate answer with a
+// container response count other than the request's is refused (the
+// kubelet would fail the pod later, less clearly).
+#ifndef DPPROXY_BACKENDS_V1BETA1_V1BETA1_BACKEND_H_
+#define DPPROXY_BACKENDS_V1BETA1_V1BETA1_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/backend_base.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+
+namespace dpproxy {
+
+class V1Beta1Backend final : public BackendBase {
+ public:
+  // Calls go through `stub` (a test passes a generated mock); the stream
+  // through `ch`.
+  V1Beta1Backend(std::string resource, std::string endpoint, std::shared_ptr<grpc::Channel> ch,
+                 v1beta1::DevicePluginOptions options,
+                 std::unique_ptr<v1beta1::DevicePlugin::StubInterface> stub = nullptr)
+      : BackendBase(std::move(resource), std::move(endpoint), ch),
+        stub_(stub != nullptr ? std::move(stub) : v1beta1::DevicePlugin::NewStub(ch)),
+        options_(std::move(options)) {}
+
+  ApiVersion api() const override { return ApiVersion::kV1Beta1; }
+  v1beta1::DevicePluginOptions options() const override { return options_; }
+
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(
+      const v1beta1::AllocateRequest& req, absl::Duration timeout,
+      const grpc::ServerContextBase* caller) override {
+    std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller, timeout);
+    v1beta1::AllocateResponse resp;
+    grpc::Status s = stub_->Allocate(ctx.get(), req, &resp);
+    if (!s.ok()) return CallError(endpoint_, "Allocate", s, timeout);
+    if (resp.container_responses_size() != req.container_requests_size()) {
+      return absl::InternalError(absl::StrCat(
+          "backend ", endpoint_, " answered Allocate with ", resp.container_responses_size(),
+          " container responses for ", req.container_requests_size(), " container requests"));
+    }
+    return resp;
+  }
+
+  absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
+      const v1beta1::PreferredAllocationRequest& req, absl::Duration timeout,
+      const grpc::ServerContextBase* caller) override {
+    if (!options_.get_preferred_allocation_available()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "backend ", endpoint_, " does not offer GetPreferredAllocation"));
+    }
+    std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller, timeout);
+    v1beta1::PreferredAllocationResponse resp;
+    grpc::Status s = stub_->GetPreferredAllocation(ctx.get(), req, &resp);
+    if (!s.ok()) return CallError(endpoint_, "GetPreferredAllocation", s, timeout);
+    return resp;
+  }
+
+  absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest& req,
+                                 absl::Duration timeout,
+                                 const grpc::ServerContextBase* caller) override {
+    std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller, timeout);
+    v1beta1::PreStartContainerResponse resp;
+    grpc::Status s = stub_->PreStartContainer(ctx.get(), req, &resp);
+    if (!s.ok()) return CallError(endpoint_, "PreStartContainer", s, timeout);
+    return absl::OkStatus();
+  }
+
+ protected:
+  std::shared_ptr<ListStream> OpenList() override {
+    auto* stub = stub_.get();
+    return ListReader<v1beta1::Empty, v1beta1::ListAndWatchResponse>::Start(
+        [stub](grpc::ClientContext* ctx, const v1beta1::Empty* req,
+               grpc::ClientReadReactor<v1beta1::ListAndWatchResponse>* r) {
+          stub->async()->ListAndWatch(ctx, req, r);
+        },
+        [](const v1beta1::ListAndWatchResponse& resp) {
+          return std::vector<v1beta1::Device>(resp.devices().begin(), resp.devices().end());
+        });
+  }
+
+ private:
+  std::unique_ptr<v1beta1::DevicePlugin::StubInterface> stub_;
+  const v1beta1::DevicePluginOptions options_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_BACKENDS_V1BETA1_V1BETA1_BACKEND_H_

@@ -40,6 +40,8 @@ DEFINE_int32(block, 100, "Calls per block; blocks of the two paths alternate.");
 DEFINE_bool(journal, true, "Run dpproxy with a state directory (every answer journaled).");
 DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
 DEFINE_int32(concurrent_calls, 2000, "Allocate calls per client for the throughput figure.");
+DEFINE_int32(restarts, 100,
+             "Kubelet restarts for the re-registration figure (0: leave it out).");
 
 namespace dpproxy {
 namespace {
@@ -187,6 +189,32 @@ Throughput Concurrent(const std::function<Call(int, int*)>& make, int clients, i
   return out;
 }
 
+// Re-registration after kubelet restarts: `kubelet` is restarted `n` times
+// (Stop, then Start: the device-plugins directory wiped, a new kubelet.sock
+// listening) and each time the milliseconds until it has `resource`
+// registered again are recorded. Restarts alternate between the two
+// kubelets so that noise hits both paths alike.
+struct Reregistration {
+  std::vector<double> direct_ms, proxied_ms;
+  int missed = 0;
+};
+
+double RestartAndWait(sim::KubeletSim& kubelet, const std::string& resource, int* missed) {
+  const size_t from = kubelet.events().Size();
+  if (!kubelet.Restart().ok()) {
+    ++*missed;
+    return -1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!kubelet.events().WaitForEvent("registered", {{"resource", resource}}, absl::Seconds(10),
+                                     from)) {
+    ++*missed;
+    return -1;
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
 struct Result {
   std::string label;
   std::vector<double> direct, proxied;
@@ -274,6 +302,39 @@ int Run() {
     }
     Stop(plugin);
   }
+  // Re-registration: dpproxy (with a v1beta1 plugin behind it) on the
+  // bench's kubelet; the floor is a v1beta1 sample plugin registered
+  // directly with a second kubelet of the same personality.
+  Reregistration rereg;
+  if (FLAGS_restarts > 0) {
+    const std::string resource = "bench.example.com/rereg";
+    pid_t behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                          "--devices=4", "--socket_name=bench-rereg.sock",
+                          "--kubelet_socket=" + plugins + "/kubelet.sock", "--quiet"});
+    sim::KubeletSimOptions so2 = so;
+    so2.root_dir = dir + "/k2";
+    sim::KubeletSim kubelet2(so2);
+    pid_t direct = -1;
+    if (kubelet2.Start().ok()) {
+      direct = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                      "--devices=4", "--socket_name=bench-rereg.sock",
+                      "--kubelet_socket=" + kubelet2.kubelet_socket(), "--quiet"});
+    }
+    if (direct < 0 || !kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
+        !kubelet2.WaitForResource(resource, 4, absl::Seconds(10))) {
+      std::cerr << "allocate_bench: the re-registration plugins did not come up\n";
+    } else {
+      for (int i = 0; i < FLAGS_restarts; ++i) {
+        const double d = RestartAndWait(kubelet2, resource, &rereg.missed);
+        if (d >= 0) rereg.direct_ms.push_back(d);
+        const double p = RestartAndWait(kubelet, resource, &rereg.missed);
+        if (p >= 0) rereg.proxied_ms.push_back(p);
+      }
+    }
+    if (direct > 0) Stop(direct);
+    Stop(behind);
+    kubelet2.Stop();
+  }
   const std::vector<double> floor = FdatasyncFloor(dir + "/state", 500);
   const std::string rss = ProcField(proxy, "VmRSS");
   const std::string hwm = ProcField(proxy, "VmHWM");
@@ -312,6 +373,21 @@ int Run() {
   std::cout << absl::StrFormat(
       "\nfloor: write + fdatasync of 200 bytes in the state directory: p50 %.0fus, p99 %.0fus\n",
       Percentile(floor, 0.5), Percentile(floor, 0.99));
+  if (FLAGS_restarts > 0) {
+    std::cout << absl::StrFormat(
+        "\nRe-registration after %d kubelet restarts (v1beta1-sync kubelet; from the new\n"
+        "kubelet.sock listening to the resource registered again)\n",
+        FLAGS_restarts);
+    std::cout << absl::StrFormat("%-22s %9s %9s %9s %9s\n", "path", "p50", "p90", "p99", "max");
+    for (const auto& [label, v] : {std::pair<std::string, const std::vector<double>*>{
+                                       "plugin direct (floor)", &rereg.direct_ms},
+                                   {"via dpproxy", &rereg.proxied_ms}}) {
+      std::cout << absl::StrFormat("%-22s %7.1fms %7.1fms %7.1fms %7.1fms\n", label,
+                                   Percentile(*v, 0.5), Percentile(*v, 0.9),
+                                   Percentile(*v, 0.99), Percentile(*v, 1.0));
+    }
+    if (rereg.missed > 0) std::cout << rereg.missed << " restart(s) not re-registered in 10 s\n";
+  }
   std::cout << "\ndpproxy resident memory after the run: " << rss << " (peak " << hwm << "), "
             << threads << " threads\n";
   std::error_code ec;

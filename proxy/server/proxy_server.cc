@@ -1,5 +1,6 @@
 #include "proxy/server/proxy_server.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <glog/logging.h>
@@ -220,8 +221,13 @@ void ProxyServer::HousekeepingLoop() {
     ApplyQuarantine();
     // Nothing below costs more than O(resources) unless something changed.
     const std::string fingerprint = Fingerprint();
-    PersistResources(fingerprint);
-    WriteStatusIfChanged(fingerprint);
+    const bool persisted = PersistResources(fingerprint);
+    if (WriteStatusIfChanged(fingerprint) || persisted) {
+      // Those passes build and drop copies as large as every device list
+      // (the saved resources, the status JSON); glibc keeps freed memory in
+      // its arenas, so hand it back, once per change, not per tick.
+      ::malloc_trim(0);
+    }
     ++housekeeping_passes_;
   }
 }
@@ -324,11 +330,11 @@ std::string ProxyServer::Fingerprint() {
   return fp;
 }
 
-void ProxyServer::PersistResources(const std::string& fingerprint) {
-  if (!keeper_) return;
+bool ProxyServer::PersistResources(const std::string& fingerprint) {
+  if (!keeper_) return false;
   // Saved resources change only with what the fingerprint counts; a failed
   // save counts a failure, which changes it, so it is tried again.
-  if (fingerprint == persisted_fingerprint_) return;
+  if (fingerprint == persisted_fingerprint_) return false;
   std::vector<state::Resource> out;
   for (Entry* e : Entries()) {
     state::Resource r;
@@ -350,21 +356,23 @@ void ProxyServer::PersistResources(const std::string& fingerprint) {
   }
   // Failures are logged and counted.
   if (keeper_->SetResources(std::move(out)).ok()) persisted_fingerprint_ = fingerprint;
+  return true;
 }
 
-void ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
-  if (config_.status_file.empty()) return;
-  // Device health changes are in the file too; the registrar wakes at least
+bool ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
+  if (config_.status_file.empty()) return false;
+  // Device health changes are in the file too; housekeeping runs at least
   // once a second, so the file is at most a second behind.
-  if (fingerprint == written_fingerprint_) return;
+  if (fingerprint == written_fingerprint_) return false;
   // Built from values at least as new as `fingerprint`: a change after it
   // was taken changes the next one, so nothing is missed.
   const std::string text = StatusToJson(Status()).dump(1);
   if (absl::Status s = WriteFileAtomic(config_.status_file, text + "\n", 0640); !s.ok()) {
     LOG(WARNING) << "cannot write status file: " << s.message();
-    return;
+    return true;
   }
   written_fingerprint_ = fingerprint;
+  return true;
 }
 
 void ProxyServer::ConnectStatic(Entry* e) {

@@ -109,8 +109,9 @@ class ProxyServer {
   // What status and the saved resources are made of, in O(resources):
   // change counters and the few small values that have none.
   std::string Fingerprint();
-  void PersistResources(const std::string& fingerprint);
-  void WriteStatusIfChanged(const std::string& fingerprint);
+  // Each returns true if it did the work (something changed).
+  bool PersistResources(const std::string& fingerprint);
+  bool WriteStatusIfChanged(const std::string& fingerprint);
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};

@@ -306,7 +306,8 @@ TEST_F(ProxyTest, BackendDyingMidCallGivesUnavailable) {
   Start(h);
   sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
   o.allocate_delay = absl::Seconds(2);
-  ASSERT_NE(h.StartPlugin(o), nullptr);
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   grpc::Status s;
   std::thread caller([&] {
@@ -317,7 +318,8 @@ TEST_F(ProxyTest, BackendDyingMidCallGivesUnavailable) {
     v1beta1::AllocateResponse resp;
     s = stub->Allocate(&ctx, req, &resp);
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  // The call is in the plugin (which holds it for 2 s) when the plugin dies.
+  ASSERT_TRUE(h.WaitFor([&] { return plugin->Status().allocate_calls() == 1; }));
   h.StopPlugins();
   caller.join();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();

@@ -146,7 +146,14 @@ TEST_P(NodeRebootTest, RestorePolicyDecidesReadmission) {
   // after that); the kubelet and the proxy come back, the plugin not yet.
   h.StopPlugins();
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
-  absl::SleepFor(absl::Milliseconds(1500));  // at least one save after the loss
+  // Wait until a save after the loss is on disk (no backend serves the
+  // resource in it): the health it remembers must still be the backend's.
+  ASSERT_TRUE(h.WaitFor([&] {
+    absl::StatusOr<state::State> saved = ReadStateDir(h.dir("state"));
+    return saved.ok() && saved->resources_size() == 1 &&
+           saved->resources(0).devices_size() == 4 &&
+           saved->resources(0).backend().backend_resource().empty();
+  }));
   h.StopProxy();
   h.sim().Stop();
   ASSERT_TRUE(h.sim().Start().ok());

@@ -460,7 +460,10 @@ absl::Status KubeletEndpoint::Serve() {
 absl::Status KubeletEndpoint::Register() {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
   const std::string kubelet = KubeletSocketPath(options_);
-  auto channel = MakeUnixChannel(kubelet);
+  // kubelet.sock appears (bind) a moment before the kubelet listens on it: a
+  // connect in between is refused, and gRPC's usual 100 ms wait before the
+  // next try would be most of a re-registration.
+  auto channel = MakeUnixChannel(kubelet, 0, absl::Milliseconds(5));
   if (!WaitForConnected(channel.get(), absl::Seconds(2)).ok()) {
     return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
   }

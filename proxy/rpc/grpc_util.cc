@@ -41,7 +41,8 @@ grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
 }
 
 std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
-                                               int max_receive_bytes) {
+                                               int max_receive_bytes,
+                                               absl::Duration first_retry) {
   grpc::ChannelArguments args;
   if (max_receive_bytes > 0) args.SetMaxReceiveMessageSize(max_receive_bytes);
   // Peers on a Unix socket come back quickly after a restart; do not wait
@@ -49,7 +50,8 @@ std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
   // is deliberately left alone: gRPC also uses it as the minimum connect
   // timeout, and at 100 ms a busy peer's handshake times out again and again
   // (measured: up to 5 s of unavailability after a restart).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(first_retry))));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Separate channels to the same socket must not share a subchannel, so a
   // dead peer's connection is not reused by a fresh channel.

@@ -35,9 +35,12 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 
 // A channel to a Unix socket, made once and reused for every call.
 // `max_receive_bytes` > 0 raises (or lowers) gRPC's 4 MiB default limit on
-// messages received over the channel.
+// messages received over the channel. `first_retry` is how long gRPC waits
+// before connecting again after the first refusal (then longer, up to 1 s).
 std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
-                                               int max_receive_bytes = 0);
+                                               int max_receive_bytes = 0,
+                                               absl::Duration first_retry =
+                                                   absl::Milliseconds(100));
 
 // Waits until `channel` is connected; kDeadlineExceeded after `timeout`.
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout);

@@ -93,6 +93,7 @@ absl::Status ProxyServer::Start() {
     e->static_config = sb;
   }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  saver_ = std::thread([this] { SaverLoop(); });
   if (reconciler_) reconciler_->Start();
   const std::string watch_dir =
       config_.kubelet.registration == KubeletRegistration::kPluginWatcher
@@ -120,6 +121,7 @@ void ProxyServer::Shutdown() {
     stop_ = true;
   }
   if (housekeeping_.joinable()) housekeeping_.join();
+  if (saver_.joinable()) saver_.join();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
   std::map<std::string, std::unique_ptr<Entry>> entries;
@@ -219,16 +221,38 @@ void ProxyServer::HousekeepingLoop() {
       reconciler_->CheckCheckpoint();
     }
     ApplyQuarantine();
+    {
+      absl::MutexLock lock(&wake_mu_);
+      save_wake_ = true;
+    }
+    ++housekeeping_passes_;
+  }
+}
+
+// The resources and the status file are saved here, not on the
+// housekeeping thread: their writes wait for the disk, and serving and
+// registering after a kubelet restart must never wait behind them.
+void ProxyServer::SaverLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
+        return save_wake_ || stop_;
+      };
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      save_wake_ = false;
+    }
     // Nothing below costs more than O(resources) unless something changed.
     const std::string fingerprint = Fingerprint();
     const bool persisted = PersistResources(fingerprint);
     if (WriteStatusIfChanged(fingerprint) || persisted) {
-      // Those passes build and drop copies as large as every device list
-      // (the saved resources, the status JSON); glibc keeps freed memory in
-      // its arenas, so hand it back, once per change, not per tick.
+      // Those build and drop copies as large as every device list (the
+      // saved resources, the status JSON); glibc keeps freed memory in its
+      // arenas, so hand it back, once per change, not per tick.
       ::malloc_trim(0);
     }
-    ++housekeeping_passes_;
+    ++save_passes_;
   }
 }
 

@@ -15,7 +15,8 @@
 // The housekeeping thread wakes on a change (a device list, a backend, a
 // file in device-plugins/) or once a second, and then: runs the resources'
 // timers, reconnects static backends, lets the registrar serve and register,
-// checks the kubelet's checkpoint, applies the quarantine, and persists the
+// checks the kubelet's checkpoint and applies the quarantine. It never
+// waits on the disk: after each pass the saver thread persists the
 // resources and writes the status file if anything changed (O(resources)
 // when nothing did).
 #ifndef DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
@@ -79,6 +80,7 @@ class ProxyServer {
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return status_builds_.load(); }
   int64_t housekeeping_passes() const { return housekeeping_passes_.load(); }
+  int64_t save_passes() const { return save_passes_.load(); }
   // The kubelet-facing socket of a resource ("" if unknown).
   std::string KubeletSocketOf(const std::string& resource);
 
@@ -100,6 +102,7 @@ class ProxyServer {
   std::vector<Entry*> Entries() ABSL_LOCKS_EXCLUDED(mu_);
   void Wake();
   void HousekeepingLoop();
+  void SaverLoop();
   // Resource timers and static backends that are away (on the workers).
   void TickResources(absl::Time now);
   void ConnectStatic(Entry* e);
@@ -132,16 +135,20 @@ class ProxyServer {
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool save_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::thread housekeeping_;
+  std::thread saver_;
 
   // Housekeeping thread only.
   absl::Time next_retry_ = absl::InfiniteFuture();
   uint64_t applied_quarantine_ = 0;
+  // Saver thread only: what was last saved and written.
   std::string persisted_fingerprint_;
   std::string written_fingerprint_;
 
   std::atomic<int64_t> status_builds_{0};
   std::atomic<int64_t> housekeeping_passes_{0};
+  std::atomic<int64_t> save_passes_{0};
 };
 
 }  // namespace dpproxy

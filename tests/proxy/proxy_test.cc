@@ -606,8 +606,8 @@ TEST_F(ProxyTest, IdlePassesBuildNoStatus) {
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   auto passes = [&](int n) {
-    const int64_t from = h.proxy().housekeeping_passes();
-    return h.WaitFor([&] { return h.proxy().housekeeping_passes() >= from + n; });
+    const int64_t from = h.proxy().save_passes();
+    return h.WaitFor([&] { return h.proxy().save_passes() >= from + n; });
   };
   ASSERT_TRUE(passes(2));  // settled
   const int64_t builds = h.proxy().status_builds();

@@ -138,6 +138,9 @@ class ListReader final : public grpc::ClientReadReactor<Msg>,
       on_devices_(translate_(msg_));
       Leave();
     }
+    // Cleared, a message keeps every device object for reuse: a copy of
+    // the whole list per backend, for as long as the stream is quiet.
+    msg_ = Msg();
     this->StartRead(&msg_);
   }
 

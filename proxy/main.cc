@@ -1,7 +1,10 @@
 // dpproxy: bridges Kubernetes device-plugin API versions. Parses the
 // command line into a ProxyConfig (proxy/config), runs a ProxyServer with its
 // metrics endpoint until SIGTERM or SIGINT, or prints a running one's status.
+#include <malloc.h>
 #include <sys/stat.h>
+
+#include <cstdlib>
 
 #include <iostream>
 #include <string>
@@ -75,6 +78,12 @@ int PrintStatus() {
 }  // namespace dpproxy
 
 int main(int argc, char** argv) {
+  // glibc gives threads arenas of their own (up to 8 per core), and memory
+  // freed in one is not reused by another: device lists built on gRPC's
+  // threads and dropped on ours left RSS 20 MB higher at 8 x 10,000
+  // devices. dpproxy's allocations are not contended; two arenas suffice.
+  // (MALLOC_ARENA_MAX in the environment still wins.)
+  if (::getenv("MALLOC_ARENA_MAX") == nullptr) ::mallopt(M_ARENA_MAX, 2);
   std::string command = "run";
   if (argc >= 2 && argv[1][0] != '-') {
     command = argv[1];

@@ -108,8 +108,8 @@ bool Resource::HasDevice(const std::string& id) { return DeviceHealth(id).has_va
 
 std::optional<std::string> Resource::DeviceHealth(const std::string& id) {
   Snapshot snap = Current();
-  auto it = snap.index->find(id);
-  if (it == snap.index->end()) return std::nullopt;
+  auto it = snap.index->by_id.find(id);
+  if (it == snap.index->by_id.end()) return std::nullopt;
   return snap.list->devices(it->second).health();
 }
 
@@ -138,9 +138,10 @@ void Resource::PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResp
       shown = std::make_shared<const v1beta1::ListAndWatchResponse>(std::move(list));
     }
   }
-  auto index = std::make_shared<std::unordered_map<std::string, int>>();
-  index->reserve(static_cast<size_t>(shown->devices_size()));
-  for (int i = 0; i < shown->devices_size(); ++i) index->emplace(shown->devices(i).id(), i);
+  auto index = std::make_shared<DeviceIndex>();
+  index->list = shown;
+  index->by_id.reserve(static_cast<size_t>(shown->devices_size()));
+  for (int i = 0; i < shown->devices_size(); ++i) index->by_id.emplace(shown->devices(i).id(), i);
   snapshot_.bytes = shown->ByteSizeLong();
   snapshot_.healthy = 0;
   for (const auto& d : shown->devices()) snapshot_.healthy += d.health() == kHealthy ? 1 : 0;
@@ -260,7 +261,7 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
       ChangeLock lock(this);
       if (generation != generation_) return;  // a replaced backend
       seen_version = snapshot_.version;
-      for (const auto& old : reported_) {
+      for (const auto& old : reported_->devices()) {
         if (now.count(old.id()) == 0) vanished.push_back(old);
       }
     }
@@ -297,18 +298,15 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
       to_backend_ = std::move(to_backend);
       v1beta1::ListAndWatchResponse list;
       list.mutable_devices()->Reserve(static_cast<int>(devices.size()));
-      int healthy = 0;
-      for (const auto& d : devices) {
-        *list.add_devices() = d;
-        healthy += d.health() == kHealthy ? 1 : 0;
-      }
+      for (auto& d : devices) *list.add_devices() = std::move(d);
+      // What the backend reports is what the kubelet is shown: one list.
       PublishLocked(std::move(list));
-      reported_ = std::move(devices);
-      VLOG(1) << "resource " << name_ << ": " << reported_.size() << " devices, " << healthy
-              << " healthy";
+      reported_ = base_;
+      VLOG(1) << "resource " << name_ << ": " << reported_->devices_size() << " devices, "
+              << snapshot_.healthy << " healthy";
       events_->Emit("devices", {{"resource", name_},
-                                {"total", reported_.size()},
-                                {"healthy", healthy},
+                                {"total", reported_->devices_size()},
+                                {"healthy", snapshot_.healthy},
                                 {"version", snapshot_.version}});
       break;
     }
@@ -355,7 +353,7 @@ void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Durati
   v1beta1::ListAndWatchResponse list;
   for (const auto& d : devices) *list.add_devices() = d;
   PublishLocked(std::move(list));
-  reported_ = devices;
+  reported_ = base_;
   lost_at_ = absl::Now();
   hold_override_ = trust_for;
   last_endpoint_ = backend_endpoint;
@@ -363,7 +361,7 @@ void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Durati
   if (trust_for <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
 }
 
-std::vector<v1beta1::Device> Resource::ReportedDevices() {
+std::shared_ptr<const v1beta1::ListAndWatchResponse> Resource::ReportedDevices() {
   absl::MutexLock lock(&mu_);
   return reported_;
 }

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
@@ -41,6 +43,13 @@ struct ResourceHooks {
   std::function<bool(const std::string& id)> is_allocated;
 };
 
+// Device ID -> position in a published list. Holds the list, whose IDs
+// its keys view.
+struct DeviceIndex {
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> list;
+  absl::flat_hash_map<absl::string_view, int> by_id;
+};
+
 class Resource {
  public:
   // The list is immutable once published: every kubelet stream writes the
@@ -49,9 +58,9 @@ class Resource {
     uint64_t version = 0;
     std::shared_ptr<const v1beta1::ListAndWatchResponse> list =
         std::make_shared<const v1beta1::ListAndWatchResponse>();
-    // Device ID -> position in `list`, built once per published list.
-    std::shared_ptr<const std::unordered_map<std::string, int>> index =
-        std::make_shared<const std::unordered_map<std::string, int>>();
+    // Device ID -> position in `list`, built once per published list; its
+    // keys point into the list it holds (no ID is copied).
+    std::shared_ptr<const DeviceIndex> index = std::make_shared<const DeviceIndex>();
     // The list's size on the wire (v1beta1; a v1alpha list, without
     // topology, is no larger).
     size_t bytes = 0;
@@ -112,7 +121,8 @@ class Resource {
   // the backend's health, not the loss policy's: what the state file keeps,
   // so a restart never remembers devices as Unhealthy merely because their
   // backend was away when the state was saved.
-  std::vector<v1beta1::Device> ReportedDevices();
+  // Shared with the published list while the backend's health is shown.
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> ReportedDevices();
 
   // The backend that served this resource last (current or gone), for
   // status and state: endpoint and Register version; empty if none yet.
@@ -175,7 +185,8 @@ class Resource {
   std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> changes_{0};
-  std::vector<v1beta1::Device> reported_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> reported_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const v1beta1::ListAndWatchResponse>();
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
   // Taken after mu_ is released; held while watchers are called.

@@ -375,7 +375,7 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
     r.mutable_backend()->set_static_backend(e->static_backend);
     std::shared_ptr<Backend> b = e->resource->backend();
     if (b) r.mutable_backend()->set_backend_resource(b->resource());
-    for (const auto& d : e->resource->ReportedDevices()) *r.add_devices() = d;
+    *r.mutable_devices() = e->resource->ReportedDevices()->devices();
     out.push_back(std::move(r));
   }
   // Failures are logged and counted.

@@ -135,7 +135,7 @@ TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
   backend->callbacks.on_devices(Devices(4, "gpu-"));
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   // The state file keeps the backend's health, not the quarantine's.
-  for (const auto& d : r.ReportedDevices()) EXPECT_EQ(d.health(), "Healthy") << d.id();
+  for (const auto& d : r.ReportedDevices()->devices()) EXPECT_EQ(d.health(), "Healthy") << d.id();
   r.SetQuarantined({});
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Healthy");
   r.Shutdown();

@@ -88,6 +88,12 @@ TEST_P(MatrixTest, RegistrationAndDeviceList) {
   EXPECT_EQ(r->capacity(), 4);
   EXPECT_EQ(r->endpoint(), h_.proxy().KubeletSocketOf(kGpu));  // the kubelet talks to the proxy
   EXPECT_EQ(r->api_version(), AlphaKubelet() ? "v1alpha2" : "v1beta1");
+  // Through the plugin watcher, dpproxy learns it is registered from the
+  // kubelet's NotifyRegistrationStatus, which may come after the devices.
+  EXPECT_TRUE(h_.WaitFor([&] {
+    const ProxyStatus st = h_.proxy().Status();
+    return st.resources.size() == 1 && !st.resources[0].kubelet_api.empty();
+  }));
   Json status = StatusToJson(h_.proxy().Status());
   ASSERT_EQ(status["resources"].size(), 1u);
   EXPECT_EQ(status["resources"][0]["kubelet_api"], ExpectedKubeletApi());

@@ -1,5 +1,9 @@
 #include "proxy/state/state_keeper.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <glog/logging.h>
 
 #include <stdio.h>
@@ -149,8 +153,10 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     events_->Emit("state_loaded", {{"path", store_.path()},
                                    {"resources", state_.resources_size()},
                                    {"allocations", state_.allocations_size()}});
+    TakeResourcesLocked();
   } else {
     state_ = state::State();
+    resources_.clear();
     // The journal alone still holds the allocations recorded since the last
     // snapshot; they are trusted (each record has its own checksum).
     MergeJournal(replay->records, &state_);
@@ -172,7 +178,30 @@ absl::StatusOr<state::State> StateKeeper::Load() {
           absl::StrCat("cannot write the state after loading it: ", save.message()));
     }
   }
-  return state_;
+  return FullStateLocked();
+}
+
+void StateKeeper::TakeResourcesLocked() {
+  resources_.clear();
+  resources_.reserve(static_cast<size_t>(state_.resources_size()));
+  for (state::Resource& r : *state_.mutable_resources()) {
+    SavedResource saved;
+    saved.updated_unix_ms = r.updated_unix_ms();
+    r.clear_updated_unix_ms();
+    r.SerializeToString(&saved.bytes);
+    resources_.push_back(std::move(saved));
+  }
+  state_.clear_resources();
+}
+
+state::State StateKeeper::FullStateLocked() const {
+  state::State out = state_;
+  for (const SavedResource& saved : resources_) {
+    state::Resource* r = out.add_resources();
+    r->ParseFromString(saved.bytes);
+    r->set_updated_unix_ms(saved.updated_unix_ms);
+  }
+  return out;
 }
 
 void StateKeeper::NoteWrite(const absl::Status& s) {
@@ -196,7 +225,33 @@ absl::Status StateKeeper::SaveLocked() {
   // without it, so Records go on meanwhile. The snapshot covers the journal
   // through the last applied record; records appended during the write stay
   // in the journal.
-  const std::string bytes = EncodeStateFile(state_);
+  std::string payload;
+  state_.SerializeToString(&payload);
+  {
+    // Each saved resource as a `resources` entry of State: its bytes, then
+    // its updated_unix_ms (a field appended to a message's bytes is read as
+    // part of it).
+    google::protobuf::io::StringOutputStream raw(&payload);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    using google::protobuf::internal::WireFormatLite;
+    for (const SavedResource& saved : resources_) {
+      const size_t time_size =
+          saved.updated_unix_ms == 0
+              ? 0
+              : WireFormatLite::TagSize(state::Resource::kUpdatedUnixMsFieldNumber,
+                                        WireFormatLite::TYPE_INT64) +
+                    WireFormatLite::Int64Size(saved.updated_unix_ms);
+      WireFormatLite::WriteTag(state::State::kResourcesFieldNumber,
+                               WireFormatLite::WIRETYPE_LENGTH_DELIMITED, &out);
+      out.WriteVarint32(static_cast<uint32_t>(saved.bytes.size() + time_size));
+      out.WriteRaw(saved.bytes.data(), static_cast<int>(saved.bytes.size()));
+      if (saved.updated_unix_ms != 0) {
+        WireFormatLite::WriteInt64(state::Resource::kUpdatedUnixMsFieldNumber,
+                                   saved.updated_unix_ms, &out);
+      }
+    }
+  }
+  const std::string bytes = EncodeStateFilePayload(payload);
   const size_t covered_bytes = journal_applied_bytes_;
   const size_t covered_records = journal_applied_records_;
   mu_.Unlock();
@@ -337,34 +392,33 @@ absl::Status StateKeeper::Record(const std::string& resource,
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
   std::sort(resources.begin(), resources.end(),
             [](const state::Resource& a, const state::Resource& b) { return a.name() < b.name(); });
-  // Compare without the timestamps: only real changes are saved.
-  auto key = [](const state::Resource& r) {
-    state::Resource c = r;
-    c.clear_updated_unix_ms();
-    return c.SerializeAsString();
-  };
+  // Compared without the timestamps: only real changes are saved.
+  std::vector<std::string> bytes;
+  bytes.reserve(resources.size());
+  for (state::Resource& r : resources) {
+    r.clear_updated_unix_ms();
+    bytes.push_back(r.SerializeAsString());
+  }
+  resources.clear();
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (static_cast<int>(resources.size()) != state_.resources_size()) return true;
-    for (size_t i = 0; i < resources.size(); ++i) {
-      if (key(resources[i]) != key(state_.resources(static_cast<int>(i)))) return true;
+    if (bytes.size() != resources_.size()) return true;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      if (bytes[i] != resources_[i].bytes) return true;
     }
     return false;
   };
   {
     // The common case (nothing changed) never waits for a writer's
-    // fdatasync: the registrar calls this every tick.
+    // fdatasync.
     absl::MutexLock lock(&mu_);
     if (!changed()) return absl::OkStatus();
   }
   absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
   if (!changed()) return absl::OkStatus();
-  state_.clear_resources();
   const int64_t now = absl::ToUnixMillis(absl::Now());
-  for (state::Resource& r : resources) {
-    r.set_updated_unix_ms(now);
-    *state_.add_resources() = std::move(r);
-  }
+  resources_.clear();
+  for (std::string& b : bytes) resources_.push_back({std::move(b), now});
   return SaveLocked();
 }
 
@@ -486,7 +540,7 @@ state::State StateKeeper::AllocationsSnapshot() {
 
 state::State StateKeeper::Snapshot() {
   absl::MutexLock lock(&mu_);
-  return state_;
+  return FullStateLocked();
 }
 
 }  // namespace dpproxy

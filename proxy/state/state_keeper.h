@@ -171,7 +171,19 @@ class StateKeeper : public AllocationJournal {
   // to state_: what a snapshot encoded now covers.
   size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t journal_applied_records_ ABSL_GUARDED_BY(mu_) = 0;
+  // Everything but the resources, which are kept serialized (a device
+  // costs some 30 bytes there instead of a message's 150): the saved device
+  // lists are only ever written, compared and, at start, read back.
   state::State state_ ABSL_GUARDED_BY(mu_);
+  struct SavedResource {
+    std::string bytes;  // a state::Resource without updated_unix_ms
+    int64_t updated_unix_ms = 0;
+  };
+  std::vector<SavedResource> resources_ ABSL_GUARDED_BY(mu_);
+  // state_ and resources_ as one State.
+  state::State FullStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves state_'s resources into resources_.
+  void TakeResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "resource\0device" -> how many live allocations name it (HoldsDevice
   // in O(1)); rebuilt after removals, added to by Record.
   std::unordered_map<std::string, int> held_ ABSL_GUARDED_BY(mu_);

@@ -20,6 +20,10 @@ constexpr size_t kHeaderSize = 8 + 4 + 8 + 8;
 std::string EncodeStateFile(const state::State& s) {
   std::string payload;
   s.SerializeToString(&payload);
+  return EncodeStateFilePayload(payload);
+}
+
+std::string EncodeStateFilePayload(const std::string& payload) {
   std::string out(kMagic, sizeof(kMagic));
   PutLittleEndian<uint32_t>(&out, kStateFormatVersion);
   PutLittleEndian<uint64_t>(&out, payload.size());

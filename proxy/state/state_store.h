@@ -32,6 +32,9 @@ inline constexpr uint32_t kStateFormatVersion = 1;
 
 // Encodes and decodes the file format above (no I/O).
 std::string EncodeStateFile(const state::State& s);
+// The same from a State already serialized (possibly in parts: protobuf
+// merges concatenated messages, repeated fields appended).
+std::string EncodeStateFilePayload(const std::string& payload);
 // kDataLoss naming what is wrong: short file, bad magic, unknown format
 // version, length or checksum mismatch, unparsable payload.
 absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes);

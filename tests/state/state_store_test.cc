@@ -479,6 +479,52 @@ TEST(StateKeeperTest, UnchangedResourcesAreNotRewritten) {
   EXPECT_EQ(StatFileId(dir.Sub("state.pb")), first);  // not rewritten
 }
 
+// The keeper holds saved device lists serialized, and writes each as a
+// `resources` entry followed by its time: the file must read back, with any
+// protobuf reader, as the State that was saved, times included.
+TEST(StateKeeperTest, SavedResourcesReadBackWhole) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  std::vector<state::Resource> rs(2);
+  rs[0].set_name("vendor.com/nic");
+  rs[0].set_kubelet_api("v1beta1");
+  rs[1].set_name("vendor.com/gpu");
+  rs[1].mutable_backend()->set_endpoint("/run/gpu.sock");
+  for (int i = 0; i < 300; ++i) {  // longer than a one-byte length
+    v1beta1::Device* d = rs[1].add_devices();
+    d->set_id(absl::StrCat("GPU-", i));
+    d->set_health(i % 2 ? "Healthy" : "Unhealthy");
+  }
+  const int64_t before = absl::ToUnixMillis(absl::Now());
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+    ASSERT_TRUE(keeper.SetResources(rs).ok());
+    const state::State mine = keeper.Snapshot();
+    ASSERT_EQ(mine.resources_size(), 2);
+    EXPECT_EQ(mine.resources(0).name(), "vendor.com/gpu");  // sorted by name
+  }
+  absl::StatusOr<std::string> bytes = ReadFile(dir.Sub("state.pb"));
+  ASSERT_TRUE(bytes.ok());
+  absl::StatusOr<state::State> file = DecodeStateFile(*bytes);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->resources_size(), 2);
+  const state::Resource& gpu = file->resources(0);
+  EXPECT_EQ(gpu.name(), "vendor.com/gpu");
+  EXPECT_EQ(gpu.backend().endpoint(), "/run/gpu.sock");
+  ASSERT_EQ(gpu.devices_size(), 300);
+  EXPECT_EQ(gpu.devices(299).id(), "GPU-299");
+  EXPECT_EQ(gpu.devices(299).health(), "Healthy");
+  EXPECT_GE(gpu.updated_unix_ms(), before);
+  EXPECT_EQ(file->resources(1).kubelet_api(), "v1beta1");
+  EXPECT_EQ(file->resources(1).updated_unix_ms(), gpu.updated_unix_ms());
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  const state::State loaded = MustLoad(reloaded);
+  EXPECT_EQ(loaded.allocations_size(), 2);
+  ASSERT_EQ(loaded.resources_size(), 2);
+  EXPECT_EQ(loaded.resources(0).SerializeAsString(), gpu.SerializeAsString());
+}
 
 // A loaded keeper in a fresh state directory, for the tests of how it
 // writes: group commit and compaction.

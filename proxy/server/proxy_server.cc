@@ -390,8 +390,8 @@ bool ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
   if (fingerprint == written_fingerprint_) return false;
   // Built from values at least as new as `fingerprint`: a change after it
   // was taken changes the next one, so nothing is missed.
-  const std::string text = StatusToJson(Status()).dump(1);
-  if (absl::Status s = WriteFileAtomic(config_.status_file, text + "\n", 0640); !s.ok()) {
+  const std::string text = StatusFileText(Status());
+  if (absl::Status s = WriteFileAtomic(config_.status_file, text, 0640); !s.ok()) {
     LOG(WARNING) << "cannot write status file: " << s.message();
     return true;
   }

@@ -41,6 +41,33 @@ Json StatusToJson(const ProxyStatus& s) {
           {"registrations_rejected", s.registrations_rejected}};
 }
 
+std::string StatusFileText(const ProxyStatus& s) {
+  ProxyStatus rest = s;
+  std::vector<ResourceStatus> resources;
+  resources.swap(rest.resources);  // the devices are not copied
+  Json top = StatusToJson(rest);
+  top.erase("resources");
+  std::string out = top.dump();
+  out.pop_back();  // the closing brace: the resources go last
+  out += ",\"resources\":[";
+  for (size_t i = 0; i < s.resources.size(); ++i) {
+    const ResourceStatus& r = s.resources[i];
+    Json head = r;
+    head.erase("devices");
+    std::string text = head.dump();
+    text.pop_back();
+    absl::StrAppend(&out, i == 0 ? "" : ",", text, ",\"devices\":[");
+    for (size_t k = 0; k < r.devices.size(); ++k) {
+      // Each string through the JSON library for its escaping.
+      absl::StrAppend(&out, k == 0 ? "" : ",", "{\"id\":", Json(r.devices[k].id).dump(),
+                      ",\"health\":", Json(r.devices[k].health).dump(), "}");
+    }
+    out += "]}";
+  }
+  out += "]}\n";
+  return out;
+}
+
 absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
   if (!j.is_object() || !j.contains("resources")) {
     return absl::InvalidArgumentError("not a dpproxy status (no \"resources\")");

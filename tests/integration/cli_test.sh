@@ -24,6 +24,21 @@ pass() { echo "ok: $*"; }
 expect_contains() {  # name, haystack, needle
   if [[ "$2" == *"$3"* ]]; then pass "$1"; else fail "$1: expected to find [$3] in: $2"; fi
 }
+# Polls `command` every 50 ms until it succeeds (pass) or `tries` run out
+# (fail): a deadline, never a bare wait.
+# The simulator's state shows `allocatable` for the one resource.
+sim_allocatable() {  # root, count
+  "$SIM" state --root_dir="$1" --output=json | grep -q "\"allocatable\": \"$2\""
+}
+wait_until() {  # name, tries, command...
+  local name="$1" tries="$2"; shift 2
+  for _ in $(seq "$tries"); do
+    if "$@" 2>/dev/null; then pass "$name"; return 0; fi
+    sleep 0.05
+  done
+  fail "$name: not within $((tries / 20)) s"
+  return 1
+}
 expect_exit() {  # name, expected code, command...
   local name="$1" want="$2"; shift 2
   local out; out="$("$@" 2>&1)"; local got=$?
@@ -65,7 +80,7 @@ expect_contains "client without simulator message" "$LAST_OUT" "no simulator con
 # A real simulator and a real plugin, driven through the CLI.
 "$SIM" serve --root-dir="$ROOT" --personality=v1beta1-async --quiet &
 SIM_PID=$!; PIDS+=($SIM_PID)
-for _ in $(seq 100); do [[ -S "$ROOT/kubelet_sim.sock" ]] && break; sleep 0.05; done
+wait_until "kubelet_sim control socket" 100 test -S "$ROOT/kubelet_sim.sock"
 "$PLUGIN" --resource=vendor.com/gpu --devices=3 --kubelet-socket="$ROOT/device-plugins/kubelet.sock" \
   --control-socket="$DIR/plugin.ctl" --events="$DIR/plugin.jsonl" --quiet &
 PLUGIN_PID=$!; PIDS+=($PLUGIN_PID)
@@ -78,14 +93,9 @@ expect_exit "bad container spec" 1 "$SIM" allocate --root_dir="$ROOT" --containe
 expect_contains "bad container spec message" "$LAST_OUT" "is not NAME=RESOURCE:COUNT"
 expect_exit "set-health" 0 "$PLUGIN" set-health --control_socket="$DIR/plugin.ctl" --device=dev-0 --health=Unhealthy
 # allocatable counts healthy devices (allocated ones included): 3 -> 2.
-for _ in $(seq 100); do
-  "$SIM" state --root_dir="$ROOT" --output=json | grep -q '"allocatable": "2"' && break; sleep 0.05
-done
-expect_contains "kubelet saw the flip" "$("$SIM" state --root_dir="$ROOT" --output=json)" '"allocatable": "2"'
+wait_until "kubelet saw the flip" 100 sim_allocatable "$ROOT" 2
 expect_exit "set-health back" 0 "$PLUGIN" set-health --control_socket="$DIR/plugin.ctl" --device=dev-0 --health=Healthy
-for _ in $(seq 100); do
-  "$SIM" state --root_dir="$ROOT" --output=json | grep -q '"allocatable": "3"' && break; sleep 0.05
-done
+wait_until "kubelet saw the flip back" 100 sim_allocatable "$ROOT" 3
 expect_exit "restart via CLI" 0 "$SIM" restart --root_dir="$ROOT" --personality=v1beta1-sync
 expect_exit "re-registered after restart" 0 "$SIM" wait --root_dir="$ROOT" --resource=vendor.com/gpu --min_healthy=3 --timeout=10s
 expect_exit "readmit via CLI" 0 "$SIM" readmit --root_dir="$ROOT"
@@ -96,9 +106,7 @@ expect_exit "delete pod" 0 "$SIM" delete-pod --root_dir="$ROOT" --uid=uid-1
 # A device that turns unhealthy under a running pod fails its re-admission.
 expect_exit "allocate p2" 0 "$SIM" allocate --root_dir="$ROOT" --pod=p2 --containers=c=vendor.com/gpu:dev-1
 expect_exit "flip dev-1" 0 "$PLUGIN" set-health --control_socket="$DIR/plugin.ctl" --device=dev-1 --health=Unhealthy
-for _ in $(seq 100); do
-  "$SIM" state --root_dir="$ROOT" --output=json | grep -q '"allocatable": "2"' && break; sleep 0.05
-done
+wait_until "kubelet saw dev-1 fail" 100 sim_allocatable "$ROOT" 2
 expect_exit "readmit p2" 0 "$SIM" readmit --root_dir="$ROOT"
 expect_contains "p2 refused" "$LAST_OUT" "previously allocated devices are no longer healthy"
 expect_contains "p2 counted" "$LAST_OUT" "0 admitted, 1 failed"
@@ -134,17 +142,17 @@ expect_contains "bad config file message" "$LAST_OUT" "bad.yaml:2:3: kubelet.rot
 R2="$DIR/r2"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
 SIM2=$!; PIDS+=($SIM2)
-for _ in $(seq 100); do [[ -S "$R2/k/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
+wait_until "kubelet socket" 100 test -S "$R2/k/device-plugins/kubelet.sock"
 "$PROXY" --kubelet-root="$R2/k" --plugin-dir="$R2/p" --events="$R2/proxy.jsonl" \
   --status-file="$R2/status.json" --state-dir="$R2/state" --metrics-address=127.0.0.1:0 \
   2>"$R2/proxy.log" &
 PROXY_PID=$!; PIDS+=($PROXY_PID)
-for _ in $(seq 100); do [[ -S "$R2/p/kubelet.sock" ]] && break; sleep 0.05; done
+wait_until "dpproxy registration socket" 100 test -S "$R2/p/kubelet.sock"
 "$PLUGIN" --api=v1alpha --resource=vendor.com/gpu --devices=2 --kubelet_socket="$R2/p/kubelet.sock" --quiet &
 P2=$!; PIDS+=($P2)
 expect_exit "legacy plugin through dpproxy" 0 "$SIM" wait --root_dir="$R2/k" --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
 expect_exit "allocate through dpproxy" 0 "$SIM" allocate --root_dir="$R2/k" --containers=c=vendor.com/gpu:2
-for _ in $(seq 100); do grep -q '"kubelet_api": "v1beta1"' "$R2/status.json" 2>/dev/null && break; sleep 0.05; done
+wait_until "status file shows the kubelet API" 100 grep -q '"kubelet_api":"v1beta1"' "$R2/status.json"
 expect_exit "dpproxy status" 0 "$PROXY" status --status_file="$R2/status.json"
 expect_contains "status shows the negotiated version" "$LAST_OUT" "vendor.com/gpu"
 expect_contains "status shows both versions" "$LAST_OUT" "v1beta1                    v1alpha2"
@@ -167,7 +175,7 @@ kill -TERM "$SIM2"; wait "$SIM2" 2>/dev/null
 rm -f "$R2/k/device-plugins/kubelet_internal_checkpoint"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
 SIM2=$!; PIDS+=($SIM2)
-for _ in $(seq 200); do grep -q '"reason"' "$R2/status.json" 2>/dev/null && break; sleep 0.05; done
+wait_until "status file shows a quarantine" 200 grep -q '"reason"' "$R2/status.json"
 expect_exit "dpproxy status after a lost checkpoint" 0 "$PROXY" status --status_file="$R2/status.json"
 expect_contains "status lists the quarantine" "$LAST_OUT" "QUARANTINED"
 expect_contains "status names the devices' holder" "$LAST_OUT" "vendor.com/gpu dev-0,dev-1 held by"
@@ -218,10 +226,10 @@ expect_contains "dpctl names the damage" "$LAST_OUT" "checksum mismatch"
   --metrics-address=0.0.0.0:0 \
   --events="$R2/proxy2.jsonl" 2>"$R2/proxy2.log" &
 PROXY3=$!; PIDS+=($PROXY3)
-for _ in $(seq 100); do grep -q state_untrusted "$R2/proxy2.jsonl" 2>/dev/null && break; sleep 0.05; done
+wait_until "event state_untrusted" 100 grep -q state_untrusted "$R2/proxy2.jsonl"
 expect_contains "dpproxy reports the untrusted state" "$(cat "$R2/proxy2.log")" "is not trusted (checksum mismatch); moved aside to"
 ls "$R2/state" | grep -q "state.pb.corrupt-" && pass "damaged state kept aside" || fail "no .corrupt- file"
-for _ in $(seq 100); do grep -q metrics_exposed "$R2/proxy2.jsonl" 2>/dev/null && break; sleep 0.05; done
+wait_until "event metrics_exposed" 100 grep -q metrics_exposed "$R2/proxy2.jsonl"
 expect_contains "dpproxy warns about metrics off loopback" "$(cat "$R2/proxy2.log")" "which is not a loopback address"
 kill -TERM "$PROXY3"; wait "$PROXY3"
 

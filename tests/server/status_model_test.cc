@@ -64,6 +64,19 @@ TEST(StatusModelTest, TheStatusFileReadsBackAsWritten) {
   EXPECT_EQ(back->Find("vendor.com/fpga"), nullptr);
 }
 
+TEST(StatusModelTest, TheFileTextIsTheJsonWrittenPieceByPiece) {
+  ProxyStatus st = Example();
+  st.resources[1].devices = {{"nic-\"quoted\"\\0", "Healthy"}};  // escaped as JSON
+  st.resources.push_back(ResourceStatus());  // no devices at all
+  const std::string text = StatusFileText(st);
+  EXPECT_EQ(text.back(), '\n');
+  const Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(parsed.is_discarded()) << text;
+  EXPECT_EQ(parsed, StatusToJson(st));
+  ProxyStatus none;
+  EXPECT_EQ(Json::parse(StatusFileText(none)), StatusToJson(none));
+}
+
 TEST(StatusModelTest, AFileFromAnOlderDpproxyStillReads) {
   // Written before the journal counters and the rejections were reported,
   // and without a state directory.

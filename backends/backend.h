@@ -37,7 +37,7 @@ struct BackendCallbacks {
   // Every full device list the plugin sends, in order, one call at a time,
   // on one of gRPC's callback threads (no thread per backend). Must not
   // block for long: the next list waits for it.
-  std::function<void(const std::vector<v1beta1::Device>&)> on_devices;
+  std::function<void(std::vector<v1beta1::Device>)> on_devices;
   // The stream ended (plugin gone or restarted). Called at most once, after
   // the last on_devices, and never after Stop() returned.
   std::function<void(const std::string& why)> on_lost;

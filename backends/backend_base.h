@@ -56,7 +56,7 @@ class ListStream {
   // true if a list came.
   virtual bool WaitForFirst(absl::Duration timeout) = 0;
   // Starts delivering lists (first any kept one) and, once, the end.
-  virtual void Deliver(std::function<void(const std::vector<v1beta1::Device>&)> on_devices,
+  virtual void Deliver(std::function<void(std::vector<v1beta1::Device>)> on_devices,
                        std::function<void(const grpc::Status&)> on_end) = 0;
   // How the stream ended (only meaningful once it has).
   virtual grpc::Status status() = 0;
@@ -68,7 +68,8 @@ class ListReader final : public grpc::ClientReadReactor<Msg>,
                          public ListStream,
                          public std::enable_shared_from_this<ListReader<Request, Msg>> {
  public:
-  using Translate = std::function<std::vector<v1beta1::Device>(const Msg&)>;
+  // May take the devices out of the message (it is dropped after).
+  using Translate = std::function<std::vector<v1beta1::Device>(Msg&)>;
   using Open = std::function<void(grpc::ClientContext*, const Request*, grpc::ClientReadReactor<Msg>*)>;
 
   static std::shared_ptr<ListReader> Start(const Open& open, Translate translate) {
@@ -94,7 +95,7 @@ class ListReader final : public grpc::ClientReadReactor<Msg>,
     return kept_.has_value();
   }
 
-  void Deliver(std::function<void(const std::vector<v1beta1::Device>&)> on_devices,
+  void Deliver(std::function<void(std::vector<v1beta1::Device>)> on_devices,
                std::function<void(const grpc::Status&)> on_end) override {
     std::optional<Msg> kept;
     bool ended;
@@ -196,7 +197,7 @@ class ListReader final : public grpc::ClientReadReactor<Msg>,
   Msg msg_;  // the read in flight; touched only by gRPC and its callbacks
   absl::Mutex mu_;
   std::optional<Msg> kept_ ABSL_GUARDED_BY(mu_);
-  std::function<void(const std::vector<v1beta1::Device>&)> on_devices_;  // set once, before started_
+  std::function<void(std::vector<v1beta1::Device>)> on_devices_;  // set once, before started_
   std::function<void(const grpc::Status&)> on_end_;
   bool delivering_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
@@ -229,8 +230,8 @@ class BackendBase : public Backend {
       stream = stream_;
     }
     stream->Deliver(
-        [cb = callbacks](const std::vector<v1beta1::Device>& d) {
-          if (cb.on_devices) cb.on_devices(d);
+        [cb = callbacks](std::vector<v1beta1::Device> d) {
+          if (cb.on_devices) cb.on_devices(std::move(d));
         },
         [cb = callbacks](const grpc::Status& s) {
           if (cb.on_lost) cb.on_lost(DescribeGrpcStatus(s));

@@ -127,7 +127,7 @@ class V1AlphaBackend final : public BackendBase {
                grpc::ClientReadReactor<deviceplugin::ListAndWatchResponse>* r) {
           stub->async()->ListAndWatch(ctx, req, r);
         },
-        [](const deviceplugin::ListAndWatchResponse& resp) { return FromV1AlphaDevices(resp); });
+        [](deviceplugin::ListAndWatchResponse& resp) { return FromV1AlphaDevices(resp); });
   }
 
   std::unique_ptr<deviceplugin::DevicePlugin::Stub> stub_;

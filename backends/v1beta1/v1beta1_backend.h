@@ -78,8 +78,11 @@ class V1Beta1Backend final : public BackendBase {
                grpc::ClientReadReactor<v1beta1::ListAndWatchResponse>* r) {
           stub->async()->ListAndWatch(ctx, req, r);
         },
-        [](const v1beta1::ListAndWatchResponse& resp) {
-          return std::vector<v1beta1::Device>(resp.devices().begin(), resp.devices().end());
+        [](v1beta1::ListAndWatchResponse& resp) {
+          // Moved out, not copied: the message is dropped after.
+          return std::vector<v1beta1::Device>(
+              std::make_move_iterator(resp.mutable_devices()->begin()),
+              std::make_move_iterator(resp.mutable_devices()->end()));
         });
   }
 

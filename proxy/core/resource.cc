@@ -55,7 +55,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
                                {"replaced", old != nullptr}});
   if (hooks_.on_change) hooks_.on_change();
   backend->Start(BackendCallbacks{
-      [this, generation](const std::vector<v1beta1::Device>& d) { OnDevices(generation, d); },
+      [this, generation](std::vector<v1beta1::Device> d) { OnDevices(generation, std::move(d)); },
       [this, generation](const std::string& why) { OnLost(generation, why); }});
   return options_changed;
 }
@@ -120,14 +120,32 @@ namespace {
 // A list to publish, copied onto an arena of its own: its devices and their
 // strings in a few large blocks instead of three allocations each (a
 // published list lives long and is large). The pointer owns the arena.
-std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
-    const v1beta1::ListAndWatchResponse& list) {
+std::pair<std::shared_ptr<google::protobuf::Arena>, v1beta1::ListAndWatchResponse*> NewList() {
   google::protobuf::ArenaOptions options;
   options.start_block_size = 4096;
   options.max_block_size = 1 << 20;
   auto arena = std::make_shared<google::protobuf::Arena>(options);
-  auto* msg = google::protobuf::Arena::CreateMessage<v1beta1::ListAndWatchResponse>(arena.get());
+  return {arena,
+          google::protobuf::Arena::CreateMessage<v1beta1::ListAndWatchResponse>(arena.get())};
+}
+
+std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
+    const v1beta1::ListAndWatchResponse& list) {
+  auto [arena, msg] = NewList();
   *msg = list;
+  return std::shared_ptr<const v1beta1::ListAndWatchResponse>(std::move(arena), msg);
+}
+
+// The same from devices, each freed as it is copied.
+std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
+    std::vector<v1beta1::Device>* devices) {
+  auto [arena, msg] = NewList();
+  msg->mutable_devices()->Reserve(static_cast<int>(devices->size()));
+  for (v1beta1::Device& d : *devices) {
+    *msg->add_devices() = d;
+    d = v1beta1::Device();
+  }
+  devices->clear();
   return std::shared_ptr<const v1beta1::ListAndWatchResponse>(std::move(arena), msg);
 }
 
@@ -238,15 +256,14 @@ absl::Status ValidateBackendDevices(std::vector<v1beta1::Device>* devices,
 
 }  // namespace
 
-void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& reported) {
-  std::vector<v1beta1::Device> devices = reported;
+void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devices) {
   std::vector<std::string> relabelled;
   if (absl::Status s = ValidateBackendDevices(&devices, &relabelled); !s.ok()) {
     // Nothing of a malformed list reaches the kubelet: the previous one stays.
     LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("
                << s.message() << "); the kubelet keeps the previous list";
     events_->Emit("device_list_refused", {{"resource", name_},
-                                          {"devices", reported.size()},
+                                          {"devices", devices.size()},
                                           {"error", std::string(s.message())}});
     return;
   }
@@ -316,11 +333,8 @@ void Resource::OnDevices(uint64_t generation, const std::vector<v1beta1::Device>
       }
       for (auto& d : keep_devices) devices.push_back(std::move(d));
       to_backend_ = std::move(to_backend);
-      v1beta1::ListAndWatchResponse list;
-      list.mutable_devices()->Reserve(static_cast<int>(devices.size()));
-      for (auto& d : devices) *list.add_devices() = std::move(d);
       // What the backend reports is what the kubelet is shown: one list.
-      PublishLocked(std::move(list));
+      PublishBaseLocked(OnArena(&devices));
       reported_ = base_;
       VLOG(1) << "resource " << name_ << ": " << reported_->devices_size() << " devices, "
               << snapshot_.healthy << " healthy";

@@ -145,7 +145,7 @@ class Resource {
   void Shutdown();
 
  private:
-  void OnDevices(uint64_t generation, const std::vector<v1beta1::Device>& devices);
+  void OnDevices(uint64_t generation, std::vector<v1beta1::Device> devices);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -64,6 +64,7 @@ void Reconciler::Loop() {
 }
 
 absl::Status Reconciler::ReconcileOnce() {
+  const absl::Time start = absl::Now();
   const std::string socket = PodResourcesSocket();
   if (!PathExists(socket)) {
     return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
@@ -143,7 +144,8 @@ absl::Status Reconciler::ReconcileOnce() {
                               {"annotated", *annotated},
                               {"released", release.size()},
                               {"contradicted", contradicted.size()},
-                              {"missing_once", missing_once_.size()}});
+                              {"missing_once", missing_once_.size()},
+                              {"duration_ms", absl::ToDoubleMilliseconds(absl::Now() - start)}});
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 // microseconds, the ratios, and dpproxy's resident memory. A benchmark that
 // prints figures, not a test: nothing here has a time limit.
 #include <signal.h>
+#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +32,9 @@
 #include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/events/event_log.h"
+#include "proxy/state/state_store.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
 DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");
@@ -40,6 +44,10 @@ DEFINE_int32(block, 100, "Calls per block; blocks of the two paths alternate.");
 DEFINE_bool(journal, true, "Run dpproxy with a state directory (every answer journaled).");
 DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
 DEFINE_int32(concurrent_calls, 2000, "Allocate calls per client for the throughput figure.");
+DEFINE_int32(startup_allocations, 50000,
+             "Allocations in the state for the start-up figure (0: leave it out).");
+DEFINE_int32(reconcile_pods, 1000,
+             "Pods for the reconciliation figure (0: leave it out).");
 DEFINE_int32(restarts, 100,
              "Kubelet restarts for the re-registration figure (0: leave it out).");
 
@@ -215,6 +223,145 @@ double RestartAndWait(sim::KubeletSim& kubelet, const std::string& resource, int
       .count();
 }
 
+// Start-up: dpproxy started on a state directory holding one resource of
+// 8 devices and `allocations` allocations, timed from its start to the
+// kubelet having that resource registered (from the remembered list, no
+// backend needed). Milliseconds, or -1.
+double StartupMs(const std::string& dir, int allocations) {
+  const std::string state_dir = absl::StrCat(dir, "/startup-", allocations);
+  if (!MakeDirs(state_dir).ok()) return -1;
+  ::chmod(state_dir.c_str(), 0700);
+  state::State st;
+  state::Resource* r = st.add_resources();
+  r->set_name("bench.example.com/startup");
+  r->set_kubelet_api("v1beta1");
+  r->mutable_backend()->set_endpoint(dir + "/gone.sock");
+  r->mutable_backend()->set_api_version("v1beta1");
+  for (int i = 0; i < 8; ++i) {
+    v1beta1::Device* d = r->add_devices();
+    d->set_id(absl::StrCat("dev-", i));
+    d->set_health("Healthy");
+  }
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  for (int i = 0; i < allocations; ++i) {
+    state::Allocation* a = st.add_allocations();
+    a->set_id(static_cast<uint64_t>(i + 1));
+    a->set_resource("bench.example.com/startup");
+    a->add_device_ids(absl::StrCat("dev-", i % 8));
+    (*a->mutable_response()->mutable_envs())["BENCH_DEVICE"] = absl::StrCat("dev-", i % 8);
+    a->set_backend_api("v1beta1");
+    a->set_allocated_unix_ms(now_ms);
+    a->set_pod_namespace("default");
+    a->set_pod_name(absl::StrCat("pod-", i));
+    a->set_container("main");
+  }
+  st.set_next_allocation_id(static_cast<uint64_t>(allocations + 1));
+  if (!FileStateStore(state_dir + "/state.pb").Save(st).ok()) return -1;
+  sim::KubeletSimOptions so;
+  so.root_dir = state_dir + "-k";
+  so.personality = sim::Personality::kV1Beta1Sync;
+  sim::KubeletSim kubelet(so);
+  if (!kubelet.Start().ok()) return -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir,
+                       "--plugin_dir=" + state_dir + "-p", "--state_dir=" + state_dir,
+                       "--status_file=", "--metrics_address=", "--reconcile_interval=0s",
+                       "--minloglevel=1"});
+  const bool up = kubelet.events()
+                      .WaitForEvent("registered", {{"resource", "bench.example.com/startup"}},
+                                    absl::Seconds(60))
+                      .has_value();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  Stop(proxy);
+  kubelet.Stop();
+  return up ? ms : -1;
+}
+
+// Reconciliation: `pods` pods of one device each admitted through dpproxy,
+// then dpproxy's first pass over the kubelet's pod-resources API (which
+// names the holder of every allocation and saves the names once), as
+// dpproxy reports it (event "reconciled", duration_ms). The floor is one
+// List call of the same API by the bench.
+struct Reconciliation {
+  double pass_ms = -1;
+  double list_ms = -1;
+  int annotated = 0;
+};
+
+Reconciliation ReconcileAtScale(const std::string& dir, int pods) {
+  Reconciliation out;
+  const std::string base = dir + "/reconcile";
+  sim::KubeletSimOptions so;
+  so.root_dir = base + "-k";
+  so.personality = sim::Personality::kV1Beta1Sync;
+  sim::KubeletSim kubelet(so);
+  if (!kubelet.Start().ok()) return out;
+  const std::string events = base + "-events.jsonl";
+  // Admission with reconciliation off, so that no pod is named before the
+  // pass that is timed.
+  auto start_proxy = [&](const std::string& interval) {
+    return Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + base + "-p",
+                  "--state_dir=" + base + "-s", "--status_file=", "--metrics_address=",
+                  "--events=" + events, "--reconcile_interval=" + interval,
+                  "--minloglevel=1"});
+  };
+  pid_t proxy = start_proxy("0s");
+  const std::string resource = "bench.example.com/reconcile";
+  if (WaitForPath(base + "-p/kubelet.sock", absl::Seconds(10))) {
+    pid_t plugin = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                          absl::StrCat("--devices=", pods), "--socket_name=bench-reconcile.sock",
+                          "--kubelet_socket=" + base + "-p/kubelet.sock", "--quiet"});
+    bool admitted = kubelet.WaitForResource(resource, pods, absl::Seconds(20));
+    for (int i = 0; admitted && i < pods; ++i) {
+      sim::AllocateRequest r;
+      r.set_pod_name(absl::StrCat("pod-", i));
+      auto* c = r.add_containers();
+      c->set_name("main");
+      c->set_resource(resource);
+      c->set_count(1);
+      admitted = kubelet.Allocate(r).ok();
+    }
+    // dpproxy restarted with every allocation journaled and no pod named
+    // yet: its first pass, 10 s after its start, names them all.
+    Stop(proxy);
+    proxy = start_proxy("1m");
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (admitted && out.pass_ms < 0 && absl::Now() < deadline) {
+      std::ifstream in(events);
+      std::string line;
+      while (std::getline(in, line)) {
+        Json e = Json::parse(line, nullptr, false);
+        if (e.is_discarded() || e.value("event", "") != "reconciled") continue;
+        if (e.value("pods", 0) != pods) continue;
+        out.pass_ms = e.value("duration_ms", -1.0);
+        out.annotated = e.value("annotated", 0);
+        break;
+      }
+      if (out.pass_ms < 0) absl::SleepFor(absl::Milliseconds(100));  // polling a file
+    }
+    if (admitted) {
+      auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(kubelet.pod_resources_socket()));
+      std::vector<double> lists;
+      for (int i = 0; i < 5; ++i) {
+        grpc::ClientContext ctx;
+        v1::ListPodResourcesResponse resp;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (stub->List(&ctx, v1::ListPodResourcesRequest(), &resp).ok()) {
+          lists.push_back(std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count());
+        }
+      }
+      out.list_ms = Percentile(lists, 0.5);
+    }
+    Stop(plugin);
+  }
+  Stop(proxy);
+  kubelet.Stop();
+  return out;
+}
+
 struct Result {
   std::string label;
   std::vector<double> direct, proxied;
@@ -341,6 +488,17 @@ int Run() {
     Stop(plugin);
   }
   if (FLAGS_restarts > 0) measure_rereg(&rereg_many);
+  // Start-up, three times each, alternating: with the allocations, and the
+  // floor (the same resource, no allocations).
+  std::vector<double> startup_empty, startup_full;
+  if (FLAGS_startup_allocations > 0) {
+    for (int i = 0; i < 3; ++i) {
+      startup_empty.push_back(StartupMs(absl::StrCat(dir, "/s", i), 0));
+      startup_full.push_back(StartupMs(absl::StrCat(dir, "/s", i), FLAGS_startup_allocations));
+    }
+  }
+  Reconciliation reconciliation;
+  if (FLAGS_reconcile_pods > 0) reconciliation = ReconcileAtScale(dir, FLAGS_reconcile_pods);
   const std::vector<double> floor = FdatasyncFloor(dir + "/state", 500);
   const std::string rss = ProcField(proxy, "VmRSS");
   const std::string hwm = ProcField(proxy, "VmHWM");
@@ -396,6 +554,23 @@ int Run() {
     row("via dpproxy serving 4 resources", rereg_many.proxied_ms);
     const int missed = rereg_one.missed + rereg_many.missed;
     if (missed > 0) std::cout << missed << " restart(s) not re-registered in 10 s\n";
+  }
+  if (FLAGS_startup_allocations > 0) {
+    std::cout << absl::StrFormat(
+        "\nStart-up to the first resource registered (remembered list, no backend),\n"
+        "median of 3 (-1: it did not register within 60 s)\n");
+    std::cout << absl::StrFormat("%-40s %9.0fms\n", "no allocations (floor)",
+                                 Percentile(startup_empty, 0.5));
+    std::cout << absl::StrFormat("%-40s %9.0fms\n",
+                                 absl::StrCat(FLAGS_startup_allocations, " allocations"),
+                                 Percentile(startup_full, 0.5));
+  }
+  if (FLAGS_reconcile_pods > 0) {
+    std::cout << absl::StrFormat(
+        "\nReconciliation, first pass over %d pods (-1: not seen within 30 s)\n"
+        "%-40s %9.1fms\n%-40s %9.1fms (%d allocations named)\n",
+        FLAGS_reconcile_pods, "pod-resources List (floor)", reconciliation.list_ms,
+        "dpproxy's pass", reconciliation.pass_ms, reconciliation.annotated);
   }
   std::cout << "\ndpproxy resident memory after the run: " << rss << " (peak " << hwm << "), "
             << threads << " threads\n";

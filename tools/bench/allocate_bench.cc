@@ -36,6 +36,7 @@
 #include "proxy/events/event_log.h"
 #include "proxy/state/state_store.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
+#include "tools/sample_plugin/control.grpc.pb.h"
 
 DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");
 DEFINE_string(sample_plugin, "", "Path of the sample_plugin binary.");
@@ -48,6 +49,7 @@ DEFINE_int32(startup_allocations, 50000,
              "Allocations in the state for the start-up figure (0: leave it out).");
 DEFINE_int32(reconcile_pods, 1000,
              "Pods for the reconciliation figure (0: leave it out).");
+DEFINE_int32(flips, 20, "Health flips per list size for the health-flip figure (0: none).");
 DEFINE_int32(restarts, 100,
              "Kubelet restarts for the re-registration figure (0: leave it out).");
 
@@ -362,6 +364,78 @@ Reconciliation ReconcileAtScale(const std::string& dir, int pods) {
   return out;
 }
 
+// A health flip seen by the kubelet: the plugin's control API turns one
+// device Unhealthy (then Healthy again), and the time until the kubelet
+// has the new allocatable count is recorded, for a plugin registered
+// directly and one behind dpproxy, alternately.
+struct Flips {
+  std::vector<double> direct_ms, proxied_ms;
+};
+
+double FlipOnce(const std::string& control_socket, sim::KubeletSim& kubelet,
+                const std::string& resource, const std::string& device,
+                const std::string& health, int expect_allocatable) {
+  auto stub = sample::PluginControl::NewStub(MakeUnixChannel(control_socket));
+  const size_t from = kubelet.events().Size();
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::ClientContext ctx;
+  sample::SetHealthRequest req;
+  req.set_device_id(device);
+  req.set_health(health);
+  sample::PluginStatus status;
+  if (!stub->SetHealth(&ctx, req, &status).ok()) return -1;
+  const auto seen = kubelet.events().WaitFor(
+      [&](const Json& e) {
+        return e.value("event", "") == "devices" && e.value("resource", "") == resource &&
+               e.contains("allocatable") && e["allocatable"].is_number() &&
+               e["allocatable"].get<int>() == expect_allocatable;
+      },
+      absl::Seconds(20), from);
+  if (!seen) return -1;
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+Flips MeasureFlips(const std::string& dir, const std::string& proxy_plugins,
+                   sim::KubeletSim& proxied_kubelet, int devices) {
+  Flips out;
+  const std::string resource = absl::StrCat("bench.example.com/flip", devices);
+  sim::KubeletSimOptions so;
+  so.root_dir = absl::StrCat(dir, "/flip-k", devices);
+  so.personality = sim::Personality::kV1Beta1Sync;
+  sim::KubeletSim direct_kubelet(so);
+  if (!direct_kubelet.Start().ok()) return out;
+  const std::string ctl_direct = absl::StrCat(dir, "/flip-direct", devices, ".ctl");
+  const std::string ctl_proxied = absl::StrCat(dir, "/flip-proxied", devices, ".ctl");
+  const std::string sock = absl::StrCat("bench-flip", devices, ".sock");
+  pid_t direct = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                        absl::StrCat("--devices=", devices), "--socket_name=" + sock,
+                        "--kubelet_socket=" + direct_kubelet.kubelet_socket(),
+                        "--control_socket=" + ctl_direct, "--quiet"});
+  pid_t behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                        absl::StrCat("--devices=", devices), "--socket_name=" + sock,
+                        "--kubelet_socket=" + proxy_plugins + "/kubelet.sock",
+                        "--control_socket=" + ctl_proxied, "--quiet"});
+  if (direct_kubelet.WaitForResource(resource, devices, absl::Seconds(30)) &&
+      proxied_kubelet.WaitForResource(resource, devices, absl::Seconds(30)) &&
+      WaitForPath(ctl_direct, absl::Seconds(10)) && WaitForPath(ctl_proxied, absl::Seconds(10))) {
+    for (int i = 0; i < FLAGS_flips; ++i) {
+      const std::string device = absl::StrCat("dev-", i % devices);
+      for (const char* health : {"Unhealthy", "Healthy"}) {
+        const int expect = std::string(health) == "Healthy" ? devices : devices - 1;
+        const double d = FlipOnce(ctl_direct, direct_kubelet, resource, device, health, expect);
+        if (d >= 0) out.direct_ms.push_back(d);
+        const double p = FlipOnce(ctl_proxied, proxied_kubelet, resource, device, health, expect);
+        if (p >= 0) out.proxied_ms.push_back(p);
+      }
+    }
+  }
+  Stop(direct);
+  Stop(behind);
+  direct_kubelet.Stop();
+  return out;
+}
+
 struct Result {
   std::string label;
   std::vector<double> direct, proxied;
@@ -497,6 +571,11 @@ int Run() {
       startup_full.push_back(StartupMs(absl::StrCat(dir, "/s", i), FLAGS_startup_allocations));
     }
   }
+  Flips flips_small, flips_large;
+  if (FLAGS_flips > 0) {
+    flips_small = MeasureFlips(dir, plugins, kubelet, 8);
+    flips_large = MeasureFlips(dir, plugins, kubelet, 20000);
+  }
   Reconciliation reconciliation;
   if (FLAGS_reconcile_pods > 0) reconciliation = ReconcileAtScale(dir, FLAGS_reconcile_pods);
   const std::vector<double> floor = FdatasyncFloor(dir + "/state", 500);
@@ -564,6 +643,21 @@ int Run() {
     std::cout << absl::StrFormat("%-40s %9.0fms\n",
                                  absl::StrCat(FLAGS_startup_allocations, " allocations"),
                                  Percentile(startup_full, 0.5));
+  }
+  if (FLAGS_flips > 0) {
+    std::cout << absl::StrFormat(
+        "\nHealth flip seen by the kubelet (the plugin's control API, to the kubelet's new\n"
+        "allocatable count), %d flips each way\n",
+        FLAGS_flips);
+    std::cout << absl::StrFormat("%-22s %12s %12s %14s %14s %9s\n", "devices", "direct p50",
+                                 "direct p99", "dpproxy p50", "dpproxy p99", "p50 ratio");
+    for (const auto& [label, f] : {std::pair<std::string, const Flips*>{"8", &flips_small},
+                                   {"20,000", &flips_large}}) {
+      const double dp50 = Percentile(f->direct_ms, 0.5), pp50 = Percentile(f->proxied_ms, 0.5);
+      std::cout << absl::StrFormat("%-22s %10.1fms %10.1fms %12.1fms %12.1fms %8.2fx\n", label,
+                                   dp50, Percentile(f->direct_ms, 0.99), pp50,
+                                   Percentile(f->proxied_ms, 0.99), dp50 > 0 ? pp50 / dp50 : 0);
+    }
   }
   if (FLAGS_reconcile_pods > 0) {
     std::cout << absl::StrFormat(

@@ -61,15 +61,11 @@ std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
 }
 
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
-    if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
-    if (absl::Now() >= deadline ||
-        !channel->WaitForStateChange(state, absl::ToChronoTime(deadline))) {
-      return absl::DeadlineExceededError("context deadline exceeded");
-    }
+  // gRPC's own wait: connects and follows state changes until READY.
+  if (channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::OkStatus();
   }
+  return absl::DeadlineExceededError("context deadline exceeded");
 }
 
 std::string GoCodeName(grpc::StatusCode code) {

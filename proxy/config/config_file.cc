@@ -102,7 +102,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
-                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss", "cdi_annotations", "renames", "id_maps",
+                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss", "cdi_annotations", "renames", "id_maps", "compact_ids",
                        "backends"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
@@ -181,6 +181,14 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       const std::string from = kv.first.as<std::string>();
       DPP_CFG(r.String(kv.second, absl::StrCat("renames.", from), &to));
       c->renames[from] = to;
+    }
+  }
+  if (const YAML::Node list = root["compact_ids"]) {
+    if (!list.IsSequence()) return r.Error(list, "compact_ids", "must be a list of resource names");
+    for (size_t i = 0; i < list.size(); ++i) {
+      std::string name;
+      DPP_CFG(r.String(list[i], absl::StrCat("compact_ids[", i, "]"), &name));
+      c->compact_ids.insert(name);
     }
   }
   if (const YAML::Node maps = root["id_maps"]) {

@@ -19,6 +19,7 @@
 //   backend_loss: {policy: unhealthy, hold: 30s}   # unhealthy | hold
 //   cdi_annotations: false
 //   renames: {legacy.example.com/gpu: vendor.com/gpu}
+//   compact_ids: [vendor.com/gpu]                  # short IDs toward the kubelet
 //   id_maps:                                        # backend ID -> kubelet ID
 //     vendor.com/gpu: {GPU-1a2b...: "0", GPU-3c4d...: "1"}
 //   backends:

@@ -44,6 +44,11 @@ DEFINE_string(static_backend, "",
               "RESOURCE=SOCKET[@API] with API v1alpha, v1beta1 or auto (default), e.g.\n"
               "\"vendor.com/gpu=/run/vendor/gpu.sock@v1alpha\". Reconnected once a second\n"
               "while away.");
+DEFINE_string(compact_ids, "",
+              "Resources (comma-separated, names the kubelet sees) whose device IDs the\n"
+              "kubelet is shown in a short form (\"c\" + 13 characters, the same in every\n"
+              "run), so that lists of long IDs fit the kubelet's 4 MiB. Allocations reach\n"
+              "the plugin with its own IDs. Set it before pods use the resource.");
 DEFINE_bool(cdi_annotations, false,
             "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
             "for kubelets that predate the cdi_devices field (1.27 and older).");
@@ -166,6 +171,9 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
     }
     c->static_backends.push_back(sb);
   }
+  for (absl::string_view item : absl::StrSplit(FLAGS_compact_ids, ',', absl::SkipEmpty())) {
+    c->compact_ids.insert(std::string(item));
+  }
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
   if (set("status_file")) c->status_file = FLAGS_status_file;
   if (set("state_dir")) c->state_dir = FLAGS_state_dir;
@@ -203,6 +211,7 @@ absl::StatusOr<ProxyConfig> ConfigFromFlags() {
   if (!FLAGS_config.empty()) {
     c.renames.clear();
     c.static_backends.clear();
+    c.compact_ids.clear();
     DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
     DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
   }

@@ -105,6 +105,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
       }
     }
   }
+  for (const std::string& resource : c.compact_ids) {
+    if (absl::Status s = ValidateResourceName(resource); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("compact IDs: ", s.message()));
+    }
+  }
   for (const StaticBackendConfig& b : c.static_backends) {
     if (absl::Status s = ValidateResourceName(b.resource); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("static backend: ", s.message()));

@@ -14,6 +14,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,11 @@ struct ResourcePolicy {
   // devices differently from its predecessor (indexes vs UUIDs). IDs not in
   // the map pass through unchanged.
   std::map<std::string, std::string> id_map;
+  // Show the kubelet a short ID for every device the map does not name:
+  // "c" and 13 base32 characters of a hash of the backend's ID, the same in
+  // every run (nothing to persist), for lists that would not fit the
+  // kubelet's 4 MiB otherwise. Allocations are mapped back exactly.
+  bool compact_ids = false;
 };
 
 // A plugin that cannot be pointed at dpproxy's registration socket: dialled
@@ -101,6 +107,10 @@ struct ProxyConfig {
   std::map<std::string, std::string> renames;
   // Kubelet-facing resource -> (backend device ID -> kubelet device ID).
   std::map<std::string, std::map<std::string, std::string>> id_maps;
+  // Kubelet-facing resources whose device IDs are shown compact
+  // (ResourcePolicy::compact_ids). Switching it on or off changes the IDs
+  // the kubelet knows: do it before pods use the resource.
+  std::set<std::string> compact_ids;
   std::vector<StaticBackendConfig> static_backends;
   // The status as JSON, rewritten (atomically) whenever it changes; "" = none.
   std::string status_file;

@@ -1,5 +1,7 @@
 #include "proxy/core/resource.h"
 
+#include "proxy/util/encoding.h"
+
 #include <google/protobuf/arena.h>
 
 #include <glog/logging.h>
@@ -277,16 +279,30 @@ void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devic
   }
   // The kubelet's names for the backend's devices, hashed: the update costs
   // O(n), never O(n^2), and the lock Allocate needs is held only to swap.
-  std::map<std::string, std::string> to_backend;
+  absl::flat_hash_map<std::string, std::string> to_backend;
   std::unordered_set<std::string> now;
   now.reserve(devices.size());
+  if (policy_.compact_ids) to_backend.reserve(devices.size());
+  int collisions = 0;
   for (v1beta1::Device& d : devices) {
     auto m = policy_.id_map.find(d.id());
     if (m != policy_.id_map.end()) {
       to_backend[m->second] = d.id();
       d.set_id(m->second);
+    } else if (policy_.compact_ids) {
+      std::string compact = CompactDeviceId(d.id());
+      if (to_backend.count(compact) == 0 && now.count(compact) == 0) {
+        to_backend.emplace(compact, d.id());
+        d.set_id(std::move(compact));
+      } else {
+        ++collisions;  // (one in 10^9 at 100,000 devices) it keeps its own ID
+      }
     }
     now.insert(d.id());
+  }
+  if (collisions > 0) {
+    LOG(ERROR) << "resource " << name_ << ": " << collisions
+               << " device(s) keep their own ID: their compact ID is taken";
   }
   // Devices the kubelet knew that the backend no longer reports. Whether an
   // allocation holds them is asked outside the lock (the state keeper may
@@ -356,7 +372,23 @@ std::string Resource::ToBackendId(const std::string& kubelet_id) {
 
 std::string Resource::ToKubeletId(const std::string& backend_id) {
   auto m = policy_.id_map.find(backend_id);
-  return m == policy_.id_map.end() ? backend_id : m->second;
+  if (m != policy_.id_map.end()) return m->second;
+  if (!policy_.compact_ids) return backend_id;
+  std::string compact = CompactDeviceId(backend_id);
+  absl::MutexLock lock(&mu_);
+  auto it = to_backend_.find(compact);
+  return it != to_backend_.end() && it->second == backend_id ? compact : backend_id;
+}
+
+std::string CompactDeviceId(absl::string_view backend_id) {
+  static constexpr char kBase32[] = "abcdefghijklmnopqrstuvwxyz234567";
+  uint64_t h = Fnv64(backend_id);
+  std::string out = "c";
+  for (int i = 0; i < 13; ++i) {  // 65 bits: all of the hash
+    out += kBase32[h & 31];
+    h >>= 5;
+  }
+  return out;
 }
 
 void Resource::OnLost(uint64_t generation, const std::string& why) {

@@ -43,6 +43,11 @@ struct ResourceHooks {
   std::function<bool(const std::string& id)> is_allocated;
 };
 
+// The short ID the kubelet is shown for `backend_id` under
+// ResourcePolicy::compact_ids: "c" and 13 base32 characters of its 64-bit
+// FNV-1a hash. The same in every run and on every node.
+std::string CompactDeviceId(absl::string_view backend_id);
+
 // Device ID -> position in a published list. Holds the list, whose IDs
 // its keys view.
 struct DeviceIndex {
@@ -188,7 +193,7 @@ class Resource {
   std::shared_ptr<const v1beta1::ListAndWatchResponse> reported_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const v1beta1::ListAndWatchResponse>();
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
-  std::map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
   // Taken after mu_ is released; held while watchers are called.
   absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<uint64_t, std::function<void(const Snapshot&)>> watchers_ ABSL_GUARDED_BY(watch_mu_);

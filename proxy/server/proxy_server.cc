@@ -157,6 +157,7 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
   ResourcePolicy policy = config_.policy;
   auto m = config_.id_maps.find(name);
   if (m != config_.id_maps.end()) policy.id_map = m->second;
+  policy.compact_ids = config_.compact_ids.count(name) > 0;
   ResourceHooks hooks;
   hooks.on_change = [this] { Wake(); };
   StateKeeper* keeper = keeper_.get();

@@ -33,6 +33,7 @@ backend_loss: {policy: hold, hold: 45s}
 cdi_annotations: true
 renames:
   legacy.example.com/gpu: vendor.com/gpu
+compact_ids: [vendor.com/gpu]
 backends:
   - resource: vendor.com/nic
     endpoint: /run/nic/plugin.sock
@@ -54,6 +55,7 @@ backends:
   EXPECT_EQ(c.policy.hold, absl::Seconds(45));
   EXPECT_TRUE(c.kubelet.cdi_annotations);
   EXPECT_EQ(c.renames.at("legacy.example.com/gpu"), "vendor.com/gpu");
+  EXPECT_EQ(c.compact_ids, std::set<std::string>{"vendor.com/gpu"});
   ASSERT_EQ(c.static_backends.size(), 2u);
   EXPECT_EQ(c.static_backends[0].api, ApiVersion::kV1Beta1);
   EXPECT_EQ(c.static_backends[1].api, std::nullopt);  // auto: probed
@@ -77,6 +79,8 @@ TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
       {"kubelet: {api: v2}\n", "kubelet.api: \"v2\" is not one of auto, v1alpha, v1beta1"},
       {"backend_loss: {policy: maybe}\n", "backend_loss.policy: \"maybe\" is not one of hold, unhealthy"},
       {"cdi_annotations: sometimes\n", "cdi_annotations: must be true or false"},
+      {"compact_ids: vendor.com/gpu\n", "compact_ids: must be a list of resource names"},
+      {"compact_ids: [gpu]\n", "compact IDs: "},
       {"limits: {backend_list_mib: 3}\n",
        "limits.backend_list_mib: must be a whole number from 4 to 2047"},
       {"limits: {backend_list_mib: lots}\n", "limits.backend_list_mib: must be a whole number"},

@@ -178,6 +178,60 @@ TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
                                   absl::Seconds(1)));
 }
 
+// Long IDs (sliced GPUs) can make a list too large for the kubelet. With
+// compact IDs it fits, every ID maps back to the backend's exactly, and the
+// same devices get the same IDs in another run (nothing to persist).
+TEST(ResourceTest, CompactIdsFitTheKubeletAndMapBackExactly) {
+  constexpr int kDevices = 100000;
+  auto uuid_devices = [] {
+    std::vector<v1beta1::Device> out = Devices(kDevices, "");
+    for (auto& d : out) {
+      d.set_id(absl::StrCat("MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-", d.id()));
+    }
+    return out;
+  };
+  EventLog events("test");
+  ResourcePolicy plain_policy;
+  Resource plain("vendor.com/gpu", plain_policy, &events);
+  auto b1 = StreamOnlyBackend();
+  plain.AttachBackend(b1);
+  b1->callbacks.on_devices(uuid_devices());
+  EXPECT_GT(plain.Current().bytes, Resource::kKubeletMaxListBytes);
+
+  ResourcePolicy policy;
+  policy.compact_ids = true;
+  policy.id_map = {{"MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-7", "seven"}};
+  auto shown = [&] {
+    Resource r("vendor.com/gpu", policy, &events);
+    auto b = StreamOnlyBackend();
+    r.AttachBackend(b);
+    b->callbacks.on_devices(uuid_devices());
+    const Resource::Snapshot snap = r.Current();
+    EXPECT_LT(snap.bytes, Resource::kKubeletMaxListBytes);
+    std::vector<std::string> ids;
+    std::set<std::string> unique;
+    for (const auto& d : snap.list->devices()) {
+      ids.push_back(d.id());
+      unique.insert(d.id());
+      const std::string backend = r.ToBackendId(d.id());
+      EXPECT_EQ(r.ToKubeletId(backend), d.id());
+    }
+    EXPECT_EQ(unique.size(), static_cast<size_t>(kDevices));
+    EXPECT_EQ(r.ToBackendId("seven"), "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-7");
+    const std::string compact = CompactDeviceId("MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-8");
+    EXPECT_EQ(compact.size(), 14u);
+    EXPECT_TRUE(r.HasDevice(compact));
+    EXPECT_EQ(r.ToBackendId(compact), "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-8");
+    EXPECT_EQ(r.ToBackendId("no-such-device"), "no-such-device");  // passes through
+    r.Shutdown();
+    return ids;
+  };
+  const std::vector<std::string> first = shown();
+  EXPECT_EQ(shown(), first);  // another run: the same IDs
+  EXPECT_EQ(first[7], "seven");  // the ID map wins
+  plain.Shutdown();
+}
+
 // A plugin restart or swap: the new backend serves, the old one is stopped
 // exactly once, and a list or an end the old stream still delivers changes
 // nothing (the kubelet never sees the old plugin's devices again).

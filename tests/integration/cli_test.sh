@@ -126,11 +126,13 @@ help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
             backend_loss_policy backend_hold rename static_backend cdi_annotations events \
             status_file output config state_dir restore_policy restore_hold reconcile_interval \
-            reconcile_grace metrics_address socket_group; do
+            reconcile_grace metrics_address socket_group backend_max_list_mib compact_ids; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
 expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1alpha or v1beta1"
+expect_exit "dpproxy bad compact_ids" 2 "$PROXY" --compact_ids=gpu --kubelet_root="$DIR/kr" --plugin_dir="$DIR/pr"
+expect_contains "dpproxy bad compact_ids message" "$LAST_OUT" "compact IDs: "
 expect_exit "dpproxy bad rename" 2 "$PROXY" --rename=nonsense
 expect_contains "dpproxy bad rename message" "$LAST_OUT" '"nonsense" is not FROM=TO'
 expect_exit "dpproxy plugin_dir = kubelet dir" 2 "$PROXY" --kubelet_root=/tmp/k --plugin_dir=/tmp/k/device-plugins

@@ -593,6 +593,69 @@ TEST_F(ProxyTest, DeviceListsOver4MiBAreAcceptedAndReported) {
   }
 }
 
+// The same 100,000 long IDs with compact IDs on: the kubelet sees every
+// device, an allocation reaches the plugin with the plugin's own IDs, and
+// dpproxy and kubelet restarts keep the IDs the kubelet knows.
+TEST_F(ProxyTest, CompactIdsLetALargeListReachTheKubelet) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.compact_ids = {kGpu}; });
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices = 100000;
+  o.id_pattern = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-{i}";
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 100000, absl::Seconds(30)));
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("device_list_too_large", {},
+                                               absl::ZeroDuration()));
+  auto kubelet_ids = [&] {
+    std::set<std::string> ids;
+    const sim::State st = h.sim().GetState();
+    if (const auto* r = h.Resource(st, kGpu)) {
+      for (const auto& d : r->devices()) ids.insert(d.id());
+    }
+    return ids;
+  };
+  const std::set<std::string> before = kubelet_ids();
+  ASSERT_EQ(before.size(), 100000u);
+  EXPECT_EQ(before.count(CompactDeviceId("MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-42")),
+            1u);
+
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("trainer", 2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<std::string> given = testing::DeviceIdsOf(a->allocations(0));
+  std::optional<Json> call = plugin->events().WaitForEvent("allocate", {}, kWait);
+  ASSERT_TRUE(call.has_value());
+  std::set<std::string> reached;
+  for (const auto& id : (*call)["container_requests"][0]) reached.insert(id.get<std::string>());
+  std::set<std::string> expected;
+  for (const std::string& id : given) {
+    ASSERT_EQ(id.size(), 14u) << id;  // the kubelet holds compact IDs
+    for (int i = 0; i < 100000; i += 1) {
+      const std::string backend = absl::StrCat("MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-", i);
+      if (CompactDeviceId(backend) == id) {
+        expected.insert(backend);
+        break;
+      }
+    }
+  }
+  EXPECT_EQ(reached, expected);  // the plugin got its own IDs
+  ASSERT_EQ(expected.size(), 2u);
+
+  // dpproxy restarts (the list is restored from its state), then the
+  // kubelet: the IDs the kubelet knows stay the same.
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 100000, absl::Seconds(30)));
+  EXPECT_EQ(kubelet_ids(), before);
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 100000, absl::Seconds(30)));
+  EXPECT_EQ(kubelet_ids(), before);
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_TRUE(r.results(0).admitted()) << r.results(0).message();
+}
+
 // An idle proxy does no work proportional to devices: its once-a-second
 // pass compares change counters, and status (file and metrics) is built
 // again only when something in it changed.

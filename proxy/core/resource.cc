@@ -1,5 +1,6 @@
 #include "proxy/core/resource.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "proxy/util/encoding.h"
 
 #include <google/protobuf/arena.h>
@@ -239,7 +240,7 @@ namespace {
 // Unhealthy (as a kubelet reads it) and names those devices.
 absl::Status ValidateBackendDevices(std::vector<v1beta1::Device>* devices,
                                     std::vector<std::string>* relabelled) {
-  std::unordered_set<std::string> seen;
+  absl::flat_hash_set<absl::string_view> seen;  // views into `devices`
   seen.reserve(devices->size());
   for (v1beta1::Device& d : *devices) {
     if (absl::Status s = ValidateDeviceId(d.id()); !s.ok()) return s;
@@ -280,7 +281,8 @@ void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devic
   // The kubelet's names for the backend's devices, hashed: the update costs
   // O(n), never O(n^2), and the lock Allocate needs is held only to swap.
   absl::flat_hash_map<std::string, std::string> to_backend;
-  std::unordered_set<std::string> now;
+  // Views into `devices`, used before it is published.
+  absl::flat_hash_set<absl::string_view> now;
   now.reserve(devices.size());
   if (policy_.compact_ids) to_backend.reserve(devices.size());
   int collisions = 0;

@@ -360,7 +360,9 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
   // Saved resources change only with what the fingerprint counts; a failed
   // save counts a failure, which changes it, so it is tried again.
   if (fingerprint == persisted_fingerprint_) return false;
-  std::vector<state::Resource> out;
+  // Entries() is in order of name, as the keeper wants them. Each list is
+  // serialized straight from the published one: no copy of every device.
+  std::vector<std::string> out;
   for (Entry* e : Entries()) {
     state::Resource r;
     r.set_name(e->resource->name());
@@ -376,11 +378,12 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
     r.mutable_backend()->set_static_backend(e->static_backend);
     std::shared_ptr<Backend> b = e->resource->backend();
     if (b) r.mutable_backend()->set_backend_resource(b->resource());
-    *r.mutable_devices() = e->resource->ReportedDevices()->devices();
-    out.push_back(std::move(r));
+    out.push_back(SerializeResource(r, e->resource->ReportedDevices()->devices()));
   }
   // Failures are logged and counted.
-  if (keeper_->SetResources(std::move(out)).ok()) persisted_fingerprint_ = fingerprint;
+  if (keeper_->SetSerializedResources(std::move(out)).ok()) {
+    persisted_fingerprint_ = fingerprint;
+  }
   return true;
 }
 

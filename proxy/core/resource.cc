@@ -132,10 +132,18 @@ std::pair<std::shared_ptr<google::protobuf::Arena>, v1beta1::ListAndWatchRespons
           google::protobuf::Arena::CreateMessage<v1beta1::ListAndWatchResponse>(arena.get())};
 }
 
+// `list` copied onto an arena of its own, each device's health set to
+// `health(device)` where that is not empty (straight into the copy: no
+// intermediate list).
 std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
-    const v1beta1::ListAndWatchResponse& list) {
+    const v1beta1::ListAndWatchResponse& list,
+    const std::function<absl::string_view(const v1beta1::Device&)>& health) {
   auto [arena, msg] = NewList();
   *msg = list;
+  for (v1beta1::Device& d : *msg->mutable_devices()) {
+    const absl::string_view h = health(d);
+    if (!h.empty() && d.health() != h) d.set_health(std::string(h));
+  }
   return std::shared_ptr<const v1beta1::ListAndWatchResponse>(std::move(arena), msg);
 }
 
@@ -154,10 +162,6 @@ std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
 
 }  // namespace
 
-void Resource::PublishLocked(v1beta1::ListAndWatchResponse list) {
-  PublishBaseLocked(OnArena(list));
-}
-
 void Resource::PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResponse> base) {
   base_ = std::move(base);
   // The kubelet sees the base list itself (one copy held) unless a
@@ -172,11 +176,11 @@ void Resource::PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResp
       }
     }
     if (overridden) {
-      v1beta1::ListAndWatchResponse list = *base_;
-      for (auto& d : *list.mutable_devices()) {
-        if (quarantined_.count(d.id()) > 0) d.set_health(std::string(kUnhealthy));
-      }
-      shown = OnArena(list);
+      // (Called here, under mu_.)
+      const std::set<std::string>* quarantined = &quarantined_;
+      shown = OnArena(*base_, [quarantined](const v1beta1::Device& d) -> absl::string_view {
+        return quarantined->count(d.id()) > 0 ? kUnhealthy : absl::string_view();
+      });
     }
   }
   auto index = std::make_shared<DeviceIndex>();
@@ -222,15 +226,12 @@ void Resource::SetQuarantined(std::set<std::string> ids) {
 }
 
 void Resource::MarkAllLocked(const std::string& health) {
-  bool changed = false;
-  v1beta1::ListAndWatchResponse list = *base_;
-  for (auto& d : *list.mutable_devices()) {
-    if (d.health() != health) {
-      d.set_health(health);
-      changed = true;
-    }
-  }
-  if (changed) PublishLocked(std::move(list));
+  const bool changed =
+      std::any_of(base_->devices().begin(), base_->devices().end(),
+                  [&](const v1beta1::Device& d) { return d.health() != health; });
+  if (!changed) return;
+  PublishBaseLocked(
+      OnArena(*base_, [&](const v1beta1::Device&) { return absl::string_view(health); }));
 }
 
 namespace {
@@ -418,9 +419,8 @@ void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Durati
                        const std::string& backend_endpoint, const std::string& backend_api) {
   ChangeLock lock(this);
   if (connected_) return;  // a backend was faster: its list wins
-  v1beta1::ListAndWatchResponse list;
-  for (const auto& d : devices) *list.add_devices() = d;
-  PublishLocked(std::move(list));
+  std::vector<v1beta1::Device> copy = devices;
+  PublishBaseLocked(OnArena(&copy));
   reported_ = base_;
   lost_at_ = absl::Now();
   hold_override_ = trust_for;

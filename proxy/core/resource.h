@@ -153,7 +153,6 @@ class Resource {
   void OnDevices(uint64_t generation, std::vector<v1beta1::Device> devices);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishLocked(v1beta1::ListAndWatchResponse list) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResponse> base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holds mu_ for a change; on release, delivers a list published under it

@@ -41,17 +41,16 @@ Json StatusToJson(const ProxyStatus& s) {
           {"registrations_rejected", s.registrations_rejected}};
 }
 
-std::string StatusFileText(const ProxyStatus& s) {
-  ProxyStatus rest = s;
+std::string StatusFileText(ProxyStatus s) {
   std::vector<ResourceStatus> resources;
-  resources.swap(rest.resources);  // the devices are not copied
-  Json top = StatusToJson(rest);
+  resources.swap(s.resources);  // written below, devices without a tree
+  Json top = StatusToJson(s);
   top.erase("resources");
   std::string out = top.dump();
   out.pop_back();  // the closing brace: the resources go last
   out += ",\"resources\":[";
-  for (size_t i = 0; i < s.resources.size(); ++i) {
-    const ResourceStatus& r = s.resources[i];
+  for (size_t i = 0; i < resources.size(); ++i) {
+    const ResourceStatus& r = resources[i];
     Json head = r;
     head.erase("devices");
     std::string text = head.dump();

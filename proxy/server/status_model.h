@@ -92,7 +92,7 @@ Json StatusToJson(const ProxyStatus& status);
 // The status file: StatusToJson(status) as compact text, written without
 // building a JSON tree of the devices (a node per field: hundreds of bytes
 // a device, for lists of 100,000).
-std::string StatusFileText(const ProxyStatus& status);
+std::string StatusFileText(ProxyStatus status);
 // kInvalidArgument if `json` is not a status (missing fields keep defaults:
 // a file written by an older dpproxy still reads).
 absl::StatusOr<ProxyStatus> StatusFromJson(const Json& json);

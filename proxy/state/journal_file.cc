@@ -20,6 +20,10 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'P', 'P', 'J', 'R', 'N', 'L', '1'};
 constexpr size_t kRecordHeader = 4 + 8;
+// The journal grows in steps of this many zero bytes, written and synced
+// once, so that an append overwrites space the file already has and its
+// fdatasync writes the record alone, not the file's new size.
+constexpr size_t kPreallocate = 1 << 20;
 
 absl::Status Errno(const std::string& what) {
   int err = errno;
@@ -69,6 +73,11 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
       pos += size;
       continue;
     }
+    // Zeros to the end: space written ahead, nothing to look through.
+    if (std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(pos), bytes.end(),
+                    [](char c) { return c == '\0'; })) {
+      break;
+    }
     // Bad bytes at `pos`. Look for an intact record further on: if there is
     // one, this is damage in the middle, not a torn tail. A false match
     // needs a 64-bit checksum to agree by chance and the bytes to parse.
@@ -78,13 +87,19 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
       size_t probe_size = 0;
       if (RecordAt(bytes, next, &probe, &probe_size)) break;
     }
-    if (next >= bytes.size()) break;  // nothing intact after it: a torn tail
+    if (next >= bytes.size()) break;  // nothing intact after it
     out.damaged_bytes += next - pos;
     ++out.damaged_regions;
     pos = next;
   }
   out.valid_bytes = pos;
-  out.cut_bytes = bytes.size() - pos;
+  // Zeros to the end are space written ahead for appends, not part of a
+  // record (no record ends in a zero checksum); a torn record, if any, is
+  // the bytes before them.
+  size_t end = bytes.size();
+  while (end > pos && bytes[end - 1] == '\0') --end;
+  out.cut_bytes = end - pos;
+  out.preallocated_bytes = bytes.size() - end;
   return out;
 }
 
@@ -210,7 +225,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
         !s.ok()) {
       return s;
     }
-    size_ = magic.size();
+    size_ = allocated_ = magic.size();
     records_ = 0;
     return replay;
   }
@@ -233,7 +248,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
     ::close(fd_);
     fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd_ < 0) return Errno(absl::StrCat("open ", path_));
-    size_ = clean.size();
+    size_ = allocated_ = clean.size();
     records_ = replay.records.size();
     replay.cut_bytes = 0;
     return replay;
@@ -246,6 +261,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
     if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
   }
   size_ = pos;
+  allocated_ = replay.cut_bytes > 0 ? pos : pos + contents->preallocated_bytes;
   records_ = replay.records.size();
   return replay;
 }
@@ -262,14 +278,31 @@ absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) 
 
 absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count) {
   if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
+  const size_t end = size_ + data.size();
   absl::Status s = WriteAllAt(fd_, data, static_cast<off_t>(size_), path_);
+  if (s.ok() && end > allocated_) {
+    // Space ahead for the next appends: zeros after the record, written
+    // (not fallocate'd: unwritten extents would make every later fdatasync
+    // convert them, metadata again) and synced with it. Only ever past the
+    // record, and a disk too full for them still takes the record alone.
+    const size_t ahead = (end + kPreallocate - 1) / kPreallocate * kPreallocate + kPreallocate;
+    if (WriteAllAt(fd_, std::string(ahead - end, '\0'), static_cast<off_t>(end), path_).ok()) {
+      allocated_ = ahead;
+    } else if (::ftruncate(fd_, static_cast<off_t>(end)) == 0) {
+      allocated_ = end;
+    } else {
+      s = Errno(absl::StrCat("truncate ", path_));
+    }
+  }
   if (s.ok() && ::fdatasync(fd_) != 0) s = Errno(absl::StrCat("fdatasync ", path_));
   if (!s.ok()) {
-    // Nothing of this append may survive: it was not acknowledged.
+    // Nothing of this append may survive: it was not acknowledged. (The
+    // space written ahead goes with it; the next append writes it again.)
     (void)!::ftruncate(fd_, static_cast<off_t>(size_));
+    allocated_ = size_;
     return s;
   }
-  size_ += data.size();
+  size_ = end;
   records_ += count;
   return absl::OkStatus();
 }
@@ -294,7 +327,7 @@ absl::Status JournalFile::DropFront(size_t offset, size_t count) {
   if (fd < 0) return Errno(absl::StrCat("open ", path_));
   ::close(fd_);
   fd_ = fd;
-  size_ = contents.size();
+  size_ = allocated_ = contents.size();
   records_ = count <= records_ ? records_ - count : 0;
   return absl::OkStatus();
 }
@@ -305,7 +338,8 @@ absl::Status JournalFile::Reset() {
     return Errno(absl::StrCat("truncate ", path_));
   }
   if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
-  size_ = sizeof(kMagic);
+  // Cut, not zeroed in place: records after the end would be replayed.
+  size_ = allocated_ = sizeof(kMagic);
   records_ = 0;
   return absl::OkStatus();
 }

@@ -7,6 +7,8 @@
 //   "DPPJRNL1"                       8 bytes, magic and format version 1
 //   records: uint32 payload length, uint64 FNV-1a 64 of the payload,
 //            payload (a serialized dpproxy.state.Allocation)
+//   zeros:   space written ahead, 1 MiB at a time, that appends overwrite
+//            (so an fdatasync writes the record, not the file's size)
 //
 // A record is acknowledged only after fdatasync returns, so a record torn by
 // a crash was never acknowledged. Replay tells two kinds of bad bytes apart:
@@ -31,6 +33,8 @@ struct JournalContents {
   std::vector<state::Allocation> records;
   size_t valid_bytes = 0;    // through the last intact record
   size_t cut_bytes = 0;      // torn tail after it
+  // Zeros after it, to the end: space written ahead for appends (not torn).
+  size_t preallocated_bytes = 0;
   // Bad bytes before the last intact record (damage in the middle), and in
   // how many separate places.
   size_t damaged_bytes = 0;
@@ -109,7 +113,8 @@ class JournalFile {
  private:
   const std::string path_;
   int fd_ = -1;
-  size_t size_ = 0;
+  size_t size_ = 0;       // through the last record
+  size_t allocated_ = 0;  // the file's size: size_ and zeros written ahead
   size_t records_ = 0;
 };
 

@@ -221,13 +221,29 @@ TEST(StateKeeperTest, RecordGoesToTheJournalAndSurvivesReload) {
   EXPECT_EQ(reloaded.Snapshot().allocations(3).id(), 4u);
 }
 
+// `bytes` (a journal) with the first `n` bytes of its first record written
+// again right after its last record, as an append torn by a crash leaves
+// them, and the rest of the file as it was.
+std::string WithTornRecord(const std::string& bytes, size_t n) {
+  const size_t end = ParseJournal(bytes)->valid_bytes;
+  std::string out = bytes;
+  if (out.size() < end + n) out.resize(end + n, '\0');
+  out.replace(end, n, bytes.substr(8, n));
+  return out;
+}
+
 TEST(StateKeeperTest, FailedJournalWriteRecordsNothing) {
   testing::ShortTempDir dir;
   EventLog events("test");
   StateKeeper keeper(dir.Sub("state.pb"), &events);
   MustLoad(keeper);
-  ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  {
+    // Too little room to write space ahead: the records go in alone.
+    FileSizeLimit small(4096);
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  }
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
+  ASSERT_LT(before.size(), 4096u);
   {
     FileSizeLimit full(before.size() + 10);  // the disk is "full"
     absl::Status s = RecordTwo(keeper, "c", "d");
@@ -365,7 +381,7 @@ TEST(StateKeeperTest, TornTailIsReportedByInspection) {
   EventLog events("test");
   JournalPairs(dir.path(), events, {{"a", "b"}});
   std::string bytes = *ReadFile(dir.Sub("journal.wal"));
-  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 15)).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), WithTornRecord(bytes, 15)).ok());
   StateDirReport report = InspectStateDir(dir.path());
   ASSERT_EQ(report.problems.size(), 1u);
   EXPECT_THAT(report.problems[0], HasSubstr("torn record"));
@@ -442,12 +458,81 @@ TEST(StateKeeperTest, TornJournalTailIsCutAndTheRestKept) {
   testing::ShortTempDir dir;
   EventLog events("test");
   JournalPairs(dir.path(), events, {{"a", "b"}});
-  // A crash in the middle of the next append leaves half a record.
-  std::string bytes = *ReadFile(dir.Sub("journal.wal"));
-  ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), bytes + bytes.substr(8, 9)).ok());
+  // A crash in the middle of the next append leaves half a record, in the
+  // space written ahead (and, in a journal written before there was any,
+  // at the end of the file).
+  const std::string bytes = *ReadFile(dir.Sub("journal.wal"));
+  const size_t end = ParseJournal(bytes)->valid_bytes;
+  ASSERT_GT(bytes.size(), end) << "no space written ahead";
+  for (const std::string& torn : {WithTornRecord(bytes, 9), bytes.substr(0, end) + bytes.substr(8, 9)}) {
+    ASSERT_TRUE(WriteFileAtomic(dir.Sub("journal.wal"), torn).ok());
+    EventLog log("test");
+    StateKeeper reloaded(dir.Sub("state.pb"), &log);
+    EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2);
+    EXPECT_TRUE(log.WaitForEvent("journal_torn_tail", {{"bytes", 9}}, absl::Seconds(1)));
+  }
+}
+
+// Appends overwrite space the journal already has (so that their fdatasync
+// writes no size); that space is not a torn record, survives a reload, and
+// later records land in it, right after the last one.
+TEST(StateKeeperTest, JournalSpaceWrittenAheadIsCleanAndFilledInOrder) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  }
+  const std::string bytes = *ReadFile(dir.Sub("journal.wal"));
+  absl::StatusOr<JournalContents> parsed = ParseJournal(bytes);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->records.size(), 2u);
+  EXPECT_EQ(parsed->cut_bytes, 0u);
+  EXPECT_GE(bytes.size(), size_t{1} << 20);
+  EXPECT_EQ(parsed->preallocated_bytes, bytes.size() - parsed->valid_bytes);
+  EXPECT_TRUE(InspectStateDir(dir.path()).problems.empty());
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
   EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2);
-  EXPECT_TRUE(events.WaitForEvent("journal_torn_tail", {{"bytes", 9}}, absl::Seconds(1)));
+  EXPECT_FALSE(events.WaitForEvent("journal_torn_tail", {}, absl::Milliseconds(1)).has_value());
+  // Loading took a and b into the snapshot; c and d go into the journal's
+  // space, and the file does not grow.
+  ASSERT_TRUE(RecordTwo(reloaded, "c", "d").ok());
+  ASSERT_TRUE(RecordTwo(reloaded, "e", "f").ok());
+  const std::string after = *ReadFile(dir.Sub("journal.wal"));
+  EXPECT_EQ(after.size(), bytes.size());
+  parsed = ParseJournal(after);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->cut_bytes, 0u);
+  ASSERT_GE(parsed->records.size(), 4u);
+  EXPECT_EQ(parsed->records[parsed->records.size() - 4].device_ids(0), "c");
+  EXPECT_EQ(parsed->records.back().device_ids(0), "f");
+  StateKeeper again(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(MustLoad(again).allocations_size(), 6);
+}
+
+// A disk with room for a record but not for space ahead of it takes the
+// record; space is written ahead again once there is room, and never over
+// a record.
+TEST(StateKeeperTest, NoRoomForSpaceAheadStillRecords) {
+  testing::ShortTempDir dir;
+  EventLog events("test");
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  MustLoad(keeper);
+  {
+    FileSizeLimit small(4096);
+    for (const char* d : {"a", "c", "e"}) ASSERT_TRUE(RecordTwo(keeper, d, "x").ok());
+  }
+  const std::string tight = *ReadFile(dir.Sub("journal.wal"));
+  EXPECT_LT(tight.size(), 4096u);
+  ASSERT_TRUE(RecordTwo(keeper, "g", "y").ok());
+  const std::string roomy = *ReadFile(dir.Sub("journal.wal"));
+  EXPECT_GE(roomy.size(), size_t{1} << 20);
+  EXPECT_EQ(roomy.substr(0, tight.size()), tight);  // nothing before overwritten
+  absl::StatusOr<JournalContents> parsed = ParseJournal(roomy);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->records.size(), 8u);
+  EXPECT_EQ(parsed->cut_bytes, 0u);
 }
 
 TEST(StateKeeperTest, JournalRecordsAlsoInTheSnapshotAreNotDuplicated) {
@@ -594,7 +679,10 @@ TEST_F(KeeperWritesTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
 
 // A failed batch fails every Record in it, and records nothing of any.
 TEST_F(KeeperWritesTest, AFailedGroupWriteRefusesEveryRecordInIt) {
-  ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  {
+    FileSizeLimit small(4096);  // no room for space ahead
+    ASSERT_TRUE(RecordTwo(keeper, "a", "b").ok());
+  }
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
   std::atomic<int> writes_seen{0};
   keeper.SetTestHook([&](const char* where) {

@@ -40,9 +40,9 @@
 
 DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");
 DEFINE_string(sample_plugin, "", "Path of the sample_plugin binary.");
+DEFINE_string(bare_hop, "", "Path of the bare_hop binary (the forwarding floor).");
 DEFINE_int32(iterations, 3000, "Allocate calls per path and plugin version.");
-DEFINE_int32(block, 100, "Calls per block; blocks of the two paths alternate.");
-DEFINE_bool(journal, true, "Run dpproxy with a state directory (every answer journaled).");
+DEFINE_int32(block, 100, "Calls per block; blocks of the paths alternate.");
 DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
 DEFINE_int32(concurrent_calls, 2000, "Allocate calls per client for the throughput figure.");
 DEFINE_int32(startup_allocations, 50000,
@@ -146,17 +146,31 @@ Call AlphaAllocate(const std::string& socket, int* errors) {
   };
 }
 
-// The floor of a durable answer: one small write and fdatasync of a file in
-// the state directory (as the journal does), in microseconds.
-std::vector<double> FdatasyncFloor(const std::string& dir, int n) {
+// The floor of a durable answer: one 200-byte record written and
+// fdatasync'd in a file in the state directory, in microseconds. Appended
+// (the file grows, so each fdatasync also writes its size, as dpproxy's
+// journal does today), or overwritten in a file preallocated to 1 MiB
+// (only data reaches the disk: the floor the issue names).
+std::vector<double> FdatasyncFloor(const std::string& dir, int n, bool preallocated) {
   const std::string path = dir + "/fdatasync-floor";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   std::vector<double> out;
   if (fd < 0) return out;
   const std::string record(200, 'x');
+  if (preallocated) {
+    const std::string zeros(1 << 20, '\0');
+    if (::write(fd, zeros.data(), zeros.size()) != static_cast<ssize_t>(zeros.size()) ||
+        ::fsync(fd) != 0) {
+      ::close(fd);
+      return out;
+    }
+  }
   for (int i = 0; i < n; ++i) {
+    const off_t at = static_cast<off_t>(i % 5000) * record.size();
     auto t0 = std::chrono::steady_clock::now();
-    if (::write(fd, record.data(), record.size()) < 0 || ::fdatasync(fd) != 0) break;
+    const ssize_t w = preallocated ? ::pwrite(fd, record.data(), record.size(), at)
+                                   : ::write(fd, record.data(), record.size());
+    if (w < 0 || ::fdatasync(fd) != 0) break;
     auto t1 = std::chrono::steady_clock::now();
     out.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
@@ -436,35 +450,36 @@ Flips MeasureFlips(const std::string& dir, const std::string& proxy_plugins,
   return out;
 }
 
+// Latencies of one plugin's Allocate by path (direct, bare hop, dpproxy
+// without and with its journal), measured in alternating blocks.
 struct Result {
   std::string label;
-  std::vector<double> direct, proxied;
+  std::vector<std::string> paths;
+  std::vector<std::vector<double>> us;
   int errors = 0;
 };
 
-void Measure(const Call& direct, const Call& proxied, Result* r) {
+void Measure(const std::vector<Call>& calls, Result* r) {
+  r->us.assign(calls.size(), {});
   for (int i = 0; i < 200; ++i) {  // warm-up: connections, caches
-    direct();
-    proxied();
+    for (const Call& c : calls) c();
   }
   int done = 0;
   while (done < FLAGS_iterations) {
     int n = std::min(FLAGS_block, FLAGS_iterations - done);
-    for (int i = 0; i < n; ++i) {
-      double us = TimeOne(direct);
-      if (us >= 0) r->direct.push_back(us);
-    }
-    for (int i = 0; i < n; ++i) {
-      double us = TimeOne(proxied);
-      if (us >= 0) r->proxied.push_back(us);
+    for (size_t p = 0; p < calls.size(); ++p) {
+      for (int i = 0; i < n; ++i) {
+        double us = TimeOne(calls[p]);
+        if (us >= 0) r->us[p].push_back(us);
+      }
     }
     done += n;
   }
 }
 
 int Run() {
-  if (FLAGS_dpproxy.empty() || FLAGS_sample_plugin.empty()) {
-    std::cerr << "allocate_bench: --dpproxy and --sample_plugin are required\n";
+  if (FLAGS_dpproxy.empty() || FLAGS_sample_plugin.empty() || FLAGS_bare_hop.empty()) {
+    std::cerr << "allocate_bench: --dpproxy, --sample_plugin and --bare_hop are required\n";
     return 2;
   }
   char tmpl[] = "/tmp/dpp-bench.XXXXXX";
@@ -479,10 +494,22 @@ int Run() {
   const std::string plugins = dir + "/p";
   pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + plugins,
                        "--status_file=" + dir + "/status.json",
-                       "--state_dir=" + (FLAGS_journal ? dir + "/state" : std::string()),
-                       "--metrics_address=",
+                       "--state_dir=" + dir + "/state", "--metrics_address=",
                        "--minloglevel=1"});
-  if (!WaitForPath(plugins + "/kubelet.sock", absl::Seconds(10))) {
+  // The same dpproxy without a state directory (nothing journaled), on a
+  // kubelet of its own, reaching the Allocate plugins as static backends.
+  sim::KubeletSimOptions so_nj = so;
+  so_nj.root_dir = dir + "/k-nj";
+  sim::KubeletSim kubelet_nj(so_nj);
+  if (!kubelet_nj.Start().ok()) return 1;
+  pid_t proxy_nj = Spawn(
+      {FLAGS_dpproxy, "--kubelet_root=" + so_nj.root_dir, "--plugin_dir=" + dir + "/p-nj",
+       "--status_file=", "--state_dir=", "--metrics_address=", "--minloglevel=1",
+       "--static_backend=bench.example.com/v1beta1=" + plugins +
+           "/bench-v1beta1.sock@v1beta1,bench.example.com/v1alpha=" + plugins +
+           "/bench-v1alpha.sock@v1alpha"});
+  if (!WaitForPath(plugins + "/kubelet.sock", absl::Seconds(10)) ||
+      !WaitForPath(dir + "/p-nj/kubelet.sock", absl::Seconds(10))) {
     std::cerr << "allocate_bench: dpproxy did not start\n";
     return 1;
   }
@@ -525,42 +552,70 @@ int Run() {
   Reregistration rereg_one, rereg_many;
   if (FLAGS_restarts > 0) measure_rereg(&rereg_one);
   std::vector<Result> results;
-  Throughput direct_many, proxied_many;
+  std::vector<std::pair<std::string, Throughput>> many;
   for (const std::string api : {"v1beta1", "v1alpha"}) {
     const std::string resource = absl::StrCat("bench.example.com/", api);
     const std::string sock_name = absl::StrCat("bench-", api, ".sock");
     pid_t plugin = Spawn({FLAGS_sample_plugin, "--api=" + api, "--resource=" + resource,
                           "--devices=4", "--socket_name=" + sock_name,
                           "--kubelet_socket=" + plugins + "/kubelet.sock", "--quiet"});
-    if (!kubelet.WaitForResource(resource, 4, absl::Seconds(10))) {
+    if (!kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
+        !kubelet_nj.WaitForResource(resource, 4, absl::Seconds(10))) {
       std::cerr << "allocate_bench: " << resource << " did not come up through dpproxy\n";
       Stop(plugin);
       Stop(proxy);
+      Stop(proxy_nj);
       return 1;
     }
-    std::string proxied_socket;
-    const sim::State state = kubelet.GetState();
-    for (const auto& r : state.resources()) {
-      if (r.name() == resource) proxied_socket = r.endpoint();
-    }
+    auto endpoint = [&](sim::KubeletSim& k) {
+      const sim::State state = k.GetState();
+      for (const auto& r : state.resources()) {
+        if (r.name() == resource) return r.endpoint();
+      }
+      return std::string();
+    };
+    const std::string journaled = endpoint(kubelet), unjournaled = endpoint(kubelet_nj);
+    const std::string direct_socket = plugins + "/" + sock_name;
     Result r;
     r.label = absl::StrCat(api, " plugin");
-    const std::string direct_socket = plugins + "/" + sock_name;
-    Call direct = api == "v1beta1" ? BetaAllocate(direct_socket, &r.errors)
-                                   : AlphaAllocate(direct_socket, &r.errors);
-    Call proxied = BetaAllocate(proxied_socket, &r.errors);
-    Measure(direct, proxied, &r);
-    results.push_back(std::move(r));
+    std::vector<Call> calls;
+    r.paths.push_back("direct");
+    calls.push_back(api == "v1beta1" ? BetaAllocate(direct_socket, &r.errors)
+                                     : AlphaAllocate(direct_socket, &r.errors));
+    // The bare hop forwards v1beta1 unchanged; it has no v1alpha edge.
+    const std::string bare_socket = dir + "/bare.sock";
+    pid_t bare = -1;
     if (api == "v1beta1") {
-      direct_many = Concurrent(
-          [&](int, int* e) { return BetaAllocate(direct_socket, e); }, FLAGS_clients,
-          FLAGS_concurrent_calls);
-      proxied_many = Concurrent(
-          [&](int, int* e) { return BetaAllocate(proxied_socket, e); }, FLAGS_clients,
-          FLAGS_concurrent_calls);
+      bare = Spawn({FLAGS_bare_hop, "--listen=" + bare_socket, "--target=" + direct_socket});
+      if (!WaitForPath(bare_socket, absl::Seconds(10))) {
+        std::cerr << "allocate_bench: bare_hop did not start\n";
+        return 1;
+      }
+      r.paths.push_back("bare hop");
+      calls.push_back(BetaAllocate(bare_socket, &r.errors));
     }
+    r.paths.push_back("dpproxy, no journal");
+    calls.push_back(BetaAllocate(unjournaled, &r.errors));
+    r.paths.push_back("dpproxy");
+    calls.push_back(BetaAllocate(journaled, &r.errors));
+    Measure(calls, &r);
+    if (api == "v1beta1") {
+      for (const auto& [path, socket] :
+           {std::pair<std::string, std::string>{"direct", direct_socket},
+            {"bare hop", bare_socket},
+            {"dpproxy, no journal", unjournaled},
+            {"dpproxy", journaled}}) {
+        const std::string sock = socket;
+        many.emplace_back(path, Concurrent([&](int, int* e) { return BetaAllocate(sock, e); },
+                                           FLAGS_clients, FLAGS_concurrent_calls));
+      }
+      Stop(bare);
+    }
+    results.push_back(std::move(r));
     Stop(plugin);
   }
+  Stop(proxy_nj);
+  kubelet_nj.Stop();
   if (FLAGS_restarts > 0) measure_rereg(&rereg_many);
   // Start-up, three times each, alternating: with the allocations, and the
   // floor (the same resource, no allocations).
@@ -578,7 +633,8 @@ int Run() {
   }
   Reconciliation reconciliation;
   if (FLAGS_reconcile_pods > 0) reconciliation = ReconcileAtScale(dir, FLAGS_reconcile_pods);
-  const std::vector<double> floor = FdatasyncFloor(dir + "/state", 500);
+  const std::vector<double> sync_append = FdatasyncFloor(dir + "/state", 500, false);
+  const std::vector<double> sync_floor = FdatasyncFloor(dir + "/state", 500, true);
   const std::string rss = ProcField(proxy, "VmRSS");
   const std::string hwm = ProcField(proxy, "VmHWM");
   const std::string threads = ProcField(proxy, "Threads");
@@ -586,36 +642,52 @@ int Run() {
   kubelet.Stop();
 
   std::cout << absl::StrFormat(
-      "Allocate, one container with one device, %d calls per path, blocks of %d alternating\n"
-      "(direct: a v1beta1 or v1alpha client on the plugin's socket; via dpproxy: a v1beta1\n"
-      "kubelet-style client on dpproxy's socket, translated to the plugin's version)\n\n",
+      "Allocate, one container with one device, %d calls per path, blocks of %d alternating.\n"
+      "direct: a client on the plugin's socket; bare hop: a minimal forwarder (sync gRPC\n"
+      "server, one channel, nothing else); dpproxy: the kubelet's v1beta1 call on dpproxy's\n"
+      "socket, translated to the plugin's version, without and with its state directory.\n\n",
       FLAGS_iterations, FLAGS_block);
-  std::cout << absl::StrFormat("%-16s %12s %12s %14s %14s %10s %10s %7s\n", "backend",
-                               "direct p50", "direct p99", "dpproxy p50", "dpproxy p99",
-                               "p50 ratio", "p99 ratio", "errors");
+  std::cout << absl::StrFormat("%-16s %-22s %10s %10s %12s\n", "plugin", "path", "p50", "p99",
+                               "p50/direct");
   for (const Result& r : results) {
-    double dp50 = Percentile(r.direct, 0.5), dp99 = Percentile(r.direct, 0.99);
-    double pp50 = Percentile(r.proxied, 0.5), pp99 = Percentile(r.proxied, 0.99);
-    std::cout << absl::StrFormat("%-16s %10.0fus %10.0fus %12.0fus %12.0fus %9.2fx %9.2fx %7d\n",
-                                 r.label, dp50, dp99, pp50, pp99, pp50 / dp50, pp99 / dp99,
-                                 r.errors);
+    const double d50 = Percentile(r.us[0], 0.5);
+    for (size_t p = 0; p < r.paths.size(); ++p) {
+      const double p50 = Percentile(r.us[p], 0.5);
+      std::cout << absl::StrFormat("%-16s %-22s %8.0fus %8.0fus %11.2fx\n",
+                                   p == 0 ? r.label : "", r.paths[p], p50,
+                                   Percentile(r.us[p], 0.99), p50 / d50);
+    }
+    if (r.errors > 0) std::cout << "  errors: " << r.errors << "\n";
+  }
+  std::cout << absl::StrFormat(
+      "\nfloor: 200 bytes written + fdatasync in the state directory:\n"
+      "  appended (the file grows)          p50 %6.0fus  p99 %6.0fus\n"
+      "  overwritten in a preallocated file p50 %6.0fus  p99 %6.0fus\n",
+      Percentile(sync_append, 0.5), Percentile(sync_append, 0.99),
+      Percentile(sync_floor, 0.5), Percentile(sync_floor, 0.99));
+  if (!results.empty() && results[0].us.size() == 4) {
+    const auto& u = results[0].us;  // direct, bare hop, no journal, journal
+    for (const auto& [label, q] : {std::pair<std::string, double>{"p50", 0.5}, {"p99", 0.99}}) {
+      const double bare = Percentile(u[1], q), nj = Percentile(u[2], q),
+                   j = Percentile(u[3], q), sync = Percentile(sync_floor, q);
+      std::cout << absl::StrFormat(
+          "v1beta1 %s: dpproxy without journal / bare hop %.2fx (goal <= 1.10); "
+          "(journal - no journal) / fdatasync floor %.2f (goal <= 1.2)\n",
+          label, nj / bare, (j - nj) / sync);
+    }
   }
   std::cout << absl::StrFormat(
       "\nAllocate from %d concurrent clients, %d calls each (v1beta1 plugin; each answer\n"
-      "through dpproxy waits for its journal record's fdatasync, shared by the calls that\n"
-      "arrive meanwhile)\n",
+      "through dpproxy with its journal waits for its record's fdatasync, shared by the\n"
+      "calls that arrive meanwhile)\n",
       FLAGS_clients, FLAGS_concurrent_calls);
-  std::cout << absl::StrFormat("%-16s %12s %12s %7s\n", "path", "calls/s", "slowest", "errors");
-  std::cout << absl::StrFormat("%-16s %12.0f %10.1fms %7d\n", "direct", direct_many.per_second,
-                               direct_many.max_us / 1000, direct_many.errors);
-  std::cout << absl::StrFormat("%-16s %12.0f %10.1fms %7d\n", "via dpproxy",
-                               proxied_many.per_second, proxied_many.max_us / 1000,
-                               proxied_many.errors);
-  std::cout << absl::StrFormat("throughput ratio dpproxy/direct: %.2fx\n",
-                               proxied_many.per_second / direct_many.per_second);
-  std::cout << absl::StrFormat(
-      "\nfloor: write + fdatasync of 200 bytes in the state directory: p50 %.0fus, p99 %.0fus\n",
-      Percentile(floor, 0.5), Percentile(floor, 0.99));
+  std::cout << absl::StrFormat("%-22s %12s %12s %10s %7s\n", "path", "calls/s", "slowest",
+                               "/direct", "errors");
+  for (const auto& [path, t] : many) {
+    std::cout << absl::StrFormat("%-22s %12.0f %10.1fms %9.2fx %7d\n", path, t.per_second,
+                                 t.max_us / 1000, t.per_second / many[0].second.per_second,
+                                 t.errors);
+  }
   if (FLAGS_restarts > 0) {
     std::cout << absl::StrFormat(
         "\nRe-registration after %d kubelet restarts (v1beta1-sync kubelet; from the\n"

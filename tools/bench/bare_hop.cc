@@ -1,0 +1,73 @@
+// bare_hop: the floor of a forwarding proxy, for allocate_bench. It serves
+// v1beta1 Allocate on one Unix socket and forwards each call, unchanged and
+// with nothing else done, to a plugin's socket over one channel made at
+// start, with the same synchronous gRPC server API dpproxy's unary calls
+// use. No checks, no ID mapping, no journal, no events: whatever dpproxy
+// costs beyond this is the price of what it does.
+#include <signal.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <gflags/gflags.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/server_builder.h>
+
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/rpc/grpc_util.h"
+
+DEFINE_string(listen, "", "Unix socket to serve v1beta1 Allocate on.");
+DEFINE_string(target, "", "Unix socket of the v1beta1 plugin to forward to.");
+
+namespace dpproxy {
+namespace {
+
+class Forwarder final : public v1beta1::DevicePlugin::Service {
+ public:
+  explicit Forwarder(const std::string& target)
+      : stub_(v1beta1::DevicePlugin::NewStub(MakeUnixChannel(target))) {}
+
+  grpc::Status Allocate(grpc::ServerContext* server_ctx, const v1beta1::AllocateRequest* req,
+                        v1beta1::AllocateResponse* resp) override {
+    std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromServerContext(*server_ctx);
+    return stub_->Allocate(ctx.get(), *req, resp);
+  }
+
+ private:
+  std::unique_ptr<v1beta1::DevicePlugin::Stub> stub_;
+};
+
+int Run() {
+  if (FLAGS_listen.empty() || FLAGS_target.empty()) {
+    std::cerr << "bare_hop: --listen and --target are required\n";
+    return 2;
+  }
+  Forwarder forwarder(FLAGS_target);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + FLAGS_listen, grpc::InsecureServerCredentials());
+  builder.RegisterService(&forwarder);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    std::cerr << "bare_hop: cannot listen on " << FLAGS_listen << "\n";
+    return 1;
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  int sig = 0;
+  sigwait(&set, &sig);
+  server->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace dpproxy
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("bare_hop --listen=SOCKET --target=PLUGIN_SOCKET");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return dpproxy::Run();
+}

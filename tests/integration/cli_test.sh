@@ -48,7 +48,7 @@ expect_exit() {  # name, expected code, command...
 
 # --help explains every flag each binary defines.
 help="$("$SIM" --help)"
-for flag in root_dir personality grace dial_timeout events control_socket quiet pod_resources \
+for flag in root_dir kubelet cdi_gate personality grace dial_timeout events control_socket quiet pod_resources \
             pod pod_namespace uid containers batch output resource min_healthy timeout; do
   expect_contains "kubelet_sim --help lists --$flag" "$help" "--$flag ("
 done
@@ -63,7 +63,16 @@ done
 
 # Bad input: a clear message and a non-zero exit.
 expect_exit "bad personality" 1 "$SIM" serve --root_dir="$ROOT" --personality=v2
-expect_contains "bad personality message" "$LAST_OUT" 'unknown personality "v2"'
+expect_contains "bad personality message" "$LAST_OUT" 'unknown kubelet "v2"'
+expect_exit "kubelet too old" 1 "$SIM" serve --root_dir="$ROOT" --kubelet=1.8
+expect_contains "kubelet too old message" "$LAST_OUT" 'kubelet 1.8 is not simulated'
+expect_exit "cdi gate on a release without it" 1 "$SIM" serve --root_dir="$ROOT" --kubelet=1.27 --cdi_gate=on
+expect_contains "cdi gate message" "$LAST_OUT" 'no DevicePluginCDIDevices feature gate'
+expect_exit "bad cdi gate" 1 "$SIM" serve --root_dir="$ROOT" --kubelet=1.28 --cdi_gate=maybe
+expect_contains "bad cdi gate message" "$LAST_OUT" '"maybe" is not on or off'
+expect_exit "generations" 0 "$SIM" generations
+expect_contains "generations lists 1.19-1.24" "$LAST_OUT" "1.19-1.24"
+expect_contains "generations lists the aliases" "$LAST_OUT" "v1beta1-async = 1.24"
 expect_exit "unknown subcommand" 2 "$SIM" frobnicate
 expect_exit "bad api" 2 "$PLUGIN" --api=v3
 expect_contains "bad api message" "$LAST_OUT" "--api=v3 is not v1alpha or v1beta1"

@@ -10,9 +10,12 @@
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/podresources/api.grpc.pb.h"
@@ -116,6 +119,94 @@ std::string PersonalityName(Personality p) {
     case Personality::kPluginWatcher: return "plugin-watcher";
   }
   return "unknown";
+}
+
+const std::vector<KubeletGeneration>& KubeletGenerations() {
+  static const auto* const kGenerations = new std::vector<KubeletGeneration>{
+      {9, 9,
+       "v1alpha: deviceplugin.Registration, version \"v1alpha2\" exactly; Register returns "
+       "before the plugin is dialled; a lost plugin's resource is removed at once; container "
+       "annotations are not read"},
+      {10, 15,
+       "v1beta1: asynchronous Register, options taken from the RegisterRequest; device topology, "
+       "GetPreferredAllocation and cdi_devices unknown (dropped); plugin watcher "
+       "(plugins_registry/) from 1.13"},
+      {16, 18, "as 1.10-1.15, and device topology (NUMA nodes) is read"},
+      {19, 24, "as 1.16-1.18, and GetPreferredAllocation is called when the plugin offers it"},
+      {25, 27,
+       "synchronous Register: the kubelet dials the plugin (10 s) and calls "
+       "GetDevicePluginOptions before answering; RegisterRequest.options ignored"},
+      {28, 30,
+       "as 1.25-1.27, and cdi_devices read only with the DevicePluginCDIDevices feature gate "
+       "(alpha in 1.28: off by default; beta in 1.29-1.30: on by default)"},
+      {31, kNewestKubeletMinor, "as 1.28-1.30 with the CDI gate GA: cdi_devices always read"},
+  };
+  return *kGenerations;
+}
+
+std::string KubeletVersion::GenerationName() const {
+  for (const KubeletGeneration& g : KubeletGenerations()) {
+    if (minor < g.first_minor || minor > g.last_minor) continue;
+    if (g.first_minor == g.last_minor) return absl::StrCat("1.", g.first_minor);
+    return absl::StrCat("1.", g.first_minor, "-1.", g.last_minor);
+  }
+  return absl::StrCat("1.", minor);
+}
+
+KubeletVersion KubeletVersionOf(Personality p) {
+  KubeletVersion k;
+  k.name = PersonalityName(p);
+  k.personality = p;
+  switch (p) {
+    case Personality::kV1Alpha: k.minor = 9; break;
+    case Personality::kV1Beta1Async: k.minor = 24; break;
+    case Personality::kV1Beta1Sync: k.minor = 31; break;
+    case Personality::kPluginWatcher:
+      k.minor = 31;
+      k.plugin_watcher = true;
+      break;
+  }
+  return k;
+}
+
+absl::StatusOr<KubeletVersion> ParseKubeletVersion(absl::string_view name,
+                                                   std::optional<bool> cdi_gate) {
+  KubeletVersion k;
+  if (absl::StatusOr<Personality> p = ParsePersonality(name); p.ok()) {
+    k = KubeletVersionOf(*p);
+  } else {
+    absl::string_view rest = name;
+    int minor = 0;
+    if (!absl::ConsumePrefix(&rest, "1.") || !absl::SimpleAtoi(rest, &minor) || rest.empty() ||
+        !absl::ascii_isdigit(static_cast<unsigned char>(rest[0]))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown kubelet \"", name, "\"; expected a release 1.", kOldestKubeletMinor, " to 1.",
+          kNewestKubeletMinor, " (e.g. 1.24) or v1alpha, v1beta1-async, v1beta1-sync, "
+          "plugin-watcher"));
+    }
+    if (minor < kOldestKubeletMinor || minor > kNewestKubeletMinor) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kubelet ", name, " is not simulated: the device-plugin API of 1.", kOldestKubeletMinor,
+          " to 1.", kNewestKubeletMinor, " is (1.8's v1alpha1 is not)"));
+    }
+    k.name = std::string(name);
+    k.minor = minor;
+    k.personality = minor <= 9    ? Personality::kV1Alpha
+                    : minor <= 24 ? Personality::kV1Beta1Async
+                                  : Personality::kV1Beta1Sync;
+    k.plugin_watcher = minor >= 13;
+    k.cdi_gate = minor >= 29;
+  }
+  if (cdi_gate.has_value()) {
+    if (k.minor < 28 || k.minor >= 31) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kubelet ", name, " has no DevicePluginCDIDevices feature gate to set (1.28-1.30 do; ",
+          k.minor < 28 ? "older releases never read cdi_devices" : "1.31+ always read them",
+          ")"));
+    }
+    k.cdi_gate = *cdi_gate;
+  }
+  return k;
 }
 
 // --- A connection to one registered plugin ------------------------------------
@@ -261,13 +352,17 @@ class KubeletSim::Control final : public KubeletControl::Service {
     return grpc::Status::OK;
   }
   grpc::Status Restart(grpc::ServerContext*, const RestartRequest* req, State* resp) override {
-    std::optional<Personality> p;
-    if (!req->personality().empty()) {
-      absl::StatusOr<Personality> parsed = ParsePersonality(req->personality());
+    absl::Status s;
+    if (req->personality().empty()) {
+      s = sim_->Restart();
+    } else {
+      std::optional<bool> gate;
+      if (req->cdi_gate() != 0) gate = req->cdi_gate() > 0;
+      absl::StatusOr<KubeletVersion> parsed = ParseKubeletVersion(req->personality(), gate);
       if (!parsed.ok()) return ToGrpcStatus(parsed.status());
-      p = *parsed;
+      s = sim_->Restart(*parsed);
     }
-    if (absl::Status s = sim_->Restart(p); !s.ok()) return ToGrpcStatus(s);
+    if (!s.ok()) return ToGrpcStatus(s);
     *resp = sim_->GetState();
     return grpc::Status::OK;
   }
@@ -303,7 +398,8 @@ class KubeletSim::Control final : public KubeletControl::Service {
 // --- KubeletSim -----------------------------------------------------------------
 
 KubeletSim::KubeletSim(KubeletSimOptions options)
-    : options_(std::move(options)), personality_(options_.personality) {}
+    : options_(std::move(options)),
+      kubelet_(options_.kubelet.value_or(KubeletVersionOf(options_.personality))) {}
 
 KubeletSim::~KubeletSim() {
   StopControl();
@@ -328,12 +424,18 @@ std::string KubeletSim::checkpoint_path() const {
 
 Personality KubeletSim::personality() {
   absl::MutexLock lock(&mu_);
-  return personality_;
+  return kubelet_.personality;
+}
+
+KubeletVersion KubeletSim::kubelet() {
+  absl::MutexLock lock(&mu_);
+  return kubelet_;
 }
 
 absl::Duration KubeletSim::Grace() const {
   if (options_.endpoint_grace.has_value()) return *options_.endpoint_grace;
-  return personality_ == Personality::kV1Alpha ? absl::ZeroDuration() : absl::Minutes(5);
+  return kubelet_.personality == Personality::kV1Alpha ? absl::ZeroDuration()
+                                                      : absl::Minutes(5);
 }
 
 absl::Status KubeletSim::Start() {
@@ -356,11 +458,11 @@ absl::Status KubeletSim::Start() {
       p.ok()) {
     pods = *p;
   }
-  Personality personality;
+  KubeletVersion kubelet;
   size_t restored_allocations = 0, restored_resources = 0;
   {
     absl::MutexLock lock(&mu_);
-    personality = personality_;
+    kubelet = kubelet_;
     absl::Status s = state_.Restore(checkpoint, pods, absl::Now());
     if (!s.ok()) {
       events_.Emit("checkpoint_unreadable",
@@ -378,7 +480,8 @@ absl::Status KubeletSim::Start() {
       RemoveFilesExcept(device_plugin_dir(), {std::string(kKubeletCheckpointName)});
   if (!removed.ok()) return removed.status();
   events_.Emit("directory_cleaned", {{"dir", device_plugin_dir()}, {"removed", *removed}});
-  if (personality == Personality::kPluginWatcher) {
+  const Personality personality = kubelet.personality;
+  if (kubelet.plugin_watcher) {
     DPP_RETURN_IF_ERROR(WriteFileAtomic(
         JoinPath(device_plugin_dir(), kDeprecationMarkerName), ""));
   }
@@ -440,7 +543,7 @@ absl::Status KubeletSim::Start() {
       LateWipe();
     });
   }
-  if (personality == Personality::kPluginWatcher) {
+  if (kubelet.plugin_watcher) {
     watcher_ = std::make_unique<DirWatcher>(plugins_registry_dir(),
                                             [this](const DirWatcher::Event&) {
                                               ReconcileWatcher();
@@ -453,6 +556,9 @@ absl::Status KubeletSim::Start() {
     starts = starts_;
   }
   events_.Emit("kubelet_started", {{"personality", PersonalityName(personality)},
+                                   {"kubelet", kubelet.name},
+                                   {"generation", kubelet.GenerationName()},
+                                   {"plugin_watcher", kubelet.plugin_watcher},
                                    {"socket", kubelet_socket()},
                                    {"starts", starts},
                                    {"restored_allocations", restored_allocations},
@@ -502,7 +608,16 @@ absl::Status KubeletSim::Restart(std::optional<Personality> personality) {
   Stop();
   if (personality.has_value()) {
     absl::MutexLock lock(&mu_);
-    personality_ = *personality;
+    kubelet_ = KubeletVersionOf(*personality);
+  }
+  return Start();
+}
+
+absl::Status KubeletSim::Restart(const KubeletVersion& kubelet) {
+  Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    kubelet_ = kubelet;
   }
   return Start();
 }
@@ -567,6 +682,10 @@ void KubeletSim::WriteCheckpointLocked() {
 }
 
 void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
+  // A release before 1.19 has no get_preferred_allocation_available field.
+  if (!kubelet_.CallsGetPreferredAllocation()) {
+    client->options.clear_get_preferred_allocation_available();
+  }
   state_.RegisterEndpoint(client->resource, client->socket_path, client->api_version,
                           client->via, client->options, client->generation);
   auto it = clients_.find(client->resource);
@@ -588,7 +707,7 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return absl::UnavailableError("kubelet is stopping");
-    personality = personality_;
+    personality = kubelet_.personality;
   }
   LateWipe();  // if one is still to come, it lands now, before the dial
   events_.Emit("register_request", {{"resource", resource},
@@ -753,9 +872,17 @@ void KubeletSim::OnDevices(const std::shared_ptr<PluginClient>& client,
                            const std::vector<v1beta1::Device>& devices) {
   absl::MutexLock lock(&mu_);
   if (!running_) return;
-  if (!state_.UpdateDevices(client->resource, client->generation, devices)) return;
+  // Before 1.16 Device had no topology field: the kubelet never saw it.
+  std::vector<v1beta1::Device> without_topology;
+  const std::vector<v1beta1::Device>* read = &devices;
+  if (!kubelet_.ReadsTopology()) {
+    without_topology = devices;
+    for (v1beta1::Device& d : without_topology) d.clear_topology();
+    read = &without_topology;
+  }
+  if (!state_.UpdateDevices(client->resource, client->generation, *read)) return;
   events_.Emit("devices", {{"resource", client->resource},
-                           {"devices", DevicesJson(devices)},
+                           {"devices", DevicesJson(*read)},
                            {"capacity", state_.Capacity(client->resource)},
                            {"allocatable", state_.Allocatable(client->resource)}});
   WriteCheckpointLocked();
@@ -971,6 +1098,7 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
 }
 
 absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* response) {
+  const KubeletVersion kubelet = this->kubelet();
   struct Planned {
     const ContainerRequest* request;
     std::vector<std::string> ids;
@@ -1118,6 +1246,11 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
       responses[call[0]].ParseFromString(bytes);
     }
   }
+  // What this release's ContainerAllocateResponse does not have, it never
+  // read: cdi_devices before 1.28 (and in 1.28-1.30 with the gate off).
+  if (!kubelet.ReadsCdiDevices()) {
+    for (v1beta1::ContainerAllocateResponse& r : responses) r.clear_cdi_devices();
+  }
 
   // 3. Record (checkpoint) the admitted pod.
   std::vector<ContainerAllocation> allocations;
@@ -1192,7 +1325,9 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
 State KubeletSim::GetState() {
   State st;
   absl::MutexLock lock(&mu_);
-  st.set_personality(PersonalityName(personality_));
+  st.set_personality(PersonalityName(kubelet_.personality));
+  st.set_kubelet(kubelet_.name);
+  st.set_generation(kubelet_.GenerationName());
   st.set_starts(starts_);
   st.set_root_dir(options_.root_dir);
   state_.FillState(absl::Now(), &st);

@@ -48,10 +48,55 @@ enum class Personality { kV1Alpha, kV1Beta1Async, kV1Beta1Sync, kPluginWatcher }
 absl::StatusOr<Personality> ParsePersonality(absl::string_view name);
 std::string PersonalityName(Personality p);
 
+// A kubelet release as the simulator plays it: how it registers plugins
+// (the personality) and what of the device-plugin API it reads, by minor
+// version (protocol-facts.md sections 2.2 and 3). What a release does not
+// read it drops on receipt, silently, as the release's own proto would
+// (an unknown field is skipped), so a plugin relying on it sees the failure
+// that release's users would see.
+struct KubeletVersion {
+  std::string name;  // as asked for: "1.24", or a personality ("v1beta1-sync")
+  Personality personality = Personality::kV1Beta1Sync;
+  int minor = 31;
+  bool plugin_watcher = false;  // watches <root>/plugins_registry/ (1.13+)
+  // The DevicePluginCDIDevices feature gate: alpha in 1.28 (off unless
+  // set), beta in 1.29-1.30 (on unless unset), GA and locked on from 1.31.
+  bool cdi_gate = true;
+
+  bool ReadsTopology() const { return minor >= 16; }
+  bool CallsGetPreferredAllocation() const { return minor >= 19; }
+  bool ReadsCdiDevices() const { return minor >= 31 || (minor >= 28 && cdi_gate); }
+  // The kubelet's generation, e.g. "1.19-1.24" for 1.21.
+  std::string GenerationName() const;
+};
+
+// The oldest and newest kubelet minor releases the simulator knows.
+inline constexpr int kOldestKubeletMinor = 9;
+inline constexpr int kNewestKubeletMinor = 36;
+
+// "1.N" (9 <= N <= 36) or a personality name (an alias: v1alpha is 1.9,
+// v1beta1-async 1.24, v1beta1-sync 1.31, plugin-watcher 1.31 with the
+// plugin watcher). `cdi_gate` overrides the feature gate's default where
+// the release has the gate (1.28-1.30). Errors name what is accepted.
+absl::StatusOr<KubeletVersion> ParseKubeletVersion(absl::string_view name,
+                                                   std::optional<bool> cdi_gate = std::nullopt);
+KubeletVersion KubeletVersionOf(Personality p);
+
+// The generations, oldest first, each with its first and last minor and
+// what sets it apart (for --list and the docs).
+struct KubeletGeneration {
+  int first_minor;
+  int last_minor;
+  const char* differences;
+};
+const std::vector<KubeletGeneration>& KubeletGenerations();
+
 struct KubeletSimOptions {
   // Holds device-plugins/, plugins_registry/, pod-resources/.
   std::string root_dir = "/var/lib/kubelet";
   Personality personality = Personality::kV1Beta1Sync;
+  // The release to play; when set it wins over `personality`.
+  std::optional<KubeletVersion> kubelet;
   // How long a lost plugin's resource is kept (devices unhealthy) before it
   // is removed. Default: none for v1alpha (1.9 dropped it at once), 5 minutes
   // for the v1beta1 personalities.
@@ -83,8 +128,9 @@ class KubeletSim {
   // Stops the kubelet part abruptly, as a killed kubelet: servers and plugin
   // streams close, nothing more is written. Idempotent.
   void Stop();
-  // Stop() then Start(), optionally as another personality.
+  // Stop() then Start(), optionally as another personality or release.
   absl::Status Restart(std::optional<Personality> personality = std::nullopt);
+  absl::Status Restart(const KubeletVersion& kubelet);
 
   // Serves the control API on `socket_path` (outlives kubelet restarts).
   absl::Status StartControl(const std::string& socket_path);
@@ -103,6 +149,7 @@ class KubeletSim {
 
   EventLog& events() { return events_; }
   Personality personality();
+  KubeletVersion kubelet();
   std::string device_plugin_dir() const;
   std::string kubelet_socket() const;
   std::string plugins_registry_dir() const;
@@ -145,7 +192,7 @@ class KubeletSim {
   absl::Mutex admit_mu_;
 
   absl::Mutex mu_;
-  Personality personality_ ABSL_GUARDED_BY(mu_);
+  KubeletVersion kubelet_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;

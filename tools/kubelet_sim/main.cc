@@ -31,9 +31,17 @@ DEFINE_string(root_dir, "/var/lib/kubelet",
               "Kubelet root directory. The simulator serves\n"
               "<root>/device-plugins/kubelet.sock, watches <root>/plugins_registry/\n"
               "(plugin-watcher) and serves <root>/pod-resources/kubelet.sock.");
+DEFINE_string(kubelet, "",
+              "Which kubelet release to behave like, 1.9 to 1.36 (e.g. 1.24): how it\n"
+              "registers plugins and what of the API it reads (see `kubelet_sim\n"
+              "generations`). Wins over --personality. [serve, restart]");
+DEFINE_string(cdi_gate, "",
+              "The DevicePluginCDIDevices feature gate of a 1.28-1.30 kubelet: on or\n"
+              "off. Empty: the release's default (off in 1.28, on in 1.29-1.30).\n"
+              "[serve, restart]");
 DEFINE_string(personality, "v1beta1-sync",
-              "Which kubelet to behave like: v1alpha (Kubernetes 1.9), v1beta1-async\n"
-              "(1.10-1.24), v1beta1-sync (1.25+), plugin-watcher (1.25+ with the\n"
+              "Older names for kubelets, kept as aliases: v1alpha (1.9), v1beta1-async\n"
+              "(1.24), v1beta1-sync (1.31), plugin-watcher (1.31 with the\n"
               "plugins_registry watcher). [serve, restart]");
 DEFINE_string(grace, "",
               "How long a lost plugin's resource is kept (devices Unhealthy) before\n"
@@ -76,7 +84,9 @@ Usage:
   kubelet_sim allocate [flags]     admit a pod: pick devices, Allocate, PreStart
   kubelet_sim state [flags]        show resources, devices, pods and allocations
   kubelet_sim restart [flags]      restart the kubelet part (wipes device-plugins/),
-                                   optionally as another --personality
+                                   optionally as another --kubelet release
+  kubelet_sim generations          list the kubelet releases it plays and how
+                                   each generation differs
   kubelet_sim readmit [flags]      re-run admission for running pods (the check a
                                    kubelet makes after a restart or reboot)
   kubelet_sim delete-pod --uid=U   delete a pod, freeing its devices
@@ -90,9 +100,9 @@ written with dashes or underscores. Events are JSON lines (one object per
 line with "ts", "source", "event" and fields) in the --events file.
 
 Examples:
-  kubelet_sim serve --root_dir=/tmp/k --personality=v1beta1-sync
+  kubelet_sim serve --root_dir=/tmp/k --kubelet=1.24
   kubelet_sim allocate --root_dir=/tmp/k --pod=train --containers=main=vendor.com/gpu:2
-  kubelet_sim restart --root_dir=/tmp/k --personality=plugin-watcher
+  kubelet_sim restart --root_dir=/tmp/k --kubelet=1.31
   kubelet_sim state --root_dir=/tmp/k --output=json
 
 Flags (the subcommands each flag applies to are in brackets):
@@ -101,6 +111,33 @@ Flags (the subcommands each flag applies to are in brackets):
 int Fail(const std::string& msg) {
   std::cerr << "kubelet_sim: " << msg << "\n";
   return 1;
+}
+
+// --kubelet (or --personality) and --cdi_gate as a release to play.
+absl::StatusOr<KubeletVersion> KubeletFromFlags() {
+  std::optional<bool> gate;
+  if (FLAGS_cdi_gate == "on") {
+    gate = true;
+  } else if (FLAGS_cdi_gate == "off") {
+    gate = false;
+  } else if (!FLAGS_cdi_gate.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cdi_gate: \"", FLAGS_cdi_gate, "\" is not on or off"));
+  }
+  return ParseKubeletVersion(FLAGS_kubelet.empty() ? FLAGS_personality : FLAGS_kubelet, gate);
+}
+
+int PrintGenerations() {
+  std::cout << "Kubelet releases kubelet_sim plays (--kubelet=1.N), by generation:\n\n";
+  for (const KubeletGeneration& g : KubeletGenerations()) {
+    const std::string name = g.first_minor == g.last_minor
+                                 ? absl::StrCat("1.", g.first_minor)
+                                 : absl::StrCat("1.", g.first_minor, "-1.", g.last_minor);
+    std::cout << absl::StrFormat("  %-10s %s\n", name, g.differences);
+  }
+  std::cout << "\nAliases: v1alpha = 1.9, v1beta1-async = 1.24, v1beta1-sync = 1.31,\n"
+               "plugin-watcher = 1.31 with the plugins_registry watcher (1.13+ all watch).\n";
+  return 0;
 }
 
 std::string ControlSocket() {
@@ -118,8 +155,9 @@ std::string ToJson(const google::protobuf::Message& m) {
 }
 
 void PrintState(const State& st) {
-  std::cout << absl::StrFormat("kubelet_sim %s, root %s, started %d time(s)\n",
-                               st.personality(), st.root_dir(), st.starts());
+  std::cout << absl::StrFormat("kubelet_sim %s (%s, %s), root %s, started %d time(s)\n",
+                               st.kubelet(), st.generation(), st.personality(), st.root_dir(),
+                               st.starts());
   if (st.resources().empty()) std::cout << "no resources registered\n";
   for (const ResourceState& r : st.resources()) {
     std::cout << absl::StrFormat(
@@ -240,12 +278,23 @@ int RunClient(const std::string& command) {
     if (st.ok()) json ? void(std::cout << ToJson(resp) << "\n") : PrintState(resp);
   } else if (command == "restart") {
     RestartRequest req;
-    if (gflags::GetCommandLineFlagInfoOrDie("personality").is_default == false) {
+    if (!FLAGS_kubelet.empty()) {
+      req.set_personality(FLAGS_kubelet);
+    } else if (gflags::GetCommandLineFlagInfoOrDie("personality").is_default == false) {
       req.set_personality(FLAGS_personality);
+    }
+    if (!FLAGS_cdi_gate.empty()) {
+      if (FLAGS_cdi_gate != "on" && FLAGS_cdi_gate != "off") {
+        return Fail(absl::StrCat("--cdi_gate: \"", FLAGS_cdi_gate, "\" is not on or off"));
+      }
+      req.set_cdi_gate(FLAGS_cdi_gate == "on" ? 1 : -1);
     }
     State resp;
     st = stub->Restart(&ctx, req, &resp);
-    if (st.ok()) std::cout << "restarted as " << resp.personality() << "\n";
+    if (st.ok()) {
+      std::cout << "restarted as " << resp.kubelet() << " (" << resp.generation() << ", "
+                << resp.personality() << ")\n";
+    }
   } else if (command == "readmit") {
     ReadmitResponse resp;
     st = stub->Readmit(&ctx, ReadmitRequest(), &resp);
@@ -310,11 +359,12 @@ int PrintEvents() {
 }
 
 int Serve() {
-  absl::StatusOr<Personality> personality = ParsePersonality(FLAGS_personality);
-  if (!personality.ok()) return Fail(std::string(personality.status().message()));
+  absl::StatusOr<KubeletVersion> kubelet = KubeletFromFlags();
+  if (!kubelet.ok()) return Fail(std::string(kubelet.status().message()));
   KubeletSimOptions options;
   options.root_dir = FLAGS_root_dir;
-  options.personality = *personality;
+  options.personality = kubelet->personality;
+  options.kubelet = *kubelet;
   options.pod_resources = FLAGS_pod_resources;
   if (!FLAGS_grace.empty()) {
     absl::StatusOr<absl::Duration> g = ParseFlagDuration("grace", FLAGS_grace);
@@ -364,7 +414,8 @@ int main(int argc, char** argv) {
     dpproxy::ShiftArgs(&argc, argv);
   }
   const std::vector<std::string> known = {"serve", "allocate", "state", "restart",
-                                          "readmit", "delete-pod", "wait", "events", "help"};
+                                          "readmit", "delete-pod", "wait", "events", "generations",
+                                          "help"};
   if (dpproxy::WantsHelp(argc, argv) || command == "help") {
     std::cout << dpproxy::sim::kUsage << dpproxy::FlagsHelp({"kubelet_sim/main.cc"});
     return 0;
@@ -383,5 +434,6 @@ int main(int argc, char** argv) {
   }
   if (command == "serve") return dpproxy::sim::Serve();
   if (command == "events") return dpproxy::sim::PrintEvents();
+  if (command == "generations") return dpproxy::sim::PrintGenerations();
   return dpproxy::sim::RunClient(command);
 }

@@ -74,6 +74,8 @@ write("state_file", "bad_checksum", state_file(state)[:-1] + b"X")
 write("journal", "empty", b"DPPJRNL1")
 write("journal", "two_records", b"DPPJRNL1" + record(a1) + record(a2))
 write("journal", "torn_tail", b"DPPJRNL1" + record(a1) + record(a2)[:9])
+write("journal", "space_ahead", b"DPPJRNL1" + record(a1) + bytes(64))
+write("journal", "torn_in_space_ahead", b"DPPJRNL1" + record(a1) + record(a2)[:9] + bytes(64))
 damaged = bytearray(b"DPPJRNL1" + record(a1) + record(a2) + record(a1))
 damaged[30] ^= 0x20
 write("journal", "damaged_middle", bytes(damaged))

@@ -64,6 +64,11 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
   if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return absl::DataLossError("not a dpproxy journal (bad magic)");
   }
+  // The zeros the file ends in: space written ahead for appends. Records
+  // and torn records lie before them (a record's last byte may be a zero,
+  // but it is parsed before this matters).
+  size_t zeros_from = bytes.size();
+  while (zeros_from > sizeof(kMagic) && bytes[zeros_from - 1] == '\0') --zeros_from;
   size_t pos = sizeof(kMagic);
   while (pos < bytes.size()) {
     state::Allocation a;
@@ -73,32 +78,24 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
       pos += size;
       continue;
     }
-    // Zeros to the end: space written ahead, nothing to look through.
-    if (std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(pos), bytes.end(),
-                    [](char c) { return c == '\0'; })) {
-      break;
-    }
+    if (pos >= zeros_from) break;  // only space ahead from here
     // Bad bytes at `pos`. Look for an intact record further on: if there is
     // one, this is damage in the middle, not a torn tail. A false match
     // needs a 64-bit checksum to agree by chance and the bytes to parse.
     size_t next = pos + 1;
-    for (; next < bytes.size(); ++next) {
+    for (; next < zeros_from; ++next) {
       state::Allocation probe;
       size_t probe_size = 0;
       if (RecordAt(bytes, next, &probe, &probe_size)) break;
     }
-    if (next >= bytes.size()) break;  // nothing intact after it
+    if (next >= zeros_from) break;  // nothing intact after it
     out.damaged_bytes += next - pos;
     ++out.damaged_regions;
     pos = next;
   }
   out.valid_bytes = pos;
-  // Zeros to the end are space written ahead for appends, not part of a
-  // record (no record ends in a zero checksum); a torn record, if any, is
-  // the bytes before them.
-  size_t end = bytes.size();
-  while (end > pos && bytes[end - 1] == '\0') --end;
-  out.cut_bytes = end - pos;
+  const size_t end = std::max(zeros_from, pos);
+  out.cut_bytes = end - pos;  // a torn tail
   out.preallocated_bytes = bytes.size() - end;
   return out;
 }

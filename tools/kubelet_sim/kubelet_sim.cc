@@ -144,11 +144,14 @@ const std::vector<KubeletGeneration>& KubeletGenerations() {
   return *kGenerations;
 }
 
+std::string GenerationName(const KubeletGeneration& g) {
+  if (g.first_minor == g.last_minor) return absl::StrCat("1.", g.first_minor);
+  return absl::StrCat("1.", g.first_minor, "-1.", g.last_minor);
+}
+
 std::string KubeletVersion::GenerationName() const {
   for (const KubeletGeneration& g : KubeletGenerations()) {
-    if (minor < g.first_minor || minor > g.last_minor) continue;
-    if (g.first_minor == g.last_minor) return absl::StrCat("1.", g.first_minor);
-    return absl::StrCat("1.", g.first_minor, "-1.", g.last_minor);
+    if (minor >= g.first_minor && minor <= g.last_minor) return sim::GenerationName(g);
   }
   return absl::StrCat("1.", minor);
 }

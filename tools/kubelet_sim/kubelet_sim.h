@@ -90,6 +90,8 @@ struct KubeletGeneration {
   const char* differences;
 };
 const std::vector<KubeletGeneration>& KubeletGenerations();
+// "1.9", or "1.19-1.24".
+std::string GenerationName(const KubeletGeneration& g);
 
 struct KubeletSimOptions {
   // Holds device-plugins/, plugins_registry/, pod-resources/.

@@ -130,10 +130,7 @@ absl::StatusOr<KubeletVersion> KubeletFromFlags() {
 int PrintGenerations() {
   std::cout << "Kubelet releases kubelet_sim plays (--kubelet=1.N), by generation:\n\n";
   for (const KubeletGeneration& g : KubeletGenerations()) {
-    const std::string name = g.first_minor == g.last_minor
-                                 ? absl::StrCat("1.", g.first_minor)
-                                 : absl::StrCat("1.", g.first_minor, "-1.", g.last_minor);
-    std::cout << absl::StrFormat("  %-10s %s\n", name, g.differences);
+    std::cout << absl::StrFormat("  %-10s %s\n", GenerationName(g), g.differences);
   }
   std::cout << "\nAliases: v1alpha = 1.9, v1beta1-async = 1.24, v1beta1-sync = 1.31,\n"
                "plugin-watcher = 1.31 with the plugins_registry watcher (1.13+ all watch).\n";

@@ -49,6 +49,10 @@ std::optional<FileId> StatFileId(const std::string& path);
 
 bool PathExists(const std::string& path);
 
+// True if a Unix socket at `path` accepts a connection now (a listening
+// server; the connection is closed at once).
+bool SocketAccepts(const std::string& path);
+
 // mkdir -p, mode 0755.
 absl::Status MakeDirs(const std::string& path);
 

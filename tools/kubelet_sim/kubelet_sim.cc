@@ -402,7 +402,13 @@ class KubeletSim::Control final : public KubeletControl::Service {
 
 KubeletSim::KubeletSim(KubeletSimOptions options)
     : options_(std::move(options)),
-      kubelet_(options_.kubelet.value_or(KubeletVersionOf(options_.personality))) {}
+      kubelet_(options_.kubelet.value_or(KubeletVersionOf(options_.personality))),
+      late_wipe_delay_(options_.late_wipe) {}
+
+void KubeletSim::SetLateWipe(absl::Duration late_wipe) {
+  absl::MutexLock lock(&mu_);
+  late_wipe_delay_ = late_wipe;
+}
 
 KubeletSim::~KubeletSim() {
   StopControl();
@@ -534,12 +540,16 @@ absl::Status KubeletSim::Start() {
     stop_housekeeping_ = false;
   }
   housekeeping_ = std::thread([this] { Housekeeping(); });
-  if (options_.late_wipe > absl::ZeroDuration()) {
+  const absl::Duration late_wipe = [this] {
+    absl::MutexLock lock(&mu_);
+    return late_wipe_delay_;
+  }();
+  if (late_wipe > absl::ZeroDuration()) {
     late_wipe_pending_ = true;
-    late_wipe_ = std::thread([this] {
+    late_wipe_ = std::thread([this, late_wipe] {
       {
         absl::MutexLock lock(&stop_mu_);
-        if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_), options_.late_wipe)) {
+        if (stop_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_), late_wipe)) {
           return;  // stopped first
         }
       }
@@ -713,9 +723,14 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
     personality = kubelet_.personality;
   }
   LateWipe();  // if one is still to come, it lands now, before the dial
+  // Whether the plugin's socket accepts a connection as its Register
+  // arrives: an observation only (1.25+ kubelets need it, older ones dial
+  // later), for tools that report on plugins.
+  const bool listening = SocketAccepts(JoinPath(device_plugin_dir(), endpoint));
   events_.Emit("register_request", {{"resource", resource},
                                     {"version", version},
                                     {"endpoint", endpoint},
+                                    {"endpoint_listening", listening},
                                     {"service", api_version == kV1Beta1Version
                                                     ? "v1beta1.Registration"
                                                     : "deviceplugin.Registration"}});
@@ -1156,7 +1171,10 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
         return absl::UnknownError(absl::StrCat(
             "device plugin GetPreferredAllocation rpc failed with err: ", GoRpcError(st)));
       }
-      std::vector<std::string> preferred;
+      std::vector<std::string> preferred, returned;
+      for (const auto& r : presp.container_responses()) {
+        returned.insert(returned.end(), r.deviceids().begin(), r.deviceids().end());
+      }
       if (presp.container_responses_size() > 0) {
         for (const std::string& id : presp.container_responses(0).deviceids()) {
           if (std::find(available.begin(), available.end(), id) != available.end() &&
@@ -1169,6 +1187,9 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
                                             {"container", c.name()},
                                             {"available", available},
                                             {"size", count},
+                                            {"returned", returned},
+                                            {"container_responses",
+                                             presp.container_responses_size()},
                                             {"preferred", preferred}});
       chosen = preferred;
       for (const std::string& id : available) {
@@ -1251,8 +1272,12 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
   }
   // What this release's ContainerAllocateResponse does not have, it never
   // read: cdi_devices before 1.28 (and in 1.28-1.30 with the gate off).
+  std::vector<std::vector<std::string>> unread(responses.size());
   if (!kubelet.ReadsCdiDevices()) {
-    for (v1beta1::ContainerAllocateResponse& r : responses) r.clear_cdi_devices();
+    for (size_t i = 0; i < responses.size(); ++i) {
+      if (responses[i].cdi_devices_size() > 0) unread[i].push_back("cdi_devices");
+      responses[i].clear_cdi_devices();
+    }
   }
 
   // 3. Record (checkpoint) the admitted pod.
@@ -1279,7 +1304,8 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
     }
     WriteCheckpointLocked();
   }
-  for (const ContainerAllocation& a : allocations) {
+  for (size_t i = 0; i < allocations.size(); ++i) {
+    const ContainerAllocation& a = allocations[i];
     Json envs = Json::object();
     for (const auto& [k, v] : a.response().envs()) envs[k] = v;
     Json cdi = Json::array();
@@ -1294,7 +1320,8 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
                                {"mounts", a.response().mounts_size()},
                                {"device_specs", a.response().devices_size()},
                                {"annotations", a.response().annotations_size()},
-                               {"cdi_devices", cdi}});
+                               {"cdi_devices", cdi},
+                               {"unread", unread[i]}});
   }
 
   // 4. Start the containers: PreStartContainer when the plugin requires it.

@@ -134,6 +134,9 @@ class KubeletSim {
   absl::Status Restart(std::optional<Personality> personality = std::nullopt);
   absl::Status Restart(const KubeletVersion& kubelet);
 
+  // The late wipe (KubeletSimOptions::late_wipe) for the starts from now on.
+  void SetLateWipe(absl::Duration late_wipe);
+
   // Serves the control API on `socket_path` (outlives kubelet restarts).
   absl::Status StartControl(const std::string& socket_path);
   void StopControl();
@@ -195,6 +198,7 @@ class KubeletSim {
 
   absl::Mutex mu_;
   KubeletVersion kubelet_ ABSL_GUARDED_BY(mu_);
+  absl::Duration late_wipe_delay_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;

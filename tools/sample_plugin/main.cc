@@ -59,6 +59,13 @@ DEFINE_string(fail_allocate, "",
 DEFINE_string(device_list_fault, "",
               "Fault injection: send malformed device lists: duplicate-id, empty-id,\n"
               "newline-id or unknown-health (first device reported \"Sick\").");
+DEFINE_string(fault, "",
+              "Fault injection: behave as a buggy plugin does, for testing conformance\n"
+              "tools (dpconform). One of: wrong-version, register-before-serve,\n"
+              "no-devices, stream-per-update, no-container-response, same-device-node,\n"
+              "cdi-only, preferred-wrong-size, prestart-fails, no-reregister,\n"
+              "late-wipe-blind, unstable-ids, huge-list, watcher-wrong-type\n"
+              "(docs/conformance.md says what each does and which scenario it fails).");
 DEFINE_string(control_socket, "",
               "Serve the control API here (set-health, status). Empty: no control\n"
               "socket for serve; required for set-health and status.");
@@ -126,6 +133,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));
   o.fail_allocate = FLAGS_fail_allocate;
   o.device_list_fault = FLAGS_device_list_fault;
+  o.fault = FLAGS_fault;
   DPP_RETURN_IF_ERROR(ValidateOptions(o));
   return o;
 }

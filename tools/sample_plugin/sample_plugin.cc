@@ -77,9 +77,14 @@ std::string StableUuid(const std::string& resource, int index) {
 
 std::vector<std::string> DeviceIds(const SamplePluginOptions& o) {
   std::vector<std::string> ids;
+  // unstable-ids: as a plugin that names devices by something of its own
+  // process (an enumeration order, a handle), they differ after a restart.
+  const std::string suffix = o.fault == "unstable-ids" ? absl::StrCat("-p", ::getpid()) : "";
   for (int i = 0; i < o.devices; ++i) {
-    ids.push_back(absl::StrReplaceAll(
-        o.id_pattern, {{"{i}", absl::StrCat(i)}, {"{uuid}", StableUuid(o.resource, i)}}));
+    ids.push_back(absl::StrCat(
+        absl::StrReplaceAll(o.id_pattern,
+                            {{"{i}", absl::StrCat(i)}, {"{uuid}", StableUuid(o.resource, i)}}),
+        suffix));
   }
   return ids;
 }
@@ -107,6 +112,30 @@ absl::Status ValidateOptions(const SamplePluginOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--device_list_fault=", o.device_list_fault,
         " is not one of duplicate-id, empty-id, newline-id, unknown-health"));
+  }
+  if (!o.fault.empty()) {
+    if (std::find(std::begin(kPluginFaults), std::end(kPluginFaults), o.fault) ==
+        std::end(kPluginFaults)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--fault=", o.fault, " is not one of ",
+          absl::StrJoin(std::begin(kPluginFaults), std::end(kPluginFaults), ", ")));
+    }
+    const bool beta_only = o.fault == "cdi-only" || o.fault == "preferred-wrong-size" ||
+                           o.fault == "prestart-fails";
+    if (beta_only && o.api != ApiVersion::kV1Beta1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--fault=", o.fault, " needs --api=v1beta1 (v1alpha has no such field or call)"));
+    }
+    if (o.fault == "preferred-wrong-size" && !o.preferred) {
+      return absl::InvalidArgumentError("--fault=preferred-wrong-size needs --preferred");
+    }
+    if (o.fault == "prestart-fails" && !o.pre_start_required) {
+      return absl::InvalidArgumentError("--fault=prestart-fails needs --pre_start_required");
+    }
+    if (o.fault == "watcher-wrong-type" && o.registration != RegistrationMode::kPluginWatcher) {
+      return absl::InvalidArgumentError(
+          "--fault=watcher-wrong-type needs --registration=plugin-watcher");
+    }
   }
   for (const std::string& id : DeviceIds(o)) {
     if (id.empty() || id.size() > 63) {
@@ -214,6 +243,17 @@ class SamplePlugin::Impl {
 
   // Runs one ListAndWatch stream: the full list at once, then on every change.
   void InjectDeviceListFault(std::vector<v1beta1::Device>* list) const {
+    if (o_.fault == "no-devices") list->clear();
+    if (o_.fault == "huge-list") {
+      // 60,000 devices with 63-character IDs: about 4.6 MB, over the 4 MiB
+      // a kubelet's gRPC client accepts.
+      v1beta1::Device d;
+      d.set_health(std::string(kHealthy));
+      for (int i = 0; i < 60000; ++i) {
+        d.set_id(absl::StrFormat("huge-%057d", i));
+        list->push_back(d);
+      }
+    }
     const std::string& f = o_.device_list_fault;
     if (f.empty() || list->empty()) return;
     v1beta1::Device extra;
@@ -249,6 +289,14 @@ class SamplePlugin::Impl {
         };
         mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
         if (stopping_ || epoch_ != my_epoch) return grpc::Status::OK;
+        if (version_ != seen && seen != 0 && o_.fault == "stream-per-update") {
+          // The bug: end this stream and expect the kubelet to open another
+          // for the next list. No kubelet does; it reads the end as the
+          // plugin gone.
+          events_->Emit("list_and_watch_ended", {{"socket", socket_path_},
+                                                 {"fault", o_.fault}});
+          return grpc::Status::OK;
+        }
         if (version_ != seen) {
           bool taken = o_.single_stream_updates && seen != 0 && delivered_ >= version_;
           seen = version_;
@@ -283,6 +331,16 @@ class SamplePlugin::Impl {
     DPP_RETURN_IF_ERROR(CheckKnown(ids));
     const std::string name = ResourceShortName(o_.resource);
     v1beta1::ContainerAllocateResponse r;
+    if (o_.fault == "cdi-only") {
+      for (const std::string& id : ids) {
+        r.add_cdi_devices()->set_name(
+            absl::StrCat(ResourceDomain(o_.resource), "/", name, "=", id));
+      }
+      return r;
+    }
+    // same-device-node: the node of the plugin's first device, whatever
+    // was allocated (a plugin that caches one response).
+    const std::string first = DeviceIds(o_).front();
     (*r.mutable_envs())[EnvName(o_.resource)] = absl::StrJoin(ids, ",");
     (*r.mutable_envs())["SAMPLE_PLUGIN_API"] =
         o_.api == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1";
@@ -292,8 +350,9 @@ class SamplePlugin::Impl {
       m->set_container_path(absl::StrCat("/run/sample/", id));
       m->set_read_only(true);
       v1beta1::DeviceSpec* d = r.add_devices();
-      d->set_host_path(absl::StrCat("/dev/sample/", id));
-      d->set_container_path(absl::StrCat("/dev/sample/", id));
+      const std::string& node = o_.fault == "same-device-node" ? first : id;
+      d->set_host_path(absl::StrCat("/dev/sample/", node));
+      d->set_container_path(absl::StrCat("/dev/sample/", node));
       d->set_permissions("rw");
       if (o_.api == ApiVersion::kV1Beta1) {
         r.add_cdi_devices()->set_name(absl::StrCat(ResourceDomain(o_.resource), "/", name, "=", id));
@@ -363,6 +422,7 @@ class SamplePlugin::Impl {
     if (!o_.fail_allocate.empty()) {
       return grpc::Status(grpc::StatusCode::INTERNAL, o_.fail_allocate);
     }
+    if (o_.fault == "no-container-response") return grpc::Status::OK;
     for (const auto& ids : requests) {
       absl::StatusOr<v1beta1::ContainerAllocateResponse> r = Respond(ids);
       if (!r.ok()) return ToGrpcStatus(r.status());
@@ -447,6 +507,9 @@ class BetaService final : public v1beta1::DevicePlugin::Service {
           {cr.available_deviceids().begin(), cr.available_deviceids().end()},
           {cr.must_include_deviceids().begin(), cr.must_include_deviceids().end()},
           cr.allocation_size());
+      if (impl_->o_.fault == "preferred-wrong-size") {
+        chosen.assign(cr.available_deviceids().begin(), cr.available_deviceids().end());
+      }
       impl_->events_->Emit("preferred_allocation",
                            {{"available", std::vector<std::string>(
                                               cr.available_deviceids().begin(),
@@ -478,6 +541,9 @@ class BetaService final : public v1beta1::DevicePlugin::Service {
     ++impl_->pre_start_calls_;
     std::vector<std::string> ids(req->devices_ids().begin(), req->devices_ids().end());
     if (absl::Status s = impl_->CheckKnown(ids); !s.ok()) return ToGrpcStatus(s);
+    if (impl_->o_.fault == "prestart-fails") {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "device reset failed (injected fault)");
+    }
     impl_->events_->Emit("pre_start", {{"devices", ids}});
     return grpc::Status::OK;
   }
@@ -526,7 +592,8 @@ class WatcherService final : public pluginregistration::Registration::Service {
 
   grpc::Status GetInfo(grpc::ServerContext*, const pluginregistration::InfoRequest*,
                        pluginregistration::PluginInfo* info) override {
-    info->set_type(std::string(kDevicePluginType));
+    info->set_type(impl_->o_.fault == "watcher-wrong-type" ? "CSIPlugin"
+                                                           : std::string(kDevicePluginType));
     info->set_name(impl_->o_.resource);
     info->set_endpoint(impl_->socket_path_);
     info->add_supported_versions(impl_->o_.api == ApiVersion::kV1Alpha
@@ -628,6 +695,19 @@ void SamplePlugin::ServeLocked() {
 absl::Status SamplePlugin::Start() {
   DPP_RETURN_IF_ERROR(ValidateOptions(options_));
   DPP_RETURN_IF_ERROR(MakeDirs(DirOf(socket_path_)));
+  if (Faulty("register-before-serve") && options_.registration == RegistrationMode::kKubelet) {
+    // The bug: one Register before the socket is served. A 1.25+ kubelet
+    // dials back inside Register and fails; this plugin does not try again
+    // until the kubelet restarts.
+    absl::MutexLock lock(&check_mu_);
+    std::optional<FileId> id = StatFileId(options_.kubelet_socket);
+    if (id.has_value()) {
+      absl::Status s = RegisterOnce();
+      last_registration_ = s;
+      impl_->NoteRegistration(s);
+      (s.ok() ? registered_kubelet_ : failed_kubelet_) = id;
+    }
+  }
   {
     absl::MutexLock lock(&server_mu_);
     ServeLocked();
@@ -709,6 +789,13 @@ absl::Status SamplePlugin::last_registration() {
 
 bool SamplePlugin::ServeAgainIfRemoved() {
   absl::MutexLock slock(&server_mu_);
+  if (Faulty("late-wipe-blind")) {
+    // The bug: look at our socket only when kubelet.sock changed, so a
+    // wipe the kubelet finishes after its new socket appears goes unseen.
+    std::optional<FileId> kubelet = StatFileId(options_.kubelet_socket);
+    if (kubelet == blind_kubelet_) return false;
+    blind_kubelet_ = kubelet;
+  }
   if (PathExists(socket_path_)) return false;
   impl_->EndStreams(/*stopping=*/false);
   if (server_) {
@@ -760,6 +847,7 @@ void SamplePlugin::CheckKubelet() {
   std::optional<FileId> id = StatFileId(options_.kubelet_socket);
   if (!id.has_value()) return;  // no kubelet yet: wait for it
   if (registered_kubelet_ == id || failed_kubelet_ == id) return;
+  if (Faulty("no-reregister") && impl_->registrations_ > 0) return;
   if (registered_kubelet_.has_value()) {
     events_.Emit("kubelet_restart_detected", {{"kubelet_socket", options_.kubelet_socket}});
   }
@@ -800,8 +888,9 @@ absl::Status SamplePlugin::RegisterOnce() {
   std::string version;
   if (options_.api == ApiVersion::kV1Beta1) {
     v1beta1::RegisterRequest req;
-    version = options_.register_version.empty() ? std::string(kV1Beta1Version)
-                                                : options_.register_version;
+    version = !options_.register_version.empty() ? options_.register_version
+              : Faulty("wrong-version")          ? "v1"
+                                                 : std::string(kV1Beta1Version);
     req.set_version(version);
     req.set_endpoint(endpoint);
     req.set_resource_name(options_.resource);
@@ -810,8 +899,9 @@ absl::Status SamplePlugin::RegisterOnce() {
     st = v1beta1::Registration::NewStub(channel)->Register(&ctx, req, &resp);
   } else {
     deviceplugin::RegisterRequest req;
-    version = options_.register_version.empty() ? std::string(kV1AlphaVersion)
-                                                : options_.register_version;
+    version = !options_.register_version.empty() ? options_.register_version
+              : Faulty("wrong-version")          ? "v1alpha1"
+                                                 : std::string(kV1AlphaVersion);
     req.set_version(version);
     req.set_endpoint(endpoint);
     req.set_resource_name(options_.resource);

@@ -81,7 +81,33 @@ struct SamplePluginOptions {
   // an empty ID, "newline-id" adds "bad\nid", "unknown-health" reports the
   // first device as "Sick". Empty: well-formed lists.
   std::string device_list_fault;
+  // Fault injection for conformance tests: one behaviour of a buggy plugin,
+  // named in kPluginFaults (see there); empty: none.
+  std::string fault;
 };
+
+// The values SamplePluginOptions::fault accepts, each a bug seen in real
+// device plugins, with the dpconform scenario it fails:
+//   wrong-version          registers with version "v1" (or "v1alpha1")    registers
+//   register-before-serve  registers once, then serves                    serves-first (1.25+)
+//   no-devices             sends an empty device list                     device-list
+//   stream-per-update      ends its ListAndWatch stream at a change, as
+//                          if the kubelet would open a new one            health
+//   no-container-response  answers Allocate with no container response   allocate
+//   same-device-node       names the first device's node for every one   allocate-two
+//   cdi-only               gives device access through cdi_devices only  allocate (before CDI)
+//   preferred-wrong-size   prefers every available device                 preferred (1.19+)
+//   prestart-fails         fails PreStartContainer                        prestart
+//   no-reregister          registers once per process                     kubelet-restart
+//   late-wipe-blind        serves again only when kubelet.sock changes    kubelet-crash
+//   unstable-ids           device IDs change with every process           plugin-restart
+//   huge-list              sends more than 4 MiB of device list           list-size
+//   watcher-wrong-type     plugin-watcher GetInfo says "CSIPlugin"        plugin-watcher
+inline constexpr const char* kPluginFaults[] = {
+    "wrong-version",        "register-before-serve", "no-devices",      "stream-per-update",
+    "no-container-response", "same-device-node",     "cdi-only",        "preferred-wrong-size",
+    "prestart-fails",       "no-reregister",         "late-wipe-blind", "unstable-ids",
+    "huge-list",            "watcher-wrong-type"};
 
 // The values SamplePluginOptions::device_list_fault accepts.
 inline constexpr const char* kDeviceListFaults[] = {"duplicate-id", "empty-id", "newline-id",
@@ -163,6 +189,9 @@ class SamplePlugin {
   std::optional<FileId> failed_kubelet_ ABSL_GUARDED_BY(check_mu_);
   absl::Status last_registration_ ABSL_GUARDED_BY(check_mu_);
   std::atomic<bool> started_{false};
+  // late-wipe-blind: the kubelet socket as last seen by ServeAgainIfRemoved.
+  std::optional<FileId> blind_kubelet_ ABSL_GUARDED_BY(server_mu_);
+  bool Faulty(const char* fault) const { return options_.fault == fault; }
 };
 
 }  // namespace dpproxy::sample

@@ -1,0 +1,171 @@
+#include "proxy/util/child_process.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace dpproxy {
+namespace {
+
+std::vector<std::string> ChildEnvironment(
+    const std::vector<std::pair<std::string, std::string>>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(set.begin(), set.end(),
+                                      [&](const auto& kv) { return kv.first == name; });
+    if (!replaced) env.push_back(std::move(entry));
+  }
+  for (const auto& [name, value] : set) env.push_back(absl::StrCat(name, "=", value));
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpec& spec) {
+  if (spec.argv.empty()) return absl::InvalidArgumentError("no program to start (empty argv)");
+  std::vector<std::string> args = spec.argv;
+  std::vector<std::string> env = ChildEnvironment(spec.env);
+  std::vector<char*> argv = CStrings(args);
+  std::vector<char*> envp = CStrings(env);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  if (!spec.output_path.empty()) {
+    // Opened here first, so a bad path is an error of ours with its name.
+    int fd = ::open(spec.output_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      posix_spawn_file_actions_destroy(&actions);
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot open ", spec.output_path, ": ", strerror(errno)));
+    }
+    ::close(fd);
+    posix_spawn_file_actions_addopen(&actions, 1, spec.output_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  }
+  // Nothing else of ours (gRPC sockets, journal files) lives on in the child.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  if (spec.own_process_group) {
+    flags |= POSIX_SPAWN_SETPGROUP;
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
+  // The child starts with no signal blocked and default dispositions, even
+  // when this process blocks SIGTERM for a signal-waiting thread.
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, flags);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot start ", spec.argv[0], ": ", strerror(rc)));
+  }
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  return std::unique_ptr<ChildProcess>(new ChildProcess(pid, pidfd, spec.own_process_group));
+}
+
+ChildProcess::~ChildProcess() {
+  if (!status_.has_value()) {
+    KillGroup(SIGKILL);
+    Wait(absl::InfiniteDuration());
+  }
+  KillGroup(SIGKILL);  // whatever the child left in its group
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+void ChildProcess::KillGroup(int sig) {
+  if (group_) {
+    ::kill(-pid_, sig);  // ESRCH once the group is empty: nothing to do
+  } else if (!status_.has_value()) {
+    ::kill(pid_, sig);
+  }
+}
+
+void ChildProcess::Signal(int sig) { KillGroup(sig); }
+
+std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
+  if (status_.has_value()) return status_;
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      status_ = status;
+      return status_;
+    }
+    if (r < 0 && errno != EINTR) {
+      status_ = 0;  // reaped by someone else: nothing more to learn
+      return status_;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return std::nullopt;
+    if (pidfd_ >= 0) {
+      // Readable once the child has ended.
+      pollfd p{pidfd_, POLLIN, 0};
+      const int ms = left == absl::InfiniteDuration()
+                         ? -1
+                         : static_cast<int>(std::min<int64_t>(
+                               absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+      ::poll(&p, 1, ms);
+    } else {
+      absl::SleepFor(std::min(left, absl::Milliseconds(5)));
+    }
+  }
+}
+
+bool ChildProcess::Running() { return !Wait(absl::ZeroDuration()).has_value(); }
+
+int ChildProcess::Stop(absl::Duration grace) {
+  if (!status_.has_value()) {
+    KillGroup(SIGTERM);
+    if (!Wait(grace).has_value()) {
+      KillGroup(SIGKILL);
+      Wait(absl::InfiniteDuration());
+    }
+  }
+  KillGroup(SIGKILL);
+  return *status_;
+}
+
+std::string ChildProcess::DescribeExit(int wait_status) {
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  return absl::StrCat("ended with wait status ", wait_status);
+}
+
+}  // namespace dpproxy

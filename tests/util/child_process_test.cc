@@ -1,0 +1,117 @@
+#include "proxy/util/child_process.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/util/files.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<ChildProcess> Shell(const std::string& script, const std::string& output = "",
+                                    std::vector<std::pair<std::string, std::string>> env = {}) {
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", script};
+  spec.output_path = output;
+  spec.env = std::move(env);
+  absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(spec);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// Reads one line a child writes into the FIFO at `path`, within 10 s.
+std::string ReadFifoLine(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
+  if (fd < 0) return "";
+  std::string line;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (line.find('\n') == std::string::npos && absl::Now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, 100);
+    char buf[64];
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) line.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return std::string(absl::StripTrailingAsciiWhitespace(line));
+}
+
+TEST(ChildProcessTest, OutputEnvironmentAndExitStatus) {
+  testing::ShortTempDir dir;
+  auto c = Shell("echo out-$DPP_TEST_VALUE; echo err >&2; exit 3", dir.Sub("log"),
+                 {{"DPP_TEST_VALUE", "42"}});
+  ASSERT_NE(c, nullptr);
+  std::optional<int> status = c->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(ChildProcess::DescribeExit(*status), "exited with status 3");
+  EXPECT_FALSE(c->Running());
+  absl::StatusOr<std::string> log = ReadFile(dir.Sub("log"));
+  ASSERT_TRUE(log.ok());
+  EXPECT_EQ(*log, "out-42\nerr\n");
+}
+
+TEST(ChildProcessTest, WaitReturnsNothingWhileTheChildRuns) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("f").c_str(), 0600), 0);
+  auto c = Shell("echo up > " + dir.Sub("f") + "; exec sleep 1000");
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(ReadFifoLine(dir.Sub("f")), "up");
+  EXPECT_FALSE(c->Wait(absl::Milliseconds(50)).has_value());
+  EXPECT_TRUE(c->Running());
+  int status = c->Stop(absl::Seconds(10));
+  EXPECT_EQ(ChildProcess::DescribeExit(status), "killed by signal 15 (Terminated)");
+}
+
+// Stop reaches what the child started (a shell's background job), and a
+// child that ignores SIGTERM is killed after the grace period.
+TEST(ChildProcessTest, StopEndsTheWholeGroupAndEscalates) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("f").c_str(), 0600), 0);
+  auto c = Shell("trap '' TERM; sleep 1000 & echo $! > " + dir.Sub("f") + "; wait");
+  ASSERT_NE(c, nullptr);
+  int background = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(ReadFifoLine(dir.Sub("f")), &background));
+  ASSERT_EQ(::kill(background, 0), 0);
+  int status = c->Stop(absl::Milliseconds(200));
+  EXPECT_EQ(ChildProcess::DescribeExit(status), "killed by signal 9 (Killed)");
+  // The background sleep was in the group: gone (reaped by init, or a
+  // zombie for a moment; either way it no longer runs).
+  std::string stat;
+  if (absl::StatusOr<std::string> s = ReadFile("/proc/" + std::to_string(background) + "/stat");
+      s.ok()) {
+    stat = *s;
+  }
+  EXPECT_TRUE(stat.empty() || stat.find(") Z") != std::string::npos) << stat;
+}
+
+TEST(ChildProcessTest, StartErrorsNameWhatFailed) {
+  ChildSpec spec;
+  EXPECT_THAT(std::string(ChildProcess::Start(spec).status().message()), HasSubstr("empty argv"));
+  spec.argv = {"/nonexistent/program"};
+  absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(spec);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("/nonexistent/program"));
+  spec.argv = {"/bin/true"};
+  spec.output_path = "/nonexistent/dir/log";
+  c = ChildProcess::Start(spec);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("cannot open /nonexistent/dir/log"));
+}
+
+}  // namespace
+}  // namespace dpproxy

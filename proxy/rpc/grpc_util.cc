@@ -30,6 +30,7 @@ grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
   } else {
     message = absl::StrCat("unknown service ", service);
   }
+  if (on_call_) on_call_(method, message);
   class Reactor : public grpc::ServerGenericBidiReactor {
    public:
     explicit Reactor(std::string message) {

@@ -4,6 +4,7 @@
 #ifndef DPPROXY_PROXY_RPC_GRPC_UTIL_H_
 #define DPPROXY_PROXY_RPC_GRPC_UTIL_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,13 +25,17 @@ namespace dpproxy {
 class GoStyleUnknownHandler : public grpc::CallbackGenericService {
  public:
   // `served` are full service names, e.g. "v1beta1.Registration".
-  explicit GoStyleUnknownHandler(std::vector<std::string> served)
-      : served_(std::move(served)) {}
+  // `on_call`, if set, hears of each such call: its method and the error
+  // sent back (a simulator records what a peer tried).
+  using OnCall = std::function<void(const std::string& method, const std::string& error)>;
+  explicit GoStyleUnknownHandler(std::vector<std::string> served, OnCall on_call = nullptr)
+      : served_(std::move(served)), on_call_(std::move(on_call)) {}
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* ctx) override;
 
  private:
   const std::vector<std::string> served_;
+  const OnCall on_call_;
 };
 
 // A channel to a Unix socket, made once and reused for every call.

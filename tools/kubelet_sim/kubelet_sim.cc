@@ -509,7 +509,12 @@ absl::Status KubeletSim::Start() {
     registration_service_ = std::make_unique<RegistrationV1Beta1>(this);
     served = {"v1beta1.Registration"};
   }
-  unknown_handler_ = std::make_unique<GoStyleUnknownHandler>(served);
+  unknown_handler_ = std::make_unique<GoStyleUnknownHandler>(
+      served, [this](const std::string& method, const std::string& error) {
+        events_.Emit("unknown_call", {{"socket", kubelet_socket()},
+                                      {"method", method},
+                                      {"error", error}});
+      });
   {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(UnixAddress(kubelet_socket()), grpc::InsecureServerCredentials());

@@ -1,0 +1,100 @@
+// File: cell.h
+//
+// One conformance cell's world: a fresh kubelet_sim playing one release in
+// its own directory, the plugin's command run against it as a child
+// process, and the waits a scenario needs, each ending in success or in a
+// Problem that says which scenario's check the plugin failed on the way.
+#ifndef DPPROXY_TOOLS_CONFORM_CELL_H_
+#define DPPROXY_TOOLS_CONFORM_CELL_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proxy/events/event_log.h"
+#include "proxy/util/child_process.h"
+#include "tools/conform/conform.h"
+#include "tools/kubelet_sim/kubelet_sim.h"
+
+namespace dpproxy::conform {
+
+// A check the plugin failed, and whose check it is.
+struct Problem {
+  std::string owner;  // the scenario this failure belongs to
+  std::string summary;
+  std::string plugin_did;
+  std::string kubelet_expects;
+  std::string users_see;
+};
+
+// The result for `scenario` of running into `p`: its own failure, or
+// blocked by the scenario that owns it.
+CellResult FromProblem(const std::string& scenario, const Problem& p);
+
+// How far a plugin must have come.
+enum class Stage {
+  kConnected,  // Register accepted and the kubelet connected to the plugin
+  kDevices,    // ... and its list has at least one healthy device
+};
+
+class Cell {
+ public:
+  Cell(const ConformOptions& options, const sim::KubeletVersion& kubelet, std::string dir);
+  ~Cell();
+
+  Cell(const Cell&) = delete;
+  Cell& operator=(const Cell&) = delete;
+
+  absl::Status StartKubelet();
+  absl::Status StartPlugin();
+  // SIGTERM, the grace period, then SIGKILL; how the plugin ended.
+  std::string StopPlugin();
+  bool PluginRunning();
+
+  sim::KubeletSim& kubelet() { return *sim_; }
+  EventLog& events() { return sim_->events(); }
+  const sim::KubeletVersion& version() const { return version_; }
+  const ConformOptions& options() const { return options_; }
+  const std::string& resource() const { return options_.resources.front(); }
+  const std::string& dir() const { return dir_; }
+
+  // Waits until `resource` reaches `stage` through events at index >=
+  // `from`. A rejected registration, a failed dial or a lost plugin end the
+  // wait at once unless `tolerate_rejections` (a plugin is then given the
+  // whole timeout to recover). nullopt: reached.
+  std::optional<Problem> Reach(Stage stage, const std::string& resource, size_t from = 0,
+                               bool tolerate_rejections = false);
+
+  // The plugin command's placeholder values, plus `extra`.
+  std::vector<std::pair<std::string, std::string>> Values(
+      std::vector<std::pair<std::string, std::string>> extra = {}) const;
+
+  // Runs the health command for `device`; an error with its exit status and
+  // output if it fails or outlives the timeout.
+  absl::Status SetHealth(const std::string& device, const std::string& health);
+
+  // The last lines of the plugin's output, for failure messages.
+  std::string PluginOutputTail(int lines = 5) const;
+
+  // The plugin's latest device list as the kubelet holds it.
+  std::vector<sim::DeviceState> Devices(const std::string& resource);
+
+ private:
+  Problem Diagnose(Stage stage, const std::string& resource, size_t from,
+                   const std::vector<Json>& seen);
+
+  const ConformOptions& options_;
+  const sim::KubeletVersion version_;
+  const std::string dir_;
+  std::unique_ptr<sim::KubeletSim> sim_;
+  std::unique_ptr<ChildProcess> plugin_;
+  std::string plugin_ended_;  // how the last plugin process ended
+};
+
+}  // namespace dpproxy::conform
+
+#endif  // DPPROXY_TOOLS_CONFORM_CELL_H_

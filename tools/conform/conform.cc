@@ -1,0 +1,883 @@
+#include "tools/conform/conform.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/v1beta1/api.pb.h"
+#include "proxy/util/files.h"
+#include "tools/conform/cell.h"
+
+namespace dpproxy::conform {
+namespace {
+
+constexpr int64_t kKubeletReceiveLimit = 4 * 1024 * 1024;
+
+std::string Ms(absl::Duration d) { return absl::StrCat(absl::ToInt64Milliseconds(d), " ms"); }
+
+CellResult Pass(std::string summary, std::vector<std::string> notes = {}) {
+  CellResult r;
+  r.outcome = Outcome::kPass;
+  r.summary = std::move(summary);
+  r.notes = std::move(notes);
+  return r;
+}
+
+CellResult NotApplicable(std::string why) {
+  CellResult r;
+  r.outcome = Outcome::kNotApplicable;
+  r.summary = std::move(why);
+  return r;
+}
+
+CellResult Fail(std::string summary, std::string did, std::string expects, std::string users) {
+  CellResult r;
+  r.outcome = Outcome::kFail;
+  r.summary = std::move(summary);
+  r.plugin_did = std::move(did);
+  r.kubelet_expects = std::move(expects);
+  r.users_see = std::move(users);
+  return r;
+}
+
+// Whose check an admission error belongs to.
+std::string AdmissionOwner(const std::string& message) {
+  if (absl::StrContains(message, "PreStartContainer")) return "prestart";
+  if (absl::StrContains(message, "GetPreferredAllocation")) return "preferred";
+  if (absl::StrContains(message, "has been stopped") ||
+      absl::StrContains(message, "unavailable for")) {
+    return "device-list";
+  }
+  return "allocate";
+}
+
+// Admits a pod with one container per entry of `containers` (resource,
+// count); a Problem owned by the scenario the failure belongs to.
+absl::StatusOr<sim::AllocateResponse> Admit(
+    Cell& cell, const std::string& pod,
+    const std::vector<std::pair<std::string, int>>& containers, Problem* problem) {
+  sim::AllocateRequest req;
+  req.set_pod_name(pod);
+  for (size_t i = 0; i < containers.size(); ++i) {
+    sim::ContainerRequest* c = req.add_containers();
+    c->set_name(absl::StrCat("c", i));
+    c->set_resource(containers[i].first);
+    c->set_count(containers[i].second);
+  }
+  absl::StatusOr<sim::AllocateResponse> r = cell.kubelet().Allocate(req);
+  if (!r.ok()) {
+    const std::string msg(r.status().message());
+    problem->owner = AdmissionOwner(msg);
+    problem->summary = absl::StrCat("pod admission failed: ", msg);
+    if (problem->owner == "prestart") {
+      problem->plugin_did = "failed PreStartContainer";
+      problem->kubelet_expects = "PreStartContainer succeeds (30 s deadline) when the plugin "
+                                 "asks for it with pre_start_required";
+      problem->users_see = absl::StrCat("the container does not start: RunContainerError (",
+                                        msg, ")");
+    } else if (problem->owner == "preferred") {
+      problem->plugin_did = "failed GetPreferredAllocation";
+      problem->kubelet_expects = "from 1.19, an offered GetPreferredAllocation answers; an "
+                                 "error fails admission";
+      problem->users_see = absl::StrCat("the pod fails admission: ", msg);
+    } else {
+      problem->plugin_did = absl::StrCat("answered Allocate so that admission failed");
+      problem->kubelet_expects = "one ContainerAllocateResponse for each ContainerAllocateRequest "
+                                 "(the kubelet sends one per container and reads the first)";
+      problem->users_see = absl::StrCat("the pod fails with UnexpectedAdmissionError: ", msg);
+    }
+  }
+  return r;
+}
+
+// --- Scenarios ----------------------------------------------------------------------
+
+CellResult Registers(Cell& c) {
+  if (auto p = c.Reach(Stage::kConnected, c.resource())) return FromProblem("registers", *p);
+  std::optional<Json> reg = c.events().WaitForEvent("registered", {{"resource", c.resource()}},
+                                                    absl::ZeroDuration());
+  std::optional<Json> req = c.events().WaitForEvent(
+      "register_request", {{"resource", c.resource()}}, absl::ZeroDuration());
+  std::vector<std::string> notes;
+  if (req.has_value()) {
+    notes.push_back(absl::StrCat("version \"", req->value("version", ""), "\", endpoint \"",
+                                 req->value("endpoint", ""), "\""));
+  }
+  const std::string via = reg.has_value() ? reg->value("via", "") : "kubelet.sock";
+  return Pass(absl::StrCat("registered ", c.resource(), " through ", via), notes);
+}
+
+CellResult ServesFirst(Cell& c) {
+  if (auto p = c.Reach(Stage::kConnected, c.resource())) return FromProblem("serves-first", *p);
+  std::optional<Json> req = c.events().WaitForEvent(
+      "register_request", {{"resource", c.resource()}}, absl::ZeroDuration());
+  if (!req.has_value()) {
+    return NotApplicable("registers through the plugin watcher, which dials the plugin itself");
+  }
+  if (!req->value("endpoint_listening", true)) {
+    // Only a release that registers asynchronously gets here.
+    return Pass("registered before serving: this release dials later",
+                {"not serving when it called Register: kubelets from 1.25 fail that "
+                 "registration (\"failed to dial device plugin\")"});
+  }
+  return Pass("its socket accepted connections when Register arrived");
+}
+
+CellResult DeviceList(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("device-list", *p);
+  std::vector<sim::DeviceState> devices = c.Devices(c.resource());
+  int healthy = 0, with_numa = 0;
+  for (const sim::DeviceState& d : devices) {
+    if (d.health() == "Healthy") ++healthy;
+    if (d.numa_nodes_size() > 0) ++with_numa;
+  }
+  std::vector<std::string> notes;
+  if (with_numa > 0) notes.push_back(absl::StrCat(with_numa, " devices with NUMA topology"));
+  return Pass(absl::StrCat(devices.size(), " devices, ", healthy, " healthy"), notes);
+}
+
+CellResult ListSize(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("list-size", *p);
+  v1beta1::ListAndWatchResponse list;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) {
+    v1beta1::Device* out = list.add_devices();
+    out->set_id(d.id());
+    out->set_health(d.health());
+    for (int64_t n : d.numa_nodes()) out->mutable_topology()->add_nodes()->set_id(n);
+  }
+  const int64_t bytes = static_cast<int64_t>(list.ByteSizeLong());
+  return Pass(absl::StrFormat("%d devices in %.1f KiB: %.2f%% of the kubelet's 4 MiB limit",
+                              list.devices_size(), bytes / 1024.0,
+                              100.0 * static_cast<double>(bytes) / kKubeletReceiveLimit));
+}
+
+CellResult PluginWatcher(Cell& c) {
+  if (!c.version().plugin_watcher) {
+    return NotApplicable(absl::StrCat("kubelet ", c.version().name,
+                                      " has no plugin watcher (device plugins use it from 1.13)"));
+  }
+  if (auto p = c.Reach(Stage::kConnected, c.resource())) return FromProblem("plugin-watcher", *p);
+  std::optional<Json> reg = c.events().WaitForEvent("registered", {{"resource", c.resource()}},
+                                                    absl::ZeroDuration());
+  if (!reg.has_value() || reg->value("via", "") != "plugin-watcher") {
+    return NotApplicable("registers through kubelet.sock; offers no plugin-watcher socket");
+  }
+  return Pass("registered through plugins_registry/ (GetInfo, then the kubelet dialled the "
+              "endpoint)");
+}
+
+CellResult Health(Cell& c) {
+  if (c.options().health_command.empty()) {
+    return NotApplicable("no --health_command: dpconform cannot make a device unhealthy");
+  }
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("health", *p);
+  std::string device;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) {
+    if (d.health() == "Healthy") {
+      device = d.id();
+      break;
+    }
+  }
+  std::vector<std::string> notes;
+  for (const char* health : {"Unhealthy", "Healthy"}) {
+    const size_t from = c.events().Size();
+    const absl::Time start = absl::Now();
+    if (absl::Status s = c.SetHealth(device, health); !s.ok()) {
+      return Fail(absl::StrCat("the health command failed: ", s.message()),
+                  "(the test harness, not the plugin: --health_command failed)",
+                  "a way to change a device's health", "nothing: fix --health_command");
+    }
+    std::optional<Json> e = c.events().WaitFor(
+        [&](const Json& j) {
+          const std::string n = j.value("event", "");
+          if (j.value("resource", "") != c.resource()) return false;
+          if (n == "plugin_lost") return true;
+          if (n != "devices") return false;
+          for (const Json& d : j["devices"]) {
+            if (d.value("id", "") == device && d.value("health", "") == health) return true;
+          }
+          return false;
+        },
+        c.options().timeout, from);
+    if (!e.has_value()) {
+      return Fail(absl::StrCat("the change to ", health, " never reached the kubelet"),
+                  absl::StrCat("was told to make ", device, " ", health,
+                               "; no list with that health followed within ",
+                               absl::FormatDuration(c.options().timeout)),
+                  "a new full list on the open ListAndWatch stream at every change",
+                  health == std::string("Unhealthy")
+                      ? "the kubelet keeps handing out a broken device"
+                      : "a repaired device stays out of use (allocatable stays low)");
+    }
+    if (e->value("event", "") == "plugin_lost") {
+      return Fail("the ListAndWatch stream ended at a health change",
+                  absl::StrCat("ended its ListAndWatch stream (", e->value("reason", ""),
+                               ") instead of sending the new list on it"),
+                  "one stream for the plugin's life; the kubelet never opens another without "
+                  "a new registration",
+                  "at the first health change every device turns unhealthy and allocatable "
+                  "drops to 0");
+    }
+    notes.push_back(absl::StrCat(device, " ", health, " seen after ", Ms(absl::Now() - start)));
+  }
+  return Pass("a device's health change reached the kubelet, both ways", notes);
+}
+
+// Host paths a container is given device nodes (and CDI devices) through.
+std::vector<std::string> DeviceAccess(const v1beta1::ContainerAllocateResponse& r) {
+  std::vector<std::string> out;
+  for (const auto& d : r.devices()) out.push_back(d.host_path());
+  for (const auto& d : r.cdi_devices()) out.push_back(absl::StrCat("cdi:", d.name()));
+  return out;
+}
+
+std::optional<CellResult> CheckResponse(Cell& c, const sim::ContainerAllocation& a,
+                                        const Json& unread) {
+  const v1beta1::ContainerAllocateResponse& r = a.response();
+  for (const auto& m : r.mounts()) {
+    if (!absl::StartsWith(m.container_path(), "/") || !absl::StartsWith(m.host_path(), "/")) {
+      return Fail("a mount path is not absolute",
+                  absl::StrCat("returned mount ", m.host_path(), " -> ", m.container_path()),
+                  "absolute host and container paths (the runtime creates the mount)",
+                  "the container fails to start (CreateContainerError)");
+    }
+  }
+  for (const auto& d : r.devices()) {
+    const bool perms = !d.permissions().empty() &&
+                       d.permissions().find_first_not_of("rwm") == std::string::npos;
+    if (!absl::StartsWith(d.container_path(), "/") || !absl::StartsWith(d.host_path(), "/") ||
+        !perms) {
+      return Fail("a device spec is malformed",
+                  absl::StrCat("returned device ", d.host_path(), " -> ", d.container_path(),
+                               " with permissions \"", d.permissions(), "\""),
+                  "absolute paths and permissions made of r, w and m",
+                  "the container fails to start (CreateContainerError)");
+    }
+  }
+  const bool cdi_unread =
+      std::find(unread.begin(), unread.end(), "cdi_devices") != unread.end();
+  if (cdi_unread && r.devices_size() == 0 && r.mounts_size() == 0 && r.envs_size() == 0) {
+    return Fail(
+        absl::StrCat("the container gets nothing: kubelet ", c.version().name,
+                     " does not read cdi_devices"),
+        "answered Allocate with cdi_devices only (no device specs, mounts or envs)",
+        c.version().minor >= 28
+            ? "cdi_devices are read from 1.28 only with the DevicePluginCDIDevices gate on "
+              "(default from 1.29, GA in 1.31)"
+            : "cdi_devices are read from 1.28 (with the gate; GA in 1.31); this release's "
+              "API has no such field and drops it",
+        "the container starts without the device");
+  }
+  (void)a;
+  return std::nullopt;
+}
+
+std::string DescribeResponse(const v1beta1::ContainerAllocateResponse& r, const Json& unread) {
+  std::vector<std::string> parts = {
+      absl::StrCat(r.envs_size(), " envs"), absl::StrCat(r.mounts_size(), " mounts"),
+      absl::StrCat(r.devices_size(), " device specs"),
+      absl::StrCat(r.annotations_size(), " annotations"),
+      absl::StrCat(r.cdi_devices_size(), " CDI devices")};
+  std::string out = absl::StrJoin(parts, ", ");
+  if (!unread.empty()) {
+    std::vector<std::string> u;
+    for (const Json& f : unread) u.push_back(f.get<std::string>());
+    absl::StrAppend(&out, " (not read by this release: ", absl::StrJoin(u, ", "), ")");
+  }
+  return out;
+}
+
+Json UnreadFor(Cell& c, size_t from, const std::string& pod, const std::string& container) {
+  std::optional<Json> e = c.events().WaitForEvent(
+      "allocated", {{"pod", pod}, {"container", container}}, absl::ZeroDuration(), from);
+  return e.has_value() && e->contains("unread") ? (*e)["unread"] : Json::array();
+}
+
+CellResult Allocate(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("allocate", *p);
+  const size_t from = c.events().Size();
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> r = Admit(c, "one", {{c.resource(), 1}}, &problem);
+  if (!r.ok()) return FromProblem("allocate", problem);
+  const sim::ContainerAllocation& a = r->allocations(0);
+  const Json unread = UnreadFor(c, from, "one", "c0");
+  if (auto bad = CheckResponse(c, a, unread)) return *bad;
+  return Pass(absl::StrCat("one container given ", a.device_ids(0)),
+              {DescribeResponse(a.response(), unread)});
+}
+
+CellResult AllocateTwo(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("allocate-two", *p);
+  int healthy = 0;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) healthy += d.health() == "Healthy";
+  if (healthy < 2) {
+    return NotApplicable(absl::StrCat("the plugin lists ", healthy,
+                                      " healthy device; two containers need two"));
+  }
+  const size_t from = c.events().Size();
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> r =
+      Admit(c, "two", {{c.resource(), 1}, {c.resource(), 1}}, &problem);
+  if (!r.ok()) return FromProblem("allocate-two", problem);
+  if (r->allocations_size() != 2) {
+    return Fail("the pod did not get two containers' allocations", "", "", "");
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (auto bad = CheckResponse(c, r->allocations(i),
+                                 UnreadFor(c, from, "two", absl::StrCat("c", i)))) {
+      return *bad;
+    }
+  }
+  std::vector<std::string> first = DeviceAccess(r->allocations(0).response());
+  std::vector<std::string> second = DeviceAccess(r->allocations(1).response());
+  for (const std::string& path : first) {
+    if (std::find(second.begin(), second.end(), path) != second.end()) {
+      return Fail(
+          absl::StrCat("both containers were given ", path),
+          absl::StrCat("answered Allocate for ", r->allocations(0).device_ids(0), " and for ",
+                       r->allocations(1).device_ids(0), " with the same device ", path),
+          "each Allocate answers for the devices in its own request (one call per "
+          "container)",
+          "two containers share one device while the kubelet counts two in use");
+    }
+  }
+  return Pass(absl::StrCat("two containers given ", r->allocations(0).device_ids(0), " and ",
+                           r->allocations(1).device_ids(0), ", one response each"));
+}
+
+CellResult Preferred(Cell& c) {
+  if (!c.version().CallsGetPreferredAllocation()) {
+    return NotApplicable(absl::StrCat("kubelet ", c.version().name,
+                                      " never calls GetPreferredAllocation (1.19+)"));
+  }
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("preferred", *p);
+  std::optional<Json> conn = c.events().WaitForEvent(
+      "plugin_connected", {{"resource", c.resource()}}, absl::ZeroDuration());
+  if (!conn.has_value() || !conn->value("get_preferred_allocation_available", false)) {
+    return NotApplicable("the plugin does not offer GetPreferredAllocation");
+  }
+  int healthy = 0;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) healthy += d.health() == "Healthy";
+  const int size = std::min(healthy, 2);
+  const size_t from = c.events().Size();
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> r = Admit(c, "preferred", {{c.resource(), size}}, &problem);
+  if (!r.ok()) return FromProblem("preferred", problem);
+  std::optional<Json> e = c.events().WaitForEvent(
+      "preferred_allocation", {{"resource", c.resource()}}, absl::ZeroDuration(), from);
+  if (!e.has_value()) return Fail("GetPreferredAllocation was not called", "", "", "");
+  std::vector<std::string> returned = (*e)["returned"].get<std::vector<std::string>>();
+  std::vector<std::string> available = (*e)["available"].get<std::vector<std::string>>();
+  std::set<std::string> unique(returned.begin(), returned.end());
+  std::vector<std::string> unknown;
+  for (const std::string& id : returned) {
+    if (std::find(available.begin(), available.end(), id) == available.end()) {
+      unknown.push_back(id);
+    }
+  }
+  if (static_cast<int>(returned.size()) != size || unique.size() != returned.size() ||
+      !unknown.empty() || e->value("container_responses", 0) != 1) {
+    return Fail(
+        absl::StrCat("preferred ", returned.size(), " devices for a request of ", size),
+        absl::StrCat("answered GetPreferredAllocation (allocation_size ", size, ", ",
+                     available.size(), " available) with ", e->value("container_responses", 0),
+                     " container responses and devices [", absl::StrJoin(returned, ", "), "]",
+                     unknown.empty() ? "" : absl::StrCat("; not available: ",
+                                                         absl::StrJoin(unknown, ", "))),
+        "one container response with exactly allocation_size distinct IDs from the "
+        "available ones, must_include among them",
+        "the kubelet drops what it cannot use and fills up with its own choice: the "
+        "plugin's placement (NUMA, links) is silently lost");
+  }
+  return Pass(absl::StrCat("preferred [", absl::StrJoin(returned, ", "), "] for ", size),
+              {absl::StrCat("pod given ", absl::StrJoin(r->allocations(0).device_ids(), ", "))});
+}
+
+CellResult PreStart(Cell& c) {
+  if (c.version().personality == sim::Personality::kV1Alpha) {
+    return NotApplicable("1.9 has no PreStartContainer");
+  }
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("prestart", *p);
+  std::optional<Json> conn = c.events().WaitForEvent(
+      "plugin_connected", {{"resource", c.resource()}}, absl::ZeroDuration());
+  if (!conn.has_value() || !conn->value("pre_start_required", false)) {
+    return NotApplicable(c.version().minor >= 25
+                             ? "the plugin does not ask for PreStartContainer"
+                             : "the plugin's RegisterRequest options do not ask for "
+                               "PreStartContainer (1.10-1.24 read them there)");
+  }
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> r = Admit(c, "prestart", {{c.resource(), 1}}, &problem);
+  if (!r.ok()) return FromProblem("prestart", problem);
+  if (!r->allocations(0).pre_started()) {
+    return Fail("PreStartContainer was not called", "", "", "");
+  }
+  return Pass("PreStartContainer succeeded before the container started");
+}
+
+CellResult KubeletRestart(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("kubelet-restart", *p);
+  const size_t from = c.events().Size();
+  const absl::Time start = absl::Now();
+  if (absl::Status s = c.kubelet().Restart(c.version()); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not restart its kubelet: ", s.message()), "", "",
+                "");
+  }
+  std::optional<Problem> p = c.Reach(Stage::kDevices, c.resource(), from);
+  if (!p.has_value()) {
+    return Pass(absl::StrCat("registered again ", Ms(absl::Now() - start),
+                             " after the kubelet restarted"));
+  }
+  std::optional<Json> again = c.events().WaitForEvent(
+      "register_request", {{"resource", c.resource()}}, absl::ZeroDuration(), from);
+  const bool watcher = c.events()
+                           .WaitForEvent("watcher_found", Json::object(), absl::ZeroDuration(),
+                                         from)
+                           .has_value();
+  if (!again.has_value() && !watcher) {
+    return Fail("never registered again after the kubelet restarted",
+                absl::StrCat("kept running but did not call Register on the new kubelet.sock "
+                             "within ",
+                             absl::FormatDuration(c.options().timeout)),
+                "a kubelet start removes every socket in device-plugins/ and forgets all "
+                "plugins: each must notice (its socket gone, or kubelet.sock recreated) and "
+                "register again",
+                "after any kubelet restart (an upgrade, a config change) the resource's "
+                "allocatable drops to 0 and stays there");
+  }
+  if (p->owner == "registers" || p->owner == "serves-first") {
+    // The first registration worked: what failed is the one after the restart.
+    return Fail(absl::StrCat("registered again but did not recover: ", p->summary),
+                p->plugin_did, p->kubelet_expects, p->users_see);
+  }
+  return FromProblem("kubelet-restart", *p);
+}
+
+CellResult KubeletCrash(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("kubelet-crash", *p);
+  const size_t from = c.events().Size();
+  c.kubelet().Stop();
+  // The worst case of a real start: the cleanup of device-plugins/ lands
+  // after the new kubelet.sock appeared, as the plugin's Register arrives.
+  c.kubelet().SetLateWipe(c.options().timeout);
+  const absl::Time start = absl::Now();
+  if (absl::Status s = c.kubelet().Start(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start its kubelet again: ", s.message()), "",
+                "", "");
+  }
+  std::optional<Problem> p =
+      c.Reach(Stage::kDevices, c.resource(), from, /*tolerate_rejections=*/true);
+  if (!p.has_value()) {
+    return Pass(absl::StrCat("back ", Ms(absl::Now() - start),
+                             " after the kubelet came back, through a late cleanup"));
+  }
+  std::optional<Json> again = c.events().WaitForEvent(
+      "register_request", {{"resource", c.resource()}}, absl::ZeroDuration(), from);
+  if (!again.has_value()) {
+    CellResult r;
+    r.outcome = Outcome::kBlocked;
+    r.blocked_by = "kubelet-restart";
+    r.summary = "not reached: the plugin never registered again (kubelet-restart's check)";
+    return r;
+  }
+  std::optional<Json> wiped = c.events().WaitForEvent(
+      "directory_cleaned", {{"late", true}}, absl::ZeroDuration(), from);
+  return Fail(
+      "lost its socket to the kubelet's late cleanup and did not serve it again",
+      absl::StrCat("registered with the new kubelet, but its socket was removed by the "
+                   "start-up cleanup",
+                   wiped.has_value() ? absl::StrCat(" (", (*wiped)["removed"].dump(), ")") : "",
+                   " and it neither served it again nor registered again"),
+      "a kubelet's cleanup of device-plugins/ can be seen after its new kubelet.sock "
+      "appears; a plugin must watch its own socket, serve it again and register again",
+      "after a kubelet crash the resource stays at allocatable 0 on some restarts and not "
+      "others");
+}
+
+CellResult PluginRestart(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("plugin-restart", *p);
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> r = Admit(c, "running", {{c.resource(), 1}}, &problem);
+  if (!r.ok()) return FromProblem("plugin-restart", problem);
+  const std::string held = r->allocations(0).device_ids(0);
+  const std::string ended = c.StopPlugin();
+  const size_t from = c.events().Size();
+  if (absl::Status s = c.StartPlugin(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()), "",
+                "", "");
+  }
+  const absl::Time start = absl::Now();
+  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
+    if (p->owner == "registers" || p->owner == "serves-first") p->owner = "plugin-restart";
+    return FromProblem("plugin-restart", *p);
+  }
+  std::vector<std::string> notes = {absl::StrCat("stopped with SIGTERM: ", ended),
+                                    absl::StrCat("registered again in ", Ms(absl::Now() - start))};
+  bool listed = false;
+  std::vector<std::string> ids;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) {
+    ids.push_back(d.id());
+    listed |= d.id() == held;
+  }
+  if (!listed) {
+    ids.resize(std::min<size_t>(ids.size(), 4));
+    return Fail(
+        absl::StrCat("the running pod's device ", held, " is gone after the plugin restarted"),
+        absl::StrCat("listed [", absl::StrJoin(ids, ", "),
+                     ids.size() == 4 ? ", ...]" : "]", " after its restart; before it, ", held,
+                     " was listed and allocated to a running pod"),
+        "a device keeps its ID while it exists: the kubelet's checkpoint holds the IDs of "
+        "running pods' devices and never gives them out again",
+        "the kubelet counts a device that no longer exists as in use and hands the same "
+        "hardware to another pod; after a kubelet restart the running pod fails "
+        "re-admission");
+  }
+  const size_t readmit_from = c.events().Size();
+  sim::ReadmitResponse re = c.kubelet().Readmit();
+  for (const sim::ReadmitResult& res : re.results()) {
+    if (!res.admitted()) {
+      return Fail(absl::StrCat("the running pod was not re-admitted: ", res.message()), "", "",
+                  "");
+    }
+  }
+  (void)readmit_from;
+  if (Problem p2; !Admit(c, "after", {{c.resource(), 1}}, &p2).ok()) {
+    return FromProblem("plugin-restart", p2);
+  }
+  return Pass(absl::StrCat("the running pod keeps ", held, "; new pods are admitted"), notes);
+}
+
+CellResult MultiResource(Cell& c) {
+  const std::vector<std::string>& resources = c.options().resources;
+  if (resources.size() < 2) return NotApplicable("one --resource given");
+  for (const std::string& r : resources) {
+    if (auto p = c.Reach(Stage::kDevices, r)) {
+      if (r != resources.front() && p->owner == "registers") p->owner = "multi-resource";
+      return FromProblem("multi-resource", *p);
+    }
+  }
+  std::map<std::string, std::string> owner_of_endpoint;
+  for (const sim::ResourceState& r : c.kubelet().GetState().resources()) {
+    auto [it, inserted] = owner_of_endpoint.emplace(r.endpoint(), r.name());
+    if (!inserted) {
+      return Fail(
+          absl::StrCat(it->second, " and ", r.name(), " share the socket ", r.endpoint()),
+          absl::StrCat("registered ", it->second, " and ", r.name(), " with the same endpoint"),
+          "one socket per resource: the kubelet keeps one connection per resource and one "
+          "plugin server answers on a socket",
+          "one resource's calls reach the other resource's server: wrong devices in "
+          "containers, or admission failures");
+    }
+  }
+  std::vector<std::pair<std::string, int>> containers;
+  for (const std::string& r : resources) containers.emplace_back(r, 1);
+  Problem problem;
+  if (!Admit(c, "multi", containers, &problem).ok()) return FromProblem("multi-resource", problem);
+  return Pass(absl::StrCat(resources.size(), " resources from one process, each on its own "
+                           "socket; a pod using all of them admitted"));
+}
+
+struct ScenarioEntry {
+  ScenarioInfo info;
+  CellResult (*run)(Cell&);
+};
+
+const std::vector<ScenarioEntry>& Entries() {
+  static const auto* const kEntries = new std::vector<ScenarioEntry>{
+      {{"registers", "registers",
+        "A registration this kubelet accepts arrives (version, resource name, endpoint) and the "
+        "kubelet connects: v1alpha2 on /deviceplugin.Registration for 1.9, v1beta1 on "
+        "/v1beta1.Registration from 1.10, or a plugins_registry/ socket from 1.13."},
+       Registers},
+      {{"serves-first", "serves before registering",
+        "The plugin's socket accepts connections when its Register arrives. From 1.25 the "
+        "kubelet dials it inside Register and fails the call otherwise; older releases dial "
+        "afterwards (noted, not failed)."},
+       ServesFirst},
+      {{"plugin-watcher", "plugin-watcher registration",
+        "Where the plugin offers a socket in plugins_registry/ and the kubelet watches it "
+        "(1.13+): GetInfo says DevicePlugin with supported versions, and the kubelet connects."},
+       PluginWatcher},
+      {{"device-list", "device list arrives",
+        "ListAndWatch sends a list with at least one Healthy device (an empty first list gets "
+        "3 s), and the stream stays open."},
+       DeviceList},
+      {{"list-size", "device list within 4 MiB",
+        "The list fits the kubelet's gRPC receive limit (4 MiB, gRPC's default); the cell "
+        "reports how much of it the list uses."},
+       ListSize},
+      {{"health", "health change propagates",
+        "A device made Unhealthy, then Healthy (by --health_command) reaches the kubelet as a "
+        "new full list on the same stream."},
+       Health},
+      {{"allocate", "Allocate, one container",
+        "A pod with one container is admitted: one container response, absolute mount and "
+        "device paths, and device access this release reads (cdi_devices alone is nothing "
+        "before 1.28, or in 1.28-1.30 with the gate off)."},
+       Allocate},
+      {{"allocate-two", "Allocate, two containers",
+        "A pod with two containers gets one Allocate each, and the two responses do not name "
+        "the same device node or CDI device."},
+       AllocateTwo},
+      {{"preferred", "GetPreferredAllocation",
+        "From 1.19, when offered: one container response with exactly allocation_size distinct "
+        "available IDs."},
+       Preferred},
+      {{"prestart", "PreStartContainer",
+        "When the plugin asks for it (from GetDevicePluginOptions in 1.25+, from "
+        "RegisterRequest before): PreStartContainer succeeds before the container starts."},
+       PreStart},
+      {{"kubelet-restart", "re-registers after a kubelet restart",
+        "The kubelet restarts, removing every socket in device-plugins/; the plugin registers "
+        "again and its devices come back (the time it took is reported)."},
+       KubeletRestart},
+      {{"kubelet-crash", "re-registers after a kubelet crash",
+        "The kubelet is killed and comes back, and its start-up cleanup lands after the new "
+        "kubelet.sock appeared (as real kubelets' can): the plugin serves its socket again and "
+        "registers again."},
+       KubeletCrash},
+      {{"plugin-restart", "survives its own restart",
+        "With a pod running, the plugin is stopped (SIGTERM) and started again: it registers "
+        "again, the pod's device keeps its ID, the pod is re-admitted and new pods are too."},
+       PluginRestart},
+      {{"multi-resource", "several resources from one process",
+        "With two or more --resource: each registers with devices on its own socket, and a pod "
+        "using all of them is admitted."},
+       MultiResource},
+  };
+  return *kEntries;
+}
+
+const ScenarioEntry* FindScenario(const std::string& name) {
+  for (const ScenarioEntry& e : Entries()) {
+    if (name == e.info.name) return &e;
+  }
+  return nullptr;
+}
+
+CellResult RunCell(const ConformOptions& o, const sim::KubeletVersion& k,
+                   const ScenarioEntry& scenario, const std::string& dir) {
+  const absl::Time start = absl::Now();
+  CellResult result;
+  {
+    Cell cell(o, k, dir);
+    if (absl::Status s = cell.StartKubelet(); !s.ok()) {
+      result = Fail(absl::StrCat("dpconform could not start its kubelet: ", s.message()), "", "",
+                    "");
+    } else if (absl::Status s = cell.StartPlugin(); !s.ok()) {
+      result = Fail(absl::StrCat("could not start the plugin command: ", s.message()), "", "",
+                    "");
+    } else {
+      result = scenario.run(cell);
+    }
+  }
+  result.kubelet = k.name;
+  result.generation = k.GenerationName();
+  result.scenario = scenario.info.name;
+  result.duration = absl::Now() - start;
+  result.dir = dir;
+  return result;
+}
+
+}  // namespace
+
+const char* OutcomeName(Outcome o) {
+  switch (o) {
+    case Outcome::kPass: return "pass";
+    case Outcome::kFail: return "fail";
+    case Outcome::kBlocked: return "blocked";
+    case Outcome::kNotApplicable: return "n/a";
+  }
+  return "?";
+}
+
+const std::vector<Placeholder>& Placeholders() {
+  static const auto* const kPlaceholders = new std::vector<Placeholder>{
+      {"kubelet_socket", "the kubelet's registration socket, <kubelet_root>/device-plugins/"
+                         "kubelet.sock"},
+      {"plugin_dir", "the device-plugins directory, where the plugin's socket goes"},
+      {"kubelet_root", "the kubelet's root directory (/var/lib/kubelet on a node)"},
+      {"plugins_registry", "the plugin watcher's directory, <kubelet_root>/plugins_registry"},
+      {"work_dir", "a directory of the plugin's own for this cell, kept across its restarts "
+                   "(state, control sockets)"},
+      {"resource", "the first --resource"},
+      {"kubelet_version", "the kubelet release this cell plays, e.g. 1.25"},
+  };
+  return *kPlaceholders;
+}
+
+absl::StatusOr<std::string> Expand(
+    const std::string& command, const std::vector<std::pair<std::string, std::string>>& values) {
+  std::string out;
+  size_t i = 0;
+  while (i < command.size()) {
+    const size_t open = command.find('{', i);
+    if (open == std::string::npos) break;
+    const size_t close = command.find('}', open);
+    if (close == std::string::npos) break;
+    const std::string name = command.substr(open + 1, close - open - 1);
+    const bool is_name =
+        !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+          return (ch >= 'a' && ch <= 'z') || ch == '_';
+        });
+    out.append(command, i, open - i);
+    if (!is_name) {  // not a placeholder (a shell's ${VAR} or braces): kept
+      out.append(command, open, close + 1 - open);
+      i = close + 1;
+      continue;
+    }
+    auto it = std::find_if(values.begin(), values.end(),
+                           [&](const auto& kv) { return kv.first == name; });
+    if (it == values.end()) {
+      std::vector<std::string> known;
+      for (const auto& kv : values) known.push_back(absl::StrCat("{", kv.first, "}"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown placeholder {", name,
+                                                     "}; known: ", absl::StrJoin(known, " ")));
+    }
+    out += it->second;
+    i = close + 1;
+  }
+  out.append(command, i, std::string::npos);
+  return out;
+}
+
+const std::vector<ScenarioInfo>& Scenarios() {
+  static const auto* const kInfos = [] {
+    auto* v = new std::vector<ScenarioInfo>;
+    for (const ScenarioEntry& e : Entries()) v->push_back(e.info);
+    return v;
+  }();
+  return *kInfos;
+}
+
+std::vector<std::string> DefaultKubelets() {
+  std::vector<std::string> out;
+  for (const sim::KubeletGeneration& g : sim::KubeletGenerations()) {
+    out.push_back(absl::StrCat("1.", g.last_minor));
+  }
+  return out;
+}
+
+absl::Status ValidateOptions(const ConformOptions& o) {
+  if (o.plugin_command.empty()) {
+    return absl::InvalidArgumentError("--plugin: the plugin's command line is required");
+  }
+  // A cell's values, with placeholder-length stand-ins, to find unknown
+  // placeholders before anything runs.
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const Placeholder& p : Placeholders()) values.emplace_back(p.name, "x");
+  if (absl::StatusOr<std::string> s = Expand(o.plugin_command, values); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--plugin: ", s.status().message()));
+  }
+  if (!o.health_command.empty()) {
+    values.emplace_back("device", "x");
+    values.emplace_back("health", "x");
+    if (absl::StatusOr<std::string> s = Expand(o.health_command, values); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--health_command: ", s.status().message()));
+    }
+  }
+  if (o.resources.empty()) {
+    return absl::InvalidArgumentError("--resource: at least one resource name is required");
+  }
+  for (const std::string& s : o.scenarios) {
+    if (FindScenario(s) == nullptr) {
+      std::vector<std::string> names;
+      for (const ScenarioEntry& e : Entries()) names.push_back(e.info.name);
+      return absl::InvalidArgumentError(absl::StrCat("--scenarios: unknown scenario \"", s,
+                                                     "\"; known: ", absl::StrJoin(names, ", ")));
+    }
+  }
+  if (o.kubelets.empty()) return absl::InvalidArgumentError("--kubelets: no kubelet release");
+  if (o.jobs < 1 || o.jobs > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--jobs=", o.jobs, " must be 1 to 64"));
+  }
+  if (o.timeout < absl::Seconds(11)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--timeout=", absl::FormatDuration(o.timeout),
+        " is too short: a kubelet takes up to 10 s to give up dialling a plugin"));
+  }
+  // <root>/dpconform.XXXXXX/c9999/k/plugins_registry/<socket>: leave room
+  // for the plugin's own socket name.
+  if (o.work_root.size() > 40) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--work_dir=", o.work_root, " is too long (", o.work_root.size(),
+        " bytes; at most 40): the sockets inside must stay within the 107-byte limit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) {
+  if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
+  std::vector<const ScenarioEntry*> scenarios;
+  if (o.scenarios.empty()) {
+    for (const ScenarioEntry& e : Entries()) scenarios.push_back(&e);
+  } else {
+    for (const std::string& s : o.scenarios) scenarios.push_back(FindScenario(s));
+  }
+  if (absl::Status s = MakeDirs(o.work_root); !s.ok()) return s;
+  std::string root = JoinPath(o.work_root, "dpconform.XXXXXX");
+  if (::mkdtemp(root.data()) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot make a directory in ", o.work_root, ": ", ErrnoText(errno)));
+  }
+  struct Job {
+    const sim::KubeletVersion* kubelet;
+    const ScenarioEntry* scenario;
+    std::string dir;
+  };
+  std::vector<Job> jobs;
+  for (const sim::KubeletVersion& k : o.kubelets) {
+    for (const ScenarioEntry* s : scenarios) {
+      jobs.push_back({&k, s, JoinPath(root, absl::StrCat("c", jobs.size()))});
+    }
+  }
+  std::vector<CellResult> results(jobs.size());
+  std::atomic<size_t> next{0};
+  absl::Mutex report_mu;
+  bool all_kept = true;
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      if (absl::Status s = MakeDirs(jobs[i].dir); !s.ok()) {
+        results[i].outcome = Outcome::kFail;
+        results[i].summary = std::string(s.message());
+      } else {
+        results[i] = RunCell(o, *jobs[i].kubelet, *jobs[i].scenario, jobs[i].dir);
+      }
+      const bool keep = o.keep || results[i].outcome == Outcome::kFail;
+      if (!keep) {
+        std::error_code ignored;
+        std::filesystem::remove_all(jobs[i].dir, ignored);
+        results[i].dir.clear();
+      }
+      absl::MutexLock lock(&report_mu);
+      all_kept &= keep;
+      if (o.on_cell) o.on_cell(results[i]);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < std::min<int>(o.jobs, static_cast<int>(jobs.size())); ++t) {
+    threads.emplace_back(worker);
+  }
+  for (std::thread& t : threads) t.join();
+  bool any_kept = std::any_of(results.begin(), results.end(),
+                              [](const CellResult& r) { return !r.dir.empty(); });
+  if (!any_kept) {
+    std::error_code ignored;
+    std::filesystem::remove_all(root, ignored);
+  }
+  (void)all_kept;
+  return results;
+}
+
+}  // namespace dpproxy::conform

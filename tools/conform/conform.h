@@ -1,0 +1,121 @@
+// File: conform.h
+//
+// dpconform: runs a device plugin's own command against kubelet_sim playing
+// each selected kubelet release, one fresh kubelet and one fresh plugin
+// process per cell (release x scenario), and says for every cell what the
+// plugin did, what that release expects, and what users would see on a
+// real node. docs/conformance.md describes each scenario and the kubelet
+// facts behind it.
+//
+// A cell ends in one of four outcomes:
+//   pass     the plugin did what this release needs
+//   fail     it did not: the cell explains
+//   blocked  the cell could not get to its check because the plugin failed
+//            another scenario's check on the way (named in blocked_by); the
+//            plugin is already failing that scenario's cell
+//   n/a      the scenario does not apply: this release never makes the call,
+//            or the plugin does not offer the feature
+#ifndef DPPROXY_TOOLS_CONFORM_CONFORM_H_
+#define DPPROXY_TOOLS_CONFORM_CONFORM_H_
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tools/kubelet_sim/kubelet_sim.h"
+
+namespace dpproxy::conform {
+
+enum class Outcome { kPass, kFail, kBlocked, kNotApplicable };
+// "pass", "fail", "blocked", "n/a".
+const char* OutcomeName(Outcome o);
+
+struct CellResult {
+  std::string kubelet;     // "1.25", as asked for
+  std::string generation;  // "1.25-1.27"
+  std::string scenario;
+  Outcome outcome = Outcome::kPass;
+  // One line: what was found.
+  std::string summary;
+  // For a failure: what the plugin did, what this kubelet release expects,
+  // and what users would see on a node with this release.
+  std::string plugin_did;
+  std::string kubelet_expects;
+  std::string users_see;
+  std::string blocked_by;  // the scenario whose failure blocked this cell
+  // Observations worth knowing whatever the outcome ("re-registered in
+  // 212 ms", "list is 3% of the 4 MiB limit").
+  std::vector<std::string> notes;
+  absl::Duration duration;
+  // The cell's directory (plugin output in plugin.log) when it was kept.
+  std::string dir;
+};
+
+struct ConformOptions {
+  // The plugin's command line, run by /bin/sh -c, with placeholders (see
+  // kPlaceholders) replaced for each cell.
+  std::string plugin_command;
+  // The extended resources the plugin serves; the first is the one the
+  // single-resource scenarios use.
+  std::vector<std::string> resources;
+  std::vector<sim::KubeletVersion> kubelets;
+  // Scenario names, in the order to run; empty: all.
+  std::vector<std::string> scenarios;
+  // Sets one device's health: run by /bin/sh -c with {device} and {health}
+  // (Healthy or Unhealthy) besides the usual placeholders. Empty: the
+  // health scenario is not applicable.
+  std::string health_command;
+  // The longest any one wait in a scenario may take (a registration, a
+  // device list, a re-registration).
+  absl::Duration timeout = absl::Seconds(30);
+  // How long a stopped plugin gets between SIGTERM and SIGKILL.
+  absl::Duration stop_grace = absl::Seconds(10);
+  // Cells run at once.
+  int jobs = 1;
+  // Where cell directories go (a new directory is made inside). Paths must
+  // stay short: Unix socket paths are limited to 107 bytes.
+  std::string work_root = "/tmp";
+  // Keep the directories of cells that passed (failed cells' are kept).
+  bool keep = false;
+  // Extra environment for the plugin, besides the DPCONFORM_* variables.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Called as each cell ends (from the worker that ran it).
+  std::function<void(const CellResult&)> on_cell;
+};
+
+// {name, what it stands for}: the plugin command's placeholders. Each is
+// also in the plugin's environment as DPCONFORM_<NAME in capitals>.
+struct Placeholder {
+  const char* name;
+  const char* meaning;
+};
+const std::vector<Placeholder>& Placeholders();
+
+// Replaces the placeholders; kInvalidArgument naming an unknown one.
+absl::StatusOr<std::string> Expand(const std::string& command,
+                                   const std::vector<std::pair<std::string, std::string>>& values);
+
+struct ScenarioInfo {
+  const char* name;
+  const char* title;
+  // What the scenario checks and the kubelet facts behind it (--list, docs).
+  const char* checks;
+};
+const std::vector<ScenarioInfo>& Scenarios();
+
+// The default releases: the newest minor of each generation.
+std::vector<std::string> DefaultKubelets();
+
+// Checks the options (an unknown scenario or placeholder, no resources, a
+// work root too long for socket paths): kInvalidArgument naming the flag.
+absl::Status ValidateOptions(const ConformOptions& options);
+
+// Runs every selected cell; results in release order, then scenario order.
+absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& options);
+
+}  // namespace dpproxy::conform
+
+#endif  // DPPROXY_TOOLS_CONFORM_CONFORM_H_

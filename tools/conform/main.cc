@@ -1,0 +1,220 @@
+// dpconform: a conformance kit for device plugins. See conform.h for what a
+// cell is and docs/conformance.md for the scenarios and a CI setup.
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "proxy/cli/cli.h"
+#include "proxy/util/files.h"
+#include "tools/conform/conform.h"
+#include "tools/conform/report.h"
+#include "tools/kubelet_sim/kubelet_sim.h"
+
+DEFINE_string(plugin, "",
+              "The plugin's command line, run by /bin/sh -c once per cell (and again when a\n"
+              "scenario restarts it), with placeholders: {kubelet_socket}, {plugin_dir},\n"
+              "{kubelet_root}, {plugins_registry}, {work_dir}, {resource},\n"
+              "{kubelet_version}. The same values are in its environment as\n"
+              "DPCONFORM_KUBELET_SOCKET and so on. Required.");
+DEFINE_string(resource, "",
+              "The extended resource(s) the plugin serves, comma-separated, e.g.\n"
+              "vendor.com/gpu. The first is the one single-resource scenarios use;\n"
+              "two or more also run multi-resource. Required.");
+DEFINE_string(kubelets, "",
+              "Kubelet releases to play, comma-separated: 1.9 to 1.36, the aliases\n"
+              "v1alpha, v1beta1-async, v1beta1-sync, plugin-watcher, or \"all\" (every\n"
+              "minor). Empty: the newest minor of each generation (see --list).");
+DEFINE_string(cdi_gate, "",
+              "The DevicePluginCDIDevices gate of 1.28-1.30 kubelets: on or off. Empty:\n"
+              "each release's default (off in 1.28, on in 1.29-1.30).");
+DEFINE_string(scenarios, "", "Scenarios to run, comma-separated. Empty: all (see --list).");
+DEFINE_string(health_command, "",
+              "Sets a device's health, for the health scenario: run by /bin/sh -c with\n"
+              "{device} and {health} (Healthy or Unhealthy) besides the --plugin\n"
+              "placeholders. Empty: the health scenario is n/a.");
+DEFINE_string(timeout, "30s",
+              "The longest any one wait in a scenario may take (a registration, a device\n"
+              "list, a re-registration). At least 11s: a kubelet dials for up to 10 s.");
+DEFINE_string(stop_grace, "10s", "Time between SIGTERM and SIGKILL when the plugin is stopped.");
+DEFINE_int32(jobs, 2, "Cells run at once, each with its own kubelet and plugin process.");
+DEFINE_string(env, "",
+              "Extra environment for the plugin: NAME=VALUE, comma-separated.");
+DEFINE_string(output, "table", "What to print on stdout: table or json.");
+DEFINE_string(junit, "", "Also write JUnit XML (one suite per kubelet release) to this file.");
+DEFINE_string(work_dir, "/tmp",
+              "Where the run's directory goes (kept for failed cells, with the plugin's\n"
+              "output in plugin.log and the kubelet's events). At most 40 bytes: sockets\n"
+              "live inside.");
+DEFINE_bool(keep, false, "Keep every cell's directory, not only failed ones'.");
+DEFINE_bool(list, false, "Print the kubelet generations and the scenarios, then exit.");
+DEFINE_bool(quiet, false, "No progress lines on stderr.");
+
+namespace dpproxy::conform {
+namespace {
+
+constexpr char kUsage[] = R"(dpconform: test a device plugin against every kubelet generation.
+
+Usage:
+  dpconform --plugin='CMD' --resource=vendor.com/gpu [--kubelets=1.9,1.24,1.31] [flags]
+  dpconform --list
+
+Each cell runs a fresh simulated kubelet of one release in its own directory
+and starts the plugin's command against it; the scenario then does what a
+kubelet or a node does (admits pods, restarts, crashes, restarts the plugin)
+and checks the plugin's part. Every failure says what the plugin did, what
+that kubelet release expects and what users would see on a node.
+
+Outcomes: pass; FAIL; blocked (the plugin failed another scenario's check on
+the way; that cell fails); n/a (the release never makes the call, or the
+plugin does not offer the feature).
+
+Exit status: 0 when no cell failed or was blocked, 1 when one did, 2 for bad
+flags.
+
+Example:
+  dpconform --resource=example.com/gpu \
+    --plugin='sample_plugin --resource=example.com/gpu --kubelet_socket={kubelet_socket} \
+              --control_socket={work_dir}/control.sock' \
+    --health_command='sample_plugin set-health --control_socket={work_dir}/control.sock \
+              --device={device} --health={health}' \
+    --kubelets=1.17,1.24,1.25,1.31 --junit=conformance.xml
+
+Flags:
+)";
+
+int Usage(const std::string& msg) {
+  std::cerr << "dpconform: " << msg << "\n";
+  return 2;
+}
+
+std::vector<std::string> List(const std::string& flag) {
+  return absl::StrSplit(flag, ',', absl::SkipWhitespace());
+}
+
+void PrintList() {
+  std::cout << "Kubelet generations (--kubelets takes any minor from 1."
+            << sim::kOldestKubeletMinor << " to 1." << sim::kNewestKubeletMinor
+            << "; default: " << absl::StrJoin(DefaultKubelets(), ",") << "):\n";
+  for (const sim::KubeletGeneration& g : sim::KubeletGenerations()) {
+    std::cout << absl::StrFormat("  %-10s %s\n", sim::GenerationName(g), g.differences);
+  }
+  std::cout << "\nScenarios (--scenarios):\n";
+  for (const ScenarioInfo& s : Scenarios()) {
+    std::cout << absl::StrFormat("  %-16s %s\n", s.name, s.title);
+    std::cout << "                   " << s.checks << "\n";
+  }
+  std::cout << "\nPlaceholders in --plugin (and DPCONFORM_<NAME> in its environment):\n";
+  for (const Placeholder& p : Placeholders()) {
+    std::cout << absl::StrFormat("  {%s}  %s\n", p.name, p.meaning);
+  }
+}
+
+absl::StatusOr<ConformOptions> OptionsFromFlags() {
+  ConformOptions o;
+  o.plugin_command = FLAGS_plugin;
+  o.resources = List(FLAGS_resource);
+  o.scenarios = List(FLAGS_scenarios);
+  o.health_command = FLAGS_health_command;
+  o.jobs = FLAGS_jobs;
+  o.work_root = FLAGS_work_dir;
+  o.keep = FLAGS_keep;
+  absl::StatusOr<absl::Duration> d = ParseFlagDuration("timeout", FLAGS_timeout);
+  if (!d.ok()) return d.status();
+  o.timeout = *d;
+  d = ParseFlagDuration("stop_grace", FLAGS_stop_grace);
+  if (!d.ok()) return d.status();
+  o.stop_grace = *d;
+  std::optional<bool> gate;
+  if (FLAGS_cdi_gate == "on") {
+    gate = true;
+  } else if (FLAGS_cdi_gate == "off") {
+    gate = false;
+  } else if (!FLAGS_cdi_gate.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--cdi_gate=", FLAGS_cdi_gate,
+                                                   " is neither on nor off"));
+  }
+  std::vector<std::string> names = List(FLAGS_kubelets);
+  if (names.empty()) names = DefaultKubelets();
+  if (names.size() == 1 && names[0] == "all") {
+    names.clear();
+    for (int m = sim::kOldestKubeletMinor; m <= sim::kNewestKubeletMinor; ++m) {
+      names.push_back(absl::StrCat("1.", m));
+    }
+  }
+  for (const std::string& n : names) {
+    absl::StatusOr<sim::KubeletVersion> k = sim::ParseKubeletVersion(n, gate);
+    if (!k.ok()) return absl::InvalidArgumentError(absl::StrCat("--kubelets: ", k.status().message()));
+    o.kubelets.push_back(*k);
+  }
+  for (const std::string& kv : List(FLAGS_env)) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--env: \"", kv, "\" is not NAME=VALUE"));
+    }
+    o.env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (FLAGS_output != "table" && FLAGS_output != "json") {
+    return absl::InvalidArgumentError(absl::StrCat("--output=", FLAGS_output,
+                                                   " is neither table nor json"));
+  }
+  if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
+  return o;
+}
+
+int Run() {
+  if (FLAGS_list) {
+    PrintList();
+    return 0;
+  }
+  absl::StatusOr<ConformOptions> o = OptionsFromFlags();
+  if (!o.ok()) return Usage(std::string(o.status().message()));
+  absl::Mutex mu;
+  if (!FLAGS_quiet) {
+    o->on_cell = [&](const CellResult& c) {
+      absl::MutexLock lock(&mu);
+      std::cerr << absl::StrFormat("dpconform: %-7s %-16s kubelet %-6s %5.1fs  %s\n",
+                                   OutcomeName(c.outcome), c.scenario, c.kubelet,
+                                   absl::ToDoubleSeconds(c.duration), c.summary);
+    };
+  }
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(*o);
+  if (!cells.ok()) {
+    std::cerr << "dpconform: " << cells.status().message() << "\n";
+    return 2;
+  }
+  std::cout << (FLAGS_output == "json" ? RenderJson(*o, *cells) : RenderTable(*cells));
+  if (!FLAGS_junit.empty()) {
+    if (absl::Status s = WriteFileAtomic(FLAGS_junit, RenderJUnit(*cells)); !s.ok()) {
+      std::cerr << "dpconform: --junit: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  const Totals t = Count(*cells);
+  return t.failed + t.blocked == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace dpproxy::conform
+
+int main(int argc, char** argv) {
+  if (dpproxy::WantsHelp(argc, argv)) {
+    std::cout << dpproxy::conform::kUsage << dpproxy::FlagsHelp({"conform/main.cc"});
+    return 0;
+  }
+  dpproxy::NormalizeFlagDashes(argc, argv);
+  gflags::SetUsageMessage("see dpconform --help");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (argc > 1) {
+    std::cerr << "dpconform: unexpected argument \"" << argv[1] << "\"; see dpconform --help\n";
+    return 2;
+  }
+  return dpproxy::conform::Run();
+}

@@ -1,0 +1,219 @@
+#include "tools/conform/report.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "proxy/events/event_log.h"
+
+namespace dpproxy::conform {
+namespace {
+
+// The releases and scenarios in the order the cells came.
+std::vector<std::string> Ordered(const std::vector<CellResult>& cells,
+                                 std::string CellResult::*field) {
+  std::vector<std::string> out;
+  for (const CellResult& c : cells) {
+    if (std::find(out.begin(), out.end(), c.*field) == out.end()) out.push_back(c.*field);
+  }
+  return out;
+}
+
+std::string Mark(const CellResult& c) {
+  switch (c.outcome) {
+    case Outcome::kPass: return "pass";
+    case Outcome::kFail: return "FAIL";
+    case Outcome::kBlocked: return "blocked";
+    case Outcome::kNotApplicable: return "n/a";
+  }
+  return "?";
+}
+
+std::string XmlEscape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      default:
+        // XML 1.0 has no other control characters than tab, LF and CR.
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') {
+          out += '?';
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
+std::string Seconds(absl::Duration d) { return absl::StrFormat("%.3f", absl::ToDoubleSeconds(d)); }
+
+std::string Details(const CellResult& c) {
+  std::string out;
+  if (!c.plugin_did.empty()) absl::StrAppend(&out, "plugin did: ", c.plugin_did, "\n");
+  if (!c.kubelet_expects.empty()) {
+    absl::StrAppend(&out, "kubelet ", c.kubelet, " expects: ", c.kubelet_expects, "\n");
+  }
+  if (!c.users_see.empty()) absl::StrAppend(&out, "users see: ", c.users_see, "\n");
+  for (const std::string& n : c.notes) absl::StrAppend(&out, "note: ", n, "\n");
+  if (!c.dir.empty()) absl::StrAppend(&out, "files: ", c.dir, "\n");
+  return out;
+}
+
+}  // namespace
+
+Totals Count(const std::vector<CellResult>& cells) {
+  Totals t;
+  for (const CellResult& c : cells) {
+    switch (c.outcome) {
+      case Outcome::kPass: ++t.passed; break;
+      case Outcome::kFail: ++t.failed; break;
+      case Outcome::kBlocked: ++t.blocked; break;
+      case Outcome::kNotApplicable: ++t.not_applicable; break;
+    }
+  }
+  return t;
+}
+
+std::string RenderTable(const std::vector<CellResult>& cells) {
+  const std::vector<std::string> kubelets = Ordered(cells, &CellResult::kubelet);
+  const std::vector<std::string> scenarios = Ordered(cells, &CellResult::scenario);
+  std::map<std::pair<std::string, std::string>, const CellResult*> at;
+  for (const CellResult& c : cells) at[{c.scenario, c.kubelet}] = &c;
+  size_t first = std::string("scenario").size();
+  for (const std::string& s : scenarios) first = std::max(first, s.size());
+  std::vector<size_t> widths;
+  for (const std::string& k : kubelets) widths.push_back(std::max<size_t>(k.size(), 7));
+
+  std::string out = absl::StrFormat("%-*s", first, "scenario");
+  for (size_t i = 0; i < kubelets.size(); ++i) {
+    absl::StrAppendFormat(&out, "  %-*s", widths[i], kubelets[i]);
+  }
+  out += "\n";
+  for (const std::string& s : scenarios) {
+    absl::StrAppendFormat(&out, "%-*s", first, s);
+    for (size_t i = 0; i < kubelets.size(); ++i) {
+      auto it = at.find({s, kubelets[i]});
+      absl::StrAppendFormat(&out, "  %-*s", widths[i], it == at.end() ? "" : Mark(*it->second));
+    }
+    out += "\n";
+  }
+  bool header = false;
+  for (const CellResult& c : cells) {
+    if (c.outcome != Outcome::kFail) continue;
+    if (!header) {
+      out += "\nFailures:\n";
+      header = true;
+    }
+    absl::StrAppend(&out, "\n", c.scenario, " on kubelet ", c.kubelet, " (", c.generation,
+                    "): ", c.summary, "\n");
+    std::string details = Details(c);
+    for (absl::string_view line : absl::StrSplit(details, '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&out, "  ", line, "\n");
+    }
+  }
+  const Totals t = Count(cells);
+  absl::StrAppend(&out, "\n", cells.size(), " cells: ", t.passed, " passed, ", t.failed,
+                  " failed, ", t.blocked, " blocked, ", t.not_applicable, " not applicable\n");
+  return out;
+}
+
+std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells) {
+  Json j;
+  j["plugin"] = options.plugin_command;
+  j["resources"] = options.resources;
+  j["kubelets"] = Ordered(cells, &CellResult::kubelet);
+  j["scenarios"] = Ordered(cells, &CellResult::scenario);
+  Json list = Json::array();
+  for (const CellResult& c : cells) {
+    Json e = {{"kubelet", c.kubelet},
+              {"generation", c.generation},
+              {"scenario", c.scenario},
+              {"outcome", OutcomeName(c.outcome)},
+              {"summary", c.summary},
+              {"seconds", absl::ToDoubleSeconds(c.duration)},
+              {"notes", c.notes}};
+    if (!c.plugin_did.empty()) e["plugin_did"] = c.plugin_did;
+    if (!c.kubelet_expects.empty()) e["kubelet_expects"] = c.kubelet_expects;
+    if (!c.users_see.empty()) e["users_see"] = c.users_see;
+    if (!c.blocked_by.empty()) e["blocked_by"] = c.blocked_by;
+    if (!c.dir.empty()) e["dir"] = c.dir;
+    list.push_back(e);
+  }
+  j["cells"] = list;
+  const Totals t = Count(cells);
+  j["totals"] = {{"cells", cells.size()},
+                 {"passed", t.passed},
+                 {"failed", t.failed},
+                 {"blocked", t.blocked},
+                 {"not_applicable", t.not_applicable}};
+  return j.dump(2) + "\n";
+}
+
+std::string RenderJUnit(const std::vector<CellResult>& cells) {
+  const Totals all = Count(cells);
+  absl::Duration total;
+  for (const CellResult& c : cells) total += c.duration;
+  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  absl::StrAppend(&out, "<testsuites name=\"dpconform\" tests=\"", cells.size(),
+                  "\" failures=\"", all.failed, "\" errors=\"0\" skipped=\"",
+                  all.blocked + all.not_applicable, "\" time=\"", Seconds(total), "\">\n");
+  for (const std::string& k : Ordered(cells, &CellResult::kubelet)) {
+    std::vector<const CellResult*> mine;
+    absl::Duration time;
+    for (const CellResult& c : cells) {
+      if (c.kubelet == k) {
+        mine.push_back(&c);
+        time += c.duration;
+      }
+    }
+    Totals t;
+    for (const CellResult* c : mine) {
+      t.failed += c->outcome == Outcome::kFail;
+      t.blocked += c->outcome == Outcome::kBlocked || c->outcome == Outcome::kNotApplicable;
+    }
+    absl::StrAppend(&out, "  <testsuite name=\"kubelet ", XmlEscape(k), " (",
+                    XmlEscape(mine.front()->generation), ")\" tests=\"", mine.size(),
+                    "\" failures=\"", t.failed, "\" errors=\"0\" skipped=\"", t.blocked,
+                    "\" time=\"", Seconds(time), "\">\n");
+    for (const CellResult* c : mine) {
+      absl::StrAppend(&out, "    <testcase classname=\"dpconform.kubelet-", XmlEscape(k),
+                      "\" name=\"", XmlEscape(c->scenario), "\" time=\"", Seconds(c->duration),
+                      "\"");
+      switch (c->outcome) {
+        case Outcome::kPass:
+          if (c->notes.empty()) {
+            out += "/>\n";
+          } else {
+            absl::StrAppend(&out, ">\n      <system-out>",
+                            XmlEscape(absl::StrJoin(c->notes, "\n")), "</system-out>\n",
+                            "    </testcase>\n");
+          }
+          break;
+        case Outcome::kFail:
+          absl::StrAppend(&out, ">\n      <failure message=\"", XmlEscape(c->summary),
+                          "\" type=\"conformance\">", XmlEscape(Details(*c)), "</failure>\n",
+                          "    </testcase>\n");
+          break;
+        case Outcome::kBlocked:
+        case Outcome::kNotApplicable:
+          absl::StrAppend(&out, ">\n      <skipped message=\"",
+                          XmlEscape(absl::StrCat(OutcomeName(c->outcome), ": ", c->summary)),
+                          "\"/>\n    </testcase>\n");
+          break;
+      }
+    }
+    out += "  </testsuite>\n";
+  }
+  out += "</testsuites>\n";
+  return out;
+}
+
+}  // namespace dpproxy::conform

@@ -1,0 +1,28 @@
+// File: report.h
+//
+// dpconform's outputs: a table for people (scenarios down, kubelet releases
+// across, then what each failure means), JSON for scripts, and JUnit XML
+// for CI systems (one suite per kubelet release, one case per scenario;
+// blocked and n/a cells are <skipped> with the reason).
+#ifndef DPPROXY_TOOLS_CONFORM_REPORT_H_
+#define DPPROXY_TOOLS_CONFORM_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "tools/conform/conform.h"
+
+namespace dpproxy::conform {
+
+struct Totals {
+  int passed = 0, failed = 0, blocked = 0, not_applicable = 0;
+};
+Totals Count(const std::vector<CellResult>& cells);
+
+std::string RenderTable(const std::vector<CellResult>& cells);
+std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells);
+std::string RenderJUnit(const std::vector<CellResult>& cells);
+
+}  // namespace dpproxy::conform
+
+#endif  // DPPROXY_TOOLS_CONFORM_REPORT_H_

@@ -15,11 +15,6 @@
 namespace dpproxy::conform {
 namespace {
 
-// A first list with no healthy device is given this long to be followed by
-// one with devices (a plugin may list before it has probed its hardware);
-// a Register of an API the kubelet does not serve, this long to be followed
-// by one it does.
-constexpr absl::Duration kEmptyListGrace = absl::Seconds(3);
 // How often a wait looks whether the plugin process is still there.
 constexpr absl::Duration kProcessCheck = absl::Milliseconds(250);
 
@@ -78,6 +73,7 @@ Cell::Cell(const ConformOptions& options, const sim::KubeletVersion& kubelet, st
   sim::KubeletSimOptions o;
   o.root_dir = JoinPath(dir_, "k");
   o.kubelet = version_;
+  o.dial_timeout = options_.dial_timeout;
   sim_ = std::make_unique<sim::KubeletSim>(o);
 }
 
@@ -229,9 +225,9 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
   };
   while (!reached() && !failure.has_value()) {
     absl::Time limit = deadline;
-    if (empty_since.has_value() && connected) limit = std::min(limit, *empty_since + kEmptyListGrace);
+    if (empty_since.has_value() && connected) limit = std::min(limit, *empty_since + options_.settle);
     if (unknown_since.has_value() && !connected) {
-      limit = std::min(limit, *unknown_since + kEmptyListGrace);
+      limit = std::min(limit, *unknown_since + options_.settle);
     }
     const absl::Duration left = limit - absl::Now();
     if (left <= absl::ZeroDuration()) break;
@@ -357,7 +353,8 @@ Problem Cell::Diagnose(Stage stage, const std::string& resource, size_t from,
     p.summary = absl::StrCat("the kubelet could not reach the endpoint it was given: ",
                              dial_failed->value("error", ""));
     p.plugin_did = absl::StrCat("registered endpoint ", dial_failed->value("endpoint", ""),
-                                ", which did not accept connections within 10 s");
+                                ", which did not accept connections within ",
+                                absl::FormatDuration(options_.dial_timeout));
     p.kubelet_expects = "1.9-1.24 dial the endpoint after Register returns, for up to 10 s";
     p.users_see = "Register succeeded, yet the resource never appears: the kubelet only "
                   "logs the failed dial";

@@ -336,7 +336,10 @@ CellResult AllocateTwo(Cell& c) {
   for (int i = 0; i < 2; ++i) {
     if (auto bad = CheckResponse(c, r->allocations(i),
                                  UnreadFor(c, from, "two", absl::StrCat("c", i)))) {
-      return *bad;
+      // What a response holds is the allocate cell's check.
+      return FromProblem("allocate-two",
+                         Problem{"allocate", bad->summary, bad->plugin_did,
+                                 bad->kubelet_expects, bad->users_see});
     }
   }
   std::vector<std::string> first = DeviceAccess(r->allocations(0).response());
@@ -802,10 +805,14 @@ absl::Status ValidateOptions(const ConformOptions& o) {
   if (o.jobs < 1 || o.jobs > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--jobs=", o.jobs, " must be 1 to 64"));
   }
-  if (o.timeout < absl::Seconds(11)) {
+  if (o.dial_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--dial_timeout must be positive");
+  }
+  if (o.timeout < o.dial_timeout + absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--timeout=", absl::FormatDuration(o.timeout),
-        " is too short: a kubelet takes up to 10 s to give up dialling a plugin"));
+        "--timeout=", absl::FormatDuration(o.timeout), " is too short: the kubelet takes up to ",
+        absl::FormatDuration(o.dial_timeout),
+        " (--dial_timeout) to give up dialling a plugin; allow at least a second more"));
   }
   // <root>/dpconform.XXXXXX/c9999/k/plugins_registry/<socket>: leave room
   // for the plugin's own socket name.

@@ -71,6 +71,13 @@ struct ConformOptions {
   // The longest any one wait in a scenario may take (a registration, a
   // device list, a re-registration).
   absl::Duration timeout = absl::Seconds(30);
+  // How long the kubelet tries to dial a plugin: 10 s in every release.
+  // Lower, a run whose plugin registers before serving ends sooner.
+  absl::Duration dial_timeout = absl::Seconds(10);
+  // How long a plugin gets to follow a list without healthy devices with
+  // one that has them, or a Register of an API this kubelet does not serve
+  // with one it does (as dpproxy's version probing does).
+  absl::Duration settle = absl::Seconds(3);
   // How long a stopped plugin gets between SIGTERM and SIGKILL.
   absl::Duration stop_grace = absl::Seconds(10);
   // Cells run at once.

@@ -1,0 +1,265 @@
+// dpconform against real processes: the sample plugin with each of its
+// faults must fail exactly the scenario the fault breaks, on exactly the
+// kubelet releases where it matters, with every other cell passing (or not
+// applicable, or blocked by that same scenario); dpproxy in front of a
+// v1alpha plugin must pass every generation; and the binary's own
+// interface (exit status, JUnit file, --list) holds.
+#include <sys/wait.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/events/event_log.h"
+#include "proxy/util/child_process.h"
+#include "proxy/util/files.h"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
+#include "tools/conform/conform.h"
+
+namespace dpproxy::conform {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Releases where the faults differ: before GetPreferredAllocation (1.18),
+// asynchronous Register (1.24), synchronous Register (1.25), CDI behind its
+// gate, off by default (1.28), CDI GA (1.31).
+const std::vector<std::string> kReleases = {"1.18", "1.24", "1.25", "1.28", "1.31"};
+
+std::string SamplePlugin() { return testing::Runfile("tools/sample_plugin/sample_plugin"); }
+
+ConformOptions Options(const std::string& plugin_flags) {
+  ConformOptions o;
+  o.resources = {"example.com/gpu"};
+  o.plugin_command = absl::StrCat(SamplePlugin(),
+                                  " --quiet --resource=example.com/gpu"
+                                  " --kubelet_socket={kubelet_socket}"
+                                  " --plugins_registry_dir={plugins_registry}"
+                                  " --control_socket={work_dir}/control.sock ",
+                                  plugin_flags);
+  o.health_command = absl::StrCat(SamplePlugin(),
+                                  " set-health --control_socket={work_dir}/control.sock"
+                                  " --device={device} --health={health} >/dev/null");
+  for (const std::string& k : kReleases) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
+  o.dial_timeout = absl::Seconds(1);
+  o.timeout = absl::Seconds(6);
+  o.settle = absl::Milliseconds(500);
+  o.jobs = 4;
+  return o;
+}
+
+std::string Describe(const CellResult& c) {
+  return absl::StrCat(c.scenario, " on ", c.kubelet, ": ", OutcomeName(c.outcome),
+                      c.blocked_by.empty() ? "" : absl::StrCat(" by ", c.blocked_by), " (",
+                      c.summary, ") ", c.plugin_did);
+}
+
+struct FaultCase {
+  const char* fault;
+  const char* flags;     // besides --fault
+  const char* scenario;  // the one cell it must fail
+  int first_minor;       // it fails on releases first_minor..last_minor
+  int last_minor;
+};
+
+std::ostream& operator<<(std::ostream& os, const FaultCase& f) { return os << f.fault; }
+
+class FaultTest : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(FaultTest, FailsExactlyItsCellWhereItMatters) {
+  const FaultCase& f = GetParam();
+  const std::string flags = absl::StrCat(f.flags, " --fault=", f.fault);
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(Options(flags));
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), kReleases.size() * Scenarios().size());
+  int failed = 0;
+  for (const CellResult& c : *cells) {
+    const int minor = std::stoi(c.kubelet.substr(2));
+    const bool matters = minor >= f.first_minor && minor <= f.last_minor;
+    if (c.scenario == f.scenario && matters) {
+      EXPECT_EQ(c.outcome, Outcome::kFail) << Describe(c);
+      EXPECT_FALSE(c.plugin_did.empty() || c.kubelet_expects.empty() || c.users_see.empty())
+          << Describe(c);
+      ++failed;
+    } else if (matters) {
+      EXPECT_NE(c.outcome, Outcome::kFail) << Describe(c);
+      if (c.outcome == Outcome::kBlocked) {
+        EXPECT_EQ(c.blocked_by, f.scenario) << Describe(c);
+      }
+    } else {
+      EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
+          << Describe(c);
+    }
+  }
+  EXPECT_GT(failed, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SamplePlugin, FaultTest,
+    ::testing::Values(
+        FaultCase{"wrong-version", "", "registers", 9, 36},
+        // 1.10-1.24 dial after Register returns: the plugin is serving by then.
+        FaultCase{"register-before-serve", "", "serves-first", 25, 36},
+        FaultCase{"no-devices", "", "device-list", 9, 36},
+        FaultCase{"stream-per-update", "", "health", 9, 36},
+        FaultCase{"no-container-response", "", "allocate", 9, 36},
+        FaultCase{"same-device-node", "", "allocate-two", 9, 36},
+        // 1.28 reads cdi_devices only with its gate on (off by default).
+        FaultCase{"cdi-only", "", "allocate", 9, 28},
+        FaultCase{"preferred-wrong-size", "--preferred", "preferred", 19, 36},
+        FaultCase{"prestart-fails", "--pre_start_required", "prestart", 10, 36},
+        FaultCase{"no-reregister", "", "kubelet-restart", 9, 36},
+        FaultCase{"late-wipe-blind", "", "kubelet-crash", 9, 36},
+        FaultCase{"unstable-ids", "", "plugin-restart", 9, 36},
+        FaultCase{"huge-list", "", "list-size", 9, 36},
+        FaultCase{"watcher-wrong-type", "--registration=plugin-watcher", "plugin-watcher", 13,
+                  36}),
+    [](const ::testing::TestParamInfo<FaultCase>& i) {
+      std::string n = i.param.fault;
+      for (char& ch : n) ch = ch == '-' ? '_' : ch;
+      return n;
+    });
+
+// The same plugin without faults passes everything that applies, in both
+// registration modes; preferred and prestart apply when offered.
+TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
+  for (const char* flags : {"--preferred --pre_start_required",
+                            "--registration=plugin-watcher --preferred"}) {
+    SCOPED_TRACE(flags);
+    absl::StatusOr<std::vector<CellResult>> cells = RunConformance(Options(flags));
+    ASSERT_TRUE(cells.ok()) << cells.status();
+    std::set<std::string> applied;
+    for (const CellResult& c : *cells) {
+      EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
+          << Describe(c);
+      if (c.outcome == Outcome::kPass) applied.insert(c.scenario);
+      if (c.scenario == "preferred") {
+        EXPECT_EQ(c.outcome == Outcome::kPass, c.kubelet != "1.18") << Describe(c);
+      }
+    }
+    const bool watcher = absl::StrContains(flags, "plugin-watcher");
+    EXPECT_EQ(applied.count("plugin-watcher"), watcher ? 1u : 0u);
+    EXPECT_EQ(applied.count("prestart"), watcher ? 0u : 1u);
+    EXPECT_EQ(applied.count("health"), 1u);
+    EXPECT_EQ(applied.count("kubelet-crash"), 1u);
+  }
+}
+
+// 1.9 speaks only v1alpha: a v1beta1 plugin fails to register there and
+// nowhere else; a v1alpha plugin passes there and fails to register on
+// every later release.
+TEST(ConformTest, ApiVersionsMeetTheirReleases) {
+  ConformOptions o = Options("");
+  o.kubelets = {*sim::ParseKubeletVersion("1.9"), *sim::ParseKubeletVersion("1.10")};
+  o.scenarios = {"registers", "allocate", "kubelet-restart"};
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  for (const CellResult& c : *cells) {
+    if (c.kubelet == "1.9") {
+      EXPECT_EQ(c.outcome, c.scenario == "registers" ? Outcome::kFail : Outcome::kBlocked)
+          << Describe(c);
+    } else {
+      EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+    }
+  }
+  EXPECT_THAT((*cells)[0].summary, HasSubstr("/v1beta1.Registration/Register, which kubelet "
+                                             "1.9 does not serve"));
+  o.plugin_command += " --api=v1alpha";
+  o.health_command.clear();
+  cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  for (const CellResult& c : *cells) {
+    if (c.kubelet == "1.9") {
+      EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+    } else {
+      EXPECT_EQ(c.outcome, c.scenario == "registers" ? Outcome::kFail : Outcome::kBlocked)
+          << Describe(c);
+    }
+  }
+}
+
+// What dpproxy is for: a v1alpha plugin behind it passes every generation.
+TEST(ConformTest, DpproxyWithALegacyPluginPassesEveryGeneration) {
+  ConformOptions o = Options("");
+  const std::string dpproxy = testing::Runfile("proxy/dpproxy");
+  o.plugin_command = absl::StrCat(
+      dpproxy,
+      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
+      " --status_file={work_dir}/status.json --metrics_address= 2>>{work_dir}/dpproxy.log & ",
+      "exec ", SamplePlugin(),
+      " --quiet --api=v1alpha --resource=example.com/gpu --devices=4"
+      " --kubelet_socket={work_dir}/p/kubelet.sock --control_socket={work_dir}/control.sock");
+  o.kubelets.clear();
+  for (const std::string& k : DefaultKubelets()) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
+  o.settle = absl::Seconds(3);  // dpproxy tries v1beta1 first, then v1alpha
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  std::map<std::string, int> passed;
+  for (const CellResult& c : *cells) {
+    EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
+        << Describe(c);
+    passed[c.kubelet] += c.outcome == Outcome::kPass;
+  }
+  // Everything but plugin-watcher, preferred, prestart and multi-resource
+  // applies to a v1alpha plugin behind dpproxy.
+  for (const std::string& k : DefaultKubelets()) EXPECT_EQ(passed[k], 10) << k;
+}
+
+// The binary: exit status, the JUnit file, and what it says of a plugin
+// that exits at once.
+TEST(ConformTest, TheBinaryReportsAndExits) {
+  testing::ShortTempDir dir;
+  const std::string junit = dir.Sub("junit.xml");
+  ChildSpec spec;
+  spec.argv = {testing::Runfile("tools/conform/dpconform"), "--plugin=/bin/true",
+               "--resource=example.com/gpu", "--kubelets=1.31",
+               "--scenarios=registers,allocate", "--timeout=3s", "--dial_timeout=1s",
+               "--output=json", "--junit=" + junit, "--quiet", "--work_dir=" + dir.path()};
+  spec.output_path = dir.Sub("out");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> c = ChildProcess::Start(spec);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::optional<int> status = (*c)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(ChildProcess::DescribeExit(*status), "exited with status 1");
+  Json out = Json::parse(*ReadFile(dir.Sub("out")));
+  ASSERT_EQ(out["cells"].size(), 2u);
+  EXPECT_EQ(out["cells"][0]["outcome"], "fail");
+  EXPECT_THAT(out["cells"][0]["plugin_did"].get<std::string>(),
+              HasSubstr("the plugin exited with status 0"));
+  EXPECT_EQ(out["cells"][1]["outcome"], "blocked");
+  absl::StatusOr<std::string> xml = ReadFile(junit);
+  ASSERT_TRUE(xml.ok());
+  EXPECT_THAT(*xml, HasSubstr("tests=\"2\" failures=\"1\""));
+  // The failed cell's directory is kept and named.
+  EXPECT_TRUE(PathExists(out["cells"][0]["dir"].get<std::string>() + "/plugin.log"));
+
+  spec.argv = {testing::Runfile("tools/conform/dpconform"), "--plugin=p {sockets}",
+               "--resource=example.com/gpu"};
+  c = ChildProcess::Start(spec);
+  ASSERT_TRUE(c.ok());
+  status = (*c)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(ChildProcess::DescribeExit(*status), "exited with status 2");
+  EXPECT_THAT(*ReadFile(dir.Sub("out")), HasSubstr("--plugin: unknown placeholder {sockets}"));
+
+  spec.argv = {testing::Runfile("tools/conform/dpconform"), "--list"};
+  c = ChildProcess::Start(spec);
+  ASSERT_TRUE(c.ok());
+  status = (*c)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0);
+  const std::string list = *ReadFile(dir.Sub("out"));
+  EXPECT_THAT(list, HasSubstr("1.25-1.27"));
+  EXPECT_THAT(list, HasSubstr("kubelet-crash"));
+  EXPECT_THAT(list, HasSubstr("{kubelet_socket}"));
+}
+
+}  // namespace
+}  // namespace dpproxy::conform

@@ -1,0 +1,167 @@
+#include "tools/conform/report.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/events/event_log.h"
+#include "tools/conform/conform.h"
+
+namespace dpproxy::conform {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::vector<CellResult> Cells() {
+  CellResult pass;
+  pass.kubelet = "1.24";
+  pass.generation = "1.19-1.24";
+  pass.scenario = "registers";
+  pass.summary = "registered";
+  pass.notes = {"version \"v1beta1\""};
+  pass.duration = absl::Milliseconds(120);
+  CellResult fail = pass;
+  fail.kubelet = "1.31";
+  fail.generation = "1.31-1.36";
+  fail.outcome = Outcome::kFail;
+  fail.summary = "answered <nothing> & \"quoted\"";
+  fail.plugin_did = "sent no container response";
+  fail.kubelet_expects = "one per request";
+  fail.users_see = "UnexpectedAdmissionError";
+  fail.notes.clear();
+  fail.dir = "/tmp/dpconform.x/c1";
+  CellResult blocked = fail;
+  blocked.scenario = "allocate";
+  blocked.outcome = Outcome::kBlocked;
+  blocked.blocked_by = "registers";
+  blocked.summary = "not reached: registers failed";
+  blocked.plugin_did = blocked.kubelet_expects = blocked.users_see = "";
+  blocked.dir.clear();
+  CellResult na = pass;
+  na.scenario = "allocate";
+  na.outcome = Outcome::kNotApplicable;
+  na.summary = "never called";
+  na.notes.clear();
+  return {pass, na, fail, blocked};
+}
+
+TEST(ReportTest, TableHasAColumnPerReleaseARowPerScenarioAndExplainsFailures) {
+  const std::string t = RenderTable(Cells());
+  EXPECT_THAT(t, HasSubstr("scenario   1.24     1.31"));
+  EXPECT_THAT(t, HasSubstr("registers  pass     FAIL"));
+  EXPECT_THAT(t, HasSubstr("allocate   n/a      blocked"));
+  EXPECT_THAT(t, HasSubstr("registers on kubelet 1.31 (1.31-1.36): answered <nothing>"));
+  EXPECT_THAT(t, HasSubstr("  plugin did: sent no container response\n"));
+  EXPECT_THAT(t, HasSubstr("  kubelet 1.31 expects: one per request\n"));
+  EXPECT_THAT(t, HasSubstr("  users see: UnexpectedAdmissionError\n"));
+  EXPECT_THAT(t, HasSubstr("  files: /tmp/dpconform.x/c1\n"));
+  EXPECT_THAT(t, HasSubstr("4 cells: 1 passed, 1 failed, 1 blocked, 1 not applicable"));
+}
+
+TEST(ReportTest, JsonCarriesEveryCellAndTotals) {
+  ConformOptions o;
+  o.plugin_command = "p";
+  o.resources = {"example.com/gpu"};
+  Json j = Json::parse(RenderJson(o, Cells()));
+  EXPECT_EQ(j["kubelets"], Json({"1.24", "1.31"}));
+  EXPECT_EQ(j["scenarios"], Json({"registers", "allocate"}));
+  ASSERT_EQ(j["cells"].size(), 4u);
+  EXPECT_EQ(j["cells"][2]["outcome"], "fail");
+  EXPECT_EQ(j["cells"][2]["users_see"], "UnexpectedAdmissionError");
+  EXPECT_EQ(j["cells"][3]["blocked_by"], "registers");
+  EXPECT_FALSE(j["cells"][0].contains("blocked_by"));
+  EXPECT_DOUBLE_EQ(j["cells"][0]["seconds"].get<double>(), 0.12);
+  EXPECT_EQ(j["totals"]["failed"], 1);
+  EXPECT_EQ(j["totals"]["not_applicable"], 1);
+}
+
+TEST(ReportTest, JUnitCountsPerReleaseAndEscapes) {
+  const std::string x = RenderJUnit(Cells());
+  EXPECT_THAT(x, HasSubstr("<testsuites name=\"dpconform\" tests=\"4\" failures=\"1\" "
+                           "errors=\"0\" skipped=\"2\""));
+  EXPECT_THAT(x, HasSubstr("<testsuite name=\"kubelet 1.24 (1.19-1.24)\" tests=\"2\" "
+                           "failures=\"0\" errors=\"0\" skipped=\"1\""));
+  EXPECT_THAT(x, HasSubstr("<testsuite name=\"kubelet 1.31 (1.31-1.36)\" tests=\"2\" "
+                           "failures=\"1\" errors=\"0\" skipped=\"1\""));
+  EXPECT_THAT(x, HasSubstr("<failure message=\"answered &lt;nothing&gt; &amp; "
+                           "&quot;quoted&quot;\" type=\"conformance\">"));
+  EXPECT_THAT(x, HasSubstr("<skipped message=\"blocked: not reached: registers failed\"/>"));
+  EXPECT_THAT(x, HasSubstr("<system-out>version &quot;v1beta1&quot;</system-out>"));
+  EXPECT_THAT(x, Not(HasSubstr("<nothing>")));
+  // Every element opened is closed.
+  EXPECT_EQ(std::count(x.begin(), x.end(), '<') , std::count(x.begin(), x.end(), '>'));
+  size_t open = 0, close = 0;
+  for (size_t at = x.find("<testcase"); at != std::string::npos; at = x.find("<testcase", at + 1)) {
+    ++open;
+  }
+  for (size_t at = x.find("</testcase>"); at != std::string::npos;
+       at = x.find("</testcase>", at + 1)) {
+    ++close;
+  }
+  for (size_t at = x.find("\"/>\n"); at != std::string::npos; at = x.find("\"/>\n", at + 1)) {
+    ++close;  // self-closed
+  }
+  // The skipped elements are self-closed too: one per blocked or n/a case.
+  EXPECT_EQ(open + 2, close);
+}
+
+TEST(ExpandTest, ReplacesKnownPlaceholdersKeepsShellBracesAndNamesUnknownOnes) {
+  std::vector<std::pair<std::string, std::string>> v = {{"plugin_dir", "/d"},
+                                                        {"resource", "x.com/y"}};
+  EXPECT_EQ(*Expand("p --dir={plugin_dir} -r {resource} ${HOME} {}", v),
+            "p --dir=/d -r x.com/y ${HOME} {}");
+  absl::StatusOr<std::string> bad = Expand("p {kubelet_sock}", v);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("unknown placeholder {kubelet_sock}; known: {plugin_dir} {resource}"));
+}
+
+TEST(ValidateTest, NamesTheFlagAtFault) {
+  ConformOptions o;
+  o.plugin_command = "p";
+  o.resources = {"example.com/gpu"};
+  o.kubelets = {*sim::ParseKubeletVersion("1.31")};
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  auto message = [](ConformOptions c) { return std::string(ValidateOptions(c).message()); };
+  ConformOptions c = o;
+  c.plugin_command = "";
+  EXPECT_THAT(message(c), HasSubstr("--plugin"));
+  c = o;
+  c.plugin_command = "p {socket}";
+  EXPECT_THAT(message(c), HasSubstr("--plugin: unknown placeholder {socket}"));
+  c = o;
+  c.health_command = "h {device} {state}";
+  EXPECT_THAT(message(c), HasSubstr("--health_command: unknown placeholder {state}"));
+  c = o;
+  c.scenarios = {"allocate", "alocate"};
+  EXPECT_THAT(message(c), HasSubstr("unknown scenario \"alocate\""));
+  c = o;
+  c.resources.clear();
+  EXPECT_THAT(message(c), HasSubstr("--resource"));
+  c = o;
+  c.timeout = absl::Seconds(5);
+  EXPECT_THAT(message(c), HasSubstr("--timeout=5s is too short"));
+  c = o;
+  c.work_root = "/tmp/" + std::string(60, 'w');
+  EXPECT_THAT(message(c), HasSubstr("107-byte"));
+  c = o;
+  c.jobs = 0;
+  EXPECT_THAT(message(c), HasSubstr("--jobs=0"));
+}
+
+TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {
+  std::vector<std::string> names;
+  for (const ScenarioInfo& s : Scenarios()) {
+    names.push_back(s.name);
+    EXPECT_GT(std::string(s.checks).size(), 40u) << s.name;
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("registers", "serves-first", "plugin-watcher",
+                                            "device-list", "list-size", "health", "allocate",
+                                            "allocate-two", "preferred", "prestart",
+                                            "kubelet-restart", "kubelet-crash", "plugin-restart",
+                                            "multi-resource"));
+  EXPECT_THAT(DefaultKubelets(),
+              ::testing::ElementsAre("1.9", "1.15", "1.18", "1.24", "1.27", "1.30", "1.36"));
+}
+
+}  // namespace
+}  // namespace dpproxy::conform

@@ -68,6 +68,12 @@ std::shared_ptr<Backend> Resource::backend() {
   return connected_ ? backend_ : nullptr;
 }
 
+std::shared_ptr<Backend> Resource::WaitForBackend(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&connected_), timeout);
+  return connected_ ? backend_ : nullptr;
+}
+
 bool Resource::backend_connected() {
   absl::MutexLock lock(&mu_);
   return connected_;

@@ -88,6 +88,10 @@ class Resource {
   bool AttachBackend(std::shared_ptr<Backend> backend);
   // The current backend, or nullptr while none is connected.
   std::shared_ptr<Backend> backend();
+  // The current backend, waiting up to `timeout` for one to connect (a
+  // plugin registering again after it and dpproxy restarted together);
+  // nullptr if none did.
+  std::shared_ptr<Backend> WaitForBackend(absl::Duration timeout);
   bool backend_connected();
 
   // Options to advertise to the kubelet: the current (or last) backend's.

@@ -93,6 +93,16 @@ v1beta1::AllocateRequest ToBackendIds(Resource* r, const v1beta1::AllocateReques
   return out;
 }
 
+// How long a call that finds no backend waits for one (at most the
+// backend timeout): after dpproxy and its plugin restart together, the
+// kubelet may be shown the remembered devices before the plugin has
+// registered again, and a pod admitted then must not fail for it.
+constexpr absl::Duration kBackendWait = absl::Seconds(10);
+
+std::shared_ptr<Backend> BackendFor(KubeletEndpoint* e) {
+  return e->resource()->WaitForBackend(std::min(kBackendWait, e->options().backend_timeout));
+}
+
 grpc::Status NoBackend(Resource* r) {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       absl::StrCat("no backend is connected for resource ", r->name(),
@@ -209,7 +219,7 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
                           v1beta1::AllocateResponse* resp) {
   Resource* res = e->resource();
   if (grpc::Status s = CheckRequest(res, req); !s.ok()) return s;
-  std::shared_ptr<Backend> b = res->backend();
+  std::shared_ptr<Backend> b = BackendFor(e);
   if (b == nullptr) return NoBackend(res);
   const absl::Duration timeout = e->options().backend_timeout;
   const absl::Time deadline = absl::Now() + timeout;
@@ -270,7 +280,7 @@ class KubeletEndpoint::Services {
     grpc::Status GetPreferredAllocation(grpc::ServerContext* ctx,
                                         const v1beta1::PreferredAllocationRequest* req,
                                         v1beta1::PreferredAllocationResponse* resp) override {
-      std::shared_ptr<Backend> b = e_->resource()->backend();
+      std::shared_ptr<Backend> b = BackendFor(e_);
       if (b == nullptr) return NoBackend(e_->resource());
       Resource* res = e_->resource();
       v1beta1::PreferredAllocationRequest breq = *req;
@@ -296,7 +306,7 @@ class KubeletEndpoint::Services {
     grpc::Status PreStartContainer(grpc::ServerContext* ctx,
                                    const v1beta1::PreStartContainerRequest* req,
                                    v1beta1::PreStartContainerResponse*) override {
-      std::shared_ptr<Backend> b = e_->resource()->backend();
+      std::shared_ptr<Backend> b = BackendFor(e_);
       if (b == nullptr) return NoBackend(e_->resource());
       v1beta1::PreStartContainerRequest breq = *req;
       for (auto& id : *breq.mutable_devices_ids()) id = e_->resource()->ToBackendId(id);

@@ -264,3 +264,29 @@ TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
 
 }  // namespace
 }  // namespace dpproxy
+
+namespace dpproxy {
+namespace {
+
+// A call that finds no backend waits for one to connect (dpproxy and its
+// plugin restarting together), and gives up after its limit.
+TEST(ResourceTest, WaitForBackendWaitsForOneToConnect) {
+  EventLog events("test");
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events);
+  EXPECT_EQ(r.WaitForBackend(absl::Milliseconds(20)), nullptr);
+  auto backend = StreamOnlyBackend();
+  absl::Notification waiting;
+  std::shared_ptr<Backend> got;
+  std::thread caller([&] {
+    waiting.Notify();
+    got = r.WaitForBackend(absl::Seconds(30));
+  });
+  waiting.WaitForNotification();
+  r.AttachBackend(backend);
+  caller.join();
+  EXPECT_EQ(got, backend);
+  EXPECT_EQ(r.WaitForBackend(absl::ZeroDuration()), backend);
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -861,7 +861,8 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
       } else {
         results[i] = RunCell(o, *jobs[i].kubelet, *jobs[i].scenario, jobs[i].dir);
       }
-      const bool keep = o.keep || results[i].outcome == Outcome::kFail;
+      const bool keep = o.keep || results[i].outcome == Outcome::kFail ||
+                        results[i].outcome == Outcome::kBlocked;
       if (!keep) {
         std::error_code ignored;
         std::filesystem::remove_all(jobs[i].dir, ignored);

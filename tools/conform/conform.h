@@ -85,7 +85,8 @@ struct ConformOptions {
   // Where cell directories go (a new directory is made inside). Paths must
   // stay short: Unix socket paths are limited to 107 bytes.
   std::string work_root = "/tmp";
-  // Keep the directories of cells that passed (failed cells' are kept).
+  // Keep the directories of cells that passed or were n/a (failed and
+  // blocked cells' are kept).
   bool keep = false;
   // Extra environment for the plugin, besides the DPCONFORM_* variables.
   std::vector<std::pair<std::string, std::string>> env;

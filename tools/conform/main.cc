@@ -56,7 +56,7 @@ DEFINE_string(work_dir, "/tmp",
               "Where the run's directory goes (kept for failed cells, with the plugin's\n"
               "output in plugin.log and the kubelet's events). At most 40 bytes: sockets\n"
               "live inside.");
-DEFINE_bool(keep, false, "Keep every cell's directory, not only failed ones'.");
+DEFINE_bool(keep, false, "Keep every cell's directory, not only failed and blocked ones'.");
 DEFINE_bool(list, false, "Print the kubelet generations and the scenarios, then exit.");
 DEFINE_bool(quiet, false, "No progress lines on stderr.");
 

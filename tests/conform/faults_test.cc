@@ -198,7 +198,8 @@ TEST(ConformTest, DpproxyWithALegacyPluginPassesEveryGeneration) {
       " --kubelet_socket={work_dir}/p/kubelet.sock --control_socket={work_dir}/control.sock");
   o.kubelets.clear();
   for (const std::string& k : DefaultKubelets()) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
-  o.settle = absl::Seconds(3);  // dpproxy tries v1beta1 first, then v1alpha
+  // dpproxy tries v1beta1 first, then v1alpha (slower under sanitizers).
+  o.settle = absl::Seconds(10);
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
   std::map<std::string, int> passed;

@@ -97,6 +97,15 @@ size_t EventLog::Size() const {
   return dropped_ + events_.size();
 }
 
+std::vector<Json> EventLog::Since(size_t from) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Json> out;
+  for (size_t i = std::max(from, dropped_); i < dropped_ + events_.size(); ++i) {
+    out.push_back(events_[i - dropped_]);
+  }
+  return out;
+}
+
 std::optional<Json> EventLog::WaitFor(const std::function<bool(const Json&)>& pred,
                                       absl::Duration timeout, size_t from) const {
   absl::MutexLock lock(&mu_);

@@ -59,10 +59,13 @@ class EventLog {
   std::vector<Json> Snapshot() const;
   // How many events were emitted in all; the index of the next one.
   size_t Size() const;
+  // The events still in memory whose index is >= `from`, oldest first.
+  std::vector<Json> Since(size_t from) const;
 
   // Waits until an event at index >= `from` (an index as counted by Size())
   // satisfies `pred`; returns it, or nullopt after `timeout`. Events that
-  // left the in-memory history are not searched.
+  // left the in-memory history are not searched. `pred` may be called more
+  // than once for an event: it must not count calls (use Since for that).
   std::optional<Json> WaitFor(const std::function<bool(const Json&)>& pred,
                               absl::Duration timeout, size_t from = 0) const;
 

@@ -326,6 +326,13 @@ TEST(EventLogTest, HistoryIsBoundedButIndicesStayAbsolute) {
   ASSERT_TRUE(log.OpenFile(dir.Sub("events.jsonl")).ok());
   for (int i = 0; i < 5; ++i) log.Emit("e", {{"n", i}});
   EXPECT_EQ(log.Size(), 5u);
+  // Since: by absolute index, only what is still in memory.
+  std::vector<Json> since = log.Since(3);
+  ASSERT_EQ(since.size(), 2u);
+  EXPECT_EQ(since[0]["n"], 3);
+  EXPECT_EQ(log.Since(0).size(), 3u);
+  EXPECT_EQ(log.Since(0).front()["n"], 2);
+  EXPECT_TRUE(log.Since(5).empty());
   ASSERT_EQ(log.Snapshot().size(), 3u);
   EXPECT_EQ(log.Snapshot().front()["n"], 2);
   EXPECT_FALSE(log.WaitForEvent("e", {{"n", 0}}, absl::ZeroDuration()).has_value());  // gone

@@ -186,19 +186,18 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
   std::optional<Json> failure;
   std::vector<Json> seen;
   std::optional<absl::Time> empty_since, unknown_since;
-  size_t scanned = from;
   auto reached = [&] {
     return connected && (stage == Stage::kConnected || healthy >= 1);
   };
+  // Takes one event into account, once.
   auto process = [&](const Json& e) {
-    ++scanned;
     seen.push_back(e);
     const std::string n = Name(e);
     if (n == "plugin_connected" && IsFor(e, resource)) connected = true;
     if (n == "devices" && IsFor(e, resource)) {
       healthy = e.value("allocatable", int64_t{0});
       if (healthy < 1 && !empty_since.has_value()) empty_since = absl::Now();
-      if (healthy < 1) return true;  // the outer loop shortens its wait
+      if (healthy >= 1) empty_since.reset();
     }
     // A Register of an API this kubelet does not serve: a plugin that
     // tries versions in turn (dpproxy does) gets a short while to find the
@@ -206,7 +205,6 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
     if (n == "unknown_call" && absl::StrContains(e.value("method", ""), "Register") &&
         !unknown_since.has_value()) {
       unknown_since = absl::Now();
-      return true;
     }
     // A loss before this window's connection is the previous plugin's.
     const bool decisive =
@@ -214,16 +212,17 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
           (n == "plugin_lost" && connected)) &&
          IsFor(e, resource)) ||
         (n == "registration_rejected" && e.value("via", "") == "plugin-watcher") ||
-
         n == "watcher_registration_failed";
-    if (decisive && !tolerate_rejections) {
-      failure = e;
-      return true;
-    }
-    if (decisive) seen.back()["tolerated"] = true;
-    return reached();
+    if (decisive && !tolerate_rejections && !failure.has_value()) failure = e;
   };
-  while (!reached() && !failure.has_value()) {
+  size_t next = from;
+  for (;;) {
+    for (const Json& e : events().Since(next)) {
+      ++next;
+      process(e);
+      if (reached() || failure.has_value()) break;
+    }
+    if (reached() || failure.has_value()) break;
     absl::Time limit = deadline;
     if (empty_since.has_value() && connected) limit = std::min(limit, *empty_since + options_.settle);
     if (unknown_since.has_value() && !connected) {
@@ -231,12 +230,14 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
     }
     const absl::Duration left = limit - absl::Now();
     if (left <= absl::ZeroDuration()) break;
-    const bool got = events().WaitFor(process, std::min(left, kProcessCheck), scanned).has_value();
-    if (!got && !PluginRunning()) break;
-    if (healthy >= 1) empty_since.reset();
+    // Wakes at the next event, or to look at the plugin process.
+    const bool more = events()
+                          .WaitFor([](const Json&) { return true; },
+                                   std::min(left, kProcessCheck), next)
+                          .has_value();
+    if (!more && !PluginRunning()) break;
   }
   if (reached()) return std::nullopt;
-  if (failure.has_value()) seen.push_back(*failure);
   return Diagnose(stage, resource, from, seen);
 }
 
@@ -339,9 +340,9 @@ Problem Cell::Diagnose(Stage stage, const std::string& resource, size_t from,
   }
   if (unknown.has_value() && !connected) {
     p.owner = "registers";
+    p.plugin_did = absl::StrCat("called ", unknown->value("method", ""), " on kubelet.sock");
     p.summary = absl::StrCat("called ", unknown->value("method", ""), ", which kubelet ",
                              version_.name, " does not serve");
-    p.plugin_did = absl::StrCat("called ", unknown->value("method", ""), " on kubelet.sock");
     p.kubelet_expects = ExpectedRegistration(version_);
     p.users_see = absl::StrCat("the call fails (Unimplemented: ", unknown->value("error", ""),
                                ") and the resource never appears; a plugin of another API "

@@ -105,8 +105,9 @@ absl::StatusOr<sim::AllocateResponse> Admit(
 
 CellResult Registers(Cell& c) {
   if (auto p = c.Reach(Stage::kConnected, c.resource())) return FromProblem("registers", *p);
+  // The kubelet records the registration just after it connected.
   std::optional<Json> reg = c.events().WaitForEvent("registered", {{"resource", c.resource()}},
-                                                    absl::ZeroDuration());
+                                                    c.options().timeout);
   std::optional<Json> req = c.events().WaitForEvent(
       "register_request", {{"resource", c.resource()}}, absl::ZeroDuration());
   std::vector<std::string> notes;
@@ -168,8 +169,9 @@ CellResult PluginWatcher(Cell& c) {
                                       " has no plugin watcher (device plugins use it from 1.13)"));
   }
   if (auto p = c.Reach(Stage::kConnected, c.resource())) return FromProblem("plugin-watcher", *p);
+  // The kubelet records the registration just after it connected.
   std::optional<Json> reg = c.events().WaitForEvent("registered", {{"resource", c.resource()}},
-                                                    absl::ZeroDuration());
+                                                    c.options().timeout);
   if (!reg.has_value() || reg->value("via", "") != "plugin-watcher") {
     return NotApplicable("registers through kubelet.sock; offers no plugin-watcher socket");
   }

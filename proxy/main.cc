@@ -103,13 +103,7 @@ int main(int argc, char** argv) {
     std::cout << dpproxy::kUsage << dpproxy::FlagsHelp({"proxy/config/flags.cc"});
     return 0;
   }
-  dpproxy::NormalizeFlagDashes(argc, argv);
-  gflags::SetUsageMessage("see dpproxy --help");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc > 1) {
-    std::cerr << "dpproxy: unexpected argument \"" << argv[1] << "\"; see dpproxy --help\n";
-    return 2;
-  }
+  if (!dpproxy::ParseFlags("dpproxy", &argc, &argv)) return 2;
   if (command == "status") return dpproxy::PrintStatus();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

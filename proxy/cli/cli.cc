@@ -1,6 +1,7 @@
 #include "proxy/cli/cli.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include <gflags/gflags.h>
 
@@ -62,6 +63,18 @@ absl::StatusOr<absl::Duration> ParseFlagDuration(const char* name, const std::st
         "--", name, "=", value, " is not a duration (examples: 500ms, 10s, 5m)"));
   }
   return d;
+}
+
+bool ParseFlags(const char* program, int* argc, char*** argv) {
+  NormalizeFlagDashes(*argc, *argv);
+  gflags::SetUsageMessage(absl::StrCat("see ", program, " --help"));
+  gflags::ParseCommandLineFlags(argc, argv, true);
+  if (*argc > 1) {
+    fprintf(stderr, "%s: unexpected argument \"%s\"; see %s --help\n", program, (*argv)[1],
+            program);
+    return false;
+  }
+  return true;
 }
 
 void NormalizeFlagDashes(int argc, char** argv) {

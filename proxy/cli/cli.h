@@ -35,6 +35,12 @@ namespace dpproxy {
 // can type either; gflags only knows underscores.
 void NormalizeFlagDashes(int argc, char** argv);
 
+// Parses the flags (dashes or underscores) as every dpproxy binary does:
+// an unknown flag, or an argument left over, is reported on stderr as
+// "<program>: ..." with a pointer to --help. True if the flags are fine;
+// false means exit with status 2.
+bool ParseFlags(const char* program, int* argc, char*** argv);
+
 // Parses a duration flag ("500ms", "10s", "5m"); kInvalidArgument naming
 // the flag if it is not one or is negative.
 absl::StatusOr<absl::Duration> ParseFlagDuration(const char* name, const std::string& value);

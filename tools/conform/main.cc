@@ -215,12 +215,6 @@ int main(int argc, char** argv) {
     std::cout << dpproxy::conform::kUsage << dpproxy::FlagsHelp({"conform/main.cc"});
     return 0;
   }
-  dpproxy::NormalizeFlagDashes(argc, argv);
-  gflags::SetUsageMessage("see dpconform --help");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc > 1) {
-    std::cerr << "dpconform: unexpected argument \"" << argv[1] << "\"; see dpconform --help\n";
-    return 2;
-  }
+  if (!dpproxy::ParseFlags("dpconform", &argc, &argv)) return 2;
   return dpproxy::conform::Run();
 }

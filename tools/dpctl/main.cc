@@ -138,11 +138,6 @@ int main(int argc, char** argv) {
     std::cerr << "dpctl: unknown subcommand \"" << command << "\"; see dpctl --help\n";
     return 2;
   }
-  dpproxy::NormalizeFlagDashes(argc, argv);
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc > 1) {
-    std::cerr << "dpctl: unexpected argument \"" << argv[1] << "\"; see dpctl --help\n";
-    return 2;
-  }
+  if (!dpproxy::ParseFlags("dpctl", &argc, &argv)) return 2;
   return dpproxy::Run(command);
 }

@@ -422,13 +422,7 @@ int main(int argc, char** argv) {
               << "\"; see kubelet_sim --help\n";
     return 2;
   }
-  dpproxy::NormalizeFlagDashes(argc, argv);
-  gflags::SetUsageMessage("see kubelet_sim --help");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc > 1) {
-    std::cerr << "kubelet_sim: unexpected argument \"" << argv[1] << "\"; see kubelet_sim --help\n";
-    return 2;
-  }
+  if (!dpproxy::ParseFlags("kubelet_sim", &argc, &argv)) return 2;
   if (command == "serve") return dpproxy::sim::Serve();
   if (command == "events") return dpproxy::sim::PrintEvents();
   if (command == "generations") return dpproxy::sim::PrintGenerations();

@@ -210,14 +210,7 @@ int main(int argc, char** argv) {
               << "\"; see sample_plugin --help\n";
     return 2;
   }
-  dpproxy::NormalizeFlagDashes(argc, argv);
-  gflags::SetUsageMessage("see sample_plugin --help");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  if (argc > 1) {
-    std::cerr << "sample_plugin: unexpected argument \"" << argv[1]
-              << "\"; see sample_plugin --help\n";
-    return 2;
-  }
+  if (!dpproxy::ParseFlags("sample_plugin", &argc, &argv)) return 2;
   if (command == "serve") return dpproxy::sample::Serve();
   return dpproxy::sample::RunClient(command);
 }

@@ -566,14 +566,17 @@ CellResult PluginRestart(Cell& c) {
 CellResult MultiResource(Cell& c) {
   const std::vector<std::string>& resources = c.options().resources;
   if (resources.size() < 2) return NotApplicable("one --resource given");
+  // Registered and connected first: a shared socket shows in the
+  // endpoints, before the servers' fight over it ends any stream.
   for (const std::string& r : resources) {
-    if (auto p = c.Reach(Stage::kDevices, r)) {
+    if (auto p = c.Reach(Stage::kConnected, r)) {
       if (r != resources.front() && p->owner == "registers") p->owner = "multi-resource";
       return FromProblem("multi-resource", *p);
     }
   }
   std::map<std::string, std::string> owner_of_endpoint;
-  for (const sim::ResourceState& r : c.kubelet().GetState().resources()) {
+  const sim::State state = c.kubelet().GetState();
+  for (const sim::ResourceState& r : state.resources()) {
     auto [it, inserted] = owner_of_endpoint.emplace(r.endpoint(), r.name());
     if (!inserted) {
       return Fail(
@@ -584,6 +587,9 @@ CellResult MultiResource(Cell& c) {
           "one resource's calls reach the other resource's server: wrong devices in "
           "containers, or admission failures");
     }
+  }
+  for (const std::string& r : resources) {
+    if (auto p = c.Reach(Stage::kDevices, r)) return FromProblem("multi-resource", *p);
   }
   std::vector<std::pair<std::string, int>> containers;
   for (const std::string& r : resources) containers.emplace_back(r, 1);

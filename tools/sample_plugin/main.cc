@@ -12,6 +12,8 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "proxy/cli/cli.h"
@@ -25,7 +27,10 @@
 DEFINE_string(api, "v1beta1",
               "Device-plugin API to speak: v1alpha (Kubernetes 1.9, Register version\n"
               "\"v1alpha2\") or v1beta1 (1.10+).");
-DEFINE_string(resource, "example.com/device", "Extended resource name to serve.");
+DEFINE_string(resource, "example.com/device",
+              "Extended resource name(s) to serve, comma-separated: one server, socket\n"
+              "and registration per resource, in one process (the control socket\n"
+              "serves the first).");
 DEFINE_int32(devices, 4, "Number of devices.");
 DEFINE_string(id_pattern, "dev-{i}",
               "Device ID pattern: {i} is the index (0..N-1), {uuid} a UUID derived\n"
@@ -64,7 +69,8 @@ DEFINE_string(fault, "",
               "tools (dpconform). One of: wrong-version, register-before-serve,\n"
               "no-devices, stream-per-update, no-container-response, same-device-node,\n"
               "cdi-only, preferred-wrong-size, prestart-fails, no-reregister,\n"
-              "late-wipe-blind, unstable-ids, huge-list, watcher-wrong-type\n"
+              "late-wipe-blind, unstable-ids, huge-list, watcher-wrong-type,\n"
+              "shared-socket (every --resource on one socket name)\n"
               "(docs/conformance.md says what each does and which scenario it fails).");
 DEFINE_string(control_socket, "",
               "Serve the control API here (set-health, status). Empty: no control\n"
@@ -117,7 +123,9 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--registration=", FLAGS_registration, " is not kubelet, plugin-watcher or none"));
   }
-  o.resource = FLAGS_resource;
+  // The first; Serve() makes one plugin per --resource.
+  o.resource = std::string(absl::StripAsciiWhitespace(
+      std::string(FLAGS_resource).substr(0, FLAGS_resource.find(','))));
   o.devices = FLAGS_devices;
   o.id_pattern = FLAGS_id_pattern;
   o.numa_nodes = FLAGS_numa_nodes;
@@ -141,24 +149,37 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
 int Serve() {
   absl::StatusOr<SamplePluginOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(2, std::string(options.status().message()));
+  const std::vector<std::string> resources = absl::StrSplit(FLAGS_resource, ',',
+                                                            absl::SkipWhitespace());
+  std::vector<std::unique_ptr<SamplePlugin>> plugins;
+  for (const std::string& r : resources) {
+    SamplePluginOptions o = *options;
+    o.resource = r;
+    if (absl::Status s = ValidateOptions(o); !s.ok()) return Fail(2, std::string(s.message()));
+    plugins.push_back(std::make_unique<SamplePlugin>(o));
+  }
+  if (plugins.empty()) return Fail(2, "--resource: no resource name");
   BlockTerminationSignals();
-  SamplePlugin plugin(*options);
-  plugin.events().SetEcho(!FLAGS_quiet);
-  if (!FLAGS_events.empty()) {
-    if (absl::Status s = plugin.events().OpenFile(FLAGS_events); !s.ok()) {
-      return Fail(2, std::string(s.message()));
+  for (auto& plugin : plugins) {
+    plugin->events().SetEcho(!FLAGS_quiet);
+    if (!FLAGS_events.empty()) {
+      if (absl::Status s = plugin->events().OpenFile(FLAGS_events); !s.ok()) {
+        return Fail(2, std::string(s.message()));
+      }
     }
   }
   if (!FLAGS_control_socket.empty()) {
-    if (absl::Status s = plugin.StartControl(FLAGS_control_socket); !s.ok()) {
+    if (absl::Status s = plugins.front()->StartControl(FLAGS_control_socket); !s.ok()) {
       return Fail(1, std::string(s.message()));
     }
   }
-  if (absl::Status s = plugin.Start(); !s.ok()) return Fail(1, std::string(s.message()));
+  for (auto& plugin : plugins) {
+    if (absl::Status s = plugin->Start(); !s.ok()) return Fail(1, std::string(s.message()));
+  }
   int sig = WaitForTerminationSignal();
-  plugin.events().Emit("signal", {{"signal", sig}});
-  plugin.StopControl();
-  plugin.Stop();
+  plugins.front()->events().Emit("signal", {{"signal", sig}});
+  plugins.front()->StopControl();
+  for (auto& plugin : plugins) plugin->Stop();
   if (!FLAGS_control_socket.empty()) ::unlink(FLAGS_control_socket.c_str());
   return 0;
 }

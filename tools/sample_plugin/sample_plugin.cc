@@ -51,6 +51,7 @@ std::string DirOf(const std::string& path) {
 
 std::string DefaultSocketName(const SamplePluginOptions& o) {
   if (!o.socket_name.empty()) return o.socket_name;
+  if (o.fault == "shared-socket") return "sample.sock";  // whatever the resource
   std::string n = ResourceShortName(o.resource);
   for (char& c : n) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '-';

@@ -103,11 +103,12 @@ struct SamplePluginOptions {
 //   unstable-ids           device IDs change with every process           plugin-restart
 //   huge-list              sends more than 4 MiB of device list           list-size
 //   watcher-wrong-type     plugin-watcher GetInfo says "CSIPlugin"        plugin-watcher
+//   shared-socket          serves every resource on socket "sample.sock"  multi-resource
 inline constexpr const char* kPluginFaults[] = {
     "wrong-version",        "register-before-serve", "no-devices",      "stream-per-update",
     "no-container-response", "same-device-node",     "cdi-only",        "preferred-wrong-size",
     "prestart-fails",       "no-reregister",         "late-wipe-blind", "unstable-ids",
-    "huge-list",            "watcher-wrong-type"};
+    "huge-list",            "watcher-wrong-type",    "shared-socket"};
 
 // The values SamplePluginOptions::device_list_fault accepts.
 inline constexpr const char* kDeviceListFaults[] = {"duplicate-id", "empty-id", "newline-id",

@@ -116,6 +116,9 @@ struct ProxyConfig {
   std::string status_file;
   // Durable state (<state_dir>/state.pb); "" = keep nothing on disk.
   std::string state_dir;
+  // How long a start waits for <state_dir>/lock, held by another dpproxy
+  // (a previous one may still be shutting down); then it fails.
+  absl::Duration state_lock_wait = absl::Seconds(10);
   RestorePolicy restore_policy = RestorePolicy::kTrust;
   absl::Duration restore_hold = absl::Minutes(5);
   // Reconciliation with the kubelet's pod-resources API

@@ -28,6 +28,11 @@ ProxyServer::ProxyServer(ProxyConfig config) : config_(std::move(config)) {}
 
 ProxyServer::~ProxyServer() { Shutdown(); }
 
+ProxyServer::LockFd::~LockFd() {
+  if (fd >= 0) ::close(fd);
+}
+
+
 std::map<std::string, int64_t> ProxyServer::RegistrationRejections() {
   return registration_ ? registration_->Rejections() : std::map<std::string, int64_t>();
 }
@@ -62,6 +67,19 @@ absl::Status ProxyServer::Start() {
   if (!config_.state_dir.empty()) {
     absl::Status s = MakeDirs(config_.state_dir);
     if (s.ok()) s = CheckOwnDirectory(config_.state_dir);
+    if (s.ok() && state_lock_.fd < 0) {
+      absl::StatusOr<int> fd = LockFile(JoinPath(config_.state_dir, "lock"),
+                                           config_.state_lock_wait);
+      if (fd.ok()) {
+        state_lock_.fd = *fd;
+      } else {
+        s = absl::FailedPreconditionError(absl::StrCat(
+            fd.status().message(),
+            ": another dpproxy is using this state directory, and two must never share one "
+            "(their journals would interleave); stop it, or give this one its own "
+            "--state_dir"));
+      }
+    }
     if (s.ok()) {
       keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
       s = RestoreState();

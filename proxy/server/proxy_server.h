@@ -119,6 +119,13 @@ class ProxyServer {
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
   LossCounter losses_;
+  // The state directory's lock (state_dir/lock), held for this object's
+  // life: declared before keeper_ so it is released after the journal is
+  // closed. Two dpproxy processes must never write one journal.
+  struct LockFd {
+    int fd = -1;
+    ~LockFd();
+  } state_lock_;
   std::unique_ptr<StateKeeper> keeper_;
   std::unique_ptr<BackendRegistrationServer> registration_;
   std::unique_ptr<DirWatcher> watcher_;

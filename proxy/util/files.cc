@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 
 namespace dpproxy {
 namespace {
@@ -134,6 +136,41 @@ std::optional<FileId> StatFileId(const std::string& path) {
 bool PathExists(const std::string& path) {
   struct stat st;
   return ::lstat(path.c_str(), &st) == 0;
+}
+
+absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ",
+                                                      ErrnoText(errno)));
+  }
+  const absl::Time deadline = absl::Now() + wait;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      const int err = errno;
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat("cannot lock ", path, ": ",
+                                                        ErrnoText(err)));
+    }
+    if (absl::Now() >= deadline) {
+      char buf[32] = {};
+      const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+      std::string holder(buf, n > 0 ? static_cast<size_t>(n) : 0);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      ::close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is locked by another process",
+          holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"), " after waiting ",
+          absl::FormatDuration(wait)));
+    }
+    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the pid; only the message of a second
+    // instance is poorer.
+  }
+  return fd;
 }
 
 bool SocketAccepts(const std::string& path) {

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/strings/string_view.h"
 
 namespace dpproxy {
@@ -48,6 +49,13 @@ struct FileId {
 std::optional<FileId> StatFileId(const std::string& path);
 
 bool PathExists(const std::string& path);
+
+// Takes an exclusive lock (flock) on `path`, created 0600 if missing, and
+// writes this process's pid into it; the lock lasts while the returned fd
+// is open. A lock held elsewhere is tried again for up to `wait` (a
+// previous instance may still be exiting); then kFailedPrecondition naming
+// the holder's pid.
+absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait);
 
 // True if a Unix socket at `path` accepts a connection now (a listening
 // server; the connection is closed at once).

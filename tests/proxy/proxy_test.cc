@@ -105,6 +105,29 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   EXPECT_TRUE(h.sim().Allocate(Pod("still-fine", 1)).ok());
 }
 
+// Two dpproxy processes on one state directory would interleave their
+// journals: the second start fails, naming the first, and leaves the
+// first's state alone.
+TEST_F(ProxyTest, ASecondProxyOnTheSameStateDirectoryIsRefused) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("kept", 1)).ok());
+  ProxyConfig second = h.config();
+  second.plugin_dir = h.dir("p2");
+  second.state_lock_wait = absl::Milliseconds(200);
+  ProxyServer other(second);
+  absl::Status s = other.Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("another dpproxy is using this state directory"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("(pid ", ::getpid(), ")")));
+  // The first still serves, with its allocation.
+  EXPECT_TRUE(h.sim().Allocate(Pod("still", 1)).ok());
+  ASSERT_TRUE(h.proxy().Status().state.has_value());
+  EXPECT_EQ(h.proxy().Status().state->allocations, 2);
+}
+
 // Virtual memory of this process in kB (VmSize in /proc/self/status).
 int64_t VmSizeKb() {
   absl::StatusOr<std::string> status = ReadFile("/proc/self/status");

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -114,6 +115,23 @@ void MakeSocketFile(const std::string& path) {
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
   ::close(fd);
+}
+
+TEST(FilesTest, LockFileIsExclusiveNamesItsHolderAndIsFreedOnClose) {
+  testing::ShortTempDir dir;
+  absl::StatusOr<int> first = LockFile(dir.Sub("lock"), absl::ZeroDuration());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*ReadFile(dir.Sub("lock")), absl::StrCat(::getpid(), "\n"));
+  // A second open file description conflicts even within one process.
+  absl::StatusOr<int> second = LockFile(dir.Sub("lock"), absl::Milliseconds(100));
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr(absl::StrCat("is locked by another process (pid ", ::getpid(), ")")));
+  ::close(*first);
+  second = LockFile(dir.Sub("lock"), absl::ZeroDuration());
+  ASSERT_TRUE(second.ok()) << second.status();
+  ::close(*second);
+  EXPECT_FALSE(LockFile(dir.Sub("missing/lock"), absl::ZeroDuration()).ok());
 }
 
 TEST(FilesTest, SocketAcceptsOnlyWhileAServerListens) {

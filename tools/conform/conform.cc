@@ -516,7 +516,13 @@ CellResult PluginRestart(Cell& c) {
   absl::StatusOr<sim::AllocateResponse> r = Admit(c, "running", {{c.resource(), 1}}, &problem);
   if (!r.ok()) return FromProblem("plugin-restart", problem);
   const std::string held = r->allocations(0).device_ids(0);
+  const size_t before_stop = c.events().Size();
   const std::string ended = c.StopPlugin();
+  // A restarted pod takes longer to come back than the kubelet takes to see
+  // the old stream end; starting at once could race that (and 1.25-1.36
+  // would then tear the new registration down by name).
+  c.events().WaitForEvent("plugin_lost", {{"resource", c.resource()}}, c.options().timeout,
+                          before_stop);
   const size_t from = c.events().Size();
   if (absl::Status s = c.StartPlugin(); !s.ok()) {
     return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()), "",

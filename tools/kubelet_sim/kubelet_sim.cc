@@ -708,10 +708,14 @@ void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
                           client->via, client->options, client->generation);
   auto it = clients_.find(client->resource);
   if (it != clients_.end() && it->second != client) {
+    // 1.25-1.36 leave the replaced client running (kubernetes#124716)
+    // until its plugin ends the stream; earlier releases stop it.
+    const bool keep_old = kubelet_.TearsDownByName();
     events_.Emit("endpoint_replaced", {{"resource", client->resource},
                                        {"old_endpoint", it->second->socket_path},
-                                       {"new_endpoint", client->socket_path}});
-    it->second->Cancel();
+                                       {"new_endpoint", client->socket_path},
+                                       {"old_stopped", !keep_old}});
+    if (!keep_old) it->second->Cancel();
   }
   clients_[client->resource] = client;
 }
@@ -916,12 +920,24 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
   absl::MutexLock lock(&mu_);
   if (!running_) return;
   auto it = clients_.find(client->resource);
-  if (it == clients_.end() || it->second != client) return;  // replaced
+  if (it == clients_.end()) return;
+  std::shared_ptr<PluginClient> lost = client;
+  std::string reason = why;
+  if (it->second != client) {
+    if (!kubelet_.TearsDownByName()) return;  // replaced: its end changes nothing
+    // 1.25-1.36: the ended client's goroutine looks the client up by
+    // resource name and disconnects whatever it finds: the new one.
+    lost = it->second;
+    reason = absl::StrCat("the replaced client at ", client->socket_path,
+                          " ended, and the kubelet disconnected the resource's client by "
+                          "name (kubernetes#121994)");
+    lost->Cancel();
+  }
   clients_.erase(it);
-  if (!state_.EndpointLost(client->resource, client->generation, absl::Now())) return;
-  events_.Emit("plugin_lost", {{"resource", client->resource},
-                               {"endpoint", client->socket_path},
-                               {"reason", why},
+  if (!state_.EndpointLost(lost->resource, lost->generation, absl::Now())) return;
+  events_.Emit("plugin_lost", {{"resource", lost->resource},
+                               {"endpoint", lost->socket_path},
+                               {"reason", reason},
                                {"grace_seconds", absl::ToInt64Seconds(Grace())}});
   for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
     events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});

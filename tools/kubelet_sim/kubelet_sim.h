@@ -66,6 +66,11 @@ struct KubeletVersion {
   bool ReadsTopology() const { return minor >= 16; }
   bool CallsGetPreferredAllocation() const { return minor >= 19; }
   bool ReadsCdiDevices() const { return minor >= 31 || (minor >= 28 && cdi_gate); }
+  // 1.25-1.36 keep a replaced client running and, when its stream ends,
+  // disconnect whatever client holds the resource name: a rolling update's
+  // new registration is torn down when the old instance exits
+  // (kubernetes#121994; fixed by tracking clients per socket, #135437).
+  bool TearsDownByName() const { return minor >= 25 && minor <= 36; }
   // The kubelet's generation, e.g. "1.19-1.24" for 1.21.
   std::string GenerationName() const;
 };

@@ -173,6 +173,22 @@ absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait) {
   return fd;
 }
 
+std::vector<std::string> ListSockets(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.empty() || name[0] == '.') continue;
+    std::string full = JoinPath(dir, name);
+    struct stat st;
+    if (::lstat(full.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) out.push_back(full);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool SocketAccepts(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return false;

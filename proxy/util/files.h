@@ -57,6 +57,10 @@ bool PathExists(const std::string& path);
 // the holder's pid.
 absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait);
 
+// Full paths of the sockets in `dir` whose names do not start with '.',
+// sorted; none if `dir` cannot be read.
+std::vector<std::string> ListSockets(const std::string& dir);
+
 // True if a Unix socket at `path` accepts a connection now (a listening
 // server; the connection is closed at once).
 bool SocketAccepts(const std::string& path);

@@ -182,9 +182,13 @@ TEST(ConformTest, SeveralResourcesFromOneProcess) {
   cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
   ExpectFailsExactly(*cells, "multi-resource", 9, 36);
+  // Mostly the shared endpoint; when the second server's bind races the
+  // kubelet's dial, the second registration fails outright instead.
   for (const CellResult& c : *cells) {
     if (c.scenario == "multi-resource") {
-      EXPECT_THAT(c.summary, HasSubstr("share the socket")) << Describe(c);
+      EXPECT_TRUE(absl::StrContains(c.summary, "share the socket") ||
+                  absl::StrContains(c.summary, "Register"))
+          << Describe(c);
     }
   }
 }

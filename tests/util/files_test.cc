@@ -156,6 +156,17 @@ TEST(FilesTest, SocketAcceptsOnlyWhileAServerListens) {
   EXPECT_FALSE(SocketAccepts("/" + std::string(200, 'a')));  // too long for sun_path
 }
 
+TEST(FilesTest, ListSocketsListsOnlyVisibleSocketsSorted) {
+  testing::ShortTempDir dir;
+  MakeSocketFile(dir.Sub("b.sock"));
+  MakeSocketFile(dir.Sub("a.sock"));
+  MakeSocketFile(dir.Sub(".hidden.sock"));
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("plain"), "x").ok());
+  ASSERT_TRUE(MakeDirs(dir.Sub("sub")).ok());
+  EXPECT_THAT(ListSockets(dir.path()), ElementsAre(dir.Sub("a.sock"), dir.Sub("b.sock")));
+  EXPECT_TRUE(ListSockets(dir.Sub("missing")).empty());
+}
+
 TEST(FilesTest, RemoveStaleSocketsRemovesOnlySockets) {
   testing::ShortTempDir dir;
   testing::ShortTempDir elsewhere;

@@ -1,8 +1,5 @@
 #include "tools/conform/cell.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -23,21 +20,6 @@ bool IsFor(const Json& e, const std::string& resource) {
 }
 
 std::string Name(const Json& e) { return e.value("event", ""); }
-
-// Sockets (any non-directory entries) in `dir`.
-std::vector<std::string> Entries(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (dirent* e = ::readdir(d)) {
-    const std::string n = e->d_name;
-    if (n == "." || n == "..") continue;
-    struct stat st;
-    if (::stat(JoinPath(dir, n).c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) out.push_back(n);
-  }
-  ::closedir(d);
-  return out;
-}
 
 std::string ExpectedRegistration(const sim::KubeletVersion& k) {
   if (k.personality == sim::Personality::kV1Alpha) {
@@ -106,13 +88,14 @@ std::vector<std::pair<std::string, std::string>> Cell::Values(
 }
 
 absl::Status Cell::StartPlugin() {
-  absl::StatusOr<std::string> command = Expand(options_.plugin_command, Values());
+  const std::vector<std::pair<std::string, std::string>> values = Values();
+  absl::StatusOr<std::string> command = Expand(options_.plugin_command, values);
   if (!command.ok()) return command.status();
   ChildSpec spec;
   spec.argv = {"/bin/sh", "-c", *command};
   spec.output_path = JoinPath(dir_, "plugin.log");
   spec.env = options_.env;
-  for (const auto& [name, value] : Values()) {
+  for (const auto& [name, value] : values) {
     spec.env.emplace_back(absl::StrCat("DPCONFORM_", absl::AsciiStrToUpper(name)), value);
   }
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
@@ -238,12 +221,10 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
     if (!more && !PluginRunning()) break;
   }
   if (reached()) return std::nullopt;
-  return Diagnose(stage, resource, from, seen);
+  return Diagnose(resource, seen);
 }
 
-Problem Cell::Diagnose(Stage stage, const std::string& resource, size_t from,
-                       const std::vector<Json>& seen) {
-  (void)from;
+Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& seen) {
   const std::string t = absl::FormatDuration(options_.timeout);
   std::optional<Json> request, rejected, dial_failed, watcher_failed, lost, last_list, unknown;
   std::vector<std::string> other_resources;
@@ -371,7 +352,7 @@ Problem Cell::Diagnose(Stage stage, const std::string& resource, size_t from,
       p.users_see = absl::StrCat("pods asking for ", resource, " stay Pending");
       return p;
     }
-    const std::vector<std::string> watcher_sockets = Entries(sim_->plugins_registry_dir());
+    const std::vector<std::string> watcher_sockets = ListSockets(sim_->plugins_registry_dir());
     if (!request.has_value() && !watcher_sockets.empty() && !version_.plugin_watcher) {
       p.summary = absl::StrCat("offers only a plugin-watcher socket, which kubelet ",
                                version_.name, " does not watch");
@@ -420,7 +401,6 @@ Problem Cell::Diagnose(Stage stage, const std::string& resource, size_t from,
   p.kubelet_expects = "a first ListAndWatchResponse with the plugin's devices, health "
                       "\"Healthy\" for usable ones";
   p.users_see = "capacity or allocatable 0: pods asking for the resource stay Pending";
-  (void)stage;
   return p;
 }
 

@@ -84,8 +84,8 @@ class Cell {
   std::vector<sim::DeviceState> Devices(const std::string& resource);
 
  private:
-  Problem Diagnose(Stage stage, const std::string& resource, size_t from,
-                   const std::vector<Json>& seen);
+  // Which check the plugin failed, from the events a Reach saw.
+  Problem Diagnose(const std::string& resource, const std::vector<Json>& seen);
 
   const ConformOptions& options_;
   const sim::KubeletVersion version_;

@@ -281,7 +281,6 @@ std::optional<CellResult> CheckResponse(Cell& c, const sim::ContainerAllocation&
               "API has no such field and drops it",
         "the container starts without the device");
   }
-  (void)a;
   return std::nullopt;
 }
 
@@ -554,7 +553,6 @@ CellResult PluginRestart(Cell& c) {
         "hardware to another pod; after a kubelet restart the running pod fails "
         "re-admission");
   }
-  const size_t readmit_from = c.events().Size();
   sim::ReadmitResponse re = c.kubelet().Readmit();
   for (const sim::ReadmitResult& res : re.results()) {
     if (!res.admitted()) {
@@ -562,7 +560,6 @@ CellResult PluginRestart(Cell& c) {
                   "");
     }
   }
-  (void)readmit_from;
   if (Problem p2; !Admit(c, "after", {{c.resource(), 1}}, &p2).ok()) {
     return FromProblem("plugin-restart", p2);
   }
@@ -576,7 +573,11 @@ CellResult MultiResource(Cell& c) {
   // endpoints, before the servers' fight over it ends any stream.
   for (const std::string& r : resources) {
     if (auto p = c.Reach(Stage::kConnected, r)) {
-      if (r != resources.front() && p->owner == "registers") p->owner = "multi-resource";
+      // The first resource's registration is the single-resource cells'
+      // check; the others' are this cell's.
+      if (r != resources.front() && (p->owner == "registers" || p->owner == "serves-first")) {
+        p->owner = "multi-resource";
+      }
       return FromProblem("multi-resource", *p);
     }
   }
@@ -866,7 +867,6 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
   std::vector<CellResult> results(jobs.size());
   std::atomic<size_t> next{0};
   absl::Mutex report_mu;
-  bool all_kept = true;
   auto worker = [&] {
     for (size_t i = next++; i < jobs.size(); i = next++) {
       if (absl::Status s = MakeDirs(jobs[i].dir); !s.ok()) {
@@ -883,7 +883,6 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
         results[i].dir.clear();
       }
       absl::MutexLock lock(&report_mu);
-      all_kept &= keep;
       if (o.on_cell) o.on_cell(results[i]);
     }
   };
@@ -898,7 +897,6 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
     std::error_code ignored;
     std::filesystem::remove_all(root, ignored);
   }
-  (void)all_kept;
   return results;
 }
 

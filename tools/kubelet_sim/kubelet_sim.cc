@@ -1,7 +1,5 @@
 #include "tools/kubelet_sim/kubelet_sim.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <random>
@@ -67,23 +65,6 @@ std::string InodeKey(const std::string& path) {
   std::optional<FileId> id = StatFileId(path);
   if (!id.has_value()) return "";
   return absl::StrCat(id->dev, ":", id->ino, ":", id->ctime_ns);
-}
-
-// Socket files in `dir` whose names do not start with '.'.
-std::vector<std::string> ListSockets(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.empty() || name[0] == '.') continue;
-    std::string full = JoinPath(dir, name);
-    struct stat st;
-    if (::lstat(full.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) out.push_back(full);
-  }
-  ::closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 // Dials in short slices so that `cancelled` (checked between slices) can end

@@ -3,8 +3,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "proxy/util/encoding.h"
 
-#include <google/protobuf/arena.h>
-
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -119,105 +117,45 @@ bool Resource::HasDevice(const std::string& id) { return DeviceHealth(id).has_va
 
 std::optional<std::string> Resource::DeviceHealth(const std::string& id) {
   Snapshot snap = Current();
-  auto it = snap.index->by_id.find(id);
-  if (it == snap.index->by_id.end()) return std::nullopt;
-  return snap.list->devices(it->second).health();
+  std::optional<int> i = snap.list->Find(id);
+  if (!i.has_value()) return std::nullopt;
+  return std::string(snap.list->device(*i).health);
 }
 
-namespace {
-
-// A list to publish, copied onto an arena of its own: its devices and their
-// strings in a few large blocks instead of three allocations each (a
-// published list lives long and is large). The pointer owns the arena.
-std::pair<std::shared_ptr<google::protobuf::Arena>, v1beta1::ListAndWatchResponse*> NewList() {
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 4096;
-  options.max_block_size = 1 << 20;
-  auto arena = std::make_shared<google::protobuf::Arena>(options);
-  return {arena,
-          google::protobuf::Arena::CreateMessage<v1beta1::ListAndWatchResponse>(arena.get())};
-}
-
-// `list` copied onto an arena of its own, each device's health set to
-// `health(device)` where that is not empty (straight into the copy: no
-// intermediate list).
-std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
-    const v1beta1::ListAndWatchResponse& list,
-    const std::function<absl::string_view(const v1beta1::Device&)>& health) {
-  auto [arena, msg] = NewList();
-  *msg = list;
-  for (v1beta1::Device& d : *msg->mutable_devices()) {
-    const absl::string_view h = health(d);
-    if (!h.empty() && d.health() != h) d.set_health(std::string(h));
-  }
-  return std::shared_ptr<const v1beta1::ListAndWatchResponse>(std::move(arena), msg);
-}
-
-// The same from devices, each freed as it is copied.
-std::shared_ptr<const v1beta1::ListAndWatchResponse> OnArena(
-    std::vector<v1beta1::Device>* devices) {
-  auto [arena, msg] = NewList();
-  msg->mutable_devices()->Reserve(static_cast<int>(devices->size()));
-  for (v1beta1::Device& d : *devices) {
-    *msg->add_devices() = d;
-    d = v1beta1::Device();
-  }
-  devices->clear();
-  return std::shared_ptr<const v1beta1::ListAndWatchResponse>(std::move(arena), msg);
-}
-
-}  // namespace
-
-void Resource::PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResponse> base) {
+void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   base_ = std::move(base);
   // The kubelet sees the base list itself (one copy held) unless a
   // quarantine overrides the health of a device in it.
-  std::shared_ptr<const v1beta1::ListAndWatchResponse> shown = base_;
+  std::shared_ptr<const DeviceList> shown = base_;
   if (!quarantined_.empty()) {
-    bool overridden = false;
-    for (const auto& d : base_->devices()) {
-      if (d.health() != kUnhealthy && quarantined_.count(d.id()) > 0) {
-        overridden = true;
-        break;
-      }
-    }
-    if (overridden) {
-      // (Called here, under mu_.)
-      const std::set<std::string>* quarantined = &quarantined_;
-      shown = OnArena(*base_, [quarantined](const v1beta1::Device& d) -> absl::string_view {
-        return quarantined->count(d.id()) > 0 ? kUnhealthy : absl::string_view();
-      });
-    }
+    // (Called here, under mu_.)
+    const std::set<std::string>* quarantined = &quarantined_;
+    shown = base_->WithHealth([quarantined](const DeviceList::View& d) -> absl::string_view {
+      return quarantined->count(std::string(d.id)) > 0 ? kUnhealthy : absl::string_view();
+    });
   }
-  auto index = std::make_shared<DeviceIndex>();
-  index->list = shown;
-  index->by_id.reserve(static_cast<size_t>(shown->devices_size()));
-  for (int i = 0; i < shown->devices_size(); ++i) index->by_id.emplace(shown->devices(i).id(), i);
-  snapshot_.bytes = shown->ByteSizeLong();
-  snapshot_.healthy = 0;
-  for (const auto& d : shown->devices()) snapshot_.healthy += d.health() == kHealthy ? 1 : 0;
   snapshot_.list = std::move(shown);
-  snapshot_.index = std::move(index);
   ++snapshot_.version;
-  const bool over = snapshot_.bytes > kKubeletMaxListBytes;
+  const size_t bytes = snapshot_.list->bytes();
+  const bool over = bytes > kKubeletMaxListBytes;
   if (over != over_kubelet_limit_) {
     over_kubelet_limit_ = over;
     if (over) {
-      LOG(ERROR) << "resource " << name_ << ": the device list is " << snapshot_.bytes
-                 << " bytes (" << snapshot_.list->devices_size()
+      LOG(ERROR) << "resource " << name_ << ": the device list is " << bytes
+                 << " bytes (" << snapshot_.list->size()
                  << " devices), more than the kubelet accepts in one message ("
                  << kKubeletMaxListBytes
                  << "): its ListAndWatch stream will fail and the node will show no "
                     "capacity for this resource";
     } else {
       LOG(INFO) << "resource " << name_ << ": the device list fits the kubelet's limit again ("
-                << snapshot_.bytes << " bytes)";
+                << bytes << " bytes)";
     }
     events_->Emit(over ? "device_list_too_large" : "device_list_fits",
                   {{"resource", name_},
-                   {"bytes", snapshot_.bytes},
+                   {"bytes", bytes},
                    {"limit", kKubeletMaxListBytes},
-                   {"devices", snapshot_.list->devices_size()}});
+                   {"devices", snapshot_.list->size()}});
   }
 }
 
@@ -232,12 +170,9 @@ void Resource::SetQuarantined(std::set<std::string> ids) {
 }
 
 void Resource::MarkAllLocked(const std::string& health) {
-  const bool changed =
-      std::any_of(base_->devices().begin(), base_->devices().end(),
-                  [&](const v1beta1::Device& d) { return d.health() != health; });
-  if (!changed) return;
-  PublishBaseLocked(
-      OnArena(*base_, [&](const v1beta1::Device&) { return absl::string_view(health); }));
+  std::shared_ptr<const DeviceList> marked =
+      base_->WithHealth([&](const DeviceList::View&) { return absl::string_view(health); });
+  if (marked != base_) PublishBaseLocked(std::move(marked));
 }
 
 namespace {
@@ -323,8 +258,8 @@ void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devic
       ChangeLock lock(this);
       if (generation != generation_) return;  // a replaced backend
       seen_version = snapshot_.version;
-      for (const auto& old : reported_->devices()) {
-        if (now.count(old.id()) == 0) vanished.push_back(old);
+      for (int i = 0; i < reported_->size(); ++i) {
+        if (now.count(reported_->device(i).id) == 0) vanished.push_back(reported_->ToDevice(i));
       }
     }
     std::vector<std::string> kept, dropped;
@@ -359,13 +294,13 @@ void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devic
       for (auto& d : keep_devices) devices.push_back(std::move(d));
       to_backend_ = std::move(to_backend);
       // What the backend reports is what the kubelet is shown: one list.
-      PublishBaseLocked(OnArena(&devices));
+      PublishBaseLocked(DeviceList::FromDevices(std::move(devices)));
       reported_ = base_;
-      VLOG(1) << "resource " << name_ << ": " << reported_->devices_size() << " devices, "
-              << snapshot_.healthy << " healthy";
+      VLOG(1) << "resource " << name_ << ": " << reported_->size() << " devices, "
+              << snapshot_.list->healthy() << " healthy";
       events_->Emit("devices", {{"resource", name_},
-                                {"total", reported_->devices_size()},
-                                {"healthy", snapshot_.healthy},
+                                {"total", reported_->size()},
+                                {"healthy", snapshot_.list->healthy()},
                                 {"version", snapshot_.version}});
       break;
     }
@@ -421,12 +356,11 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   }
 }
 
-void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Duration trust_for,
+void Resource::Restore(std::shared_ptr<const DeviceList> devices, absl::Duration trust_for,
                        const std::string& backend_endpoint, const std::string& backend_api) {
   ChangeLock lock(this);
   if (connected_) return;  // a backend was faster: its list wins
-  std::vector<v1beta1::Device> copy = devices;
-  PublishBaseLocked(OnArena(&copy));
+  PublishBaseLocked(std::move(devices));
   reported_ = base_;
   lost_at_ = absl::Now();
   hold_override_ = trust_for;
@@ -435,7 +369,7 @@ void Resource::Restore(const std::vector<v1beta1::Device>& devices, absl::Durati
   if (trust_for <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
 }
 
-std::shared_ptr<const v1beta1::ListAndWatchResponse> Resource::ReportedDevices() {
+std::shared_ptr<const DeviceList> Resource::ReportedDevices() {
   absl::MutexLock lock(&mu_);
   return reported_;
 }

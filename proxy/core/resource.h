@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "proxy/config/proxy_config.h"
+#include "proxy/core/device_list.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/events/event_log.h"
@@ -48,28 +49,13 @@ struct ResourceHooks {
 // FNV-1a hash. The same in every run and on every node.
 std::string CompactDeviceId(absl::string_view backend_id);
 
-// Device ID -> position in a published list. Holds the list, whose IDs
-// its keys view.
-struct DeviceIndex {
-  std::shared_ptr<const v1beta1::ListAndWatchResponse> list;
-  absl::flat_hash_map<absl::string_view, int> by_id;
-};
-
 class Resource {
  public:
   // The list is immutable once published: every kubelet stream writes the
-  // same message, and taking a snapshot copies a pointer, not the list.
+  // same bytes, and taking a snapshot copies a pointer, not the list.
   struct Snapshot {
     uint64_t version = 0;
-    std::shared_ptr<const v1beta1::ListAndWatchResponse> list =
-        std::make_shared<const v1beta1::ListAndWatchResponse>();
-    // Device ID -> position in `list`, built once per published list; its
-    // keys point into the list it holds (no ID is copied).
-    std::shared_ptr<const DeviceIndex> index = std::make_shared<const DeviceIndex>();
-    // The list's size on the wire (v1beta1; a v1alpha list, without
-    // topology, is no larger).
-    size_t bytes = 0;
-    int healthy = 0;  // devices in `list` reported Healthy
+    std::shared_ptr<const DeviceList> list = DeviceList::Empty();
   };
 
   // What a kubelet accepts in one message (kubelet_rules.h).
@@ -123,7 +109,7 @@ class Resource {
   // `trust_for` (0: Unhealthy at once), then turn Unhealthy unless a backend
   // has sent a list by then. `backend_endpoint`/`backend_api` describe the
   // backend the list came from.
-  void Restore(const std::vector<v1beta1::Device>& devices, absl::Duration trust_for,
+  void Restore(std::shared_ptr<const DeviceList> devices, absl::Duration trust_for,
                const std::string& backend_endpoint, const std::string& backend_api);
 
   // The device list as the backend last reported it (or as restored), with
@@ -131,7 +117,7 @@ class Resource {
   // so a restart never remembers devices as Unhealthy merely because their
   // backend was away when the state was saved.
   // Shared with the published list while the backend's health is shown.
-  std::shared_ptr<const v1beta1::ListAndWatchResponse> ReportedDevices();
+  std::shared_ptr<const DeviceList> ReportedDevices();
 
   // The backend that served this resource last (current or gone), for
   // status and state: endpoint and Register version; empty if none yet.
@@ -157,7 +143,7 @@ class Resource {
   void OnDevices(uint64_t generation, std::vector<v1beta1::Device> devices);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PublishBaseLocked(std::shared_ptr<const v1beta1::ListAndWatchResponse> base)
+  void PublishBaseLocked(std::shared_ptr<const DeviceList> base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holds mu_ for a change; on release, delivers a list published under it
   // to the watchers.
@@ -188,13 +174,11 @@ class Resource {
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
   // The list before quarantine overrides (what snapshot_ shows without them).
-  std::shared_ptr<const v1beta1::ListAndWatchResponse> base_ ABSL_GUARDED_BY(mu_) =
-      std::make_shared<const v1beta1::ListAndWatchResponse>();
+  std::shared_ptr<const DeviceList> base_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
   std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> changes_{0};
-  std::shared_ptr<const v1beta1::ListAndWatchResponse> reported_ ABSL_GUARDED_BY(mu_) =
-      std::make_shared<const v1beta1::ListAndWatchResponse>();
+  std::shared_ptr<const DeviceList> reported_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   absl::flat_hash_map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
   // Taken after mu_ is released; held while watchers are called.

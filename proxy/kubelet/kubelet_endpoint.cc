@@ -7,6 +7,8 @@
 
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
 #include <glog/logging.h>
 
 #include "absl/strings/ascii.h"
@@ -112,6 +114,21 @@ grpc::Status NoBackend(Resource* r) {
 }  // namespace
 
 // --- ListAndWatch streams ------------------------------------------------------------
+
+namespace {
+
+// A buffer that gRPC writes straight from `wire`, which it keeps alive until
+// the write is done: no copy.
+std::shared_ptr<const grpc::ByteBuffer> WireBuffer(std::shared_ptr<const std::string> wire) {
+  if (wire->empty()) return std::make_shared<const grpc::ByteBuffer>();
+  auto* keep = new std::shared_ptr<const std::string>(std::move(wire));
+  grpc::Slice slice(const_cast<char*>((*keep)->data()), (*keep)->size(),
+                    [](void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); },
+                    keep);
+  return std::make_shared<const grpc::ByteBuffer>(&slice, 1);
+}
+
+}  // namespace
 
 // One ListAndWatch stream toward the kubelet, served without a thread of
 // its own: the current list at once, then the newest list whenever the
@@ -260,7 +277,8 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
 class KubeletEndpoint::Services {
  public:
   class Beta final
-      : public v1beta1::DevicePlugin::WithCallbackMethod_ListAndWatch<v1beta1::DevicePlugin::Service> {
+      : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
+            v1beta1::DevicePlugin::Service> {
    public:
     explicit Beta(KubeletEndpoint* e) : e_(e) {}
 
@@ -270,11 +288,12 @@ class KubeletEndpoint::Services {
       return grpc::Status::OK;
     }
 
-    grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* ListAndWatch(
-        grpc::CallbackServerContext*, const v1beta1::Empty*) override {
-      // The published list is immutable: written as it is, never copied.
-      return new ListAndWatchStream<v1beta1::ListAndWatchResponse>(
-          e_, [](const Resource::Snapshot& s) { return s.list; });
+    // Raw: the published list is held as the v1beta1 message's bytes, which
+    // every stream writes as they are (never serialized again, never copied).
+    grpc::ServerWriteReactor<grpc::ByteBuffer>* ListAndWatch(grpc::CallbackServerContext*,
+                                                             const grpc::ByteBuffer*) override {
+      return new ListAndWatchStream<grpc::ByteBuffer>(
+          e_, [](const Resource::Snapshot& s) { return WireBuffer(s.list->shared_wire()); });
     }
 
     grpc::Status GetPreferredAllocation(grpc::ServerContext* ctx,
@@ -328,8 +347,8 @@ class KubeletEndpoint::Services {
       return new ListAndWatchStream<deviceplugin::ListAndWatchResponse>(
           e, [e](const Resource::Snapshot& s) {
             Loss loss;
-            auto out =
-                std::make_shared<const deviceplugin::ListAndWatchResponse>(ToV1AlphaList(*s.list, &loss));
+            auto out = std::make_shared<const deviceplugin::ListAndWatchResponse>(
+                ToV1AlphaList(s.list->ToMessage(), &loss));
             e->NoteLoss(loss);
             return out;
           });

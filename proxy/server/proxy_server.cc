@@ -329,7 +329,7 @@ absl::Status ProxyServer::RestoreState() {
                                                       : absl::ZeroDuration();
   for (const state::Resource& r : st.resources()) {
     Entry* e = EnsureEntry(r.name());
-    e->resource->Restore({r.devices().begin(), r.devices().end()}, trust,
+    e->resource->Restore(DeviceList::FromDevices({r.devices().begin(), r.devices().end()}), trust,
                          r.backend().endpoint(), r.backend().api_version());
     {
       absl::MutexLock lock(&mu_);
@@ -396,7 +396,9 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
     r.mutable_backend()->set_static_backend(e->static_backend);
     std::shared_ptr<Backend> b = e->resource->backend();
     if (b) r.mutable_backend()->set_backend_resource(b->resource());
-    out.push_back(SerializeResource(r, e->resource->ReportedDevices()->devices()));
+    std::string bytes = r.SerializeAsString();
+    e->resource->ReportedDevices()->AppendAsField(state::Resource::kDevicesFieldNumber, &bytes);
+    out.push_back(std::move(bytes));
   }
   // Failures are logged and counted.
   if (keeper_->SetSerializedResources(std::move(out)).ok()) {
@@ -459,13 +461,16 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.static_backend = e->static_backend;
     r.pre_start_required = opts.pre_start_required();
     r.get_preferred_allocation_available = opts.get_preferred_allocation_available();
-    r.devices_total = snap.list->devices_size();
-    r.devices_healthy = snap.healthy;
-    r.device_list_bytes = static_cast<int64_t>(snap.bytes);
-    r.device_list_too_large = snap.bytes > kKubeletMaxListBytes;
+    r.devices_total = snap.list->size();
+    r.devices_healthy = snap.list->healthy();
+    r.device_list_bytes = static_cast<int64_t>(snap.list->bytes());
+    r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
     if (with_devices) {
-      r.devices.reserve(snap.list->devices_size());
-      for (const auto& d : snap.list->devices()) r.devices.push_back({d.id(), d.health()});
+      r.devices.reserve(static_cast<size_t>(snap.list->size()));
+      for (int i = 0; i < snap.list->size(); ++i) {
+        const DeviceList::View d = snap.list->device(i);
+        r.devices.push_back({std::string(d.id), std::string(d.health)});
+      }
     }
     st.resources.push_back(std::move(r));
   }

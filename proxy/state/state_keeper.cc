@@ -389,34 +389,6 @@ absl::Status StateKeeper::Record(const std::string& resource,
   return me.status;
 }
 
-std::string SerializeResource(const state::Resource& head,
-                              const google::protobuf::RepeatedPtrField<v1beta1::Device>& devices) {
-  using google::protobuf::internal::WireFormatLite;
-  // Sized first, so the buffer is allocated once. (Serializing is a const
-  // operation on a message other threads may serialize at the same time,
-  // as the kubelet streams do.)
-  size_t total = head.ByteSizeLong();
-  std::vector<uint32_t> sizes;
-  sizes.reserve(static_cast<size_t>(devices.size()));
-  for (const v1beta1::Device& d : devices) {
-    sizes.push_back(static_cast<uint32_t>(d.ByteSizeLong()));
-    total += 1 + WireFormatLite::UInt32Size(sizes.back()) + sizes.back();
-  }
-  std::string out;
-  out.reserve(total);
-  head.AppendToString(&out);
-  google::protobuf::io::StringOutputStream raw(&out);
-  google::protobuf::io::CodedOutputStream stream(&raw);
-  for (int i = 0; i < devices.size(); ++i) {
-    WireFormatLite::WriteTag(state::Resource::kDevicesFieldNumber,
-                             WireFormatLite::WIRETYPE_LENGTH_DELIMITED, &stream);
-    stream.WriteVarint32(sizes[static_cast<size_t>(i)]);
-    devices[i].SerializeWithCachedSizes(&stream);
-  }
-  stream.Trim();
-  return out;
-}
-
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
   std::sort(resources.begin(), resources.end(),
             [](const state::Resource& a, const state::Resource& b) { return a.name() < b.name(); });

@@ -39,12 +39,6 @@
 
 namespace dpproxy {
 
-// A state::Resource's bytes: `head` (without devices and updated_unix_ms)
-// followed by `devices` as its devices, serialized straight from the
-// list, without copying it into the message.
-std::string SerializeResource(const state::Resource& head,
-                              const google::protobuf::RepeatedPtrField<v1beta1::Device>& devices);
-
 // Where the kubelet side reports answered allocations.
 class AllocationJournal {
  public:
@@ -88,7 +82,8 @@ class StateKeeper : public AllocationJournal {
   // Replaces the saved resource snapshots; saves if they changed.
   absl::Status SetResources(std::vector<state::Resource> resources);
   // The same with each resource already serialized, without
-  // updated_unix_ms, in order of name (SerializeResource).
+  // updated_unix_ms, in order of name (a DeviceList appends
+  // its devices as field 4 without building messages).
   absl::Status SetSerializedResources(std::vector<std::string> resources);
 
   // Forgets allocations (their pods are gone). Saves.

@@ -59,7 +59,7 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
   r.AttachBackend(backend);
   constexpr int kDevices = 20000;
   backend->callbacks.on_devices(Devices(kDevices, "gpu-"));
-  EXPECT_EQ(r.Current().list->devices_size(), kDevices);
+  EXPECT_EQ(r.Current().list->size(), kDevices);
   EXPECT_EQ(asked.load(), 0);
 
   // One device changes health: nothing vanished, nobody asked.
@@ -78,7 +78,7 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
   EXPECT_EQ(asked.load(), 2);
   EXPECT_EQ(r.DeviceHealth("gpu-7"), "Unhealthy");
   EXPECT_FALSE(r.DeviceHealth("gpu-8").has_value());
-  EXPECT_EQ(r.Current().list->devices_size(), kDevices - 1);
+  EXPECT_EQ(r.Current().list->size(), kDevices - 1);
 
   // A whole new list of 20,000: asked once per vanished device, no more.
   asked = 0;
@@ -118,7 +118,7 @@ TEST(ResourceTest, AllocateChecksNeverWaitForTheStateKeeper) {
   update.join();
   EXPECT_TRUE(ok) << "an Allocate check waited for the state keeper";
   EXPECT_EQ(health, "Healthy");
-  EXPECT_EQ(r.Current().list->devices_size(), 2);
+  EXPECT_EQ(r.Current().list->size(), 2);
   r.Shutdown();
 }
 
@@ -135,7 +135,9 @@ TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
   backend->callbacks.on_devices(Devices(4, "gpu-"));
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   // The state file keeps the backend's health, not the quarantine's.
-  for (const auto& d : r.ReportedDevices()->devices()) EXPECT_EQ(d.health(), "Healthy") << d.id();
+  for (const auto& d : r.ReportedDevices()->ToDevices()) {
+    EXPECT_EQ(d.health(), "Healthy") << d.id();
+  }
   r.SetQuarantined({});
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Healthy");
   r.Shutdown();
@@ -153,19 +155,19 @@ TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   // UUID-named MIG slices: ~60 bytes each on the wire.
   const std::string prefix = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-";
   backend->callbacks.on_devices(Devices(1000, prefix));
-  EXPECT_LT(r.Current().bytes, Resource::kKubeletMaxListBytes);
+  EXPECT_LT(r.Current().list->bytes(), Resource::kKubeletMaxListBytes);
   EXPECT_FALSE(events.WaitForEvent("device_list_too_large", {}, absl::ZeroDuration()));
   constexpr int kMany = 100000;
   backend->callbacks.on_devices(Devices(kMany, prefix));
   const Resource::Snapshot big = r.Current();
-  EXPECT_EQ(big.list->devices_size(), kMany);
-  EXPECT_EQ(big.bytes, big.list->ByteSizeLong());
-  EXPECT_GT(big.bytes, Resource::kKubeletMaxListBytes);
+  EXPECT_EQ(big.list->size(), kMany);
+  EXPECT_EQ(big.list->bytes(), big.list->ToMessage().ByteSizeLong());
+  EXPECT_GT(big.list->bytes(), Resource::kKubeletMaxListBytes);
   std::optional<Json> e = events.WaitForEvent("device_list_too_large",
                                               {{"resource", "vendor.com/gpu"}, {"devices", kMany}},
                                               absl::Seconds(1));
   ASSERT_TRUE(e.has_value());
-  EXPECT_EQ((*e)["bytes"].get<size_t>(), big.bytes);
+  EXPECT_EQ((*e)["bytes"].get<size_t>(), big.list->bytes());
   EXPECT_EQ((*e)["limit"].get<size_t>(), Resource::kKubeletMaxListBytes);
   // Reported once, not on every list while it stays too large.
   backend->callbacks.on_devices(Devices(kMany + 1, prefix));
@@ -196,7 +198,7 @@ TEST(ResourceTest, CompactIdsFitTheKubeletAndMapBackExactly) {
   auto b1 = StreamOnlyBackend();
   plain.AttachBackend(b1);
   b1->callbacks.on_devices(uuid_devices());
-  EXPECT_GT(plain.Current().bytes, Resource::kKubeletMaxListBytes);
+  EXPECT_GT(plain.Current().list->bytes(), Resource::kKubeletMaxListBytes);
 
   ResourcePolicy policy;
   policy.compact_ids = true;
@@ -207,10 +209,10 @@ TEST(ResourceTest, CompactIdsFitTheKubeletAndMapBackExactly) {
     r.AttachBackend(b);
     b->callbacks.on_devices(uuid_devices());
     const Resource::Snapshot snap = r.Current();
-    EXPECT_LT(snap.bytes, Resource::kKubeletMaxListBytes);
+    EXPECT_LT(snap.list->bytes(), Resource::kKubeletMaxListBytes);
     std::vector<std::string> ids;
     std::set<std::string> unique;
-    for (const auto& d : snap.list->devices()) {
+    for (const auto& d : snap.list->ToDevices()) {
       ids.push_back(d.id());
       unique.insert(d.id());
       const std::string backend = r.ToBackendId(d.id());
@@ -242,7 +244,7 @@ TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
   EXPECT_CALL(*old_backend, Start(_)).WillOnce(SaveArg<0>(&old_backend->callbacks));
   r.AttachBackend(old_backend);
   old_backend->callbacks.on_devices(Devices(2, "old-"));
-  ASSERT_EQ(r.Current().list->devices_size(), 2);
+  ASSERT_EQ(r.Current().list->size(), 2);
 
   auto new_backend = StreamOnlyBackend("/run/new.sock");
   new_backend->plugin_options.set_pre_start_required(true);
@@ -250,11 +252,11 @@ TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
   EXPECT_TRUE(r.AttachBackend(new_backend));  // the options changed
   ::testing::Mock::VerifyAndClearExpectations(old_backend.get());
   new_backend->callbacks.on_devices(Devices(3, "new-"));
-  EXPECT_EQ(r.Current().list->devices_size(), 3);
+  EXPECT_EQ(r.Current().list->size(), 3);
 
   old_backend->callbacks.on_devices(Devices(5, "late-"));
   old_backend->callbacks.on_lost("the old plugin exited");
-  EXPECT_EQ(r.Current().list->devices_size(), 3);
+  EXPECT_EQ(r.Current().list->size(), 3);
   EXPECT_FALSE(r.HasDevice("late-0"));
   EXPECT_TRUE(r.backend_connected());
   EXPECT_EQ(r.last_backend().first, "/run/new.sock");

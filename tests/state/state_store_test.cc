@@ -611,26 +611,6 @@ TEST(StateKeeperTest, SavedResourcesReadBackWhole) {
   EXPECT_EQ(loaded.resources(0).SerializeAsString(), gpu.SerializeAsString());
 }
 
-// A resource serialized straight from a published list reads back as the
-// message with those devices.
-TEST(StateKeeperTest, SerializeResourceWritesTheListAsItsDevices) {
-  state::Resource head;
-  head.set_name("vendor.com/gpu");
-  head.mutable_backend()->set_endpoint("/run/gpu.sock");
-  v1beta1::ListAndWatchResponse list;
-  for (int i = 0; i < 200; ++i) {
-    v1beta1::Device* d = list.add_devices();
-    d->set_id(absl::StrCat("gpu-", i));
-    d->set_health("Healthy");
-    d->mutable_topology()->add_nodes()->set_id(i % 2);
-  }
-  state::Resource parsed;
-  ASSERT_TRUE(parsed.ParseFromString(SerializeResource(head, list.devices())));
-  state::Resource expected = head;
-  *expected.mutable_devices() = list.devices();
-  EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString());
-}
-
 // A loaded keeper in a fresh state directory, for the tests of how it
 // writes: group commit and compaction.
 class KeeperWritesTest : public ::testing::Test {

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/config/api_version.h"
+#include "proxy/core/device_list.h"
 
 namespace grpc {
 class ServerContextBase;
@@ -36,8 +37,9 @@ namespace dpproxy {
 struct BackendCallbacks {
   // Every full device list the plugin sends, in order, one call at a time,
   // on one of gRPC's callback threads (no thread per backend). Must not
-  // block for long: the next list waits for it.
-  std::function<void(std::vector<v1beta1::Device>)> on_devices;
+  // block for long: the next list waits for it. Read straight from the
+  // message's bytes (no parsed message is built).
+  std::function<void(std::shared_ptr<const DeviceList>)> on_devices;
   // The stream ended (plugin gone or restarted). Called at most once, after
   // the last on_devices, and never after Stop() returned.
   std::function<void(const std::string& why)> on_lost;

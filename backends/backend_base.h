@@ -16,6 +16,8 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_context.h>
+#include <grpcpp/impl/codegen/rpc_method.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/client_callback.h>
 
 #include "absl/base/thread_annotations.h"
@@ -25,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "proxy/core/device_list.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/rpc/grpc_status.h"
 
@@ -56,149 +59,66 @@ class ListStream {
   // true if a list came.
   virtual bool WaitForFirst(absl::Duration timeout) = 0;
   // Starts delivering lists (first any kept one) and, once, the end.
-  virtual void Deliver(std::function<void(std::vector<v1beta1::Device>)> on_devices,
+  virtual void Deliver(std::function<void(std::shared_ptr<const DeviceList>)> on_devices,
                        std::function<void(const grpc::Status&)> on_end) = 0;
   // How the stream ended (only meaningful once it has).
   virtual grpc::Status status() = 0;
   virtual void Stop() = 0;
 };
 
-template <typename Request, typename Msg>
-class ListReader final : public grpc::ClientReadReactor<Msg>,
+// The server-streaming method `name` on `channel` (registered with it, as
+// a generated stub does, unless there is none: a test's mock stub).
+inline grpc::internal::RpcMethod StreamMethod(const char* name,
+                                              const std::shared_ptr<grpc::Channel>& channel) {
+  using grpc::internal::RpcMethod;
+  return channel != nullptr ? RpcMethod(name, RpcMethod::SERVER_STREAMING, channel)
+                            : RpcMethod(name, RpcMethod::SERVER_STREAMING);
+}
+
+// Reads ListAndWatch as the messages' bytes, each made a DeviceList
+// straight from them: no parsed message of every device is built. Bytes
+// that are not a ListAndWatchResponse end the stream with INTERNAL naming
+// the problem, as a typed reader's failed parse would.
+class ListReader final : public grpc::ClientReadReactor<grpc::ByteBuffer>,
                          public ListStream,
-                         public std::enable_shared_from_this<ListReader<Request, Msg>> {
+                         public std::enable_shared_from_this<ListReader> {
  public:
-  // May take the devices out of the message (it is dropped after).
-  using Translate = std::function<std::vector<v1beta1::Device>(Msg&)>;
-  using Open = std::function<void(grpc::ClientContext*, const Request*, grpc::ClientReadReactor<Msg>*)>;
+  // `method`: "/v1beta1.DevicePlugin/ListAndWatch" or the v1alpha one, on
+  // `channel`; `with_topology` false for v1alpha, which has none.
+  static std::shared_ptr<ListReader> Start(grpc::ChannelInterface* channel,
+                                           const grpc::internal::RpcMethod& method,
+                                           bool with_topology);
 
-  static std::shared_ptr<ListReader> Start(const Open& open, Translate translate) {
-    auto r = std::shared_ptr<ListReader>(new ListReader(std::move(translate)));
-    {
-      absl::MutexLock lock(&r->mu_);
-      r->self_ = r;  // alive until gRPC is done with it (OnDone)
-    }
-    open(&r->ctx_, &r->request_, r.get());
-    r->StartRead(&r->msg_);
-    r->StartCall();
-    return r;
-  }
+  bool WaitForFirst(absl::Duration timeout) override;
+  void Deliver(std::function<void(std::shared_ptr<const DeviceList>)> on_devices,
+               std::function<void(const grpc::Status&)> on_end) override;
+  grpc::Status status() override;
+  void Stop() override;
 
-  bool WaitForFirst(absl::Duration timeout) override {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](ListReader* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
-                               return r->kept_.has_value() || r->done_;
-                             },
-                             this),
-                         timeout);
-    return kept_.has_value();
-  }
-
-  void Deliver(std::function<void(std::vector<v1beta1::Device>)> on_devices,
-               std::function<void(const grpc::Status&)> on_end) override {
-    std::optional<Msg> kept;
-    bool ended;
-    {
-      absl::MutexLock lock(&mu_);
-      on_devices_ = std::move(on_devices);
-      on_end_ = std::move(on_end);
-      kept.swap(kept_);
-      ended = done_ && !end_delivered_;
-      end_delivered_ = end_delivered_ || ended;
-      // Callbacks run one at a time, in order: gRPC's wait until these are
-      // delivered.
-      delivering_ = true;
-    }
-    if (kept.has_value()) on_devices_(translate_(*kept));
-    if (ended) on_end_(status());
-    absl::MutexLock lock(&mu_);
-    delivering_ = false;
-    started_ = true;
-  }
-
-  grpc::Status status() override {
-    absl::MutexLock lock(&mu_);
-    return status_;
-  }
-
-  void Stop() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stopped_ = true;
-      if (std::this_thread::get_id() == callback_thread_) return;  // ends by itself
-    }
-    ctx_.TryCancel();
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&finished_));
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
-    if (Enter(/*end=*/false)) {
-      on_devices_(translate_(msg_));
-      Leave();
-    }
-    // Cleared, a message keeps every device object for reuse: a copy of
-    // the whole list per backend, for as long as the stream is quiet.
-    msg_ = Msg();
-    this->StartRead(&msg_);
-  }
-
-  void OnDone(const grpc::Status& s) override {
-    {
-      absl::MutexLock lock(&mu_);
-      status_ = s;
-      done_ = true;
-    }
-    if (Enter(/*end=*/true)) {
-      on_end_(s);
-      Leave();
-    }
-    std::shared_ptr<ListReader> keep;
-    absl::MutexLock lock(&mu_);
-    finished_ = true;
-    keep.swap(self_);  // released after the lock, as the last thing done
-  }
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
 
  private:
-  explicit ListReader(Translate translate) : translate_(std::move(translate)) {}
+  explicit ListReader(bool with_topology);
 
   // Decides, in one step, what a read or the end becomes: delivered now
   // (true: this thread is marked as in a callback until Leave()), kept for
   // Deliver() (a list before it), or dropped (after Stop(), or an end
   // Deliver() already reported). Waits while Deliver() hands over a kept
   // list, so the order holds.
-  bool Enter(bool end) {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](ListReader* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return !r->delivering_; },
-        this));
-    if (stopped_) return false;
-    if (!started_) {
-      if (!end) kept_ = msg_;  // the newest list, for Deliver()
-      return false;
-    }
-    if (end) {
-      if (end_delivered_) return false;
-      end_delivered_ = true;
-    }
-    callback_thread_ = std::this_thread::get_id();
-    return true;
-  }
-  void Leave() {
-    absl::MutexLock lock(&mu_);
-    callback_thread_ = std::thread::id();
-  }
+  bool Enter(bool end, std::shared_ptr<const DeviceList>* list);
+  void Leave();
 
-  const Translate translate_;
+  const bool with_topology_;
   grpc::ClientContext ctx_;
-  Request request_;
-  Msg msg_;  // the read in flight; touched only by gRPC and its callbacks
+  grpc::ByteBuffer request_;  // Empty: no bytes
+  grpc::ByteBuffer msg_;  // the read in flight; touched only by gRPC and its callbacks
   absl::Mutex mu_;
-  std::optional<Msg> kept_ ABSL_GUARDED_BY(mu_);
-  std::function<void(std::vector<v1beta1::Device>)> on_devices_;  // set once, before started_
+  std::shared_ptr<const DeviceList> kept_ ABSL_GUARDED_BY(mu_);
+  std::function<void(std::shared_ptr<const DeviceList>)> on_devices_;  // set once, before started_
   std::function<void(const grpc::Status&)> on_end_;
+  // Why the reader ended the stream itself (bytes it could not read).
+  std::optional<grpc::Status> refused_ ABSL_GUARDED_BY(mu_);
   bool delivering_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -230,7 +150,7 @@ class BackendBase : public Backend {
       stream = stream_;
     }
     stream->Deliver(
-        [cb = callbacks](std::vector<v1beta1::Device> d) {
+        [cb = callbacks](std::shared_ptr<const DeviceList> d) {
           if (cb.on_devices) cb.on_devices(std::move(d));
         },
         [cb = callbacks](const grpc::Status& s) {

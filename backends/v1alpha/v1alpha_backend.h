@@ -120,17 +120,14 @@ class V1AlphaBackend final : public BackendBase {
   }
 
  private:
+  // The stream, read as bytes; v1alpha devices have no topology.
   std::shared_ptr<ListStream> NewList() {
-    auto* stub = stub_.get();
-    return ListReader<deviceplugin::Empty, deviceplugin::ListAndWatchResponse>::Start(
-        [stub](grpc::ClientContext* ctx, const deviceplugin::Empty* req,
-               grpc::ClientReadReactor<deviceplugin::ListAndWatchResponse>* r) {
-          stub->async()->ListAndWatch(ctx, req, r);
-        },
-        [](deviceplugin::ListAndWatchResponse& resp) { return FromV1AlphaDevices(resp); });
+    return ListReader::Start(channel_.get(), list_method_, /*with_topology=*/false);
   }
 
   std::unique_ptr<deviceplugin::DevicePlugin::Stub> stub_;
+  const grpc::internal::RpcMethod list_method_=
+      StreamMethod("/deviceplugin.DevicePlugin/ListAndWatch", channel_);
   // The stream OpenStream() opened, until Start() takes it over.
   absl::Mutex pre_mu_;
   std::shared_ptr<ListStream> pre_ ABSL_GUARDED_BY(pre_mu_);

@@ -72,22 +72,14 @@ class V1Beta1Backend final : public BackendBase {
 
  protected:
   std::shared_ptr<ListStream> OpenList() override {
-    auto* stub = stub_.get();
-    return ListReader<v1beta1::Empty, v1beta1::ListAndWatchResponse>::Start(
-        [stub](grpc::ClientContext* ctx, const v1beta1::Empty* req,
-               grpc::ClientReadReactor<v1beta1::ListAndWatchResponse>* r) {
-          stub->async()->ListAndWatch(ctx, req, r);
-        },
-        [](v1beta1::ListAndWatchResponse& resp) {
-          // Moved out, not copied: the message is dropped after.
-          return std::vector<v1beta1::Device>(
-              std::make_move_iterator(resp.mutable_devices()->begin()),
-              std::make_move_iterator(resp.mutable_devices()->end()));
-        });
+    return ListReader::Start(channel_.get(), list_method_, /*with_topology=*/true);
   }
 
  private:
   std::unique_ptr<v1beta1::DevicePlugin::StubInterface> stub_;
+  // ListAndWatch, read as bytes (ListReader).
+  const grpc::internal::RpcMethod list_method_=
+      StreamMethod("/v1beta1.DevicePlugin/ListAndWatch", channel_);
   const v1beta1::DevicePluginOptions options_;
 };
 

@@ -5,7 +5,10 @@
 
 #include <glog/logging.h>
 
+#include <google/protobuf/stubs/common.h>
+
 #include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
 
 namespace dpproxy {
 
@@ -54,6 +57,20 @@ bool ReadVarint(const char** p, const char* end, uint64_t* v) {
     if ((b & 0x80) == 0) return true;
   }
   return false;
+}
+
+// A field tag or a length, read as protobuf reads them: at most five bytes;
+// a tag keeps its low 32 bits, a length must fit an int32.
+bool ReadTag(const char** p, const char* end, uint64_t* v) {
+  const char* start = *p;
+  if (!ReadVarint(p, end, v) || *p - start > 5) return false;
+  *v &= 0xffffffffu;
+  return (*v >> 3) != 0;
+}
+bool ReadSize(const char** p, const char* end, uint64_t* v) {
+  const char* start = *p;
+  return ReadVarint(p, end, v) && *p - start <= 5 && *v <= 0x7fffffff &&
+         *v <= static_cast<uint64_t>(end - *p);
 }
 
 // The payload of the length-delimited entry at `p` (its tag first).
@@ -132,25 +149,28 @@ std::shared_ptr<const DeviceList> DeviceList::Empty() {
 }
 
 std::shared_ptr<const DeviceList> DeviceList::FromDevices(std::vector<v1beta1::Device> devices) {
-  std::vector<std::string> topologies(devices.size());
+  // Sized first, so the bytes are allocated once. A topology is encoded
+  // twice (sized, then written); devices rarely have one.
   size_t total = 0;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    const v1beta1::Device& d = devices[i];
-    if (d.has_topology()) topologies[i] = d.topology().SerializeAsString();
-    View v{d.id(), d.health(), d.has_topology(), topologies[i]};
-    total += BytesFieldSize(kDevicesField, PayloadSize(v));
+  for (const v1beta1::Device& d : devices) {
+    const size_t topology = d.has_topology() ? d.topology().ByteSizeLong() : 0;
+    size_t payload = 0;
+    if (!d.id().empty()) payload += BytesFieldSize(kIdField, d.id().size());
+    if (!d.health().empty()) payload += BytesFieldSize(kHealthField, d.health().size());
+    if (d.has_topology()) payload += BytesFieldSize(kTopologyField, topology);
+    total += BytesFieldSize(kDevicesField, payload);
   }
   std::string wire;
   wire.reserve(total);
   std::vector<uint32_t> starts;
   starts.reserve(devices.size());
-  for (size_t i = 0; i < devices.size(); ++i) {
-    v1beta1::Device& d = devices[i];
+  std::string topology;
+  for (v1beta1::Device& d : devices) {
     starts.push_back(static_cast<uint32_t>(wire.size()));
-    AppendDeviceField(kDevicesField, View{d.id(), d.health(), d.has_topology(), topologies[i]},
-                      &wire);
-    d = v1beta1::Device();
-    std::string().swap(topologies[i]);
+    topology.clear();
+    if (d.has_topology()) d.topology().AppendToString(&topology);
+    AppendDeviceField(kDevicesField, View{d.id(), d.health(), d.has_topology(), topology}, &wire);
+    d = v1beta1::Device();  // freed as it is encoded
   }
   return Make(std::move(wire), std::move(starts));
 }
@@ -158,6 +178,134 @@ std::shared_ptr<const DeviceList> DeviceList::FromDevices(std::vector<v1beta1::D
 std::shared_ptr<const DeviceList> DeviceList::FromMessage(
     const v1beta1::ListAndWatchResponse& msg) {
   return FromDevices({msg.devices().begin(), msg.devices().end()});
+}
+
+DeviceList::Builder::Builder(size_t expected_devices, size_t expected_bytes) {
+  starts_.reserve(expected_devices);
+  wire_.reserve(expected_bytes);
+}
+
+void DeviceList::Builder::Add(const View& d) {
+  starts_.push_back(static_cast<uint32_t>(wire_.size()));
+  AppendDeviceField(kDevicesField, d, &wire_);
+}
+
+std::shared_ptr<const DeviceList> DeviceList::Builder::Build() && {
+  return Make(std::move(wire_), std::move(starts_));
+}
+
+absl::StatusOr<std::shared_ptr<const DeviceList>> DeviceList::FromWire(absl::string_view wire,
+                                                                       bool with_topology) {
+  auto bad = [](int device, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        device < 0 ? absl::StrCat("not a ListAndWatchResponse: ", what)
+                   : absl::StrCat("not a ListAndWatchResponse: device ", device, ": ", what));
+  };
+  // A field this reader does not keep is skipped the way protobuf skips an
+  // unknown one (a known field number with another wire type is unknown
+  // too); a group is skipped to its end.
+  std::function<bool(uint64_t, const char**, const char*, int)> skip =
+      [&skip](uint64_t tag, const char** p, const char* end, int depth) {
+        uint64_t v = 0;
+        switch (static_cast<int>(tag & 7)) {
+          case WireFormatLite::WIRETYPE_VARINT:
+            return ReadVarint(p, end, &v);
+          case WireFormatLite::WIRETYPE_FIXED64:
+            if (end - *p < 8) return false;
+            *p += 8;
+            return true;
+          case WireFormatLite::WIRETYPE_FIXED32:
+            if (end - *p < 4) return false;
+            *p += 4;
+            return true;
+          case WireFormatLite::WIRETYPE_LENGTH_DELIMITED:
+            if (!ReadSize(p, end, &v)) return false;
+            *p += v;
+            return true;
+          case WireFormatLite::WIRETYPE_START_GROUP:
+            if (depth > 64) return false;
+            while (*p < end) {
+              uint64_t inner = 0;
+              if (!ReadTag(p, end, &inner)) return false;
+              if ((inner & 7) == WireFormatLite::WIRETYPE_END_GROUP) return (inner >> 3) == (tag >> 3);
+              if (!skip(inner, p, end, depth + 1)) return false;
+            }
+            return false;
+          default:
+            return false;
+        }
+      };
+  auto length_delimited = [](uint64_t tag) {
+    return (tag & 7) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  };
+  Builder out(0, wire.size());
+  const char* p = wire.data();
+  const char* end = p + wire.size();
+  int index = 0;
+  while (p < end) {
+    uint64_t tag = 0;
+    if (!ReadTag(&p, end, &tag)) {
+      return bad(-1, "a malformed field tag");
+    }
+    if ((tag >> 3) != static_cast<uint64_t>(kDevicesField) || !length_delimited(tag)) {
+      if (!skip(tag, &p, end, 0)) return bad(-1, "a field cut short or of an unknown wire type");
+      continue;
+    }
+    uint64_t len = 0;
+    if (!ReadSize(&p, end, &len)) {
+      return bad(index, "cut short");
+    }
+    const char* q = p;
+    const char* dend = p + len;
+    p = dend;
+    View d;
+    std::string merged;  // a topology sent in parts
+    while (q < dend) {
+      uint64_t dtag = 0;
+      if (!ReadTag(&q, dend, &dtag)) {
+        return bad(index, "a malformed field tag");
+      }
+      const int field = static_cast<int>(dtag >> 3);
+      const bool known = length_delimited(dtag) &&
+                         (field == kIdField || field == kHealthField ||
+                          (with_topology && field == kTopologyField));
+      if (!known) {
+        if (!skip(dtag, &q, dend, 0)) return bad(index, "a field cut short or of an unknown type");
+        continue;
+      }
+      uint64_t n = 0;
+      if (!ReadSize(&q, dend, &n)) {
+        return bad(index, absl::StrCat("field ", field, " is cut short"));
+      }
+      const absl::string_view bytes(q, static_cast<size_t>(n));
+      q += n;
+      // The last occurrence of a string wins, as protobuf reads it; a
+      // message sent twice is merged, which for TopologyInfo (one repeated
+      // field) is the concatenation of its parts.
+      if (field == kTopologyField) {
+        v1beta1::TopologyInfo t;
+        if (!t.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+          return bad(index, "its topology is not a TopologyInfo");
+        }
+        if (d.has_topology) {
+          merged = absl::StrCat(d.topology, bytes);
+          d.topology = merged;
+        } else {
+          d.has_topology = true;
+          d.topology = bytes;
+        }
+        continue;
+      }
+      if (!google::protobuf::internal::IsStructurallyValidUTF8(bytes.data(),
+                                                               static_cast<int>(bytes.size()))) {
+        return bad(index, field == kIdField ? "its ID is not UTF-8" : "its health is not UTF-8");
+      }
+      (field == kIdField ? d.id : d.health) = bytes;
+    }
+    out.Add(d);
+    ++index;
+  }
+  return std::move(out).Build();
 }
 
 DeviceList::View DeviceList::device(int i) const {
@@ -226,17 +374,13 @@ std::shared_ptr<const DeviceList> DeviceList::WithHealth(
     }
   }
   if (!any) return shared_from_this();
-  std::string wire;
-  wire.reserve(wire_.size() + starts_.size() * 4);
-  std::vector<uint32_t> starts;
-  starts.reserve(starts_.size());
+  Builder out(starts_.size(), wire_.size() + starts_.size() * 4);
   for (int i = 0; i < size(); ++i) {
     View v = device(i);
     if (!changed[static_cast<size_t>(i)].empty()) v.health = changed[static_cast<size_t>(i)];
-    starts.push_back(static_cast<uint32_t>(wire.size()));
-    AppendDeviceField(kDevicesField, v, &wire);
+    out.Add(v);
   }
-  return Make(std::move(wire), std::move(starts));
+  return std::move(out).Build();
 }
 
 void DeviceList::AppendAsField(int field_number, std::string* out) const {

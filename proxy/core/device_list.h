@@ -48,6 +48,27 @@ class DeviceList : public std::enable_shared_from_this<DeviceList> {
   static std::shared_ptr<const DeviceList> FromDevices(std::vector<v1beta1::Device> devices);
   // The same from a message's devices (copied; the message is untouched).
   static std::shared_ptr<const DeviceList> FromMessage(const v1beta1::ListAndWatchResponse& msg);
+  // Reads the bytes of a ListAndWatchResponse as a plugin sent them (v1beta1,
+  // or v1alpha with `with_topology` false: a field v1alpha does not have is
+  // then ignored, as a v1alpha reader would). Devices are re-encoded; fields
+  // no Device has are dropped. kInvalidArgument naming the problem if the
+  // bytes are not such a message (as protobuf would refuse them: a cut
+  // field, a wrong wire type, a string that is not UTF-8).
+  static absl::StatusOr<std::shared_ptr<const DeviceList>> FromWire(absl::string_view wire,
+                                                                    bool with_topology = true);
+
+  // Builds a list one device at a time.
+  class Builder {
+   public:
+    explicit Builder(size_t expected_devices = 0, size_t expected_bytes = 0);
+    // Copies the device's bytes (views may point into another list).
+    void Add(const View& d);
+    std::shared_ptr<const DeviceList> Build() &&;
+
+   private:
+    std::string wire_;
+    std::vector<uint32_t> starts_;
+  };
 
   DeviceList(const DeviceList&) = delete;
   DeviceList& operator=(const DeviceList&) = delete;

@@ -56,7 +56,9 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
                                {"replaced", old != nullptr}});
   if (hooks_.on_change) hooks_.on_change();
   backend->Start(BackendCallbacks{
-      [this, generation](std::vector<v1beta1::Device> d) { OnDevices(generation, std::move(d)); },
+      [this, generation](std::shared_ptr<const DeviceList> d) {
+        OnDevices(generation, std::move(d));
+      },
       [this, generation](const std::string& why) { OnLost(generation, why); }});
   return options_changed;
 }
@@ -178,22 +180,14 @@ void Resource::MarkAllLocked(const std::string& health) {
 namespace {
 
 // Refuses a backend's list with an empty ID, an ID with control characters
-// or an ID listed twice; relabels any health but Healthy/Unhealthy as
-// Unhealthy (as a kubelet reads it) and names those devices.
-absl::Status ValidateBackendDevices(std::vector<v1beta1::Device>* devices,
-                                    std::vector<std::string>* relabelled) {
-  absl::flat_hash_set<absl::string_view> seen;  // views into `devices`
-  seen.reserve(devices->size());
-  for (v1beta1::Device& d : *devices) {
-    if (absl::Status s = ValidateDeviceId(d.id()); !s.ok()) return s;
-    if (!seen.insert(d.id()).second) {
+// or an ID listed twice.
+absl::Status ValidateBackendDevices(const DeviceList& devices) {
+  for (int i = 0; i < devices.size(); ++i) {
+    const absl::string_view id = devices.device(i).id;
+    if (absl::Status s = ValidateDeviceId(id); !s.ok()) return s;
+    if (devices.Find(id) != i) {
       return absl::InvalidArgumentError(
-          absl::StrCat("device ID ", GoQuote(d.id()), " is listed twice"));
-    }
-    // The kubelet reads anything but "Healthy" as unhealthy; say so plainly.
-    if (d.health() != kHealthy && d.health() != kUnhealthy) {
-      relabelled->push_back(d.id());
-      d.set_health(std::string(kUnhealthy));
+          absl::StrCat("device ID ", GoQuote(id), " is listed twice"));
     }
   }
   return absl::OkStatus();
@@ -201,83 +195,100 @@ absl::Status ValidateBackendDevices(std::vector<v1beta1::Device>* devices,
 
 }  // namespace
 
-void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devices) {
-  std::vector<std::string> relabelled;
-  if (absl::Status s = ValidateBackendDevices(&devices, &relabelled); !s.ok()) {
+void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> devices) {
+  if (absl::Status s = ValidateBackendDevices(*devices); !s.ok()) {
     // Nothing of a malformed list reaches the kubelet: the previous one stays.
     LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("
                << s.message() << "); the kubelet keeps the previous list";
     events_->Emit("device_list_refused", {{"resource", name_},
-                                          {"devices", devices.size()},
+                                          {"devices", devices->size()},
                                           {"error", std::string(s.message())}});
     return;
   }
-  if (!relabelled.empty()) {
-    LOG(WARNING) << "resource " << name_ << ": " << relabelled.size()
+  // The kubelet reads anything but "Healthy" as unhealthy; say so plainly.
+  int relabelled = 0;
+  std::string first_relabelled;
+  devices = devices->WithHealth([&](const DeviceList::View& d) -> absl::string_view {
+    if (d.health == kHealthy || d.health == kUnhealthy) return {};
+    if (relabelled++ == 0) first_relabelled = std::string(d.id);
+    return kUnhealthy;
+  });
+  if (relabelled > 0) {
+    LOG(WARNING) << "resource " << name_ << ": " << relabelled
                  << " device(s) have a health other than Healthy or Unhealthy (first: "
-                 << GoQuote(relabelled[0]) << "); reported Unhealthy, as a kubelet reads them";
+                 << GoQuote(first_relabelled) << "); reported Unhealthy, as a kubelet reads them";
     events_->Emit("device_health_unknown", {{"resource", name_},
-                                            {"devices", relabelled.size()},
-                                            {"first", GoQuote(relabelled[0])}});
+                                            {"devices", relabelled},
+                                            {"first", GoQuote(first_relabelled)}});
   }
   // The kubelet's names for the backend's devices, hashed: the update costs
   // O(n), never O(n^2), and the lock Allocate needs is held only to swap.
   absl::flat_hash_map<std::string, std::string> to_backend;
-  // Views into `devices`, used before it is published.
-  absl::flat_hash_set<absl::string_view> now;
-  now.reserve(devices.size());
-  if (policy_.compact_ids) to_backend.reserve(devices.size());
-  int collisions = 0;
-  for (v1beta1::Device& d : devices) {
-    auto m = policy_.id_map.find(d.id());
-    if (m != policy_.id_map.end()) {
-      to_backend[m->second] = d.id();
-      d.set_id(m->second);
-    } else if (policy_.compact_ids) {
-      std::string compact = CompactDeviceId(d.id());
-      if (to_backend.count(compact) == 0 && now.count(compact) == 0) {
-        to_backend.emplace(compact, d.id());
-        d.set_id(std::move(compact));
-      } else {
-        ++collisions;  // (one in 10^9 at 100,000 devices) it keeps its own ID
+  if (!policy_.id_map.empty() || policy_.compact_ids) {
+    if (policy_.compact_ids) to_backend.reserve(static_cast<size_t>(devices->size()));
+    // The kubelet-side IDs given so far (views into `renamed` or `devices`).
+    absl::flat_hash_set<std::string> taken;
+    DeviceList::Builder renamed(static_cast<size_t>(devices->size()), devices->bytes());
+    int collisions = 0;
+    for (int i = 0; i < devices->size(); ++i) {
+      DeviceList::View d = devices->device(i);
+      std::string kubelet_id;
+      auto m = policy_.id_map.find(std::string(d.id));
+      if (m != policy_.id_map.end()) {
+        kubelet_id = m->second;
+        to_backend[kubelet_id] = std::string(d.id);
+      } else if (policy_.compact_ids) {
+        std::string compact = CompactDeviceId(d.id);
+        if (to_backend.count(compact) == 0 && taken.count(compact) == 0 &&
+            !devices->Contains(compact)) {
+          to_backend.emplace(compact, std::string(d.id));
+          kubelet_id = std::move(compact);
+        } else {
+          ++collisions;  // (one in 10^9 at 100,000 devices) it keeps its own ID
+        }
       }
+      if (!kubelet_id.empty()) d.id = kubelet_id;
+      taken.insert(std::string(d.id));
+      renamed.Add(d);
     }
-    now.insert(d.id());
-  }
-  if (collisions > 0) {
-    LOG(ERROR) << "resource " << name_ << ": " << collisions
-               << " device(s) keep their own ID: their compact ID is taken";
+    devices = std::move(renamed).Build();
+    if (collisions > 0) {
+      LOG(ERROR) << "resource " << name_ << ": " << collisions
+                 << " device(s) keep their own ID: their compact ID is taken";
+    }
   }
   // Devices the kubelet knew that the backend no longer reports. Whether an
   // allocation holds them is asked outside the lock (the state keeper may
   // be writing to disk); retried if the list changed meanwhile.
   for (int attempt = 0;; ++attempt) {
-    std::vector<v1beta1::Device> vanished;
+    std::shared_ptr<const DeviceList> before;
+    std::vector<int> vanished;  // positions in `before`
     uint64_t seen_version;
     {
       ChangeLock lock(this);
       if (generation != generation_) return;  // a replaced backend
       seen_version = snapshot_.version;
-      for (int i = 0; i < reported_->size(); ++i) {
-        if (now.count(reported_->device(i).id) == 0) vanished.push_back(reported_->ToDevice(i));
-      }
+      before = reported_;
+    }
+    for (int i = 0; i < before->size(); ++i) {
+      if (!devices->Contains(before->device(i).id)) vanished.push_back(i);
     }
     std::vector<std::string> kept, dropped;
-    std::vector<v1beta1::Device> keep_devices;
-    for (const v1beta1::Device& old : vanished) {
-      if (hooks_.is_allocated && hooks_.is_allocated(old.id())) {
-        v1beta1::Device d = old;
-        d.set_health(std::string(kUnhealthy));
-        keep_devices.push_back(std::move(d));
-        kept.push_back(old.id());
+    std::vector<int> keep_at;
+    for (int i : vanished) {
+      const std::string id(before->device(i).id);
+      if (hooks_.is_allocated && hooks_.is_allocated(id)) {
+        keep_at.push_back(i);
+        kept.push_back(id);
       } else {
-        dropped.push_back(old.id());
+        dropped.push_back(id);
       }
     }
     {
       ChangeLock lock(this);
       if (generation != generation_) return;
       if (snapshot_.version != seen_version && attempt < 3) continue;  // changed: again
+      std::shared_ptr<const DeviceList> shown = devices;
       if (!kept.empty() || !dropped.empty()) {
         // Never silently renamed or dropped while an allocation holds them:
         // they stay, Unhealthy. Others are dropped, as a kubelet would.
@@ -291,10 +302,20 @@ void Resource::OnDevices(uint64_t generation, std::vector<v1beta1::Device> devic
                                            {"first_kept", kept.empty() ? "" : kept[0]},
                                            {"first_dropped", dropped.empty() ? "" : dropped[0]}});
       }
-      for (auto& d : keep_devices) devices.push_back(std::move(d));
+      if (!keep_at.empty()) {
+        DeviceList::Builder with_kept(static_cast<size_t>(devices->size()) + keep_at.size(),
+                                      devices->bytes());
+        for (int i = 0; i < devices->size(); ++i) with_kept.Add(devices->device(i));
+        for (int i : keep_at) {
+          DeviceList::View d = before->device(i);
+          d.health = kUnhealthy;
+          with_kept.Add(d);
+        }
+        shown = std::move(with_kept).Build();
+      }
       to_backend_ = std::move(to_backend);
       // What the backend reports is what the kubelet is shown: one list.
-      PublishBaseLocked(DeviceList::FromDevices(std::move(devices)));
+      PublishBaseLocked(std::move(shown));
       reported_ = base_;
       VLOG(1) << "resource " << name_ << ": " << reported_->size() << " devices, "
               << snapshot_.list->healthy() << " healthy";

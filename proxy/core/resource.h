@@ -140,7 +140,7 @@ class Resource {
   void Shutdown();
 
  private:
-  void OnDevices(uint64_t generation, std::vector<v1beta1::Device> devices);
+  void OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> devices);
   void OnLost(uint64_t generation, const std::string& why);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishBaseLocked(std::shared_ptr<const DeviceList> base)

@@ -465,13 +465,7 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.devices_healthy = snap.list->healthy();
     r.device_list_bytes = static_cast<int64_t>(snap.list->bytes());
     r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
-    if (with_devices) {
-      r.devices.reserve(static_cast<size_t>(snap.list->size()));
-      for (int i = 0; i < snap.list->size(); ++i) {
-        const DeviceList::View d = snap.list->device(i);
-        r.devices.push_back({std::string(d.id), std::string(d.health)});
-      }
-    }
+    if (with_devices) r.device_list = snap.list;  // shared, not copied
     st.resources.push_back(std::move(r));
   }
   st.lossy_translations = losses_.Snapshot();

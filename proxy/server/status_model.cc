@@ -56,10 +56,20 @@ std::string StatusFileText(ProxyStatus s) {
     std::string text = head.dump();
     text.pop_back();
     absl::StrAppend(&out, i == 0 ? "" : ",", text, ",\"devices\":[");
-    for (size_t k = 0; k < r.devices.size(); ++k) {
-      // Each string through the JSON library for its escaping.
-      absl::StrAppend(&out, k == 0 ? "" : ",", "{\"id\":", Json(r.devices[k].id).dump(),
-                      ",\"health\":", Json(r.devices[k].health).dump(), "}");
+    // Each string through the JSON library for its escaping.
+    auto append = [&out](bool first, const std::string& id, const std::string& health) {
+      absl::StrAppend(&out, first ? "" : ",", "{\"id\":", Json(id).dump(),
+                      ",\"health\":", Json(health).dump(), "}");
+    };
+    if (r.device_list != nullptr) {
+      for (int k = 0; k < r.device_list->size(); ++k) {
+        const DeviceList::View d = r.device_list->device(k);
+        append(k == 0, std::string(d.id), std::string(d.health));
+      }
+    } else {
+      for (size_t k = 0; k < r.devices.size(); ++k) {
+        append(k == 0, r.devices[k].id, r.devices[k].health);
+      }
     }
     out += "]}";
   }

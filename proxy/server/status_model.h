@@ -16,9 +16,11 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proxy/core/device_list.h"
 #include "proxy/events/event_log.h"
 
 namespace dpproxy {
@@ -45,8 +47,11 @@ struct ResourceStatus {
   // refuses it (and sees no devices).
   int64_t device_list_bytes = 0;
   bool device_list_too_large = false;
-  // Left empty unless asked for (the metrics never need them).
+  // Left empty unless asked for (the metrics never need them). A status
+  // built by the server points at the published list instead of copying
+  // it (`device_list`); one read back from the file has `devices`.
   std::vector<DeviceStatus> devices;
+  std::shared_ptr<const DeviceList> device_list;
 };
 
 struct QuarantineStatus {

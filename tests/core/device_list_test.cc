@@ -133,3 +133,65 @@ TEST(DeviceListTest, SharedWireKeepsTheListAlive) {
 
 }  // namespace
 }  // namespace dpproxy
+
+namespace dpproxy {
+namespace {
+
+TEST(DeviceListFromWireTest, ReadsWhatAPluginSendsAsProtobufWould) {
+  v1beta1::ListAndWatchResponse sent = Msg(kDevices);
+  auto list = DeviceList::FromWire(sent.SerializeAsString());
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ((*list)->wire(), sent.SerializeAsString());
+  EXPECT_EQ((*list)->Find("gpu-3"), 3);
+  EXPECT_TRUE((*list)->device(3).has_topology);
+}
+
+TEST(DeviceListFromWireTest, V1AlphaReadingDropsTopology) {
+  auto list = DeviceList::FromWire(Msg(kDevices).SerializeAsString(), /*with_topology=*/false);
+  ASSERT_TRUE(list.ok()) << list.status();
+  for (int i = 0; i < (*list)->size(); ++i) EXPECT_FALSE((*list)->device(i).has_topology) << i;
+  EXPECT_EQ((*list)->device(1).health, "Unhealthy");
+}
+
+TEST(DeviceListFromWireTest, UnknownFieldsAreDroppedAndMalformedBytesNamed) {
+  v1beta1::ListAndWatchResponse sent = Msg({Dev("gpu-0", "Healthy")});
+  std::string wire = sent.SerializeAsString();
+  // An unknown varint field 9 at the top and inside the device.
+  std::string with_unknown = wire + std::string("\x48\x05", 2);
+  with_unknown.insert(2, std::string("\x48\x07", 2));
+  with_unknown[1] = static_cast<char>(with_unknown[1] + 2);
+  auto list = DeviceList::FromWire(with_unknown);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ((*list)->wire(), wire);
+
+  auto cut = DeviceList::FromWire(wire.substr(0, wire.size() - 3));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cut.status().message().find("device 0"), absl::string_view::npos) << cut.status();
+
+  v1beta1::ListAndWatchResponse bad_utf8 = Msg({Dev("gpu-0", "Healthy")});
+  std::string bytes = bad_utf8.SerializeAsString();
+  bytes[4] = static_cast<char>(0xff);  // inside the ID
+  auto not_utf8 = DeviceList::FromWire(bytes);
+  ASSERT_FALSE(not_utf8.ok());
+  EXPECT_NE(not_utf8.status().message().find("UTF-8"), absl::string_view::npos);
+}
+
+TEST(DeviceListBuilderTest, CopiesViewsFromOtherLists) {
+  auto a = DeviceList::FromDevices(kDevices);
+  DeviceList::Builder b;
+  b.Add(a->device(2));
+  DeviceList::View renamed = a->device(0);
+  renamed.id = "renamed";
+  b.Add(renamed);
+  auto built = std::move(b).Build();
+  a.reset();
+  ASSERT_EQ(built->size(), 2);
+  EXPECT_EQ(built->device(0).id, "gpu-2");
+  EXPECT_EQ(built->device(1).id, "renamed");
+  EXPECT_TRUE(built->device(1).has_topology);
+  EXPECT_EQ(built->Find("renamed"), 1);
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -58,14 +58,14 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
   auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
   constexpr int kDevices = 20000;
-  backend->callbacks.on_devices(Devices(kDevices, "gpu-"));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(kDevices, "gpu-")));
   EXPECT_EQ(r.Current().list->size(), kDevices);
   EXPECT_EQ(asked.load(), 0);
 
   // One device changes health: nothing vanished, nobody asked.
   std::vector<v1beta1::Device> flip = Devices(kDevices, "gpu-");
   flip[3].set_health("Unhealthy");
-  backend->callbacks.on_devices(flip);
+  backend->callbacks.on_devices(DeviceList::FromDevices(flip));
   EXPECT_EQ(asked.load(), 0);
   EXPECT_EQ(r.DeviceHealth("gpu-3"), "Unhealthy");
 
@@ -74,7 +74,7 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
   std::vector<v1beta1::Device> fewer = Devices(kDevices, "gpu-");
   fewer.erase(fewer.begin() + 7);  // gpu-7 (allocated)
   fewer.erase(fewer.begin() + 7);  // gpu-8
-  backend->callbacks.on_devices(fewer);
+  backend->callbacks.on_devices(DeviceList::FromDevices(fewer));
   EXPECT_EQ(asked.load(), 2);
   EXPECT_EQ(r.DeviceHealth("gpu-7"), "Unhealthy");
   EXPECT_FALSE(r.DeviceHealth("gpu-8").has_value());
@@ -82,7 +82,7 @@ TEST(ResourceTest, ListUpdatesAskOnlyAboutVanishedDevices) {
 
   // A whole new list of 20,000: asked once per vanished device, no more.
   asked = 0;
-  backend->callbacks.on_devices(Devices(kDevices, "uuid-"));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(kDevices, "uuid-")));
   EXPECT_EQ(asked.load(), kDevices - 1);
   EXPECT_TRUE(r.HasDevice("uuid-19999"));
   EXPECT_TRUE(r.HasDevice("gpu-7"));  // still held by an allocation
@@ -103,8 +103,8 @@ TEST(ResourceTest, AllocateChecksNeverWaitForTheStateKeeper) {
   Resource r("vendor.com/gpu", ResourcePolicy(), &events, hooks);
   auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
-  backend->callbacks.on_devices(Devices(4, "gpu-"));
-  std::thread update([&] { backend->callbacks.on_devices(Devices(2, "gpu-")); });  // two vanish
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
+  std::thread update([&] { backend->callbacks.on_devices(DeviceList::FromDevices(Devices(2, "gpu-"))); });  // two vanish
   ASSERT_TRUE(in_keeper.WaitForNotificationWithTimeout(absl::Seconds(10)));
   absl::Notification answered;
   std::optional<std::string> health;
@@ -127,12 +127,12 @@ TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
   Resource r("vendor.com/gpu", ResourcePolicy(), &events);
   auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
-  backend->callbacks.on_devices(Devices(4, "gpu-"));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
   r.SetQuarantined({"gpu-1"});
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   EXPECT_EQ(r.DeviceHealth("gpu-0"), "Healthy");
   // A new list from the backend does not undo it.
-  backend->callbacks.on_devices(Devices(4, "gpu-"));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   // The state file keeps the backend's health, not the quarantine's.
   for (const auto& d : r.ReportedDevices()->ToDevices()) {
@@ -154,11 +154,11 @@ TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   r.AttachBackend(backend);
   // UUID-named MIG slices: ~60 bytes each on the wire.
   const std::string prefix = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-";
-  backend->callbacks.on_devices(Devices(1000, prefix));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(1000, prefix)));
   EXPECT_LT(r.Current().list->bytes(), Resource::kKubeletMaxListBytes);
   EXPECT_FALSE(events.WaitForEvent("device_list_too_large", {}, absl::ZeroDuration()));
   constexpr int kMany = 100000;
-  backend->callbacks.on_devices(Devices(kMany, prefix));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(kMany, prefix)));
   const Resource::Snapshot big = r.Current();
   EXPECT_EQ(big.list->size(), kMany);
   EXPECT_EQ(big.list->bytes(), big.list->ToMessage().ByteSizeLong());
@@ -170,12 +170,12 @@ TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   EXPECT_EQ((*e)["bytes"].get<size_t>(), big.list->bytes());
   EXPECT_EQ((*e)["limit"].get<size_t>(), Resource::kKubeletMaxListBytes);
   // Reported once, not on every list while it stays too large.
-  backend->callbacks.on_devices(Devices(kMany + 1, prefix));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(kMany + 1, prefix)));
   const auto counts = events.Counts();
   EXPECT_EQ(counts.at(std::make_pair(std::string("device_list_too_large"),
                                      std::string("vendor.com/gpu"))),
             1);
-  backend->callbacks.on_devices(Devices(1000, prefix));
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(1000, prefix)));
   EXPECT_TRUE(events.WaitForEvent("device_list_fits", {{"resource", "vendor.com/gpu"}},
                                   absl::Seconds(1)));
 }
@@ -197,7 +197,7 @@ TEST(ResourceTest, CompactIdsFitTheKubeletAndMapBackExactly) {
   Resource plain("vendor.com/gpu", plain_policy, &events);
   auto b1 = StreamOnlyBackend();
   plain.AttachBackend(b1);
-  b1->callbacks.on_devices(uuid_devices());
+  b1->callbacks.on_devices(DeviceList::FromDevices(uuid_devices()));
   EXPECT_GT(plain.Current().list->bytes(), Resource::kKubeletMaxListBytes);
 
   ResourcePolicy policy;
@@ -207,7 +207,7 @@ TEST(ResourceTest, CompactIdsFitTheKubeletAndMapBackExactly) {
     Resource r("vendor.com/gpu", policy, &events);
     auto b = StreamOnlyBackend();
     r.AttachBackend(b);
-    b->callbacks.on_devices(uuid_devices());
+    b->callbacks.on_devices(DeviceList::FromDevices(uuid_devices()));
     const Resource::Snapshot snap = r.Current();
     EXPECT_LT(snap.list->bytes(), Resource::kKubeletMaxListBytes);
     std::vector<std::string> ids;
@@ -243,7 +243,7 @@ TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
   auto old_backend = std::make_shared<MockBackend>("vendor.com/gpu", "/run/old.sock");
   EXPECT_CALL(*old_backend, Start(_)).WillOnce(SaveArg<0>(&old_backend->callbacks));
   r.AttachBackend(old_backend);
-  old_backend->callbacks.on_devices(Devices(2, "old-"));
+  old_backend->callbacks.on_devices(DeviceList::FromDevices(Devices(2, "old-")));
   ASSERT_EQ(r.Current().list->size(), 2);
 
   auto new_backend = StreamOnlyBackend("/run/new.sock");
@@ -251,10 +251,10 @@ TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
   EXPECT_CALL(*old_backend, Stop()).Times(1);
   EXPECT_TRUE(r.AttachBackend(new_backend));  // the options changed
   ::testing::Mock::VerifyAndClearExpectations(old_backend.get());
-  new_backend->callbacks.on_devices(Devices(3, "new-"));
+  new_backend->callbacks.on_devices(DeviceList::FromDevices(Devices(3, "new-")));
   EXPECT_EQ(r.Current().list->size(), 3);
 
-  old_backend->callbacks.on_devices(Devices(5, "late-"));
+  old_backend->callbacks.on_devices(DeviceList::FromDevices(Devices(5, "late-")));
   old_backend->callbacks.on_lost("the old plugin exited");
   EXPECT_EQ(r.Current().list->size(), 3);
   EXPECT_FALSE(r.HasDevice("late-0"));

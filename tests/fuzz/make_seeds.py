@@ -86,6 +86,24 @@ write("translate", "container_response",
 write("translate", "device_list",
       field(1, 2, field(1, 2, b"gpu-0") + field(2, 2, b"Healthy")) +
       field(1, 2, field(1, 2, b"gpu-1") + field(2, 2, b"Unhealthy")))
+# Device lists as plugins send them: with topology, an empty topology, a
+# topology in two parts, unknown fields at both levels, a repeated ID.
+numa0 = field(1, 2, field(1, 0, 0))
+numa1 = field(1, 2, field(1, 0, 1))
+write("device_list", "plain",
+      field(1, 2, field(1, 2, b"gpu-0") + field(2, 2, b"Healthy")) +
+      field(1, 2, field(1, 2, b"gpu-1") + field(2, 2, b"Unhealthy")))
+write("device_list", "topology",
+      field(1, 2, field(1, 2, b"gpu-0") + field(2, 2, b"Healthy") + field(3, 2, numa0)) +
+      field(1, 2, field(1, 2, b"gpu-1") + field(2, 2, b"Healthy") + field(3, 2, b"")) +
+      field(1, 2, field(1, 2, b"gpu-2") + field(3, 2, numa0) + field(3, 2, numa1)))
+write("device_list", "unknown_fields",
+      field(7, 0, 5) + field(1, 2, field(9, 2, b"x") + field(1, 2, b"gpu-0") + field(2, 0, 3) +
+                            field(2, 2, b"Healthy")) + field(1, 0, 1))
+write("device_list", "repeated_id",
+      field(1, 2, field(1, 2, b"a") + field(1, 2, b"b")) + field(1, 2, field(1, 2, b"b")))
+write("device_list", "cut", field(1, 2, field(1, 2, b"gpu-0"))[:-2])
+
 write("translate", "alpha_request", field(1, 2, b"gpu-0") + field(1, 2, b"gpu-1"))
 
 for i, s in enumerate(["vendor.com/gpu", "kubernetes.io/gpu", "requests.x/y", "a" * 300,

@@ -7,7 +7,7 @@
 //   auto b = std::make_shared<StrictMock<MockBackend>>("vendor.com/gpu");
 //   EXPECT_CALL(*b, Start(_)).WillOnce(SaveArg<0>(&b->callbacks));
 //   resource.AttachBackend(b);
-//   b->callbacks.on_devices(devices);  // as the stream reader would
+//   b->callbacks.on_devices(DeviceList::FromDevices(devices));  // as the stream reader would
 #ifndef DPPROXY_TESTS_TESTING_MOCK_BACKEND_H_
 #define DPPROXY_TESTS_TESTING_MOCK_BACKEND_H_
 

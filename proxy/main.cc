@@ -85,6 +85,12 @@ int main(int argc, char** argv) {
   // devices. dpproxy's allocations are not contended; two arenas suffice.
   // (MALLOC_ARENA_MAX in the environment still wins.)
   if (::getenv("MALLOC_ARENA_MAX") == nullptr) ::mallopt(M_ARENA_MAX, 2);
+  // Device lists and the messages they arrive in are large, short-lived
+  // buffers. glibc raises its mmap threshold to the size of each mapped
+  // block freed (up to 32 MiB), after which such buffers come from the
+  // arenas and leave holes there that RSS keeps. A fixed threshold keeps
+  // them mapped, each given back whole when freed.
+  if (::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   // Abseil checks every Mutex acquisition against a global graph of lock
   // orders unless built with NDEBUG (Debian's is not): a process-wide lock
   // on every Allocate's path. The tests keep it on, where it finds lock-

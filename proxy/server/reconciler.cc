@@ -338,6 +338,10 @@ void Reconciler::CheckCheckpoint() {
   const bool due = options_.interval > absl::ZeroDuration() &&
                    now - last_checkpoint_parse_ >= options_.interval;
   if (!id.has_value() || (id == last_checkpoint_ && !due)) return;
+  // The kubelet rewrites its checkpoint after every allocation, and a pass
+  // is O(allocations): at most one a second (housekeeping runs at least
+  // that often, so the last change is always read), never one per pod.
+  if (now - last_checkpoint_parse_ < kCheckpointGap) return;
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return;
   absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);

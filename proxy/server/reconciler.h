@@ -123,6 +123,8 @@ class Reconciler {
     absl::Time deadline;
   };
   std::optional<RestartCheck> restart_check_;
+  // The least time between two passes over a changed checkpoint.
+  static constexpr absl::Duration kCheckpointGap = absl::Seconds(1);
   std::optional<FileId> last_checkpoint_;
   absl::Time last_checkpoint_parse_ = absl::InfinitePast();
 

@@ -65,7 +65,7 @@ void StateKeeper::CompactLoop() {
     absl::MutexLock lock(&mu_);
     // Another save may have taken the journal in meanwhile. A failed
     // compaction is logged and counted, and tried again at the next record.
-    if (journal_ok_ && journal_applied_records_ >= kCompactAfter && SaveLocked().ok()) {
+    if (journal_ok_ && CompactDueLocked() && SaveLocked().ok()) {
       ++compactions_;
     }
     compacting_ = false;
@@ -383,7 +383,7 @@ absl::Status StateKeeper::Record(const std::string& resource,
   journal_busy_ = false;
   // The records are durable in the journal; the snapshot that takes them in
   // is written by the compactor, off this path.
-  if (s.ok() && journal_applied_records_ >= kCompactAfter && !compacting_) {
+  if (s.ok() && CompactDueLocked() && !compacting_) {
     compact_wanted_ = true;
   }
   return me.status;

@@ -20,6 +20,7 @@
 #define DPPROXY_PROXY_STATE_STATE_KEEPER_H_
 
 #include <atomic>
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -62,7 +63,11 @@ class StateKeeper : public AllocationJournal {
   StateKeeper(const StateKeeper&) = delete;
   StateKeeper& operator=(const StateKeeper&) = delete;
 
-  // Journal records that start a compaction.
+  // Journal records that start a compaction: this many, or as many as
+  // there are allocations if that is more. A compaction encodes every
+  // allocation, so each record pays for at most one allocation's encoding
+  // however large the state grows, and a replay at start-up reads no more
+  // records than the snapshot holds.
   static constexpr size_t kCompactAfter = 1000;
 
   // Loads the snapshot and the journal. A missing file is a fresh start; one
@@ -175,6 +180,11 @@ class StateKeeper : public AllocationJournal {
   // to state_: what a snapshot encoded now covers.
   size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t journal_applied_records_ ABSL_GUARDED_BY(mu_) = 0;
+  // Whether the journal holds enough records for a compaction.
+  bool CompactDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return journal_applied_records_ >=
+           std::max(kCompactAfter, static_cast<size_t>(state_.allocations_size()));
+  }
   // Everything but the resources, which are kept serialized (a device
   // costs some 30 bytes there instead of a message's 150): the saved device
   // lists are only ever written, compared and, at start, read back.

@@ -112,7 +112,10 @@ absl::Status ProxyServer::Start() {
   }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   saver_ = std::thread([this] { SaverLoop(); });
-  if (reconciler_) reconciler_->Start();
+  if (reconciler_) {
+    checkpoint_ = std::thread([this] { CheckpointLoop(); });
+    reconciler_->Start();
+  }
   const std::string watch_dir =
       config_.kubelet.registration == KubeletRegistration::kPluginWatcher
           ? JoinPath(config_.kubelet.kubelet_root, "plugins_registry")
@@ -140,6 +143,7 @@ void ProxyServer::Shutdown() {
   }
   if (housekeeping_.joinable()) housekeeping_.join();
   if (saver_.joinable()) saver_.join();
+  if (checkpoint_.joinable()) checkpoint_.join();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
   std::map<std::string, std::unique_ptr<Entry>> entries;
@@ -235,16 +239,40 @@ void ProxyServer::HousekeepingLoop() {
     TickResources(now);
     const Registrar::PassResult pass = registrar_->Pass(now);
     next_retry_ = pass.next_retry;
-    if (reconciler_) {
-      if (pass.kubelet_restarted) reconciler_->OnKubeletRestart(*pass.kubelet_restarted);
-      reconciler_->CheckCheckpoint();
+    std::optional<Reconciler::RestartSeen> seen;
+    if (reconciler_ && pass.kubelet_restarted) {
+      seen = reconciler_->NoteKubeletRestart(*pass.kubelet_restarted);
     }
     ApplyQuarantine();
     {
       absl::MutexLock lock(&wake_mu_);
       save_wake_ = true;
+      checkpoint_wake_ = true;
+      if (seen.has_value()) restarts_seen_.push_back(*std::move(seen));
     }
     ++housekeeping_passes_;
+  }
+}
+
+// The kubelet-checkpoint checks cost O(allocations) and the kubelet
+// rewrites its checkpoint after every allocation: they run here, so that
+// detecting and serving a kubelet restart never waits behind one. Changes
+// that arrive during a pass are taken by the next one, together.
+void ProxyServer::CheckpointLoop() {
+  for (;;) {
+    std::vector<Reconciler::RestartSeen> restarts;
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
+        return checkpoint_wake_ || stop_;
+      };
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      checkpoint_wake_ = false;
+      restarts.swap(restarts_seen_);
+    }
+    for (const Reconciler::RestartSeen& seen : restarts) reconciler_->OnKubeletRestart(seen);
+    reconciler_->CheckCheckpoint();
   }
 }
 

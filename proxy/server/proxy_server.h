@@ -103,6 +103,7 @@ class ProxyServer {
   void Wake();
   void HousekeepingLoop();
   void SaverLoop();
+  void CheckpointLoop();
   // Resource timers and static backends that are away (on the workers).
   void TickResources(absl::Time now);
   void ConnectStatic(Entry* e);
@@ -143,8 +144,12 @@ class ProxyServer {
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool save_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool checkpoint_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  // Kubelet restarts seen by housekeeping, for the checkpoint thread.
+  std::vector<Reconciler::RestartSeen> restarts_seen_ ABSL_GUARDED_BY(wake_mu_);
   std::thread housekeeping_;
   std::thread saver_;
+  std::thread checkpoint_;  // with a reconciler only
 
   // Housekeeping thread only.
   absl::Time next_retry_ = absl::InfiniteFuture();

@@ -230,13 +230,29 @@ int64_t Reconciler::devices_held_twice() const {
   return devices_held_twice_;
 }
 
-void Reconciler::OnKubeletRestart(const FileId& kubelet) {
+Reconciler::RestartSeen Reconciler::NoteKubeletRestart(const FileId& kubelet) const {
+  // The checkpoint as the restart was seen, before the new kubelet
+  // rewrites it: a stat and a read, nothing that grows with allocations.
+  RestartSeen seen;
+  seen.kubelet = kubelet;
+  seen.seen_at = absl::Now();
+  const std::string ckpt_path = CheckpointPath();
+  seen.checkpoint_before = StatFileId(ckpt_path);
+  if (seen.checkpoint_before.has_value()) {
+    if (absl::StatusOr<std::string> text = ReadFile(ckpt_path); text.ok()) {
+      seen.checkpoint_text = *std::move(text);
+    }
+  }
+  return seen;
+}
+
+void Reconciler::OnKubeletRestart(const RestartSeen& seen) {
   // A kubelet restart while dpproxy runs: check that it kept the
   // allocations live now, once it has written its checkpoint again.
+  const FileId& kubelet = seen.kubelet;
   RestartCheck check;
-  const std::string ckpt_path = CheckpointPath();
-  check.checkpoint_before = StatFileId(ckpt_path);
-  check.deadline = absl::Now() + absl::Seconds(30);
+  check.checkpoint_before = seen.checkpoint_before;
+  check.deadline = seen.seen_at + absl::Seconds(30);
   const state::State st = keeper_->AllocationsSnapshot();
   // Live for the kubelet that stopped: the checkpoint still on disk is its
   // final view if it predates the new kubelet.sock (a new kubelet writes
@@ -244,11 +260,10 @@ void Reconciler::OnKubeletRestart(const FileId& kubelet) {
   // and anything allocated since. Entries of pods that ended before the
   // restart are thereby never quarantined. Never read at all: every entry.
   std::optional<KubeletCheckpoint> current;
-  if (check.checkpoint_before.has_value()) {
-    if (absl::StatusOr<std::string> text = ReadFile(ckpt_path); text.ok()) {
-      if (absl::StatusOr<KubeletCheckpoint> k = ParseKubeletCheckpoint(*text); k.ok()) {
-        current = *std::move(k);
-      }
+  if (seen.checkpoint_text.has_value()) {
+    if (absl::StatusOr<KubeletCheckpoint> k = ParseKubeletCheckpoint(*seen.checkpoint_text);
+        k.ok()) {
+      current = *std::move(k);
     }
   }
   const bool final_view = current.has_value() && check.checkpoint_before->ctime_ns <=
@@ -338,10 +353,6 @@ void Reconciler::CheckCheckpoint() {
   const bool due = options_.interval > absl::ZeroDuration() &&
                    now - last_checkpoint_parse_ >= options_.interval;
   if (!id.has_value() || (id == last_checkpoint_ && !due)) return;
-  // The kubelet rewrites its checkpoint after every allocation, and a pass
-  // is O(allocations): at most one a second (housekeeping runs at least
-  // that often, so the last change is always read), never one per pod.
-  if (now - last_checkpoint_parse_ < kCheckpointGap) return;
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return;
   absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);

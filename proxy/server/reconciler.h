@@ -16,7 +16,7 @@
 //    meanwhile is reported as held twice.
 //
 // Owns its thread (the periodic pod-resources pass); the checkpoint checks
-// run on the caller's (the server's housekeeping thread).
+// run on the caller's (the server's checkpoint thread).
 #ifndef DPPROXY_PROXY_SERVER_RECONCILER_H_
 #define DPPROXY_PROXY_SERVER_RECONCILER_H_
 
@@ -68,11 +68,25 @@ class Reconciler {
   // One checkpoint pass now. kUnavailable if the checkpoint cannot be read.
   absl::Status ReconcileCheckpointOnce();
 
-  // Housekeeping thread: a new kubelet.sock replaced `previous`; remembers
-  // what was live for the kubelet that stopped, checked by CheckCheckpoint.
-  void OnKubeletRestart(const FileId& kubelet);
-  // Housekeeping thread: the check after a kubelet restart when it is due,
+  // A kubelet restart as it was seen: the new kubelet.sock and the
+  // checkpoint then on disk (the stopped kubelet's final view, unless the
+  // new one has rewritten it already).
+  struct RestartSeen {
+    FileId kubelet;
+    absl::Time seen_at;
+    std::optional<FileId> checkpoint_before;
+    std::optional<std::string> checkpoint_text;
+  };
+  // Called as the restart is detected (a stat and a read): what
+  // OnKubeletRestart needs, taken before the new kubelet rewrites it.
+  RestartSeen NoteKubeletRestart(const FileId& kubelet) const;
+  // Checkpoint thread: remembers what was live for the kubelet that
+  // stopped, checked by CheckCheckpoint. O(allocations).
+  void OnKubeletRestart(const RestartSeen& seen);
+  // Checkpoint thread: the check after a kubelet restart when it is due,
   // else a checkpoint pass if the checkpoint changed or the interval passed.
+  // O(allocations) when it passes; the server runs it on a thread of its
+  // own, so that detecting and serving a kubelet restart never waits for it.
   void CheckCheckpoint();
 
   // Bumped whenever the set of quarantined allocations changes.
@@ -115,16 +129,14 @@ class Reconciler {
   std::set<uint64_t> checkpoint_live_ ABSL_GUARDED_BY(checkpoint_mu_);
   int64_t checkpoint_read_ms_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
 
-  // Housekeeping thread only: the check pending after a kubelet restart,
-  // and the checkpoint last parsed.
+  // Checkpoint thread only: the check pending after a kubelet restart, and
+  // the checkpoint last parsed.
   struct RestartCheck {
     std::set<uint64_t> live;  // allocations live when the restart was seen
     std::optional<FileId> checkpoint_before;
     absl::Time deadline;
   };
   std::optional<RestartCheck> restart_check_;
-  // The least time between two passes over a changed checkpoint.
-  static constexpr absl::Duration kCheckpointGap = absl::Seconds(1);
   std::optional<FileId> last_checkpoint_;
   absl::Time last_checkpoint_parse_ = absl::InfinitePast();
 

@@ -536,7 +536,26 @@ int StateKeeper::AllocationCount() { return allocation_count_.load(); }
 state::State StateKeeper::AllocationsSnapshot() {
   absl::MutexLock lock(&mu_);
   state::State out;
-  *out.mutable_allocations() = state_.allocations();
+  out.mutable_allocations()->Reserve(state_.allocations_size());
+  for (const state::Allocation& a : state_.allocations()) {
+    // Every field but the response, which is most of an allocation's size
+    // and which no pass reads. (StateKeeperTest.AllocationsSnapshotCopies-
+    // EveryFieldButTheResponse fails when a new field is not copied here.)
+    state::Allocation* c = out.add_allocations();
+    c->set_id(a.id());
+    c->set_resource(a.resource());
+    *c->mutable_device_ids() = a.device_ids();
+    c->set_backend_api(a.backend_api());
+    c->set_backend_endpoint(a.backend_endpoint());
+    c->set_allocated_unix_ms(a.allocated_unix_ms());
+    c->set_pod_namespace(a.pod_namespace());
+    c->set_pod_name(a.pod_name());
+    c->set_container(a.container());
+    c->set_quarantined(a.quarantined());
+    c->set_quarantine_reason(a.quarantine_reason());
+    c->set_quarantined_unix_ms(a.quarantined_unix_ms());
+    c->set_pod_uid(a.pod_uid());
+  }
   out.set_next_allocation_id(state_.next_allocation_id());
   return out;
 }

@@ -116,8 +116,9 @@ class StateKeeper : public AllocationJournal {
   // A copy of everything (for dpctl-like views and tests).
   state::State Snapshot();
   // A copy of the allocations alone (and the next id), without the saved
-  // device lists: what reconciliation and the checkpoint passes need, at a
-  // cost that does not grow with devices.
+  // device lists and without the allocations' responses: what
+  // reconciliation and the checkpoint passes need, at a cost that does not
+  // grow with devices nor with what plugins answered.
   state::State AllocationsSnapshot();
   // Cheap, for status and metrics.
   int AllocationCount();

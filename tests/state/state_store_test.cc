@@ -611,6 +611,51 @@ TEST(StateKeeperTest, SavedResourcesReadBackWhole) {
   EXPECT_EQ(loaded.resources(0).SerializeAsString(), gpu.SerializeAsString());
 }
 
+// Reconciliation's copy leaves out the response (most of an allocation's
+// size) and nothing else. Every field of the fixture is set, checked by
+// reflection, so a field added to Allocation but not to the copy fails here.
+TEST(StateKeeperTest, AllocationsSnapshotCopiesEveryFieldButTheResponse) {
+  testing::ShortTempDir dir;
+  EventLog events{"test"};
+  state::State saved;
+  saved.set_next_allocation_id(8);
+  state::Allocation* a = saved.add_allocations();
+  a->set_id(7);
+  a->set_resource("vendor.com/gpu");
+  a->add_device_ids("gpu-0");
+  a->add_device_ids("gpu-1");
+  (*a->mutable_response()->mutable_envs())["GPU"] = "0,1";
+  a->set_backend_api("v1beta1");
+  a->set_backend_endpoint("/run/gpu.sock");
+  a->set_allocated_unix_ms(1700000000000);
+  a->set_pod_namespace("ns");
+  a->set_pod_name("pod");
+  a->set_container("main");
+  a->set_quarantined(true);
+  a->set_quarantine_reason("lost by the kubelet");
+  a->set_quarantined_unix_ms(1700000000001);
+  a->set_pod_uid("uid-1");
+  const google::protobuf::Reflection* refl = a->GetReflection();
+  const google::protobuf::Descriptor* desc = a->GetDescriptor();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = desc->field(i);
+    if (f->is_repeated()) {
+      EXPECT_GT(refl->FieldSize(*a, f), 0) << "the fixture leaves out " << f->name();
+    } else {
+      EXPECT_TRUE(refl->HasField(*a, f)) << "the fixture leaves out " << f->name();
+    }
+  }
+  ASSERT_TRUE(FileStateStore(dir.Sub("state.pb")).Save(saved).ok());
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  MustLoad(keeper);
+  const state::State copy = keeper.AllocationsSnapshot();
+  ASSERT_EQ(copy.allocations_size(), 1);
+  state::Allocation want = *a;
+  want.clear_response();
+  EXPECT_EQ(copy.allocations(0).SerializeAsString(), want.SerializeAsString());
+  EXPECT_EQ(copy.next_allocation_id(), 8u);
+}
+
 // A loaded keeper in a fresh state directory, for the tests of how it
 // writes: group commit and compaction.
 class KeeperWritesTest : public ::testing::Test {

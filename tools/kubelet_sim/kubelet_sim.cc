@@ -408,6 +408,8 @@ std::string KubeletSim::plugins_registry_dir() const {
 std::string KubeletSim::pod_resources_socket() const {
   return JoinPath(JoinPath(options_.root_dir, "pod-resources"), "kubelet.sock");
 }
+std::string KubeletSim::pods_path() const { return JoinPath(options_.root_dir, kPodsFileName); }
+
 std::string KubeletSim::checkpoint_path() const {
   return JoinPath(device_plugin_dir(), kKubeletCheckpointName);
 }

@@ -165,6 +165,8 @@ class KubeletSim {
   std::string plugins_registry_dir() const;
   std::string pod_resources_socket() const;
   std::string checkpoint_path() const;
+  // The simulator's own record of its pods (beside the checkpoint).
+  std::string pods_path() const;
 
   // Implementation types, public so the .cc file's services can name them.
   struct PluginClient;

@@ -273,7 +273,7 @@ TEST(StormTest, BackendKillAndRestartCycles) {
                            "--resource=vendor.com/gpu", "--devices=8", "--id_pattern=gpu-{i}",
                            "--kubelet_socket=" + h.dir("p") + "/kubelet.sock", "--quiet"});
   };
-  pid_t plugin = start_plugin(0);
+  std::unique_ptr<ChildProcess> plugin = start_plugin(0);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 8, kWait));
   ShortEventHistories(h);
   const Level before;
@@ -282,7 +282,7 @@ TEST(StormTest, BackendKillAndRestartCycles) {
   const int cycles = testing::CountFromEnv("DPP_STORM", 6);
   for (int c = 1; c <= cycles; ++c) {
     ASSERT_TRUE(stream.WaitForMore(3)) << "cycle " << c;
-    testing::Kill(plugin, SIGKILL);
+    testing::Kill(plugin.get(), SIGKILL);
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }))
         << "cycle " << c;
     plugin = start_plugin(c);
@@ -290,7 +290,7 @@ TEST(StormTest, BackendKillAndRestartCycles) {
         << "cycle " << c;
   }
   const std::multiset<std::string>& answered = stream.Stop();
-  testing::Kill(plugin, SIGTERM);
+  testing::Kill(plugin.get(), SIGTERM);
   ExpectAllJournaled(h, answered);
   std::cout << cycles << " backend kill -9 cycles, " << answered.size()
             << " allocations answered, all journaled\n";
@@ -307,12 +307,12 @@ int ThreadsOf(pid_t pid) { return CountEntries(absl::StrCat("/proc/", pid, "/tas
 TEST(ScaleTest, ThreadsPerResourceStayBounded) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);  // its kubelet and directories only
   ASSERT_TRUE(h.sim().Start().ok());
-  const pid_t proxy = testing::Spawn(
+  const std::unique_ptr<ChildProcess> proxy = testing::Spawn(
       {testing::Runfile("proxy/dpproxy"), "--kubelet_root=" + h.dir("k"),
        "--plugin_dir=" + h.dir("p"), "--state_dir=" + h.dir("state"), "--status_file=",
        "--metrics_address=", "--minloglevel=2"});
-  ASSERT_GT(proxy, 0);
-  std::vector<pid_t> plugins;
+  ASSERT_NE(proxy, nullptr);
+  std::vector<std::unique_ptr<ChildProcess>> plugins;
   auto add_resource = [&](int i) {
     plugins.push_back(testing::Spawn(
         {testing::Runfile("tools/sample_plugin/sample_plugin"), "--api=v1beta1",
@@ -323,18 +323,18 @@ TEST(ScaleTest, ThreadsPerResourceStayBounded) {
   };
   ASSERT_TRUE(add_resource(0));
   // Settled: the kubelet's stream is open and registration threads are gone.
-  const int one = ThreadsOf(proxy);
+  const int one = ThreadsOf(proxy->pid());
   constexpr int kMore = 12;
   for (int i = 1; i <= kMore; ++i) ASSERT_TRUE(add_resource(i)) << "resource " << i;
   constexpr int kPerResource = 1, kSlack = 4;
-  EXPECT_TRUE(h.WaitFor([&] { return ThreadsOf(proxy) <= one + kPerResource * kMore + kSlack; },
+  EXPECT_TRUE(h.WaitFor([&] { return ThreadsOf(proxy->pid()) <= one + kPerResource * kMore + kSlack; },
                         absl::Seconds(20)))
-      << "dpproxy had " << one << " threads with one resource and " << ThreadsOf(proxy)
+      << "dpproxy had " << one << " threads with one resource and " << ThreadsOf(proxy->pid())
       << " with " << kMore + 1;
-  std::cout << "dpproxy threads: " << one << " with one resource, " << ThreadsOf(proxy)
+  std::cout << "dpproxy threads: " << one << " with one resource, " << ThreadsOf(proxy->pid())
             << " with " << kMore + 1 << "\n";
-  for (pid_t p : plugins) testing::Kill(p, SIGTERM);
-  testing::Kill(proxy, SIGTERM);
+  for (auto& p : plugins) testing::Kill(p.get(), SIGTERM);
+  testing::Kill(proxy.get(), SIGTERM);
 }
 
 }  // namespace

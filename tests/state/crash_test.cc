@@ -52,7 +52,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
                                           "--kubelet_socket=" + plugins + "/kubelet.sock",
                                           "--quiet"};
   if (trace != nullptr) plugin_args.push_back(absl::StrCat("--events=", trace, "/plugin.jsonl"));
-  pid_t plugin = Spawn(plugin_args);
+  std::unique_ptr<ChildProcess> plugin = Spawn(plugin_args);
   std::mt19937 rng(12345);
   std::map<std::string, int> answered;  // device -> allocations answered OK
   int total_answered = 0, kills = 0;
@@ -64,7 +64,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
                                            "--status_file=", "--metrics_address=",
                                            trace != nullptr ? "--minloglevel=0" : "--minloglevel=2"};
     if (trace != nullptr) proxy_args.push_back(absl::StrCat("--events=", trace, "/proxy.jsonl"));
-    pid_t proxy = Spawn(proxy_args);
+    std::unique_ptr<ChildProcess> proxy = Spawn(proxy_args);
     // Wait until allocations go through (the plugin has re-registered).
     auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(proxied));
     auto fresh = [&] { stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(proxied)); };
@@ -114,7 +114,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
       }
     });
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(10, 150)(rng)));
-    Kill(proxy, SIGKILL);
+    Kill(proxy.get(), SIGKILL);
     ++kills;
     stop = true;
     client.join();
@@ -135,7 +135,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
                                   << " answered " << n << " times, journaled " << journaled[id];
     }
   }
-  Kill(plugin, SIGTERM);
+  Kill(plugin.get(), SIGTERM);
   std::cout << kills << " SIGKILLs, " << total_answered
             << " allocations answered, all of them in the state file; time from dpproxy start "
                "to the first answered allocation: mean "

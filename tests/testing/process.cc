@@ -1,15 +1,8 @@
 #include "tests/testing/process.h"
 
-#include <dirent.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-
 #include <cstdlib>
 
 #include "gtest/gtest.h"
-
-extern char** environ;
 
 namespace dpproxy::testing {
 
@@ -18,32 +11,19 @@ std::string Runfile(const std::string& path) {
   return std::string(srcdir != nullptr ? srcdir : "..") + "/dpproxy/" + path;
 }
 
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (DIR* d = opendir("/proc/self/fd")) {
-    std::vector<int> fds;
-    while (struct dirent* e = readdir(d)) {
-      int fd = std::atoi(e->d_name);
-      if (fd > 2 && fd != dirfd(d)) fds.push_back(fd);
-    }
-    closedir(d);
-    for (int fd : fds) posix_spawn_file_actions_addclose(&actions, fd);
-  }
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0) << args[0];
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
+std::unique_ptr<ChildProcess> Spawn(const std::vector<std::string>& args) {
+  ChildSpec spec;
+  spec.argv = args;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
+  EXPECT_TRUE(child.ok()) << child.status();
+  return child.ok() ? *std::move(child) : nullptr;
 }
 
-void Kill(pid_t pid, int sig) {
-  if (pid <= 0) return;
-  kill(pid, sig);
-  int status;
-  waitpid(pid, &status, 0);
+void Kill(ChildProcess* child, int sig) {
+  if (child == nullptr) return;
+  child->Signal(sig);
+  EXPECT_TRUE(child->Wait(absl::Minutes(1)).has_value())
+      << "pid " << child->pid() << " did not end after signal " << sig;
 }
 
 }  // namespace dpproxy::testing

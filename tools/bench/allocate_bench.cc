@@ -7,7 +7,6 @@
 // prints figures, not a test: nothing here has a time limit.
 #include <signal.h>
 #include <sys/stat.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/util/child_process.h"
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proto/podresources/api.grpc.pb.h"
@@ -56,28 +56,29 @@ DEFINE_int32(restarts, 100,
 namespace dpproxy {
 namespace {
 
-extern "C" char** environ;
+// The bench's processes: dpproxy, plugins, the bare hop (proxy/util's
+// ChildProcess, as dpconform's; output inherited).
+using Child = std::unique_ptr<ChildProcess>;
 
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    std::cerr << "allocate_bench: cannot start " << args[0] << "\n";
+Child Spawn(const std::vector<std::string>& args) {
+  ChildSpec spec;
+  spec.argv = args;
+  absl::StatusOr<Child> child = ChildProcess::Start(spec);
+  if (!child.ok()) {
+    std::cerr << "allocate_bench: " << child.status().message() << "\n";
     exit(1);
   }
-  return pid;
+  return *std::move(child);
 }
 
-void Stop(pid_t pid) {
-  kill(pid, SIGTERM);
-  int status;
-  waitpid(pid, &status, 0);
+// SIGTERM, and SIGKILL after 10 s; nothing for a process never started.
+void Stop(Child& child) {
+  if (child != nullptr) child->Stop(absl::Seconds(10));
+  child.reset();
 }
 
-std::string ProcField(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+std::string ProcField(const Child& child, const std::string& field) {
+  std::ifstream in(absl::StrCat("/proc/", child->pid(), "/status"));
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(field + ":", 0) == 0) {
@@ -280,7 +281,7 @@ double StartupMs(const std::string& dir, int allocations) {
   sim::KubeletSim kubelet(so);
   if (!kubelet.Start().ok()) return -1;
   const auto t0 = std::chrono::steady_clock::now();
-  pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir,
+  Child proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir,
                        "--plugin_dir=" + state_dir + "-p", "--state_dir=" + state_dir,
                        "--status_file=", "--metrics_address=", "--reconcile_interval=0s",
                        "--minloglevel=1"});
@@ -323,10 +324,10 @@ Reconciliation ReconcileAtScale(const std::string& dir, int pods) {
                   "--events=" + events, "--reconcile_interval=" + interval,
                   "--minloglevel=1"});
   };
-  pid_t proxy = start_proxy("0s");
+  Child proxy = start_proxy("0s");
   const std::string resource = "bench.example.com/reconcile";
   if (WaitForPath(base + "-p/kubelet.sock", absl::Seconds(10))) {
-    pid_t plugin = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+    Child plugin = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
                           absl::StrCat("--devices=", pods), "--socket_name=bench-reconcile.sock",
                           "--kubelet_socket=" + base + "-p/kubelet.sock", "--quiet"});
     bool admitted = kubelet.WaitForResource(resource, pods, absl::Seconds(20));
@@ -423,11 +424,11 @@ Flips MeasureFlips(const std::string& dir, const std::string& proxy_plugins,
   const std::string ctl_direct = absl::StrCat(dir, "/flip-direct", devices, ".ctl");
   const std::string ctl_proxied = absl::StrCat(dir, "/flip-proxied", devices, ".ctl");
   const std::string sock = absl::StrCat("bench-flip", devices, ".sock");
-  pid_t direct = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+  Child direct = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
                         absl::StrCat("--devices=", devices), "--socket_name=" + sock,
                         "--kubelet_socket=" + direct_kubelet.kubelet_socket(),
                         "--control_socket=" + ctl_direct, "--quiet"});
-  pid_t behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+  Child behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
                         absl::StrCat("--devices=", devices), "--socket_name=" + sock,
                         "--kubelet_socket=" + proxy_plugins + "/kubelet.sock",
                         "--control_socket=" + ctl_proxied, "--quiet"});
@@ -493,7 +494,7 @@ int Run() {
   if (!kubelet.Start().ok()) return 1;
 
   const std::string plugins = dir + "/p";
-  pid_t proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + plugins,
+  Child proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + plugins,
                        "--status_file=" + dir + "/status.json",
                        "--state_dir=" + dir + "/state", "--metrics_address=",
                        "--minloglevel=1"});
@@ -503,7 +504,7 @@ int Run() {
   so_nj.root_dir = dir + "/k-nj";
   sim::KubeletSim kubelet_nj(so_nj);
   if (!kubelet_nj.Start().ok()) return 1;
-  pid_t proxy_nj = Spawn(
+  Child proxy_nj = Spawn(
       {FLAGS_dpproxy, "--kubelet_root=" + so_nj.root_dir, "--plugin_dir=" + dir + "/p-nj",
        "--status_file=", "--state_dir=", "--metrics_address=", "--minloglevel=1",
        "--static_backend=bench.example.com/v1beta1=" + plugins +
@@ -523,7 +524,7 @@ int Run() {
   auto measure_rereg = [&](Reregistration* out) {
     const std::string resource = absl::StrCat("bench.example.com/rereg", rereg_round);
     const std::string sock = absl::StrCat("bench-rereg", rereg_round, ".sock");
-    pid_t behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+    Child behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
                           "--devices=4", "--socket_name=" + sock,
                           "--kubelet_socket=" + plugins + "/kubelet.sock", "--quiet"});
     sim::KubeletSimOptions so2 = so;
@@ -538,13 +539,13 @@ int Run() {
     std::filesystem::copy_file(kubelet.checkpoint_path(), kubelet2.checkpoint_path(), ec);
     std::filesystem::copy_file(kubelet.pods_path(), kubelet2.pods_path(), ec);
     out->allocations = kubelet.GetState().allocations_size();
-    pid_t direct = -1;
+    Child direct;
     if (kubelet2.Start().ok()) {
       direct = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
                       "--devices=4", "--socket_name=" + sock,
                       "--kubelet_socket=" + kubelet2.kubelet_socket(), "--quiet"});
     }
-    if (direct < 0 || !kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
+    if (direct == nullptr || !kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
         !kubelet2.WaitForResource(resource, 4, absl::Seconds(10))) {
       std::cerr << "allocate_bench: the re-registration plugins did not come up\n";
     } else {
@@ -555,7 +556,7 @@ int Run() {
         if (p >= 0) out->proxied_ms.push_back(p);
       }
     }
-    if (direct > 0) Stop(direct);
+    Stop(direct);
     Stop(behind);
     kubelet2.Stop();
   };
@@ -566,7 +567,7 @@ int Run() {
   for (const std::string api : {"v1beta1", "v1alpha"}) {
     const std::string resource = absl::StrCat("bench.example.com/", api);
     const std::string sock_name = absl::StrCat("bench-", api, ".sock");
-    pid_t plugin = Spawn({FLAGS_sample_plugin, "--api=" + api, "--resource=" + resource,
+    Child plugin = Spawn({FLAGS_sample_plugin, "--api=" + api, "--resource=" + resource,
                           "--devices=4", "--socket_name=" + sock_name,
                           "--kubelet_socket=" + plugins + "/kubelet.sock", "--quiet"});
     if (!kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
@@ -594,7 +595,7 @@ int Run() {
                                      : AlphaAllocate(direct_socket, &r.errors));
     // The bare hop forwards v1beta1 unchanged; it has no v1alpha edge.
     const std::string bare_socket = dir + "/bare.sock";
-    pid_t bare = -1;
+    Child bare;
     if (api == "v1beta1") {
       bare = Spawn({FLAGS_bare_hop, "--listen=" + bare_socket, "--target=" + direct_socket});
       if (!WaitForPath(bare_socket, absl::Seconds(10))) {

@@ -130,10 +130,11 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   // quarantine overrides the health of a device in it.
   std::shared_ptr<const DeviceList> shown = base_;
   if (!quarantined_.empty()) {
-    // (Called here, under mu_.)
-    const std::set<std::string>* quarantined = &quarantined_;
-    shown = base_->WithHealth([quarantined](const DeviceList::View& d) -> absl::string_view {
-      return quarantined->count(std::string(d.id)) > 0 ? kUnhealthy : absl::string_view();
+    // Looked up by view: no ID is copied per device.
+    const absl::flat_hash_set<absl::string_view> quarantined(quarantined_.begin(),
+                                                             quarantined_.end());
+    shown = base_->WithHealth([&quarantined](const DeviceList::View& d) -> absl::string_view {
+      return quarantined.contains(d.id) ? kUnhealthy : absl::string_view();
     });
   }
   snapshot_.list = std::move(shown);

@@ -10,7 +10,6 @@
 #include <string>
 
 #include <gflags/gflags.h>
-#include <prometheus/exposer.h>
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +17,7 @@
 #include "proxy/cli/cli.h"
 #include "proxy/config/flags.h"
 #include "proxy/events/event_log.h"
+#include "proxy/ops/ops_server.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 #include "proxy/server/status_model.h"
@@ -138,31 +138,36 @@ int main(int argc, char** argv) {
   }
   auto metrics = std::make_shared<dpproxy::ProxyMetrics>(
       [&server] { return server.Status(/*with_devices=*/false); }, &server.events());
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<dpproxy::OpsServer> ops;
   if (!config->metrics_address.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(config->metrics_address);
-    } catch (const std::exception& e) {
-      LOG(ERROR) << "cannot serve metrics at " << config->metrics_address << ": " << e.what();
+    dpproxy::OpsHandlers handlers;
+    handlers.live = [&server] { return server.Liveness(); };
+    handlers.ready = [&server] { return server.Readiness(); };
+    handlers.metrics.push_back(metrics);
+    absl::StatusOr<std::unique_ptr<dpproxy::OpsServer>> started =
+        dpproxy::OpsServer::Start(config->metrics_address, std::move(handlers));
+    if (!started.ok()) {
+      LOG(ERROR) << started.status().message();
       server.Shutdown();
       return 1;
     }
-    exposer->RegisterCollectable(metrics);
+    ops = *std::move(started);
     if (!dpproxy::IsLoopbackAddress(config->metrics_address)) {
-      LOG(WARNING) << "metrics are served at " << config->metrics_address
+      LOG(WARNING) << "metrics and probes are served at " << config->metrics_address
                    << ", which is not a loopback address: the endpoint has no authentication, "
                       "so anyone who can reach it sees resource names, device counts and "
                       "allocation activity (use 127.0.0.1:PORT, or protect the port)";
       server.events().Emit("metrics_exposed", {{"address", config->metrics_address}});
     }
-    std::vector<int> ports = exposer->GetListeningPorts();
-    LOG(INFO) << "metrics at http://" << config->metrics_address.substr(0, config->metrics_address.rfind(':'))
-              << ":" << (ports.empty() ? 0 : ports[0]) << "/metrics";
+    const std::string host =
+        config->metrics_address.substr(0, config->metrics_address.rfind(':'));
+    LOG(INFO) << "metrics at http://" << host << ":" << ops->port()
+              << "/metrics; probes at /livez, /healthz and /readyz";
   }
   int sig = dpproxy::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << " received";
   server.events().Emit("signal", {{"signal", sig}});
-  exposer.reset();
+  ops.reset();
   server.Shutdown();
   return 0;
 }

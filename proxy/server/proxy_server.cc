@@ -251,7 +251,40 @@ void ProxyServer::HousekeepingLoop() {
       if (seen.has_value()) restarts_seen_.push_back(*std::move(seen));
     }
     ++housekeeping_passes_;
+    housekeeping_at_ns_ = absl::ToUnixNanos(absl::Now());
   }
+}
+
+std::vector<HealthCheck> ProxyServer::Liveness() {
+  constexpr absl::Duration kStuck = absl::Seconds(30);
+  HealthCheck c;
+  c.name = "housekeeping";
+  const int64_t at = housekeeping_at_ns_.load();
+  const absl::Duration since = absl::Now() - absl::FromUnixNanos(at);
+  c.ok = at != 0 && since < kStuck;
+  if (!c.ok) {
+    c.reason = at == 0 ? "the housekeeping thread has not completed a pass"
+                       : absl::StrCat("the housekeeping thread last completed a pass ",
+                                      absl::FormatDuration(absl::Trunc(since, absl::Seconds(1))),
+                                      " ago (it runs at least once a second)");
+  }
+  return {c};
+}
+
+std::vector<HealthCheck> ProxyServer::Readiness() {
+  std::vector<HealthCheck> checks = registrar_->RegistrationChecks();
+  if (keeper_) {
+    HealthCheck c;
+    c.name = "state-writable";
+    c.ok = keeper_->writable();
+    if (!c.ok) {
+      c.reason = absl::StrCat("the last write to ", keeper_->path(),
+                              " failed: ", keeper_->last_write_error(),
+                              "; an Allocate is refused when its journal record cannot be written");
+    }
+    checks.push_back(std::move(c));
+  }
+  return checks;
 }
 
 // The kubelet-checkpoint checks cost O(allocations) and the kubelet

@@ -76,6 +76,13 @@ class ProxyServer {
   // What dpproxy reports. Without `with_devices` (metrics), the per-device
   // lists are left out and the cost is O(resources).
   ProxyStatus Status(bool with_devices = true);
+  // Behind /livez: the housekeeping thread (which serves and registers
+  // after a kubelet restart) completed a pass in the last 30 s; it runs
+  // at least once a second.
+  std::vector<HealthCheck> Liveness();
+  // Behind /readyz: registered with the kubelet for every resource, and
+  // the state directory writable (with one).
+  std::vector<HealthCheck> Readiness();
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return status_builds_.load(); }
@@ -160,6 +167,8 @@ class ProxyServer {
 
   std::atomic<int64_t> status_builds_{0};
   std::atomic<int64_t> housekeeping_passes_{0};
+  // When the last housekeeping pass ended (absl::ToUnixNanos).
+  std::atomic<int64_t> housekeeping_at_ns_{0};
   std::atomic<int64_t> save_passes_{0};
 };
 

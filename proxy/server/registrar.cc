@@ -141,4 +141,36 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
   wake_();
 }
 
+std::vector<HealthCheck> Registrar::RegistrationChecks() {
+  const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(kubelet_));
+  const bool watcher = kubelet_.registration == KubeletRegistration::kPluginWatcher;
+  const absl::Time now = absl::Now();
+  std::vector<HealthCheck> checks;
+  absl::MutexLock lock(&mu_);
+  for (const auto& e : slots_) {
+    HealthCheck c;
+    c.name = absl::StrCat("registered:", e->resource->name());
+    if (watcher) {
+      c.ok = !e->endpoint->negotiated().empty();
+      if (!c.ok) c.reason = "the kubelet's plugin watcher has not called back yet";
+    } else {
+      c.ok = kubelet.has_value() && e->registered_with == kubelet;
+      if (c.ok) {
+      } else if (!kubelet.has_value()) {
+        c.reason = absl::StrCat("no kubelet socket at ", KubeletSocketPath(kubelet_));
+      } else if (e->registering) {
+        c.reason = "registering with the kubelet";
+      } else if (e->retry_at > now) {
+        c.reason = absl::StrCat("the last registration failed; retrying in ",
+                                absl::FormatDuration(absl::Ceil(e->retry_at - now,
+                                                                absl::Milliseconds(1))));
+      } else {
+        c.reason = "not registered with the kubelet yet";
+      }
+    }
+    checks.push_back(std::move(c));
+  }
+  return checks;
+}
+
 }  // namespace dpproxy

@@ -32,6 +32,7 @@
 #include "proxy/core/resource.h"
 #include "proxy/events/event_log.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/server/status_model.h"
 #include "proxy/util/files.h"
 #include "proxy/util/work_queue.h"
 
@@ -61,6 +62,11 @@ class Registrar {
   // starts the registrations that are due. Never blocks on the kubelet.
   // One caller thread.
   PassResult Pass(absl::Time now);
+
+  // One readiness check per resource, "registered:NAME": registered with
+  // the kubelet listening now (at today's kubelet.sock; through the plugin
+  // watcher, once the kubelet has called back), else why not. Any thread.
+  std::vector<HealthCheck> RegistrationChecks();
 
  private:
   struct Slot {

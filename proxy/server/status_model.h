@@ -54,6 +54,14 @@ struct ResourceStatus {
   std::shared_ptr<const DeviceList> device_list;
 };
 
+// One check behind /livez or /readyz: "registered:vendor.com/gpu",
+// "state-writable", ... and, when it fails, why.
+struct HealthCheck {
+  std::string name;
+  bool ok = false;
+  std::string reason;  // empty when ok
+};
+
 struct QuarantineStatus {
   std::string resource;
   uint64_t allocation = 0;

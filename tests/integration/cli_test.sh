@@ -176,6 +176,17 @@ if [[ -n "$port" ]] && exec 3<>"/dev/tcp/127.0.0.1/$port"; then
   scrape="$(timeout 5 cat <&3)"; exec 3<&-
   expect_contains "metrics endpoint serves allocations" "$scrape" 'dpproxy_events_total{event="allocate",resource="vendor.com/gpu"} 1'
   expect_contains "metrics endpoint serves devices" "$scrape" 'dpproxy_devices{resource="vendor.com/gpu",health="healthy"} 2'
+  http_get() {  # path: the whole answer, headers and body
+    exec 4<>"/dev/tcp/127.0.0.1/$port" || return 1
+    printf 'GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n' "$1" >&4
+    timeout 5 cat <&4; exec 4<&-
+  }
+  ready="$(http_get '/readyz?verbose')"
+  expect_contains "readyz answers 200" "$ready" "HTTP/1.1 200"
+  expect_contains "readyz lists the registration" "$ready" "[+]registered:vendor.com/gpu ok"
+  expect_contains "readyz lists the state" "$ready" "[+]state-writable ok"
+  expect_contains "readyz passes" "$ready" "readyz check passed"
+  expect_contains "livez answers ok" "$(http_get /livez)" $'\r\n\r\nok'
 else
   fail "no metrics endpoint (port '$port')"
 fi

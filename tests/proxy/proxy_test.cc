@@ -128,6 +128,47 @@ TEST_F(ProxyTest, ASecondProxyOnTheSameStateDirectoryIsRefused) {
   EXPECT_EQ(h.proxy().Status().state->allocations, 2);
 }
 
+// What /readyz and /livez report: a resource is ready once registered with
+// the kubelet listening now; a kubelet gone (or replaced, until dpproxy has
+// registered again) makes it unready, naming why; the state directory's
+// writability is a check of its own; liveness is the housekeeping thread's.
+TEST_F(ProxyTest, ReadinessFollowsRegistrationWithTheKubeletListeningNow) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  auto check = [&h](const std::string& name) -> std::optional<HealthCheck> {
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == name) return c;
+    }
+    return std::nullopt;
+  };
+  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Liveness().at(0).ok; }));
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.WaitFor([&] {
+    auto c = check("registered:vendor.com/gpu");
+    return c.has_value() && c->ok;
+  }));
+  ASSERT_TRUE(check("state-writable").has_value());
+  EXPECT_TRUE(check("state-writable")->ok);
+
+  h.sim().Stop();
+  auto gone = check("registered:vendor.com/gpu");
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_FALSE(gone->ok);
+  EXPECT_THAT(gone->reason, HasSubstr("no kubelet socket at"));
+
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_TRUE(h.WaitFor([&] {
+    auto c = check("registered:vendor.com/gpu");
+    return c.has_value() && c->ok;
+  }));
+  const std::vector<HealthCheck> live = h.proxy().Liveness();
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].name, "housekeeping");
+  EXPECT_TRUE(live[0].ok) << live[0].reason;
+}
+
 // Virtual memory of this process in kB (VmSize in /proc/self/status).
 int64_t VmSizeKb() {
   absl::StatusOr<std::string> status = ReadFile("/proc/self/status");

@@ -18,6 +18,7 @@
 #include "proxy/config/flags.h"
 #include "proxy/events/event_log.h"
 #include "proxy/ops/ops_server.h"
+#include "proxy/ops/systemd_notifier.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 #include "proxy/server/status_model.h"
@@ -132,6 +133,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // systemd (Type=notify): READY=1 once every resource is registered, or
+  // after 30 s; WATCHDOG=1 from the housekeeping thread. Nothing without it.
+  dpproxy::SystemdNotifier notifier(absl::Seconds(30));
+  server.SetHousekeepingHook([&notifier, &server] { notifier.OnPass(server.Readiness()); });
+  if (notifier.watchdog() > absl::ZeroDuration()) {
+    LOG(INFO) << "systemd watchdog: a keep-alive every "
+              << absl::FormatDuration(notifier.watchdog() / 2);
+  }
   if (absl::Status s = server.Start(); !s.ok()) {
     LOG(ERROR) << "cannot start: " << s.message();
     return 1;
@@ -167,6 +176,7 @@ int main(int argc, char** argv) {
   int sig = dpproxy::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << " received";
   server.events().Emit("signal", {{"signal", sig}});
+  notifier.Stopping();
   ops.reset();
   server.Shutdown();
   return 0;

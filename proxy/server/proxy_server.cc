@@ -252,6 +252,7 @@ void ProxyServer::HousekeepingLoop() {
     }
     ++housekeeping_passes_;
     housekeeping_at_ns_ = absl::ToUnixNanos(absl::Now());
+    if (housekeeping_hook_) housekeeping_hook_();
   }
 }
 

@@ -83,6 +83,10 @@ class ProxyServer {
   // Behind /readyz: registered with the kubelet for every resource, and
   // the state directory writable (with one).
   std::vector<HealthCheck> Readiness();
+  // Called on the housekeeping thread at the end of every pass (at least
+  // once a second): the systemd watchdog's keep-alive comes from the thread
+  // that would hang. Set before Start().
+  void SetHousekeepingHook(std::function<void()> hook) { housekeeping_hook_ = std::move(hook); }
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return status_builds_.load(); }
@@ -160,6 +164,7 @@ class ProxyServer {
 
   // Housekeeping thread only.
   absl::Time next_retry_ = absl::InfiniteFuture();
+  std::function<void()> housekeeping_hook_;  // set before Start()
   uint64_t applied_quarantine_ = 0;
   // Saver thread only: what was last saved and written.
   std::string persisted_fingerprint_;

@@ -17,6 +17,7 @@
 #include "proxy/cli/cli.h"
 #include "proxy/config/flags.h"
 #include "proxy/events/event_log.h"
+#include "proxy/ops/json_log.h"
 #include "proxy/ops/ops_server.h"
 #include "proxy/ops/systemd_notifier.h"
 #include "proxy/server/metrics.h"
@@ -112,8 +113,13 @@ int main(int argc, char** argv) {
   }
   if (!dpproxy::ParseFlags("dpproxy", &argc, &argv)) return 2;
   if (command == "status") return dpproxy::PrintStatus();
+  if (FLAGS_log_format != "text" && FLAGS_log_format != "json") {
+    std::cerr << "dpproxy: --log_format=" << FLAGS_log_format << " is not text or json\n";
+    return 2;
+  }
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (FLAGS_log_format == "json") dpproxy::UseJsonLogs();
   // Nothing dpproxy creates is readable or writable by others unless it
   // says so (sockets and files also get explicit modes, whatever the umask).
   ::umask(077);
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
   // Events go to the log, the events file and the counts behind the
   // metrics; the daemon keeps only a short history in memory.
   server.events().SetHistory(256);
+  server.events().SetJsonLog(FLAGS_log_format == "json");
   if (!FLAGS_events.empty()) {
     if (absl::Status s = server.events().OpenFile(FLAGS_events); !s.ok()) {
       std::cerr << "dpproxy: " << s.message() << "\n";

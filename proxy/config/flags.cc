@@ -53,6 +53,10 @@ DEFINE_bool(cdi_annotations, false,
             "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
             "for kubelets that predate the cdi_devices field (1.27 and older).");
 DEFINE_string(events, "", "Append JSON-lines lifecycle events to this file. Empty: none.");
+DEFINE_string(log_format, "text",
+              "text: glog's lines on stderr. json: one JSON object per line on stderr\n"
+              "(ts, level, caller, msg), lifecycle events among them with their fields\n"
+              "(resource, kubelet_api, backend_api, socket, ...), as klog's JSON format.");
 DEFINE_string(config, "",
               "YAML configuration file (docs/configuration.md). Flags given on the\n"
               "command line override it; list flags (--rename, --static_backend) add to it.");

@@ -15,6 +15,7 @@
 DECLARE_string(status_file);
 DECLARE_string(output);
 DECLARE_string(events);
+DECLARE_string(log_format);
 
 namespace dpproxy {
 

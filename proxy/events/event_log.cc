@@ -60,6 +60,18 @@ void EventLog::Emit(const std::string& event, Json fields) {
     fwrite(line.data(), 1, line.size(), file_);
     fflush(file_);
   }
+  if (json_log_) {
+    nlohmann::ordered_json j;
+    j["ts"] = e["ts"];
+    j["level"] = "info";
+    j["msg"] = event;
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      if (it.key() != "ts") j[it.key()] = it.value();
+    }
+    std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+    line += '\n';
+    fwrite(line.data(), 1, line.size(), stderr);
+  }
   if (echo_) {
     std::string line = Format(e);
     line += '\n';
@@ -71,6 +83,11 @@ void EventLog::Emit(const std::string& event, Json fields) {
     events_.pop_front();
     ++dropped_;
   }
+}
+
+void EventLog::SetJsonLog(bool on) {
+  absl::MutexLock lock(&mu_);
+  json_log_ = on;
 }
 
 void EventLog::SetHistory(size_t n) {

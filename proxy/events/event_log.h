@@ -51,6 +51,9 @@ class EventLog {
   void SetHistory(size_t n);
   // Prints a readable line per event to stdout.
   void SetEcho(bool echo);
+  // Writes each event to stderr as a JSON log line too (`--log_format=json`:
+  // "ts", "level", "msg" (the event's name) and the event's own fields).
+  void SetJsonLog(bool on);
 
   // Records one event. Thread-safe; never blocks on anything but the file.
   void Emit(const std::string& event, Json fields = Json::object());
@@ -90,6 +93,7 @@ class EventLog {
   std::map<std::pair<std::string, std::string>, int64_t> counts_ ABSL_GUARDED_BY(mu_);
   FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool echo_ ABSL_GUARDED_BY(mu_) = false;
+  bool json_log_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // True if every key of `match` is in `event` with an equal value.

@@ -5,12 +5,8 @@
 // dpproxy binary sends them from its housekeeping thread.
 #include "proxy/ops/systemd_notifier.h"
 
-#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -19,52 +15,14 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proxy/util/child_process.h"
+#include "tests/testing/notify_socket.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dpproxy {
 namespace {
 
-// systemd's end of the notify socket.
-class NotifySocket {
- public:
-  explicit NotifySocket(const std::string& path) : path_(path) {
-    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << path;
-  }
-  ~NotifySocket() { ::close(fd_); }
-  const std::string& path() const { return path_; }
-
-  // The next datagram, or nullopt at the deadline.
-  std::optional<std::string> Next(absl::Duration timeout) {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) {
-      return std::nullopt;
-    }
-    char buf[4096];
-    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-    if (n < 0) return std::nullopt;
-    return std::string(buf, static_cast<size_t>(n));
-  }
-  // Datagrams until one contains `what` (true) or the deadline (false).
-  bool WaitFor(const std::string& what, absl::Duration timeout,
-               std::vector<std::string>* seen = nullptr) {
-    const absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      std::optional<std::string> m = Next(deadline - absl::Now());
-      if (!m.has_value()) return false;
-      if (seen != nullptr) seen->push_back(*m);
-      if (absl::StrContains(*m, what)) return true;
-    }
-  }
-
- private:
-  const std::string path_;
-  int fd_ = -1;
-};
+using testing::NotifySocket;
 
 std::vector<HealthCheck> Ready(bool registered) {
   return {{"registered:vendor.com/gpu", registered,

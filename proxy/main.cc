@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
     handlers.live = [&server] { return server.Liveness(); };
     handlers.ready = [&server] { return server.Readiness(); };
     handlers.metrics.push_back(metrics);
+    handlers.metrics.push_back(server.telemetry().registry());
     absl::StatusOr<std::unique_ptr<dpproxy::OpsServer>> started =
         dpproxy::OpsServer::Start(config->metrics_address, std::move(handlers));
     if (!started.ok()) {

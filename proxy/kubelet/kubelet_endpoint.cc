@@ -223,6 +223,55 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// --- Timing -------------------------------------------------------------------------
+
+// Times one kubelet-side call from its start to Done(), which passes the
+// answer's status through.
+class KubeletCall {
+ public:
+  KubeletCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api)
+      : e_(e), method_(method), kubelet_api_(kubelet_api), start_(absl::Now()) {}
+  // The backend that served it, for the backend_api label.
+  void set_backend(const Backend* b) { backend_api_ = b->api(); }
+  grpc::Status Done(grpc::Status s) {
+    if (e_->telemetry() != nullptr) {
+      e_->telemetry()->ObserveRpc(
+          "kubelet", method_, e_->resource()->name(), ApiWireVersion(kubelet_api_),
+          backend_api_.has_value() ? ApiWireVersion(*backend_api_) : absl::string_view(),
+          GrpcCodeName(s.error_code()), absl::Now() - start_);
+    }
+    return s;
+  }
+
+ private:
+  KubeletEndpoint* const e_;
+  const char* const method_;
+  const ApiVersion kubelet_api_;
+  const absl::Time start_;
+  std::optional<ApiVersion> backend_api_;
+};
+
+// Runs one call to the backend and times it (side=backend).
+template <typename Fn>
+auto TimedBackendCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api,
+                      const Backend& b, Fn&& call) {
+  const absl::Time start = absl::Now();
+  auto result = call();
+  if (e->telemetry() != nullptr) {
+    absl::StatusCode code;
+    if constexpr (std::is_same_v<decltype(result), absl::Status>) {
+      code = result.code();
+    } else {
+      code = result.status().code();
+    }
+    e->telemetry()->ObserveRpc("backend", method, e->resource()->name(),
+                               ApiWireVersion(kubelet_api), ApiWireVersion(b.api()),
+                               GrpcCodeName(static_cast<grpc::StatusCode>(code)),
+                               absl::Now() - start);
+  }
+  return result;
+}
+
 // --- Allocate -----------------------------------------------------------------------
 
 // The one Allocate policy, whatever API the kubelet speaks (its edge
@@ -233,15 +282,17 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
 // answer durably, and only then answer.
 grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& req,
                           ApiVersion kubelet_api, const grpc::ServerContextBase* ctx,
-                          v1beta1::AllocateResponse* resp) {
+                          v1beta1::AllocateResponse* resp, KubeletCall* call) {
   Resource* res = e->resource();
   if (grpc::Status s = CheckRequest(res, req); !s.ok()) return s;
   std::shared_ptr<Backend> b = BackendFor(e);
   if (b == nullptr) return NoBackend(res);
+  call->set_backend(b.get());
   const absl::Duration timeout = e->options().backend_timeout;
   const absl::Time deadline = absl::Now() + timeout;
   const v1beta1::AllocateRequest breq = ToBackendIds(res, req);
-  absl::StatusOr<v1beta1::AllocateResponse> r = b->Allocate(breq, timeout, ctx);
+  absl::StatusOr<v1beta1::AllocateResponse> r = TimedBackendCall(
+      e, "Allocate", kubelet_api, *b, [&] { return b->Allocate(breq, timeout, ctx); });
   if (!r.ok()) return ToGrpcStatus(r.status());
   if (kubelet_api == ApiVersion::kV1Alpha && b->options().pre_start_required()) {
     // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
@@ -250,8 +301,10 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
     for (const auto& c : breq.container_requests()) {
       for (const std::string& id : c.devices_ids()) pre.add_devices_ids(id);
     }
-    absl::Status s =
-        b->PreStartContainer(pre, std::max(absl::Milliseconds(1), deadline - absl::Now()), ctx);
+    absl::Status s = TimedBackendCall(e, "PreStartContainer", kubelet_api, *b, [&] {
+      return b->PreStartContainer(pre, std::max(absl::Milliseconds(1), deadline - absl::Now()),
+                                  ctx);
+    });
     if (!s.ok()) return ToGrpcStatus(s);
   }
   if (grpc::Status s = e->Journal(req, *r, *b); !s.ok()) return s;
@@ -284,8 +337,9 @@ class KubeletEndpoint::Services {
 
     grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                         v1beta1::DevicePluginOptions* resp) override {
+      KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
       *resp = e_->resource()->options();
-      return grpc::Status::OK;
+      return call.Done(grpc::Status::OK);
     }
 
     // Raw: the published list is held as the v1beta1 message's bytes, which
@@ -299,8 +353,16 @@ class KubeletEndpoint::Services {
     grpc::Status GetPreferredAllocation(grpc::ServerContext* ctx,
                                         const v1beta1::PreferredAllocationRequest* req,
                                         v1beta1::PreferredAllocationResponse* resp) override {
+      KubeletCall call(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
+      return call.Done(Preferred(ctx, *req, resp, &call));
+    }
+
+    grpc::Status Preferred(grpc::ServerContext* ctx, const v1beta1::PreferredAllocationRequest& in,
+                           v1beta1::PreferredAllocationResponse* resp, KubeletCall* call) {
+      const v1beta1::PreferredAllocationRequest* req = &in;
       std::shared_ptr<Backend> b = BackendFor(e_);
       if (b == nullptr) return NoBackend(e_->resource());
+      call->set_backend(b.get());
       Resource* res = e_->resource();
       v1beta1::PreferredAllocationRequest breq = *req;
       for (auto& c : *breq.mutable_container_requests()) {
@@ -308,7 +370,9 @@ class KubeletEndpoint::Services {
         for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
       }
       absl::StatusOr<v1beta1::PreferredAllocationResponse> r =
-          b->GetPreferredAllocation(breq, e_->options().backend_timeout, ctx);
+          TimedBackendCall(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1, *b, [&] {
+            return b->GetPreferredAllocation(breq, e_->options().backend_timeout, ctx);
+          });
       if (!r.ok()) return ToGrpcStatus(r.status());
       *resp = *std::move(r);
       for (auto& c : *resp->mutable_container_responses()) {
@@ -319,17 +383,23 @@ class KubeletEndpoint::Services {
 
     grpc::Status Allocate(grpc::ServerContext* ctx, const v1beta1::AllocateRequest* req,
                           v1beta1::AllocateResponse* resp) override {
-      return AllocateCore(e_, *req, ApiVersion::kV1Beta1, ctx, resp);
+      KubeletCall call(e_, "Allocate", ApiVersion::kV1Beta1);
+      return call.Done(AllocateCore(e_, *req, ApiVersion::kV1Beta1, ctx, resp, &call));
     }
 
     grpc::Status PreStartContainer(grpc::ServerContext* ctx,
                                    const v1beta1::PreStartContainerRequest* req,
                                    v1beta1::PreStartContainerResponse*) override {
+      KubeletCall call(e_, "PreStartContainer", ApiVersion::kV1Beta1);
       std::shared_ptr<Backend> b = BackendFor(e_);
-      if (b == nullptr) return NoBackend(e_->resource());
+      if (b == nullptr) return call.Done(NoBackend(e_->resource()));
+      call.set_backend(b.get());
       v1beta1::PreStartContainerRequest breq = *req;
       for (auto& id : *breq.mutable_devices_ids()) id = e_->resource()->ToBackendId(id);
-      return ToGrpcStatus(b->PreStartContainer(breq, e_->options().backend_timeout, ctx));
+      return call.Done(ToGrpcStatus(
+          TimedBackendCall(e_, "PreStartContainer", ApiVersion::kV1Beta1, *b, [&] {
+            return b->PreStartContainer(breq, e_->options().backend_timeout, ctx);
+          })));
     }
 
    private:
@@ -357,13 +427,15 @@ class KubeletEndpoint::Services {
     // The edge only translates: v1alpha in, the one core, v1alpha out.
     grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
                           deviceplugin::AllocateResponse* resp) override {
+      KubeletCall call(e_, "Allocate", ApiVersion::kV1Alpha);
       v1beta1::AllocateResponse r;
-      grpc::Status s = AllocateCore(e_, FromV1AlphaAllocate(*req), ApiVersion::kV1Alpha, ctx, &r);
-      if (!s.ok()) return s;
+      grpc::Status s =
+          AllocateCore(e_, FromV1AlphaAllocate(*req), ApiVersion::kV1Alpha, ctx, &r, &call);
+      if (!s.ok()) return call.Done(s);
       Loss loss;
       *resp = ToV1AlphaResponse(r.container_responses(0), &loss);
       e_->NoteLoss(loss);
-      return grpc::Status::OK;
+      return call.Done(grpc::Status::OK);
     }
 
    private:
@@ -415,12 +487,13 @@ class KubeletEndpoint::Services {
 
 KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& options,
                                  LossCounter* losses, EventLog* events,
-                                 AllocationJournal* journal)
+                                 AllocationJournal* journal, Telemetry* telemetry)
     : resource_(resource),
       options_(options),
       losses_(losses),
       events_(events),
       journal_(journal),
+      telemetry_(telemetry),
       socket_name_(SocketNameFor(resource->name())),
       socket_path_(options.registration == KubeletRegistration::kPluginWatcher
                        ? JoinPath(JoinPath(options.kubelet_root, "plugins_registry"),

@@ -28,6 +28,7 @@
 #include "proxy/util/files.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/resource.h"
+#include "proxy/events/telemetry.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
@@ -36,8 +37,10 @@ namespace dpproxy {
 class KubeletEndpoint {
  public:
   // `journal` (may be null) persists every answered allocation first.
+  // `telemetry` (may be null) times every call, on both sides.
   KubeletEndpoint(Resource* resource, const KubeletSideOptions& options, LossCounter* losses,
-                  EventLog* events, AllocationJournal* journal = nullptr);
+                  EventLog* events, AllocationJournal* journal = nullptr,
+                  Telemetry* telemetry = nullptr);
   ~KubeletEndpoint();
 
   KubeletEndpoint(const KubeletEndpoint&) = delete;
@@ -74,6 +77,7 @@ class KubeletEndpoint {
   grpc::Status Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
                        const Backend& backend);
   EventLog* events() { return events_; }
+  Telemetry* telemetry() { return telemetry_; }
   bool stopping() const { return stopping_.load(); }
   // The ListAndWatch streams being served, so that a new server or Stop()
   // can end them at once.
@@ -93,6 +97,7 @@ class KubeletEndpoint {
   LossCounter* const losses_;
   EventLog* const events_;
   AllocationJournal* const journal_;
+  Telemetry* const telemetry_;
   const std::string socket_name_;
   const std::string socket_path_;
   std::unique_ptr<Services> services_;

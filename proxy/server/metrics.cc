@@ -2,9 +2,12 @@
 
 #include <arpa/inet.h>
 #include <map>
+#include <set>
 #include <netinet/in.h>
 
 #include <prometheus/text_serializer.h>
+
+#include "proxy/version.h"
 
 
 namespace dpproxy {
@@ -60,16 +63,54 @@ bool IsLoopbackAddress(const std::string& host_port) {
 
 std::vector<MetricFamily> ProxyMetrics::Collect() const {
   std::vector<MetricFamily> out;
-  MetricFamily events = Family("dpproxy_events_total",
-                               "Lifecycle events and kubelet calls, by event and resource.",
-                               MetricType::Counter);
-  for (const auto& [key, n] : events_->Counts()) {
-    AddCounter(&events, {{"event", key.first}, {"resource", key.second}},
-               static_cast<double>(n));
-  }
-  out.push_back(std::move(events));
-
   const ProxyStatus status = status_();
+  // Counters kept by the event log, each a family of its own, labelled only
+  // with resources dpproxy serves (a name from a refused registration never
+  // becomes a label).
+  std::set<std::string> served;
+  for (const ResourceStatus& r : status.resources) served.insert(r.resource);
+  const std::map<std::pair<std::string, std::string>, int64_t> counts = events_->Counts();
+  struct Named {
+    const char* event;
+    const char* family;
+    const char* help;
+    const char* result;  // the result label's value, or null for none
+  };
+  static constexpr Named kNamed[] = {
+      {"kubelet_registered", "dpproxy_kubelet_registrations_total",
+       "Registrations with the kubelet, by resource and result (ok, failed).", "ok"},
+      {"kubelet_registration_failed", "dpproxy_kubelet_registrations_total", nullptr, "failed"},
+      {"kubelet_restart_detected", "dpproxy_kubelet_restarts_detected_total",
+       "Kubelet restarts dpproxy noticed (a new kubelet.sock), by resource registered again.",
+       nullptr},
+      {"backend_up", "dpproxy_backend_connects_total",
+       "Backends (vendor plugins) that connected, by resource.", nullptr},
+      {"backend_down", "dpproxy_backend_losses_total",
+       "Backend streams that ended (plugin gone or restarted), by resource.", nullptr},
+      {"device_list_refused", "dpproxy_device_lists_refused_total",
+       "Device lists from a backend that dpproxy refused (bad IDs), by resource.", nullptr},
+  };
+  std::map<std::string, MetricFamily> families;
+  for (const Named& n : kNamed) {
+    auto [it, fresh] = families.try_emplace(n.family);
+    if (fresh) it->second = Family(n.family, n.help != nullptr ? n.help : "", MetricType::Counter);
+    for (const std::string& res : served) {
+      auto c = counts.find({n.event, res});
+      const double v = c == counts.end() ? 0 : static_cast<double>(c->second);
+      std::vector<ClientMetric::Label> labels = {{"resource", res}};
+      if (n.result != nullptr) labels.push_back({"result", n.result});
+      AddCounter(&it->second, std::move(labels), v);
+    }
+  }
+  for (auto& [name, f] : families) out.push_back(std::move(f));
+  MetricFamily build = Family("dpproxy_build_info",
+                              "1, labelled with dpproxy's version and the commit it was built "
+                              "from.",
+                              MetricType::Gauge);
+  AddGauge(&build, {{"version", kDpproxyVersion}, {"commit", kDpproxyCommit}}, 1);
+  out.push_back(std::move(build));
+
+
   MetricFamily devices = Family("dpproxy_devices", "Devices reported to the kubelet, by health.",
                                 MetricType::Gauge);
   MetricFamily backend = Family("dpproxy_backend_connected",

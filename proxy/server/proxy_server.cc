@@ -62,6 +62,7 @@ absl::Status ProxyServer::Start() {
   workers_ = std::make_unique<WorkQueue>(kWorkers);
   registrar_ = std::make_unique<Registrar>(config_.kubelet, &events_, workers_.get(),
                                            [this] { Wake(); });
+  registrar_->SetTelemetry(&telemetry_);
   // State first: remembered resources are served and registered before any
   // backend is back.
   if (!config_.state_dir.empty()) {
@@ -82,6 +83,7 @@ absl::Status ProxyServer::Start() {
     }
     if (s.ok()) {
       keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
+      keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
       s = RestoreState();
     }
     if (!s.ok()) {
@@ -188,7 +190,7 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
   };
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_,
-                                                  &events_, keeper_.get());
+                                                  &events_, keeper_.get(), &telemetry_);
   Entry* raw = e.get();
   entries_[name] = std::move(e);
   registrar_->Add(raw->resource.get(), raw->endpoint.get());

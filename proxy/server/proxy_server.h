@@ -37,6 +37,7 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/event_log.h"
+#include "proxy/events/telemetry.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/server/reconciler.h"
 #include "proxy/server/registrar.h"
@@ -80,6 +81,9 @@ class ProxyServer {
   // after a kubelet restart) completed a pass in the last 30 s; it runs
   // at least once a second.
   std::vector<HealthCheck> Liveness();
+  // The metrics updated as things happen (call durations, journal syncs,
+  // registration times); expose telemetry().registry().
+  Telemetry& telemetry() { return telemetry_; }
   // Behind /readyz: registered with the kubelet for every resource, and
   // the state directory writable (with one).
   std::vector<HealthCheck> Readiness();
@@ -130,6 +134,7 @@ class ProxyServer {
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
+  Telemetry telemetry_;
   LossCounter losses_;
   // The state directory's lock (state_dir/lock), held for this object's
   // life: declared before keeper_ so it is released after the journal is

@@ -121,6 +121,12 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
       LOG(INFO) << "resource " << e->resource->name()
                 << ": served again during registration; registering again";
     } else if (s.ok()) {
+      // The time from a kubelet's start (its new socket) to this resource
+      // registered with it: for kubelets that started while dpproxy ran.
+      const absl::Time kubelet_start = absl::FromUnixNanos(kubelet.ctime_ns);
+      if (telemetry_ != nullptr && e->registered_with != kubelet && kubelet_start > started_) {
+        telemetry_->ObserveRegistration(e->resource->name(), absl::Now() - kubelet_start);
+      }
       e->registered_with = kubelet;
       e->registered_options = std::move(options);
       e->backoff = absl::ZeroDuration();

@@ -31,6 +31,7 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/event_log.h"
+#include "proxy/events/telemetry.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/server/status_model.h"
 #include "proxy/util/files.h"
@@ -47,6 +48,10 @@ class Registrar {
 
   Registrar(const Registrar&) = delete;
   Registrar& operator=(const Registrar&) = delete;
+
+  // Times each registration after a kubelet start (dpproxy_kubelet_
+  // registration_seconds). Set before Add().
+  void SetTelemetry(Telemetry* t) { telemetry_ = t; }
 
   // Starts keeping `endpoint` (of `resource`) served and registered. Both
   // outlive the registrar's workers. Any thread.
@@ -91,6 +96,8 @@ class Registrar {
   EventLog* const events_;
   WorkQueue* const workers_;
   const std::function<void()> wake_;
+  const absl::Time started_ = absl::Now();
+  Telemetry* telemetry_ = nullptr;
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);

@@ -353,7 +353,9 @@ absl::Status StateKeeper::Record(const std::string& resource,
   }
   mu_.Unlock();
   if (test_hook_) test_hook_("journal_write");
+  const absl::Time write_start = absl::Now();
   const absl::Status s = journal_.AppendEncoded(data, count);
+  if (sync_observer_) sync_observer_(absl::Now() - write_start);
   const size_t journal_size = journal_.size(), journal_count = journal_.records();
   mu_.Lock();
   ++journal_writes_;

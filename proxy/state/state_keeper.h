@@ -63,6 +63,12 @@ class StateKeeper : public AllocationJournal {
   StateKeeper(const StateKeeper&) = delete;
   StateKeeper& operator=(const StateKeeper&) = delete;
 
+  // Called with the duration of each journal write and its fdatasync (on
+  // the writing thread, no lock held). Set before the first Record.
+  void SetSyncObserver(std::function<void(absl::Duration)> observe) {
+    sync_observer_ = std::move(observe);
+  }
+
   // Journal records that start a compaction: this many, or as many as
   // there are allocations if that is more. A compaction encodes every
   // allocation, so each record pays for at most one allocation's encoding
@@ -181,6 +187,7 @@ class StateKeeper : public AllocationJournal {
   // to state_: what a snapshot encoded now covers.
   size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t journal_applied_records_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(absl::Duration)> sync_observer_;  // set before use
   // Whether the journal holds enough records for a compaction.
   bool CompactDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return journal_applied_records_ >=

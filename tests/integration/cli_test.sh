@@ -174,7 +174,7 @@ port="$(grep -o 'metrics at http://127.0.0.1:[0-9]*' "$R2/proxy.log" | grep -o '
 if [[ -n "$port" ]] && exec 3<>"/dev/tcp/127.0.0.1/$port"; then
   printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
   scrape="$(timeout 5 cat <&3)"; exec 3<&-
-  expect_contains "metrics endpoint serves allocations" "$scrape" 'dpproxy_events_total{event="allocate",resource="vendor.com/gpu"} 1'
+  expect_contains "metrics endpoint times allocations" "$scrape" 'dpproxy_rpc_duration_seconds_count{backend_api="v1alpha2",code="OK",kubelet_api="v1beta1",method="Allocate",resource="vendor.com/gpu",side="kubelet"} 1'
   expect_contains "metrics endpoint serves devices" "$scrape" 'dpproxy_devices{resource="vendor.com/gpu",health="healthy"} 2'
   http_get() {  # path: the whole answer, headers and body
     exec 4<>"/dev/tcp/127.0.0.1/$port" || return 1

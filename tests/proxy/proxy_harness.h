@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "prometheus/text_serializer.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 #include "tests/testing/sim_helpers.h"
@@ -52,10 +53,13 @@ class ProxyHarness {
   sim::KubeletSim& sim() { return *sim_; }
   ProxyServer& proxy() { return *proxy_; }
   // One scrape of the metrics dpproxy serves, as Prometheus text.
+  // What /metrics serves: the families derived from the status and those
+  // updated as things happen.
   std::string MetricsText() {
     return ProxyMetrics([this] { return proxy_->Status(/*with_devices=*/false); },
                         &proxy_->events())
-        .Text();
+               .Text() +
+           prometheus::TextSerializer().Serialize(proxy_->telemetry().registry()->Collect());
   }
   const ProxyConfig& config() const { return config_; }
   std::string dir(const std::string& sub) const { return dir_.Sub(sub); }

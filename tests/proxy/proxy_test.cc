@@ -579,7 +579,22 @@ TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   ASSERT_TRUE(h.sim().Allocate(Pod("m", 2)).ok());
   const std::string text = h.MetricsText();
-  EXPECT_THAT(text, HasSubstr("dpproxy_events_total{event=\"allocate\",resource=\"vendor.com/gpu\"} 1"));
+  // The kubelet's call and dpproxy's call to the plugin, each timed.
+  EXPECT_THAT(text, HasSubstr("dpproxy_rpc_duration_seconds_count{backend_api=\"v1beta1\","
+                              "code=\"OK\",kubelet_api=\"v1alpha2\",method=\"Allocate\","
+                              "resource=\"vendor.com/gpu\",side=\"kubelet\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_rpc_duration_seconds_count{backend_api=\"v1beta1\","
+                              "code=\"OK\",kubelet_api=\"v1alpha2\",method=\"Allocate\","
+                              "resource=\"vendor.com/gpu\",side=\"backend\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_rpc_duration_seconds_bucket{backend_api=\"v1beta1\","
+                              "code=\"OK\",kubelet_api=\"v1alpha2\",method=\"Allocate\","
+                              "resource=\"vendor.com/gpu\",side=\"kubelet\",le=\"5e-05\"}"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_journal_fsync_duration_seconds_count 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_kubelet_registrations_total{resource=\"vendor.com/gpu\","
+                              "result=\"ok\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_backend_connects_total{resource=\"vendor.com/gpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_build_info{version=\""));
+  EXPECT_THAT(text, Not(HasSubstr("dpproxy_events_total")));
   EXPECT_THAT(text, HasSubstr("dpproxy_devices{resource=\"vendor.com/gpu\",health=\"healthy\"} 4"));
   EXPECT_THAT(text, HasSubstr("dpproxy_backend_connected{resource=\"vendor.com/gpu\",backend_api=\"v1beta1\"} 1"));
   EXPECT_THAT(text, HasSubstr("dpproxy_kubelet_registered{resource=\"vendor.com/gpu\",kubelet_api=\"v1alpha2\"} 1"));

@@ -121,6 +121,9 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
 TEST(MetricsTest, FamiliesComeFromTheStatus) {
   EventLog events("test");
   events.Emit("allocate", {{"resource", "vendor.com/gpu"}});
+  events.Emit("kubelet_registered", {{"resource", "vendor.com/gpu"}});
+  events.Emit("backend_registration_rejected", {{"resource", "evil.com/x\"y"}});
+  events.Emit("kubelet_registered", {{"resource", "evil.com/unserved"}});
   int scrapes = 0;
   ProxyMetrics metrics(
       [&] {
@@ -148,7 +151,12 @@ TEST(MetricsTest, FamiliesComeFromTheStatus) {
   EXPECT_THAT(text, HasSubstr("dpproxy_journal_records_total 12"));
   EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 1"));
   EXPECT_THAT(text, HasSubstr(
-      "dpproxy_events_total{event=\"allocate\",resource=\"vendor.com/gpu\"} 1"));
+      "dpproxy_kubelet_registrations_total{resource=\"vendor.com/gpu\",result=\"ok\"} 1"));
+  EXPECT_THAT(text, HasSubstr(
+      "dpproxy_kubelet_registrations_total{resource=\"vendor.com/nic\",result=\"failed\"} 0"));
+  // A name from a refused registration never becomes a label.
+  EXPECT_THAT(text, Not(HasSubstr("evil")));
+  EXPECT_THAT(text, HasSubstr("dpproxy_build_info{version=\""));
   // Without a state directory there is no state to report.
   ProxyMetrics stateless([] { ProxyStatus st; return st; }, &events);
   EXPECT_THAT(stateless.Text(), Not(HasSubstr("dpproxy_journal")));

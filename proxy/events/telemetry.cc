@@ -1,0 +1,66 @@
+#include "proxy/events/telemetry.h"
+
+namespace dpproxy {
+
+namespace {
+
+prometheus::Histogram::BucketBoundaries Doubling(double from, double to) {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = from; v < to; v *= 2) b.push_back(v);
+  b.push_back(to);
+  return b;
+}
+
+}  // namespace
+
+prometheus::Histogram::BucketBoundaries Telemetry::RpcBuckets() { return Doubling(50e-6, 30); }
+
+const prometheus::Histogram::BucketBoundaries& Telemetry::Buckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries(RpcBuckets());
+  return *b;
+}
+
+Telemetry::Telemetry()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      rpc_(prometheus::BuildHistogram()
+               .Name("dpproxy_rpc_duration_seconds")
+               .Help("Device-plugin calls: side=kubelet from the kubelet's call arriving to "
+                     "dpproxy's answer, side=backend dpproxy's call to the plugin.")
+               .Register(*registry_)),
+      fsync_(prometheus::BuildHistogram()
+                 .Name("dpproxy_journal_fsync_duration_seconds")
+                 .Help("One journal write and its fdatasync (one per group of concurrent "
+                       "Allocates).")
+                 .Register(*registry_)),
+      registration_(prometheus::BuildHistogram()
+                        .Name("dpproxy_kubelet_registration_seconds")
+                        .Help("From the kubelet's socket appearing (a kubelet start) to the "
+                              "resource registered with it.")
+                        .Register(*registry_)),
+      fsync_all_(fsync_.Add({}, Doubling(50e-6, 10))) {}
+
+void Telemetry::ObserveRpc(absl::string_view side, absl::string_view method,
+                           absl::string_view resource, absl::string_view kubelet_api,
+                           absl::string_view backend_api, absl::string_view code,
+                           absl::Duration d) {
+  rpc_.Add({{"side", std::string(side)},
+            {"method", std::string(method)},
+            {"resource", std::string(resource)},
+            {"kubelet_api", std::string(kubelet_api)},
+            {"backend_api", std::string(backend_api)},
+            {"code", std::string(code)}},
+           Buckets())
+      .Observe(absl::ToDoubleSeconds(d));
+}
+
+void Telemetry::ObserveJournalSync(absl::Duration d) {
+  fsync_all_.Observe(absl::ToDoubleSeconds(d));
+}
+
+void Telemetry::ObserveRegistration(absl::string_view resource,
+                                    absl::Duration since_kubelet_start) {
+  registration_.Add({{"resource", std::string(resource)}}, Doubling(1e-3, 60))
+      .Observe(absl::ToDoubleSeconds(since_kubelet_start));
+}
+
+}  // namespace dpproxy

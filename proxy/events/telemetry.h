@@ -1,0 +1,63 @@
+// File: telemetry.h
+//
+// The metrics dpproxy updates as things happen (prometheus-cpp families in
+// a registry of their own), beside those ProxyMetrics derives at each
+// scrape from the status:
+//
+//   dpproxy_rpc_duration_seconds{side,method,resource,kubelet_api,
+//       backend_api,code}            every call, kubelet side (from the
+//                                    kubelet's call arriving to the answer)
+//                                    and backend side (dpproxy's call to the
+//                                    plugin); buckets 50 us .. 30 s
+//   dpproxy_journal_fsync_duration_seconds   each journal write + fdatasync
+//   dpproxy_kubelet_registration_seconds{resource}
+//                                    from the kubelet's socket appearing to
+//                                    the resource registered with it
+//
+// Labels are bounded: resources dpproxy serves, API versions, gRPC code
+// names, a fixed set of methods. Thread-safe; an observation costs a map
+// lookup under a lock and an atomic add.
+#ifndef DPPROXY_PROXY_EVENTS_TELEMETRY_H_
+#define DPPROXY_PROXY_EVENTS_TELEMETRY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace dpproxy {
+
+class Telemetry {
+ public:
+  Telemetry();
+
+  // The registry to expose (a prometheus::Collectable).
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // `side`: "kubelet" or "backend". `code`: the gRPC code's name ("OK").
+  void ObserveRpc(absl::string_view side, absl::string_view method, absl::string_view resource,
+                  absl::string_view kubelet_api, absl::string_view backend_api,
+                  absl::string_view code, absl::Duration d);
+  void ObserveJournalSync(absl::Duration d);
+  void ObserveRegistration(absl::string_view resource, absl::Duration since_kubelet_start);
+
+  // The buckets of dpproxy_rpc_duration_seconds: 50 us doubling to 30 s.
+  static prometheus::Histogram::BucketBoundaries RpcBuckets();
+
+ private:
+  static const prometheus::Histogram::BucketBoundaries& Buckets();  // RpcBuckets(), once
+
+  const std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& rpc_;
+  prometheus::Family<prometheus::Histogram>& fsync_;
+  prometheus::Family<prometheus::Histogram>& registration_;
+  prometheus::Histogram& fsync_all_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_EVENTS_TELEMETRY_H_

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <set>
 #include <thread>
 
 #include <grpcpp/client_context.h>
@@ -14,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,6 +27,7 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/process.h"
 #include "tests/testing/raw_clients.h"
 #include "tests/testing/sim_helpers.h"
 
@@ -570,6 +575,58 @@ TEST_F(ProxyTest, ManyResourcesInOneProxy) {
     EXPECT_TRUE(h.sim().WaitForResource(absl::StrCat("vendor.com/dev", i), i + 1, kWait)) << i;
   }
   EXPECT_EQ(h.proxy().Status().resources.size(), 5u);
+}
+
+// The metric families docs/metrics.md describes, configuration.md and the
+// Grafana dashboard name are exactly the ones dpproxy serves once it has
+// answered a call and seen a kubelet restart.
+TEST_F(ProxyTest, MetricsDocsAndDashboardNameTheFamiliesServed) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("m", 1)).ok());
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const std::string text = h.MetricsText();
+  std::set<std::string> served;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, "# TYPE ")) served.insert(std::string(line.substr(0, line.find(' '))));
+  }
+  ASSERT_GT(served.size(), 20u) << text;
+  auto named = [](const std::string& file) {
+    absl::StatusOr<std::string> doc = ReadFile(testing::Runfile(file));
+    EXPECT_TRUE(doc.ok()) << file;
+    std::set<std::string> names;
+    const std::string& d = doc.ok() ? *doc : std::string();
+    for (size_t at = d.find("dpproxy_"); at != std::string::npos; at = d.find("dpproxy_", at + 1)) {
+      if (at > 0 && (std::isalnum(static_cast<unsigned char>(d[at - 1])) || d[at - 1] == '_')) {
+        continue;
+      }
+      size_t end = at;
+      while (end < d.size() && (std::islower(static_cast<unsigned char>(d[end])) || d[end] == '_')) {
+        ++end;
+      }
+      std::string name = d.substr(at, end - at);
+      for (const char* suffix : {"_bucket", "_count", "_sum"}) {
+        if (absl::EndsWith(name, suffix) && name.size() > strlen(suffix)) {
+          name.resize(name.size() - strlen(suffix));
+        }
+      }
+      if (name != "dpproxy_") names.insert(name);
+    }
+    return names;
+  };
+  const std::set<std::string> documented = named("docs/metrics.md");
+  for (const std::string& f : served) {
+    EXPECT_EQ(documented.count(f), 1u) << f << " is served but docs/metrics.md does not list it";
+  }
+  for (const char* file : {"docs/metrics.md", "docs/configuration.md",
+                                  "deploy/grafana-dashboard.json"}) {
+    for (const std::string& n : named(file)) {
+      EXPECT_EQ(served.count(n), 1u) << file << " names " << n << ", which dpproxy does not serve";
+    }
+  }
 }
 
 TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {

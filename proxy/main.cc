@@ -24,6 +24,7 @@
 #include "proxy/server/proxy_server.h"
 #include "proxy/server/status_model.h"
 #include "proxy/util/files.h"
+#include "proxy/version.h"
 
 namespace dpproxy {
 namespace {
@@ -34,6 +35,7 @@ Usage:
   dpproxy [flags]                 run the proxy
   dpproxy status [--status_file=F] [--output=table|json]
                                   show what a running dpproxy is doing
+  dpproxy version                 print the version and the commit
 
 Toward the kubelet, dpproxy registers one device plugin per resource in
 whichever API the kubelet accepts (v1alpha of 1.9, v1beta1 from 1.10,
@@ -41,8 +43,14 @@ synchronous registration from 1.25, or the plugin watcher). Toward vendor
 plugins it is a kubelet: point a plugin's kubelet socket at
 <plugin_dir>/kubelet.sock and it registers there, in v1alpha ("v1alpha2")
 or v1beta1, unchanged. Every call is translated (see docs/translation.md).
-SIGTERM or SIGINT stop it cleanly. Logs go to glog (--logtostderr, -v=1 for
-per-call detail).
+SIGTERM or SIGINT stop it cleanly. Logs go to stderr as glog's text or,
+with --log_format=json, as JSON lines (-v=1 for per-call detail).
+
+On --metrics_address: /metrics (docs/metrics.md), /livez and /healthz (the
+housekeeping thread is not stuck), /readyz (every resource registered with
+the kubelet, the state writable; ?verbose lists each check). Under systemd
+(Type=notify) it sends READY=1 once registered, watchdog keep-alives and
+STATUS= lines.
 
 Example:
   dpproxy --kubelet_root=/var/lib/kubelet --plugin_dir=/var/lib/dpproxy/device-plugins
@@ -102,6 +110,11 @@ int main(int argc, char** argv) {
   if (argc >= 2 && argv[1][0] != '-') {
     command = argv[1];
     dpproxy::ShiftArgs(&argc, argv);
+  }
+  if (command == "version" || (argc == 2 && std::string(argv[1]) == "--version")) {
+    std::cout << "dpproxy " << dpproxy::kDpproxyVersion << " (commit " << dpproxy::kDpproxyCommit
+              << ")\n";
+    return 0;
   }
   if (command != "run" && command != "status" && command != "help") {
     std::cerr << "dpproxy: unknown subcommand \"" << command << "\"; see dpproxy --help\n";

@@ -138,6 +138,10 @@ for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_tim
             reconcile_grace metrics_address socket_group backend_max_list_mib compact_ids; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
+expect_exit "dpproxy version" 0 "$PROXY" version
+expect_contains "dpproxy version names itself" "$LAST_OUT" "dpproxy 0."
+expect_exit "dpproxy --version" 0 "$PROXY" --version
+expect_exit "dpproxy bad log format" 2 "$PROXY" --log_format=xml
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
 expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1alpha or v1beta1"
 expect_exit "dpproxy bad compact_ids" 2 "$PROXY" --compact_ids=gpu --kubelet_root="$DIR/kr" --plugin_dir="$DIR/pr"

@@ -11,7 +11,11 @@ R="$(mktemp -d "${TEST_TMPDIR:-/tmp}/root.XXXXXX")"
 PASSED=0; FAILED=0
 ok() { echo "ok: $1"; PASSED=$((PASSED + 1)); }
 fail() { echo "FAIL: $1"; FAILED=$((FAILED + 1)); }
-check() { local name="$1"; shift; if "$@"; then ok "$name"; else fail "$name"; fi; }
+check() {  # name, command...: the command's success, reported
+  local name="$1"; shift
+  if "$@"; then ok "$name"; return 0; fi
+  fail "$name"; return 1
+}
 field() { dpkg-deb -f "$DEB" "$1"; }
 
 check "package name" [ "$(field Package)" = dpproxy ]

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "proxy/cli/cli.h"
+#include "proxy/config/config_file.h"
 #include "proxy/config/flags.h"
 #include "proxy/events/event_log.h"
 #include "proxy/ops/json_log.h"
@@ -140,6 +141,11 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     std::cerr << "dpproxy: " << config.status().message() << "\n";
     return 2;
+  }
+  if (FLAGS_check) {
+    std::cout << "# the configuration is valid; every setting in effect:\n"
+              << dpproxy::ConfigToYaml(*config);
+    return 0;
   }
   dpproxy::BlockTerminationSignals();
   dpproxy::ProxyServer server(*config);

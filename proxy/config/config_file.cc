@@ -228,6 +228,64 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
 
 }  // namespace
 
+std::string ConfigToYaml(const ProxyConfig& c) {
+  auto duration = [](absl::Duration d) { return absl::FormatDuration(d); };
+  auto api = [](const std::optional<ApiVersion>& a) {
+    return a.has_value() ? std::string(ApiName(*a)) : std::string("auto");
+  };
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "kubelet" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "root" << YAML::Value << c.kubelet.kubelet_root;
+  out << YAML::Key << "api" << YAML::Value << api(c.kubelet.api);
+  out << YAML::Key << "registration" << YAML::Value
+      << (c.kubelet.registration == KubeletRegistration::kKubeletSocket ? "kubelet"
+                                                                        : "plugin-watcher");
+  out << YAML::EndMap;
+  out << YAML::Key << "plugin_dir" << YAML::Value << c.plugin_dir;
+  out << YAML::Key << "status_file" << YAML::Value << c.status_file;
+  out << YAML::Key << "state_dir" << YAML::Value << c.state_dir;
+  out << YAML::Key << "socket_group" << YAML::Value << c.socket_group;
+  out << YAML::Key << "metrics_address" << YAML::Value << c.metrics_address;
+  out << YAML::Key << "restore" << YAML::Value << YAML::BeginMap << YAML::Key << "policy"
+      << YAML::Value << (c.restore_policy == RestorePolicy::kTrust ? "trust" : "unhealthy")
+      << YAML::Key << "hold" << YAML::Value << duration(c.restore_hold) << YAML::EndMap;
+  out << YAML::Key << "reconcile" << YAML::Value << YAML::BeginMap << YAML::Key << "interval"
+      << YAML::Value << duration(c.reconcile_interval) << YAML::Key << "grace" << YAML::Value
+      << duration(c.reconcile_grace) << YAML::EndMap;
+  out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap << YAML::Key << "backend"
+      << YAML::Value << duration(c.kubelet.backend_timeout) << YAML::Key << "dial"
+      << YAML::Value << duration(c.dial_timeout) << YAML::EndMap;
+  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap << YAML::Key
+      << "backend_list_mib" << YAML::Value << (c.backend_max_list_bytes >> 20) << YAML::EndMap;
+  out << YAML::Key << "backend_loss" << YAML::Value << YAML::BeginMap << YAML::Key << "policy"
+      << YAML::Value << (c.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy")
+      << YAML::Key << "hold" << YAML::Value << duration(c.policy.hold) << YAML::EndMap;
+  out << YAML::Key << "cdi_annotations" << YAML::Value << c.kubelet.cdi_annotations;
+  out << YAML::Key << "renames" << YAML::Value << YAML::BeginMap;
+  for (const auto& [from, to] : c.renames) out << YAML::Key << from << YAML::Value << to;
+  out << YAML::EndMap;
+  out << YAML::Key << "compact_ids" << YAML::Value << YAML::BeginSeq;
+  for (const std::string& r : c.compact_ids) out << r;
+  out << YAML::EndSeq;
+  out << YAML::Key << "id_maps" << YAML::Value << YAML::BeginMap;
+  for (const auto& [resource, ids] : c.id_maps) {
+    out << YAML::Key << resource << YAML::Value << YAML::BeginMap;
+    for (const auto& [from, to] : ids) out << YAML::Key << from << YAML::Value << to;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  out << YAML::Key << "backends" << YAML::Value << YAML::BeginSeq;
+  for (const StaticBackendConfig& b : c.static_backends) {
+    out << YAML::BeginMap << YAML::Key << "resource" << YAML::Value << b.resource << YAML::Key
+        << "endpoint" << YAML::Value << b.endpoint << YAML::Key << "api" << YAML::Value
+        << api(b.api) << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
 absl::Status LoadConfigText(const std::string& text, const std::string& name,
                             ProxyConfig* config) {
   YAML::Node root;

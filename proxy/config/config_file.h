@@ -40,6 +40,12 @@ namespace dpproxy {
 absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config);
 
 // Same, from text (`name` stands for the file in messages).
+// `config` in the file's own schema: every setting the file can hold, with
+// the value in effect (defaults included). Loading the text over the
+// defaults gives the same configuration back (its lists and maps add to
+// those already set, as any file's do). For `dpproxy --check`.
+std::string ConfigToYaml(const ProxyConfig& config);
+
 absl::Status LoadConfigText(const std::string& text, const std::string& name,
                             ProxyConfig* config);
 

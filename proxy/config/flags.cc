@@ -53,6 +53,10 @@ DEFINE_bool(cdi_annotations, false,
             "Also express a backend's CDI devices as a cdi.k8s.io/ container annotation,\n"
             "for kubelets that predate the cdi_devices field (1.27 and older).");
 DEFINE_string(events, "", "Append JSON-lines lifecycle events to this file. Empty: none.");
+DEFINE_bool(check, false,
+            "Validate the configuration (flags and --config file), print it as the file's\n"
+            "YAML with every setting in effect, and exit: 0 if valid, 2 (naming the\n"
+            "file:line or flag) if not. Nothing is started.");
 DEFINE_string(log_format, "text",
               "text: glog's lines on stderr. json: one JSON object per line on stderr\n"
               "(ts, level, caller, msg), lifecycle events among them with their fields\n"

@@ -135,13 +135,22 @@ help="$("$PROXY" --help)"
 for flag in kubelet_root plugin_dir kubelet_api kubelet_registration backend_timeout dial_timeout \
             backend_loss_policy backend_hold rename static_backend cdi_annotations events \
             status_file output config state_dir restore_policy restore_hold reconcile_interval \
-            reconcile_grace metrics_address socket_group backend_max_list_mib compact_ids; do
+            reconcile_grace metrics_address socket_group backend_max_list_mib compact_ids check log_format; do
   expect_contains "dpproxy --help lists --$flag" "$help" "--$flag ("
 done
 expect_exit "dpproxy version" 0 "$PROXY" version
 expect_contains "dpproxy version names itself" "$LAST_OUT" "dpproxy 0."
 expect_exit "dpproxy --version" 0 "$PROXY" --version
 expect_exit "dpproxy bad log format" 2 "$PROXY" --log_format=xml
+printf 'kubelet: {root: /k}\nrenames: {"a.com/x": "b.com/y"}\n' >"$DIR/check.yaml"
+expect_exit "dpproxy --check accepts a valid file" 0 "$PROXY" --config="$DIR/check.yaml" --check --state_dir=
+expect_contains "--check says it is valid" "$LAST_OUT" "the configuration is valid"
+expect_contains "--check prints the file's setting" "$LAST_OUT" "a.com/x: b.com/y"
+expect_contains "--check prints defaults too" "$LAST_OUT" "backend_list_mib: 256"
+expect_contains "--check prints flags given" "$LAST_OUT" 'state_dir: ""'
+printf 'kubelet:\n  root: /k\n  colour: blue\n' >"$DIR/bad.yaml"
+expect_exit "dpproxy --check refuses a bad file" 2 "$PROXY" --config="$DIR/bad.yaml" --check
+expect_contains "--check names the line" "$LAST_OUT" "bad.yaml:3"
 expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
 expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1alpha or v1beta1"
 expect_exit "dpproxy bad compact_ids" 2 "$PROXY" --compact_ids=gpu --kubelet_root="$DIR/kr" --plugin_dir="$DIR/pr"

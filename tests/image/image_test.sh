@@ -8,15 +8,7 @@ set -uo pipefail
 
 IMAGE="$TEST_SRCDIR/dpproxy/tools/image/dpproxy-image.tar"
 W="$(mktemp -d "${TEST_TMPDIR:-/tmp}/image.XXXXXX")"
-PASSED=0; FAILED=0
-ok() { echo "ok: $1"; PASSED=$((PASSED + 1)); }
-fail() { echo "FAIL: $1"; FAILED=$((FAILED + 1)); }
-check() {  # name, command...: the command's success, reported
-  local name="$1"; shift
-  if "$@"; then ok "$name"; return 0; fi
-  fail "$name"; return 1
-}
-finish() { echo "$PASSED passed, $FAILED failed"; [ "$FAILED" -eq 0 ]; exit $?; }
+source "$TEST_SRCDIR/dpproxy/tests/testing/checks.sh"
 
 mkdir -p "$W/oci" "$W/root"
 check "the tarball unpacks" tar -xf "$IMAGE" -C "$W/oci" || finish

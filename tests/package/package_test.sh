@@ -8,14 +8,7 @@ set -uo pipefail
 
 DEB="$TEST_SRCDIR/dpproxy/tools/package/dpproxy.deb"
 R="$(mktemp -d "${TEST_TMPDIR:-/tmp}/root.XXXXXX")"
-PASSED=0; FAILED=0
-ok() { echo "ok: $1"; PASSED=$((PASSED + 1)); }
-fail() { echo "FAIL: $1"; FAILED=$((FAILED + 1)); }
-check() {  # name, command...: the command's success, reported
-  local name="$1"; shift
-  if "$@"; then ok "$name"; return 0; fi
-  fail "$name"; return 1
-}
+source "$TEST_SRCDIR/dpproxy/tests/testing/checks.sh"
 field() { dpkg-deb -f "$DEB" "$1"; }
 
 check "package name" [ "$(field Package)" = dpproxy ]
@@ -71,5 +64,4 @@ check "binaries removed" [ ! -e "$R/usr/bin/dpproxy" ]
 check "conffile kept on removal" [ -e "$R/etc/dpproxy/dpproxy.yaml" ]
 check "state kept on removal" [ -e "$R/var/lib/dpproxy/state.pb" ]
 
-echo "$PASSED passed, $FAILED failed"
-[ "$FAILED" -eq 0 ]
+finish

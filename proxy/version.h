@@ -1,8 +1,9 @@
 // File: version.h
 //
 // dpproxy's version, and the commit it was built from when the build says
-// so (-DDPPROXY_COMMIT="..."; "unknown" otherwise). Shown by
-// dpproxy_build_info and `dpproxy --version`.
+// so (-DDPPROXY_COMMIT="...", which `tools/dev package` and `tools/dev
+// image` pass; "unknown" otherwise). Shown by dpproxy_build_info and
+// `dpproxy --version`.
 #ifndef DPPROXY_PROXY_VERSION_H_
 #define DPPROXY_PROXY_VERSION_H_
 

@@ -200,6 +200,13 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
         "Snapshots written to take in the journal (on their own thread, off Allocate's path).",
         MetricType::Counter);
     AddCounter(&compactions, {}, static_cast<double>(s.compactions));
+    MetricFamily bytes = Family("dpproxy_state_bytes",
+                                "Size of the durable state: the journal's records and the "
+                                "snapshot as last written.",
+                                MetricType::Gauge);
+    AddGauge(&bytes, {{"file", "journal"}}, static_cast<double>(s.journal_bytes));
+    AddGauge(&bytes, {{"file", "snapshot"}}, static_cast<double>(s.snapshot_bytes));
+    out.push_back(std::move(bytes));
     out.push_back(std::move(journal));
     out.push_back(std::move(writes));
     out.push_back(std::move(records));

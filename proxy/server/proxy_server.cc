@@ -543,6 +543,8 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     s.journal_writes = keeper_->journal_writes();
     s.journal_records = keeper_->journal_records();
     s.compactions = keeper_->compactions();
+    s.journal_bytes = keeper_->journal_bytes();
+    s.snapshot_bytes = keeper_->snapshot_bytes();
     st.state = std::move(s);
   }
   {

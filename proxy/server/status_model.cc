@@ -20,7 +20,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuarantineStatus, resource, allo
                                                 pod, container, pod_uid, reason, since_unix_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StateStatus, path, allocations, save_failures,
                                                 writable, last_write_error, journal_writes,
-                                                journal_records, compactions)
+                                                journal_records, compactions,
+                                                journal_bytes, snapshot_bytes)
 
 const ResourceStatus* ProxyStatus::Find(const std::string& name) const {
   for (const ResourceStatus& r : resources) {

@@ -82,6 +82,8 @@ struct StateStatus {
   int64_t journal_writes = 0;
   int64_t journal_records = 0;
   int64_t compactions = 0;
+  int64_t journal_bytes = 0;
+  int64_t snapshot_bytes = 0;  // as last written by this process
 };
 
 struct ProxyStatus {

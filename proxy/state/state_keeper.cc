@@ -257,6 +257,7 @@ absl::Status StateKeeper::SaveLocked() {
   mu_.Unlock();
   if (test_hook_) test_hook_("snapshot_write");
   absl::Status s = store_.SaveEncoded(bytes);
+  if (s.ok()) snapshot_bytes_ = static_cast<int64_t>(bytes.size());
   mu_.Lock();
   if (s.ok() && journal_ok_ && covered_records > 0) {
     // Exclusive use of the journal: no append is in flight.

@@ -141,6 +141,14 @@ class StateKeeper : public AllocationJournal {
   // and how many snapshots compaction wrote: batching shows as
   // journal_records() > journal_writes().
   int64_t journal_writes() const { return journal_writes_.load(); }
+  // The journal's records in bytes (the space written ahead of them not
+  // counted), and the snapshot's size as last written (0 until this
+  // process writes one). O(1).
+  int64_t journal_bytes() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(journal_applied_bytes_);
+  }
+  int64_t snapshot_bytes() const { return snapshot_bytes_.load(); }
   int64_t journal_records() const { return journal_records_.load(); }
   int64_t compactions() const { return compactions_.load(); }
   // Waits until no compaction is wanted or running (tests, shutdown).
@@ -186,6 +194,7 @@ class StateKeeper : public AllocationJournal {
   // The journal's size and record count through the last record applied
   // to state_: what a snapshot encoded now covers.
   size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> snapshot_bytes_{0};
   size_t journal_applied_records_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(absl::Duration)> sync_observer_;  // set before use
   // Whether the journal holds enough records for a compaction.

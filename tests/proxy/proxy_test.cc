@@ -658,6 +658,8 @@ TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
   // A v1beta1 plugin's CDI devices cannot reach a 1.9 kubelet: counted.
   EXPECT_THAT(text, HasSubstr("dpproxy_lossy_translations_total{resource=\"vendor.com/gpu\",kind=\"cdi_devices\"} 2"));
   EXPECT_THAT(text, HasSubstr("dpproxy_journal_allocations 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_state_bytes{file=\"journal\"} "));
+  EXPECT_THAT(text, Not(HasSubstr("dpproxy_state_bytes{file=\"journal\"} 0\n")));
   EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 0"));
 }
 

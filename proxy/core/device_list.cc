@@ -175,11 +175,6 @@ std::shared_ptr<const DeviceList> DeviceList::FromDevices(std::vector<v1beta1::D
   return Make(std::move(wire), std::move(starts));
 }
 
-std::shared_ptr<const DeviceList> DeviceList::FromMessage(
-    const v1beta1::ListAndWatchResponse& msg) {
-  return FromDevices({msg.devices().begin(), msg.devices().end()});
-}
-
 DeviceList::Builder::Builder(size_t expected_devices, size_t expected_bytes) {
   starts_.reserve(expected_devices);
   wire_.reserve(expected_bytes);

@@ -46,8 +46,6 @@ class DeviceList : public std::enable_shared_from_this<DeviceList> {
   static std::shared_ptr<const DeviceList> Empty();
   // The devices, in order; each message is freed as it is encoded.
   static std::shared_ptr<const DeviceList> FromDevices(std::vector<v1beta1::Device> devices);
-  // The same from a message's devices (copied; the message is untouched).
-  static std::shared_ptr<const DeviceList> FromMessage(const v1beta1::ListAndWatchResponse& msg);
   // Reads the bytes of a ListAndWatchResponse as a plugin sent them (v1beta1,
   // or v1alpha with `with_topology` false: a field v1alpha does not have is
   // then ignored, as a v1alpha reader would). Devices are re-encoded; fields

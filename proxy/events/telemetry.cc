@@ -13,10 +13,8 @@ prometheus::Histogram::BucketBoundaries Doubling(double from, double to) {
 
 }  // namespace
 
-prometheus::Histogram::BucketBoundaries Telemetry::RpcBuckets() { return Doubling(50e-6, 30); }
-
-const prometheus::Histogram::BucketBoundaries& Telemetry::Buckets() {
-  static const auto* b = new prometheus::Histogram::BucketBoundaries(RpcBuckets());
+const prometheus::Histogram::BucketBoundaries& Telemetry::RpcBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries(Doubling(50e-6, 30));
   return *b;
 }
 
@@ -49,7 +47,7 @@ void Telemetry::ObserveRpc(absl::string_view side, absl::string_view method,
             {"kubelet_api", std::string(kubelet_api)},
             {"backend_api", std::string(backend_api)},
             {"code", std::string(code)}},
-           Buckets())
+           RpcBuckets())
       .Observe(absl::ToDoubleSeconds(d));
 }
 

@@ -45,11 +45,9 @@ class Telemetry {
   void ObserveJournalSync(absl::Duration d);
   void ObserveRegistration(absl::string_view resource, absl::Duration since_kubelet_start);
 
-  // The buckets of dpproxy_rpc_duration_seconds: 50 us doubling to 30 s.
-  static prometheus::Histogram::BucketBoundaries RpcBuckets();
-
  private:
-  static const prometheus::Histogram::BucketBoundaries& Buckets();  // RpcBuckets(), once
+  // dpproxy_rpc_duration_seconds' buckets: 50 us doubling to 30 s.
+  static const prometheus::Histogram::BucketBoundaries& RpcBuckets();
 
   const std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& rpc_;

@@ -357,14 +357,14 @@ class KubeletEndpoint::Services {
       return call.Done(Preferred(ctx, *req, resp, &call));
     }
 
-    grpc::Status Preferred(grpc::ServerContext* ctx, const v1beta1::PreferredAllocationRequest& in,
+    // GetPreferredAllocation's work: the kubelet's IDs to the backend's and back.
+    grpc::Status Preferred(grpc::ServerContext* ctx, const v1beta1::PreferredAllocationRequest& req,
                            v1beta1::PreferredAllocationResponse* resp, KubeletCall* call) {
-      const v1beta1::PreferredAllocationRequest* req = &in;
       std::shared_ptr<Backend> b = BackendFor(e_);
       if (b == nullptr) return NoBackend(e_->resource());
       call->set_backend(b.get());
       Resource* res = e_->resource();
-      v1beta1::PreferredAllocationRequest breq = *req;
+      v1beta1::PreferredAllocationRequest breq = req;
       for (auto& c : *breq.mutable_container_requests()) {
         for (auto& id : *c.mutable_available_deviceids()) id = res->ToBackendId(id);
         for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);

@@ -27,18 +27,6 @@ v1beta1::ContainerAllocateResponse FromV1AlphaResponse(const deviceplugin::Alloc
   return out;
 }
 
-std::vector<v1beta1::Device> FromV1AlphaDevices(const deviceplugin::ListAndWatchResponse& r) {
-  std::vector<v1beta1::Device> out;
-  out.reserve(r.devices_size());
-  for (const auto& d : r.devices()) {
-    v1beta1::Device b;
-    b.set_id(d.id());
-    b.set_health(d.health());
-    out.push_back(std::move(b));
-  }
-  return out;
-}
-
 v1beta1::DevicePluginOptions V1AlphaBackendOptions() { return v1beta1::DevicePluginOptions(); }
 
 deviceplugin::AllocateResponse ToV1AlphaResponse(const v1beta1::ContainerAllocateResponse& r,

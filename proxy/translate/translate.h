@@ -42,8 +42,6 @@ deviceplugin::AllocateRequest ToV1AlphaAllocate(const v1beta1::ContainerAllocate
 // have the same numbers); annotations from later v1alpha protos are kept.
 v1beta1::ContainerAllocateResponse FromV1AlphaResponse(const deviceplugin::AllocateResponse& r);
 
-std::vector<v1beta1::Device> FromV1AlphaDevices(const deviceplugin::ListAndWatchResponse& r);
-
 // Options the proxy answers for a v1alpha backend: neither PreStart nor
 // preferred allocation exists there.
 v1beta1::DevicePluginOptions V1AlphaBackendOptions();

@@ -108,17 +108,8 @@ TEST(TranslateTest, TopologyDroppedTowardV1Alpha) {
   EXPECT_EQ(loss.topology, 1);
 }
 
-// Row: devices from a v1alpha backend have no topology.
-TEST(TranslateTest, V1AlphaDevicesHaveNoTopology) {
-  deviceplugin::ListAndWatchResponse a;
-  auto* d = a.add_devices();
-  d->set_id("x");
-  d->set_health("Healthy");
-  std::vector<v1beta1::Device> b = FromV1AlphaDevices(a);
-  ASSERT_EQ(b.size(), 1u);
-  EXPECT_EQ(b[0].id(), "x");
-  EXPECT_FALSE(b[0].has_topology());
-}
+// Row: devices from a v1alpha backend have no topology: read from the
+// stream's bytes without it (DeviceListFromWireTest.V1AlphaReadingDropsTopology).
 
 // Rows: GetDevicePluginOptions for a v1alpha backend is answered by the
 // proxy: no PreStart, no preferred allocation.

@@ -104,7 +104,9 @@ TEST_P(FaultTest, FailsExactlyItsCellWhereItMatters) {
   const std::string flags = absl::StrCat(f.flags, " --fault=", f.fault);
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(Options(flags));
   ASSERT_TRUE(cells.ok()) << cells.status();
-  ASSERT_EQ(cells->size(), kReleases.size() * Scenarios().size());
+  size_t by_default = 0;  // the opt-in scenarios run only when named
+  for (const ScenarioInfo& s : Scenarios()) by_default += s.opt_in ? 0 : 1;
+  ASSERT_EQ(cells->size(), kReleases.size() * by_default);
   ExpectFailsExactly(*cells, f.scenario, f.first_minor, f.last_minor);
 }
 
@@ -252,6 +254,36 @@ TEST(ConformTest, DpproxyWithALegacyPluginPassesEveryGeneration) {
   // Everything but plugin-watcher, preferred, prestart and multi-resource
   // applies to a v1alpha plugin behind dpproxy.
   for (const std::string& k : DefaultKubelets()) EXPECT_EQ(passed[k], 10) << k;
+}
+
+// checkpoint-lost is opt-in: a plain plugin fails it (the kubelet forgets
+// the running pod's device and a new pod gets it); dpproxy with a state
+// directory in front of the same plugin passes it (it quarantines the device).
+TEST(ConformTest, CheckpointLostFailsAPlainPluginAndPassesBehindDpproxy) {
+  ConformOptions plain = Options("--devices=2");
+  plain.kubelets = {*sim::ParseKubeletVersion("1.24"), *sim::ParseKubeletVersion("1.31")};
+  plain.scenarios = {"checkpoint-lost"};
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(plain);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 2u);
+  for (const CellResult& c : *cells) {
+    EXPECT_EQ(c.outcome, Outcome::kFail) << Describe(c);
+    EXPECT_THAT(c.summary, HasSubstr("handed to a new pod")) << Describe(c);
+  }
+
+  ConformOptions behind = plain;
+  behind.plugin_command = absl::StrCat(
+      testing::Runfile("proxy/dpproxy"),
+      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
+      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & exec ",
+      SamplePlugin(),
+      " --quiet --api=v1alpha --resource=example.com/gpu --devices=2"
+      " --kubelet_socket={work_dir}/p/kubelet.sock");
+  behind.settle = absl::Seconds(10);
+  cells = RunConformance(behind);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 2u);
+  for (const CellResult& c : *cells) EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
 }
 
 // The binary: exit status, the JUnit file, and what it says of a plugin

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -173,7 +174,7 @@ TEST_F(DeviceManagerTest, ReadmitFailsForEachOfTheKubeletsThreeReasons) {
 TEST_F(DeviceManagerTest, CheckpointHasKubeletLayoutAndRoundTrips) {
   AddRunningPod(m_, "u1");
   m_.AddAllocation(Alloc("u1", "main", "vendor.com/gpu", {"g0", "g1"}));
-  const std::string ckpt = m_.CheckpointJson();
+  const std::string ckpt = m_.CheckpointJson(31);
   nlohmann::json j = nlohmann::json::parse(ckpt);
   ASSERT_TRUE(j.contains("Checksum"));
   const auto& entry = j["Data"]["PodDeviceEntries"][0];
@@ -184,7 +185,7 @@ TEST_F(DeviceManagerTest, CheckpointHasKubeletLayoutAndRoundTrips) {
   EXPECT_EQ(j["Data"]["RegisteredDevices"]["vendor.com/gpu"], nlohmann::json({"g0", "g1"}));
 
   DeviceManager restored;
-  ASSERT_TRUE(restored.Restore(ckpt, m_.PodsJson(), kT0).ok());
+  ASSERT_TRUE(restored.Restore(ckpt, m_.PodsJson(), kT0, 31).ok());
   ASSERT_EQ(restored.allocations().size(), 1u);
   EXPECT_THAT(restored.allocations()[0].device_ids(), ElementsAre("g0", "g1"));
   EXPECT_EQ(restored.allocations()[0].response().envs().at("DEV"), "x");
@@ -203,18 +204,18 @@ TEST_F(DeviceManagerTest, CheckpointHasKubeletLayoutAndRoundTrips) {
 TEST_F(DeviceManagerTest, CorruptCheckpointIsDetectedAndStateStartsEmpty) {
   AddRunningPod(m_, "u1");
   m_.AddAllocation(Alloc("u1", "main", "vendor.com/gpu", {"g0"}));
-  std::string ckpt = m_.CheckpointJson();
+  std::string ckpt = m_.CheckpointJson(31);
   std::string tampered = ckpt;
   tampered.replace(tampered.find("g0"), 2, "g9");
   DeviceManager restored;
-  absl::Status s = restored.Restore(tampered, "", kT0);
+  absl::Status s = restored.Restore(tampered, "", kT0, 31);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(s.message()), HasSubstr("checksum"));
   EXPECT_THAT(restored.allocations(), IsEmpty());
-  EXPECT_EQ(restored.Restore(ckpt.substr(0, ckpt.size() / 2), "", kT0).code(),
+  EXPECT_EQ(restored.Restore(ckpt.substr(0, ckpt.size() / 2), "", kT0, 31).code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(restored.Restore("[]", "", kT0).code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(restored.Restore("", "", kT0).ok());  // no checkpoint: fresh node
+  EXPECT_EQ(restored.Restore("[]", "", kT0, 31).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(restored.Restore("", "", kT0, 31).ok());  // no checkpoint: fresh node
 }
 
 TEST_F(DeviceManagerTest, CheckpointKeysDevicesByNumaNode) {
@@ -226,8 +227,74 @@ TEST_F(DeviceManagerTest, CheckpointKeysDevicesByNumaNode) {
   ASSERT_TRUE(m_.UpdateDevices("vendor.com/tpu", 7, {d}));
   AddRunningPod(m_, "u1");
   m_.AddAllocation(Alloc("u1", "main", "vendor.com/tpu", {"t0"}));
-  nlohmann::json j = nlohmann::json::parse(m_.CheckpointJson());
+  nlohmann::json j = nlohmann::json::parse(m_.CheckpointJson(31));
   EXPECT_EQ(j["Data"]["PodDeviceEntries"][0]["DeviceIDs"]["1"], nlohmann::json({"t0"}));
+}
+
+// protocol-facts §4.1: each release writes its own layout.
+TEST_F(DeviceManagerTest, CheckpointLayoutFollowsTheRelease) {
+  AddRunningPod(m_, "u1");
+  m_.AddAllocation(Alloc("u1", "main", "vendor.com/gpu", {"g0", "g1"}));
+  const nlohmann::json v19 = nlohmann::json::parse(m_.CheckpointJson(9));
+  EXPECT_FALSE(v19.contains("Data"));
+  EXPECT_FALSE(v19.contains("Checksum"));
+  EXPECT_EQ(v19["PodDeviceEntries"][0]["DeviceIDs"], nlohmann::json({"g0", "g1"}));
+  EXPECT_EQ(v19["RegisteredDevices"]["vendor.com/gpu"], nlohmann::json({"g0", "g1"}));
+  for (int minor : {11, 19}) {
+    const nlohmann::json j = nlohmann::json::parse(m_.CheckpointJson(minor));
+    EXPECT_TRUE(j.contains("Checksum")) << minor;
+    EXPECT_EQ(j["Data"]["PodDeviceEntries"][0]["DeviceIDs"], nlohmann::json({"g0", "g1"}))
+        << minor;
+  }
+  for (int minor : {20, 22}) {  // no topology: NUMA node "0"
+    const nlohmann::json j = nlohmann::json::parse(m_.CheckpointJson(minor));
+    EXPECT_EQ(j["Data"]["PodDeviceEntries"][0]["DeviceIDs"],
+              nlohmann::json({{"0", {"g0", "g1"}}}))
+        << minor;
+  }
+  const nlohmann::json v123 = nlohmann::json::parse(m_.CheckpointJson(23));
+  EXPECT_EQ(v123["Data"]["PodDeviceEntries"][0]["DeviceIDs"],
+            nlohmann::json({{"-1", {"g0", "g1"}}}));
+}
+
+// Which release reads which release's file: the upgrade paths users met
+// (kubernetes#102880: 1.19 -> 1.20/1.21 lost the allocations; 1.22-1.30
+// read the old layout; 1.31 dropped it again, #123398).
+TEST_F(DeviceManagerTest, EachReleaseReadsOnlyTheLayoutsItKnows) {
+  AddRunningPod(m_, "u1");
+  m_.AddAllocation(Alloc("u1", "main", "vendor.com/gpu", {"g0"}));
+  struct Case {
+    int written_by, read_by;
+    bool readable;
+  };
+  const Case cases[] = {
+      {9, 9, true},    {10, 10, true},  {19, 19, true},  {11, 19, true},
+      {19, 20, false}, {19, 21, false}, {19, 22, true},  {19, 30, true},
+      {19, 31, false}, {19, 36, false}, {22, 31, true},  {23, 20, true},
+      {23, 19, false}, {9, 11, false},  {23, 36, true},
+  };
+  for (const Case& c : cases) {
+    DeviceManager restored;
+    const absl::Status s =
+        restored.Restore(m_.CheckpointJson(c.written_by), m_.PodsJson(), kT0, c.read_by);
+    SCOPED_TRACE(absl::StrCat("written by 1.", c.written_by, ", read by 1.", c.read_by));
+    if (c.readable) {
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_EQ(restored.allocations().size(), 1u);
+      EXPECT_THAT(restored.allocations()[0].device_ids(), ElementsAre("g0"));
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(restored.allocations(), IsEmpty());
+    }
+  }
+  // A 1.9 kubelet decodes a newer file into its own layout: nothing, no error.
+  DeviceManager old;
+  EXPECT_TRUE(old.Restore(m_.CheckpointJson(23), "", kT0, 9).ok());
+  EXPECT_THAT(old.allocations(), IsEmpty());
+  // The error names the reason, as the kubelet's log line does.
+  DeviceManager v131;
+  EXPECT_THAT(std::string(v131.Restore(m_.CheckpointJson(19), "", kT0, 31).message()),
+              HasSubstr("cannot unmarshal array"));
 }
 
 TEST_F(DeviceManagerTest, StateViewShowsHolders) {

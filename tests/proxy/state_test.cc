@@ -520,30 +520,23 @@ TEST(SwapTest, VanishedDevicesStayUnhealthyWhileAllocatedOthersAreDropped) {
   EXPECT_THAT(r.results(0).message(), HasSubstr("previously allocated devices are no longer healthy"));
 }
 
-// Kubelet upgrade: a 1.9 kubelet with running allocations is replaced by a
-// 1.25+ one (or the plugin-watcher kind), which wipes device-plugins/.
+// Kubelet upgrade within the checkpoint's layout (1.24 writes the NUMA map
+// every later release reads), to a 1.25+ kubelet or the plugin-watcher
+// kind, which wipes device-plugins/: dpproxy re-registers and every running
+// pod is re-admitted with the devices it had.
 class KubeletUpgradeTest : public ::testing::TestWithParam<Personality> {};
 
-TEST_P(KubeletUpgradeTest, ProxyRenegotiatesAndEveryPodIsReadmitted) {
-  ProxyHarness h(Personality::kV1Alpha, false);
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+TEST_P(KubeletUpgradeTest, ProxyReregistersAndEveryPodIsReadmitted) {
+  ProxyHarness h(Personality::kV1Beta1Async, false);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
   ASSERT_TRUE(h.sim().Allocate(Pod("one", {{"main", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("two", {{"main", 1}})).ok());
-  ASSERT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1alpha2");
   const std::multiset<std::string> before = Keys(h.sim().GetState());
 
   const absl::Time t0 = absl::Now();
   ASSERT_TRUE(h.sim().Restart(GetParam()).ok());
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   const absl::Duration took = absl::Now() - t0;
-  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1beta1");
-  sim::State st = h.sim().GetState();
-  std::set<std::string> ids;
-  for (const auto& d : h.Resource(st, kGpu)->devices()) ids.insert(d.id());
-  EXPECT_EQ(ids, (std::set<std::string>{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}));
   sim::ReadmitResponse r = h.sim().Readmit();
   ASSERT_EQ(r.results_size(), 2);  // one container in each pod
   for (const auto& res : r.results()) EXPECT_TRUE(res.admitted()) << res.message();
@@ -560,6 +553,46 @@ INSTANTIATE_TEST_SUITE_P(To, KubeletUpgradeTest,
                            for (char& c : n) c = c == '-' ? '_' : c;
                            return n;
                          });
+
+// A node upgraded from a 1.9 kubelet (v1alpha) to 1.31: dpproxy
+// renegotiates the API, but the new kubelet cannot read the old checkpoint
+// (no checksummed wrapper; protocol-facts §4.1) and starts without the
+// running pods' allocations, as kubernetes#102880 did between 1.19 and
+// 1.20. dpproxy sees its answered allocations missing from the new
+// checkpoint and keeps their devices away from new pods.
+TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningDevicesAreQuarantined) {
+  ProxyHarness h(Personality::kV1Alpha, false, [](ProxyConfig& c) {
+    c.reconcile_grace = absl::ZeroDuration();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> one = h.sim().Allocate(Pod("one", {{"main", 2}}));
+  absl::StatusOr<sim::AllocateResponse> two = h.sim().Allocate(Pod("two", {{"main", 1}}));
+  ASSERT_TRUE(one.ok() && two.ok());
+  std::vector<std::string> held = testing::DeviceIdsOf(one->allocations(0));
+  held.push_back(testing::DeviceIdsOf(two->allocations(0)).at(0));
+  ASSERT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1alpha2");
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // dpproxy has read the 1.9 checkpoint
+
+  const size_t sim_from = h.sim().events().Size(), from = h.proxy().events().Size();
+  ASSERT_TRUE(h.sim().Restart(Personality::kV1Beta1Sync).ok());
+  ASSERT_TRUE(h.sim().events().WaitForEvent("checkpoint_unreadable", {}, kWait, sim_from));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1beta1");
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_quarantined", {{"resource", kGpu}}, kWait,
+                                              from));
+  for (const std::string& id : held) {
+    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
+  }
+  EXPECT_TRUE(h.sim().GetState().allocations().empty());  // the kubelet forgot them
+  // A new pod gets the one free device, never a running pod's.
+  absl::StatusOr<sim::AllocateResponse> next = h.sim().Allocate(Pod("next", {{"main", 1}}));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(held, Not(Contains(testing::DeviceIdsOf(next->allocations(0)).at(0))));
+  EXPECT_FALSE(h.sim().Allocate(Pod("more", {{"main", 1}})).ok());
+}
 
 }  // namespace
 }  // namespace dpproxy

@@ -1,6 +1,8 @@
 #include "tools/conform/conform.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -566,6 +568,77 @@ CellResult PluginRestart(Cell& c) {
   return Pass(absl::StrCat("the running pod keeps ", held, "; new pods are admitted"), notes);
 }
 
+// A kubelet that starts without its checkpoint (deleted, corrupt, or
+// written by a release it cannot read: protocol-facts §4.1, 4.2) forgets
+// which devices its running pods hold and offers them to new pods
+// (kubernetes#102880, #116125). The cell passes when a device held by a
+// running pod is not handed to a new one.
+CellResult CheckpointLost(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("checkpoint-lost", *p);
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> r = Admit(c, "running", {{c.resource(), 1}}, &problem);
+  if (!r.ok()) return FromProblem("checkpoint-lost", problem);
+  const std::string held = r->allocations(0).device_ids(0);
+  c.kubelet().Stop();
+  if (::unlink(c.kubelet().checkpoint_path().c_str()) != 0) {
+    return Fail(absl::StrCat("dpconform could not remove the kubelet's checkpoint: ",
+                             ErrnoText(errno)),
+                "", "", "");
+  }
+  const size_t from = c.events().Size();
+  if (absl::Status s = c.kubelet().Start(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start its kubelet again: ", s.message()), "",
+                "", "");
+  }
+  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
+    CellResult blocked;
+    blocked.outcome = Outcome::kBlocked;
+    blocked.blocked_by = "kubelet-restart";
+    blocked.summary = absl::StrCat("not reached: after the kubelet restarted, ", p->summary);
+    return blocked;
+  }
+  // Whoever protects the device (the plugin, or dpproxy in front of it)
+  // learns of the loss from the kubelet's new checkpoint, written at its
+  // first device-list update: the device must turn Unhealthy within the
+  // timeout, or a pod asking for every allocatable device gets it.
+  auto held_healthy = [&] {
+    for (const sim::DeviceState& d : c.Devices(c.resource())) {
+      if (d.id() == held) return d.health() == "Healthy";
+    }
+    return false;
+  };
+  const absl::Time deadline = absl::Now() + std::min(c.options().timeout, absl::Seconds(5));
+  for (;;) {
+    const size_t seen = c.events().Size();  // before the look: no update missed
+    if (!held_healthy() || absl::Now() >= deadline) break;
+    c.events().WaitForEvent("devices", {{"resource", c.resource()}}, deadline - absl::Now(),
+                            seen);
+  }
+  int healthy = 0;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) healthy += d.health() == "Healthy";
+  if (healthy == 0) {
+    return Pass(absl::StrCat("the running pod's ", held,
+                             " was kept from new pods (no device left to give)"));
+  }
+  absl::StatusOr<sim::AllocateResponse> next =
+      Admit(c, "next", {{c.resource(), healthy}}, &problem);
+  if (!next.ok()) return FromProblem("checkpoint-lost", problem);
+  for (const std::string& id : next->allocations(0).device_ids()) {
+    if (id != held) continue;
+    return Fail(
+        absl::StrCat("device ", held, " was handed to a new pod while a running pod holds it"),
+        absl::StrCat("kept reporting ", held,
+                     " Healthy after the kubelet restarted without its checkpoint"),
+        "nothing: a kubelet that cannot read its checkpoint (deleted, corrupt, or from a "
+        "release it cannot read) forgets its running pods' devices and offers them again; "
+        "only the plugin side can keep them away (report them Unhealthy until those pods "
+        "end), as dpproxy with a state directory does",
+        "two pods on one device after a kubelet restart or upgrade: wrong results, "
+        "out-of-memory errors, or data of one pod seen by another");
+  }
+  return Pass(absl::StrCat("the running pod's ", held, " was kept from new pods"));
+}
+
 CellResult MultiResource(Cell& c) {
   const std::vector<std::string>& resources = c.options().resources;
   if (resources.size() < 2) return NotApplicable("one --resource given");
@@ -669,6 +742,13 @@ const std::vector<ScenarioEntry>& Entries() {
         "With a pod running, the plugin is stopped (SIGTERM) and started again: it registers "
         "again, the pod's device keeps its ID, the pod is re-admitted and new pods are too."},
        PluginRestart},
+      {{"checkpoint-lost", "a kubelet without its checkpoint hands out no device twice",
+        "Opt-in (name it in --scenarios). With a pod running, the kubelet restarts without its "
+        "checkpoint, as after a deletion, corruption or an upgrade across checkpoint layouts "
+        "(1.19 to 1.20-1.21 or 1.31+): the kubelet forgets the pod's device, so the plugin "
+        "side must report it Unhealthy (within 5 s) before a new pod takes it.",
+        true},
+       CheckpointLost},
       {{"multi-resource", "several resources from one process",
         "With two or more --resource: each registers with devices on its own socket, and a pod "
         "using all of them is admitted."},
@@ -843,7 +923,9 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
   if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
   std::vector<const ScenarioEntry*> scenarios;
   if (o.scenarios.empty()) {
-    for (const ScenarioEntry& e : Entries()) scenarios.push_back(&e);
+    for (const ScenarioEntry& e : Entries()) {
+      if (!e.info.opt_in) scenarios.push_back(&e);
+    }
   } else {
     for (const std::string& s : o.scenarios) scenarios.push_back(FindScenario(s));
   }

@@ -35,7 +35,8 @@ DEFINE_string(kubelets, "",
 DEFINE_string(cdi_gate, "",
               "The DevicePluginCDIDevices gate of 1.28-1.30 kubelets: on or off. Empty:\n"
               "each release's default (off in 1.28, on in 1.29-1.30).");
-DEFINE_string(scenarios, "", "Scenarios to run, comma-separated. Empty: all (see --list).");
+DEFINE_string(scenarios, "",
+              "Scenarios to run, comma-separated. Empty: all but the opt-in ones (see --list).");
 DEFINE_string(health_command, "",
               "Sets a device's health, for the health scenario: run by /bin/sh -c with\n"
               "{device} and {health} (Healthy or Unhealthy) besides the --plugin\n"

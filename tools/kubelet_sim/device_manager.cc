@@ -213,27 +213,33 @@ std::vector<ReadmitResult> DeviceManager::Readmit() {
   return results;
 }
 
-std::string DeviceManager::CheckpointJson() const {
+std::string DeviceManager::CheckpointJson(int minor) const {
+  const bool per_numa = minor >= 20;
+  const std::string no_topology = minor >= 23 ? "-1" : "0";
   Json entries = Json::array();
   for (const ContainerAllocation& a : allocations_) {
     const ResourceRecord* r = Find(a.resource());
-    Json per_numa = Json::object();
+    Json ids = per_numa ? Json::object() : Json::array();
     for (const std::string& id : a.device_ids()) {
-      std::string key = "-1";
+      if (!per_numa) {
+        ids.push_back(id);
+        continue;
+      }
+      std::string key = no_topology;
       if (r != nullptr) {
         auto d = r->devices.find(id);
         if (d != r->devices.end() && !d->second.numa_nodes.empty()) {
           key = std::to_string(d->second.numa_nodes.front());
         }
       }
-      per_numa[key].push_back(id);
+      ids[key].push_back(id);
     }
     std::string resp;
     a.response().SerializeToString(&resp);
     entries.push_back({{"PodUID", a.pod_uid()},
                        {"ContainerName", a.container()},
                        {"ResourceName", a.resource()},
-                       {"DeviceIDs", per_numa},
+                       {"DeviceIDs", ids},
                        {"AllocResp", absl::Base64Escape(resp)}});
   }
   Json registered = Json::object();
@@ -245,6 +251,7 @@ std::string DeviceManager::CheckpointJson() const {
     registered[name] = ids;
   }
   Json data = {{"PodDeviceEntries", entries}, {"RegisteredDevices", registered}};
+  if (minor <= 10) return data.dump();
   Json top = {{"Data", data}, {"Checksum", Fnv32a(data.dump())}};
   return top.dump();
 }
@@ -263,7 +270,7 @@ std::string DeviceManager::PodsJson() const {
 }
 
 absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
-                                  const std::string& pods_json, absl::Time now) {
+                                  const std::string& pods_json, absl::Time now, int minor) {
   resources_.clear();
   pods_.clear();
   allocations_.clear();
@@ -290,13 +297,43 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
     allocations_.clear();
     return absl::DataLossError(absl::StrCat("checkpoint is corrupt: ", why));
   };
-  if (!top.is_object() || !top.contains("Data") || !top["Data"].is_object() ||
-      !top.contains("Checksum") || !top["Checksum"].is_number_unsigned()) {
-    return corrupt("not a {\"Data\":...,\"Checksum\":N} object");
+  Json empty_data = Json::object();
+  const Json* data_ptr = &empty_data;
+  if (minor <= 10) {
+    // Go's json into {PodDeviceEntries, RegisteredDevices}: keys it does
+    // not know (a newer file's "Data", "Checksum") are skipped.
+    if (!top.is_object()) return corrupt("not a JSON object");
+    data_ptr = &top;
+  } else {
+    if (!top.is_object() || !top.contains("Data") || !top["Data"].is_object() ||
+        !top.contains("Checksum") || !top["Checksum"].is_number_unsigned()) {
+      return corrupt("not a {\"Data\":...,\"Checksum\":N} object");
+    }
+    if (Fnv32a(top["Data"].dump()) != top["Checksum"].get<uint32_t>()) {
+      return corrupt("checksum mismatch");
+    }
+    data_ptr = &top["Data"];
   }
-  const Json& data = top["Data"];
-  if (Fnv32a(data.dump()) != top["Checksum"].get<uint32_t>()) {
-    return corrupt("checksum mismatch");
+  const Json& data = *data_ptr;
+  // Which DeviceIDs layouts this release decodes (protocol-facts §4.1).
+  const bool reads_list = minor <= 19 || (minor >= 22 && minor <= 30);
+  const bool reads_map = minor >= 20;
+  if (data.contains("PodDeviceEntries") && data["PodDeviceEntries"].is_array()) {
+    for (const Json& e : data["PodDeviceEntries"]) {
+      if (!e.is_object() || !e.contains("DeviceIDs")) continue;
+      const Json& ids = e["DeviceIDs"];
+      if (ids.is_array() && !reads_list) {
+        return corrupt(absl::StrCat("json: cannot unmarshal array into DeviceIDs of type "
+                                    "checkpoint.DevicesPerNUMA (a checkpoint of kubelet 1.19 or "
+                                    "older, which 1.",
+                                    minor, " cannot read)"));
+      }
+      if (ids.is_object() && !reads_map) {
+        return corrupt(absl::StrCat("json: cannot unmarshal object into DeviceIDs of type "
+                                    "[]string (a checkpoint of kubelet 1.20 or newer, which 1.",
+                                    minor, " cannot read)"));
+      }
+    }
   }
   if (data.contains("RegisteredDevices") && data["RegisteredDevices"].is_object()) {
     for (auto it = data["RegisteredDevices"].begin(); it != data["RegisteredDevices"].end();
@@ -314,7 +351,11 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
       a.set_pod_uid(e.value("PodUID", ""));
       a.set_container(e.value("ContainerName", ""));
       a.set_resource(e.value("ResourceName", ""));
-      if (e.contains("DeviceIDs") && e["DeviceIDs"].is_object()) {
+      if (e.contains("DeviceIDs") && e["DeviceIDs"].is_array()) {
+        for (const Json& id : e["DeviceIDs"]) {
+          if (id.is_string()) a.add_device_ids(id.get<std::string>());
+        }
+      } else if (e.contains("DeviceIDs") && e["DeviceIDs"].is_object()) {
         for (auto it = e["DeviceIDs"].begin(); it != e["DeviceIDs"].end(); ++it) {
           if (!it.value().is_array()) return corrupt("DeviceIDs is not a map of lists");
           for (const Json& id : it.value()) {

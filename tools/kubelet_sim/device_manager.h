@@ -97,21 +97,34 @@ class DeviceManager {
 
   // --- Persistence ------------------------------------------------------------
 
-  // The device-manager checkpoint in the kubelet's 1.23+ JSON layout
-  // ({"Data":{"PodDeviceEntries":[...],"RegisteredDevices":{...}},
-  // "Checksum":N}). The checksum is FNV-32a over the compact JSON of "Data"
-  // (the kubelet's own is Go-specific and cannot be reproduced here).
-  std::string CheckpointJson() const;
+  // The device-manager checkpoint as kubelet 1.`minor` writes it
+  // (protocol-facts §4.1):
+  //   1.9-1.10   {"PodDeviceEntries":[...],"RegisteredDevices":{...}},
+  //              DeviceIDs a list, no checksum;
+  //   1.11-1.19  {"Data":{...},"Checksum":N}, DeviceIDs a list;
+  //   1.20-1.22  the same, DeviceIDs a map from NUMA node to list, devices
+  //              without topology under "0";
+  //   1.23+      the same, devices without topology under "-1".
+  // The checksum is FNV-32a over the compact JSON of "Data" (the kubelet's
+  // own is Go-specific and cannot be reproduced here).
+  std::string CheckpointJson(int minor) const;
   // Pods with names and phases: the simulator's stand-in for the API server.
   std::string PodsJson() const;
 
-  // Replaces the state with what a kubelet rebuilds at start: allocations
-  // from the checkpoint, and for every checkpointed resource a stopped
-  // endpoint with no devices (capacity 0) whose grace period starts at
-  // `now`. kDataLoss if the checkpoint is corrupt (the state is then empty,
-  // as the kubelet continues without it).
+  // Replaces the state with what kubelet 1.`minor` rebuilds at start:
+  // allocations from the checkpoint, and for every checkpointed resource a
+  // stopped endpoint with no devices (capacity 0) whose grace period starts
+  // at `now`. Each release reads only what it can (protocol-facts §4.1):
+  // 1.11+ need the checksummed wrapper; 1.11-1.19 read only list
+  // DeviceIDs; 1.20-1.21 only the NUMA map (kubernetes#102880, as the
+  // minors' first releases, before the back-ported fix); 1.22-1.30 the map
+  // or, failing that, a list (all devices on NUMA node 0); 1.31+ only the
+  // map again (#123398). kDataLoss when the release cannot read it (the
+  // state is then empty, as the kubelet continues without it). 1.9-1.10
+  // decode with Go's json into their own layout: a newer file leaves them
+  // empty with no error.
   absl::Status Restore(const std::string& checkpoint_json, const std::string& pods_json,
-                       absl::Time now);
+                       absl::Time now, int minor);
 
   // --- Views -----------------------------------------------------------------
 

@@ -455,7 +455,7 @@ absl::Status KubeletSim::Start() {
   {
     absl::MutexLock lock(&mu_);
     kubelet = kubelet_;
-    absl::Status s = state_.Restore(checkpoint, pods, absl::Now());
+    absl::Status s = state_.Restore(checkpoint, pods, absl::Now(), kubelet.minor);
     if (!s.ok()) {
       events_.Emit("checkpoint_unreadable",
                    {{"error", std::string(s.message())},
@@ -675,7 +675,7 @@ void KubeletSim::Housekeeping() {
 }
 
 void KubeletSim::WriteCheckpointLocked() {
-  absl::Status s = WriteFileAtomic(checkpoint_path(), state_.CheckpointJson());
+  absl::Status s = WriteFileAtomic(checkpoint_path(), state_.CheckpointJson(kubelet_.minor));
   if (s.ok()) {
     s = WriteFileAtomic(JoinPath(options_.root_dir, kPodsFileName), state_.PodsJson());
   }

@@ -579,13 +579,15 @@ TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningDevicesAreQuarantined) {
   const size_t sim_from = h.sim().events().Size(), from = h.proxy().events().Size();
   ASSERT_TRUE(h.sim().Restart(Personality::kV1Beta1Sync).ok());
   ASSERT_TRUE(h.sim().events().WaitForEvent("checkpoint_unreadable", {}, kWait, sim_from));
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "v1beta1");
+  // The quarantine may land before the kubelet ever sees the held devices
+  // Healthy: wait for its outcome, not for four healthy devices.
   ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_quarantined", {{"resource", kGpu}}, kWait,
                                               from));
+  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().resources[0].kubelet_api == "v1beta1"; }));
   for (const std::string& id : held) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
   }
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 1, kWait));  // the free device
   EXPECT_TRUE(h.sim().GetState().allocations().empty());  // the kubelet forgot them
   // A new pod gets the one free device, never a running pod's.
   absl::StatusOr<sim::AllocateResponse> next = h.sim().Allocate(Pod("next", {{"main", 1}}));

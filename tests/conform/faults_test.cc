@@ -286,6 +286,55 @@ TEST(ConformTest, CheckpointLostFailsAPlainPluginAndPassesBehindDpproxy) {
   for (const CellResult& c : *cells) EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
 }
 
+// rolling-update is opt-in: 1.24 stops the replaced client, so a plugin
+// with unique socket names passes; 1.31 disconnects by name when the old
+// stream ends (kubernetes#121994), so a plain plugin fails; with clients
+// tracked per socket (#135437) unique socket names pass and a shared one
+// fails. (A shared name on 1.24 is left out: there the outcome is the
+// plugin's reaction to the old instance removing the socket file they
+// share as it exits.)
+TEST(ConformTest, RollingUpdateFollowsHowTheKubeletTracksClients) {
+  struct Case {
+    const char* socket_name;
+    bool per_socket;
+    std::vector<std::pair<std::string, Outcome>> expected;  // release, outcome
+  };
+  const Case cases[] = {
+      {"gpu-{instance}.sock", false, {{"1.24", Outcome::kPass}, {"1.31", Outcome::kFail}}},
+      {"gpu-{instance}.sock", true, {{"1.24", Outcome::kPass}, {"1.31", Outcome::kPass}}},
+      {"gpu.sock", true, {{"1.31", Outcome::kFail}}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(absl::StrCat(k.socket_name, k.per_socket ? ", per socket" : ", by name"));
+    ConformOptions o = Options("");
+    o.plugin_command = absl::StrCat(SamplePlugin(),
+                                    " --quiet --resource=example.com/gpu --devices=2"
+                                    " --kubelet_socket={kubelet_socket} --socket_name=",
+                                    k.socket_name);
+    o.health_command.clear();
+    o.scenarios = {"rolling-update"};
+    o.kubelets.clear();
+    for (const auto& [release, outcome] : k.expected) {
+      o.kubelets.push_back(*sim::ParseKubeletVersion(release));
+      o.kubelets.back().per_socket_clients = k.per_socket;
+    }
+    absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+    ASSERT_TRUE(cells.ok()) << cells.status();
+    ASSERT_EQ(cells->size(), k.expected.size());
+    for (const CellResult& c : *cells) {
+      for (const auto& [release, outcome] : k.expected) {
+        if (c.kubelet == release) {
+          EXPECT_EQ(c.outcome, outcome) << Describe(c);
+        }
+      }
+      if (c.outcome == Outcome::kFail) {
+        EXPECT_THAT(c.kubelet_expects, HasSubstr(k.per_socket ? "#135437" : "#121994"))
+            << Describe(c);
+      }
+    }
+  }
+}
+
 // The binary: exit status, the JUnit file, and what it says of a plugin
 // that exits at once.
 TEST(ConformTest, TheBinaryReportsAndExits) {

@@ -158,9 +158,11 @@ TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {
                                             "device-list", "list-size", "health", "allocate",
                                             "allocate-two", "preferred", "prestart",
                                             "kubelet-restart", "kubelet-crash", "plugin-restart",
-                                            "checkpoint-lost", "multi-resource"));
+                                            "checkpoint-lost", "rolling-update",
+                                            "multi-resource"));
   for (const ScenarioInfo& s : Scenarios()) {
-    EXPECT_EQ(s.opt_in, std::string(s.name) == "checkpoint-lost") << s.name;
+    const std::string name = s.name;
+    EXPECT_EQ(s.opt_in, name == "checkpoint-lost" || name == "rolling-update") << name;
   }
   EXPECT_THAT(DefaultKubelets(),
               ::testing::ElementsAre("1.9", "1.15", "1.18", "1.24", "1.27", "1.30", "1.36"));

@@ -546,6 +546,45 @@ TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {
   EXPECT_FALSE(h.sim().events().WaitForEvent("resource_removed", {}, absl::ZeroDuration(), mark));
 }
 
+// A vendor plugin's DaemonSet rolled with maxSurge behind dpproxy: the new
+// instance registers at dpproxy while the old one runs, then the old one
+// exits. A 1.25-1.36 kubelet would tear the new registration down by name
+// (kubernetes#121994) if the plugins registered with it directly; dpproxy's
+// own registration never changes, and the old backend's end is ignored.
+TEST_F(ProxyTest, ARollingUpdateOfThePluginKeepsTheKubeletRegistration) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions first = h.PluginOptions(ApiVersion::kV1Beta1);
+  first.socket_name = "gpu-1.sock";
+  SamplePlugin* old_instance = h.StartPlugin(first);
+  ASSERT_NE(old_instance, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const size_t sim_mark = h.sim().events().Size(), mark = h.proxy().events().Size();
+  sample::SamplePluginOptions second = first;
+  second.socket_name = "gpu-2.sock";
+  SamplePlugin* new_instance = h.StartPlugin(second);
+  ASSERT_NE(new_instance, nullptr);
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_up", {{"resource", kGpu},
+                                                             {"replaced", true}},
+                                              kWait, mark));
+  old_instance->Stop();
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("after", 1));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(new_instance->Status().allocate_calls(), 1);
+  EXPECT_EQ(old_instance->Status().allocate_calls(), 0);
+  // The kubelet never lost dpproxy's registration, and dpproxy never
+  // reported the resource down.
+  EXPECT_FALSE(h.sim().events().WaitForEvent("plugin_lost", {{"resource", kGpu}},
+                                             absl::ZeroDuration(), sim_mark));
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}},
+                                               absl::ZeroDuration(), mark));
+  sim::State st = h.sim().GetState();
+  const auto* r = h.Resource(st, kGpu);
+  ASSERT_NE(r, nullptr);
+  EXPECT_TRUE(r->connected());
+  EXPECT_EQ(r->allocatable(), 4);  // every device still Healthy
+}
+
 TEST_F(ProxyTest, ProxyRestartMakesPluginsRegisterAgain) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);

@@ -60,6 +60,7 @@ Cell::Cell(const ConformOptions& options, const sim::KubeletVersion& kubelet, st
 }
 
 Cell::~Cell() {
+  if (second_ != nullptr) second_->Stop(options_.stop_grace);
   StopPlugin();
   sim_->Stop();
 }
@@ -83,26 +84,48 @@ std::vector<std::pair<std::string, std::string>> Cell::Values(
       {"resource", resource()},
       {"kubelet_version", version_.name},
   };
+  if (std::none_of(extra.begin(), extra.end(), [](const auto& e) { return e.first == "instance"; })) {
+    v.emplace_back("instance", "1");
+  }
   v.insert(v.end(), extra.begin(), extra.end());
   return v;
 }
 
-absl::Status Cell::StartPlugin() {
-  const std::vector<std::pair<std::string, std::string>> values = Values();
+absl::StatusOr<std::unique_ptr<ChildProcess>> Cell::StartInstance(int instance) {
+  const std::vector<std::pair<std::string, std::string>> values =
+      Values({{"instance", absl::StrCat(instance)}});
   absl::StatusOr<std::string> command = Expand(options_.plugin_command, values);
   if (!command.ok()) return command.status();
   ChildSpec spec;
   spec.argv = {"/bin/sh", "-c", *command};
-  spec.output_path = JoinPath(dir_, "plugin.log");
+  spec.output_path =
+      JoinPath(dir_, instance == 1 ? "plugin.log" : absl::StrCat("plugin-", instance, ".log"));
   spec.env = options_.env;
   for (const auto& [name, value] : values) {
     spec.env.emplace_back(absl::StrCat("DPCONFORM_", absl::AsciiStrToUpper(name)), value);
   }
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
+  return ChildProcess::Start(spec);
+}
+
+absl::Status Cell::StartPlugin() {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = StartInstance(1);
   if (!child.ok()) return child.status();
   plugin_ = *std::move(child);
   plugin_ended_.clear();
   return absl::OkStatus();
+}
+
+absl::Status Cell::StartSecondInstance() {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = StartInstance(2);
+  if (!child.ok()) return child.status();
+  second_ = *std::move(child);
+  return absl::OkStatus();
+}
+
+std::string Cell::ReplaceByTheSecondInstance() {
+  const std::string ended = StopPlugin();
+  plugin_ = std::move(second_);
+  return ended;
 }
 
 std::string Cell::StopPlugin() {

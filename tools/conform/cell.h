@@ -54,6 +54,11 @@ class Cell {
   // SIGTERM, the grace period, then SIGKILL; how the plugin ended.
   std::string StopPlugin();
   bool PluginRunning();
+  // A rolling update with surge: a second instance of the plugin command
+  // ({instance} = 2, output in plugin-2.log) while the first still runs.
+  absl::Status StartSecondInstance();
+  // Stops the first instance and makes the second one the plugin.
+  std::string ReplaceByTheSecondInstance();
 
   sim::KubeletSim& kubelet() { return *sim_; }
   EventLog& events() { return sim_->events(); }
@@ -92,7 +97,10 @@ class Cell {
   const std::string dir_;
   std::unique_ptr<sim::KubeletSim> sim_;
   std::unique_ptr<ChildProcess> plugin_;
+  std::unique_ptr<ChildProcess> second_;  // StartSecondInstance's
   std::string plugin_ended_;  // how the last plugin process ended
+  // Start a plugin process, {instance} = `instance`.
+  absl::StatusOr<std::unique_ptr<ChildProcess>> StartInstance(int instance);
 };
 
 }  // namespace dpproxy::conform

@@ -639,6 +639,94 @@ CellResult CheckpointLost(Cell& c) {
   return Pass(absl::StrCat("the running pod's ", held, " was kept from new pods"));
 }
 
+// A DaemonSet rolling update with maxSurge: the new instance registers
+// while the old one runs, then the old one exits. 1.9-1.24 stop the
+// replaced client at once, so its end changes nothing; 1.25-1.36 keep it and,
+// when its stream ends, disconnect whatever client holds the resource name
+// (protocol-facts §3.2, kubernetes#121994): allocatable drops to 0. A
+// kubelet that tracks clients per socket (#135437, --per_socket_clients)
+// disconnects only a client at the ended one's socket: unique socket names
+// per instance keep the registration.
+CellResult RollingUpdate(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("rolling-update", *p);
+  const size_t from = c.events().Size();
+  if (absl::Status s = c.StartSecondInstance(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start a second instance: ", s.message()), "",
+                "", "");
+  }
+  std::optional<Json> second = c.events().WaitForEvent(
+      "register_request", {{"resource", c.resource()}}, c.options().timeout, from);
+  if (!second.has_value()) {
+    return Fail("the second instance never registered while the first ran",
+                absl::StrCat("started a second instance ({instance}=2) that did not call "
+                             "Register within ",
+                             absl::FormatDuration(c.options().timeout)),
+                "a new instance of a DaemonSet registers while the old one still runs "
+                "(maxSurge) and takes the resource over",
+                "a rolling update of the plugin leaves the old instance serving until it is "
+                "killed, then nothing");
+  }
+  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
+    return FromProblem("rolling-update", *p);
+  }
+  std::optional<Json> first =
+      c.events().WaitForEvent("register_request", {{"resource", c.resource()}},
+                              absl::ZeroDuration(), 0);
+  const std::string old_endpoint = first.has_value() ? (*first)["endpoint"].get<std::string>()
+                                                     : std::string();
+  const std::string new_endpoint = (*second)["endpoint"].get<std::string>();
+  const size_t before_stop = c.events().Size();
+  const std::string ended = c.ReplaceByTheSecondInstance();
+  // The kubelet sees the old stream end within its settle time; a lost
+  // client shows as plugin_lost.
+  c.events().WaitForEvent("plugin_lost", {{"resource", c.resource()}}, c.options().settle,
+                          before_stop);
+  const std::vector<std::string> notes = {absl::StrCat("old instance stopped: ", ended),
+                                          absl::StrCat("sockets: ", old_endpoint, " then ",
+                                                       new_endpoint)};
+  // Registered, connected and with devices, now or (after a plugin's own
+  // recovery, e.g. re-registering when the old instance's exit removed a
+  // shared socket file) within the timeout.
+  auto kept_now = [&] {
+    const sim::State state = c.kubelet().GetState();
+    for (const sim::ResourceState& r : state.resources()) {
+      if (r.name() == c.resource()) return r.connected() && r.allocatable() > 0;
+    }
+    return false;
+  };
+  const absl::Time deadline = absl::Now() + c.options().timeout;
+  bool kept = false;
+  for (;;) {
+    const size_t seen = c.events().Size();  // before the look: no update missed
+    kept = kept_now();
+    if (kept || absl::Now() >= deadline) break;
+    c.events().WaitForEvent("devices", {{"resource", c.resource()}}, deadline - absl::Now(),
+                            seen);
+  }
+  if (kept) {
+    return Pass("the new instance kept the resource after the old one exited", notes);
+  }
+  const bool shared = old_endpoint == new_endpoint;
+  const bool per_socket = c.version().per_socket_clients;
+  return Fail(
+      absl::StrCat("the resource was disconnected when the old instance exited, and not back "
+                   "within ",
+                   absl::FormatDuration(c.options().timeout)),
+      absl::StrCat("a second instance registered ", new_endpoint, " while the first (",
+                   old_endpoint, ") ran; then the first exited",
+                   shared ? ": both used the same socket name" : ""),
+      per_socket
+          ? "a kubelet that tracks clients per socket (kubernetes#135437) disconnects the "
+            "client at the ended instance's socket: each instance needs a socket name of its "
+            "own (the pod's name, or {instance})"
+          : "1.25-1.36 disconnect whatever client holds the resource name when a replaced "
+            "client's stream ends (kubernetes#121994): no plugin alone survives a maxSurge "
+            "rolling update there; roll with maxUnavailable (old instance first), or run "
+            "behind dpproxy, whose own registration does not change",
+      "allocatable drops to 0 after a rolling update of the plugin's DaemonSet, until the "
+      "plugin restarts; pods needing the resource stay Pending");
+}
+
 CellResult MultiResource(Cell& c) {
   const std::vector<std::string>& resources = c.options().resources;
   if (resources.size() < 2) return NotApplicable("one --resource given");
@@ -749,6 +837,14 @@ const std::vector<ScenarioEntry>& Entries() {
         "side must report it Unhealthy (within 5 s) before a new pod takes it.",
         true},
        CheckpointLost},
+      {{"rolling-update", "survives a rolling update with surge",
+        "Opt-in (name it in --scenarios). A second instance ({instance}=2) registers while the "
+        "first runs, then the first is stopped: the resource stays registered with devices. "
+        "1.25-1.36 disconnect by resource name when the old stream ends (kubernetes#121994), "
+        "so plain plugins fail there; with --per_socket_clients (#135437) instances with "
+        "socket names of their own pass.",
+        true},
+       RollingUpdate},
       {{"multi-resource", "several resources from one process",
         "With two or more --resource: each registers with devices on its own socket, and a pod "
         "using all of them is admitted."},
@@ -811,6 +907,8 @@ const std::vector<Placeholder>& Placeholders() {
                    "(state, control sockets)"},
       {"resource", "the first --resource"},
       {"kubelet_version", "the kubelet release this cell plays, e.g. 1.25"},
+      {"instance", "1, or 2 for the new instance rolling-update starts while the old one "
+                   "runs (unique socket names per instance: put it in the socket name)"},
   };
   return *kPlaceholders;
 }

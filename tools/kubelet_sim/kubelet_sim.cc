@@ -618,7 +618,10 @@ absl::Status KubeletSim::Restart(const KubeletVersion& kubelet) {
   Stop();
   {
     absl::MutexLock lock(&mu_);
+    // The per-socket tracking is the simulator's setting, not a release's.
+    const bool per_socket = kubelet_.per_socket_clients;
     kubelet_ = kubelet;
+    kubelet_.per_socket_clients = per_socket;
   }
   return Start();
 }
@@ -697,7 +700,8 @@ void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
     events_.Emit("endpoint_replaced", {{"resource", client->resource},
                                        {"old_endpoint", it->second->socket_path},
                                        {"new_endpoint", client->socket_path},
-                                       {"old_stopped", !keep_old}});
+                                       {"old_stopped", !keep_old},
+                                       {"per_socket", kubelet_.per_socket_clients}});
     if (!keep_old) it->second->Cancel();
   }
   clients_[client->resource] = client;
@@ -908,6 +912,8 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
   std::string reason = why;
   if (it->second != client) {
     if (!kubelet_.TearsDownByName()) return;  // replaced: its end changes nothing
+    // #135437: the ended client's socket names what to disconnect.
+    if (kubelet_.per_socket_clients && it->second->socket_path != client->socket_path) return;
     // 1.25-1.36: the ended client's goroutine looks the client up by
     // resource name and disconnects whatever it finds: the new one.
     lost = it->second;

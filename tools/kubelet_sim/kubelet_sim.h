@@ -66,10 +66,17 @@ struct KubeletVersion {
   bool ReadsTopology() const { return minor >= 16; }
   bool CallsGetPreferredAllocation() const { return minor >= 19; }
   bool ReadsCdiDevices() const { return minor >= 31 || (minor >= 28 && cdi_gate); }
+  // Clients tracked per socket (kubernetes#135437, merged for a release
+  // our facts do not name yet): when a replaced client's stream ends, only
+  // a client at that same socket is disconnected. Off unless asked for
+  // (--per_socket_clients); meaningful from 1.25.
+  bool per_socket_clients = false;
+
   // 1.25-1.36 keep a replaced client running and, when its stream ends,
   // disconnect whatever client holds the resource name: a rolling update's
   // new registration is torn down when the old instance exits
-  // (kubernetes#121994; fixed by tracking clients per socket, #135437).
+  // (kubernetes#121994). With per_socket_clients, only when the new
+  // instance uses the old one's socket name.
   bool TearsDownByName() const { return minor >= 25 && minor <= 36; }
   // The kubelet's generation, e.g. "1.19-1.24" for 1.21.
   std::string GenerationName() const;

@@ -39,6 +39,11 @@ DEFINE_string(cdi_gate, "",
               "The DevicePluginCDIDevices feature gate of a 1.28-1.30 kubelet: on or\n"
               "off. Empty: the release's default (off in 1.28, on in 1.29-1.30).\n"
               "[serve, restart]");
+DEFINE_bool(per_socket_clients, false,
+            "Track plugin clients per socket (kubernetes#135437, in a release our\n"
+            "facts do not name yet): in 1.25+, the end of a replaced client's stream\n"
+            "disconnects only a client at the same socket, so a rolling update whose\n"
+            "instances use unique socket names keeps its registration. [serve]");
 DEFINE_string(personality, "v1beta1-sync",
               "Older names for kubelets, kept as aliases: v1alpha (1.9), v1beta1-async\n"
               "(1.24), v1beta1-sync (1.31), plugin-watcher (1.31 with the\n"
@@ -124,7 +129,10 @@ absl::StatusOr<KubeletVersion> KubeletFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--cdi_gate: \"", FLAGS_cdi_gate, "\" is not on or off"));
   }
-  return ParseKubeletVersion(FLAGS_kubelet.empty() ? FLAGS_personality : FLAGS_kubelet, gate);
+  absl::StatusOr<KubeletVersion> k =
+      ParseKubeletVersion(FLAGS_kubelet.empty() ? FLAGS_personality : FLAGS_kubelet, gate);
+  if (k.ok()) k->per_socket_clients = FLAGS_per_socket_clients;
+  return k;
 }
 
 int PrintGenerations() {

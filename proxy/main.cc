@@ -2,6 +2,7 @@
 // command line into a ProxyConfig (proxy/config), runs a ProxyServer with its
 // metrics endpoint until SIGTERM or SIGINT, or prints a running one's status.
 #include <malloc.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -44,7 +45,11 @@ synchronous registration from 1.25, or the plugin watcher). Toward vendor
 plugins it is a kubelet: point a plugin's kubelet socket at
 <plugin_dir>/kubelet.sock and it registers there, in v1alpha ("v1alpha2")
 or v1beta1, unchanged. Every call is translated (see docs/translation.md).
-SIGTERM or SIGINT stop it cleanly. Logs go to stderr as glog's text or,
+SIGTERM or SIGINT stop it cleanly. SIGHUP re-reads the --config file: a
+file with errors is refused (the running configuration stays); otherwise
+static backends and the backend-loss policy change at once, and every
+other change is logged as taking effect at the next start (see
+docs/operations.md). Logs go to stderr as glog's text or,
 with --log_format=json, as JSON lines (-v=1 for per-call detail).
 
 On --metrics_address: /metrics (docs/metrics.md), /livez and /healthz (the
@@ -200,9 +205,23 @@ int main(int argc, char** argv) {
     LOG(INFO) << "metrics at http://" << host << ":" << ops->port()
               << "/metrics; probes at /livez, /healthz and /readyz";
   }
-  int sig = dpproxy::WaitForTerminationSignal();
-  LOG(INFO) << "signal " << sig << " received";
-  server.events().Emit("signal", {{"signal", sig}});
+  int sig = 0;
+  for (;;) {
+    sig = dpproxy::WaitForTerminationSignal();
+    LOG(INFO) << "signal " << sig << " received";
+    server.events().Emit("signal", {{"signal", sig}});
+    if (sig != SIGHUP) break;
+    // A reload: the flags as given at start, the --config file as it is now.
+    absl::StatusOr<dpproxy::ProxyConfig> next = dpproxy::ConfigFromFlags();
+    if (!next.ok()) {
+      LOG(ERROR) << "reload refused, the running configuration stays: "
+                 << next.status().message();
+      server.events().Emit("config_reload_refused",
+                           {{"error", std::string(next.status().message())}});
+      continue;
+    }
+    server.Reload(*next);
+  }
   notifier.Stopping();
   ops.reset();
   server.Shutdown();

@@ -1,5 +1,6 @@
 #include "proxy/config/config_file.h"
 
+#include <map>
 #include <set>
 
 #include <yaml-cpp/yaml.h>
@@ -319,6 +320,47 @@ absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config) {
         absl::StrCat("cannot read configuration file: ", text.status().message()));
   }
   return LoadConfigText(*text, path, config);
+}
+
+namespace {
+
+// Every scalar of `node` under its path, in document order.
+void Flatten(const YAML::Node& node, const std::string& path,
+             std::vector<std::pair<std::string, std::string>>* out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      const std::string key = kv.first.as<std::string>();
+      Flatten(kv.second, path.empty() ? key : absl::StrCat(path, ".", key), out);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) Flatten(node[i], absl::StrCat(path, "[", i, "]"), out);
+  } else if (node.IsScalar()) {
+    out->emplace_back(path, node.Scalar());
+  }
+}
+
+}  // namespace
+
+std::vector<SettingChange> ChangedSettings(const ProxyConfig& from, const ProxyConfig& to) {
+  std::vector<std::pair<std::string, std::string>> a, b;
+  Flatten(YAML::Load(ConfigToYaml(from)), "", &a);
+  Flatten(YAML::Load(ConfigToYaml(to)), "", &b);
+  std::map<std::string, std::string> after(b.begin(), b.end());
+  std::vector<SettingChange> out;
+  std::set<std::string> seen;
+  for (const auto& [path, value] : a) {
+    seen.insert(path);
+    auto it = after.find(path);
+    if (it == after.end()) {
+      out.push_back({path, value, ""});
+    } else if (it->second != value) {
+      out.push_back({path, value, it->second});
+    }
+  }
+  for (const auto& [path, value] : b) {
+    if (seen.count(path) == 0) out.push_back({path, "", value});
+  }
+  return out;
 }
 
 }  // namespace dpproxy

@@ -28,6 +28,7 @@
 #define DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "proxy/config/proxy_config.h"
@@ -40,14 +41,25 @@ namespace dpproxy {
 absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config);
 
 // Same, from text (`name` stands for the file in messages).
+absl::Status LoadConfigText(const std::string& text, const std::string& name,
+                            ProxyConfig* config);
+
 // `config` in the file's own schema: every setting the file can hold, with
 // the value in effect (defaults included). Loading the text over the
 // defaults gives the same configuration back (its lists and maps add to
 // those already set, as any file's do). For `dpproxy --check`.
 std::string ConfigToYaml(const ProxyConfig& config);
 
-absl::Status LoadConfigText(const std::string& text, const std::string& name,
-                            ProxyConfig* config);
+// One setting that differs between two configurations, named by its path
+// in the file's schema ("backend_loss.hold", "backends[1].endpoint",
+// "renames.legacy.example.com/gpu"); "" for a value one side lacks.
+struct SettingChange {
+  std::string path;
+  std::string from;
+  std::string to;
+};
+// Every setting that differs, in the schema's order. For a reload.
+std::vector<SettingChange> ChangedSettings(const ProxyConfig& from, const ProxyConfig& to);
 
 }  // namespace dpproxy
 

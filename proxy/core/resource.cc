@@ -18,9 +18,23 @@ namespace dpproxy {
 Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
                    ResourceHooks hooks)
     : name_(std::move(name)), policy_(std::move(policy)), events_(events),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)), loss_policy_(policy_.loss_policy), hold_(policy_.hold) {}
 
 Resource::~Resource() { Shutdown(); }
+
+void Resource::SetLossPolicy(LossPolicy policy, absl::Duration hold) {
+  {
+    ChangeLock lock(this);
+    loss_policy_ = policy;
+    hold_ = hold;
+    // A backend lost and held now: Unhealthy at once if the new policy
+    // would have marked it by now (Tick sees to a longer hold).
+    if (!connected_ && lost_at_.has_value() && !hold_override_.has_value() &&
+        (policy == LossPolicy::kUnhealthy || absl::Now() - *lost_at_ >= hold)) {
+      MarkAllLocked(std::string(kUnhealthy));
+    }
+  }
+}
 
 bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
   std::shared_ptr<Backend> old;
@@ -367,13 +381,13 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   LOG(WARNING) << "resource " << name_ << ": backend "
                << (backend_ ? backend_->endpoint() : std::string("?")) << " lost (" << why
                << "); devices "
-               << (policy_.loss_policy == LossPolicy::kUnhealthy
+               << (loss_policy_ == LossPolicy::kUnhealthy
                        ? "reported Unhealthy"
-                       : "held at their last health for " + absl::FormatDuration(policy_.hold));
+                       : "held at their last health for " + absl::FormatDuration(hold_));
   events_->Emit("backend_down", {{"resource", name_},
                                  {"endpoint", backend_ ? backend_->endpoint() : ""},
                                  {"reason", why}});
-  if (policy_.loss_policy == LossPolicy::kUnhealthy || policy_.hold <= absl::ZeroDuration()) {
+  if (loss_policy_ == LossPolicy::kUnhealthy || hold_ <= absl::ZeroDuration()) {
     MarkAllLocked(std::string(kUnhealthy));
   }
 }
@@ -407,10 +421,10 @@ void Resource::Tick(absl::Time now) {
   absl::Duration hold;
   if (hold_override_.has_value()) {
     hold = *hold_override_;
-  } else if (policy_.loss_policy == LossPolicy::kHold) {
-    hold = policy_.hold;
+  } else if (loss_policy_ == LossPolicy::kHold) {
+    hold = hold_;
   } else {
-    return;  // already marked Unhealthy when the backend was lost
+    return;  // marked Unhealthy when the backend was lost (or the policy changed)
   }
   if (now - *lost_at_ >= hold) MarkAllLocked(std::string(kUnhealthy));
 }

@@ -66,6 +66,11 @@ class Resource {
            ResourceHooks hooks = ResourceHooks());
   ~Resource();
 
+  // What a backend's loss does from now on (a configuration reload). A
+  // backend lost and held now is marked Unhealthy at once if the new
+  // policy would have done so by now.
+  void SetLossPolicy(LossPolicy policy, absl::Duration hold);
+
   const std::string& name() const { return name_; }
 
   // Makes `backend` the one serving this resource and starts its stream. A
@@ -158,11 +163,13 @@ class Resource {
   };
 
   const std::string name_;
-  const ResourcePolicy policy_;
+  const ResourcePolicy policy_;  // its loss policy and hold: the two below
   EventLog* const events_;
   const ResourceHooks hooks_;
 
   absl::Mutex mu_;
+  LossPolicy loss_policy_ ABSL_GUARDED_BY(mu_);
+  absl::Duration hold_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;

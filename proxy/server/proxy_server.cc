@@ -9,9 +9,11 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "backends/connect.h"
+#include "proxy/config/config_file.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
 
@@ -24,7 +26,8 @@ constexpr int kWorkers = 4;
 
 }  // namespace
 
-ProxyServer::ProxyServer(ProxyConfig config) : config_(std::move(config)) {}
+ProxyServer::ProxyServer(ProxyConfig config)
+    : config_(std::move(config)), live_config_(config_) {}
 
 ProxyServer::~ProxyServer() { Shutdown(); }
 
@@ -109,8 +112,8 @@ absl::Status ProxyServer::Start() {
   for (const StaticBackendConfig& sb : config_.static_backends) {
     Entry* e = EnsureEntry(KubeletResourceName(config_, sb.resource));
     absl::MutexLock lock(&mu_);
-    e->static_backend = true;
     e->static_config = sb;
+    e->static_backend = true;
   }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   saver_ = std::thread([this] { SaverLoop(); });
@@ -179,6 +182,8 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
   if (it != entries_.end()) return it->second.get();
   auto e = std::make_unique<Entry>();
   ResourcePolicy policy = config_.policy;
+  policy.loss_policy = live_config_.policy.loss_policy;  // as a reload left them
+  policy.hold = live_config_.policy.hold;
   auto m = config_.id_maps.find(name);
   if (m != config_.id_maps.end()) policy.id_map = m->second;
   policy.compact_ids = config_.compact_ids.count(name) > 0;
@@ -342,7 +347,7 @@ void ProxyServer::SaverLoop() {
 void ProxyServer::TickResources(absl::Time now) {
   for (Entry* e : Entries()) {
     e->resource->Tick(now);
-    if (!e->static_backend || e->resource->backend_connected()) continue;
+    if (!e->static_backend.load() || e->resource->backend_connected()) continue;
     {
       absl::MutexLock lock(&mu_);
       if (e->connecting) continue;
@@ -420,7 +425,7 @@ std::string ProxyServer::Fingerprint() {
     absl::MutexLock lock(&mu_);
     for (auto& [name, e] : entries_) {
       entries.push_back(e.get());
-      absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend, "|");
+      absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend.load(), "|");
     }
   }
   // (The quarantine list is derived from the keeper's quarantine version,
@@ -457,7 +462,7 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
     auto [endpoint, backend_api] = e->resource->last_backend();
     r.mutable_backend()->set_endpoint(endpoint);
     r.mutable_backend()->set_api_version(backend_api);
-    r.mutable_backend()->set_static_backend(e->static_backend);
+    r.mutable_backend()->set_static_backend(e->static_backend.load());
     std::shared_ptr<Backend> b = e->resource->backend();
     if (b) r.mutable_backend()->set_backend_resource(b->resource());
     std::string bytes = r.SerializeAsString();
@@ -488,7 +493,11 @@ bool ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
 }
 
 void ProxyServer::ConnectStatic(Entry* e) {
-  const StaticBackendConfig& sb = e->static_config;
+  StaticBackendConfig sb;
+  {
+    absl::MutexLock lock(&mu_);
+    sb = e->static_config;
+  }
   absl::StatusOr<ApiVersion> api =
       sb.api ? absl::StatusOr<ApiVersion>(*sb.api) : ProbeBackendApi(sb.endpoint, absl::Milliseconds(500));
   if (!api.ok()) return;
@@ -496,7 +505,98 @@ void ProxyServer::ConnectStatic(Entry* e) {
       ConnectBackend(sb.resource, sb.endpoint, *api, absl::Milliseconds(500),
                      config_.backend_max_list_bytes);
   if (!b.ok()) return;
+  if (!e->static_backend.load()) {  // a reload dropped it meanwhile
+    (*b)->Stop();
+    return;
+  }
   (void)AttachBackend(*b);
+}
+
+ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
+  ReloadResult result;
+  ProxyConfig running;
+  {
+    absl::MutexLock lock(&mu_);
+    running = live_config_;
+  }
+  const std::vector<SettingChange> changes = ChangedSettings(running, next);
+  auto line = [](const SettingChange& c) {
+    return absl::StrCat(c.path, ": ", c.from.empty() ? "(none)" : c.from, " -> ",
+                        c.to.empty() ? "(none)" : c.to);
+  };
+  bool backends_changed = false, loss_changed = false;
+  for (const SettingChange& c : changes) {
+    if (absl::StartsWith(c.path, "backends[")) {
+      backends_changed = true;
+      result.applied.push_back(line(c));
+    } else if (absl::StartsWith(c.path, "backend_loss.")) {
+      loss_changed = true;
+      result.applied.push_back(line(c));
+    } else {
+      result.needs_restart.push_back(line(c));
+    }
+  }
+  if (loss_changed) {
+    {
+      absl::MutexLock lock(&mu_);
+      live_config_.policy.loss_policy = next.policy.loss_policy;
+      live_config_.policy.hold = next.policy.hold;
+    }
+    for (Entry* e : Entries()) {
+      e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
+    }
+    events_.Emit("config_applied",
+                 {{"setting", "backend_loss"},
+                  {"policy", next.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy"},
+                  {"hold", absl::FormatDuration(next.policy.hold)}});
+  }
+  if (backends_changed) {
+    auto key = [](const StaticBackendConfig& b) {
+      return absl::StrCat(b.resource, "\n", b.endpoint, "\n",
+                          b.api ? ApiWireVersion(*b.api) : absl::string_view("auto"));
+    };
+    std::set<std::string> before, after;
+    for (const StaticBackendConfig& b : running.static_backends) before.insert(key(b));
+    for (const StaticBackendConfig& b : next.static_backends) after.insert(key(b));
+    // Dropped first: a backend moved to another socket is dialled there next.
+    for (const StaticBackendConfig& b : running.static_backends) {
+      if (after.count(key(b)) > 0) continue;
+      const std::string name = KubeletResourceName(config_, b.resource);
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = entries_.find(name);
+        if (it != entries_.end() && it->second->static_config.endpoint == b.endpoint) {
+          it->second->static_backend = false;
+        }
+      }
+      LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
+                << " is no longer dialled (a connection open now stays until it ends)";
+      events_.Emit("static_backend_removed", {{"resource", name}, {"endpoint", b.endpoint}});
+    }
+    for (const StaticBackendConfig& b : next.static_backends) {
+      if (before.count(key(b)) > 0) continue;
+      const std::string name = KubeletResourceName(config_, b.resource);
+      Entry* e = EnsureEntry(name);
+      {
+        absl::MutexLock lock(&mu_);
+        e->static_config = b;
+        e->static_backend = true;
+      }
+      LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
+                << " is dialled from now on";
+      events_.Emit("static_backend_added", {{"resource", name}, {"endpoint", b.endpoint}});
+    }
+    absl::MutexLock lock(&mu_);
+    live_config_.static_backends = next.static_backends;
+  }
+  for (const std::string& l : result.applied) LOG(INFO) << "reload applied " << l;
+  for (const std::string& l : result.needs_restart) {
+    LOG(WARNING) << "reload: " << l << " takes effect at the next start";
+  }
+  events_.Emit("config_reloaded", {{"applied", result.applied},
+                                   {"needs_restart", result.needs_restart}});
+  Wake();
+  return result;
 }
 
 std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
@@ -522,7 +622,7 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.backend_connected = e->resource->backend_connected();
     r.backend_api = backend_api;
     r.backend_endpoint = endpoint;
-    r.static_backend = e->static_backend;
+    r.static_backend = e->static_backend.load();
     r.pre_start_required = opts.pre_start_required();
     r.get_preferred_allocation_available = opts.get_preferred_allocation_available();
     r.devices_total = snap.list->size();

@@ -103,12 +103,27 @@ class ProxyServer {
   // backend) and makes it serve its resource.
   absl::Status AttachBackend(std::shared_ptr<Backend> backend);
 
+  // A configuration reload (SIGHUP): `next` is valid (ValidateConfig).
+  // Applies what can change while running, one change at a time with an
+  // event each, and reports the rest, which takes effect at the next start:
+  //   backends       static backends added (dialled from now on) or removed
+  //                  (no longer dialled; a connection open now stays until
+  //                  it ends, and its resource stays registered);
+  //   backend_loss   the loss policy and hold of every resource.
+  // Resources whose settings did not change are untouched.
+  struct ReloadResult {
+    std::vector<std::string> applied;        // "path: old -> new"
+    std::vector<std::string> needs_restart;  // the same, not applied
+  };
+  ReloadResult Reload(const ProxyConfig& next) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Entry {
     std::unique_ptr<Resource> resource;
     std::unique_ptr<KubeletEndpoint> endpoint;
-    bool static_backend = false;
-    StaticBackendConfig static_config;
+    // Dialled by dpproxy (a reload may add or drop it).
+    std::atomic<bool> static_backend{false};
+    StaticBackendConfig static_config;  // under mu_
     bool connecting = false;           // a static connect is running
     std::string restored_kubelet_api;  // from the state file, until registered
   };
@@ -133,6 +148,9 @@ class ProxyServer {
   bool WriteStatusIfChanged(const std::string& fingerprint);
 
   const ProxyConfig config_;
+  // config_ with what reloads applied: what the next reload compares with,
+  // and the loss policy new resources get.
+  ProxyConfig live_config_ ABSL_GUARDED_BY(mu_);
   EventLog events_{"dpproxy"};
   Telemetry telemetry_;
   LossCounter losses_;

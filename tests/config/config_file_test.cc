@@ -1,5 +1,6 @@
 #include "proxy/config/config_file.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/util/files.h"
@@ -152,6 +153,30 @@ TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.text;
     EXPECT_EQ(config.kubelet.backend_timeout, absl::Seconds(30)) << "changed on error";
   }
+}
+
+TEST(ConfigFileTest, ChangedSettingsNamesEachDifferenceByItsPathInTheFile) {
+  ProxyConfig a = Base();
+  a.static_backends.push_back({"example.com/nic", "/run/nic.sock", std::nullopt});
+  EXPECT_TRUE(ChangedSettings(a, a).empty());
+  ProxyConfig b = a;
+  b.policy.loss_policy = LossPolicy::kHold;
+  b.policy.hold = absl::Seconds(30);
+  b.kubelet.kubelet_root = "/var/lib/k0s/kubelet";
+  b.static_backends.push_back({"example.com/fpga", "/run/fpga.sock", ApiVersion::kV1Alpha});
+  b.renames["legacy.example.com/gpu"] = "example.com/gpu";
+  std::vector<std::string> lines;
+  for (const SettingChange& c : ChangedSettings(a, b)) {
+    lines.push_back(absl::StrCat(c.path, ": ", c.from, " -> ", c.to));
+  }
+  EXPECT_THAT(lines, ::testing::UnorderedElementsAre(
+                         "kubelet.root: /var/lib/kubelet -> /var/lib/k0s/kubelet",
+                         "backend_loss.policy: unhealthy -> hold",
+                         "backend_loss.hold: 0 -> 30s",
+                         "renames.legacy.example.com/gpu:  -> example.com/gpu",
+                         "backends[1].resource:  -> example.com/fpga",
+                         "backends[1].endpoint:  -> /run/fpga.sock",
+                         "backends[1].api:  -> v1alpha"));
 }
 
 TEST(ConfigFileTest, MissingFileIsAClearError) {

@@ -268,5 +268,26 @@ wait_until "event metrics_exposed" 100 grep -q metrics_exposed "$R2/proxy2.jsonl
 expect_contains "dpproxy warns about metrics off loopback" "$(cat "$R2/proxy2.log")" "which is not a loopback address"
 kill -TERM "$PROXY3"; wait "$PROXY3"
 
+# SIGHUP re-reads the --config file: a broken file is refused and dpproxy
+# keeps running; a good one is applied and the change named.
+R3="$DIR/r3"; mkdir -p "$R3"
+printf 'backend_loss:\n  policy: unhealthy\n' >"$R3/dpproxy.yaml"
+"$PROXY" --config="$R3/dpproxy.yaml" --kubelet-root="$R3/k" --plugin-dir="$R3/p" --state-dir= \
+  --status-file= --metrics-address= --events="$R3/events.jsonl" 2>"$R3/proxy.log" &
+PROXY4=$!; PIDS+=($PROXY4)
+wait_until "dpproxy with --config started" 100 grep -q proxy_started "$R3/events.jsonl"
+printf 'backend_loss:\n  policy: sometimes\n' >"$R3/dpproxy.yaml"
+kill -HUP "$PROXY4"
+wait_until "a broken file is refused on SIGHUP" 100 grep -q config_reload_refused "$R3/events.jsonl"
+kill -0 "$PROXY4" 2>/dev/null && pass "dpproxy keeps running after a refused reload" || fail "dpproxy died on SIGHUP"
+expect_contains "the refusal names file and line" "$(cat "$R3/proxy.log")" "dpproxy.yaml:2:"
+printf 'backend_loss:\n  policy: hold\n  hold: 30s\n' >"$R3/dpproxy.yaml"
+kill -HUP "$PROXY4"
+wait_until "a good file is applied on SIGHUP" 100 grep -q config_reloaded "$R3/events.jsonl"
+expect_contains "the reload names the change" "$(grep config_reloaded "$R3/events.jsonl")" \
+  "backend_loss.policy: unhealthy -> hold"
+kill -TERM "$PROXY4"; wait "$PROXY4"; rc=$?
+[[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM after reloads" || fail "dpproxy exit $rc after reloads"
+
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

@@ -39,6 +39,8 @@ using sample::SamplePlugin;
 using sim::Personality;
 using testing::kWait;
 using testing::ProxyHarness;
+using ::testing::Contains;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -456,6 +458,54 @@ TEST_F(ProxyTest, StaticBackendIsProbedConnectedAndReconnected) {
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
   ASSERT_NE(h.StartPlugin(o), nullptr);
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Healthy"; }));
+}
+
+// A reload (SIGHUP) applies static backends and the loss policy at once,
+// leaves a registered resource untouched, and reports the rest as taking
+// effect at the next start, without applying it.
+TEST_F(ProxyTest, ReloadAppliesWhatCanChangeLiveAndReportsTheRest) {
+  testing::ShortTempDir plugin_dir;
+  const std::string socket = plugin_dir.Sub("static-nic.sock");
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
+  nic.resource = "vendor.com/nic";
+  nic.registration = sample::RegistrationMode::kNone;
+  nic.socket_name = "static-nic.sock";
+  nic.kubelet_socket = plugin_dir.Sub("unused.sock");
+  ASSERT_NE(h.StartPlugin(nic), nullptr);
+  const size_t sim_mark = h.sim().events().Size();
+
+  ProxyConfig next = h.config();
+  next.static_backends.push_back({"vendor.com/nic", socket, std::nullopt});
+  next.policy.loss_policy = LossPolicy::kHold;
+  next.policy.hold = absl::Minutes(10);
+  next.kubelet.backend_timeout = absl::Seconds(7);  // the harness has 5 s
+  const ProxyServer::ReloadResult r = h.proxy().Reload(next);
+  EXPECT_THAT(r.applied, Contains(HasSubstr("backends[0].endpoint:")));
+  EXPECT_THAT(r.applied, Contains("backend_loss.policy: unhealthy -> hold"));
+  EXPECT_THAT(r.needs_restart, ElementsAre("timeouts.backend: 5s -> 7s"));
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("config_reloaded", {}, kWait));
+  // The new static backend is dialled and registered with the kubelet.
+  ASSERT_TRUE(h.sim().WaitForResource("vendor.com/nic", 4, kWait));
+  // The resource that did not change was not registered again.
+  EXPECT_FALSE(h.sim().events().WaitForEvent("register_request", {{"resource", kGpu}},
+                                             absl::ZeroDuration(), sim_mark));
+  // The new loss policy holds: the GPU plugin's loss keeps its devices Healthy.
+  const size_t mark = h.proxy().events().Size();
+  h.StopPlugins();
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
+  EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Healthy");
+  // Back to unhealthy: a backend lost and held now is marked at once.
+  next.policy.loss_policy = LossPolicy::kUnhealthy;
+  h.proxy().Reload(next);
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+  // Nothing changed: nothing applied, nothing reported.
+  const ProxyServer::ReloadResult same = h.proxy().Reload(next);
+  EXPECT_TRUE(same.applied.empty());
+  EXPECT_THAT(same.needs_restart, ElementsAre("timeouts.backend: 5s -> 7s"));
 }
 
 TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {

@@ -176,10 +176,16 @@ std::vector<ProxyServer::Entry*> ProxyServer::Entries() {
   return out;
 }
 
-ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
-  absl::MutexLock lock(&mu_);
+ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
+                                             std::shared_ptr<Backend> attach) {
+  absl::ReleasableMutexLock lock(&mu_);
   auto it = entries_.find(name);
-  if (it != entries_.end()) return it->second.get();
+  if (it != entries_.end()) {
+    Entry* found = it->second.get();
+    lock.Release();
+    if (attach) (void)found->resource->AttachBackend(std::move(attach));
+    return found;
+  }
   auto e = std::make_unique<Entry>();
   ResourcePolicy policy = config_.policy;
   policy.loss_policy = live_config_.policy.loss_policy;  // as a reload left them
@@ -198,6 +204,8 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name) {
                                                   &events_, keeper_.get(), &telemetry_);
   Entry* raw = e.get();
   entries_[name] = std::move(e);
+  lock.Release();
+  if (attach) (void)raw->resource->AttachBackend(std::move(attach));
   registrar_->Add(raw->resource.get(), raw->endpoint.get());
   LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
   Wake();
@@ -214,10 +222,9 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
     LOG(INFO) << "backend resource " << backend->resource() << " is served to the kubelet as "
               << name;
   }
-  Entry* e = EnsureEntry(name);
   // Options may change: the registrar compares them with those it
   // registered (kubelets up to 1.24 only read them at registration).
-  (void)e->resource->AttachBackend(std::move(backend));
+  (void)EnsureEntry(name, std::move(backend));
   Wake();
   return absl::OkStatus();
 }

@@ -128,7 +128,12 @@ class ProxyServer {
     std::string restored_kubelet_api;  // from the state file, until registered
   };
 
-  Entry* EnsureEntry(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+  // The resource's entry, made and handed to the registrar if new. With
+  // `attach`, a new entry gets that backend before the registrar sees it,
+  // so that its first registration carries the backend's options (1.10-1.24
+  // kubelets read them from RegisterRequest only).
+  Entry* EnsureEntry(const std::string& name, std::shared_ptr<Backend> attach = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Entry*> Entries() ABSL_LOCKS_EXCLUDED(mu_);
   void Wake();
   void HousekeepingLoop();

@@ -911,9 +911,18 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
   std::shared_ptr<PluginClient> lost = client;
   std::string reason = why;
   if (it->second != client) {
-    if (!kubelet_.TearsDownByName()) return;  // replaced: its end changes nothing
+    // A replaced client's end, recorded whatever it does: tools wait for it.
+    auto ended = [&](const char* outcome) {
+      events_.Emit("replaced_client_ended", {{"resource", client->resource},
+                                             {"endpoint", client->socket_path},
+                                             {"outcome", outcome}});
+    };
+    if (!kubelet_.TearsDownByName()) return ended("ignored");  // stopped when replaced
     // #135437: the ended client's socket names what to disconnect.
-    if (kubelet_.per_socket_clients && it->second->socket_path != client->socket_path) return;
+    if (kubelet_.per_socket_clients && it->second->socket_path != client->socket_path) {
+      return ended("ignored (another socket)");
+    }
+    ended("disconnected the resource's client by name");
     // 1.25-1.36: the ended client's goroutine looks the client up by
     // resource name and disconnects whatever it finds: the new one.
     lost = it->second;

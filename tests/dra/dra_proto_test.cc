@@ -1,0 +1,70 @@
+// Our DRA .proto files against the facts (dra-facts.md §3): the service
+// names the kubelet dials, and the wire numbers of every field, checked on
+// bytes so that a renumbered field fails here and not on a node.
+#include "gtest/gtest.h"
+#include "proto/dra/v1/api.grpc.pb.h"
+#include "proto/dra/v1beta1/api.grpc.pb.h"
+
+namespace dpproxy {
+namespace {
+
+namespace v1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
+namespace v1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
+
+TEST(DraProtoTest, ServicesAreTheOnesTheKubeletCalls) {
+  EXPECT_STREQ(v1::DRAPlugin::service_full_name(), "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin");
+  EXPECT_STREQ(v1beta1::DRAPlugin::service_full_name(),
+               "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin");
+  const auto* s = v1::Claim::descriptor()->file()->FindServiceByName("DRAPlugin");
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->method_count(), 2);
+  EXPECT_EQ(s->method(0)->name(), "NodePrepareResources");
+  EXPECT_EQ(s->method(1)->name(), "NodeUnprepareResources");
+}
+
+// Field numbers from the facts, as protobuf encodes them (tag = number << 3
+// | wire type 2 for strings, messages and map entries).
+TEST(DraProtoTest, FieldNumbersMatchTheFacts) {
+  v1::Claim claim;
+  claim.set_namespace_("n");
+  claim.set_uid("u");
+  claim.set_name("m");
+  EXPECT_EQ(claim.SerializeAsString(), std::string("\x0a\x01n\x12\x01u\x1a\x01m", 9));
+
+  v1::Device d;
+  d.add_request_names("r");
+  d.set_pool_name("p");
+  d.set_device_name("d");
+  d.add_cdi_device_ids("c");
+  d.set_share_id("s");
+  EXPECT_EQ(d.SerializeAsString(), std::string("\x0a\x01r\x12\x01p\x1a\x01" "d\x22\x01" "c\x2a\x01s", 15));
+
+  v1::NodePrepareResourceResponse prepared;
+  prepared.set_error("e");
+  EXPECT_EQ(prepared.SerializeAsString(), std::string("\x12\x01" "e", 3));
+  v1::NodeUnprepareResourceResponse unprepared;
+  unprepared.set_error("e");
+  EXPECT_EQ(unprepared.SerializeAsString(), std::string("\x0a\x01" "e", 3));
+
+  // Maps keyed by claim UID, field 1 of both responses.
+  v1::NodePrepareResourcesResponse all;
+  (*all.mutable_claims())["u"].set_error("e");
+  EXPECT_EQ(all.SerializeAsString(), std::string("\x0a\x08\x0a\x01u\x12\x03\x12\x01" "e", 10));
+}
+
+// v1 and v1beta1 are the same messages: bytes of one parse as the other.
+TEST(DraProtoTest, V1AndV1Beta1AreTheSameOnTheWire) {
+  v1beta1::NodePrepareResourcesRequest req;
+  auto* c = req.add_claims();
+  c->set_namespace_("default");
+  c->set_uid("5b1f");
+  c->set_name("gpu-claim");
+  v1::NodePrepareResourcesRequest same;
+  ASSERT_TRUE(same.ParseFromString(req.SerializeAsString()));
+  ASSERT_EQ(same.claims_size(), 1);
+  EXPECT_EQ(same.claims(0).uid(), "5b1f");
+  EXPECT_EQ(same.claims(0).name(), "gpu-claim");
+}
+
+}  // namespace
+}  // namespace dpproxy

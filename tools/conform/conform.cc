@@ -675,11 +675,17 @@ CellResult RollingUpdate(Cell& c) {
   const std::string old_endpoint = first.has_value() ? (*first)["endpoint"].get<std::string>()
                                                      : std::string();
   const std::string new_endpoint = (*second)["endpoint"].get<std::string>();
+  const size_t before_stop = c.events().Size();
   const std::string ended = c.ReplaceByTheSecondInstance();
   // The kubelet's handling of the old client's end (at the replacement in
   // 1.9-1.24, when the old instance exits from 1.25): what it did decides.
-  c.events().WaitForEvent("replaced_client_ended", {{"resource", c.resource()}},
-                          c.options().timeout, from);
+  // With one socket name for both, only an end after the old instance
+  // stopped is the old one's.
+  c.events().WaitForEvent(
+      "replaced_client_ended",
+      {{"resource", c.resource()},
+       {"endpoint", JoinPath(c.kubelet().device_plugin_dir(), old_endpoint)}},
+      c.options().timeout, old_endpoint == new_endpoint ? before_stop : from);
   const std::vector<std::string> notes = {absl::StrCat("old instance stopped: ", ended),
                                           absl::StrCat("sockets: ", old_endpoint, " then ",
                                                        new_endpoint)};

@@ -1,0 +1,56 @@
+// File: kube_client.h
+//
+// A small client of the Kubernetes API over HTTPS (libcurl): JSON in, JSON
+// out, for the few objects DRA mode touches (ResourceSlices, ResourceClaims,
+// API discovery). Every answer that is not 2xx becomes a Status with the
+// code Kubernetes meant (404 kNotFound, 409 kAlreadyExists or kAborted on a
+// conflict, 403 kPermissionDenied, 401 kUnauthenticated, 422 and 400
+// kInvalidArgument, 5xx and transport errors kUnavailable) and a message
+// naming the method, the path and the API server's own reason.
+//
+//   auto client = KubeClient::Create(*InClusterConfig());
+//   absl::StatusOr<Json> claim = (*client)->Get(
+//       "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu");
+//
+// Thread-safe: each call uses a handle of its own.
+#ifndef DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
+#define DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proxy/kube/kube_config.h"
+
+namespace dpproxy {
+
+class KubeClient {
+ public:
+  using Json = nlohmann::json;
+
+  // kInvalidArgument if the configuration cannot work (no server, an https
+  // server with neither a CA nor insecure, a key without a certificate).
+  static absl::StatusOr<std::unique_ptr<KubeClient>> Create(
+      KubeConfig config, absl::Duration timeout = absl::Seconds(30));
+
+  absl::StatusOr<Json> Get(const std::string& path);
+  absl::StatusOr<Json> Post(const std::string& path, const Json& body);
+  absl::StatusOr<Json> Put(const std::string& path, const Json& body);
+  absl::StatusOr<Json> Delete(const std::string& path);
+
+  const KubeConfig& config() const { return config_; }
+
+ private:
+  KubeClient(KubeConfig config, absl::Duration timeout);
+  absl::StatusOr<Json> Call(const char* method, const std::string& path, const Json* body);
+
+  const KubeConfig config_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_

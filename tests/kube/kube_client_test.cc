@@ -1,0 +1,315 @@
+// The Kubernetes API client against a real HTTPS server on 127.0.0.1
+// (cpp-httplib with a certificate made by openssl for this run): bearer
+// tokens (and their rotation), CA verification, client certificates,
+// Kubernetes Status errors mapped to codes, and the two ways of finding the
+// API server (in-cluster, kubeconfig).
+#include "proxy/kube/kube_client.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/util/child_process.h"
+#include "proxy/util/files.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// A self-signed certificate for 127.0.0.1 (its own CA), made by openssl.
+void MakeCert(const std::string& dir, const std::string& name) {
+  ChildSpec spec;
+  spec.argv = {"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+               "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+               "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", dir + "/" + name + ".key",
+               "-out", dir + "/" + name + ".crt"};
+  spec.output_path = dir + "/openssl.log";
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::optional<int> status = (*p)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value() && *status == 0) << *ReadFile(spec.output_path);
+}
+
+// An API server stand-in: one handler per method and path, and what the
+// last request carried.
+class FakeApiServer {
+ public:
+  FakeApiServer(const std::string& dir, bool want_client_cert = false)
+      : server_(want_client_cert
+                    ? httplib::SSLServer((dir + "/server.crt").c_str(),
+                                         (dir + "/server.key").c_str(),
+                                         (dir + "/client.crt").c_str())
+                    : httplib::SSLServer((dir + "/server.crt").c_str(),
+                                         (dir + "/server.key").c_str())) {
+    server_.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+      absl::MutexLock lock(&mu_);
+      last_auth_ = req.get_header_value("Authorization");
+      last_body_ = req.body;
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");  // listening from here on
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~FakeApiServer() {
+    server_.stop();
+    thread_.join();
+  }
+  httplib::SSLServer& http() { return server_; }
+  std::string url() const { return absl::StrCat("https://127.0.0.1:", port_); }
+  std::string last_auth() {
+    absl::MutexLock lock(&mu_);
+    return last_auth_;
+  }
+  std::string last_body() {
+    absl::MutexLock lock(&mu_);
+    return last_body_;
+  }
+
+ private:
+  httplib::SSLServer server_;
+  int port_ = 0;
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::string last_auth_ ABSL_GUARDED_BY(mu_);
+  std::string last_body_ ABSL_GUARDED_BY(mu_);
+};
+
+void Status(httplib::Response& res, int code, const std::string& reason,
+            const std::string& message) {
+  res.status = code;
+  res.set_content(Json({{"kind", "Status"},
+                        {"apiVersion", "v1"},
+                        {"status", "Failure"},
+                        {"reason", reason},
+                        {"message", message},
+                        {"code", code}})
+                      .dump(),
+                  "application/json");
+}
+
+class KubeClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MakeCert(dir_.path(), "server");
+    MakeCert(dir_.path(), "other");
+    MakeCert(dir_.path(), "client");
+  }
+  KubeConfig Config(const std::string& url) {
+    KubeConfig c;
+    c.server = url;
+    c.ca_file = dir_.Sub("server.crt");
+    c.token = "abc";
+    c.source = "test";
+    return c;
+  }
+  testing::ShortTempDir dir_;
+};
+
+TEST_F(KubeClientTest, RequestsCarryTheTokenAndAnswersAreJson) {
+  FakeApiServer api(dir_.path());
+  api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"kind":"APIVersions","versions":["v1"]})", "application/json");
+  });
+  api.http().Post("/apis/x/v1/things", [](const httplib::Request& req, httplib::Response& res) {
+    res.status = 201;
+    res.set_content(req.body, "application/json");
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(Config(api.url()));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)["versions"][0], "v1");
+  EXPECT_EQ(api.last_auth(), "Bearer abc");
+  absl::StatusOr<Json> created = (*c)->Post("/apis/x/v1/things", Json({{"name", "a"}}));
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ((*created)["name"], "a");
+  EXPECT_EQ(Json::parse(api.last_body()), Json({{"name", "a"}}));
+}
+
+TEST_F(KubeClientTest, ATokenFileIsReadAtEveryRequest) {
+  FakeApiServer api(dir_.path());
+  api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{}", "application/json");
+  });
+  KubeConfig config = Config(api.url());
+  config.token.clear();
+  config.token_file = dir_.Sub("token");
+  ASSERT_TRUE(WriteFileAtomic(config.token_file, "first\n").ok());
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(config);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->Get("/api").ok());
+  EXPECT_EQ(api.last_auth(), "Bearer first");
+  ASSERT_TRUE(WriteFileAtomic(config.token_file, "rotated").ok());
+  ASSERT_TRUE((*c)->Get("/api").ok());
+  EXPECT_EQ(api.last_auth(), "Bearer rotated");
+}
+
+TEST_F(KubeClientTest, AServerTheCaDoesNotVouchForIsRefused) {
+  FakeApiServer api(dir_.path());
+  api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{}", "application/json");
+  });
+  KubeConfig config = Config(api.url());
+  config.ca_file = dir_.Sub("other.crt");
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(config);
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("GET /api"));
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("certificate"));
+  // And https without any CA is refused before any request.
+  config.ca_file.clear();
+  absl::StatusOr<std::unique_ptr<KubeClient>> none = KubeClient::Create(config);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("no CA"));
+}
+
+TEST_F(KubeClientTest, KubernetesErrorsBecomeCodesWithTheServersReason) {
+  FakeApiServer api(dir_.path());
+  api.http().Get("/missing", [](const httplib::Request&, httplib::Response& res) {
+    Status(res, 404, "NotFound", "resourceclaims \"gpu\" not found");
+  });
+  api.http().Get("/forbidden", [](const httplib::Request&, httplib::Response& res) {
+    Status(res, 403, "Forbidden", "cannot get resource \"resourceclaims\"");
+  });
+  api.http().Put("/stale", [](const httplib::Request&, httplib::Response& res) {
+    Status(res, 409, "Conflict", "the object has been modified");
+  });
+  api.http().Post("/exists", [](const httplib::Request&, httplib::Response& res) {
+    Status(res, 409, "AlreadyExists", "resourceslices \"a\" already exists");
+  });
+  api.http().Get("/down", [](const httplib::Request&, httplib::Response& res) {
+    res.status = 503;
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(Config(api.url()));
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<Json> r = (*c)->Get("/missing");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("GET /missing: HTTP 404 NotFound: resourceclaims \"gpu\" not found"));
+  EXPECT_EQ((*c)->Get("/forbidden").status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*c)->Put("/stale", Json::object()).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*c)->Post("/exists", Json::object()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*c)->Get("/down").status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(KubeClientTest, ClientCertificatesAuthenticateWhereTheServerAsks) {
+  FakeApiServer api(dir_.path(), /*want_client_cert=*/true);
+  api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{}", "application/json");
+  });
+  KubeConfig config = Config(api.url());
+  config.token.clear();
+  absl::StatusOr<std::unique_ptr<KubeClient>> anonymous = KubeClient::Create(config);
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_FALSE((*anonymous)->Get("/api").ok());  // the handshake fails without one
+  config.client_cert_data = *ReadFile(dir_.Sub("client.crt"));
+  config.client_key_data = *ReadFile(dir_.Sub("client.key"));
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(config);
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  EXPECT_TRUE(v.ok()) << v.status();
+  config.client_key_data.clear();
+  EXPECT_THAT(std::string(KubeClient::Create(config).status().message()),
+              HasSubstr("needs its key"));
+}
+
+TEST_F(KubeClientTest, AKubeconfigFindsServerCaAndUser) {
+  FakeApiServer api(dir_.path());
+  api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{}", "application/json");
+  });
+  const std::string ca = absl::Base64Escape(*ReadFile(dir_.Sub("server.crt")));
+  const std::string kubeconfig = absl::StrCat(R"(apiVersion: v1
+kind: Config
+current-context: node
+contexts:
+- name: node
+  context: {cluster: local, user: agent}
+- name: relative
+  context: {cluster: by-file, user: agent}
+- name: plugin
+  context: {cluster: local, user: sso}
+clusters:
+- name: local
+  cluster:
+    server: )", api.url(), R"(/
+    certificate-authority-data: )", ca, R"(
+- name: by-file
+  cluster:
+    server: )", api.url(), R"(
+    certificate-authority: server.crt
+users:
+- name: agent
+  user: {token: from-kubeconfig}
+- name: sso
+  user:
+    exec: {command: get-token}
+)");
+  const std::string path = dir_.Sub("kubeconfig");
+  ASSERT_TRUE(WriteFileAtomic(path, kubeconfig).ok());
+  absl::StatusOr<KubeConfig> config = LoadKubeconfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->server, api.url());  // the trailing slash dropped
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(*config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Get("/api").ok());
+  EXPECT_EQ(api.last_auth(), "Bearer from-kubeconfig");
+  // A relative CA path is relative to the kubeconfig's directory.
+  absl::StatusOr<KubeConfig> relative = LoadKubeconfig(path, "relative");
+  ASSERT_TRUE(relative.ok()) << relative.status();
+  EXPECT_EQ(relative->ca_file, dir_.Sub("server.crt"));
+  EXPECT_TRUE((*KubeClient::Create(*relative))->Get("/api").ok());
+  // What dpproxy cannot use is named.
+  EXPECT_THAT(std::string(LoadKubeconfig(path, "plugin").status().message()),
+              HasSubstr("exec or auth-provider"));
+  EXPECT_THAT(std::string(LoadKubeconfig(path, "nope").status().message()),
+              HasSubstr("no context \"nope\""));
+  EXPECT_THAT(std::string(LoadKubeconfig(dir_.Sub("absent")).status().message()),
+              HasSubstr("absent"));
+}
+
+TEST_F(KubeClientTest, InClusterUsesTheServiceAccountAndTheServiceAddress) {
+  const std::string sa = dir_.Sub("sa");
+  ASSERT_TRUE(MakeDirs(sa).ok());
+  auto env = [](const char* name) -> const char* {
+    if (std::string(name) == "KUBERNETES_SERVICE_HOST") return "10.96.0.1";
+    if (std::string(name) == "KUBERNETES_SERVICE_PORT") return "443";
+    return nullptr;
+  };
+  // No token mounted: named.
+  absl::StatusOr<KubeConfig> c = InClusterConfig(env, sa);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("token"));
+  ASSERT_TRUE(WriteFileAtomic(sa + "/token", "t").ok());
+  ASSERT_TRUE(WriteFileAtomic(sa + "/ca.crt", *ReadFile(dir_.Sub("server.crt"))).ok());
+  ASSERT_TRUE(WriteFileAtomic(sa + "/namespace", "kube-system\n").ok());
+  c = InClusterConfig(env, sa);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server, "https://10.96.0.1:443");
+  EXPECT_EQ(c->token_file, sa + "/token");
+  EXPECT_EQ(c->ca_file, sa + "/ca.crt");
+  EXPECT_EQ(c->namespace_, "kube-system");
+  auto v6 = [](const char* name) -> const char* {
+    if (std::string(name) == "KUBERNETES_SERVICE_HOST") return "fd00::1";
+    if (std::string(name) == "KUBERNETES_SERVICE_PORT") return "443";
+    return nullptr;
+  };
+  EXPECT_EQ(InClusterConfig(v6, sa)->server, "https://[fd00::1]:443");
+  auto outside = [](const char*) -> const char* { return nullptr; };
+  EXPECT_THAT(std::string(InClusterConfig(outside, sa).status().message()),
+              HasSubstr("not in a pod"));
+}
+
+}  // namespace
+}  // namespace dpproxy

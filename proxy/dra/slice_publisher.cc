@@ -1,0 +1,162 @@
+#include "proxy/dra/slice_publisher.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
+namespace dpproxy {
+
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr int kAttempts = 3;
+
+// The part of a slice's spec dpproxy sets: a real API server adds defaults
+// to the rest, which must not read as a change.
+Json Projection(const Json& spec) {
+  Json devices = Json::array();
+  if (spec.contains("devices") && spec["devices"].is_array()) {
+    for (const Json& d : spec["devices"]) {
+      Json attributes = d.contains("attributes")   ? d["attributes"]
+                        : d.contains("basic")      ? d["basic"].value("attributes", Json::object())
+                                                   : Json::object();
+      devices.push_back({{"name", d.value("name", "")}, {"attributes", attributes}});
+    }
+  }
+  const Json pool = spec.value("pool", Json::object());
+  return {{"driver", spec.value("driver", "")},
+          {"nodeName", spec.value("nodeName", "")},
+          {"pool", {{"name", pool.value("name", "")},
+                    {"generation", pool.value("generation", 0)},
+                    {"resourceSliceCount", pool.value("resourceSliceCount", 0)}}},
+          {"devices", devices}};
+}
+
+}  // namespace
+
+SlicePublisher::SlicePublisher(KubeClient* client, std::string driver, std::string node)
+    : client_(client), driver_(std::move(driver)), node_(std::move(node)) {}
+
+std::string SlicePublisher::Collection() const {
+  return absl::StrCat("/apis/", api_version_, "/resourceslices");
+}
+
+absl::Status SlicePublisher::Discover() {
+  absl::StatusOr<Json> group = client_->Get("/apis/resource.k8s.io");
+  if (!group.ok()) return group.status();
+  std::vector<std::string> served;
+  if (group->contains("versions") && (*group)["versions"].is_array()) {
+    for (const Json& v : (*group)["versions"]) served.push_back(v.value("version", ""));
+  }
+  for (const char* known : {"v1", "v1beta2", "v1beta1"}) {
+    if (std::find(served.begin(), served.end(), known) != served.end()) {
+      api_version_ = absl::StrCat("resource.k8s.io/", known);
+      return absl::OkStatus();
+    }
+  }
+  std::string list;
+  for (const std::string& v : served) absl::StrAppend(&list, list.empty() ? "" : ", ", v);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the API server serves resource.k8s.io ", list.empty() ? "(no version)" : list,
+      ", none of v1, v1beta2, v1beta1 that dpproxy writes (DRA needs Kubernetes 1.32 or later)"));
+}
+
+absl::StatusOr<std::vector<Json>> SlicePublisher::PoolSlices(const std::string& pool_name) {
+  absl::StatusOr<Json> list = client_->Get(absl::StrCat(
+      Collection(), "?fieldSelector=spec.nodeName%3D", node_, "%2Cspec.driver%3D", driver_));
+  if (!list.ok()) return list.status();
+  std::vector<Json> out;
+  if (!list->contains("items") || !(*list)["items"].is_array()) return out;
+  for (const Json& s : (*list)["items"]) {
+    // The server filters; checked again, as a server may ignore a selector.
+    if (!s.contains("spec") || s["spec"].value("nodeName", "") != node_ ||
+        s["spec"].value("driver", "") != driver_ || !s["spec"].contains("pool") ||
+        s["spec"]["pool"].value("name", "") != pool_name) {
+      continue;
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+absl::Status SlicePublisher::Publish(const std::string& resource,
+                                     const std::vector<SliceDevice>& devices) {
+  if (api_version_.empty()) {
+    if (absl::Status s = Discover(); !s.ok()) return s;
+  }
+  absl::Status s;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    s = PublishOnce(resource, devices);
+    if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kAlreadyExists) {
+      return s;
+    }
+  }
+  return s;
+}
+
+absl::Status SlicePublisher::PublishOnce(const std::string& resource,
+                                         const std::vector<SliceDevice>& devices) {
+  PoolSpec pool{driver_, node_, resource, 0, api_version_};
+  const std::string pool_name = PoolName(pool);
+  absl::StatusOr<std::vector<Json>> existing = PoolSlices(pool_name);
+  if (!existing.ok()) return existing.status();
+  std::map<std::string, Json> by_name;
+  for (const Json& e : *existing) {
+    pool.generation = std::max<int64_t>(pool.generation, e["spec"]["pool"].value("generation", 0));
+    by_name[e["metadata"].value("name", "")] = e;
+  }
+  // Unchanged if every slice there says what would be written at that
+  // generation, and nothing else is there.
+  absl::StatusOr<std::vector<Json>> same = BuildResourceSlices(pool, devices);
+  if (!same.ok()) return same.status();
+  bool changed = same->size() != by_name.size();
+  for (const Json& want : *same) {
+    auto it = by_name.find(want["metadata"]["name"].get<std::string>());
+    if (it == by_name.end() || Projection(it->second["spec"]) != Projection(want["spec"])) {
+      changed = true;
+    }
+  }
+  if (!changed) return absl::OkStatus();
+  ++pool.generation;
+  absl::StatusOr<std::vector<Json>> slices = BuildResourceSlices(pool, devices);
+  if (!slices.ok()) return slices.status();
+  for (Json& want : *slices) {
+    const std::string name = want["metadata"]["name"];
+    auto it = by_name.find(name);
+    absl::StatusOr<Json> r;
+    if (it == by_name.end()) {
+      r = client_->Post(Collection(), want);
+    } else {
+      want["metadata"]["resourceVersion"] = it->second["metadata"].value("resourceVersion", "");
+      r = client_->Put(absl::StrCat(Collection(), "/", name), want);
+      by_name.erase(it);
+    }
+    if (!r.ok()) return r.status();
+    ++writes_;
+  }
+  for (const auto& [name, gone] : by_name) {
+    absl::StatusOr<Json> r = client_->Delete(absl::StrCat(Collection(), "/", name));
+    if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
+    ++writes_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SlicePublisher::Unpublish(const std::string& resource) {
+  if (api_version_.empty()) {
+    if (absl::Status s = Discover(); !s.ok()) return s;
+  }
+  absl::StatusOr<std::vector<Json>> existing =
+      PoolSlices(PoolName(PoolSpec{driver_, node_, resource, 0, api_version_}));
+  if (!existing.ok()) return existing.status();
+  for (const Json& e : *existing) {
+    absl::StatusOr<Json> r =
+        client_->Delete(absl::StrCat(Collection(), "/", e["metadata"].value("name", "")));
+    if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
+    ++writes_;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,56 @@
+// File: slice_publisher.h
+//
+// Keeps the API server's ResourceSlices of this node and driver equal to
+// the devices dpproxy publishes, one pool per resource (resource_slices.h).
+// Publish lists the pool's slices, and only when what they say differs from
+// what should be published (a device changed health, appeared or went; the
+// kubelet deleted the node's slices at its start) writes the pool again with
+// its generation bumped: updates slices that exist, creates missing ones,
+// deletes ones no longer needed. A conflict (someone wrote in between) is
+// retried from a fresh list. The resource.k8s.io version written is the
+// newest the server serves among v1, v1beta2 and v1beta1 (Discover).
+#ifndef DPPROXY_PROXY_DRA_SLICE_PUBLISHER_H_
+#define DPPROXY_PROXY_DRA_SLICE_PUBLISHER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proxy/dra/resource_slices.h"
+#include "proxy/kube/kube_client.h"
+
+namespace dpproxy {
+
+class SlicePublisher {
+ public:
+  SlicePublisher(KubeClient* client, std::string driver, std::string node);
+
+  // Finds the version to write. kFailedPrecondition naming what the server
+  // serves when it is none dpproxy knows.
+  absl::Status Discover();
+  const std::string& api_version() const { return api_version_; }
+
+  // Makes `resource`'s pool hold exactly the healthy ones of `devices`.
+  absl::Status Publish(const std::string& resource, const std::vector<SliceDevice>& devices);
+  // Deletes `resource`'s pool.
+  absl::Status Unpublish(const std::string& resource);
+
+  // Writes (creates, updates, deletes) made so far: a publish that changed
+  // nothing adds none.
+  int writes() const { return writes_; }
+
+ private:
+  absl::Status PublishOnce(const std::string& resource, const std::vector<SliceDevice>& devices);
+  absl::StatusOr<std::vector<nlohmann::json>> PoolSlices(const std::string& pool_name);
+  std::string Collection() const;
+
+  KubeClient* const client_;
+  const std::string driver_;
+  const std::string node_;
+  std::string api_version_;  // "resource.k8s.io/v1", after Discover
+  int writes_ = 0;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_DRA_SLICE_PUBLISHER_H_

@@ -1,0 +1,141 @@
+// SlicePublisher against the API-server simulator over real HTTP: pools
+// written whole with a bumped generation only when they change, slices
+// removed when a pool shrinks, a wiped node re-published, the served
+// version discovered, and nothing of other nodes or drivers touched.
+#include "proxy/dra/slice_publisher.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/apiserver_sim/apiserver_sim.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+std::vector<SliceDevice> Gpus(int n) {
+  std::vector<SliceDevice> out;
+  for (int i = 0; i < n; ++i) out.push_back({absl::StrCat("GPU-", i), true, {i % 2}});
+  return out;
+}
+
+struct ApiFixture {
+  explicit ApiFixture(std::vector<std::string> versions = {"v1", "v1beta1"})
+      : api(sim::ApiServerSim::Options{"", "", "secret", std::move(versions)}) {
+    EXPECT_TRUE(api.Start().ok());
+    KubeConfig c;
+    c.server = api.url();
+    c.token = "secret";
+    client = *KubeClient::Create(c);
+  }
+  // The pool's slices in the server: generation -> count of slices.
+  std::map<int64_t, int> Generations(const std::string& node = "node-1") {
+    std::map<int64_t, int> out;
+    for (const auto& [name, s] : api.Slices()) {
+      if (s["spec"]["nodeName"] == node) ++out[s["spec"]["pool"]["generation"].get<int64_t>()];
+    }
+    return out;
+  }
+  int Devices() {
+    int n = 0;
+    for (const auto& [name, s] : api.Slices()) n += static_cast<int>(s["spec"]["devices"].size());
+    return n;
+  }
+  sim::ApiServerSim api;
+  std::unique_ptr<KubeClient> client;
+};
+
+TEST(SlicePublisherTest, PoolsAreWrittenWholeAndOnlyWhenTheyChange) {
+  ApiFixture s;
+  SlicePublisher p(s.client.get(), "gpu.vendor.com", "node-1");
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(300)).ok());
+  EXPECT_EQ(p.api_version(), "resource.k8s.io/v1");  // the newest served
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{1, 3}}));
+  EXPECT_EQ(s.Devices(), 300);
+  const int writes = p.writes();
+  // Published again unchanged: not one write.
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(300)).ok());
+  EXPECT_EQ(p.writes(), writes);
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{1, 3}}));
+  // One device unhealthy: the pool again, every slice at generation 2.
+  std::vector<SliceDevice> one_down = Gpus(300);
+  one_down[5].healthy = false;
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", one_down).ok());
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{2, 3}}));
+  EXPECT_EQ(s.Devices(), 299);
+  // Shrunk to one slice: the others are deleted.
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(10)).ok());
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{3, 1}}));
+  EXPECT_EQ(s.Devices(), 10);
+}
+
+TEST(SlicePublisherTest, AKubeletStartWipingTheNodesSlicesIsRepaired) {
+  ApiFixture s;
+  SlicePublisher p(s.client.get(), "gpu.vendor.com", "node-1");
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(4)).ok());
+  EXPECT_EQ(s.api.DeleteSlicesOfNode("node-1"), 1);
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(4)).ok());
+  EXPECT_EQ(s.Devices(), 4);
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{1, 1}}));
+}
+
+TEST(SlicePublisherTest, OtherNodesDriversAndResourcesAreLeftAlone) {
+  ApiFixture s;
+  SlicePublisher gpus(s.client.get(), "gpu.vendor.com", "node-1");
+  SlicePublisher other_node(s.client.get(), "gpu.vendor.com", "node-2");
+  SlicePublisher other_driver(s.client.get(), "nic.vendor.com", "node-1");
+  ASSERT_TRUE(gpus.Publish("vendor.com/gpu", Gpus(4)).ok());
+  ASSERT_TRUE(gpus.Publish("vendor.com/fpga", Gpus(2)).ok());
+  ASSERT_TRUE(other_node.Publish("vendor.com/gpu", Gpus(4)).ok());
+  ASSERT_TRUE(other_driver.Publish("vendor.com/nic", Gpus(3)).ok());
+  EXPECT_EQ(s.Devices(), 13);
+  ASSERT_TRUE(gpus.Unpublish("vendor.com/gpu").ok());
+  EXPECT_EQ(s.Devices(), 9);
+  EXPECT_EQ(s.Generations("node-2"), (std::map<int64_t, int>{{1, 1}}));
+}
+
+TEST(SlicePublisherTest, TheServedVersionIsDiscoveredAndAnUnknownOneNamed) {
+  ApiFixture beta({"v1beta1"});
+  SlicePublisher p(beta.client.get(), "gpu.vendor.com", "node-1");
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(2)).ok());
+  EXPECT_EQ(p.api_version(), "resource.k8s.io/v1beta1");
+  const Json slice = beta.api.Slices().begin()->second;
+  EXPECT_EQ(slice["apiVersion"], "resource.k8s.io/v1beta1");
+  EXPECT_TRUE(slice["spec"]["devices"][0].contains("basic"));  // accepted: the layout of v1beta1
+
+  ApiFixture old({"v1alpha3"});
+  SlicePublisher q(old.client.get(), "gpu.vendor.com", "node-1");
+  absl::Status s = q.Publish("vendor.com/gpu", Gpus(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("serves resource.k8s.io v1alpha3"));
+}
+
+TEST(SlicePublisherTest, TheSimulatorRefusesWhatTheApiServerWould) {
+  ApiFixture s;
+  Json slice = {{"metadata", {{"name", "x"}}},
+                {"spec",
+                 {{"driver", "gpu.vendor.com"},
+                  {"nodeName", "node-1"},
+                  {"pool", {{"name", "p"}, {"generation", 1}, {"resourceSliceCount", 1}}},
+                  {"devices", {{{"name", "GPU-0"}}}}}}};
+  absl::StatusOr<Json> r = s.client->Post("/apis/resource.k8s.io/v1/resourceslices", slice);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("RFC 1123 label"));
+  slice["spec"]["devices"][0]["name"] = "gpu-0";
+  ASSERT_TRUE(s.client->Post("/apis/resource.k8s.io/v1/resourceslices", slice).ok());
+  EXPECT_EQ(s.client->Post("/apis/resource.k8s.io/v1/resourceslices", slice).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  slice["metadata"]["resourceVersion"] = "1";  // stale
+  EXPECT_EQ(s.client->Put("/apis/resource.k8s.io/v1/resourceslices/x", slice).status().code(),
+            absl::StatusCode::kAborted);
+  KubeConfig wrong;
+  wrong.server = s.api.url();
+  wrong.token = "guess";
+  EXPECT_EQ((*KubeClient::Create(wrong))->Get("/apis/resource.k8s.io").status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -1,0 +1,291 @@
+#include "tools/apiserver_sim/apiserver_sim.h"
+
+#include <httplib.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "proxy/dra/device_names.h"
+
+namespace dpproxy::sim {
+namespace {
+
+using Json = nlohmann::json;
+constexpr char kGroup[] = "resource.k8s.io";
+
+void Reply(httplib::Response& res, int code, const Json& body) {
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+// A Kubernetes Status object, as the API server answers errors.
+void Fail(httplib::Response& res, int code, const std::string& reason,
+          const std::string& message) {
+  Reply(res, code,
+        {{"kind", "Status"},
+         {"apiVersion", "v1"},
+         {"metadata", Json::object()},
+         {"status", "Failure"},
+         {"reason", reason},
+         {"message", message},
+         {"code", code}});
+}
+
+// What the real API server refuses in a ResourceSlice; "" if nothing.
+std::string InvalidSlice(const Json& s, const std::string& version) {
+  if (!s.is_object() || !s.contains("spec") || !s["spec"].is_object()) return "spec: Required value";
+  const Json& spec = s["spec"];
+  if (!spec.contains("driver") || !spec["driver"].is_string() || spec["driver"] == "") {
+    return "spec.driver: Required value";
+  }
+  if (!spec.contains("nodeName") || !spec["nodeName"].is_string()) {
+    return "spec.nodeName: Required value (dpproxy publishes node-local devices)";
+  }
+  if (!spec.contains("pool") || !spec["pool"].is_object() || !spec["pool"].contains("name") ||
+      !spec["pool"].contains("generation") || !spec["pool"].contains("resourceSliceCount")) {
+    return "spec.pool: name, generation and resourceSliceCount are required";
+  }
+  if (!spec["pool"]["resourceSliceCount"].is_number_integer() ||
+      spec["pool"]["resourceSliceCount"].get<int64_t>() < 1) {
+    return "spec.pool.resourceSliceCount: must be greater than or equal to 1";
+  }
+  if (!spec.contains("devices")) return "";
+  if (!spec["devices"].is_array()) return "spec.devices: must be a list";
+  if (spec["devices"].size() > 128) {
+    return absl::StrCat("spec.devices: Too many: ", spec["devices"].size(),
+                        ": must have at most 128 items");
+  }
+  for (size_t i = 0; i < spec["devices"].size(); ++i) {
+    const Json& d = spec["devices"][i];
+    const std::string name = d.value("name", "");
+    if (!IsDnsLabel(name)) {
+      return absl::StrCat("spec.devices[", i, "].name: Invalid value: \"", name,
+                          "\": a lowercase RFC 1123 label must consist of lower case "
+                          "alphanumeric characters or '-'");
+    }
+    // v1beta1 keeps attributes under "basic"; v1 and v1beta2 on the device.
+    const bool basic = version == "v1beta1";
+    if (basic ? d.contains("attributes") : d.contains("basic")) {
+      return absl::StrCat("spec.devices[", i, "]: unknown field \"",
+                          basic ? "attributes" : "basic", "\" in ", kGroup, "/", version);
+    }
+  }
+  return "";
+}
+
+// "spec.nodeName=a,spec.driver=b" -> {{"spec.nodeName","a"}, ...}.
+std::map<std::string, std::string> FieldSelector(const std::string& s) {
+  std::map<std::string, std::string> out;
+  for (absl::string_view term : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(term, absl::MaxSplits('=', 1));
+    out[kv.first] = kv.second;
+  }
+  return out;
+}
+
+}  // namespace
+
+ApiServerSim::ApiServerSim(Options options) : options_(std::move(options)) {}
+
+ApiServerSim::~ApiServerSim() { Stop(); }
+
+std::string ApiServerSim::url() const {
+  return absl::StrCat(options_.cert_file.empty() ? "http" : "https", "://", options_.host, ":",
+                      port_);
+}
+
+absl::Status ApiServerSim::Start() {
+  if (options_.cert_file.empty() != options_.key_file.empty()) {
+    return absl::InvalidArgumentError("a certificate needs its key and the other way round");
+  }
+  if (options_.cert_file.empty()) {
+    server_ = std::make_unique<httplib::Server>();
+  } else {
+    auto tls = std::make_unique<httplib::SSLServer>(options_.cert_file.c_str(),
+                                                    options_.key_file.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot use the certificate ",
+                                                     options_.cert_file, " and key ",
+                                                     options_.key_file));
+    }
+    server_ = std::move(tls);
+  }
+  Routes();
+  port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
+                             : (server_->bind_to_port(options_.host, options_.port)
+                                    ? options_.port
+                                    : -1);
+  if (port_ <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options_.host, ":", options_.port));
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  events_.Emit("apiserver_started", {{"url", url()}, {"versions", options_.versions}});
+  return absl::OkStatus();
+}
+
+void ApiServerSim::Stop() {
+  if (server_ == nullptr) return;
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+  server_.reset();
+}
+
+ApiServerSim::Json ApiServerSim::PutClaim(Json claim) {
+  absl::MutexLock lock(&mu_);
+  Json& m = claim["metadata"];
+  if (!m.contains("uid")) m["uid"] = absl::StrCat("claim-uid-", ++resource_version_);
+  m["resourceVersion"] = absl::StrCat(++resource_version_);
+  claims_[absl::StrCat(m.value("namespace", "default"), "/", m.value("name", ""))] = claim;
+  return claim;
+}
+
+std::map<std::string, ApiServerSim::Json> ApiServerSim::Slices() {
+  absl::MutexLock lock(&mu_);
+  return slices_;
+}
+
+int ApiServerSim::DeleteSlicesOfNode(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (auto it = slices_.begin(); it != slices_.end();) {
+    if (it->second["spec"].value("nodeName", "") == node) {
+      it = slices_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+void ApiServerSim::Routes() {
+  server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.token.empty() ||
+        req.get_header_value("Authorization") == absl::StrCat("Bearer ", options_.token)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    Fail(res, 401, "Unauthorized", "Unauthorized");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  server_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    events_.Emit("request", {{"method", req.method}, {"path", req.path}, {"code", res.status}});
+  });
+  server_->Get("/apis/resource.k8s.io", [this](const httplib::Request&, httplib::Response& res) {
+    Json versions = Json::array();
+    for (const std::string& v : options_.versions) {
+      versions.push_back({{"groupVersion", absl::StrCat(kGroup, "/", v)}, {"version", v}});
+    }
+    Reply(res, 200,
+          {{"kind", "APIGroup"},
+           {"apiVersion", "v1"},
+           {"name", kGroup},
+           {"versions", versions},
+           {"preferredVersion", versions.empty() ? Json::object() : versions[0]}});
+  });
+  for (const std::string& v : options_.versions) {
+    const std::string base = absl::StrCat("/apis/", kGroup, "/", v);
+    const std::string api_version = absl::StrCat(kGroup, "/", v);
+    server_->Get(base + "/resourceslices",
+                 [this, api_version](const httplib::Request& req, httplib::Response& res) {
+                   const auto selector = FieldSelector(req.get_param_value("fieldSelector"));
+                   Json items = Json::array();
+                   absl::MutexLock lock(&mu_);
+                   for (const auto& [name, s] : slices_) {
+                     bool match = true;
+                     for (const auto& [field, value] : selector) {
+                       const std::string key = field.substr(field.find('.') + 1);
+                       if (s["spec"].value(key, "") != value) match = false;
+                     }
+                     if (match) items.push_back(s);
+                   }
+                   Reply(res, 200,
+                         {{"kind", "ResourceSliceList"},
+                          {"apiVersion", api_version},
+                          {"metadata", {{"resourceVersion", absl::StrCat(resource_version_)}}},
+                          {"items", items}});
+                 });
+    server_->Post(base + "/resourceslices",
+                  [this, v, api_version](const httplib::Request& req, httplib::Response& res) {
+                    Json s = Json::parse(req.body, nullptr, false);
+                    const std::string bad = s.is_discarded() ? "not JSON" : InvalidSlice(s, v);
+                    if (!bad.empty()) return Fail(res, 422, "Invalid", bad);
+                    const std::string name = s["metadata"].value("name", "");
+                    if (name.empty()) return Fail(res, 422, "Invalid", "metadata.name: Required value");
+                    absl::MutexLock lock(&mu_);
+                    if (slices_.count(name) > 0) {
+                      return Fail(res, 409, "AlreadyExists",
+                                  absl::StrCat("resourceslices.resource.k8s.io \"", name,
+                                               "\" already exists"));
+                    }
+                    s["apiVersion"] = api_version;
+                    s["metadata"]["uid"] = absl::StrCat("slice-uid-", ++resource_version_);
+                    s["metadata"]["resourceVersion"] = absl::StrCat(resource_version_);
+                    slices_[name] = s;
+                    Reply(res, 201, s);
+                  });
+    const std::string one = base + R"(/resourceslices/([^/]+))";
+    server_->Get(one, [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string name = req.matches[1];
+      absl::MutexLock lock(&mu_);
+      auto it = slices_.find(name);
+      if (it == slices_.end()) {
+        return Fail(res, 404, "NotFound",
+                    absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" not found"));
+      }
+      Reply(res, 200, it->second);
+    });
+    server_->Put(one, [this, v, api_version](const httplib::Request& req, httplib::Response& res) {
+      const std::string name = req.matches[1];
+      Json s = Json::parse(req.body, nullptr, false);
+      const std::string bad = s.is_discarded() ? "not JSON" : InvalidSlice(s, v);
+      if (!bad.empty()) return Fail(res, 422, "Invalid", bad);
+      absl::MutexLock lock(&mu_);
+      auto it = slices_.find(name);
+      if (it == slices_.end()) {
+        return Fail(res, 404, "NotFound",
+                    absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" not found"));
+      }
+      if (s["metadata"].value("resourceVersion", "") !=
+          it->second["metadata"].value("resourceVersion", "")) {
+        return Fail(res, 409, "Conflict",
+                    absl::StrCat("Operation cannot be fulfilled on resourceslices.resource.k8s.io "
+                                 "\"", name, "\": the object has been modified; please apply "
+                                 "your changes to the latest version and try again"));
+      }
+      s["apiVersion"] = api_version;
+      s["metadata"]["uid"] = it->second["metadata"]["uid"];
+      s["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
+      it->second = s;
+      Reply(res, 200, s);
+    });
+    server_->Delete(one, [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string name = req.matches[1];
+      absl::MutexLock lock(&mu_);
+      auto it = slices_.find(name);
+      if (it == slices_.end()) {
+        return Fail(res, 404, "NotFound",
+                    absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" not found"));
+      }
+      Json gone = it->second;
+      slices_.erase(it);
+      Reply(res, 200, gone);
+    });
+    server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   const std::string key = absl::StrCat(req.matches[1].str(), "/",
+                                                        req.matches[2].str());
+                   absl::MutexLock lock(&mu_);
+                   auto it = claims_.find(key);
+                   if (it == claims_.end()) {
+                     return Fail(res, 404, "NotFound",
+                                 absl::StrCat("resourceclaims.resource.k8s.io \"",
+                                              req.matches[2].str(), "\" not found"));
+                   }
+                   Reply(res, 200, it->second);
+                 });
+  }
+}
+
+}  // namespace dpproxy::sim

@@ -1,0 +1,89 @@
+// File: apiserver_sim.h
+//
+// A stand-in for the Kubernetes API server, as far as DRA mode uses it
+// (dra-facts.md §5): the resource.k8s.io group with the versions asked for
+// (discovery at /apis/resource.k8s.io), cluster-scoped ResourceSlices
+// (list with a fieldSelector on spec.nodeName and spec.driver, create, get,
+// update with optimistic concurrency, delete) and namespaced
+// ResourceClaims (get; put in place by tests). A real HTTPS server
+// (cpp-httplib) with a bearer token, answering errors as Kubernetes Status
+// objects with the real reasons (NotFound, AlreadyExists, Conflict,
+// Invalid, Unauthorized). It checks what the real server would refuse in a
+// ResourceSlice: more than 128 devices, a device name that is not a DNS
+// label, a pool without name or generation, a nodeName or driver missing.
+//
+//   ApiServerSim api({.cert_file = c, .key_file = k, .token = "t"});
+//   ASSERT_TRUE(api.Start().ok());
+//   ... KubeClient at api.url() ...
+#ifndef DPPROXY_TOOLS_APISERVER_SIM_APISERVER_SIM_H_
+#define DPPROXY_TOOLS_APISERVER_SIM_APISERVER_SIM_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proxy/events/event_log.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace dpproxy::sim {
+
+class ApiServerSim {
+ public:
+  using Json = nlohmann::json;
+
+  struct Options {
+    std::string cert_file;  // with key_file: HTTPS; both empty: plain HTTP
+    std::string key_file;
+    std::string token;  // every request must carry "Bearer <token>"; "": none
+    // resource.k8s.io versions served, newest first (the preferred one).
+    std::vector<std::string> versions = {"v1"};
+    std::string host = "127.0.0.1";
+    int port = 0;  // 0: any free port
+  };
+
+  explicit ApiServerSim(Options options);
+  ~ApiServerSim();
+
+  // Listens (port() is known when it returns) and serves on a thread.
+  absl::Status Start();
+  void Stop();
+  int port() const { return port_; }
+  std::string url() const;
+
+  // A ResourceClaim as the scheduler left it (metadata.namespace and name
+  // set; uid and resourceVersion filled in when missing).
+  Json PutClaim(Json claim);
+  // Every ResourceSlice stored, by name.
+  std::map<std::string, Json> Slices();
+  // Deletes every slice of a node, as a kubelet does when it starts.
+  int DeleteSlicesOfNode(const std::string& node);
+  // One event per request: method, path, code.
+  EventLog& events() { return events_; }
+
+ private:
+  void Routes();
+
+  const Options options_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  EventLog events_{"apiserver_sim"};
+
+  absl::Mutex mu_;
+  int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1000;
+  std::map<std::string, Json> slices_ ABSL_GUARDED_BY(mu_);  // by name
+  std::map<std::string, Json> claims_ ABSL_GUARDED_BY(mu_);  // by "ns/name"
+};
+
+}  // namespace dpproxy::sim
+
+#endif  // DPPROXY_TOOLS_APISERVER_SIM_APISERVER_SIM_H_

@@ -1,0 +1,209 @@
+#include "proxy/dra/claim_preparer.h"
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <map>
+#include <set>
+
+#include <glog/logging.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "proxy/dra/cdi_spec.h"
+#include "proxy/dra/device_names.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status ClaimError(const ClaimRef& c, const std::string& what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("claim ", c.namespace_, "/", c.name, ": ", what));
+}
+
+Json ToJson(const std::vector<PreparedClaimDevice>& devices) {
+  Json out = Json::array();
+  for (const PreparedClaimDevice& d : devices) {
+    out.push_back({{"requests", d.requests},
+                   {"pool", d.pool},
+                   {"device", d.device},
+                   {"cdi_ids", d.cdi_ids}});
+  }
+  return out;
+}
+
+std::vector<PreparedClaimDevice> FromJson(const Json& j) {
+  std::vector<PreparedClaimDevice> out;
+  for (const Json& d : j) {
+    out.push_back({d["requests"].get<std::vector<std::string>>(), d["pool"], d["device"],
+                   d["cdi_ids"].get<std::vector<std::string>>()});
+  }
+  return out;
+}
+
+}  // namespace
+
+ClaimPreparer::ClaimPreparer(Options options, KubeClient* client, ResourceByPool resources)
+    : options_(std::move(options)), client_(client), resources_(std::move(resources)) {}
+
+std::string ClaimPreparer::RecordPath(const std::string& uid) const {
+  return JoinPath(options_.state_dir, absl::StrCat(uid, ".json"));
+}
+
+Loss ClaimPreparer::losses() {
+  absl::MutexLock lock(&mu_);
+  return losses_;
+}
+
+absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {
+  absl::MutexLock lock(&mu_);
+  if (!options_.state_dir.empty()) {
+    if (absl::StatusOr<std::string> text = ReadFile(RecordPath(claim.uid)); text.ok()) {
+      Json record = Json::parse(*text, nullptr, false);
+      if (!record.is_discarded() && record.contains("devices") && record.contains("spec")) {
+        // Prepared before: the same answer. The spec again if a reboot
+        // emptied the CDI directory.
+        const std::string spec_path =
+            ClaimCdiSpecPath(options_.cdi_dir, options_.driver, claim.uid);
+        if (!PathExists(spec_path)) {
+          if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, claim.uid,
+                                                 record["spec"].get<std::string>());
+              !s.ok()) {
+            return s;
+          }
+          LOG(INFO) << "claim " << claim.namespace_ << "/" << claim.name
+                    << ": CDI spec written again (it was gone)";
+        }
+        return FromJson(record["devices"]);
+      }
+      LOG(WARNING) << "claim " << claim.uid << ": unreadable record " << RecordPath(claim.uid)
+                   << "; preparing it again";
+    }
+  }
+  return PrepareNew(claim);
+}
+
+absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const ClaimRef& c) {
+  absl::StatusOr<Json> claim = client_->Get(absl::StrCat(
+      "/apis/", options_.api_version, "/namespaces/", c.namespace_, "/resourceclaims/", c.name));
+  if (!claim.ok()) return ClaimError(c, std::string(claim.status().message()));
+  const std::string uid = (*claim)["metadata"].value("uid", "");
+  if (uid != c.uid) {
+    return ClaimError(c, absl::StrCat("the API server has UID ", uid, ", the kubelet asked for ",
+                                      c.uid, " (deleted and created again?)"));
+  }
+  const Json results = claim->value("/status/allocation/devices/results"_json_pointer, Json());
+  if (!results.is_array()) return ClaimError(c, "not allocated (no status.allocation)");
+  // Ours, grouped by pool (resource), then by request (container).
+  struct Wanted {
+    std::string request, pool, device, id;
+  };
+  std::map<std::string, std::vector<Wanted>> by_pool;
+  for (const Json& r : results) {
+    if (r.value("driver", "") != options_.driver) continue;
+    by_pool[r.value("pool", "")].push_back(
+        {r.value("request", ""), r.value("pool", ""), r.value("device", ""), ""});
+  }
+  std::vector<PreparedDevice> spec_devices;  // one per pool and request
+  std::vector<std::string> spec_key;         // "pool\nrequest" of each
+  std::set<std::string> spec_names;
+  std::vector<PreparedClaimDevice> out;
+  Loss loss;
+  for (auto& [pool, wanted] : by_pool) {
+    std::optional<BridgedResource> res = resources_(pool);
+    if (!res.has_value()) {
+      return ClaimError(c, absl::StrCat("pool ", pool, " is not one dpproxy publishes on ",
+                                        options_.node));
+    }
+    if (res->backend == nullptr) {
+      return ClaimError(c, absl::StrCat("no device plugin is connected for ", res->resource,
+                                        " (the kubelet retries)"));
+    }
+    absl::StatusOr<DraDeviceNames> names = DraDeviceNames::For(res->device_ids);
+    if (!names.ok()) return ClaimError(c, std::string(names.status().message()));
+    std::vector<std::string> requests;  // in first-seen order
+    std::map<std::string, std::vector<std::string>> ids_of;
+    for (Wanted& w : wanted) {
+      w.id = names->IdOf(w.device);
+      if (w.id.empty()) {
+        return ClaimError(c, absl::StrCat("device ", w.device, " of pool ", pool,
+                                          " is not among the plugin's devices now"));
+      }
+      if (ids_of.count(w.request) == 0) requests.push_back(w.request);
+      ids_of[w.request].push_back(w.id);
+    }
+    v1beta1::AllocateRequest req;
+    for (const std::string& r : requests) {
+      auto* cr = req.add_container_requests();
+      for (const std::string& id : ids_of[r]) cr->add_devices_ids(id);
+    }
+    absl::StatusOr<v1beta1::AllocateResponse> resp =
+        res->backend->Allocate(req, options_.backend_timeout);
+    if (!resp.ok()) return ClaimError(c, std::string(resp.status().message()));
+    if (res->backend->options().pre_start_required()) {
+      for (const std::string& r : requests) {
+        v1beta1::PreStartContainerRequest pre;
+        for (const std::string& id : ids_of[r]) pre.add_devices_ids(id);
+        if (absl::Status s = res->backend->PreStartContainer(pre, options_.backend_timeout);
+            !s.ok()) {
+          return ClaimError(c, std::string(s.message()));
+        }
+      }
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      // A CDI device name: the request ('/' of a subrequest as '-'), made
+      // unique if the request took devices of two pools.
+      std::string name = absl::StrReplaceAll(requests[i], {{"/", "-"}});
+      if (!spec_names.insert(name).second) {
+        name = absl::StrCat(name, "-", spec_devices.size());
+        spec_names.insert(name);
+      }
+      spec_key.push_back(absl::StrCat(pool, "\n", requests[i]));
+      spec_devices.push_back({name, resp->container_responses(static_cast<int>(i))});
+    }
+    for (const Wanted& w : wanted) out.push_back({{w.request}, w.pool, w.device, {}});
+  }
+  absl::StatusOr<ClaimCdiSpec> spec = BuildClaimCdiSpec(options_.driver, c.uid, spec_devices);
+  if (!spec.ok()) return ClaimError(c, std::string(spec.status().message()));
+  // Each device gets the CDI names of its request.
+  std::map<std::string, std::vector<std::string>> cdi_of;
+  for (size_t i = 0; i < spec_devices.size(); ++i) cdi_of[spec_key[i]] = spec->cdi_device_ids[i];
+  for (PreparedClaimDevice& d : out) d.cdi_ids = cdi_of[absl::StrCat(d.pool, "\n", d.requests[0])];
+  loss.annotations += spec->loss.annotations;
+  if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid, spec->json);
+      !s.ok()) {
+    return ClaimError(c, absl::StrCat("cannot write its CDI spec: ", s.message()));
+  }
+  if (!options_.state_dir.empty()) {
+    if (absl::Status s = MakeDirs(options_.state_dir); !s.ok()) return s;
+    const Json record = {{"claim", {{"namespace", c.namespace_}, {"name", c.name}, {"uid", c.uid}}},
+                         {"devices", ToJson(out)},
+                         {"spec", spec->json}};
+    if (absl::Status s = WriteFileAtomic(RecordPath(c.uid), record.dump()); !s.ok()) {
+      return ClaimError(c, absl::StrCat("cannot remember it: ", s.message()));
+    }
+  }
+  losses_.annotations += loss.annotations;
+  return out;
+}
+
+absl::Status ClaimPreparer::Unprepare(const ClaimRef& c) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = RemoveClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid); !s.ok()) {
+    return s;
+  }
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  const std::string path = RecordPath(c.uid);
+  if (::unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("remove ", path, ": ", ErrnoText(errno)));
+  }
+  return SyncDir(options_.state_dir);
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,97 @@
+// File: claim_preparer.h
+//
+// NodePrepareResources and NodeUnprepareResources for one claim, with a
+// device plugin behind (dra-facts.md §3, §4, §7):
+//
+//   1. read the ResourceClaim from the API server and check its UID (the
+//      kubelet sends only the reference);
+//   2. take the allocation results of our driver; each names a pool (one
+//      per resource, resource_slices.h) and a device (its DRA name);
+//   3. per resource, one Allocate: one container request per claim request,
+//      with the device plugin's IDs; then PreStartContainer right away
+//      where the plugin requires it (DRA has no per-container start);
+//   4. write the claim's CDI spec (one CDI device per request, cdi_spec.h)
+//      and answer each device with its CDI names.
+//
+// Prepared claims are remembered on disk (<state_dir>/<uid>.json: what was
+// answered and the spec) before the answer: a repeated prepare (after a
+// kubelet restart) answers the same without calling the plugin again, and
+// writes the spec again if it is gone (a reboot empties /var/run/cdi while
+// the kubelet still counts the claim prepared). Unprepare removes both and
+// succeeds when there is nothing to remove.
+#ifndef DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_
+#define DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/translate/translate.h"
+
+namespace dpproxy {
+
+struct ClaimRef {
+  std::string namespace_;
+  std::string name;
+  std::string uid;
+};
+
+struct PreparedClaimDevice {
+  std::vector<std::string> requests;
+  std::string pool;
+  std::string device;
+  std::vector<std::string> cdi_ids;
+};
+
+// One resource dpproxy publishes, as a prepare needs it.
+struct BridgedResource {
+  std::string resource;              // the device plugin's resource name
+  std::shared_ptr<Backend> backend;  // null: no plugin connected now
+  std::vector<std::string> device_ids;
+};
+
+class ClaimPreparer {
+ public:
+  struct Options {
+    std::string driver;
+    std::string node;
+    std::string api_version = "resource.k8s.io/v1";  // for reading claims
+    std::string cdi_dir = "/var/run/cdi";
+    std::string state_dir;  // prepared claims; "": not kept (a repeat prepares again)
+    absl::Duration backend_timeout = absl::Seconds(30);
+  };
+  // The resource whose pool has this name (resource_slices.h PoolName), if
+  // dpproxy publishes it.
+  using ResourceByPool = std::function<std::optional<BridgedResource>(const std::string& pool)>;
+
+  ClaimPreparer(Options options, KubeClient* client, ResourceByPool resources);
+
+  // The devices of one claim with their CDI names, or why not: the
+  // message goes into the claim's error for the kubelet.
+  absl::StatusOr<std::vector<PreparedClaimDevice>> Prepare(const ClaimRef& claim);
+  absl::Status Unprepare(const ClaimRef& claim);
+
+  // What DRA cannot carry, summed over prepares (device-plugin annotations).
+  Loss losses();
+
+ private:
+  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
+  std::string RecordPath(const std::string& uid) const;
+
+  const Options options_;
+  KubeClient* const client_;
+  const ResourceByPool resources_;
+  absl::Mutex mu_;  // one prepare or unprepare at a time: they write files
+  Loss losses_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_

@@ -1,0 +1,185 @@
+// ClaimPreparer with the API-server simulator (real HTTP) holding the
+// claims, a mock device plugin behind, and real CDI and state directories.
+#include "proxy/dra/claim_preparer.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/dra/cdi_spec.h"
+#include "proxy/dra/device_names.h"
+#include "proxy/util/files.h"
+#include "tests/testing/mock_backend.h"
+#include "tests/testing/temp_dir.h"
+#include "tools/apiserver_sim/apiserver_sim.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::_;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Return;
+using ::testing::StrictMock;
+using Json = nlohmann::json;
+
+constexpr char kDriver[] = "gpu.vendor.com";
+constexpr char kPool[] = "node-1/vendor.com-gpu";
+
+// The plugin answers each container request with its IDs as an env.
+absl::StatusOr<v1beta1::AllocateResponse> Answer(const v1beta1::AllocateRequest& req) {
+  v1beta1::AllocateResponse resp;
+  for (const auto& c : req.container_requests()) {
+    auto* r = resp.add_container_responses();
+    std::string ids;
+    for (const std::string& id : c.devices_ids()) absl::StrAppend(&ids, ids.empty() ? "" : ",", id);
+    (*r->mutable_envs())["GPUS"] = ids;
+  }
+  return resp;
+}
+
+class ClaimPreparerTest : public ::testing::Test {
+ protected:
+  ClaimPreparerTest() : api_(sim::ApiServerSim::Options{"", "", "t", {"v1"}}) {}
+  void SetUp() override {
+    ASSERT_TRUE(api_.Start().ok());
+    KubeConfig c;
+    c.server = api_.url();
+    c.token = "t";
+    client_ = *KubeClient::Create(c);
+    backend_ = std::make_shared<StrictMock<testing::MockBackend>>();
+  }
+  std::unique_ptr<ClaimPreparer> Preparer() {
+    ClaimPreparer::Options o;
+    o.driver = kDriver;
+    o.node = "node-1";
+    o.cdi_dir = dir_.Sub("cdi");
+    o.state_dir = dir_.Sub("state");
+    std::shared_ptr<Backend> backend = backend_;
+    return std::make_unique<ClaimPreparer>(
+        o, client_.get(), [this, backend](const std::string& pool) -> std::optional<BridgedResource> {
+          if (pool != kPool) return std::nullopt;
+          return BridgedResource{"vendor.com/gpu", connected_ ? backend : nullptr,
+                                 {"gpu-0", "gpu-1", "GPU-X"}};
+        });
+  }
+  // A claim allocated by the scheduler: (request, pool, device) results.
+  struct Result {
+    std::string request, pool, device;
+    std::string driver = kDriver;
+  };
+  ClaimRef Claim(const std::string& name, const std::vector<Result>& results) {
+    Json r = Json::array();
+    for (const Result& x : results) {
+      r.push_back({{"request", x.request}, {"driver", x.driver}, {"pool", x.pool},
+                   {"device", x.device}});
+    }
+    Json claim = {{"metadata", {{"namespace", "default"}, {"name", name}}},
+                  {"status", {{"allocation", {{"devices", {{"results", r}}}}}}}};
+    claim = api_.PutClaim(claim);
+    return {"default", name, claim["metadata"]["uid"]};
+  }
+
+  testing::ShortTempDir dir_;
+  sim::ApiServerSim api_;
+  std::unique_ptr<KubeClient> client_;
+  std::shared_ptr<StrictMock<testing::MockBackend>> backend_;
+  bool connected_ = true;
+};
+
+TEST_F(ClaimPreparerTest, OneAllocateWithAContainerRequestPerClaimRequest) {
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"},
+                                     {"a", kPool, DraDeviceName("GPU-X")},
+                                     {"b", kPool, "gpu-1"},
+                                     {"a", "other-pool", "nic-0", "nic.vendor.com"}});
+  // The last result is another driver's: left alone.
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).WillOnce([](const v1beta1::AllocateRequest& req,
+                                                          absl::Duration, auto*) {
+    EXPECT_EQ(req.container_requests_size(), 2);
+    EXPECT_THAT(req.container_requests(0).devices_ids(), ElementsAre("gpu-0", "GPU-X"));
+    EXPECT_THAT(req.container_requests(1).devices_ids(), ElementsAre("gpu-1"));
+    return Answer(req);
+  });
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  absl::StatusOr<std::vector<PreparedClaimDevice>> d = p->Prepare(c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 3u);
+  const std::string kind = CdiKind(kDriver);
+  EXPECT_EQ((*d)[0].device, "gpu-0");
+  EXPECT_THAT((*d)[0].cdi_ids, ElementsAre(absl::StrCat(kind, "=", c.uid, "-a")));
+  EXPECT_THAT((*d)[1].cdi_ids, ElementsAre(absl::StrCat(kind, "=", c.uid, "-a")));
+  EXPECT_THAT((*d)[2].cdi_ids, ElementsAre(absl::StrCat(kind, "=", c.uid, "-b")));
+  EXPECT_THAT((*d)[2].requests, ElementsAre("b"));
+  const Json spec = Json::parse(*ReadFile(ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid)));
+  ASSERT_EQ(spec["devices"].size(), 2u);
+  EXPECT_EQ(spec["devices"][0]["containerEdits"]["env"], Json({"GPUS=gpu-0,GPU-X"}));
+}
+
+TEST_F(ClaimPreparerTest, ARepeatedPrepareAnswersTheSameWithoutThePluginAndRestoresTheSpec) {
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}});
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).Times(1).WillOnce([](auto& req, auto, auto*) {
+    return Answer(req);
+  });
+  absl::StatusOr<std::vector<PreparedClaimDevice>> first = Preparer()->Prepare(c);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // A kubelet restart: prepare again, from a new dpproxy process even.
+  absl::StatusOr<std::vector<PreparedClaimDevice>> again = Preparer()->Prepare(c);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[0].cdi_ids, (*first)[0].cdi_ids);
+  // A reboot emptied the CDI directory: the spec comes back, same bytes.
+  const std::string spec_path = ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid);
+  const std::string spec = *ReadFile(spec_path);
+  ASSERT_TRUE(RemoveClaimCdiSpec(dir_.Sub("cdi"), kDriver, c.uid).ok());
+  ASSERT_TRUE(Preparer()->Prepare(c).ok());
+  EXPECT_EQ(*ReadFile(spec_path), spec);
+  // Unprepared: gone, and a second unprepare succeeds.
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  ASSERT_TRUE(p->Unprepare(c).ok());
+  EXPECT_FALSE(PathExists(spec_path));
+  EXPECT_TRUE(p->Unprepare(c).ok());
+}
+
+TEST_F(ClaimPreparerTest, PreStartIsCalledDuringPrepareWhereThePluginRequiresIt) {
+  backend_->plugin_options.set_pre_start_required(true);
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}, {"b", kPool, "gpu-1"}});
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).WillOnce([](auto& req, auto, auto*) {
+    return Answer(req);
+  });
+  std::vector<std::string> prestarted;
+  EXPECT_CALL(*backend_, PreStartContainer(_, _, _))
+      .Times(2)
+      .WillRepeatedly([&](const v1beta1::PreStartContainerRequest& r, auto, auto*) {
+        prestarted.push_back(r.devices_ids(0));
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(Preparer()->Prepare(c).ok());
+  EXPECT_THAT(prestarted, ElementsAre("gpu-0", "gpu-1"));
+}
+
+TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  auto message = [&](const ClaimRef& c) { return std::string(p->Prepare(c).status().message()); };
+  ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}});
+  ClaimRef stale = c;
+  stale.uid = "old-uid";
+  EXPECT_THAT(message(stale), HasSubstr("claim default/train: the API server has UID"));
+  EXPECT_THAT(message({"default", "absent", "u"}), HasSubstr("not found"));
+  ClaimRef pending = {"default", "pending", ""};
+  pending.uid = api_.PutClaim({{"metadata", {{"namespace", "default"}, {"name", "pending"}}}})
+                    ["metadata"]["uid"];
+  EXPECT_THAT(message(pending), HasSubstr("not allocated"));
+  EXPECT_THAT(message(Claim("elsewhere", {{"a", "node-9/vendor.com-gpu", "gpu-0"}})),
+              HasSubstr("is not one dpproxy publishes"));
+  EXPECT_THAT(message(Claim("gone", {{"a", kPool, "gpu-7"}})),
+              HasSubstr("gpu-7 of pool node-1/vendor.com-gpu is not among"));
+  connected_ = false;
+  EXPECT_THAT(message(c), HasSubstr("no device plugin is connected"));
+  connected_ = true;
+  EXPECT_CALL(*backend_, Allocate(_, _, _))
+      .WillOnce(Return(absl::UnavailableError("backend /run/mock.sock is gone")));
+  EXPECT_THAT(message(c), HasSubstr("backend /run/mock.sock is gone"));
+  // Nothing was written for any of them.
+  EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid)));
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -103,15 +103,17 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
-                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss", "cdi_annotations", "renames", "id_maps", "compact_ids",
-                       "backends"}));
+                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
+                       "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
+                       "dra"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
     if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
     if (k["api"]) {
       std::string v;
-      DPP_CFG(r.OneOf(k["api"], "kubelet.api", {"auto", "v1beta1", "v1alpha"}, &v));
-      c->kubelet.api = *ParseApiVersion(v, /*allow_auto=*/true);
+      DPP_CFG(r.OneOf(k["api"], "kubelet.api", {"auto", "v1beta1", "v1alpha", "dra"}, &v));
+      c->dra.enabled = v == "dra";
+      c->kubelet.api = c->dra.enabled ? std::nullopt : *ParseApiVersion(v, /*allow_auto=*/true);
     }
     if (k["registration"]) {
       std::string v;
@@ -120,6 +122,13 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       c->kubelet.registration = v == "kubelet" ? KubeletRegistration::kKubeletSocket
                                                : KubeletRegistration::kPluginWatcher;
     }
+  }
+  if (const YAML::Node d = root["dra"]) {
+    DPP_CFG(r.CheckKeys(d, "dra", {"driver", "node_name", "kubeconfig", "cdi_dir"}));
+    if (d["driver"]) DPP_CFG(r.String(d["driver"], "dra.driver", &c->dra.driver));
+    if (d["node_name"]) DPP_CFG(r.String(d["node_name"], "dra.node_name", &c->dra.node_name));
+    if (d["kubeconfig"]) DPP_CFG(r.String(d["kubeconfig"], "dra.kubeconfig", &c->dra.kubeconfig));
+    if (d["cdi_dir"]) DPP_CFG(r.String(d["cdi_dir"], "dra.cdi_dir", &c->dra.cdi_dir));
   }
   if (root["plugin_dir"]) DPP_CFG(r.String(root["plugin_dir"], "plugin_dir", &c->plugin_dir));
   if (root["status_file"]) {
@@ -238,11 +247,15 @@ std::string ConfigToYaml(const ProxyConfig& c) {
   out << YAML::BeginMap;
   out << YAML::Key << "kubelet" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "root" << YAML::Value << c.kubelet.kubelet_root;
-  out << YAML::Key << "api" << YAML::Value << api(c.kubelet.api);
+  out << YAML::Key << "api" << YAML::Value << (c.dra.enabled ? "dra" : api(c.kubelet.api));
   out << YAML::Key << "registration" << YAML::Value
       << (c.kubelet.registration == KubeletRegistration::kKubeletSocket ? "kubelet"
                                                                         : "plugin-watcher");
   out << YAML::EndMap;
+  out << YAML::Key << "dra" << YAML::Value << YAML::BeginMap << YAML::Key << "driver"
+      << YAML::Value << c.dra.driver << YAML::Key << "node_name" << YAML::Value
+      << c.dra.node_name << YAML::Key << "kubeconfig" << YAML::Value << c.dra.kubeconfig
+      << YAML::Key << "cdi_dir" << YAML::Value << c.dra.cdi_dir << YAML::EndMap;
   out << YAML::Key << "plugin_dir" << YAML::Value << c.plugin_dir;
   out << YAML::Key << "status_file" << YAML::Value << c.status_file;
   out << YAML::Key << "state_dir" << YAML::Value << c.state_dir;

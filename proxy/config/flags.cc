@@ -19,8 +19,19 @@ DEFINE_string(plugin_dir, "/var/lib/dpproxy/device-plugins",
               "Directory where vendor plugins register with the proxy: point a plugin's\n"
               "kubelet socket at <plugin_dir>/kubelet.sock. Must not be the kubelet's own.");
 DEFINE_string(kubelet_api, "auto",
-              "Device-plugin API toward the kubelet: auto (try v1beta1, then v1alpha),\n"
-              "v1beta1 or v1alpha (pin it).");
+              "API toward the kubelet: auto (try v1beta1, then v1alpha), v1beta1 or\n"
+              "v1alpha (pin it), or dra: publish the resources as the DRA devices of\n"
+              "--dra_driver instead of registering device plugins (docs/dra.md).");
+DEFINE_string(dra_driver, "",
+              "With --kubelet_api=dra: the DRA driver's name, a DNS subdomain\n"
+              "(e.g. gpu.vendor.com).");
+DEFINE_string(node_name, "",
+              "With --kubelet_api=dra: this node's name in the API. Empty: $NODE_NAME.");
+DEFINE_string(kubeconfig, "",
+              "With --kubelet_api=dra: a kubeconfig for the API server. Empty: the pod's\n"
+              "service account (in-cluster).");
+DEFINE_string(cdi_dir, "/var/run/cdi",
+              "With --kubelet_api=dra: where the claims' CDI specs are written.");
 DEFINE_string(kubelet_registration, "kubelet",
               "How to register with the kubelet: kubelet (Register at kubelet.sock) or\n"
               "plugin-watcher (a socket in <kubelet_root>/plugins_registry/).");
@@ -106,13 +117,24 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("kubelet_root")) c->kubelet.kubelet_root = FLAGS_kubelet_root;
   if (set("plugin_dir")) c->plugin_dir = FLAGS_plugin_dir;
   if (set("kubelet_api")) {
-    absl::StatusOr<std::optional<ApiVersion>> api =
-        ParseApiVersion(FLAGS_kubelet_api, /*allow_auto=*/true);
-    if (!api.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--kubelet_api=", api.status().message()));
+    if (FLAGS_kubelet_api == "dra") {
+      c->dra.enabled = true;
+      c->kubelet.api.reset();
+    } else {
+      absl::StatusOr<std::optional<ApiVersion>> api =
+          ParseApiVersion(FLAGS_kubelet_api, /*allow_auto=*/true);
+      if (!api.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kubelet_api=", api.status().message(), " (or dra)"));
+      }
+      c->kubelet.api = *api;
+      c->dra.enabled = false;
     }
-    c->kubelet.api = *api;
   }
+  if (set("dra_driver")) c->dra.driver = FLAGS_dra_driver;
+  if (set("node_name")) c->dra.node_name = FLAGS_node_name;
+  if (set("kubeconfig")) c->dra.kubeconfig = FLAGS_kubeconfig;
+  if (set("cdi_dir")) c->dra.cdi_dir = FLAGS_cdi_dir;
   if (set("kubelet_registration")) {
     if (FLAGS_kubelet_registration == "kubelet") {
       c->kubelet.registration = KubeletRegistration::kKubeletSocket;
@@ -222,6 +244,10 @@ absl::StatusOr<ProxyConfig> ConfigFromFlags() {
     c.compact_ids.clear();
     DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
     DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
+  }
+  // In a DaemonSet the node's name comes from the downward API.
+  if (c.dra.enabled && c.dra.node_name.empty()) {
+    if (const char* n = ::getenv("NODE_NAME"); n != nullptr) c.dra.node_name = n;
   }
   DPP_RETURN_IF_ERROR(ValidateConfig(c));
   return c;

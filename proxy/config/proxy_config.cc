@@ -2,7 +2,9 @@
 
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "proxy/util/files.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
@@ -23,6 +25,33 @@ std::string KubeletResourceName(const ProxyConfig& config, const std::string& ba
 }
 
 absl::Status ValidateConfig(const ProxyConfig& c) {
+  if (c.dra.enabled) {
+    const std::string& d = c.dra.driver;
+    bool subdomain = !d.empty() && d.size() <= 253;
+    for (absl::string_view label : absl::StrSplit(d, '.')) {
+      if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+        subdomain = false;
+      }
+      for (char ch : label) {
+        if (!(absl::ascii_isdigit(ch) || (ch >= 'a' && ch <= 'z') || ch == '-')) subdomain = false;
+      }
+    }
+    if (!subdomain) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dra driver \"", d,
+          "\" is not a DNS subdomain (lowercase letters, digits, '-' and '.'), e.g. "
+          "gpu.vendor.com"));
+    }
+    if (c.dra.node_name.empty()) {
+      return absl::InvalidArgumentError(
+          "dra: no node name (--node_name, or NODE_NAME in the environment, e.g. from the "
+          "downward API's spec.nodeName)");
+    }
+    if (c.dra.cdi_dir.empty() || c.dra.cdi_dir[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dra cdi_dir \"", c.dra.cdi_dir, "\" is not an absolute path"));
+    }
+  }
   if (c.kubelet.kubelet_root.empty() || c.kubelet.kubelet_root[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "kubelet root directory \"", c.kubelet.kubelet_root, "\" must be an absolute path"));

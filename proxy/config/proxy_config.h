@@ -94,8 +94,21 @@ enum class RestorePolicy {
 // lists of sliced GPUs reach tens of MiB, far past gRPC's 4 MiB default.
 inline constexpr int kDefaultBackendMaxListBytes = 256 << 20;
 
+// DRA mode (kubelet.api: dra): each backend resource is published as the
+// DRA devices of one driver (ResourceSlices in the API server) and claims
+// are prepared through the kubelet's DRA service, instead of registering a
+// device plugin with the kubelet (docs/dra.md).
+struct DraOptions {
+  bool enabled = false;
+  std::string driver;     // a DNS subdomain, e.g. gpu.vendor.com
+  std::string node_name;  // the node's name in the API
+  std::string kubeconfig;  // "" = in-cluster (service account)
+  std::string cdi_dir = "/var/run/cdi";
+};
+
 struct ProxyConfig {
   KubeletSideOptions kubelet;
+  DraOptions dra;
   // Where vendor plugins register (kubelet.sock) and put their sockets.
   std::string plugin_dir = "/var/lib/dpproxy/device-plugins";
   absl::Duration dial_timeout = absl::Seconds(10);

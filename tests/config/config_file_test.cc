@@ -127,7 +127,7 @@ TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
   const BadCase cases[] = {
       {"kubelet:\n  rot: /x\n", "f.yaml:2:3: kubelet.rot: unknown key (known here: api, registration, root)"},
       {"timeouts:\n  backend: forever\n", "f.yaml:2:12: timeouts.backend: \"forever\" is not a duration"},
-      {"kubelet: {api: v2}\n", "kubelet.api: \"v2\" is not one of auto, v1alpha, v1beta1"},
+      {"kubelet: {api: v2}\n", "kubelet.api: \"v2\" is not one of auto, dra, v1alpha, v1beta1"},
       {"backend_loss: {policy: maybe}\n", "backend_loss.policy: \"maybe\" is not one of hold, unhealthy"},
       {"cdi_annotations: sometimes\n", "cdi_annotations: must be true or false"},
       {"compact_ids: vendor.com/gpu\n", "compact_ids: must be a list of resource names"},
@@ -177,6 +177,35 @@ TEST(ConfigFileTest, ChangedSettingsNamesEachDifferenceByItsPathInTheFile) {
                          "backends[1].resource:  -> example.com/fpga",
                          "backends[1].endpoint:  -> /run/fpga.sock",
                          "backends[1].api:  -> v1alpha"));
+}
+
+TEST(ConfigFileTest, DraModeIsReadCheckedAndWrittenBack) {
+  ProxyConfig c = Base();
+  ASSERT_TRUE(LoadConfigText("kubelet: {api: dra}\n"
+                             "dra: {driver: gpu.vendor.com, node_name: node-1,\n"
+                             "      kubeconfig: /etc/dpproxy/kubeconfig, cdi_dir: /run/cdi}\n",
+                             "f.yaml", &c)
+                  .ok());
+  EXPECT_TRUE(c.dra.enabled);
+  EXPECT_FALSE(c.kubelet.api.has_value());
+  EXPECT_EQ(c.dra.driver, "gpu.vendor.com");
+  EXPECT_EQ(c.dra.node_name, "node-1");
+  EXPECT_EQ(c.dra.kubeconfig, "/etc/dpproxy/kubeconfig");
+  EXPECT_EQ(c.dra.cdi_dir, "/run/cdi");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  ProxyConfig again = Base();
+  ASSERT_TRUE(LoadConfigText(ConfigToYaml(c), "again.yaml", &again).ok());
+  EXPECT_EQ(ConfigToYaml(again), ConfigToYaml(c));
+  // What DRA mode cannot run with is named.
+  ProxyConfig bad = c;
+  bad.dra.driver = "GPU_Vendor";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("not a DNS subdomain"));
+  bad = c;
+  bad.dra.node_name.clear();
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("no node name"));
+  bad = c;
+  bad.dra.cdi_dir = "cdi";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("not an absolute path"));
 }
 
 TEST(ConfigFileTest, MissingFileIsAClearError) {

@@ -115,6 +115,12 @@ absl::Status ProxyServer::Start() {
     e->static_config = sb;
     e->static_backend = true;
   }
+  if (config_.dra.enabled) {
+    if (absl::Status s = StartDra(); !s.ok()) {
+      Shutdown();
+      return s;
+    }
+  }
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
   saver_ = std::thread([this] { SaverLoop(); });
   if (reconciler_) {
@@ -149,6 +155,8 @@ void ProxyServer::Shutdown() {
   if (housekeeping_.joinable()) housekeeping_.join();
   if (saver_.joinable()) saver_.join();
   if (checkpoint_.joinable()) checkpoint_.join();
+  if (dra_thread_.joinable()) dra_thread_.join();
+  if (dra_server_) dra_server_->Stop();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
   std::map<std::string, std::unique_ptr<Entry>> entries;
@@ -206,7 +214,9 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   entries_[name] = std::move(e);
   lock.Release();
   if (attach) (void)raw->resource->AttachBackend(std::move(attach));
-  registrar_->Add(raw->resource.get(), raw->endpoint.get());
+  // In DRA mode the kubelet learns of devices from ResourceSlices: no
+  // device plugin is registered with it (it would win over DRA).
+  if (!config_.dra.enabled) registrar_->Add(raw->resource.get(), raw->endpoint.get());
   LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
   Wake();
   return raw;
@@ -232,6 +242,7 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
 void ProxyServer::Wake() {
   absl::MutexLock lock(&wake_mu_);
   wake_ = true;
+  dra_wake_ = true;
 }
 
 void ProxyServer::HousekeepingLoop() {
@@ -288,6 +299,17 @@ std::vector<HealthCheck> ProxyServer::Liveness() {
 
 std::vector<HealthCheck> ProxyServer::Readiness() {
   std::vector<HealthCheck> checks = registrar_->RegistrationChecks();
+  if (dra_server_) {
+    HealthCheck c;
+    c.name = "dra-registered";
+    c.ok = dra_server_->registered();
+    if (!c.ok) {
+      c.reason = absl::StrCat("the kubelet has not registered DRA driver ", config_.dra.driver,
+                              " (its plugin watcher reads ", dra_server_->registration_socket(),
+                              ")");
+    }
+    checks.push_back(std::move(c));
+  }
   if (keeper_) {
     HealthCheck c;
     c.name = "state-writable";
@@ -661,6 +683,108 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   if (reconciler_) st.devices_held_twice = reconciler_->devices_held_twice();
   st.registrations_rejected = RegistrationRejections();
   return st;
+}
+
+// --- DRA mode -------------------------------------------------------------------
+
+absl::Status ProxyServer::StartDra() {
+  absl::StatusOr<KubeConfig> kc = config_.dra.kubeconfig.empty()
+                                      ? InClusterConfig()
+                                      : LoadKubeconfig(config_.dra.kubeconfig);
+  if (!kc.ok()) return kc.status();
+  absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(*kc);
+  if (!client.ok()) return client.status();
+  kube_ = *std::move(client);
+  publisher_ = std::make_unique<SlicePublisher>(kube_.get(), config_.dra.driver,
+                                                config_.dra.node_name);
+  if (absl::Status s = publisher_->Discover(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("DRA mode needs the API server (", kc->source,
+                                               "): ", s.message()));
+  }
+  ClaimPreparer::Options o;
+  o.driver = config_.dra.driver;
+  o.node = config_.dra.node_name;
+  o.api_version = publisher_->api_version();
+  o.cdi_dir = config_.dra.cdi_dir;
+  o.state_dir = config_.state_dir.empty() ? "" : JoinPath(config_.state_dir, "dra-claims");
+  o.backend_timeout = config_.kubelet.backend_timeout;
+  preparer_ = std::make_unique<ClaimPreparer>(
+      o, kube_.get(), [this](const std::string& pool) { return ResourceOfPool(pool); });
+  dra_server_ = std::make_unique<DraServer>(
+      DraServer::Options{config_.kubelet.kubelet_root, config_.dra.driver}, preparer_.get(),
+      &events_);
+  if (absl::Status s = dra_server_->Start(); !s.ok()) return s;
+  LOG(INFO) << "DRA mode: driver " << config_.dra.driver << " on node " << config_.dra.node_name
+            << ", " << publisher_->api_version() << " at " << kc->server;
+  dra_thread_ = std::thread([this] { DraLoop(); });
+  return absl::OkStatus();
+}
+
+std::optional<BridgedResource> ProxyServer::ResourceOfPool(const std::string& pool) {
+  for (Entry* e : Entries()) {
+    const std::string name = e->resource->name();
+    if (PoolName(PoolSpec{config_.dra.driver, config_.dra.node_name, name}) != pool) continue;
+    BridgedResource r;
+    r.resource = name;
+    r.backend = e->resource->backend_connected() ? e->resource->backend() : nullptr;
+    const Resource::Snapshot snap = e->resource->Current();
+    for (int i = 0; i < snap.list->size(); ++i) {
+      r.device_ids.emplace_back(snap.list->device(i).id);
+    }
+    return r;
+  }
+  return std::nullopt;
+}
+
+void ProxyServer::DraLoop() {
+  // What each resource's pool was last published from (its change count):
+  // a pass publishes the pools that changed, and every 30 s all of them
+  // (the publisher writes nothing when the API server already agrees, and
+  // repairs what a kubelet start deleted).
+  std::map<std::string, uint64_t> published;
+  absl::Time full_at = absl::InfinitePast();
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
+        return dra_wake_ || stop_;
+      };
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      dra_wake_ = false;
+    }
+    const bool full = absl::Now() - full_at >= absl::Seconds(30);
+    if (full) full_at = absl::Now();
+    for (Entry* e : Entries()) {
+      const std::string name = e->resource->name();
+      const uint64_t changes = e->resource->changes();
+      auto it = published.find(name);
+      if (!full && it != published.end() && it->second == changes) continue;
+      const Resource::Snapshot snap = e->resource->Current();
+      std::vector<SliceDevice> devices;
+      devices.reserve(static_cast<size_t>(snap.list->size()));
+      for (int i = 0; i < snap.list->size(); ++i) {
+        const DeviceList::View d = snap.list->device(i);
+        SliceDevice sd;
+        sd.id = std::string(d.id);
+        sd.healthy = d.health == kHealthy && e->resource->backend_connected();
+        if (d.has_topology) {
+          v1beta1::TopologyInfo t;
+          if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {
+            for (const auto& n : t.nodes()) sd.numa_nodes.push_back(n.id());
+          }
+        }
+        devices.push_back(std::move(sd));
+      }
+      absl::Status s = publisher_->Publish(name, devices);
+      if (!s.ok()) {
+        LOG(WARNING) << "DRA: cannot publish " << name << " (retried): " << s.message();
+        events_.Emit("dra_publish_failed", {{"resource", name}, {"error", std::string(s.message())}});
+        continue;
+      }
+      published[name] = changes;
+    }
+  }
 }
 
 }  // namespace dpproxy

@@ -35,6 +35,10 @@
 #include "backends/backend.h"
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
+#include "proxy/dra/claim_preparer.h"
+#include "proxy/dra/dra_server.h"
+#include "proxy/dra/slice_publisher.h"
+#include "proxy/kube/kube_client.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/event_log.h"
 #include "proxy/events/telemetry.h"
@@ -139,6 +143,12 @@ class ProxyServer {
   void HousekeepingLoop();
   void SaverLoop();
   void CheckpointLoop();
+  // DRA mode: the API client, the slice publisher, the claim preparer and
+  // the kubelet-facing DRA server; the publishing thread.
+  absl::Status StartDra();
+  void DraLoop();
+  // The resource whose pool this is (DRA mode).
+  std::optional<BridgedResource> ResourceOfPool(const std::string& pool);
   // Resource timers and static backends that are away (on the workers).
   void TickResources(absl::Time now);
   void ConnectStatic(Entry* e);
@@ -173,6 +183,12 @@ class ProxyServer {
   std::unique_ptr<WorkQueue> workers_;
   std::unique_ptr<Registrar> registrar_;
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
+  // DRA mode only.
+  std::unique_ptr<KubeClient> kube_;
+  std::unique_ptr<SlicePublisher> publisher_;
+  std::unique_ptr<ClaimPreparer> preparer_;
+  std::unique_ptr<DraServer> dra_server_;
+  std::thread dra_thread_;
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
@@ -184,6 +200,7 @@ class ProxyServer {
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool save_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool checkpoint_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool dra_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   // Kubelet restarts seen by housekeeping, for the checkpoint thread.
   std::vector<Reconciler::RestartSeen> restarts_seen_ ABSL_GUARDED_BY(wake_mu_);
   std::thread housekeeping_;

@@ -89,6 +89,11 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
        "Backend streams that ended (plugin gone or restarted), by resource.", nullptr},
       {"device_list_refused", "dpproxy_device_lists_refused_total",
        "Device lists from a backend that dpproxy refused (bad IDs), by resource.", nullptr},
+      {"dra_pool_published", "dpproxy_dra_pool_writes_total",
+       "DRA mode: times a resource's pool was written to the API server (it changed, or "
+       "its slices were gone), by resource and result (ok, failed).",
+       "ok"},
+      {"dra_publish_failed", "dpproxy_dra_pool_writes_total", nullptr, "failed"},
   };
   std::map<std::string, MetricFamily> families;
   for (const Named& n : kNamed) {

@@ -742,6 +742,14 @@ void ProxyServer::DraLoop() {
   // (the publisher writes nothing when the API server already agrees, and
   // repairs what a kubelet start deleted).
   std::map<std::string, uint64_t> published;
+  // A pool that failed to publish waits before the next try, 1 s doubling
+  // to 1 min, and its error is logged when it first appears or changes.
+  struct Retry {
+    absl::Time next = absl::InfinitePast();
+    absl::Duration backoff = absl::ZeroDuration();
+    std::string error;
+  };
+  std::map<std::string, Retry> retry;
   absl::Time full_at = absl::InfinitePast();
   for (;;) {
     {
@@ -760,6 +768,8 @@ void ProxyServer::DraLoop() {
       const uint64_t changes = e->resource->changes();
       auto it = published.find(name);
       if (!full && it != published.end() && it->second == changes) continue;
+      Retry& r = retry[name];
+      if (absl::Now() < r.next) continue;
       const Resource::Snapshot snap = e->resource->Current();
       std::vector<SliceDevice> devices;
       devices.reserve(static_cast<size_t>(snap.list->size()));
@@ -776,13 +786,25 @@ void ProxyServer::DraLoop() {
         }
         devices.push_back(std::move(sd));
       }
+      const int writes = publisher_->writes();
       absl::Status s = publisher_->Publish(name, devices);
       if (!s.ok()) {
-        LOG(WARNING) << "DRA: cannot publish " << name << " (retried): " << s.message();
-        events_.Emit("dra_publish_failed", {{"resource", name}, {"error", std::string(s.message())}});
+        r.backoff = std::min(absl::Minutes(1), std::max(absl::Seconds(1), r.backoff * 2));
+        r.next = absl::Now() + r.backoff;
+        if (std::string(s.message()) != r.error) {
+          r.error = std::string(s.message());
+          LOG(WARNING) << "DRA: cannot publish " << name << "'s devices (retried, "
+                       << "up to every minute): " << s.message();
+        }
+        events_.Emit("dra_publish_failed", {{"resource", name}, {"error", r.error}});
         continue;
       }
+      if (!r.error.empty()) LOG(INFO) << "DRA: " << name << "'s devices published again";
+      r = Retry();
       published[name] = changes;
+      if (publisher_->writes() != writes) {
+        events_.Emit("dra_pool_published", {{"resource", name}, {"devices", devices.size()}});
+      }
     }
   }
 }

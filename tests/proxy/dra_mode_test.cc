@@ -77,6 +77,14 @@ users: [{name: agent, user: {token: node-token}}]
   EXPECT_EQ(slice["spec"]["pool"]["name"], kPool);
   // No device plugin reached the kubelet: it would win over DRA.
   EXPECT_TRUE(h.sim().GetState().resources().empty());
+  // Each write counted: at least the one with the four devices.
+  EXPECT_TRUE(h.WaitFor([&] {
+    const std::string text = h.MetricsText();
+    const std::string key =
+        "dpproxy_dra_pool_writes_total{resource=\"vendor.com/gpu\",result=\"ok\"} ";
+    const size_t at = text.find(key);
+    return at != std::string::npos && std::atof(text.c_str() + at + key.size()) >= 1;
+  }));
 
   // The kubelet's plugin watcher registers the driver.
   const std::string reg_socket =

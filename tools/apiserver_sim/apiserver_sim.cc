@@ -272,6 +272,57 @@ void ApiServerSim::Routes() {
       slices_.erase(it);
       Reply(res, 200, gone);
     });
+    // Claims: created as the API does (a uid and resourceVersion given);
+    // the scheduler's allocation written to status with PUT .../status.
+    server_->Post(base + R"(/namespaces/([^/]+)/resourceclaims)",
+                  [this, api_version](const httplib::Request& req, httplib::Response& res) {
+                    Json c = Json::parse(req.body, nullptr, false);
+                    if (c.is_discarded() || !c.contains("metadata") ||
+                        c["metadata"].value("name", "").empty()) {
+                      return Fail(res, 422, "Invalid", "metadata.name: Required value");
+                    }
+                    const std::string ns = req.matches[1];
+                    const std::string key = absl::StrCat(ns, "/", c["metadata"]["name"].get<std::string>());
+                    {
+                      absl::MutexLock lock(&mu_);
+                      if (claims_.count(key) > 0) {
+                        return Fail(res, 409, "AlreadyExists",
+                                    absl::StrCat("resourceclaims.resource.k8s.io \"",
+                                                 c["metadata"]["name"].get<std::string>(),
+                                                 "\" already exists"));
+                      }
+                    }
+                    c["apiVersion"] = api_version;
+                    c["kind"] = "ResourceClaim";
+                    c["metadata"]["namespace"] = ns;
+                    c["metadata"].erase("uid");
+                    Reply(res, 201, PutClaim(c));
+                  });
+    server_->Put(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+)/status)",
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   Json c = Json::parse(req.body, nullptr, false);
+                   const std::string key = absl::StrCat(req.matches[1].str(), "/",
+                                                        req.matches[2].str());
+                   absl::MutexLock lock(&mu_);
+                   auto it = claims_.find(key);
+                   if (it == claims_.end()) {
+                     return Fail(res, 404, "NotFound",
+                                 absl::StrCat("resourceclaims.resource.k8s.io \"",
+                                              req.matches[2].str(), "\" not found"));
+                   }
+                   if (c.is_discarded() || !c.contains("status")) {
+                     return Fail(res, 422, "Invalid", "status: Required value");
+                   }
+                   if (c["metadata"].value("resourceVersion", "") !=
+                       it->second["metadata"].value("resourceVersion", "")) {
+                     return Fail(res, 409, "Conflict",
+                                 "the object has been modified; please apply your changes to "
+                                 "the latest version and try again");
+                   }
+                   it->second["status"] = c["status"];
+                   it->second["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
+                   Reply(res, 200, it->second);
+                 });
     server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
                  [this](const httplib::Request& req, httplib::Response& res) {
                    const std::string key = absl::StrCat(req.matches[1].str(), "/",

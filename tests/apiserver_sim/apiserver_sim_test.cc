@@ -1,0 +1,101 @@
+// The apiserver_sim binary as a user runs it: started with flags, it prints
+// where it serves; claims are created and allocated through the API as the
+// scheduler does; bad flags exit 2 naming the flag.
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/util/child_process.h"
+#include "proxy/util/files.h"
+#include "tests/testing/process.h"
+#include "tests/testing/sim_helpers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
+  testing::ShortTempDir dir;
+  ChildSpec spec;
+  spec.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim"), "--listen=127.0.0.1:0",
+               "--token=t", "--versions=v1,v1beta1", "--events=" + dir.Sub("events.jsonl")};
+  spec.output_path = dir.Sub("out.log");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // It prints its URL once it listens.
+  std::string url;
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        absl::StatusOr<std::string> out = ReadFile(spec.output_path);
+        const size_t at = out.ok() ? out->find("serving ") : std::string::npos;
+        if (at == std::string::npos || out->find('\n', at) == std::string::npos) return false;
+        url = out->substr(at + 8, out->find('\n', at) - at - 8);
+        return true;
+      },
+      absl::Seconds(10)));
+  ASSERT_TRUE(absl::StartsWith(url, "http://127.0.0.1:")) << url;
+  KubeConfig c;
+  c.server = url;
+  c.token = "t";
+  std::unique_ptr<KubeClient> client = *KubeClient::Create(c);
+  absl::StatusOr<Json> group = client->Get("/apis/resource.k8s.io");
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)["preferredVersion"]["version"], "v1");
+  absl::StatusOr<Json> made = client->Post(
+      "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+      {{"metadata", {{"name", "gpu"}}}, {"spec", Json::object()}});
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_FALSE((*made)["metadata"]["uid"].get<std::string>().empty());
+  Json allocated = *made;
+  allocated["status"] = {{"allocation",
+                          {{"devices",
+                            {{"results",
+                              {{{"request", "gpu"}, {"driver", "gpu.vendor.com"},
+                                {"pool", "node-1/vendor.com-gpu"}, {"device", "gpu-0"}}}}}}}}};
+  ASSERT_TRUE(client->Put("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu/status",
+                          allocated)
+                  .ok());
+  // A second write from the stale copy is a conflict, as in Kubernetes.
+  EXPECT_EQ(client->Put("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu/status",
+                        allocated)
+                .status()
+                .code(),
+            absl::StatusCode::kAborted);
+  absl::StatusOr<Json> got =
+      client->Get("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)["status"]["allocation"]["devices"]["results"][0]["device"], "gpu-0");
+  EXPECT_EQ(client->Post("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+                         {{"metadata", {{"name", "gpu"}}}})
+                .status()
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*p)->Stop(absl::Seconds(10)), 0);  // SIGTERM: a clean exit
+  EXPECT_THAT(*ReadFile(dir.Sub("events.jsonl")), HasSubstr("\"event\":\"request\""));
+}
+
+TEST(ApiServerSimBinaryTest, BadFlagsExitTwoNamingTheFlag) {
+  testing::ShortTempDir dir;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--listen=nowhere"}, {"--versions=v1alpha3"},
+        {"--listen=127.0.0.1:x"}}) {
+    ChildSpec spec;
+    spec.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim")};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.output_path = dir.Sub("bad.log");
+    absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+    ASSERT_TRUE(p.ok());
+    std::optional<int> status = (*p)->Wait(absl::Seconds(10));
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(WEXITSTATUS(*status), 2) << args[0];
+    EXPECT_THAT(*ReadFile(spec.output_path), HasSubstr(args[0].substr(2, args[0].find('=') - 2)));
+  }
+}
+
+}  // namespace
+}  // namespace dpproxy

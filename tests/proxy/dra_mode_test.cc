@@ -11,10 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/dra/v1/api.grpc.pb.h"
-#include "proto/pluginregistration/api.grpc.pb.h"
 #include "proxy/dra/cdi_spec.h"
-#include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
@@ -25,10 +22,8 @@ namespace {
 using sample::SamplePlugin;
 using sim::Personality;
 using testing::ProxyHarness;
-using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
-namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 
 constexpr char kDriver[] = "gpu.vendor.com";
 constexpr char kPool[] = "node-1/vendor.com-gpu";
@@ -61,7 +56,9 @@ users: [{name: agent, user: {token: node-token}}]
     c.dra.kubeconfig = kubeconfig;
     c.dra.cdi_dir = dir.Sub("cdi");
   });
+  // A 1.34 kubelet: DRA v1 and the plugin watcher.
   ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
   ASSERT_TRUE(h.proxy().Start().ok());
   SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
   ASSERT_NE(plugin, nullptr);
@@ -86,24 +83,17 @@ users: [{name: agent, user: {token: node-token}}]
     return at != std::string::npos && std::atof(text.c_str() + at + key.size()) >= 1;
   }));
 
-  // The kubelet's plugin watcher registers the driver.
-  const std::string reg_socket =
-      absl::StrCat(h.config().kubelet.kubelet_root, "/plugins_registry/", kDriver, "-reg.sock");
-  auto reg = pluginregistration::Registration::NewStub(MakeUnixChannel(reg_socket));
-  grpc::ClientContext info_ctx;
-  pluginregistration::PluginInfo info;
-  ASSERT_TRUE(reg->GetInfo(&info_ctx, pluginregistration::InfoRequest(), &info).ok());
-  EXPECT_EQ(info.type(), "DRAPlugin");
-  grpc::ClientContext notify_ctx;
-  pluginregistration::RegistrationStatus st;
-  st.set_plugin_registered(true);
-  pluginregistration::RegistrationStatusResponse ignored;
-  ASSERT_TRUE(reg->NotifyRegistrationStatus(&notify_ctx, st, &ignored).ok());
-  bool ready = false;
-  for (const HealthCheck& c : h.proxy().Readiness()) {
-    if (c.name == "dra-registered") ready = c.ok;
-  }
-  EXPECT_TRUE(ready);
+  // The kubelet's plugin watcher registers the driver, on DRA v1.
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait));
+  ASSERT_TRUE(h.sim().dra_driver(kDriver).has_value());
+  EXPECT_EQ(h.sim().dra_driver(kDriver)->service, "v1.DRAPlugin");
+  EXPECT_TRUE(h.WaitFor([&] {
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == "dra-registered") return c.ok;
+    }
+    return false;
+  }));
 
   // The scheduler allocated two devices to a claim; the kubelet prepares it.
   Json claim = {{"metadata", {{"namespace", "default"}, {"name", "train"}}},
@@ -116,22 +106,14 @@ users: [{name: agent, user: {token: node-token}}]
                         {{"request", "gpu"}, {"driver", kDriver}, {"pool", kPool},
                          {"device", "gpu-2"}}}}}}}}}}};
   const std::string uid = api.PutClaim(claim)["metadata"]["uid"];
-  auto dra = drav1::DRAPlugin::NewStub(MakeUnixChannel(info.endpoint()));
-  drav1::NodePrepareResourcesRequest req;
-  auto* c = req.add_claims();
-  c->set_namespace_("default");
-  c->set_name("train");
-  c->set_uid(uid);
-  grpc::ClientContext prep_ctx;
-  drav1::NodePrepareResourcesResponse resp;
-  ASSERT_TRUE(dra->NodePrepareResources(&prep_ctx, req, &resp).ok());
-  const auto& prepared = resp.claims().at(uid);
-  ASSERT_EQ(prepared.error(), "");
-  ASSERT_EQ(prepared.devices_size(), 2);
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[uid]["error"], "");
+  ASSERT_EQ((*prepared)[uid]["devices"].size(), 2u);
   // The claim's own CDI device, then the plugin's CDI names for the request.
-  EXPECT_THAT(prepared.devices(0).cdi_device_ids(),
-              ElementsAre(absl::StrCat(kDriver, "/claim=", uid, "-gpu"), "vendor.com/gpu=gpu-1",
-                          "vendor.com/gpu=gpu-2"));
+  EXPECT_EQ((*prepared)[uid]["devices"][0]["cdi_device_ids"],
+            Json({absl::StrCat(kDriver, "/claim=", uid, "-gpu"), "vendor.com/gpu=gpu-1",
+                  "vendor.com/gpu=gpu-2"}));
   EXPECT_EQ(plugin->Status().allocate_calls(), 1);
   // The CDI spec carries what the plugin answered for those two devices.
   absl::StatusOr<std::string> spec =
@@ -139,6 +121,10 @@ users: [{name: agent, user: {token: node-token}}]
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_THAT(*spec, HasSubstr("gpu-1"));
   EXPECT_THAT(*spec, HasSubstr("gpu-2"));
+  // An unknown claim is that claim's error; the call succeeds.
+  absl::StatusOr<Json> missing = h.sim().PrepareClaims(kDriver, {{"default", "absent", "u0"}});
+  ASSERT_TRUE(missing.ok());
+  EXPECT_THAT((*missing)["u0"]["error"].get<std::string>(), HasSubstr("not found"));
 
   // A device turns Unhealthy: it leaves the pool, at the next generation.
   const int64_t generation = api.Slices().begin()->second["spec"]["pool"]["generation"];
@@ -151,6 +137,23 @@ users: [{name: agent, user: {token: node-token}}]
   ASSERT_EQ(api.DeleteSlicesOfNode("node-1"), 1);
   ASSERT_TRUE(plugin->SetHealth("gpu-3", "Healthy").ok());
   EXPECT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }));
+
+  // A 1.33 kubelet knows only v1beta1.DRAPlugin: it registers the driver
+  // on that, and the prepared claim gets the same answer (no new Allocate).
+  const size_t from = h.sim().events().Size();
+  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.33")).ok());
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait, from));
+  EXPECT_EQ(h.sim().dra_driver(kDriver)->service, "v1beta1.DRAPlugin");
+  absl::StatusOr<Json> again = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[uid]["devices"], (*prepared)[uid]["devices"]);
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+  // The pod ends: unprepared, its CDI spec gone.
+  absl::StatusOr<Json> un = h.sim().UnprepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(un.ok());
+  EXPECT_EQ((*un)[uid]["error"], "");
+  EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir.Sub("cdi"), kDriver, uid)));
 }
 
 }  // namespace

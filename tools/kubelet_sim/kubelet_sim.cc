@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "proto/dra/v1/api.grpc.pb.h"
+#include "proto/dra/v1beta1/api.grpc.pb.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/podresources/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -958,7 +960,10 @@ void KubeletSim::ReconcileWatcher() {
         ++it;
         continue;
       }
-      if (it->second.registered) {
+      if (it->second.registered && dra_drivers_.erase(it->second.resource) > 0) {
+        events_.Emit("dra_driver_deregistered",
+                     {{"driver", it->second.resource}, {"socket", path}});
+      } else if (it->second.registered) {
         // Deregistration. The plugin's stream may already have ended (then
         // its devices are unhealthy already); the watcher reports it anyway.
         events_.Emit("plugin_deregistered",
@@ -1030,6 +1035,19 @@ void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
     }
   }
   std::string error;
+  const std::string endpoint_of_info = info.endpoint().empty() ? socket_path : info.endpoint();
+  if (info.type() == "DRAPlugin" && kubelet_.minor >= 32) {
+    error = RegisterDraDriver(info, endpoint_of_info);
+    remember(info.name(), error.empty());
+    notify(error.empty(), error);
+    if (!error.empty()) {
+      events_.Emit("registration_rejected", {{"driver", info.name()},
+                                             {"socket", socket_path},
+                                             {"via", "plugin-watcher"},
+                                             {"error", error}});
+    }
+    return;
+  }
   if (info.type() != kDevicePluginType) {
     error = absl::StrCat("no handler registered for plugin type: ", info.type(),
                          " at socket ", socket_path);
@@ -1418,6 +1436,129 @@ bool KubeletSim::WaitForResource(const std::string& resource, int min_healthy,
     return r != nullptr && r->connected && state_.Allocatable(resource) >= min_healthy;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+}
+
+// --- DRA ---------------------------------------------------------------------------
+
+namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
+namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
+
+std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& info,
+                                          const std::string& endpoint) {
+  KubeletVersion kubelet;
+  {
+    absl::MutexLock lock(&mu_);
+    kubelet = kubelet_;
+  }
+  // The first service in the plugin's order that this release knows.
+  std::vector<std::string> known = {"v1beta1.DRAPlugin"};
+  if (kubelet.minor >= 34) known.insert(known.begin(), "v1.DRAPlugin");
+  std::string chosen;
+  for (const std::string& v : info.supported_versions()) {
+    if (std::find(known.begin(), known.end(), v) != known.end()) {
+      chosen = v;
+      break;
+    }
+  }
+  if (chosen.empty()) {
+    return absl::StrCat("none of the versions supported by DRA plugin ", info.name(), " (",
+                        absl::StrJoin(info.supported_versions(), ", "),
+                        ") is supported by kubelet ", kubelet.name, " (",
+                        absl::StrJoin(known, ", "), ")");
+  }
+  absl::MutexLock lock(&mu_);
+  dra_drivers_[info.name()] = DraDriver{endpoint, chosen};
+  events_.Emit("dra_driver_registered",
+               {{"driver", info.name()}, {"endpoint", endpoint}, {"service", chosen}});
+  return "";
+}
+
+std::optional<KubeletSim::DraDriver> KubeletSim::dra_driver(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = dra_drivers_.find(name);
+  if (it == dra_drivers_.end()) return std::nullopt;
+  return it->second;
+}
+
+namespace {
+
+// One DRA call in either package (their messages are the same).
+template <typename Stub, typename Request, typename Response>
+absl::StatusOr<nlohmann::json> DraCall(
+    std::unique_ptr<Stub> stub,
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    const std::vector<KubeletSim::DraClaim>& claims) {
+  Request req;
+  for (const KubeletSim::DraClaim& c : claims) {
+    auto* rc = req.add_claims();
+    rc->set_namespace_(c.namespace_);
+    rc->set_name(c.name);
+    rc->set_uid(c.uid);
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(45)));
+  Response resp;
+  grpc::Status st = ((*stub).*method)(&ctx, req, &resp);
+  if (!st.ok()) return absl::UnavailableError(GoRpcError(st));
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [uid, r] : resp.claims()) {
+    nlohmann::json one = {{"error", r.error()}};
+    if constexpr (std::is_same_v<Response, drav1::NodePrepareResourcesResponse> ||
+                  std::is_same_v<Response, drav1beta1::NodePrepareResourcesResponse>) {
+      nlohmann::json devices = nlohmann::json::array();
+      for (const auto& d : r.devices()) {
+        devices.push_back({{"pool", d.pool_name()},
+                           {"device", d.device_name()},
+                           {"request_names", std::vector<std::string>(d.request_names().begin(),
+                                                                      d.request_names().end())},
+                           {"cdi_device_ids", std::vector<std::string>(
+                                                  d.cdi_device_ids().begin(),
+                                                  d.cdi_device_ids().end())}});
+      }
+      one["devices"] = devices;
+    }
+    out[uid] = one;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> KubeletSim::PrepareClaims(const std::string& driver,
+                                                         const std::vector<DraClaim>& claims) {
+  std::optional<DraDriver> d = dra_driver(driver);
+  if (!d.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DRA driver ", driver, " is not registered with this kubelet"));
+  }
+  absl::StatusOr<nlohmann::json> r =
+      d->service == "v1.DRAPlugin"
+          ? DraCall(drav1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
+                    &drav1::DRAPlugin::Stub::NodePrepareResources, claims)
+          : DraCall(drav1beta1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
+                    &drav1beta1::DRAPlugin::Stub::NodePrepareResources, claims);
+  events_.Emit("dra_prepared", {{"driver", driver},
+                                {"service", d->service},
+                                {"result", r.ok() ? *r : nlohmann::json(std::string(
+                                                             r.status().message()))}});
+  return r;
+}
+
+absl::StatusOr<nlohmann::json> KubeletSim::UnprepareClaims(const std::string& driver,
+                                                           const std::vector<DraClaim>& claims) {
+  std::optional<DraDriver> d = dra_driver(driver);
+  if (!d.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("DRA driver ", driver, " is not registered with this kubelet"));
+  }
+  absl::StatusOr<nlohmann::json> r =
+      d->service == "v1.DRAPlugin"
+          ? DraCall(drav1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
+                    &drav1::DRAPlugin::Stub::NodeUnprepareResources, claims)
+          : DraCall(drav1beta1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
+                    &drav1beta1::DRAPlugin::Stub::NodeUnprepareResources, claims);
+  events_.Emit("dra_unprepared", {{"driver", driver}, {"service", d->service}});
+  return r;
 }
 
 }  // namespace dpproxy::sim

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <grpcpp/server.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -38,6 +39,7 @@
 #include "absl/time/time.h"
 #include "proxy/util/dir_watcher.h"
 #include "proxy/events/event_log.h"
+#include "proto/pluginregistration/api.pb.h"
 #include "tools/kubelet_sim/control.pb.h"
 #include "tools/kubelet_sim/device_manager.h"
 
@@ -159,6 +161,29 @@ class KubeletSim {
   absl::StatusOr<AllocateResponse> Allocate(const AllocateRequest& request);
   State GetState();
   ReadmitResponse Readmit();
+
+  // DRA (1.32+): a driver registered through the plugin watcher (GetInfo
+  // type "DRAPlugin"), by name, and the service the release chose from its
+  // supported_versions (1.34+ take v1.DRAPlugin where offered, 1.32-1.33
+  // know only v1beta1.DRAPlugin). nullopt: not registered.
+  struct DraDriver {
+    std::string endpoint;
+    std::string service;  // "v1.DRAPlugin" or "v1beta1.DRAPlugin"
+  };
+  std::optional<DraDriver> dra_driver(const std::string& name);
+  // NodePrepareResources / NodeUnprepareResources for claims (namespace,
+  // name, uid), in the chosen package, as the kubelet calls them when a pod
+  // with those claims starts or ends (45 s deadline). The answer's claims
+  // as JSON: {uid: {"devices": [{"pool", "device", "cdi_device_ids",
+  // "request_names"}], "error"}}. kFailedPrecondition if the driver is not
+  // registered.
+  struct DraClaim {
+    std::string namespace_, name, uid;
+  };
+  absl::StatusOr<nlohmann::json> PrepareClaims(const std::string& driver,
+                                               const std::vector<DraClaim>& claims);
+  absl::StatusOr<nlohmann::json> UnprepareClaims(const std::string& driver,
+                                                 const std::vector<DraClaim>& claims);
   absl::Status DeletePod(const std::string& uid);
   // True once `resource` is registered and has >= min_healthy healthy devices.
   bool WaitForResource(const std::string& resource, int min_healthy,
@@ -229,6 +254,10 @@ class KubeletSim {
     bool registered = false;
   };
   std::map<std::string, WatchedSocket> watched_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, DraDriver> dra_drivers_ ABSL_GUARDED_BY(mu_);
+  // The DRA branch of RegisterWatcherPlugin: "" or why it was refused.
+  std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
+                                const std::string& endpoint);
 
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<grpc::Server> pod_resources_server_;

@@ -14,6 +14,23 @@ namespace {
 using Json = nlohmann::json;
 constexpr char kGroup[] = "resource.k8s.io";
 
+void Reply(httplib::Response& res, int code, const Json& body);
+void Fail(httplib::Response& res, int code, const std::string& reason,
+          const std::string& message);
+
+// The claim `ns/name` of `claims`, or a 404 answered.
+template <typename Map>
+typename Map::iterator FindClaim(Map& claims, const httplib::Request& req,
+                                 httplib::Response& res) {
+  auto it = claims.find(absl::StrCat(req.matches[1].str(), "/", req.matches[2].str()));
+  if (it == claims.end()) {
+    Fail(res, 404, "NotFound",
+         absl::StrCat("resourceclaims.resource.k8s.io \"", req.matches[2].str(),
+                      "\" not found"));
+  }
+  return it;
+}
+
 void Reply(httplib::Response& res, int code, const Json& body) {
   res.status = code;
   res.set_content(body.dump(), "application/json");
@@ -301,15 +318,9 @@ void ApiServerSim::Routes() {
     server_->Put(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+)/status)",
                  [this](const httplib::Request& req, httplib::Response& res) {
                    Json c = Json::parse(req.body, nullptr, false);
-                   const std::string key = absl::StrCat(req.matches[1].str(), "/",
-                                                        req.matches[2].str());
                    absl::MutexLock lock(&mu_);
-                   auto it = claims_.find(key);
-                   if (it == claims_.end()) {
-                     return Fail(res, 404, "NotFound",
-                                 absl::StrCat("resourceclaims.resource.k8s.io \"",
-                                              req.matches[2].str(), "\" not found"));
-                   }
+                   auto it = FindClaim(claims_, req, res);
+                   if (it == claims_.end()) return;
                    if (c.is_discarded() || !c.contains("status")) {
                      return Fail(res, 422, "Invalid", "status: Required value");
                    }
@@ -325,16 +336,9 @@ void ApiServerSim::Routes() {
                  });
     server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
                  [this](const httplib::Request& req, httplib::Response& res) {
-                   const std::string key = absl::StrCat(req.matches[1].str(), "/",
-                                                        req.matches[2].str());
                    absl::MutexLock lock(&mu_);
-                   auto it = claims_.find(key);
-                   if (it == claims_.end()) {
-                     return Fail(res, 404, "NotFound",
-                                 absl::StrCat("resourceclaims.resource.k8s.io \"",
-                                              req.matches[2].str(), "\" not found"));
-                   }
-                   Reply(res, 200, it->second);
+                   auto it = FindClaim(claims_, req, res);
+                   if (it != claims_.end()) Reply(res, 200, it->second);
                  });
   }
 }

@@ -1526,38 +1526,39 @@ absl::StatusOr<nlohmann::json> DraCall(
 
 absl::StatusOr<nlohmann::json> KubeletSim::PrepareClaims(const std::string& driver,
                                                          const std::vector<DraClaim>& claims) {
-  std::optional<DraDriver> d = dra_driver(driver);
-  if (!d.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("DRA driver ", driver, " is not registered with this kubelet"));
-  }
-  absl::StatusOr<nlohmann::json> r =
-      d->service == "v1.DRAPlugin"
-          ? DraCall(drav1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
-                    &drav1::DRAPlugin::Stub::NodePrepareResources, claims)
-          : DraCall(drav1beta1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
-                    &drav1beta1::DRAPlugin::Stub::NodePrepareResources, claims);
-  events_.Emit("dra_prepared", {{"driver", driver},
-                                {"service", d->service},
-                                {"result", r.ok() ? *r : nlohmann::json(std::string(
-                                                             r.status().message()))}});
-  return r;
+  return DraClaims(driver, claims, /*prepare=*/true);
 }
 
 absl::StatusOr<nlohmann::json> KubeletSim::UnprepareClaims(const std::string& driver,
                                                            const std::vector<DraClaim>& claims) {
+  return DraClaims(driver, claims, /*prepare=*/false);
+}
+
+absl::StatusOr<nlohmann::json> KubeletSim::DraClaims(const std::string& driver,
+                                                     const std::vector<DraClaim>& claims,
+                                                     bool prepare) {
   std::optional<DraDriver> d = dra_driver(driver);
   if (!d.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("DRA driver ", driver, " is not registered with this kubelet"));
   }
-  absl::StatusOr<nlohmann::json> r =
-      d->service == "v1.DRAPlugin"
-          ? DraCall(drav1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
-                    &drav1::DRAPlugin::Stub::NodeUnprepareResources, claims)
-          : DraCall(drav1beta1::DRAPlugin::NewStub(MakeUnixChannel(d->endpoint)),
-                    &drav1beta1::DRAPlugin::Stub::NodeUnprepareResources, claims);
-  events_.Emit("dra_unprepared", {{"driver", driver}, {"service", d->service}});
+  auto channel = MakeUnixChannel(d->endpoint);
+  absl::StatusOr<nlohmann::json> r;
+  if (d->service == "v1.DRAPlugin") {
+    r = prepare ? DraCall(drav1::DRAPlugin::NewStub(channel),
+                          &drav1::DRAPlugin::Stub::NodePrepareResources, claims)
+                : DraCall(drav1::DRAPlugin::NewStub(channel),
+                          &drav1::DRAPlugin::Stub::NodeUnprepareResources, claims);
+  } else {
+    r = prepare ? DraCall(drav1beta1::DRAPlugin::NewStub(channel),
+                          &drav1beta1::DRAPlugin::Stub::NodePrepareResources, claims)
+                : DraCall(drav1beta1::DRAPlugin::NewStub(channel),
+                          &drav1beta1::DRAPlugin::Stub::NodeUnprepareResources, claims);
+  }
+  events_.Emit(prepare ? "dra_prepared" : "dra_unprepared",
+               {{"driver", driver},
+                {"service", d->service},
+                {"result", r.ok() ? *r : nlohmann::json(std::string(r.status().message()))}});
   return r;
 }
 

@@ -258,6 +258,8 @@ class KubeletSim {
   // The DRA branch of RegisterWatcherPlugin: "" or why it was refused.
   std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
                                 const std::string& endpoint);
+  absl::StatusOr<nlohmann::json> DraClaims(const std::string& driver,
+                                           const std::vector<DraClaim>& claims, bool prepare);
 
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<grpc::Server> pod_resources_server_;

@@ -82,7 +82,8 @@ class ClaimPreparer {
   Loss losses();
 
  private:
-  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
+  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string RecordPath(const std::string& uid) const;
 
   const Options options_;

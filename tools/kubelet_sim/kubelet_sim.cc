@@ -1036,7 +1036,12 @@ void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
   }
   std::string error;
   const std::string endpoint_of_info = info.endpoint().empty() ? socket_path : info.endpoint();
-  if (info.type() == "DRAPlugin" && kubelet_.minor >= 32) {
+  int minor = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    minor = kubelet_.minor;
+  }
+  if (info.type() == "DRAPlugin" && minor >= 32) {
     error = RegisterDraDriver(info, endpoint_of_info);
     remember(info.name(), error.empty());
     notify(error.empty(), error);

@@ -55,13 +55,32 @@ std::string ClaimPreparer::RecordPath(const std::string& uid) const {
   return JoinPath(options_.state_dir, absl::StrCat(uid, ".json"));
 }
 
+ClaimPreparer::ClaimTurn::ClaimTurn(ClaimPreparer* p, const std::string& uid) : p_(p), uid_(uid) {
+  absl::MutexLock lock(&p_->mu_);
+  struct Free {
+    ClaimPreparer* p;
+    const std::string* uid;
+  } free{p_, &uid_};
+  p_->mu_.Await(absl::Condition(
+      +[](Free* f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(f->p->mu_) {
+        return f->p->busy_.count(*f->uid) == 0;
+      },
+      &free));
+  p_->busy_.insert(uid_);
+}
+
+ClaimPreparer::ClaimTurn::~ClaimTurn() {
+  absl::MutexLock lock(&p_->mu_);
+  p_->busy_.erase(uid_);
+}
+
 Loss ClaimPreparer::losses() {
   absl::MutexLock lock(&mu_);
   return losses_;
 }
 
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {
-  absl::MutexLock lock(&mu_);
+  ClaimTurn turn(this, claim.uid);
   if (!options_.state_dir.empty()) {
     if (absl::StatusOr<std::string> text = ReadFile(RecordPath(claim.uid)); text.ok()) {
       Json record = Json::parse(*text, nullptr, false);
@@ -188,12 +207,13 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
       return ClaimError(c, absl::StrCat("cannot remember it: ", s.message()));
     }
   }
+  absl::MutexLock lock(&mu_);
   losses_.annotations += loss.annotations;
   return out;
 }
 
 absl::Status ClaimPreparer::Unprepare(const ClaimRef& c) {
-  absl::MutexLock lock(&mu_);
+  ClaimTurn turn(this, c.uid);
   if (absl::Status s = RemoveClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid); !s.ok()) {
     return s;
   }

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,14 +83,26 @@ class ClaimPreparer {
   Loss losses();
 
  private:
-  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
+  // Holds one claim for the caller's scope: calls for one claim run one at
+  // a time (they write its files), calls for different claims at once (a
+  // slow plugin must not hold up every pod starting on the node).
+  class ClaimTurn {
+   public:
+    ClaimTurn(ClaimPreparer* p, const std::string& uid);
+    ~ClaimTurn();
+
+   private:
+    ClaimPreparer* const p_;
+    const std::string uid_;
+  };
   std::string RecordPath(const std::string& uid) const;
 
   const Options options_;
   KubeClient* const client_;
   const ResourceByPool resources_;
-  absl::Mutex mu_;  // one prepare or unprepare at a time: they write files
+  absl::Mutex mu_;
+  std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);  // claim UIDs being worked on
   Loss losses_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,7 +2,11 @@
 // claims, a mock device plugin behind, and real CDI and state directories.
 #include "proxy/dra/claim_preparer.h"
 
+#include <atomic>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/dra/cdi_spec.h"
@@ -153,6 +157,28 @@ TEST_F(ClaimPreparerTest, PreStartIsCalledDuringPrepareWhereThePluginRequiresIt)
       });
   ASSERT_TRUE(Preparer()->Prepare(c).ok());
   EXPECT_THAT(prestarted, ElementsAre("gpu-0", "gpu-1"));
+}
+
+// A slow plugin answer for one claim does not hold up another's prepare:
+// each claim's Allocate waits until the other's has begun.
+TEST_F(ClaimPreparerTest, DifferentClaimsArePreparedAtOnce) {
+  const ClaimRef a = Claim("a", {{"gpu", kPool, "gpu-0"}});
+  const ClaimRef b = Claim("b", {{"gpu", kPool, "gpu-1"}});
+  absl::Notification a_in, b_in;
+  std::atomic<int> both{0};
+  EXPECT_CALL(*backend_, Allocate(_, _, _))
+      .Times(2)
+      .WillRepeatedly([&](const v1beta1::AllocateRequest& req, absl::Duration, auto*) {
+        const bool is_a = req.container_requests(0).devices_ids(0) == "gpu-0";
+        (is_a ? a_in : b_in).Notify();
+        if ((is_a ? b_in : a_in).WaitForNotificationWithTimeout(absl::Seconds(10))) ++both;
+        return Answer(req);
+      });
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  std::thread other([&] { EXPECT_TRUE(p->Prepare(b).ok()); });
+  EXPECT_TRUE(p->Prepare(a).ok());
+  other.join();
+  EXPECT_EQ(both.load(), 2);  // each saw the other inside the plugin
 }
 
 TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {

@@ -644,8 +644,10 @@ TEST_F(ProxyTest, ProxyRestartMakesPluginsRegisterAgain) {
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   // The proxy cleaned its plugin directory like a kubelet: the plugin saw
-  // its socket go and registered again.
-  EXPECT_TRUE(h.WaitFor([&] { return p->Status().registrations() == 2; }));
+  // its socket go and registered again. (At least once more: it may see
+  // the new kubelet.sock and its own socket's removal one after the other
+  // and answer both, which the old "exactly twice" failed on 1 run in 10.)
+  EXPECT_TRUE(h.WaitFor([&] { return p->Status().registrations() >= 2; }));
   EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_TRUE(h.sim().Allocate(Pod("after-proxy-restart", 2)).ok());
 }

@@ -638,6 +638,10 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   if (with_devices) ++status_builds_;
   ProxyStatus st;
   st.pid = ::getpid();
+  if (dra_server_) {
+    st.dra = DraStatus{config_.dra.driver, config_.dra.node_name, publisher_->api_version(),
+                       dra_server_->registration_socket(), dra_server_->registered()};
+  }
   st.kubelet_root = config_.kubelet.kubelet_root;
   st.plugin_socket = backend_registration_socket();
   for (Entry* e : Entries()) {

@@ -31,7 +31,16 @@ const ResourceStatus* ProxyStatus::Find(const std::string& name) const {
 }
 
 Json StatusToJson(const ProxyStatus& s) {
+  Json dra = nullptr;
+  if (s.dra.has_value()) {
+    dra = {{"driver", s.dra->driver},
+           {"node", s.dra->node},
+           {"api_version", s.dra->api_version},
+           {"registration_socket", s.dra->registration_socket},
+           {"registered", s.dra->registered}};
+  }
   return {{"pid", s.pid},
+          {"dra", dra},
           {"kubelet_root", s.kubelet_root},
           {"plugin_socket", s.plugin_socket},
           {"resources", s.resources},
@@ -92,6 +101,11 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     if (j.contains("state") && j["state"].is_object()) s.state = j["state"].get<StateStatus>();
     if (j.contains("quarantined")) j["quarantined"].get_to(s.quarantined);
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
+    if (j.contains("dra") && j["dra"].is_object()) {
+      const Json& d = j["dra"];
+      s.dra = DraStatus{d.value("driver", ""), d.value("node", ""), d.value("api_version", ""),
+                        d.value("registration_socket", ""), d.value("registered", false)};
+    }
     if (j.contains("registrations_rejected")) {
       j["registrations_rejected"].get_to(s.registrations_rejected);
     }
@@ -103,7 +117,17 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
 
 std::string StatusTable(const ProxyStatus& st) {
   std::string out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
-                                 ", plugins register at ", st.plugin_socket, "\n\n");
+                                 ", plugins register at ", st.plugin_socket, "\n");
+  if (st.dra.has_value()) {
+    absl::StrAppend(&out, "DRA driver ", st.dra->driver, " on node ", st.dra->node, " (",
+                    st.dra->api_version, "): ",
+                    st.dra->registered ? "registered with the kubelet"
+                                       : absl::StrCat("NOT registered with the kubelet (its "
+                                                      "plugin watcher reads ",
+                                                      st.dra->registration_socket, ")"),
+                    "\n");
+  }
+  out += "\n";
   absl::StrAppendFormat(&out, "%-28s %-26s %-9s %-40s %s\n", "RESOURCE", "KUBELET API",
                         "BACKEND", "BACKEND ENDPOINT", "DEVICES");
   for (const ResourceStatus& r : st.resources) {

@@ -86,8 +86,19 @@ struct StateStatus {
   int64_t snapshot_bytes = 0;  // as last written by this process
 };
 
+// DRA mode (docs/dra.md): which driver dpproxy is, and whether the kubelet
+// registered it.
+struct DraStatus {
+  std::string driver;
+  std::string node;
+  std::string api_version;  // resource.k8s.io version written
+  std::string registration_socket;
+  bool registered = false;
+};
+
 struct ProxyStatus {
   int64_t pid = 0;
+  std::optional<DraStatus> dra;  // nullopt outside DRA mode
   std::string kubelet_root;
   std::string plugin_socket;
   std::vector<ResourceStatus> resources;

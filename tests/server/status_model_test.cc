@@ -64,6 +64,22 @@ TEST(StatusModelTest, TheStatusFileReadsBackAsWritten) {
   EXPECT_EQ(back->Find("vendor.com/fpga"), nullptr);
 }
 
+TEST(StatusModelTest, DraModeIsShownReadBackAndTold) {
+  ProxyStatus st = Example();
+  st.dra = DraStatus{"gpu.vendor.com", "node-1", "resource.k8s.io/v1",
+                     "/var/lib/kubelet/plugins_registry/gpu.vendor.com-reg.sock", false};
+  const Json json = StatusToJson(st);
+  EXPECT_EQ(json["dra"]["driver"], "gpu.vendor.com");
+  absl::StatusOr<ProxyStatus> back = StatusFromJson(Json::parse(StatusFileText(st)));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(StatusToJson(*back), json);
+  EXPECT_THAT(StatusTable(st), HasSubstr("DRA driver gpu.vendor.com on node node-1 "
+                                         "(resource.k8s.io/v1): NOT registered"));
+  st.dra->registered = true;
+  EXPECT_THAT(StatusTable(st), HasSubstr("registered with the kubelet"));
+  EXPECT_TRUE(StatusToJson(Example())["dra"].is_null());  // outside DRA mode
+}
+
 TEST(StatusModelTest, TheFileTextIsTheJsonWrittenPieceByPiece) {
   ProxyStatus st = Example();
   st.resources[1].devices = {{"nic-\"quoted\"\\0", "Healthy"}};  // escaped as JSON

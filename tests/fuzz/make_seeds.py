@@ -114,6 +114,7 @@ for i, s in enumerate(["vendor.com/gpu", "kubernetes.io/gpu", "requests.x/y", "a
 write("config", "minimal.yaml", "kubelet:\n  root: /var/lib/kubelet\nplugin_dir: /var/lib/dpproxy/device-plugins\n")
 write("config", "renames.yaml", "renames:\n  legacy.com/gpu: vendor.com/gpu\nid_maps:\n  vendor.com/gpu:\n    GPU-abc: gpu-0\n")
 write("config", "bad.yaml", "timeouts: {backend: 5s\n")
+write("config", "dra.yaml", "kubelet: {api: dra}\ndra:\n  driver: gpu.vendor.com\n  node_name: node-1\n  kubeconfig: /etc/dpproxy/kubeconfig\n  cdi_dir: /var/run/cdi\n")
 write("config", "static.yaml", "static_backends:\n  - resource: vendor.com/gpu\n    endpoint: /run/x.sock\n    api: v1alpha\n")
 
 write("kubelet_checkpoint", "v19.json",

@@ -111,6 +111,14 @@ expect_exit "readmit via CLI" 0 "$SIM" readmit --root_dir="$ROOT"
 expect_contains "pod readmitted" "$LAST_OUT" "2 admitted, 0 failed"
 expect_contains "checkpoint written" "$(cat "$ROOT/device-plugins/kubelet_internal_checkpoint")" '"PodUID":"uid-1"'
 expect_exit "delete pod" 0 "$SIM" delete-pod --root_dir="$ROOT" --uid=uid-1
+# DRA verbs: their flags are checked, and a driver the kubelet never
+# registered is named (tests/proxy/dra_mode_test drives a registered one).
+expect_exit "prepare needs --driver" 1 "$SIM" prepare --root_dir="$ROOT" --claims=default/c/u
+expect_exit "prepare checks claims" 1 "$SIM" prepare --root_dir="$ROOT" --driver=gpu.example.com --claims=c
+expect_contains "prepare names the claim format" "$LAST_OUT" "is not NAMESPACE/NAME/UID"
+expect_exit "prepare an unknown driver" 1 "$SIM" prepare --root_dir="$ROOT" --driver=gpu.example.com \
+  --claims=default/c/u
+expect_contains "unknown driver named" "$LAST_OUT" "DRA driver gpu.example.com is not registered"
 
 # A device that turns unhealthy under a running pod fails its re-admission.
 expect_exit "allocate p2" 0 "$SIM" allocate --root_dir="$ROOT" --pod=p2 --containers=c=vendor.com/gpu:dev-1

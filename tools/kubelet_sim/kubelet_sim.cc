@@ -352,6 +352,17 @@ class KubeletSim::Control final : public KubeletControl::Service {
     *resp = sim_->GetState();
     return grpc::Status::OK;
   }
+  grpc::Status DraClaims(grpc::ServerContext*, const DraClaimsRequest* req,
+                         DraClaimsResponse* resp) override {
+    std::vector<KubeletSim::DraClaim> claims;
+    for (const auto& c : req->claims()) claims.push_back({c.namespace_(), c.name(), c.uid()});
+    absl::StatusOr<nlohmann::json> r = req->unprepare()
+                                           ? sim_->UnprepareClaims(req->driver(), claims)
+                                           : sim_->PrepareClaims(req->driver(), claims);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    resp->set_claims_json(r->dump());
+    return grpc::Status::OK;
+  }
   grpc::Status Readmit(grpc::ServerContext*, const ReadmitRequest*,
                        ReadmitResponse* resp) override {
     *resp = sim_->Readmit();

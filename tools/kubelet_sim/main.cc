@@ -78,6 +78,9 @@ DEFINE_string(only, "",
               "Comma-separated event names to print; empty: all. [events]");
 DEFINE_int32(min_healthy, 1, "Healthy devices to wait for. [wait]");
 DEFINE_string(timeout, "30s", "How long to wait. [wait]");
+DEFINE_string(driver, "", "DRA driver name. [prepare, unprepare]");
+DEFINE_string(claims, "",
+              "Claims, comma-separated NAMESPACE/NAME/UID. [prepare, unprepare]");
 
 namespace dpproxy::sim {
 namespace {
@@ -96,6 +99,10 @@ Usage:
                                    kubelet makes after a restart or reboot)
   kubelet_sim delete-pod --uid=U   delete a pod, freeing its devices
   kubelet_sim wait --resource=R    wait until R has --min_healthy healthy devices
+  kubelet_sim prepare --driver=D --claims=NS/NAME/UID,...
+                                   NodePrepareResources of DRA driver D (1.32+),
+                                   as when a pod with those claims starts
+  kubelet_sim unprepare --driver=D --claims=...   the same, as when it ends
   kubelet_sim events --events=FILE print a JSON-lines event file (any dpproxy
                                    tool's) readably, optionally --only=a,b
 
@@ -324,6 +331,41 @@ int RunClient(const std::string& command) {
     State resp;
     st = stub->DeletePod(&ctx, req, &resp);
     if (st.ok()) std::cout << "pod " << FLAGS_uid << " deleted\n";
+  } else if (command == "prepare" || command == "unprepare") {
+    if (FLAGS_driver.empty()) return Fail(command + " needs --driver");
+    DraClaimsRequest req;
+    req.set_driver(FLAGS_driver);
+    req.set_unprepare(command == "unprepare");
+    for (absl::string_view c : absl::StrSplit(FLAGS_claims, ',', absl::SkipEmpty())) {
+      std::vector<std::string> parts = absl::StrSplit(c, '/');
+      if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[2].empty()) {
+        return Fail(absl::StrCat("--claims: \"", c, "\" is not NAMESPACE/NAME/UID"));
+      }
+      auto* claim = req.add_claims();
+      claim->set_namespace_(parts[0]);
+      claim->set_name(parts[1]);
+      claim->set_uid(parts[2]);
+    }
+    if (req.claims_size() == 0) return Fail(command + " needs --claims");
+    DraClaimsResponse resp;
+    st = stub->DraClaims(&ctx, req, &resp);
+    if (st.ok()) {
+      const nlohmann::json answer = nlohmann::json::parse(resp.claims_json());
+      if (json) {
+        std::cout << answer.dump(1) << "\n";
+      } else {
+        for (const auto& [uid, r] : answer.items()) {
+          const std::string error = r.value("error", "");
+          std::cout << uid << ": " << (error.empty() ? "ok" : "ERROR " + error) << "\n";
+          if (!r.contains("devices")) continue;
+          for (const auto& d : r["devices"]) {
+            std::cout << "  " << d.value("pool", "") << " " << d.value("device", "") << " -> "
+                      << absl::StrJoin(d["cdi_device_ids"].get<std::vector<std::string>>(), " ")
+                      << "\n";
+          }
+        }
+      }
+    }
   } else if (command == "wait") {
     if (FLAGS_resource.empty()) return Fail("wait needs --resource");
     absl::StatusOr<absl::Duration> timeout = ParseFlagDuration("timeout", FLAGS_timeout);
@@ -419,7 +461,8 @@ int main(int argc, char** argv) {
     dpproxy::ShiftArgs(&argc, argv);
   }
   const std::vector<std::string> known = {"serve", "allocate", "state", "restart",
-                                          "readmit", "delete-pod", "wait", "events", "generations",
+                                          "readmit", "delete-pod", "wait", "prepare", "unprepare",
+                                          "events", "generations",
                                           "help"};
   if (dpproxy::WantsHelp(argc, argv) || command == "help") {
     std::cout << dpproxy::sim::kUsage << dpproxy::FlagsHelp({"kubelet_sim/main.cc"});

@@ -650,7 +650,15 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     const auto [endpoint, backend_api] = e->resource->last_backend();
     ResourceStatus r;
     r.resource = e->resource->name();
-    r.kubelet_api = e->endpoint->negotiated();
+    // In DRA mode the kubelet sees DRA devices, not a device plugin: the
+    // resource is served once the kubelet registered the driver.
+    if (dra_server_) {
+      r.kubelet_api = dra_server_->registered()
+                          ? absl::StrCat("dra (", config_.dra.driver, ")")
+                          : std::string();
+    } else {
+      r.kubelet_api = e->endpoint->negotiated();
+    }
     r.kubelet_socket = e->endpoint->socket_path();
     r.backend_connected = e->resource->backend_connected();
     r.backend_api = backend_api;

@@ -97,6 +97,7 @@ users: [{name: agent, user: {token: node-token}}]
   ASSERT_TRUE(h.proxy().Status().dra.has_value());
   EXPECT_TRUE(h.proxy().Status().dra->registered);
   EXPECT_EQ(h.proxy().Status().dra->api_version, "resource.k8s.io/v1");
+  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "dra (gpu.vendor.com)");
 
   // The scheduler allocated two devices to a claim; the kubelet prepares it.
   Json claim = {{"metadata", {{"namespace", "default"}, {"name", "train"}}},

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_split.h"
 #include "proxy/cli/cli.h"
+#include "proxy/kube/kube_client.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
 
 DEFINE_string(listen, "127.0.0.1:0", "HOST:PORT to serve on (port 0: any free port, printed).");
@@ -19,9 +20,69 @@ DEFINE_string(versions, "v1",
               "resource.k8s.io versions served, newest first, comma-separated (v1, v1beta2,\n"
               "v1beta1): what discovery at /apis/resource.k8s.io answers.");
 DEFINE_string(events, "", "Append one JSON line per request to this file. Empty: none.");
+DEFINE_string(server, "", "[claim] The API server's URL (what serve printed).");
+DEFINE_string(ca, "", "[claim] PEM CA of an https server.");
+DEFINE_string(claim_namespace, "default", "[claim] The claim's namespace.");
+DEFINE_string(name, "", "[claim] The claim's name.");
+DEFINE_string(driver, "", "[claim] The DRA driver the devices belong to.");
+DEFINE_string(pool, "", "[claim] The pool the devices are in, e.g. node-1/vendor.com-gpu.");
+DEFINE_string(devices, "", "[claim] Device names, comma-separated.");
+DEFINE_string(request, "gpu", "[claim] The claim's request the devices are allocated for.");
+
+namespace {
+
+// The scheduler's part, for trying a DRA driver by hand: a claim created
+// and its allocation written, as kube-scheduler does.
+int Claim() {
+  if (FLAGS_server.empty() || FLAGS_name.empty() || FLAGS_driver.empty() || FLAGS_pool.empty() ||
+      FLAGS_devices.empty()) {
+    std::cerr << "apiserver_sim claim: --server, --name, --driver, --pool and --devices are "
+                 "required\n";
+    return 2;
+  }
+  dpproxy::KubeConfig c;
+  c.server = FLAGS_server;
+  c.token = FLAGS_token;
+  c.ca_file = FLAGS_ca;
+  c.source = "flags";
+  absl::StatusOr<std::unique_ptr<dpproxy::KubeClient>> client = dpproxy::KubeClient::Create(c);
+  if (!client.ok()) {
+    std::cerr << "apiserver_sim claim: " << client.status().message() << "\n";
+    return 2;
+  }
+  using Json = nlohmann::json;
+  const std::string base =
+      absl::StrCat("/apis/resource.k8s.io/v1/namespaces/", FLAGS_claim_namespace, "/resourceclaims");
+  absl::StatusOr<Json> made =
+      (*client)->Post(base, {{"metadata", {{"name", FLAGS_name}}}, {"spec", Json::object()}});
+  if (!made.ok()) {
+    std::cerr << "apiserver_sim claim: " << made.status().message() << "\n";
+    return 1;
+  }
+  Json results = Json::array();
+  for (absl::string_view d : absl::StrSplit(FLAGS_devices, ',', absl::SkipEmpty())) {
+    results.push_back({{"request", FLAGS_request},
+                       {"driver", FLAGS_driver},
+                       {"pool", FLAGS_pool},
+                       {"device", std::string(d)}});
+  }
+  (*made)["status"] = {{"allocation", {{"devices", {{"results", results}}}}}};
+  absl::StatusOr<Json> allocated =
+      (*client)->Put(absl::StrCat(base, "/", FLAGS_name, "/status"), *made);
+  if (!allocated.ok()) {
+    std::cerr << "apiserver_sim claim: " << allocated.status().message() << "\n";
+    return 1;
+  }
+  std::cout << FLAGS_claim_namespace << "/" << FLAGS_name << "/"
+            << (*allocated)["metadata"]["uid"].get<std::string>() << "\n";
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(R"(apiserver_sim [flags]
+  gflags::SetUsageMessage(R"(apiserver_sim [serve] [flags]
+apiserver_sim claim --server=URL --name=N --driver=D --pool=P --devices=A,B [--token=T]
 
 A stand-in for the Kubernetes API server, as far as a DRA driver uses it:
 discovery of resource.k8s.io, ResourceSlices (list with fieldSelector on
@@ -31,11 +92,26 @@ as Kubernetes Status objects, and refusing the slices the real server would
 (more than 128 devices, names that are not DNS labels, a pool without name,
 generation or slice count). Objects live in memory. SIGTERM or SIGINT stop it.
 
+claim plays the scheduler: it creates a ResourceClaim and writes its
+allocation (those devices of that pool, for --request), then prints
+NAMESPACE/NAME/UID, as `kubelet_sim prepare --claims` takes it.
+
 Example:
   apiserver_sim --listen=127.0.0.1:6443 --token=t --versions=v1,v1beta1
-  curl -H 'Authorization: Bearer t' http://127.0.0.1:6443/apis/resource.k8s.io
+  apiserver_sim claim --server=http://127.0.0.1:6443 --token=t --name=train \
+      --driver=gpu.vendor.com --pool=node-1/vendor.com-gpu --devices=gpu-0,gpu-1
 )");
+  std::string command = "serve";
+  if (argc >= 2 && argv[1][0] != '-') {
+    command = argv[1];
+    dpproxy::ShiftArgs(&argc, argv);
+  }
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (command == "claim") return Claim();
+  if (command != "serve") {
+    std::cerr << "apiserver_sim: unknown subcommand \"" << command << "\" (serve, claim)\n";
+    return 2;
+  }
   dpproxy::sim::ApiServerSim::Options o;
   const size_t colon = FLAGS_listen.rfind(':');
   if (colon == std::string::npos) {

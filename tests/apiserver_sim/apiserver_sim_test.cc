@@ -75,6 +75,26 @@ TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
                 .status()
                 .code(),
             absl::StatusCode::kAlreadyExists);
+  // `apiserver_sim claim` plays the scheduler: created and allocated.
+  ChildSpec claim;
+  claim.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim"), "claim", "--server=" + url,
+                "--token=t", "--name=train", "--driver=gpu.vendor.com",
+                "--pool=node-1/vendor.com-gpu", "--devices=gpu-1,gpu-2"};
+  claim.output_path = dir.Sub("claim.log");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> cp = ChildProcess::Start(claim);
+  ASSERT_TRUE(cp.ok());
+  std::optional<int> status = (*cp)->Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << *ReadFile(claim.output_path);
+  absl::StatusOr<Json> train =
+      client->Get("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/train");
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(*ReadFile(claim.output_path),
+            "default/train/" + (*train)["metadata"]["uid"].get<std::string>() + "\n");
+  const Json& results = (*train)["status"]["allocation"]["devices"]["results"];
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1], Json({{"request", "gpu"}, {"driver", "gpu.vendor.com"},
+                              {"pool", "node-1/vendor.com-gpu"}, {"device", "gpu-2"}}));
   EXPECT_EQ((*p)->Stop(absl::Seconds(10)), 0);  // SIGTERM: a clean exit
   EXPECT_THAT(*ReadFile(dir.Sub("events.jsonl")), HasSubstr("\"event\":\"request\""));
 }

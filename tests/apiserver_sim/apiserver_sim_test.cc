@@ -99,6 +99,23 @@ TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
   EXPECT_THAT(*ReadFile(dir.Sub("events.jsonl")), HasSubstr("\"event\":\"request\""));
 }
 
+TEST(ApiServerSimBinaryTest, HelpListsItsOwnFlagsOnly) {
+  testing::ShortTempDir dir;
+  ChildSpec spec;
+  spec.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim"), "--help"};
+  spec.output_path = dir.Sub("help.log");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+  ASSERT_TRUE(p.ok());
+  std::optional<int> status = (*p)->Wait(absl::Seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  const std::string help = *ReadFile(spec.output_path);
+  for (const char* flag : {"--listen", "--token", "--versions", "--server", "--devices"}) {
+    EXPECT_THAT(help, HasSubstr(flag)) << flag;
+  }
+  EXPECT_THAT(help, ::testing::Not(HasSubstr("logtostderr")));  // not glog's
+}
+
 TEST(ApiServerSimBinaryTest, BadFlagsExitTwoNamingTheFlag) {
   testing::ShortTempDir dir;
   for (const std::vector<std::string>& args :

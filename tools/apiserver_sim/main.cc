@@ -31,6 +31,27 @@ DEFINE_string(request, "gpu", "[claim] The claim's request the devices are alloc
 
 namespace {
 
+constexpr char kUsage[] = R"(apiserver_sim [serve] [flags]
+apiserver_sim claim --server=URL --name=N --driver=D --pool=P --devices=A,B [--token=T]
+
+A stand-in for the Kubernetes API server, as far as a DRA driver uses it:
+discovery of resource.k8s.io, ResourceSlices (list with fieldSelector on
+spec.nodeName and spec.driver, create, get, update with resourceVersion,
+delete) and ResourceClaims (create, get, PUT .../status), answering errors
+as Kubernetes Status objects, and refusing the slices the real server would
+(more than 128 devices, names that are not DNS labels, a pool without name,
+generation or slice count). Objects live in memory. SIGTERM or SIGINT stop it.
+
+claim plays the scheduler: it creates a ResourceClaim and writes its
+allocation (those devices of that pool, for --request), then prints
+NAMESPACE/NAME/UID, as `kubelet_sim prepare --claims` takes it.
+
+Example:
+  apiserver_sim --listen=127.0.0.1:6443 --token=t --versions=v1,v1beta1
+  apiserver_sim claim --server=http://127.0.0.1:6443 --token=t --name=train \
+      --driver=gpu.vendor.com --pool=node-1/vendor.com-gpu --devices=gpu-0,gpu-1
+)";
+
 // The scheduler's part, for trying a DRA driver by hand: a claim created
 // and its allocation written, as kube-scheduler does.
 int Claim() {
@@ -81,30 +102,14 @@ int Claim() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(R"(apiserver_sim [serve] [flags]
-apiserver_sim claim --server=URL --name=N --driver=D --pool=P --devices=A,B [--token=T]
-
-A stand-in for the Kubernetes API server, as far as a DRA driver uses it:
-discovery of resource.k8s.io, ResourceSlices (list with fieldSelector on
-spec.nodeName and spec.driver, create, get, update with resourceVersion,
-delete) and ResourceClaims (create, get, PUT .../status), answering errors
-as Kubernetes Status objects, and refusing the slices the real server would
-(more than 128 devices, names that are not DNS labels, a pool without name,
-generation or slice count). Objects live in memory. SIGTERM or SIGINT stop it.
-
-claim plays the scheduler: it creates a ResourceClaim and writes its
-allocation (those devices of that pool, for --request), then prints
-NAMESPACE/NAME/UID, as `kubelet_sim prepare --claims` takes it.
-
-Example:
-  apiserver_sim --listen=127.0.0.1:6443 --token=t --versions=v1,v1beta1
-  apiserver_sim claim --server=http://127.0.0.1:6443 --token=t --name=train \
-      --driver=gpu.vendor.com --pool=node-1/vendor.com-gpu --devices=gpu-0,gpu-1
-)");
   std::string command = "serve";
-  if (argc >= 2 && argv[1][0] != '-') {
+  if (argc >= 2 && argv[1][0] != '-' && std::string(argv[1]) != "help") {
     command = argv[1];
     dpproxy::ShiftArgs(&argc, argv);
+  }
+  if (dpproxy::WantsHelp(argc, argv)) {
+    std::cout << kUsage << "\nFlags:\n" << dpproxy::FlagsHelp({"apiserver_sim/main.cc"});
+    return 0;
   }
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (command == "claim") return Claim();

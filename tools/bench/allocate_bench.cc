@@ -34,6 +34,7 @@
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proto/podresources/api.grpc.pb.h"
+#include "proxy/cli/cli.h"
 #include "proxy/events/event_log.h"
 #include "proxy/state/state_store.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
@@ -778,6 +779,13 @@ int Run() {
 }  // namespace dpproxy
 
 int main(int argc, char** argv) {
+  if (dpproxy::WantsHelp(argc, argv)) {
+    std::cout << "allocate_bench: Allocate through dpproxy beside its floors (direct, a bare\n"
+                 "hop, fdatasync), re-registration, start-up, reconciliation and health flips\n"
+                 "at scale. Run it with tools/dev bench.\n\nFlags:\n"
+              << dpproxy::FlagsHelp({"bench/allocate_bench.cc"});
+    return 0;
+  }
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return dpproxy::Run();
 }

@@ -15,6 +15,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/cli/cli.h"
 #include "proxy/rpc/grpc_util.h"
 
 DEFINE_string(listen, "", "Unix socket to serve v1beta1 Allocate on.");
@@ -67,7 +68,12 @@ int Run() {
 }  // namespace dpproxy
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("bare_hop --listen=SOCKET --target=PLUGIN_SOCKET");
+  if (dpproxy::WantsHelp(argc, argv)) {
+    std::cout << "bare_hop --listen=SOCKET --target=PLUGIN_SOCKET: the floor of a forwarding\n"
+                 "proxy, for allocate_bench.\n\nFlags:\n"
+              << dpproxy::FlagsHelp({"bench/bare_hop.cc"});
+    return 0;
+  }
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return dpproxy::Run();
 }

@@ -14,26 +14,14 @@ ROOT="$DIR/kubelet"
 PLUGINS="$DIR/dpproxy/device-plugins"
 PIDS=()
 
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$DIR"
-}
+# shellcheck source=tools/demo_lib.sh
+source "$(dirname "$0")/demo_lib.sh"
 trap cleanup EXIT
-
-bold() { if [[ -t 1 ]]; then printf '\033[1m%s\033[0m\n' "$*"; else printf '%s\n' "$*"; fi; }
-step() { echo; bold "== $*"; }
-# Prints chosen events of a JSON-lines file readably.
-show_events() {
-  local file="$1"; shift
-  local only; only="$(IFS=,; echo "$*")"
-  "$SIM" events --events="$file" --only="$only" | cut -c1-160 | sed 's/^/   /'
-}
 
 step "1. A simulated kubelet with 1.25+ behaviour (v1beta1, synchronous Register)"
 "$SIM" serve --root_dir="$ROOT" --personality=v1beta1-sync --quiet &
 PIDS+=($!)
-for _ in $(seq 100); do [[ -S "$ROOT/device-plugins/kubelet.sock" ]] && break; sleep 0.05; done
+wait_for test -S "$ROOT/device-plugins/kubelet.sock"
 echo "   listening on $ROOT/device-plugins/kubelet.sock"
 
 step "2. A legacy v1alpha plugin (Kubernetes 1.9 API) registering directly: refused, as in the field"
@@ -41,7 +29,7 @@ step "2. A legacy v1alpha plugin (Kubernetes 1.9 API) registering directly: refu
   --socket_name=legacy-direct.sock \
   --kubelet_socket="$ROOT/device-plugins/kubelet.sock" --events="$DIR/direct.jsonl" --quiet &
 DIRECT=$!
-for _ in $(seq 100); do grep -q registration_failed "$DIR/direct.jsonl" 2>/dev/null && break; sleep 0.05; done
+wait_for grep -q registration_failed "$DIR/direct.jsonl"
 kill "$DIRECT"; wait "$DIRECT" 2>/dev/null || true
 show_events "$DIR/direct.jsonl" registration_failed
 echo "   -> the node would report example.com/gpu capacity 0"
@@ -51,7 +39,7 @@ step "3. dpproxy between them: kubelet side in $ROOT, plugins register at $PLUGI
   --status_file="$DIR/status.json" --state_dir="$DIR/dpproxy" --metrics_address= \
   2>"$DIR/proxy.log" &
 PIDS+=($!)
-for _ in $(seq 100); do [[ -S "$PLUGINS/kubelet.sock" ]] && break; sleep 0.05; done
+wait_for test -S "$PLUGINS/kubelet.sock"
 
 step "4. The same legacy plugin, unchanged, pointed at dpproxy"
 "$PLUGIN" --api=v1alpha --resource=example.com/gpu --devices=4 --id_pattern='gpu-{i}' \

@@ -19,25 +19,9 @@ PLUGINS="$DIR/dpproxy/device-plugins"
 DRIVER=gpu.example.com
 PIDS=()
 
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$DIR"
-}
+# shellcheck source=tools/demo_lib.sh
+source "$(dirname "$0")/demo_lib.sh"
 trap cleanup EXIT
-
-bold() { if [[ -t 1 ]]; then printf '\033[1m%s\033[0m\n' "$*"; else printf '%s\n' "$*"; fi; }
-step() { echo; bold "== $*"; }
-show_events() {
-  local file="$1"; shift
-  local only; only="$(IFS=,; echo "$*")"
-  "$SIM" events --events="$file" --only="$only" | cut -c1-170 | sed 's/^/   /'
-}
-# Polls (50 ms) until the command succeeds, for at most 10 s.
-wait_for() {
-  for _ in $(seq 200); do "$@" >/dev/null 2>&1 && return 0; sleep 0.05; done
-  echo "   (gave up waiting for: $*)"; return 1
-}
 
 step "1. An API server (resource.k8s.io v1) and a 1.34 kubelet, both simulated"
 "$API" --listen=127.0.0.1:0 --token=node-token --events="$DIR/api.jsonl" >"$DIR/api.out" &

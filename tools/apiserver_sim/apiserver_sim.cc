@@ -31,6 +31,19 @@ typename Map::iterator FindClaim(Map& claims, const httplib::Request& req,
   return it;
 }
 
+// The slice named by the path's first group, or a 404 answered.
+template <typename Map>
+typename Map::iterator FindSlice(Map& slices, const httplib::Request& req,
+                                 httplib::Response& res) {
+  auto it = slices.find(req.matches[1].str());
+  if (it == slices.end()) {
+    Fail(res, 404, "NotFound",
+         absl::StrCat("resourceslices.resource.k8s.io \"", req.matches[1].str(),
+                      "\" not found"));
+  }
+  return it;
+}
+
 void Reply(httplib::Response& res, int code, const Json& body) {
   res.status = code;
   res.set_content(body.dump(), "application/json");
@@ -244,14 +257,9 @@ void ApiServerSim::Routes() {
                   });
     const std::string one = base + R"(/resourceslices/([^/]+))";
     server_->Get(one, [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string name = req.matches[1];
       absl::MutexLock lock(&mu_);
-      auto it = slices_.find(name);
-      if (it == slices_.end()) {
-        return Fail(res, 404, "NotFound",
-                    absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" not found"));
-      }
-      Reply(res, 200, it->second);
+      auto it = FindSlice(slices_, req, res);
+      if (it != slices_.end()) Reply(res, 200, it->second);
     });
     server_->Put(one, [this, v, api_version](const httplib::Request& req, httplib::Response& res) {
       const std::string name = req.matches[1];
@@ -259,11 +267,8 @@ void ApiServerSim::Routes() {
       const std::string bad = s.is_discarded() ? "not JSON" : InvalidSlice(s, v);
       if (!bad.empty()) return Fail(res, 422, "Invalid", bad);
       absl::MutexLock lock(&mu_);
-      auto it = slices_.find(name);
-      if (it == slices_.end()) {
-        return Fail(res, 404, "NotFound",
-                    absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" not found"));
-      }
+      auto it = FindSlice(slices_, req, res);
+      if (it == slices_.end()) return;
       if (s["metadata"].value("resourceVersion", "") !=
           it->second["metadata"].value("resourceVersion", "")) {
         return Fail(res, 409, "Conflict",
@@ -278,13 +283,9 @@ void ApiServerSim::Routes() {
       Reply(res, 200, s);
     });
     server_->Delete(one, [this](const httplib::Request& req, httplib::Response& res) {
-      const std::string name = req.matches[1];
       absl::MutexLock lock(&mu_);
-      auto it = slices_.find(name);
-      if (it == slices_.end()) {
-        return Fail(res, 404, "NotFound",
-                    absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" not found"));
-      }
+      auto it = FindSlice(slices_, req, res);
+      if (it == slices_.end()) return;
       Json gone = it->second;
       slices_.erase(it);
       Reply(res, 200, gone);

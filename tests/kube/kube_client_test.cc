@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/util/child_process.h"
@@ -57,6 +58,9 @@ class FakeApiServer {
     });
     port_ = server_.bind_to_any_port("127.0.0.1");  // listening from here on
     thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // stop() does nothing until the accept loop runs (see apiserver_sim.cc).
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!server_.is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   }
   ~FakeApiServer() {
     server_.stop();

@@ -151,6 +151,10 @@ absl::Status ApiServerSim::Start() {
         absl::StrCat("cannot listen on ", options_.host, ":", options_.port));
   }
   thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // httplib's stop() does nothing until the accept loop runs: a Stop()
+  // right after Start() would otherwise leave the thread accepting forever.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!server_->is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   events_.Emit("apiserver_started", {{"url", url()}, {"versions", options_.versions}});
   return absl::OkStatus();
 }

@@ -74,11 +74,6 @@ ClaimPreparer::ClaimTurn::~ClaimTurn() {
   p_->busy_.erase(uid_);
 }
 
-Loss ClaimPreparer::losses() {
-  absl::MutexLock lock(&mu_);
-  return losses_;
-}
-
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {
   ClaimTurn turn(this, claim.uid);
   if (!options_.state_dir.empty()) {
@@ -131,8 +126,8 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
   std::vector<PreparedDevice> spec_devices;  // one per pool and request
   std::vector<std::string> spec_key;         // "pool\nrequest" of each
   std::set<std::string> spec_names;
+  std::vector<std::pair<std::string, Loss>> lost;  // told once the claim is prepared
   std::vector<PreparedClaimDevice> out;
-  Loss loss;
   for (auto& [pool, wanted] : by_pool) {
     std::optional<BridgedResource> res = resources_(pool);
     if (!res.has_value()) {
@@ -186,6 +181,11 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
       spec_devices.push_back({name, resp->container_responses(static_cast<int>(i))});
     }
     for (const Wanted& w : wanted) out.push_back({{w.request}, w.pool, w.device, {}});
+    Loss resource_loss;
+    for (const auto& r : resp->container_responses()) {
+      resource_loss.annotations += r.annotations_size();
+    }
+    if (resource_loss.any()) lost.emplace_back(res->resource, resource_loss);
   }
   absl::StatusOr<ClaimCdiSpec> spec = BuildClaimCdiSpec(options_.driver, c.uid, spec_devices);
   if (!spec.ok()) return ClaimError(c, std::string(spec.status().message()));
@@ -193,7 +193,6 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
   std::map<std::string, std::vector<std::string>> cdi_of;
   for (size_t i = 0; i < spec_devices.size(); ++i) cdi_of[spec_key[i]] = spec->cdi_device_ids[i];
   for (PreparedClaimDevice& d : out) d.cdi_ids = cdi_of[absl::StrCat(d.pool, "\n", d.requests[0])];
-  loss.annotations += spec->loss.annotations;
   if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid, spec->json);
       !s.ok()) {
     return ClaimError(c, absl::StrCat("cannot write its CDI spec: ", s.message()));
@@ -207,8 +206,9 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
       return ClaimError(c, absl::StrCat("cannot remember it: ", s.message()));
     }
   }
-  absl::MutexLock lock(&mu_);
-  losses_.annotations += loss.annotations;
+  if (options_.on_loss) {
+    for (const auto& [resource, l] : lost) options_.on_loss(resource, l);
+  }
   return out;
 }
 

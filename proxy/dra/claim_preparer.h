@@ -67,6 +67,9 @@ class ClaimPreparer {
     std::string cdi_dir = "/var/run/cdi";
     std::string state_dir;  // prepared claims; "": not kept (a repeat prepares again)
     absl::Duration backend_timeout = absl::Seconds(30);
+    // What DRA cannot carry of a resource's answers (device-plugin
+    // annotations: CDI has no container annotations), per prepare.
+    std::function<void(const std::string& resource, const Loss& loss)> on_loss;
   };
   // The resource whose pool has this name (resource_slices.h PoolName), if
   // dpproxy publishes it.
@@ -79,8 +82,6 @@ class ClaimPreparer {
   absl::StatusOr<std::vector<PreparedClaimDevice>> Prepare(const ClaimRef& claim);
   absl::Status Unprepare(const ClaimRef& claim);
 
-  // What DRA cannot carry, summed over prepares (device-plugin annotations).
-  Loss losses();
 
  private:
   absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
@@ -103,7 +104,6 @@ class ClaimPreparer {
   const ResourceByPool resources_;
   absl::Mutex mu_;
   std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);  // claim UIDs being worked on
-  Loss losses_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace dpproxy

@@ -720,6 +720,15 @@ absl::Status ProxyServer::StartDra() {
   o.cdi_dir = config_.dra.cdi_dir;
   o.state_dir = config_.state_dir.empty() ? "" : JoinPath(config_.state_dir, "dra-claims");
   o.backend_timeout = config_.kubelet.backend_timeout;
+  o.on_loss = [this](const std::string& resource, const Loss& loss) {
+    for (const std::string& kind : losses_.Add(resource, loss)) {
+      LOG(WARNING) << "resource " << resource << ": DRA has no place for device-plugin "
+                   << kind << " (CDI has no container annotations); dropping them (logged "
+                   << "once per resource, counted)";
+      events_.Emit("lossy_translation",
+                   {{"resource", resource}, {"kind", kind}, {"kubelet_api", "dra"}});
+    }
+  };
   preparer_ = std::make_unique<ClaimPreparer>(
       o, kube_.get(), [this](const std::string& pool) { return ResourceOfPool(pool); });
   dra_server_ = std::make_unique<DraServer>(

@@ -181,6 +181,32 @@ TEST_F(ClaimPreparerTest, DifferentClaimsArePreparedAtOnce) {
   EXPECT_EQ(both.load(), 2);  // each saw the other inside the plugin
 }
 
+// Device-plugin annotations have no place in DRA: each prepare tells how
+// many of a resource's were dropped.
+TEST_F(ClaimPreparerTest, AnnotationsDroppedAreToldPerResource) {
+  const ClaimRef c = Claim("noted", {{"gpu", kPool, "gpu-0"}});
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).WillOnce([](auto& req, auto, auto*) {
+    absl::StatusOr<v1beta1::AllocateResponse> r = Answer(req);
+    (*r->mutable_container_responses(0)->mutable_annotations())["vendor.com/a"] = "1";
+    (*r->mutable_container_responses(0)->mutable_annotations())["vendor.com/b"] = "2";
+    return r;
+  });
+  std::vector<std::pair<std::string, int>> told;
+  ClaimPreparer::Options o;
+  o.driver = kDriver;
+  o.node = "node-1";
+  o.cdi_dir = dir_.Sub("cdi");
+  o.on_loss = [&](const std::string& resource, const Loss& loss) {
+    told.emplace_back(resource, loss.annotations);
+  };
+  std::shared_ptr<Backend> backend = backend_;
+  ClaimPreparer p(o, client_.get(), [backend](const std::string&) {
+    return std::optional<BridgedResource>(BridgedResource{"vendor.com/gpu", backend, {"gpu-0"}});
+  });
+  ASSERT_TRUE(p.Prepare(c).ok());
+  EXPECT_THAT(told, ElementsAre(std::make_pair(std::string("vendor.com/gpu"), 2)));
+}
+
 TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {
   std::unique_ptr<ClaimPreparer> p = Preparer();
   auto message = [&](const ClaimRef& c) { return std::string(p->Prepare(c).status().message()); };

@@ -119,6 +119,8 @@ users: [{name: agent, user: {token: node-token}}]
             Json({absl::StrCat(kDriver, "/claim=", uid, "-gpu"), "vendor.com/gpu=gpu-1",
                   "vendor.com/gpu=gpu-2"}));
   EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+  // The plugin's container annotation has no place in DRA: counted.
+  EXPECT_EQ(h.proxy().losses().Count("vendor.com/gpu", "annotations"), 1);
   // The CDI spec carries what the plugin answered for those two devices.
   absl::StatusOr<std::string> spec =
       ReadFile(ClaimCdiSpecPath(dir.Sub("cdi"), kDriver, uid));

@@ -3,12 +3,14 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -72,6 +74,35 @@ ClaimPreparer::ClaimTurn::ClaimTurn(ClaimPreparer* p, const std::string& uid) : 
 ClaimPreparer::ClaimTurn::~ClaimTurn() {
   absl::MutexLock lock(&p_->mu_);
   p_->busy_.erase(uid_);
+}
+
+absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
+  if (options_.state_dir.empty() || !PathExists(options_.state_dir)) return 0;
+  int written = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(options_.state_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!absl::EndsWith(name, ".json")) continue;
+    const std::string uid = name.substr(0, name.size() - 5);
+    ClaimTurn turn(this, uid);
+    absl::StatusOr<std::string> text = ReadFile(e.path().string());
+    Json record = text.ok() ? Json::parse(*text, nullptr, false) : Json();
+    if (!record.is_object() || !record.contains("spec") || !record["spec"].is_string()) {
+      LOG(WARNING) << "unreadable prepared-claim record " << e.path().string() << "; skipped";
+      continue;
+    }
+    if (PathExists(ClaimCdiSpecPath(options_.cdi_dir, options_.driver, uid))) continue;
+    if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, uid,
+                                           record["spec"].get<std::string>());
+        !s.ok()) {
+      return s;
+    }
+    ++written;
+  }
+  if (ec) {
+    return absl::InternalError(absl::StrCat("list ", options_.state_dir, ": ", ec.message()));
+  }
+  return written;
 }
 
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {

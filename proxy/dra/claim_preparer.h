@@ -82,6 +82,12 @@ class ClaimPreparer {
   absl::StatusOr<std::vector<PreparedClaimDevice>> Prepare(const ClaimRef& claim);
   absl::Status Unprepare(const ClaimRef& claim);
 
+  // At start: writes the CDI spec of every remembered claim whose spec is
+  // gone. After a reboot the CDI directory (tmpfs) is empty while the
+  // kubelet may still count those claims prepared and not prepare them
+  // again (dra-facts.md §4, kubernetes#141433). Returns how many it wrote.
+  absl::StatusOr<int> RestoreSpecs();
+
 
  private:
   absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);

@@ -731,6 +731,13 @@ absl::Status ProxyServer::StartDra() {
   };
   preparer_ = std::make_unique<ClaimPreparer>(
       o, kube_.get(), [this](const std::string& pool) { return ResourceOfPool(pool); });
+  absl::StatusOr<int> restored = preparer_->RestoreSpecs();
+  if (!restored.ok()) return restored.status();
+  if (*restored > 0) {
+    LOG(INFO) << "DRA: wrote again the CDI specs of " << *restored
+              << " prepared claim(s) whose specs were gone (a reboot empties " << o.cdi_dir << ")";
+    events_.Emit("dra_specs_restored", {{"claims", *restored}});
+  }
   dra_server_ = std::make_unique<DraServer>(
       DraServer::Options{config_.kubelet.kubelet_root, config_.dra.driver}, preparer_.get(),
       &events_);

@@ -142,6 +142,26 @@ TEST_F(ClaimPreparerTest, ARepeatedPrepareAnswersTheSameWithoutThePluginAndResto
   EXPECT_TRUE(p->Unprepare(c).ok());
 }
 
+// A reboot empties the CDI directory while the kubelet may still count the
+// claim prepared and never call prepare: a starting dpproxy writes the
+// remembered specs again, without the plugin.
+TEST_F(ClaimPreparerTest, AStartWritesTheSpecsOfRememberedClaimsAgain) {
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}});
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).Times(1).WillOnce([](auto& req, auto, auto*) {
+    return Answer(req);
+  });
+  ASSERT_TRUE(Preparer()->Prepare(c).ok());
+  const std::string spec_path = ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid);
+  const std::string spec = *ReadFile(spec_path);
+  ASSERT_TRUE(RemoveClaimCdiSpec(dir_.Sub("cdi"), kDriver, c.uid).ok());
+  std::unique_ptr<ClaimPreparer> after_reboot = Preparer();
+  absl::StatusOr<int> n = after_reboot->RestoreSpecs();
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1);
+  EXPECT_EQ(*ReadFile(spec_path), spec);
+  EXPECT_EQ(*after_reboot->RestoreSpecs(), 0);  // nothing gone: nothing written
+}
+
 TEST_F(ClaimPreparerTest, PreStartIsCalledDuringPrepareWhereThePluginRequiresIt) {
   backend_->plugin_options.set_pre_start_required(true);
   const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}, {"b", kPool, "gpu-1"}});

@@ -134,8 +134,12 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const Cl
 }
 
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const ClaimRef& c) {
+  absl::StatusOr<std::string> version = options_.api_version();
+  if (!version.ok()) {
+    return ClaimError(c, absl::StrCat("cannot read the claim: ", version.status().message()));
+  }
   absl::StatusOr<Json> claim = client_->Get(absl::StrCat(
-      "/apis/", options_.api_version, "/namespaces/", c.namespace_, "/resourceclaims/", c.name));
+      "/apis/", *version, "/namespaces/", c.namespace_, "/resourceclaims/", c.name));
   if (!claim.ok()) return ClaimError(c, std::string(claim.status().message()));
   const std::string uid = (*claim)["metadata"].value("uid", "");
   if (uid != c.uid) {

@@ -63,7 +63,11 @@ class ClaimPreparer {
   struct Options {
     std::string driver;
     std::string node;
-    std::string api_version = "resource.k8s.io/v1";  // for reading claims
+    // The resource.k8s.io version to read claims at ("resource.k8s.io/v1"),
+    // asked at each new prepare: found once the API server answers.
+    std::function<absl::StatusOr<std::string>()> api_version = [] {
+      return absl::StatusOr<std::string>("resource.k8s.io/v1");
+    };
     std::string cdi_dir = "/var/run/cdi";
     std::string state_dir;  // prepared claims; "": not kept (a repeat prepares again)
     absl::Duration backend_timeout = absl::Seconds(30);

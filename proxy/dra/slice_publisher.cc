@@ -12,6 +12,10 @@ namespace {
 
 constexpr int kAttempts = 3;
 
+std::string Collection(const std::string& version) {
+  return absl::StrCat("/apis/", version, "/resourceslices");
+}
+
 // The part of a slice's spec dpproxy sets: a real API server adds defaults
 // to the rest, which must not read as a change.
 Json Projection(const Json& spec) {
@@ -38,8 +42,15 @@ Json Projection(const Json& spec) {
 SlicePublisher::SlicePublisher(KubeClient* client, std::string driver, std::string node)
     : client_(client), driver_(std::move(driver)), node_(std::move(node)) {}
 
-std::string SlicePublisher::Collection() const {
-  return absl::StrCat("/apis/", api_version_, "/resourceslices");
+std::string SlicePublisher::api_version() const {
+  absl::MutexLock lock(&mu_);
+  return api_version_;
+}
+
+absl::StatusOr<std::string> SlicePublisher::Version() {
+  if (std::string v = api_version(); !v.empty()) return v;
+  if (absl::Status s = Discover(); !s.ok()) return s;
+  return api_version();
 }
 
 absl::Status SlicePublisher::Discover() {
@@ -51,6 +62,7 @@ absl::Status SlicePublisher::Discover() {
   }
   for (const char* known : {"v1", "v1beta2", "v1beta1"}) {
     if (std::find(served.begin(), served.end(), known) != served.end()) {
+      absl::MutexLock lock(&mu_);
       api_version_ = absl::StrCat("resource.k8s.io/", known);
       return absl::OkStatus();
     }
@@ -62,9 +74,10 @@ absl::Status SlicePublisher::Discover() {
       ", none of v1, v1beta2, v1beta1 that dpproxy writes (DRA needs Kubernetes 1.32 or later)"));
 }
 
-absl::StatusOr<std::vector<Json>> SlicePublisher::PoolSlices(const std::string& pool_name) {
+absl::StatusOr<std::vector<Json>> SlicePublisher::PoolSlices(const std::string& version,
+                                                          const std::string& pool_name) {
   absl::StatusOr<Json> list = client_->Get(absl::StrCat(
-      Collection(), "?fieldSelector=spec.nodeName%3D", node_, "%2Cspec.driver%3D", driver_));
+      Collection(version), "?fieldSelector=spec.nodeName%3D", node_, "%2Cspec.driver%3D", driver_));
   if (!list.ok()) return list.status();
   std::vector<Json> out;
   if (!list->contains("items") || !(*list)["items"].is_array()) return out;
@@ -82,12 +95,11 @@ absl::StatusOr<std::vector<Json>> SlicePublisher::PoolSlices(const std::string& 
 
 absl::Status SlicePublisher::Publish(const std::string& resource,
                                      const std::vector<SliceDevice>& devices) {
-  if (api_version_.empty()) {
-    if (absl::Status s = Discover(); !s.ok()) return s;
-  }
+  absl::StatusOr<std::string> version = Version();
+  if (!version.ok()) return version.status();
   absl::Status s;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    s = PublishOnce(resource, devices);
+    s = PublishOnce(*version, resource, devices);
     if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kAlreadyExists) {
       return s;
     }
@@ -95,11 +107,11 @@ absl::Status SlicePublisher::Publish(const std::string& resource,
   return s;
 }
 
-absl::Status SlicePublisher::PublishOnce(const std::string& resource,
+absl::Status SlicePublisher::PublishOnce(const std::string& version, const std::string& resource,
                                          const std::vector<SliceDevice>& devices) {
-  PoolSpec pool{driver_, node_, resource, 0, api_version_};
+  PoolSpec pool{driver_, node_, resource, 0, version};
   const std::string pool_name = PoolName(pool);
-  absl::StatusOr<std::vector<Json>> existing = PoolSlices(pool_name);
+  absl::StatusOr<std::vector<Json>> existing = PoolSlices(version, pool_name);
   if (!existing.ok()) return existing.status();
   std::map<std::string, Json> by_name;
   for (const Json& e : *existing) {
@@ -126,17 +138,17 @@ absl::Status SlicePublisher::PublishOnce(const std::string& resource,
     auto it = by_name.find(name);
     absl::StatusOr<Json> r;
     if (it == by_name.end()) {
-      r = client_->Post(Collection(), want);
+      r = client_->Post(Collection(version), want);
     } else {
       want["metadata"]["resourceVersion"] = it->second["metadata"].value("resourceVersion", "");
-      r = client_->Put(absl::StrCat(Collection(), "/", name), want);
+      r = client_->Put(absl::StrCat(Collection(version), "/", name), want);
       by_name.erase(it);
     }
     if (!r.ok()) return r.status();
     ++writes_;
   }
   for (const auto& [name, gone] : by_name) {
-    absl::StatusOr<Json> r = client_->Delete(absl::StrCat(Collection(), "/", name));
+    absl::StatusOr<Json> r = client_->Delete(absl::StrCat(Collection(version), "/", name));
     if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
     ++writes_;
   }
@@ -144,15 +156,14 @@ absl::Status SlicePublisher::PublishOnce(const std::string& resource,
 }
 
 absl::Status SlicePublisher::Unpublish(const std::string& resource) {
-  if (api_version_.empty()) {
-    if (absl::Status s = Discover(); !s.ok()) return s;
-  }
+  absl::StatusOr<std::string> version = Version();
+  if (!version.ok()) return version.status();
   absl::StatusOr<std::vector<Json>> existing =
-      PoolSlices(PoolName(PoolSpec{driver_, node_, resource, 0, api_version_}));
+      PoolSlices(*version, PoolName(PoolSpec{driver_, node_, resource, 0, *version}));
   if (!existing.ok()) return existing.status();
   for (const Json& e : *existing) {
-    absl::StatusOr<Json> r =
-        client_->Delete(absl::StrCat(Collection(), "/", e["metadata"].value("name", "")));
+    absl::StatusOr<Json> r = client_->Delete(
+        absl::StrCat(Collection(*version), "/", e["metadata"].value("name", "")));
     if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) return r.status();
     ++writes_;
   }

@@ -12,10 +12,13 @@
 #ifndef DPPROXY_PROXY_DRA_SLICE_PUBLISHER_H_
 #define DPPROXY_PROXY_DRA_SLICE_PUBLISHER_H_
 
+#include <atomic>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "proxy/dra/resource_slices.h"
 #include "proxy/kube/kube_client.h"
 
@@ -28,7 +31,11 @@ class SlicePublisher {
   // Finds the version to write. kFailedPrecondition naming what the server
   // serves when it is none dpproxy knows.
   absl::Status Discover();
-  const std::string& api_version() const { return api_version_; }
+  // The version to write: the one found, or found now (Discover). Safe from
+  // any thread, as is api_version.
+  absl::StatusOr<std::string> Version();
+  // "resource.k8s.io/v1"; "" until found.
+  std::string api_version() const;
 
   // Makes `resource`'s pool hold exactly the healthy ones of `devices`.
   absl::Status Publish(const std::string& resource, const std::vector<SliceDevice>& devices);
@@ -37,18 +44,20 @@ class SlicePublisher {
 
   // Writes (creates, updates, deletes) made so far: a publish that changed
   // nothing adds none.
-  int writes() const { return writes_; }
+  int writes() const { return writes_.load(); }
 
  private:
-  absl::Status PublishOnce(const std::string& resource, const std::vector<SliceDevice>& devices);
-  absl::StatusOr<std::vector<nlohmann::json>> PoolSlices(const std::string& pool_name);
-  std::string Collection() const;
+  absl::Status PublishOnce(const std::string& version, const std::string& resource,
+                           const std::vector<SliceDevice>& devices);
+  absl::StatusOr<std::vector<nlohmann::json>> PoolSlices(const std::string& version,
+                                                         const std::string& pool_name);
 
   KubeClient* const client_;
   const std::string driver_;
   const std::string node_;
-  std::string api_version_;  // "resource.k8s.io/v1", after Discover
-  int writes_ = 0;
+  mutable absl::Mutex mu_;
+  std::string api_version_ ABSL_GUARDED_BY(mu_);  // "resource.k8s.io/v1", after Discover
+  std::atomic<int> writes_{0};
 };
 
 }  // namespace dpproxy

@@ -309,6 +309,14 @@ std::vector<HealthCheck> ProxyServer::Readiness() {
                               ")");
     }
     checks.push_back(std::move(c));
+    HealthCheck api;
+    api.name = "dra-api-server";
+    {
+      absl::MutexLock lock(&mu_);
+      api.reason = dra_api_error_;
+    }
+    api.ok = api.reason.empty();
+    checks.push_back(std::move(api));
   }
   if (keeper_) {
     HealthCheck c;
@@ -639,8 +647,17 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   ProxyStatus st;
   st.pid = ::getpid();
   if (dra_server_) {
-    st.dra = DraStatus{config_.dra.driver, config_.dra.node_name, publisher_->api_version(),
-                       dra_server_->registration_socket(), dra_server_->registered()};
+    std::string api_error;
+    {
+      absl::MutexLock lock(&mu_);
+      api_error = dra_api_error_;
+    }
+    st.dra = DraStatus{config_.dra.driver,
+                       config_.dra.node_name,
+                       publisher_->api_version(),
+                       dra_server_->registration_socket(),
+                       dra_server_->registered(),
+                       std::move(api_error)};
   }
   st.kubelet_root = config_.kubelet.kubelet_root;
   st.plugin_socket = backend_registration_socket();
@@ -709,14 +726,28 @@ absl::Status ProxyServer::StartDra() {
   kube_ = *std::move(client);
   publisher_ = std::make_unique<SlicePublisher>(kube_.get(), config_.dra.driver,
                                                 config_.dra.node_name);
+  // An API server that does not answer yet (a node booting before the
+  // control plane, a network blip) is waited for: the loop publishes once
+  // it answers, and a prepare meanwhile fails its claim, which the kubelet
+  // retries. One it answers for but cannot serve is a start error.
   if (absl::Status s = publisher_->Discover(); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("DRA mode needs the API server (", kc->source,
-                                               "): ", s.message()));
+    const std::string why =
+        absl::StrCat("the API server (", kc->source, ") does not answer: ", s.message());
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kDeadlineExceeded &&
+        s.code() != absl::StatusCode::kResourceExhausted) {
+      return absl::Status(s.code(), absl::StrCat("DRA mode needs the API server (", kc->source,
+                                                 "): ", s.message()));
+    }
+    LOG(WARNING) << "DRA: " << why << "; retrying (1 s doubling to 1 min)";
+    events_.Emit("dra_api_unreachable", {{"error", std::string(s.message())}});
+    absl::MutexLock lock(&mu_);
+    dra_api_error_ = why;
   }
   ClaimPreparer::Options o;
   o.driver = config_.dra.driver;
   o.node = config_.dra.node_name;
-  o.api_version = publisher_->api_version();
+  o.api_version = [this] { return publisher_->Version(); };
   o.cdi_dir = config_.dra.cdi_dir;
   o.state_dir = config_.state_dir.empty() ? "" : JoinPath(config_.state_dir, "dra-claims");
   o.backend_timeout = config_.kubelet.backend_timeout;
@@ -825,9 +856,15 @@ void ProxyServer::DraLoop() {
                        << "up to every minute): " << s.message();
         }
         events_.Emit("dra_publish_failed", {{"resource", name}, {"error", r.error}});
+        absl::MutexLock lock(&mu_);
+        dra_api_error_ = absl::StrCat("cannot publish ", name, "'s devices: ", r.error);
         continue;
       }
       if (!r.error.empty()) LOG(INFO) << "DRA: " << name << "'s devices published again";
+      {
+        absl::MutexLock lock(&mu_);
+        dra_api_error_.clear();
+      }
       r = Retry();
       published[name] = changes;
       if (publisher_->writes() != writes) {

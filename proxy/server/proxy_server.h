@@ -194,6 +194,8 @@ class ProxyServer {
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<QuarantineStatus> quarantine_rows_ ABSL_GUARDED_BY(mu_);
+  // DRA mode: why the API server last failed dpproxy; "" once it answered.
+  std::string dra_api_error_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;

@@ -37,7 +37,8 @@ Json StatusToJson(const ProxyStatus& s) {
            {"node", s.dra->node},
            {"api_version", s.dra->api_version},
            {"registration_socket", s.dra->registration_socket},
-           {"registered", s.dra->registered}};
+           {"registered", s.dra->registered},
+           {"api_error", s.dra->api_error}};
   }
   return {{"pid", s.pid},
           {"dra", dra},
@@ -104,7 +105,8 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     if (j.contains("dra") && j["dra"].is_object()) {
       const Json& d = j["dra"];
       s.dra = DraStatus{d.value("driver", ""), d.value("node", ""), d.value("api_version", ""),
-                        d.value("registration_socket", ""), d.value("registered", false)};
+                        d.value("registration_socket", ""), d.value("registered", false),
+                        d.value("api_error", "")};
     }
     if (j.contains("registrations_rejected")) {
       j["registrations_rejected"].get_to(s.registrations_rejected);
@@ -120,12 +122,16 @@ std::string StatusTable(const ProxyStatus& st) {
                                  ", plugins register at ", st.plugin_socket, "\n");
   if (st.dra.has_value()) {
     absl::StrAppend(&out, "DRA driver ", st.dra->driver, " on node ", st.dra->node, " (",
-                    st.dra->api_version, "): ",
+                    st.dra->api_version.empty() ? "API version not known yet" : st.dra->api_version,
+                    "): ",
                     st.dra->registered ? "registered with the kubelet"
                                        : absl::StrCat("NOT registered with the kubelet (its "
                                                       "plugin watcher reads ",
                                                       st.dra->registration_socket, ")"),
                     "\n");
+    if (!st.dra->api_error.empty()) {
+      absl::StrAppend(&out, "API server: ", st.dra->api_error, "\n");
+    }
   }
   out += "\n";
   absl::StrAppendFormat(&out, "%-28s %-26s %-9s %-40s %s\n", "RESOURCE", "KUBELET API",

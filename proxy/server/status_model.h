@@ -91,9 +91,10 @@ struct StateStatus {
 struct DraStatus {
   std::string driver;
   std::string node;
-  std::string api_version;  // resource.k8s.io version written
+  std::string api_version;  // resource.k8s.io version written; "" until the server answered
   std::string registration_socket;
   bool registered = false;
+  std::string api_error;  // why the API server last failed dpproxy; "" when it answers
 };
 
 struct ProxyStatus {

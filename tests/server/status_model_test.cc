@@ -67,7 +67,8 @@ TEST(StatusModelTest, TheStatusFileReadsBackAsWritten) {
 TEST(StatusModelTest, DraModeIsShownReadBackAndTold) {
   ProxyStatus st = Example();
   st.dra = DraStatus{"gpu.vendor.com", "node-1", "resource.k8s.io/v1",
-                     "/var/lib/kubelet/plugins_registry/gpu.vendor.com-reg.sock", false};
+                     "/var/lib/kubelet/plugins_registry/gpu.vendor.com-reg.sock", false,
+                     "cannot publish vendor.com/gpu's devices: connection refused"};
   const Json json = StatusToJson(st);
   EXPECT_EQ(json["dra"]["driver"], "gpu.vendor.com");
   absl::StatusOr<ProxyStatus> back = StatusFromJson(Json::parse(StatusFileText(st)));
@@ -75,8 +76,11 @@ TEST(StatusModelTest, DraModeIsShownReadBackAndTold) {
   EXPECT_EQ(StatusToJson(*back), json);
   EXPECT_THAT(StatusTable(st), HasSubstr("DRA driver gpu.vendor.com on node node-1 "
                                          "(resource.k8s.io/v1): NOT registered"));
+  EXPECT_THAT(StatusTable(st), HasSubstr("API server: cannot publish vendor.com/gpu's devices"));
   st.dra->registered = true;
+  st.dra->api_error.clear();
   EXPECT_THAT(StatusTable(st), HasSubstr("registered with the kubelet"));
+  EXPECT_THAT(StatusTable(st), Not(HasSubstr("API server:")));
   EXPECT_TRUE(StatusToJson(Example())["dra"].is_null());  // outside DRA mode
 }
 

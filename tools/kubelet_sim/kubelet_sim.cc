@@ -23,9 +23,12 @@
 #include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/kube/kube_config.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/util/status_macros.h"
+#include "tools/kubelet_sim/cdi_registry.h"
 #include "tools/kubelet_sim/control.grpc.pb.h"
 
 namespace dpproxy::sim {
@@ -478,6 +481,8 @@ absl::Status KubeletSim::Start() {
     restored_allocations = state_.allocations().size();
     restored_resources = state_.ResourceNames().size();
   }
+
+  if (kubelet.minor >= 32 && !options_.kubeconfig.empty()) DeleteNodeSlices();
 
   // Remove every non-directory entry but the checkpoint: plugins see their
   // sockets vanish and know the kubelet restarted.
@@ -1489,6 +1494,37 @@ std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& 
   return "";
 }
 
+void KubeletSim::DeleteNodeSlices() {
+  // The real kubelet retries in the background; a start here reports the
+  // failure as an event and goes on.
+  auto fail = [this](const std::string& why) {
+    events_.Emit("node_slices_delete_failed",
+                 {{"node", options_.node_name}, {"error", why}});
+  };
+  absl::StatusOr<KubeConfig> kc = LoadKubeconfig(options_.kubeconfig);
+  if (!kc.ok()) return fail(std::string(kc.status().message()));
+  absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(*kc);
+  if (!client.ok()) return fail(std::string(client.status().message()));
+  absl::StatusOr<nlohmann::json> group = (*client)->Get("/apis/resource.k8s.io");
+  if (!group.ok()) return fail(std::string(group.status().message()));
+  const std::string version = group->value("/preferredVersion/groupVersion"_json_pointer,
+                                           std::string("resource.k8s.io/v1"));
+  const std::string collection = absl::StrCat("/apis/", version, "/resourceslices");
+  absl::StatusOr<nlohmann::json> list = (*client)->Get(
+      absl::StrCat(collection, "?fieldSelector=spec.nodeName%3D", options_.node_name));
+  if (!list.ok()) return fail(std::string(list.status().message()));
+  int deleted = 0;
+  for (const nlohmann::json& item : list->value("items", nlohmann::json::array())) {
+    const std::string name = item.value("/metadata/name"_json_pointer, std::string());
+    absl::StatusOr<nlohmann::json> r = (*client)->Delete(absl::StrCat(collection, "/", name));
+    if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) {
+      return fail(absl::StrCat("delete ", name, ": ", r.status().message()));
+    }
+    ++deleted;
+  }
+  events_.Emit("node_slices_deleted", {{"node", options_.node_name}, {"slices", deleted}});
+}
+
 std::optional<KubeletSim::DraDriver> KubeletSim::dra_driver(const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = dra_drivers_.find(name);
@@ -1570,6 +1606,19 @@ absl::StatusOr<nlohmann::json> KubeletSim::DraClaims(const std::string& driver,
                           &drav1beta1::DRAPlugin::Stub::NodePrepareResources, claims)
                 : DraCall(drav1beta1::DRAPlugin::NewStub(channel),
                           &drav1beta1::DRAPlugin::Stub::NodeUnprepareResources, claims);
+  }
+  if (r.ok() && prepare && !options_.cdi_dirs.empty()) {
+    // What the runtime makes of each device's CDI names.
+    for (auto& [uid, claim] : r->items()) {
+      for (nlohmann::json& dev : claim["devices"]) {
+        const CdiResolution cdi = ResolveCdiDevices(
+            options_.cdi_dirs, dev["cdi_device_ids"].get<std::vector<std::string>>());
+        dev["runtime"] = {{"edits", cdi.edits}, {"errors", cdi.errors}};
+        for (const std::string& e : cdi.errors) {
+          events_.Emit("cdi_unresolved", {{"driver", driver}, {"claim_uid", uid}, {"error", e}});
+        }
+      }
+    }
   }
   events_.Emit(prepare ? "dra_prepared" : "dra_unprepared",
                {{"driver", driver},

@@ -127,6 +127,15 @@ struct KubeletSimOptions {
   // appears, so a plugin that registers at once may have its socket removed
   // under the kubelet's dial. 0: wipe only before listening.
   absl::Duration late_wipe = absl::ZeroDuration();
+  // DRA (1.32+). The CDI directories the container runtime reads: a
+  // prepared claim's CDI names are resolved there as a runtime would (see
+  // PrepareClaims); empty: not resolved.
+  std::vector<std::string> cdi_dirs;
+  // The API server the node's kubelet talks to (a kubeconfig) and the
+  // node's name: at each start the kubelet deletes the node's
+  // ResourceSlices (dra-facts.md §1). Empty: no API server.
+  std::string kubeconfig;
+  std::string node_name = "node-1";
 };
 
 class KubeletSim {
@@ -176,7 +185,10 @@ class KubeletSim {
   // with those claims starts or ends (45 s deadline). The answer's claims
   // as JSON: {uid: {"devices": [{"pool", "device", "cdi_device_ids",
   // "request_names"}], "error"}}. kFailedPrecondition if the driver is not
-  // registered.
+  // registered. With cdi_dirs, each prepared device also gets "runtime":
+  // {"edits": {env, deviceNodes, mounts}, "errors": [...]}, what a
+  // container given its CDI names would get (cdi_registry.h), and an
+  // unresolvable name is the event "cdi_unresolved".
   struct DraClaim {
     std::string namespace_, name, uid;
   };
@@ -256,6 +268,8 @@ class KubeletSim {
   std::map<std::string, WatchedSocket> watched_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, DraDriver> dra_drivers_ ABSL_GUARDED_BY(mu_);
   // The DRA branch of RegisterWatcherPlugin: "" or why it was refused.
+  // At start: deletes the node's ResourceSlices (options_.kubeconfig).
+  void DeleteNodeSlices();
   std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
                                 const std::string& endpoint);
   absl::StatusOr<nlohmann::json> DraClaims(const std::string& driver,

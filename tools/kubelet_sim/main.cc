@@ -78,6 +78,16 @@ DEFINE_string(only, "",
               "Comma-separated event names to print; empty: all. [events]");
 DEFINE_int32(min_healthy, 1, "Healthy devices to wait for. [wait]");
 DEFINE_string(timeout, "30s", "How long to wait. [wait]");
+DEFINE_string(cdi_dirs, "/etc/cdi,/var/run/cdi",
+              "CDI spec directories the container runtime reads, comma-separated: each\n"
+              "prepared device's CDI names are resolved there as a runtime would, and\n"
+              "a name no spec defines is an error of that device. Empty: not\n"
+              "resolved. [serve]");
+DEFINE_string(kubeconfig, "",
+              "The API server of the node (a kubeconfig): at each start a 1.32+\n"
+              "kubelet deletes the node's ResourceSlices, as the real one does.\n"
+              "Empty: no API server. [serve]");
+DEFINE_string(node_name, "node-1", "The node's name, for --kubeconfig. [serve]");
 DEFINE_string(driver, "", "DRA driver name. [prepare, unprepare]");
 DEFINE_string(claims, "",
               "Claims, comma-separated NAMESPACE/NAME/UID. [prepare, unprepare]");
@@ -362,6 +372,14 @@ int RunClient(const std::string& command) {
             std::cout << "  " << d.value("pool", "") << " " << d.value("device", "") << " -> "
                       << absl::StrJoin(d["cdi_device_ids"].get<std::vector<std::string>>(), " ")
                       << "\n";
+            if (!d.contains("runtime")) continue;
+            for (const auto& e : d["runtime"]["errors"]) {
+              std::cout << "    CDI ERROR " << e.get<std::string>() << "\n";
+            }
+            const nlohmann::json& edits = d["runtime"]["edits"];
+            std::cout << "    container gets " << edits["env"].size() << " env, "
+                      << edits["deviceNodes"].size() << " device node(s), "
+                      << edits["mounts"].size() << " mount(s)\n";
           }
         }
       }
@@ -424,6 +442,9 @@ int Serve() {
   absl::StatusOr<absl::Duration> late = ParseFlagDuration("late_wipe", FLAGS_late_wipe);
   if (!late.ok()) return Fail(std::string(late.status().message()));
   options.late_wipe = *late;
+  options.cdi_dirs = absl::StrSplit(FLAGS_cdi_dirs, ',', absl::SkipEmpty());
+  options.kubeconfig = FLAGS_kubeconfig;
+  options.node_name = FLAGS_node_name;
   if (absl::Status s = MakeDirs(options.root_dir); !s.ok()) {
     return Fail(absl::StrCat("cannot create --root_dir: ", s.message()));
   }

@@ -64,6 +64,10 @@ DEFINE_string(fail_allocate, "",
 DEFINE_string(device_list_fault, "",
               "Fault injection: send malformed device lists: duplicate-id, empty-id,\n"
               "newline-id or unknown-health (first device reported \"Sick\").");
+DEFINE_string(cdi_dir, "",
+              "Write the CDI spec behind the cdi_devices this plugin answers (v1beta1)\n"
+              "into this directory at start, as vendor plugins with CDI do\n"
+              "(e.g. /var/run/cdi). Empty: none.");
 DEFINE_string(fault, "",
               "Fault injection: behave as a buggy plugin does, for testing conformance\n"
               "tools (dpconform). One of: wrong-version, register-before-serve,\n"
@@ -142,6 +146,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.fail_allocate = FLAGS_fail_allocate;
   o.device_list_fault = FLAGS_device_list_fault;
   o.fault = FLAGS_fault;
+  o.cdi_dir = FLAGS_cdi_dir;
   DPP_RETURN_IF_ERROR(ValidateOptions(o));
   return o;
 }

@@ -8,6 +8,8 @@
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -693,6 +695,28 @@ void SamplePlugin::ServeLocked() {
   server_ = builder.BuildAndStart();
 }
 
+absl::Status SamplePlugin::WriteCdiSpec() {
+  const std::string domain = ResourceDomain(options_.resource);
+  const std::string name = ResourceShortName(options_.resource);
+  nlohmann::json devices = nlohmann::json::array();
+  for (const std::string& id : DeviceIds(options_)) {
+    const std::string node = absl::StrCat("/dev/sample-cdi/", id);
+    devices.push_back(
+        {{"name", id},
+         {"containerEdits",
+          {{"deviceNodes", {{{"path", node}, {"hostPath", node}, {"permissions", "rw"}}}}}}});
+  }
+  const nlohmann::json spec = {{"cdiVersion", "0.6.0"},
+                               {"kind", absl::StrCat(domain, "/", name)},
+                               {"devices", devices}};
+  const std::string path =
+      JoinPath(options_.cdi_dir, absl::StrCat("sample-plugin-", domain, "-", name, ".json"));
+  DPP_RETURN_IF_ERROR(MakeDirs(options_.cdi_dir));
+  DPP_RETURN_IF_ERROR(WriteFileAtomic(path, spec.dump(1)));
+  events_.Emit("cdi_spec_written", {{"path", path}});
+  return absl::OkStatus();
+}
+
 absl::Status SamplePlugin::Start() {
   DPP_RETURN_IF_ERROR(ValidateOptions(options_));
   DPP_RETURN_IF_ERROR(MakeDirs(DirOf(socket_path_)));
@@ -715,6 +739,9 @@ absl::Status SamplePlugin::Start() {
     if (server_ == nullptr) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));
     }
+  }
+  if (!options_.cdi_dir.empty() && options_.api == ApiVersion::kV1Beta1) {
+    DPP_RETURN_IF_ERROR(WriteCdiSpec());
   }
   started_ = true;
   events_.Emit("serving", {{"socket", socket_path_},

@@ -84,6 +84,12 @@ struct SamplePluginOptions {
   // Fault injection for conformance tests: one behaviour of a buggy plugin,
   // named in kPluginFaults (see there); empty: none.
   std::string fault;
+  // Where to write the CDI spec behind the cdi_devices it answers (v1beta1),
+  // as vendor plugins with CDI do: <cdi_dir>/sample-plugin-<domain>-<name>.json,
+  // kind <domain>/<name>, one device per ID with the node
+  // /dev/sample-cdi/<id>. Written at Start, left in place at Stop. Empty:
+  // none (a runtime cannot resolve those names).
+  std::string cdi_dir;
 };
 
 // The values SamplePluginOptions::fault accepts, each a bug seen in real
@@ -163,6 +169,7 @@ class SamplePlugin {
   // Serves the socket again if a kubelet start removed it; true if it did.
   bool ServeAgainIfRemoved();
   absl::Status RegisterOnce();
+  absl::Status WriteCdiSpec();
   void FlipLoop();
 
   const SamplePluginOptions options_;

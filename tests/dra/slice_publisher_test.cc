@@ -112,6 +112,45 @@ TEST(SlicePublisherTest, TheServedVersionIsDiscoveredAndAnUnknownOneNamed) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("serves resource.k8s.io v1alpha3"));
 }
 
+TEST(SlicePublisherTest, ConflictsAreRetriedAndAServerThatFailsLosesNothing) {
+  ApiFixture s;
+  SlicePublisher p(s.client.get(), "gpu.vendor.com", "node-1");
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(4)).ok());
+  // Someone wrote in between, twice: each 409 is retried from a fresh list.
+  s.api.InjectFault({"PUT", "/apis/resource.k8s.io/v1/resourceslices/", 409, 2});
+  std::vector<SliceDevice> three = Gpus(4);
+  three[3].healthy = false;
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", three).ok());
+  EXPECT_EQ(s.Devices(), 3);
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{2, 1}}));
+  // A failing server: the publish fails naming it, and writes nothing.
+  s.api.InjectFault({"", "/apis/", 503, 1});
+  absl::Status failed = p.Publish("vendor.com/gpu", Gpus(4));
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("unable to handle the request"));
+  EXPECT_EQ(s.Devices(), 3);
+  // Gone altogether, then back on its address: the next publish lands.
+  s.api.Stop();
+  EXPECT_EQ(p.Publish("vendor.com/gpu", Gpus(4)).code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(s.api.Start().ok());
+  ASSERT_TRUE(p.Publish("vendor.com/gpu", Gpus(4)).ok());
+  EXPECT_EQ(s.Devices(), 4);
+  EXPECT_EQ(s.Generations(), (std::map<int64_t, int>{{3, 1}}));
+}
+
+TEST(SlicePublisherTest, AServerNotYetAnsweringIsDiscoveredOnceItDoes) {
+  ApiFixture s;
+  s.api.Stop();
+  SlicePublisher p(s.client.get(), "gpu.vendor.com", "node-1");
+  EXPECT_EQ(p.Version().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(p.api_version(), "");
+  ASSERT_TRUE(s.api.Start().ok());
+  absl::StatusOr<std::string> v = p.Version();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "resource.k8s.io/v1");
+  EXPECT_EQ(p.api_version(), "resource.k8s.io/v1");
+}
+
 TEST(SlicePublisherTest, TheSimulatorRefusesWhatTheApiServerWould) {
   ApiFixture s;
   Json slice = {{"metadata", {{"name", "x"}}},

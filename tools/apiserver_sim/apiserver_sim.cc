@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <optional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -142,14 +144,15 @@ absl::Status ApiServerSim::Start() {
     server_ = std::move(tls);
   }
   Routes();
-  port_ = options_.port == 0 ? server_->bind_to_any_port(options_.host)
-                             : (server_->bind_to_port(options_.host, options_.port)
-                                    ? options_.port
-                                    : -1);
-  if (port_ <= 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options_.host, ":", options_.port));
+  // Started before: the same port, so that clients find it again.
+  const int want = port_ > 0 ? port_ : options_.port;
+  const int got = want == 0 ? server_->bind_to_any_port(options_.host)
+                            : (server_->bind_to_port(options_.host, want) ? want : -1);
+  if (got <= 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.host, ":", want));
   }
+  port_ = got;
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // httplib's stop() does nothing until the accept loop runs: a Stop()
   // right after Start() would otherwise leave the thread accepting forever.
@@ -164,6 +167,17 @@ void ApiServerSim::Stop() {
   server_->stop();
   if (thread_.joinable()) thread_.join();
   server_.reset();
+  events_.Emit("apiserver_stopped", {{"url", url()}});
+}
+
+void ApiServerSim::InjectFault(Fault fault) {
+  absl::MutexLock lock(&mu_);
+  faults_.push_back(std::move(fault));
+}
+
+void ApiServerSim::SetLatency(absl::Duration latency) {
+  absl::MutexLock lock(&mu_);
+  latency_ = latency;
 }
 
 ApiServerSim::Json ApiServerSim::PutClaim(Json claim) {
@@ -196,11 +210,43 @@ int ApiServerSim::DeleteSlicesOfNode(const std::string& node) {
 
 void ApiServerSim::Routes() {
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.token.empty() ||
-        req.get_header_value("Authorization") == absl::StrCat("Bearer ", options_.token)) {
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (!options_.token.empty() &&
+        req.get_header_value("Authorization") != absl::StrCat("Bearer ", options_.token)) {
+      Fail(res, 401, "Unauthorized", "Unauthorized");
+      return httplib::Server::HandlerResponse::Handled;
     }
-    Fail(res, 401, "Unauthorized", "Unauthorized");
+    absl::Duration latency;
+    std::optional<int> fault;
+    {
+      absl::MutexLock lock(&mu_);
+      latency = latency_;
+      for (auto it = faults_.begin(); it != faults_.end(); ++it) {
+        if ((it->method.empty() || it->method == req.method) &&
+            absl::StartsWith(req.path, it->path_prefix)) {
+          fault = it->code;
+          if (--it->times <= 0) faults_.erase(it);
+          break;
+        }
+      }
+    }
+    // The server's own slowness, as a real overloaded one answers late.
+    if (latency > absl::ZeroDuration()) absl::SleepFor(latency);
+    if (!fault.has_value()) return httplib::Server::HandlerResponse::Unhandled;
+    switch (*fault) {
+      case 409:
+        Fail(res, 409, "Conflict",
+             "Operation cannot be fulfilled: the object has been modified; please apply your "
+             "changes to the latest version and try again");
+        break;
+      case 429:
+        Fail(res, 429, "TooManyRequests", "the server has received too many requests");
+        break;
+      case 503:
+        Fail(res, 503, "ServiceUnavailable", "the server is currently unable to handle the request");
+        break;
+      default:
+        Fail(res, *fault, "InternalError", "an error on the server has prevented the request");
+    }
     return httplib::Server::HandlerResponse::Handled;
   });
   server_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {

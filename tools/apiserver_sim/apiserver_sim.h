@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proxy/events/event_log.h"
 
 namespace httplib {
@@ -53,9 +54,25 @@ class ApiServerSim {
   explicit ApiServerSim(Options options);
   ~ApiServerSim();
 
-  // Listens (port() is known when it returns) and serves on a thread.
+  // Listens (port() is known when it returns) and serves on a thread. A
+  // Start after Stop listens on the same port again (the server came back).
   absl::Status Start();
   void Stop();
+
+  // Faults of a real control plane. The next `times` requests whose method
+  // is `method` ("" any) and whose path starts with `path_prefix` are
+  // answered `code` with the API server's Status and reason (409 Conflict,
+  // 429 TooManyRequests, 500 InternalError, 503 ServiceUnavailable) and
+  // change nothing.
+  struct Fault {
+    std::string method;
+    std::string path_prefix;
+    int code = 503;
+    int times = 1;
+  };
+  void InjectFault(Fault fault);
+  // Every answer waits this long first (an overloaded server).
+  void SetLatency(absl::Duration latency);
   int port() const { return port_; }
   std::string url() const;
 
@@ -82,6 +99,8 @@ class ApiServerSim {
   int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1000;
   std::map<std::string, Json> slices_ ABSL_GUARDED_BY(mu_);  // by name
   std::map<std::string, Json> claims_ ABSL_GUARDED_BY(mu_);  // by "ns/name"
+  std::vector<Fault> faults_ ABSL_GUARDED_BY(mu_);
+  absl::Duration latency_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
 }  // namespace dpproxy::sim

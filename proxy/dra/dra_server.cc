@@ -121,6 +121,7 @@ class DraServer::Services {
       s_->registered_ = st->plugin_registered();
       if (st->plugin_registered()) {
         LOG(INFO) << "DRA driver " << s_->options_.driver << ": registered with the kubelet";
+        if (s_->options_.on_registered) s_->options_.on_registered();
       } else {
         LOG(ERROR) << "DRA driver " << s_->options_.driver
                    << ": the kubelet refused the registration: " << st->error();

@@ -12,6 +12,7 @@
 #define DPPROXY_PROXY_DRA_DRA_SERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,9 @@ class DraServer {
   struct Options {
     std::string kubelet_root = "/var/lib/kubelet";
     std::string driver;
+    // Called when the kubelet registers the driver (after each kubelet
+    // start): a kubelet deletes the node's slices when it starts.
+    std::function<void()> on_registered;
   };
   DraServer(Options options, ClaimPreparer* preparer, EventLog* events);
   ~DraServer();

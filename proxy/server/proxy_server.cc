@@ -769,9 +769,17 @@ absl::Status ProxyServer::StartDra() {
               << " prepared claim(s) whose specs were gone (a reboot empties " << o.cdi_dir << ")";
     events_.Emit("dra_specs_restored", {{"claims", *restored}});
   }
+  // A kubelet that registers the driver has just started and deletes the
+  // node's slices then: publish everything again at once, and once more a
+  // little later, as its deletion may land after its registration call.
+  auto on_registered = [this] {
+    absl::MutexLock lock(&wake_mu_);
+    dra_full_ = true;
+    dra_wake_ = true;
+  };
   dra_server_ = std::make_unique<DraServer>(
-      DraServer::Options{config_.kubelet.kubelet_root, config_.dra.driver}, preparer_.get(),
-      &events_);
+      DraServer::Options{config_.kubelet.kubelet_root, config_.dra.driver, on_registered},
+      preparer_.get(), &events_);
   if (absl::Status s = dra_server_->Start(); !s.ok()) return s;
   LOG(INFO) << "DRA mode: driver " << config_.dra.driver << " on node " << config_.dra.node_name
             << ", " << publisher_->api_version() << " at " << kc->server;
@@ -810,7 +818,9 @@ void ProxyServer::DraLoop() {
   };
   std::map<std::string, Retry> retry;
   absl::Time full_at = absl::InfinitePast();
+  absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
   for (;;) {
+    bool registered = false;
     {
       absl::MutexLock lock(&wake_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
@@ -819,9 +829,15 @@ void ProxyServer::DraLoop() {
       wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
       if (stop_) return;
       dra_wake_ = false;
+      registered = dra_full_;
+      dra_full_ = false;
     }
-    const bool full = absl::Now() - full_at >= absl::Seconds(30);
-    if (full) full_at = absl::Now();
+    const absl::Time now = absl::Now();
+    if (registered) full_again_at = now + absl::Seconds(5);
+    const bool again = now >= full_again_at;
+    if (again) full_again_at = absl::InfiniteFuture();
+    const bool full = registered || again || now - full_at >= absl::Seconds(30);
+    if (full) full_at = now;
     for (Entry* e : Entries()) {
       const std::string name = e->resource->name();
       const uint64_t changes = e->resource->changes();

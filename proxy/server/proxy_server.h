@@ -203,6 +203,7 @@ class ProxyServer {
   bool save_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool checkpoint_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool dra_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool dra_full_ ABSL_GUARDED_BY(wake_mu_) = false;  // publish every pool, not only changed ones
   // Kubelet restarts seen by housekeeping, for the checkpoint thread.
   std::vector<Reconciler::RestartSeen> restarts_seen_ ABSL_GUARDED_BY(wake_mu_);
   std::thread housekeeping_;

@@ -27,6 +27,7 @@ using Json = nlohmann::json;
 
 constexpr char kDriver[] = "gpu.vendor.com";
 constexpr char kPool[] = "node-1/vendor.com-gpu";
+constexpr absl::Duration kApiWait = absl::Seconds(30);  // past a few 1 s-doubling retries
 
 int PublishedDevices(sim::ApiServerSim& api, std::set<std::string>* names = nullptr) {
   int n = 0;
@@ -37,6 +38,54 @@ int PublishedDevices(sim::ApiServerSim& api, std::set<std::string>* names = null
     }
   }
   return n;
+}
+
+// A kubeconfig naming the simulator, for dpproxy and for the kubelet sim.
+std::string WriteKubeconfig(const testing::ShortTempDir& dir, const sim::ApiServerSim& api) {
+  const std::string path = dir.Sub("kubeconfig");
+  EXPECT_TRUE(WriteFileAtomic(path, absl::StrCat(R"(current-context: node
+contexts: [{name: node, context: {cluster: sim, user: agent}}]
+clusters: [{name: sim, cluster: {server: ")", api.url(), R"("}}]
+users: [{name: agent, user: {token: node-token}}]
+)")).ok());
+  return path;
+}
+
+// dpproxy in DRA mode for driver kDriver on node-1, its CDI specs in
+// <dir>/cdi; the kubelet sim resolves CDI names there and deletes the
+// node's slices at each start.
+std::unique_ptr<ProxyHarness> DraHarness(const std::string& kubeconfig, const std::string& cdi,
+                                         Personality personality = Personality::kV1Beta1Sync) {
+  return std::make_unique<ProxyHarness>(
+      personality, false,
+      [&](ProxyConfig& c) {
+        c.dra.enabled = true;
+        c.dra.driver = kDriver;
+        c.dra.node_name = "node-1";
+        c.dra.kubeconfig = kubeconfig;
+        c.dra.cdi_dir = cdi;
+      },
+      [&](sim::KubeletSimOptions& so) {
+        so.cdi_dirs = {cdi};
+        so.kubeconfig = kubeconfig;
+        so.node_name = "node-1";
+      });
+}
+
+Json Claim(const std::string& name, const std::vector<std::string>& devices) {
+  Json results = Json::array();
+  for (const std::string& d : devices) {
+    results.push_back({{"request", "gpu"}, {"driver", kDriver}, {"pool", kPool}, {"device", d}});
+  }
+  return {{"metadata", {{"namespace", "default"}, {"name", name}}},
+          {"status", {{"allocation", {{"devices", {{"results", results}}}}}}}};
+}
+
+HealthCheck Check(ProxyServer& proxy, const std::string& name) {
+  for (const HealthCheck& c : proxy.Readiness()) {
+    if (c.name == name) return c;
+  }
+  return HealthCheck{};
 }
 
 TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
@@ -160,6 +209,183 @@ users: [{name: agent, user: {token: node-token}}]
   ASSERT_TRUE(un.ok());
   EXPECT_EQ((*un)[uid]["error"], "");
   EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir.Sub("cdi"), kDriver, uid)));
+}
+
+TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot) {
+  // The API server is down when the node comes up.
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  const std::string kubeconfig = WriteKubeconfig(dir, api);
+  const std::string cdi = dir.Sub("cdi");
+  api.Stop();
+  std::unique_ptr<ProxyHarness> h = DraHarness(kubeconfig, cdi);
+  ASSERT_TRUE(h->sim().Start().ok());
+  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
+  // dpproxy starts anyway, says why it is not ready, and registers.
+  ASSERT_TRUE(h->proxy().Start().ok());
+  HealthCheck api_check = Check(h->proxy(), "dra-api-server");
+  EXPECT_FALSE(api_check.ok);
+  EXPECT_THAT(api_check.reason, HasSubstr("does not answer"));
+  EXPECT_THAT(h->proxy().Status().dra->api_error, HasSubstr("does not answer"));
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                             testing::kWait));
+  // A Kubernetes 1.9 plugin (v1alpha) behind it.
+  sample::SamplePlugin* plugin = h->StartPlugin(h->PluginOptions(ApiVersion::kV1Alpha));
+  ASSERT_NE(plugin, nullptr);
+
+  // The API server comes up: the pool is published, dpproxy is ready.
+  ASSERT_TRUE(api.Start().ok());
+  ASSERT_TRUE(h->WaitFor([&] { return PublishedDevices(api) == 4; }, kApiWait));
+  EXPECT_TRUE(h->WaitFor([&] { return Check(h->proxy(), "dra-api-server").ok; }));
+  EXPECT_EQ(h->proxy().Status().dra->api_error, "");
+
+  // A pod's claim for two devices: the container gets what the v1alpha
+  // plugin answered, through dpproxy's CDI spec, as the runtime resolves it.
+  const std::string uid = api.PutClaim(Claim("train", {"gpu-0", "gpu-1"}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h->sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[uid]["error"], "");
+  const Json devices = (*prepared)[uid]["devices"];
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_EQ(devices[0]["cdi_device_ids"], Json({absl::StrCat(kDriver, "/claim=", uid, "-gpu")}));
+  const Json& runtime = devices[0]["runtime"];
+  EXPECT_EQ(runtime["errors"], Json::array());
+  EXPECT_EQ(runtime["edits"]["env"],
+            Json({"SAMPLE_GPU_DEVICES=gpu-0,gpu-1", "SAMPLE_PLUGIN_API=v1alpha"}));
+  ASSERT_EQ(runtime["edits"]["deviceNodes"].size(), 2u);
+  EXPECT_EQ(runtime["edits"]["deviceNodes"][0]["path"], "/dev/sample/gpu-0");
+  EXPECT_EQ(runtime["edits"]["deviceNodes"][1]["path"], "/dev/sample/gpu-1");
+  ASSERT_EQ(runtime["edits"]["mounts"].size(), 2u);
+  EXPECT_EQ(runtime["edits"]["mounts"][0]["containerPath"], "/run/sample/gpu-0");
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+
+  // dpproxy restarts: the kubelet prepares again and gets the same answer,
+  // with no second Allocate.
+  size_t from = h->sim().events().Size();
+  h->RestartProxy();
+  ASSERT_TRUE(h->proxy().Start().ok());
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                             testing::kWait, from));
+  absl::StatusOr<Json> again = h->sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[uid]["devices"], devices);
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+
+  // The kubelet restarts: it deletes the node's slices at start, and
+  // dpproxy publishes them again when the kubelet registers it (not at
+  // its 30 s pass).
+  from = h->sim().events().Size();
+  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
+  ASSERT_TRUE(h->sim().events().WaitForEvent("node_slices_deleted", {{"slices", 1}},
+                                             testing::kWait, from));
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                             testing::kWait, from));
+  EXPECT_TRUE(h->WaitFor([&] { return PublishedDevices(api) == 4; }));
+  again = h->sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[uid]["devices"], devices);
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+
+  // The node reboots: /var/run/cdi (tmpfs) comes back empty, every
+  // process starts again. The spec is back before the kubelet asks: it may
+  // count the claim prepared and never prepare it again.
+  h->StopProxy();
+  h->StopPlugins();
+  h->sim().Stop();
+  testing::RemoveTree(cdi);
+  from = h->sim().events().Size();
+  ASSERT_FALSE(PathExists(ClaimCdiSpecPath(cdi, kDriver, uid)));
+  h->RestartProxy();
+  ASSERT_TRUE(h->sim().Start().ok());
+  ASSERT_TRUE(h->proxy().Start().ok());
+  EXPECT_TRUE(PathExists(ClaimCdiSpecPath(cdi, kDriver, uid)));
+  plugin = h->StartPlugin(h->PluginOptions(ApiVersion::kV1Alpha));
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                             testing::kWait, from));
+  again = h->sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[uid]["devices"], devices);  // runtime edits included
+  EXPECT_EQ(plugin->Status().allocate_calls(), 0);
+
+  // The pod ends: unprepared, spec and record gone; a repeat succeeds too.
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<Json> un = h->sim().UnprepareClaims(kDriver, {{"default", "train", uid}});
+    ASSERT_TRUE(un.ok()) << un.status();
+    EXPECT_EQ((*un)[uid]["error"], "");
+  }
+  EXPECT_FALSE(PathExists(ClaimCdiSpecPath(cdi, kDriver, uid)));
+  EXPECT_FALSE(PathExists(JoinPath(h->dir("state"), absl::StrCat("dra-claims/", uid, ".json"))));
+}
+
+TEST(DraModeTest, AFailingOrSlowApiServerAndAPluginRestartLoseNothing) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  const std::string cdi = dir.Sub("cdi");
+  std::unique_ptr<ProxyHarness> h = DraHarness(WriteKubeconfig(dir, api), cdi);
+  ASSERT_TRUE(h->sim().Start().ok());
+  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
+  ASSERT_TRUE(h->proxy().Start().ok());
+  // A v1beta1 plugin that hands out CDI names, its own spec behind them.
+  sample::SamplePluginOptions po = h->PluginOptions(ApiVersion::kV1Beta1);
+  po.cdi_dir = cdi;
+  sample::SamplePlugin* plugin = h->StartPlugin(po);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h->WaitFor([&] { return PublishedDevices(api) == 4; }));
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                             testing::kWait));
+
+  // Reading the claim fails once (503): that claim's error says so, and
+  // the kubelet's retry prepares it; nothing was allocated in between.
+  const std::string uid = api.PutClaim(Claim("infer", {"gpu-3"}))["metadata"]["uid"];
+  api.InjectFault({"GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/", 503, 1});
+  absl::StatusOr<Json> failed = h->sim().PrepareClaims(kDriver, {{"default", "infer", uid}});
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_THAT((*failed)[uid]["error"].get<std::string>(),
+              AllOf(HasSubstr("claim default/infer"), HasSubstr("unable to handle the request")));
+  EXPECT_EQ(plugin->Status().allocate_calls(), 0);
+  // A slow server (half a second an answer) only delays the prepare.
+  api.SetLatency(absl::Milliseconds(500));
+  absl::StatusOr<Json> prepared = h->sim().PrepareClaims(kDriver, {{"default", "infer", uid}});
+  api.SetLatency(absl::ZeroDuration());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[uid]["error"], "");
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+  // The plugin's CDI name resolves through its own spec, dpproxy's through
+  // the claim's: the container gets both.
+  const Json device = (*prepared)[uid]["devices"][0];
+  EXPECT_EQ(device["cdi_device_ids"], Json({absl::StrCat(kDriver, "/claim=", uid, "-gpu"),
+                                            "vendor.com/gpu=gpu-3"}));
+  EXPECT_EQ(device["runtime"]["errors"], Json::array());
+  std::set<std::string> nodes;
+  for (const Json& n : device["runtime"]["edits"]["deviceNodes"]) nodes.insert(n["path"]);
+  EXPECT_EQ(nodes, (std::set<std::string>{"/dev/sample/gpu-3", "/dev/sample-cdi/gpu-3"}));
+
+  // Writes that conflict (someone else wrote the slice) are retried from a
+  // fresh read: the health change still lands.
+  api.InjectFault({"PUT", "/apis/resource.k8s.io/v1/resourceslices/", 409, 2});
+  ASSERT_TRUE(plugin->SetHealth("gpu-0", "Unhealthy").ok());
+  EXPECT_TRUE(h->WaitFor([&] { return PublishedDevices(api) == 3; }, kApiWait));
+
+  // The plugin goes away: its devices leave the pool (none can be
+  // prepared), the prepared claim is still answered from dpproxy's record;
+  // it comes back and so do its devices.
+  h->StopPlugins();
+  EXPECT_TRUE(h->WaitFor([&] { return PublishedDevices(api) == 0; }, kApiWait));
+  absl::StatusOr<Json> kept = h->sim().PrepareClaims(kDriver, {{"default", "infer", uid}});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ((*kept)[uid]["devices"], (*prepared)[uid]["devices"]);
+  plugin = h->StartPlugin(po);
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_TRUE(h->WaitFor([&] { return PublishedDevices(api) == 4; }, kApiWait));
+  EXPECT_EQ(plugin->Status().allocate_calls(), 0);
+  // A claim for a device that is not in the pool is refused naming it.
+  const std::string stray = api.PutClaim(Claim("stray", {"gpu-9"}))["metadata"]["uid"];
+  absl::StatusOr<Json> bad = h->sim().PrepareClaims(kDriver, {{"default", "stray", stray}});
+  ASSERT_TRUE(bad.ok());
+  EXPECT_THAT((*bad)[stray]["error"].get<std::string>(), HasSubstr("gpu-9"));
 }
 
 }  // namespace

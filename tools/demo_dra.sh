@@ -35,7 +35,10 @@ contexts: [{name: node, context: {cluster: sim, user: dpproxy}}]
 clusters: [{name: sim, cluster: {server: "$URL"}}]
 users: [{name: dpproxy, user: {token: node-token}}]
 KC
-"$SIM" serve --root_dir="$ROOT" --kubelet=1.34 --quiet &
+# The sim resolves CDI names in $DIR/cdi as the container runtime would,
+# and deletes the node's slices at each start as a kubelet does.
+"$SIM" serve --root_dir="$ROOT" --kubelet=1.34 --kubeconfig="$DIR/kubeconfig" \
+  --node_name=node-1 --cdi_dirs="$DIR/cdi" --quiet &
 PIDS+=($!)
 wait_for test -S "$ROOT/device-plugins/kubelet.sock"
 
@@ -68,9 +71,11 @@ step "5. The pod starts: the kubelet prepares the claim; dpproxy calls the plugi
 echo "   CDI spec:"
 sed 's/^/     /' "$DIR"/cdi/*.json
 
-step "6. The kubelet restarts: the driver registers again; preparing again answers the same"
+step "6. The kubelet restarts: it deletes the node's slices, registers the driver again, dpproxy publishes again; preparing again answers the same"
 "$SIM" restart --root_dir="$ROOT" --kubelet=1.34
 wait_for test "$(grep -c dra_driver_registered "$ROOT/kubelet_sim.events.jsonl")" -ge 2
+wait_for test "$(grep -c dra_pool_published "$DIR/proxy.jsonl")" -ge 2
+show_events "$ROOT/kubelet_sim.events.jsonl" node_slices_deleted
 "$SIM" prepare --root_dir="$ROOT" --driver="$DRIVER" --claims="$CLAIM" | sed 's/^/   /'
 
 step "7. The pod ends: the claim is unprepared and its CDI spec removed"
@@ -78,6 +83,8 @@ step "7. The pod ends: the claim is unprepared and its CDI spec removed"
 ls "$DIR/cdi" | wc -l | sed 's/^/   CDI specs left: /'
 
 step "8. What dpproxy reports"
+# The status file follows within a second.
+wait_for grep -Eq '"claims_prepared": ?0' "$DIR/status.json"
 "$PROXY" status --status_file="$DIR/status.json"
 echo
 echo "Done. Logs were in $DIR (removed on exit). See docs/dra.md."

@@ -91,6 +91,7 @@ absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
       LOG(WARNING) << "unreadable prepared-claim record " << e.path().string() << "; skipped";
       continue;
     }
+    Held(uid, true);
     if (PathExists(ClaimCdiSpecPath(options_.cdi_dir, options_.driver, uid))) continue;
     if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, uid,
                                            record["spec"].get<std::string>());
@@ -124,13 +125,30 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const Cl
           LOG(INFO) << "claim " << claim.namespace_ << "/" << claim.name
                     << ": CDI spec written again (it was gone)";
         }
+        Held(claim.uid, true);
         return FromJson(record["devices"]);
       }
       LOG(WARNING) << "claim " << claim.uid << ": unreadable record " << RecordPath(claim.uid)
                    << "; preparing it again";
     }
   }
-  return PrepareNew(claim);
+  absl::StatusOr<std::vector<PreparedClaimDevice>> out = PrepareNew(claim);
+  if (out.ok()) Held(claim.uid, true);
+  return out;
+}
+
+void ClaimPreparer::Held(const std::string& uid, bool held) {
+  absl::MutexLock lock(&mu_);
+  if (held) {
+    prepared_.insert(uid);
+  } else {
+    prepared_.erase(uid);
+  }
+}
+
+int ClaimPreparer::prepared_claims() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(prepared_.size());
 }
 
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const ClaimRef& c) {
@@ -252,6 +270,7 @@ absl::Status ClaimPreparer::Unprepare(const ClaimRef& c) {
   if (absl::Status s = RemoveClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid); !s.ok()) {
     return s;
   }
+  Held(c.uid, false);
   if (options_.state_dir.empty()) return absl::OkStatus();
   const std::string path = RecordPath(c.uid);
   if (::unlink(path.c_str()) != 0) {

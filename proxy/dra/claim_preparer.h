@@ -92,6 +92,10 @@ class ClaimPreparer {
   // again (dra-facts.md §4, kubernetes#141433). Returns how many it wrote.
   absl::StatusOr<int> RestoreSpecs();
 
+  // Claims prepared and not unprepared: remembered at start, plus those
+  // prepared since.
+  int prepared_claims();
+
 
  private:
   absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
@@ -108,12 +112,14 @@ class ClaimPreparer {
     const std::string uid_;
   };
   std::string RecordPath(const std::string& uid) const;
+  void Held(const std::string& uid, bool held);
 
   const Options options_;
   KubeClient* const client_;
   const ResourceByPool resources_;
   absl::Mutex mu_;
-  std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);  // claim UIDs being worked on
+  std::set<std::string> busy_ ABSL_GUARDED_BY(mu_);      // claim UIDs being worked on
+  std::set<std::string> prepared_ ABSL_GUARDED_BY(mu_);  // claim UIDs prepared
 };
 
 }  // namespace dpproxy

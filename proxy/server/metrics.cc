@@ -114,6 +114,25 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
                               MetricType::Gauge);
   AddGauge(&build, {{"version", kDpproxyVersion}, {"commit", kDpproxyCommit}}, 1);
   out.push_back(std::move(build));
+  if (status.dra.has_value()) {
+    MetricFamily registered = Family(
+        "dpproxy_dra_registered", "DRA mode: 1 once the kubelet registered the driver.",
+        MetricType::Gauge);
+    AddGauge(&registered, {{"driver", status.dra->driver}}, status.dra->registered ? 1 : 0);
+    out.push_back(std::move(registered));
+    MetricFamily api = Family("dpproxy_dra_api_server_ok",
+                              "DRA mode: 1 while the API server answers and every pool is "
+                              "written; 0 with the reason in /readyz?verbose and the status.",
+                              MetricType::Gauge);
+    AddGauge(&api, {{"driver", status.dra->driver}}, status.dra->api_error.empty() ? 1 : 0);
+    out.push_back(std::move(api));
+    MetricFamily claims = Family("dpproxy_dra_claims_prepared",
+                                 "DRA mode: claims prepared and not yet unprepared.",
+                                 MetricType::Gauge);
+    AddGauge(&claims, {{"driver", status.dra->driver}},
+             static_cast<double>(status.dra->claims_prepared));
+    out.push_back(std::move(claims));
+  }
 
 
   MetricFamily devices = Family("dpproxy_devices", "Devices reported to the kubelet, by health.",

@@ -472,6 +472,15 @@ std::string ProxyServer::Fingerprint() {
     absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint->negotiated(), "|");
   }
   absl::StrAppend(&fp, losses_.Total(), "|");
+  if (dra_server_) {
+    std::string api_error;
+    {
+      absl::MutexLock lock(&mu_);
+      api_error = dra_api_error_;
+    }
+    absl::StrAppend(&fp, dra_server_->registered(), "|", publisher_->api_version(), "|",
+                    api_error, "|", preparer_->prepared_claims(), "|");
+  }
   if (keeper_) {
     absl::StrAppend(&fp, keeper_->AllocationCount(), "|", keeper_->save_failures(), "|",
                     keeper_->writable(), "|", keeper_->quarantine_version());
@@ -657,7 +666,8 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
                        publisher_->api_version(),
                        dra_server_->registration_socket(),
                        dra_server_->registered(),
-                       std::move(api_error)};
+                       std::move(api_error),
+                       preparer_->prepared_claims()};
   }
   st.kubelet_root = config_.kubelet.kubelet_root;
   st.plugin_socket = backend_registration_socket();

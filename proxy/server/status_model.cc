@@ -38,7 +38,8 @@ Json StatusToJson(const ProxyStatus& s) {
            {"api_version", s.dra->api_version},
            {"registration_socket", s.dra->registration_socket},
            {"registered", s.dra->registered},
-           {"api_error", s.dra->api_error}};
+           {"api_error", s.dra->api_error},
+           {"claims_prepared", s.dra->claims_prepared}};
   }
   return {{"pid", s.pid},
           {"dra", dra},
@@ -106,7 +107,7 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
       const Json& d = j["dra"];
       s.dra = DraStatus{d.value("driver", ""), d.value("node", ""), d.value("api_version", ""),
                         d.value("registration_socket", ""), d.value("registered", false),
-                        d.value("api_error", "")};
+                        d.value("api_error", ""), d.value("claims_prepared", int64_t{0})};
     }
     if (j.contains("registrations_rejected")) {
       j["registrations_rejected"].get_to(s.registrations_rejected);
@@ -124,7 +125,9 @@ std::string StatusTable(const ProxyStatus& st) {
     absl::StrAppend(&out, "DRA driver ", st.dra->driver, " on node ", st.dra->node, " (",
                     st.dra->api_version.empty() ? "API version not known yet" : st.dra->api_version,
                     "): ",
-                    st.dra->registered ? "registered with the kubelet"
+                    st.dra->registered ? absl::StrCat("registered with the kubelet, ",
+                                                      st.dra->claims_prepared,
+                                                      " claim(s) prepared")
                                        : absl::StrCat("NOT registered with the kubelet (its "
                                                       "plugin watcher reads ",
                                                       st.dra->registration_socket, ")"),

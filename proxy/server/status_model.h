@@ -95,6 +95,7 @@ struct DraStatus {
   std::string registration_socket;
   bool registered = false;
   std::string api_error;  // why the API server last failed dpproxy; "" when it answers
+  int64_t claims_prepared = 0;  // prepared and not unprepared
 };
 
 struct ProxyStatus {

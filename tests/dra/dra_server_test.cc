@@ -4,6 +4,8 @@
 // device plugin.
 #include "proxy/dra/dra_server.h"
 
+#include <atomic>
+
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 
@@ -62,8 +64,9 @@ class DraServerTest : public ::testing::Test {
           if (pool != kPool) return std::nullopt;
           return BridgedResource{"vendor.com/gpu", b, {"gpu-0", "gpu-1"}};
         });
-    server_ = std::make_unique<DraServer>(DraServer::Options{dir_.Sub("k"), kDriver},
-                                          preparer_.get(), &events_);
+    server_ = std::make_unique<DraServer>(
+        DraServer::Options{dir_.Sub("k"), kDriver, [this] { ++registrations_; }},
+        preparer_.get(), &events_);
     ASSERT_TRUE(server_->Start().ok());
   }
   std::string AllocatedClaim(const std::string& name, const std::string& device) {
@@ -84,6 +87,7 @@ class DraServerTest : public ::testing::Test {
   std::shared_ptr<NiceMock<testing::MockBackend>> backend_;
   std::unique_ptr<ClaimPreparer> preparer_;
   std::unique_ptr<DraServer> server_;
+  std::atomic<int> registrations_{0};  // on_registered calls
 };
 
 TEST_F(DraServerTest, RegistersThroughThePluginWatcherNewestServiceFirst) {
@@ -103,6 +107,14 @@ TEST_F(DraServerTest, RegistersThroughThePluginWatcherNewestServiceFirst) {
   pluginregistration::RegistrationStatusResponse r;
   ASSERT_TRUE(reg->NotifyRegistrationStatus(&ctx2, st, &r).ok());
   EXPECT_TRUE(server_->registered());
+  EXPECT_EQ(registrations_.load(), 1);  // the server republishes on it
+  // A refusal is no registration.
+  grpc::ClientContext ctx3;
+  st.set_plugin_registered(false);
+  st.set_error("no");
+  ASSERT_TRUE(reg->NotifyRegistrationStatus(&ctx3, st, &r).ok());
+  EXPECT_FALSE(server_->registered());
+  EXPECT_EQ(registrations_.load(), 1);
 }
 
 TEST_F(DraServerTest, BothPackagesPrepareAndErrorsStayWithTheirClaim) {

@@ -228,6 +228,8 @@ TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot
   EXPECT_FALSE(api_check.ok);
   EXPECT_THAT(api_check.reason, HasSubstr("does not answer"));
   EXPECT_THAT(h->proxy().Status().dra->api_error, HasSubstr("does not answer"));
+  EXPECT_THAT(h->MetricsText(),
+              HasSubstr("dpproxy_dra_api_server_ok{driver=\"gpu.vendor.com\"} 0"));
   ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
                                              testing::kWait));
   // A Kubernetes 1.9 plugin (v1alpha) behind it.
@@ -300,6 +302,7 @@ TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot
   ASSERT_TRUE(h->sim().Start().ok());
   ASSERT_TRUE(h->proxy().Start().ok());
   EXPECT_TRUE(PathExists(ClaimCdiSpecPath(cdi, kDriver, uid)));
+  EXPECT_EQ(h->proxy().Status().dra->claims_prepared, 1);  // remembered
   plugin = h->StartPlugin(h->PluginOptions(ApiVersion::kV1Alpha));
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
@@ -317,6 +320,12 @@ TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot
   }
   EXPECT_FALSE(PathExists(ClaimCdiSpecPath(cdi, kDriver, uid)));
   EXPECT_FALSE(PathExists(JoinPath(h->dir("state"), absl::StrCat("dra-claims/", uid, ".json"))));
+  EXPECT_EQ(h->proxy().Status().dra->claims_prepared, 0);
+  // DRA mode's gauges, as a scrape sees them.
+  const std::string metrics = h->MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("dpproxy_dra_registered{driver=\"gpu.vendor.com\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("dpproxy_dra_api_server_ok{driver=\"gpu.vendor.com\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("dpproxy_dra_claims_prepared{driver=\"gpu.vendor.com\"} 0"));
 }
 
 TEST(DraModeTest, AFailingOrSlowApiServerAndAPluginRestartLoseNothing) {

@@ -50,6 +50,20 @@ std::vector<PreparedClaimDevice> FromJson(const Json& j) {
 
 }  // namespace
 
+std::string DraLossReason(const std::string& kind) {
+  if (kind == "annotations") {
+    return "the plugin's container annotations are dropped: CDI has no container annotations";
+  }
+  if (kind == "prestart_timing") {
+    return "PreStartContainer runs during prepare, before the container is created: DRA has "
+           "no per-container start";
+  }
+  if (kind == "preferred_allocation") {
+    return "the plugin's GetPreferredAllocation is not asked: the scheduler chose the devices";
+  }
+  return absl::StrCat(kind, " is lost");
+}
+
 ClaimPreparer::ClaimPreparer(Options options, KubeClient* client, ResourceByPool resources)
     : options_(std::move(options)), client_(client), resources_(std::move(resources)) {}
 
@@ -237,6 +251,12 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
     Loss resource_loss;
     for (const auto& r : resp->container_responses()) {
       resource_loss.annotations += r.annotations_size();
+    }
+    if (res->backend->options().pre_start_required()) {
+      resource_loss.prestart_timing += static_cast<int>(requests.size());
+    }
+    if (res->backend->options().get_preferred_allocation_available()) {
+      ++resource_loss.preferred_allocation;
     }
     if (resource_loss.any()) lost.emplace_back(res->resource, resource_loss);
   }

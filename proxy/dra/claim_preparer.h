@@ -58,6 +58,10 @@ struct BridgedResource {
   std::vector<std::string> device_ids;
 };
 
+// Why DRA loses a kind of Loss ("annotations", "prestart_timing",
+// "preferred_allocation"), for the one log line per resource.
+std::string DraLossReason(const std::string& kind);
+
 class ClaimPreparer {
  public:
   struct Options {
@@ -71,8 +75,8 @@ class ClaimPreparer {
     std::string cdi_dir = "/var/run/cdi";
     std::string state_dir;  // prepared claims; "": not kept (a repeat prepares again)
     absl::Duration backend_timeout = absl::Seconds(30);
-    // What DRA cannot carry of a resource's answers (device-plugin
-    // annotations: CDI has no container annotations), per prepare.
+    // What DRA cannot carry of a resource's answers, per prepare
+    // (DraLossReason says why for each kind).
     std::function<void(const std::string& resource, const Loss& loss)> on_loss;
   };
   // The resource whose pool has this name (resource_slices.h PoolName), if

@@ -763,9 +763,8 @@ absl::Status ProxyServer::StartDra() {
   o.backend_timeout = config_.kubelet.backend_timeout;
   o.on_loss = [this](const std::string& resource, const Loss& loss) {
     for (const std::string& kind : losses_.Add(resource, loss)) {
-      LOG(WARNING) << "resource " << resource << ": DRA has no place for device-plugin "
-                   << kind << " (CDI has no container annotations); dropping them (logged "
-                   << "once per resource, counted)";
+      LOG(WARNING) << "resource " << resource << " in DRA mode: " << DraLossReason(kind)
+                   << " (logged once per resource, counted as lossy translation " << kind << ")";
       events_.Emit("lossy_translation",
                    {{"resource", resource}, {"kind", kind}, {"kubelet_api", "dra"}});
     }

@@ -84,6 +84,8 @@ std::vector<std::string> LossCounter::Add(const std::string& resource, const Los
   add("annotations", loss.annotations);
   add("cdi_devices", loss.cdi_devices);
   add("topology", loss.topology);
+  add("prestart_timing", loss.prestart_timing);
+  add("preferred_allocation", loss.preferred_allocation);
   return first;
 }
 

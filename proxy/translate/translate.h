@@ -28,7 +28,14 @@ struct Loss {
   int annotations = 0;  // annotation entries (no 1.9 kubelet reads them)
   int cdi_devices = 0;  // CDI device names (v1alpha has no field for them)
   int topology = 0;     // devices whose topology was dropped
-  bool any() const { return annotations + cdi_devices + topology > 0; }
+  // DRA mode only: PreStartContainer calls made during prepare, not at
+  // container start; prepares for a plugin that offers
+  // GetPreferredAllocation, unused since the scheduler chose.
+  int prestart_timing = 0;
+  int preferred_allocation = 0;
+  bool any() const {
+    return annotations + cdi_devices + topology + prestart_timing + preferred_allocation > 0;
+  }
 };
 
 // --- Requests toward a v1alpha backend --------------------------------------
@@ -66,7 +73,8 @@ v1beta1::AllocateRequest FromV1AlphaAllocate(const deviceplugin::AllocateRequest
 class LossCounter {
  public:
   // Adds `loss` for `resource`; returns the kinds ("annotations",
-  // "cdi_devices", "topology") seen for the first time for that resource.
+  // "cdi_devices", "topology", "prestart_timing", "preferred_allocation")
+  // seen for the first time for that resource.
   std::vector<std::string> Add(const std::string& resource, const Loss& loss);
   // Total count of one kind for one resource.
   int64_t Count(const std::string& resource, const std::string& kind) const;

@@ -203,28 +203,41 @@ TEST_F(ClaimPreparerTest, DifferentClaimsArePreparedAtOnce) {
 
 // Device-plugin annotations have no place in DRA: each prepare tells how
 // many of a resource's were dropped.
-TEST_F(ClaimPreparerTest, AnnotationsDroppedAreToldPerResource) {
-  const ClaimRef c = Claim("noted", {{"gpu", kPool, "gpu-0"}});
+TEST_F(ClaimPreparerTest, WhatDraCannotCarryIsToldPerResource) {
+  // A plugin that annotates, asks for PreStart and offers a preferred
+  // allocation, for a claim of two requests.
+  backend_->plugin_options.set_pre_start_required(true);
+  backend_->plugin_options.set_get_preferred_allocation_available(true);
+  EXPECT_CALL(*backend_, PreStartContainer(_, _, _)).Times(2);
+  const ClaimRef c = Claim("noted", {{"gpu", kPool, "gpu-0"}, {"aux", kPool, "gpu-1"}});
   EXPECT_CALL(*backend_, Allocate(_, _, _)).WillOnce([](auto& req, auto, auto*) {
     absl::StatusOr<v1beta1::AllocateResponse> r = Answer(req);
     (*r->mutable_container_responses(0)->mutable_annotations())["vendor.com/a"] = "1";
     (*r->mutable_container_responses(0)->mutable_annotations())["vendor.com/b"] = "2";
     return r;
   });
-  std::vector<std::pair<std::string, int>> told;
+  std::vector<std::string> resources;
+  Loss told;
   ClaimPreparer::Options o;
   o.driver = kDriver;
   o.node = "node-1";
   o.cdi_dir = dir_.Sub("cdi");
   o.on_loss = [&](const std::string& resource, const Loss& loss) {
-    told.emplace_back(resource, loss.annotations);
+    resources.push_back(resource);
+    told = loss;
   };
   std::shared_ptr<Backend> backend = backend_;
   ClaimPreparer p(o, client_.get(), [backend](const std::string&) {
-    return std::optional<BridgedResource>(BridgedResource{"vendor.com/gpu", backend, {"gpu-0"}});
+    return std::optional<BridgedResource>(
+        BridgedResource{"vendor.com/gpu", backend, {"gpu-0", "gpu-1"}});
   });
   ASSERT_TRUE(p.Prepare(c).ok());
-  EXPECT_THAT(told, ElementsAre(std::make_pair(std::string("vendor.com/gpu"), 2)));
+  EXPECT_THAT(resources, ElementsAre("vendor.com/gpu"));  // once, for the whole claim
+  EXPECT_EQ(told.annotations, 2);
+  EXPECT_EQ(told.prestart_timing, 2);       // one PreStart per request, during prepare
+  EXPECT_EQ(told.preferred_allocation, 1);  // one prepare the scheduler chose for
+  EXPECT_THAT(DraLossReason("prestart_timing"), HasSubstr("no per-container start"));
+  EXPECT_THAT(DraLossReason("preferred_allocation"), HasSubstr("the scheduler chose"));
 }
 
 TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {

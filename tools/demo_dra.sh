@@ -61,9 +61,9 @@ step "3. The kubelet's plugin watcher registers the driver (DRA v1 on 1.34)"
 wait_for grep -q dra_driver_registered "$ROOT/kubelet_sim.events.jsonl"
 show_events "$ROOT/kubelet_sim.events.jsonl" dra_driver_registered
 
-step "4. The scheduler allocates two devices of the pool to a claim (a stand-in: apiserver_sim claim)"
+step "4. The scheduler allocates two free devices of the published pool to a claim (a stand-in: apiserver_sim claim --count)"
 CLAIM="$("$API" claim --server="$URL" --token=node-token --name=training --driver="$DRIVER" \
-  --pool=node-1/example.com-gpu --devices=gpu-1,gpu-2)"
+  --node=node-1 --count=2)"
 echo "   claim $CLAIM"
 
 step "5. The pod starts: the kubelet prepares the claim; dpproxy calls the plugin's Allocate and writes a CDI spec"

@@ -95,6 +95,32 @@ TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
   ASSERT_EQ(results.size(), 2u);
   EXPECT_EQ(results[1], Json({{"request", "gpu"}, {"driver", "gpu.vendor.com"},
                               {"pool", "node-1/vendor.com-gpu"}, {"device", "gpu-2"}}));
+  // --count picks from the published slices, skipping devices taken.
+  ASSERT_TRUE(client->Post("/apis/resource.k8s.io/v1/resourceslices",
+                           {{"metadata", {{"name", "s"}}},
+                            {"spec",
+                             {{"driver", "gpu.vendor.com"},
+                              {"nodeName", "node-1"},
+                              {"pool", {{"name", "node-1/vendor.com-gpu"},
+                                        {"generation", 1},
+                                        {"resourceSliceCount", 1}}},
+                              {"devices", {{{"name", "gpu-0"}}, {{"name", "gpu-1"}},
+                                           {{"name", "gpu-2"}}, {{"name", "gpu-3"}}}}}}})
+                  .ok());
+  ChildSpec pick;
+  pick.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim"), "claim", "--server=" + url,
+               "--token=t", "--name=infer", "--driver=gpu.vendor.com", "--count=1"};
+  pick.output_path = dir.Sub("pick.log");
+  cp = ChildProcess::Start(pick);
+  ASSERT_TRUE(cp.ok());
+  status = (*cp)->Wait(absl::Seconds(20));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << *ReadFile(pick.output_path);
+  absl::StatusOr<Json> infer =
+      client->Get("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/infer");
+  ASSERT_TRUE(infer.ok()) << infer.status();
+  // gpu-0 (the claim "gpu") and gpu-1, gpu-2 ("train") are taken.
+  EXPECT_EQ((*infer)["status"]["allocation"]["devices"]["results"][0]["device"], "gpu-3");
   EXPECT_EQ((*p)->Stop(absl::Seconds(10)), 0);  // SIGTERM: a clean exit
   EXPECT_THAT(*ReadFile(dir.Sub("events.jsonl")), HasSubstr("\"event\":\"request\""));
 }

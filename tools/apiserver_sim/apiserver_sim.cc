@@ -385,6 +385,18 @@ void ApiServerSim::Routes() {
                    it->second["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
                    Reply(res, 200, it->second);
                  });
+    // Every claim of every namespace (the scheduler's view).
+    server_->Get(base + "/resourceclaims",
+                 [this, api_version](const httplib::Request&, httplib::Response& res) {
+                   Json items = Json::array();
+                   absl::MutexLock lock(&mu_);
+                   for (const auto& [key, c] : claims_) items.push_back(c);
+                   Reply(res, 200,
+                         {{"kind", "ResourceClaimList"},
+                          {"apiVersion", api_version},
+                          {"metadata", {{"resourceVersion", absl::StrCat(resource_version_)}}},
+                          {"items", items}});
+                 });
     server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
                  [this](const httplib::Request& req, httplib::Response& res) {
                    absl::MutexLock lock(&mu_);

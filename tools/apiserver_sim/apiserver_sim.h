@@ -5,7 +5,8 @@
 // (discovery at /apis/resource.k8s.io), cluster-scoped ResourceSlices
 // (list with a fieldSelector on spec.nodeName and spec.driver, create, get,
 // update with optimistic concurrency, delete) and namespaced
-// ResourceClaims (get; put in place by tests). A real HTTPS server
+// ResourceClaims (create, get, status, a list across namespaces; or put in
+// place by tests). A real HTTPS server
 // (cpp-httplib) with a bearer token, answering errors as Kubernetes Status
 // objects with the real reasons (NotFound, AlreadyExists, Conflict,
 // Invalid, Unauthorized). It checks what the real server would refuse in a

@@ -11,6 +11,7 @@
 #include "proxy/cli/cli.h"
 #include "proxy/kube/kube_client.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
+#include "tools/apiserver_sim/scheduler.h"
 
 DEFINE_string(listen, "127.0.0.1:0", "HOST:PORT to serve on (port 0: any free port, printed).");
 DEFINE_string(cert, "", "PEM certificate for HTTPS (with --key). Empty: plain HTTP.");
@@ -26,13 +27,20 @@ DEFINE_string(claim_namespace, "default", "[claim] The claim's namespace.");
 DEFINE_string(name, "", "[claim] The claim's name.");
 DEFINE_string(driver, "", "[claim] The DRA driver the devices belong to.");
 DEFINE_string(pool, "", "[claim] The pool the devices are in, e.g. node-1/vendor.com-gpu.");
-DEFINE_string(devices, "", "[claim] Device names, comma-separated.");
+DEFINE_string(devices, "", "[claim] Device names, comma-separated (with --pool); or --count.");
+DEFINE_int32(count, 0,
+             "[claim] Pick this many free devices of --driver from the published\n"
+             "ResourceSlices, as the scheduler does (newest pool generation only,\n"
+             "devices in other claims' allocations skipped), from --pool if given\n"
+             "and --node if given.");
+DEFINE_string(node, "", "[claim] With --count: only devices of this node's slices.");
 DEFINE_string(request, "gpu", "[claim] The claim's request the devices are allocated for.");
 
 namespace {
 
 constexpr char kUsage[] = R"(apiserver_sim [serve] [flags]
 apiserver_sim claim --server=URL --name=N --driver=D --pool=P --devices=A,B [--token=T]
+apiserver_sim claim --server=URL --name=N --driver=D --count=K [--pool=P] [--node=X]
 
 A stand-in for the Kubernetes API server, as far as a DRA driver uses it:
 discovery of resource.k8s.io, ResourceSlices (list with fieldSelector on
@@ -43,8 +51,10 @@ as Kubernetes Status objects, and refusing the slices the real server would
 generation or slice count). Objects live in memory. SIGTERM or SIGINT stop it.
 
 claim plays the scheduler: it creates a ResourceClaim and writes its
-allocation (those devices of that pool, for --request), then prints
-NAMESPACE/NAME/UID, as `kubelet_sim prepare --claims` takes it.
+allocation (those devices of that pool, or --count free devices picked from
+the published slices, for --request), then prints NAMESPACE/NAME/UID, as
+`kubelet_sim prepare --claims` takes it. It works against a real API server
+too.
 
 Example:
   apiserver_sim --listen=127.0.0.1:6443 --token=t --versions=v1,v1beta1
@@ -55,10 +65,10 @@ Example:
 // The scheduler's part, for trying a DRA driver by hand: a claim created
 // and its allocation written, as kube-scheduler does.
 int Claim() {
-  if (FLAGS_server.empty() || FLAGS_name.empty() || FLAGS_driver.empty() || FLAGS_pool.empty() ||
-      FLAGS_devices.empty()) {
-    std::cerr << "apiserver_sim claim: --server, --name, --driver, --pool and --devices are "
-                 "required\n";
+  if (FLAGS_server.empty() || FLAGS_name.empty() || FLAGS_driver.empty() ||
+      FLAGS_devices.empty() == (FLAGS_count <= 0) || (!FLAGS_devices.empty() && FLAGS_pool.empty())) {
+    std::cerr << "apiserver_sim claim: --server, --name and --driver are required, with either "
+                 "--pool and --devices or --count (> 0)\n";
     return 2;
   }
   dpproxy::KubeConfig c;
@@ -71,31 +81,22 @@ int Claim() {
     std::cerr << "apiserver_sim claim: " << client.status().message() << "\n";
     return 2;
   }
-  using Json = nlohmann::json;
-  const std::string base =
-      absl::StrCat("/apis/resource.k8s.io/v1/namespaces/", FLAGS_claim_namespace, "/resourceclaims");
-  absl::StatusOr<Json> made =
-      (*client)->Post(base, {{"metadata", {{"name", FLAGS_name}}}, {"spec", Json::object()}});
-  if (!made.ok()) {
-    std::cerr << "apiserver_sim claim: " << made.status().message() << "\n";
-    return 1;
-  }
-  Json results = Json::array();
-  for (absl::string_view d : absl::StrSplit(FLAGS_devices, ',', absl::SkipEmpty())) {
-    results.push_back({{"request", FLAGS_request},
-                       {"driver", FLAGS_driver},
-                       {"pool", FLAGS_pool},
-                       {"device", std::string(d)}});
-  }
-  (*made)["status"] = {{"allocation", {{"devices", {{"results", results}}}}}};
-  absl::StatusOr<Json> allocated =
-      (*client)->Put(absl::StrCat(base, "/", FLAGS_name, "/status"), *made);
-  if (!allocated.ok()) {
-    std::cerr << "apiserver_sim claim: " << allocated.status().message() << "\n";
+  dpproxy::sim::ClaimAllocation a;
+  a.namespace_ = FLAGS_claim_namespace;
+  a.name = FLAGS_name;
+  a.driver = FLAGS_driver;
+  a.request = FLAGS_request;
+  a.pool = FLAGS_pool;
+  a.node = FLAGS_node;
+  a.count = FLAGS_count;
+  a.devices = absl::StrSplit(FLAGS_devices, ',', absl::SkipEmpty());
+  absl::StatusOr<nlohmann::json> claim = dpproxy::sim::CreateAllocatedClaim(client->get(), a);
+  if (!claim.ok()) {
+    std::cerr << "apiserver_sim claim: " << claim.status().message() << "\n";
     return 1;
   }
   std::cout << FLAGS_claim_namespace << "/" << FLAGS_name << "/"
-            << (*allocated)["metadata"]["uid"].get<std::string>() << "\n";
+            << (*claim)["metadata"]["uid"].get<std::string>() << "\n";
   return 0;
 }
 

@@ -216,8 +216,13 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   if (attach) (void)raw->resource->AttachBackend(std::move(attach));
   // In DRA mode the kubelet learns of devices from ResourceSlices: no
   // device plugin is registered with it (it would win over DRA).
-  if (!config_.dra.enabled) registrar_->Add(raw->resource.get(), raw->endpoint.get());
-  LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
+  if (config_.dra.enabled) {
+    LOG(INFO) << "resource " << name << ": published as DRA devices of driver "
+              << config_.dra.driver << " (no device-plugin socket for the kubelet)";
+  } else {
+    registrar_->Add(raw->resource.get(), raw->endpoint.get());
+    LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
+  }
   Wake();
   return raw;
 }
@@ -686,7 +691,8 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     } else {
       r.kubelet_api = e->endpoint->negotiated();
     }
-    r.kubelet_socket = e->endpoint->socket_path();
+    // In DRA mode the endpoint never serves: there is no socket to name.
+    r.kubelet_socket = dra_server_ ? std::string() : e->endpoint->socket_path();
     r.backend_connected = e->resource->backend_connected();
     r.backend_api = backend_api;
     r.backend_endpoint = endpoint;

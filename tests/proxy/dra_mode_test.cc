@@ -6,8 +6,10 @@
 // writing a CDI spec. The kubelet sim never sees a device plugin.
 #include <grpcpp/client_context.h>
 
+#include <filesystem>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -147,6 +149,11 @@ users: [{name: agent, user: {token: node-token}}]
   EXPECT_TRUE(h.proxy().Status().dra->registered);
   EXPECT_EQ(h.proxy().Status().dra->api_version, "resource.k8s.io/v1");
   EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "dra (gpu.vendor.com)");
+  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_socket, "");  // none served
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(h.dir("k/device-plugins"), ec)) {
+    EXPECT_FALSE(absl::StartsWith(f.path().filename().string(), "dpproxy-")) << f.path();
+  }
 
   // The scheduler allocated two devices to a claim; the kubelet prepares it.
   Json claim = {{"metadata", {{"namespace", "default"}, {"name", "train"}}},

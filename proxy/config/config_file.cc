@@ -319,6 +319,7 @@ absl::Status LoadConfigText(const std::string& text, const std::string& name,
     s = absl::InvalidArgumentError(absl::StrCat(name, ":", e.mark.line + 1, ": ", e.msg));
   }
   if (!s.ok()) return s;
+  NodeNameFromEnvironment(&copy);
   if (absl::Status v = ValidateConfig(copy); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", v.message()));
   }

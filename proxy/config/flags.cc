@@ -245,10 +245,7 @@ absl::StatusOr<ProxyConfig> ConfigFromFlags() {
     DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
     DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
   }
-  // In a DaemonSet the node's name comes from the downward API.
-  if (c.dra.enabled && c.dra.node_name.empty()) {
-    if (const char* n = ::getenv("NODE_NAME"); n != nullptr) c.dra.node_name = n;
-  }
+  NodeNameFromEnvironment(&c);
   DPP_RETURN_IF_ERROR(ValidateConfig(c));
   return c;
 }

@@ -1,5 +1,6 @@
 #include "proxy/config/proxy_config.h"
 
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -151,6 +152,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
     DPP_RETURN_IF_ERROR(ValidateSocketPath(b.endpoint));
   }
   return absl::OkStatus();
+}
+
+void NodeNameFromEnvironment(ProxyConfig* config) {
+  if (!config->dra.enabled || !config->dra.node_name.empty()) return;
+  if (const char* n = ::getenv("NODE_NAME"); n != nullptr) config->dra.node_name = n;
 }
 
 }  // namespace dpproxy

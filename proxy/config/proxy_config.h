@@ -151,6 +151,11 @@ struct ProxyConfig {
 // kInvalidArgument naming the field and the problem.
 absl::Status ValidateConfig(const ProxyConfig& config);
 
+// DRA mode without a node name takes NODE_NAME from the environment (in a
+// DaemonSet, the downward API's spec.nodeName), whether the rest came from
+// flags or a file.
+void NodeNameFromEnvironment(ProxyConfig* config);
+
 // The name the kubelet sees for a backend resource (after renames).
 std::string KubeletResourceName(const ProxyConfig& config, const std::string& backend_resource);
 

@@ -1,5 +1,7 @@
 #include "proxy/config/config_file.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -206,6 +208,34 @@ TEST(ConfigFileTest, DraModeIsReadCheckedAndWrittenBack) {
   bad = c;
   bad.dra.cdi_dir = "cdi";
   EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("not an absolute path"));
+}
+
+// A DaemonSet's file names no node: the downward API's NODE_NAME does, as
+// for the flags (the Helm chart relies on it).
+TEST(ConfigFileTest, AFileWithoutANodeNameTakesNodeNameFromTheEnvironment) {
+  const char* before = ::getenv("NODE_NAME");
+  const std::string saved = before != nullptr ? before : "";
+  ::unsetenv("NODE_NAME");
+  ProxyConfig c = Base();
+  const std::string file = "kubelet: {api: dra}\ndra: {driver: gpu.vendor.com}\n";
+  EXPECT_THAT(std::string(LoadConfigText(file, "f.yaml", &c).message()),
+              HasSubstr("no node name"));
+  ::setenv("NODE_NAME", "node-7", 1);
+  c = Base();
+  absl::Status s = LoadConfigText(file, "f.yaml", &c);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(c.dra.node_name, "node-7");
+  // A name in the file wins.
+  c = Base();
+  ASSERT_TRUE(LoadConfigText("kubelet: {api: dra}\ndra: {driver: gpu.vendor.com, node_name: n1}\n",
+                             "f.yaml", &c)
+                  .ok());
+  EXPECT_EQ(c.dra.node_name, "n1");
+  if (before != nullptr) {
+    ::setenv("NODE_NAME", saved.c_str(), 1);
+  } else {
+    ::unsetenv("NODE_NAME");
+  }
 }
 
 TEST(ConfigFileTest, MissingFileIsAClearError) {

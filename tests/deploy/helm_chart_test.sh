@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The Helm chart (deploy/helm/dpproxy), rendered without a cluster or a helm
+# binary by tools/helm_render (Go's text/template and sprig, as Helm) with
+# its default values and with a second values file (DRA mode, Prometheus
+# Operator objects): every object passes the schema check of the fields the
+# chart sets, the configuration it writes is accepted by dpproxy itself
+# (--check), and values a user could get wrong are refused naming the field.
+set -uo pipefail
+
+SRC="$TEST_SRCDIR/dpproxy"
+CHART="$SRC/deploy/helm/dpproxy"
+DPPROXY="$SRC/proxy/dpproxy"
+T="$(mktemp -d "${TEST_TMPDIR:-/tmp}/helm.XXXXXX")"
+source "$SRC/tests/testing/checks.sh"
+
+# Built here with Debian's Go (GOPATH mode: sprig and yaml.v3 from
+# /usr/share/gocode), into the test's own directory.
+build() {
+  GOPATH=/usr/share/gocode GO111MODULE=off GOCACHE="$T/go-cache" HOME="$T" \
+    go build -o "$T/helm_render" "$SRC/tools/helm_render/main.go" >"$T/build.log" 2>&1
+}
+check "helm_render builds (needs golang-go and golang-github-masterminds-sprig-dev)" build || {
+  cat "$T/build.log"; finish; }
+render() { "$T/helm_render" "$@" "$CHART"; }
+count() { grep -c "^kind: $1\$" "$2"; }
+
+# --- Default values ------------------------------------------------------
+# (Output goes to files inside the checked commands: check's own "ok" line
+# stays on stdout.)
+render_to() { local out="$1"; shift; render "$@" >"$out" 2>"$out.err" || { cat "$out.err"; return 1; }; }
+check "default values render and pass the check" render_to "$T/default.yaml" --check
+for k in ConfigMap DaemonSet ServiceAccount; do
+  check "default: one $k" [ "$(count "$k" "$T/default.yaml")" = 1 ]
+done
+for k in ClusterRole Service ServiceMonitor PodMonitor; do
+  check "default: no $k" [ "$(count "$k" "$T/default.yaml")" = 0 ]
+done
+check "default: the node-critical priority" grep -q "priorityClassName: system-node-critical" "$T/default.yaml"
+check "default: the image is the chart's appVersion" \
+  grep -q 'image: "registry.example.com/dpproxy:0.7.0"' "$T/default.yaml"
+check "default: probes on /livez and /readyz" \
+  bash -c "grep -q 'path: /livez' '$T/default.yaml' && grep -q 'path: /readyz' '$T/default.yaml'"
+check "default: the recommended labels" grep -q "app.kubernetes.io/managed-by: Helm" "$T/default.yaml"
+render --data ConfigMap/dpproxy/dpproxy.yaml >"$T/default-config.yaml"
+accepts() {  # config file, output file
+  "$DPPROXY" --config="$1" --check >"$2" 2>&1 || { cat "$2"; return 1; }
+}
+check "default: dpproxy accepts the configuration the chart writes" \
+  accepts "$T/default-config.yaml" "$T/default-check.out"
+check "default: its plugin socket is under hostDir" \
+  grep -q "plugin_dir: /var/lib/dpproxy/device-plugins" "$T/default-check.out"
+
+# --- DRA mode, monitoring, other paths -----------------------------------
+V="$SRC/tests/deploy/helm-values-dra.yaml"
+check "second values render and pass the check" \
+  render_to "$T/dra.yaml" --values "$V" --release gpu --namespace node-agents --check
+for k in ClusterRole ClusterRoleBinding Service ServiceMonitor PodMonitor; do
+  check "dra: one $k" [ "$(count "$k" "$T/dra.yaml")" = 1 ]
+done
+check "dra: objects are named after the release" grep -q "name: gpu-dpproxy$" "$T/dra.yaml"
+check "dra: the service account asked for" grep -q "serviceAccountName: gpu-bridge" "$T/dra.yaml"
+check "dra: the role is bound to it in the release namespace" \
+  bash -c "grep -A3 '^subjects:' '$T/dra.yaml' | grep -q 'namespace: node-agents'"
+check "dra: the pinned image" grep -q 'image: "registry.internal:5000/infra/dpproxy:0.7.0-rc1"' "$T/dra.yaml"
+check "dra: the DRA socket directory and the CDI directory are mounted" \
+  bash -c "grep -q 'mountPath: /data/kubelet/plugins$' '$T/dra.yaml' && grep -q 'mountPath: /var/run/cdi' '$T/dra.yaml'"
+check "dra: extra flags are passed" grep -q -- '- "--v=1"' "$T/dra.yaml"
+check "dra: a values map is merged, not replaced (the default request stays)" \
+  bash -c "grep -A6 '^          resources:' '$T/dra.yaml' | grep -q 'cpu: 10m'"
+render --values "$V" --release gpu --namespace node-agents \
+  --data ConfigMap/gpu-dpproxy/dpproxy.yaml >"$T/dra-config.yaml"
+# The node's name comes from NODE_NAME, as the DaemonSet sets it.
+export NODE_NAME=node-1
+check "dra: dpproxy accepts the configuration the chart writes" \
+  accepts "$T/dra-config.yaml" "$T/dra-check.out"
+unset NODE_NAME
+check "dra: it runs in DRA mode for the driver" \
+  bash -c "grep -q 'api: dra' '$T/dra-check.out' && grep -q 'driver: gpu.vendor.com' '$T/dra-check.out'"
+check "dra: the user's own settings are kept" grep -q "policy: hold" "$T/dra-check.out"
+check "dra: paths follow kubeletRoot" grep -q "root: /data/kubelet" "$T/dra-check.out"
+
+# --- Mistakes are named ----------------------------------------------------
+echo 'dra: {enabled: true}' >"$T/no-driver.yaml"
+check "DRA without a driver is refused" bash -c "! '$T/helm_render' --values '$T/no-driver.yaml' '$CHART' >/dev/null 2>'$T/no-driver.err'"
+check "... naming dra.driver" grep -q "dra.driver is required" "$T/no-driver.err"
+check "broken values fail the check" bash -c "! '$T/helm_render' --check --values '$SRC/tests/deploy/helm-values-broken.yaml' '$CHART' >/dev/null 2>'$T/broken.err'"
+check "... naming the quantity" grep -q 'resources.requests.memory: "lots" is not a quantity' "$T/broken.err"
+check "... naming the toleration" grep -q 'tolerations\[0\].operator: "Sometimes" is not Equal or Exists' "$T/broken.err"
+check "... naming the port" grep -q 'containerPort: 70000 is not a port number' "$T/broken.err"
+# A misspelt key in a template is an unknown field, as strict validation says.
+cp -r "$CHART" "$T/chart"
+sed -i 's/volumeMounts:/volumeMount:/' "$T/chart/templates/daemonset.yaml"
+check "a misspelt field in a template fails the check" bash -c "! '$T/helm_render' --check '$T/chart' >/dev/null 2>'$T/typo.err'"
+check "... naming it" grep -q 'unknown field "volumeMount"' "$T/typo.err"
+finish

@@ -105,10 +105,13 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
 
 void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, uint64_t served) {
   absl::Status s;
+  bool not_serving = false;
   if (!e->endpoint->SocketPresent()) {
     // Never ask a kubelet to dial a socket that is not serving (a kubelet's
-    // wipe removed it): the next pass serves it again, then registers.
+    // wipe removed it after this was queued): the next pass serves it again,
+    // then registers.
     s = absl::UnavailableError("our socket is not serving");
+    not_serving = true;
   } else {
     s = e->endpoint->Register();
   }
@@ -137,8 +140,18 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
                                          s.code() == absl::StatusCode::kDeadlineExceeded
                                      ? absl::Seconds(5)
                                      : absl::Seconds(30);
-      e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
-      e->retry_at = absl::Now() + e->backoff;
+      if (not_serving && e->backoff == absl::ZeroDuration()) {
+        // The wipe of a kubelet that just started, seen between this
+        // registration's queueing and its start: the pass this wakes serves
+        // the socket again and registers at once (a 100 ms wait here was
+        // most of the slowest re-registrations). Only once in a row: a
+        // socket that keeps going goes back to the backoff below.
+        e->backoff = absl::Milliseconds(1);
+        e->retry_at = absl::Now();
+      } else {
+        e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
+        e->retry_at = absl::Now() + e->backoff;
+      }
       next_retry_ = std::min(next_retry_, e->retry_at);
       LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
                 << s.message() << "); retrying in " << absl::FormatDuration(e->backoff);

@@ -49,7 +49,10 @@ class AlphaRegistration final : public deviceplugin::Registration::Service {
 
 BackendRegistrationServer::BackendRegistrationServer(Options options, OnBackend on_backend,
                                                      EventLog* events)
-    : options_(std::move(options)), on_backend_(std::move(on_backend)), events_(events) {}
+    : options_(std::move(options)),
+      dial_timeout_ns_(absl::ToInt64Nanoseconds(options_.dial_timeout)),
+      on_backend_(std::move(on_backend)),
+      events_(events) {}
 
 BackendRegistrationServer::~BackendRegistrationServer() { Stop(); }
 
@@ -164,7 +167,7 @@ absl::Status BackendRegistrationServer::HandleRegister(ApiVersion api, const std
 
   if (api == ApiVersion::kV1Beta1) {
     absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, options_.dial_timeout, options_.max_list_bytes);
+        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()), options_.max_list_bytes);
     if (!b.ok()) {
       return reject("dial", absl::UnknownError(
           absl::StrCat("failed to dial device plugin: ", b.status().message())));
@@ -201,7 +204,7 @@ absl::Status BackendRegistrationServer::HandleRegister(ApiVersion api, const std
   if (!running_) return absl::UnavailableError("dpproxy is stopping");
   raw->thread = std::thread([this, raw, resource, socket, api] {
     absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, options_.dial_timeout, options_.max_list_bytes);
+        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()), options_.max_list_bytes);
     if (!b.ok()) {
       LOG(WARNING) << "v1alpha backend " << resource << " at " << socket
                    << " registered but cannot be reached: " << b.status().message();

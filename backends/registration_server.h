@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -71,12 +72,17 @@ class BackendRegistrationServer {
   // attach): a bounded set, fit for metric labels.
   std::map<std::string, int64_t> Rejections();
 
+  // How long a registering plugin's socket is dialled, from the next
+  // registration on (a SIGHUP may change it).
+  void SetDialTimeout(absl::Duration d) { dial_timeout_ns_ = absl::ToInt64Nanoseconds(d); }
+
   // Implementation, public for the services in the .cc file.
   absl::Status HandleRegister(ApiVersion api, const std::string& version,
                               const std::string& endpoint, const std::string& resource);
 
  private:
   const Options options_;
+  std::atomic<int64_t> dial_timeout_ns_;
   const OnBackend on_backend_;
   EventLog* const events_;
   std::unique_ptr<grpc::Service> beta_service_;

@@ -65,7 +65,10 @@ std::string DraLossReason(const std::string& kind) {
 }
 
 ClaimPreparer::ClaimPreparer(Options options, KubeClient* client, ResourceByPool resources)
-    : options_(std::move(options)), client_(client), resources_(std::move(resources)) {}
+    : options_(std::move(options)),
+      backend_timeout_ns_(absl::ToInt64Nanoseconds(options_.backend_timeout)),
+      client_(client),
+      resources_(std::move(resources)) {}
 
 std::string ClaimPreparer::RecordPath(const std::string& uid) const {
   return JoinPath(options_.state_dir, absl::StrCat(uid, ".json"));
@@ -224,13 +227,13 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
       for (const std::string& id : ids_of[r]) cr->add_devices_ids(id);
     }
     absl::StatusOr<v1beta1::AllocateResponse> resp =
-        res->backend->Allocate(req, options_.backend_timeout);
+        res->backend->Allocate(req, absl::Nanoseconds(backend_timeout_ns_.load()));
     if (!resp.ok()) return ClaimError(c, std::string(resp.status().message()));
     if (res->backend->options().pre_start_required()) {
       for (const std::string& r : requests) {
         v1beta1::PreStartContainerRequest pre;
         for (const std::string& id : ids_of[r]) pre.add_devices_ids(id);
-        if (absl::Status s = res->backend->PreStartContainer(pre, options_.backend_timeout);
+        if (absl::Status s = res->backend->PreStartContainer(pre, absl::Nanoseconds(backend_timeout_ns_.load()));
             !s.ok()) {
           return ClaimError(c, std::string(s.message()));
         }

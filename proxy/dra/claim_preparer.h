@@ -22,6 +22,7 @@
 #ifndef DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_
 #define DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -100,6 +101,10 @@ class ClaimPreparer {
   // prepared since.
   int prepared_claims();
 
+  // The limit of each call to a plugin, from the next on (a SIGHUP may
+  // change it).
+  void SetBackendTimeout(absl::Duration d) { backend_timeout_ns_ = absl::ToInt64Nanoseconds(d); }
+
 
  private:
   absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
@@ -119,6 +124,7 @@ class ClaimPreparer {
   void Held(const std::string& uid, bool held);
 
   const Options options_;
+  std::atomic<int64_t> backend_timeout_ns_;
   KubeClient* const client_;
   const ResourceByPool resources_;
   absl::Mutex mu_;

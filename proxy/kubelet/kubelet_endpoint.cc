@@ -102,7 +102,7 @@ v1beta1::AllocateRequest ToBackendIds(Resource* r, const v1beta1::AllocateReques
 constexpr absl::Duration kBackendWait = absl::Seconds(10);
 
 std::shared_ptr<Backend> BackendFor(KubeletEndpoint* e) {
-  return e->resource()->WaitForBackend(std::min(kBackendWait, e->options().backend_timeout));
+  return e->resource()->WaitForBackend(std::min(kBackendWait, e->backend_timeout()));
 }
 
 grpc::Status NoBackend(Resource* r) {
@@ -288,7 +288,7 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
   std::shared_ptr<Backend> b = BackendFor(e);
   if (b == nullptr) return NoBackend(res);
   call->set_backend(b.get());
-  const absl::Duration timeout = e->options().backend_timeout;
+  const absl::Duration timeout = e->backend_timeout();
   const absl::Time deadline = absl::Now() + timeout;
   const v1beta1::AllocateRequest breq = ToBackendIds(res, req);
   absl::StatusOr<v1beta1::AllocateResponse> r = TimedBackendCall(
@@ -310,7 +310,7 @@ grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& re
   if (grpc::Status s = e->Journal(req, *r, *b); !s.ok()) return s;
   *resp = *std::move(r);
   // v1alpha has no annotations: adding them would only count a loss.
-  if (e->options().cdi_annotations && kubelet_api == ApiVersion::kV1Beta1) {
+  if (e->cdi_annotations() && kubelet_api == ApiVersion::kV1Beta1) {
     for (auto& c : *resp->mutable_container_responses()) {
       if (c.cdi_devices_size() == 0) continue;
       std::vector<std::string> names;
@@ -371,7 +371,7 @@ class KubeletEndpoint::Services {
       }
       absl::StatusOr<v1beta1::PreferredAllocationResponse> r =
           TimedBackendCall(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1, *b, [&] {
-            return b->GetPreferredAllocation(breq, e_->options().backend_timeout, ctx);
+            return b->GetPreferredAllocation(breq, e_->backend_timeout(), ctx);
           });
       if (!r.ok()) return ToGrpcStatus(r.status());
       *resp = *std::move(r);
@@ -398,7 +398,7 @@ class KubeletEndpoint::Services {
       for (auto& id : *breq.mutable_devices_ids()) id = e_->resource()->ToBackendId(id);
       return call.Done(ToGrpcStatus(
           TimedBackendCall(e_, "PreStartContainer", ApiVersion::kV1Beta1, *b, [&] {
-            return b->PreStartContainer(breq, e_->options().backend_timeout, ctx);
+            return b->PreStartContainer(breq, e_->backend_timeout(), ctx);
           })));
     }
 
@@ -490,6 +490,8 @@ KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& o
                                  AllocationJournal* journal, Telemetry* telemetry)
     : resource_(resource),
       options_(options),
+      backend_timeout_ns_(absl::ToInt64Nanoseconds(options.backend_timeout)),
+      cdi_annotations_(options.cdi_annotations),
       losses_(losses),
       events_(events),
       journal_(journal),
@@ -502,6 +504,11 @@ KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& o
       services_(std::make_unique<Services>(this)) {}
 
 KubeletEndpoint::~KubeletEndpoint() { Stop(); }
+
+void KubeletEndpoint::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
+  backend_timeout_ns_ = absl::ToInt64Nanoseconds(backend_timeout);
+  cdi_annotations_ = cdi_annotations;
+}
 
 bool KubeletEndpoint::SocketPresent() {
   absl::MutexLock lock(&mu_);

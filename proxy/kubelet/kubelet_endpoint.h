@@ -70,6 +70,12 @@ class KubeletEndpoint {
   class Services;
   Resource* resource() { return resource_; }
   const KubeletSideOptions& options() const { return options_; }
+  // The settings a SIGHUP may change while calls run (from options at
+  // first): the limit of each call to the backend, and whether CDI names
+  // are copied into annotations.
+  absl::Duration backend_timeout() const { return absl::Nanoseconds(backend_timeout_ns_.load()); }
+  bool cdi_annotations() const { return cdi_annotations_.load(); }
+  void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations);
   LossCounter* losses() { return losses_; }
   // Persists an answered allocation; kUnavailable-style gRPC error if it
   // cannot (the kubelet is then refused, as a kubelet refuses admission when
@@ -94,6 +100,8 @@ class KubeletEndpoint {
  private:
   Resource* const resource_;
   const KubeletSideOptions options_;
+  std::atomic<int64_t> backend_timeout_ns_;
+  std::atomic<bool> cdi_annotations_;
   LossCounter* const losses_;
   EventLog* const events_;
   AllocationJournal* const journal_;

@@ -210,6 +210,9 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_,
                                                   &events_, keeper_.get(), &telemetry_);
+  // As a reload left them.
+  e->endpoint->SetCallSettings(live_config_.kubelet.backend_timeout,
+                               live_config_.kubelet.cdi_annotations);
   Entry* raw = e.get();
   entries_[name] = std::move(e);
   lock.Release();
@@ -575,13 +578,17 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
     return absl::StrCat(c.path, ": ", c.from.empty() ? "(none)" : c.from, " -> ",
                         c.to.empty() ? "(none)" : c.to);
   };
-  bool backends_changed = false, loss_changed = false;
+  bool backends_changed = false, loss_changed = false, calls_changed = false;
   for (const SettingChange& c : changes) {
     if (absl::StartsWith(c.path, "backends[")) {
       backends_changed = true;
       result.applied.push_back(line(c));
     } else if (absl::StartsWith(c.path, "backend_loss.")) {
       loss_changed = true;
+      result.applied.push_back(line(c));
+    } else if (c.path == "timeouts.backend" || c.path == "timeouts.dial" ||
+               c.path == "cdi_annotations") {
+      calls_changed = true;
       result.applied.push_back(line(c));
     } else {
       result.needs_restart.push_back(line(c));
@@ -600,6 +607,25 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
                  {{"setting", "backend_loss"},
                   {"policy", next.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy"},
                   {"hold", absl::FormatDuration(next.policy.hold)}});
+  }
+  if (calls_changed) {
+    // From the next call on; calls under way keep the limit they began with.
+    {
+      absl::MutexLock lock(&mu_);
+      live_config_.kubelet.backend_timeout = next.kubelet.backend_timeout;
+      live_config_.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
+      live_config_.dial_timeout = next.dial_timeout;
+    }
+    for (Entry* e : Entries()) {
+      e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
+    }
+    if (registration_) registration_->SetDialTimeout(next.dial_timeout);
+    if (preparer_) preparer_->SetBackendTimeout(next.kubelet.backend_timeout);
+    events_.Emit("config_applied",
+                 {{"setting", "calls"},
+                  {"backend_timeout", absl::FormatDuration(next.kubelet.backend_timeout)},
+                  {"dial_timeout", absl::FormatDuration(next.dial_timeout)},
+                  {"cdi_annotations", next.kubelet.cdi_annotations}});
   }
   if (backends_changed) {
     auto key = [](const StaticBackendConfig& b) {

@@ -486,7 +486,8 @@ TEST_F(ProxyTest, ReloadAppliesWhatCanChangeLiveAndReportsTheRest) {
   const ProxyServer::ReloadResult r = h.proxy().Reload(next);
   EXPECT_THAT(r.applied, Contains(HasSubstr("backends[0].endpoint:")));
   EXPECT_THAT(r.applied, Contains("backend_loss.policy: unhealthy -> hold"));
-  EXPECT_THAT(r.needs_restart, ElementsAre("timeouts.backend: 5s -> 7s"));
+  EXPECT_THAT(r.applied, Contains("timeouts.backend: 5s -> 7s"));
+  EXPECT_TRUE(r.needs_restart.empty());
   ASSERT_TRUE(h.proxy().events().WaitForEvent("config_reloaded", {}, kWait));
   // The new static backend is dialled and registered with the kubelet.
   ASSERT_TRUE(h.sim().WaitForResource("vendor.com/nic", 4, kWait));
@@ -505,7 +506,40 @@ TEST_F(ProxyTest, ReloadAppliesWhatCanChangeLiveAndReportsTheRest) {
   // Nothing changed: nothing applied, nothing reported.
   const ProxyServer::ReloadResult same = h.proxy().Reload(next);
   EXPECT_TRUE(same.applied.empty());
-  EXPECT_THAT(same.needs_restart, ElementsAre("timeouts.backend: 5s -> 7s"));
+  EXPECT_TRUE(same.needs_restart.empty());
+  // What only a start can change is reported, not applied.
+  next.status_file = h.dir("elsewhere.json");
+  const ProxyServer::ReloadResult later = h.proxy().Reload(next);
+  EXPECT_TRUE(later.applied.empty());
+  EXPECT_THAT(later.needs_restart, ElementsAre(HasSubstr("status_file:")));
+}
+
+// The backend timeout changes live: the next Allocate has the new limit.
+TEST_F(ProxyTest, AReloadedBackendTimeoutLimitsTheNextCall) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);  // 5 s
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.allocate_delay = absl::Seconds(1);
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  auto allocate = [&](const std::string& id) {
+    auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+    grpc::ClientContext ctx;  // no deadline, like the kubelet
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids(id);
+    v1beta1::AllocateResponse resp;
+    return stub->Allocate(&ctx, req, &resp);
+  };
+  EXPECT_TRUE(allocate("gpu-0").ok());  // 1 s within 5 s
+  ProxyConfig next = h.config();
+  next.kubelet.backend_timeout = absl::Milliseconds(200);
+  EXPECT_THAT(h.proxy().Reload(next).applied, ElementsAre("timeouts.backend: 5s -> 200ms"));
+  grpc::Status s = allocate("gpu-1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(s.error_message(), HasSubstr("within 200ms"));
+  next.kubelet.backend_timeout = absl::Seconds(5);
+  EXPECT_THAT(h.proxy().Reload(next).applied, ElementsAre("timeouts.backend: 200ms -> 5s"));
+  EXPECT_TRUE(allocate("gpu-2").ok());
 }
 
 TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {

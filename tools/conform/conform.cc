@@ -20,6 +20,7 @@
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/util/files.h"
 #include "tools/conform/cell.h"
+#include "tools/conform/dra.h"
 
 namespace dpproxy::conform {
 namespace {
@@ -971,6 +972,7 @@ std::vector<std::string> DefaultKubelets() {
 }
 
 absl::Status ValidateOptions(const ConformOptions& o) {
+  if (!o.dra_driver.empty()) return ValidateDraOptions(o);
   if (o.plugin_command.empty()) {
     return absl::InvalidArgumentError("--plugin: the plugin's command line is required");
   }
@@ -1022,49 +1024,32 @@ absl::Status ValidateOptions(const ConformOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) {
-  if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
-  std::vector<const ScenarioEntry*> scenarios;
-  if (o.scenarios.empty()) {
-    for (const ScenarioEntry& e : Entries()) {
-      if (!e.info.opt_in) scenarios.push_back(&e);
-    }
-  } else {
-    for (const std::string& s : o.scenarios) scenarios.push_back(FindScenario(s));
-  }
+absl::StatusOr<std::vector<CellResult>> RunCells(
+    const ConformOptions& o, size_t n,
+    const std::function<CellResult(size_t, const std::string&)>& run) {
   if (absl::Status s = MakeDirs(o.work_root); !s.ok()) return s;
   std::string root = JoinPath(o.work_root, "dpconform.XXXXXX");
   if (::mkdtemp(root.data()) == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot make a directory in ", o.work_root, ": ", ErrnoText(errno)));
   }
-  struct Job {
-    const sim::KubeletVersion* kubelet;
-    const ScenarioEntry* scenario;
-    std::string dir;
-  };
-  std::vector<Job> jobs;
-  for (const sim::KubeletVersion& k : o.kubelets) {
-    for (const ScenarioEntry* s : scenarios) {
-      jobs.push_back({&k, s, JoinPath(root, absl::StrCat("c", jobs.size()))});
-    }
-  }
-  std::vector<CellResult> results(jobs.size());
+  std::vector<CellResult> results(n);
   std::atomic<size_t> next{0};
   absl::Mutex report_mu;
   auto worker = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      if (absl::Status s = MakeDirs(jobs[i].dir); !s.ok()) {
+    for (size_t i = next++; i < n; i = next++) {
+      const std::string dir = JoinPath(root, absl::StrCat("c", i));
+      if (absl::Status s = MakeDirs(dir); !s.ok()) {
         results[i].outcome = Outcome::kFail;
         results[i].summary = std::string(s.message());
       } else {
-        results[i] = RunCell(o, *jobs[i].kubelet, *jobs[i].scenario, jobs[i].dir);
+        results[i] = run(i, dir);
       }
       const bool keep = o.keep || results[i].outcome == Outcome::kFail ||
                         results[i].outcome == Outcome::kBlocked;
       if (!keep) {
         std::error_code ignored;
-        std::filesystem::remove_all(jobs[i].dir, ignored);
+        std::filesystem::remove_all(dir, ignored);
         results[i].dir.clear();
       }
       absl::MutexLock lock(&report_mu);
@@ -1072,7 +1057,7 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
     }
   };
   std::vector<std::thread> threads;
-  for (int t = 0; t < std::min<int>(o.jobs, static_cast<int>(jobs.size())); ++t) {
+  for (int t = 0; t < std::min<int>(o.jobs, static_cast<int>(n)); ++t) {
     threads.emplace_back(worker);
   }
   for (std::thread& t : threads) t.join();
@@ -1083,6 +1068,26 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
     std::filesystem::remove_all(root, ignored);
   }
   return results;
+}
+
+absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) {
+  if (!o.dra_driver.empty()) return RunDraConformance(o);
+  if (absl::Status s = ValidateOptions(o); !s.ok()) return s;
+  std::vector<const ScenarioEntry*> scenarios;
+  if (o.scenarios.empty()) {
+    for (const ScenarioEntry& e : Entries()) {
+      if (!e.info.opt_in) scenarios.push_back(&e);
+    }
+  } else {
+    for (const std::string& s : o.scenarios) scenarios.push_back(FindScenario(s));
+  }
+  std::vector<std::pair<const sim::KubeletVersion*, const ScenarioEntry*>> jobs;
+  for (const sim::KubeletVersion& k : o.kubelets) {
+    for (const ScenarioEntry* s : scenarios) jobs.emplace_back(&k, s);
+  }
+  return RunCells(o, jobs.size(), [&](size_t i, const std::string& dir) {
+    return RunCell(o, *jobs[i].first, *jobs[i].second, dir);
+  });
 }
 
 }  // namespace dpproxy::conform

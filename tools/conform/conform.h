@@ -92,6 +92,9 @@ struct ConformOptions {
   std::vector<std::pair<std::string, std::string>> env;
   // Called as each cell ends (from the worker that ran it).
   std::function<void(const CellResult&)> on_cell;
+  // Non-empty: the command is a DRA driver of this name, run through the
+  // DRA scenarios (dra.h) instead of the device-plugin ones.
+  std::string dra_driver;
 };
 
 // {name, what it stands for}: the plugin command's placeholders. Each is
@@ -126,6 +129,13 @@ absl::Status ValidateOptions(const ConformOptions& options);
 
 // Runs every selected cell; results in release order, then scenario order.
 absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& options);
+
+// Runs `n` cells on options.jobs workers, each in a fresh directory of a
+// run directory under options.work_root (removed unless kept: --keep, or
+// the cell failed or was blocked), each result handed to options.on_cell.
+absl::StatusOr<std::vector<CellResult>> RunCells(
+    const ConformOptions& options, size_t n,
+    const std::function<CellResult(size_t i, const std::string& dir)>& run);
 
 }  // namespace dpproxy::conform
 

@@ -15,6 +15,7 @@
 #include "proxy/cli/cli.h"
 #include "proxy/util/files.h"
 #include "tools/conform/conform.h"
+#include "tools/conform/dra.h"
 #include "tools/conform/report.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
@@ -24,6 +25,11 @@ DEFINE_string(plugin, "",
               "{kubelet_root}, {plugins_registry}, {work_dir}, {resource},\n"
               "{kubelet_version}. The same values are in its environment as\n"
               "DPCONFORM_KUBELET_SOCKET and so on. Required.");
+DEFINE_string(dra_driver, "",
+              "Test a DRA driver of this name instead of a device plugin: --plugin is the\n"
+              "driver's command, run against a 1.32+ kubelet with an API-server simulator\n"
+              "beside it; the DRA scenarios and placeholders run (see --list). --resource\n"
+              "is not used.");
 DEFINE_string(resource, "",
               "The extended resource(s) the plugin serves, comma-separated, e.g.\n"
               "vendor.com/gpu. The first is the one single-resource scenarios use;\n"
@@ -72,6 +78,7 @@ constexpr char kUsage[] = R"(dpconform: test a device plugin against every kubel
 
 Usage:
   dpconform --plugin='CMD' --resource=vendor.com/gpu [--kubelets=1.9,1.24,1.31] [flags]
+  dpconform --plugin='CMD' --dra_driver=gpu.vendor.com [--kubelets=1.32,1.34] [flags]
   dpconform --list
 
 Each cell runs a fresh simulated kubelet of one release in its own directory
@@ -123,11 +130,22 @@ void PrintList() {
   for (const Placeholder& p : Placeholders()) {
     std::cout << absl::StrFormat("  {%s}  %s\n", p.name, p.meaning);
   }
+  std::cout << "\nWith --dra_driver (kubelets 1.32 and later; default: "
+            << absl::StrJoin(DefaultDraKubelets(), ",") << "), the DRA scenarios:\n";
+  for (const ScenarioInfo& s : DraScenarios()) {
+    std::cout << absl::StrFormat("  %-20s %s\n", s.name, s.title);
+    std::cout << "                       " << s.checks << "\n";
+  }
+  std::cout << "and the placeholders in the driver's --plugin command:\n";
+  for (const Placeholder& p : DraPlaceholders()) {
+    std::cout << absl::StrFormat("  {%s}  %s\n", p.name, p.meaning);
+  }
 }
 
 absl::StatusOr<ConformOptions> OptionsFromFlags() {
   ConformOptions o;
   o.plugin_command = FLAGS_plugin;
+  o.dra_driver = FLAGS_dra_driver;
   o.resources = List(FLAGS_resource);
   o.scenarios = List(FLAGS_scenarios);
   o.health_command = FLAGS_health_command;
@@ -153,7 +171,7 @@ absl::StatusOr<ConformOptions> OptionsFromFlags() {
                                                    " is neither on nor off"));
   }
   std::vector<std::string> names = List(FLAGS_kubelets);
-  if (names.empty()) names = DefaultKubelets();
+  if (names.empty()) names = o.dra_driver.empty() ? DefaultKubelets() : DefaultDraKubelets();
   if (names.size() == 1 && names[0] == "all") {
     names.clear();
     for (int m = sim::kOldestKubeletMinor; m <= sim::kNewestKubeletMinor; ++m) {

@@ -1,0 +1,586 @@
+#include "tools/conform/dra.h"
+
+#include <stdlib.h>
+
+#include <functional>
+#include <map>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/util/child_process.h"
+#include "proxy/util/files.h"
+#include "tools/apiserver_sim/apiserver_sim.h"
+#include "tools/apiserver_sim/scheduler.h"
+
+namespace dpproxy::conform {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kNode[] = "node-1";
+constexpr char kToken[] = "dpconform";
+
+CellResult Result(Outcome outcome, std::string summary) {
+  CellResult r;
+  r.outcome = outcome;
+  r.summary = std::move(summary);
+  return r;
+}
+
+CellResult Failed(std::string summary, std::string did, std::string expects, std::string users) {
+  CellResult r = Result(Outcome::kFail, std::move(summary));
+  r.plugin_did = std::move(did);
+  r.kubelet_expects = std::move(expects);
+  r.users_see = std::move(users);
+  return r;
+}
+
+// A check failed on the way to another scenario's: that cell is blocked.
+CellResult Blocked(const std::string& by, const CellResult& why) {
+  CellResult r = Result(Outcome::kBlocked, why.summary);
+  r.blocked_by = by;
+  return r;
+}
+
+// One DRA cell: an API server, a kubelet of one release with the runtime's
+// CDI resolution, and the driver's command.
+class DraCell {
+ public:
+  DraCell(const ConformOptions& o, const sim::KubeletVersion& k, std::string dir)
+      : o_(o),
+        version_(k),
+        dir_(std::move(dir)),
+        api_(sim::ApiServerSim::Options{"", "", kToken, {"v1", "v1beta1"}}) {}
+  ~DraCell() {
+    StopDriver();
+    if (kubelet_) kubelet_->Stop();
+    api_.Stop();
+  }
+
+  absl::Status Start() {
+    if (absl::Status s = api_.Start(); !s.ok()) return s;
+    kubeconfig_ = JoinPath(dir_, "kubeconfig");
+    if (absl::Status s = WriteFileAtomic(
+            kubeconfig_,
+            absl::StrCat("current-context: node\n"
+                         "contexts: [{name: node, context: {cluster: sim, user: driver}}]\n"
+                         "clusters: [{name: sim, cluster: {server: \"",
+                         api_.url(), "\"}}]\nusers: [{name: driver, user: {token: ", kToken,
+                         "}}]\n"));
+        !s.ok()) {
+      return s;
+    }
+    KubeConfig kc;
+    kc.server = api_.url();
+    kc.token = kToken;
+    absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(kc);
+    if (!client.ok()) return client.status();
+    client_ = *std::move(client);
+    sim::KubeletSimOptions so;
+    so.root_dir = JoinPath(dir_, "k");
+    so.kubelet = version_;
+    so.personality = version_.personality;
+    so.dial_timeout = o_.dial_timeout;
+    so.cdi_dirs = {CdiDir()};
+    so.kubeconfig = kubeconfig_;
+    so.node_name = kNode;
+    kubelet_ = std::make_unique<sim::KubeletSim>(so);
+    if (absl::Status s = MakeDirs(CdiDir()); !s.ok()) return s;
+    if (absl::Status s = MakeDirs(JoinPath(dir_, "work")); !s.ok()) return s;
+    if (absl::Status s = kubelet_->Start(); !s.ok()) return s;
+    return StartDriver();
+  }
+
+  absl::Status StartDriver() {
+    std::vector<std::pair<std::string, std::string>> values = Values();
+    absl::StatusOr<std::string> command = Expand(o_.plugin_command, values);
+    if (!command.ok()) return command.status();
+    ChildSpec spec;
+    spec.argv = {"/bin/sh", "-c", *command};
+    spec.output_path = JoinPath(dir_, "driver.log");
+    spec.env = o_.env;
+    for (const auto& [name, value] : values) {
+      spec.env.emplace_back(absl::StrCat("DPCONFORM_", absl::AsciiStrToUpper(name)), value);
+    }
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
+    if (!child.ok()) return child.status();
+    driver_ = *std::move(child);
+    return absl::OkStatus();
+  }
+  void StopDriver() {
+    if (driver_) driver_->Stop(o_.stop_grace);
+    driver_.reset();
+  }
+
+  std::vector<std::pair<std::string, std::string>> Values() const {
+    return {{"kubelet_root", JoinPath(dir_, "k")},
+            {"plugins_registry", JoinPath(dir_, "k/plugins_registry")},
+            {"kubeconfig", kubeconfig_},
+            {"node_name", kNode},
+            {"cdi_dir", CdiDir()},
+            {"driver", o_.dra_driver},
+            {"work_dir", JoinPath(dir_, "work")},
+            {"kubelet_version", version_.name}};
+  }
+
+  std::string CdiDir() const { return JoinPath(dir_, "cdi"); }
+  sim::KubeletSim& kubelet() { return *kubelet_; }
+  sim::ApiServerSim& api() { return api_; }
+  KubeClient* client() { return client_.get(); }
+  const ConformOptions& options() const { return o_; }
+  const sim::KubeletVersion& version() const { return version_; }
+
+  // The end of the driver's output, for failure messages.
+  std::string DriverOutputTail() const {
+    absl::StatusOr<std::string> out = ReadFile(JoinPath(dir_, "driver.log"));
+    if (!out.ok() || out->empty()) return "(no output)";
+    return out->size() <= 400 ? *out : "..." + out->substr(out->size() - 400);
+  }
+
+  // The driver's devices on the node, by pool (the newest generation of
+  // each pool), and whether every pool is whole (resourceSliceCount slices
+  // of one generation).
+  std::map<std::string, std::vector<std::string>> Pools(std::string* problem) {
+    std::map<std::string, std::vector<std::string>> pools;
+    std::map<std::string, std::pair<int64_t, int64_t>> meta;  // generation, count
+    std::map<std::string, std::map<int64_t, int>> seen;       // slices per generation
+    for (const auto& [name, s] : api_.Slices()) {
+      const Json spec = s.value("spec", Json::object());
+      if (spec.value("driver", "") != o_.dra_driver || spec.value("nodeName", "") != kNode) {
+        continue;
+      }
+      const Json pool = spec.value("pool", Json::object());
+      const std::string pool_name = pool.value("name", "");
+      const int64_t g = pool.value("generation", int64_t{0});
+      ++seen[pool_name][g];
+      auto& m = meta[pool_name];
+      if (g >= m.first) m = {g, pool.value("resourceSliceCount", int64_t{0})};
+    }
+    for (const auto& [name, s] : api_.Slices()) {
+      const Json spec = s.value("spec", Json::object());
+      if (spec.value("driver", "") != o_.dra_driver || spec.value("nodeName", "") != kNode) {
+        continue;
+      }
+      const std::string pool_name = spec.value("/pool/name"_json_pointer, std::string());
+      if (spec.value("/pool/generation"_json_pointer, int64_t{0}) != meta[pool_name].first) {
+        continue;
+      }
+      for (const Json& d : spec.value("devices", Json::array())) {
+        pools[pool_name].push_back(d.value("name", ""));
+      }
+    }
+    for (const auto& [pool, m] : meta) {
+      if (seen[pool][m.first] != m.second && problem != nullptr) {
+        *problem = absl::StrCat("pool ", pool, " at generation ", m.first, " has ",
+                                seen[pool][m.first], " slice(s) of the ", m.second,
+                                " its resourceSliceCount says");
+      }
+    }
+    return pools;
+  }
+
+ private:
+  const ConformOptions& o_;
+  const sim::KubeletVersion version_;
+  const std::string dir_;
+  sim::ApiServerSim api_;
+  std::string kubeconfig_;
+  std::unique_ptr<KubeClient> client_;
+  std::unique_ptr<sim::KubeletSim> kubelet_;
+  std::unique_ptr<ChildProcess> driver_;
+};
+
+const char* const kUsersRegister =
+    "the kubelet never calls the driver: pods with claims for its devices stay "
+    "ContainerCreating (\"driver name ... not found in the list of registered DRA drivers\")";
+
+// Registered through the plugin watcher, on a service this release knows.
+std::optional<CellResult> Registered(DraCell& c, size_t from = 0) {
+  const std::string driver = c.options().dra_driver;
+  if (c.kubelet().events().WaitForEvent("dra_driver_registered", {{"driver", driver}},
+                                        c.options().timeout, from)) {
+    return std::nullopt;
+  }
+  std::optional<Json> rejected = c.kubelet().events().WaitForEvent(
+      "registration_rejected", {}, absl::ZeroDuration(), from);
+  const std::string did =
+      rejected.has_value()
+          ? absl::StrCat("registered and was refused: ", rejected->value("error", rejected->dump()))
+          : absl::StrCat("no DRAPlugin named ", driver, " appeared in ",
+                         c.Values()[1].second, " within ",
+                         absl::FormatDuration(c.options().timeout),
+                         "; its output ends: ", c.DriverOutputTail());
+  return Failed("the driver did not register with the kubelet", did,
+                absl::StrCat("kubelet ", c.version().name,
+                             " registers a socket in plugins_registry/ whose GetInfo says type "
+                             "DRAPlugin, name ",
+                             driver, ", and lists a service it knows (",
+                             c.version().minor >= 34 ? "v1.DRAPlugin or v1beta1.DRAPlugin"
+                                                     : "v1beta1.DRAPlugin",
+                             ")"),
+                kUsersRegister);
+}
+
+// Waits until `pred` holds, checking again after each request the API
+// server answers (slices change only through requests).
+bool WaitForApi(DraCell& c, const std::function<bool()>& pred, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const size_t from = c.api().events().Size();
+    if (pred()) return true;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return false;
+    c.api().events().WaitForEvent("request", {}, deadline - now, from);
+  }
+}
+
+// At least one device published for the node, in whole pools.
+std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vector<std::string>>* out) {
+  std::string problem;
+  const bool seen = WaitForApi(
+      c,
+      [&] {
+        problem.clear();
+        std::map<std::string, std::vector<std::string>> pools = c.Pools(&problem);
+        size_t n = 0;
+        for (const auto& [p, d] : pools) n += d.size();
+        if (n == 0 || !problem.empty()) return false;
+        *out = std::move(pools);
+        return true;
+      },
+      c.options().timeout);
+  if (seen) return std::nullopt;
+  return Failed("no devices of the driver were published for the node",
+                problem.empty()
+                    ? absl::StrCat("no ResourceSlice of driver ", c.options().dra_driver,
+                                   " with spec.nodeName ", kNode, " and a device appeared within ",
+                                   absl::FormatDuration(c.options().timeout))
+                    : problem,
+                "a node-local driver publishes its devices as ResourceSlices (spec.nodeName "
+                "set, every slice of a pool at one generation, resourceSliceCount of them)",
+                "the scheduler sees no devices of the driver on the node: claims for them stay "
+                "unallocated and their pods Pending");
+}
+
+struct Prepared {
+  std::string uid;
+  Json answer;  // the claim's entry in the kubelet's answer
+};
+
+std::optional<CellResult> AllocateAndPrepare(DraCell& c, const std::string& name, Prepared* p) {
+  sim::ClaimAllocation a;
+  a.name = name;
+  a.driver = c.options().dra_driver;
+  a.node = kNode;
+  a.count = 1;
+  absl::StatusOr<Json> claim = sim::CreateAllocatedClaim(c.client(), a);
+  if (!claim.ok()) {
+    return Failed(absl::StrCat("the scheduler could not allocate a device: ",
+                               claim.status().message()),
+                  "published slices the scheduler could not allocate from",
+                  "a free device in the node's published pools", "claims stay unallocated");
+  }
+  p->uid = (*claim)["metadata"]["uid"].get<std::string>();
+  absl::StatusOr<Json> r =
+      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", name, p->uid}});
+  if (!r.ok()) {
+    return Failed("NodePrepareResources failed as a call", std::string(r.status().message()),
+                  "an answer with an entry per claim (an error of one claim goes in its entry)",
+                  "the pod stays ContainerCreating while the kubelet retries");
+  }
+  p->answer = (*r).value(p->uid, Json());
+  if (p->answer.is_null()) {
+    return Failed("the answer has no entry for the claim",
+                  absl::StrCat("answered ", r->dump(), " for claim UID ", p->uid),
+                  "an entry keyed by the claim's UID", "the pod stays ContainerCreating");
+  }
+  const std::string error = p->answer.value("error", "");
+  if (!error.empty()) {
+    return Failed("the driver refused to prepare a claim the scheduler allocated",
+                  absl::StrCat("answered the claim with error: ", error),
+                  "its devices prepared and their CDI names", "the pod stays ContainerCreating");
+  }
+  const Json results = claim->value("/status/allocation/devices/results"_json_pointer, Json());
+  const std::string want = results.empty() ? "" : results[0].value("device", "");
+  bool found = false;
+  std::vector<std::string> errors;
+  for (const Json& d : p->answer.value("devices", Json::array())) {
+    if (d.value("device", "") == want) found = true;
+    if (d.value("cdi_device_ids", Json::array()).empty()) {
+      errors.push_back(absl::StrCat("device ", d.value("device", ""), " has no CDI name"));
+    }
+    for (const Json& e : d.value("/runtime/errors"_json_pointer, Json::array())) {
+      errors.push_back(e.get<std::string>());
+    }
+  }
+  if (!found) {
+    return Failed("the answer does not name the allocated device",
+                  absl::StrCat("answered devices ", p->answer.value("devices", Json()).dump()),
+                  absl::StrCat("device ", want, " of the claim's allocation"),
+                  "the container is started without the device it was allocated");
+  }
+  if (!errors.empty()) {
+    return Failed("the container runtime cannot use what the driver answered",
+                  absl::StrJoin(errors, "; "),
+                  absl::StrCat("CDI names defined by exactly one spec in the CDI directories (",
+                               c.CdiDir(), ")"),
+                  "CreateContainerError: unresolvable CDI devices");
+  }
+  return std::nullopt;
+}
+
+CellResult Registers(DraCell& c) {
+  if (auto f = Registered(c)) return *f;
+  const std::optional<sim::KubeletSim::DraDriver> d = c.kubelet().dra_driver(c.options().dra_driver);
+  return Result(Outcome::kPass,
+                absl::StrCat("registered, service ", d.has_value() ? d->service : "?"));
+}
+
+CellResult Publishes(DraCell& c) {
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return *f;
+  size_t n = 0;
+  for (const auto& [p, d] : pools) n += d.size();
+  return Result(Outcome::kPass, absl::StrCat(n, " device(s) in ", pools.size(), " pool(s)"));
+}
+
+CellResult Prepare(DraCell& c) {
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  Prepared p;
+  if (auto f = AllocateAndPrepare(c, "conform", &p)) return *f;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<Json> un =
+        c.kubelet().UnprepareClaims(c.options().dra_driver, {{"default", "conform", p.uid}});
+    const std::string error =
+        un.ok() ? un->value(p.uid, Json::object()).value("error", "") : std::string(un.status().message());
+    if (!error.empty()) {
+      return Failed(i == 0 ? "unprepare failed" : "a repeated unprepare failed",
+                    absl::StrCat("answered: ", error),
+                    "unprepare succeeds, also for a claim already unprepared (the kubelet "
+                    "repeats it after restarts)",
+                    "the pod stays Terminating until unprepare succeeds (kubernetes#129402)");
+    }
+  }
+  return Result(Outcome::kPass, "prepared with resolvable CDI names; unprepared twice");
+}
+
+CellResult KubeletRestart(DraCell& c) {
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  Prepared before;
+  if (auto f = AllocateAndPrepare(c, "conform", &before)) return Blocked("dra-prepare", *f);
+  const size_t from = c.kubelet().events().Size();
+  const absl::Time restart = absl::Now();
+  if (absl::Status s = c.kubelet().Restart(c.version()); !s.ok()) {
+    return Result(Outcome::kFail, absl::StrCat("dpconform could not restart its kubelet: ", s.message()));
+  }
+  if (auto f = Registered(c, from)) {
+    f->summary = "the driver did not register again after the kubelet restarted";
+    return *f;
+  }
+  const absl::Duration registered = absl::Now() - restart;
+  if (auto f = Published(c, &pools)) {
+    f->summary = "the node's slices, deleted by the kubelet's start, were not published again";
+    f->users_see = "the scheduler no longer sees the node's devices until the driver restarts";
+    return *f;
+  }
+  const absl::Duration republished = absl::Now() - restart;
+  absl::StatusOr<Json> again =
+      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
+  const Json entry = again.ok() ? again->value(before.uid, Json()) : Json();
+  auto ids = [](const Json& answer) {
+    std::vector<std::string> out;
+    for (const Json& d : answer.value("devices", Json::array())) {
+      out.push_back(absl::StrCat(d.value("device", ""), ":",
+                                 d.value("cdi_device_ids", Json::array()).dump()));
+    }
+    return out;
+  };
+  if (!again.ok() || entry.is_null() || !entry.value("error", "").empty() ||
+      ids(entry) != ids(before.answer)) {
+    return Failed("a prepare repeated after the kubelet restart did not answer the same",
+                  again.ok() ? absl::StrCat("answered ", entry.dump(), " where it answered ",
+                                            before.answer.dump())
+                             : std::string(again.status().message()),
+                  "the kubelet prepares its claims again after a restart: the same devices and "
+                  "CDI names (prepare is idempotent)",
+                  "running containers were started with other CDI devices than a restarted "
+                  "one gets, or pods fail to restart");
+  }
+  CellResult r = Result(Outcome::kPass, "registered and published again; prepare repeated the same");
+  r.notes = {absl::StrCat("registered again ", absl::ToInt64Milliseconds(registered),
+                          " ms after the restart, slices back after ",
+                          absl::ToInt64Milliseconds(republished), " ms")};
+  return r;
+}
+
+CellResult UnknownClaim(DraCell& c) {
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  absl::StatusOr<Json> r =
+      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "absent", "no-such-uid"}});
+  if (!r.ok()) {
+    return Failed("a claim the API server does not have failed the whole call",
+                  std::string(r.status().message()),
+                  "an error in that claim's entry, the call itself succeeding (the other "
+                  "claims of the call are prepared)",
+                  "one bad claim keeps every pod prepared in the same call from starting");
+  }
+  const std::string error = r->value("no-such-uid", Json::object()).value("error", "");
+  if (error.empty()) {
+    return Failed("a claim the API server does not have was answered as prepared",
+                  absl::StrCat("answered ", r->dump()),
+                  "an error naming the claim (the driver reads it and checks its UID)",
+                  "a pod starts without the devices its claim names");
+  }
+  return Result(Outcome::kPass, absl::StrCat("refused in its entry: ", error));
+}
+
+struct DraEntry {
+  ScenarioInfo info;
+  CellResult (*run)(DraCell&);
+};
+
+const std::vector<DraEntry>& DraEntries() {
+  static const auto* const kEntries = new std::vector<DraEntry>{
+      {{"dra-registers", "DRA driver registers",
+        "a socket in plugins_registry/ answers GetInfo as a DRAPlugin of --dra_driver with a "
+        "service this release knows (v1.DRAPlugin from 1.34, v1beta1.DRAPlugin from 1.32)"},
+       Registers},
+      {{"dra-publishes", "devices published",
+        "ResourceSlices of the driver for the node: at least one device, every pool whole "
+        "(resourceSliceCount slices at its newest generation)"},
+       Publishes},
+      {{"dra-prepare", "prepare and unprepare",
+        "a claim the scheduler allocated from the published devices is prepared: the "
+        "allocated device in the answer, every CDI name defined by one spec in the CDI "
+        "directory; unprepare succeeds, twice"},
+       Prepare},
+      {{"dra-kubelet-restart", "kubelet restart",
+        "after a kubelet restart (which deletes the node's slices) the driver registers and "
+        "publishes again, and preparing the same claim again answers the same"},
+       KubeletRestart},
+      {{"dra-unknown-claim", "unknown claim",
+        "a claim the API server does not have is an error in its own entry, not a failed call"},
+       UnknownClaim},
+  };
+  return *kEntries;
+}
+
+const DraEntry* FindDra(const std::string& name) {
+  for (const DraEntry& e : DraEntries()) {
+    if (name == e.info.name) return &e;
+  }
+  return nullptr;
+}
+
+CellResult RunDraCell(const ConformOptions& o, const sim::KubeletVersion& k, const DraEntry& e,
+                      const std::string& dir) {
+  const absl::Time start = absl::Now();
+  CellResult result;
+  {
+    DraCell cell(o, k, dir);
+    if (absl::Status s = cell.Start(); !s.ok()) {
+      result = Result(Outcome::kFail, absl::StrCat("could not start the cell: ", s.message()));
+    } else {
+      result = e.run(cell);
+    }
+  }
+  result.kubelet = k.name;
+  result.generation = k.GenerationName();
+  result.scenario = e.info.name;
+  result.duration = absl::Now() - start;
+  result.dir = dir;
+  return result;
+}
+
+}  // namespace
+
+const std::vector<ScenarioInfo>& DraScenarios() {
+  static const auto* const kInfos = [] {
+    auto* v = new std::vector<ScenarioInfo>;
+    for (const DraEntry& e : DraEntries()) v->push_back(e.info);
+    return v;
+  }();
+  return *kInfos;
+}
+
+const std::vector<Placeholder>& DraPlaceholders() {
+  static const auto* const kPlaceholders = new std::vector<Placeholder>{
+      {"kubelet_root", "the kubelet's root directory: the registration socket goes in "
+                       "<kubelet_root>/plugins_registry, the service socket conventionally in "
+                       "<kubelet_root>/plugins/<driver>"},
+      {"plugins_registry", "<kubelet_root>/plugins_registry"},
+      {"kubeconfig", "a kubeconfig for the cell's API server (a bearer token over HTTP)"},
+      {"node_name", "the node's name (node-1), as NODE_NAME from the downward API"},
+      {"cdi_dir", "the CDI spec directory the cell's runtime reads (for /var/run/cdi)"},
+      {"driver", "--dra_driver"},
+      {"work_dir", "a directory of the driver's own for this cell (state, control sockets)"},
+      {"kubelet_version", "the kubelet release this cell plays, e.g. 1.34"},
+  };
+  return *kPlaceholders;
+}
+
+std::vector<std::string> DefaultDraKubelets() { return {"1.32", "1.34"}; }
+
+absl::Status ValidateDraOptions(const ConformOptions& o) {
+  if (o.plugin_command.empty()) {
+    return absl::InvalidArgumentError("--plugin: the driver's command line is required");
+  }
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const Placeholder& p : DraPlaceholders()) values.emplace_back(p.name, "x");
+  if (absl::StatusOr<std::string> s = Expand(o.plugin_command, values); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--plugin: ", s.status().message()));
+  }
+  for (const std::string& s : o.scenarios) {
+    if (FindDra(s) == nullptr) {
+      std::vector<std::string> names;
+      for (const DraEntry& e : DraEntries()) names.push_back(e.info.name);
+      return absl::InvalidArgumentError(absl::StrCat("--scenarios: unknown DRA scenario \"", s,
+                                                     "\"; known: ", absl::StrJoin(names, ", ")));
+    }
+  }
+  if (o.kubelets.empty()) return absl::InvalidArgumentError("--kubelets: no kubelet release");
+  for (const sim::KubeletVersion& k : o.kubelets) {
+    if (k.minor < 32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kubelets: kubelet ", k.name, " has no DRA driver API dpconform plays (1.32 or "
+          "later: v1beta1.DRAPlugin, v1.DRAPlugin from 1.34)"));
+    }
+  }
+  if (o.jobs < 1 || o.jobs > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--jobs=", o.jobs, " must be 1 to 64"));
+  }
+  if (o.work_root.size() > 40) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--work_dir=", o.work_root, " is too long (", o.work_root.size(),
+        " bytes; at most 40): the sockets inside must stay within the 107-byte limit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& o) {
+  if (absl::Status s = ValidateDraOptions(o); !s.ok()) return s;
+  std::vector<const DraEntry*> scenarios;
+  if (o.scenarios.empty()) {
+    for (const DraEntry& e : DraEntries()) scenarios.push_back(&e);
+  } else {
+    for (const std::string& s : o.scenarios) scenarios.push_back(FindDra(s));
+  }
+  std::vector<std::pair<const sim::KubeletVersion*, const DraEntry*>> jobs;
+  for (const sim::KubeletVersion& k : o.kubelets) {
+    for (const DraEntry* s : scenarios) jobs.emplace_back(&k, s);
+  }
+  return RunCells(o, jobs.size(), [&](size_t i, const std::string& dir) {
+    return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir);
+  });
+}
+
+}  // namespace dpproxy::conform

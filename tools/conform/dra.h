@@ -1,0 +1,47 @@
+// File: dra.h
+//
+// dpconform for DRA drivers (--dra_driver): the driver's command runs
+// against kubelet_sim playing a DRA-capable release (1.32+), with an
+// API-server simulator beside it (ResourceSlices, ResourceClaims, a
+// scheduler that allocates from the published slices) and kubelet_sim
+// resolving the returned CDI names as the container runtime would. One
+// fresh kubelet, API server and driver process per cell, as for device
+// plugins; the outcomes are the same (conform.h).
+//
+// The scenarios (DraScenarios(); docs/conformance.md):
+//   dra-registers        plugin-watcher registration as a DRAPlugin with a
+//                        service this release knows
+//   dra-publishes        the node's ResourceSlices: valid pools, devices
+//   dra-prepare          a claim the scheduler allocated is prepared: its
+//                        devices, CDI names the runtime resolves; unprepare,
+//                        twice
+//   dra-kubelet-restart  after a kubelet restart (which deletes the node's
+//                        slices) the driver registers and publishes again,
+//                        and a repeated prepare answers the same
+//   dra-unknown-claim    a claim the API server does not have is that
+//                        claim's error, not a failed call
+#ifndef DPPROXY_TOOLS_CONFORM_DRA_H_
+#define DPPROXY_TOOLS_CONFORM_DRA_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/conform/conform.h"
+
+namespace dpproxy::conform {
+
+const std::vector<ScenarioInfo>& DraScenarios();
+// The driver command's placeholders in DRA mode.
+const std::vector<Placeholder>& DraPlaceholders();
+// The default releases in DRA mode: 1.32 (v1beta1.DRAPlugin) and 1.34
+// (v1.DRAPlugin).
+std::vector<std::string> DefaultDraKubelets();
+
+// ValidateOptions for DRA mode: kInvalidArgument naming the flag.
+absl::Status ValidateDraOptions(const ConformOptions& options);
+absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& options);
+
+}  // namespace dpproxy::conform
+
+#endif  // DPPROXY_TOOLS_CONFORM_DRA_H_

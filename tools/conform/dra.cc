@@ -267,6 +267,8 @@ std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vecto
                 "unallocated and their pods Pending");
 }
 
+std::vector<std::string> AnswerIds(const Json& answer);
+
 struct Prepared {
   std::string uid;
   Json answer;  // the claim's entry in the kubelet's answer
@@ -396,16 +398,8 @@ CellResult KubeletRestart(DraCell& c) {
   absl::StatusOr<Json> again =
       c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
   const Json entry = again.ok() ? again->value(before.uid, Json()) : Json();
-  auto ids = [](const Json& answer) {
-    std::vector<std::string> out;
-    for (const Json& d : answer.value("devices", Json::array())) {
-      out.push_back(absl::StrCat(d.value("device", ""), ":",
-                                 d.value("cdi_device_ids", Json::array()).dump()));
-    }
-    return out;
-  };
   if (!again.ok() || entry.is_null() || !entry.value("error", "").empty() ||
-      ids(entry) != ids(before.answer)) {
+      AnswerIds(entry) != AnswerIds(before.answer)) {
     return Failed("a prepare repeated after the kubelet restart did not answer the same",
                   again.ok() ? absl::StrCat("answered ", entry.dump(), " where it answered ",
                                             before.answer.dump())
@@ -420,6 +414,59 @@ CellResult KubeletRestart(DraCell& c) {
                           " ms after the restart, slices back after ",
                           absl::ToInt64Milliseconds(republished), " ms")};
   return r;
+}
+
+// The answer's devices and CDI names, to compare two answers.
+std::vector<std::string> AnswerIds(const Json& answer) {
+  std::vector<std::string> out;
+  for (const Json& d : answer.value("devices", Json::array())) {
+    out.push_back(absl::StrCat(d.value("device", ""), ":",
+                               d.value("cdi_device_ids", Json::array()).dump()));
+  }
+  return out;
+}
+
+CellResult DriverRestart(DraCell& c) {
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  Prepared before;
+  if (auto f = AllocateAndPrepare(c, "conform", &before)) return Blocked("dra-prepare", *f);
+  // A driver upgrade or crash: the pod's claim stays prepared in the
+  // kubelet, which prepares it again when it restarts or the pod's
+  // containers restart.
+  const size_t from = c.kubelet().events().Size();
+  c.StopDriver();
+  if (absl::Status s = c.StartDriver(); !s.ok()) {
+    return Result(Outcome::kFail, absl::StrCat("could not start the driver again: ", s.message()));
+  }
+  if (auto f = Registered(c, from)) {
+    f->summary = "the driver did not register again after it restarted";
+    return *f;
+  }
+  absl::StatusOr<Json> again =
+      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
+  const Json entry = again.ok() ? again->value(before.uid, Json()) : Json();
+  if (!again.ok() || entry.is_null() || !entry.value("error", "").empty() ||
+      AnswerIds(entry) != AnswerIds(before.answer)) {
+    return Failed("a claim prepared before the driver restarted was not answered the same",
+                  again.ok() ? absl::StrCat("answered ", entry.dump(), " where it answered ",
+                                            before.answer.dump())
+                             : std::string(again.status().message()),
+                  "prepare is idempotent across driver restarts: the driver keeps what it "
+                  "prepared (or can rebuild it) and answers the same devices and CDI names",
+                  "containers of running pods restart without their devices, or with others");
+  }
+  absl::StatusOr<Json> un =
+      c.kubelet().UnprepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
+  const std::string error = un.ok() ? un->value(before.uid, Json::object()).value("error", "")
+                                    : std::string(un.status().message());
+  if (!error.empty()) {
+    return Failed("a claim prepared before the driver restarted could not be unprepared",
+                  absl::StrCat("answered: ", error), "unprepare succeeds",
+                  "the pod stays Terminating (kubernetes#129402)");
+  }
+  return Result(Outcome::kPass, "registered again; the prepared claim answered the same and unprepared");
 }
 
 CellResult UnknownClaim(DraCell& c) {
@@ -467,6 +514,10 @@ const std::vector<DraEntry>& DraEntries() {
         "after a kubelet restart (which deletes the node's slices) the driver registers and "
         "publishes again, and preparing the same claim again answers the same"},
        KubeletRestart},
+      {{"dra-driver-restart", "driver restart",
+        "the driver restarts (an upgrade, a crash): it registers again, and a claim prepared "
+        "before is answered the same and unprepared"},
+       DriverRestart},
       {{"dra-unknown-claim", "unknown claim",
         "a claim the API server does not have is an error in its own entry, not a failed call"},
        UnknownClaim},

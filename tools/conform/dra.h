@@ -18,6 +18,8 @@
 //   dra-kubelet-restart  after a kubelet restart (which deletes the node's
 //                        slices) the driver registers and publishes again,
 //                        and a repeated prepare answers the same
+//   dra-driver-restart   the driver restarts: it registers again and a
+//                        claim prepared before is answered the same
 //   dra-unknown-claim    a claim the API server does not have is that
 //                        claim's error, not a failed call
 #ifndef DPPROXY_TOOLS_CONFORM_DRA_H_

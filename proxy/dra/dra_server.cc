@@ -113,6 +113,8 @@ class DraServer::Services {
       // Newest first: the kubelet takes the first it knows.
       info->add_supported_versions("v1.DRAPlugin");
       info->add_supported_versions("v1beta1.DRAPlugin");
+      // Last: the kubelet takes its DRAPlugin service from the first ones.
+      info->add_supported_versions("v1alpha1.DRAResourceHealth");
       return grpc::Status::OK;
     }
     grpc::Status NotifyRegistrationStatus(grpc::ServerContext*,
@@ -171,9 +173,11 @@ absl::Status DraServer::Start() {
     b.AddListeningPort(UnixAddress(service_socket()), grpc::InsecureServerCredentials());
     b.RegisterService(&services_->v1);
     b.RegisterService(&services_->v1beta1);
+    b.RegisterService(health_.service());
     services_->unknown_service = std::make_unique<GoStyleUnknownHandler>(
         std::vector<std::string>{"k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
-                                 "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"});
+                                 "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+                                 "v1alpha1.DRAResourceHealth"});
     b.RegisterCallbackGenericService(services_->unknown_service.get());
     service_server_ = b.BuildAndStart();
   }
@@ -202,6 +206,7 @@ absl::Status DraServer::Start() {
 }
 
 void DraServer::Stop() {
+  health_.Stop();  // the streams end, or Shutdown would wait for them
   // The registration socket first: the kubelet's watcher sees it go and
   // deregisters the driver before the service goes.
   for (std::unique_ptr<grpc::Server>* s : {&registration_server_, &service_server_}) {

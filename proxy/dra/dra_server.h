@@ -6,7 +6,8 @@
 // socket <kubelet_root>/plugins/<driver>/dra.sock and the services served,
 // newest first ("v1.DRAPlugin", "v1beta1.DRAPlugin"); and on that socket
 // NodePrepareResources and NodeUnprepareResources in both proto packages,
-// one core (ClaimPreparer) behind them. A claim that fails carries its
+// one core (ClaimPreparer) behind them, and the devices' health stream
+// (v1alpha1.DRAResourceHealth, health_hub.h). A claim that fails carries its
 // error in its own entry of the answer; the call itself succeeds.
 #ifndef DPPROXY_PROXY_DRA_DRA_SERVER_H_
 #define DPPROXY_PROXY_DRA_DRA_SERVER_H_
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "proxy/dra/claim_preparer.h"
+#include "proxy/dra/health_hub.h"
 #include "proxy/events/event_log.h"
 
 namespace dpproxy {
@@ -44,6 +46,9 @@ class DraServer {
   std::string service_socket() const;
   // Whether the kubelet said it registered us (NotifyRegistrationStatus).
   bool registered() const { return registered_.load(); }
+  // The devices' health stream (DRAResourceHealth) served on the service
+  // socket: set each pool's devices as they change.
+  HealthHub& health() { return health_; }
 
  private:
   class Services;
@@ -55,6 +60,7 @@ class DraServer {
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<grpc::Server> service_server_;
   std::atomic<bool> registered_{false};
+  HealthHub health_;
 };
 
 }  // namespace dpproxy

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "backends/connect.h"
 #include "proxy/config/config_file.h"
+#include "proxy/dra/device_names.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
 
@@ -884,16 +885,38 @@ void ProxyServer::DraLoop() {
       const uint64_t changes = e->resource->changes();
       auto it = published.find(name);
       if (!full && it != published.end() && it->second == changes) continue;
+      const Resource::Snapshot snap = e->resource->Current();
+      const bool connected = e->resource->backend_connected();
+      // The health stream first: it needs no API server.
+      std::vector<DeviceHealthEntry> health;
+      health.reserve(static_cast<size_t>(snap.list->size()));
+      for (int i = 0; i < snap.list->size(); ++i) {
+        const DeviceList::View d = snap.list->device(i);
+        DeviceHealthEntry h;
+        h.device = DraDeviceName(d.id);
+        if (!connected) {
+          h.health = DeviceHealthEntry::Health::kUnknown;
+          h.message = absl::StrCat("no device plugin is connected for ", name);
+        } else if (d.health == kHealthy) {
+          h.health = DeviceHealthEntry::Health::kHealthy;
+        } else {
+          h.health = DeviceHealthEntry::Health::kUnhealthy;
+          h.message = absl::StrCat("the device plugin of ", name, " reports ", d.id, " ",
+                                   d.health);
+        }
+        health.push_back(std::move(h));
+      }
+      dra_server_->health().SetPool(
+          PoolName(PoolSpec{config_.dra.driver, config_.dra.node_name, name}), health);
       Retry& r = retry[name];
       if (absl::Now() < r.next) continue;
-      const Resource::Snapshot snap = e->resource->Current();
       std::vector<SliceDevice> devices;
       devices.reserve(static_cast<size_t>(snap.list->size()));
       for (int i = 0; i < snap.list->size(); ++i) {
         const DeviceList::View d = snap.list->device(i);
         SliceDevice sd;
         sd.id = std::string(d.id);
-        sd.healthy = d.health == kHealthy && e->resource->backend_connected();
+        sd.healthy = d.health == kHealthy && connected;
         if (d.has_topology) {
           v1beta1::TopologyInfo t;
           if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {

@@ -4,6 +4,7 @@
 #include "gtest/gtest.h"
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
+#include "proto/dra_health/v1alpha1/api.grpc.pb.h"
 
 namespace dpproxy {
 namespace {
@@ -50,6 +51,32 @@ TEST(DraProtoTest, FieldNumbersMatchTheFacts) {
   v1::NodePrepareResourcesResponse all;
   (*all.mutable_claims())["u"].set_error("e");
   EXPECT_EQ(all.SerializeAsString(), std::string("\x0a\x08\x0a\x01u\x12\x03\x12\x01" "e", 10));
+}
+
+// The health stream: the method path a 1.36 kubelet calls, and
+// DeviceHealth's numbers as the facts give them.
+TEST(DraProtoTest, TheHealthStreamIsWhereAndWhatTheKubeletReads) {
+  namespace health = ::v1alpha1;
+  EXPECT_STREQ(health::DRAResourceHealth::service_full_name(), "v1alpha1.DRAResourceHealth");
+  const auto* s = health::DeviceHealth::descriptor()->file()->FindServiceByName(
+      "DRAResourceHealth");
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->method_count(), 1);
+  EXPECT_EQ(s->method(0)->name(), "NodeWatchResources");
+  EXPECT_TRUE(s->method(0)->server_streaming());
+  health::DeviceHealth h;
+  h.mutable_device()->set_pool_name("p");
+  h.mutable_device()->set_device_name("d");
+  h.set_health(health::UNHEALTHY);
+  h.set_last_updated_time(7);
+  h.set_health_check_timeout_seconds(9);
+  h.set_message("m");
+  // device = 1 {pool_name = 1, device_name = 2}, health = 2 (UNHEALTHY 2),
+  // last_updated_time = 3, health_check_timeout_seconds = 4, message = 5.
+  EXPECT_EQ(h.SerializeAsString(),
+            std::string("\x0a\x06\x0a\x01p\x12\x01" "d" "\x10\x02\x18\x07\x20\x09\x2a\x01m", 17));
+  EXPECT_EQ(health::UNKNOWN, 0);
+  EXPECT_EQ(health::HEALTHY, 1);
 }
 
 // v1 and v1beta1 are the same messages: bytes of one parse as the other.

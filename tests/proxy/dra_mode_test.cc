@@ -404,5 +404,49 @@ TEST(DraModeTest, AFailingOrSlowApiServerAndAPluginRestartLoseNothing) {
   EXPECT_THAT((*bad)[stray]["error"].get<std::string>(), HasSubstr("gpu-9"));
 }
 
+// A 1.36 kubelet watches every DRA driver's device health
+// (v1alpha1.DRAResourceHealth, for pods' status): dpproxy streams the
+// plugin's health, with Unknown while no plugin is connected.
+TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> h = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
+  ASSERT_TRUE(h->sim().Start().ok());
+  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.36")).ok());
+  ASSERT_TRUE(h->proxy().Start().ok());
+  sample::SamplePlugin* plugin = h->StartPlugin(h->PluginOptions(ApiVersion::kV1Beta1));
+  ASSERT_NE(plugin, nullptr);
+  auto health = [&](const std::string& device) {
+    const auto all = h->sim().DraHealth(kDriver);
+    auto it = all.find(absl::StrCat(kPool, "/", device));
+    return it == all.end() ? std::string() : it->second.health;
+  };
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_health", {{"driver", kDriver}, {"devices", 4}},
+                                             testing::kWait));
+  EXPECT_TRUE(h->WaitFor([&] { return health("gpu-1") == "HEALTHY"; }));
+  EXPECT_EQ(h->sim().DraHealth(kDriver).size(), 4u);
+  size_t from = h->sim().events().Size();
+  ASSERT_TRUE(plugin->SetHealth("gpu-1", "Unhealthy").ok());
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_health", {{"driver", kDriver}, {"unhealthy", 1}},
+                                             testing::kWait, from));
+  EXPECT_EQ(health("gpu-1"), "UNHEALTHY");
+  EXPECT_EQ(health("gpu-0"), "HEALTHY");
+  EXPECT_THAT(h->sim().DraHealth(kDriver)[absl::StrCat(kPool, "/gpu-1")].message,
+              HasSubstr("reports gpu-1 Unhealthy"));
+  EXPECT_GT(h->sim().DraHealth(kDriver)[absl::StrCat(kPool, "/gpu-1")].last_updated_time, 0);
+  // The plugin goes away: nobody can say, so Unknown.
+  from = h->sim().events().Size();
+  h->StopPlugins();
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_health", {{"driver", kDriver}, {"unknown", 4}},
+                                             testing::kWait, from));
+  EXPECT_EQ(health("gpu-0"), "UNKNOWN");
+  // A 1.34 kubelet (gate off by default) does not watch.
+  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                             testing::kWait, from));
+  EXPECT_TRUE(h->sim().DraHealth(kDriver).empty());
+}
+
 }  // namespace
 }  // namespace dpproxy

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
+#include "proto/dra_health/v1alpha1/api.grpc.pb.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/podresources/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -587,6 +588,7 @@ absl::Status KubeletSim::Start() {
 
 void KubeletSim::Stop() {
   std::vector<std::shared_ptr<PluginClient>> clients;
+  std::map<std::string, std::unique_ptr<HealthWatch>> health;
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -594,6 +596,12 @@ void KubeletSim::Stop() {
     clients.swap(all_clients_);
     clients_.clear();
     watched_.clear();
+    health.swap(health_watches_);
+  }
+  for (auto& [driver, w] : health) StopHealthWatch(std::move(w));
+  {
+    absl::MutexLock lock(&mu_);
+    dra_health_.clear();  // a kubelet's memory, once no stream writes it
   }
   if (watcher_) {
     watcher_->Stop();
@@ -964,6 +972,7 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
 void KubeletSim::ReconcileWatcher() {
   const std::vector<std::string> present = ListSockets(plugins_registry_dir());
   std::vector<std::string> to_register;
+  std::vector<std::unique_ptr<HealthWatch>> health_stops;  // joined outside mu_
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -979,6 +988,12 @@ void KubeletSim::ReconcileWatcher() {
       if (it->second.registered && dra_drivers_.erase(it->second.resource) > 0) {
         events_.Emit("dra_driver_deregistered",
                      {{"driver", it->second.resource}, {"socket", path}});
+        auto h = health_watches_.find(it->second.resource);
+        if (h != health_watches_.end()) {
+          health_stops.push_back(std::move(h->second));
+          health_watches_.erase(h);
+        }
+        dra_health_.erase(it->second.resource);
       } else if (it->second.registered) {
         // Deregistration. The plugin's stream may already have ended (then
         // its devices are unhealthy already); the watcher reports it anyway.
@@ -1003,6 +1018,7 @@ void KubeletSim::ReconcileWatcher() {
       if (watched_.count(path) == 0) to_register.push_back(path);
     }
   }
+  for (auto& w : health_stops) StopHealthWatch(std::move(w));
   for (const std::string& path : to_register) RegisterWatcherPlugin(path);
 }
 
@@ -1487,11 +1503,90 @@ std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& 
                         ") is supported by kubelet ", kubelet.name, " (",
                         absl::StrJoin(known, ", "), ")");
   }
-  absl::MutexLock lock(&mu_);
-  dra_drivers_[info.name()] = DraDriver{endpoint, chosen};
-  events_.Emit("dra_driver_registered",
-               {{"driver", info.name()}, {"endpoint", endpoint}, {"service", chosen}});
+  std::unique_ptr<HealthWatch> replaced;
+  {
+    absl::MutexLock lock(&mu_);
+    dra_drivers_[info.name()] = DraDriver{endpoint, chosen};
+    events_.Emit("dra_driver_registered",
+                 {{"driver", info.name()}, {"endpoint", endpoint}, {"service", chosen}});
+    // 1.36 turns ResourceHealthStatus on: the kubelet watches every
+    // driver's health, whether it offers the service or not.
+    if (kubelet.minor >= 36) {
+      std::unique_ptr<HealthWatch>& w = health_watches_[info.name()];
+      replaced = std::move(w);
+      w = std::make_unique<HealthWatch>();
+      HealthWatch* raw = w.get();
+      dra_health_.erase(info.name());
+      raw->thread = std::thread([this, raw, driver = info.name(), endpoint] {
+        WatchDraHealth(driver, endpoint, raw);
+      });
+    }
+  }
+  StopHealthWatch(std::move(replaced));
   return "";
+}
+
+void KubeletSim::StopHealthWatch(std::unique_ptr<HealthWatch> w) {
+  if (w == nullptr) return;
+  {
+    absl::MutexLock lock(&w->mu);
+    w->stop = true;
+    if (w->ctx != nullptr) w->ctx->TryCancel();
+  }
+  if (w->thread.joinable()) w->thread.join();
+}
+
+void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& endpoint,
+                                HealthWatch* w) {
+  namespace health = ::v1alpha1;
+  for (;;) {
+    grpc::ClientContext ctx;
+    {
+      absl::MutexLock lock(&w->mu);
+      if (w->stop) return;
+      w->ctx = &ctx;
+    }
+    auto stub = health::DRAResourceHealth::NewStub(MakeUnixChannel(endpoint));
+    std::unique_ptr<grpc::ClientReader<health::NodeWatchResourcesResponse>> reader =
+        stub->NodeWatchResources(&ctx, health::NodeWatchResourcesRequest());
+    health::NodeWatchResourcesResponse m;
+    while (reader->Read(&m)) {
+      std::map<std::string, DraDeviceHealth> now;
+      int unhealthy = 0, unknown = 0;
+      for (const auto& d : m.devices()) {
+        DraDeviceHealth h;
+        h.health = health::HealthStatus_Name(d.health());
+        h.message = d.message();
+        h.last_updated_time = d.last_updated_time();
+        unhealthy += d.health() == health::UNHEALTHY;
+        unknown += d.health() == health::UNKNOWN;
+        now[absl::StrCat(d.device().pool_name(), "/", d.device().device_name())] = std::move(h);
+      }
+      absl::MutexLock lock(&mu_);
+      dra_health_[driver] = std::move(now);
+      events_.Emit("dra_health", {{"driver", driver},
+                                  {"devices", m.devices_size()},
+                                  {"unhealthy", unhealthy},
+                                  {"unknown", unknown}});
+    }
+    const grpc::Status st = reader->Finish();
+    absl::MutexLock lock(&w->mu);
+    w->ctx = nullptr;
+    if (w->stop) return;
+    events_.Emit(st.error_code() == grpc::StatusCode::UNIMPLEMENTED ? "dra_health_unsupported"
+                                                                     : "dra_health_ended",
+                 {{"driver", driver}, {"error", GoRpcError(st)}});
+    // The kubelet's fixed retry; a stop ends the wait.
+    w->mu.AwaitWithTimeout(absl::Condition(&w->stop), absl::Seconds(5));
+    if (w->stop) return;
+  }
+}
+
+std::map<std::string, KubeletSim::DraDeviceHealth> KubeletSim::DraHealth(
+    const std::string& driver) {
+  absl::MutexLock lock(&mu_);
+  auto it = dra_health_.find(driver);
+  return it == dra_health_.end() ? std::map<std::string, DraDeviceHealth>() : it->second;
 }
 
 void KubeletSim::DeleteNodeSlices() {

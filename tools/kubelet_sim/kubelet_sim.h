@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/client_context.h>
 #include <grpcpp/server.h>
 #include <nlohmann/json.hpp>
 
@@ -180,6 +181,18 @@ class KubeletSim {
     std::string service;  // "v1.DRAPlugin" or "v1beta1.DRAPlugin"
   };
   std::optional<DraDriver> dra_driver(const std::string& name);
+  // What a 1.36+ kubelet's health stream (v1alpha1.DRAResourceHealth) last
+  // said of each device of a driver, by "pool/device"; empty before the
+  // first message or on releases that do not watch (1.32-1.35, where the
+  // ResourceHealthStatus gate is off by default). Events: dra_health per
+  // message (devices, unhealthy, unknown), dra_health_unsupported or
+  // dra_health_ended when a stream ends (a new one 5 s later).
+  struct DraDeviceHealth {
+    std::string health;  // "HEALTHY", "UNHEALTHY", "UNKNOWN"
+    std::string message;
+    int64_t last_updated_time = 0;
+  };
+  std::map<std::string, DraDeviceHealth> DraHealth(const std::string& driver);
   // NodePrepareResources / NodeUnprepareResources for claims (namespace,
   // name, uid), in the chosen package, as the kubelet calls them when a pod
   // with those claims starts or ends (45 s deadline). The answer's claims
@@ -267,9 +280,23 @@ class KubeletSim {
   };
   std::map<std::string, WatchedSocket> watched_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, DraDriver> dra_drivers_ ABSL_GUARDED_BY(mu_);
-  // The DRA branch of RegisterWatcherPlugin: "" or why it was refused.
   // At start: deletes the node's ResourceSlices (options_.kubeconfig).
   void DeleteNodeSlices();
+  // A 1.36+ kubelet's health stream to one DRA driver (on a thread, until
+  // stopped): what it last said per "pool/device", and a new stream 5 s
+  // after one ends (the kubelet's fixed retry).
+  struct HealthWatch {
+    std::thread thread;
+    absl::Mutex mu;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    grpc::ClientContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::map<std::string, std::unique_ptr<HealthWatch>> health_watches_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<std::string, DraDeviceHealth>> dra_health_ ABSL_GUARDED_BY(mu_);
+  void WatchDraHealth(const std::string& driver, const std::string& endpoint, HealthWatch* w);
+  // Stops and joins; call without mu_ held.
+  static void StopHealthWatch(std::unique_ptr<HealthWatch> w);
+  // The DRA branch of RegisterWatcherPlugin: "" or why it was refused.
   std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
                                 const std::string& endpoint);
   absl::StatusOr<nlohmann::json> DraClaims(const std::string& driver,

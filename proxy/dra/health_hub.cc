@@ -1,84 +1,22 @@
 #include "proxy/dra/health_hub.h"
 
 #include "proto/dra_health/v1alpha1/api.grpc.pb.h"
+#include "proxy/rpc/newest_writer.h"
 
 namespace dpproxy {
 
 namespace health = ::v1alpha1;
 
-// One NodeWatchResources stream: the current state at once, then the
-// newest after each change, one write in flight.
-class HealthHub::Stream final : public grpc::ServerWriteReactor<HealthHub::Message> {
+// One NodeWatchResources stream (NewestWriter: the newest state, one write
+// in flight).
+class HealthHub::Stream final : public NewestWriter<HealthHub::Message> {
  public:
   explicit Stream(HealthHub* hub) : hub_(hub) { hub_->Add(this); }
 
-  // A state of the hub's (called under its notification lock, never after
-  // Remove): written when the write in flight is done.
-  void Publish(std::shared_ptr<const Message> state, uint64_t version) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (state == nullptr || version <= latest_version_) return;
-      latest_ = std::move(state);
-      latest_version_ = version;
-    }
-    Next();
-  }
-  void FinishNow() {
-    {
-      absl::MutexLock lock(&mu_);
-      finishing_ = true;
-    }
-    Next();
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      in_flight_.reset();
-      if (!ok) finishing_ = true;  // the kubelet is gone
-    }
-    Next();
-  }
-  void OnCancel() override { FinishNow(); }
-  void OnDone() override {
-    hub_->Remove(this);  // no Publish runs after this
-    delete this;
-  }
-
  private:
-  // Starts the next write or the finish, if one is due; gRPC is called
-  // without mu_ held, and the flags make each start happen once.
-  void Next() {
-    std::shared_ptr<const Message> write;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
-      if (finishing_) {
-        finished_ = finish = true;
-      } else if (latest_ != nullptr && latest_version_ != sent_) {
-        in_flight_ = write = latest_;
-        sent_ = latest_version_;
-        writing_ = true;
-      }
-    }
-    if (finish) {
-      Finish(grpc::Status::OK);
-    } else if (write != nullptr) {
-      StartWrite(write.get());
-    }
-  }
+  void OnFinished() override { hub_->Remove(this); }  // no Publish runs after this
 
   HealthHub* const hub_;
-  absl::Mutex mu_;
-  std::shared_ptr<const Message> latest_ ABSL_GUARDED_BY(mu_);
-  uint64_t latest_version_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<const Message> in_flight_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class HealthHub::Service final : public health::DRAResourceHealth::CallbackService {
@@ -120,8 +58,8 @@ void HealthHub::Add(Stream* s) {
   }
   if (stopped) {
     s->FinishNow();
-  } else {
-    s->Publish(std::move(state), version);
+  } else if (state != nullptr) {
+    s->Publish(version, [state] { return state; });
   }
 }
 
@@ -174,7 +112,7 @@ void HealthHub::SetPool(const std::string& pool, const std::vector<DeviceHealthE
     version = ++version_;
     notify.assign(streams_.begin(), streams_.end());
   }
-  for (Stream* s : notify) s->Publish(state, version);
+  for (Stream* s : notify) s->Publish(version, [state] { return state; });
 }
 
 void HealthHub::Stop() {

@@ -21,6 +21,7 @@
 #include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proxy/rpc/newest_writer.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/util/status_macros.h"
@@ -120,7 +121,10 @@ namespace {
 // A buffer that gRPC writes straight from `wire`, which it keeps alive until
 // the write is done: no copy.
 std::shared_ptr<const grpc::ByteBuffer> WireBuffer(std::shared_ptr<const std::string> wire) {
-  if (wire->empty()) return std::make_shared<const grpc::ByteBuffer>();
+  if (wire->empty()) {
+    grpc::Slice empty;  // a valid buffer of no bytes: the empty message
+    return std::make_shared<const grpc::ByteBuffer>(&empty, 1);
+  }
   auto* keep = new std::shared_ptr<const std::string>(std::move(wire));
   grpc::Slice slice(const_cast<char*>((*keep)->data()), (*keep)->size(),
                     [](void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); },
@@ -131,18 +135,16 @@ std::shared_ptr<const grpc::ByteBuffer> WireBuffer(std::shared_ptr<const std::st
 }  // namespace
 
 // One ListAndWatch stream toward the kubelet, served without a thread of
-// its own: the current list at once, then the newest list whenever the
-// resource publishes one. At most one write is in flight; lists published
-// meanwhile are folded into the newest, which is written when the write
-// completes (the kubelet only ever needs the latest list). Ends when the
+// its own (NewestWriter): the current list at once, then the newest list
+// whenever the resource publishes one, translated only when its write
+// starts (the kubelet only ever needs the latest list). Ends when the
 // kubelet goes away, the server is replaced or the proxy stops
 // (KubeletEndpoint::FinishStreams), and deletes itself when gRPC is done.
 template <typename Msg>
-class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
-                                 public KubeletEndpoint::StreamHandle {
+class ListAndWatchStream final : public NewestWriter<Msg>, public KubeletEndpoint::StreamHandle {
  public:
   // Makes the message for a published list (the version the kubelet
-  // speaks); it must stay valid until its write completes.
+  // speaks).
   using Translate = std::function<std::shared_ptr<const Msg>(const Resource::Snapshot&)>;
 
   ListAndWatchStream(KubeletEndpoint* e, Translate translate)
@@ -152,75 +154,20 @@ class ListAndWatchStream final : public grpc::ServerWriteReactor<Msg>,
     Publish(e_->resource()->Current());
   }
 
-  void FinishNow() override {
-    {
-      absl::MutexLock lock(&mu_);
-      finishing_ = true;
-    }
-    Next();
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      in_flight_.reset();
-      if (!ok) finishing_ = true;  // the kubelet is gone
-    }
-    Next();
-  }
-
-  void OnCancel() override { FinishNow(); }
-
-  void OnDone() override {
-    e_->resource()->RemoveWatcher(watcher_);  // no Publish runs after this
-    e_->RemoveStream(this);
-    delete this;
-  }
+  void FinishNow() override { NewestWriter<Msg>::FinishNow(); }
 
  private:
   void Publish(const Resource::Snapshot& s) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (latest_.has_value() && s.version <= latest_->version) return;  // older
-      latest_ = s;
-    }
-    Next();
+    NewestWriter<Msg>::Publish(s.version, [t = translate_, s] { return t(s); });
   }
-
-  // Starts the next write or the finish, if one is due. gRPC is called
-  // without mu_ held; the flags make each start happen once.
-  void Next() {
-    std::shared_ptr<const Msg> write;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
-      if (finishing_) {
-        finished_ = finish = true;
-      } else if (latest_.has_value() && latest_->version != sent_version_) {
-        in_flight_ = write = translate_(*latest_);
-        sent_version_ = latest_->version;
-        writing_ = true;
-      }
-    }
-    if (finish) {
-      this->Finish(grpc::Status::OK);
-    } else if (write != nullptr) {
-      this->StartWrite(write.get());
-    }
+  void OnFinished() override {
+    e_->resource()->RemoveWatcher(watcher_);  // no Publish runs after this
+    e_->RemoveStream(this);
   }
 
   KubeletEndpoint* const e_;
   const Translate translate_;
   uint64_t watcher_ = 0;
-  absl::Mutex mu_;
-  std::optional<Resource::Snapshot> latest_ ABSL_GUARDED_BY(mu_);
-  uint64_t sent_version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<const Msg> in_flight_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // --- Timing -------------------------------------------------------------------------

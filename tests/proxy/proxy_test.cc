@@ -277,6 +277,24 @@ TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
   EXPECT_TRUE(h.proxy().events().WaitForEvent("device_health_unknown", {{"devices", 1}}, kWait));
 }
 
+// A plugin with no devices (yet): the kubelet is sent the empty list, a
+// valid message of no bytes (an empty gRPC buffer would abort the stream).
+TEST_F(ProxyTest, AnEmptyDeviceListReachesTheKubelet) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.fault = "no-devices";
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().events().WaitForEvent("devices", {{"resource", kGpu}, {"capacity", 0}},
+                                            kWait));
+  EXPECT_EQ(h.proxy().Status().resources.at(0).devices_total, 0);
+  // Still serving: a second resource registers and lists its devices.
+  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
+  nic.resource = "vendor.com/nic";
+  ASSERT_NE(h.StartPlugin(nic), nullptr);
+  EXPECT_TRUE(h.sim().WaitForResource("vendor.com/nic", 4, kWait));
+}
+
 // Issue 7.12: an Allocate naming a device twice or an Unhealthy device is
 // refused before it reaches the backend.
 TEST_F(ProxyTest, AllocateOfDuplicateOrUnhealthyDevicesIsRefused) {

@@ -267,12 +267,39 @@ std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vecto
                 "unallocated and their pods Pending");
 }
 
-std::vector<std::string> AnswerIds(const Json& answer);
-
 struct Prepared {
   std::string uid;
   Json answer;  // the claim's entry in the kubelet's answer
 };
+
+// The answer's devices and CDI names, to compare two answers.
+std::vector<std::string> AnswerIds(const Json& answer) {
+  std::vector<std::string> out;
+  for (const Json& d : answer.value("devices", Json::array())) {
+    out.push_back(absl::StrCat(d.value("device", ""), ":",
+                               d.value("cdi_device_ids", Json::array()).dump()));
+  }
+  return out;
+}
+
+// The claim prepared again after `after` ("the kubelet restart") answers
+// the same devices and CDI names as before.
+std::optional<CellResult> SameAnswer(DraCell& c, const Prepared& before, const std::string& after) {
+  absl::StatusOr<Json> again =
+      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
+  const Json entry = again.ok() ? again->value(before.uid, Json()) : Json();
+  if (again.ok() && !entry.is_null() && entry.value("error", "").empty() &&
+      AnswerIds(entry) == AnswerIds(before.answer)) {
+    return std::nullopt;
+  }
+  return Failed(absl::StrCat("a claim prepared again after ", after, " was not answered the same"),
+                again.ok() ? absl::StrCat("answered ", entry.dump(), " where it answered ",
+                                          before.answer.dump())
+                           : std::string(again.status().message()),
+                "prepare is idempotent: the kubelet prepares its claims again after its own and "
+                "the driver's restarts, and gets the same devices and CDI names",
+                "containers of running pods restart without their devices, or with others");
+}
 
 std::optional<CellResult> AllocateAndPrepare(DraCell& c, const std::string& name, Prepared* p) {
   sim::ClaimAllocation a;
@@ -395,35 +422,12 @@ CellResult KubeletRestart(DraCell& c) {
     return *f;
   }
   const absl::Duration republished = absl::Now() - restart;
-  absl::StatusOr<Json> again =
-      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
-  const Json entry = again.ok() ? again->value(before.uid, Json()) : Json();
-  if (!again.ok() || entry.is_null() || !entry.value("error", "").empty() ||
-      AnswerIds(entry) != AnswerIds(before.answer)) {
-    return Failed("a prepare repeated after the kubelet restart did not answer the same",
-                  again.ok() ? absl::StrCat("answered ", entry.dump(), " where it answered ",
-                                            before.answer.dump())
-                             : std::string(again.status().message()),
-                  "the kubelet prepares its claims again after a restart: the same devices and "
-                  "CDI names (prepare is idempotent)",
-                  "running containers were started with other CDI devices than a restarted "
-                  "one gets, or pods fail to restart");
-  }
+  if (auto f = SameAnswer(c, before, "the kubelet restart")) return *f;
   CellResult r = Result(Outcome::kPass, "registered and published again; prepare repeated the same");
   r.notes = {absl::StrCat("registered again ", absl::ToInt64Milliseconds(registered),
                           " ms after the restart, slices back after ",
                           absl::ToInt64Milliseconds(republished), " ms")};
   return r;
-}
-
-// The answer's devices and CDI names, to compare two answers.
-std::vector<std::string> AnswerIds(const Json& answer) {
-  std::vector<std::string> out;
-  for (const Json& d : answer.value("devices", Json::array())) {
-    out.push_back(absl::StrCat(d.value("device", ""), ":",
-                               d.value("cdi_device_ids", Json::array()).dump()));
-  }
-  return out;
 }
 
 CellResult DriverRestart(DraCell& c) {
@@ -444,19 +448,7 @@ CellResult DriverRestart(DraCell& c) {
     f->summary = "the driver did not register again after it restarted";
     return *f;
   }
-  absl::StatusOr<Json> again =
-      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
-  const Json entry = again.ok() ? again->value(before.uid, Json()) : Json();
-  if (!again.ok() || entry.is_null() || !entry.value("error", "").empty() ||
-      AnswerIds(entry) != AnswerIds(before.answer)) {
-    return Failed("a claim prepared before the driver restarted was not answered the same",
-                  again.ok() ? absl::StrCat("answered ", entry.dump(), " where it answered ",
-                                            before.answer.dump())
-                             : std::string(again.status().message()),
-                  "prepare is idempotent across driver restarts: the driver keeps what it "
-                  "prepared (or can rebuild it) and answers the same devices and CDI names",
-                  "containers of running pods restart without their devices, or with others");
-  }
+  if (auto f = SameAnswer(c, before, "the driver restarted")) return *f;
   absl::StatusOr<Json> un =
       c.kubelet().UnprepareClaims(c.options().dra_driver, {{"default", "conform", before.uid}});
   const std::string error = un.ok() ? un->value(before.uid, Json::object()).value("error", "")

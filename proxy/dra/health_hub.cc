@@ -49,7 +49,9 @@ std::pair<std::shared_ptr<const HealthHub::Message>, uint64_t> HealthHub::Curren
 
 void HealthHub::Add(Stream* s) {
   absl::MutexLock notify(&notify_mu_);
-  auto [state, version] = Current();
+  const std::pair<std::shared_ptr<const Message>, uint64_t> current = Current();
+  const std::shared_ptr<const Message>& state = current.first;
+  const uint64_t version = current.second;
   bool stopped;
   {
     absl::MutexLock lock(&mu_);

@@ -363,6 +363,16 @@ std::optional<CellResult> AllocateAndPrepare(DraCell& c, const std::string& name
   return std::nullopt;
 }
 
+// Registered, published, and one claim prepared: what the restart
+// scenarios start from. A failure on the way blocks them.
+std::optional<CellResult> PreparedOne(DraCell& c, Prepared* p) {
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  if (auto f = AllocateAndPrepare(c, "conform", p)) return Blocked("dra-prepare", *f);
+  return std::nullopt;
+}
+
 CellResult Registers(DraCell& c) {
   if (auto f = Registered(c)) return *f;
   const std::optional<sim::KubeletSim::DraDriver> d = c.kubelet().dra_driver(c.options().dra_driver);
@@ -401,11 +411,8 @@ CellResult Prepare(DraCell& c) {
 }
 
 CellResult KubeletRestart(DraCell& c) {
-  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
-  std::map<std::string, std::vector<std::string>> pools;
-  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
   Prepared before;
-  if (auto f = AllocateAndPrepare(c, "conform", &before)) return Blocked("dra-prepare", *f);
+  if (auto blocked = PreparedOne(c, &before)) return *blocked;
   const size_t from = c.kubelet().events().Size();
   const absl::Time restart = absl::Now();
   if (absl::Status s = c.kubelet().Restart(c.version()); !s.ok()) {
@@ -416,6 +423,7 @@ CellResult KubeletRestart(DraCell& c) {
     return *f;
   }
   const absl::Duration registered = absl::Now() - restart;
+  std::map<std::string, std::vector<std::string>> pools;
   if (auto f = Published(c, &pools)) {
     f->summary = "the node's slices, deleted by the kubelet's start, were not published again";
     f->users_see = "the scheduler no longer sees the node's devices until the driver restarts";
@@ -431,11 +439,8 @@ CellResult KubeletRestart(DraCell& c) {
 }
 
 CellResult DriverRestart(DraCell& c) {
-  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
-  std::map<std::string, std::vector<std::string>> pools;
-  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
   Prepared before;
-  if (auto f = AllocateAndPrepare(c, "conform", &before)) return Blocked("dra-prepare", *f);
+  if (auto blocked = PreparedOne(c, &before)) return *blocked;
   // A driver upgrade or crash: the pod's claim stays prepared in the
   // kubelet, which prepares it again when it restarts or the pod's
   // containers restart.

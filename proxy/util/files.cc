@@ -15,6 +15,8 @@
 #include <cstdlib>
 
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -175,16 +177,15 @@ absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait) {
 
 std::vector<std::string> ListSockets(const std::string& dir) {
   std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
     if (name.empty() || name[0] == '.') continue;
-    std::string full = JoinPath(dir, name);
-    struct stat st;
-    if (::lstat(full.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) out.push_back(full);
+    std::error_code type_ec;  // a file gone meanwhile is simply not listed
+    if (e.symlink_status(type_ec).type() == std::filesystem::file_type::socket) {
+      out.push_back(JoinPath(dir, name));
+    }
   }
-  ::closedir(d);
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -203,6 +204,9 @@ bool SocketAccepts(const std::string& path) {
 
 absl::Status MakeDirs(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("directory path is empty");
+  // Each missing component with mkdir(0755) (less the umask): not
+  // std::filesystem::create_directories, which makes them 0777 less the
+  // umask, world-writable under umask 000.
   std::string partial;
   size_t pos = 0;
   while (pos != std::string::npos) {
@@ -432,22 +436,18 @@ absl::Status SetMode(const std::string& path, mode_t mode, gid_t gid) {
 
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
     const std::string& dir, const std::vector<std::string>& keep) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus(errno, absl::StrCat("open directory ", dir));
-  std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    names.push_back(name);
-  }
-  ::closedir(d);
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return ErrnoStatus(ec.value(), absl::StrCat("open directory ", dir));
   std::vector<std::string> removed;
-  for (const std::string& name : names) {
+  for (const auto& e : it) {
+    const std::string name = e.path().filename().string();
     if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
-    std::string full = JoinPath(dir, name);
-    struct stat st;
-    if (::lstat(full.c_str(), &st) != 0) continue;
-    if (S_ISDIR(st.st_mode)) continue;
+    std::error_code type_ec;
+    const std::filesystem::file_type type = e.symlink_status(type_ec).type();
+    // Directories stay; links are removed, never followed.
+    if (type_ec || type == std::filesystem::file_type::directory) continue;
+    const std::string full = JoinPath(dir, name);
     if (::unlink(full.c_str()) != 0 && errno != ENOENT) {
       return ErrnoStatus(errno, absl::StrCat("remove ", full));
     }

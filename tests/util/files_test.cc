@@ -103,6 +103,16 @@ TEST(FilesTest, RemoveFilesExceptKeepsDirectoriesAndNamedFiles) {
   EXPECT_THAT(*removed, ElementsAre("DEPRECATION", "a.sock"));
   EXPECT_TRUE(PathExists(dir.Sub("kubelet_internal_checkpoint")));
   EXPECT_TRUE(PathExists(dir.Sub("subdir")));
+  // A link to a directory is a file here: removed, never followed.
+  testing::ShortTempDir elsewhere;
+  ASSERT_TRUE(WriteFileAtomic(elsewhere.Sub("theirs"), "x").ok());
+  ASSERT_EQ(::symlink(elsewhere.path().c_str(), dir.Sub("link").c_str()), 0);
+  removed = RemoveFilesExcept(dir.path(), {"kubelet_internal_checkpoint"});
+  ASSERT_TRUE(removed.ok());
+  EXPECT_THAT(*removed, ElementsAre("link"));
+  EXPECT_TRUE(PathExists(elsewhere.Sub("theirs")));
+  EXPECT_EQ(RemoveFilesExcept(dir.Sub("absent"), {}).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 // Creates a real Unix socket file at `path` (bound, then closed).

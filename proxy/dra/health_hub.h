@@ -50,16 +50,17 @@ class HealthHub {
   grpc::Service* service();
   int streams();  // open now
 
-  // Implementation, public for the stream in the .cc file.
-  class Stream;
   using Message = ::v1alpha1::NodeWatchResourcesResponse;
-  // The current state and its version; nullptr before any SetPool.
-  std::pair<std::shared_ptr<const Message>, uint64_t> Current();
-  void Add(Stream* s);
-  void Remove(Stream* s);
 
  private:
   class Service;
+  class Stream;
+  // The current state and its version; nullptr before any SetPool.
+  std::pair<std::shared_ptr<const Message>, uint64_t> Current();
+  // A stream is told the current state when added, and no more once removed.
+  void Add(Stream* s);
+  void Remove(Stream* s);
+
   std::unique_ptr<Service> service_;
   // Held while streams are told of a state, and to add or remove one: a
   // stream is never told after it is removed (it deletes itself then).

@@ -845,12 +845,36 @@ std::optional<BridgedResource> ProxyServer::ResourceOfPool(const std::string& po
   return std::nullopt;
 }
 
+void ProxyServer::PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
+                                bool connected) {
+  std::vector<DeviceHealthEntry> health;
+  health.reserve(static_cast<size_t>(snap.list->size()));
+  for (int i = 0; i < snap.list->size(); ++i) {
+    const DeviceList::View d = snap.list->device(i);
+    DeviceHealthEntry h;
+    h.device = DraDeviceName(d.id);
+    if (!connected) {
+      h.health = DeviceHealthEntry::Health::kUnknown;
+      h.message = absl::StrCat("no device plugin is connected for ", resource);
+    } else if (d.health == kHealthy) {
+      h.health = DeviceHealthEntry::Health::kHealthy;
+    } else {
+      h.health = DeviceHealthEntry::Health::kUnhealthy;
+      h.message = absl::StrCat("the device plugin of ", resource, " reports ", d.id, " ", d.health);
+    }
+    health.push_back(std::move(h));
+  }
+  dra_server_->health().SetPool(
+      PoolName(PoolSpec{config_.dra.driver, config_.dra.node_name, resource}), health);
+}
+
 void ProxyServer::DraLoop() {
   // What each resource's pool was last published from (its change count):
   // a pass publishes the pools that changed, and every 30 s all of them
   // (the publisher writes nothing when the API server already agrees, and
   // repairs what a kubelet start deleted).
   std::map<std::string, uint64_t> published;
+  std::map<std::string, uint64_t> health_sent;  // the same, for the health stream
   // A pool that failed to publish waits before the next try, 1 s doubling
   // to 1 min, and its error is logged when it first appears or changes.
   struct Retry {
@@ -887,27 +911,13 @@ void ProxyServer::DraLoop() {
       if (!full && it != published.end() && it->second == changes) continue;
       const Resource::Snapshot snap = e->resource->Current();
       const bool connected = e->resource->backend_connected();
-      // The health stream first: it needs no API server.
-      std::vector<DeviceHealthEntry> health;
-      health.reserve(static_cast<size_t>(snap.list->size()));
-      for (int i = 0; i < snap.list->size(); ++i) {
-        const DeviceList::View d = snap.list->device(i);
-        DeviceHealthEntry h;
-        h.device = DraDeviceName(d.id);
-        if (!connected) {
-          h.health = DeviceHealthEntry::Health::kUnknown;
-          h.message = absl::StrCat("no device plugin is connected for ", name);
-        } else if (d.health == kHealthy) {
-          h.health = DeviceHealthEntry::Health::kHealthy;
-        } else {
-          h.health = DeviceHealthEntry::Health::kUnhealthy;
-          h.message = absl::StrCat("the device plugin of ", name, " reports ", d.id, " ",
-                                   d.health);
-        }
-        health.push_back(std::move(h));
+      // The health stream first, once per change: it needs no API server,
+      // and a pool waiting out an API backoff is not recomputed each pass.
+      auto sent = health_sent.find(name);
+      if (sent == health_sent.end() || sent->second != changes) {
+        PublishHealth(name, snap, connected);
+        health_sent[name] = changes;
       }
-      dra_server_->health().SetPool(
-          PoolName(PoolSpec{config_.dra.driver, config_.dra.node_name, name}), health);
       Retry& r = retry[name];
       if (absl::Now() < r.next) continue;
       std::vector<SliceDevice> devices;

@@ -146,6 +146,9 @@ class ProxyServer {
   // DRA mode: the API client, the slice publisher, the claim preparer and
   // the kubelet-facing DRA server; the publishing thread.
   absl::Status StartDra();
+  // The DRA health stream's view of one resource's devices (DRA thread).
+  void PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
+                     bool connected);
   void DraLoop();
   // The resource whose pool this is (DRA mode).
   std::optional<BridgedResource> ResourceOfPool(const std::string& pool);

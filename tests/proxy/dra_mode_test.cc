@@ -94,19 +94,8 @@ TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
   ASSERT_TRUE(api.Start().ok());
   testing::ShortTempDir dir;
-  const std::string kubeconfig = dir.Sub("kubeconfig");
-  ASSERT_TRUE(WriteFileAtomic(kubeconfig, absl::StrCat(R"(current-context: node
-contexts: [{name: node, context: {cluster: sim, user: agent}}]
-clusters: [{name: sim, cluster: {server: ")", api.url(), R"("}}]
-users: [{name: agent, user: {token: node-token}}]
-)")).ok());
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
-    c.dra.enabled = true;
-    c.dra.driver = kDriver;
-    c.dra.node_name = "node-1";
-    c.dra.kubeconfig = kubeconfig;
-    c.dra.cdi_dir = dir.Sub("cdi");
-  });
+  std::unique_ptr<ProxyHarness> harness = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
+  ProxyHarness& h = *harness;
   // A 1.34 kubelet: DRA v1 and the plugin watcher.
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());

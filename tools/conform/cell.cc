@@ -92,19 +92,9 @@ std::vector<std::pair<std::string, std::string>> Cell::Values(
 }
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> Cell::StartInstance(int instance) {
-  const std::vector<std::pair<std::string, std::string>> values =
-      Values({{"instance", absl::StrCat(instance)}});
-  absl::StatusOr<std::string> command = Expand(options_.plugin_command, values);
-  if (!command.ok()) return command.status();
-  ChildSpec spec;
-  spec.argv = {"/bin/sh", "-c", *command};
-  spec.output_path =
-      JoinPath(dir_, instance == 1 ? "plugin.log" : absl::StrCat("plugin-", instance, ".log"));
-  spec.env = options_.env;
-  for (const auto& [name, value] : values) {
-    spec.env.emplace_back(absl::StrCat("DPCONFORM_", absl::AsciiStrToUpper(name)), value);
-  }
-  return ChildProcess::Start(spec);
+  return StartCommand(
+      options_, options_.plugin_command, Values({{"instance", absl::StrCat(instance)}}),
+      JoinPath(dir_, instance == 1 ? "plugin.log" : absl::StrCat("plugin-", instance, ".log")));
 }
 
 absl::Status Cell::StartPlugin() {

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1022,6 +1023,22 @@ absl::Status ValidateOptions(const ConformOptions& o) {
         " bytes; at most 40): the sockets inside must stay within the 107-byte limit"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartCommand(
+    const ConformOptions& o, const std::string& command,
+    const std::vector<std::pair<std::string, std::string>>& values,
+    const std::string& output_path) {
+  absl::StatusOr<std::string> expanded = Expand(command, values);
+  if (!expanded.ok()) return expanded.status();
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", *expanded};
+  spec.output_path = output_path;
+  spec.env = o.env;
+  for (const auto& [name, value] : values) {
+    spec.env.emplace_back(absl::StrCat("DPCONFORM_", absl::AsciiStrToUpper(name)), value);
+  }
+  return ChildProcess::Start(spec);
 }
 
 absl::StatusOr<std::vector<CellResult>> RunCells(

@@ -19,11 +19,13 @@
 #define DPPROXY_TOOLS_CONFORM_CONFORM_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proxy/util/child_process.h"
 #include "absl/time/time.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
@@ -129,6 +131,14 @@ absl::Status ValidateOptions(const ConformOptions& options);
 
 // Runs every selected cell; results in release order, then scenario order.
 absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& options);
+
+// Starts `command` (placeholders replaced by `values`) with /bin/sh -c in
+// its own process group, output appended to `output_path`, with
+// options.env and each value as DPCONFORM_<NAME> in its environment.
+absl::StatusOr<std::unique_ptr<ChildProcess>> StartCommand(
+    const ConformOptions& options, const std::string& command,
+    const std::vector<std::pair<std::string, std::string>>& values,
+    const std::string& output_path);
 
 // Runs `n` cells on options.jobs workers, each in a fresh directory of a
 // run directory under options.work_root (removed unless kept: --keep, or

@@ -6,7 +6,6 @@
 #include <map>
 #include <set>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -97,17 +96,8 @@ class DraCell {
   }
 
   absl::Status StartDriver() {
-    std::vector<std::pair<std::string, std::string>> values = Values();
-    absl::StatusOr<std::string> command = Expand(o_.plugin_command, values);
-    if (!command.ok()) return command.status();
-    ChildSpec spec;
-    spec.argv = {"/bin/sh", "-c", *command};
-    spec.output_path = JoinPath(dir_, "driver.log");
-    spec.env = o_.env;
-    for (const auto& [name, value] : values) {
-      spec.env.emplace_back(absl::StrCat("DPCONFORM_", absl::AsciiStrToUpper(name)), value);
-    }
-    absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        StartCommand(o_, o_.plugin_command, Values(), JoinPath(dir_, "driver.log"));
     if (!child.ok()) return child.status();
     driver_ = *std::move(child);
     return absl::OkStatus();
@@ -146,14 +136,17 @@ class DraCell {
   // each pool), and whether every pool is whole (resourceSliceCount slices
   // of one generation).
   std::map<std::string, std::vector<std::string>> Pools(std::string* problem) {
-    std::map<std::string, std::vector<std::string>> pools;
-    std::map<std::string, std::pair<int64_t, int64_t>> meta;  // generation, count
-    std::map<std::string, std::map<int64_t, int>> seen;       // slices per generation
+    // The driver's slices for the node, one read of the server's.
+    std::vector<Json> ours;
     for (const auto& [name, s] : api_.Slices()) {
       const Json spec = s.value("spec", Json::object());
-      if (spec.value("driver", "") != o_.dra_driver || spec.value("nodeName", "") != kNode) {
-        continue;
+      if (spec.value("driver", "") == o_.dra_driver && spec.value("nodeName", "") == kNode) {
+        ours.push_back(spec);
       }
+    }
+    std::map<std::string, std::pair<int64_t, int64_t>> meta;  // newest generation, count
+    std::map<std::string, std::map<int64_t, int>> seen;       // slices per generation
+    for (const Json& spec : ours) {
       const Json pool = spec.value("pool", Json::object());
       const std::string pool_name = pool.value("name", "");
       const int64_t g = pool.value("generation", int64_t{0});
@@ -161,11 +154,8 @@ class DraCell {
       auto& m = meta[pool_name];
       if (g >= m.first) m = {g, pool.value("resourceSliceCount", int64_t{0})};
     }
-    for (const auto& [name, s] : api_.Slices()) {
-      const Json spec = s.value("spec", Json::object());
-      if (spec.value("driver", "") != o_.dra_driver || spec.value("nodeName", "") != kNode) {
-        continue;
-      }
+    std::map<std::string, std::vector<std::string>> pools;
+    for (const Json& spec : ours) {
       const std::string pool_name = spec.value("/pool/name"_json_pointer, std::string());
       if (spec.value("/pool/generation"_json_pointer, int64_t{0}) != meta[pool_name].first) {
         continue;

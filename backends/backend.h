@@ -12,6 +12,7 @@
 //                      ApiVersion::kV1Alpha, absl::Seconds(10));
 //   (*b)->Start({on_devices, on_lost});
 //   auto resp = (*b)->Allocate(req, absl::Seconds(30));  // blocking
+//   (*b)->AllocateAsync(req, absl::Seconds(30), nullptr, [](auto resp) { ... });
 #ifndef DPPROXY_BACKENDS_BACKEND_H_
 #define DPPROXY_BACKENDS_BACKEND_H_
 
@@ -79,6 +80,25 @@ class Backend {
   virtual absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest& request,
                                          absl::Duration timeout,
                                          const grpc::ServerContextBase* caller = nullptr) = 0;
+
+  // Allocate and PreStartContainer without a waiting thread, for the
+  // kubelet side's callback handlers: the same contract as the blocking
+  // calls, the outcome given to `done` once, on one of gRPC's callback
+  // threads (or on the caller's, for an outcome known at once). `done` must
+  // not block. The request is the backend's to keep until the call ends.
+  // These defaults make the blocking call on the caller's thread (a backend
+  // with no callback path of its own: a test's mock).
+  using AllocateDone = std::function<void(absl::StatusOr<v1beta1::AllocateResponse>)>;
+  virtual void AllocateAsync(v1beta1::AllocateRequest request, absl::Duration timeout,
+                             const grpc::ServerContextBase* caller, AllocateDone done) {
+    done(Allocate(request, timeout, caller));
+  }
+  virtual void PreStartContainerAsync(v1beta1::PreStartContainerRequest request,
+                                      absl::Duration timeout,
+                                      const grpc::ServerContextBase* caller,
+                                      std::function<void(absl::Status)> done) {
+    done(PreStartContainer(request, timeout, caller));
+  }
 
   // Ends the stream; no callback runs after it returns. Idempotent; from
   // within a callback it returns at once (that callback is the last).

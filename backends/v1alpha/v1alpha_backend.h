@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "backends/backend_base.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proxy/translate/translate.h"
@@ -59,28 +60,29 @@ class V1AlphaBackend final : public BackendBase {
   absl::StatusOr<v1beta1::AllocateResponse> Allocate(
       const v1beta1::AllocateRequest& req, absl::Duration timeout,
       const grpc::ServerContextBase* caller) override {
-    // v1alpha allocates one container per call: fan out in order, merge in
-    // order, fail the whole request if any container fails. One deadline
-    // covers the whole fan-out.
-    const absl::Time deadline = absl::Now() + timeout;
-    v1beta1::AllocateResponse out;
-    for (int i = 0; i < req.container_requests_size(); ++i) {
-      std::unique_ptr<grpc::ClientContext> ctx =
-          CallContext(caller, std::max(absl::ZeroDuration(), deadline - absl::Now()));
-      deviceplugin::AllocateResponse part;
-      grpc::Status s =
-          stub_->Allocate(ctx.get(), ToV1AlphaAllocate(req.container_requests(i)), &part);
-      if (!s.ok()) {
-        absl::Status e = CallError(endpoint_, "Allocate", s, timeout);
-        if (req.container_requests_size() > 1) {
-          return absl::Status(e.code(), absl::StrCat(e.message(), " (container request ", i + 1,
-                                                     " of ", req.container_requests_size(), ")"));
-        }
-        return e;
-      }
-      *out.add_container_responses() = FromV1AlphaResponse(part);
-    }
+    absl::Notification answered;
+    absl::StatusOr<v1beta1::AllocateResponse> out;
+    AllocateAsync(req, timeout, caller, [&](absl::StatusOr<v1beta1::AllocateResponse> r) {
+      out = std::move(r);
+      answered.Notify();
+    });
+    answered.WaitForNotification();
     return out;
+  }
+
+  // v1alpha allocates one container per call: the calls go out one after
+  // another (each started from the previous one's callback), are merged in
+  // order, and any failure fails the whole request. One deadline covers
+  // them all.
+  void AllocateAsync(v1beta1::AllocateRequest req, absl::Duration timeout,
+                     const grpc::ServerContextBase* caller, AllocateDone done) override {
+    auto fan = std::make_shared<FanOut>();
+    fan->req = std::move(req);
+    fan->deadline = absl::Now() + timeout;
+    fan->timeout = timeout;
+    fan->caller = caller;
+    fan->done = std::move(done);
+    Next(std::move(fan));
   }
 
   absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
@@ -120,6 +122,49 @@ class V1AlphaBackend final : public BackendBase {
   }
 
  private:
+  // One Allocate's calls, one per container request.
+  struct FanOut {
+    v1beta1::AllocateRequest req;
+    absl::Time deadline;
+    absl::Duration timeout;
+    const grpc::ServerContextBase* caller = nullptr;
+    AllocateDone done;
+    v1beta1::AllocateResponse out;
+    // The call in flight.
+    std::unique_ptr<grpc::ClientContext> ctx;
+    deviceplugin::AllocateRequest part_req;
+    deviceplugin::AllocateResponse part;
+  };
+
+  // Starts the call for the next container request, or answers.
+  void Next(std::shared_ptr<FanOut> fan) {
+    const int i = fan->out.container_responses_size();
+    if (i == fan->req.container_requests_size()) {
+      fan->done(std::move(fan->out));
+      return;
+    }
+    fan->ctx = CallContext(fan->caller, std::max(absl::ZeroDuration(), fan->deadline - absl::Now()));
+    fan->part_req = ToV1AlphaAllocate(fan->req.container_requests(i));
+    fan->part.Clear();
+    FanOut* f = fan.get();
+    stub_->async()->Allocate(f->ctx.get(), &f->part_req, &f->part,
+                             [this, fan = std::move(fan), i](grpc::Status s) mutable {
+                               if (!s.ok()) {
+                                 absl::Status e = CallError(endpoint_, "Allocate", s, fan->timeout);
+                                 const int n = fan->req.container_requests_size();
+                                 if (n > 1) {
+                                   e = absl::Status(e.code(),
+                                                    absl::StrCat(e.message(), " (container request ",
+                                                                 i + 1, " of ", n, ")"));
+                                 }
+                                 fan->done(std::move(e));
+                                 return;
+                               }
+                               *fan->out.add_container_responses() = FromV1AlphaResponse(fan->part);
+                               Next(std::move(fan));
+                             });
+  }
+
   // The stream, read as bytes; v1alpha devices have no topology.
   std::shared_ptr<ListStream> NewList() {
     return ListReader::Start(channel_.get(), list_method_, /*with_topology=*/false);

@@ -25,6 +25,7 @@ class V1Beta1Backend final : public BackendBase {
                  v1beta1::DevicePluginOptions options,
                  std::unique_ptr<v1beta1::DevicePlugin::StubInterface> stub = nullptr)
       : BackendBase(std::move(resource), std::move(endpoint), ch),
+        callback_stub_(stub == nullptr ? v1beta1::DevicePlugin::NewStub(ch) : nullptr),
         stub_(stub != nullptr ? std::move(stub) : v1beta1::DevicePlugin::NewStub(ch)),
         options_(std::move(options)) {}
 
@@ -37,13 +38,29 @@ class V1Beta1Backend final : public BackendBase {
     std::unique_ptr<grpc::ClientContext> ctx = CallContext(caller, timeout);
     v1beta1::AllocateResponse resp;
     grpc::Status s = stub_->Allocate(ctx.get(), req, &resp);
-    if (!s.ok()) return CallError(endpoint_, "Allocate", s, timeout);
-    if (resp.container_responses_size() != req.container_requests_size()) {
-      return absl::InternalError(absl::StrCat(
-          "backend ", endpoint_, " answered Allocate with ", resp.container_responses_size(),
-          " container responses for ", req.container_requests_size(), " container requests"));
+    return AllocateOutcome(s, req.container_requests_size(), std::move(resp), timeout);
+  }
+
+  // gRPC's callback call: no thread waits for the plugin.
+  void AllocateAsync(v1beta1::AllocateRequest req, absl::Duration timeout,
+                     const grpc::ServerContextBase* caller, AllocateDone done) override {
+    if (callback_stub_ == nullptr) {  // a test's mock stub: its blocking call
+      done(Allocate(req, timeout, caller));
+      return;
     }
-    return resp;
+    struct Call {
+      std::unique_ptr<grpc::ClientContext> ctx;
+      v1beta1::AllocateRequest req;
+      v1beta1::AllocateResponse resp;
+      AllocateDone done;
+    };
+    auto* c = new Call{CallContext(caller, timeout), std::move(req), {}, std::move(done)};
+    callback_stub_->async()->Allocate(
+        c->ctx.get(), &c->req, &c->resp, [this, c, timeout](grpc::Status s) {
+          std::unique_ptr<Call> call(c);
+          call->done(AllocateOutcome(s, call->req.container_requests_size(),
+                                     std::move(call->resp), timeout));
+        });
   }
 
   absl::StatusOr<v1beta1::PreferredAllocationResponse> GetPreferredAllocation(
@@ -70,12 +87,51 @@ class V1Beta1Backend final : public BackendBase {
     return absl::OkStatus();
   }
 
+  void PreStartContainerAsync(v1beta1::PreStartContainerRequest req, absl::Duration timeout,
+                              const grpc::ServerContextBase* caller,
+                              std::function<void(absl::Status)> done) override {
+    if (callback_stub_ == nullptr) {
+      done(PreStartContainer(req, timeout, caller));
+      return;
+    }
+    struct Call {
+      std::unique_ptr<grpc::ClientContext> ctx;
+      v1beta1::PreStartContainerRequest req;
+      v1beta1::PreStartContainerResponse resp;
+      std::function<void(absl::Status)> done;
+    };
+    auto* c = new Call{CallContext(caller, timeout), std::move(req), {}, std::move(done)};
+    callback_stub_->async()->PreStartContainer(
+        c->ctx.get(), &c->req, &c->resp, [this, c, timeout](grpc::Status s) {
+          std::unique_ptr<Call> call(c);
+          call->done(s.ok() ? absl::OkStatus()
+                            : CallError(endpoint_, "PreStartContainer", s, timeout));
+        });
+  }
+
  protected:
   std::shared_ptr<ListStream> OpenList() override {
     return ListReader::Start(channel_.get(), list_method_, /*with_topology=*/true);
   }
 
  private:
+  // The plugin's answer to Allocate, checked: one container response per
+  // container request.
+  absl::StatusOr<v1beta1::AllocateResponse> AllocateOutcome(const grpc::Status& s, int requests,
+                                                           v1beta1::AllocateResponse resp,
+                                                           absl::Duration timeout) const {
+    if (!s.ok()) return CallError(endpoint_, "Allocate", s, timeout);
+    if (resp.container_responses_size() != requests) {
+      return absl::InternalError(absl::StrCat(
+          "backend ", endpoint_, " answered Allocate with ", resp.container_responses_size(),
+          " container responses for ", requests, " container requests"));
+    }
+    return resp;
+  }
+
+  // The calls through gRPC's callback API (none with a test's mock stub),
+  // and the blocking calls.
+  const std::unique_ptr<v1beta1::DevicePlugin::Stub> callback_stub_;
   std::unique_ptr<v1beta1::DevicePlugin::StubInterface> stub_;
   // ListAndWatch, read as bytes (ListReader).
   const grpc::internal::RpcMethod list_method_=

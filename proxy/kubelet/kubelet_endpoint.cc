@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <thread>
 #include <unordered_set>
 
 #include <grpcpp/server_builder.h>
@@ -227,58 +228,161 @@ auto TimedBackendCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet
 // deadline (cancelled with the kubelet's call), call PreStartContainer for
 // a kubelet that never will (v1alpha) when the backend needs it, journal the
 // answer durably, and only then answer.
-grpc::Status AllocateCore(KubeletEndpoint* e, const v1beta1::AllocateRequest& req,
-                          ApiVersion kubelet_api, const grpc::ServerContextBase* ctx,
-                          v1beta1::AllocateResponse* resp, KubeletCall* call) {
-  Resource* res = e->resource();
-  if (grpc::Status s = CheckRequest(res, req); !s.ok()) return s;
-  std::shared_ptr<Backend> b = BackendFor(e);
-  if (b == nullptr) return NoBackend(res);
-  call->set_backend(b.get());
-  const absl::Duration timeout = e->backend_timeout();
-  const absl::Time deadline = absl::Now() + timeout;
-  const v1beta1::AllocateRequest breq = ToBackendIds(res, req);
-  absl::StatusOr<v1beta1::AllocateResponse> r = TimedBackendCall(
-      e, "Allocate", kubelet_api, *b, [&] { return b->Allocate(breq, timeout, ctx); });
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  if (kubelet_api == ApiVersion::kV1Alpha && b->options().pre_start_required()) {
-    // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
-    // after Allocate, within the same deadline.
-    v1beta1::PreStartContainerRequest pre;
-    for (const auto& c : breq.container_requests()) {
-      for (const std::string& id : c.devices_ids()) pre.add_devices_ids(id);
+//
+// Served with gRPC's callback API: no thread waits on the call. Each step
+// starts the next from the callback that ends it (the backend's answer on
+// one of gRPC's threads, the journal's on its group-commit writer), and the
+// reactor deletes itself once gRPC is done with it. Only a call that finds
+// no backend yet (dpproxy and its plugin restarting together) waits, on a
+// thread of its own, for one to register.
+class AllocateReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // Writes the core's answer into the kubelet's response message.
+  using Answer = std::function<void(v1beta1::AllocateResponse)>;
+
+  // Starts serving `req`; the reactor is gRPC's from then on.
+  static grpc::ServerUnaryReactor* Start(KubeletEndpoint* e, grpc::CallbackServerContext* ctx,
+                                         ApiVersion kubelet_api, v1beta1::AllocateRequest req,
+                                         Answer answer) {
+    auto* r = new AllocateReactor(e, ctx, kubelet_api, std::move(req), std::move(answer));
+    r->Begin();
+    return r;
+  }
+
+  // The backend's call ends with the kubelet's through gRPC's propagation;
+  // a wait for a backend ends here.
+  void OnCancel() override { cancelled_ = true; }
+  void OnDone() override { delete this; }
+
+ private:
+  AllocateReactor(KubeletEndpoint* e, grpc::CallbackServerContext* ctx, ApiVersion kubelet_api,
+                  v1beta1::AllocateRequest req, Answer answer)
+      : e_(e),
+        ctx_(ctx),
+        kubelet_api_(kubelet_api),
+        req_(std::move(req)),
+        answer_(std::move(answer)),
+        call_(e, "Allocate", kubelet_api),
+        timeout_(e->backend_timeout()),
+        deadline_(absl::Now() + timeout_) {}
+
+  void Begin() {
+    Resource* res = e_->resource();
+    if (grpc::Status s = CheckRequest(res, req_); !s.ok()) return End(s);
+    std::shared_ptr<Backend> b = res->backend();
+    if (b != nullptr) return CallBackend(std::move(b));
+    // None yet: wait for one (at most kBackendWait, within the backend
+    // timeout) on a thread of its own, in short steps so that a kubelet
+    // that gives up (or a server shutting down) ends the wait.
+    std::thread([this] {
+      const absl::Time until = absl::Now() + std::min(kBackendWait, timeout_);
+      std::shared_ptr<Backend> b;
+      while (b == nullptr && !cancelled_ && absl::Now() < until) {
+        b = e_->resource()->WaitForBackend(
+            std::min(absl::Milliseconds(100), until - absl::Now()));
+      }
+      if (b == nullptr) return End(cancelled_ ? grpc::Status::CANCELLED
+                                              : NoBackend(e_->resource()));
+      CallBackend(std::move(b));  // the thread's last touch of this reactor
+    }).detach();
+  }
+
+  void CallBackend(std::shared_ptr<Backend> b) {
+    backend_ = std::move(b);
+    call_.set_backend(backend_.get());
+    backend_start_ = absl::Now();
+    // The last step here: the answer may arrive, and the reactor end, on
+    // another thread before this call returns.
+    backend_->AllocateAsync(ToBackendIds(e_->resource(), req_), timeout_, ctx_,
+                            [this](absl::StatusOr<v1beta1::AllocateResponse> r) {
+                              Allocated(std::move(r));
+                            });
+  }
+
+  void Allocated(absl::StatusOr<v1beta1::AllocateResponse> r) {
+    ObserveBackend("Allocate", r.status());
+    if (!r.ok()) return End(ToGrpcStatus(r.status()));
+    resp_ = *std::move(r);
+    if (kubelet_api_ == ApiVersion::kV1Alpha && backend_->options().pre_start_required()) {
+      // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
+      // after Allocate, within the same deadline.
+      v1beta1::PreStartContainerRequest pre;
+      for (const auto& c : req_.container_requests()) {
+        for (const std::string& id : c.devices_ids()) {
+          pre.add_devices_ids(e_->resource()->ToBackendId(id));
+        }
+      }
+      backend_start_ = absl::Now();
+      backend_->PreStartContainerAsync(
+          std::move(pre), std::max(absl::Milliseconds(1), deadline_ - absl::Now()), ctx_,
+          [this](absl::Status s) {
+            ObserveBackend("PreStartContainer", s);
+            if (!s.ok()) return End(ToGrpcStatus(s));
+            Journal();
+          });
+      return;
     }
-    absl::Status s = TimedBackendCall(e, "PreStartContainer", kubelet_api, *b, [&] {
-      return b->PreStartContainer(pre, std::max(absl::Milliseconds(1), deadline - absl::Now()),
-                                  ctx);
+    Journal();
+  }
+
+  void Journal() {
+    e_->Journal(req_, resp_, *backend_, [this](grpc::Status s) {
+      if (!s.ok()) return End(s);
+      Answered();
     });
-    if (!s.ok()) return ToGrpcStatus(s);
   }
-  if (grpc::Status s = e->Journal(req, *r, *b); !s.ok()) return s;
-  *resp = *std::move(r);
-  // v1alpha has no annotations: adding them would only count a loss.
-  if (e->cdi_annotations() && kubelet_api == ApiVersion::kV1Beta1) {
-    for (auto& c : *resp->mutable_container_responses()) {
-      if (c.cdi_devices_size() == 0) continue;
-      std::vector<std::string> names;
-      for (const auto& d : c.cdi_devices()) names.push_back(d.name());
-      (*c.mutable_annotations())[CdiAnnotationKey(res->name())] = absl::StrJoin(names, ",");
+
+  void Answered() {
+    Resource* res = e_->resource();
+    // v1alpha has no annotations: adding them would only count a loss.
+    if (e_->cdi_annotations() && kubelet_api_ == ApiVersion::kV1Beta1) {
+      for (auto& c : *resp_.mutable_container_responses()) {
+        if (c.cdi_devices_size() == 0) continue;
+        std::vector<std::string> names;
+        for (const auto& d : c.cdi_devices()) names.push_back(d.name());
+        (*c.mutable_annotations())[CdiAnnotationKey(res->name())] = absl::StrJoin(names, ",");
+      }
     }
+    e_->events()->Emit("allocate",
+                       {{"resource", res->name()},
+                        {"kubelet_api", std::string(ApiWireVersion(kubelet_api_))},
+                        {"containers", req_.container_requests_size()}});
+    answer_(std::move(resp_));
+    End(grpc::Status::OK);
   }
-  e->events()->Emit("allocate",
-                    {{"resource", res->name()},
-                     {"kubelet_api", std::string(ApiWireVersion(kubelet_api))},
-                     {"containers", req.container_requests_size()}});
-  return grpc::Status::OK;
-}
+
+  // Times one backend call (side=backend).
+  void ObserveBackend(const char* method, const absl::Status& s) {
+    if (e_->telemetry() == nullptr) return;
+    e_->telemetry()->ObserveRpc("backend", method, e_->resource()->name(),
+                                ApiWireVersion(kubelet_api_), ApiWireVersion(backend_->api()),
+                                GrpcCodeName(static_cast<grpc::StatusCode>(s.code())),
+                                absl::Now() - backend_start_);
+  }
+
+  void End(const grpc::Status& s) { Finish(call_.Done(s)); }
+
+  KubeletEndpoint* const e_;
+  grpc::CallbackServerContext* const ctx_;
+  const ApiVersion kubelet_api_;
+  const v1beta1::AllocateRequest req_;
+  const Answer answer_;
+  KubeletCall call_;
+  const absl::Duration timeout_;
+  const absl::Time deadline_;
+  std::atomic<bool> cancelled_{false};
+  std::shared_ptr<Backend> backend_;
+  absl::Time backend_start_;
+  v1beta1::AllocateResponse resp_;
+};
 
 // --- Services ---------------------------------------------------------------------
 
 class KubeletEndpoint::Services {
  public:
-  class Beta final
-      : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
-            v1beta1::DevicePlugin::Service> {
+  class Beta final : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
+                         v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
+                             v1beta1::DevicePlugin::Service>> {
    public:
     explicit Beta(KubeletEndpoint* e) : e_(e) {}
 
@@ -328,10 +432,11 @@ class KubeletEndpoint::Services {
       return grpc::Status::OK;
     }
 
-    grpc::Status Allocate(grpc::ServerContext* ctx, const v1beta1::AllocateRequest* req,
-                          v1beta1::AllocateResponse* resp) override {
-      KubeletCall call(e_, "Allocate", ApiVersion::kV1Beta1);
-      return call.Done(AllocateCore(e_, *req, ApiVersion::kV1Beta1, ctx, resp, &call));
+    grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
+                                       const v1beta1::AllocateRequest* req,
+                                       v1beta1::AllocateResponse* resp) override {
+      return AllocateReactor::Start(e_, ctx, ApiVersion::kV1Beta1, *req,
+                                    [resp](v1beta1::AllocateResponse r) { *resp = std::move(r); });
     }
 
     grpc::Status PreStartContainer(grpc::ServerContext* ctx,
@@ -354,7 +459,8 @@ class KubeletEndpoint::Services {
   };
 
   class Alpha final : public deviceplugin::DevicePlugin::WithCallbackMethod_ListAndWatch<
-                          deviceplugin::DevicePlugin::Service> {
+                          deviceplugin::DevicePlugin::WithCallbackMethod_Allocate<
+                              deviceplugin::DevicePlugin::Service>> {
    public:
     explicit Alpha(KubeletEndpoint* e) : e_(e) {}
 
@@ -372,17 +478,16 @@ class KubeletEndpoint::Services {
     }
 
     // The edge only translates: v1alpha in, the one core, v1alpha out.
-    grpc::Status Allocate(grpc::ServerContext* ctx, const deviceplugin::AllocateRequest* req,
-                          deviceplugin::AllocateResponse* resp) override {
-      KubeletCall call(e_, "Allocate", ApiVersion::kV1Alpha);
-      v1beta1::AllocateResponse r;
-      grpc::Status s =
-          AllocateCore(e_, FromV1AlphaAllocate(*req), ApiVersion::kV1Alpha, ctx, &r, &call);
-      if (!s.ok()) return call.Done(s);
-      Loss loss;
-      *resp = ToV1AlphaResponse(r.container_responses(0), &loss);
-      e_->NoteLoss(loss);
-      return call.Done(grpc::Status::OK);
+    grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
+                                       const deviceplugin::AllocateRequest* req,
+                                       deviceplugin::AllocateResponse* resp) override {
+      KubeletEndpoint* e = e_;
+      return AllocateReactor::Start(e, ctx, ApiVersion::kV1Alpha, FromV1AlphaAllocate(*req),
+                                    [e, resp](v1beta1::AllocateResponse r) {
+                                      Loss loss;
+                                      *resp = ToV1AlphaResponse(r.container_responses(0), &loss);
+                                      e->NoteLoss(loss);
+                                    });
     }
 
    private:
@@ -602,19 +707,26 @@ absl::Status KubeletEndpoint::Register() {
       absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
 }
 
-grpc::Status KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
-                                      const v1beta1::AllocateResponse& resp,
-                                      const Backend& backend) {
-  if (journal_ == nullptr) return grpc::Status::OK;
-  absl::Status s = journal_->Record(resource_->name(), req, resp, std::string(ApiWireVersion(backend.api())),
-                                    backend.endpoint());
-  if (s.ok()) return grpc::Status::OK;
-  if (s.code() == absl::StatusCode::kFailedPrecondition) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
+void KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
+                              const v1beta1::AllocateResponse& resp, const Backend& backend,
+                              std::function<void(grpc::Status)> done) {
+  if (journal_ == nullptr) {
+    done(grpc::Status::OK);
+    return;
   }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrCat("dpproxy cannot persist the allocation for ",
-                                   resource_->name(), ", so it refuses it: ", s.message()));
+  journal_->RecordAsync(
+      resource_->name(), req, resp, std::string(ApiWireVersion(backend.api())),
+      backend.endpoint(), [done = std::move(done), name = resource_->name()](absl::Status s) {
+        if (s.ok()) {
+          done(grpc::Status::OK);
+        } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
+          done(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message())));
+        } else {
+          done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("dpproxy cannot persist the allocation for ", name,
+                                         ", so it refuses it: ", s.message())));
+        }
+      });
 }
 
 void KubeletEndpoint::AddStream(StreamHandle* s) {

@@ -77,11 +77,13 @@ class KubeletEndpoint {
   bool cdi_annotations() const { return cdi_annotations_.load(); }
   void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations);
   LossCounter* losses() { return losses_; }
-  // Persists an answered allocation; kUnavailable-style gRPC error if it
-  // cannot (the kubelet is then refused, as a kubelet refuses admission when
-  // its own checkpoint cannot be written).
-  grpc::Status Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
-                       const Backend& backend);
+  // Persists an answered allocation, then calls `done` (at once without a
+  // journal); with a kUnavailable-style gRPC error if it cannot (the
+  // kubelet is then refused, as a kubelet refuses admission when its own
+  // checkpoint cannot be written). `done` runs on the calling thread or on
+  // the journal's writer, and must not block.
+  void Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
+               const Backend& backend, std::function<void(grpc::Status)> done);
   EventLog* events() { return events_; }
   Telemetry* telemetry() { return telemetry_; }
   bool stopping() const { return stopping_.load(); }

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proxy/util/files.h"
 
@@ -81,7 +82,7 @@ bool StateKeeper::WaitForQueued(size_t n, absl::Duration timeout) {
   return mu_.AwaitWithTimeout(
       absl::Condition(
           +[](Want* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->k->mu_) {
-            return w->k->queue_.size() >= w->n;
+            return w->k->queued_ >= w->n;
           },
           &want),
       timeout);
@@ -261,9 +262,13 @@ absl::Status StateKeeper::SaveLocked() {
   mu_.Lock();
   if (s.ok() && journal_ok_ && covered_records > 0) {
     // Exclusive use of the journal: no append is in flight.
+    // A writer with records still queued hands the journal over between
+    // two batches, and this saver writes what is left when it is done.
+    ++savers_waiting_;
     mu_.Await(absl::Condition(
         +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
         this));
+    --savers_waiting_;
     journal_busy_ = true;
     mu_.Unlock();
     // A crash before this completes replays records the snapshot also holds;
@@ -271,7 +276,7 @@ absl::Status StateKeeper::SaveLocked() {
     const absl::Status r = journal_.DropFront(covered_bytes, covered_records);
     const size_t size = journal_.size(), records = journal_.records();
     mu_.Lock();
-    journal_busy_ = false;
+    ReleaseJournalLocked();
     if (r.ok()) {
       journal_applied_bytes_ = size;
       journal_applied_records_ = records;
@@ -297,9 +302,18 @@ absl::Status StateKeeper::Record(const std::string& resource,
                                  const v1beta1::AllocateResponse& resp,
                                  const std::string& backend_api,
                                  const std::string& backend_endpoint) {
-  const int64_t now = absl::ToUnixMillis(absl::Now());
-  Pending me;
-  absl::MutexLock lock(&mu_);
+  absl::Notification recorded;
+  absl::Status result;
+  RecordAsync(resource, req, resp, backend_api, backend_endpoint, [&](absl::Status s) {
+    result = std::move(s);
+    recorded.Notify();
+  });
+  recorded.WaitForNotification();
+  return result;
+}
+
+absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
+                                                const v1beta1::AllocateRequest& req) {
   if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
   // A pod the kubelet lost track of may still hold these devices.
   for (const auto& c : req.container_requests()) {
@@ -315,81 +329,117 @@ absl::Status StateKeeper::Record(const std::string& resource,
           " may still hold it (the kubelet lost track of it); refused"));
     }
   }
-  // Ids are taken now; a failed write leaves a gap, never a reuse.
-  uint64_t next = state_.next_allocation_id();
-  for (int i = 0; i < req.container_requests_size(); ++i) {
-    state::Allocation a;
-    a.set_id(++next);
-    a.set_resource(resource);
-    for (const std::string& id : req.container_requests(i).devices_ids()) a.add_device_ids(id);
-    if (i < resp.container_responses_size()) *a.mutable_response() = resp.container_responses(i);
-    a.set_backend_api(backend_api);
-    a.set_backend_endpoint(backend_endpoint);
-    a.set_allocated_unix_ms(now);
-    me.records.push_back(std::move(a));
-  }
-  state_.set_next_allocation_id(next);
-  me.encoded = JournalFile::Encode(me.records);
-  queue_.push_back(&me);
-  // Either a leader writes these records with its batch, or this Record
-  // becomes the leader once it is first in line and the journal is free.
-  struct Turn {
-    StateKeeper* k;
-    Pending* me;
-  } turn{this, &me};
-  mu_.Await(absl::Condition(
-      +[](Turn* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->k->mu_) {
-        return t->me->done || (t->k->queue_.front() == t->me && !t->k->journal_busy_);
-      },
-      &turn));
-  if (me.done) return me.status;
-  // Leader: one write and one fdatasync for everything queued.
-  journal_busy_ = true;
-  const std::vector<Pending*> batch(queue_.begin(), queue_.end());
-  std::string data;
-  size_t count = 0;
-  for (Pending* p : batch) {
-    data += p->encoded;
-    count += p->records.size();
-  }
-  mu_.Unlock();
-  if (test_hook_) test_hook_("journal_write");
-  const absl::Time write_start = absl::Now();
-  const absl::Status s = journal_.AppendEncoded(data, count);
-  if (sync_observer_) sync_observer_(absl::Now() - write_start);
-  const size_t journal_size = journal_.size(), journal_count = journal_.records();
-  mu_.Lock();
-  ++journal_writes_;
-  NoteWrite(s);
-  if (!s.ok()) {
-    LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
-    events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                        {"error", std::string(s.message())},
-                                        {"failures", write_failures_.load()},
-                                        {"allocations_refused", count}});
-  } else {
-    journal_records_ += static_cast<int64_t>(count);
-    journal_applied_bytes_ = journal_size;
-    journal_applied_records_ = journal_count;
-  }
-  for (Pending* p : batch) {
-    queue_.pop_front();
-    p->status = s;  // an error: nothing of the batch was recorded
-    p->done = true;
-    if (!s.ok()) continue;
-    for (auto& a : p->records) {
-      for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
-      *state_.add_allocations() = std::move(a);
+  return absl::OkStatus();
+}
+
+void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
+                              const v1beta1::AllocateResponse& resp,
+                              const std::string& backend_api,
+                              const std::string& backend_endpoint,
+                              std::function<void(absl::Status)> done) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = CheckRecordableLocked(resource, req);
+    if (refused.ok()) {
+      auto me = std::make_unique<Pending>();
+      // Ids are taken now; a failed write leaves a gap, never a reuse.
+      uint64_t next = state_.next_allocation_id();
+      for (int i = 0; i < req.container_requests_size(); ++i) {
+        state::Allocation a;
+        a.set_id(++next);
+        a.set_resource(resource);
+        for (const std::string& id : req.container_requests(i).devices_ids()) {
+          a.add_device_ids(id);
+        }
+        if (i < resp.container_responses_size()) {
+          *a.mutable_response() = resp.container_responses(i);
+        }
+        a.set_backend_api(backend_api);
+        a.set_backend_endpoint(backend_endpoint);
+        a.set_allocated_unix_ms(now);
+        me->records.push_back(std::move(a));
+      }
+      state_.set_next_allocation_id(next);
+      me->encoded = JournalFile::Encode(me->records);
+      me->done = std::move(done);
+      queue_.push_back(std::move(me));
+      ++queued_;
+      // The writer at work takes this record with its next batch.
+      if (journal_busy_) return;
+      journal_busy_ = true;
     }
   }
-  allocation_count_ = state_.allocations_size();
-  journal_busy_ = false;
-  // The records are durable in the journal; the snapshot that takes them in
-  // is written by the compactor, off this path.
-  if (s.ok() && CompactDueLocked() && !compacting_) {
-    compact_wanted_ = true;
+  if (!refused.ok()) {
+    done(std::move(refused));
+    return;
   }
-  return me.status;
+  WriteQueued();
+}
+
+void StateKeeper::ReleaseJournalLocked() {
+  if (queue_.empty()) {
+    journal_busy_ = false;
+    return;
+  }
+  mu_.Unlock();
+  WriteQueued();  // still busy: this thread is the writer now
+  mu_.Lock();
+}
+
+void StateKeeper::WriteQueued() {
+  std::vector<std::unique_ptr<Pending>> batch;
+  absl::MutexLock lock(&mu_);
+  while (!queue_.empty() && savers_waiting_ == 0) {
+    // One write and one fdatasync for everything queued.
+    batch.clear();
+    for (auto& p : queue_) batch.push_back(std::move(p));
+    queue_.clear();
+    std::string data;
+    size_t count = 0;
+    for (const auto& p : batch) {
+      data += p->encoded;
+      count += p->records.size();
+    }
+    mu_.Unlock();
+    if (test_hook_) test_hook_("journal_write");
+    const absl::Time write_start = absl::Now();
+    const absl::Status s = journal_.AppendEncoded(data, count);
+    if (sync_observer_) sync_observer_(absl::Now() - write_start);
+    const size_t journal_size = journal_.size(), journal_count = journal_.records();
+    mu_.Lock();
+    ++journal_writes_;
+    NoteWrite(s);
+    if (!s.ok()) {
+      LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
+      events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                          {"error", std::string(s.message())},
+                                          {"failures", write_failures_.load()},
+                                          {"allocations_refused", count}});
+    } else {
+      journal_records_ += static_cast<int64_t>(count);
+      journal_applied_bytes_ = journal_size;
+      journal_applied_records_ = journal_count;
+      for (auto& p : batch) {
+        for (auto& a : p->records) {
+          for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+          *state_.add_allocations() = std::move(a);
+        }
+      }
+    }
+    allocation_count_ = state_.allocations_size();
+    queued_ -= batch.size();
+    // The records are durable in the journal; the snapshot that takes them
+    // in is written by the compactor, off this path.
+    if (s.ok() && CompactDueLocked() && !compacting_) compact_wanted_ = true;
+    // The answers go out with no lock held (each may finish a kubelet's
+    // call); an error refuses every record of the batch: none was recorded.
+    mu_.Unlock();
+    for (auto& p : batch) p->done(s);
+    mu_.Lock();
+  }
+  journal_busy_ = false;
 }
 
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {

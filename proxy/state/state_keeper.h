@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -45,13 +46,17 @@ class AllocationJournal {
  public:
   virtual ~AllocationJournal() = default;
   // Persists one record per container request before the kubelet is
-  // answered. An error means nothing was recorded. kFailedPrecondition
-  // (and a `device_held_twice` event) if a device is held by a quarantined
-  // allocation: a second live holder is never journaled.
-  virtual absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
-                              const v1beta1::AllocateResponse& resp,
-                              const std::string& backend_api,
-                              const std::string& backend_endpoint) = 0;
+  // answered: `done` runs once the records are durable, or with why they
+  // are not (then nothing was recorded). It runs on the calling thread or
+  // on the thread that wrote the records' batch, with no lock held, and
+  // must not block. kFailedPrecondition (and a `device_held_twice` event)
+  // if a device is held by a quarantined allocation: a second live holder
+  // is never journaled.
+  virtual void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
+                           const v1beta1::AllocateResponse& resp,
+                           const std::string& backend_api,
+                           const std::string& backend_endpoint,
+                           std::function<void(absl::Status)> done) = 0;
 };
 
 class StateKeeper : public AllocationJournal {
@@ -86,9 +91,21 @@ class StateKeeper : public AllocationJournal {
   // caller must not run on half the state.
   absl::StatusOr<state::State> Load();
 
+  // Group commit: a record that finds the journal free is written at once
+  // by its caller's thread, which then goes on writing whatever queued
+  // meanwhile, in batches (one write and one fdatasync each), until none
+  // is left; a record that finds the journal busy is queued and its caller
+  // returns at once. No thread waits its turn, no lock is held across the
+  // disk I/O, and a snapshot saver that wants the journal gets it between
+  // two batches.
+  void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
+                   const v1beta1::AllocateResponse& resp, const std::string& backend_api,
+                   const std::string& backend_endpoint,
+                   std::function<void(absl::Status)> done) override;
+  // The same, waiting for the outcome.
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const std::string& backend_api,
-                      const std::string& backend_endpoint) override;
+                      const std::string& backend_endpoint);
 
   // Replaces the saved resource snapshots; saves if they changed.
   absl::Status SetResources(std::vector<state::Resource> resources);
@@ -167,9 +184,21 @@ class StateKeeper : public AllocationJournal {
   struct Pending {
     std::vector<state::Allocation> records;
     std::string encoded;
-    absl::Status status;
-    bool done = false;
+    std::function<void(absl::Status)> done;
   };
+
+  // Why a Record of `req` may not be journaled (the journal is not open, a
+  // device is quarantined), or OK.
+  absl::Status CheckRecordableLocked(const std::string& resource,
+                                     const v1beta1::AllocateRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the queue, batch after batch, until it is empty or a saver wants
+  // the journal; then frees it. The caller has set journal_busy_; mu_ not
+  // held.
+  void WriteQueued() ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees the journal (a saver is done with it), or writes what queued
+  // while it was busy.
+  void ReleaseJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Writes a snapshot of the state and drops the journal records it
   // covers. Releases mu_ during the I/O; save_mu_ keeps other savers out.
@@ -189,8 +218,12 @@ class StateKeeper : public AllocationJournal {
   JournalFile journal_;
   bool journal_busy_ ABSL_GUARDED_BY(mu_) = false;
   bool journal_ok_ ABSL_GUARDED_BY(mu_) = false;
-  // Records waiting for the journal, oldest first.
-  std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
+  // Records waiting for the journal, oldest first, and how many Records
+  // are queued or being written.
+  std::deque<std::unique_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Snapshot savers waiting for the journal: the writer hands it over.
+  int savers_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   // The journal's size and record count through the last record applied
   // to state_: what a snapshot encoded now covers.
   size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;

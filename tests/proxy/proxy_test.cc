@@ -575,6 +575,53 @@ TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
 }
 
+// An Allocate that finds no backend (the plugin restarting while its
+// devices are held Healthy) waits for one to register and is then served;
+// one the kubelet gives up on meanwhile ends with the kubelet's deadline,
+// and dpproxy goes on serving.
+TEST_F(ProxyTest, AnAllocateThatFindsNoBackendWaitsForOneToRegister) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.policy.loss_policy = LossPolicy::kHold;
+    c.policy.hold = absl::Seconds(60);
+  });
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const size_t mark = h.proxy().events().Size();
+  h.StopPlugins();
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
+  auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  auto allocate = [&](const std::string& id, std::optional<absl::Duration> deadline,
+                      v1beta1::AllocateResponse* resp) {
+    grpc::ClientContext ctx;
+    if (deadline) ctx.set_deadline(absl::ToChronoTime(absl::Now() + *deadline));
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids(id);
+    return stub->Allocate(&ctx, req, resp);
+  };
+  v1beta1::AllocateResponse given_up;
+  EXPECT_EQ(allocate("gpu-0", absl::Milliseconds(300), &given_up).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The next one waits (no deadline, as the kubelet) until a plugin is back.
+  grpc::Status waited;
+  v1beta1::AllocateResponse resp;
+  absl::Notification answered;
+  std::thread call([&] {
+    waited = allocate("gpu-1", std::nullopt, &resp);
+    answered.Notify();
+  });
+  EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "answered with no backend: " << waited.error_message();
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  EXPECT_TRUE(answered.WaitForNotificationWithTimeout(kWait));
+  call.join();
+  EXPECT_TRUE(waited.ok()) << waited.error_message();
+  ASSERT_EQ(resp.container_responses_size(), 1);
+  std::vector<std::string> values;
+  for (const auto& [k, v] : resp.container_responses(0).envs()) values.push_back(v);
+  EXPECT_THAT(values, Contains("gpu-1"));  // the plugin's answer for that device
+}
+
 // A kubelet whose Register does not answer until released (as a 1.25+
 // kubelet dialling a socket for 10 s).
 class StuckKubelet final : public v1beta1::Registration::Service {

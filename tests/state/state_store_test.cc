@@ -672,8 +672,10 @@ TEST_F(KeeperWritesTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
   constexpr int kWaiting = 7;
   absl::Notification all_queued;
   std::atomic<int> writes_seen{0};
+  absl::Notification writing;
   keeper.SetTestHook([&](const char* where) {
     if (std::string(where) != "journal_write" || writes_seen++ > 0) return;
+    writing.Notify();
     // The first write is "on the disk" until every other Record queued.
     EXPECT_TRUE(keeper.WaitForQueued(1 + kWaiting, absl::Seconds(10)));
     all_queued.Notify();
@@ -681,7 +683,7 @@ TEST_F(KeeperWritesTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(1 + kWaiting);
   threads.emplace_back([&] { results[0] = RecordTwo(keeper, "d0", "e0"); });
-  ASSERT_TRUE(keeper.WaitForQueued(1, absl::Seconds(10)));
+  ASSERT_TRUE(writing.WaitForNotificationWithTimeout(absl::Seconds(10)));
   for (int i = 1; i <= kWaiting; ++i) {
     threads.emplace_back([&, i] {
       const std::string a = absl::StrCat("d", i), b = absl::StrCat("e", i);
@@ -702,6 +704,54 @@ TEST_F(KeeperWritesTest, RecordsWaitingForTheDiskShareOneJournalWrite) {
   EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2 * (1 + kWaiting));
 }
 
+// A record that finds the journal busy is queued and its caller goes on at
+// once (no thread waits its turn): the writer at work writes it with its
+// next batch and reports to it from there.
+TEST_F(KeeperWritesTest, ARecordThatFindsTheJournalBusyIsWrittenByTheWriterAtWork) {
+  absl::Notification release;
+  std::atomic<int> writes_seen{0};
+  absl::Notification writing;
+  keeper.SetTestHook([&](const char* where) {
+    if (std::string(where) != "journal_write" || writes_seen++ > 0) return;
+    writing.Notify();
+    EXPECT_TRUE(release.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  });
+  std::thread::id writer;
+  absl::Status first;
+  std::thread t1([&] {
+    writer = std::this_thread::get_id();
+    first = RecordTwo(keeper, "a", "b");
+  });
+  // t1 writes its record, held on the disk.
+  ASSERT_TRUE(writing.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::Notification returned, recorded;
+  absl::Status second;
+  std::thread::id reported_on;
+  std::thread t2([&] {
+    keeper.RecordAsync("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(), "v1beta1", "/s",
+                       [&](absl::Status s) {
+                         second = std::move(s);
+                         reported_on = std::this_thread::get_id();
+                         recorded.Notify();
+                       });
+    returned.Notify();
+  });
+  ASSERT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << "RecordAsync waited for the journal";
+  EXPECT_FALSE(recorded.HasBeenNotified()) << "reported before its record was written";
+  EXPECT_TRUE(keeper.WaitForQueued(2, absl::Seconds(10)));
+  release.Notify();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(recorded.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(second.ok()) << second;
+  EXPECT_EQ(reported_on, writer);
+  EXPECT_EQ(keeper.journal_writes(), 2);
+  StateKeeper reloaded(dir.Sub("state.pb"), &events);
+  EXPECT_EQ(MustLoad(reloaded).allocations_size(), 4);
+}
+
 // A failed batch fails every Record in it, and records nothing of any.
 TEST_F(KeeperWritesTest, AFailedGroupWriteRefusesEveryRecordInIt) {
   {
@@ -710,8 +760,10 @@ TEST_F(KeeperWritesTest, AFailedGroupWriteRefusesEveryRecordInIt) {
   }
   const std::string before = *ReadFile(dir.Sub("journal.wal"));
   std::atomic<int> writes_seen{0};
+  absl::Notification writing;
   keeper.SetTestHook([&](const char* where) {
     if (std::string(where) != "journal_write" || writes_seen++ > 0) return;
+    writing.Notify();
     EXPECT_TRUE(keeper.WaitForQueued(3, absl::Seconds(10)));
   });
   absl::Status first, second, third;
@@ -719,7 +771,8 @@ TEST_F(KeeperWritesTest, AFailedGroupWriteRefusesEveryRecordInIt) {
     // Room for one more record pair, not for the batch of two after it.
     FileSizeLimit full(before.size() + before.size() - 8 + 10);
     std::thread t1([&] { first = RecordTwo(keeper, "c", "d"); });
-    ASSERT_TRUE(keeper.WaitForQueued(1, absl::Seconds(10)));
+    // t1's record alone is on its way to the disk.
+    ASSERT_TRUE(writing.WaitForNotificationWithTimeout(absl::Seconds(10)));
     std::thread t2([&] { second = RecordTwo(keeper, "e", "f"); });
     std::thread t3([&] { third = RecordTwo(keeper, "g", "h"); });
     t1.join();

@@ -1,8 +1,8 @@
 // bare_hop: the floor of a forwarding proxy, for allocate_bench. It serves
 // v1beta1 Allocate on one Unix socket and forwards each call, unchanged and
 // with nothing else done, to a plugin's socket over one channel made at
-// start, with the same synchronous gRPC server API dpproxy's unary calls
-// use. No checks, no ID mapping, no journal, no events: whatever dpproxy
+// start, with the gRPC API style dpproxy's Allocate uses (callback API on
+// both sides). No checks, no ID mapping, no journal, no events: whatever dpproxy
 // costs beyond this is the price of what it does.
 #include <signal.h>
 
@@ -24,15 +24,25 @@ DEFINE_string(target, "", "Unix socket of the v1beta1 plugin to forward to.");
 namespace dpproxy {
 namespace {
 
-class Forwarder final : public v1beta1::DevicePlugin::Service {
+// The forwarding, with the callback API on both sides as dpproxy's Allocate:
+// the server's reactor finishes when the plugin's answer arrives, on gRPC's
+// threads; no thread waits on a call.
+class CallbackForwarder final : public v1beta1::DevicePlugin::CallbackService {
  public:
-  explicit Forwarder(const std::string& target)
+  explicit CallbackForwarder(const std::string& target)
       : stub_(v1beta1::DevicePlugin::NewStub(MakeUnixChannel(target))) {}
 
-  grpc::Status Allocate(grpc::ServerContext* server_ctx, const v1beta1::AllocateRequest* req,
-                        v1beta1::AllocateResponse* resp) override {
-    std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromServerContext(*server_ctx);
-    return stub_->Allocate(ctx.get(), *req, resp);
+  grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* server_ctx,
+                                     const v1beta1::AllocateRequest* req,
+                                     v1beta1::AllocateResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = server_ctx->DefaultReactor();
+    auto ctx = grpc::ClientContext::FromCallbackServerContext(*server_ctx);
+    grpc::ClientContext* raw = ctx.release();
+    stub_->async()->Allocate(raw, req, resp, [reactor, raw](grpc::Status s) {
+      delete raw;
+      reactor->Finish(s);
+    });
+    return reactor;
   }
 
  private:
@@ -44,7 +54,7 @@ int Run() {
     std::cerr << "bare_hop: --listen and --target are required\n";
     return 2;
   }
-  Forwarder forwarder(FLAGS_target);
+  CallbackForwarder forwarder(FLAGS_target);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + FLAGS_listen, grpc::InsecureServerCredentials());
   builder.RegisterService(&forwarder);

@@ -230,6 +230,7 @@ struct Reregistration {
   std::vector<double> direct_ms, proxied_ms;
   int missed = 0;
   int allocations = 0;  // in both kubelets' checkpoints
+  int resources = 1;     // registered with each kubelet
 };
 
 double RestartAndWait(sim::KubeletSim& kubelet, const std::string& resource, int* missed) {
@@ -528,7 +529,10 @@ int Run() {
   // dpproxy serves that one resource, and again at the end, when it serves
   // three (every resource registers again after a restart).
   int rereg_round = 0;
-  auto measure_rereg = [&](Reregistration* out) {
+  // `others`: how many more resources dpproxy serves on its kubelet at that
+  // point; the floor's kubelet gets as many more plugins, so that both
+  // kubelets take the same number of registrations at each restart.
+  auto measure_rereg = [&](Reregistration* out, int others) {
     const std::string resource = absl::StrCat("bench.example.com/rereg", rereg_round);
     const std::string sock = absl::StrCat("bench-rereg", rereg_round, ".sock");
     Child behind = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
@@ -552,7 +556,18 @@ int Run() {
                       "--devices=4", "--socket_name=" + sock,
                       "--kubelet_socket=" + kubelet2.kubelet_socket(), "--quiet"});
     }
-    if (direct == nullptr || !kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
+    std::vector<Child> neighbours;
+    bool neighbours_up = true;
+    for (int n = 0; n < others; ++n) {
+      const std::string other = absl::StrCat(resource, "-neighbour", n);
+      neighbours.push_back(Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + other,
+                                  "--devices=4", absl::StrCat("--socket_name=neighbour", n, ".sock"),
+                                  "--kubelet_socket=" + kubelet2.kubelet_socket(), "--quiet"}));
+      neighbours_up = neighbours_up && kubelet2.WaitForResource(other, 4, absl::Seconds(10));
+    }
+    out->resources = 1 + others;
+    if (direct == nullptr || !neighbours_up ||
+        !kubelet.WaitForResource(resource, 4, absl::Seconds(10)) ||
         !kubelet2.WaitForResource(resource, 4, absl::Seconds(10))) {
       std::cerr << "allocate_bench: the re-registration plugins did not come up\n";
     } else {
@@ -564,11 +579,12 @@ int Run() {
       }
     }
     Stop(direct);
+    for (Child& c : neighbours) Stop(c);
     Stop(behind);
     kubelet2.Stop();
   };
   Reregistration rereg_one, rereg_many;
-  if (FLAGS_restarts > 0) measure_rereg(&rereg_one);
+  if (FLAGS_restarts > 0) measure_rereg(&rereg_one, 0);
   std::vector<Result> results;
   std::vector<std::pair<std::string, Throughput>> many;
   for (const std::string api : {"v1beta1", "v1alpha"}) {
@@ -651,7 +667,8 @@ int Run() {
   }
   Stop(proxy_nj);
   kubelet_nj.Stop();
-  if (FLAGS_restarts > 0) measure_rereg(&rereg_many);
+  // dpproxy serves the two Allocate resources and the first round's too.
+  if (FLAGS_restarts > 0) measure_rereg(&rereg_many, 3);
   // Start-up, three times each, alternating: with the allocations, and the
   // floor (the same resource, no allocations).
   std::vector<double> startup_empty, startup_full;
@@ -740,12 +757,17 @@ int Run() {
                                    Percentile(v, 0.5), Percentile(v, 0.9), Percentile(v, 0.99),
                                    Percentile(v, 1.0));
     };
-    row("plugin direct (floor)", rereg_one.direct_ms);
-    row("via dpproxy serving 1 resource", rereg_one.proxied_ms);
-    row("plugin direct (floor), again", rereg_many.direct_ms);
-    row("via dpproxy serving 4 resources", rereg_many.proxied_ms);
+    for (const Reregistration* r : {&rereg_one, &rereg_many}) {
+      row(r->resources == 1 ? "1 plugin direct (floor)"
+                            : absl::StrCat(r->resources, " plugins direct (floor)"),
+          r->direct_ms);
+      row(absl::StrCat("via dpproxy serving ", r->resources,
+                       r->resources == 1 ? " resource" : " resources"),
+          r->proxied_ms);
+    }
     std::cout << absl::StrFormat(
-        "(the second pair runs after the Allocate phases: dpproxy's journal holds their\n"
+        "(one resource timed; the kubelet registers the others at the same restart. The\n"
+        "second pair runs after the Allocate phases: dpproxy's journal holds their\n"
         "allocations, which reached it directly; both kubelets of a pair start from the\n"
         "same checkpoint, %d allocations)\n",
         rereg_many.allocations);

@@ -3,6 +3,7 @@
 // metrics endpoint until SIGTERM or SIGINT, or prints a running one's status.
 #include <malloc.h>
 #include <signal.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -49,8 +50,11 @@ SIGTERM or SIGINT stop it cleanly. SIGHUP re-reads the --config file: a
 file with errors is refused (the running configuration stays); otherwise
 static backends and the backend-loss policy change at once, and every
 other change is logged as taking effect at the next start (see
-docs/operations.md). Logs go to stderr as glog's text or,
-with --log_format=json, as JSON lines (-v=1 for per-call detail).
+docs/operations.md). To upgrade dpproxy without a gap, start the new one
+beside it with --takeover: the running one hands its state over and exits
+once the new one is registered (docs/upgrade.md). Logs go to stderr as
+glog's text or, with --log_format=json, as JSON lines (-v=1 for per-call
+detail).
 
 On --metrics_address: /metrics (docs/metrics.md), /livez and /healthz (the
 housekeeping thread is not stuck), /readyz (every resource registered with
@@ -168,6 +172,9 @@ int main(int argc, char** argv) {
   // after 30 s; WATCHDOG=1 from the housekeeping thread. Nothing without it.
   dpproxy::SystemdNotifier notifier(absl::Seconds(30));
   server.SetHousekeepingHook([&notifier, &server] { notifier.OnPass(server.Readiness()); });
+  // Handed over to a dpproxy started with --takeover: stop as on SIGTERM
+  // (the main thread waits for signals; every thread blocks them).
+  server.SetHandedOverHook([] { ::kill(::getpid(), SIGTERM); });
   if (notifier.watchdog() > absl::ZeroDuration()) {
     LOG(INFO) << "systemd watchdog: a keep-alive every "
               << absl::FormatDuration(notifier.watchdog() / 2);
@@ -208,6 +215,10 @@ int main(int argc, char** argv) {
   int sig = 0;
   for (;;) {
     sig = dpproxy::WaitForTerminationSignal();
+    if (server.handed_over()) {
+      LOG(INFO) << "handed over to the new dpproxy; exiting";
+      break;
+    }
     LOG(INFO) << "signal " << sig << " received";
     server.events().Emit("signal", {{"signal", sig}});
     if (sig != SIGHUP) break;

@@ -84,6 +84,12 @@ DEFINE_string(state_dir, "/var/lib/dpproxy",
               "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
               "device lists and every allocation the kubelet was answered. Must not be a\n"
               "device-plugins directory. Empty: keep nothing on disk.");
+DEFINE_bool(takeover, false,
+            "If another dpproxy runs on this --state_dir, take over from it without a\n"
+            "gap: it hands the state over, forwards the kubelet's Allocates to this one\n"
+            "while this one registers on its own sockets, and exits once this one is\n"
+            "registered for every resource (an upgrade beside the running one; see\n"
+            "docs/upgrade.md). Without it, a start waits for the other one to exit.");
 DEFINE_string(restore_policy, "trust",
               "After a dpproxy restart, what the kubelet is told about remembered devices\n"
               "until their backend is back: trust (their remembered health, for\n"
@@ -207,6 +213,7 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
   if (set("status_file")) c->status_file = FLAGS_status_file;
   if (set("state_dir")) c->state_dir = FLAGS_state_dir;
+  if (set("takeover")) c->takeover = FLAGS_takeover;
   if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;
   if (set("socket_group")) c->socket_group = FLAGS_socket_group;
   if (set("restore_policy")) {

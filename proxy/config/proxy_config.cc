@@ -26,6 +26,14 @@ std::string KubeletResourceName(const ProxyConfig& config, const std::string& ba
 }
 
 absl::Status ValidateConfig(const ProxyConfig& c) {
+  if (c.takeover && c.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--takeover hands a state directory over: it needs --state_dir");
+  }
+  if (c.takeover && c.dra.enabled) {
+    return absl::InvalidArgumentError(
+        "--takeover is for device-plugin mode; in DRA mode stop the running dpproxy first");
+  }
   if (c.dra.enabled) {
     const std::string& d = c.dra.driver;
     bool subdomain = !d.empty() && d.size() <= 253;

@@ -40,6 +40,11 @@ struct KubeletSideOptions {
   // Also express CDI devices as a "cdi.k8s.io/..." container annotation, for
   // runtimes driven by kubelets that predate the cdi_devices field.
   bool cdi_annotations = false;
+  // Which of two names the kubelet-facing sockets have:
+  // dpproxy-<resource>.sock (0) or dpproxy-<resource>.1.sock (1). A dpproxy
+  // that takes over from a running one (--takeover) serves on the other
+  // name, so that both serve while the kubelet moves to the new one.
+  int socket_generation = 0;
 };
 
 // <kubelet_root>/device-plugins and the kubelet.sock in it.
@@ -132,6 +137,12 @@ struct ProxyConfig {
   // How long a start waits for <state_dir>/lock, held by another dpproxy
   // (a previous one may still be shutting down); then it fails.
   absl::Duration state_lock_wait = absl::Seconds(10);
+  // If another dpproxy holds the state directory, take it over without a
+  // gap instead of waiting for it to exit (proxy/handoff/handoff.proto):
+  // it hands the state over, forwards the kubelet's Allocates while this
+  // one registers, and exits once this one is registered for every
+  // resource. Device-plugin mode only.
+  bool takeover = false;
   RestorePolicy restore_policy = RestorePolicy::kTrust;
   absl::Duration restore_hold = absl::Minutes(5);
   // Reconciliation with the kubelet's pod-resources API

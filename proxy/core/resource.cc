@@ -29,7 +29,7 @@ void Resource::SetLossPolicy(LossPolicy policy, absl::Duration hold) {
     hold_ = hold;
     // A backend lost and held now: Unhealthy at once if the new policy
     // would have marked it by now (Tick sees to a longer hold).
-    if (!connected_ && lost_at_.has_value() && !hold_override_.has_value() &&
+    if (!connected_ && lost_at_.has_value() && !hold_override_.has_value() && !keep_health_ &&
         (policy == LossPolicy::kUnhealthy || absl::Now() - *lost_at_ >= hold)) {
       MarkAllLocked(std::string(kUnhealthy));
     }
@@ -387,6 +387,7 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   events_->Emit("backend_down", {{"resource", name_},
                                  {"endpoint", backend_ ? backend_->endpoint() : ""},
                                  {"reason", why}});
+  if (keep_health_) return;
   if (loss_policy_ == LossPolicy::kUnhealthy || hold_ <= absl::ZeroDuration()) {
     MarkAllLocked(std::string(kUnhealthy));
   }
@@ -415,9 +416,14 @@ std::pair<std::string, std::string> Resource::last_backend() {
   return {last_endpoint_, last_api_};
 }
 
+void Resource::KeepHealthOnLoss() {
+  absl::MutexLock lock(&mu_);
+  keep_health_ = true;
+}
+
 void Resource::Tick(absl::Time now) {
   ChangeLock lock(this);
-  if (connected_ || !lost_at_.has_value()) return;
+  if (connected_ || !lost_at_.has_value() || keep_health_) return;
   absl::Duration hold;
   if (hold_override_.has_value()) {
     hold = *hold_override_;

@@ -140,6 +140,11 @@ class Resource {
 
   // Applies the hold expiry of the loss policy; call about once a second.
   void Tick(absl::Time now);
+  // From now on a lost backend leaves the devices at their last health,
+  // whatever the loss policy: this dpproxy handed its state over, and the
+  // new one answers for the devices while the kubelet moves to it (the
+  // plugin may drop this one's stream as it registers with the new one).
+  void KeepHealthOnLoss();
 
   // Stops the backend. Idempotent.
   void Shutdown();
@@ -176,6 +181,7 @@ class Resource {
   std::optional<absl::Time> lost_at_ ABSL_GUARDED_BY(mu_);
   // Hold for the current absence, when it is not the loss policy's (restore).
   std::optional<absl::Duration> hold_override_ ABSL_GUARDED_BY(mu_);
+  bool keep_health_ ABSL_GUARDED_BY(mu_) = false;  // KeepHealthOnLoss()
   std::string last_endpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_api_ ABSL_GUARDED_BY(mu_);
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);

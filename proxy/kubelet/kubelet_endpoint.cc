@@ -30,12 +30,13 @@
 namespace dpproxy {
 namespace {
 
-std::string SocketNameFor(const std::string& resource) {
+std::string SocketNameFor(const std::string& resource, int generation) {
   std::string n = resource;
   for (char& c : n) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
   }
-  return absl::StrCat("dpproxy-", n, ".sock");
+  return generation == 0 ? absl::StrCat("dpproxy-", n, ".sock")
+                         : absl::StrCat("dpproxy-", n, ".", generation, ".sock");
 }
 
 // "cdi.k8s.io/dpproxy_vendor.com_gpu": the CDI annotation convention's
@@ -250,8 +251,11 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   }
 
   // The backend's call ends with the kubelet's through gRPC's propagation;
-  // a wait for a backend ends here.
-  void OnCancel() override { cancelled_ = true; }
+  // a wait for a backend ends here, and a held call ends at once.
+  void OnCancel() override {
+    cancelled_ = true;
+    if (e_->Unhold(this)) End(grpc::Status::CANCELLED);
+  }
   void OnDone() override { delete this; }
 
  private:
@@ -269,6 +273,18 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   void Begin() {
     Resource* res = e_->resource();
     if (grpc::Status s = CheckRequest(res, req_); !s.ok()) return End(s);
+    // A handoff may hold the call, or send it on to the new dpproxy.
+    std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_to;
+    switch (e_->AdmitAllocate(this, [this] { Begin(); }, &forward_to)) {
+      case KubeletEndpoint::AllocateMode::kHold:
+        return;  // Begin() runs again when the handoff moves on
+      case KubeletEndpoint::AllocateMode::kForward:
+        counted_ = true;
+        return Forward(std::move(forward_to));
+      case KubeletEndpoint::AllocateMode::kServe:
+        counted_ = true;
+        break;
+    }
     std::shared_ptr<Backend> b = res->backend();
     if (b != nullptr) return CallBackend(std::move(b));
     // None yet: wait for one (at most kBackendWait, within the backend
@@ -351,6 +367,24 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     End(grpc::Status::OK);
   }
 
+  // During a handoff: the new dpproxy serves the call (its checks, its
+  // backend, its journal) and its answer is the kubelet's.
+  void Forward(std::shared_ptr<v1beta1::DevicePlugin::Stub> stub) {
+    forward_stub_ = std::move(stub);
+    forward_ctx_ = grpc::ClientContext::FromServerContext(*ctx_);
+    forward_ctx_->set_deadline(absl::ToChronoTime(deadline_));
+    forward_ctx_->set_wait_for_ready(true);  // a reconnect rides on, within the deadline
+    forward_stub_->async()->Allocate(forward_ctx_.get(), &req_, &resp_, [this](grpc::Status s) {
+      if (!s.ok()) {
+        return End(grpc::Status(
+            s.error_code(), absl::StrCat("dpproxy is handing over to a new dpproxy, which "
+                                         "refused the Allocate: ", s.error_message())));
+      }
+      answer_(std::move(resp_));
+      End(grpc::Status::OK);
+    });
+  }
+
   // Times one backend call (side=backend).
   void ObserveBackend(const char* method, const absl::Status& s) {
     if (e_->telemetry() == nullptr) return;
@@ -360,7 +394,10 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
                                 absl::Now() - backend_start_);
   }
 
-  void End(const grpc::Status& s) { Finish(call_.Done(s)); }
+  void End(const grpc::Status& s) {
+    if (counted_) e_->AllocateServed();
+    Finish(call_.Done(s));
+  }
 
   KubeletEndpoint* const e_;
   grpc::CallbackServerContext* const ctx_;
@@ -371,6 +408,9 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   const absl::Duration timeout_;
   const absl::Time deadline_;
   std::atomic<bool> cancelled_{false};
+  bool counted_ = false;  // admitted by the endpoint's gate, served or forwarded
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_;
+  std::unique_ptr<grpc::ClientContext> forward_ctx_;
   std::shared_ptr<Backend> backend_;
   absl::Time backend_start_;
   v1beta1::AllocateResponse resp_;
@@ -548,11 +588,10 @@ KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& o
       events_(events),
       journal_(journal),
       telemetry_(telemetry),
-      socket_name_(SocketNameFor(resource->name())),
+      socket_name_(SocketNameFor(resource->name(), options.socket_generation)),
       socket_path_(options.registration == KubeletRegistration::kPluginWatcher
-                       ? JoinPath(JoinPath(options.kubelet_root, "plugins_registry"),
-                                  SocketNameFor(resource->name()))
-                       : JoinPath(DevicePluginDir(options), SocketNameFor(resource->name()))),
+                       ? JoinPath(JoinPath(options.kubelet_root, "plugins_registry"), socket_name_)
+                       : JoinPath(DevicePluginDir(options), socket_name_)),
       services_(std::make_unique<Services>(this)) {}
 
 KubeletEndpoint::~KubeletEndpoint() { Stop(); }
@@ -727,6 +766,80 @@ void KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
                                          ", so it refuses it: ", s.message())));
         }
       });
+}
+
+void KubeletEndpoint::HoldAllocates() {
+  absl::MutexLock lock(&gate_mu_);
+  allocate_mode_ = AllocateMode::kHold;
+}
+
+bool KubeletEndpoint::WaitForAllocatesServed(absl::Duration timeout) {
+  absl::MutexLock lock(&gate_mu_);
+  return gate_mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](int* n) { return *n == 0; }, &allocates_in_progress_),
+      timeout);
+}
+
+size_t KubeletEndpoint::ForwardAllocates(const std::string& socket) {
+  std::map<const void*, std::function<void()>> held;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    allocate_mode_ = AllocateMode::kForward;
+    forward_socket_ = socket;
+    forward_stub_ = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(socket));
+    held.swap(held_);
+  }
+  LOG(INFO) << "resource " << resource_->name() << ": Allocates go on to " << socket << " ("
+            << held.size() << " held)";
+  for (auto& [key, resume] : held) resume();
+  return held.size();
+}
+
+void KubeletEndpoint::ServeAllocates() {
+  std::map<const void*, std::function<void()>> held;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    allocate_mode_ = AllocateMode::kServe;
+    forward_socket_.clear();
+    forward_stub_.reset();
+    held.swap(held_);
+  }
+  for (auto& [key, resume] : held) resume();
+}
+
+KubeletEndpoint::AllocateMode KubeletEndpoint::AdmitAllocate(
+    const void* key, std::function<void()> resume,
+    std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to) {
+  absl::MutexLock lock(&gate_mu_);
+  switch (allocate_mode_) {
+    case AllocateMode::kServe:
+      ++allocates_in_progress_;
+      break;
+    case AllocateMode::kHold:
+      held_.emplace(key, std::move(resume));
+      break;
+    case AllocateMode::kForward:
+      ++allocates_in_progress_;
+      *forward_to = forward_stub_;
+      break;
+  }
+  return allocate_mode_;
+}
+
+bool KubeletEndpoint::Unhold(const void* key) {
+  absl::MutexLock lock(&gate_mu_);
+  return held_.erase(key) > 0;
+}
+
+void KubeletEndpoint::AllocateServed() {
+  absl::MutexLock lock(&gate_mu_);
+  --allocates_in_progress_;
+}
+
+std::string KubeletEndpoint::forwarding_to() {
+  absl::MutexLock lock(&gate_mu_);
+  return forward_socket_;
 }
 
 void KubeletEndpoint::AddStream(StreamHandle* s) {

@@ -12,6 +12,8 @@
 #define DPPROXY_PROXY_KUBELET_KUBELET_ENDPOINT_H_
 
 #include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -24,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/events/event_log.h"
 #include "proxy/util/files.h"
 #include "proxy/config/proxy_config.h"
@@ -84,6 +87,31 @@ class KubeletEndpoint {
   // the journal's writer, and must not block.
   void Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
                const Backend& backend, std::function<void(grpc::Status)> done);
+  // --- Allocates during a handoff (proxy/handoff/handoff.proto) ---
+  // Served here (the default), held (a new dpproxy is taking the state
+  // over), or sent on to the new dpproxy's socket for this resource, which
+  // journals them.
+  //   HoldAllocates()            new Allocates wait; those in progress go on
+  //   WaitForAllocatesServed(t)  true once none is in progress (served here
+  //                              or forwarded; held ones do not count)
+  //   ForwardAllocates(socket)   the held ones and every later one go on to
+  //                              `socket` (a v1beta1 device plugin API)
+  //   ServeAllocates()           back to serving here (a handoff given up)
+  void HoldAllocates();
+  bool WaitForAllocatesServed(absl::Duration timeout);
+  // Returns how many were held.
+  size_t ForwardAllocates(const std::string& socket);
+  void ServeAllocates();
+  // Implementation, for the Allocate reactor. Admit: kServe or kForward
+  // (*forward_to set), counted until AllocateServed(); or kHold (`resume`
+  // runs once the mode changes, unless Unhold(key) took it back first).
+  enum class AllocateMode { kServe, kHold, kForward };
+  AllocateMode AdmitAllocate(const void* key, std::function<void()> resume,
+                             std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to);
+  bool Unhold(const void* key);
+  void AllocateServed();
+  std::string forwarding_to();
+
   EventLog* events() { return events_; }
   Telemetry* telemetry() { return telemetry_; }
   bool stopping() const { return stopping_.load(); }
@@ -122,6 +150,12 @@ class KubeletEndpoint {
   void FinishStreams();
   absl::Mutex streams_mu_;
   std::set<StreamHandle*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  absl::Mutex gate_mu_;
+  AllocateMode allocate_mode_ ABSL_GUARDED_BY(gate_mu_) = AllocateMode::kServe;
+  int allocates_in_progress_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  std::map<const void*, std::function<void()>> held_ ABSL_GUARDED_BY(gate_mu_);
+  std::string forward_socket_ ABSL_GUARDED_BY(gate_mu_);
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_ ABSL_GUARDED_BY(gate_mu_);
   absl::Mutex negotiated_mu_;
   std::string negotiated_ ABSL_GUARDED_BY(negotiated_mu_);
 };

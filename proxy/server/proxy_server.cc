@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "backends/connect.h"
 #include "proxy/config/config_file.h"
@@ -73,8 +74,14 @@ absl::Status ProxyServer::Start() {
     absl::Status s = MakeDirs(config_.state_dir);
     if (s.ok()) s = CheckOwnDirectory(config_.state_dir);
     if (s.ok() && state_lock_.fd < 0) {
-      absl::StatusOr<int> fd = LockFile(JoinPath(config_.state_dir, "lock"),
-                                           config_.state_lock_wait);
+      const std::string lock_path = JoinPath(config_.state_dir, "lock");
+      absl::StatusOr<int> fd = LockFile(
+          lock_path, config_.takeover ? absl::ZeroDuration() : config_.state_lock_wait);
+      if (!fd.ok() && config_.takeover) {
+        // Held: the running dpproxy hands the state over, then unlocks.
+        s = AskPredecessorToRelease();
+        if (s.ok()) fd = LockFile(lock_path, config_.state_lock_wait);
+      }
       if (fd.ok()) {
         state_lock_.fd = *fd;
       } else {
@@ -89,6 +96,30 @@ absl::Status ProxyServer::Start() {
       keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
       keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
       s = RestoreState();
+    }
+    if (s.ok() && !config_.dra.enabled) {
+      // A later dpproxy may take over from this one (--takeover). The name
+      // follows the socket generation: the one of a dpproxy that took over
+      // differs from its predecessor's, which gRPC unlinks when that one
+      // stops.
+      const std::string socket = HandoffSocket(socket_generation_);
+      absl::StatusOr<std::unique_ptr<HandoffServer>> h =
+          ValidateSocketPath(socket).ok()
+              ? HandoffServer::Start(
+                    socket,
+                    {[this](int64_t peer) { return ReleaseForHandoff(peer); },
+                     [this](const std::map<std::string, std::string>& sockets) {
+                       return ForwardForHandoff(sockets);
+                     },
+                     [this] { FinishHandoff(); }})
+              : absl::StatusOr<std::unique_ptr<HandoffServer>>(ValidateSocketPath(socket));
+      if (h.ok()) {
+        handoff_server_ = *std::move(h);
+      } else {
+        LOG(WARNING) << "no handoff socket (a new dpproxy cannot take over from this one "
+                        "without a gap): "
+                     << h.status().message();
+      }
     }
     if (!s.ok()) {
       Shutdown();
@@ -138,6 +169,7 @@ absl::Status ProxyServer::Start() {
   DPP_RETURN_IF_ERROR(watcher_->Start());
   Wake();
   events_.Emit("proxy_started", {});
+  if (predecessor_ != nullptr) takeover_thread_ = std::thread([this] { CompleteTakeover(); });
   return absl::OkStatus();
 }
 
@@ -148,11 +180,13 @@ void ProxyServer::Shutdown() {
     running_ = false;
   }
   LOG(INFO) << "dpproxy shutting down";
+  if (handoff_server_) handoff_server_->Stop();
   if (watcher_) watcher_->Stop();
   {
     absl::MutexLock lock(&wake_mu_);
     stop_ = true;
   }
+  if (takeover_thread_.joinable()) takeover_thread_.join();
   if (housekeeping_.joinable()) housekeeping_.join();
   if (saver_.joinable()) saver_.join();
   if (checkpoint_.joinable()) checkpoint_.join();
@@ -165,6 +199,18 @@ void ProxyServer::Shutdown() {
     absl::MutexLock lock(&mu_);
     entries.swap(entries_);
   }
+  if (released_.load()) {
+    // Handed over: the Allocates forwarded to the new dpproxy get their
+    // answers through before the sockets close (the kubelet has moved to
+    // the new one; a call it sent here just before is still on its way).
+    const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
+    for (auto& [name, e] : entries) {
+      if (!e->endpoint->WaitForAllocatesServed(wait)) {
+        LOG(WARNING) << "resource " << name << ": a forwarded Allocate is still in progress "
+                     << "after " << absl::FormatDuration(wait) << "; stopping anyway";
+      }
+    }
+  }
   // Cancel Register calls in flight, then wait for the workers: their jobs
   // point at the entries.
   for (auto& [name, e] : entries) e->endpoint->Stop();
@@ -174,7 +220,8 @@ void ProxyServer::Shutdown() {
     e->endpoint->Stop();
     e->resource->Shutdown();
   }
-  if (!config_.status_file.empty()) ::unlink(config_.status_file.c_str());
+  // After a handoff the status file is the new dpproxy's.
+  if (!config_.status_file.empty() && !released_.load()) ::unlink(config_.status_file.c_str());
   events_.Emit("proxy_stopped", {});
 }
 
@@ -209,7 +256,9 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
     return keeper != nullptr && keeper->HoldsDevice(name, id);
   };
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
-  e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), config_.kubelet, &losses_,
+  KubeletSideOptions kubelet = config_.kubelet;
+  kubelet.socket_generation = socket_generation_;
+  e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), kubelet, &losses_,
                                                   &events_, keeper_.get(), &telemetry_);
   // As a reload left them.
   e->endpoint->SetCallSettings(live_config_.kubelet.backend_timeout,
@@ -377,6 +426,8 @@ void ProxyServer::SaverLoop() {
       if (stop_) return;
       save_wake_ = false;
     }
+    absl::MutexLock saving(&saver_mu_);
+    if (released_.load()) continue;  // the new dpproxy's to write now
     // Nothing below costs more than O(resources) unless something changed.
     const std::string fingerprint = Fingerprint();
     const bool persisted = PersistResources(fingerprint);
@@ -962,6 +1013,179 @@ void ProxyServer::DraLoop() {
       }
     }
   }
+}
+
+}  // namespace dpproxy
+
+// --- Handoff ---------------------------------------------------------------------
+
+namespace dpproxy {
+
+absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
+  bool expected = false;
+  if (!released_.compare_exchange_strong(expected, true)) {
+    return absl::FailedPreconditionError("this dpproxy already handed its state over");
+  }
+  events_.Emit("handoff_release", {{"peer_pid", peer_pid}});
+  const std::vector<Entry*> entries = Entries();
+  for (Entry* e : entries) e->endpoint->HoldAllocates();
+  // Those in progress reach the journal first (each within its deadline).
+  absl::Duration wait;
+  {
+    absl::MutexLock lock(&mu_);
+    wait = live_config_.kubelet.backend_timeout + absl::Seconds(1);
+  }
+  for (Entry* e : entries) {
+    if (e->endpoint->WaitForAllocatesServed(wait)) continue;
+    for (Entry* u : entries) u->endpoint->ServeAllocates();
+    released_ = false;
+    events_.Emit("handoff_refused", {{"peer_pid", peer_pid}, {"resource", e->resource->name()}});
+    return absl::UnavailableError(absl::StrCat("an Allocate of ", e->resource->name(),
+                                               " was still in progress after ",
+                                               absl::FormatDuration(wait)));
+  }
+  // From here on this dpproxy writes nothing and registers nothing: the
+  // new one does. Its sockets stay served until Finish, with every
+  // Allocate held, then forwarded.
+  registrar_->Hold();
+  for (Entry* e : entries) e->resource->KeepHealthOnLoss();
+  if (reconciler_) reconciler_->Stop();
+  {
+    absl::MutexLock saving(&saver_mu_);
+    persisted_fingerprint_.clear();  // save the newest lists, changed or not
+    (void)PersistResources(Fingerprint());
+  }
+  // The plugins' socket is the new one's to serve (and a server that
+  // stopped later would unlink it under the new one).
+  if (registration_) registration_->Stop();
+  keeper_->HandOver();
+  ::close(state_lock_.fd);
+  state_lock_.fd = -1;
+  LOG(INFO) << "handoff: state directory " << config_.state_dir << " released to pid "
+            << peer_pid << "; the kubelet's Allocates are held until it serves";
+  return socket_generation_;
+}
+
+absl::StatusOr<int64_t> ProxyServer::ForwardForHandoff(
+    const std::map<std::string, std::string>& sockets) {
+  if (!released_.load()) {
+    return absl::FailedPreconditionError("Forward before Release: nothing was handed over");
+  }
+  int64_t held = 0;
+  for (Entry* e : Entries()) {
+    const std::string& name = e->resource->name();
+    auto it = sockets.find(name);
+    if (it == sockets.end()) {
+      // The new dpproxy does not serve it: its Allocates are refused (the
+      // journal is closed), naming the handoff.
+      LOG(WARNING) << "handoff: the new dpproxy does not serve " << name;
+      e->endpoint->ServeAllocates();
+      continue;
+    }
+    held += static_cast<int64_t>(e->endpoint->ForwardAllocates(it->second));
+  }
+  events_.Emit("handoff_forward", {{"resources", sockets.size()}, {"held", held}});
+  return held;
+}
+
+void ProxyServer::FinishHandoff() {
+  handed_over_ = true;
+  LOG(INFO) << "handoff: the new dpproxy is registered for every resource; stopping";
+  events_.Emit("handed_over", {});
+  if (handed_over_hook_) handed_over_hook_();
+}
+
+std::string ProxyServer::HandoffSocket(int generation) const {
+  return JoinPath(config_.state_dir, absl::StrCat("handoff.", generation, ".sock"));
+}
+
+absl::Status ProxyServer::AskPredecessorToRelease() {
+  // The running dpproxy serves one of the two names; a stale socket left by
+  // one that crashed refuses the connection at once.
+  std::unique_ptr<HandoffClient> client;
+  absl::StatusOr<HandoffClient::Released> r =
+      absl::NotFoundError(absl::StrCat("no handoff socket in ", config_.state_dir));
+  std::vector<std::string> tried;
+  for (int generation : {0, 1}) {
+    const std::string socket = HandoffSocket(generation);
+    if (!PathExists(socket)) continue;
+    client = std::make_unique<HandoffClient>(socket);
+    // Its Allocates in progress finish first, each within the backend
+    // timeout.
+    r = client->Release(config_.kubelet.backend_timeout + absl::Seconds(10));
+    if (r.ok()) break;
+    tried.push_back(std::string(r.status().message()));
+  }
+  if (!r.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "another dpproxy holds ", config_.state_dir, " and did not hand it over (--takeover): ",
+        tried.empty() ? std::string(r.status().message()) : absl::StrJoin(tried, "; ")));
+  }
+  socket_generation_ = r->socket_generation == 0 ? 1 : 0;
+  LOG(INFO) << "takeover: dpproxy " << r->version << " (pid " << r->pid
+            << ") released the state directory; serving the kubelet on socket generation "
+            << socket_generation_;
+  events_.Emit("takeover_released", {{"peer_pid", r->pid}, {"peer_version", r->version}});
+  predecessor_ = std::move(client);
+  return absl::OkStatus();
+}
+
+// Checked at each registration's end (it wakes housekeeping) and at least
+// every 10 ms, for at most `timeout`; false if stopping or out of time.
+bool ProxyServer::WaitForEveryResource(const std::function<bool(Entry*)>& done,
+                                       absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    bool all = true;
+    for (Entry* e : Entries()) all = all && done(e);
+    if (all) return true;
+    {
+      absl::MutexLock lock(&wake_mu_);
+      if (stop_) return false;
+    }
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+void ProxyServer::CompleteTakeover() {
+  // The predecessor forwards to sockets that listen: housekeeping serves
+  // them right after Start.
+  if (!WaitForEveryResource([](Entry* e) { return e->endpoint->SocketPresent(); },
+                            absl::Seconds(10))) {
+    LOG(WARNING) << "takeover: a kubelet-facing socket is not served yet; forwarding anyway";
+  }
+  std::map<std::string, std::string> sockets;
+  for (Entry* e : Entries()) sockets[e->resource->name()] = e->endpoint->socket_path();
+  absl::StatusOr<int64_t> held = predecessor_->Forward(sockets, absl::Seconds(10));
+  if (!held.ok()) {
+    LOG(ERROR) << "takeover: " << held.status().message();
+    events_.Emit("takeover_failed", {{"error", std::string(held.status().message())}});
+    takeover_done_.Notify();
+    return;
+  }
+  // Registered for every resource (the kubelet dials back and lists before
+  // a 1.25+ kubelet answers), then the predecessor may go.
+  const bool registered = WaitForEveryResource(
+      [this](Entry*) {
+        for (const HealthCheck& c : registrar_->RegistrationChecks()) {
+          if (!c.ok) return false;
+        }
+        return true;
+      },
+      absl::Minutes(1));
+  if (!registered) {
+    LOG(WARNING) << "takeover: not registered for every resource within a minute; the "
+                    "predecessor is told to finish anyway";
+  }
+  absl::Status f = predecessor_->Finish(absl::Seconds(10));
+  if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();
+  events_.Emit("takeover_complete", {{"held", *held}, {"registered", registered}});
+  takeover_done_.Notify();
+}
+
+bool ProxyServer::WaitForTakeover(absl::Duration timeout) {
+  return takeover_done_.WaitForNotificationWithTimeout(timeout);
 }
 
 }  // namespace dpproxy

@@ -23,6 +23,7 @@
 #define DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/registration_server.h"
@@ -44,6 +46,7 @@
 #include "proxy/events/telemetry.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/server/reconciler.h"
+#include "proxy/handoff/handoff.h"
 #include "proxy/server/registrar.h"
 #include "proxy/server/status_model.h"
 #include "proxy/state/state_keeper.h"
@@ -121,6 +124,19 @@ class ProxyServer {
   };
   ReloadResult Reload(const ProxyConfig& next) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // --- Handoff between two dpproxy processes (proxy/handoff/handoff.proto)
+  // With a state directory, dpproxy serves <state_dir>/handoff.sock; one
+  // started with takeover calls it instead of waiting for the lock. Called
+  // once this dpproxy has handed everything over (the new one is
+  // registered): the caller stops it. Set before Start().
+  void SetHandedOverHook(std::function<void()> hook) { handed_over_hook_ = std::move(hook); }
+  bool handed_over() const { return handed_over_.load(); }
+  // The kubelet-facing socket generation (KubeletSideOptions): the other
+  // one than the predecessor's after a takeover.
+  int socket_generation() const { return socket_generation_; }
+  // Takeover side: whether the predecessor was told to finish (tests).
+  bool WaitForTakeover(absl::Duration timeout);
+
  private:
   struct Entry {
     std::unique_ptr<Resource> resource;
@@ -162,8 +178,24 @@ class ProxyServer {
   // change counters and the few small values that have none.
   std::string Fingerprint();
   // Each returns true if it did the work (something changed).
-  bool PersistResources(const std::string& fingerprint);
-  bool WriteStatusIfChanged(const std::string& fingerprint);
+  bool PersistResources(const std::string& fingerprint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(saver_mu_);
+  bool WriteStatusIfChanged(const std::string& fingerprint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(saver_mu_);
+  // The handoff, running side: hold Allocates, let those in progress
+  // finish, save, close the journal, unlock (returns the socket
+  // generation); forward the kubelet's Allocates to the new one's sockets;
+  // done.
+  absl::StatusOr<int> ReleaseForHandoff(int64_t peer_pid);
+  absl::StatusOr<int64_t> ForwardForHandoff(const std::map<std::string, std::string>& sockets);
+  void FinishHandoff();
+  // The taking-over side: asks the running dpproxy to release (in Start,
+  // before the lock); then, once this one serves, has it forward, waits
+  // for every resource to be registered, and has it finish.
+  absl::Status AskPredecessorToRelease();
+  // <state_dir>/handoff.<generation>.sock
+  std::string HandoffSocket(int generation) const;
+  void CompleteTakeover();
+  bool WaitForEveryResource(const std::function<bool(Entry*)>& done, absl::Duration timeout);
 
   const ProxyConfig config_;
   // config_ with what reloads applied: what the next reload compares with,
@@ -217,9 +249,22 @@ class ProxyServer {
   absl::Time next_retry_ = absl::InfiniteFuture();
   std::function<void()> housekeeping_hook_;  // set before Start()
   uint64_t applied_quarantine_ = 0;
-  // Saver thread only: what was last saved and written.
-  std::string persisted_fingerprint_;
-  std::string written_fingerprint_;
+  // The saver's pass, and a handoff's last save: what was last saved and
+  // written.
+  absl::Mutex saver_mu_;
+  std::string persisted_fingerprint_ ABSL_GUARDED_BY(saver_mu_);
+  std::string written_fingerprint_ ABSL_GUARDED_BY(saver_mu_);
+
+  // Handoff.
+  std::unique_ptr<HandoffServer> handoff_server_;
+  std::unique_ptr<HandoffClient> predecessor_;  // after a takeover's Release
+  std::thread takeover_thread_;
+  absl::Notification takeover_done_;
+  int socket_generation_ = 0;  // set before the first entry
+  // Released to a new dpproxy: nothing more is saved or written.
+  std::atomic<bool> released_{false};
+  std::atomic<bool> handed_over_{false};
+  std::function<void()> handed_over_hook_;  // set before Start()
 
   std::atomic<int64_t> status_builds_{0};
   std::atomic<int64_t> housekeeping_passes_{0};

@@ -71,7 +71,7 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
     uint64_t served;
     {
       absl::MutexLock lock(&mu_);
-      if (e->registering) continue;
+      if (held_ || e->registering) continue;
       served = e->served;
       if (e->registered_with == kubelet) {
         if (e->registered_options == options) continue;

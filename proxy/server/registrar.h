@@ -68,6 +68,13 @@ class Registrar {
   // One caller thread.
   PassResult Pass(absl::Time now);
 
+  // Registers nothing more (sockets are still served again): this dpproxy
+  // handed its resources over to a new one, whose registrations must win.
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+  }
+
   // One readiness check per resource, "registered:NAME": registered with
   // the kubelet listening now (at today's kubelet.sock; through the plugin
   // watcher, once the kubelet has called back), else why not. Any thread.
@@ -102,6 +109,7 @@ class Registrar {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
   absl::Time next_retry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
   // Pass() only.
   std::optional<FileId> last_kubelet_;
 };

@@ -191,8 +191,11 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
   st->set_next_allocation_id(max_id);
 }
 
-JournalFile::~JournalFile() {
+JournalFile::~JournalFile() { Close(); }
+
+void JournalFile::Close() {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 absl::StatusOr<JournalFile::Replay> JournalFile::Open() {

@@ -106,6 +106,9 @@ class JournalFile {
   // Empties the journal (after its records went into a saved snapshot).
   absl::Status Reset();
 
+  // Closes the file (every record is already synced); appends fail after.
+  void Close();
+
   size_t records() const { return records_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }

@@ -49,6 +49,13 @@ StateKeeper::~StateKeeper() {
   compactor_.join();
 }
 
+namespace {
+absl::Status HandedOverError() {
+  return absl::FailedPreconditionError(
+      "the state directory was handed over to a new dpproxy; this one writes nothing more");
+}
+}  // namespace
+
 void StateKeeper::CompactLoop() {
   for (;;) {
     {
@@ -86,6 +93,22 @@ bool StateKeeper::WaitForQueued(size_t n, absl::Duration timeout) {
           },
           &want),
       timeout);
+}
+
+void StateKeeper::HandOver() {
+  absl::MutexLock save(&save_mu_);  // after any compaction or save
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
+        return !k->journal_busy_ && k->queue_.empty();
+      },
+      this));
+  handed_over_ = true;
+  journal_ok_ = false;
+  compact_wanted_ = false;
+  journal_.Close();
+  LOG(INFO) << "state handed over: journal " << journal_.path() << " closed; nothing more is "
+            << "written to " << store_.path();
 }
 
 void StateKeeper::WaitForCompaction() {
@@ -221,6 +244,7 @@ std::string StateKeeper::last_write_error() {
 }
 
 absl::Status StateKeeper::SaveLocked() {
+  if (handed_over_) return HandedOverError();
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
   // Encoded under mu_ (one buffer, no copy of the message graph); written
   // without it, so Records go on meanwhile. The snapshot covers the journal
@@ -314,6 +338,7 @@ absl::Status StateKeeper::Record(const std::string& resource,
 
 absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
                                                 const v1beta1::AllocateRequest& req) {
+  if (handed_over_) return HandedOverError();
   if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
   // A pod the kubelet lost track of may still hold these devices.
   for (const auto& c : req.container_requests()) {

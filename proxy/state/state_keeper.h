@@ -168,6 +168,17 @@ class StateKeeper : public AllocationJournal {
   int64_t snapshot_bytes() const { return snapshot_bytes_.load(); }
   int64_t journal_records() const { return journal_records_.load(); }
   int64_t compactions() const { return compactions_.load(); }
+  // Stops writing for good, for a new dpproxy that takes the state
+  // directory over (proxy/handoff): waits for a compaction or save in
+  // progress and for every queued record to be written, then closes the
+  // journal. Everything is on disk when it returns; every later write (a
+  // Record, a save) fails with kFailedPrecondition naming the handoff.
+  void HandOver();
+  bool handed_over() {
+    absl::MutexLock lock(&mu_);
+    return handed_over_;
+  }
+
   // Waits until no compaction is wanted or running (tests, shutdown).
   void WaitForCompaction();
 
@@ -264,6 +275,7 @@ class StateKeeper : public AllocationJournal {
   bool compact_wanted_ ABSL_GUARDED_BY(mu_) = false;
   bool compacting_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool handed_over_ ABSL_GUARDED_BY(mu_) = false;
   std::thread compactor_;
   std::function<void(const char*)> test_hook_;
 };

@@ -73,6 +73,27 @@ class ProxyHarness {
   }
   void StopProxy() { proxy_->Shutdown(); }
 
+  // A new dpproxy on the same directories takes over from the running one
+  // (--takeover), and the old one stops once it has handed over, as its
+  // main does: an upgrade beside the running one. The new one's Start()
+  // returns after the old one released the state; the old one is told to
+  // finish once the new one is registered.
+  absl::Status TakeOver() {
+    ProxyConfig c = config_;
+    c.takeover = true;
+    auto next = std::make_unique<ProxyServer>(c);
+    if (absl::Status s = next->Start(); !s.ok()) return s;
+    if (!next->WaitForTakeover(kWait)) {
+      return absl::DeadlineExceededError("the takeover did not complete");
+    }
+    if (!proxy_->handed_over()) {
+      return absl::InternalError("the takeover completed, the old dpproxy never finished");
+    }
+    proxy_->Shutdown();
+    proxy_ = std::move(next);
+    return absl::OkStatus();
+  }
+
   sample::SamplePluginOptions PluginOptions(ApiVersion api) const {
     sample::SamplePluginOptions o;
     o.api = api;

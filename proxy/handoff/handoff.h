@@ -1,0 +1,88 @@
+// File: handoff.h
+//
+// Two dpproxy processes hand one state directory over (handoff.proto): the
+// running one serves HandoffServer on <state_dir>/handoff.<G>.sock, a new one
+// started with --takeover calls it with HandoffClient. What each step does
+// to the proxy is the proxy's (ProxyServer's hooks); this is the wire.
+//
+//   // The running dpproxy:
+//   auto server = HandoffServer::Start(JoinPath(state_dir, "handoff.0.sock"),
+//                                      {release, forward, finish});
+//   // The new one:
+//   HandoffClient old(JoinPath(state_dir, "handoff.0.sock"));
+//   absl::StatusOr<HandoffClient::Released> r = old.Release(absl::Seconds(40));
+//   ... take the lock, load, serve ...
+//   old.Forward({{"vendor.com/gpu", "/var/lib/kubelet/device-plugins/dpproxy-vendor.com_gpu.1.sock"}});
+//   ... registered ...
+//   old.Finish();
+#ifndef DPPROXY_PROXY_HANDOFF_HANDOFF_H_
+#define DPPROXY_PROXY_HANDOFF_HANDOFF_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proxy/handoff/handoff.grpc.pb.h"
+
+namespace dpproxy {
+
+class HandoffServer {
+ public:
+  struct Hooks {
+    // Hold new Allocates, finish those in progress, save, close the
+    // journal, unlock the state directory. Returns the socket generation
+    // served to the kubelet. An error keeps (or puts back) everything as
+    // it was.
+    std::function<absl::StatusOr<int>(int64_t peer_pid)> release;
+    // Send the held and later Allocates on to these sockets (resource ->
+    // socket). Returns how many were held.
+    std::function<absl::StatusOr<int64_t>(const std::map<std::string, std::string>&)> forward;
+    // The new dpproxy is registered: stop. Must return at once (the answer
+    // goes out first).
+    std::function<void()> finish;
+  };
+
+  // Serves `socket` (mode 0600; a stale file there is replaced).
+  static absl::StatusOr<std::unique_ptr<HandoffServer>> Start(const std::string& socket,
+                                                              Hooks hooks);
+  ~HandoffServer();
+  void Stop();
+
+ private:
+  class Service;
+  HandoffServer() = default;
+  std::string socket_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+class HandoffClient {
+ public:
+  explicit HandoffClient(const std::string& socket);
+
+  struct Released {
+    int socket_generation = 0;
+    int64_t pid = 0;
+    std::string version;
+  };
+  // kUnavailable if no dpproxy answers on the socket.
+  absl::StatusOr<Released> Release(absl::Duration timeout);
+  absl::StatusOr<int64_t> Forward(const std::map<std::string, std::string>& sockets,
+                                  absl::Duration timeout);
+  absl::Status Finish(absl::Duration timeout);
+
+ private:
+  const std::string socket_;
+  std::unique_ptr<handoff::v1::Handoff::Stub> stub_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_HANDOFF_HANDOFF_H_

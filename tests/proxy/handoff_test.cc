@@ -1,0 +1,144 @@
+// A dpproxy upgraded beside the running one (--takeover): the state is
+// handed over, the kubelet's Allocates go on throughout, and the kubelet's
+// view of the devices never has a gap (issue 10).
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "tests/proxy/proxy_harness.h"
+#include "tests/testing/sim_helpers.h"
+
+namespace dpproxy {
+namespace {
+
+using sim::Personality;
+using testing::kWait;
+using testing::ProxyHarness;
+
+const char kGpu[] = "vendor.com/gpu";
+
+// Pods admitted one after another (each takes a device, and is deleted
+// once admitted) until stopped: the Allocates a kubelet sends while
+// dpproxy is being upgraded.
+class PodStream {
+ public:
+  explicit PodStream(sim::KubeletSim* sim) : sim_(sim) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~PodStream() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Waits until `n` more pods were admitted than when it was called.
+  bool WaitForMore(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    const int want = admitted_ + n;
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return admitted_ >= want; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+  int admitted() {
+    absl::MutexLock lock(&mu_);
+    return admitted_;
+  }
+  std::vector<std::string> failures() {
+    absl::MutexLock lock(&mu_);
+    return failures_;
+  }
+
+ private:
+  void Run() {
+    for (int i = 0; !stop_; ++i) {
+      absl::StatusOr<sim::AllocateResponse> r =
+          sim_->Allocate(testing::PodRequest(absl::StrCat("pod-", i), {{"main", 1}}, kGpu));
+      absl::MutexLock lock(&mu_);
+      if (!r.ok()) {
+        failures_.push_back(absl::StrCat("pod-", i, ": ", r.status().message()));
+        continue;
+      }
+      ++admitted_;
+      mu_.Unlock();
+      (void)sim_->DeletePod(r->pod_uid());
+      mu_.Lock();
+    }
+  }
+
+  sim::KubeletSim* const sim_;
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  int admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Every moment the kubelet saw fewer than all four devices allocatable, or
+// lost the plugin, from the events of the kubelet simulator since `from`.
+std::vector<std::string> Gaps(sim::KubeletSim& sim, size_t from) {
+  std::vector<std::string> gaps;
+  const auto events = sim.events().Since(from);
+  for (const auto& e : events) {
+    const std::string kind = e.value("event", "");
+    if (e.value("resource", "") != kGpu) continue;
+    if (kind == "plugin_lost") gaps.push_back(absl::StrCat("plugin lost: ", e.dump()));
+    if (kind == "devices" && e.value("allocatable", 0) < 4) {
+      gaps.push_back(absl::StrCat("allocatable ", e.value("allocatable", 0)));
+    }
+  }
+  return gaps;
+}
+
+class HandoffTest : public ::testing::TestWithParam<const char*> {};
+
+// 20 upgrades in a row under a stream of pods: no Allocate fails, the
+// kubelet never sees a device go (no plugin loss, allocatable never below
+// four), and every allocation is in the journal of the last dpproxy.
+TEST_P(HandoffTest, TwentyUpgradesUnderAStreamOfPods) {
+  const std::string kubelet = GetParam();
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
+    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(
+        kubelet == "1.31-per-socket" ? "1.31" : kubelet);
+    ASSERT_TRUE(v.ok());
+    v->per_socket_clients = kubelet == "1.31-per-socket";
+    so.kubelet = *v;
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const size_t from = h.sim().events().Size();
+  PodStream pods(&h.sim());
+  ASSERT_TRUE(pods.WaitForMore(5, kWait));
+  std::set<int> generations;
+  for (int i = 0; i < 20; ++i) {
+    absl::Status took = h.TakeOver();
+    ASSERT_TRUE(took.ok()) << "handoff " << i + 1 << ": " << took.message();
+    generations.insert(h.proxy().socket_generation());
+    // Pods go on through the new dpproxy before the next upgrade.
+    ASSERT_TRUE(pods.WaitForMore(3, kWait)) << "handoff " << i + 1;
+  }
+  pods.Stop();
+  EXPECT_THAT(pods.failures(), ::testing::IsEmpty());
+  EXPECT_THAT(Gaps(h.sim(), from), ::testing::IsEmpty());
+  EXPECT_EQ(generations, (std::set<int>{0, 1}));  // the sockets alternate
+  // Nothing lost: the last dpproxy's journal holds every allocation made
+  // (the pods were deleted; reconciliation has not run yet).
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), pods.admitted());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kubelets, HandoffTest,
+                         ::testing::Values("1.24", "1.31-per-socket"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = (c == '.' || c == '-') ? '_' : c;
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace dpproxy

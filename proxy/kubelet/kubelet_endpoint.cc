@@ -164,7 +164,7 @@ class ListAndWatchStream final : public NewestWriter<Msg>, public KubeletEndpoin
   }
   void OnFinished() override {
     e_->resource()->RemoveWatcher(watcher_);  // no Publish runs after this
-    e_->RemoveStream(this);
+    e_->RemoveStream(this, this->ended_by_client());
   }
 
   KubeletEndpoint* const e_;
@@ -842,14 +842,24 @@ std::string KubeletEndpoint::forwarding_to() {
   return forward_socket_;
 }
 
+bool KubeletEndpoint::kubelet_streaming() {
+  absl::MutexLock lock(&streams_mu_);
+  return !streams_.empty();
+}
+
 void KubeletEndpoint::AddStream(StreamHandle* s) {
   absl::MutexLock lock(&streams_mu_);
   streams_.insert(s);
 }
 
-void KubeletEndpoint::RemoveStream(StreamHandle* s) {
-  absl::MutexLock lock(&streams_mu_);
-  streams_.erase(s);
+void KubeletEndpoint::RemoveStream(StreamHandle* s, bool by_kubelet) {
+  bool dropped;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    streams_.erase(s);
+    dropped = by_kubelet && streams_.empty() && !stopping_.load();
+  }
+  if (dropped && stream_dropped_) stream_dropped_();
 }
 
 void KubeletEndpoint::FinishStreams() {

@@ -122,8 +122,19 @@ class KubeletEndpoint {
     virtual ~StreamHandle() = default;
     virtual void FinishNow() = 0;
   };
+  // Whether the kubelet has a ListAndWatch stream open here: it uses this
+  // endpoint (a kubelet opens it once the endpoint is its current one).
+  bool kubelet_streaming();
   void AddStream(StreamHandle* s);
-  void RemoveStream(StreamHandle* s);
+  // `by_kubelet`: the kubelet ended the stream (it went away, or dropped
+  // this endpoint), not dpproxy.
+  void RemoveStream(StreamHandle* s, bool by_kubelet);
+  // Called (on a gRPC thread, no lock held) when the kubelet ends the last
+  // ListAndWatch stream here while dpproxy is not stopping: it restarted,
+  // or it dropped this endpoint (1.25-1.36 disconnect a resource's client
+  // by name when a replaced client of it ends, kubernetes#121994). Set
+  // before Serve().
+  void SetStreamDroppedHook(std::function<void()> hook) { stream_dropped_ = std::move(hook); }
   void SetNegotiated(const std::string& v);
   void NoteLoss(const Loss& loss);
 
@@ -150,6 +161,7 @@ class KubeletEndpoint {
   void FinishStreams();
   absl::Mutex streams_mu_;
   std::set<StreamHandle*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  std::function<void()> stream_dropped_;
   absl::Mutex gate_mu_;
   AllocateMode allocate_mode_ ABSL_GUARDED_BY(gate_mu_) = AllocateMode::kServe;
   int allocates_in_progress_ ABSL_GUARDED_BY(gate_mu_) = 0;

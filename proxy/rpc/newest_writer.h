@@ -59,11 +59,17 @@ class NewestWriter : public grpc::ServerWriteReactor<Msg> {
       absl::MutexLock lock(&mu_);
       writing_ = false;
       in_flight_.reset();
-      if (!ok) finishing_ = true;  // the client is gone
+      if (!ok) finishing_ = ended_by_client_ = true;  // the client is gone
     }
     Next();
   }
-  void OnCancel() override { FinishNow(); }
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      ended_by_client_ = true;
+    }
+    FinishNow();
+  }
   void OnDone() override {
     OnFinished();
     delete this;
@@ -73,6 +79,12 @@ class NewestWriter : public grpc::ServerWriteReactor<Msg> {
   // After the last callback: unregister from whatever publishes (no
   // Publish may run once this returns).
   virtual void OnFinished() = 0;
+  // Whether the stream ended because the client went away or cancelled it
+  // (not by FinishNow()). For OnFinished().
+  bool ended_by_client() {
+    absl::MutexLock lock(&mu_);
+    return ended_by_client_;
+  }
 
  private:
   // Starts the next write or the finish, if one is due. gRPC is called
@@ -106,6 +118,7 @@ class NewestWriter : public grpc::ServerWriteReactor<Msg> {
   }
 
   absl::Mutex mu_;
+  bool ended_by_client_ ABSL_GUARDED_BY(mu_) = false;
   Make latest_ ABSL_GUARDED_BY(mu_);
   uint64_t latest_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_version_ ABSL_GUARDED_BY(mu_) = 0;

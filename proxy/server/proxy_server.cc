@@ -20,6 +20,11 @@
 #include "proxy/util/status_macros.h"
 
 namespace dpproxy {
+
+// After a handoff, how long a call the kubelet chose this dpproxy for just
+// before it moved to the new one may take to arrive: the kubelet picks the
+// endpoint and sends at once, so a few milliseconds, with room to spare.
+constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
 namespace {
 
 // Registrations and static connects in parallel; a fixed number, whatever
@@ -200,9 +205,18 @@ void ProxyServer::Shutdown() {
     entries.swap(entries_);
   }
   if (released_.load()) {
-    // Handed over: the Allocates forwarded to the new dpproxy get their
-    // answers through before the sockets close (the kubelet has moved to
-    // the new one; a call it sent here just before is still on its way).
+    // Handed over, and the kubelet has moved to the new dpproxy. A call it
+    // sent here just before may still be on its way: wait until the
+    // kubelet ends its streams here (1.9 stops a replaced endpoint; later
+    // kubelets keep it until the plugin ends it, so at most
+    // kHandoffQuiet), then until the Allocates forwarded to the new
+    // dpproxy have their answers, and only then close the sockets.
+    const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
+    for (auto& [name, e] : entries) {
+      while (e->endpoint->kubelet_streaming() && absl::Now() < quiet_by) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
     const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
     for (auto& [name, e] : entries) {
       if (!e->endpoint->WaitForAllocatesServed(wait)) {
@@ -1164,10 +1178,13 @@ void ProxyServer::CompleteTakeover() {
     takeover_done_.Notify();
     return;
   }
-  // Registered for every resource (the kubelet dials back and lists before
-  // a 1.25+ kubelet answers), then the predecessor may go.
+  // Registered for every resource, and the kubelet streaming from this
+  // one: it opens ListAndWatch once the new endpoint is its current one (a
+  // 1.10-1.24 kubelet answers Register before it dials), so from then on
+  // its Allocates come here. Then the predecessor may go.
   const bool registered = WaitForEveryResource(
-      [this](Entry*) {
+      [this](Entry* e) {
+        if (!e->endpoint->kubelet_streaming()) return false;
         for (const HealthCheck& c : registrar_->RegistrationChecks()) {
           if (!c.ok) return false;
         }

@@ -16,8 +16,33 @@ void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
   auto slot = std::make_unique<Slot>();
   slot->resource = resource;
   slot->endpoint = endpoint;
+  Slot* raw = slot.get();
+  endpoint->SetStreamDroppedHook([this, raw] { OnStreamDropped(raw); });
   absl::MutexLock lock(&mu_);
   slots_.push_back(std::move(slot));
+}
+
+void Registrar::OnStreamDropped(Slot* e) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (held_ || !e->registered_with.has_value()) return;
+    // The kubelet no longer streams from this endpoint: whatever the cause
+    // (a restart is also seen by its new socket), register again. At once
+    // the first time; a kubelet that keeps dropping it (another plugin
+    // registering the same name) is answered with the usual backoff.
+    const absl::Time now = absl::Now();
+    if (now - e->last_drop < absl::Seconds(10)) {
+      e->backoff = std::min(absl::Seconds(5), std::max(absl::Milliseconds(100), e->backoff * 2));
+    } else {
+      e->backoff = absl::ZeroDuration();
+    }
+    e->last_drop = now;
+    e->dropped = true;
+    e->retry_at = now + e->backoff;
+    LOG(INFO) << "resource " << e->resource->name() << ": the kubelet ended its stream";
+    events_->Emit("kubelet_stream_dropped", {{"resource", e->resource->name()}});
+  }
+  wake_();
 }
 
 void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
@@ -44,6 +69,7 @@ void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
     absl::MutexLock lock(&mu_);
     ++e->served;
     e->registered_with.reset();
+    e->dropped = false;
     e->backoff = absl::ZeroDuration();
     e->retry_at = absl::InfinitePast();
   }
@@ -66,16 +92,43 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
   if (kubelet_.registration == KubeletRegistration::kPluginWatcher || !kubelet.has_value()) {
     return result;  // the kubelet comes to us, or is not there yet (the watcher wakes us)
   }
+  // Whether the kubelet listens at its socket: asked (once a pass) only
+  // for a resource whose stream the kubelet ended. A kubelet going down
+  // ends every stream too; its restart is then seen by its new socket.
+  std::optional<bool> listening;
   for (Slot* e : slots) {
     std::string options = e->resource->options().SerializeAsString();
     uint64_t served;
+    bool dropped_by_live_kubelet = false;
     {
       absl::MutexLock lock(&mu_);
+      if (result.kubelet_restarted.has_value()) {
+        // A new kubelet: no backoff left from the old one's drops.
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::InfinitePast();
+        e->dropped = false;
+      }
+      if (e->dropped && e->registered_with == kubelet && !held_ && !e->registering) {
+        if (!listening.has_value()) {
+          mu_.Unlock();
+          listening = SocketAccepts(KubeletSocketPath(kubelet_));
+          mu_.Lock();
+        }
+        if (!*listening) continue;
+        dropped_by_live_kubelet = true;
+      }
       if (held_ || e->registering) continue;
       served = e->served;
-      if (e->registered_with == kubelet) {
+      if (e->registered_with == kubelet && !e->dropped) {
         if (e->registered_options == options) continue;
         LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+      } else if (e->registered_with == kubelet) {
+        // Dropped by this kubelet, which still runs (OnStreamDropped): it
+        // disconnected this resource's client.
+        if (dropped_by_live_kubelet && now >= e->retry_at) {
+          LOG(INFO) << "resource " << e->resource->name()
+                    << ": the running kubelet dropped our endpoint; registering again";
+        }
       } else if (e->registered_with.has_value()) {
         LOG(INFO) << "resource " << e->resource->name()
                   << ": kubelet restart detected (new kubelet.sock); registering again";
@@ -131,6 +184,7 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
         telemetry_->ObserveRegistration(e->resource->name(), absl::Now() - kubelet_start);
       }
       e->registered_with = kubelet;
+      e->dropped = false;
       e->registered_options = std::move(options);
       e->backoff = absl::ZeroDuration();
       e->retry_at = absl::InfinitePast();
@@ -173,8 +227,10 @@ std::vector<HealthCheck> Registrar::RegistrationChecks() {
       c.ok = !e->endpoint->negotiated().empty();
       if (!c.ok) c.reason = "the kubelet's plugin watcher has not called back yet";
     } else {
-      c.ok = kubelet.has_value() && e->registered_with == kubelet;
+      c.ok = kubelet.has_value() && e->registered_with == kubelet && !e->dropped;
       if (c.ok) {
+      } else if (e->registered_with == kubelet && kubelet.has_value()) {
+        c.reason = "the kubelet ended its stream; registering again";
       } else if (!kubelet.has_value()) {
         c.reason = absl::StrCat("no kubelet socket at ", KubeletSocketPath(kubelet_));
       } else if (e->registering) {

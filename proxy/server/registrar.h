@@ -94,7 +94,13 @@ class Registrar {
     // After a failed Register: not before retry_at, then backoff doubles.
     absl::Time retry_at = absl::InfinitePast();
     absl::Duration backoff = absl::ZeroDuration();
+    // The kubelet ended our last stream while registered with it: register
+    // again (OnStreamDropped).
+    bool dropped = false;
+    absl::Time last_drop = absl::InfinitePast();
   };
+
+  void OnStreamDropped(Slot* slot);
 
   void ServeRemoved(const std::vector<Slot*>& slots);
   void RegisterOnWorker(Slot* slot, FileId kubelet, std::string options, uint64_t served);

@@ -132,6 +132,55 @@ TEST_P(HandoffTest, TwentyUpgradesUnderAStreamOfPods) {
   EXPECT_EQ(h.proxy().state()->AllocationCount(), pods.admitted());
 }
 
+// 1.25-1.36 without per-socket clients: when the old dpproxy's stream
+// ends, the kubelet disconnects the resource's client by name, which is the
+// new one's (kubernetes#121994). The new dpproxy registers again at once:
+// each handoff costs one re-registration, the kubelet's own doing, and no
+// Allocate fails.
+TEST(HandoffByNameTest, TheNewDpproxyRegistersAgainWhenAKubeletTearsItDownByName) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
+    so.kubelet = *sim::ParseKubeletVersion("1.31");
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  PodStream pods(&h.sim());
+  ASSERT_TRUE(pods.WaitForMore(5, kWait));
+  for (int i = 0; i < 5; ++i) {
+    const size_t from = h.sim().events().Size();
+    absl::Status took = h.TakeOver();
+    ASSERT_TRUE(took.ok()) << "handoff " << i + 1 << ": " << took.message();
+    // The old one's end tore the new one down by name ...
+    ASSERT_TRUE(h.sim()
+                    .events()
+                    .WaitForEvent("replaced_client_ended",
+                                  {{"outcome", "disconnected the resource's client by name"}},
+                                  kWait, from)
+                    .has_value());
+    // ... and the new one is registered again, all four devices back.
+    ASSERT_TRUE(h.proxy()
+                    .events()
+                    .WaitForEvent("kubelet_stream_dropped", {{"resource", kGpu}}, kWait)
+                    .has_value());
+    ASSERT_TRUE(h.WaitFor([&] {
+      for (const HealthCheck& c : h.proxy().Readiness()) {
+        if (!c.ok) return false;
+      }
+      return h.sim().WaitForResource(kGpu, 4, absl::ZeroDuration());
+    })) << "handoff " << i + 1;
+    ASSERT_TRUE(pods.WaitForMore(3, kWait)) << "handoff " << i + 1;
+  }
+  pods.Stop();
+  // Pods admitted in the gap the kubelet made fail by the kubelet's own
+  // rules (its client stopped, no healthy devices), never in dpproxy.
+  for (const std::string& f : pods.failures()) {
+    EXPECT_THAT(f, ::testing::AnyOf(::testing::HasSubstr("no healthy devices"),
+                                    ::testing::HasSubstr("has been stopped")));
+  }
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), pods.admitted());
+}
+
 INSTANTIATE_TEST_SUITE_P(Kubelets, HandoffTest,
                          ::testing::Values("1.24", "1.31-per-socket"),
                          [](const ::testing::TestParamInfo<const char*>& info) {

@@ -720,9 +720,12 @@ void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
                           client->via, client->options, client->generation);
   auto it = clients_.find(client->resource);
   if (it != clients_.end() && it->second != client) {
-    // 1.25-1.36 leave the replaced client running (kubernetes#124716)
-    // until its plugin ends the stream; earlier releases stop it.
-    const bool keep_old = kubelet_.TearsDownByName();
+    // 1.9 stops the replaced endpoint. From 1.10 the new one simply takes
+    // the resource's place and the old one runs until its plugin ends the
+    // stream (1.10-1.24: its end is ignored, as it is no longer current;
+    // 1.25-1.36 keep the client too, kubernetes#124716, and its end tears
+    // down the resource's client by name). protocol-facts.md 3.2.
+    const bool keep_old = kubelet_.minor >= 10;
     events_.Emit("endpoint_replaced", {{"resource", client->resource},
                                        {"old_endpoint", it->second->socket_path},
                                        {"new_endpoint", client->socket_path},
@@ -943,7 +946,7 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
                                              {"endpoint", client->socket_path},
                                              {"outcome", outcome}});
     };
-    if (!kubelet_.TearsDownByName()) return ended("ignored");  // stopped when replaced
+    if (!kubelet_.TearsDownByName()) return ended("ignored");  // no longer current
     // #135437: the ended client's socket names what to disconnect.
     if (kubelet_.per_socket_clients && it->second->socket_path != client->socket_path) {
       return ended("ignored (another socket)");

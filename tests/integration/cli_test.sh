@@ -297,5 +297,39 @@ expect_contains "the reload names the change" "$(grep config_reloaded "$R3/event
 kill -TERM "$PROXY4"; wait "$PROXY4"; rc=$?
 [[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM after reloads" || fail "dpproxy exit $rc after reloads"
 
+# --takeover: a new dpproxy process takes over from a running one (an
+# upgrade beside it); the old one hands over, exits 0 on its own, and the
+# kubelet keeps the resource with every device throughout.
+R4="$DIR/r4"; mkdir -p "$R4"
+"$SIM" serve --root-dir="$R4/k" --kubelet=1.24 --quiet &
+SIM4=$!; PIDS+=($SIM4)
+wait_until "kubelet for the takeover" 100 test -S "$R4/k/kubelet_sim.sock"
+"$PROXY" --kubelet-root="$R4/k" --plugin-dir="$R4/p" --state-dir="$R4/state" --status-file= \
+  --metrics-address= --events="$R4/old.jsonl" 2>"$R4/old.log" &
+OLD=$!; PIDS+=($OLD)
+wait_until "old dpproxy started" 100 grep -q proxy_started "$R4/old.jsonl"
+"$PLUGIN" --resource=vendor.com/gpu --devices=2 --kubelet-socket="$R4/p/kubelet.sock" --quiet &
+PLUGIN4=$!; PIDS+=($PLUGIN4)
+expect_exit "resource through the old dpproxy" 0 "$SIM" wait --root_dir="$R4/k" \
+  --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
+expect_exit "allocate through the old dpproxy" 0 "$SIM" allocate --root_dir="$R4/k" --pod=t1 \
+  --containers=c=vendor.com/gpu:1
+"$PROXY" --takeover --kubelet-root="$R4/k" --plugin-dir="$R4/p" --state-dir="$R4/state" \
+  --status-file= --metrics-address= --events="$R4/new.jsonl" 2>"$R4/new.log" &
+NEW=$!; PIDS+=($NEW)
+wait_until "the new dpproxy completed the takeover" 200 grep -q takeover_complete "$R4/new.jsonl"
+for _ in $(seq 200); do kill -0 "$OLD" 2>/dev/null || break; sleep 0.05; done
+wait "$OLD"; rc=$?
+[[ $rc -eq 0 ]] && pass "the old dpproxy exits 0 once handed over" || fail "old dpproxy exit $rc"
+expect_contains "the old one logged the handoff" "$(cat "$R4/old.log")" "handed over to the new dpproxy"
+expect_exit "the kubelet still has both devices" 0 "$SIM" wait --root_dir="$R4/k" \
+  --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
+expect_exit "allocate through the new dpproxy" 0 "$SIM" allocate --root_dir="$R4/k" --pod=t2 \
+  --containers=c=vendor.com/gpu:1
+grep -q '"event":"plugin_lost"' "$R4/k/kubelet_sim.events.jsonl" \
+  && fail "the kubelet lost the resource during the takeover" || pass "no plugin loss in the kubelet"
+kill -TERM "$NEW"; wait "$NEW"
+kill -TERM "$PLUGIN4" "$SIM4"; wait "$PLUGIN4" "$SIM4"
+
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

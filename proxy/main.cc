@@ -142,6 +142,10 @@ int main(int argc, char** argv) {
   }
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (FLAGS_after_handoff != "exit" && FLAGS_after_handoff != "wait") {
+    std::cerr << "dpproxy: --after_handoff=" << FLAGS_after_handoff << " is not exit or wait\n";
+    return 2;
+  }
   if (FLAGS_log_format == "json") dpproxy::UseJsonLogs();
   // Nothing dpproxy creates is readable or writable by others unless it
   // says so (sockets and files also get explicit modes, whatever the umask).
@@ -215,6 +219,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   for (;;) {
     sig = dpproxy::WaitForTerminationSignal();
+    if (server.handoff_failed()) break;
     if (server.handed_over()) {
       LOG(INFO) << "handed over to the new dpproxy; exiting";
       break;
@@ -236,5 +241,16 @@ int main(int argc, char** argv) {
   notifier.Stopping();
   ops.reset();
   server.Shutdown();
+  if (server.handoff_failed()) return 1;
+  if (server.handed_over() && FLAGS_after_handoff == "wait") {
+    // Everything is closed; a container runtime that would restart an
+    // exited dpproxy (which would then take over back) waits for the pod's
+    // deletion instead.
+    LOG(INFO) << "handed over; waiting for SIGTERM (--after_handoff=wait)";
+    for (;;) {
+      const int s = dpproxy::WaitForTerminationSignal();
+      if (s != SIGHUP) break;
+    }
+  }
   return 0;
 }

@@ -90,6 +90,11 @@ DEFINE_bool(takeover, false,
             "while this one registers on its own sockets, and exits once this one is\n"
             "registered for every resource (an upgrade beside the running one; see\n"
             "docs/upgrade.md). Without it, a start waits for the other one to exit.");
+DEFINE_string(after_handoff, "exit",
+              "What a dpproxy does once it has handed over to one started with --takeover:\n"
+              "exit (0), or wait: close everything and wait for SIGTERM before exiting,\n"
+              "for a container whose restart policy would start it again (the Helm\n"
+              "chart's surge rollout).");
 DEFINE_string(restore_policy, "trust",
               "After a dpproxy restart, what the kubelet is told about remembered devices\n"
               "until their backend is back: trust (their remembered health, for\n"

@@ -16,6 +16,7 @@ DECLARE_string(status_file);
 DECLARE_string(output);
 DECLARE_string(events);
 DECLARE_string(log_format);
+DECLARE_string(after_handoff);
 DECLARE_bool(check);
 
 namespace dpproxy {

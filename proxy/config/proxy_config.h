@@ -143,6 +143,10 @@ struct ProxyConfig {
   // one registers, and exits once this one is registered for every
   // resource. Device-plugin mode only.
   bool takeover = false;
+  // After a handoff's Release, how long the old dpproxy waits for the new
+  // one to serve; then it stops (a restart serves again). Not a flag: the
+  // new one loads and serves in well under a second; tests shorten it.
+  absl::Duration handoff_timeout = absl::Seconds(60);
   RestorePolicy restore_policy = RestorePolicy::kTrust;
   absl::Duration restore_hold = absl::Minutes(5);
   // Reconciliation with the kubelet's pod-resources API

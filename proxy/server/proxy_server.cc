@@ -25,6 +25,7 @@ namespace dpproxy {
 // before it moved to the new one may take to arrive: the kubelet picks the
 // endpoint and sends at once, so a few milliseconds, with room to spare.
 constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
+
 namespace {
 
 // Registrations and static connects in parallel; a fixed number, whatever
@@ -341,6 +342,7 @@ void ProxyServer::HousekeepingLoop() {
       seen = reconciler_->NoteKubeletRestart(*pass.kubelet_restarted);
     }
     ApplyQuarantine();
+    CheckHandoffProgress(now);
     {
       absl::MutexLock lock(&wake_mu_);
       save_wake_ = true;
@@ -1075,9 +1077,27 @@ absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
   keeper_->HandOver();
   ::close(state_lock_.fd);
   state_lock_.fd = -1;
+  released_at_ns_ = absl::ToUnixNanos(absl::Now());
   LOG(INFO) << "handoff: state directory " << config_.state_dir << " released to pid "
             << peer_pid << "; the kubelet's Allocates are held until it serves";
   return socket_generation_;
+}
+
+void ProxyServer::CheckHandoffProgress(absl::Time now) {
+  const int64_t at = released_at_ns_.load();
+  if (at == 0 || forwarded_.load() || handoff_failed_.load()) return;
+  if (now - absl::FromUnixNanos(at) < config_.handoff_timeout) return;
+  // The new dpproxy released this one and never came to serve (it died, or
+  // hangs). This one holds the kubelet's Allocates and can write nothing:
+  // it stops, so that a restart (systemd, the container's policy) loads
+  // the state again and serves.
+  handoff_failed_ = true;
+  LOG(ERROR) << "handoff: the new dpproxy did not serve within "
+             << absl::FormatDuration(config_.handoff_timeout)
+             << " of taking the state over; stopping, so that a restart serves again";
+  events_.Emit("handoff_abandoned", {{"waited_seconds",
+                                      absl::ToInt64Seconds(config_.handoff_timeout)}});
+  if (handed_over_hook_) handed_over_hook_();
 }
 
 absl::StatusOr<int64_t> ProxyServer::ForwardForHandoff(
@@ -1085,6 +1105,7 @@ absl::StatusOr<int64_t> ProxyServer::ForwardForHandoff(
   if (!released_.load()) {
     return absl::FailedPreconditionError("Forward before Release: nothing was handed over");
   }
+  forwarded_ = true;
   int64_t held = 0;
   for (Entry* e : Entries()) {
     const std::string& name = e->resource->name();

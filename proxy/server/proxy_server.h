@@ -131,6 +131,9 @@ class ProxyServer {
   // registered): the caller stops it. Set before Start().
   void SetHandedOverHook(std::function<void()> hook) { handed_over_hook_ = std::move(hook); }
   bool handed_over() const { return handed_over_.load(); }
+  // Released to a new dpproxy that never served (handoff_abandoned): this
+  // one stops (the same hook) and its main exits non-zero.
+  bool handoff_failed() const { return handoff_failed_.load(); }
   // The kubelet-facing socket generation (KubeletSideOptions): the other
   // one than the predecessor's after a takeover.
   int socket_generation() const { return socket_generation_; }
@@ -195,6 +198,8 @@ class ProxyServer {
   // <state_dir>/handoff.<generation>.sock
   std::string HandoffSocket(int generation) const;
   void CompleteTakeover();
+  // Housekeeping: a release the new dpproxy never followed up.
+  void CheckHandoffProgress(absl::Time now);
   bool WaitForEveryResource(const std::function<bool(Entry*)>& done, absl::Duration timeout);
 
   const ProxyConfig config_;
@@ -264,6 +269,9 @@ class ProxyServer {
   // Released to a new dpproxy: nothing more is saved or written.
   std::atomic<bool> released_{false};
   std::atomic<bool> handed_over_{false};
+  std::atomic<int64_t> released_at_ns_{0};
+  std::atomic<bool> forwarded_{false};
+  std::atomic<bool> handoff_failed_{false};
   std::function<void()> handed_over_hook_;  // set before Start()
 
   std::atomic<int64_t> status_builds_{0};

@@ -8,6 +8,11 @@
 
 namespace dpproxy {
 
+// How long after the kubelet ends our stream the registrar looks whether
+// that kubelet still runs (and so dropped this endpoint): a restarting
+// kubelet has by then replaced its socket or stopped listening.
+constexpr absl::Duration kDropSettle = absl::Milliseconds(200);
+
 Registrar::Registrar(KubeletSideOptions kubelet, EventLog* events, WorkQueue* workers,
                      std::function<void()> wake)
     : kubelet_(std::move(kubelet)), events_(events), workers_(workers), wake_(std::move(wake)) {}
@@ -38,7 +43,10 @@ void Registrar::OnStreamDropped(Slot* e) {
     }
     e->last_drop = now;
     e->dropped = true;
-    e->retry_at = now + e->backoff;
+    // A kubelet that restarts also ends every stream: by then it has
+    // usually wiped our socket or made a new one of its own, and the
+    // restart is handled as such.
+    e->retry_at = now + std::max(e->backoff, kDropSettle);
     LOG(INFO) << "resource " << e->resource->name() << ": the kubelet ended its stream";
     events_->Emit("kubelet_stream_dropped", {{"resource", e->resource->name()}});
   }
@@ -109,6 +117,13 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
         e->dropped = false;
       }
       if (e->dropped && e->registered_with == kubelet && !held_ && !e->registering) {
+        if (now < e->retry_at) {
+          next_retry_ = std::min(next_retry_, e->retry_at);
+          continue;
+        }
+        // Still the same kubelet, listening, and our socket where it was:
+        // that kubelet dropped this endpoint.
+        if (!e->endpoint->SocketPresent()) continue;  // ServeRemoved's
         if (!listening.has_value()) {
           mu_.Unlock();
           listening = SocketAccepts(KubeletSocketPath(kubelet_));

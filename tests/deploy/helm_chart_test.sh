@@ -49,6 +49,14 @@ check "default: dpproxy accepts the configuration the chart writes" \
   accepts "$T/default-config.yaml" "$T/default-check.out"
 check "default: its plugin socket is under hostDir" \
   grep -q "plugin_dir: /var/lib/dpproxy/device-plugins" "$T/default-check.out"
+check "default: upgrades start the new pod beside the old (surge, none unavailable)" \
+  bash -c "grep -q 'maxSurge: 1' '$T/default.yaml' && grep -q 'maxUnavailable: 0' '$T/default.yaml'"
+check "default: the new pod takes over, the old one waits to be deleted" \
+  bash -c "grep -q -- '- --takeover' '$T/default.yaml' && grep -q -- '- --after_handoff=wait' '$T/default.yaml'"
+printf 'takeover:\n  enabled: false\n' >"$T/surge-no-takeover.yaml"
+check "a surge rollout without takeover is refused" \
+  bash -c "! '$T/helm_render' --values '$T/surge-no-takeover.yaml' '$CHART' >/dev/null 2>'$T/surge.err'"
+check "... naming takeover.enabled" grep -q "needs takeover.enabled" "$T/surge.err"
 
 # --- DRA mode, monitoring, other paths -----------------------------------
 V="$SRC/tests/deploy/helm-values-dra.yaml"
@@ -78,6 +86,7 @@ check "dra: it runs in DRA mode for the driver" \
   bash -c "grep -q 'api: dra' '$T/dra-check.out' && grep -q 'driver: gpu.vendor.com' '$T/dra-check.out'"
 check "dra: the user's own settings are kept" grep -q "policy: hold" "$T/dra-check.out"
 check "dra: paths follow kubeletRoot" grep -q "root: /data/kubelet" "$T/dra-check.out"
+check "dra: no takeover (device-plugin mode only)" bash -c "! grep -q -- '--takeover' '$T/dra.yaml'"
 
 # --- Mistakes are named ----------------------------------------------------
 echo 'dra: {enabled: true}' >"$T/no-driver.yaml"

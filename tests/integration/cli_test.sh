@@ -313,9 +313,10 @@ PLUGIN4=$!; PIDS+=($PLUGIN4)
 expect_exit "resource through the old dpproxy" 0 "$SIM" wait --root_dir="$R4/k" \
   --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
 expect_exit "allocate through the old dpproxy" 0 "$SIM" allocate --root_dir="$R4/k" --pod=t1 \
-  --containers=c=vendor.com/gpu:1
-"$PROXY" --takeover --kubelet-root="$R4/k" --plugin-dir="$R4/p" --state-dir="$R4/state" \
-  --status-file= --metrics-address= --events="$R4/new.jsonl" 2>"$R4/new.log" &
+  --uid=t1-uid --containers=c=vendor.com/gpu:1
+"$PROXY" --takeover --after_handoff=wait --kubelet-root="$R4/k" --plugin-dir="$R4/p" \
+  --state-dir="$R4/state" --status-file= --metrics-address= --events="$R4/new.jsonl" \
+  2>"$R4/new.log" &
 NEW=$!; PIDS+=($NEW)
 wait_until "the new dpproxy completed the takeover" 200 grep -q takeover_complete "$R4/new.jsonl"
 for _ in $(seq 200); do kill -0 "$OLD" 2>/dev/null || break; sleep 0.05; done
@@ -326,9 +327,27 @@ expect_exit "the kubelet still has both devices" 0 "$SIM" wait --root_dir="$R4/k
   --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
 expect_exit "allocate through the new dpproxy" 0 "$SIM" allocate --root_dir="$R4/k" --pod=t2 \
   --containers=c=vendor.com/gpu:1
+# A second upgrade: the one started with --after_handoff=wait hands over,
+# closes everything and stays until SIGTERM (a container that would be
+# restarted otherwise).
+"$PROXY" --takeover --kubelet-root="$R4/k" --plugin-dir="$R4/p" --state-dir="$R4/state" \
+  --status-file= --metrics-address= --events="$R4/newer.jsonl" 2>"$R4/newer.log" &
+NEWER=$!; PIDS+=($NEWER)
+wait_until "the second takeover completed" 200 grep -q takeover_complete "$R4/newer.jsonl"
+wait_until "the waiting dpproxy closed everything" 200 grep -q proxy_stopped "$R4/new.jsonl"
+kill -0 "$NEW" 2>/dev/null && pass "--after_handoff=wait: still running after the handoff" \
+  || fail "--after_handoff=wait: it exited"
+expect_contains "it says it waits" "$(cat "$R4/new.log")" "waiting for SIGTERM"
+kill -TERM "$NEW"; wait "$NEW"; rc=$?
+[[ $rc -eq 0 ]] && pass "--after_handoff=wait: exits 0 on SIGTERM" || fail "waiting dpproxy exit $rc"
+expect_exit "the first pod ends" 0 "$SIM" delete-pod --root_dir="$R4/k" --uid=t1-uid
+expect_exit "allocate after two upgrades" 0 "$SIM" allocate --root_dir="$R4/k" --pod=t3 \
+  --containers=c=vendor.com/gpu:1
 grep -q '"event":"plugin_lost"' "$R4/k/kubelet_sim.events.jsonl" \
-  && fail "the kubelet lost the resource during the takeover" || pass "no plugin loss in the kubelet"
-kill -TERM "$NEW"; wait "$NEW"
+  && fail "the kubelet lost the resource during the takeovers" || pass "no plugin loss in the kubelet"
+expect_exit "a bad --after_handoff is named" 2 "$PROXY" --after_handoff=linger
+expect_contains "... as not exit or wait" "$LAST_OUT" "--after_handoff=linger is not exit or wait"
+kill -TERM "$NEWER"; wait "$NEWER"
 kill -TERM "$PLUGIN4" "$SIM4"; wait "$PLUGIN4" "$SIM4"
 
 echo "$FAILURES failure(s)"

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "proxy/handoff/handoff.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/sim_helpers.h"
 
@@ -179,6 +180,50 @@ TEST(HandoffByNameTest, TheNewDpproxyRegistersAgainWhenAKubeletTearsItDownByName
                                     ::testing::HasSubstr("has been stopped")));
   }
   EXPECT_EQ(h.proxy().state()->AllocationCount(), pods.admitted());
+}
+
+// A new dpproxy that takes the state over and then never serves (it died):
+// the old one, which can write nothing any more, gives up and stops, and
+// a dpproxy started again on the directory serves with every allocation.
+TEST(HandoffAbandonedTest, AReleasedDpproxyWhoseSuccessorNeverServesStops) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.handoff_timeout = absl::Milliseconds(300); });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
+  // The successor's first step, and nothing after it.
+  HandoffClient successor(h.dir("state/handoff.0.sock"));
+  absl::StatusOr<HandoffClient::Released> released = successor.Release(kWait);
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(released->socket_generation, 0);
+  // An Allocate meanwhile is held: nothing may journal it.
+  absl::Notification answered;
+  absl::Status held;
+  std::thread pod([&] {
+    held = h.sim().Allocate(testing::PodRequest("during", {{"main", 1}}, kGpu)).status();
+    answered.Notify();
+  });
+  ASSERT_TRUE(h.proxy()
+                  .events()
+                  .WaitForEvent("handoff_abandoned", {}, kWait)
+                  .has_value());
+  EXPECT_TRUE(h.proxy().handoff_failed());
+  EXPECT_FALSE(answered.HasBeenNotified()) << held;
+  h.StopProxy();  // as its main does: the held call ends, refused
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(kWait));
+  pod.join();
+  EXPECT_FALSE(held.ok());
+  // Started again, dpproxy has the state and serves.
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> after =
+      h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kubelets, HandoffTest,

@@ -48,18 +48,15 @@ class V1Beta1Backend final : public BackendBase {
       done(Allocate(req, timeout, caller));
       return;
     }
-    struct Call {
-      std::unique_ptr<grpc::ClientContext> ctx;
-      v1beta1::AllocateRequest req;
-      v1beta1::AllocateResponse resp;
-      AllocateDone done;
-    };
-    auto* c = new Call{CallContext(caller, timeout), std::move(req), {}, std::move(done)};
-    callback_stub_->async()->Allocate(
-        c->ctx.get(), &c->req, &c->resp, [this, c, timeout](grpc::Status s) {
-          std::unique_ptr<Call> call(c);
-          call->done(AllocateOutcome(s, call->req.container_requests_size(),
-                                     std::move(call->resp), timeout));
+    const int requests = req.container_requests_size();
+    CallAsync<v1beta1::AllocateRequest, v1beta1::AllocateResponse>(
+        std::move(req), timeout, caller,
+        [](auto* stub, auto* ctx, auto* r, auto* p, auto f) {
+          stub->Allocate(ctx, r, p, std::move(f));
+        },
+        [this, requests, timeout, done = std::move(done)](grpc::Status s,
+                                                          v1beta1::AllocateResponse resp) {
+          done(AllocateOutcome(s, requests, std::move(resp), timeout));
         });
   }
 
@@ -94,18 +91,14 @@ class V1Beta1Backend final : public BackendBase {
       done(PreStartContainer(req, timeout, caller));
       return;
     }
-    struct Call {
-      std::unique_ptr<grpc::ClientContext> ctx;
-      v1beta1::PreStartContainerRequest req;
-      v1beta1::PreStartContainerResponse resp;
-      std::function<void(absl::Status)> done;
-    };
-    auto* c = new Call{CallContext(caller, timeout), std::move(req), {}, std::move(done)};
-    callback_stub_->async()->PreStartContainer(
-        c->ctx.get(), &c->req, &c->resp, [this, c, timeout](grpc::Status s) {
-          std::unique_ptr<Call> call(c);
-          call->done(s.ok() ? absl::OkStatus()
-                            : CallError(endpoint_, "PreStartContainer", s, timeout));
+    CallAsync<v1beta1::PreStartContainerRequest, v1beta1::PreStartContainerResponse>(
+        std::move(req), timeout, caller,
+        [](auto* stub, auto* ctx, auto* r, auto* p, auto f) {
+          stub->PreStartContainer(ctx, r, p, std::move(f));
+        },
+        [this, timeout, done = std::move(done)](grpc::Status s,
+                                                v1beta1::PreStartContainerResponse) {
+          done(s.ok() ? absl::OkStatus() : CallError(endpoint_, "PreStartContainer", s, timeout));
         });
   }
 
@@ -115,6 +108,26 @@ class V1Beta1Backend final : public BackendBase {
   }
 
  private:
+  // One unary call through gRPC's callback API: `start` begins it on the
+  // stub's async interface, `end` gets the status and the response. The
+  // context, request and response live until the call ends.
+  template <typename Req, typename Resp, typename Start, typename End>
+  void CallAsync(Req req, absl::Duration timeout, const grpc::ServerContextBase* caller,
+                 Start start, End end) {
+    struct Call {
+      std::unique_ptr<grpc::ClientContext> ctx;
+      Req req;
+      Resp resp;
+      End end;
+    };
+    auto* c = new Call{CallContext(caller, timeout), std::move(req), {}, std::move(end)};
+    start(callback_stub_->async(), c->ctx.get(), &c->req, &c->resp,
+          std::function<void(grpc::Status)>([c](grpc::Status s) {
+            std::unique_ptr<Call> call(c);
+            call->end(std::move(s), std::move(call->resp));
+          }));
+  }
+
   // The plugin's answer to Allocate, checked: one container response per
   // container request.
   absl::StatusOr<v1beta1::AllocateResponse> AllocateOutcome(const grpc::Status& s, int requests,

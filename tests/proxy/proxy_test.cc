@@ -56,6 +56,17 @@ class ProxyTest : public ::testing::Test {
     ASSERT_TRUE(h.sim().Start().ok());
     ASSERT_TRUE(h.proxy().Start().ok());
   }
+  // Starts dpproxy and a plugin, waits for the kubelet to see its devices,
+  // then stops the plugin and waits for dpproxy to see it gone.
+  void ServeThenLoseThePlugin(ProxyHarness& h) {
+    ASSERT_NO_FATAL_FAILURE(Start(h));
+    ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+    ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+    const size_t mark = h.proxy().events().Size();
+    h.StopPlugins();
+    ASSERT_TRUE(
+        h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
+  }
 };
 
 TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
@@ -560,17 +571,18 @@ TEST_F(ProxyTest, AReloadedBackendTimeoutLimitsTheNextCall) {
   EXPECT_TRUE(allocate("gpu-2").ok());
 }
 
-TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+// A harness whose resources are held at their health for `hold` when their
+// plugin goes.
+std::function<void(ProxyConfig&)> HoldFor(absl::Duration hold) {
+  return [hold](ProxyConfig& c) {
     c.policy.loss_policy = LossPolicy::kHold;
-    c.policy.hold = absl::Seconds(2);
-  });
-  Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  const size_t mark = h.proxy().events().Size();
-  h.StopPlugins();
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
+    c.policy.hold = hold;
+  };
+}
+
+TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, HoldFor(absl::Seconds(2)));
+  ASSERT_NO_FATAL_FAILURE(ServeThenLoseThePlugin(h));
   EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Healthy");  // held
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
 }
@@ -580,16 +592,8 @@ TEST_F(ProxyTest, HoldPolicyRidesOutAShortBackendRestart) {
 // one the kubelet gives up on meanwhile ends with the kubelet's deadline,
 // and dpproxy goes on serving.
 TEST_F(ProxyTest, AnAllocateThatFindsNoBackendWaitsForOneToRegister) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
-    c.policy.loss_policy = LossPolicy::kHold;
-    c.policy.hold = absl::Seconds(60);
-  });
-  Start(h);
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  const size_t mark = h.proxy().events().Size();
-  h.StopPlugins();
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}}, kWait, mark));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, HoldFor(absl::Seconds(60)));
+  ASSERT_NO_FATAL_FAILURE(ServeThenLoseThePlugin(h));
   auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
   auto allocate = [&](const std::string& id, std::optional<absl::Duration> deadline,
                       v1beta1::AllocateResponse* resp) {

@@ -238,6 +238,27 @@ TEST(ConfigFileTest, AFileWithoutANodeNameTakesNodeNameFromTheEnvironment) {
   }
 }
 
+// --takeover needs a state directory to hand over, and registration
+// through kubelet.sock; DRA mode has none.
+TEST(ConfigFileTest, TakeoverIsRefusedWhereItCannotWork) {
+  ProxyConfig c = Base();
+  c.state_dir = "/var/lib/dpproxy";
+  c.takeover = true;
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  ProxyConfig no_state = c;
+  no_state.state_dir.clear();
+  EXPECT_THAT(std::string(ValidateConfig(no_state).message()), HasSubstr("needs --state_dir"));
+  ProxyConfig watcher = c;
+  watcher.kubelet.registration = KubeletRegistration::kPluginWatcher;
+  EXPECT_THAT(std::string(ValidateConfig(watcher).message()),
+              HasSubstr("needs registration through kubelet.sock"));
+  ProxyConfig dra = c;
+  dra.dra.enabled = true;
+  dra.dra.driver = "gpu.vendor.com";
+  dra.dra.node_name = "node-1";
+  EXPECT_THAT(std::string(ValidateConfig(dra).message()), HasSubstr("device-plugin mode"));
+}
+
 TEST(ConfigFileTest, MissingFileIsAClearError) {
   ProxyConfig c = Base();
   absl::Status s = LoadConfigFile("/nonexistent/dpproxy.yaml", &c);

@@ -57,6 +57,10 @@ printf 'takeover:\n  enabled: false\n' >"$T/surge-no-takeover.yaml"
 check "a surge rollout without takeover is refused" \
   bash -c "! '$T/helm_render' --values '$T/surge-no-takeover.yaml' '$CHART' >/dev/null 2>'$T/surge.err'"
 check "... naming takeover.enabled" grep -q "needs takeover.enabled" "$T/surge.err"
+printf 'config:\n  kubelet:\n    registration: plugin-watcher\n' >"$T/watcher.yaml"
+check "takeover with the plugin watcher is refused" \
+  bash -c "! '$T/helm_render' --values '$T/watcher.yaml' '$CHART' >/dev/null 2>'$T/watcher.err'"
+check "... naming the registration" grep -q "needs config.kubelet.registration kubelet" "$T/watcher.err"
 
 # --- DRA mode, monitoring, other paths -----------------------------------
 V="$SRC/tests/deploy/helm-values-dra.yaml"

@@ -1216,6 +1216,9 @@ void ProxyServer::CompleteTakeover() {
     LOG(WARNING) << "takeover: not registered for every resource within a minute; the "
                     "predecessor is told to finish anyway";
   }
+  // The predecessor's streams end as it exits: a 1.25-1.36 kubelet then
+  // drops this one's clients by name, to be registered again at once.
+  registrar_->ExpectDrop(absl::Seconds(30));
   absl::Status f = predecessor_->Finish(absl::Seconds(10));
   if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();
   events_.Emit("takeover_complete", {{"held", *held}, {"registered", registered}});

@@ -46,7 +46,8 @@ void Registrar::OnStreamDropped(Slot* e) {
     // A kubelet that restarts also ends every stream: by then it has
     // usually wiped our socket or made a new one of its own, and the
     // restart is handled as such.
-    e->retry_at = now + std::max(e->backoff, kDropSettle);
+    e->retry_at =
+        now + std::max(e->backoff, now < expect_drop_until_ ? absl::ZeroDuration() : kDropSettle);
     LOG(INFO) << "resource " << e->resource->name() << ": the kubelet ended its stream";
     events_->Emit("kubelet_stream_dropped", {{"resource", e->resource->name()}});
   }

@@ -75,6 +75,15 @@ class Registrar {
     held_ = true;
   }
 
+  // For `window` from now, a stream the kubelet ends is answered with a
+  // new registration at once, not after the settle time that tells a
+  // restarting kubelet apart: a takeover's predecessor is exiting, and a
+  // 1.25-1.36 kubelet then drops this resource's client by name.
+  void ExpectDrop(absl::Duration window) {
+    absl::MutexLock lock(&mu_);
+    expect_drop_until_ = absl::Now() + window;
+  }
+
   // One readiness check per resource, "registered:NAME": registered with
   // the kubelet listening now (at today's kubelet.sock; through the plugin
   // watcher, once the kubelet has called back), else why not. Any thread.
@@ -116,6 +125,7 @@ class Registrar {
   std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
   absl::Time next_retry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool held_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time expect_drop_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Pass() only.
   std::optional<FileId> last_kubelet_;
 };

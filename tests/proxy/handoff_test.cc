@@ -135,9 +135,9 @@ TEST_P(HandoffTest, TwentyUpgradesUnderAStreamOfPods) {
 
 // 1.25-1.36 without per-socket clients: when the old dpproxy's stream
 // ends, the kubelet disconnects the resource's client by name, which is the
-// new one's (kubernetes#121994). The new dpproxy registers again at once:
-// each handoff costs one re-registration, the kubelet's own doing, and no
-// Allocate fails.
+// new one's (kubernetes#121994). The new dpproxy, which expects it after a
+// takeover, registers again at once: each handoff costs one registration,
+// the kubelet's own doing, and no Allocate fails in dpproxy.
 TEST(HandoffByNameTest, TheNewDpproxyRegistersAgainWhenAKubeletTearsItDownByName) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
     so.kubelet = *sim::ParseKubeletVersion("1.31");

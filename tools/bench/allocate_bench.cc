@@ -13,12 +13,14 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gflags/gflags.h>
@@ -54,6 +56,8 @@ DEFINE_int32(reconcile_pods, 1000,
 DEFINE_int32(flips, 20, "Health flips per list size for the health-flip figure (0: none).");
 DEFINE_int32(restarts, 100,
              "Kubelet restarts for the re-registration figure (0: leave it out).");
+DEFINE_int32(upgrades, 10,
+             "dpproxy upgrades per way and kubelet for the upgrade figure (0: leave it out).");
 
 namespace dpproxy {
 namespace {
@@ -314,6 +318,127 @@ struct Reconciliation {
   double list_ms = -1;
   int annotated = 0;
 };
+
+// An upgrade of dpproxy while pods are admitted, two ways: a restart (the
+// old one stopped, the new one started on the same directories) and a
+// takeover (the new one started beside the old one with --takeover). For
+// each: how long the kubelet had the resource without every device
+// allocatable (from its events: a plugin loss or a smaller list, to all
+// four back), and how many pod admissions failed meanwhile.
+struct Upgrades {
+  std::string kubelet;
+  std::vector<double> restart_gap_ms, takeover_gap_ms;
+  int restart_failed = 0, takeover_failed = 0, pods = 0;
+};
+
+// Milliseconds from the first event since `from` in which the kubelet had
+// fewer than `devices` allocatable (or lost the plugin) to the next in
+// which it had them all again; 0 if there was none.
+double GapMs(sim::KubeletSim& kubelet, size_t from, int devices) {
+  std::optional<absl::Time> lost;
+  for (const Json& e : kubelet.events().Since(from)) {
+    const std::string kind = e.value("event", "");
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime("%Y-%m-%dT%H:%M:%E3SZ", e.value("ts", ""), &t, &err)) continue;
+    const bool down = kind == "plugin_lost" ||
+                      (kind == "devices" && e.value("allocatable", 0) < devices);
+    if (down && !lost.has_value()) lost = t;
+    if (lost.has_value() && kind == "devices" && e.value("allocatable", 0) >= devices) {
+      return absl::ToDoubleMilliseconds(t - *lost);
+    }
+  }
+  return lost.has_value() ? -1 : 0;  // -1: not back
+}
+
+Upgrades MeasureUpgrades(const std::string& dir, const std::string& version, int rounds) {
+  Upgrades out;
+  out.kubelet = version;
+  const std::string base = absl::StrCat(dir, "/upgrade-", version);
+  sim::KubeletSimOptions so;
+  so.root_dir = base + "-k";
+  absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(version);
+  if (!v.ok()) return out;
+  so.kubelet = *v;
+  sim::KubeletSim kubelet(so);
+  if (!kubelet.Start().ok()) return out;
+  const std::string resource = "bench.example.com/upgrade";
+  auto start_proxy = [&](bool takeover) {
+    std::vector<std::string> args = {
+        FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + base + "-p",
+        "--state_dir=" + base + "-s", "--status_file=", "--metrics_address=",
+        "--minloglevel=1"};
+    if (takeover) args.push_back("--takeover");
+    return Spawn(args);
+  };
+  Child proxy = start_proxy(false);
+  Child plugin;
+  if (WaitForPath(base + "-p/kubelet.sock", absl::Seconds(10))) {
+    plugin = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                    "--devices=4", "--socket_name=bench-upgrade.sock",
+                    "--kubelet_socket=" + base + "-p/kubelet.sock", "--quiet"});
+  }
+  if (plugin == nullptr || !kubelet.WaitForResource(resource, 4, absl::Seconds(10))) {
+    std::cerr << "allocate_bench: the upgrade figure's resource did not come up\n";
+    Stop(plugin);
+    Stop(proxy);
+    return out;
+  }
+  // Pods admitted one after another (each deleted once admitted).
+  std::atomic<bool> stop{false};
+  std::atomic<int> failed{0}, admitted{0};
+  std::thread pods([&] {
+    for (int i = 0; !stop; ++i) {
+      sim::AllocateRequest r;
+      r.set_pod_name(absl::StrCat("upgrade-", i));
+      auto* c = r.add_containers();
+      c->set_name("main");
+      c->set_resource(resource);
+      c->set_count(1);
+      absl::StatusOr<sim::AllocateResponse> a = kubelet.Allocate(r);
+      if (!a.ok()) {
+        ++failed;
+        continue;
+      }
+      ++admitted;
+      (void)kubelet.DeletePod(a->pod_uid());
+    }
+  });
+  for (int i = 0; i < rounds; ++i) {
+    for (bool takeover : {false, true}) {
+      const size_t from = kubelet.events().Size();
+      const int failed_before = failed.load();
+      Child next;
+      if (takeover) {
+        next = start_proxy(true);
+        // The old one exits by itself once the new one is registered.
+        const std::optional<int> exited = proxy->Wait(absl::Seconds(30));
+        if (!exited.has_value()) std::cerr << "allocate_bench: no handoff within 30 s\n";
+        Stop(proxy);
+      } else {
+        Stop(proxy);
+        next = start_proxy(false);
+      }
+      proxy = std::move(next);
+      kubelet.WaitForResource(resource, 4, absl::Seconds(10));
+      // Pods go on through the new one before the next upgrade.
+      const int mark = admitted.load();
+      const absl::Time until = absl::Now() + absl::Seconds(10);
+      while (admitted.load() < mark + 3 && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(5));  // a bench's pacing, not a test's wait
+      }
+      (takeover ? out.takeover_gap_ms : out.restart_gap_ms).push_back(GapMs(kubelet, from, 4));
+      (takeover ? out.takeover_failed : out.restart_failed) += failed.load() - failed_before;
+    }
+  }
+  stop = true;
+  pods.join();
+  out.pods = admitted.load() + failed.load();
+  Stop(proxy);
+  Stop(plugin);
+  kubelet.Stop();
+  return out;
+}
 
 Reconciliation ReconcileAtScale(const std::string& dir, int pods) {
   Reconciliation out;
@@ -685,6 +810,12 @@ int Run() {
   }
   Reconciliation reconciliation;
   if (FLAGS_reconcile_pods > 0) reconciliation = ReconcileAtScale(dir, FLAGS_reconcile_pods);
+  std::vector<Upgrades> upgrades;
+  if (FLAGS_upgrades > 0) {
+    for (const char* version : {"1.24", "1.31"}) {
+      upgrades.push_back(MeasureUpgrades(dir, version, FLAGS_upgrades));
+    }
+  }
   const std::string rss = ProcField(proxy, "VmRSS");
   const std::string hwm = ProcField(proxy, "VmHWM");
   const std::string threads = ProcField(proxy, "Threads");
@@ -805,6 +936,30 @@ int Run() {
         "%-40s %9.1fms\n%-40s %9.1fms (%d allocations named)\n",
         FLAGS_reconcile_pods, "pod-resources List (floor)", reconciliation.list_ms,
         "dpproxy's pass", reconciliation.pass_ms, reconciliation.annotated);
+  }
+  if (!upgrades.empty()) {
+    std::cout << absl::StrFormat(
+        "\nUpgrading dpproxy while pods are admitted one after another, %d times each way\n"
+        "(restart: stop, then start on the same directories; takeover: --takeover beside\n"
+        "the running one). Gap: how long the kubelet had fewer than all 4 devices\n"
+        "allocatable (-1: not back). Floor: no gap, no failed pod.\n",
+        FLAGS_upgrades);
+    std::cout << absl::StrFormat("%-8s %-10s %10s %10s %14s\n", "kubelet", "way", "gap p50",
+                                 "gap max", "pods failed");
+    for (const Upgrades& u : upgrades) {
+      for (const auto& [way, gaps, failed] :
+           {std::tuple<std::string, const std::vector<double>*, int>{"restart", &u.restart_gap_ms,
+                                                                      u.restart_failed},
+            {"takeover", &u.takeover_gap_ms, u.takeover_failed}}) {
+        std::cout << absl::StrFormat("%-8s %-10s %8.0fms %8.0fms %14d\n", u.kubelet, way,
+                                     Percentile(*gaps, 0.5), Percentile(*gaps, 1.0), failed);
+      }
+    }
+    for (const Upgrades& u : upgrades) {
+      std::cout << absl::StrFormat("(%s: %d pods in all)\n", u.kubelet, u.pods);
+    }
+    std::cout << "(1.31 disconnects the resource's client by name when the old dpproxy's\n"
+                 "stream ends, kubernetes#121994: the new one, expecting it, registers again)\n";
   }
   std::cout << "\ndpproxy resident memory after the run: " << rss << " (peak " << hwm << "), "
             << threads << " threads\n";

@@ -786,7 +786,6 @@ size_t KubeletEndpoint::ForwardAllocates(const std::string& socket) {
   {
     absl::MutexLock lock(&gate_mu_);
     allocate_mode_ = AllocateMode::kForward;
-    forward_socket_ = socket;
     forward_stub_ = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(socket));
     held.swap(held_);
   }
@@ -801,7 +800,6 @@ void KubeletEndpoint::ServeAllocates() {
   {
     absl::MutexLock lock(&gate_mu_);
     allocate_mode_ = AllocateMode::kServe;
-    forward_socket_.clear();
     forward_stub_.reset();
     held.swap(held_);
   }
@@ -837,14 +835,15 @@ void KubeletEndpoint::AllocateServed() {
   --allocates_in_progress_;
 }
 
-std::string KubeletEndpoint::forwarding_to() {
-  absl::MutexLock lock(&gate_mu_);
-  return forward_socket_;
-}
-
 bool KubeletEndpoint::kubelet_streaming() {
   absl::MutexLock lock(&streams_mu_);
   return !streams_.empty();
+}
+
+bool KubeletEndpoint::WaitForKubeletGone(absl::Duration timeout) {
+  absl::MutexLock lock(&streams_mu_);
+  auto gone = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_) { return streams_.empty(); };
+  return streams_mu_.AwaitWithTimeout(absl::Condition(&gone), timeout);
 }
 
 void KubeletEndpoint::AddStream(StreamHandle* s) {

@@ -110,7 +110,6 @@ class KubeletEndpoint {
                              std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to);
   bool Unhold(const void* key);
   void AllocateServed();
-  std::string forwarding_to();
 
   EventLog* events() { return events_; }
   Telemetry* telemetry() { return telemetry_; }
@@ -125,6 +124,9 @@ class KubeletEndpoint {
   // Whether the kubelet has a ListAndWatch stream open here: it uses this
   // endpoint (a kubelet opens it once the endpoint is its current one).
   bool kubelet_streaming();
+  // Waits up to `timeout` until the kubelet has no stream open here; true
+  // if none is.
+  bool WaitForKubeletGone(absl::Duration timeout);
   void AddStream(StreamHandle* s);
   // `by_kubelet`: the kubelet ended the stream (it went away, or dropped
   // this endpoint), not dpproxy.
@@ -166,7 +168,6 @@ class KubeletEndpoint {
   AllocateMode allocate_mode_ ABSL_GUARDED_BY(gate_mu_) = AllocateMode::kServe;
   int allocates_in_progress_ ABSL_GUARDED_BY(gate_mu_) = 0;
   std::map<const void*, std::function<void()>> held_ ABSL_GUARDED_BY(gate_mu_);
-  std::string forward_socket_ ABSL_GUARDED_BY(gate_mu_);
   std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_ ABSL_GUARDED_BY(gate_mu_);
   absl::Mutex negotiated_mu_;
   std::string negotiated_ ABSL_GUARDED_BY(negotiated_mu_);

@@ -214,9 +214,7 @@ void ProxyServer::Shutdown() {
     // dpproxy have their answers, and only then close the sockets.
     const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
     for (auto& [name, e] : entries) {
-      while (e->endpoint->kubelet_streaming() && absl::Now() < quiet_by) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
+      (void)e->endpoint->WaitForKubeletGone(std::max(absl::ZeroDuration(), quiet_by - absl::Now()));
     }
     const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
     for (auto& [name, e] : entries) {
@@ -1165,8 +1163,10 @@ absl::Status ProxyServer::AskPredecessorToRelease() {
   return absl::OkStatus();
 }
 
-// Checked at each registration's end (it wakes housekeeping) and at least
-// every 10 ms, for at most `timeout`; false if stopping or out of time.
+// Whether `done` holds for every resource within `timeout`, checked every
+// 10 ms (a takeover's one-off waits: a socket served, a registration and
+// the kubelet's stream, each a few milliseconds); false if stopping or out
+// of time.
 bool ProxyServer::WaitForEveryResource(const std::function<bool(Entry*)>& done,
                                        absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;

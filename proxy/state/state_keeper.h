@@ -174,10 +174,6 @@ class StateKeeper : public AllocationJournal {
   // journal. Everything is on disk when it returns; every later write (a
   // Record, a save) fails with kFailedPrecondition naming the handoff.
   void HandOver();
-  bool handed_over() {
-    absl::MutexLock lock(&mu_);
-    return handed_over_;
-  }
 
   // Waits until no compaction is wanted or running (tests, shutdown).
   void WaitForCompaction();

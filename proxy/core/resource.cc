@@ -18,7 +18,19 @@ namespace dpproxy {
 Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
                    ResourceHooks hooks)
     : name_(std::move(name)), policy_(std::move(policy)), events_(events),
-      hooks_(std::move(hooks)), loss_policy_(policy_.loss_policy), hold_(policy_.hold) {}
+      hooks_(std::move(hooks)), loss_policy_(policy_.loss_policy), hold_(policy_.hold),
+      ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})) {}
+
+void Resource::SetIdPolicy(std::map<std::string, std::string> id_map, bool compact_ids) {
+  auto ids = std::make_shared<const IdPolicy>(IdPolicy{std::move(id_map), compact_ids});
+  absl::MutexLock lock(&mu_);
+  ids_ = std::move(ids);
+}
+
+bool Resource::maps_ids() {
+  absl::MutexLock lock(&mu_);
+  return !ids_->id_map.empty() || ids_->compact_ids;
+}
 
 Resource::~Resource() { Shutdown(); }
 
@@ -239,8 +251,13 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
   // The kubelet's names for the backend's devices, hashed: the update costs
   // O(n), never O(n^2), and the lock Allocate needs is held only to swap.
   absl::flat_hash_map<std::string, std::string> to_backend;
-  if (!policy_.id_map.empty() || policy_.compact_ids) {
-    if (policy_.compact_ids) to_backend.reserve(static_cast<size_t>(devices->size()));
+  std::shared_ptr<const IdPolicy> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids = ids_;
+  }
+  if (!ids->id_map.empty() || ids->compact_ids) {
+    if (ids->compact_ids) to_backend.reserve(static_cast<size_t>(devices->size()));
     // The kubelet-side IDs given so far (views into `renamed` or `devices`).
     absl::flat_hash_set<std::string> taken;
     DeviceList::Builder renamed(static_cast<size_t>(devices->size()), devices->bytes());
@@ -248,11 +265,11 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
     for (int i = 0; i < devices->size(); ++i) {
       DeviceList::View d = devices->device(i);
       std::string kubelet_id;
-      auto m = policy_.id_map.find(std::string(d.id));
-      if (m != policy_.id_map.end()) {
+      auto m = ids->id_map.find(std::string(d.id));
+      if (m != ids->id_map.end()) {
         kubelet_id = m->second;
         to_backend[kubelet_id] = std::string(d.id);
-      } else if (policy_.compact_ids) {
+      } else if (ids->compact_ids) {
         std::string compact = CompactDeviceId(d.id);
         if (to_backend.count(compact) == 0 && taken.count(compact) == 0 &&
             !devices->Contains(compact)) {
@@ -351,13 +368,15 @@ std::string Resource::ToBackendId(const std::string& kubelet_id) {
 }
 
 std::string Resource::ToKubeletId(const std::string& backend_id) {
-  auto m = policy_.id_map.find(backend_id);
-  if (m != policy_.id_map.end()) return m->second;
-  if (!policy_.compact_ids) return backend_id;
-  std::string compact = CompactDeviceId(backend_id);
   absl::MutexLock lock(&mu_);
+  auto m = ids_->id_map.find(backend_id);
+  if (m != ids_->id_map.end()) return m->second;
+  if (!ids_->compact_ids) return backend_id;
+  std::string compact = CompactDeviceId(backend_id);
+  // Another device's compact ID (one in 10^9 at 100,000 devices): it keeps
+  // its own. Known before the first list under compact IDs arrives.
   auto it = to_backend_.find(compact);
-  return it != to_backend_.end() && it->second == backend_id ? compact : backend_id;
+  return it == to_backend_.end() || it->second == backend_id ? compact : backend_id;
 }
 
 std::string CompactDeviceId(absl::string_view backend_id) {

@@ -73,6 +73,14 @@ class Resource {
 
   const std::string& name() const { return name_; }
 
+  // Changes the ID map and compact IDs (a configuration reload). The list
+  // shown keeps its IDs until the backend's next list: the caller dials the
+  // backend again for one. Devices an allocation holds under their old IDs
+  // stay listed, Unhealthy, as any device the backend stops reporting.
+  void SetIdPolicy(std::map<std::string, std::string> id_map, bool compact_ids);
+  // Whether kubelet IDs may differ from the backend's (an ID map or compact IDs).
+  bool maps_ids();
+
   // Makes `backend` the one serving this resource and starts its stream. A
   // previous backend is stopped. Returns true if the options the kubelet
   // must be told about changed (the caller registers again).
@@ -167,6 +175,11 @@ class Resource {
     uint64_t before_;
   };
 
+  struct IdPolicy {
+    std::map<std::string, std::string> id_map;
+    bool compact_ids = false;
+  };
+
   const std::string name_;
   const ResourcePolicy policy_;  // its loss policy and hold: the two below
   EventLog* const events_;
@@ -175,6 +188,8 @@ class Resource {
   absl::Mutex mu_;
   LossPolicy loss_policy_ ABSL_GUARDED_BY(mu_);
   absl::Duration hold_ ABSL_GUARDED_BY(mu_);
+  // policy_'s id_map and compact_ids as a reload left them.
+  std::shared_ptr<const IdPolicy> ids_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;

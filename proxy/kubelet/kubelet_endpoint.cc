@@ -90,6 +90,16 @@ grpc::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
 }
 
 // The request with the kubelet's device IDs renamed to the backend's.
+bool SameDeviceIds(const v1beta1::AllocateRequest& a, const v1beta1::AllocateRequest& b) {
+  if (a.container_requests_size() != b.container_requests_size()) return false;
+  for (int i = 0; i < a.container_requests_size(); ++i) {
+    const auto& x = a.container_requests(i).devices_ids();
+    const auto& y = b.container_requests(i).devices_ids();
+    if (!std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
+  }
+  return true;
+}
+
 v1beta1::AllocateRequest ToBackendIds(Resource* r, const v1beta1::AllocateRequest& req) {
   v1beta1::AllocateRequest out = req;
   for (auto& c : *out.mutable_container_requests()) {
@@ -309,7 +319,9 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     backend_start_ = absl::Now();
     // The last step here: the answer may arrive, and the reactor end, on
     // another thread before this call returns.
-    backend_->AllocateAsync(ToBackendIds(e_->resource(), req_), timeout_, ctx_,
+    v1beta1::AllocateRequest to_backend = ToBackendIds(e_->resource(), req_);
+    if (!SameDeviceIds(to_backend, req_)) backend_req_ = to_backend;  // for the journal
+    backend_->AllocateAsync(std::move(to_backend), timeout_, ctx_,
                             [this](absl::StatusOr<v1beta1::AllocateResponse> r) {
                               Allocated(std::move(r));
                             });
@@ -342,7 +354,8 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   }
 
   void Journal() {
-    e_->Journal(req_, resp_, *backend_, [this](grpc::Status s) {
+    e_->Journal(req_, backend_req_ ? &*backend_req_ : nullptr, resp_, *backend_,
+                [this](grpc::Status s) {
       if (!s.ok()) return End(s);
       Answered();
     });
@@ -412,6 +425,8 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_;
   std::unique_ptr<grpc::ClientContext> forward_ctx_;
   std::shared_ptr<Backend> backend_;
+  // The request as the backend got it, where its IDs differ (an ID map).
+  std::optional<v1beta1::AllocateRequest> backend_req_;
   absl::Time backend_start_;
   v1beta1::AllocateResponse resp_;
 };
@@ -747,6 +762,7 @@ absl::Status KubeletEndpoint::Register() {
 }
 
 void KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
+                              const v1beta1::AllocateRequest* backend_req,
                               const v1beta1::AllocateResponse& resp, const Backend& backend,
                               std::function<void(grpc::Status)> done) {
   if (journal_ == nullptr) {
@@ -754,8 +770,10 @@ void KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
     return;
   }
   journal_->RecordAsync(
-      resource_->name(), req, resp, std::string(ApiWireVersion(backend.api())),
-      backend.endpoint(), [done = std::move(done), name = resource_->name()](absl::Status s) {
+      resource_->name(), req, resp,
+      BackendSide{std::string(ApiWireVersion(backend.api())), backend.endpoint(),
+                  backend.resource(), backend_req},
+      [done = std::move(done), name = resource_->name()](absl::Status s) {
         if (s.ok()) {
           done(grpc::Status::OK);
         } else if (s.code() == absl::StatusCode::kFailedPrecondition) {

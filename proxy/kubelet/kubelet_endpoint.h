@@ -85,8 +85,11 @@ class KubeletEndpoint {
   // kubelet is then refused, as a kubelet refuses admission when its own
   // checkpoint cannot be written). `done` runs on the calling thread or on
   // the journal's writer, and must not block.
-  void Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateResponse& resp,
-               const Backend& backend, std::function<void(grpc::Status)> done);
+  // `backend_req`: the request as the backend got it, if its device IDs
+  // differ from the kubelet's; nullptr otherwise.
+  void Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateRequest* backend_req,
+               const v1beta1::AllocateResponse& resp, const Backend& backend,
+               std::function<void(grpc::Status)> done);
   // --- Allocates during a handoff (proxy/handoff/handoff.proto) ---
   // Served here (the default), held (a new dpproxy is taking the state
   // over), or sent on to the new dpproxy's socket for this resource, which

@@ -16,6 +16,7 @@
 #include "backends/connect.h"
 #include "proxy/config/config_file.h"
 #include "proxy/dra/device_names.h"
+#include "proxy/server/held_elsewhere.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
 
@@ -148,7 +149,7 @@ absl::Status ProxyServer::Start() {
     return s;
   }
   for (const StaticBackendConfig& sb : config_.static_backends) {
-    Entry* e = EnsureEntry(KubeletResourceName(config_, sb.resource));
+    Entry* e = EnsureEntry(ServedName(sb.resource));
     absl::MutexLock lock(&mu_);
     e->static_config = sb;
     e->static_backend = true;
@@ -251,17 +252,25 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   auto it = entries_.find(name);
   if (it != entries_.end()) {
     Entry* found = it->second.get();
+    if (attach) found->backend_resource = attach->resource();
     lock.Release();
-    if (attach) (void)found->resource->AttachBackend(std::move(attach));
+    if (attach) {
+      // What it must not show free is known before its first list.
+      ++served_version_;
+      ApplyQuarantine();
+      (void)found->resource->AttachBackend(std::move(attach));
+    }
     return found;
   }
   auto e = std::make_unique<Entry>();
+  if (attach) e->backend_resource = attach->resource();
+  // As a reload left them.
   ResourcePolicy policy = config_.policy;
-  policy.loss_policy = live_config_.policy.loss_policy;  // as a reload left them
+  policy.loss_policy = live_config_.policy.loss_policy;
   policy.hold = live_config_.policy.hold;
-  auto m = config_.id_maps.find(name);
-  if (m != config_.id_maps.end()) policy.id_map = m->second;
-  policy.compact_ids = config_.compact_ids.count(name) > 0;
+  auto m = live_config_.id_maps.find(name);
+  if (m != live_config_.id_maps.end()) policy.id_map = m->second;
+  policy.compact_ids = live_config_.compact_ids.count(name) > 0;
   ResourceHooks hooks;
   hooks.on_change = [this] { Wake(); };
   StateKeeper* keeper = keeper_.get();
@@ -279,7 +288,11 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   Entry* raw = e.get();
   entries_[name] = std::move(e);
   lock.Release();
-  if (attach) (void)raw->resource->AttachBackend(std::move(attach));
+  ++served_version_;
+  if (attach) {
+    ApplyQuarantine();
+    (void)raw->resource->AttachBackend(std::move(attach));
+  }
   // In DRA mode the kubelet learns of devices from ResourceSlices: no
   // device plugin is registered with it (it would win over DRA).
   if (config_.dra.enabled) {
@@ -298,7 +311,7 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
     absl::MutexLock lock(&mu_);
     if (!running_) return absl::UnavailableError("dpproxy is stopping");
   }
-  const std::string name = KubeletResourceName(config_, backend->resource());
+  const std::string name = ServedName(backend->resource());
   if (name != backend->resource()) {
     LOG(INFO) << "backend resource " << backend->resource() << " is served to the kubelet as "
               << name;
@@ -308,6 +321,11 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
   (void)EnsureEntry(name, std::move(backend));
   Wake();
   return absl::OkStatus();
+}
+
+std::string ProxyServer::ServedName(const std::string& backend_resource) {
+  absl::MutexLock lock(&mu_);
+  return KubeletResourceName(live_config_, backend_resource);
 }
 
 void ProxyServer::Wake() {
@@ -333,13 +351,15 @@ void ProxyServer::HousekeepingLoop() {
     }
     const absl::Time now = absl::Now();
     TickResources(now);
+    // Before a new resource is registered: its first list already shows
+    // what it must not hand out.
+    ApplyQuarantine();
     const Registrar::PassResult pass = registrar_->Pass(now);
     next_retry_ = pass.next_retry;
     std::optional<Reconciler::RestartSeen> seen;
     if (reconciler_ && pass.kubelet_restarted) {
       seen = reconciler_->NoteKubeletRestart(*pass.kubelet_restarted);
     }
-    ApplyQuarantine();
     CheckHandoffProgress(now);
     {
       absl::MutexLock lock(&wake_mu_);
@@ -484,18 +504,72 @@ absl::Status ProxyServer::ReconcileCheckpointOnce() {
 
 void ProxyServer::ApplyQuarantine() {
   if (!reconciler_) return;
+  absl::MutexLock guard(&quarantine_mu_);
   const uint64_t version = reconciler_->quarantine_version();
-  if (version == applied_quarantine_) return;
+  const uint64_t released = keeper_->released_version();
+  const uint64_t served = served_version_.load();
+  if (version == applied_quarantine_ && released == applied_released_ &&
+      served == applied_served_) {
+    return;
+  }
   applied_quarantine_ = version;
+  applied_released_ = released;
+  applied_served_ = served;
   std::vector<QuarantineStatus> rows;
-  const std::map<std::string, std::set<std::string>> devices =
-      reconciler_->QuarantinedDevices(&rows);
+  std::map<std::string, std::set<std::string>> devices = reconciler_->QuarantinedDevices(&rows);
+  // A renamed or re-mapped resource while pods held its devices: the
+  // kubelet knows those allocations by their old name and ID only.
+  std::map<std::string, ServedAs> served_as;
+  std::map<std::string, std::string> backend_of;
+  std::map<std::string, std::string> renamed;  // old name -> name now
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : entries_) {
+      if (e->backend_resource.empty()) continue;
+      backend_of[name] = e->backend_resource;
+      const std::string now = KubeletResourceName(live_config_, e->backend_resource);
+      if (now != name) {
+        renamed[name] = now;
+        continue;
+      }
+      Resource* r = e->resource.get();
+      served_as[e->backend_resource] =
+          ServedAs{name, [r](const std::string& id) { return r->ToKubeletId(id); }};
+    }
+  }
+  const auto held = DevicesHeldElsewhere(keeper_->AllocationsSnapshot(), served_as, backend_of);
+  std::vector<HeldElsewhereStatus> held_rows;
+  for (const auto& [resource, by_id] : held) {
+    for (const auto& [id, h] : by_id) {
+      devices[resource].insert(id);
+      held_rows.push_back(HeldElsewhereStatus{resource, id, h.held_as_resource, h.held_as_device,
+                                              h.allocation, h.pod});
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     quarantine_rows_ = std::move(rows);
+    if (held_rows.size() != held_elsewhere_rows_.size()) {
+      LOG(WARNING) << held_rows.size()
+                   << " device(s) are held under another name or ID than they are served as "
+                      "now (renames, ID maps or compact IDs changed while pods held them); "
+                      "reported Unhealthy until their pods are gone";
+      events_.Emit("devices_held_elsewhere", {{"devices", held_rows.size()}});
+    }
+    held_elsewhere_rows_ = std::move(held_rows);
+    renamed_ = renamed;
   }
   for (Entry* e : Entries()) {
-    auto it = devices.find(e->resource->name());
+    const std::string& name = e->resource->name();
+    if (renamed.count(name) > 0) {
+      // No new pod gets a device under a name no longer served.
+      const Resource::Snapshot snap = e->resource->Current();
+      std::set<std::string> all;
+      for (int i = 0; i < snap.list->size(); ++i) all.insert(std::string(snap.list->device(i).id));
+      e->resource->SetQuarantined(std::move(all));
+      continue;
+    }
+    auto it = devices.find(name);
     e->resource->SetQuarantined(it == devices.end() ? std::set<std::string>() : it->second);
   }
 }
@@ -507,13 +581,26 @@ absl::Status ProxyServer::RestoreState() {
   const absl::Duration trust =
       config_.restore_policy == RestorePolicy::kTrust ? config_.restore_hold
                                                       : absl::ZeroDuration();
+  std::set<std::string> holding;  // names allocations hold devices under
+  for (const state::Allocation& a : st.allocations()) holding.insert(a.resource());
   for (const state::Resource& r : st.resources()) {
+    const std::string& plugin = r.backend().backend_resource();
+    const std::string now = plugin.empty() ? r.name() : ServedName(plugin);
+    if (now != r.name() && holding.count(r.name()) == 0) {
+      // Renamed, and no pod holds its devices under the old name: nothing
+      // to keep it for.
+      LOG(INFO) << "resource " << r.name() << ": not served any more: its plugin's resource "
+                << plugin << " is served as " << now << " (renames)";
+      events_.Emit("resource_retired", {{"resource", r.name()}, {"served_as", now}});
+      continue;
+    }
     Entry* e = EnsureEntry(r.name());
     e->resource->Restore(DeviceList::FromDevices({r.devices().begin(), r.devices().end()}), trust,
                          r.backend().endpoint(), r.backend().api_version());
     {
       absl::MutexLock lock(&mu_);
       e->restored_kubelet_api = r.kubelet_api();
+      e->backend_resource = plugin;
     }
     LOG(INFO) << "resource " << r.name() << ": restored " << r.devices_size()
               << " devices from the state file; "
@@ -583,8 +670,10 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
     r.mutable_backend()->set_endpoint(endpoint);
     r.mutable_backend()->set_api_version(backend_api);
     r.mutable_backend()->set_static_backend(e->static_backend.load());
-    std::shared_ptr<Backend> b = e->resource->backend();
-    if (b) r.mutable_backend()->set_backend_resource(b->resource());
+    {
+      absl::MutexLock lock(&mu_);
+      r.mutable_backend()->set_backend_resource(e->backend_resource);
+    }
     std::string bytes = r.SerializeAsString();
     e->resource->ReportedDevices()->AppendAsField(state::Resource::kDevicesFieldNumber, &bytes);
     out.push_back(std::move(bytes));
@@ -645,8 +734,14 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
                         c.to.empty() ? "(none)" : c.to);
   };
   bool backends_changed = false, loss_changed = false, calls_changed = false;
+  bool names_changed = false;
   for (const SettingChange& c : changes) {
-    if (absl::StartsWith(c.path, "backends[")) {
+    if ((absl::StartsWith(c.path, "renames.") || absl::StartsWith(c.path, "id_maps.") ||
+         absl::StartsWith(c.path, "compact_ids[")) &&
+        !config_.dra.enabled) {
+      names_changed = true;
+      result.applied.push_back(line(c));
+    } else if (absl::StartsWith(c.path, "backends[")) {
       backends_changed = true;
       result.applied.push_back(line(c));
     } else if (absl::StartsWith(c.path, "backend_loss.")) {
@@ -693,6 +788,9 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
                   {"dial_timeout", absl::FormatDuration(next.dial_timeout)},
                   {"cdi_annotations", next.kubelet.cdi_annotations}});
   }
+  // Before the static backends: a backend added under a new name is
+  // dialled for that name.
+  if (names_changed) ApplyServedNames(next);
   if (backends_changed) {
     auto key = [](const StaticBackendConfig& b) {
       return absl::StrCat(b.resource, "\n", b.endpoint, "\n",
@@ -704,7 +802,7 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
     // Dropped first: a backend moved to another socket is dialled there next.
     for (const StaticBackendConfig& b : running.static_backends) {
       if (after.count(key(b)) > 0) continue;
-      const std::string name = KubeletResourceName(config_, b.resource);
+      const std::string name = ServedName(b.resource);
       {
         absl::MutexLock lock(&mu_);
         auto it = entries_.find(name);
@@ -718,7 +816,7 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
     }
     for (const StaticBackendConfig& b : next.static_backends) {
       if (before.count(key(b)) > 0) continue;
-      const std::string name = KubeletResourceName(config_, b.resource);
+      const std::string name = ServedName(b.resource);
       Entry* e = EnsureEntry(name);
       {
         absl::MutexLock lock(&mu_);
@@ -740,6 +838,84 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
                                    {"needs_restart", result.needs_restart}});
   Wake();
   return result;
+}
+
+namespace {
+
+std::map<std::string, std::string> IdMapOf(const ProxyConfig& c, const std::string& resource) {
+  auto it = c.id_maps.find(resource);
+  return it == c.id_maps.end() ? std::map<std::string, std::string>() : it->second;
+}
+
+}  // namespace
+
+void ProxyServer::ApplyServedNames(const ProxyConfig& next) {
+  struct Change {
+    Entry* entry;
+    std::string to;  // the name served as from now on
+    bool ids;        // the same name with other IDs
+  };
+  std::vector<Change> changes;
+  absl::Duration dial_timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, e] : entries_) {
+      if (e->backend_resource.empty()) continue;
+      if (KubeletResourceName(live_config_, e->backend_resource) != name) continue;  // renamed
+      const std::string to = KubeletResourceName(next, e->backend_resource);
+      const bool ids = to == name && (IdMapOf(live_config_, name) != IdMapOf(next, name) ||
+                                      live_config_.compact_ids.count(name) !=
+                                          next.compact_ids.count(name));
+      if (to != name || ids) changes.push_back({e.get(), to, ids});
+    }
+    live_config_.renames = next.renames;
+    live_config_.id_maps = next.id_maps;
+    live_config_.compact_ids = next.compact_ids;
+    dial_timeout = live_config_.dial_timeout;
+  }
+  for (const Change& c : changes) {
+    Resource* r = c.entry->resource.get();
+    const std::string& from = r->name();
+    const bool dialled_by_dpproxy = c.entry->static_backend.load();
+    if (c.ids) {
+      r->SetIdPolicy(IdMapOf(next, from), next.compact_ids.count(from) > 0);
+      LOG(INFO) << "reload: resource " << from << " shows the kubelet other device IDs from "
+                << "its plugin's next list (ID map or compact IDs changed)";
+      events_.Emit("resource_ids_changed", {{"resource", from}});
+    } else {
+      LOG(INFO) << "reload: resource " << from << " is served as " << c.to
+                << " from now on; under " << from << " its devices are shown Unhealthy";
+      events_.Emit("resource_renamed", {{"resource", from}, {"served_as", c.to}});
+      Entry* to = EnsureEntry(c.to);
+      if (dialled_by_dpproxy) {
+        absl::MutexLock lock(&mu_);
+        c.entry->static_backend = false;
+        to->static_config = c.entry->static_config;
+        to->static_backend = true;
+      }
+    }
+    // The plugin's next list must come to the new name, or with the new
+    // IDs, and complete: it is dialled again, as a restart would.
+    std::shared_ptr<Backend> b = r->backend();
+    if (b == nullptr) continue;  // its next registration comes as configured now
+    if (!c.ids || dialled_by_dpproxy) b->Stop();
+    if (dialled_by_dpproxy) continue;  // the static backends' timer dials it
+    const std::string plugin = b->resource(), endpoint = b->endpoint();
+    const ApiVersion api = b->api();
+    const int max_bytes = config_.backend_max_list_bytes;
+    workers_->Submit([this, plugin, endpoint, api, dial_timeout, max_bytes] {
+      absl::StatusOr<std::shared_ptr<Backend>> nb =
+          ConnectBackend(plugin, endpoint, api, dial_timeout, max_bytes);
+      if (!nb.ok()) {
+        LOG(WARNING) << "reload: cannot dial " << endpoint << " again for " << plugin << ": "
+                     << nb.status().message() << "; its next registration brings it back";
+        return;
+      }
+      (void)AttachBackend(*nb);
+    });
+  }
+  ++served_version_;  // renamed names and new IDs are known: shown at once
+  Wake();
 }
 
 std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
@@ -816,6 +992,11 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   {
     absl::MutexLock lock(&mu_);
     st.quarantined = quarantine_rows_;
+    st.held_elsewhere = held_elsewhere_rows_;
+    for (ResourceStatus& r : st.resources) {
+      auto it = renamed_.find(r.resource);
+      if (it != renamed_.end()) r.now_served_as = it->second;
+    }
   }
   if (reconciler_) st.devices_held_twice = reconciler_->devices_held_twice();
   st.registrations_rejected = RegistrationRejections();

@@ -149,6 +149,9 @@ class ProxyServer {
     StaticBackendConfig static_config;  // under mu_
     bool connecting = false;           // a static connect is running
     std::string restored_kubelet_api;  // from the state file, until registered
+    // The plugin's resource name: the current backend's, or the last
+    // one's (from the state file after a restart); "" if none yet.
+    std::string backend_resource;
   };
 
   // The resource's entry, made and handed to the registrar if new. With
@@ -158,6 +161,16 @@ class ProxyServer {
   Entry* EnsureEntry(const std::string& name, std::shared_ptr<Backend> attach = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Entry*> Entries() ABSL_LOCKS_EXCLUDED(mu_);
+  // The kubelet-facing name of a plugin's resource, after renames as a
+  // reload left them.
+  std::string ServedName(const std::string& backend_resource) ABSL_LOCKS_EXCLUDED(mu_);
+  // A reload's renames, ID maps and compact IDs: each resource they change
+  // gets its backend dialled again, under its new name or with its new
+  // IDs (as a restart would do for it alone).
+  void ApplyServedNames(const ProxyConfig& next) ABSL_LOCKS_EXCLUDED(mu_);
+  // Quarantines, renamed names and devices held under another name or ID
+  // (held_elsewhere.h), shown Unhealthy; when any of them changed.
+  void ApplyQuarantine();
   void Wake();
   void HousekeepingLoop();
   void SaverLoop();
@@ -175,8 +188,6 @@ class ProxyServer {
   void TickResources(absl::Time now);
   void ConnectStatic(Entry* e);
   absl::Status RestoreState();
-  // Reports quarantined devices Unhealthy (on change).
-  void ApplyQuarantine();
   // What status and the saved resources are made of, in O(resources):
   // change counters and the few small values that have none.
   std::string Fingerprint();
@@ -234,6 +245,12 @@ class ProxyServer {
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<QuarantineStatus> quarantine_rows_ ABSL_GUARDED_BY(mu_);
+  std::vector<HeldElsewhereStatus> held_elsewhere_rows_ ABSL_GUARDED_BY(mu_);
+  // Kubelet name -> the name it is served as now, for renamed ones.
+  std::map<std::string, std::string> renamed_ ABSL_GUARDED_BY(mu_);
+  // Grows when what ApplyQuarantine reads changes other than through the
+  // keeper: a backend attached, a reload of names or IDs.
+  std::atomic<uint64_t> served_version_{0};
   // DRA mode: why the API server last failed dpproxy; "" once it answered.
   std::string dra_api_error_ ABSL_GUARDED_BY(mu_);
 
@@ -253,7 +270,11 @@ class ProxyServer {
   // Housekeeping thread only.
   absl::Time next_retry_ = absl::InfiniteFuture();
   std::function<void()> housekeeping_hook_;  // set before Start()
-  uint64_t applied_quarantine_ = 0;
+  // ApplyQuarantine's (housekeeping, and a backend attaching).
+  absl::Mutex quarantine_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  uint64_t applied_quarantine_ ABSL_GUARDED_BY(quarantine_mu_) = 0;
+  uint64_t applied_released_ ABSL_GUARDED_BY(quarantine_mu_) = 0;
+  uint64_t applied_served_ ABSL_GUARDED_BY(quarantine_mu_) = 0;
   // The saver's pass, and a handoff's last save: what was last saved and
   // written.
   absl::Mutex saver_mu_;

@@ -15,9 +15,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubele
                                                 get_preferred_allocation_available,
                                                 devices_total, devices_healthy,
                                                 device_list_bytes, device_list_too_large,
-                                                devices)
+                                                now_served_as, devices)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuarantineStatus, resource, allocation, devices,
                                                 pod, container, pod_uid, reason, since_unix_ms)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeldElsewhereStatus, resource, device,
+                                                held_as_resource, held_as_device, allocation,
+                                                pod)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StateStatus, path, allocations, save_failures,
                                                 writable, last_write_error, journal_writes,
                                                 journal_records, compactions,
@@ -49,6 +52,7 @@ Json StatusToJson(const ProxyStatus& s) {
           {"lossy_translations", s.lossy_translations},
           {"state", s.state ? Json(*s.state) : Json(nullptr)},
           {"quarantined", s.quarantined},
+          {"held_elsewhere", s.held_elsewhere},
           {"devices_held_twice", s.devices_held_twice},
           {"registrations_rejected", s.registrations_rejected}};
 }
@@ -102,6 +106,7 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     if (j.contains("lossy_translations")) j["lossy_translations"].get_to(s.lossy_translations);
     if (j.contains("state") && j["state"].is_object()) s.state = j["state"].get<StateStatus>();
     if (j.contains("quarantined")) j["quarantined"].get_to(s.quarantined);
+    if (j.contains("held_elsewhere")) j["held_elsewhere"].get_to(s.held_elsewhere);
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
     if (j.contains("dra") && j["dra"].is_object()) {
       const Json& d = j["dra"];
@@ -153,6 +158,10 @@ std::string StatusTable(const ProxyStatus& st) {
           "sees no devices of this resource\n",
           r.device_list_bytes, kKubeletMaxListBytes);
     }
+    if (!r.now_served_as.empty()) {
+      absl::StrAppend(&out, "  ^ RENAMED: served as ", r.now_served_as,
+                      " now; its devices are shown Unhealthy under this name\n");
+    }
   }
   if (st.state) {
     absl::StrAppend(&out, "\nstate ", st.state->path, ": ", st.state->allocations,
@@ -177,6 +186,18 @@ std::string StatusTable(const ProxyStatus& st) {
       }
       absl::StrAppend(&out, "  ", q.resource, " ", absl::StrJoin(q.devices, ","), " held by ",
                       holder, ": ", q.reason, "\n");
+    }
+  }
+  if (!st.held_elsewhere.empty()) {
+    absl::StrAppend(&out,
+                    "\nHELD UNDER ANOTHER NAME OR ID (renames, ID maps or compact IDs changed; "
+                    "reported Unhealthy until the pod is gone):\n");
+    for (const HeldElsewhereStatus& h : st.held_elsewhere) {
+      absl::StrAppend(&out, "  ", h.resource, " ", h.device, " is ", h.held_as_resource, " ",
+                      h.held_as_device, " held by ",
+                      h.pod.empty() ? absl::StrCat("allocation ", h.allocation, " (pod unknown)")
+                                    : h.pod,
+                      "\n");
     }
   }
   if (st.devices_held_twice > 0) {

@@ -47,6 +47,10 @@ struct ResourceStatus {
   // refuses it (and sees no devices).
   int64_t device_list_bytes = 0;
   bool device_list_too_large = false;
+  // A name its plugin's resource is no longer served as (`renames`
+  // changed): the name it is served as now. Its devices are shown
+  // Unhealthy, so no new pod gets them under the old name.
+  std::string now_served_as;
   // Left empty unless asked for (the metrics never need them). A status
   // built by the server points at the published list instead of copying
   // it (`device_list`); one read back from the file has `devices`.
@@ -71,6 +75,16 @@ struct QuarantineStatus {
   std::string pod_uid;
   std::string reason;
   int64_t since_unix_ms = 0;
+};
+
+// A device a resource shows Unhealthy because an allocation holds it under
+// another kubelet name or ID (held_elsewhere.h): until that allocation is
+// released (its pod is gone).
+struct HeldElsewhereStatus {
+  std::string resource, device;  // as shown now
+  std::string held_as_resource, held_as_device;
+  uint64_t allocation = 0;
+  std::string pod;  // "namespace/name" or "" if unknown
 };
 
 struct StateStatus {
@@ -108,6 +122,7 @@ struct ProxyStatus {
   std::map<std::string, std::map<std::string, int64_t>> lossy_translations;
   std::optional<StateStatus> state;  // nullopt without a state directory
   std::vector<QuarantineStatus> quarantined;
+  std::vector<HeldElsewhereStatus> held_elsewhere;
   int64_t devices_held_twice = 0;
   // Refused backend registrations by reason (version, resource_name, ...).
   std::map<std::string, int64_t> registrations_rejected;

@@ -324,11 +324,10 @@ absl::Status StateKeeper::SaveLocked() {
 absl::Status StateKeeper::Record(const std::string& resource,
                                  const v1beta1::AllocateRequest& req,
                                  const v1beta1::AllocateResponse& resp,
-                                 const std::string& backend_api,
-                                 const std::string& backend_endpoint) {
+                                 const BackendSide& backend) {
   absl::Notification recorded;
   absl::Status result;
-  RecordAsync(resource, req, resp, backend_api, backend_endpoint, [&](absl::Status s) {
+  RecordAsync(resource, req, resp, backend, [&](absl::Status s) {
     result = std::move(s);
     recorded.Notify();
   });
@@ -358,9 +357,7 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
 }
 
 void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
-                              const v1beta1::AllocateResponse& resp,
-                              const std::string& backend_api,
-                              const std::string& backend_endpoint,
+                              const v1beta1::AllocateResponse& resp, const BackendSide& backend,
                               std::function<void(absl::Status)> done) {
   const int64_t now = absl::ToUnixMillis(absl::Now());
   absl::Status refused;
@@ -381,8 +378,15 @@ void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::Alloca
         if (i < resp.container_responses_size()) {
           *a.mutable_response() = resp.container_responses(i);
         }
-        a.set_backend_api(backend_api);
-        a.set_backend_endpoint(backend_endpoint);
+        a.set_backend_api(backend.api);
+        a.set_backend_endpoint(backend.endpoint);
+        a.set_backend_resource(backend.resource);
+        if (backend.request != nullptr && i < backend.request->container_requests_size()) {
+          const auto& ids = backend.request->container_requests(i).devices_ids();
+          if (!std::equal(ids.begin(), ids.end(), a.device_ids().begin(), a.device_ids().end())) {
+            *a.mutable_backend_device_ids() = ids;
+          }
+        }
         a.set_allocated_unix_ms(now);
         me->records.push_back(std::move(a));
       }
@@ -519,6 +523,7 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
                           }),
            a->end());
   if (lifted) ++quarantine_version_;
+  ++released_version_;
   RebuildIndexLocked();
   return SaveLocked();
 }
@@ -562,7 +567,10 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
                             }),
              all->end());
   if (lifted) ++quarantine_version_;
-  if (all->size() != before) RebuildIndexLocked();
+  if (all->size() != before) {
+    ++released_version_;
+    RebuildIndexLocked();
+  }
   if (all->size() == before && (changed == 0 || !persist_names)) return changed;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
   return changed;
@@ -633,6 +641,8 @@ state::State StateKeeper::AllocationsSnapshot() {
     c->set_quarantine_reason(a.quarantine_reason());
     c->set_quarantined_unix_ms(a.quarantined_unix_ms());
     c->set_pod_uid(a.pod_uid());
+    c->set_backend_resource(a.backend_resource());
+    *c->mutable_backend_device_ids() = a.backend_device_ids();
   }
   out.set_next_allocation_id(state_.next_allocation_id());
   return out;

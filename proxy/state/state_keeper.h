@@ -42,6 +42,16 @@
 namespace dpproxy {
 
 // Where the kubelet side reports answered allocations.
+// The plugin's side of an allocation, as the journal keeps it.
+struct BackendSide {
+  std::string api;       // the version it was called in ("v1beta1", ...)
+  std::string endpoint;  // its socket
+  std::string resource;  // its resource name ("": not known)
+  // The request as the plugin got it, if its device IDs differ from the
+  // kubelet's (an ID map, compact IDs); nullptr: the same IDs.
+  const v1beta1::AllocateRequest* request = nullptr;
+};
+
 class AllocationJournal {
  public:
   virtual ~AllocationJournal() = default;
@@ -53,9 +63,7 @@ class AllocationJournal {
   // if a device is held by a quarantined allocation: a second live holder
   // is never journaled.
   virtual void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
-                           const v1beta1::AllocateResponse& resp,
-                           const std::string& backend_api,
-                           const std::string& backend_endpoint,
+                           const v1beta1::AllocateResponse& resp, const BackendSide& backend,
                            std::function<void(absl::Status)> done) = 0;
 };
 
@@ -99,13 +107,19 @@ class StateKeeper : public AllocationJournal {
   // disk I/O, and a snapshot saver that wants the journal gets it between
   // two batches.
   void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
-                   const v1beta1::AllocateResponse& resp, const std::string& backend_api,
-                   const std::string& backend_endpoint,
+                   const v1beta1::AllocateResponse& resp, const BackendSide& backend,
                    std::function<void(absl::Status)> done) override;
   // The same, waiting for the outcome.
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
+                      const v1beta1::AllocateResponse& resp, const BackendSide& backend);
+  absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const std::string& backend_api,
-                      const std::string& backend_endpoint);
+                      const std::string& backend_endpoint) {
+    BackendSide backend;
+    backend.api = backend_api;
+    backend.endpoint = backend_endpoint;
+    return Record(resource, req, resp, backend);
+  }
 
   // Replaces the saved resource snapshots; saves if they changed.
   absl::Status SetResources(std::vector<state::Resource> resources);
@@ -135,6 +149,8 @@ class StateKeeper : public AllocationJournal {
   absl::StatusOr<int> Quarantine(const std::vector<uint64_t>& ids, const std::string& reason);
   // Changes whenever the set of quarantined allocations changes.
   uint64_t quarantine_version() const { return quarantine_version_.load(); }
+  // Changes whenever allocations are forgotten (Release, Reconcile).
+  uint64_t released_version() const { return released_version_.load(); }
 
   // A copy of everything (for dpctl-like views and tests).
   state::State Snapshot();
@@ -263,6 +279,7 @@ class StateKeeper : public AllocationJournal {
   std::atomic<int> allocation_count_{0};
   std::atomic<int64_t> write_failures_{0};
   std::atomic<uint64_t> quarantine_version_{0};
+  std::atomic<uint64_t> released_version_{0};
   std::atomic<bool> writable_{true};
   std::atomic<int64_t> journal_writes_{0};
   std::atomic<int64_t> journal_records_{0};

@@ -728,7 +728,8 @@ TEST_F(KeeperWritesTest, ARecordThatFindsTheJournalBusyIsWrittenByTheWriterAtWor
   absl::Status second;
   std::thread::id reported_on;
   std::thread t2([&] {
-    keeper.RecordAsync("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(), "v1beta1", "/s",
+    keeper.RecordAsync("vendor.com/gpu", TwoContainers("c", "d"), TwoResponses(),
+                       BackendSide{"v1beta1", "/s", "", nullptr},
                        [&](absl::Status s) {
                          second = std::move(s);
                          reported_on = std::this_thread::get_id();

@@ -635,6 +635,9 @@ TEST(StateKeeperTest, AllocationsSnapshotCopiesEveryFieldButTheResponse) {
   a->set_quarantine_reason("lost by the kubelet");
   a->set_quarantined_unix_ms(1700000000001);
   a->set_pod_uid("uid-1");
+  a->set_backend_resource("legacy.com/gpu");
+  a->add_backend_device_ids("GPU-aa");
+  a->add_backend_device_ids("GPU-bb");
   const google::protobuf::Reflection* refl = a->GetReflection();
   const google::protobuf::Descriptor* desc = a->GetDescriptor();
   for (int i = 0; i < desc->field_count(); ++i) {

@@ -48,7 +48,8 @@ plugins it is a kubelet: point a plugin's kubelet socket at
 or v1beta1, unchanged. Every call is translated (see docs/translation.md).
 SIGTERM or SIGINT stop it cleanly. SIGHUP re-reads the --config file: a
 file with errors is refused (the running configuration stays); otherwise
-static backends and the backend-loss policy change at once, and every
+static backends, the backend-loss policy, the call timeouts, CDI
+annotations, renames, ID maps and compact IDs change at once, and every
 other change is logged as taking effect at the next start (see
 docs/operations.md). To upgrade dpproxy without a gap, start the new one
 beside it with --takeover: the running one hands its state over and exits

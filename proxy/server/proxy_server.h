@@ -116,7 +116,11 @@ class ProxyServer {
   //   backends       static backends added (dialled from now on) or removed
   //                  (no longer dialled; a connection open now stays until
   //                  it ends, and its resource stays registered);
-  //   backend_loss   the loss policy and hold of every resource.
+  //   backend_loss   the loss policy and hold of every resource;
+  //   timeouts.backend, timeouts.dial, cdi_annotations   from the next call;
+  //   renames, id_maps, compact_ids   each resource they change has its
+  //                  plugin dialled again, under its new name or with its
+  //                  new IDs (ApplyServedNames); not in DRA mode.
   // Resources whose settings did not change are untouched.
   struct ReloadResult {
     std::vector<std::string> applied;        // "path: old -> new"

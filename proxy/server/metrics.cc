@@ -172,6 +172,17 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
     AddGauge(&quarantined, {{"resource", res}}, static_cast<double>(n));
   }
   out.push_back(std::move(quarantined));
+  MetricFamily elsewhere = Family(
+      "dpproxy_devices_held_elsewhere",
+      "Devices reported Unhealthy because a pod holds them under another resource name or "
+      "device ID (renames, ID maps or compact IDs changed).",
+      MetricType::Gauge);
+  std::map<std::string, size_t> held_per_resource;
+  for (const HeldElsewhereStatus& h : status.held_elsewhere) ++held_per_resource[h.resource];
+  for (const auto& [res, n] : held_per_resource) {
+    AddGauge(&elsewhere, {{"resource", res}}, static_cast<double>(n));
+  }
+  out.push_back(std::move(elsewhere));
   MetricFamily twice = Family("dpproxy_devices_held_twice_total",
                               "Devices found allocated to a second pod while a pod the "
                               "kubelet lost track of held them.",

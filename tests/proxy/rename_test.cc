@@ -114,6 +114,8 @@ TEST_F(RenameTest, ARenameAtRestartNeverShowsAHeldDeviceFree) {
   ASSERT_NE(st.Find(kLegacy), nullptr);
   EXPECT_EQ(st.Find(kLegacy)->now_served_as, kVendor);
   EXPECT_THAT(StatusTable(st), HasSubstr("HELD UNDER ANOTHER NAME OR ID"));
+  EXPECT_THAT(h_.MetricsText(),
+              HasSubstr("dpproxy_devices_held_elsewhere{resource=\"vendor.com/gpu\"} 1"));
 
   // A pod asking the new name for every free device gets the other three.
   absl::StatusOr<sim::AllocateResponse> b =

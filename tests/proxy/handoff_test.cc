@@ -133,6 +133,61 @@ TEST_P(HandoffTest, TwentyUpgradesUnderAStreamOfPods) {
   EXPECT_EQ(h.proxy().state()->AllocationCount(), pods.admitted());
 }
 
+// The kubelet restarts in the middle of a takeover, after the new dpproxy
+// took the state and before the old one finished: the new one registers
+// with the restarted kubelet, the old one (which registers nothing after
+// its release) never does, the takeover completes, and the pod admitted
+// before the upgrade is re-admitted by the restarted kubelet.
+TEST_P(HandoffTest, AKubeletRestartInTheMiddleOfATakeover) {
+  const std::string kubelet = GetParam();
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
+    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(
+        kubelet == "1.31-per-socket" ? "1.31" : kubelet);
+    ASSERT_TRUE(v.ok());
+    v->per_socket_clients = kubelet == "1.31-per-socket";
+    so.kubelet = *v;
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
+  const std::string old_socket = h.proxy().KubeletSocketOf(kGpu);
+  size_t restarted_at = 0;
+  absl::Status took = h.TakeOver([&] {
+    restarted_at = h.sim().events().Size();
+    ASSERT_TRUE(h.sim().Restart().ok());
+  });
+  ASSERT_TRUE(took.ok()) << took.message();
+  const std::string new_socket = h.proxy().KubeletSocketOf(kGpu);
+  ASSERT_NE(new_socket, old_socket);
+  // The restarted kubelet has the new dpproxy's devices, from its socket.
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  auto ends_with = [](const std::string& path, const std::string& name) {
+    return path.size() >= name.size() && path.compare(path.size() - name.size(), name.size(),
+                                                      name) == 0;
+  };
+  const std::string new_name = new_socket.substr(new_socket.rfind('/') + 1);
+  const std::string old_name = old_socket.substr(old_socket.rfind('/') + 1);
+  bool new_registered = false;
+  for (const auto& e : h.sim().events().Since(restarted_at)) {
+    if (e.value("event", "") != "register_request") continue;
+    const std::string endpoint = e.value("endpoint", "");
+    EXPECT_FALSE(ends_with(endpoint, old_name)) << "the released dpproxy registered again";
+    new_registered = new_registered || ends_with(endpoint, new_name);
+  }
+  EXPECT_TRUE(new_registered);
+  // The pod from before is re-admitted, and a new one is served and
+  // journaled by the new dpproxy.
+  sim::ReadmitResponse r = h.sim().Readmit();
+  ASSERT_EQ(r.results_size(), 1);
+  EXPECT_TRUE(r.results(0).admitted()) << r.results(0).message();
+  absl::StatusOr<sim::AllocateResponse> after =
+      h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+}
+
 // 1.25-1.36 without per-socket clients: when the old dpproxy's stream
 // ends, the kubelet disconnects the resource's client by name, which is the
 // new one's (kubernetes#121994). The new dpproxy, which expects it after a

@@ -78,11 +78,14 @@ class ProxyHarness {
   // main does: an upgrade beside the running one. The new one's Start()
   // returns after the old one released the state; the old one is told to
   // finish once the new one is registered.
-  absl::Status TakeOver() {
+  // `meanwhile` runs once the new one took the state, before it is
+  // registered (a kubelet restart in the middle of it).
+  absl::Status TakeOver(const std::function<void()>& meanwhile = nullptr) {
     ProxyConfig c = config_;
     c.takeover = true;
     auto next = std::make_unique<ProxyServer>(c);
     if (absl::Status s = next->Start(); !s.ok()) return s;
+    if (meanwhile) meanwhile();
     if (!next->WaitForTakeover(kWait)) {
       return absl::DeadlineExceededError("the takeover did not complete");
     }

@@ -454,6 +454,23 @@ void Resource::Tick(absl::Time now) {
   if (now - *lost_at_ >= hold) MarkAllLocked(std::string(kUnhealthy));
 }
 
+void Resource::DetachBackend(const std::string& why) {
+  uint64_t generation;
+  std::shared_ptr<Backend> b;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connected_ || backend_ == nullptr) return;
+    generation = generation_;
+    b = backend_;
+  }
+  OnLost(generation, why);
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation == generation_) ++generation_;  // its late callbacks are ignored
+  }
+  b->Stop();
+}
+
 void Resource::Shutdown() {
   std::shared_ptr<Backend> b;
   {

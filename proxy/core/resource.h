@@ -154,6 +154,11 @@ class Resource {
   // plugin may drop this one's stream as it registers with the new one).
   void KeepHealthOnLoss();
 
+  // Stops the current backend as if it was lost (`why`: backend_down's
+  // reason): the loss policy applies until another one attaches. A
+  // configuration reload that no longer wants it.
+  void DetachBackend(const std::string& why);
+
   // Stops the backend. Idempotent.
   void Shutdown();
 

@@ -252,7 +252,10 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   auto it = entries_.find(name);
   if (it != entries_.end()) {
     Entry* found = it->second.get();
-    if (attach) found->backend_resource = attach->resource();
+    if (attach) {
+      found->backend_resource = attach->resource();
+      found->static_removed = false;  // a plugin serves it again
+    }
     lock.Release();
     if (attach) {
       // What it must not show free is known before its first list.
@@ -522,11 +525,16 @@ void ProxyServer::ApplyQuarantine() {
   std::map<std::string, ServedAs> served_as;
   std::map<std::string, std::string> backend_of;
   std::map<std::string, std::string> renamed;  // old name -> name now
+  std::set<std::string> removed;               // static backends removed
   {
     absl::MutexLock lock(&mu_);
     for (auto& [name, e] : entries_) {
+      if (!e->backend_resource.empty()) backend_of[name] = e->backend_resource;
+      if (e->static_removed) {
+        removed.insert(name);
+        continue;
+      }
       if (e->backend_resource.empty()) continue;
-      backend_of[name] = e->backend_resource;
       const std::string now = KubeletResourceName(live_config_, e->backend_resource);
       if (now != name) {
         renamed[name] = now;
@@ -558,10 +566,11 @@ void ProxyServer::ApplyQuarantine() {
     }
     held_elsewhere_rows_ = std::move(held_rows);
     renamed_ = renamed;
+    removed_ = removed;
   }
   for (Entry* e : Entries()) {
     const std::string& name = e->resource->name();
-    if (renamed.count(name) > 0) {
+    if (renamed.count(name) > 0 || removed.count(name) > 0) {
       // No new pod gets a device under a name no longer served.
       const Resource::Snapshot snap = e->resource->Current();
       std::set<std::string> all;
@@ -586,12 +595,21 @@ absl::Status ProxyServer::RestoreState() {
   for (const state::Resource& r : st.resources()) {
     const std::string& plugin = r.backend().backend_resource();
     const std::string now = plugin.empty() ? r.name() : ServedName(plugin);
-    if (now != r.name() && holding.count(r.name()) == 0) {
-      // Renamed, and no pod holds its devices under the old name: nothing
-      // to keep it for.
-      LOG(INFO) << "resource " << r.name() << ": not served any more: its plugin's resource "
-                << plugin << " is served as " << now << " (renames)";
-      events_.Emit("resource_retired", {{"resource", r.name()}, {"served_as", now}});
+    // A static backend the configuration no longer has.
+    bool static_removed = r.backend().static_backend();
+    for (const StaticBackendConfig& sb : config_.static_backends) {
+      if (ServedName(sb.resource) == r.name()) static_removed = false;
+    }
+    if ((now != r.name() || static_removed) && holding.count(r.name()) == 0) {
+      // Renamed or removed, and no pod holds its devices under this name:
+      // nothing to keep it for.
+      LOG(INFO) << "resource " << r.name() << ": not served any more: "
+                << (now != r.name() ? absl::StrCat("its plugin's resource ", plugin,
+                                                   " is served as ", now, " (renames)")
+                                    : std::string("its static backend was removed from the "
+                                                  "configuration"));
+      events_.Emit("resource_retired",
+                   {{"resource", r.name()}, {"served_as", now != r.name() ? now : ""}});
       continue;
     }
     Entry* e = EnsureEntry(r.name());
@@ -601,6 +619,7 @@ absl::Status ProxyServer::RestoreState() {
       absl::MutexLock lock(&mu_);
       e->restored_kubelet_api = r.kubelet_api();
       e->backend_resource = plugin;
+      e->static_removed = static_removed;
     }
     LOG(INFO) << "resource " << r.name() << ": restored " << r.devices_size()
               << " devices from the state file; "
@@ -669,10 +688,11 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
     auto [endpoint, backend_api] = e->resource->last_backend();
     r.mutable_backend()->set_endpoint(endpoint);
     r.mutable_backend()->set_api_version(backend_api);
-    r.mutable_backend()->set_static_backend(e->static_backend.load());
     {
       absl::MutexLock lock(&mu_);
       r.mutable_backend()->set_backend_resource(e->backend_resource);
+      // A removed one too: the next start knows it is no longer wanted.
+      r.mutable_backend()->set_static_backend(e->static_backend.load() || e->static_removed);
     }
     std::string bytes = r.SerializeAsString();
     e->resource->ReportedDevices()->AppendAsField(state::Resource::kDevicesFieldNumber, &bytes);
@@ -803,15 +823,24 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
     for (const StaticBackendConfig& b : running.static_backends) {
       if (after.count(key(b)) > 0) continue;
       const std::string name = ServedName(b.resource);
+      Entry* removed = nullptr;
       {
         absl::MutexLock lock(&mu_);
         auto it = entries_.find(name);
         if (it != entries_.end() && it->second->static_config.endpoint == b.endpoint) {
-          it->second->static_backend = false;
+          removed = it->second.get();
+          removed->static_backend = false;
+          removed->static_removed = true;
         }
       }
+      // Not used any more: its connection ends now, and its devices are
+      // shown Unhealthy (ApplyQuarantine) unless it is added back.
+      std::shared_ptr<Backend> open = removed ? removed->resource->backend() : nullptr;
+      if (open != nullptr && open->endpoint() == b.endpoint) {
+        removed->resource->DetachBackend("static backend removed from the configuration");
+      }
       LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
-                << " is no longer dialled (a connection open now stays until it ends)";
+                << " is no longer dialled; " << name << " shows its devices Unhealthy";
       events_.Emit("static_backend_removed", {{"resource", name}, {"endpoint", b.endpoint}});
     }
     for (const StaticBackendConfig& b : next.static_backends) {
@@ -822,13 +851,17 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
         absl::MutexLock lock(&mu_);
         e->static_config = b;
         e->static_backend = true;
+        e->static_removed = false;
       }
       LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
                 << " is dialled from now on";
       events_.Emit("static_backend_added", {{"resource", name}, {"endpoint", b.endpoint}});
     }
-    absl::MutexLock lock(&mu_);
-    live_config_.static_backends = next.static_backends;
+    {
+      absl::MutexLock lock(&mu_);
+      live_config_.static_backends = next.static_backends;
+    }
+    ++served_version_;
   }
   for (const std::string& l : result.applied) LOG(INFO) << "reload applied " << l;
   for (const std::string& l : result.needs_restart) {
@@ -898,7 +931,10 @@ void ProxyServer::ApplyServedNames(const ProxyConfig& next) {
     // IDs, and complete: it is dialled again, as a restart would.
     std::shared_ptr<Backend> b = r->backend();
     if (b == nullptr) continue;  // its next registration comes as configured now
-    if (!c.ids || dialled_by_dpproxy) b->Stop();
+    if (!c.ids || dialled_by_dpproxy) {
+      r->DetachBackend(c.ids ? "dialled again for its new device IDs"
+                             : absl::StrCat("served as ", c.to, " from now on"));
+    }
     if (dialled_by_dpproxy) continue;  // the static backends' timer dials it
     const std::string plugin = b->resource(), endpoint = b->endpoint();
     const ApiVersion api = b->api();
@@ -996,6 +1032,7 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     for (ResourceStatus& r : st.resources) {
       auto it = renamed_.find(r.resource);
       if (it != renamed_.end()) r.now_served_as = it->second;
+      r.removed = removed_.count(r.resource) > 0;
     }
   }
   if (reconciler_) st.devices_held_twice = reconciler_->devices_held_twice();

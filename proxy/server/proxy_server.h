@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -114,8 +115,8 @@ class ProxyServer {
   // Applies what can change while running, one change at a time with an
   // event each, and reports the rest, which takes effect at the next start:
   //   backends       static backends added (dialled from now on) or removed
-  //                  (no longer dialled; a connection open now stays until
-  //                  it ends, and its resource stays registered);
+  //                  (the connection ends; its devices are shown Unhealthy,
+  //                  and a start leaves it out once no pod holds them);
   //   backend_loss   the loss policy and hold of every resource;
   //   timeouts.backend, timeouts.dial, cdi_annotations   from the next call;
   //   renames, id_maps, compact_ids   each resource they change has its
@@ -156,6 +157,9 @@ class ProxyServer {
     // The plugin's resource name: the current backend's, or the last
     // one's (from the state file after a restart); "" if none yet.
     std::string backend_resource;
+    // Its static backend was removed from the configuration (and no plugin
+    // registered for it since): its devices are shown Unhealthy.
+    bool static_removed = false;
   };
 
   // The resource's entry, made and handed to the registrar if new. With
@@ -252,6 +256,7 @@ class ProxyServer {
   std::vector<HeldElsewhereStatus> held_elsewhere_rows_ ABSL_GUARDED_BY(mu_);
   // Kubelet name -> the name it is served as now, for renamed ones.
   std::map<std::string, std::string> renamed_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> removed_ ABSL_GUARDED_BY(mu_);  // Entry::static_removed
   // Grows when what ApplyQuarantine reads changes other than through the
   // keeper: a backend attached, a reload of names or IDs.
   std::atomic<uint64_t> served_version_{0};

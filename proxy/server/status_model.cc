@@ -15,7 +15,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubele
                                                 get_preferred_allocation_available,
                                                 devices_total, devices_healthy,
                                                 device_list_bytes, device_list_too_large,
-                                                now_served_as, devices)
+                                                now_served_as, removed, devices)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuarantineStatus, resource, allocation, devices,
                                                 pod, container, pod_uid, reason, since_unix_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeldElsewhereStatus, resource, device,
@@ -161,6 +161,10 @@ std::string StatusTable(const ProxyStatus& st) {
     if (!r.now_served_as.empty()) {
       absl::StrAppend(&out, "  ^ RENAMED: served as ", r.now_served_as,
                       " now; its devices are shown Unhealthy under this name\n");
+    }
+    if (r.removed) {
+      absl::StrAppend(&out, "  ^ REMOVED from the configuration: its devices are shown "
+                            "Unhealthy; left out at the next start once no pod holds them\n");
     }
   }
   if (st.state) {

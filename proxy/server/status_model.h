@@ -51,6 +51,9 @@ struct ResourceStatus {
   // changed): the name it is served as now. Its devices are shown
   // Unhealthy, so no new pod gets them under the old name.
   std::string now_served_as;
+  // Its static backend was removed from the configuration: its devices are
+  // shown Unhealthy, and a start leaves it out once no pod holds them.
+  bool removed = false;
   // Left empty unless asked for (the metrics never need them). A status
   // built by the server points at the published list instead of copying
   // it (`device_list`); one read back from the file has `devices`.

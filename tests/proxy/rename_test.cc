@@ -1,7 +1,8 @@
-// Renames, ID maps and compact IDs changed while pods hold devices: at a
-// restart and by a reload. The kubelet knows those allocations by their old
-// name and ID only; the device they hold is never shown free under the new
-// ones until the pod is gone.
+// Renames, ID maps and compact IDs changed while pods hold devices, and
+// static backends removed: at a restart and by a reload. The kubelet knows
+// those allocations by their old name and ID only; the device they hold is
+// never shown free under the new ones until the pod is gone, and a name no
+// longer served gives no device to a new pod.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -218,6 +219,71 @@ TEST_F(RenameTest, CompactIdsSwitchedOnLiveKeepAHeldDeviceAwayUnderItsNewId) {
   // ID is dropped with the plugin's next list.
   ASSERT_NO_FATAL_FAILURE(EndThePod());
   EXPECT_TRUE(h_.WaitFor([&] { return Seen(kLegacy)[held_compact] == "Healthy"; }));
+}
+
+// A static backend removed from the configuration: its connection ends, its
+// devices are shown Unhealthy (no new pod gets one), it stays while a pod
+// holds one of them, and a start after that pod leaves it out.
+TEST(RemovedStaticBackendTest, ItsResourceGivesNothingMoreAndGoesOnceNoPodHoldsIt) {
+  constexpr char kNic[] = "vendor.com/nic";
+  testing::ShortTempDir plugin_dir;
+  const std::string socket = plugin_dir.Sub("static-nic.sock");
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
+    PassesByHand()(c);
+    c.static_backends.push_back({kNic, socket, std::nullopt});
+  });
+  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
+  nic.resource = kNic;
+  nic.registration = sample::RegistrationMode::kNone;
+  nic.socket_name = "static-nic.sock";
+  nic.kubelet_socket = plugin_dir.Sub("unused.sock");
+  ASSERT_NE(h.StartPlugin(nic), nullptr);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kNic, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a =
+      h.sim().Allocate(testing::PodRequest("net", {{"main", 1}}, kNic));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  auto all_unhealthy = [&] {
+    const sim::State st = h.sim().GetState();
+    const sim::ResourceState* r = h.Resource(st, kNic);
+    if (r == nullptr || r->devices_size() != 4) return false;
+    for (const auto& d : r->devices()) {
+      if (d.health() != "Unhealthy") return false;
+    }
+    return true;
+  };
+
+  ProxyConfig next = h.config();
+  next.static_backends.clear();
+  const ProxyServer::ReloadResult r = h.proxy().Reload(next);
+  EXPECT_THAT(r.applied, Contains(HasSubstr("backends[0].endpoint: ")));
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("static_backend_removed", {{"resource", kNic}},
+                                              kWait));
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kNic}}, kWait));
+  ASSERT_TRUE(h.WaitFor(all_unhealthy));
+  ASSERT_NE(h.proxy().Status().Find(kNic), nullptr);
+  EXPECT_TRUE(h.proxy().Status().Find(kNic)->removed);
+  EXPECT_THAT(StatusTable(h.proxy().Status()), HasSubstr("REMOVED from the configuration"));
+
+  // A restart keeps it while the pod holds a device of it, still giving
+  // nothing to a new pod.
+  h.RestartProxy([](ProxyConfig& c) { c.static_backends.clear(); });
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.WaitFor(all_unhealthy));
+  ASSERT_NE(h.proxy().Status().Find(kNic), nullptr);
+  EXPECT_TRUE(h.proxy().Status().Find(kNic)->removed);
+
+  // The pod goes: the next start leaves the resource out.
+  ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_EQ(h.proxy().state()->AllocationCount(), 0);
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("resource_retired", {{"resource", kNic}}, kWait));
+  EXPECT_EQ(h.proxy().Status().Find(kNic), nullptr);
 }
 
 }  // namespace

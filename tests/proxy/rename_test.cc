@@ -269,11 +269,15 @@ TEST(RemovedStaticBackendTest, ItsResourceGivesNothingMoreAndGoesOnceNoPodHoldsI
 
   // A restart keeps it while the pod holds a device of it, still giving
   // nothing to a new pod.
+  const size_t restarted = h.sim().events().Size();
   h.RestartProxy([](ProxyConfig& c) { c.static_backends.clear(); });
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_TRUE(h.WaitFor(all_unhealthy));
-  ASSERT_NE(h.proxy().Status().Find(kNic), nullptr);
-  EXPECT_TRUE(h.proxy().Status().Find(kNic)->removed);
+  ASSERT_TRUE(h.sim().events().WaitForEvent("register_request", {{"resource", kNic}}, kWait,
+                                            restarted));
+  EXPECT_TRUE(h.WaitFor([&] {
+    const ProxyStatus st = h.proxy().Status();
+    return st.Find(kNic) != nullptr && st.Find(kNic)->removed && all_unhealthy();
+  }));
 
   // The pod goes: the next start leaves the resource out.
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());

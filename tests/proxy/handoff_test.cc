@@ -95,24 +95,33 @@ std::vector<std::string> Gaps(sim::KubeletSim& sim, size_t from) {
   return gaps;
 }
 
+// The kubelet release a test runs against: "1.24", "1.31-per-socket" ...
+std::function<void(sim::KubeletSimOptions&)> Kubelet(const std::string& name) {
+  return [name](sim::KubeletSimOptions& so) {
+    const bool per_socket = name == "1.31-per-socket";
+    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(per_socket ? "1.31" : name);
+    ASSERT_TRUE(v.ok()) << name;
+    v->per_socket_clients = per_socket;
+    so.kubelet = *v;
+  };
+}
+
+// The kubelet, dpproxy and a plugin up; the kubelet has its four devices.
+void Serve(ProxyHarness& h) {
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+}
+
 class HandoffTest : public ::testing::TestWithParam<const char*> {};
 
 // 20 upgrades in a row under a stream of pods: no Allocate fails, the
 // kubelet never sees a device go (no plugin loss, allocatable never below
 // four), and every allocation is in the journal of the last dpproxy.
 TEST_P(HandoffTest, TwentyUpgradesUnderAStreamOfPods) {
-  const std::string kubelet = GetParam();
-  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
-    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(
-        kubelet == "1.31-per-socket" ? "1.31" : kubelet);
-    ASSERT_TRUE(v.ok());
-    v->per_socket_clients = kubelet == "1.31-per-socket";
-    so.kubelet = *v;
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet(GetParam()));
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
   const size_t from = h.sim().events().Size();
   PodStream pods(&h.sim());
   ASSERT_TRUE(pods.WaitForMore(5, kWait));
@@ -139,18 +148,8 @@ TEST_P(HandoffTest, TwentyUpgradesUnderAStreamOfPods) {
 // its release) never does, the takeover completes, and the pod admitted
 // before the upgrade is re-admitted by the restarted kubelet.
 TEST_P(HandoffTest, AKubeletRestartInTheMiddleOfATakeover) {
-  const std::string kubelet = GetParam();
-  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
-    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(
-        kubelet == "1.31-per-socket" ? "1.31" : kubelet);
-    ASSERT_TRUE(v.ok());
-    v->per_socket_clients = kubelet == "1.31-per-socket";
-    so.kubelet = *v;
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet(GetParam()));
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
   ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
   const std::string old_socket = h.proxy().KubeletSocketOf(kGpu);
   size_t restarted_at = 0;
@@ -194,13 +193,8 @@ TEST_P(HandoffTest, AKubeletRestartInTheMiddleOfATakeover) {
 // takeover, registers again at once: each handoff costs one registration,
 // the kubelet's own doing, and no Allocate fails in dpproxy.
 TEST(HandoffByNameTest, TheNewDpproxyRegistersAgainWhenAKubeletTearsItDownByName) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [&](sim::KubeletSimOptions& so) {
-    so.kubelet = *sim::ParseKubeletVersion("1.31");
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet("1.31"));
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
   PodStream pods(&h.sim());
   ASSERT_TRUE(pods.WaitForMore(5, kWait));
   for (int i = 0; i < 5; ++i) {
@@ -243,10 +237,7 @@ TEST(HandoffByNameTest, TheNewDpproxyRegistersAgainWhenAKubeletTearsItDownByName
 TEST(HandoffAbandonedTest, AReleasedDpproxyWhoseSuccessorNeverServesStops) {
   ProxyHarness h(Personality::kV1Beta1Sync, false,
                  [](ProxyConfig& c) { c.handoff_timeout = absl::Milliseconds(300); });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
   ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
   // The successor's first step, and nothing after it.
   HandoffClient successor(h.dir("state/handoff.0.sock"));

@@ -22,7 +22,8 @@ namespace dpproxy {
 // How a plugin's resource is served to the kubelet now.
 struct ServedAs {
   std::string resource;  // the kubelet-facing name
-  // The kubelet ID shown for a plugin's device ID (ID map, compact IDs).
+  // The kubelet ID shown for a plugin's device ID (ID map, compact IDs);
+  // empty: the plugin's own.
   std::function<std::string(const std::string& backend_id)> kubelet_id;
 };
 
@@ -40,6 +41,21 @@ struct HeldElsewhere {
 std::map<std::string, std::map<std::string, HeldElsewhere>> DevicesHeldElsewhere(
     const state::State& allocations, const std::map<std::string, ServedAs>& served,
     const std::map<std::string, std::string>& backend_of);
+
+// The same, one allocation at a time (the journal's, read in place).
+class HeldElsewhereFinder {
+ public:
+  HeldElsewhereFinder(const std::map<std::string, ServedAs>& served,
+                      const std::map<std::string, std::string>& backend_of)
+      : served_(served), backend_of_(backend_of) {}
+  void Add(const state::Allocation& a);
+  std::map<std::string, std::map<std::string, HeldElsewhere>> Take() { return std::move(out_); }
+
+ private:
+  const std::map<std::string, ServedAs>& served_;
+  const std::map<std::string, std::string>& backend_of_;
+  std::map<std::string, std::map<std::string, HeldElsewhere>> out_;
+};
 
 }  // namespace dpproxy
 

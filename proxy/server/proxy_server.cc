@@ -541,11 +541,16 @@ void ProxyServer::ApplyQuarantine() {
         continue;
       }
       Resource* r = e->resource.get();
-      served_as[e->backend_resource] =
-          ServedAs{name, [r](const std::string& id) { return r->ToKubeletId(id); }};
+      ServedAs as{name, nullptr};
+      if (r->maps_ids()) as.kubelet_id = [r](const std::string& id) { return r->ToKubeletId(id); };
+      served_as[e->backend_resource] = std::move(as);
     }
   }
-  const auto held = DevicesHeldElsewhere(keeper_->AllocationsSnapshot(), served_as, backend_of);
+  // Read in place: at 50,000 allocations a copy would cost more than the
+  // pass, which skips every record made under the name and IDs shown now.
+  HeldElsewhereFinder finder(served_as, backend_of);
+  keeper_->ForEachAllocation([&finder](const state::Allocation& a) { finder.Add(a); });
+  const auto held = finder.Take();
   std::vector<HeldElsewhereStatus> held_rows;
   for (const auto& [resource, by_id] : held) {
     for (const auto& [id, h] : by_id) {

@@ -206,11 +206,11 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
 std::map<std::string, std::set<std::string>> Reconciler::QuarantinedDevices(
     std::vector<QuarantineStatus>* rows) const {
   std::map<std::string, std::set<std::string>> devices;
-  const state::State st = keeper_->AllocationsSnapshot();
-  for (const state::Allocation& a : st.allocations()) {
-    if (!a.quarantined()) continue;
+  // Read in place: a copy of every allocation for the few quarantined.
+  keeper_->ForEachAllocation([&](const state::Allocation& a) {
+    if (!a.quarantined()) return;
     devices[a.resource()].insert(a.device_ids().begin(), a.device_ids().end());
-    if (rows == nullptr) continue;
+    if (rows == nullptr) return;
     QuarantineStatus q;
     q.resource = a.resource();
     q.allocation = a.id();
@@ -221,7 +221,7 @@ std::map<std::string, std::set<std::string>> Reconciler::QuarantinedDevices(
     q.reason = a.quarantine_reason();
     q.since_unix_ms = a.quarantined_unix_ms();
     rows->push_back(std::move(q));
-  }
+  });
   return devices;
 }
 

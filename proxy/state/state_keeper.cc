@@ -648,6 +648,12 @@ state::State StateKeeper::AllocationsSnapshot() {
   return out;
 }
 
+void StateKeeper::ForEachAllocation(
+    const std::function<void(const state::Allocation&)>& visit) {
+  absl::MutexLock lock(&mu_);
+  for (const state::Allocation& a : state_.allocations()) visit(a);
+}
+
 state::State StateKeeper::Snapshot() {
   absl::MutexLock lock(&mu_);
   return FullStateLocked();

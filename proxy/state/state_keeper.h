@@ -159,6 +159,10 @@ class StateKeeper : public AllocationJournal {
   // reconciliation and the checkpoint passes need, at a cost that does not
   // grow with devices nor with what plugins answered.
   state::State AllocationsSnapshot();
+  // Calls `visit` with each allocation in place, under the keeper's lock
+  // (records wait meanwhile): for a pass that keeps little of what it
+  // reads. `visit` must not call back into the keeper.
+  void ForEachAllocation(const std::function<void(const state::Allocation&)>& visit);
   // Cheap, for status and metrics.
   int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.

@@ -42,7 +42,9 @@ TEST(HeldElsewhereTest, ARenamedResourceShowsTheDevicesHeldUnderItsOldName) {
   a->set_pod_namespace("ns");
   a->set_pod_name("train");
   Add(&st, 8, "vendor.com/gpu", {"gpu-1"}, "legacy.com/gpu");  // made after the rename
-  const auto held = DevicesHeldElsewhere(st, {{"legacy.com/gpu", Same("vendor.com/gpu")}}, {});
+  // No ID function: the plugin's IDs are shown as they are.
+  const auto held =
+      DevicesHeldElsewhere(st, {{"legacy.com/gpu", ServedAs{"vendor.com/gpu", nullptr}}}, {});
   ASSERT_THAT(held, ElementsAre(Key("vendor.com/gpu")));
   ASSERT_THAT(held.at("vendor.com/gpu"), ElementsAre(Key("gpu-0")));
   const HeldElsewhere& h = held.at("vendor.com/gpu").at("gpu-0");

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "proxy/handoff/handoff.h"
@@ -162,18 +163,14 @@ TEST_P(HandoffTest, AKubeletRestartInTheMiddleOfATakeover) {
   ASSERT_NE(new_socket, old_socket);
   // The restarted kubelet has the new dpproxy's devices, from its socket.
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  auto ends_with = [](const std::string& path, const std::string& name) {
-    return path.size() >= name.size() && path.compare(path.size() - name.size(), name.size(),
-                                                      name) == 0;
-  };
   const std::string new_name = new_socket.substr(new_socket.rfind('/') + 1);
   const std::string old_name = old_socket.substr(old_socket.rfind('/') + 1);
   bool new_registered = false;
   for (const auto& e : h.sim().events().Since(restarted_at)) {
     if (e.value("event", "") != "register_request") continue;
     const std::string endpoint = e.value("endpoint", "");
-    EXPECT_FALSE(ends_with(endpoint, old_name)) << "the released dpproxy registered again";
-    new_registered = new_registered || ends_with(endpoint, new_name);
+    EXPECT_FALSE(absl::EndsWith(endpoint, old_name)) << "the released dpproxy registered again";
+    new_registered = new_registered || absl::EndsWith(endpoint, new_name);
   }
   EXPECT_TRUE(new_registered);
   // The pod from before is re-admitted, and a new one is served and

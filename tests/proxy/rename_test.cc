@@ -36,6 +36,26 @@ std::function<void(ProxyConfig&)> PassesByHand() {
   };
 }
 
+// What the kubelet sees of a resource: id -> health.
+std::map<std::string, std::string> KubeletView(ProxyHarness& h, const std::string& resource) {
+  std::map<std::string, std::string> out;
+  const sim::State st = h.sim().GetState();
+  const sim::ResourceState* r = h.Resource(st, resource);
+  if (r == nullptr) return out;
+  for (const auto& d : r->devices()) out[d.id()] = d.health();
+  return out;
+}
+
+// The kubelet has `count` devices of `resource`, every one Unhealthy.
+bool AllShownUnhealthy(ProxyHarness& h, const std::string& resource, size_t count) {
+  const auto seen = KubeletView(h, resource);
+  if (seen.size() != count) return false;
+  for (const auto& [id, health] : seen) {
+    if (health != "Unhealthy") return false;
+  }
+  return true;
+}
+
 class RenameTest : public ::testing::Test {
  protected:
   RenameTest() : h_(Personality::kV1Beta1Sync, false, PassesByHand()) {}
@@ -56,15 +76,10 @@ class RenameTest : public ::testing::Test {
     ASSERT_TRUE(h_.proxy().ReconcileOnce().ok());  // names the pod
   }
 
-  // What the kubelet sees of a resource: id -> health.
   std::map<std::string, std::string> Seen(const std::string& resource) {
-    std::map<std::string, std::string> out;
-    const sim::State st = h_.sim().GetState();
-    const sim::ResourceState* r = h_.Resource(st, resource);
-    if (r == nullptr) return out;
-    for (const auto& d : r->devices()) out[d.id()] = d.health();
-    return out;
+    return KubeletView(h_, resource);
   }
+  bool AllUnhealthy(const std::string& resource) { return AllShownUnhealthy(h_, resource, 4); }
 
   // The renamed resource as the kubelet must see it: every device, the
   // one the pod holds Unhealthy.
@@ -73,15 +88,6 @@ class RenameTest : public ::testing::Test {
     if (seen.size() != 4 || seen.count(held_) == 0) return false;
     for (const auto& [id, health] : seen) {
       if (health != (id == held_ ? "Unhealthy" : "Healthy")) return false;
-    }
-    return true;
-  }
-
-  bool AllUnhealthy(const std::string& resource) {
-    const auto seen = Seen(resource);
-    if (seen.empty()) return false;
-    for (const auto& [id, health] : seen) {
-      if (health != "Unhealthy") return false;
     }
     return true;
   }
@@ -245,15 +251,7 @@ TEST(RemovedStaticBackendTest, ItsResourceGivesNothingMoreAndGoesOnceNoPodHoldsI
       h.sim().Allocate(testing::PodRequest("net", {{"main", 1}}, kNic));
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  auto all_unhealthy = [&] {
-    const sim::State st = h.sim().GetState();
-    const sim::ResourceState* r = h.Resource(st, kNic);
-    if (r == nullptr || r->devices_size() != 4) return false;
-    for (const auto& d : r->devices()) {
-      if (d.health() != "Unhealthy") return false;
-    }
-    return true;
-  };
+  auto all_unhealthy = [&] { return AllShownUnhealthy(h, kNic, 4); };
 
   ProxyConfig next = h.config();
   next.static_backends.clear();

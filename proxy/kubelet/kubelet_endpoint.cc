@@ -321,15 +321,24 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     // another thread before this call returns.
     v1beta1::AllocateRequest to_backend = ToBackendIds(e_->resource(), req_);
     if (!SameDeviceIds(to_backend, req_)) backend_req_ = to_backend;  // for the journal
+    const std::shared_ptr<Backend> backend = backend_;
     backend_->AllocateAsync(std::move(to_backend), timeout_, ctx_,
                             [this](absl::StatusOr<v1beta1::AllocateResponse> r) {
                               Allocated(std::move(r));
                             });
+    // The reservation's write and fdatasync run on this thread while the
+    // backend answers; the kubelet's answer waits for both (Joined).
+    reservation_ = e_->Reserve(req_, backend_req_ ? &*backend_req_ : nullptr, *backend,
+                               [this](grpc::Status s) {
+                                 reserved_ = std::move(s);
+                                 Arrive();
+                               });
+    Arrive();  // reservation_ is set; the last touch of this reactor here
   }
 
   void Allocated(absl::StatusOr<v1beta1::AllocateResponse> r) {
     ObserveBackend("Allocate", r.status());
-    if (!r.ok()) return End(ToGrpcStatus(r.status()));
+    if (!r.ok()) return BackendDone(ToGrpcStatus(r.status()));
     resp_ = *std::move(r);
     if (kubelet_api_ == ApiVersion::kV1Alpha && backend_->options().pre_start_required()) {
       // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
@@ -345,18 +354,37 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
           std::move(pre), std::max(absl::Milliseconds(1), deadline_ - absl::Now()), ctx_,
           [this](absl::Status s) {
             ObserveBackend("PreStartContainer", s);
-            if (!s.ok()) return End(ToGrpcStatus(s));
-            Journal();
+            BackendDone(ToGrpcStatus(s));
           });
       return;
     }
-    Journal();
+    BackendDone(grpc::Status::OK);
   }
 
-  void Journal() {
-    e_->Journal(req_, backend_req_ ? &*backend_req_ : nullptr, resp_, *backend_,
-                [this](grpc::Status s) {
-      if (!s.ok()) return End(s);
+  void BackendDone(grpc::Status s) {
+    backend_status_ = std::move(s);
+    Arrive();
+  }
+
+  // The backend's outcome, the reservation's sync and Reserve's return
+  // (its ids) each arrive once, on any thread; the last one goes on.
+  void Arrive() {
+    if (arrivals_.fetch_sub(1, std::memory_order_acq_rel) == 1) Joined();
+  }
+
+  void Joined() {
+    // Refused by the journal: nothing holds the devices (the backend may
+    // have allocated them, as when the kubelet fails the pod after).
+    if (!reserved_.ok()) return End(reserved_);
+    if (!backend_status_.ok()) {
+      e_->Withdraw(reservation_);
+      return End(backend_status_);
+    }
+    e_->Answer(reservation_, resp_, [this](grpc::Status s) {
+      if (!s.ok()) {
+        e_->Withdraw(reservation_);
+        return End(s);
+      }
       Answered();
     });
   }
@@ -429,6 +457,11 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   std::optional<v1beta1::AllocateRequest> backend_req_;
   absl::Time backend_start_;
   v1beta1::AllocateResponse resp_;
+  // Joined() runs when all three have arrived (Arrive).
+  std::atomic<int> arrivals_{3};
+  grpc::Status backend_status_;
+  grpc::Status reserved_;
+  AllocationJournal::Reservation reservation_;
 };
 
 // --- Services ---------------------------------------------------------------------
@@ -761,29 +794,48 @@ absl::Status KubeletEndpoint::Register() {
       absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
 }
 
-void KubeletEndpoint::Journal(const v1beta1::AllocateRequest& req,
-                              const v1beta1::AllocateRequest* backend_req,
-                              const v1beta1::AllocateResponse& resp, const Backend& backend,
-                              std::function<void(grpc::Status)> done) {
+namespace {
+// A journal's refusal as the kubelet gets it.
+grpc::Status JournalStatus(const absl::Status& s, const std::string& resource) {
+  if (s.ok()) return grpc::Status::OK;
+  if (s.code() == absl::StatusCode::kFailedPrecondition) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
+  }
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("dpproxy cannot persist the allocation for ", resource,
+                                   ", so it refuses it: ", s.message()));
+}
+}  // namespace
+
+AllocationJournal::Reservation KubeletEndpoint::Reserve(
+    const v1beta1::AllocateRequest& req, const v1beta1::AllocateRequest* backend_req,
+    const Backend& backend, std::function<void(grpc::Status)> durable) {
+  if (journal_ == nullptr) {
+    durable(grpc::Status::OK);
+    return {};
+  }
+  return journal_->ReserveAsync(
+      resource_->name(), req,
+      BackendSide{std::string(ApiWireVersion(backend.api())), backend.endpoint(),
+                  backend.resource(), backend_req},
+      [durable = std::move(durable), name = resource_->name()](absl::Status s) {
+        durable(JournalStatus(s, name));
+      });
+}
+
+void KubeletEndpoint::Answer(const AllocationJournal::Reservation& r,
+                             const v1beta1::AllocateResponse& resp,
+                             std::function<void(grpc::Status)> done) {
   if (journal_ == nullptr) {
     done(grpc::Status::OK);
     return;
   }
-  journal_->RecordAsync(
-      resource_->name(), req, resp,
-      BackendSide{std::string(ApiWireVersion(backend.api())), backend.endpoint(),
-                  backend.resource(), backend_req},
-      [done = std::move(done), name = resource_->name()](absl::Status s) {
-        if (s.ok()) {
-          done(grpc::Status::OK);
-        } else if (s.code() == absl::StatusCode::kFailedPrecondition) {
-          done(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message())));
-        } else {
-          done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat("dpproxy cannot persist the allocation for ", name,
-                                         ", so it refuses it: ", s.message())));
-        }
-      });
+  journal_->AnswerAsync(r, resp, [done = std::move(done), name = resource_->name()](
+                                     absl::Status s) { done(JournalStatus(s, name)); });
+}
+
+void KubeletEndpoint::Withdraw(const AllocationJournal::Reservation& r) {
+  if (journal_ != nullptr) journal_->Withdraw(r);
 }
 
 void KubeletEndpoint::HoldAllocates() {

@@ -80,16 +80,25 @@ class KubeletEndpoint {
   bool cdi_annotations() const { return cdi_annotations_.load(); }
   void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations);
   LossCounter* losses() { return losses_; }
-  // Persists an answered allocation, then calls `done` (at once without a
-  // journal); with a kUnavailable-style gRPC error if it cannot (the
-  // kubelet is then refused, as a kubelet refuses admission when its own
-  // checkpoint cannot be written). `done` runs on the calling thread or on
-  // the journal's writer, and must not block.
-  // `backend_req`: the request as the backend got it, if its device IDs
-  // differ from the kubelet's; nullptr otherwise.
-  void Journal(const v1beta1::AllocateRequest& req, const v1beta1::AllocateRequest* backend_req,
-               const v1beta1::AllocateResponse& resp, const Backend& backend,
-               std::function<void(grpc::Status)> done);
+  // The journal's two steps for one Allocate (AllocationJournal), with
+  // its errors as the kubelet gets them: a kUnavailable-style gRPC error
+  // if the allocation cannot be persisted (the kubelet is then refused, as
+  // a kubelet refuses admission when its own checkpoint cannot be written).
+  // Without a journal, `durable` and `done` run at once with OK. Each
+  // callback runs on the calling thread or on the journal's writer, and
+  // must not block.
+  //   Reserve   while the backend is called; `backend_req` is the request
+  //             as the backend got it if its device IDs differ from the
+  //             kubelet's, nullptr otherwise.
+  //   Answer    the backend's answer, once `durable` ran OK.
+  //   Withdraw  the backend or the kubelet refused, once `durable` ran OK.
+  AllocationJournal::Reservation Reserve(const v1beta1::AllocateRequest& req,
+                                         const v1beta1::AllocateRequest* backend_req,
+                                         const Backend& backend,
+                                         std::function<void(grpc::Status)> durable);
+  void Answer(const AllocationJournal::Reservation& r, const v1beta1::AllocateResponse& resp,
+              std::function<void(grpc::Status)> done);
+  void Withdraw(const AllocationJournal::Reservation& r);
   // --- Allocates during a handoff (proxy/handoff/handoff.proto) ---
   // Served here (the default), held (a new dpproxy is taking the state
   // over), or sent on to the new dpproxy's socket for this resource, which

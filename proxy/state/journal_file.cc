@@ -157,13 +157,19 @@ StateDirReport InspectStateDir(const std::string& dir) {
 
 void MergeJournal(const std::vector<state::Allocation>& records, state::State* st) {
   uint64_t max_id = st->next_allocation_id();
-  // id -> what identifies the allocation (annotations may differ: they are
-  // added to the snapshot after the record was journaled).
+  // id -> what the journal wrote of the allocation: what a snapshot adds
+  // later (its response, annotations, a quarantine) is not part of it.
   auto identity = [](const state::Allocation& a) {
     state::Allocation c = a;
+    c.clear_response();
+    c.clear_stage();
     c.clear_pod_namespace();
     c.clear_pod_name();
     c.clear_container();
+    c.clear_pod_uid();
+    c.clear_quarantined();
+    c.clear_quarantine_reason();
+    c.clear_quarantined_unix_ms();
     return c.SerializeAsString();
   };
   std::map<uint64_t, std::string> known;
@@ -172,17 +178,48 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
     max_id = std::max<uint64_t>(max_id, a.id());
   }
   for (const auto& a : records) max_id = std::max<uint64_t>(max_id, a.id());
+  // Ids this merge gave a record that collided, for its answer or
+  // withdrawal.
+  std::map<uint64_t, uint64_t> renumbered;
+  auto find = [&](uint64_t id) -> state::Allocation* {
+    if (auto r = renumbered.find(id); r != renumbered.end()) id = r->second;
+    for (int i = st->allocations_size() - 1; i >= 0; --i) {
+      if (st->allocations(i).id() == id) return st->mutable_allocations(i);
+    }
+    return nullptr;
+  };
   for (const auto& a : records) {
+    if (a.stage() == state::Allocation::ANSWERED) {
+      // Its reservation may be gone: released or withdrawn in a snapshot.
+      if (state::Allocation* held = find(a.id()); held != nullptr) {
+        *held->mutable_response() = a.response();
+        held->clear_stage();
+      }
+      continue;
+    }
+    if (a.stage() == state::Allocation::WITHDRAWN) {
+      if (state::Allocation* held = find(a.id()); held != nullptr) {
+        const uint64_t id = held->id();
+        auto* all = st->mutable_allocations();
+        all->erase(std::remove_if(all->begin(), all->end(),
+                                  [id](const state::Allocation& x) { return x.id() == id; }),
+                   all->end());
+        known.erase(id);
+      }
+      continue;
+    }
+    renumbered.erase(a.id());
     auto it = known.find(a.id());
     if (it != known.end()) {
       // Saved into a snapshot before a crash could reset the journal: keep
       // one. A different allocation under the same id is never dropped: it
       // gets a fresh id.
       if (it->second == identity(a)) continue;
-      state::Allocation renumbered = a;
-      renumbered.set_id(++max_id);
-      known[renumbered.id()] = identity(renumbered);
-      *st->add_allocations() = std::move(renumbered);
+      state::Allocation moved = a;
+      moved.set_id(++max_id);
+      renumbered[a.id()] = moved.id();
+      known[moved.id()] = identity(moved);
+      *st->add_allocations() = std::move(moved);
       continue;
     }
     known[a.id()] = identity(a);
@@ -194,8 +231,21 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
 JournalFile::~JournalFile() { Close(); }
 
 void JournalFile::Close() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  // Best effort: a caller that must know syncs first (Sync).
+  if (synced_ < size_) (void)!::fdatasync(fd_);
+  ::close(fd_);
   fd_ = -1;
+}
+
+absl::Status JournalFile::Sync() {
+  if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
+  if (synced_ >= size_) return absl::OkStatus();
+  const size_t through = size_;
+  if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
+  if (sync_hook_) sync_hook_();
+  synced_ = std::max(synced_, through);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
@@ -225,7 +275,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
         !s.ok()) {
       return s;
     }
-    size_ = allocated_ = magic.size();
+    size_ = allocated_ = synced_ = magic.size();
     records_ = 0;
     return replay;
   }
@@ -248,7 +298,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
     ::close(fd_);
     fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd_ < 0) return Errno(absl::StrCat("open ", path_));
-    size_ = allocated_ = clean.size();
+    size_ = allocated_ = synced_ = clean.size();
     records_ = replay.records.size();
     replay.cut_bytes = 0;
     return replay;
@@ -261,6 +311,9 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
     if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
   }
   size_ = pos;
+  // A dpproxy killed after writing answers may have left them unsynced:
+  // the first sync covers them.
+  synced_ = 0;
   allocated_ = replay.cut_bytes > 0 ? pos : pos + contents->preallocated_bytes;
   records_ = replay.records.size();
   return replay;
@@ -276,7 +329,7 @@ absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) 
   return AppendEncoded(Encode(records), records.size());
 }
 
-absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count) {
+absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count, Durability d) {
   if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
   const size_t end = size_ + data.size();
   absl::Status s = WriteAllAt(fd_, data, static_cast<off_t>(size_), path_);
@@ -294,7 +347,13 @@ absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count) {
       s = Errno(absl::StrCat("truncate ", path_));
     }
   }
-  if (s.ok() && ::fdatasync(fd_) != 0) s = Errno(absl::StrCat("fdatasync ", path_));
+  if (s.ok() && d == Durability::kSynced) {
+    if (::fdatasync(fd_) != 0) {
+      s = Errno(absl::StrCat("fdatasync ", path_));
+    } else if (sync_hook_) {
+      sync_hook_();
+    }
+  }
   if (!s.ok()) {
     // Nothing of this append may survive: it was not acknowledged. (The
     // space written ahead goes with it; the next append writes it again.)
@@ -303,6 +362,7 @@ absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count) {
     return s;
   }
   size_ = end;
+  if (d == Durability::kSynced) synced_ = end;
   records_ += count;
   return absl::OkStatus();
 }
@@ -327,7 +387,7 @@ absl::Status JournalFile::DropFront(size_t offset, size_t count) {
   if (fd < 0) return Errno(absl::StrCat("open ", path_));
   ::close(fd_);
   fd_ = fd;
-  size_ = allocated_ = contents.size();
+  size_ = allocated_ = synced_ = contents.size();
   records_ = count <= records_ ? records_ - count : 0;
   return absl::OkStatus();
 }
@@ -339,7 +399,7 @@ absl::Status JournalFile::Reset() {
   }
   if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
   // Cut, not zeroed in place: records after the end would be replayed.
-  size_ = allocated_ = sizeof(kMagic);
+  size_ = allocated_ = synced_ = sizeof(kMagic);
   records_ = 0;
   return absl::OkStatus();
 }

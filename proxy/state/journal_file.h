@@ -10,16 +10,21 @@
 //   zeros:   space written ahead, 1 MiB at a time, that appends overwrite
 //            (so an fdatasync writes the record, not the file's size)
 //
-// A record is acknowledged only after fdatasync returns, so a record torn by
-// a crash was never acknowledged. Replay tells two kinds of bad bytes apart:
+// What holds a device (a WHOLE or RESERVED record) is acknowledged only
+// after fdatasync returns. An ANSWERED or WITHDRAWN record is acknowledged
+// once written, before its sync (the next append's or its own): a dpproxy
+// crash keeps it (the page cache does), a power loss within that sync may
+// not. Replay tells two kinds of bad bytes apart:
 //   - a torn tail: bad bytes with no intact record after them, the last
-//     append interrupted by a crash. Cut; nothing acknowledged is lost.
+//     append interrupted by a crash. Cut; no reservation acknowledged is
+//     lost (an answer's response may be).
 //   - damage in the middle: bad bytes followed by intact records (a bad
 //     disk, a stray write). Every intact record is kept, the damaged file is
 //     kept aside for inspection, and the damage is reported.
 #ifndef DPPROXY_PROXY_STATE_JOURNAL_FILE_H_
 #define DPPROXY_PROXY_STATE_JOURNAL_FILE_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,13 +95,24 @@ class JournalFile {
   // changed.
   absl::StatusOr<Replay> Open();
 
+  // Whether an append returns after its fdatasync (kSynced) or after its
+  // write (kWritten: a later Sync, or the next synced append, makes it
+  // durable).
+  enum class Durability { kSynced, kWritten };
+
   // Appends the records and syncs; on failure the file is cut back to where
   // it was and nothing is recorded.
   absl::Status Append(const std::vector<state::Allocation>& records);
   // The same with the records already encoded (Encode), so a caller can
   // encode under its lock and write without it; `count` records.
   static std::string Encode(const std::vector<state::Allocation>& records);
-  absl::Status AppendEncoded(const std::string& data, size_t count);
+  absl::Status AppendEncoded(const std::string& data, size_t count,
+                             Durability d = Durability::kSynced);
+  // Makes every append durable (fdatasync), if one is not yet. A failure
+  // cuts nothing: the records were acknowledged once written.
+  absl::Status Sync();
+  // Whether appends are written but not yet synced.
+  bool unsynced() const { return synced_ < size_; }
 
   // Forgets the first `count` records, which end at file offset `offset`
   // (size() when they were appended), after they went into a saved
@@ -106,8 +122,12 @@ class JournalFile {
   // Empties the journal (after its records went into a saved snapshot).
   absl::Status Reset();
 
-  // Closes the file (every record is already synced); appends fail after.
+  // Syncs what is not yet synced and closes the file; appends fail after.
   void Close();
+
+  // For tests: called right after each fdatasync of the journal returns
+  // OK (what a power loss would leave is the file as it is then).
+  void SetSyncHook(std::function<void()> hook) { sync_hook_ = std::move(hook); }
 
   size_t records() const { return records_; }
   size_t size() const { return size_; }
@@ -118,6 +138,8 @@ class JournalFile {
   int fd_ = -1;
   size_t size_ = 0;       // through the last record
   size_t allocated_ = 0;  // the file's size: size_ and zeros written ahead
+  size_t synced_ = 0;     // through the last record known durable
+  std::function<void()> sync_hook_;
   size_t records_ = 0;
 };
 

@@ -39,6 +39,7 @@ std::string JournalPathFor(const std::string& snapshot) {
 StateKeeper::StateKeeper(std::string path, EventLog* events)
     : store_(path), events_(events), journal_(JournalPathFor(path)) {
   compactor_ = std::thread([this] { CompactLoop(); });
+  syncer_ = std::thread([this] { SyncLoop(); });
 }
 
 StateKeeper::~StateKeeper() {
@@ -47,6 +48,53 @@ StateKeeper::~StateKeeper() {
     stopping_ = true;
   }
   compactor_.join();
+  syncer_.join();
+}
+
+void StateKeeper::SyncLoop() {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    // Asleep until an answer is written and left unsynced; then a short
+    // wait for a synced batch to take it along.
+    mu_.Await(absl::Condition(
+        +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
+          return k->answers_unsynced_ || k->stopping_;
+        },
+        this));
+    if (stopping_) return;
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
+                               return !k->answers_unsynced_ || k->stopping_;
+                             },
+                             this),
+                         kAnswerSyncDelay);
+    if (stopping_) return;
+    if (!answers_unsynced_) continue;
+    // Taken like a saver takes it: between two batches.
+    ++savers_waiting_;
+    mu_.Await(absl::Condition(
+        +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
+        this));
+    --savers_waiting_;
+    if (!journal_ok_) {
+      answers_unsynced_ = false;  // handed over (synced then) or never open
+      continue;
+    }
+    journal_busy_ = true;
+    answers_unsynced_ = false;
+    mu_.Unlock();
+    const absl::Status synced = journal_.Sync();
+    mu_.Lock();
+    if (!synced.ok()) {
+      NoteWrite(synced);
+      LOG(ERROR) << "cannot sync answers in the journal " << journal_.path() << ": "
+                 << synced.message();
+      events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                          {"error", std::string(synced.message())},
+                                          {"failures", write_failures_.load()}});
+    }
+    ReleaseJournalLocked();
+  }
 }
 
 namespace {
@@ -106,6 +154,9 @@ void StateKeeper::HandOver() {
   handed_over_ = true;
   journal_ok_ = false;
   compact_wanted_ = false;
+  if (absl::Status s = journal_.Sync(); !s.ok()) {
+    LOG(ERROR) << "cannot sync the journal before handing it over: " << s.message();
+  }
   journal_.Close();
   LOG(INFO) << "state handed over: journal " << journal_.path() << " closed; nothing more is "
             << "written to " << store_.path();
@@ -356,55 +407,176 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
   return absl::OkStatus();
 }
 
+std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
+    const std::string& resource, const v1beta1::AllocateRequest& req,
+    const v1beta1::AllocateResponse* resp, const BackendSide& backend) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  std::vector<state::Allocation> records;
+  records.reserve(req.container_requests_size());
+  uint64_t next = state_.next_allocation_id();
+  for (int i = 0; i < req.container_requests_size(); ++i) {
+    state::Allocation a;
+    a.set_id(++next);
+    a.set_resource(resource);
+    for (const std::string& id : req.container_requests(i).devices_ids()) {
+      a.add_device_ids(id);
+    }
+    if (resp == nullptr) {
+      a.set_stage(state::Allocation::RESERVED);
+    } else if (i < resp->container_responses_size()) {
+      *a.mutable_response() = resp->container_responses(i);
+    }
+    a.set_backend_api(backend.api);
+    a.set_backend_endpoint(backend.endpoint);
+    a.set_backend_resource(backend.resource);
+    if (backend.request != nullptr && i < backend.request->container_requests_size()) {
+      const auto& ids = backend.request->container_requests(i).devices_ids();
+      if (!std::equal(ids.begin(), ids.end(), a.device_ids().begin(), a.device_ids().end())) {
+        *a.mutable_backend_device_ids() = ids;
+      }
+    }
+    a.set_allocated_unix_ms(now);
+    records.push_back(std::move(a));
+  }
+  state_.set_next_allocation_id(next);
+  return records;
+}
+
+bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
+  p->encoded = JournalFile::Encode(p->records);
+  queue_.push_back(std::move(p));
+  ++queued_;
+  // The writer at work takes this record with its next batch.
+  if (journal_busy_) return false;
+  journal_busy_ = true;
+  return true;
+}
+
 void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
                               const v1beta1::AllocateResponse& resp, const BackendSide& backend,
                               std::function<void(absl::Status)> done) {
-  const int64_t now = absl::ToUnixMillis(absl::Now());
   absl::Status refused;
+  bool write = false;
   {
     absl::MutexLock lock(&mu_);
     refused = CheckRecordableLocked(resource, req);
     if (refused.ok()) {
       auto me = std::make_unique<Pending>();
-      // Ids are taken now; a failed write leaves a gap, never a reuse.
-      uint64_t next = state_.next_allocation_id();
-      for (int i = 0; i < req.container_requests_size(); ++i) {
-        state::Allocation a;
-        a.set_id(++next);
-        a.set_resource(resource);
-        for (const std::string& id : req.container_requests(i).devices_ids()) {
-          a.add_device_ids(id);
-        }
-        if (i < resp.container_responses_size()) {
-          *a.mutable_response() = resp.container_responses(i);
-        }
-        a.set_backend_api(backend.api);
-        a.set_backend_endpoint(backend.endpoint);
-        a.set_backend_resource(backend.resource);
-        if (backend.request != nullptr && i < backend.request->container_requests_size()) {
-          const auto& ids = backend.request->container_requests(i).devices_ids();
-          if (!std::equal(ids.begin(), ids.end(), a.device_ids().begin(), a.device_ids().end())) {
-            *a.mutable_backend_device_ids() = ids;
-          }
-        }
-        a.set_allocated_unix_ms(now);
-        me->records.push_back(std::move(a));
-      }
-      state_.set_next_allocation_id(next);
-      me->encoded = JournalFile::Encode(me->records);
+      me->records = NewRecordsLocked(resource, req, &resp, backend);
       me->done = std::move(done);
-      queue_.push_back(std::move(me));
-      ++queued_;
-      // The writer at work takes this record with its next batch.
-      if (journal_busy_) return;
-      journal_busy_ = true;
+      write = EnqueueLocked(std::move(me));
     }
   }
   if (!refused.ok()) {
     done(std::move(refused));
     return;
   }
-  WriteQueued();
+  if (write) WriteQueued();
+}
+
+AllocationJournal::Reservation StateKeeper::ReserveAsync(
+    const std::string& resource, const v1beta1::AllocateRequest& req, const BackendSide& backend,
+    std::function<void(absl::Status)> durable) {
+  Reservation r;
+  absl::Status refused;
+  bool write = false;
+  {
+    absl::MutexLock lock(&mu_);
+    refused = CheckRecordableLocked(resource, req);
+    if (refused.ok()) {
+      auto me = std::make_unique<Pending>();
+      me->records = NewRecordsLocked(resource, req, nullptr, backend);
+      r.count = static_cast<int>(me->records.size());
+      r.first_id = r.count > 0 ? me->records.front().id() : 0;
+      me->done = std::move(durable);
+      write = EnqueueLocked(std::move(me));
+    }
+  }
+  if (!refused.ok()) {
+    durable(std::move(refused));
+  } else if (write) {
+    WriteQueued();
+  }
+  return r;
+}
+
+state::Allocation* StateKeeper::FindRecentLocked(uint64_t id) {
+  // A reservation is answered right after it was written: it is among the
+  // newest.
+  for (int i = state_.allocations_size() - 1; i >= 0; --i) {
+    if (state_.allocations(i).id() == id) return state_.mutable_allocations(i);
+  }
+  return nullptr;
+}
+
+void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
+                              std::function<void(absl::Status)> done) {
+  bool write = false;
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (handed_over_) {
+      refused = HandedOverError();
+    } else if (!journal_ok_) {
+      refused = absl::FailedPreconditionError("the allocation journal is not open");
+    } else {
+      auto me = std::make_unique<Pending>();
+      me->written_only = true;
+      for (int i = 0; i < r.count; ++i) {
+        state::Allocation a;
+        a.set_id(r.first_id + static_cast<uint64_t>(i));
+        a.set_stage(state::Allocation::ANSWERED);
+        if (i < resp.container_responses_size()) *a.mutable_response() = resp.container_responses(i);
+        // In memory at once: a snapshot taken before the record is written
+        // holds the response, and the record replays onto it unchanged.
+        if (state::Allocation* held = FindRecentLocked(a.id()); held != nullptr) {
+          *held->mutable_response() = a.response();
+          held->clear_stage();
+        }
+        me->records.push_back(std::move(a));
+      }
+      me->done = std::move(done);
+      write = EnqueueLocked(std::move(me));
+    }
+  }
+  if (!refused.ok()) {
+    done(std::move(refused));
+    return;
+  }
+  if (write) WriteQueued();
+}
+
+void StateKeeper::Withdraw(const Reservation& r) {
+  bool write = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto* all = state_.mutable_allocations();
+    const uint64_t last = r.first_id + static_cast<uint64_t>(r.count);
+    auto gone = std::remove_if(all->begin(), all->end(), [&](const state::Allocation& a) {
+      return a.id() >= r.first_id && a.id() < last;
+    });
+    if (gone == all->end()) return;  // never written, or released already
+    for (auto it = gone; it != all->end(); ++it) {
+      for (const std::string& d : it->device_ids()) {
+        auto h = held_.find(HeldKey(it->resource(), d));
+        if (h != held_.end() && --h->second == 0) held_.erase(h);
+      }
+    }
+    all->erase(gone, all->end());
+    allocation_count_ = state_.allocations_size();
+    ++released_version_;
+    if (handed_over_ || !journal_ok_) return;  // the next start replays it as held
+    auto me = std::make_unique<Pending>();
+    me->written_only = true;
+    for (int i = 0; i < r.count; ++i) {
+      state::Allocation a;
+      a.set_id(r.first_id + static_cast<uint64_t>(i));
+      a.set_stage(state::Allocation::WITHDRAWN);
+      me->records.push_back(std::move(a));
+    }
+    write = EnqueueLocked(std::move(me));
+  }
+  if (write) WriteQueued();
 }
 
 void StateKeeper::ReleaseJournalLocked() {
@@ -421,10 +593,21 @@ void StateKeeper::WriteQueued() {
   std::vector<std::unique_ptr<Pending>> batch;
   absl::MutexLock lock(&mu_);
   while (!queue_.empty() && savers_waiting_ == 0) {
-    // One write and one fdatasync for everything queued.
+    // One write and one fdatasync for every reservation and whole record
+    // queued; answers and withdrawals first, in a write of their own that
+    // nobody waits to sync (their reservations are on the disk already).
     batch.clear();
-    for (auto& p : queue_) batch.push_back(std::move(p));
-    queue_.clear();
+    const bool written_only =
+        std::any_of(queue_.begin(), queue_.end(), [](const auto& p) { return p->written_only; });
+    std::deque<std::unique_ptr<Pending>> rest;
+    for (auto& p : queue_) {
+      if (!written_only || p->written_only) {
+        batch.push_back(std::move(p));
+      } else {
+        rest.push_back(std::move(p));
+      }
+    }
+    queue_ = std::move(rest);
     std::string data;
     size_t count = 0;
     for (const auto& p : batch) {
@@ -434,8 +617,10 @@ void StateKeeper::WriteQueued() {
     mu_.Unlock();
     if (test_hook_) test_hook_("journal_write");
     const absl::Time write_start = absl::Now();
-    const absl::Status s = journal_.AppendEncoded(data, count);
-    if (sync_observer_) sync_observer_(absl::Now() - write_start);
+    const absl::Status s = journal_.AppendEncoded(
+        data, count,
+        written_only ? JournalFile::Durability::kWritten : JournalFile::Durability::kSynced);
+    if (sync_observer_ && !written_only) sync_observer_(absl::Now() - write_start);
     const size_t journal_size = journal_.size(), journal_count = journal_.records();
     mu_.Lock();
     ++journal_writes_;
@@ -451,6 +636,7 @@ void StateKeeper::WriteQueued() {
       journal_applied_bytes_ = journal_size;
       journal_applied_records_ = journal_count;
       for (auto& p : batch) {
+        if (p->written_only) continue;  // applied when it was queued
         for (auto& a : p->records) {
           for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
           *state_.add_allocations() = std::move(a);
@@ -465,8 +651,18 @@ void StateKeeper::WriteQueued() {
     // The answers go out with no lock held (each may finish a kubelet's
     // call); an error refuses every record of the batch: none was recorded.
     mu_.Unlock();
-    for (auto& p : batch) p->done(s);
+    for (auto& p : batch) {
+      if (p->done) p->done(s);
+    }
     mu_.Lock();
+    // Answers and withdrawals left unsynced are synced by the next synced
+    // batch (one is usually on its way: the next Allocate's reservation),
+    // or by the syncer after kAnswerSyncDelay.
+    if (written_only && s.ok()) {
+      answers_unsynced_ = true;
+    } else if (s.ok()) {
+      answers_unsynced_ = false;
+    }
   }
   journal_busy_ = false;
 }
@@ -643,6 +839,7 @@ state::State StateKeeper::AllocationsSnapshot() {
     c->set_pod_uid(a.pod_uid());
     c->set_backend_resource(a.backend_resource());
     *c->mutable_backend_device_ids() = a.backend_device_ids();
+    c->set_stage(a.stage());
   }
   out.set_next_allocation_id(state_.next_allocation_id());
   return out;

@@ -65,6 +65,36 @@ class AllocationJournal {
   virtual void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
                            const v1beta1::AllocateResponse& resp, const BackendSide& backend,
                            std::function<void(absl::Status)> done) = 0;
+
+  // The same in two steps, so that the sync overlaps the plugin's call:
+  //
+  //   ReserveAsync  while the plugin is called: one RESERVED record per
+  //                 container (everything but the response). `durable` runs
+  //                 once they are synced (from then on they hold their
+  //                 devices like any allocation), or with why not (nothing
+  //                 was recorded; the refusals of RecordAsync).
+  //   AnswerAsync   once the plugin answered and `durable` ran OK: the
+  //                 response (ANSWERED records). `done` runs once they are
+  //                 written, before their sync: a dpproxy crash keeps them,
+  //                 and the next sync (their own, or the next append's)
+  //                 makes them durable.
+  //   Withdraw      instead, if the plugin or the kubelet refused: the
+  //                 allocation is forgotten at once and a WITHDRAWN record
+  //                 is written (not waited for).
+  //
+  // What holds a device is never answered before it is durable; only a
+  // response can be lost, to a power loss within one sync of its answer.
+  struct Reservation {
+    uint64_t first_id = 0;  // the containers' allocations: ids first_id...
+    int count = 0;          // ...first_id + count - 1
+  };
+  virtual Reservation ReserveAsync(const std::string& resource,
+                                   const v1beta1::AllocateRequest& req,
+                                   const BackendSide& backend,
+                                   std::function<void(absl::Status)> durable) = 0;
+  virtual void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
+                           std::function<void(absl::Status)> done) = 0;
+  virtual void Withdraw(const Reservation& r) = 0;
 };
 
 class StateKeeper : public AllocationJournal {
@@ -88,6 +118,10 @@ class StateKeeper : public AllocationJournal {
   // however large the state grows, and a replay at start-up reads no more
   // records than the snapshot holds.
   static constexpr size_t kCompactAfter = 1000;
+  // How long an answer written to the journal may wait for the next synced
+  // batch (usually the next Allocate's reservation) before it is synced on
+  // its own.
+  static constexpr absl::Duration kAnswerSyncDelay = absl::Milliseconds(2);
 
   // Loads the snapshot and the journal. A missing file is a fresh start; one
   // proven corrupt is moved aside, logged and reported as an event (the
@@ -112,6 +146,16 @@ class StateKeeper : public AllocationJournal {
   // The same, waiting for the outcome.
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const BackendSide& backend);
+  // An allocation in two steps (AllocationJournal). Answers and
+  // withdrawals are written in batches of their own, ahead of queued
+  // reservations, with no sync to wait for; the next synced batch syncs
+  // them, or a thread of the keeper's after kAnswerSyncDelay.
+  Reservation ReserveAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
+                           const BackendSide& backend,
+                           std::function<void(absl::Status)> durable) override;
+  void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
+                   std::function<void(absl::Status)> done) override;
+  void Withdraw(const Reservation& r) override;
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const std::string& backend_api,
                       const std::string& backend_endpoint) {
@@ -199,20 +243,40 @@ class StateKeeper : public AllocationJournal {
   void WaitForCompaction();
 
   // For tests: called with no lock held right before a group-commit
-  // leader's journal write ("journal_write") and a snapshot write
+  // leader's journal write ("journal_write"), right after a journal
+  // fdatasync returned ("journal_synced"), and before a snapshot write
   // ("snapshot_write"). Set before any Record.
-  void SetTestHook(std::function<void(const char* where)> hook) { test_hook_ = std::move(hook); }
+  void SetTestHook(std::function<void(const char* where)> hook) {
+    test_hook_ = std::move(hook);
+    journal_.SetSyncHook([this] { test_hook_("journal_synced"); });
+  }
   // Whether `n` Records are queued for the journal (including one being
   // written) within `timeout`.
   bool WaitForQueued(size_t n, absl::Duration timeout);
 
  private:
-  // One Record waiting for the journal.
+  // One Record (or reservation, answer, withdrawal) waiting for the
+  // journal.
   struct Pending {
     std::vector<state::Allocation> records;
     std::string encoded;
-    std::function<void(absl::Status)> done;
+    std::function<void(absl::Status)> done;  // may be empty
+    // An answer or a withdrawal: applied to state_ already, acknowledged
+    // once written. Otherwise the records join state_ once synced.
+    bool written_only = false;
   };
+  // Records of `req` (ids taken now; a failed write leaves a gap, never a
+  // reuse), WHOLE with `resp`, or RESERVED without it.
+  std::vector<state::Allocation> NewRecordsLocked(const std::string& resource,
+                                                  const v1beta1::AllocateRequest& req,
+                                                  const v1beta1::AllocateResponse* resp,
+                                                  const BackendSide& backend)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `p`; true if the caller is to write the queue (WriteQueued).
+  bool EnqueueLocked(std::unique_ptr<Pending> p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The allocation with `id` in state_, searched from the newest; null if
+  // gone.
+  state::Allocation* FindRecentLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Why a Record of `req` may not be journaled (the journal is not open, a
   // device is quarantined), or OK.
@@ -294,6 +358,10 @@ class StateKeeper : public AllocationJournal {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool handed_over_ ABSL_GUARDED_BY(mu_) = false;
   std::thread compactor_;
+  // Syncs answers that no synced batch took along within kAnswerSyncDelay.
+  std::thread syncer_;
+  bool answers_unsynced_ ABSL_GUARDED_BY(mu_) = false;
+  void SyncLoop();
   std::function<void(const char*)> test_hook_;
 };
 

@@ -97,6 +97,28 @@ TEST(StateTest, EveryAnsweredAllocationIsJournaled) {
   }));
 }
 
+// The journal reserves an allocation while the plugin is called; a plugin
+// that refuses leaves nothing held, in memory or on the disk.
+TEST(StateTest, AnAllocateThePluginRefusesHoldsNothing) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  auto options = h.PluginOptions(ApiVersion::kV1Beta1);
+  options.fail_allocate = "out of vGPU slices";
+  ASSERT_NE(h.StartPlugin(options), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  auto refused = h.sim().Allocate(Pod("a", {{"main", 2}}));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("out of vGPU slices"));
+  StateKeeper* keeper = h.proxy().state();
+  EXPECT_EQ(keeper->Snapshot().allocations_size(), 0);
+  EXPECT_EQ(keeper->AllocationCount(), 0);
+  const std::string dir = keeper->path().substr(0, keeper->path().rfind('/'));
+  absl::StatusOr<state::State> on_disk = ReadStateDir(dir);
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(on_disk->allocations_size(), 0);
+}
+
 TEST(StateTest, ProxyRestartLosesAndDuplicatesNothing) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   ASSERT_TRUE(h.sim().Start().ok());

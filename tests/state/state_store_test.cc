@@ -437,6 +437,64 @@ TEST(MergeJournalTest, ADifferentAllocationUnderAKnownIdIsRenumberedNotDropped) 
   EXPECT_EQ(snap.next_allocation_id(), 4u);
 }
 
+// A reservation, then its answer or its withdrawal, replay in order onto a
+// snapshot, whatever of them the snapshot already took in.
+TEST(MergeJournalTest, ReservationsAreAnsweredOrWithdrawnInOrder) {
+  auto reserved = [](uint64_t id, const char* device) {
+    state::Allocation a;
+    a.set_id(id);
+    a.set_resource("vendor.com/gpu");
+    a.add_device_ids(device);
+    a.set_allocated_unix_ms(1000);
+    a.set_stage(state::Allocation::RESERVED);
+    return a;
+  };
+  auto answered = [](uint64_t id, const char* env) {
+    state::Allocation a;
+    a.set_id(id);
+    a.set_stage(state::Allocation::ANSWERED);
+    (*a.mutable_response()->mutable_envs())["GPU"] = env;
+    return a;
+  };
+  auto withdrawn = [](uint64_t id) {
+    state::Allocation a;
+    a.set_id(id);
+    a.set_stage(state::Allocation::WITHDRAWN);
+    return a;
+  };
+  // 1 answered; 2 withdrawn; 3 never answered (a power loss took it);
+  // 9 an answer whose reservation a snapshot released already.
+  state::State snap;
+  MergeJournal({reserved(1, "gpu-0"), reserved(2, "gpu-1"), reserved(3, "gpu-2"),
+                answered(1, "0"), withdrawn(2), answered(9, "9")},
+               &snap);
+  ASSERT_EQ(snap.allocations_size(), 2);
+  EXPECT_EQ(snap.allocations(0).id(), 1u);
+  EXPECT_EQ(snap.allocations(0).stage(), state::Allocation::WHOLE);
+  EXPECT_EQ(snap.allocations(0).response().envs().at("GPU"), "0");
+  EXPECT_EQ(snap.allocations(1).id(), 3u);
+  EXPECT_EQ(snap.allocations(1).stage(), state::Allocation::RESERVED);
+  EXPECT_EQ(snap.allocations(1).device_ids(0), "gpu-2");
+  EXPECT_EQ(snap.next_allocation_id(), 9u);
+
+  // A snapshot that holds 1 answered and annotated, and 3 quarantined: the
+  // same records again change nothing and duplicate nothing.
+  snap.mutable_allocations(0)->set_pod_name("pod-a");
+  snap.mutable_allocations(1)->set_quarantined(true);
+  const std::string before = snap.SerializeAsString();
+  MergeJournal({reserved(1, "gpu-0"), reserved(3, "gpu-2"), answered(1, "0")}, &snap);
+  EXPECT_EQ(snap.SerializeAsString(), before);
+
+  // A reservation that collides with another allocation's id is
+  // renumbered, and its answer follows it there.
+  MergeJournal({reserved(3, "gpu-3"), answered(3, "3")}, &snap);
+  ASSERT_EQ(snap.allocations_size(), 3);
+  EXPECT_EQ(snap.allocations(1).stage(), state::Allocation::RESERVED);
+  EXPECT_EQ(snap.allocations(2).id(), 10u);
+  EXPECT_EQ(snap.allocations(2).device_ids(0), "gpu-3");
+  EXPECT_EQ(snap.allocations(2).response().envs().at("GPU"), "3");
+}
+
 TEST(StateFileModesTest, StateAndJournalAre0600WhateverTheUmask) {
   testing::ShortTempDir dir;
   EventLog events("test");
@@ -638,6 +696,7 @@ TEST(StateKeeperTest, AllocationsSnapshotCopiesEveryFieldButTheResponse) {
   a->set_backend_resource("legacy.com/gpu");
   a->add_backend_device_ids("GPU-aa");
   a->add_backend_device_ids("GPU-bb");
+  a->set_stage(state::Allocation::RESERVED);
   const google::protobuf::Reflection* refl = a->GetReflection();
   const google::protobuf::Descriptor* desc = a->GetDescriptor();
   for (int i = 0; i < desc->field_count(); ++i) {
@@ -827,4 +886,106 @@ TEST_F(KeeperWritesTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
 }
 
 }  // namespace
+
+// What a power loss leaves: the journal as it was when an fdatasync last
+// returned. A reservation is in it before its caller hears it is durable,
+// so every allocation the kubelet was answered for survives; only the
+// response of one answered within one sync of the loss may not. A dpproxy
+// crash (the page cache survives) keeps the response too.
+TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
+  absl::Mutex mu;
+  std::string on_disk;  // the journal as of the last fdatasync
+  int syncs = 0;
+  keeper.SetTestHook([&](const char* where) {
+    if (std::string(where) != "journal_synced") return;
+    absl::StatusOr<std::string> bytes = ReadFile(dir.Sub("journal.wal"));
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    absl::MutexLock lock(&mu);
+    on_disk = *bytes;
+    ++syncs;
+  });
+  auto image = [&] {
+    absl::MutexLock lock(&mu);
+    return on_disk;
+  };
+  // What a restart on `journal` (and no snapshot) would load.
+  auto load = [&](const std::string& journal) {
+    testing::ShortTempDir other;
+    EXPECT_TRUE(WriteFileAtomic(other.Sub("journal.wal"), journal, 0600).ok());
+    absl::StatusOr<state::State> st = ReadStateDir(other.path());
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? *st : state::State();
+  };
+
+  absl::Notification durable;
+  std::string at_durable;
+  const AllocationJournal::Reservation r =
+      keeper.ReserveAsync("vendor.com/gpu", TwoContainers("a", "b"), BackendSide{"v1beta1", "/s", "vendor.com/gpu", nullptr},
+                          [&](absl::Status s) {
+                            EXPECT_TRUE(s.ok()) << s;
+                            at_durable = image();
+                            durable.Notify();
+                          });
+  ASSERT_TRUE(durable.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_EQ(r.count, 2);
+  state::State lost = load(at_durable);
+  ASSERT_EQ(lost.allocations_size(), 2) << "the reservation was not on the disk when it was "
+                                           "reported durable";
+  EXPECT_EQ(lost.allocations(1).device_ids(0), "b");
+  EXPECT_TRUE(keeper.HoldsDevice("vendor.com/gpu", "b"));
+
+  v1beta1::AllocateResponse resp;
+  (*resp.add_container_responses()->mutable_envs())["GPU"] = "a";
+  (*resp.add_container_responses()->mutable_envs())["GPU"] = "b";
+  absl::Notification answered;
+  std::string at_answer;
+  keeper.AnswerAsync(r, resp, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    at_answer = image();
+    answered.Notify();
+  });
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // A power loss right at the answer: the allocations hold their devices,
+  // without responses.
+  lost = load(at_answer);
+  ASSERT_EQ(lost.allocations_size(), 2);
+  EXPECT_EQ(lost.allocations(0).stage(), state::Allocation::RESERVED);
+  EXPECT_FALSE(lost.allocations(0).has_response());
+  EXPECT_EQ(lost.allocations(0).device_ids(0), "a");
+  // A crash of dpproxy instead: the written answer is in the file.
+  absl::StatusOr<std::string> now = ReadFile(dir.Sub("journal.wal"));
+  ASSERT_TRUE(now.ok());
+  state::State crashed = load(*now);
+  ASSERT_EQ(crashed.allocations_size(), 2);
+  EXPECT_EQ(crashed.allocations(1).stage(), state::Allocation::WHOLE);
+  EXPECT_EQ(crashed.allocations(1).response().envs().at("GPU"), "b");
+  // And the answer's own sync follows: then a power loss keeps it too.
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(+[](int* n) { return *n >= 2; }, &syncs),
+                                    absl::Seconds(10)))
+        << "the answer was never synced";
+  }
+  EXPECT_EQ(load(image()).allocations(1).stage(), state::Allocation::WHOLE);
+  EXPECT_EQ(keeper.Snapshot().allocations(0).response().envs().at("GPU"), "a");
+
+  // A withdrawn reservation frees its devices at once, and for a restart.
+  absl::Notification durable2;
+  const AllocationJournal::Reservation w =
+      keeper.ReserveAsync("vendor.com/gpu", TwoContainers("c", "d"), BackendSide{"v1beta1", "/s", "vendor.com/gpu", nullptr},
+                          [&](absl::Status s) {
+                            EXPECT_TRUE(s.ok()) << s;
+                            durable2.Notify();
+                          });
+  ASSERT_TRUE(durable2.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(keeper.HoldsDevice("vendor.com/gpu", "c"));
+  keeper.Withdraw(w);
+  EXPECT_FALSE(keeper.HoldsDevice("vendor.com/gpu", "c"));
+  EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);
+  absl::StatusOr<state::State> read = ReadStateDir(dir.path());
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->allocations_size(), 2);
+  EXPECT_EQ(read->allocations(1).device_ids(0), "b");
+}
+
 }  // namespace dpproxy

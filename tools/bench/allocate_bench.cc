@@ -867,8 +867,8 @@ int Run() {
 
   std::cout << absl::StrFormat(
       "\nAllocate from %d concurrent clients, %d calls each (v1beta1 plugin; each answer\n"
-      "through dpproxy with its journal waits for its record's fdatasync, shared by the\n"
-      "calls that arrive meanwhile)\n",
+      "through dpproxy with its journal waits for its reservation's fdatasync, made\n"
+      "while the plugin answers and shared by the calls that arrive meanwhile)\n",
       FLAGS_clients, FLAGS_concurrent_calls);
   std::cout << absl::StrFormat("%-22s %12s %12s %10s %7s\n", "path", "calls/s", "slowest",
                                "/direct", "errors");

@@ -452,51 +452,52 @@ bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
   return true;
 }
 
-void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
-                              const v1beta1::AllocateResponse& resp, const BackendSide& backend,
-                              std::function<void(absl::Status)> done) {
+void StateKeeper::Submit(const std::function<absl::Status(Pending*)>& build,
+                         std::function<void(absl::Status)> done) {
   absl::Status refused;
   bool write = false;
   {
     absl::MutexLock lock(&mu_);
-    refused = CheckRecordableLocked(resource, req);
+    auto me = std::make_unique<Pending>();
+    refused = build(me.get());
     if (refused.ok()) {
-      auto me = std::make_unique<Pending>();
-      me->records = NewRecordsLocked(resource, req, &resp, backend);
       me->done = std::move(done);
       write = EnqueueLocked(std::move(me));
     }
   }
   if (!refused.ok()) {
-    done(std::move(refused));
+    if (done) done(std::move(refused));
     return;
   }
   if (write) WriteQueued();
+}
+
+void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
+                              const v1beta1::AllocateResponse& resp, const BackendSide& backend,
+                              std::function<void(absl::Status)> done) {
+  Submit(
+      [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        absl::Status refused = CheckRecordableLocked(resource, req);
+        if (refused.ok()) me->records = NewRecordsLocked(resource, req, &resp, backend);
+        return refused;
+      },
+      std::move(done));
 }
 
 AllocationJournal::Reservation StateKeeper::ReserveAsync(
     const std::string& resource, const v1beta1::AllocateRequest& req, const BackendSide& backend,
     std::function<void(absl::Status)> durable) {
   Reservation r;
-  absl::Status refused;
-  bool write = false;
-  {
-    absl::MutexLock lock(&mu_);
-    refused = CheckRecordableLocked(resource, req);
-    if (refused.ok()) {
-      auto me = std::make_unique<Pending>();
-      me->records = NewRecordsLocked(resource, req, nullptr, backend);
-      r.count = static_cast<int>(me->records.size());
-      r.first_id = r.count > 0 ? me->records.front().id() : 0;
-      me->done = std::move(durable);
-      write = EnqueueLocked(std::move(me));
-    }
-  }
-  if (!refused.ok()) {
-    durable(std::move(refused));
-  } else if (write) {
-    WriteQueued();
-  }
+  Submit(
+      [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        absl::Status refused = CheckRecordableLocked(resource, req);
+        if (!refused.ok()) return refused;
+        me->records = NewRecordsLocked(resource, req, nullptr, backend);
+        r.count = static_cast<int>(me->records.size());
+        r.first_id = r.count > 0 ? me->records.front().id() : 0;
+        return absl::OkStatus();
+      },
+      std::move(durable));
   return r;
 }
 
@@ -511,39 +512,32 @@ state::Allocation* StateKeeper::FindRecentLocked(uint64_t id) {
 
 void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
                               std::function<void(absl::Status)> done) {
-  bool write = false;
-  absl::Status refused;
-  {
-    absl::MutexLock lock(&mu_);
-    if (handed_over_) {
-      refused = HandedOverError();
-    } else if (!journal_ok_) {
-      refused = absl::FailedPreconditionError("the allocation journal is not open");
-    } else {
-      auto me = std::make_unique<Pending>();
-      me->written_only = true;
-      for (int i = 0; i < r.count; ++i) {
-        state::Allocation a;
-        a.set_id(r.first_id + static_cast<uint64_t>(i));
-        a.set_stage(state::Allocation::ANSWERED);
-        if (i < resp.container_responses_size()) *a.mutable_response() = resp.container_responses(i);
-        // In memory at once: a snapshot taken before the record is written
-        // holds the response, and the record replays onto it unchanged.
-        if (state::Allocation* held = FindRecentLocked(a.id()); held != nullptr) {
-          *held->mutable_response() = a.response();
-          held->clear_stage();
+  Submit(
+      [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (handed_over_) return HandedOverError();
+        if (!journal_ok_) {
+          return absl::FailedPreconditionError("the allocation journal is not open");
         }
-        me->records.push_back(std::move(a));
-      }
-      me->done = std::move(done);
-      write = EnqueueLocked(std::move(me));
-    }
-  }
-  if (!refused.ok()) {
-    done(std::move(refused));
-    return;
-  }
-  if (write) WriteQueued();
+        me->written_only = true;
+        for (int i = 0; i < r.count; ++i) {
+          state::Allocation a;
+          a.set_id(r.first_id + static_cast<uint64_t>(i));
+          a.set_stage(state::Allocation::ANSWERED);
+          if (i < resp.container_responses_size()) {
+            *a.mutable_response() = resp.container_responses(i);
+          }
+          // In memory at once: a snapshot taken before the record is
+          // written holds the response, and the record replays onto it
+          // unchanged.
+          if (state::Allocation* held = FindRecentLocked(a.id()); held != nullptr) {
+            *held->mutable_response() = a.response();
+            held->clear_stage();
+          }
+          me->records.push_back(std::move(a));
+        }
+        return absl::OkStatus();
+      },
+      std::move(done));
 }
 
 void StateKeeper::Withdraw(const Reservation& r) {

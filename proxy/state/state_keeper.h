@@ -272,6 +272,11 @@ class StateKeeper : public AllocationJournal {
                                                   const v1beta1::AllocateResponse* resp,
                                                   const BackendSide& backend)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_, `build` fills a Pending or says why not; the Pending is
+  // queued with `done` (written by this thread if the journal is free), or
+  // `done` gets the refusal.
+  void Submit(const std::function<absl::Status(Pending*)>& build,
+              std::function<void(absl::Status)> done) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `p`; true if the caller is to write the queue (WriteQueued).
   bool EnqueueLocked(std::unique_ptr<Pending> p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The allocation with `id` in state_, searched from the newest; null if

@@ -893,20 +893,25 @@ TEST_F(KeeperWritesTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
 // response of one answered within one sync of the loss may not. A dpproxy
 // crash (the page cache survives) keeps the response too.
 TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
-  absl::Mutex mu;
-  std::string on_disk;  // the journal as of the last fdatasync
-  int syncs = 0;
-  keeper.SetTestHook([&](const char* where) {
+  // The journal as of the last fdatasync. Shared with the hook, which the
+  // keeper (it outlives this body) may still call after it.
+  struct Disk {
+    absl::Mutex mu;
+    std::string bytes;
+    int syncs = 0;
+  };
+  auto disk = std::make_shared<Disk>();
+  keeper.SetTestHook([disk, path = dir.Sub("journal.wal")](const char* where) {
     if (std::string(where) != "journal_synced") return;
-    absl::StatusOr<std::string> bytes = ReadFile(dir.Sub("journal.wal"));
+    absl::StatusOr<std::string> bytes = ReadFile(path);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
-    absl::MutexLock lock(&mu);
-    on_disk = *bytes;
-    ++syncs;
+    absl::MutexLock lock(&disk->mu);
+    disk->bytes = *bytes;
+    ++disk->syncs;
   });
   auto image = [&] {
-    absl::MutexLock lock(&mu);
-    return on_disk;
+    absl::MutexLock lock(&disk->mu);
+    return disk->bytes;
   };
   // What a restart on `journal` (and no snapshot) would load.
   auto load = [&](const std::string& journal) {
@@ -961,9 +966,9 @@ TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
   EXPECT_EQ(crashed.allocations(1).response().envs().at("GPU"), "b");
   // And the answer's own sync follows: then a power loss keeps it too.
   {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(+[](int* n) { return *n >= 2; }, &syncs),
-                                    absl::Seconds(10)))
+    absl::MutexLock lock(&disk->mu);
+    ASSERT_TRUE(disk->mu.AwaitWithTimeout(
+        absl::Condition(+[](int* n) { return *n >= 2; }, &disk->syncs), absl::Seconds(10)))
         << "the answer was never synced";
   }
   EXPECT_EQ(load(image()).allocations(1).stage(), state::Allocation::WHOLE);

@@ -111,8 +111,6 @@ class JournalFile {
   // Makes every append durable (fdatasync), if one is not yet. A failure
   // cuts nothing: the records were acknowledged once written.
   absl::Status Sync();
-  // Whether appends are written but not yet synced.
-  bool unsynced() const { return synced_ < size_; }
 
   // Forgets the first `count` records, which end at file offset `offset`
   // (size() when they were appended), after they went into a saved

@@ -81,7 +81,8 @@ class Backend {
                                          absl::Duration timeout,
                                          const grpc::ServerContextBase* caller = nullptr) = 0;
 
-  // Allocate and PreStartContainer without a waiting thread, for the
+  // Allocate, GetPreferredAllocation and PreStartContainer without a
+  // waiting thread, for the
   // kubelet side's callback handlers: the same contract as the blocking
   // calls, the outcome given to `done` once, on one of gRPC's callback
   // threads (or on the caller's, for an outcome known at once). `done` must
@@ -92,6 +93,14 @@ class Backend {
   virtual void AllocateAsync(v1beta1::AllocateRequest request, absl::Duration timeout,
                              const grpc::ServerContextBase* caller, AllocateDone done) {
     done(Allocate(request, timeout, caller));
+  }
+  using PreferredDone =
+      std::function<void(absl::StatusOr<v1beta1::PreferredAllocationResponse>)>;
+  virtual void GetPreferredAllocationAsync(v1beta1::PreferredAllocationRequest request,
+                                           absl::Duration timeout,
+                                           const grpc::ServerContextBase* caller,
+                                           PreferredDone done) {
+    done(GetPreferredAllocation(request, timeout, caller));
   }
   virtual void PreStartContainerAsync(v1beta1::PreStartContainerRequest request,
                                       absl::Duration timeout,

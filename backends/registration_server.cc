@@ -19,26 +19,38 @@
 namespace dpproxy {
 namespace {
 
-class BetaRegistration final : public v1beta1::Registration::Service {
+// Register on gRPC's callback API: a server with no synchronous method has
+// no polling threads of its own, which would otherwise take the bytes of
+// every call in the process (the kubelet's Allocates too) off their sockets
+// and hand them to a callback thread.
+class BetaRegistration final
+    : public v1beta1::Registration::WithCallbackMethod_Register<v1beta1::Registration::Service> {
  public:
   explicit BetaRegistration(BackendRegistrationServer* s) : s_(s) {}
-  grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest* r,
-                        v1beta1::Empty*) override {
-    return ToGrpcStatus(
-        s_->HandleRegister(ApiVersion::kV1Beta1, r->version(), r->endpoint(), r->resource_name()));
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1beta1::RegisterRequest* r,
+                                     v1beta1::Empty*) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    s_->RegisterAsync(ApiVersion::kV1Beta1, r->version(), r->endpoint(), r->resource_name(),
+                      [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); });
+    return reactor;
   }
 
  private:
   BackendRegistrationServer* const s_;
 };
 
-class AlphaRegistration final : public deviceplugin::Registration::Service {
+class AlphaRegistration final : public deviceplugin::Registration::WithCallbackMethod_Register<
+                                    deviceplugin::Registration::Service> {
  public:
   explicit AlphaRegistration(BackendRegistrationServer* s) : s_(s) {}
-  grpc::Status Register(grpc::ServerContext*, const deviceplugin::RegisterRequest* r,
-                        deviceplugin::Empty*) override {
-    return ToGrpcStatus(
-        s_->HandleRegister(ApiVersion::kV1Alpha, r->version(), r->endpoint(), r->resource_name()));
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const deviceplugin::RegisterRequest* r,
+                                     deviceplugin::Empty*) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    s_->RegisterAsync(ApiVersion::kV1Alpha, r->version(), r->endpoint(), r->resource_name(),
+                      [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); });
+    return reactor;
   }
 
  private:
@@ -116,7 +128,50 @@ void BackendRegistrationServer::Stop() {
   for (auto& d : dialers) {
     if (d->thread.joinable()) d->thread.join();
   }
+  {
+    // Registrations still dialling answer (refused: stopping) and leave.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &registering_));
+  }
   ::unlink(socket_path().c_str());
+}
+
+void BackendRegistrationServer::RegisterAsync(ApiVersion api, std::string version,
+                                              std::string endpoint, std::string resource,
+                                              std::function<void(absl::Status)> done) {
+  // v1alpha is answered at once (its dial runs on a Dialer's thread).
+  if (api == ApiVersion::kV1Alpha) return done(HandleRegister(api, version, endpoint, resource));
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) {
+      refused = absl::UnavailableError("dpproxy is stopping");
+    } else if (registering_ >= static_cast<int>(kMaxDials)) {
+      refused = absl::UnavailableError(absl::StrCat(
+          kMaxDials, " v1beta1 plugins are being dialled already; register again shortly"));
+    } else {
+      ++registering_;
+    }
+  }
+  if (!refused.ok()) {
+    if (running()) CountRejection("busy");
+    return done(refused);
+  }
+  // v1beta1 plugins are dialled before Register is answered (a refusal
+  // names the reason), on a thread of this registration's own: the dial
+  // blocks for up to the dial timeout.
+  std::thread([this, api, version = std::move(version), endpoint = std::move(endpoint),
+               resource = std::move(resource), done = std::move(done)] {
+    done(HandleRegister(api, version, endpoint, resource));
+    absl::MutexLock lock(&mu_);
+    --registering_;  // the thread's last touch of this server
+  }).detach();
+}
+
+bool BackendRegistrationServer::running() {
+  absl::MutexLock lock(&mu_);
+  return running_;
 }
 
 void BackendRegistrationServer::ReapDialersLocked() {

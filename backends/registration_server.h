@@ -76,9 +76,18 @@ class BackendRegistrationServer {
   // registration on (a SIGHUP may change it).
   void SetDialTimeout(absl::Duration d) { dial_timeout_ns_ = absl::ToInt64Nanoseconds(d); }
 
-  // Implementation, public for the services in the .cc file.
+  // Implementation, public for the services in the .cc file. One plugin's
+  // Register: checks it, dials the plugin (v1beta1; a v1alpha plugin is
+  // dialled after the answer, as 1.9 did) and hands the backend over.
+  // Blocks for up to the dial timeout.
   absl::Status HandleRegister(ApiVersion api, const std::string& version,
                               const std::string& endpoint, const std::string& resource);
+  // The same without blocking the caller: `done` gets the outcome, at once
+  // (v1alpha, a refusal) or from a thread of the registration's own (a
+  // v1beta1 dial; at most kMaxDials at once, more are refused with
+  // kUnavailable until one ends).
+  void RegisterAsync(ApiVersion api, std::string version, std::string endpoint,
+                     std::string resource, std::function<void(absl::Status)> done);
 
  private:
   const Options options_;
@@ -91,6 +100,10 @@ class BackendRegistrationServer {
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool running();
+  // v1beta1 registrations being dialled (RegisterAsync), each on a thread
+  // of its own; Stop() waits for them.
+  int registering_ ABSL_GUARDED_BY(mu_) = 0;
   // v1alpha dials in flight (Register answered, plugin being dialled): one
   // thread each, reaped when done, at most kMaxDials at once and one per
   // socket, so a crash-looping plugin cannot pile up threads.

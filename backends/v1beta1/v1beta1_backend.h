@@ -74,6 +74,25 @@ class V1Beta1Backend final : public BackendBase {
     return resp;
   }
 
+  void GetPreferredAllocationAsync(v1beta1::PreferredAllocationRequest req,
+                                   absl::Duration timeout, const grpc::ServerContextBase* caller,
+                                   PreferredDone done) override {
+    if (callback_stub_ == nullptr || !options_.get_preferred_allocation_available()) {
+      done(GetPreferredAllocation(req, timeout, caller));  // a mock's call, or the refusal
+      return;
+    }
+    CallAsync<v1beta1::PreferredAllocationRequest, v1beta1::PreferredAllocationResponse>(
+        std::move(req), timeout, caller,
+        [](auto* stub, auto* ctx, auto* r, auto* p, auto f) {
+          stub->GetPreferredAllocation(ctx, r, p, std::move(f));
+        },
+        [this, timeout, done = std::move(done)](grpc::Status s,
+                                                v1beta1::PreferredAllocationResponse resp) {
+          if (!s.ok()) return done(CallError(endpoint_, "GetPreferredAllocation", s, timeout));
+          done(std::move(resp));
+        });
+  }
+
   absl::Status PreStartContainer(const v1beta1::PreStartContainerRequest& req,
                                  absl::Duration timeout,
                                  const grpc::ServerContextBase* caller) override {

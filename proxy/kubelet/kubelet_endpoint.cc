@@ -114,8 +114,22 @@ v1beta1::AllocateRequest ToBackendIds(Resource* r, const v1beta1::AllocateReques
 // registered again, and a pod admitted then must not fail for it.
 constexpr absl::Duration kBackendWait = absl::Seconds(10);
 
-std::shared_ptr<Backend> BackendFor(KubeletEndpoint* e) {
-  return e->resource()->WaitForBackend(std::min(kBackendWait, e->backend_timeout()));
+// Runs `then` with the resource's backend: at once if one is connected;
+// otherwise from a thread of its own that waits for one (at most
+// kBackendWait, within the backend timeout) in short steps, so that a
+// kubelet that gives up ends the wait. Null if none came.
+void WithBackend(KubeletEndpoint* e, grpc::CallbackServerContext* ctx,
+                 std::function<void(std::shared_ptr<Backend>)> then) {
+  std::shared_ptr<Backend> b = e->resource()->backend();
+  if (b != nullptr) return then(std::move(b));
+  std::thread([e, ctx, then = std::move(then)] {
+    const absl::Time until = absl::Now() + std::min(kBackendWait, e->backend_timeout());
+    std::shared_ptr<Backend> b;
+    while (b == nullptr && !ctx->IsCancelled() && absl::Now() < until) {
+      b = e->resource()->WaitForBackend(std::min(absl::Milliseconds(100), until - absl::Now()));
+    }
+    then(std::move(b));  // the call is not finished before this: ctx lives
+  }).detach();
 }
 
 grpc::Status NoBackend(Resource* r) {
@@ -210,25 +224,14 @@ class KubeletCall {
   std::optional<ApiVersion> backend_api_;
 };
 
-// Runs one call to the backend and times it (side=backend).
-template <typename Fn>
-auto TimedBackendCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api,
-                      const Backend& b, Fn&& call) {
-  const absl::Time start = absl::Now();
-  auto result = call();
-  if (e->telemetry() != nullptr) {
-    absl::StatusCode code;
-    if constexpr (std::is_same_v<decltype(result), absl::Status>) {
-      code = result.code();
-    } else {
-      code = result.status().code();
-    }
-    e->telemetry()->ObserveRpc("backend", method, e->resource()->name(),
-                               ApiWireVersion(kubelet_api), ApiWireVersion(b.api()),
-                               GrpcCodeName(static_cast<grpc::StatusCode>(code)),
-                               absl::Now() - start);
-  }
-  return result;
+// Times one call to the backend (side=backend), started at `start`.
+void ObserveBackendCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api,
+                        const Backend& b, const absl::Status& s, absl::Time start) {
+  if (e->telemetry() == nullptr) return;
+  e->telemetry()->ObserveRpc("backend", method, e->resource()->name(),
+                             ApiWireVersion(kubelet_api), ApiWireVersion(b.api()),
+                             GrpcCodeName(static_cast<grpc::StatusCode>(s.code())),
+                             absl::Now() - start);
 }
 
 // --- Allocate -----------------------------------------------------------------------
@@ -468,17 +471,27 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
 
 class KubeletEndpoint::Services {
  public:
-  class Beta final : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
-                         v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
-                             v1beta1::DevicePlugin::Service>> {
+  // Every method on gRPC's callback API: a server with no synchronous
+  // method has no threads of its own polling for its calls (they would take
+  // every Allocate's bytes off the socket and hand them to a callback
+  // thread).
+  class Beta final : public v1beta1::DevicePlugin::WithCallbackMethod_GetDevicePluginOptions<
+                         v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
+                             v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
+                                 v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
+                                     v1beta1::DevicePlugin::WithCallbackMethod_PreStartContainer<
+                                         v1beta1::DevicePlugin::Service>>>>> {
    public:
     explicit Beta(KubeletEndpoint* e) : e_(e) {}
 
-    grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
-                                        v1beta1::DevicePluginOptions* resp) override {
+    grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
+                                                     const v1beta1::Empty*,
+                                                     v1beta1::DevicePluginOptions* resp) override {
       KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
       *resp = e_->resource()->options();
-      return call.Done(grpc::Status::OK);
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(call.Done(grpc::Status::OK));
+      return reactor;
     }
 
     // Raw: the published list is held as the v1beta1 message's bytes, which
@@ -489,35 +502,41 @@ class KubeletEndpoint::Services {
           e_, [](const Resource::Snapshot& s) { return WireBuffer(s.list->shared_wire()); });
     }
 
-    grpc::Status GetPreferredAllocation(grpc::ServerContext* ctx,
-                                        const v1beta1::PreferredAllocationRequest* req,
-                                        v1beta1::PreferredAllocationResponse* resp) override {
-      KubeletCall call(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
-      return call.Done(Preferred(ctx, *req, resp, &call));
-    }
-
-    // GetPreferredAllocation's work: the kubelet's IDs to the backend's and back.
-    grpc::Status Preferred(grpc::ServerContext* ctx, const v1beta1::PreferredAllocationRequest& req,
-                           v1beta1::PreferredAllocationResponse* resp, KubeletCall* call) {
-      std::shared_ptr<Backend> b = BackendFor(e_);
-      if (b == nullptr) return NoBackend(e_->resource());
-      call->set_backend(b.get());
-      Resource* res = e_->resource();
-      v1beta1::PreferredAllocationRequest breq = req;
-      for (auto& c : *breq.mutable_container_requests()) {
-        for (auto& id : *c.mutable_available_deviceids()) id = res->ToBackendId(id);
-        for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
-      }
-      absl::StatusOr<v1beta1::PreferredAllocationResponse> r =
-          TimedBackendCall(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1, *b, [&] {
-            return b->GetPreferredAllocation(breq, e_->backend_timeout(), ctx);
-          });
-      if (!r.ok()) return ToGrpcStatus(r.status());
-      *resp = *std::move(r);
-      for (auto& c : *resp->mutable_container_responses()) {
-        for (auto& id : *c.mutable_deviceids()) id = res->ToKubeletId(id);
-      }
-      return grpc::Status::OK;
+    // The kubelet's IDs to the backend's and back; the backend is called
+    // through its callback call.
+    grpc::ServerUnaryReactor* GetPreferredAllocation(
+        grpc::CallbackServerContext* ctx, const v1beta1::PreferredAllocationRequest* req,
+        v1beta1::PreferredAllocationResponse* resp) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      auto call =
+          std::make_shared<KubeletCall>(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
+      KubeletEndpoint* e = e_;
+      WithBackend(e, ctx, [e, ctx, req, resp, reactor, call](std::shared_ptr<Backend> b) {
+        if (b == nullptr) return reactor->Finish(call->Done(NoBackend(e->resource())));
+        call->set_backend(b.get());
+        Resource* res = e->resource();
+        v1beta1::PreferredAllocationRequest breq = *req;
+        for (auto& c : *breq.mutable_container_requests()) {
+          for (auto& id : *c.mutable_available_deviceids()) id = res->ToBackendId(id);
+          for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
+        }
+        const absl::Time start = absl::Now();
+        Backend* backend = b.get();
+        backend->GetPreferredAllocationAsync(
+            std::move(breq), e->backend_timeout(), ctx,
+            [e, resp, reactor, call, b = std::move(b),
+             start](absl::StatusOr<v1beta1::PreferredAllocationResponse> r) {
+              ObserveBackendCall(e, "GetPreferredAllocation", ApiVersion::kV1Beta1, *b,
+                                 r.status(), start);
+              if (!r.ok()) return reactor->Finish(call->Done(ToGrpcStatus(r.status())));
+              *resp = *std::move(r);
+              for (auto& c : *resp->mutable_container_responses()) {
+                for (auto& id : *c.mutable_deviceids()) id = e->resource()->ToKubeletId(id);
+              }
+              reactor->Finish(call->Done(grpc::Status::OK));
+            });
+      });
+      return reactor;
     }
 
     grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
@@ -527,19 +546,27 @@ class KubeletEndpoint::Services {
                                     [resp](v1beta1::AllocateResponse r) { *resp = std::move(r); });
     }
 
-    grpc::Status PreStartContainer(grpc::ServerContext* ctx,
-                                   const v1beta1::PreStartContainerRequest* req,
-                                   v1beta1::PreStartContainerResponse*) override {
-      KubeletCall call(e_, "PreStartContainer", ApiVersion::kV1Beta1);
-      std::shared_ptr<Backend> b = BackendFor(e_);
-      if (b == nullptr) return call.Done(NoBackend(e_->resource()));
-      call.set_backend(b.get());
-      v1beta1::PreStartContainerRequest breq = *req;
-      for (auto& id : *breq.mutable_devices_ids()) id = e_->resource()->ToBackendId(id);
-      return call.Done(ToGrpcStatus(
-          TimedBackendCall(e_, "PreStartContainer", ApiVersion::kV1Beta1, *b, [&] {
-            return b->PreStartContainer(breq, e_->backend_timeout(), ctx);
-          })));
+    grpc::ServerUnaryReactor* PreStartContainer(grpc::CallbackServerContext* ctx,
+                                                const v1beta1::PreStartContainerRequest* req,
+                                                v1beta1::PreStartContainerResponse*) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      auto call = std::make_shared<KubeletCall>(e_, "PreStartContainer", ApiVersion::kV1Beta1);
+      KubeletEndpoint* e = e_;
+      WithBackend(e, ctx, [e, ctx, req, reactor, call](std::shared_ptr<Backend> b) {
+        if (b == nullptr) return reactor->Finish(call->Done(NoBackend(e->resource())));
+        call->set_backend(b.get());
+        v1beta1::PreStartContainerRequest breq = *req;
+        for (auto& id : *breq.mutable_devices_ids()) id = e->resource()->ToBackendId(id);
+        const absl::Time start = absl::Now();
+        Backend* backend = b.get();
+        backend->PreStartContainerAsync(
+            std::move(breq), e->backend_timeout(), ctx,
+            [e, reactor, call, b = std::move(b), start](absl::Status s) {
+              ObserveBackendCall(e, "PreStartContainer", ApiVersion::kV1Beta1, *b, s, start);
+              reactor->Finish(call->Done(ToGrpcStatus(s)));
+            });
+      });
+      return reactor;
     }
 
    private:
@@ -582,11 +609,28 @@ class KubeletEndpoint::Services {
     KubeletEndpoint* const e_;
   };
 
-  class Watcher final : public pluginregistration::Registration::Service {
+  class Watcher final : public pluginregistration::Registration::WithCallbackMethod_GetInfo<
+                            pluginregistration::Registration::WithCallbackMethod_NotifyRegistrationStatus<
+                                pluginregistration::Registration::Service>> {
    public:
     explicit Watcher(KubeletEndpoint* e) : e_(e) {}
-    grpc::Status GetInfo(grpc::ServerContext*, const pluginregistration::InfoRequest*,
-                         pluginregistration::PluginInfo* info) override {
+    grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
+                                      const pluginregistration::InfoRequest*,
+                                      pluginregistration::PluginInfo* info) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(Info(info));
+      return reactor;
+    }
+    grpc::ServerUnaryReactor* NotifyRegistrationStatus(
+        grpc::CallbackServerContext* ctx, const pluginregistration::RegistrationStatus* st,
+        pluginregistration::RegistrationStatusResponse*) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(Notified(*st));
+      return reactor;
+    }
+
+   private:
+    grpc::Status Info(pluginregistration::PluginInfo* info) {
       info->set_type(std::string(kDevicePluginType));
       info->set_name(e_->resource()->name());
       info->set_endpoint(e_->socket_path());
@@ -595,23 +639,20 @@ class KubeletEndpoint::Services {
       info->add_supported_versions(std::string(kV1AlphaVersion));
       return grpc::Status::OK;
     }
-    grpc::Status NotifyRegistrationStatus(grpc::ServerContext*,
-                                          const pluginregistration::RegistrationStatus* st,
-                                          pluginregistration::RegistrationStatusResponse*) override {
-      if (st->plugin_registered()) {
+    grpc::Status Notified(const pluginregistration::RegistrationStatus& st) {
+      if (st.plugin_registered()) {
         e_->SetNegotiated("v1beta1 (plugin-watcher)");
       } else {
         LOG(ERROR) << "resource " << e_->resource()->name()
-                   << ": the kubelet's plugin watcher refused registration: " << st->error();
+                   << ": the kubelet's plugin watcher refused registration: " << st.error();
         e_->events()->Emit("kubelet_registration_failed",
                            {{"resource", e_->resource()->name()},
                             {"via", "plugin-watcher"},
-                            {"error", st->error()}});
+                            {"error", st.error()}});
       }
       return grpc::Status::OK;
     }
 
-   private:
     KubeletEndpoint* const e_;
   };
 
@@ -673,16 +714,6 @@ absl::Status KubeletEndpoint::Serve() {
   DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
   grpc::ServerBuilder builder;
-  // At most two idle pollers per resource: calls still run concurrently (a
-  // poller that takes a call is replaced while it works), the threads a
-  // burst added leave after it, and a call that ends finds room to poll
-  // again at once. Room for one only cost about 60 us more per Allocate
-  // (three alternating runs of tools/dev bench: dpproxy without journal /
-  // bare hop 1.20-1.26 with one, 1.13-1.14 with two). ListAndWatch streams
-  // hold no thread at all.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
   builder.RegisterService(&services_->beta);
   builder.RegisterService(&services_->alpha);

@@ -54,46 +54,58 @@ StateKeeper::~StateKeeper() {
 void StateKeeper::SyncLoop() {
   absl::MutexLock lock(&mu_);
   for (;;) {
-    // Asleep until an answer is written and left unsynced; then a short
-    // wait for a synced batch to take it along.
+    // Asleep until an answer is written and left unsynced.
     mu_.Await(absl::Condition(
         +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
-          return k->answers_unsynced_ || k->stopping_;
+          return k->unsynced_since_ != absl::InfiniteFuture() || k->stopping_;
         },
         this));
-    if (stopping_) return;
-    mu_.AwaitWithTimeout(absl::Condition(
-                             +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
-                               return !k->answers_unsynced_ || k->stopping_;
-                             },
-                             this),
-                         kAnswerSyncDelay);
-    if (stopping_) return;
-    if (!answers_unsynced_) continue;
-    // Taken like a saver takes it: between two batches.
-    ++savers_waiting_;
-    mu_.Await(absl::Condition(
-        +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
-        this));
-    --savers_waiting_;
-    if (!journal_ok_) {
-      answers_unsynced_ = false;  // handed over (synced then) or never open
-      continue;
+    // Then woken by the clock alone, not by each answer or sync: at the
+    // oldest unsynced answer's due time, or every kAnswerSyncDelay while
+    // answers keep being written and synced by the batches after them.
+    // Asleep again once a delay passes with no answer written.
+    for (;;) {
+      if (stopping_) return;
+      if (unsynced_since_ == absl::InfiniteFuture()) {
+        const uint64_t seen = answer_writes_;
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_), kAnswerSyncDelay);
+        if (answer_writes_ == seen && unsynced_since_ == absl::InfiniteFuture()) break;
+        continue;
+      }
+      const absl::Time due = unsynced_since_ + kAnswerSyncDelay;
+      if (absl::Now() < due) {
+        mu_.AwaitWithDeadline(absl::Condition(&stopping_), due);
+        continue;
+      }
+      // Taken like a saver takes it: between two batches.
+      ++savers_waiting_;
+      mu_.Await(absl::Condition(
+          +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
+          this));
+      --savers_waiting_;
+      if (!journal_ok_) {
+        unsynced_since_ = absl::InfiniteFuture();  // handed over (synced then) or never open
+        continue;
+      }
+      journal_busy_ = true;
+      if (unsynced_since_ == absl::InfiniteFuture()) {  // a batch synced them meanwhile
+        ReleaseJournalLocked();  // writes what queued while savers waited
+        continue;
+      }
+      unsynced_since_ = absl::InfiniteFuture();
+      mu_.Unlock();
+      const absl::Status synced = journal_.Sync();
+      mu_.Lock();
+      if (!synced.ok()) {
+        NoteWrite(synced);
+        LOG(ERROR) << "cannot sync answers in the journal " << journal_.path() << ": "
+                   << synced.message();
+        events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                            {"error", std::string(synced.message())},
+                                            {"failures", write_failures_.load()}});
+      }
+      ReleaseJournalLocked();
     }
-    journal_busy_ = true;
-    answers_unsynced_ = false;
-    mu_.Unlock();
-    const absl::Status synced = journal_.Sync();
-    mu_.Lock();
-    if (!synced.ok()) {
-      NoteWrite(synced);
-      LOG(ERROR) << "cannot sync answers in the journal " << journal_.path() << ": "
-                 << synced.message();
-      events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                          {"error", std::string(synced.message())},
-                                          {"failures", write_failures_.load()}});
-    }
-    ReleaseJournalLocked();
   }
 }
 
@@ -653,9 +665,10 @@ void StateKeeper::WriteQueued() {
     // batch (one is usually on its way: the next Allocate's reservation),
     // or by the syncer after kAnswerSyncDelay.
     if (written_only && s.ok()) {
-      answers_unsynced_ = true;
+      ++answer_writes_;
+      if (unsynced_since_ == absl::InfiniteFuture()) unsynced_since_ = absl::Now();
     } else if (s.ok()) {
-      answers_unsynced_ = false;
+      unsynced_since_ = absl::InfiniteFuture();
     }
   }
   journal_busy_ = false;

@@ -365,7 +365,10 @@ class StateKeeper : public AllocationJournal {
   std::thread compactor_;
   // Syncs answers that no synced batch took along within kAnswerSyncDelay.
   std::thread syncer_;
-  bool answers_unsynced_ ABSL_GUARDED_BY(mu_) = false;
+  // When the oldest answer written since the last sync was written
+  // (InfiniteFuture: none), and how many answer batches were written.
+  absl::Time unsynced_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  uint64_t answer_writes_ ABSL_GUARDED_BY(mu_) = 0;
   void SyncLoop();
   std::function<void(const char*)> test_hook_;
 };

@@ -626,6 +626,65 @@ TEST_F(ProxyTest, AnAllocateThatFindsNoBackendWaitsForOneToRegister) {
   EXPECT_THAT(values, Contains("gpu-1"));  // the plugin's answer for that device
 }
 
+// GetPreferredAllocation and PreStartContainer are served on gRPC's callback
+// API too: with no backend, each waits for one on a thread of its own, a
+// kubelet that gives up ends the wait, and a plugin that registers answers.
+TEST_F(ProxyTest, TheRarerCallsThatFindNoBackendWaitForOneToRegister) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, HoldFor(absl::Seconds(60)));
+  ASSERT_NO_FATAL_FAILURE(ServeThenLoseThePlugin(h));
+  auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  auto prefer = [&](std::optional<absl::Duration> deadline,
+                    v1beta1::PreferredAllocationResponse* resp) {
+    grpc::ClientContext ctx;
+    if (deadline) ctx.set_deadline(absl::ToChronoTime(absl::Now() + *deadline));
+    v1beta1::PreferredAllocationRequest req;
+    auto* c = req.add_container_requests();
+    for (const char* id : {"gpu-0", "gpu-1", "gpu-2", "gpu-3"}) c->add_available_deviceids(id);
+    c->set_allocation_size(2);
+    return stub->GetPreferredAllocation(&ctx, req, resp);
+  };
+  auto pre_start = [&](std::optional<absl::Duration> deadline) {
+    grpc::ClientContext ctx;
+    if (deadline) ctx.set_deadline(absl::ToChronoTime(absl::Now() + *deadline));
+    v1beta1::PreStartContainerRequest req;
+    req.add_devices_ids("gpu-2");
+    v1beta1::PreStartContainerResponse resp;
+    return stub->PreStartContainer(&ctx, req, &resp);
+  };
+  v1beta1::PreferredAllocationResponse given_up;
+  EXPECT_EQ(prefer(absl::Milliseconds(300), &given_up).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(pre_start(absl::Milliseconds(300)).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Without a deadline, both wait until a plugin is back.
+  grpc::Status preferred, started;
+  v1beta1::PreferredAllocationResponse resp;
+  absl::Notification preferred_done, started_done;
+  std::thread prefer_call([&] {
+    preferred = prefer(std::nullopt, &resp);
+    preferred_done.Notify();
+  });
+  std::thread pre_start_call([&] {
+    started = pre_start(std::nullopt);
+    started_done.Notify();
+  });
+  EXPECT_FALSE(preferred_done.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "answered with no backend: " << preferred.error_message();
+  EXPECT_FALSE(started_done.HasBeenNotified()) << started.error_message();
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.preferred = true;
+  o.pre_start_required = true;
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  EXPECT_TRUE(preferred_done.WaitForNotificationWithTimeout(kWait));
+  EXPECT_TRUE(started_done.WaitForNotificationWithTimeout(kWait));
+  prefer_call.join();
+  pre_start_call.join();
+  EXPECT_TRUE(preferred.ok()) << preferred.error_message();
+  EXPECT_TRUE(started.ok()) << started.error_message();
+  ASSERT_EQ(resp.container_responses_size(), 1);
+  EXPECT_EQ(resp.container_responses(0).deviceids_size(), 2);
+}
+
 // A kubelet whose Register does not answer until released (as a 1.25+
 // kubelet dialling a socket for 10 s).
 class StuckKubelet final : public v1beta1::Registration::Service {

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -27,8 +28,10 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "proto/v1alpha/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
@@ -49,6 +52,9 @@ DEFINE_int32(iterations, 3000, "Allocate calls per path and plugin version.");
 DEFINE_int32(block, 100, "Calls per block; blocks of the paths alternate.");
 DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
 DEFINE_int32(concurrent_calls, 2000, "Allocate calls per client for the throughput figure.");
+DEFINE_int32(concurrent_rounds, 10,
+             "Rounds of the throughput figure: the paths take turns, each round every "
+             "path making concurrent_calls / concurrent_rounds calls per client.");
 DEFINE_int32(startup_allocations, 50000,
              "Allocations in the state for the start-up figure (0: leave it out).");
 DEFINE_int32(reconcile_pods, 1000,
@@ -191,21 +197,40 @@ Call FdatasyncFloor(const std::string& path, bool preallocated, int* errors) {
   };
 }
 
-// `clients` threads, each with its own channel, each making `calls` calls
-// made by `make(i)`. Returns calls per second and the slowest call (us).
+// Throughput from `clients` threads, each with its own channel, per path.
+// The paths take turns in rounds (each round: every path in turn, `calls /
+// rounds` calls per client), so that a change in the machine's load meets
+// every path alike instead of the one measured at that moment.
 struct Throughput {
-  double per_second = 0;
-  double max_us = 0;
+  double per_second = 0;  // over every round
+  double max_us = 0;      // the slowest call
   int errors = 0;
+  std::vector<double> round_per_second;
+  // CPU time per call (us) of the clients (this process), of the process in
+  // the middle (none for direct) and of the plugin, over every round: on
+  // two shared cores, throughput is bounded by their sum, and unlike
+  // calls/s this figure moves little with the machine's other load.
+  double client_cpu_us = 0, middle_cpu_us = 0, plugin_cpu_us = 0;
 };
 
-Throughput Concurrent(const std::function<Call(int, int*)>& make, int clients, int calls) {
-  std::vector<Call> c;
-  std::vector<int> errors(clients, 0);
-  for (int i = 0; i < clients; ++i) c.push_back(make(i, &errors[i]));
-  for (auto& call : c) {
-    for (int i = 0; i < 20; ++i) call();
-  }
+// CPU time a process has used (every thread, user and system), seconds; 0
+// if it cannot be read.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/stat") : absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+  // After the command: state is field 3; utime and stime are fields 14, 15.
+  if (f.size() < 13) return 0;
+  double utime = 0, stime = 0;
+  if (!absl::SimpleAtod(f[11], &utime) || !absl::SimpleAtod(f[12], &stime)) return 0;
+  return (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// One round of one path: `clients` threads making `calls` calls each.
+void ConcurrentRound(std::vector<Call>& c, int calls, Throughput* out, double* seconds) {
+  const int clients = static_cast<int>(c.size());
   std::vector<double> worst(clients, 0);
   std::vector<std::thread> threads;
   auto t0 = std::chrono::steady_clock::now();
@@ -215,12 +240,51 @@ Throughput Concurrent(const std::function<Call(int, int*)>& make, int clients, i
     });
   }
   for (auto& t : threads) t.join();
-  auto t1 = std::chrono::steady_clock::now();
-  Throughput out;
-  out.per_second = clients * calls / std::chrono::duration<double>(t1 - t0).count();
-  for (int i = 0; i < clients; ++i) {
-    out.max_us = std::max(out.max_us, worst[i]);
-    out.errors += errors[i];
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *seconds += s;
+  out->round_per_second.push_back(clients * calls / s);
+  for (double w : worst) out->max_us = std::max(out->max_us, w);
+}
+
+// `make(socket, errors)` makes one client's calls for each path's socket;
+// `middle[p]` is the process serving path p between the clients and the
+// plugin (-1: none), `plugin` the plugin's.
+std::vector<Throughput> Concurrent(const std::vector<std::string>& sockets,
+                                   const std::vector<pid_t>& middle, pid_t plugin,
+                                   const std::function<Call(const std::string&, int*)>& make,
+                                   int clients, int calls, int rounds) {
+  rounds = std::max(1, std::min(rounds, calls));
+  std::vector<Throughput> out(sockets.size());
+  std::vector<std::vector<Call>> c(sockets.size());
+  std::vector<std::vector<int>> errors(sockets.size(), std::vector<int>(clients, 0));
+  for (size_t p = 0; p < sockets.size(); ++p) {
+    for (int i = 0; i < clients; ++i) c[p].push_back(make(sockets[p], &errors[p][i]));
+    for (auto& call : c[p]) {
+      for (int i = 0; i < 20; ++i) call();
+    }
+    for (int& e : errors[p]) e = 0;  // the warm-up's are not counted
+  }
+  std::vector<double> seconds(sockets.size(), 0);
+  std::vector<double> client_cpu(sockets.size(), 0), middle_cpu(sockets.size(), 0),
+      plugin_cpu(sockets.size(), 0);
+  for (int r = 0; r < rounds; ++r) {
+    const int n = calls / rounds + (r < calls % rounds ? 1 : 0);
+    for (size_t p = 0; p < sockets.size(); ++p) {
+      const double c0 = CpuSeconds(0), p0 = CpuSeconds(plugin),
+                   m0 = middle[p] > 0 ? CpuSeconds(middle[p]) : 0;
+      ConcurrentRound(c[p], n, &out[p], &seconds[p]);
+      client_cpu[p] += CpuSeconds(0) - c0;
+      plugin_cpu[p] += CpuSeconds(plugin) - p0;
+      if (middle[p] > 0) middle_cpu[p] += CpuSeconds(middle[p]) - m0;
+    }
+  }
+  const double total = static_cast<double>(clients) * calls;
+  for (size_t p = 0; p < sockets.size(); ++p) {
+    out[p].per_second = total / seconds[p];
+    out[p].client_cpu_us = client_cpu[p] * 1e6 / total;
+    out[p].middle_cpu_us = middle_cpu[p] * 1e6 / total;
+    out[p].plugin_cpu_us = plugin_cpu[p] * 1e6 / total;
+    for (int e : errors[p]) out[p].errors += e;
   }
   return out;
 }
@@ -776,15 +840,14 @@ int Run() {
     }
     Measure(calls, &r);
     if (api == "v1beta1") {
-      for (const auto& [path, socket] :
-           {std::pair<std::string, std::string>{"direct", direct_socket},
-            {"bare hop", bare_socket},
-            {"dpproxy, no journal", unjournaled},
-            {"dpproxy", journaled}}) {
-        const std::string sock = socket;
-        many.emplace_back(path, Concurrent([&](int, int* e) { return BetaAllocate(sock, e); },
-                                           FLAGS_clients, FLAGS_concurrent_calls));
-      }
+      const std::vector<std::string> labels = {"direct", "bare hop", "dpproxy, no journal",
+                                               "dpproxy"};
+      std::vector<Throughput> t =
+          Concurrent({direct_socket, bare_socket, unjournaled, journaled},
+                     {-1, bare->pid(), proxy_nj->pid(), proxy->pid()}, plugin->pid(),
+                     [](const std::string& sock, int* e) { return BetaAllocate(sock, e); },
+                     FLAGS_clients, FLAGS_concurrent_calls, FLAGS_concurrent_rounds);
+      for (size_t p = 0; p < labels.size(); ++p) many.emplace_back(labels[p], std::move(t[p]));
       Stop(bare);
     }
     results.push_back(std::move(r));
@@ -866,16 +929,46 @@ int Run() {
   }
 
   std::cout << absl::StrFormat(
-      "\nAllocate from %d concurrent clients, %d calls each (v1beta1 plugin; each answer\n"
-      "through dpproxy with its journal waits for its reservation's fdatasync, made\n"
-      "while the plugin answers and shared by the calls that arrive meanwhile)\n",
-      FLAGS_clients, FLAGS_concurrent_calls);
-  std::cout << absl::StrFormat("%-22s %12s %12s %10s %7s\n", "path", "calls/s", "slowest",
-                               "/direct", "errors");
+      "\nAllocate from %d concurrent clients, %d calls each in %d rounds (the paths take\n"
+      "turns; v1beta1 plugin; each answer through dpproxy with its journal waits for its\n"
+      "reservation's fdatasync, made while the plugin answers and shared by the calls\n"
+      "that arrive meanwhile). /direct: over every round; per round: the median and the\n"
+      "range of each round's ratio to the direct round before it.\n",
+      FLAGS_clients, FLAGS_concurrent_calls, std::max(1, std::min(FLAGS_concurrent_rounds,
+                                                                  FLAGS_concurrent_calls)));
+  std::cout << absl::StrFormat("%-22s %10s %10s %8s %22s %7s\n", "path", "calls/s", "slowest",
+                               "/direct", "per round: median (range)", "errors");
   for (const auto& [path, t] : many) {
-    std::cout << absl::StrFormat("%-22s %12.0f %10.1fms %9.2fx %7d\n", path, t.per_second,
-                                 t.max_us / 1000, t.per_second / many[0].second.per_second,
-                                 t.errors);
+    std::vector<double> ratios;
+    const auto& direct = many[0].second.round_per_second;
+    for (size_t r = 0; r < t.round_per_second.size() && r < direct.size(); ++r) {
+      ratios.push_back(t.round_per_second[r] / direct[r]);
+    }
+    std::cout << absl::StrFormat("%-22s %10.0f %8.1fms %7.2fx %9.2fx (%.2f-%.2f) %7d\n", path,
+                                 t.per_second, t.max_us / 1000,
+                                 t.per_second / many[0].second.per_second,
+                                 Percentile(ratios, 0.5), Percentile(ratios, 0.0),
+                                 Percentile(ratios, 1.0), t.errors);
+  }
+  if (!many.empty()) {
+    std::cout << "\nCPU time per call in those rounds (us; every thread, user and system):\n";
+    std::cout << absl::StrFormat("%-22s %10s %10s %10s %10s %14s\n", "path", "clients",
+                                 "middle", "plugin", "total", "total/direct");
+    for (const auto& [path, t] : many) {
+      const double total = t.client_cpu_us + t.middle_cpu_us + t.plugin_cpu_us;
+      const auto& d = many[0].second;
+      const double direct = d.client_cpu_us + d.middle_cpu_us + d.plugin_cpu_us;
+      std::cout << absl::StrFormat("%-22s %10.1f %10.1f %10.1f %10.1f %13.2fx\n", path,
+                                   t.client_cpu_us, t.middle_cpu_us, t.plugin_cpu_us, total,
+                                   direct > 0 ? total / direct : 0);
+    }
+    if (many.size() >= 4) {
+      const double bare = many[1].second.middle_cpu_us;
+      std::cout << absl::StrFormat(
+          "dpproxy's CPU per call / the bare hop's: no journal %.2fx, with journal %.2fx\n",
+          bare > 0 ? many[2].second.middle_cpu_us / bare : 0,
+          bare > 0 ? many[3].second.middle_cpu_us / bare : 0);
+    }
   }
   if (FLAGS_restarts > 0) {
     std::cout << absl::StrFormat(

@@ -1,7 +1,9 @@
 // dpproxy's own behaviours beyond the matrix: bad input at both edges,
 // deadlines toward backends, version negotiation, renames, static backends,
 // loss policies, backend swaps, proxy restarts and configuration errors.
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "backends/registration_server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -237,6 +240,69 @@ TEST_F(ProxyTest, V1AlphaRegistrationStormsLeaveNoThreadsBehind) {
   // well under 200 MB.
   EXPECT_LT(after - before, 200 * 1024) << "VmSize grew from " << before << " to " << after
                                         << " kB (" << busy << " busy answers)";
+}
+
+// A v1beta1 plugin is dialled before its Register is answered, on a thread
+// of that registration's own: at most kMaxDials at once, more are refused
+// at once naming why, the kubelet is served meanwhile, and stopping
+// dpproxy (the harness's teardown) waits for the dials in flight.
+TEST_F(ProxyTest, V1Beta1RegistrationsBeingDialledAreBounded) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.dial_timeout = absl::Seconds(3); });
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  // A socket that listens and never answers: each dial lasts the whole
+  // dial timeout.
+  const std::string silent = h.dir("p") + "/silent.sock";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, silent.c_str(), silent.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 64), 0);
+  const std::string sock = h.proxy().backend_registration_socket();
+  constexpr int kCalls = static_cast<int>(BackendRegistrationServer::kMaxDials) + 4;
+  std::vector<grpc::Status> results(kCalls);
+  std::vector<std::thread> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.emplace_back([&, i] {
+      results[i] = testing::RegisterV1Beta1(sock, "v1beta1",
+                                            absl::StrCat("silent", i, ".example.com/x"),
+                                            "silent.sock");
+    });
+  }
+  // The refused ones are answered at once, while the others dial.
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().RegistrationRejections()["busy"] >= 4; }))
+      << "refused as busy: " << h.proxy().RegistrationRejections()["busy"];
+  // Meanwhile the kubelet is served.
+  auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("gpu-0");
+  v1beta1::AllocateResponse resp;
+  grpc::Status allocated = stub->Allocate(&ctx, req, &resp);
+  EXPECT_TRUE(allocated.ok()) << allocated.error_message();
+  for (auto& t : calls) t.join();
+  ::close(fd);
+  int busy = 0, dial_failed = 0;
+  for (const grpc::Status& r : results) {
+    if (r.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      ++busy;
+      EXPECT_THAT(r.error_message(), HasSubstr("v1beta1 plugins are being dialled already"));
+    } else {
+      ++dial_failed;
+      EXPECT_EQ(r.error_code(), grpc::StatusCode::UNKNOWN) << r.error_message();
+      EXPECT_THAT(r.error_message(), HasSubstr("failed to dial device plugin"));
+    }
+  }
+  EXPECT_EQ(dial_failed, static_cast<int>(BackendRegistrationServer::kMaxDials));
+  EXPECT_EQ(busy, kCalls - dial_failed);
+  // A dial that ended makes room: a plugin registers again.
+  grpc::Status again = testing::RegisterV1Beta1(sock, "v1beta1", kGpu, "sample-gpu.sock");
+  EXPECT_TRUE(again.ok()) << again.error_message();
 }
 
 // Issue 7.12: a v1alpha registration is probed before it is attached: one

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
 #include "tools/conform/conform.h"
 #include "tools/conform/dra.h"
 
@@ -22,9 +23,18 @@ using ::testing::HasSubstr;
 constexpr char kDriver[] = "gpu.example.com";
 
 // dpproxy in DRA mode as `driver`, with a sample plugin of `api` behind it.
+// The kit keeps the directories of cells that fail (by design, for a
+// person to look at), and these tests make cells fail: they go in a
+// directory of this test's own, removed when it ends, not in /tmp.
+const std::string& WorkRoot() {
+  static const testing::ShortTempDir dir;
+  return dir.path();
+}
+
 ConformOptions Options(const std::string& driver, const std::string& plugin_flags,
                        const std::string& dpproxy_flags = "") {
   ConformOptions o;
+  o.work_root = WorkRoot();
   o.dra_driver = kDriver;
   o.plugin_command = absl::StrCat(
       testing::Runfile("proxy/dpproxy"), " --kubelet_api=dra --dra_driver=", driver,

@@ -35,8 +35,17 @@ const std::vector<std::string> kReleases = {"1.18", "1.24", "1.25", "1.28", "1.3
 
 std::string SamplePlugin() { return testing::Runfile("tools/sample_plugin/sample_plugin"); }
 
+// The kit keeps the directories of cells that fail (by design, for a
+// person to look at), and these tests make cells fail: they go in a
+// directory of this test's own, removed when it ends, not in /tmp.
+const std::string& WorkRoot() {
+  static const testing::ShortTempDir dir;
+  return dir.path();
+}
+
 ConformOptions Options(const std::string& plugin_flags) {
   ConformOptions o;
+  o.work_root = WorkRoot();
   o.resources = {"example.com/gpu"};
   o.plugin_command = absl::StrCat(SamplePlugin(),
                                   " --quiet --resource=example.com/gpu"

@@ -472,27 +472,28 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
 
 class KubeletEndpoint::Services {
  public:
-  // Every method on gRPC's callback API: a server with no synchronous
-  // method has no threads of its own polling for its calls (they would take
-  // every Allocate's bytes off the socket and hand them to a callback
-  // thread).
-  class Beta final : public v1beta1::DevicePlugin::WithCallbackMethod_GetDevicePluginOptions<
-                         v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
-                             v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
-                                 v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
-                                     v1beta1::DevicePlugin::WithCallbackMethod_PreStartContainer<
-                                         v1beta1::DevicePlugin::Service>>>>> {
+  // Every call that may wait (for the plugin, for the journal) is served
+  // with gRPC's callback API. GetDevicePluginOptions, which answers from
+  // memory at once, stays synchronous on purpose: a server with no
+  // synchronous method (gRPC 1.51, epoll) now and then failed the kubelet's
+  // first connection to a socket just served again after a kubelet
+  // restart, and the kubelet then waits out its reconnect backoff before
+  // its dial-back (100 ms in kubelet_sim, a second in a Go kubelet): a 100
+  // ms tail in one re-registration of three runs of `tools/dev bench`,
+  // none in eight with this method synchronous.
+  class Beta final : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
+                         v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
+                             v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
+                                 v1beta1::DevicePlugin::WithCallbackMethod_PreStartContainer<
+                                     v1beta1::DevicePlugin::Service>>>> {
    public:
     explicit Beta(KubeletEndpoint* e) : e_(e) {}
 
-    grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
-                                                     const v1beta1::Empty*,
-                                                     v1beta1::DevicePluginOptions* resp) override {
+    grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
+                                        v1beta1::DevicePluginOptions* resp) override {
       KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
       *resp = e_->resource()->options();
-      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-      reactor->Finish(call.Done(grpc::Status::OK));
-      return reactor;
+      return call.Done(grpc::Status::OK);
     }
 
     // Raw: the published list is held as the v1beta1 message's bytes, which
@@ -715,6 +716,11 @@ absl::Status KubeletEndpoint::Serve() {
   DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
   grpc::ServerBuilder builder;
+  // One idle thread for GetDevicePluginOptions, the one synchronous method
+  // (see Services::Beta); a second while one answers.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
   builder.RegisterService(&services_->beta);
   builder.RegisterService(&services_->alpha);

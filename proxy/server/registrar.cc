@@ -184,6 +184,10 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
   } else {
     s = e->endpoint->Register();
   }
+  // A registration that failed because its kubelet went away says nothing
+  // about the one that replaced it.
+  const bool kubelet_replaced =
+      !s.ok() && StatFileId(KubeletSocketPath(kubelet_)).value_or(kubelet) != kubelet;
   {
     absl::MutexLock lock(&mu_);
     e->registering = false;
@@ -210,7 +214,14 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
                                          s.code() == absl::StatusCode::kDeadlineExceeded
                                      ? absl::Seconds(5)
                                      : absl::Seconds(30);
-      if (not_serving && e->backoff == absl::ZeroDuration()) {
+      if (kubelet_replaced) {
+        // The kubelet restarted while this registration was on its way
+        // (the pass that saw the new kubelet left this one alone while it
+        // ran): register with the new kubelet at once, as the others are.
+        // Waiting out the backoff here was a 100 ms tail of re-registration.
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::Now();
+      } else if (not_serving && e->backoff == absl::ZeroDuration()) {
         // The wipe of a kubelet that just started, seen between this
         // registration's queueing and its start: the pass this wakes serves
         // the socket again and registers at once (a 100 ms wait here was

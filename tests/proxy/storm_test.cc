@@ -300,12 +300,12 @@ TEST(StormTest, BackendKillAndRestartCycles) {
 
 int ThreadsOf(pid_t pid) { return CountEntries(absl::StrCat("/proc/", pid, "/task").c_str()); }
 
-// dpproxy as a real process with many resources: a resource costs no
-// thread of its own. Every method of its kubelet-facing server is served
-// with gRPC's callback API (no synchronous server, no pollers of its own),
-// and the streams, the kubelet's ListAndWatch and the backend's, hold no
-// thread (it was five per resource: a parked stream handler, two pollers
-// and a reader; then two pollers).
+// dpproxy as a real process with many resources: each resource costs the
+// idle poller of its kubelet-facing server's one synchronous method
+// (GetDevicePluginOptions; see KubeletEndpoint::Services::Beta); the
+// streams, the kubelet's ListAndWatch and the backend's, hold no thread (it
+// was three per resource: a parked stream handler, a second poller and a
+// reader).
 TEST(ScaleTest, ThreadsPerResourceStayBounded) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);  // its kubelet and directories only
   ASSERT_TRUE(h.sim().Start().ok());
@@ -328,9 +328,10 @@ TEST(ScaleTest, ThreadsPerResourceStayBounded) {
   const int one = ThreadsOf(proxy->pid());
   constexpr int kMore = 12;
   for (int i = 1; i <= kMore; ++i) ASSERT_TRUE(add_resource(i)) << "resource " << i;
-  // gRPC's shared callback threads may grow a little with the load.
-  constexpr int kSlack = 4;
-  EXPECT_TRUE(h.WaitFor([&] { return ThreadsOf(proxy->pid()) <= one + kSlack; },
+  // At most two idle pollers per resource once it has served a call (see
+  // KubeletEndpoint::Serve).
+  constexpr int kPerResource = 2, kSlack = 4;
+  EXPECT_TRUE(h.WaitFor([&] { return ThreadsOf(proxy->pid()) <= one + kPerResource * kMore + kSlack; },
                         absl::Seconds(20)))
       << "dpproxy had " << one << " threads with one resource and " << ThreadsOf(proxy->pid())
       << " with " << kMore + 1;

@@ -235,7 +235,14 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
       }
       next_retry_ = std::min(next_retry_, e->retry_at);
       LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
-                << s.message() << "); retrying in " << absl::FormatDuration(e->backoff);
+                << s.message() << "); retrying in "
+                << absl::FormatDuration(e->retry_at - absl::Now());
+      events_->Emit("kubelet_registration_retry",
+                    {{"resource", e->resource->name()},
+                     {"retry_in_ms", absl::ToInt64Milliseconds(
+                                         std::max(absl::ZeroDuration(), e->retry_at - absl::Now()))},
+                     {"kubelet_replaced", kubelet_replaced},
+                     {"error", std::string(s.message())}});
     }
   }
   wake_();

@@ -759,11 +759,44 @@ class StuckKubelet final : public v1beta1::Registration::Service {
                         v1beta1::Empty*) override {
     ++calls;
     release.WaitForNotificationWithTimeout(absl::Seconds(60));
-    return grpc::Status::OK;
+    return reply;
   }
   std::atomic<int> calls{0};
   absl::Notification release;
+  grpc::Status reply = grpc::Status::OK;  // set before release
 };
+
+// A registration on its way when the kubelet restarts fails with the old
+// kubelet; the new one is registered with at once, not after the
+// registrar's backoff (it was 100 ms: a re-registration tail).
+TEST_F(ProxyTest, ARegistrationThatFailsWithAReplacedKubeletIsRetriedAtOnce) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(MakeDirs(h.dir("k/device-plugins")).ok());
+  StuckKubelet old_kubelet;
+  old_kubelet.reply = grpc::Status(grpc::StatusCode::UNAVAILABLE, "kubelet is stopping");
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(h.dir("k/device-plugins/kubelet.sock")),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(&old_kubelet);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.WaitFor([&] { return old_kubelet.calls.load() >= 1; }));
+  // A new kubelet starts (its own kubelet.sock, our socket wiped) while
+  // the Register to the old one is still on its way.
+  const size_t mark = h.proxy().events().Size();
+  ASSERT_TRUE(h.sim().Start().ok());
+  old_kubelet.release.Notify();  // the old kubelet's answer: it is stopping
+  std::optional<Json> retry = h.proxy().events().WaitForEvent(
+      "kubelet_registration_retry", {{"resource", kGpu}}, kWait, mark);
+  ASSERT_TRUE(retry.has_value());
+  EXPECT_TRUE((*retry)["kubelet_replaced"].get<bool>()) << retry->dump();
+  EXPECT_EQ((*retry)["retry_in_ms"].get<int64_t>(), 0) << retry->dump();
+  EXPECT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  h.StopProxy();
+  server->Shutdown(std::chrono::system_clock::now());
+}
 
 // Issue 7.17: timers (the hold expiry here) ran on the thread that made
 // blocking Register calls, so devices stayed Healthy long past the hold.

@@ -1,9 +1,7 @@
 // dpproxy's own behaviours beyond the matrix: bad input at both edges,
 // deadlines toward backends, version negotiation, renames, static backends,
 // loss policies, backend swaps, proxy restarts and configuration errors.
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -254,14 +252,8 @@ TEST_F(ProxyTest, V1Beta1RegistrationsBeingDialledAreBounded) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   // A socket that listens and never answers: each dial lasts the whole
   // dial timeout.
-  const std::string silent = h.dir("p") + "/silent.sock";
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, silent.c_str(), silent.size() + 1);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 64), 0);
+  testing::SilentSocket silent(h.dir("p") + "/silent.sock");
+  ASSERT_GE(silent.fd(), 0);
   const std::string sock = h.proxy().backend_registration_socket();
   constexpr int kCalls = static_cast<int>(BackendRegistrationServer::kMaxDials) + 4;
   std::vector<grpc::Status> results(kCalls);
@@ -286,7 +278,6 @@ TEST_F(ProxyTest, V1Beta1RegistrationsBeingDialledAreBounded) {
   grpc::Status allocated = stub->Allocate(&ctx, req, &resp);
   EXPECT_TRUE(allocated.ok()) << allocated.error_message();
   for (auto& t : calls) t.join();
-  ::close(fd);
   int busy = 0, dial_failed = 0;
   for (const grpc::Status& r : results) {
     if (r.error_code() == grpc::StatusCode::UNAVAILABLE) {
@@ -764,6 +755,16 @@ class StuckKubelet final : public v1beta1::Registration::Service {
   std::atomic<int> calls{0};
   absl::Notification release;
   grpc::Status reply = grpc::Status::OK;  // set before release
+
+  // Serves this as the harness's kubelet (its kubelet.sock).
+  std::unique_ptr<grpc::Server> Serve(ProxyHarness& h) {
+    if (!MakeDirs(h.dir("k/device-plugins")).ok()) return nullptr;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(UnixAddress(h.dir("k/device-plugins/kubelet.sock")),
+                             grpc::InsecureServerCredentials());
+    builder.RegisterService(this);
+    return builder.BuildAndStart();
+  }
 };
 
 // A registration on its way when the kubelet restarts fails with the old
@@ -771,14 +772,9 @@ class StuckKubelet final : public v1beta1::Registration::Service {
 // registrar's backoff (it was 100 ms: a re-registration tail).
 TEST_F(ProxyTest, ARegistrationThatFailsWithAReplacedKubeletIsRetriedAtOnce) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
-  ASSERT_TRUE(MakeDirs(h.dir("k/device-plugins")).ok());
   StuckKubelet old_kubelet;
   old_kubelet.reply = grpc::Status(grpc::StatusCode::UNAVAILABLE, "kubelet is stopping");
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(UnixAddress(h.dir("k/device-plugins/kubelet.sock")),
-                           grpc::InsecureServerCredentials());
-  builder.RegisterService(&old_kubelet);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = old_kubelet.Serve(h);
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
@@ -805,13 +801,8 @@ TEST_F(ProxyTest, HoldExpiresWhileARegisterIsBlocked) {
     c.policy.loss_policy = LossPolicy::kHold;
     c.policy.hold = absl::Milliseconds(300);
   });
-  ASSERT_TRUE(MakeDirs(h.dir("k/device-plugins")).ok());
   StuckKubelet kubelet;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(UnixAddress(h.dir("k/device-plugins/kubelet.sock")),
-                           grpc::InsecureServerCredentials());
-  builder.RegisterService(&kubelet);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = kubelet.Serve(h);
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);

@@ -27,6 +27,22 @@ class ShortTempDir {
 // Removes a directory tree (like rm -rf).
 void RemoveTree(const std::string& path);
 
+// A Unix socket bound at `path` that listens and never accepts: a
+// connection to it succeeds at the socket level and is never answered (a
+// peer that hangs). Closed when this goes; -1 in fd() if it could not be
+// made.
+class SilentSocket {
+ public:
+  explicit SilentSocket(const std::string& path);
+  ~SilentSocket();
+  SilentSocket(const SilentSocket&) = delete;
+  SilentSocket& operator=(const SilentSocket&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace dpproxy::testing
 
 #endif  // DPPROXY_TESTS_TESTING_TEMP_DIR_H_

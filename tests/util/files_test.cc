@@ -151,15 +151,11 @@ TEST(FilesTest, SocketAcceptsOnlyWhileAServerListens) {
   MakeSocketFile(path);
   EXPECT_FALSE(SocketAccepts(path));  // bound once, nobody listening
   ASSERT_EQ(::unlink(path.c_str()), 0);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  EXPECT_TRUE(SocketAccepts(path));
-  ::close(fd);
+  {
+    testing::SilentSocket listening(path);
+    ASSERT_GE(listening.fd(), 0);
+    EXPECT_TRUE(SocketAccepts(path));
+  }
   EXPECT_FALSE(SocketAccepts(path));
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("plain"), "x").ok());
   EXPECT_FALSE(SocketAccepts(dir.Sub("plain")));

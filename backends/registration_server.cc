@@ -19,10 +19,9 @@
 namespace dpproxy {
 namespace {
 
-// Register on gRPC's callback API: a server with no synchronous method has
-// no polling threads of its own, which would otherwise take the bytes of
-// every call in the process (the kubelet's Allocates too) off their sockets
-// and hand them to a callback thread.
+// Register on gRPC's callback API (RegisterAsync): a v1beta1 plugin's dial
+// holds a thread of its registration's own, never one of gRPC's, and the
+// dials in flight are bounded.
 class BetaRegistration final
     : public v1beta1::Registration::WithCallbackMethod_Register<v1beta1::Registration::Service> {
  public:
@@ -129,7 +128,7 @@ void BackendRegistrationServer::Stop() {
     if (d->thread.joinable()) d->thread.join();
   }
   {
-    // Registrations still dialling answer (refused: stopping) and leave.
+    // Registrations still dialling end (their dial has a deadline) and leave.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](int* n) { return *n == 0; }, &registering_));
@@ -142,20 +141,25 @@ void BackendRegistrationServer::RegisterAsync(ApiVersion api, std::string versio
                                               std::function<void(absl::Status)> done) {
   // v1alpha is answered at once (its dial runs on a Dialer's thread).
   if (api == ApiVersion::kV1Alpha) return done(HandleRegister(api, version, endpoint, resource));
-  absl::Status refused;
+  bool stopping = false, busy = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!running_) {
-      refused = absl::UnavailableError("dpproxy is stopping");
-    } else if (registering_ >= static_cast<int>(kMaxDials)) {
-      refused = absl::UnavailableError(absl::StrCat(
-          kMaxDials, " v1beta1 plugins are being dialled already; register again shortly"));
-    } else {
-      ++registering_;
-    }
+    stopping = !running_;
+    busy = !stopping && registering_ >= static_cast<int>(kMaxDials);
+    if (!stopping && !busy) ++registering_;
   }
-  if (!refused.ok()) {
-    if (running()) CountRejection("busy");
+  if (stopping) return done(absl::UnavailableError("dpproxy is stopping"));
+  if (busy) {
+    const absl::Status refused = absl::UnavailableError(absl::StrCat(
+        kMaxDials, " v1beta1 plugins are being dialled already; register again shortly"));
+    LOG(WARNING) << "backend registration of " << GoQuote(resource) << " (endpoint "
+                 << GoQuote(endpoint) << ") refused: " << refused.message();
+    CountRejection("busy");
+    events_->Emit("backend_registration_rejected", {{"requested_resource", GoQuote(resource)},
+                                                    {"version", GoQuote(version)},
+                                                    {"endpoint", GoQuote(endpoint)},
+                                                    {"reason", "busy"},
+                                                    {"error", std::string(refused.message())}});
     return done(refused);
   }
   // v1beta1 plugins are dialled before Register is answered (a refusal
@@ -167,11 +171,6 @@ void BackendRegistrationServer::RegisterAsync(ApiVersion api, std::string versio
     absl::MutexLock lock(&mu_);
     --registering_;  // the thread's last touch of this server
   }).detach();
-}
-
-bool BackendRegistrationServer::running() {
-  absl::MutexLock lock(&mu_);
-  return running_;
 }
 
 void BackendRegistrationServer::ReapDialersLocked() {

@@ -100,7 +100,6 @@ class BackendRegistrationServer {
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  bool running();
   // v1beta1 registrations being dialled (RegisterAsync), each on a thread
   // of its own; Stop() waits for them.
   int registering_ ABSL_GUARDED_BY(mu_) = 0;

@@ -474,14 +474,11 @@ class KubeletEndpoint::Services {
  public:
   // Every call that may wait (for the plugin, for the journal) is served
   // with gRPC's callback API. GetDevicePluginOptions, which answers from
-  // memory at once, stays synchronous on purpose: a server with no
-  // synchronous method (gRPC 1.51, epoll) now and then failed the kubelet's
-  // first connection to a socket just served again after a kubelet
-  // restart, and the kubelet then waits out its reconnect backoff before
-  // its dial-back (100 ms in kubelet_sim, a second in a Go kubelet). Runs
-  // of `tools/dev bench` with a 100 ms re-registration: 5 of 14 with this
-  // method on the callback API, 1 of 14 with it synchronous, 1 of 10 with
-  // the build before (the tail itself predates this; its cause is open).
+  // memory at once, stays synchronous: with it on the callback API, bench
+  // runs with a 100 ms re-registration were more frequent (5 of 14, against
+  // 1 of 14). Their cause turned out to be Register's own channel to
+  // kubelet.sock (see Register), and a callback-only server has not been
+  // measured again since that was fixed.
   class Beta final : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
                          v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
                              v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
@@ -752,11 +749,25 @@ absl::Status KubeletEndpoint::Register() {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
   const std::string kubelet = KubeletSocketPath(options_);
   // kubelet.sock appears (bind) a moment before the kubelet listens on it: a
-  // connect in between is refused, and gRPC's usual 100 ms wait before the
-  // next try would be most of a re-registration.
-  auto channel = MakeUnixChannel(kubelet, 0, absl::Milliseconds(5));
-  if (!WaitForConnected(channel.get(), absl::Seconds(2)).ok()) {
-    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
+  // connect in between is refused, and the channel's next try waits for
+  // gRPC's reconnect timer. Set to 5 ms, that timer was seen to fire some
+  // 100 ms late (gRPC 1.51's subchannel trace: "connect failed ...
+  // Connection refused", then "backoff delay elapsed" 101 ms later), the
+  // whole of the slowest re-registrations. So a channel not connected
+  // within a short slice is replaced by a fresh one, which connects at
+  // once; the slices grow (5 ms to 200 ms) so that a handshake on a loaded
+  // machine still has time to finish.
+  std::shared_ptr<grpc::Channel> channel;
+  const absl::Time connect_by = absl::Now() + absl::Seconds(2);
+  for (absl::Duration slice = absl::Milliseconds(5);;
+       slice = std::min(slice * 2, absl::Milliseconds(200))) {
+    if (stopping_) return absl::CancelledError("stopping");
+    channel = MakeUnixChannel(kubelet, 0, absl::Milliseconds(5));
+    const absl::Duration left = connect_by - absl::Now();
+    if (WaitForConnected(channel.get(), std::min(slice, left)).ok()) break;
+    if (left <= slice) {
+      return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
+    }
   }
   std::vector<ApiVersion> tries;
   if (!options_.api || options_.api == ApiVersion::kV1Beta1) {

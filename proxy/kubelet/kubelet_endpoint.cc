@@ -748,27 +748,16 @@ absl::Status KubeletEndpoint::Serve() {
 absl::Status KubeletEndpoint::Register() {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
   const std::string kubelet = KubeletSocketPath(options_);
-  // kubelet.sock appears (bind) a moment before the kubelet listens on it: a
-  // connect in between is refused, and the channel's next try waits for
-  // gRPC's reconnect timer. Set to 5 ms, that timer was seen to fire some
-  // 100 ms late (gRPC 1.51's subchannel trace: "connect failed ...
-  // Connection refused", then "backoff delay elapsed" 101 ms later), the
-  // whole of the slowest re-registrations. So a channel not connected
-  // within a short slice is replaced by a fresh one, which connects at
-  // once; the slices grow (5 ms to 200 ms) so that a handshake on a loaded
-  // machine still has time to finish.
-  std::shared_ptr<grpc::Channel> channel;
-  const absl::Time connect_by = absl::Now() + absl::Seconds(2);
-  for (absl::Duration slice = absl::Milliseconds(5);;
-       slice = std::min(slice * 2, absl::Milliseconds(200))) {
-    if (stopping_) return absl::CancelledError("stopping");
-    channel = MakeUnixChannel(kubelet, 0, absl::Milliseconds(5));
-    const absl::Duration left = connect_by - absl::Now();
-    if (WaitForConnected(channel.get(), std::min(slice, left)).ok()) break;
-    if (left <= slice) {
-      return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
-    }
+  // kubelet.sock appears (bind) a moment before the kubelet listens on it:
+  // DialUnixChannel does not wait out gRPC's reconnect timer after that
+  // refusal (it fired 101 ms late: the slowest re-registrations).
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> dialled =
+      DialUnixChannel(kubelet, absl::Seconds(2), [this] { return stopping_.load(); });
+  if (!dialled.ok()) {
+    if (absl::IsCancelled(dialled.status())) return absl::CancelledError("stopping");
+    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
   }
+  std::shared_ptr<grpc::Channel> channel = *std::move(dialled);
   std::vector<ApiVersion> tries;
   if (!options_.api || options_.api == ApiVersion::kV1Beta1) {
     tries.push_back(ApiVersion::kV1Beta1);

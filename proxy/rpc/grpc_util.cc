@@ -69,6 +69,21 @@ absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout) {
   return absl::DeadlineExceededError("context deadline exceeded");
 }
 
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DialUnixChannel(
+    const std::string& socket_path, absl::Duration timeout,
+    const std::function<bool()>& cancelled) {
+  const absl::Time connect_by = absl::Now() + timeout;
+  for (absl::Duration slice = absl::Milliseconds(5);;
+       slice = std::min(slice * 2, absl::Milliseconds(200))) {
+    if (cancelled && cancelled()) return absl::CancelledError("cancelled");
+    std::shared_ptr<grpc::Channel> channel =
+        MakeUnixChannel(socket_path, 0, absl::Milliseconds(5));
+    const absl::Duration left = connect_by - absl::Now();
+    if (WaitForConnected(channel.get(), std::min(slice, left)).ok()) return channel;
+    if (left <= slice) return absl::DeadlineExceededError("context deadline exceeded");
+  }
+}
+
 std::string GoCodeName(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK: return "OK";

@@ -50,6 +50,18 @@ std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
 // Waits until `channel` is connected; kDeadlineExceeded after `timeout`.
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout);
 
+// A channel to a Unix socket, connected (MakeUnixChannel's settings).
+// A socket bound a moment before its server listens refuses the first
+// connect, and a channel's next try then waits for gRPC's reconnect timer,
+// which gRPC 1.51 was seen to fire ~100 ms late however short it is set.
+// So a channel not connected within a short slice is replaced by a fresh
+// one, which connects at once; the slices grow (5 ms to 200 ms) so a
+// handshake on a loaded machine still finishes. kDeadlineExceeded after
+// `timeout`; kCancelled as soon as `cancelled` (if set) says so.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DialUnixChannel(
+    const std::string& socket_path, absl::Duration timeout,
+    const std::function<bool()>& cancelled = nullptr);
+
 // Go's name of a gRPC code ("Unavailable", "DeadlineExceeded"), as in the
 // kubelet's "rpc error: code = X desc = Y" error texts.
 std::string GoCodeName(grpc::StatusCode code);

@@ -107,7 +107,12 @@ bool Resource::backend_connected() {
 
 v1beta1::DevicePluginOptions Resource::options() {
   absl::MutexLock lock(&mu_);
-  return options_;
+  v1beta1::DevicePluginOptions opts = options_;
+  // dpproxy answers GetPreferredAllocation for every backend (for one
+  // without it, from the available devices), so that new pods are
+  // steered away from devices held by containers the kubelet forgot.
+  opts.set_get_preferred_allocation_available(true);
+  return opts;
 }
 
 Resource::Snapshot Resource::Current() {
@@ -152,15 +157,16 @@ std::optional<std::string> Resource::DeviceHealth(const std::string& id) {
 
 void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   base_ = std::move(base);
-  // The kubelet sees the base list itself (one copy held) unless a
-  // quarantine overrides the health of a device in it.
+  // The kubelet sees the base list itself (one copy held) unless an
+  // override (a rename, a device held under another ID) sets the health
+  // of a device in it.
   std::shared_ptr<const DeviceList> shown = base_;
-  if (!quarantined_.empty()) {
+  if (!shown_unhealthy_.empty()) {
     // Looked up by view: no ID is copied per device.
-    const absl::flat_hash_set<absl::string_view> quarantined(quarantined_.begin(),
-                                                             quarantined_.end());
-    shown = base_->WithHealth([&quarantined](const DeviceList::View& d) -> absl::string_view {
-      return quarantined.contains(d.id) ? kUnhealthy : absl::string_view();
+    const absl::flat_hash_set<absl::string_view> unhealthy(shown_unhealthy_.begin(),
+                                                           shown_unhealthy_.end());
+    shown = base_->WithHealth([&unhealthy](const DeviceList::View& d) -> absl::string_view {
+      return unhealthy.contains(d.id) ? kUnhealthy : absl::string_view();
     });
   }
   snapshot_.list = std::move(shown);
@@ -188,14 +194,34 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   }
 }
 
-void Resource::SetQuarantined(std::set<std::string> ids) {
+void Resource::SetShownUnhealthy(std::set<std::string> ids) {
   {
     ChangeLock lock(this);
-    if (ids == quarantined_) return;
-    quarantined_ = std::move(ids);
+    if (ids == shown_unhealthy_) return;
+    shown_unhealthy_ = std::move(ids);
     PublishBaseLocked(base_);
   }
   if (hooks_.on_change) hooks_.on_change();
+}
+
+void Resource::SetForgotten(Forgotten held) {
+  absl::MutexLock lock(&mu_);
+  if (held == *forgotten_) return;
+  forgotten_ = std::make_shared<const Forgotten>(std::move(held));
+}
+
+std::shared_ptr<const Resource::Forgotten> Resource::forgotten() {
+  absl::MutexLock lock(&mu_);
+  return forgotten_;
+}
+
+absl::Status Resource::CheckForgotten(const std::vector<std::string>& ids) {
+  return hooks_.check_forgotten ? hooks_.check_forgotten(ids) : absl::OkStatus();
+}
+
+bool Resource::backend_offers_preferred() {
+  absl::MutexLock lock(&mu_);
+  return options_.get_preferred_allocation_available();
 }
 
 void Resource::MarkAllLocked(const std::string& health) {

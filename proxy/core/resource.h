@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -42,6 +43,11 @@ struct ResourceHooks {
   // Whether a device is held by an allocation in the journal: a device the
   // backend stops reporting stays listed (Unhealthy) while it is.
   std::function<bool(const std::string& id)> is_allocated;
+  // Whether an Allocate may have these kubelet IDs, some of which are
+  // forgotten devices (SetForgotten): OK, or an error naming who holds
+  // them. Blocking (it may ask the kubelet's pod-resources API); called
+  // off gRPC's threads. Unset: always OK.
+  std::function<absl::Status(const std::vector<std::string>& ids)> check_forgotten;
 };
 
 // The short ID the kubelet is shown for `backend_id` under
@@ -93,7 +99,8 @@ class Resource {
   std::shared_ptr<Backend> WaitForBackend(absl::Duration timeout);
   bool backend_connected();
 
-  // Options to advertise to the kubelet: the current (or last) backend's.
+  // Options to advertise to the kubelet: the current (or last) backend's,
+  // with GetPreferredAllocation always offered (see backend_offers_preferred).
   v1beta1::DevicePluginOptions options();
 
   Snapshot Current();
@@ -136,10 +143,29 @@ class Resource {
   // status and state: endpoint and Register version; empty if none yet.
   std::pair<std::string, std::string> last_backend();
 
-  // Devices the kubelet must see Unhealthy whatever their health, because
-  // a pod the kubelet lost track of may still hold them (quarantine).
-  // Replaces the previous set; publishes a new list if anything changed.
-  void SetQuarantined(std::set<std::string> ids);
+  // Devices the kubelet must see Unhealthy whatever their health: a
+  // resource renamed or removed while pods hold its devices, or devices
+  // held under another name or ID (held_elsewhere.h). Replaces the
+  // previous set; publishes a new list if anything changed.
+  void SetShownUnhealthy(std::set<std::string> ids);
+
+  // Devices held by running containers the kubelet has forgotten (it
+  // restarted without its checkpoint), by kubelet ID, with who holds them
+  // ("namespace/pod/container"). They keep their real health, since a
+  // restarted kubelet re-admits its running pods against allocatable and
+  // would kill them if it dropped; instead new pods are steered away from
+  // them (GetPreferredAllocation) and an Allocate naming one is checked
+  // (ResourceHooks::check_forgotten). Never null.
+  using Forgotten = std::map<std::string, std::string>;
+  void SetForgotten(Forgotten held);
+  std::shared_ptr<const Forgotten> forgotten();
+  // ResourceHooks::check_forgotten, or OK without one. Blocking.
+  absl::Status CheckForgotten(const std::vector<std::string>& ids);
+
+  // Whether the backend answers GetPreferredAllocation itself. Toward the
+  // kubelet dpproxy always offers it (options()): it answers for a backend
+  // that does not, and steers every answer away from forgotten devices.
+  bool backend_offers_preferred();
 
   // Grows whenever anything status or the state file show changes (the
   // list, the backend, its connection): callers compare it instead of the
@@ -206,9 +232,11 @@ class Resource {
   std::string last_api_ ABSL_GUARDED_BY(mu_);
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
-  // The list before quarantine overrides (what snapshot_ shows without them).
+  // The list before health overrides (what snapshot_ shows without them).
   std::shared_ptr<const DeviceList> base_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
-  std::set<std::string> quarantined_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> shown_unhealthy_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Forgotten> forgotten_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const Forgotten>();
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> changes_{0};
   std::shared_ptr<const DeviceList> reported_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();

@@ -295,6 +295,25 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   void Begin() {
     Resource* res = e_->resource();
     if (grpc::Status s = CheckRequest(res, req_); !s.ok()) return End(s);
+    // A device held by a container the kubelet forgot: asked once, on a
+    // thread of its own (it may ask the kubelet's pod-resources API),
+    // whether its holder is gone; refused with the holder named if not.
+    if (!forgotten_checked_) {
+      std::vector<std::string> named = NamedForgotten(res);
+      if (!named.empty()) {
+        forgotten_checked_ = true;
+        std::thread([this, res, named = std::move(named)] {
+          absl::Status s = res->CheckForgotten(named);
+          if (!s.ok()) {
+            e_->NoteRefusal();
+            return End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                    std::string(s.message())));
+          }
+          Begin();
+        }).detach();
+        return;
+      }
+    }
     // A handoff may hold the call, or send it on to the new dpproxy.
     std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_to;
     switch (e_->AdmitAllocate(this, [this] { Begin(); }, &forward_to)) {
@@ -444,10 +463,24 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     Finish(call_.Done(s));
   }
 
+  // The requested kubelet IDs that containers the kubelet forgot hold.
+  std::vector<std::string> NamedForgotten(Resource* res) const {
+    std::vector<std::string> named;
+    std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
+    if (held->empty()) return named;
+    for (const auto& c : req_.container_requests()) {
+      for (const std::string& id : c.devices_ids()) {
+        if (held->count(id) > 0) named.push_back(id);
+      }
+    }
+    return named;
+  }
+
   KubeletEndpoint* const e_;
   grpc::CallbackServerContext* const ctx_;
   const ApiVersion kubelet_api_;
   const v1beta1::AllocateRequest req_;
+  bool forgotten_checked_ = false;
   const Answer answer_;
   KubeletCall call_;
   const absl::Duration timeout_;
@@ -503,7 +536,10 @@ class KubeletEndpoint::Services {
     }
 
     // The kubelet's IDs to the backend's and back; the backend is called
-    // through its callback call.
+    // through its callback call. dpproxy offers the method for every
+    // backend: for one without it, it answers from the available devices;
+    // and while containers the kubelet forgot hold devices, every answer
+    // steers away from those (proxy/core/preferred.h).
     grpc::ServerUnaryReactor* GetPreferredAllocation(
         grpc::CallbackServerContext* ctx, const v1beta1::PreferredAllocationRequest* req,
         v1beta1::PreferredAllocationResponse* resp) override {
@@ -511,12 +547,39 @@ class KubeletEndpoint::Services {
       auto call =
           std::make_shared<KubeletCall>(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
       KubeletEndpoint* e = e_;
-      WithBackend(e, ctx, [e, ctx, req, resp, reactor, call](std::shared_ptr<Backend> b) {
+      Resource* res = e->resource();
+      std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
+      if (!res->backend_offers_preferred()) {
+        for (const auto& c : req->container_requests()) {
+          PreferredChoice choice = ChoosePreferred(c, {}, *held);
+          e->NoteSteering(choice);
+          auto* out = resp->add_container_responses();
+          for (std::string& id : choice.ids) out->add_deviceids(std::move(id));
+        }
+        reactor->Finish(call->Done(grpc::Status::OK));
+        return reactor;
+      }
+      WithBackend(e, ctx, [e, ctx, req, resp, reactor, call,
+                           held = std::move(held)](std::shared_ptr<Backend> b) {
         if (b == nullptr) return reactor->Finish(call->Done(NoBackend(e->resource())));
         call->set_backend(b.get());
         Resource* res = e->resource();
         v1beta1::PreferredAllocationRequest breq = *req;
         for (auto& c : *breq.mutable_container_requests()) {
+          if (!held->empty()) {
+            // Offer the backend only devices nobody holds, where enough are.
+            std::set<std::string> must(c.must_include_deviceids().begin(),
+                                       c.must_include_deviceids().end());
+            std::vector<std::string> free;
+            for (const std::string& id : c.available_deviceids()) {
+              if (held->count(id) == 0 || must.count(id) > 0) free.push_back(id);
+            }
+            if (static_cast<int>(free.size()) >= c.allocation_size() &&
+                free.size() < static_cast<size_t>(c.available_deviceids_size())) {
+              c.clear_available_deviceids();
+              for (std::string& id : free) c.add_available_deviceids(std::move(id));
+            }
+          }
           for (auto& id : *c.mutable_available_deviceids()) id = res->ToBackendId(id);
           for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
         }
@@ -524,7 +587,7 @@ class KubeletEndpoint::Services {
         Backend* backend = b.get();
         backend->GetPreferredAllocationAsync(
             std::move(breq), e->backend_timeout(), ctx,
-            [e, resp, reactor, call, b = std::move(b),
+            [e, req, resp, reactor, call, b = std::move(b), held,
              start](absl::StatusOr<v1beta1::PreferredAllocationResponse> r) {
               ObserveBackendCall(e, "GetPreferredAllocation", ApiVersion::kV1Beta1, *b,
                                  r.status(), start);
@@ -532,6 +595,21 @@ class KubeletEndpoint::Services {
               *resp = *std::move(r);
               for (auto& c : *resp->mutable_container_responses()) {
                 for (auto& id : *c.mutable_deviceids()) id = e->resource()->ToKubeletId(id);
+              }
+              if (!held->empty()) {
+                // Exactly the size asked, held devices last: the kubelet
+                // would top a short answer up from any of them.
+                for (int i = 0; i < req->container_requests_size(); ++i) {
+                  if (i >= resp->container_responses_size()) resp->add_container_responses();
+                  auto* out = resp->mutable_container_responses(i);
+                  std::vector<std::string> picks(out->deviceids().begin(),
+                                                 out->deviceids().end());
+                  PreferredChoice choice =
+                      ChoosePreferred(req->container_requests(i), picks, *held);
+                  e->NoteSteering(choice);
+                  out->clear_deviceids();
+                  for (std::string& id : choice.ids) out->add_deviceids(std::move(id));
+                }
               }
               reactor->Finish(call->Done(grpc::Status::OK));
             });
@@ -684,6 +762,19 @@ KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& o
       services_(std::make_unique<Services>(this)) {}
 
 KubeletEndpoint::~KubeletEndpoint() { Stop(); }
+
+void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
+  if (choice.avoided > 0) avoided_ += choice.avoided;
+  if (choice.held_named > 0) {
+    held_named_ += choice.held_named;
+    LOG(WARNING) << "resource " << resource_->name() << ": a GetPreferredAllocation had to name "
+                 << choice.held_named
+                 << " device(s) held by containers the kubelet forgot (too few others are "
+                    "available); an Allocate naming them is refused while their holders run";
+  }
+}
+
+void KubeletEndpoint::NoteRefusal() { ++refused_; }
 
 void KubeletEndpoint::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
   backend_timeout_ns_ = absl::ToInt64Nanoseconds(backend_timeout);

@@ -30,6 +30,7 @@
 #include "proxy/events/event_log.h"
 #include "proxy/util/files.h"
 #include "proxy/config/proxy_config.h"
+#include "proxy/core/preferred.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
 #include "proxy/state/state_keeper.h"
@@ -124,6 +125,17 @@ class KubeletEndpoint {
   void AllocateServed();
 
   EventLog* events() { return events_; }
+  // Steering away from devices of containers the kubelet forgot: how often
+  // a GetPreferredAllocation answer left held devices out, named some
+  // (too few others), and Allocates refused for naming one.
+  void NoteSteering(const PreferredChoice& choice);
+  void NoteRefusal();
+  struct SteeringCounts {
+    int64_t avoided = 0, held_named = 0, refused = 0;
+  };
+  SteeringCounts steering() const {
+    return {avoided_.load(), held_named_.load(), refused_.load()};
+  }
   Telemetry* telemetry() { return telemetry_; }
   bool stopping() const { return stopping_.load(); }
   // The ListAndWatch streams being served, so that a new server or Stop()
@@ -165,6 +177,7 @@ class KubeletEndpoint {
   const std::string socket_path_;
   std::unique_ptr<Services> services_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> avoided_{0}, held_named_{0}, refused_{0};
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   std::optional<FileId> served_id_ ABSL_GUARDED_BY(mu_);

@@ -162,16 +162,42 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   out.push_back(std::move(backend));
   out.push_back(std::move(kubelet));
 
-  MetricFamily quarantined = Family(
-      "dpproxy_quarantined_devices",
-      "Devices reported Unhealthy because a pod the kubelet lost track of may hold them.",
+  MetricFamily forgotten = Family(
+      "dpproxy_forgotten_devices",
+      "Devices still in use by containers the kubelet lost track of (it restarted without its "
+      "checkpoint); new pods are steered away from them.",
       MetricType::Gauge);
   std::map<std::string, size_t> per_resource;
-  for (const QuarantineStatus& q : status.quarantined) per_resource[q.resource] += q.devices.size();
+  for (const ForgottenStatus& q : status.forgotten) per_resource[q.resource] += q.devices.size();
   for (const auto& [res, n] : per_resource) {
-    AddGauge(&quarantined, {{"resource", res}}, static_cast<double>(n));
+    AddGauge(&forgotten, {{"resource", res}}, static_cast<double>(n));
   }
-  out.push_back(std::move(quarantined));
+  out.push_back(std::move(forgotten));
+  MetricFamily steered = Family(
+      "dpproxy_forgotten_devices_steered_total",
+      "Forgotten devices a GetPreferredAllocation answer left out (avoided) or had to name "
+      "(named: too few others were available), by resource.",
+      MetricType::Counter);
+  MetricFamily refused = Family(
+      "dpproxy_forgotten_allocates_refused_total",
+      "Allocates refused because they named a device a running container the kubelet forgot "
+      "still holds, by resource.",
+      MetricType::Counter);
+  for (const ResourceStatus& r : status.resources) {
+    AddCounter(&steered, {{"resource", r.resource}, {"outcome", "avoided"}},
+               static_cast<double>(r.forgotten_avoided));
+    AddCounter(&steered, {{"resource", r.resource}, {"outcome", "named"}},
+               static_cast<double>(r.forgotten_named));
+    AddCounter(&refused, {{"resource", r.resource}}, static_cast<double>(r.forgotten_refused));
+  }
+  out.push_back(std::move(steered));
+  out.push_back(std::move(refused));
+  MetricFamily released = Family("dpproxy_forgotten_released_total",
+                                 "Forgotten allocations released because their container was "
+                                 "found gone.",
+                                 MetricType::Counter);
+  AddCounter(&released, {}, static_cast<double>(status.forgotten_released));
+  out.push_back(std::move(released));
   MetricFamily elsewhere = Family(
       "dpproxy_devices_held_elsewhere",
       "Devices reported Unhealthy because a pod holds them under another resource name or "

@@ -280,6 +280,12 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   hooks.is_allocated = [keeper, name](const std::string& id) {
     return keeper != nullptr && keeper->HoldsDevice(name, id);
   };
+  if (reconciler_) {
+    Reconciler* reconciler = reconciler_.get();
+    hooks.check_forgotten = [reconciler, name](const std::vector<std::string>& ids) {
+      return reconciler->CheckForgotten(name, ids);
+    };
+  }
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   KubeletSideOptions kubelet = config_.kubelet;
   kubelet.socket_generation = socket_generation_;
@@ -518,8 +524,12 @@ void ProxyServer::ApplyQuarantine() {
   applied_quarantine_ = version;
   applied_released_ = released;
   applied_served_ = served;
-  std::vector<QuarantineStatus> rows;
-  std::map<std::string, std::set<std::string>> devices = reconciler_->QuarantinedDevices(&rows);
+  std::vector<ForgottenStatus> rows;
+  // Held by containers the kubelet forgot: real health, steered around.
+  const std::map<std::string, std::map<std::string, std::string>> forgotten =
+      reconciler_->ForgottenDevices(&rows);
+  // Shown Unhealthy: held under another name or ID.
+  std::map<std::string, std::set<std::string>> devices;
   // A renamed or re-mapped resource while pods held its devices: the
   // kubelet knows those allocations by their old name and ID only.
   std::map<std::string, ServedAs> served_as;
@@ -561,7 +571,7 @@ void ProxyServer::ApplyQuarantine() {
   }
   {
     absl::MutexLock lock(&mu_);
-    quarantine_rows_ = std::move(rows);
+    forgotten_rows_ = std::move(rows);
     if (held_rows.size() != held_elsewhere_rows_.size()) {
       LOG(WARNING) << held_rows.size()
                    << " device(s) are held under another name or ID than they are served as "
@@ -580,11 +590,14 @@ void ProxyServer::ApplyQuarantine() {
       const Resource::Snapshot snap = e->resource->Current();
       std::set<std::string> all;
       for (int i = 0; i < snap.list->size(); ++i) all.insert(std::string(snap.list->device(i).id));
-      e->resource->SetQuarantined(std::move(all));
+      e->resource->SetShownUnhealthy(std::move(all));
+      e->resource->SetForgotten({});
       continue;
     }
     auto it = devices.find(name);
-    e->resource->SetQuarantined(it == devices.end() ? std::set<std::string>() : it->second);
+    e->resource->SetShownUnhealthy(it == devices.end() ? std::set<std::string>() : it->second);
+    auto f = forgotten.find(name);
+    e->resource->SetForgotten(f == forgotten.end() ? Resource::Forgotten() : f->second);
   }
 }
 
@@ -650,11 +663,16 @@ std::string ProxyServer::Fingerprint() {
       absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend.load(), "|");
     }
   }
-  // (The quarantine list is derived from the keeper's quarantine version,
+  // (The forgotten list is derived from the keeper's quarantine version,
   // counted below.)
-  if (reconciler_) absl::StrAppend(&fp, reconciler_->devices_held_twice(), "|");
+  if (reconciler_) {
+    absl::StrAppend(&fp, reconciler_->devices_held_twice(), "|",
+                    reconciler_->forgotten_released(), "|");
+  }
   for (Entry* e : entries) {
-    absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint->negotiated(), "|");
+    const KubeletEndpoint::SteeringCounts steering = e->endpoint->steering();
+    absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint->negotiated(), "|",
+                    steering.avoided, "|", steering.held_named, "|", steering.refused, "|");
   }
   absl::StrAppend(&fp, losses_.Total(), "|");
   if (dra_server_) {
@@ -1012,6 +1030,10 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.devices_healthy = snap.list->healthy();
     r.device_list_bytes = static_cast<int64_t>(snap.list->bytes());
     r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
+    const KubeletEndpoint::SteeringCounts steering = e->endpoint->steering();
+    r.forgotten_avoided = steering.avoided;
+    r.forgotten_named = steering.held_named;
+    r.forgotten_refused = steering.refused;
     if (with_devices) r.device_list = snap.list;  // shared, not copied
     st.resources.push_back(std::move(r));
   }
@@ -1032,7 +1054,7 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   }
   {
     absl::MutexLock lock(&mu_);
-    st.quarantined = quarantine_rows_;
+    st.forgotten = forgotten_rows_;
     st.held_elsewhere = held_elsewhere_rows_;
     for (ResourceStatus& r : st.resources) {
       auto it = renamed_.find(r.resource);
@@ -1040,7 +1062,10 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
       r.removed = removed_.count(r.resource) > 0;
     }
   }
-  if (reconciler_) st.devices_held_twice = reconciler_->devices_held_twice();
+  if (reconciler_) {
+    st.devices_held_twice = reconciler_->devices_held_twice();
+    st.forgotten_released = reconciler_->forgotten_released();
+  }
   st.registrations_rejected = RegistrationRejections();
   return st;
 }

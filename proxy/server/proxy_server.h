@@ -252,7 +252,7 @@ class ProxyServer {
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<QuarantineStatus> quarantine_rows_ ABSL_GUARDED_BY(mu_);
+  std::vector<ForgottenStatus> forgotten_rows_ ABSL_GUARDED_BY(mu_);
   std::vector<HeldElsewhereStatus> held_elsewhere_rows_ ABSL_GUARDED_BY(mu_);
   // Kubelet name -> the name it is served as now, for renamed ones.
   std::map<std::string, std::string> renamed_ ABSL_GUARDED_BY(mu_);

@@ -80,9 +80,12 @@ absl::Status Reconciler::ReconcileOnce() {
   }
   absl::MutexLock pass(&pass_mu_);
   Holdings holdings;
+  PodList pods;
   for (const auto& pod : list.pod_resources()) {
     holdings.AddPod(pod.namespace_(), pod.name());
+    std::set<std::string>& containers = pods.containers[{pod.namespace_(), pod.name()}];
     for (const auto& c : pod.containers()) {
+      containers.insert(c.name());
       const size_t index = holdings.AddHolder({pod.namespace_(), pod.name(), c.name(), ""});
       for (const auto& d : c.devices()) {
         for (const std::string& id : d.device_ids()) {
@@ -93,10 +96,20 @@ absl::Status Reconciler::ReconcileOnce() {
   }
   const state::State st_now = keeper_->AllocationsSnapshot();
   const std::map<uint64_t, size_t> matched = holdings.Match(st_now);
-  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  const absl::Time now = absl::Now();
+  const int64_t now_ms = absl::ToUnixMillis(now);
+  // Right after a kubelet start its List is empty or incomplete: a pod
+  // missing from it then is not taken as gone.
+  const bool window = InRestartWindow(now);
+  std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
+  for (const state::Allocation& a : st_now.allocations()) {
+    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
+      pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
+    }
+  }
   std::vector<StateKeeper::Holder> annotate;
-  std::vector<uint64_t> release, contradicted;
-  std::vector<std::string> contradicted_pods;
+  std::vector<uint64_t> release, contradicted, forgotten_gone;
+  std::vector<std::string> contradicted_pods, forgotten_why;
   std::set<uint64_t> missing;
   for (const state::Allocation& a : st_now.allocations()) {
     auto m = matched.find(a.id());
@@ -107,10 +120,16 @@ absl::Status Reconciler::ReconcileOnce() {
     }
     const bool pod_listed =
         !a.pod_name().empty() && holdings.HasPod(a.pod_namespace(), a.pod_name());
-    if (a.quarantined() && (a.pod_name().empty() || pod_listed)) {
-      // Its pod may still run: the devices stay away from new pods.
+    if (a.quarantined()) {
+      // Forgotten: released as soon as its holder is gone.
+      std::string why = HolderGone(a, &pods, pod_of_uid, now);
+      if (!why.empty()) {
+        forgotten_gone.push_back(a.id());
+        forgotten_why.push_back(std::move(why));
+      }
       continue;
     }
+    if (window && !pod_listed) continue;
     const bool old_enough =
         now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(options_.grace);
     if (!old_enough && !pod_listed) continue;
@@ -134,6 +153,7 @@ absl::Status Reconciler::ReconcileOnce() {
   }
   absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
   if (!annotated.ok()) return annotated.status();
+  if (!forgotten_gone.empty()) ReleaseForgotten(forgotten_gone, forgotten_why);
   if (!contradicted.empty()) {
     Quarantine(contradicted,
                           absl::StrCat("the kubelet's pod-resources API lists ",
@@ -143,7 +163,9 @@ absl::Status Reconciler::ReconcileOnce() {
   events_->Emit("reconciled", {{"pods", list.pod_resources_size()},
                               {"annotated", *annotated},
                               {"released", release.size()},
+                              {"forgotten_released", forgotten_gone.size()},
                               {"contradicted", contradicted.size()},
+                              {"kubelet_starting", window},
                               {"missing_once", missing_once_.size()},
                               {"duration_ms", absl::ToDoubleMilliseconds(absl::Now() - start)}});
   return absl::OkStatus();
@@ -175,8 +197,11 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
     if (wanted.count(a.id()) == 0) continue;
     LOG(ERROR) << "resource " << a.resource() << ": devices "
                << absl::StrJoin(a.device_ids(), ",") << " of " << who(a)
-               << " are quarantined (reported Unhealthy until the pod is gone): " << reason;
-    events_->Emit("devices_quarantined", {{"resource", a.resource()},
+               << " are forgotten by the kubelet, which counts them free: new pods are "
+                  "steered away from them and an Allocate naming one is refused until "
+                  "that container is gone: "
+               << reason;
+    events_->Emit("devices_forgotten", {{"resource", a.resource()},
                                          {"allocation", a.id()},
                                          {"devices", std::vector<std::string>(
                                                          a.device_ids().begin(),
@@ -203,15 +228,22 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
   changed_();
 }
 
-std::map<std::string, std::set<std::string>> Reconciler::QuarantinedDevices(
-    std::vector<QuarantineStatus>* rows) const {
-  std::map<std::string, std::set<std::string>> devices;
-  // Read in place: a copy of every allocation for the few quarantined.
+std::map<std::string, std::map<std::string, std::string>> Reconciler::ForgottenDevices(
+    std::vector<ForgottenStatus>* rows) const {
+  std::map<std::string, std::map<std::string, std::string>> devices;
+  // Read in place: a copy of every allocation for the few forgotten.
   keeper_->ForEachAllocation([&](const state::Allocation& a) {
     if (!a.quarantined()) return;
-    devices[a.resource()].insert(a.device_ids().begin(), a.device_ids().end());
+    const std::string holder =
+        a.pod_name().empty()
+            ? absl::StrCat("a container of ",
+                           a.pod_uid().empty() ? std::string("a pod never named")
+                                               : absl::StrCat("pod UID ", a.pod_uid()),
+                           a.container().empty() ? "" : absl::StrCat(" (", a.container(), ")"))
+            : absl::StrCat(a.pod_namespace(), "/", a.pod_name(), "/", a.container());
+    for (const std::string& d : a.device_ids()) devices[a.resource()][d] = holder;
     if (rows == nullptr) return;
-    QuarantineStatus q;
+    ForgottenStatus q;
     q.resource = a.resource();
     q.allocation = a.id();
     q.devices.assign(a.device_ids().begin(), a.device_ids().end());
@@ -223,6 +255,159 @@ std::map<std::string, std::set<std::string>> Reconciler::QuarantinedDevices(
     rows->push_back(std::move(q));
   });
   return devices;
+}
+
+std::optional<Reconciler::PodList> Reconciler::ListPods() const {
+  const std::string socket = PodResourcesSocket();
+  if (!PathExists(socket)) return std::nullopt;
+  auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  v1::ListPodResourcesResponse list;
+  if (!stub->List(&ctx, v1::ListPodResourcesRequest(), &list).ok()) return std::nullopt;
+  PodList pods;
+  for (const auto& pod : list.pod_resources()) {
+    std::set<std::string>& containers = pods.containers[{pod.namespace_(), pod.name()}];
+    for (const auto& c : pod.containers()) containers.insert(c.name());
+  }
+  return pods;
+}
+
+bool Reconciler::InRestartWindow(absl::Time now) {
+  const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(options_.kubelet));
+  absl::MutexLock lock(&window_mu_);
+  if (kubelet != window_kubelet_) {
+    window_kubelet_ = kubelet;
+    named_since_restart_.clear();
+  }
+  if (!kubelet.has_value()) return true;  // no kubelet: nothing it says is complete
+  return now - absl::FromUnixNanos(kubelet->ctime_ns) < options_.restart_grace;
+}
+
+std::string Reconciler::HolderGone(
+    const state::Allocation& a, const PodList* list,
+    const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
+    absl::Time now) {
+  // The kubelet keeps <root>/pods/<UID> while the pod is on the node (and
+  // a few seconds after: a List says sooner).
+  const std::string pods_dir = JoinPath(options_.kubelet.kubelet_root, "pods");
+  if (!a.pod_uid().empty() && PathExists(pods_dir) &&
+      !PathExists(JoinPath(pods_dir, a.pod_uid()))) {
+    return absl::StrCat("the kubelet's directory of pod ", a.pod_uid(), " is gone");
+  }
+  std::pair<std::string, std::string> pod{a.pod_namespace(), a.pod_name()};
+  if (pod.second.empty() && !a.pod_uid().empty()) {
+    auto it = pod_of_uid.find(a.pod_uid());
+    if (it != pod_of_uid.end()) pod = it->second;
+  }
+  if (!pod.second.empty() && list != nullptr) {
+    const bool window = InRestartWindow(now);
+    auto listed = list->containers.find(pod);
+    if (listed != list->containers.end()) {
+      {
+        absl::MutexLock lock(&window_mu_);
+        named_since_restart_.insert(a.id());
+      }
+      // pod-resources lists every app container of a running pod: one it
+      // does not list is an init container that has ended.
+      if (!a.container().empty() && !listed->second.empty() &&
+          listed->second.count(a.container()) == 0) {
+        return absl::StrCat("container ", a.container(), " of ", pod.first, "/", pod.second,
+                            " is not one the kubelet runs (an init container that ended)");
+      }
+      return "";
+    }
+    bool named_since;
+    {
+      absl::MutexLock lock(&window_mu_);
+      named_since = named_since_restart_.count(a.id()) > 0;
+    }
+    if (window && !named_since) return "";  // the List may not be complete yet
+    return absl::StrCat("pod ", pod.first, "/", pod.second,
+                        " is no longer listed by the kubelet's pod-resources API");
+  }
+  if (pod.second.empty() &&
+      now - absl::FromUnixMillis(a.quarantined_unix_ms()) >= options_.grace) {
+    // Never named: an Allocate whose pod then failed admission, or an init
+    // container. Nothing will ever say it ended.
+    return absl::StrCat("no kubelet source has named its pod within ",
+                        absl::FormatDuration(options_.grace));
+  }
+  return "";
+}
+
+void Reconciler::ReleaseForgotten(const std::vector<uint64_t>& ids,
+                                  const std::vector<std::string>& why) {
+  absl::StatusOr<int> done = keeper_->Reconcile({}, ids);
+  if (!done.ok()) {
+    LOG(ERROR) << "cannot release " << ids.size()
+               << " forgotten allocation(s): " << done.status().message();
+    return;
+  }
+  forgotten_released_ += static_cast<int64_t>(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    LOG(INFO) << "allocation " << ids[i] << " released: its holder is gone (" << why[i] << ")";
+    events_->Emit("forgotten_released", {{"allocation", ids[i]}, {"why", why[i]}});
+  }
+  changed_();
+}
+
+absl::Status Reconciler::CheckForgotten(const std::string& resource,
+                                        const std::vector<std::string>& ids) {
+  const std::set<std::string> wanted(ids.begin(), ids.end());
+  std::vector<state::Allocation> holders;
+  std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
+  keeper_->ForEachAllocation([&](const state::Allocation& a) {
+    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
+      pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
+    }
+    if (!a.quarantined() || a.resource() != resource) return;
+    for (const std::string& d : a.device_ids()) {
+      if (wanted.count(d) > 0) {
+        holders.push_back(a);
+        return;
+      }
+    }
+  });
+  if (holders.empty()) {
+    changed_();  // the caller's view is stale
+    return absl::OkStatus();
+  }
+  const std::optional<PodList> list = ListPods();
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> gone;
+  std::vector<std::string> why, running;
+  for (const state::Allocation& a : holders) {
+    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr, pod_of_uid, now);
+    if (!w.empty()) {
+      gone.push_back(a.id());
+      why.push_back(std::move(w));
+      continue;
+    }
+    std::vector<std::string> devices;
+    for (const std::string& d : a.device_ids()) {
+      if (wanted.count(d) > 0) devices.push_back(d);
+    }
+    running.push_back(absl::StrCat(
+        absl::StrJoin(devices, ", "), " (held by ",
+        a.pod_name().empty()
+            ? absl::StrCat("a container of ",
+                           a.pod_uid().empty() ? std::string("a pod never named")
+                                               : absl::StrCat("pod UID ", a.pod_uid()))
+            : absl::StrCat("pod ", a.pod_namespace(), "/", a.pod_name(), " container ",
+                           a.container()),
+        ")"));
+  }
+  if (!gone.empty()) ReleaseForgotten(gone, why);
+  if (running.empty()) return absl::OkStatus();
+  const std::string message = absl::StrCat(
+      "device(s) ", absl::StrJoin(running, "; "), " of ", resource,
+      " are still in use by a running container the kubelet lost track of (it restarted "
+      "without its checkpoint and counts them free); dpproxy refuses to hand them out twice, "
+      "until that container is gone");
+  LOG(WARNING) << "Allocate refused: " << message;
+  events_->Emit("allocate_refused_forgotten", {{"resource", resource}, {"message", message}});
+  return absl::FailedPreconditionError(message);
 }
 
 int64_t Reconciler::devices_held_twice() const {
@@ -397,7 +582,8 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
   checkpoint_read_ms_ = now_ms;
   checkpoint_live_.clear();
   std::vector<StateKeeper::Holder> annotate;
-  std::vector<uint64_t> release;
+  std::vector<uint64_t> release, forgotten_gone;
+  std::vector<std::string> forgotten_why;
   std::set<uint64_t> missing;
   for (const state::Allocation& a : st.allocations()) {
     auto m = matched.find(a.id());
@@ -407,10 +593,20 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
       annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
       continue;
     }
-    // Quarantined: absent from the checkpoint is the symptom, not proof.
+    // Forgotten: absent from the checkpoint is the symptom, not proof;
+    // its pod's directory, or no name within the grace, says it is gone.
     // Where pod-resources exists it decides (it can tell a pod that is gone
     // from one whose devices the kubelet lost); the checkpoint only names.
-    if (a.quarantined() || pod_resources) continue;
+    if (a.quarantined()) {
+      if (pod_resources) continue;
+      std::string why = HolderGone(a, nullptr, {}, absl::FromUnixMillis(now_ms));
+      if (!why.empty()) {
+        forgotten_gone.push_back(a.id());
+        forgotten_why.push_back(std::move(why));
+      }
+      continue;
+    }
+    if (pod_resources) continue;
     if (now_ms - a.allocated_unix_ms() < absl::ToInt64Milliseconds(options_.grace)) {
       continue;
     }
@@ -426,6 +622,7 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
   absl::StatusOr<int> annotated =
       keeper_->Reconcile(annotate, release, /*persist_names=*/false);
   if (!annotated.ok()) return annotated.status();
+  if (!forgotten_gone.empty()) ReleaseForgotten(forgotten_gone, forgotten_why);
   if (!release.empty()) {
     LOG(INFO) << "kubelet checkpoint: released " << release.size()
               << " journal entries no kubelet container holds any more";

@@ -11,9 +11,13 @@
 //    pod-resources is absent, releases the same way.
 //  - after a kubelet restart: once the new kubelet has written its
 //    checkpoint, allocations that were live before and that it no longer
-//    lists are quarantined (it lost them; their devices are reported
-//    Unhealthy until their pod is gone), and a device handed out again
-//    meanwhile is reported as held twice.
+//    lists are marked forgotten (it lost them; it counts their devices
+//    free although their containers still run), and a device handed out
+//    again meanwhile is reported as held twice. Forgotten devices keep
+//    their health (a restarted kubelet re-admits running pods against
+//    allocatable); new pods are steered away from them, an Allocate naming
+//    one is refused while its holder runs (CheckForgotten), and the hold
+//    ends as soon as the holder's containers are gone (HolderGone).
 //
 // Owns its thread (the periodic pod-resources pass); the checkpoint checks
 // run on the caller's (the server's checkpoint thread).
@@ -21,6 +25,7 @@
 #define DPPROXY_PROXY_SERVER_RECONCILER_H_
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <optional>
@@ -49,6 +54,11 @@ class Reconciler {
     KubeletSideOptions kubelet;
     absl::Duration interval = absl::Minutes(1);  // 0: no periodic passes
     absl::Duration grace = absl::Minutes(5);
+    // After a kubelet (re)start its pod-resources List is empty, then
+    // incomplete, for about a second (protocol-facts §10): within this
+    // long of kubelet.sock's creation a pod missing from it is not taken
+    // as gone unless it was listed since.
+    absl::Duration restart_grace = absl::Seconds(10);
   };
   // `changed` is called (no locks held) when the quarantine changed.
   Reconciler(Options options, StateKeeper* keeper, EventLog* events,
@@ -89,18 +99,48 @@ class Reconciler {
   // own, so that detecting and serving a kubelet restart never waits for it.
   void CheckCheckpoint();
 
-  // Bumped whenever the set of quarantined allocations changes.
+  // Bumped whenever the set of forgotten allocations changes.
   uint64_t quarantine_version() const { return keeper_->quarantine_version(); }
-  // Quarantined device IDs by resource, and their rows for the status.
-  std::map<std::string, std::set<std::string>> QuarantinedDevices(
-      std::vector<QuarantineStatus>* rows) const;
+  // Forgotten devices by kubelet resource (kubelet ID -> holder), and
+  // their rows for the status.
+  std::map<std::string, std::map<std::string, std::string>> ForgottenDevices(
+      std::vector<ForgottenStatus>* rows) const;
   int64_t devices_held_twice() const;
+
+  // Whether an Allocate of `resource` may have `ids`, some held by
+  // containers the kubelet forgot: asks pod-resources (once) whether each
+  // holder is gone, releases those that are, and refuses (kFailedPrecondition,
+  // naming the holder) if any still runs. Blocking; any thread.
+  absl::Status CheckForgotten(const std::string& resource, const std::vector<std::string>& ids);
+  // Holds released because their holder was gone when checked.
+  int64_t forgotten_released() const { return forgotten_released_.load(); }
 
  private:
   std::string PodResourcesSocket() const;
   std::string CheckpointPath() const;
   void Loop();
   static Holdings CheckpointHoldings(const KubeletCheckpoint& ckpt);
+
+  // What one pod-resources List said: pods and their containers.
+  struct PodList {
+    std::map<std::pair<std::string, std::string>, std::set<std::string>> containers;
+    bool HasPod(const std::string& ns, const std::string& name) const {
+      return containers.count({ns, name}) > 0;
+    }
+  };
+  // One List now; nullopt if there is no API or it did not answer.
+  std::optional<PodList> ListPods() const;
+  // Why the holder of forgotten allocation `a` is gone, or "" if it may
+  // still run. `list`: a List taken now (null if none). `pod_of_uid`: pod
+  // names learnt for UIDs (an init container's record has only the UID).
+  std::string HolderGone(const state::Allocation& a, const PodList* list,
+                         const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
+                         absl::Time now);
+  // Releases forgotten allocations whose holder is gone, saying why.
+  void ReleaseForgotten(const std::vector<uint64_t>& ids, const std::vector<std::string>& why);
+  // Whether `now` is within options_.restart_grace of the kubelet's start
+  // (kubelet.sock's creation); keeps named_since_restart_ for that start.
+  bool InRestartWindow(absl::Time now);
   absl::Status CheckpointPass(const KubeletCheckpoint& ckpt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // Marks allocations quarantined, logs and reports each (and any device
@@ -142,6 +182,13 @@ class Reconciler {
 
   mutable absl::Mutex held_twice_mu_;
   int64_t devices_held_twice_ ABSL_GUARDED_BY(held_twice_mu_) = 0;
+
+  // Forgotten allocations whose pod a List has named since the kubelet's
+  // last start (the window in InRestartWindow).
+  absl::Mutex window_mu_;
+  std::optional<FileId> window_kubelet_ ABSL_GUARDED_BY(window_mu_);
+  std::set<uint64_t> named_since_restart_ ABSL_GUARDED_BY(window_mu_);
+  std::atomic<int64_t> forgotten_released_{0};
 };
 
 }  // namespace dpproxy

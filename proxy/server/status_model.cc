@@ -15,8 +15,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubele
                                                 get_preferred_allocation_available,
                                                 devices_total, devices_healthy,
                                                 device_list_bytes, device_list_too_large,
-                                                now_served_as, removed, devices)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(QuarantineStatus, resource, allocation, devices,
+                                                now_served_as, removed, forgotten_avoided,
+                                                forgotten_named, forgotten_refused, devices)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ForgottenStatus, resource, allocation, devices,
                                                 pod, container, pod_uid, reason, since_unix_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeldElsewhereStatus, resource, device,
                                                 held_as_resource, held_as_device, allocation,
@@ -51,9 +52,10 @@ Json StatusToJson(const ProxyStatus& s) {
           {"resources", s.resources},
           {"lossy_translations", s.lossy_translations},
           {"state", s.state ? Json(*s.state) : Json(nullptr)},
-          {"quarantined", s.quarantined},
+          {"forgotten", s.forgotten},
           {"held_elsewhere", s.held_elsewhere},
           {"devices_held_twice", s.devices_held_twice},
+          {"forgotten_released", s.forgotten_released},
           {"registrations_rejected", s.registrations_rejected}};
 }
 
@@ -105,9 +107,10 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     j.at("resources").get_to(s.resources);
     if (j.contains("lossy_translations")) j["lossy_translations"].get_to(s.lossy_translations);
     if (j.contains("state") && j["state"].is_object()) s.state = j["state"].get<StateStatus>();
-    if (j.contains("quarantined")) j["quarantined"].get_to(s.quarantined);
+    if (j.contains("forgotten")) j["forgotten"].get_to(s.forgotten);
     if (j.contains("held_elsewhere")) j["held_elsewhere"].get_to(s.held_elsewhere);
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
+    s.forgotten_released = j.value("forgotten_released", int64_t{0});
     if (j.contains("dra") && j["dra"].is_object()) {
       const Json& d = j["dra"];
       s.dra = DraStatus{d.value("driver", ""), d.value("node", ""), d.value("api_version", ""),
@@ -178,9 +181,11 @@ std::string StatusTable(const ProxyStatus& st) {
     }
     absl::StrAppend(&out, ", ", st.state->save_failures, " failed write(s)\n");
   }
-  if (!st.quarantined.empty()) {
-    absl::StrAppend(&out, "\nQUARANTINED (reported Unhealthy until the pod is gone):\n");
-    for (const QuarantineStatus& q : st.quarantined) {
+  if (!st.forgotten.empty()) {
+    absl::StrAppend(&out,
+                    "\nFORGOTTEN BY THE KUBELET (still in use; new pods are steered away and "
+                    "refused until the container is gone):\n");
+    for (const ForgottenStatus& q : st.forgotten) {
       std::string holder = q.pod;
       if (holder.empty()) {
         holder = q.pod_uid.empty() ? absl::StrCat("allocation ", q.allocation, " (pod unknown)")

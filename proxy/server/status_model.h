@@ -54,6 +54,12 @@ struct ResourceStatus {
   // Its static backend was removed from the configuration: its devices are
   // shown Unhealthy, and a start leaves it out once no pod holds them.
   bool removed = false;
+  // Devices held by containers the kubelet forgot (see ForgottenStatus):
+  // how many a GetPreferredAllocation answer left out, how many it had to
+  // name (too few others), and Allocates refused for naming one.
+  int64_t forgotten_avoided = 0;
+  int64_t forgotten_named = 0;
+  int64_t forgotten_refused = 0;
   // Left empty unless asked for (the metrics never need them). A status
   // built by the server points at the published list instead of copying
   // it (`device_list`); one read back from the file has `devices`.
@@ -69,7 +75,12 @@ struct HealthCheck {
   std::string reason;  // empty when ok
 };
 
-struct QuarantineStatus {
+// An allocation whose container still runs while the kubelet has lost
+// track of it (it restarted without its checkpoint, or lists the pod
+// without its devices): the kubelet counts its devices free. They keep
+// their health; new pods are steered away from them and an Allocate naming
+// one is refused until the container is gone.
+struct ForgottenStatus {
   std::string resource;
   uint64_t allocation = 0;
   std::vector<std::string> devices;
@@ -124,9 +135,11 @@ struct ProxyStatus {
   // resource -> kind ("annotations", "cdi_devices", "topology") -> count
   std::map<std::string, std::map<std::string, int64_t>> lossy_translations;
   std::optional<StateStatus> state;  // nullopt without a state directory
-  std::vector<QuarantineStatus> quarantined;
+  std::vector<ForgottenStatus> forgotten;
   std::vector<HeldElsewhereStatus> held_elsewhere;
   int64_t devices_held_twice = 0;
+  // Forgotten allocations released because their holder was gone.
+  int64_t forgotten_released = 0;
   // Refused backend registrations by reason (version, resource_name, ...).
   std::map<std::string, int64_t> registrations_rejected;
 

@@ -122,23 +122,23 @@ TEST(ResourceTest, AllocateChecksNeverWaitForTheStateKeeper) {
   r.Shutdown();
 }
 
-TEST(ResourceTest, QuarantinedDevicesAreUnhealthyUntilLifted) {
+TEST(ResourceTest, DevicesShownUnhealthyStaySoUntilLifted) {
   EventLog events("test");
   Resource r("vendor.com/gpu", ResourcePolicy(), &events);
   auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
   backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
-  r.SetQuarantined({"gpu-1"});
+  r.SetShownUnhealthy({"gpu-1"});
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
   EXPECT_EQ(r.DeviceHealth("gpu-0"), "Healthy");
   // A new list from the backend does not undo it.
   backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Unhealthy");
-  // The state file keeps the backend's health, not the quarantine's.
+  // The state file keeps the backend's health, not the override's.
   for (const auto& d : r.ReportedDevices()->ToDevices()) {
     EXPECT_EQ(d.health(), "Healthy") << d.id();
   }
-  r.SetQuarantined({});
+  r.SetShownUnhealthy({});
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Healthy");
   r.Shutdown();
 }

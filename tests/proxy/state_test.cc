@@ -312,10 +312,10 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   for (const std::string& id : held) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
   }
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.size() == 1u; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.size() == 1u; }));
   Json status = StatusToJson(h.proxy().Status());
-  EXPECT_EQ(status["quarantined"][0]["pod"], "default/train");
-  EXPECT_THAT(status["quarantined"][0]["reason"].get<std::string>(), HasSubstr("checkpoint"));
+  EXPECT_EQ(status["forgotten"][0]["pod"], "default/train");
+  EXPECT_THAT(status["forgotten"][0]["reason"].get<std::string>(), HasSubstr("checkpoint"));
   EXPECT_THAT(h.MetricsText(),
               HasSubstr("dpproxy_quarantined_devices{resource=\"vendor.com/gpu\"} 2"));
 
@@ -328,7 +328,7 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   // Survives a dpproxy restart too.
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.size() == 1u; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.size() == 1u; }));
 
   // The pod goes away: the quarantine ends and the devices are Healthy.
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
@@ -337,7 +337,7 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   for (const std::string& id : held) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
   }
-  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.empty(); }));
+  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.empty(); }));
   EXPECT_THAT(h.MetricsText(),
               Not(HasSubstr("dpproxy_quarantined_devices{")));
 }
@@ -360,7 +360,7 @@ TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
   ASSERT_TRUE(h.proxy().events().WaitForEvent("kubelet_checkpoint_checked", {}, kWait, from));
   EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_quarantined", {}, absl::ZeroDuration(),
                                                from));
-  EXPECT_TRUE(h.proxy().Status().quarantined.empty());
+  EXPECT_TRUE(h.proxy().Status().forgotten.empty());
   for (const std::string& id : testing::DeviceIdsOf(a->allocations(0))) {
     EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
   }
@@ -385,12 +385,12 @@ TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen once
-  EXPECT_TRUE(h.proxy().Status().quarantined.empty());
+  EXPECT_TRUE(h.proxy().Status().forgotten.empty());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen twice: contradiction
   Json status = StatusToJson(h.proxy().Status());
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().quarantined.size() == 1u; }))
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.size() == 1u; }))
       << StatusToJson(h.proxy().Status()).dump();
-  EXPECT_THAT(h.proxy().Status().quarantined[0].reason,
+  EXPECT_THAT(h.proxy().Status().forgotten[0].reason,
               HasSubstr("pod-resources"));
   const std::string id = a->allocations(0).device_ids(0);
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; }));

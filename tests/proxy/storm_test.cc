@@ -206,7 +206,7 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   const auto counts = h.proxy().events().Counts();
   EXPECT_EQ(counts.count(std::make_pair(std::string("devices_quarantined"), std::string(kGpu))),
             0u)
-      << StatusToJson(h.proxy().Status())["quarantined"].dump();
+      << StatusToJson(h.proxy().Status())["forgotten"].dump();
   ExpectBackToLevel(h, before, kKbPerAllocation * static_cast<int64_t>(answered.size()));
 }
 

@@ -36,14 +36,14 @@ ProxyStatus Example() {
   st.resources = {gpu, nic};
   st.lossy_translations["vendor.com/gpu"]["topology"] = 3;
   st.state = StateStatus{"/var/lib/dpproxy/state.pb", 7, 1, false, "disk full", 9, 12, 2};
-  QuarantineStatus q;
+  ForgottenStatus q;
   q.resource = "vendor.com/gpu";
   q.allocation = 5;
   q.devices = {"gpu-1"};
   q.pod = "default/trainer";
   q.container = "main";
   q.reason = "the kubelet restarted and lost it";
-  st.quarantined = {q};
+  st.forgotten = {q};
   st.devices_held_twice = 1;
   st.registrations_rejected["version"] = 2;
   return st;
@@ -55,7 +55,7 @@ TEST(StatusModelTest, TheStatusFileReadsBackAsWritten) {
   // The keys other tools read.
   EXPECT_EQ(json["resources"][0]["devices"][1]["health"], "Unhealthy");
   EXPECT_EQ(json["state"]["writable"], false);
-  EXPECT_EQ(json["quarantined"][0]["pod"], "default/trainer");
+  EXPECT_EQ(json["forgotten"][0]["pod"], "default/trainer");
   absl::StatusOr<ProxyStatus> back = StatusFromJson(Json::parse(json.dump()));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(StatusToJson(*back), json);
@@ -128,7 +128,7 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   EXPECT_THAT(table, HasSubstr("vendor.com/gpu gpu-1 held by default/trainer/main"));
   EXPECT_THAT(table, HasSubstr("1 device(s) found held by two pods"));
   ProxyStatus quiet = Example();
-  quiet.quarantined.clear();
+  quiet.forgotten.clear();
   quiet.devices_held_twice = 0;
   quiet.state->writable = true;
   quiet.resources.pop_back();

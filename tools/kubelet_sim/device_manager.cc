@@ -133,7 +133,78 @@ absl::StatusOr<std::vector<std::string>> DeviceManager::AvailableFor(
 
 bool DeviceManager::HasPod(const std::string& uid) const { return pods_.count(uid) > 0; }
 
-void DeviceManager::AddPod(const PodState& pod) { pods_[pod.uid()] = pod; }
+void DeviceManager::AddPod(PodState pod) {
+  if (pod.created() == 0) pod.set_created(next_created_);
+  next_created_ = std::max(next_created_, pod.created() + 1);
+  pods_[pod.uid()] = std::move(pod);
+}
+
+void DeviceManager::AddRunning(const std::string& uid, const RuntimeDevices& running) {
+  auto it = pods_.find(uid);
+  if (it != pods_.end()) *it->second.add_running() = running;
+}
+
+std::vector<DeviceManager::RefitResult> DeviceManager::RefitRunningPods() {
+  std::vector<const PodState*> order;
+  for (const auto& [uid, p] : pods_) {
+    if (p.phase() == "Running") order.push_back(&p);
+  }
+  std::sort(order.begin(), order.end(),
+            [](const PodState* a, const PodState* b) { return a->created() < b->created(); });
+  std::vector<RefitResult> results;
+  std::map<std::string, int64_t> used;  // by the pods admitted so far
+  for (const PodState* p : order) {
+    RefitResult r;
+    r.pod_uid = p->uid();
+    r.pod_name = p->name();
+    r.pod_namespace = p->namespace_();
+    std::map<std::string, int64_t> need;  // resource -> count, in spec order
+    std::vector<std::string> resources;
+    for (const ContainerRequest& c : p->containers()) {
+      const int count = c.count() != 0 ? c.count() : c.device_ids_size();
+      if (need.count(c.resource()) == 0) resources.push_back(c.resource());
+      need[c.resource()] += count;
+    }
+    for (const std::string& res : resources) {
+      int64_t allocatable = Allocatable(res);
+      // The kubelet raises allocatable to what it holds allocated when the
+      // pod is one it holds devices for (sanitizeNodeAllocatable).
+      bool holds = false;
+      for (const ContainerAllocation& a : allocations_) {
+        if (a.pod_uid() == p->uid() && a.resource() == res) holds = true;
+      }
+      if (holds) {
+        allocatable =
+            std::max(allocatable, static_cast<int64_t>(AllocatedDevices(res).size()));
+      }
+      if (used[res] + need[res] > allocatable) {
+        r.admitted = false;
+        r.reason = absl::StrCat("OutOf", res);
+        r.message = absl::StrCat("Node didn't have enough resource: ", res,
+                                 ", requested: ", need[res], ", used: ", used[res],
+                                 ", capacity: ", allocatable);
+        break;
+      }
+    }
+    if (r.admitted) {
+      for (const auto& [res, n] : need) used[res] += n;
+      for (const ContainerRequest& c : p->containers()) {
+        bool recorded = false;
+        for (const ContainerAllocation& a : allocations_) {
+          if (a.pod_uid() == p->uid() && a.container() == c.name() &&
+              a.resource() == c.resource()) {
+            recorded = true;
+          }
+        }
+        if (!recorded) r.forgotten.push_back(c);
+      }
+    } else {
+      FailPod(p->uid(), r.reason, r.message);
+    }
+    results.push_back(std::move(r));
+  }
+  return results;
+}
 
 void DeviceManager::AddAllocation(const ContainerAllocation& allocation) {
   allocations_.push_back(allocation);
@@ -146,6 +217,7 @@ void DeviceManager::FailPod(const std::string& uid, const std::string& reason,
     it->second.set_phase("Failed");
     it->second.set_reason(reason);
     it->second.set_message(message);
+    it->second.clear_running();  // its containers are killed
   }
   allocations_.erase(std::remove_if(allocations_.begin(), allocations_.end(),
                                     [&](const ContainerAllocation& a) {
@@ -259,12 +331,26 @@ std::string DeviceManager::CheckpointJson(int minor) const {
 std::string DeviceManager::PodsJson() const {
   Json pods = Json::array();
   for (const auto& [uid, p] : pods_) {
+    Json containers = Json::array();
+    for (const ContainerRequest& c : p.containers()) {
+      containers.push_back({{"name", c.name()}, {"resource", c.resource()}, {"count", c.count()}});
+    }
+    Json running = Json::array();
+    for (const RuntimeDevices& r : p.running()) {
+      running.push_back({{"container", r.container()},
+                         {"resource", r.resource()},
+                         {"device_ids", std::vector<std::string>(r.device_ids().begin(),
+                                                                 r.device_ids().end())}});
+    }
     pods.push_back({{"uid", p.uid()},
                     {"name", p.name()},
                     {"namespace", p.namespace_()},
                     {"phase", p.phase()},
                     {"reason", p.reason()},
-                    {"message", p.message()}});
+                    {"message", p.message()},
+                    {"created", p.created()},
+                    {"containers", containers},
+                    {"running", running}});
   }
   return Json({{"format_version", 1}, {"pods", pods}}).dump(1);
 }
@@ -274,6 +360,7 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
   resources_.clear();
   pods_.clear();
   allocations_.clear();
+  next_created_ = 1;
   if (!pods_json.empty()) {
     Json pj = Json::parse(pods_json, nullptr, /*allow_exceptions=*/false);
     if (pj.is_object() && pj.contains("pods") && pj["pods"].is_array()) {
@@ -286,7 +373,30 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
         pod.set_phase(p.value("phase", "Running"));
         pod.set_reason(p.value("reason", ""));
         pod.set_message(p.value("message", ""));
-        if (!pod.uid().empty()) pods_[pod.uid()] = pod;
+        pod.set_created(p.value("created", int64_t{0}));
+        if (p.contains("containers") && p["containers"].is_array()) {
+          for (const Json& c : p["containers"]) {
+            if (!c.is_object()) continue;
+            ContainerRequest* cr = pod.add_containers();
+            cr->set_name(c.value("name", ""));
+            cr->set_resource(c.value("resource", ""));
+            cr->set_count(c.value("count", 0));
+          }
+        }
+        if (p.contains("running") && p["running"].is_array()) {
+          for (const Json& r : p["running"]) {
+            if (!r.is_object()) continue;
+            RuntimeDevices* rd = pod.add_running();
+            rd->set_container(r.value("container", ""));
+            rd->set_resource(r.value("resource", ""));
+            if (r.contains("device_ids") && r["device_ids"].is_array()) {
+              for (const Json& id : r["device_ids"]) {
+                if (id.is_string()) rd->add_device_ids(id.get<std::string>());
+              }
+            }
+          }
+        }
+        if (!pod.uid().empty()) AddPod(std::move(pod));
       }
     }
   }
@@ -399,6 +509,15 @@ void DeviceManager::FillState(absl::Time now, State* out) const {
       holder[absl::StrCat(a.resource(), std::string(1, '\0'), id)] = Holder(a);
     }
   }
+  std::map<std::string, std::vector<std::string>> users;  // resource + '\0' + id
+  for (const auto& [uid, p] : pods_) {
+    for (const RuntimeDevices& r : p.running()) {
+      for (const std::string& id : r.device_ids()) {
+        users[absl::StrCat(r.resource(), std::string(1, '\0'), id)].push_back(
+            absl::StrCat(p.namespace_(), "/", p.name(), "/", r.container()));
+      }
+    }
+  }
   for (const auto& [name, r] : resources_) {
     ResourceState* rs = out->add_resources();
     rs->set_name(name);
@@ -421,6 +540,10 @@ void DeviceManager::FillState(absl::Time now, State* out) const {
       for (int64_t n : d.numa_nodes) ds->add_numa_nodes(n);
       auto h = holder.find(absl::StrCat(name, std::string(1, '\0'), id));
       if (h != holder.end()) ds->set_allocated_to(h->second);
+      auto u = users.find(absl::StrCat(name, std::string(1, '\0'), id));
+      if (u != users.end()) {
+        for (const std::string& who : u->second) ds->add_used_by(who);
+      }
     }
   }
   for (const auto& [uid, p] : pods_) *out->add_pods() = p;

@@ -78,7 +78,11 @@ class DeviceManager {
                                                         int count) const;
 
   bool HasPod(const std::string& uid) const;
-  void AddPod(const PodState& pod);
+  // Adds (or replaces) a pod; a new one is numbered after every other
+  // (its `created`), unless it has a number.
+  void AddPod(PodState pod);
+  // A container of a pod started with these devices (the runtime's view).
+  void AddRunning(const std::string& uid, const RuntimeDevices& running);
   void AddAllocation(const ContainerAllocation& allocation);
   // Marks a pod Failed and frees its devices.
   void FailPod(const std::string& uid, const std::string& reason,
@@ -94,6 +98,23 @@ class DeviceManager {
   // previously allocated device healthy. Pods that fail are marked Failed
   // with reason UnexpectedAdmissionError and their devices freed.
   std::vector<ReadmitResult> Readmit();
+
+  // The admission check a restarted kubelet runs for every pod it finds
+  // bound to the node, in creation order (protocol-facts §10): each pod's
+  // requests against the resource's allocatable (its healthy devices; for
+  // a pod the kubelet holds devices for, at least as many as it holds)
+  // minus the requests of the pods admitted before it. A pod that does not
+  // fit is denied (reason "OutOf<resource>", the kubelet's message) and its
+  // containers are killed. Returns what happened to each pod; for an
+  // admitted pod, `forgotten` lists its containers' requests the kubelet
+  // holds no devices for (a lost checkpoint).
+  struct RefitResult {
+    std::string pod_uid, pod_name, pod_namespace;
+    bool admitted = true;
+    std::string reason, message;
+    std::vector<ContainerRequest> forgotten;
+  };
+  std::vector<RefitResult> RefitRunningPods();
 
   // --- Persistence ------------------------------------------------------------
 
@@ -139,6 +160,7 @@ class DeviceManager {
   std::map<std::string, ResourceRecord> resources_;
   std::map<std::string, PodState> pods_;
   std::vector<ContainerAllocation> allocations_;
+  int64_t next_created_ = 1;
 };
 
 }  // namespace dpproxy::sim

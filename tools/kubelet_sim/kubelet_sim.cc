@@ -36,6 +36,7 @@ namespace dpproxy::sim {
 namespace {
 
 constexpr char kPodsFileName[] = "kubelet_sim_pods.json";
+constexpr char kUnexpectedAdmissionError[] = "UnexpectedAdmissionError";
 constexpr absl::Duration kPreStartTimeout = absl::Seconds(30);
 // The kubelet sets no deadline on Allocate and GetPreferredAllocation; the
 // simulator uses a long one so a hung plugin cannot hang it forever.
@@ -273,12 +274,21 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
       for (const sim::DeviceState& d : r.devices()) devices[{r.name(), d.id()}] = &d;
     }
     std::map<std::string, v1::PodResources*> by_uid;
+    const std::set<std::string> unsynced = sim_->UnsyncedPods();
     for (const PodState& p : st.pods()) {
-      if (p.phase() != "Running") continue;
+      // Active pods only; right after a start, not the pods found then
+      // until the kubelet has synced them (about a second).
+      if (p.phase() != "Running" || unsynced.count(p.uid()) > 0) continue;
       v1::PodResources* pr = resp->add_pod_resources();
       pr->set_name(p.name());
       pr->set_namespace_(p.namespace_());
       by_uid[p.uid()] = pr;
+      // Every container of the pod, with or without devices.
+      for (const ContainerRequest& c : p.containers()) {
+        bool listed = false;
+        for (const auto& existing : pr->containers()) listed |= existing.name() == c.name();
+        if (!listed) pr->add_containers()->set_name(c.name());
+      }
     }
     for (const ContainerAllocation& a : st.allocations()) {
       auto it = by_uid.find(a.pod_uid());
@@ -501,6 +511,10 @@ absl::Status KubeletSim::Start() {
     absl::MutexLock lock(&mu_);
     running_ = true;
     ++starts_;
+    started_at_ = absl::Now();
+    pods_synced_ = false;
+    unsynced_pods_.clear();
+    for (const auto& [uid, pod] : state_.pods()) unsynced_pods_.insert(uid);
   }
 
   std::vector<std::string> served;
@@ -687,20 +701,145 @@ void KubeletSim::LateWipe() {
 
 void KubeletSim::Housekeeping() {
   for (;;) {
+    // Once a second, and when the re-admission of the pods found at start
+    // is due.
+    absl::Duration wait = absl::Seconds(1);
+    int64_t start = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (running_ && !pods_synced_) {
+        wait = std::min(wait, started_at_ + options_.readmit_delay - absl::Now());
+        start = starts_;
+      }
+    }
     {
       absl::MutexLock lock(&stop_mu_);
-      stop_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_), absl::Seconds(1));
+      if (wait > absl::ZeroDuration()) {
+        stop_mu_.AwaitWithTimeout(absl::Condition(&stop_housekeeping_), wait);
+      }
       if (stop_housekeeping_) return;
+    }
+    if (start != 0) {
+      bool due = false;
+      {
+        absl::MutexLock lock(&mu_);
+        due = running_ && !pods_synced_ && starts_ == start &&
+              absl::Now() >= started_at_ + options_.readmit_delay;
+      }
+      if (due) ReadmitAfterStart(start);
     }
     absl::MutexLock lock(&mu_);
     if (!running_) continue;
-    std::vector<std::string> removed = state_.ExpireResources(absl::Now(), Grace());
+    const absl::Time now = absl::Now();
+    for (auto it = pod_dirs_gone_at_.begin(); it != pod_dirs_gone_at_.end();) {
+      if (now < it->second) {
+        ++it;
+        continue;
+      }
+      (void)::rmdir(JoinPath(JoinPath(options_.root_dir, "pods"), it->first).c_str());
+      events_.Emit("pod_dir_removed", {{"pod_uid", it->first}});
+      it = pod_dirs_gone_at_.erase(it);
+    }
+    std::vector<std::string> removed = state_.ExpireResources(now, Grace());
     for (const std::string& r : removed) {
       events_.Emit("resource_removed",
                    {{"resource", r}, {"reason", "grace period after plugin loss ended"}});
     }
     if (!removed.empty()) WriteCheckpointLocked();
   }
+}
+
+void KubeletSim::ReadmitAfterStart(int64_t start) {
+  absl::MutexLock admit(&admit_mu_);
+  std::vector<DeviceManager::RefitResult> results;
+  KubeletVersion kubelet;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || starts_ != start || pods_synced_) return;
+    results = state_.RefitRunningPods();
+    kubelet = kubelet_;
+  }
+  int admitted = 0, denied = 0, reallocated = 0, failed = 0;
+  for (const DeviceManager::RefitResult& r : results) {
+    if (!r.admitted) {
+      ++denied;
+      events_.Emit("readmission_denied", {{"pod", r.pod_name},
+                                          {"pod_uid", r.pod_uid},
+                                          {"reason", r.reason},
+                                          {"message", r.message},
+                                          {"note", "Pod admission denied; killing its containers"}});
+      continue;
+    }
+    ++admitted;
+    std::string error;
+    std::set<std::string> taken;
+    for (const ContainerRequest& c : r.forgotten) {
+      if (kubelet.minor >= 25) {
+        // kubernetes#118635: a container the runtime reports running is
+        // left alone; its devices stay unknown to the kubelet.
+        events_.Emit("container_running", {{"pod", r.pod_name},
+                                           {"pod_uid", r.pod_uid},
+                                           {"container", c.name()},
+                                           {"resource", c.resource()},
+                                           {"note", "Container detected running, nothing to do"}});
+        continue;
+      }
+      // Before 1.25 the kubelet allocates again for a container it holds
+      // nothing for, running or not.
+      absl::StatusOr<std::vector<std::string>> ids = PickDevices(c, taken);
+      absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> resp =
+          ids.ok() ? CallAllocate(c.resource(), {*ids}, nullptr)
+                   : absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>>(ids.status());
+      if (!resp.ok()) {
+        error = std::string(resp.status().message());
+        break;
+      }
+      taken.insert(ids->begin(), ids->end());
+      ContainerAllocation a;
+      a.set_pod_uid(r.pod_uid);
+      a.set_pod_name(r.pod_name);
+      a.set_pod_namespace(r.pod_namespace);
+      a.set_container(c.name());
+      a.set_resource(c.resource());
+      for (const std::string& id : *ids) a.add_device_ids(id);
+      *a.mutable_response() = (*resp)[0];
+      {
+        absl::MutexLock lock(&mu_);
+        state_.AddAllocation(a);
+      }
+      ++reallocated;
+      events_.Emit("reallocated", {{"pod", r.pod_name},
+                                   {"pod_uid", r.pod_uid},
+                                   {"container", c.name()},
+                                   {"resource", c.resource()},
+                                   {"devices", *ids}});
+    }
+    if (!error.empty()) {
+      ++failed;
+      const std::string message = absl::StrCat("Allocate failed due to ", error,
+                                               ", which is unexpected");
+      {
+        absl::MutexLock lock(&mu_);
+        state_.FailPod(r.pod_uid, kUnexpectedAdmissionError, message);
+      }
+      events_.Emit("readmission_failed", {{"pod", r.pod_name},
+                                          {"pod_uid", r.pod_uid},
+                                          {"reason", kUnexpectedAdmissionError},
+                                          {"message", message}});
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (starts_ == start) {
+      pods_synced_ = true;
+      unsynced_pods_.clear();
+    }
+    WriteCheckpointLocked();
+  }
+  events_.Emit("pods_synced", {{"admitted", admitted},
+                               {"denied", denied},
+                               {"reallocated", reallocated},
+                               {"failed", failed}});
 }
 
 void KubeletSim::WriteCheckpointLocked() {
@@ -1192,6 +1331,143 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
   return response;
 }
 
+absl::StatusOr<std::vector<std::string>> KubeletSim::PickDevices(
+    const ContainerRequest& c, const std::set<std::string>& taken) {
+  const int count = c.count() != 0 ? c.count() : c.device_ids_size();
+  std::vector<std::string> available;
+  std::shared_ptr<PluginClient> client;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::vector<std::string>> avail = state_.AvailableFor(c.resource(), 0);
+    if (!avail.ok()) return avail.status();
+    for (const std::string& id : *avail) {
+      if (taken.count(id) == 0) available.push_back(id);
+    }
+    auto it = clients_.find(c.resource());
+    if (it != clients_.end()) client = it->second;
+  }
+  if (static_cast<int>(available.size()) < count) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "requested number of devices unavailable for ", c.resource(),
+        ". Requested: ", count, ", Available: ", available.size()));
+  }
+  if (client == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("endpoint for ", c.resource(), " has been stopped"));
+  }
+  std::vector<std::string> chosen;
+  if (!c.device_ids().empty()) {
+    for (const std::string& id : c.device_ids()) {
+      if (std::find(available.begin(), available.end(), id) == available.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device ", GoQuote(id), " of ", c.resource(),
+            " is not available (unknown, unhealthy or allocated)"));
+      }
+      chosen.push_back(id);
+    }
+  } else if (client->beta && client->options.get_preferred_allocation_available()) {
+    // The plugin's answer is advice: what it names of the available
+    // devices is used as given, and a short answer is topped up from the
+    // available devices in order.
+    v1beta1::PreferredAllocationRequest preq;
+    auto* cr = preq.add_container_requests();
+    for (const std::string& id : available) cr->add_available_deviceids(id);
+    cr->set_allocation_size(count);
+    v1beta1::PreferredAllocationResponse presp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAdmissionRpcTimeout));
+    grpc::Status st = client->beta->GetPreferredAllocation(&ctx, preq, &presp);
+    if (!st.ok()) {
+      return absl::UnknownError(absl::StrCat(
+          "device plugin GetPreferredAllocation rpc failed with err: ", GoRpcError(st)));
+    }
+    std::vector<std::string> preferred, returned;
+    for (const auto& r : presp.container_responses()) {
+      returned.insert(returned.end(), r.deviceids().begin(), r.deviceids().end());
+    }
+    if (presp.container_responses_size() > 0) {
+      for (const std::string& id : presp.container_responses(0).deviceids()) {
+        if (std::find(available.begin(), available.end(), id) != available.end() &&
+            std::find(preferred.begin(), preferred.end(), id) == preferred.end()) {
+          preferred.push_back(id);
+        }
+      }
+    }
+    events_.Emit("preferred_allocation", {{"resource", c.resource()},
+                                          {"container", c.name()},
+                                          {"available", available},
+                                          {"size", count},
+                                          {"returned", returned},
+                                          {"container_responses",
+                                           presp.container_responses_size()},
+                                          {"preferred", preferred}});
+    chosen = preferred;
+    for (const std::string& id : available) {
+      if (static_cast<int>(chosen.size()) >= count) break;
+      if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) chosen.push_back(id);
+    }
+    chosen.resize(count);
+  } else {
+    chosen.assign(available.begin(), available.begin() + count);
+  }
+  return chosen;
+}
+
+absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> KubeletSim::CallAllocate(
+    const std::string& resource, const std::vector<std::vector<std::string>>& ids,
+    std::shared_ptr<PluginClient>* used) {
+  std::shared_ptr<PluginClient> client;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = clients_.find(resource);
+    if (it != clients_.end()) client = it->second;
+  }
+  if (client == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("endpoint for ", resource, " has been stopped"));
+  }
+  if (used != nullptr) *used = client;
+  std::vector<v1beta1::ContainerAllocateResponse> responses(ids.size());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAdmissionRpcTimeout));
+  if (client->beta) {
+    v1beta1::AllocateRequest areq;
+    for (const std::vector<std::string>& container : ids) {
+      auto* cr = areq.add_container_requests();
+      for (const std::string& id : container) cr->add_devices_ids(id);
+    }
+    v1beta1::AllocateResponse aresp;
+    grpc::Status st = client->beta->Allocate(&ctx, areq, &aresp);
+    if (!st.ok()) return absl::UnknownError(GoRpcError(st));
+    if (aresp.container_responses_size() == 0) {
+      return absl::UnknownError("no containers return in allocation response");
+    }
+    if (aresp.container_responses_size() < static_cast<int>(ids.size())) {
+      return absl::UnknownError(absl::StrCat(
+          "allocation response has ", aresp.container_responses_size(),
+          " container responses for ", ids.size(), " container requests"));
+    }
+    for (size_t k = 0; k < ids.size(); ++k) responses[k] = aresp.container_responses(k);
+    return responses;
+  }
+  if (ids.size() != 1) {
+    return absl::InvalidArgumentError("v1alpha plugins take one container per Allocate");
+  }
+  deviceplugin::AllocateRequest areq;
+  for (const std::string& id : ids[0]) areq.add_devicesids(id);
+  deviceplugin::AllocateResponse aresp;
+  grpc::Status st = client->alpha->Allocate(&ctx, areq, &aresp);
+  if (!st.ok()) return absl::UnknownError(GoRpcError(st));
+  // A 1.9 kubelet stored the v1alpha response as it came; it parses as a
+  // v1beta1 ContainerAllocateResponse (same field numbers). Annotations
+  // were never read by a 1.9 kubelet.
+  aresp.clear_annotations();
+  std::string bytes;
+  aresp.SerializeToString(&bytes);
+  responses[0].ParseFromString(bytes);
+  return responses;
+}
+
 absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* response) {
   const KubeletVersion kubelet = this->kubelet();
   struct Planned {
@@ -1203,82 +1479,10 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
 
   // 1. Pick devices per container, asking the plugin for its preference.
   for (const ContainerRequest& c : req.containers()) {
-    const int count = c.count() != 0 ? c.count() : c.device_ids_size();
-    std::vector<std::string> available;
-    std::shared_ptr<PluginClient> client;
-    {
-      absl::MutexLock lock(&mu_);
-      absl::StatusOr<std::vector<std::string>> avail = state_.AvailableFor(c.resource(), 0);
-      if (!avail.ok()) return avail.status();
-      for (const std::string& id : *avail) {
-        if (taken[c.resource()].count(id) == 0) available.push_back(id);
-      }
-      auto it = clients_.find(c.resource());
-      if (it != clients_.end()) client = it->second;
-    }
-    if (static_cast<int>(available.size()) < count) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "requested number of devices unavailable for ", c.resource(),
-          ". Requested: ", count, ", Available: ", available.size()));
-    }
-    if (client == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("endpoint for ", c.resource(), " has been stopped"));
-    }
-    std::vector<std::string> chosen;
-    if (!c.device_ids().empty()) {
-      for (const std::string& id : c.device_ids()) {
-        if (std::find(available.begin(), available.end(), id) == available.end()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "device ", GoQuote(id), " of ", c.resource(),
-              " is not available (unknown, unhealthy or allocated)"));
-        }
-        chosen.push_back(id);
-      }
-    } else if (client->beta && client->options.get_preferred_allocation_available()) {
-      v1beta1::PreferredAllocationRequest preq;
-      auto* cr = preq.add_container_requests();
-      for (const std::string& id : available) cr->add_available_deviceids(id);
-      cr->set_allocation_size(count);
-      v1beta1::PreferredAllocationResponse presp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAdmissionRpcTimeout));
-      grpc::Status st = client->beta->GetPreferredAllocation(&ctx, preq, &presp);
-      if (!st.ok()) {
-        return absl::UnknownError(absl::StrCat(
-            "device plugin GetPreferredAllocation rpc failed with err: ", GoRpcError(st)));
-      }
-      std::vector<std::string> preferred, returned;
-      for (const auto& r : presp.container_responses()) {
-        returned.insert(returned.end(), r.deviceids().begin(), r.deviceids().end());
-      }
-      if (presp.container_responses_size() > 0) {
-        for (const std::string& id : presp.container_responses(0).deviceids()) {
-          if (std::find(available.begin(), available.end(), id) != available.end() &&
-              std::find(preferred.begin(), preferred.end(), id) == preferred.end()) {
-            preferred.push_back(id);
-          }
-        }
-      }
-      events_.Emit("preferred_allocation", {{"resource", c.resource()},
-                                            {"container", c.name()},
-                                            {"available", available},
-                                            {"size", count},
-                                            {"returned", returned},
-                                            {"container_responses",
-                                             presp.container_responses_size()},
-                                            {"preferred", preferred}});
-      chosen = preferred;
-      for (const std::string& id : available) {
-        if (static_cast<int>(chosen.size()) >= count) break;
-        if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) chosen.push_back(id);
-      }
-      chosen.resize(count);
-    } else {
-      chosen.assign(available.begin(), available.begin() + count);
-    }
-    taken[c.resource()].insert(chosen.begin(), chosen.end());
-    planned.push_back({&c, chosen});
+    absl::StatusOr<std::vector<std::string>> chosen = PickDevices(c, taken[c.resource()]);
+    if (!chosen.ok()) return chosen.status();
+    taken[c.resource()].insert(chosen->begin(), chosen->end());
+    planned.push_back({&c, *std::move(chosen)});
   }
 
   // 2. Allocate: one call per container as the kubelet does, or one call
@@ -1298,54 +1502,12 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
   std::map<std::string, std::shared_ptr<PluginClient>> used;
   for (const std::vector<size_t>& call : calls) {
     const std::string& resource = planned[call[0]].request->resource();
-    std::shared_ptr<PluginClient> client;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = clients_.find(resource);
-      if (it != clients_.end()) client = it->second;
-    }
-    if (client == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("endpoint for ", resource, " has been stopped"));
-    }
-    used[resource] = client;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kAdmissionRpcTimeout));
-    if (client->beta) {
-      v1beta1::AllocateRequest areq;
-      for (size_t i : call) {
-        auto* cr = areq.add_container_requests();
-        for (const std::string& id : planned[i].ids) cr->add_devices_ids(id);
-      }
-      v1beta1::AllocateResponse aresp;
-      grpc::Status st = client->beta->Allocate(&ctx, areq, &aresp);
-      if (!st.ok()) return absl::UnknownError(GoRpcError(st));
-      if (aresp.container_responses_size() == 0) {
-        return absl::UnknownError("no containers return in allocation response");
-      }
-      if (aresp.container_responses_size() < static_cast<int>(call.size())) {
-        return absl::UnknownError(absl::StrCat(
-            "allocation response has ", aresp.container_responses_size(),
-            " container responses for ", call.size(), " container requests"));
-      }
-      for (size_t k = 0; k < call.size(); ++k) responses[call[k]] = aresp.container_responses(k);
-    } else {
-      if (call.size() != 1) {
-        return absl::InvalidArgumentError("v1alpha plugins take one container per Allocate");
-      }
-      deviceplugin::AllocateRequest areq;
-      for (const std::string& id : planned[call[0]].ids) areq.add_devicesids(id);
-      deviceplugin::AllocateResponse aresp;
-      grpc::Status st = client->alpha->Allocate(&ctx, areq, &aresp);
-      if (!st.ok()) return absl::UnknownError(GoRpcError(st));
-      // A 1.9 kubelet stored the v1alpha response as it came; it parses as a
-      // v1beta1 ContainerAllocateResponse (same field numbers). Annotations
-      // were never read by a 1.9 kubelet.
-      aresp.clear_annotations();
-      std::string bytes;
-      aresp.SerializeToString(&bytes);
-      responses[call[0]].ParseFromString(bytes);
-    }
+    std::vector<std::vector<std::string>> ids;
+    for (size_t i : call) ids.push_back(planned[i].ids);
+    absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> r =
+        CallAllocate(resource, ids, &used[resource]);
+    if (!r.ok()) return r.status();
+    for (size_t k = 0; k < call.size(); ++k) responses[call[k]] = (*r)[k];
   }
   // What this release's ContainerAllocateResponse does not have, it never
   // read: cdi_devices before 1.28 (and in 1.28-1.30 with the gate off).
@@ -1366,7 +1528,19 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
     pod.set_name(req.pod_name());
     pod.set_namespace_(req.pod_namespace());
     pod.set_phase("Running");
+    for (const Planned& p : planned) {
+      ContainerRequest* spec = pod.add_containers();
+      spec->set_name(p.request->name());
+      spec->set_resource(p.request->resource());
+      spec->set_count(static_cast<int32_t>(p.ids.size()));
+      // The container runtime starts it with these devices.
+      RuntimeDevices* run = pod.add_running();
+      run->set_container(p.request->name());
+      run->set_resource(p.request->resource());
+      for (const std::string& id : p.ids) run->add_device_ids(id);
+    }
     state_.AddPod(pod);
+    (void)MakeDirs(JoinPath(JoinPath(options_.root_dir, "pods"), req.pod_uid()));
     for (size_t i = 0; i < planned.size(); ++i) {
       ContainerAllocation a;
       a.set_pod_uid(req.pod_uid());
@@ -1437,6 +1611,7 @@ State KubeletSim::GetState() {
   st.set_generation(kubelet_.GenerationName());
   st.set_starts(starts_);
   st.set_root_dir(options_.root_dir);
+  st.set_pods_synced(pods_synced_);
   state_.FillState(absl::Now(), &st);
   return st;
 }
@@ -1464,8 +1639,22 @@ absl::Status KubeletSim::DeletePod(const std::string& uid) {
   absl::MutexLock lock(&mu_);
   DPP_RETURN_IF_ERROR(state_.DeletePod(uid));
   events_.Emit("pod_deleted", {{"pod_uid", uid}});
+  pod_dirs_gone_at_[uid] = absl::Now() + options_.pod_dir_linger;
   WriteCheckpointLocked();
   return absl::OkStatus();
+}
+
+bool KubeletSim::WaitForPodsSynced(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto synced = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool {
+    return running_ && pods_synced_;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&synced), timeout);
+}
+
+std::set<std::string> KubeletSim::UnsyncedPods() {
+  absl::MutexLock lock(&mu_);
+  return unsynced_pods_;
 }
 
 bool KubeletSim::WaitForResource(const std::string& resource, int min_healthy,

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -137,6 +138,12 @@ struct KubeletSimOptions {
   // ResourceSlices (dra-facts.md §1). Empty: no API server.
   std::string kubeconfig;
   std::string node_name = "node-1";
+  // When a started kubelet re-admits the pods it found (about 1 s on a
+  // real 1.36 node, protocol-facts §10).
+  absl::Duration readmit_delay = absl::Seconds(1);
+  // How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real
+  // node: the kubelet's housekeeping removes it).
+  absl::Duration pod_dir_linger = absl::Seconds(2);
 };
 
 class KubeletSim {
@@ -213,6 +220,10 @@ class KubeletSim {
   // True once `resource` is registered and has >= min_healthy healthy devices.
   bool WaitForResource(const std::string& resource, int min_healthy,
                        absl::Duration timeout);
+  // True once the kubelet has re-admitted the pods it found at its start.
+  bool WaitForPodsSynced(absl::Duration timeout);
+  // Pods found at this start and not yet re-admitted.
+  std::set<std::string> UnsyncedPods();
 
   EventLog& events() { return events_; }
   Personality personality();
@@ -253,6 +264,26 @@ class KubeletSim {
   void ReconcileWatcher();
   void RegisterWatcherPlugin(const std::string& socket_path);
   absl::Status AdmitPod(const AllocateRequest& request, AllocateResponse* response);
+  // The devices the kubelet picks for one container: the plugin's preferred
+  // allocation where offered (advice, topped up), else the first available.
+  // `taken`: picked already for other containers of the same pod.
+  absl::StatusOr<std::vector<std::string>> PickDevices(const ContainerRequest& c,
+                                                       const std::set<std::string>& taken);
+  // One Allocate call with a container request per entry of `ids`; the
+  // client used goes to *used.
+  absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> CallAllocate(
+      const std::string& resource, const std::vector<std::vector<std::string>>& ids,
+      std::shared_ptr<PluginClient>* used);
+  // What a kubelet does with the pods it finds bound to the node, about a
+  // second after it starts (KubeletSimOptions::readmit_delay): the
+  // admission check of every running pod in creation order
+  // (DeviceManager::RefitRunningPods; a pod that does not fit is killed),
+  // then, for a container whose devices it has no record of (a lost
+  // checkpoint): from 1.25 nothing, as the container runs; before 1.25 a
+  // new allocation (GetPreferredAllocation, Allocate) recorded for it,
+  // while the container goes on with the devices it was started with. From
+  // then on pod-resources lists those pods.
+  void ReadmitAfterStart(int64_t start);
 
   const KubeletSimOptions options_;
   EventLog events_{"kubelet_sim"};
@@ -265,6 +296,13 @@ class KubeletSim {
   absl::Duration late_wipe_delay_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time started_at_ ABSL_GUARDED_BY(mu_);
+  // Pods found at this start are listed by pod-resources only once they
+  // have been re-admitted (pods_synced_).
+  bool pods_synced_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> unsynced_pods_ ABSL_GUARDED_BY(mu_);
+  // Deleted pods' directories under <root>/pods, and when they go.
+  std::map<std::string, absl::Time> pod_dirs_gone_at_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   DeviceManager state_ ABSL_GUARDED_BY(mu_);
   // Current client per resource.

@@ -151,11 +151,14 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     if (rs["hold"]) DPP_CFG(r.Duration(rs["hold"], "restore.hold", &c->restore_hold));
   }
   if (const YAML::Node rc = root["reconcile"]) {
-    DPP_CFG(r.CheckKeys(rc, "reconcile", {"interval", "grace"}));
+    DPP_CFG(r.CheckKeys(rc, "reconcile", {"interval", "grace", "start_grace"}));
     if (rc["interval"]) {
       DPP_CFG(r.Duration(rc["interval"], "reconcile.interval", &c->reconcile_interval));
     }
     if (rc["grace"]) DPP_CFG(r.Duration(rc["grace"], "reconcile.grace", &c->reconcile_grace));
+    if (rc["start_grace"]) {
+      DPP_CFG(r.Duration(rc["start_grace"], "reconcile.start_grace", &c->reconcile_start_grace));
+    }
   }
   if (const YAML::Node t = root["timeouts"]) {
     DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));
@@ -266,7 +269,8 @@ std::string ConfigToYaml(const ProxyConfig& c) {
       << YAML::Key << "hold" << YAML::Value << duration(c.restore_hold) << YAML::EndMap;
   out << YAML::Key << "reconcile" << YAML::Value << YAML::BeginMap << YAML::Key << "interval"
       << YAML::Value << duration(c.reconcile_interval) << YAML::Key << "grace" << YAML::Value
-      << duration(c.reconcile_grace) << YAML::EndMap;
+      << duration(c.reconcile_grace) << YAML::Key << "start_grace" << YAML::Value
+      << duration(c.reconcile_start_grace) << YAML::EndMap;
   out << YAML::Key << "timeouts" << YAML::Value << YAML::BeginMap << YAML::Key << "backend"
       << YAML::Value << duration(c.kubelet.backend_timeout) << YAML::Key << "dial"
       << YAML::Value << duration(c.dial_timeout) << YAML::EndMap;

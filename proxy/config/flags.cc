@@ -115,6 +115,10 @@ DEFINE_string(reconcile_interval, "1m",
               "shortly after start). 0s turns it off.");
 DEFINE_string(reconcile_grace, "5m",
               "Journal entries younger than this are never released by reconciliation.");
+DEFINE_string(reconcile_start_grace, "10s",
+              "For this long after the kubelet starts, a pod missing from its pod-resources\n"
+              "API is not taken as gone (its list is empty, then incomplete, for about a\n"
+              "second after a start).");
 
 namespace dpproxy {
 namespace {
@@ -238,6 +242,10 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("reconcile_grace")) {
     DPP_ASSIGN_OR_RETURN(c->reconcile_grace,
                          ParseFlagDuration("reconcile_grace", FLAGS_reconcile_grace));
+  }
+  if (set("reconcile_start_grace")) {
+    DPP_ASSIGN_OR_RETURN(c->reconcile_start_grace,
+                         ParseFlagDuration("reconcile_start_grace", FLAGS_reconcile_start_grace));
   }
   if (set("restore_hold")) {
     DPP_ASSIGN_OR_RETURN(c->restore_hold, ParseFlagDuration("restore_hold", FLAGS_restore_hold));

@@ -156,6 +156,10 @@ struct ProxyConfig {
   // are released.
   absl::Duration reconcile_interval = absl::Minutes(1);
   absl::Duration reconcile_grace = absl::Minutes(5);
+  // For this long after the kubelet starts (kubelet.sock created), a pod
+  // missing from its pod-resources List is not taken as gone: the List is
+  // empty, then incomplete, for about a second after a start.
+  absl::Duration reconcile_start_grace = absl::Seconds(10);
   // Group allowed to use the backend registration socket (mode 0660); ""
   // keeps it 0700 (root's plugins only). Name or number.
   std::string socket_group;

@@ -215,8 +215,16 @@ std::shared_ptr<const Resource::Forgotten> Resource::forgotten() {
   return forgotten_;
 }
 
-absl::Status Resource::CheckForgotten(const std::vector<std::string>& ids) {
-  return hooks_.check_forgotten ? hooks_.check_forgotten(ids) : absl::OkStatus();
+absl::StatusOr<bool> Resource::CheckForgotten(
+    const std::vector<std::vector<std::string>>& per_container, bool readmission) {
+  if (!hooks_.check_forgotten) return false;
+  return hooks_.check_forgotten(per_container, readmission);
+}
+
+std::vector<std::string> Resource::ReadmissionPick(int size,
+                                                   const std::set<std::string>& available) {
+  return hooks_.readmission_pick ? hooks_.readmission_pick(size, available)
+                                 : std::vector<std::string>();
 }
 
 bool Resource::backend_offers_preferred() {

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -47,7 +48,20 @@ struct ResourceHooks {
   // forgotten devices (SetForgotten): OK, or an error naming who holds
   // them. Blocking (it may ask the kubelet's pod-resources API); called
   // off gRPC's threads. Unset: always OK.
-  std::function<absl::Status(const std::vector<std::string>& ids)> check_forgotten;
+  // `per_container`: the kubelet IDs of each container request.
+  // `readmission`: the kubelet may be re-admitting its running pods (one
+  // before 1.25 allocates again for a running container it forgot).
+  // OK(true): allowed as a running container's re-admission although it
+  // names devices other forgotten containers still hold (they keep them).
+  std::function<absl::StatusOr<bool>(
+      const std::vector<std::vector<std::string>>& per_container, bool readmission)>
+      check_forgotten;
+  // Right after a kubelet start, for a kubelet that may allocate again for
+  // its running containers: the devices of the oldest forgotten container
+  // of exactly `size` devices, all in `available`, not picked before in
+  // this start; empty if none. Unset: never.
+  std::function<std::vector<std::string>(int size, const std::set<std::string>& available)>
+      readmission_pick;
 };
 
 // The short ID the kubelet is shown for `backend_id` under
@@ -160,7 +174,10 @@ class Resource {
   void SetForgotten(Forgotten held);
   std::shared_ptr<const Forgotten> forgotten();
   // ResourceHooks::check_forgotten, or OK without one. Blocking.
-  absl::Status CheckForgotten(const std::vector<std::string>& ids);
+  absl::StatusOr<bool> CheckForgotten(
+      const std::vector<std::vector<std::string>>& per_container, bool readmission);
+  // ResourceHooks::readmission_pick, or empty without one.
+  std::vector<std::string> ReadmissionPick(int size, const std::set<std::string>& available);
 
   // Whether the backend answers GetPreferredAllocation itself. Toward the
   // kubelet dpproxy always offers it (options()): it answers for a backend

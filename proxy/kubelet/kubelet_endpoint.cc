@@ -299,16 +299,21 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     // thread of its own (it may ask the kubelet's pod-resources API),
     // whether its holder is gone; refused with the holder named if not.
     if (!forgotten_checked_) {
-      std::vector<std::string> named = NamedForgotten(res);
-      if (!named.empty()) {
+      if (NamesForgotten(res)) {
         forgotten_checked_ = true;
-        std::thread([this, res, named = std::move(named)] {
-          absl::Status s = res->CheckForgotten(named);
+        std::vector<std::vector<std::string>> per_container;
+        for (const auto& c : req_.container_requests()) {
+          per_container.emplace_back(c.devices_ids().begin(), c.devices_ids().end());
+        }
+        std::thread([this, res, per_container = std::move(per_container)] {
+          absl::StatusOr<bool> s =
+              res->CheckForgotten(per_container, e_->kubelet_may_reallocate_running());
           if (!s.ok()) {
             e_->NoteRefusal();
             return End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                    std::string(s.message())));
+                                    std::string(s.status().message())));
           }
+          readmission_ = *s;
           Begin();
         }).detach();
         return;
@@ -351,11 +356,13 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
                             });
     // The reservation's write and fdatasync run on this thread while the
     // backend answers; the kubelet's answer waits for both (Joined).
-    reservation_ = e_->Reserve(req_, backend_req_ ? &*backend_req_ : nullptr, *backend,
-                               [this](grpc::Status s) {
-                                 reserved_ = std::move(s);
-                                 Arrive();
-                               });
+    reservation_ = e_->Reserve(
+        req_, backend_req_ ? &*backend_req_ : nullptr, *backend,
+        [this](grpc::Status s) {
+          reserved_ = std::move(s);
+          Arrive();
+        },
+        readmission_);
     Arrive();  // reservation_ is set; the last touch of this reactor here
   }
 
@@ -463,17 +470,16 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     Finish(call_.Done(s));
   }
 
-  // The requested kubelet IDs that containers the kubelet forgot hold.
-  std::vector<std::string> NamedForgotten(Resource* res) const {
-    std::vector<std::string> named;
+  // Whether the request names a device containers the kubelet forgot hold.
+  bool NamesForgotten(Resource* res) const {
     std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
-    if (held->empty()) return named;
+    if (held->empty()) return false;
     for (const auto& c : req_.container_requests()) {
       for (const std::string& id : c.devices_ids()) {
-        if (held->count(id) > 0) named.push_back(id);
+        if (held->count(id) > 0) return true;
       }
     }
-    return named;
+    return false;
   }
 
   KubeletEndpoint* const e_;
@@ -481,6 +487,9 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   const ApiVersion kubelet_api_;
   const v1beta1::AllocateRequest req_;
   bool forgotten_checked_ = false;
+  // A running container's re-admission that names devices other forgotten
+  // containers hold: journaled beside their records (CheckForgotten).
+  bool readmission_ = false;
   const Answer answer_;
   KubeletCall call_;
   const absl::Duration timeout_;
@@ -523,6 +532,7 @@ class KubeletEndpoint::Services {
     grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                         v1beta1::DevicePluginOptions* resp) override {
       KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
+      e_->NoteOptionsAsked();
       *resp = e_->resource()->options();
       return call.Done(grpc::Status::OK);
     }
@@ -549,6 +559,28 @@ class KubeletEndpoint::Services {
       KubeletEndpoint* e = e_;
       Resource* res = e->resource();
       std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
+      if (!held->empty() && e->kubelet_may_reallocate_running()) {
+        // A kubelet before 1.25 re-admitting a running container it forgot
+        // allocates again: its own devices are the ones to name.
+        bool all = true;
+        v1beta1::PreferredAllocationResponse own;
+        for (const auto& c : req->container_requests()) {
+          std::set<std::string> available(c.available_deviceids().begin(),
+                                          c.available_deviceids().end());
+          std::vector<std::string> pick = res->ReadmissionPick(c.allocation_size(), available);
+          if (pick.empty()) {
+            all = false;
+            break;
+          }
+          auto* out = own.add_container_responses();
+          for (std::string& id : pick) out->add_deviceids(std::move(id));
+        }
+        if (all && req->container_requests_size() > 0) {
+          *resp = std::move(own);
+          reactor->Finish(call->Done(grpc::Status::OK));
+          return reactor;
+        }
+      }
       if (!res->backend_offers_preferred()) {
         for (const auto& c : req->container_requests()) {
           PreferredChoice choice = ChoosePreferred(c, {}, *held);
@@ -776,6 +808,12 @@ void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
 
 void KubeletEndpoint::NoteRefusal() { ++refused_; }
 
+void KubeletEndpoint::NoteOptionsAsked() {
+  if (registering_.load()) options_asked_ = true;
+}
+
+bool KubeletEndpoint::kubelet_may_reallocate_running() const { return kubelet_sync_.load() == 0; }
+
 void KubeletEndpoint::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
   backend_timeout_ns_ = absl::ToInt64Nanoseconds(backend_timeout);
   cdi_annotations_ = cdi_annotations;
@@ -875,6 +913,8 @@ absl::Status KubeletEndpoint::Register() {
     } clear{this};
     grpc::Status st;
     std::string version;
+    registering_ = true;
+    options_asked_ = false;
     if (api == ApiVersion::kV1Beta1) {
       version = std::string(kV1Beta1Version);
       v1beta1::RegisterRequest req;
@@ -893,7 +933,11 @@ absl::Status KubeletEndpoint::Register() {
       deviceplugin::Empty resp;
       st = deviceplugin::Registration::NewStub(channel)->Register(&ctx, req, &resp);
     }
+    registering_ = false;
     if (st.ok()) {
+      // A 1.25+ kubelet dials back and asks for the options before it
+      // answers; older ones answer first.
+      kubelet_sync_ = options_asked_.load() ? 1 : 0;
       SetNegotiated(version);
       std::shared_ptr<Backend> b = resource_->backend();
       LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as "
@@ -939,7 +983,7 @@ grpc::Status JournalStatus(const absl::Status& s, const std::string& resource) {
 
 AllocationJournal::Reservation KubeletEndpoint::Reserve(
     const v1beta1::AllocateRequest& req, const v1beta1::AllocateRequest* backend_req,
-    const Backend& backend, std::function<void(grpc::Status)> durable) {
+    const Backend& backend, std::function<void(grpc::Status)> durable, bool readmission) {
   if (journal_ == nullptr) {
     durable(grpc::Status::OK);
     return {};
@@ -950,7 +994,8 @@ AllocationJournal::Reservation KubeletEndpoint::Reserve(
                   backend.resource(), backend_req},
       [durable = std::move(durable), name = resource_->name()](absl::Status s) {
         durable(JournalStatus(s, name));
-      });
+      },
+      readmission);
 }
 
 void KubeletEndpoint::Answer(const AllocationJournal::Reservation& r,

@@ -96,7 +96,8 @@ class KubeletEndpoint {
   AllocationJournal::Reservation Reserve(const v1beta1::AllocateRequest& req,
                                          const v1beta1::AllocateRequest* backend_req,
                                          const Backend& backend,
-                                         std::function<void(grpc::Status)> durable);
+                                         std::function<void(grpc::Status)> durable,
+                                         bool readmission = false);
   void Answer(const AllocationJournal::Reservation& r, const v1beta1::AllocateResponse& resp,
               std::function<void(grpc::Status)> done);
   void Withdraw(const AllocationJournal::Reservation& r);
@@ -130,6 +131,14 @@ class KubeletEndpoint {
   // (too few others), and Allocates refused for naming one.
   void NoteSteering(const PreferredChoice& choice);
   void NoteRefusal();
+  // Whether the kubelet may call Allocate again for a running container
+  // it forgot when it re-admits its pods after a start: every release
+  // before 1.25 does (1.25+ leave running containers alone, kubernetes
+  // #118635). Told apart by registration: a 1.25+ kubelet asks for the
+  // options before it answers Register. Unknown (plugin watcher, not yet
+  // registered): false, the side that never names a held device.
+  bool kubelet_may_reallocate_running() const;
+  void NoteOptionsAsked();
   struct SteeringCounts {
     int64_t avoided = 0, held_named = 0, refused = 0;
   };
@@ -178,6 +187,8 @@ class KubeletEndpoint {
   std::unique_ptr<Services> services_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> avoided_{0}, held_named_{0}, refused_{0};
+  std::atomic<bool> registering_{false}, options_asked_{false};
+  std::atomic<int> kubelet_sync_{-1};  // 1: asked for options in Register, 0: not, -1: unknown
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
   std::optional<FileId> served_id_ ABSL_GUARDED_BY(mu_);

@@ -135,7 +135,7 @@ absl::Status ProxyServer::Start() {
     }
     reconciler_ = std::make_unique<Reconciler>(
         Reconciler::Options{config_.kubelet, config_.reconcile_interval,
-                            config_.reconcile_grace},
+                            config_.reconcile_grace, config_.reconcile_start_grace},
         keeper_.get(), &events_, [this] { Wake(); });
   }
   BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
@@ -282,8 +282,13 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   };
   if (reconciler_) {
     Reconciler* reconciler = reconciler_.get();
-    hooks.check_forgotten = [reconciler, name](const std::vector<std::string>& ids) {
-      return reconciler->CheckForgotten(name, ids);
+    hooks.check_forgotten = [reconciler, name](
+                                const std::vector<std::vector<std::string>>& per_container,
+                                bool readmission) {
+      return reconciler->CheckForgotten(name, per_container, readmission);
+    };
+    hooks.readmission_pick = [reconciler, name](int size, const std::set<std::string>& available) {
+      return reconciler->ReadmissionPick(name, size, available);
     };
   }
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));

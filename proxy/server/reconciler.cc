@@ -279,6 +279,8 @@ bool Reconciler::InRestartWindow(absl::Time now) {
   if (kubelet != window_kubelet_) {
     window_kubelet_ = kubelet;
     named_since_restart_.clear();
+    picked_since_restart_.clear();
+    readmitted_since_restart_.clear();
   }
   if (!kubelet.has_value()) return true;  // no kubelet: nothing it says is complete
   return now - absl::FromUnixNanos(kubelet->ctime_ns) < options_.restart_grace;
@@ -352,9 +354,41 @@ void Reconciler::ReleaseForgotten(const std::vector<uint64_t>& ids,
   changed_();
 }
 
-absl::Status Reconciler::CheckForgotten(const std::string& resource,
-                                        const std::vector<std::string>& ids) {
-  const std::set<std::string> wanted(ids.begin(), ids.end());
+std::vector<std::string> Reconciler::ReadmissionPick(const std::string& resource, int size,
+                                                     const std::set<std::string>& available) {
+  if (size <= 0 || !InRestartWindow(absl::Now())) return {};
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> candidates;
+  keeper_->ForEachAllocation([&](const state::Allocation& a) {
+    if (!a.quarantined() || a.resource() != resource || a.device_ids_size() != size) return;
+    for (const std::string& d : a.device_ids()) {
+      if (available.count(d) == 0) return;
+    }
+    candidates.push_back({a.id(), {a.device_ids().begin(), a.device_ids().end()}});
+  });
+  std::sort(candidates.begin(), candidates.end());
+  absl::MutexLock lock(&window_mu_);
+  for (auto& [id, devices] : candidates) {
+    if (picked_since_restart_.insert(id).second) {
+      events_->Emit("readmission_steered", {{"resource", resource},
+                                            {"allocation", id},
+                                            {"devices", devices}});
+      return devices;
+    }
+  }
+  return {};
+}
+
+absl::StatusOr<bool> Reconciler::CheckForgotten(
+    const std::string& resource, const std::vector<std::vector<std::string>>& per_container,
+    bool readmission) {
+  std::set<std::string> wanted;
+  for (const auto& c : per_container) wanted.insert(c.begin(), c.end());
+  std::set<std::string> forgotten_devices;  // of `resource`
+  keeper_->ForEachAllocation([&](const state::Allocation& a) {
+    if (a.quarantined() && a.resource() == resource) {
+      forgotten_devices.insert(a.device_ids().begin(), a.device_ids().end());
+    }
+  });
   std::vector<state::Allocation> holders;
   std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
   keeper_->ForEachAllocation([&](const state::Allocation& a) {
@@ -371,13 +405,65 @@ absl::Status Reconciler::CheckForgotten(const std::string& resource,
   });
   if (holders.empty()) {
     changed_();  // the caller's view is stale
-    return absl::OkStatus();
+    return false;
   }
-  const std::optional<PodList> list = ListPods();
   const absl::Time now = absl::Now();
   std::vector<uint64_t> gone;
   std::vector<std::string> why, running;
+  bool inexact = false;
+  if (readmission && InRestartWindow(now)) {
+    // A kubelet re-admitting running containers it forgot: with exactly a
+    // container's own devices it knows them again (that record goes, the
+    // new one takes its place); with others, within the count of forgotten
+    // containers of that size not yet re-admitted, it is a re-admission too
+    // (the records stay: they hold what the containers use).
+    std::vector<state::Allocation> everyone;
+    keeper_->ForEachAllocation([&](const state::Allocation& a) {
+      if (a.quarantined() && a.resource() == resource) everyone.push_back(a);
+    });
+    std::sort(everyone.begin(), everyone.end(),
+              [](const state::Allocation& x, const state::Allocation& y) { return x.id() < y.id(); });
+    wanted.clear();
+    absl::MutexLock lock(&window_mu_);
+    for (const auto& c : per_container) {
+      const std::set<std::string> asked(c.begin(), c.end());
+      bool names_forgotten = false;
+      for (const std::string& d : asked) names_forgotten |= forgotten_devices.count(d) > 0;
+      if (!names_forgotten) continue;
+      const state::Allocation* exact = nullptr;
+      const state::Allocation* same_size = nullptr;
+      for (const state::Allocation& a : everyone) {
+        if (readmitted_since_restart_.count(a.id()) > 0) continue;
+        const std::set<std::string> own(a.device_ids().begin(), a.device_ids().end());
+        if (own == asked) {
+          exact = &a;
+          break;
+        }
+        if (same_size == nullptr && own.size() == asked.size()) same_size = &a;
+      }
+      if (exact != nullptr) {
+        readmitted_since_restart_.insert(exact->id());
+        gone.push_back(exact->id());
+        why.push_back("re-admitted: the restarted kubelet allocated its own devices again");
+      } else if (same_size != nullptr) {
+        readmitted_since_restart_.insert(same_size->id());
+        inexact = true;
+        events_->Emit("readmitted_elsewhere",
+                      {{"resource", resource},
+                       {"allocation", same_size->id()},
+                       {"devices", std::vector<std::string>(c.begin(), c.end())}});
+      } else {
+        wanted.insert(c.begin(), c.end());  // checked below as any Allocate
+      }
+    }
+  }
+  const std::set<uint64_t> readmitted(gone.begin(), gone.end());
+  const std::optional<PodList> list = ListPods();
   for (const state::Allocation& a : holders) {
+    if (readmitted.count(a.id()) > 0) continue;
+    bool named = false;
+    for (const std::string& d : a.device_ids()) named |= wanted.count(d) > 0;
+    if (!named) continue;
     std::string w = HolderGone(a, list.has_value() ? &*list : nullptr, pod_of_uid, now);
     if (!w.empty()) {
       gone.push_back(a.id());
@@ -399,7 +485,7 @@ absl::Status Reconciler::CheckForgotten(const std::string& resource,
         ")"));
   }
   if (!gone.empty()) ReleaseForgotten(gone, why);
-  if (running.empty()) return absl::OkStatus();
+  if (running.empty()) return inexact;
   const std::string message = absl::StrCat(
       "device(s) ", absl::StrJoin(running, "; "), " of ", resource,
       " are still in use by a running container the kubelet lost track of (it restarted "

@@ -111,7 +111,27 @@ class Reconciler {
   // containers the kubelet forgot: asks pod-resources (once) whether each
   // holder is gone, releases those that are, and refuses (kFailedPrecondition,
   // naming the holder) if any still runs. Blocking; any thread.
-  absl::Status CheckForgotten(const std::string& resource, const std::vector<std::string>& ids);
+  //
+  // `readmission`: the kubelet may be re-admitting its running pods (before
+  // 1.25 it allocates again for a running container it forgot). Within the
+  // window after its start, a container request naming exactly the devices
+  // of one forgotten container is then that container's re-admission: the
+  // kubelet learns its devices again, and the forgotten record is released
+  // for the new one.
+  // A kubelet before 1.19 picks the devices itself, so a running
+  // container's re-admission may name another forgotten container's: as
+  // many such requests as there are forgotten containers of that size not
+  // yet re-admitted are allowed in the window (OK(true)), and the forgotten
+  // records keep holding what their containers use.
+  absl::StatusOr<bool> CheckForgotten(const std::string& resource,
+                                      const std::vector<std::vector<std::string>>& per_container,
+                                      bool readmission);
+  // For a kubelet that may be re-admitting (above), within the window
+  // after its start: the devices of the oldest forgotten container of
+  // `resource` with exactly `size` devices, all in `available`, not picked
+  // before in this start; empty if none.
+  std::vector<std::string> ReadmissionPick(const std::string& resource, int size,
+                                           const std::set<std::string>& available);
   // Holds released because their holder was gone when checked.
   int64_t forgotten_released() const { return forgotten_released_.load(); }
 
@@ -188,6 +208,8 @@ class Reconciler {
   absl::Mutex window_mu_;
   std::optional<FileId> window_kubelet_ ABSL_GUARDED_BY(window_mu_);
   std::set<uint64_t> named_since_restart_ ABSL_GUARDED_BY(window_mu_);
+  std::set<uint64_t> picked_since_restart_ ABSL_GUARDED_BY(window_mu_);
+  std::set<uint64_t> readmitted_since_restart_ ABSL_GUARDED_BY(window_mu_);
   std::atomic<int64_t> forgotten_released_{0};
 };
 

@@ -399,9 +399,11 @@ absl::Status StateKeeper::Record(const std::string& resource,
 }
 
 absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
-                                                const v1beta1::AllocateRequest& req) {
+                                                const v1beta1::AllocateRequest& req,
+                                                bool readmission) {
   if (handed_over_) return HandedOverError();
   if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
+  if (readmission) return absl::OkStatus();
   // A pod the kubelet lost track of may still hold these devices.
   for (const auto& c : req.container_requests()) {
     for (const std::string& id : c.devices_ids()) {
@@ -498,11 +500,11 @@ void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::Alloca
 
 AllocationJournal::Reservation StateKeeper::ReserveAsync(
     const std::string& resource, const v1beta1::AllocateRequest& req, const BackendSide& backend,
-    std::function<void(absl::Status)> durable) {
+    std::function<void(absl::Status)> durable, bool readmission) {
   Reservation r;
   Submit(
       [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        absl::Status refused = CheckRecordableLocked(resource, req);
+        absl::Status refused = CheckRecordableLocked(resource, req, readmission);
         if (!refused.ok()) return refused;
         me->records = NewRecordsLocked(resource, req, nullptr, backend);
         r.count = static_cast<int>(me->records.size());

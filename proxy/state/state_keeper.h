@@ -88,10 +88,14 @@ class AllocationJournal {
     uint64_t first_id = 0;  // the containers' allocations: ids first_id...
     int count = 0;          // ...first_id + count - 1
   };
+  // `readmission`: a restarted kubelet re-admitting a running container it
+  // forgot (before 1.25 it allocates again for one): the request may name
+  // devices of forgotten (quarantined) allocations, which keep holding them.
   virtual Reservation ReserveAsync(const std::string& resource,
                                    const v1beta1::AllocateRequest& req,
                                    const BackendSide& backend,
-                                   std::function<void(absl::Status)> durable) = 0;
+                                   std::function<void(absl::Status)> durable,
+                                   bool readmission = false) = 0;
   virtual void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
                            std::function<void(absl::Status)> done) = 0;
   virtual void Withdraw(const Reservation& r) = 0;
@@ -151,8 +155,8 @@ class StateKeeper : public AllocationJournal {
   // reservations, with no sync to wait for; the next synced batch syncs
   // them, or a thread of the keeper's after kAnswerSyncDelay.
   Reservation ReserveAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
-                           const BackendSide& backend,
-                           std::function<void(absl::Status)> durable) override;
+                           const BackendSide& backend, std::function<void(absl::Status)> durable,
+                           bool readmission = false) override;
   void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
                    std::function<void(absl::Status)> done) override;
   void Withdraw(const Reservation& r) override;
@@ -286,7 +290,8 @@ class StateKeeper : public AllocationJournal {
   // Why a Record of `req` may not be journaled (the journal is not open, a
   // device is quarantined), or OK.
   absl::Status CheckRecordableLocked(const std::string& resource,
-                                     const v1beta1::AllocateRequest& req)
+                                     const v1beta1::AllocateRequest& req,
+                                     bool readmission = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the queue, batch after batch, until it is empty or a saver wants
   // the journal; then frees it. The caller has set journal_busy_; mu_ not

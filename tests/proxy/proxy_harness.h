@@ -41,6 +41,8 @@ class ProxyHarness {
     config_.kubelet.backend_timeout = absl::Seconds(5);
     config_.state_dir = dir_.Sub("state");
     config_.dial_timeout = absl::Seconds(5);
+    // Tests of the window after a kubelet start set it themselves.
+    config_.reconcile_start_grace = absl::ZeroDuration();
     if (tweak) tweak(config_);
     proxy_ = std::make_unique<ProxyServer>(config_);
   }

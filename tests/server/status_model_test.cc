@@ -162,7 +162,7 @@ TEST(MetricsTest, FamiliesComeFromTheStatus) {
   EXPECT_THAT(text, HasSubstr(
       "dpproxy_kubelet_registered{resource=\"vendor.com/nic\",kubelet_api=\"\"} 0"));
   EXPECT_THAT(text, HasSubstr("dpproxy_device_list_bytes{resource=\"vendor.com/nic\"} 5242880"));
-  EXPECT_THAT(text, HasSubstr("dpproxy_quarantined_devices{resource=\"vendor.com/gpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_forgotten_devices{resource=\"vendor.com/gpu\"} 1"));
   EXPECT_THAT(text, HasSubstr(
       "dpproxy_lossy_translations_total{resource=\"vendor.com/gpu\",kind=\"topology\"} 3"));
   EXPECT_THAT(text, HasSubstr(

@@ -221,6 +221,11 @@ absl::StatusOr<bool> Resource::CheckForgotten(
   return hooks_.check_forgotten(per_container, readmission);
 }
 
+std::set<std::string> Resource::StillForgotten(const std::vector<std::string>& ids) {
+  if (!hooks_.still_forgotten) return {ids.begin(), ids.end()};
+  return hooks_.still_forgotten(ids);
+}
+
 std::vector<std::string> Resource::ReadmissionPick(int size,
                                                    const std::set<std::string>& available) {
   return hooks_.readmission_pick ? hooks_.readmission_pick(size, available)

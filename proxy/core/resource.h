@@ -56,6 +56,9 @@ struct ResourceHooks {
   std::function<absl::StatusOr<bool>(
       const std::vector<std::vector<std::string>>& per_container, bool readmission)>
       check_forgotten;
+  // Of these kubelet IDs of forgotten devices, those whose holders may
+  // still run (holders found gone are released). Blocking. Unset: all.
+  std::function<std::set<std::string>(const std::vector<std::string>& ids)> still_forgotten;
   // Right after a kubelet start, for a kubelet that may allocate again for
   // its running containers: the devices of the oldest forgotten container
   // of exactly `size` devices, all in `available`, not picked before in
@@ -176,6 +179,8 @@ class Resource {
   // ResourceHooks::check_forgotten, or OK without one. Blocking.
   absl::StatusOr<bool> CheckForgotten(
       const std::vector<std::vector<std::string>>& per_container, bool readmission);
+  // ResourceHooks::still_forgotten, or all of `ids` without one.
+  std::set<std::string> StillForgotten(const std::vector<std::string>& ids);
   // ResourceHooks::readmission_pick, or empty without one.
   std::vector<std::string> ReadmissionPick(int size, const std::set<std::string>& available);
 

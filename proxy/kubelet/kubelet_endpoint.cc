@@ -510,6 +510,47 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   AllocationJournal::Reservation reservation_;
 };
 
+// --- GetPreferredAllocation -------------------------------------------------------
+
+// Answers a GetPreferredAllocation from `picks` (the backend's, per
+// container; empty if it has none) steering around `held` (preferred.h).
+// If the answer must name held devices, their holders are checked first,
+// once, on a thread of its own (it asks pod-resources): one gone since
+// (its pod deleted a moment ago) frees its devices for this answer.
+void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationRequest* req,
+                     v1beta1::PreferredAllocationResponse* resp,
+                     grpc::ServerUnaryReactor* reactor, std::shared_ptr<KubeletCall> call,
+                     std::vector<std::vector<std::string>> picks,
+                     std::shared_ptr<const Resource::Forgotten> held, bool refreshed) {
+  std::vector<PreferredChoice> choices;
+  std::vector<std::string> named;
+  for (int i = 0; i < req->container_requests_size(); ++i) {
+    choices.push_back(ChoosePreferred(req->container_requests(i), picks[i], *held));
+    for (const std::string& id : choices.back().ids) {
+      if (held->count(id) > 0) named.push_back(id);
+    }
+  }
+  if (!named.empty() && !refreshed) {
+    std::thread([e, req, resp, reactor, call = std::move(call), picks = std::move(picks),
+                 held = std::move(held), named = std::move(named)]() mutable {
+      const std::set<std::string> still = e->resource()->StillForgotten(named);
+      auto fresh = std::make_shared<Resource::Forgotten>(*held);
+      for (const std::string& id : named) {
+        if (still.count(id) == 0) fresh->erase(id);
+      }
+      FinishPreferred(e, req, resp, reactor, std::move(call), std::move(picks),
+                      std::move(fresh), /*refreshed=*/true);
+    }).detach();
+    return;  // the call is not finished before the thread answers: req, resp live
+  }
+  for (PreferredChoice& choice : choices) {
+    e->NoteSteering(choice);
+    auto* out = resp->add_container_responses();
+    for (std::string& id : choice.ids) out->add_deviceids(std::move(id));
+  }
+  reactor->Finish(call->Done(grpc::Status::OK));
+}
+
 // --- Services ---------------------------------------------------------------------
 
 class KubeletEndpoint::Services {
@@ -582,13 +623,9 @@ class KubeletEndpoint::Services {
         }
       }
       if (!res->backend_offers_preferred()) {
-        for (const auto& c : req->container_requests()) {
-          PreferredChoice choice = ChoosePreferred(c, {}, *held);
-          e->NoteSteering(choice);
-          auto* out = resp->add_container_responses();
-          for (std::string& id : choice.ids) out->add_deviceids(std::move(id));
-        }
-        reactor->Finish(call->Done(grpc::Status::OK));
+        FinishPreferred(e, req, resp, reactor, call,
+                        std::vector<std::vector<std::string>>(req->container_requests_size()),
+                        std::move(held), /*refreshed=*/false);
         return reactor;
       }
       WithBackend(e, ctx, [e, ctx, req, resp, reactor, call,
@@ -628,22 +665,19 @@ class KubeletEndpoint::Services {
               for (auto& c : *resp->mutable_container_responses()) {
                 for (auto& id : *c.mutable_deviceids()) id = e->resource()->ToKubeletId(id);
               }
-              if (!held->empty()) {
-                // Exactly the size asked, held devices last: the kubelet
-                // would top a short answer up from any of them.
-                for (int i = 0; i < req->container_requests_size(); ++i) {
-                  if (i >= resp->container_responses_size()) resp->add_container_responses();
-                  auto* out = resp->mutable_container_responses(i);
-                  std::vector<std::string> picks(out->deviceids().begin(),
-                                                 out->deviceids().end());
-                  PreferredChoice choice =
-                      ChoosePreferred(req->container_requests(i), picks, *held);
-                  e->NoteSteering(choice);
-                  out->clear_deviceids();
-                  for (std::string& id : choice.ids) out->add_deviceids(std::move(id));
-                }
+              if (held->empty()) return reactor->Finish(call->Done(grpc::Status::OK));
+              // Exactly the size asked, held devices last: the kubelet
+              // would top a short answer up from any of them.
+              std::vector<std::vector<std::string>> picks(req->container_requests_size());
+              for (int i = 0; i < req->container_requests_size() &&
+                              i < resp->container_responses_size();
+                   ++i) {
+                picks[i].assign(resp->container_responses(i).deviceids().begin(),
+                                resp->container_responses(i).deviceids().end());
               }
-              reactor->Finish(call->Done(grpc::Status::OK));
+              resp->Clear();
+              FinishPreferred(e, req, resp, reactor, call, std::move(picks), held,
+                              /*refreshed=*/false);
             });
       });
       return reactor;

@@ -287,6 +287,9 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
                                 bool readmission) {
       return reconciler->CheckForgotten(name, per_container, readmission);
     };
+    hooks.still_forgotten = [reconciler, name](const std::vector<std::string>& ids) {
+      return reconciler->StillForgotten(name, ids);
+    };
     hooks.readmission_pick = [reconciler, name](int size, const std::set<std::string>& available) {
       return reconciler->ReadmissionPick(name, size, available);
     };

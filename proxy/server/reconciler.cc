@@ -354,6 +354,44 @@ void Reconciler::ReleaseForgotten(const std::vector<uint64_t>& ids,
   changed_();
 }
 
+std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
+                                                 const std::vector<std::string>& ids) {
+  const std::set<std::string> wanted(ids.begin(), ids.end());
+  std::vector<state::Allocation> holders;
+  std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
+  keeper_->ForEachAllocation([&](const state::Allocation& a) {
+    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
+      pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
+    }
+    if (!a.quarantined() || a.resource() != resource) return;
+    for (const std::string& d : a.device_ids()) {
+      if (wanted.count(d) > 0) {
+        holders.push_back(a);
+        return;
+      }
+    }
+  });
+  std::set<std::string> still;
+  if (holders.empty()) return still;
+  const std::optional<PodList> list = ListPods();
+  const absl::Time now = absl::Now();
+  std::vector<uint64_t> gone;
+  std::vector<std::string> why;
+  for (const state::Allocation& a : holders) {
+    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr, pod_of_uid, now);
+    if (!w.empty()) {
+      gone.push_back(a.id());
+      why.push_back(std::move(w));
+      continue;
+    }
+    for (const std::string& d : a.device_ids()) {
+      if (wanted.count(d) > 0) still.insert(d);
+    }
+  }
+  if (!gone.empty()) ReleaseForgotten(gone, why);
+  return still;
+}
+
 std::vector<std::string> Reconciler::ReadmissionPick(const std::string& resource, int size,
                                                      const std::set<std::string>& available) {
   if (size <= 0 || !InRestartWindow(absl::Now())) return {};

@@ -130,6 +130,11 @@ class Reconciler {
   // after its start: the devices of the oldest forgotten container of
   // `resource` with exactly `size` devices, all in `available`, not picked
   // before in this start; empty if none.
+  // Of `ids` (kubelet IDs of `resource`), those still held by forgotten
+  // containers that may run; holders found gone are released first (one
+  // pod-resources List). Blocking; any thread.
+  std::set<std::string> StillForgotten(const std::string& resource,
+                                       const std::vector<std::string>& ids);
   std::vector<std::string> ReadmissionPick(const std::string& resource, int size,
                                            const std::set<std::string>& available);
   // Holds released because their holder was gone when checked.

@@ -1,0 +1,227 @@
+// A kubelet that restarts without its checkpoint forgets the devices of
+// the containers that keep running (protocol-facts §4.2, §10): it counts
+// them free, and it re-admits its running pods against allocatable. These
+// tests play that on the simulated kubelet of several releases, with real
+// processes on real sockets, and judge dpproxy by what the pods see: no
+// running pod denied or killed, no device used by two running containers
+// (the container runtime's view, sim::DeviceState::used_by), no new pod
+// failed by a hold whose holder is gone.
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/proxy/proxy_harness.h"
+#include "tests/testing/sim_helpers.h"
+
+namespace dpproxy {
+namespace {
+
+using sim::Personality;
+using testing::kWait;
+using testing::ProxyHarness;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kGpu[] = "vendor.com/gpu";
+
+sim::AllocateRequest Pod(const std::string& name,
+                         const std::vector<std::pair<std::string, int>>& containers) {
+  return testing::PodRequest(name, containers, kGpu);
+}
+
+// Devices the container runtime has given to more than one running
+// container: "gpu-1: default/a/main, default/c/main".
+std::vector<std::string> UsedTwice(const sim::State& st) {
+  std::vector<std::string> out;
+  for (const auto& r : st.resources()) {
+    for (const auto& d : r.devices()) {
+      if (d.used_by_size() > 1) {
+        out.push_back(absl::StrCat(d.id(), ": ", absl::StrJoin(d.used_by(), ", ")));
+      }
+    }
+  }
+  return out;
+}
+
+// Pods the kubelet has failed or denied, with why.
+std::vector<std::string> FailedPods(const sim::State& st) {
+  std::vector<std::string> out;
+  for (const auto& p : st.pods()) {
+    if (p.phase() != "Running") out.push_back(absl::StrCat(p.name(), ": ", p.message()));
+  }
+  return out;
+}
+
+// The kubelet stops, its checkpoint is deleted, it starts again; the
+// running containers go on with their devices.
+void LoseCheckpoint(sim::KubeletSim& sim) {
+  sim.Stop();
+  ASSERT_EQ(::unlink(sim.checkpoint_path().c_str()), 0);
+  ASSERT_TRUE(sim.Start().ok());
+}
+
+struct Release {
+  const char* kubelet;
+  // Serves pod-resources v1 (1.20+; the reconciler reads v1 only).
+  bool pod_resources;
+  // Re-admission allocates again for running containers (before 1.25).
+  bool reallocates;
+};
+
+class ForgottenTest : public ::testing::TestWithParam<Release> {
+ protected:
+  std::unique_ptr<ProxyHarness> Harness(std::function<void(ProxyConfig&)> tweak = nullptr) {
+    const Release r = GetParam();
+    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(r.kubelet);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return std::make_unique<ProxyHarness>(
+        v->personality, false,
+        [tweak](ProxyConfig& c) {
+          c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
+          c.reconcile_grace = absl::Hours(1);
+          c.reconcile_start_grace = absl::Seconds(10);  // the default
+          if (tweak) tweak(c);
+        },
+        [&](sim::KubeletSimOptions& o) {
+          o.kubelet = *v;
+          o.pod_resources = r.pod_resources;
+        });
+  }
+
+  // dpproxy learns who holds what, from whatever the release offers.
+  void Learn(ProxyHarness& h) {
+    if (GetParam().pod_resources) {
+      ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+    }
+    ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  }
+};
+
+// Two running pods hold 3 of 4 devices; the kubelet restarts without its
+// checkpoint. Every running pod is kept, the free device goes to the next
+// pod, a pod beyond that is refused rather than given a running pod's
+// device, and once a holder is deleted its devices go to the next pod at
+// once.
+TEST_P(ForgottenTest, NoRunningPodKilledAndNoDeviceUsedTwice) {
+  std::unique_ptr<ProxyHarness> h = Harness();
+  ASSERT_TRUE(h->sim().Start().ok());
+  ASSERT_TRUE(h->proxy().Start().ok());
+  ASSERT_NE(h->StartPlugin(h->PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h->sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h->sim().Allocate(Pod("a", {{"main", 2}}));
+  absl::StatusOr<sim::AllocateResponse> b = h->sim().Allocate(Pod("b", {{"main", 1}}));
+  ASSERT_TRUE(a.ok() && b.ok());
+  Learn(*h);
+
+  const size_t from = h->proxy().events().Size(), sim_from = h->sim().events().Size();
+  LoseCheckpoint(h->sim());
+  ASSERT_TRUE(h->proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                               from));
+  ASSERT_TRUE(h->sim().WaitForPodsSynced(kWait));
+  sim::State st = h->sim().GetState();
+  EXPECT_THAT(FailedPods(st), IsEmpty()) << "running pods were denied at re-admission";
+  EXPECT_FALSE(h->sim().events().WaitForEvent("readmission_denied", {}, absl::ZeroDuration(),
+                                              sim_from));
+  for (const auto& d : testing::FindResource(st, kGpu)->devices()) {
+    EXPECT_EQ(d.health(), "Healthy") << d.id();
+  }
+  EXPECT_THAT(UsedTwice(st), IsEmpty());
+
+  // The free device goes to the next pod.
+  absl::StatusOr<sim::AllocateResponse> c = h->sim().Allocate(Pod("c", {{"main", 1}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(UsedTwice(h->sim().GetState()), IsEmpty());
+  // None is left: a pod beyond that fails instead of sharing.
+  absl::StatusOr<sim::AllocateResponse> d = h->sim().Allocate(Pod("d", {{"main", 1}}));
+  EXPECT_FALSE(d.ok());
+  if (!GetParam().reallocates) {
+    // The kubelet counted the running pods' devices free: dpproxy refused,
+    // naming the holder.
+    EXPECT_THAT(d.status().message(), HasSubstr("still in use by a running container"));
+    EXPECT_THAT(d.status().message(), HasSubstr("pod default/"));
+  }
+  EXPECT_THAT(UsedTwice(h->sim().GetState()), IsEmpty());
+  EXPECT_THAT(FailedPods(h->sim().GetState()), ::testing::ElementsAre(HasSubstr("d: ")));
+
+  // A holder is deleted; the next pod is admitted at once on its devices.
+  ASSERT_TRUE(h->sim().DeletePod(a->pod_uid()).ok());
+  absl::StatusOr<sim::AllocateResponse> e = h->sim().Allocate(Pod("e", {{"main", 2}}));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_THAT(UsedTwice(h->sim().GetState()), IsEmpty());
+  EXPECT_THAT(FailedPods(h->sim().GetState()), ::testing::ElementsAre(HasSubstr("d: ")));
+}
+
+// What the simulated kubelet does without dpproxy, as a real one does
+// (protocol-facts §10): a plugin registered directly keeps every running
+// pod after the checkpoint loss, but the next pod is given a device a
+// running pod still uses.
+TEST(KubeletSimTest, ADirectPluginHandsARunningPodsDeviceOutAfterACheckpointLoss) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(h.sim().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.kubelet_socket = h.sim().kubelet_socket();
+  o.devices = 2;
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"main", 1}})).ok());
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));  // the plugin registered again
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"main", 1}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("c", {{"main", 1}})).ok());  // 2 devices, 3 pods
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), ::testing::SizeIs(1));
+}
+
+// And a plugin that reports a running pod's device Unhealthy when the
+// kubelet re-admits its pods gets that pod denied and killed.
+TEST(KubeletSimTest, UnhealthyDevicesOfRunningPodsGetThemKilledAtReadmission) {
+  // Time for the plugin to say so before the kubelet re-admits.
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr,
+                 [](sim::KubeletSimOptions& o) { o.readmit_delay = absl::Seconds(3); });
+  ASSERT_TRUE(h.sim().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.kubelet_socket = h.sim().kubelet_socket();
+  o.devices = 2;
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 2}}));
+  ASSERT_TRUE(a.ok());
+  const size_t from = h.sim().events().Size();
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));
+  ASSERT_TRUE(plugin->SetHealth(a->allocations(0).device_ids(0), "Unhealthy").ok());
+  ASSERT_TRUE(h.WaitFor([&] {
+    const sim::State st = h.sim().GetState();
+    return testing::FindResource(st, kGpu)->allocatable() == 1;
+  }));
+  ASSERT_FALSE(h.sim().GetState().pods_synced()) << "re-admitted before the plugin spoke";
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_TRUE(h.sim().events().WaitForEvent("readmission_denied", {{"pod", "a"}}, kWait, from));
+  EXPECT_THAT(FailedPods(h.sim().GetState()),
+              ::testing::ElementsAre(HasSubstr("Node didn't have enough resource: vendor.com/gpu, "
+                                               "requested: 2, used: 0, capacity: 1")));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Releases, ForgottenTest,
+    ::testing::Values(Release{"1.36", true, false}, Release{"1.26", true, false},
+                      Release{"1.24", true, true}, Release{"1.18", false, true},
+                      Release{"1.9", false, true}),
+    [](const ::testing::TestParamInfo<Release>& info) {
+      std::string name = absl::StrCat("k", info.param.kubelet);
+      for (char& ch : name) {
+        if (ch == '.') ch = '_';
+      }
+      return name;
+    });
+
+}  // namespace
+}  // namespace dpproxy

@@ -573,8 +573,10 @@ CellResult PluginRestart(Cell& c) {
 // A kubelet that starts without its checkpoint (deleted, corrupt, or
 // written by a release it cannot read: protocol-facts §4.1, 4.2) forgets
 // which devices its running pods hold and offers them to new pods
-// (kubernetes#102880, #116125). The cell passes when a device held by a
-// running pod is not handed to a new one.
+// (kubernetes#102880, #116125), while it re-admits the running pods
+// against allocatable. The cell passes when the running pod survives
+// re-admission, the free devices go to new pods, and the device it holds
+// goes to none.
 CellResult CheckpointLost(Cell& c) {
   if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("checkpoint-lost", *p);
   Problem problem;
@@ -599,46 +601,70 @@ CellResult CheckpointLost(Cell& c) {
     blocked.summary = absl::StrCat("not reached: after the kubelet restarted, ", p->summary);
     return blocked;
   }
-  // Whoever protects the device (the plugin, or dpproxy in front of it)
-  // learns of the loss from the kubelet's new checkpoint, written at its
-  // first device-list update: the device must turn Unhealthy within the
-  // timeout, or a pod asking for every allocatable device gets it.
-  auto held_healthy = [&] {
-    for (const sim::DeviceState& d : c.Devices(c.resource())) {
-      if (d.id() == held) return d.health() == "Healthy";
-    }
-    return false;
-  };
-  const absl::Time deadline = absl::Now() + std::min(c.options().timeout, absl::Seconds(5));
-  for (;;) {
-    const size_t seen = c.events().Size();  // before the look: no update missed
-    if (!held_healthy() || absl::Now() >= deadline) break;
-    c.events().WaitForEvent("devices", {{"resource", c.resource()}}, deadline - absl::Now(),
-                            seen);
+  // The kubelet re-admits its running pods about a second after it starts,
+  // against allocatable: a held device reported Unhealthy then gets the
+  // running pod denied and killed (protocol-facts §10).
+  if (!c.kubelet().WaitForPodsSynced(c.options().timeout)) {
+    return Fail("the kubelet did not re-admit its pods within the timeout", "", "", "");
+  }
+  const sim::State synced = c.kubelet().GetState();
+  for (const sim::PodState& p : synced.pods()) {
+    if (p.name() != "running" || p.phase() == "Running") continue;
+    return Fail(absl::StrCat("the running pod was denied when the kubelet re-admitted it: ",
+                             p.message()),
+                absl::StrCat("reported ", held,
+                             " Unhealthy (or no devices) while the kubelet re-admitted its "
+                             "running pods"),
+                "a restarted kubelet re-admits every running pod against allocatable "
+                "(healthy devices); a held device must keep its health",
+                "running pods killed after a kubelet restart");
   }
   int healthy = 0;
   for (const sim::DeviceState& d : c.Devices(c.resource())) healthy += d.health() == "Healthy";
-  if (healthy == 0) {
-    return Pass(absl::StrCat("the running pod's ", held,
-                             " was kept from new pods (no device left to give)"));
+  const std::string handed_out_twice =
+      "nothing: a kubelet that cannot read its checkpoint (deleted, corrupt, or from a release "
+      "it cannot read) forgets its running pods' devices and offers them again; only the "
+      "plugin side can keep new pods off them (steer GetPreferredAllocation away, refuse an "
+      "Allocate of a held device), as dpproxy with a state directory does";
+  const std::string users = "two pods on one device after a kubelet restart or upgrade: wrong "
+                            "results, out-of-memory errors, or data of one pod seen by another";
+  auto gets_held = [&](const sim::AllocateResponse& r) {
+    for (const auto& a : r.allocations()) {
+      for (const std::string& id : a.device_ids()) {
+        if (id == held) return true;
+      }
+    }
+    return false;
+  };
+  // Every other device can go to new pods, and none of them is the held one.
+  if (healthy > 1) {
+    absl::StatusOr<sim::AllocateResponse> next =
+        Admit(c, "next", {{c.resource(), healthy - 1}}, &problem);
+    if (!next.ok()) {
+      return Fail(absl::StrCat("a new pod asking for the ", healthy - 1,
+                               " free device(s) was refused: ", problem.summary),
+                  problem.plugin_did, "the free devices go to new pods",
+                  "pods failing on a node with room");
+    }
+    if (gets_held(*next)) {
+      return Fail(absl::StrCat("device ", held, " was handed to a new pod while a running pod "
+                               "holds it (", healthy - 1, " other device(s) were free)"),
+                  absl::StrCat("left ", held, " to the kubelet's choice"), handed_out_twice,
+                  users);
+    }
   }
-  absl::StatusOr<sim::AllocateResponse> next =
-      Admit(c, "next", {{c.resource(), healthy}}, &problem);
-  if (!next.ok()) return FromProblem("checkpoint-lost", problem);
-  for (const std::string& id : next->allocations(0).device_ids()) {
-    if (id != held) continue;
-    return Fail(
-        absl::StrCat("device ", held, " was handed to a new pod while a running pod holds it"),
-        absl::StrCat("kept reporting ", held,
-                     " Healthy after the kubelet restarted without its checkpoint"),
-        "nothing: a kubelet that cannot read its checkpoint (deleted, corrupt, or from a "
-        "release it cannot read) forgets its running pods' devices and offers them again; "
-        "only the plugin side can keep them away (report them Unhealthy until those pods "
-        "end), as dpproxy with a state directory does",
-        "two pods on one device after a kubelet restart or upgrade: wrong results, "
-        "out-of-memory errors, or data of one pod seen by another");
+  // One more: only the held device is left.
+  absl::StatusOr<sim::AllocateResponse> more = Admit(c, "more", {{c.resource(), 1}}, &problem);
+  if (more.ok() && gets_held(*more)) {
+    return Fail(absl::StrCat("device ", held, " was handed to a new pod while a running pod "
+                             "holds it"),
+                absl::StrCat("answered an Allocate of ", held,
+                             " after the kubelet restarted without its checkpoint"),
+                handed_out_twice, users);
   }
-  return Pass(absl::StrCat("the running pod's ", held, " was kept from new pods"));
+  return Pass(absl::StrCat("the running pod kept ", held, " and its place; ",
+                           healthy > 1 ? "the other devices went to new pods, " : "",
+                           "no new pod got ", held));
 }
 
 // A DaemonSet rolling update with maxSurge: the new instance registers
@@ -837,11 +863,12 @@ const std::vector<ScenarioEntry>& Entries() {
         "With a pod running, the plugin is stopped (SIGTERM) and started again: it registers "
         "again, the pod's device keeps its ID, the pod is re-admitted and new pods are too."},
        PluginRestart},
-      {{"checkpoint-lost", "a kubelet without its checkpoint hands out no device twice",
+      {{"checkpoint-lost", "a kubelet without its checkpoint kills no running pod and hands out no device twice",
         "Opt-in (name it in --scenarios). With a pod running, the kubelet restarts without its "
         "checkpoint, as after a deletion, corruption or an upgrade across checkpoint layouts "
-        "(1.19 to 1.20-1.21 or 1.31+): the kubelet forgets the pod's device, so the plugin "
-        "side must report it Unhealthy (within 5 s) before a new pod takes it.",
+        "(1.19 to 1.20-1.21 or 1.31+): the kubelet forgets the pod's device and counts it "
+        "free. The running pod must survive re-admission (the device keeps its health), the "
+        "other devices must go to new pods, and no new pod may get the held one.",
         true},
        CheckpointLost},
       {{"rolling-update", "survives a rolling update with surge",

@@ -395,23 +395,25 @@ std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
 std::vector<std::string> Reconciler::ReadmissionPick(const std::string& resource, int size,
                                                      const std::set<std::string>& available) {
   if (size <= 0 || !InRestartWindow(absl::Now())) return {};
-  std::vector<std::pair<uint64_t, std::vector<std::string>>> candidates;
+  // Re-admission goes in creation order: the oldest forgotten container
+  // not picked yet is the one being re-admitted.
+  std::vector<std::pair<uint64_t, std::vector<std::string>>> forgotten;
   keeper_->ForEachAllocation([&](const state::Allocation& a) {
-    if (!a.quarantined() || a.resource() != resource || a.device_ids_size() != size) return;
-    for (const std::string& d : a.device_ids()) {
-      if (available.count(d) == 0) return;
-    }
-    candidates.push_back({a.id(), {a.device_ids().begin(), a.device_ids().end()}});
+    if (!a.quarantined() || a.resource() != resource) return;
+    forgotten.push_back({a.id(), {a.device_ids().begin(), a.device_ids().end()}});
   });
-  std::sort(candidates.begin(), candidates.end());
+  std::sort(forgotten.begin(), forgotten.end());
   absl::MutexLock lock(&window_mu_);
-  for (auto& [id, devices] : candidates) {
-    if (picked_since_restart_.insert(id).second) {
-      events_->Emit("readmission_steered", {{"resource", resource},
-                                            {"allocation", id},
-                                            {"devices", devices}});
-      return devices;
+  for (auto& [id, devices] : forgotten) {
+    if (picked_since_restart_.count(id) > 0) continue;
+    if (static_cast<int>(devices.size()) != size) return {};
+    for (const std::string& d : devices) {
+      if (available.count(d) == 0) return {};
     }
+    picked_since_restart_.insert(id);
+    events_->Emit("readmission_steered",
+                  {{"resource", resource}, {"allocation", id}, {"devices", devices}});
+    return devices;
   }
   return {};
 }
@@ -450,11 +452,12 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
   std::vector<std::string> why, running;
   bool inexact = false;
   if (readmission && InRestartWindow(now)) {
-    // A kubelet re-admitting running containers it forgot: with exactly a
-    // container's own devices it knows them again (that record goes, the
-    // new one takes its place); with others, within the count of forgotten
-    // containers of that size not yet re-admitted, it is a re-admission too
-    // (the records stay: they hold what the containers use).
+    // A kubelet re-admitting running containers it forgot, oldest first:
+    // a request of the size of the oldest one not yet re-admitted is its
+    // re-admission. With exactly its own devices the kubelet knows them
+    // again (that record goes, the new one takes its place); with others
+    // (a kubelet before 1.19 picks them itself) the records stay, since
+    // they hold what the containers use, and the new one is kept beside.
     std::vector<state::Allocation> everyone;
     keeper_->ForEachAllocation([&](const state::Allocation& a) {
       if (a.quarantined() && a.resource() == resource) everyone.push_back(a);
@@ -468,27 +471,30 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
       bool names_forgotten = false;
       for (const std::string& d : asked) names_forgotten |= forgotten_devices.count(d) > 0;
       if (!names_forgotten) continue;
-      const state::Allocation* exact = nullptr;
-      const state::Allocation* same_size = nullptr;
+      // The kubelet re-admits pods in creation order: this is the oldest
+      // forgotten container not yet re-admitted, if it asks for as many.
+      const state::Allocation* next = nullptr;
       for (const state::Allocation& a : everyone) {
-        if (readmitted_since_restart_.count(a.id()) > 0) continue;
-        const std::set<std::string> own(a.device_ids().begin(), a.device_ids().end());
-        if (own == asked) {
-          exact = &a;
+        if (readmitted_since_restart_.count(a.id()) == 0) {
+          next = &a;
           break;
         }
-        if (same_size == nullptr && own.size() == asked.size()) same_size = &a;
       }
-      if (exact != nullptr) {
-        readmitted_since_restart_.insert(exact->id());
-        gone.push_back(exact->id());
+      const bool same_size = next != nullptr && static_cast<size_t>(next->device_ids_size()) ==
+                                                    asked.size();
+      const bool exact =
+          same_size && std::set<std::string>(next->device_ids().begin(),
+                                             next->device_ids().end()) == asked;
+      if (exact) {
+        readmitted_since_restart_.insert(next->id());
+        gone.push_back(next->id());
         why.push_back("re-admitted: the restarted kubelet allocated its own devices again");
-      } else if (same_size != nullptr) {
-        readmitted_since_restart_.insert(same_size->id());
+      } else if (same_size) {
+        readmitted_since_restart_.insert(next->id());
         inexact = true;
         events_->Emit("readmitted_elsewhere",
                       {{"resource", resource},
-                       {"allocation", same_size->id()},
+                       {"allocation", next->id()},
                        {"devices", std::vector<std::string>(c.begin(), c.end())}});
       } else {
         wanted.insert(c.begin(), c.end());  // checked below as any Allocate

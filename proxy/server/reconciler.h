@@ -118,23 +118,24 @@ class Reconciler {
   // of one forgotten container is then that container's re-admission: the
   // kubelet learns its devices again, and the forgotten record is released
   // for the new one.
-  // A kubelet before 1.19 picks the devices itself, so a running
-  // container's re-admission may name another forgotten container's: as
-  // many such requests as there are forgotten containers of that size not
-  // yet re-admitted are allowed in the window (OK(true)), and the forgotten
-  // records keep holding what their containers use.
+  // The kubelet re-admits in creation order, so a request naming forgotten
+  // devices is taken as the re-admission of the oldest forgotten container
+  // not yet re-admitted when it asks for as many devices. A kubelet before
+  // 1.19 picks them itself and may name another container's: allowed too
+  // (OK(true)), and the forgotten records keep holding what their
+  // containers use.
   absl::StatusOr<bool> CheckForgotten(const std::string& resource,
                                       const std::vector<std::vector<std::string>>& per_container,
                                       bool readmission);
-  // For a kubelet that may be re-admitting (above), within the window
-  // after its start: the devices of the oldest forgotten container of
-  // `resource` with exactly `size` devices, all in `available`, not picked
-  // before in this start; empty if none.
   // Of `ids` (kubelet IDs of `resource`), those still held by forgotten
   // containers that may run; holders found gone are released first (one
   // pod-resources List). Blocking; any thread.
   std::set<std::string> StillForgotten(const std::string& resource,
                                        const std::vector<std::string>& ids);
+  // For a kubelet that may be re-admitting (above), within the window
+  // after its start: the devices of the oldest forgotten container of
+  // `resource` not picked before in this start, if it has exactly `size`
+  // devices, all in `available`; empty otherwise.
   std::vector<std::string> ReadmissionPick(const std::string& resource, int size,
                                            const std::set<std::string>& available);
   // Holds released because their holder was gone when checked.

@@ -213,14 +213,15 @@ else
 fi
 expect_contains "glog line names both versions" "$(cat "$R2/proxy.log")" "registered with the kubelet as v1beta1 (backend v1alpha2"
 # The kubelet comes back without its checkpoint while the pod runs: the
-# pod's devices are quarantined, and dpproxy status says which pod holds them.
+# pod's devices are held as forgotten by the kubelet, and dpproxy status says
+# which pod holds them.
 kill -TERM "$SIM2"; wait "$SIM2" 2>/dev/null
 rm -f "$R2/k/device-plugins/kubelet_internal_checkpoint"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
 SIM2=$!; PIDS+=($SIM2)
-wait_until "status file shows a quarantine" 200 grep -q '"reason"' "$R2/status.json"
+wait_until "status file shows a forgotten hold" 200 grep -q '"reason"' "$R2/status.json"
 expect_exit "dpproxy status after a lost checkpoint" 0 "$PROXY" status --status_file="$R2/status.json"
-expect_contains "status lists the quarantine" "$LAST_OUT" "QUARANTINED"
+expect_contains "status lists the forgotten hold" "$LAST_OUT" "FORGOTTEN BY THE KUBELET"
 expect_contains "status names the devices' holder" "$LAST_OUT" "vendor.com/gpu dev-0,dev-1 held by"
 expect_contains "status says why" "$LAST_OUT" "checkpoint"
 kill -TERM "$PROXY_PID"; wait "$PROXY_PID"; rc=$?

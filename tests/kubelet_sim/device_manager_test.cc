@@ -309,5 +309,96 @@ TEST_F(DeviceManagerTest, StateViewShowsHolders) {
   EXPECT_EQ(st.resources(0).devices(0).allocated_to(), "");
 }
 
+// A restarted kubelet re-admits running pods in creation order against
+// allocatable (healthy devices) minus the pods admitted before: with g2
+// Unhealthy, 2 are allocatable; the oldest pod (2) fits, the next (1) is
+// denied with the kubelet's message, and its containers no longer run.
+TEST_F(DeviceManagerTest, RefitDeniesRunningPodsBeyondAllocatableInCreationOrder) {
+  for (const auto& [uid, count] : std::vector<std::pair<std::string, int>>{{"old", 2}, {"new", 1}}) {
+    PodState p;
+    p.set_uid(uid);
+    p.set_name("pod-" + uid);
+    p.set_namespace_("default");
+    p.set_phase("Running");
+    ContainerRequest* c = p.add_containers();
+    c->set_name("main");
+    c->set_resource("vendor.com/gpu");
+    c->set_count(count);
+    RuntimeDevices* r = p.add_running();
+    r->set_container("main");
+    r->set_resource("vendor.com/gpu");
+    r->add_device_ids(uid == "old" ? "g0" : "g2");
+    m_.AddPod(p);
+  }
+  // The checkpoint was lost: no allocation is recorded for either.
+  std::vector<DeviceManager::RefitResult> results = m_.RefitRunningPods();
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].pod_uid, "old");
+  EXPECT_TRUE(results[0].admitted);
+  ASSERT_EQ(results[0].forgotten.size(), 1u);  // it holds no devices in the records
+  EXPECT_EQ(results[1].pod_uid, "new");
+  EXPECT_FALSE(results[1].admitted);
+  EXPECT_EQ(results[1].reason, "OutOfvendor.com/gpu");
+  EXPECT_EQ(results[1].message,
+            "Node didn't have enough resource: vendor.com/gpu, requested: 1, used: 2, "
+            "capacity: 2");
+  EXPECT_EQ(m_.pods().at("new").phase(), "Failed");
+  EXPECT_THAT(m_.pods().at("new").running(), IsEmpty());
+  EXPECT_EQ(m_.pods().at("old").running_size(), 1);
+}
+
+// A pod the kubelet still holds devices for is admitted even when its
+// devices are Unhealthy: allocatable is raised to what it holds.
+TEST_F(DeviceManagerTest, RefitKeepsAPodWhoseDevicesTheKubeletHolds) {
+  PodState p;
+  p.set_uid("u");
+  p.set_name("pod-u");
+  p.set_namespace_("default");
+  p.set_phase("Running");
+  ContainerRequest* c = p.add_containers();
+  c->set_name("main");
+  c->set_resource("vendor.com/gpu");
+  c->set_count(3);
+  m_.AddPod(p);
+  m_.AddAllocation(Alloc("u", "main", "vendor.com/gpu", {"g0", "g1", "g2"}));
+  std::vector<DeviceManager::RefitResult> results = m_.RefitRunningPods();
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_TRUE(results[0].admitted) << results[0].message;
+  EXPECT_THAT(results[0].forgotten, IsEmpty());
+}
+
+// The pod spec and the runtime's devices survive the pods file.
+TEST_F(DeviceManagerTest, PodsFileKeepsSpecOrderAndRuntimeDevices) {
+  PodState p;
+  p.set_uid("u");
+  p.set_name("pod-u");
+  p.set_phase("Running");
+  ContainerRequest* c = p.add_containers();
+  c->set_name("main");
+  c->set_resource("vendor.com/gpu");
+  c->set_count(1);
+  RuntimeDevices* r = p.add_running();
+  r->set_container("main");
+  r->set_resource("vendor.com/gpu");
+  r->add_device_ids("g1");
+  m_.AddPod(p);
+  const std::string pods = m_.PodsJson();
+  DeviceManager back;
+  ASSERT_TRUE(back.Restore("", pods, kT0, 31).ok());
+  const PodState& q = back.pods().at("u");
+  EXPECT_EQ(q.created(), 1);
+  ASSERT_EQ(q.containers_size(), 1);
+  EXPECT_EQ(q.containers(0).count(), 1);
+  ASSERT_EQ(q.running_size(), 1);
+  EXPECT_THAT(q.running(0).device_ids(), ElementsAre("g1"));
+  State st;
+  m_.FillState(kT0, &st);
+  for (const auto& d : st.resources(0).devices()) {
+    if (d.id() == "g1") {
+      EXPECT_THAT(d.used_by(), ElementsAre("/pod-u/main"));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dpproxy::sim

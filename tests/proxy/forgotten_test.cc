@@ -156,6 +156,130 @@ TEST_P(ForgottenTest, NoRunningPodKilledAndNoDeviceUsedTwice) {
   EXPECT_THAT(FailedPods(h->sim().GetState()), ::testing::ElementsAre(HasSubstr("d: ")));
 }
 
+// The kubelet restarts again while pods it forgot still run: its
+// pod-resources List is empty for a moment after the start, and that does
+// not make their holds lapse.
+TEST(ForgottenHoldTest, AKubeletRestartDuringRecoveryKeepsTheHolds) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+    c.reconcile_start_grace = absl::Seconds(10);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"main", 2}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"main", 1}})).ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  const size_t from = h.proxy().events().Size();
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                              from));
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+
+  // Again, checkpoint kept this time; a pod arrives before the kubelet has
+  // re-admitted the running ones (its List is still empty).
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_FALSE(h.sim().GetState().pods_synced());
+  absl::StatusOr<sim::AllocateResponse> c = h.sim().Allocate(Pod("c", {{"main", 2}}));
+  EXPECT_FALSE(c.ok()) << "a pod was given a device two running pods hold";
+  EXPECT_THAT(c.status().message(), HasSubstr("still in use by a running container"));
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  EXPECT_THAT(FailedPods(h.sim().GetState()), ::testing::ElementsAre(HasSubstr("c: ")));
+  // The free device still goes to the next pod.
+  absl::StatusOr<sim::AllocateResponse> d = h.sim().Allocate(Pod("d", {{"main", 1}}));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+  EXPECT_EQ(h.proxy().Status().forgotten.size(), 2u);
+}
+
+// A hold whose pod dpproxy knows only by UID (no reconciliation pass named
+// it before the loss) lifts once the kubelet removes the pod's directory.
+TEST(ForgottenHoldTest, AHoldKnownOnlyByPodUidLiftsWhenItsDirectoryGoes) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 2}}));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());  // the pod's UID, not its name
+  const size_t from = h.proxy().events().Size();
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                              from));
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_EQ(h.proxy().Status().forgotten.size(), 1u);
+  EXPECT_EQ(h.proxy().Status().forgotten[0].pod_uid, a->pod_uid());
+
+  const size_t sim_from = h.sim().events().Size();
+  ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
+  ASSERT_TRUE(h.sim().events().WaitForEvent("pod_dir_removed", {{"pod_uid", a->pod_uid()}},
+                                            kWait, sim_from));
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("b", {{"main", 4}}));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("forgotten_released", {}, kWait, from));
+  EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.empty(); }));
+}
+
+// A kubelet before 1.19 re-admits a running pod onto devices it picks
+// itself, another running pod's among them: both pods are kept, the
+// kubelet's records no longer match the devices in use, and dpproxy keeps
+// holding what each container really uses. When a pod ends, the kubelet
+// frees devices another still uses: a new pod given one is refused with
+// the holder named.
+TEST(ForgottenHoldTest, BeforePreferredAllocationANewPodGivenAHeldDeviceIsRefused) {
+  absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion("1.18");
+  ASSERT_TRUE(v.ok());
+  ProxyHarness h(
+      v->personality, false,
+      [](ProxyConfig& c) {
+        c.reconcile_interval = absl::ZeroDuration();
+        c.reconcile_grace = absl::Hours(1);
+        c.reconcile_start_grace = absl::Seconds(10);
+      },
+      [&](sim::KubeletSimOptions& o) {
+        o.kubelet = *v;
+        o.pod_resources = false;
+      });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  // b holds gpu-1 and c gpu-0: not in creation order.
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 1}}));
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("b", {{"main", 1}}));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
+  absl::StatusOr<sim::AllocateResponse> c = h.sim().Allocate(Pod("c", {{"main", 1}}));
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(testing::DeviceIdsOf(c->allocations(0)), testing::DeviceIdsOf(a->allocations(0)));
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+
+  const size_t from = h.proxy().events().Size();
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                              from));
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("readmitted_elsewhere", {}, kWait, from));
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+
+  // b ends: the kubelet frees the device it recorded for b, which c uses.
+  ASSERT_TRUE(h.sim().DeletePod(b->pod_uid()).ok());
+  absl::StatusOr<sim::AllocateResponse> d = h.sim().Allocate(Pod("d", {{"main", 3}}));
+  EXPECT_FALSE(d.ok()) << "a new pod was given the device c uses";
+  EXPECT_THAT(d.status().message(), HasSubstr(c->pod_uid()));
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+  EXPECT_THAT(FailedPods(h.sim().GetState()), ::testing::ElementsAre(HasSubstr("d: ")));
+}
+
 // What the simulated kubelet does without dpproxy, as a real one does
 // (protocol-facts §10): a plugin registered directly keeps every running
 // pod after the checkpoint loss, but the next pod is given a device a

@@ -59,9 +59,12 @@ class ProxyTest : public ::testing::Test {
   }
   // Starts dpproxy and a plugin, waits for the kubelet to see its devices,
   // then stops the plugin and waits for dpproxy to see it gone.
-  void ServeThenLoseThePlugin(ProxyHarness& h) {
+  // `preferred`: the plugin offers GetPreferredAllocation.
+  void ServeThenLoseThePlugin(ProxyHarness& h, bool preferred = false) {
     ASSERT_NO_FATAL_FAILURE(Start(h));
-    ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+    sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+    o.preferred = preferred;
+    ASSERT_NE(h.StartPlugin(o), nullptr);
     ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
     const size_t mark = h.proxy().events().Size();
     h.StopPlugins();
@@ -688,7 +691,7 @@ TEST_F(ProxyTest, AnAllocateThatFindsNoBackendWaitsForOneToRegister) {
 // kubelet that gives up ends the wait, and a plugin that registers answers.
 TEST_F(ProxyTest, TheRarerCallsThatFindNoBackendWaitForOneToRegister) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, HoldFor(absl::Seconds(60)));
-  ASSERT_NO_FATAL_FAILURE(ServeThenLoseThePlugin(h));
+  ASSERT_NO_FATAL_FAILURE(ServeThenLoseThePlugin(h, /*preferred=*/true));
   auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(h.proxy().KubeletSocketOf(kGpu)));
   auto prefer = [&](std::optional<absl::Duration> deadline,
                     v1beta1::PreferredAllocationResponse* resp) {

@@ -55,6 +55,12 @@ DEFINE_string(dial_timeout, "10s", "Limit for dialling a plugin's socket. [serve
 DEFINE_string(late_wipe, "0s",
               "Wipe device-plugins/ once more this long after kubelet.sock listens, as a\n"
               "real kubelet's wipe can be seen after its new socket appears. [serve]");
+DEFINE_string(readmit_delay, "1s",
+              "How long after a start the kubelet re-admits the pods it found (a real\n"
+              "1.36 kubelet: about 1 s); pod-resources lists them only from then on. [serve]");
+DEFINE_string(pod_dir_linger, "2s",
+              "How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real node). "
+              "[serve]");
 DEFINE_string(events, "",
               "Append JSON-lines events to this file. Empty: <root>/kubelet_sim.events.jsonl;\n"
               "\"-\": none. [serve]");
@@ -442,6 +448,13 @@ int Serve() {
   absl::StatusOr<absl::Duration> late = ParseFlagDuration("late_wipe", FLAGS_late_wipe);
   if (!late.ok()) return Fail(std::string(late.status().message()));
   options.late_wipe = *late;
+  absl::StatusOr<absl::Duration> readmit = ParseFlagDuration("readmit_delay", FLAGS_readmit_delay);
+  if (!readmit.ok()) return Fail(std::string(readmit.status().message()));
+  options.readmit_delay = *readmit;
+  absl::StatusOr<absl::Duration> linger =
+      ParseFlagDuration("pod_dir_linger", FLAGS_pod_dir_linger);
+  if (!linger.ok()) return Fail(std::string(linger.status().message()));
+  options.pod_dir_linger = *linger;
   options.cdi_dirs = absl::StrSplit(FLAGS_cdi_dirs, ',', absl::SkipEmpty());
   options.kubeconfig = FLAGS_kubeconfig;
   options.node_name = FLAGS_node_name;

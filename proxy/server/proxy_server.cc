@@ -577,20 +577,7 @@ void ProxyServer::ApplyQuarantine() {
                                               h.allocation, h.pod});
     }
   }
-  {
-    absl::MutexLock lock(&mu_);
-    forgotten_rows_ = std::move(rows);
-    if (held_rows.size() != held_elsewhere_rows_.size()) {
-      LOG(WARNING) << held_rows.size()
-                   << " device(s) are held under another name or ID than they are served as "
-                      "now (renames, ID maps or compact IDs changed while pods held them); "
-                      "reported Unhealthy until their pods are gone";
-      events_.Emit("devices_held_elsewhere", {{"devices", held_rows.size()}});
-    }
-    held_elsewhere_rows_ = std::move(held_rows);
-    renamed_ = renamed;
-    removed_ = removed;
-  }
+  // The resources first: once the status shows a hold, Allocates see it.
   for (Entry* e : Entries()) {
     const std::string& name = e->resource->name();
     if (renamed.count(name) > 0 || removed.count(name) > 0) {
@@ -606,6 +593,20 @@ void ProxyServer::ApplyQuarantine() {
     e->resource->SetShownUnhealthy(it == devices.end() ? std::set<std::string>() : it->second);
     auto f = forgotten.find(name);
     e->resource->SetForgotten(f == forgotten.end() ? Resource::Forgotten() : f->second);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    forgotten_rows_ = std::move(rows);
+    if (held_rows.size() != held_elsewhere_rows_.size()) {
+      LOG(WARNING) << held_rows.size()
+                   << " device(s) are held under another name or ID than they are served as "
+                      "now (renames, ID maps or compact IDs changed while pods held them); "
+                      "reported Unhealthy until their pods are gone";
+      events_.Emit("devices_held_elsewhere", {{"devices", held_rows.size()}});
+    }
+    held_elsewhere_rows_ = std::move(held_rows);
+    renamed_ = renamed;
+    removed_ = removed;
   }
 }
 

@@ -409,13 +409,22 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
     for (const std::string& id : c.devices_ids()) {
       auto q = quarantined_held_.find(HeldKey(resource, id));
       if (q == quarantined_held_.end()) continue;
+      std::string holder = absl::StrCat("allocation ", q->second);
+      if (const state::Allocation* a = FindRecentLocked(q->second); a != nullptr) {
+        if (!a->pod_name().empty()) {
+          holder = absl::StrCat("pod ", a->pod_namespace(), "/", a->pod_name(), " container ",
+                                a->container());
+        } else if (!a->pod_uid().empty()) {
+          holder = absl::StrCat("a container of pod UID ", a->pod_uid());
+        }
+      }
       events_->Emit("device_held_twice", {{"resource", resource},
                                           {"device", id},
-                                          {"first", absl::StrCat("allocation ", q->second)},
+                                          {"first", holder},
                                           {"second", "refused Allocate"}});
       return absl::FailedPreconditionError(absl::StrCat(
-          "device ", id, " of ", resource, " is quarantined: allocation ", q->second,
-          " may still hold it (the kubelet lost track of it); refused"));
+          "device ", id, " of ", resource, " is still in use by ", holder,
+          ", which the kubelet lost track of (it counts the device free); refused"));
     }
   }
   return absl::OkStatus();

@@ -287,11 +287,13 @@ TEST(ReconcileTest, RunningMultiDeviceAllocationsAreNeverReleased) {
   EXPECT_EQ(st.allocations(0).container(), "main");
 }
 
-// Issue 7.3: a kubelet that restarts without its checkpoint would hand the
-// devices of running containers to new pods. dpproxy notices (the new
-// checkpoint no longer lists what it answered), keeps those devices away
-// from new pods (Unhealthy), names the pod, and lets go once it is gone.
-TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
+// A kubelet that restarts without its checkpoint would hand the devices of
+// running containers to new pods. dpproxy notices (the new checkpoint no
+// longer lists what it answered), keeps the devices' health, names the pod
+// in its status and metrics, keeps the hold across its own restart, and
+// lets go once the pod is gone. (tests/proxy/forgotten_test.cc plays what
+// the pods see on each release.)
+TEST(ForgottenStateTest, AHoldIsReportedSurvivesADpproxyRestartAndEndsWithThePod) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
     c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
     c.reconcile_grace = absl::ZeroDuration();
@@ -307,44 +309,35 @@ TEST(QuarantineTest, KubeletLosingItsCheckpointNeverHandsADeviceOutTwice) {
   ASSERT_EQ(::unlink(h.sim().checkpoint_path().c_str()), 0);
   const size_t from = h.proxy().events().Size();
   ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_quarantined", {{"resource", kGpu}}, kWait,
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
                                               from));
-  for (const std::string& id : held) {
-    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
-  }
   ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.size() == 1u; }));
   Json status = StatusToJson(h.proxy().Status());
   EXPECT_EQ(status["forgotten"][0]["pod"], "default/train");
   EXPECT_THAT(status["forgotten"][0]["reason"].get<std::string>(), HasSubstr("checkpoint"));
   EXPECT_THAT(h.MetricsText(),
-              HasSubstr("dpproxy_quarantined_devices{resource=\"vendor.com/gpu\"} 2"));
+              HasSubstr("dpproxy_forgotten_devices{resource=\"vendor.com/gpu\"} 2"));
+  // Their health is the plugin's: the kubelet's re-admission keeps the pod.
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  for (const std::string& id : held) EXPECT_EQ(h.KubeletHealth(kGpu, id), "Healthy") << id;
+  EXPECT_EQ(h.sim().GetState().pods(0).phase(), "Running");
 
-  // A new pod gets the other devices, never the running pod's.
-  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("next", {{"main", 2}}));
-  ASSERT_TRUE(b.ok()) << b.status();
-  for (const std::string& id : testing::DeviceIdsOf(b->allocations(0))) {
-    EXPECT_THAT(held, Not(Contains(id))) << "device " << id << " handed out twice";
-  }
   // Survives a dpproxy restart too.
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.size() == 1u; }));
 
-  // The pod goes away: the quarantine ends and the devices are Healthy.
+  // The pod goes away: the next pass ends the hold.
   ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  for (const std::string& id : held) {
-    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Healthy"; })) << id;
-  }
   EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().forgotten.empty(); }));
-  EXPECT_THAT(h.MetricsText(),
-              Not(HasSubstr("dpproxy_quarantined_devices{")));
+  EXPECT_THAT(h.MetricsText(), Not(HasSubstr("dpproxy_forgotten_devices{")));
+  EXPECT_THAT(h.MetricsText(), HasSubstr("dpproxy_forgotten_released_total 1"));
 }
 
 // A pod that ended before a kubelet restart is not the kubelet's loss: its
-// journal entry (not yet released) is never quarantined.
-TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
+// journal entry (not yet released) is never held as forgotten.
+TEST(ForgottenStateTest, PodsThatEndedBeforeARestartAreNotHeld) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::Hours(1);  // the entry stays in the journal
@@ -358,7 +351,7 @@ TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
   const size_t from = h.proxy().events().Size();
   ASSERT_TRUE(h.sim().Restart().ok());  // a normal restart: checkpoint kept
   ASSERT_TRUE(h.proxy().events().WaitForEvent("kubelet_checkpoint_checked", {}, kWait, from));
-  EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_quarantined", {}, absl::ZeroDuration(),
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_forgotten", {}, absl::ZeroDuration(),
                                                from));
   EXPECT_TRUE(h.proxy().Status().forgotten.empty());
   for (const std::string& id : testing::DeviceIdsOf(a->allocations(0))) {
@@ -366,9 +359,9 @@ TEST(QuarantineTest, PodsThatEndedBeforeARestartAreNotQuarantined) {
   }
 }
 
-// Issue 7.3: pod-resources listing a running pod without the devices
-// dpproxy allocated to it is the same loss, seen from the API.
-TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
+// pod-resources listing a running pod without the devices dpproxy
+// allocated to it is the same loss, seen from the API.
+TEST(ForgottenStateTest, PodResourcesContradictingTheJournalHoldsTheDevices) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
     c.reconcile_interval = absl::ZeroDuration();
     c.reconcile_grace = absl::ZeroDuration();
@@ -382,6 +375,7 @@ TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
   h.sim().Stop();
   ASSERT_EQ(::unlink(h.sim().checkpoint_path().c_str()), 0);
   ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));  // pod-resources lists the pod again
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // seen once
@@ -393,7 +387,12 @@ TEST(QuarantineTest, PodResourcesContradictingTheJournalQuarantines) {
   EXPECT_THAT(h.proxy().Status().forgotten[0].reason,
               HasSubstr("pod-resources"));
   const std::string id = a->allocations(0).device_ids(0);
-  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; }));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // real health: all four
+  EXPECT_EQ(h.KubeletHealth(kGpu, id), "Healthy");
+  // A new pod asking for every device is refused rather than given it.
+  absl::StatusOr<sim::AllocateResponse> all = h.sim().Allocate(Pod("all", {{"main", 4}}));
+  EXPECT_FALSE(all.ok());
+  EXPECT_THAT(std::string(all.status().message()), HasSubstr("default/infer"));
 }
 
 // Issue 7.4: without pod-resources (1.9 kubelets, or the API not mounted)
@@ -581,8 +580,9 @@ INSTANTIATE_TEST_SUITE_P(To, KubeletUpgradeTest,
 // (no checksummed wrapper; protocol-facts §4.1) and starts without the
 // running pods' allocations, as kubernetes#102880 did between 1.19 and
 // 1.20. dpproxy sees its answered allocations missing from the new
-// checkpoint and keeps their devices away from new pods.
-TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningDevicesAreQuarantined) {
+// checkpoint and keeps new pods off their devices, which keep their health
+// so that the new kubelet's re-admission keeps the pods.
+TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningPodsKeepTheirDevices) {
   ProxyHarness h(Personality::kV1Alpha, false, [](ProxyConfig& c) {
     c.reconcile_grace = absl::ZeroDuration();
   });
@@ -601,15 +601,15 @@ TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningDevicesAreQuarantined) {
   const size_t sim_from = h.sim().events().Size(), from = h.proxy().events().Size();
   ASSERT_TRUE(h.sim().Restart(Personality::kV1Beta1Sync).ok());
   ASSERT_TRUE(h.sim().events().WaitForEvent("checkpoint_unreadable", {}, kWait, sim_from));
-  // The quarantine may land before the kubelet ever sees the held devices
-  // Healthy: wait for its outcome, not for four healthy devices.
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_quarantined", {{"resource", kGpu}}, kWait,
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
                                               from));
   EXPECT_TRUE(h.WaitFor([&] { return h.proxy().Status().resources[0].kubelet_api == "v1beta1"; }));
-  for (const std::string& id : held) {
-    EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, id) == "Unhealthy"; })) << id;
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // real health: all four
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  const sim::State synced = h.sim().GetState();
+  for (const auto& p : synced.pods()) {
+    EXPECT_EQ(p.phase(), "Running") << p.name() << ": " << p.message();
   }
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 1, kWait));  // the free device
   EXPECT_TRUE(h.sim().GetState().allocations().empty());  // the kubelet forgot them
   // A new pod gets the one free device, never a running pod's.
   absl::StatusOr<sim::AllocateResponse> next = h.sim().Allocate(Pod("next", {{"main", 1}}));

@@ -204,7 +204,7 @@ TEST(StormTest, KubeletRestartsDuringAllocations) {
   // The kubelet kept its checkpoint every time: pods that came and went
   // around the restarts are never taken for a loss.
   const auto counts = h.proxy().events().Counts();
-  EXPECT_EQ(counts.count(std::make_pair(std::string("devices_quarantined"), std::string(kGpu))),
+  EXPECT_EQ(counts.count(std::make_pair(std::string("devices_forgotten"), std::string(kGpu))),
             0u)
       << StatusToJson(h.proxy().Status())["forgotten"].dump();
   ExpectBackToLevel(h, before, kKbPerAllocation * static_cast<int64_t>(answered.size()));

@@ -125,6 +125,7 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   EXPECT_THAT(table, HasSubstr("(not registered)"));  // the nic
   EXPECT_THAT(table, HasSubstr("DEVICE LIST TOO LARGE for the kubelet: 5242880 bytes"));
   EXPECT_THAT(table, HasSubstr("NOT WRITABLE (every Allocate is refused until it is): disk full"));
+  EXPECT_THAT(table, HasSubstr("FORGOTTEN BY THE KUBELET"));
   EXPECT_THAT(table, HasSubstr("vendor.com/gpu gpu-1 held by default/trainer/main"));
   EXPECT_THAT(table, HasSubstr("1 device(s) found held by two pods"));
   ProxyStatus quiet = Example();
@@ -133,7 +134,7 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   quiet.state->writable = true;
   quiet.resources.pop_back();
   const std::string calm = StatusTable(quiet);
-  EXPECT_THAT(calm, Not(HasSubstr("QUARANTINED")));
+  EXPECT_THAT(calm, Not(HasSubstr("FORGOTTEN BY THE KUBELET")));
   EXPECT_THAT(calm, Not(HasSubstr("TOO LARGE")));
   EXPECT_THAT(calm, HasSubstr(", writable, 1 failed write(s)"));
 }

@@ -388,9 +388,10 @@ TEST(StateKeeperTest, TornTailIsReportedByInspection) {
   EXPECT_FALSE(report.refuses_start);
 }
 
-// Issue 7.3: a device held by a quarantined allocation is never journaled
-// for a second holder, whatever the kubelet asks.
-TEST(StateKeeperTest, QuarantinedDevicesAreNeverJournaledTwice) {
+// A device held by a forgotten (quarantined) allocation is never journaled
+// for a second holder, whatever the kubelet asks; the refusal names the
+// holder.
+TEST(StateKeeperTest, ForgottenDevicesAreNeverJournaledTwice) {
   testing::ShortTempDir dir;
   EventLog events("test");
   StateKeeper keeper(dir.Sub("state.pb"), &events);
@@ -399,11 +400,12 @@ TEST(StateKeeperTest, QuarantinedDevicesAreNeverJournaledTwice) {
   ASSERT_TRUE(keeper.Quarantine({1}, "test").ok());
   absl::Status s = RecordTwo(keeper, "c", "a");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("device a of vendor.com/gpu is quarantined"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("device a of vendor.com/gpu is still in use by allocation 1"));
   EXPECT_TRUE(events.WaitForEvent("device_held_twice", {{"device", "a"}}, absl::Seconds(1)));
   EXPECT_EQ(keeper.AllocationCount(), 2);  // nothing journaled
   ASSERT_TRUE(RecordTwo(keeper, "c", "d").ok());  // others still fine
-  // The quarantine survives a restart and keeps refusing.
+  // The hold survives a restart and keeps refusing.
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
   MustLoad(reloaded);
   EXPECT_EQ(RecordTwo(reloaded, "a", "e").code(), absl::StatusCode::kFailedPrecondition);

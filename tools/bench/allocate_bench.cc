@@ -64,6 +64,9 @@ DEFINE_int32(restarts, 100,
              "Kubelet restarts for the re-registration figure (0: leave it out).");
 DEFINE_int32(upgrades, 10,
              "dpproxy upgrades per way and kubelet for the upgrade figure (0: leave it out).");
+DEFINE_int32(checkpoint_losses, 3,
+             "Kubelet restarts without the checkpoint per kubelet and path for the "
+             "checkpoint-loss figure (0: leave it out).");
 
 namespace dpproxy {
 namespace {
@@ -504,6 +507,109 @@ Upgrades MeasureUpgrades(const std::string& dir, const std::string& version, int
   return out;
 }
 
+// A kubelet restarting without its checkpoint while pods hold devices,
+// with the plugin registered directly or behind dpproxy: 4 devices, pods
+// holding 2 and 1, then three new pods of 1 (one more than is free), then
+// a holder deleted and a pod of 2 admitted at once.
+struct CheckpointLoss {
+  std::string kubelet, path;
+  int running_denied = 0;   // running pods denied or killed at re-admission
+  int used_twice = 0;       // devices two running containers use
+  int new_failed = 0;       // of the new pods, failed (one of three has no free device)
+  int after_delete_failed = 0;
+  std::vector<double> delete_to_admit_ms;  // the holder's deletion to the next pod admitted
+  int rounds = 0;
+};
+
+int UsedTwice(const sim::State& st) {
+  int n = 0;
+  for (const auto& r : st.resources()) {
+    for (const auto& d : r.devices()) n += d.used_by_size() > 1;
+  }
+  return n;
+}
+
+sim::AllocateRequest OnePod(const std::string& name, const std::string& resource, int count) {
+  sim::AllocateRequest r;
+  r.set_pod_name(name);
+  auto* c = r.add_containers();
+  c->set_name("main");
+  c->set_resource(resource);
+  c->set_count(count);
+  return r;
+}
+
+CheckpointLoss MeasureCheckpointLoss(const std::string& dir, const std::string& version,
+                                     bool through_dpproxy, int rounds) {
+  CheckpointLoss out;
+  out.kubelet = version;
+  out.path = through_dpproxy ? "dpproxy" : "direct";
+  const std::string base = absl::StrCat(dir, "/ckpt-", version, "-", out.path);
+  absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion(version);
+  if (!v.ok()) return out;
+  const std::string resource = "bench.example.com/held";
+  for (int round = 0; round < rounds; ++round) {
+    const std::string root = absl::StrCat(base, "-", round);
+    sim::KubeletSimOptions so;
+    so.root_dir = root + "-k";
+    so.kubelet = *v;
+    sim::KubeletSim kubelet(so);
+    if (!kubelet.Start().ok()) return out;
+    Child proxy, plugin;
+    const std::string events = root + "-events.jsonl";
+    std::string plugin_kubelet = kubelet.kubelet_socket();
+    if (through_dpproxy) {
+      proxy = Spawn({FLAGS_dpproxy, "--kubelet_root=" + so.root_dir, "--plugin_dir=" + root + "-p",
+                     "--state_dir=" + root + "-s", "--status_file=", "--metrics_address=",
+                     "--reconcile_interval=1s", "--events=" + events, "--minloglevel=1"});
+      plugin_kubelet = root + "-p/kubelet.sock";
+      if (!WaitForPath(plugin_kubelet, absl::Seconds(10))) return out;
+    }
+    plugin = Spawn({FLAGS_sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                    "--devices=4", "--socket_name=bench-held.sock",
+                    "--kubelet_socket=" + plugin_kubelet, "--quiet"});
+    if (!kubelet.WaitForResource(resource, 4, absl::Seconds(10))) {
+      std::cerr << "allocate_bench: the checkpoint-loss figure's resource did not come up\n";
+      return out;
+    }
+    absl::StatusOr<sim::AllocateResponse> a = kubelet.Allocate(OnePod("a", resource, 2));
+    absl::StatusOr<sim::AllocateResponse> b = kubelet.Allocate(OnePod("b", resource, 1));
+    if (!a.ok() || !b.ok()) return out;
+    if (through_dpproxy) {
+      // dpproxy has named the pods (its first pass, 1 s after start).
+      const absl::Time until = absl::Now() + absl::Seconds(30);
+      while (absl::Now() < until) {
+        absl::StatusOr<std::string> text = ReadFile(events);
+        if (text.ok() && absl::StrContains(*text, "\"annotated\":2")) break;
+        absl::SleepFor(absl::Milliseconds(20));  // a bench's pacing on a file it cannot watch
+      }
+    }
+    kubelet.Stop();
+    (void)::unlink(kubelet.checkpoint_path().c_str());
+    if (!kubelet.Start().ok()) return out;
+    kubelet.WaitForResource(resource, 4, absl::Seconds(10));
+    kubelet.WaitForPodsSynced(absl::Seconds(10));
+    const sim::State synced = kubelet.GetState();
+    for (const auto& p : synced.pods()) out.running_denied += p.phase() != "Running";
+    for (const char* name : {"c", "d", "e"}) {
+      out.new_failed += !kubelet.Allocate(OnePod(name, resource, 1)).ok();
+    }
+    const absl::Time deleted = absl::Now();
+    (void)kubelet.DeletePod(a->pod_uid());
+    if (kubelet.Allocate(OnePod("f", resource, 2)).ok()) {
+      out.delete_to_admit_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - deleted));
+    } else {
+      ++out.after_delete_failed;
+    }
+    out.used_twice += UsedTwice(kubelet.GetState());
+    ++out.rounds;
+    Stop(plugin);
+    Stop(proxy);
+    kubelet.Stop();
+  }
+  return out;
+}
+
 Reconciliation ReconcileAtScale(const std::string& dir, int pods) {
   Reconciliation out;
   const std::string base = dir + "/reconcile";
@@ -879,6 +985,14 @@ int Run() {
       upgrades.push_back(MeasureUpgrades(dir, version, FLAGS_upgrades));
     }
   }
+  std::vector<CheckpointLoss> losses;
+  if (FLAGS_checkpoint_losses > 0) {
+    for (const char* version : {"1.36", "1.24", "1.18"}) {
+      for (bool through : {false, true}) {
+        losses.push_back(MeasureCheckpointLoss(dir, version, through, FLAGS_checkpoint_losses));
+      }
+    }
+  }
   const std::string rss = ProcField(proxy, "VmRSS");
   const std::string hwm = ProcField(proxy, "VmHWM");
   const std::string threads = ProcField(proxy, "Threads");
@@ -1053,6 +1167,24 @@ int Run() {
     }
     std::cout << "(1.31 disconnects the resource's client by name when the old dpproxy's\n"
                  "stream ends, kubernetes#121994: the new one, expecting it, registers again)\n";
+  }
+  if (!losses.empty()) {
+    std::cout << absl::StrFormat(
+        "\nKubelet restarts without its checkpoint, %d each, the plugin registered directly\n"
+        "or behind dpproxy: pods of 2 and 1 of 4 devices run; then 3 new pods of 1 (one\n"
+        "more than is free), then a holder deleted and a pod of 2 admitted at once.\n"
+        "Floor: no running pod denied, no device used twice, 1 new pod failed per round,\n"
+        "the pod after the deletion admitted.\n",
+        FLAGS_checkpoint_losses);
+    std::cout << absl::StrFormat("%-8s %-8s %14s %11s %15s %20s %15s\n", "kubelet", "path",
+                                 "running denied", "used twice", "new pods failed",
+                                 "deletion to admit p50", "after deletion");
+    for (const CheckpointLoss& l : losses) {
+      std::cout << absl::StrFormat(
+          "%-8s %-8s %14d %11d %11d of %d %18.0fms %9d failed\n", l.kubelet, l.path,
+          l.running_denied, l.used_twice, l.new_failed, 3 * l.rounds,
+          Percentile(l.delete_to_admit_ms, 0.5), l.after_delete_failed);
+    }
   }
   std::cout << "\ndpproxy resident memory after the run: " << rss << " (peak " << hwm << "), "
             << threads << " threads\n";

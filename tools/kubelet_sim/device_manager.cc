@@ -166,6 +166,11 @@ std::vector<DeviceManager::RefitResult> DeviceManager::RefitRunningPods() {
       need[c.resource()] += count;
     }
     for (const std::string& res : resources) {
+      // A resource the device manager does not know (no checkpoint, no
+      // plugin yet) is not a device-plugin resource to it: the node keeps
+      // the allocatable it last published, and the pod is not checked
+      // against the device manager's count (protocol-facts §4.2, #116125).
+      if (Find(res) == nullptr) continue;
       int64_t allocatable = Allocatable(res);
       // The kubelet raises allocatable to what it holds allocated when the
       // pod is one it holds devices for (sanitizeNodeAllocatable).

@@ -105,7 +105,8 @@ class DeviceManager {
   // a pod the kubelet holds devices for, at least as many as it holds)
   // minus the requests of the pods admitted before it. A pod that does not
   // fit is denied (reason "OutOf<resource>", the kubelet's message) and its
-  // containers are killed. Returns what happened to each pod; for an
+  // containers are killed. A resource the device manager does not know at
+  // all (no checkpoint, no plugin yet) is not checked. Returns what happened to each pod; for an
   // admitted pod, `forgotten` lists its containers' requests the kubelet
   // holds no devices for (a lost checkpoint).
   struct RefitResult {

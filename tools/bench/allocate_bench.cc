@@ -509,13 +509,13 @@ Upgrades MeasureUpgrades(const std::string& dir, const std::string& version, int
 
 // A kubelet restarting without its checkpoint while pods hold devices,
 // with the plugin registered directly or behind dpproxy: 4 devices, pods
-// holding 2 and 1, then three new pods of 1 (one more than is free), then
-// a holder deleted and a pod of 2 admitted at once.
+// holding 2 and 1, then three new pods of 1 (1 device is free), then a
+// holder deleted and a pod of 2 admitted at once.
 struct CheckpointLoss {
   std::string kubelet, path;
   int running_denied = 0;   // running pods denied or killed at re-admission
   int used_twice = 0;       // devices two running containers use
-  int new_failed = 0;       // of the new pods, failed (one of three has no free device)
+  int new_failed = 0;       // of the new pods, failed (two of three have no free device)
   int after_delete_failed = 0;
   std::vector<double> delete_to_admit_ms;  // the holder's deletion to the next pod admitted
   int rounds = 0;
@@ -1171,9 +1171,9 @@ int Run() {
   if (!losses.empty()) {
     std::cout << absl::StrFormat(
         "\nKubelet restarts without its checkpoint, %d each, the plugin registered directly\n"
-        "or behind dpproxy: pods of 2 and 1 of 4 devices run; then 3 new pods of 1 (one\n"
-        "more than is free), then a holder deleted and a pod of 2 admitted at once.\n"
-        "Floor: no running pod denied, no device used twice, 1 new pod failed per round,\n"
+        "or behind dpproxy: pods of 2 and 1 of 4 devices run; then 3 new pods of 1 (1\n"
+        "device is free), then a holder deleted and a pod of 2 admitted at once.\n"
+        "Floor: no running pod denied, no device used twice, 2 new pods failed per round,\n"
         "the pod after the deletion admitted.\n",
         FLAGS_checkpoint_losses);
     std::cout << absl::StrFormat("%-8s %-8s %14s %11s %15s %20s %15s\n", "kubelet", "path",

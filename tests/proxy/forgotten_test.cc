@@ -26,6 +26,7 @@ using testing::kWait;
 using testing::ProxyHarness;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 constexpr char kGpu[] = "vendor.com/gpu";
 
@@ -278,6 +279,80 @@ TEST(ForgottenHoldTest, BeforePreferredAllocationANewPodGivenAHeldDeviceIsRefuse
   EXPECT_THAT(d.status().message(), HasSubstr(c->pod_uid()));
   EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
   EXPECT_THAT(FailedPods(h.sim().GetState()), ::testing::ElementsAre(HasSubstr("d: ")));
+}
+
+// An init container's devices are reused by the app container; after a
+// checkpoint loss only the app container's are held (the init container
+// has ended), so a new pod can have the init container's other device.
+TEST(ForgottenHoldTest, AnEndedInitContainersDevicesGoToNewPods) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  sim::AllocateRequest req = Pod("p", {{"setup", 2}, {"main", 1}});
+  req.mutable_containers(0)->set_init(true);
+  absl::StatusOr<sim::AllocateResponse> p = h.sim().Allocate(req);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->allocations_size(), 2);
+  const std::vector<std::string> init = testing::DeviceIdsOf(p->allocations(0));
+  const std::vector<std::string> app = testing::DeviceIdsOf(p->allocations(1));
+  ASSERT_EQ(app.size(), 1u);
+  EXPECT_THAT(init, ::testing::Contains(app[0])) << "the app container reuses the init's device";
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+
+  const size_t from = h.proxy().events().Size();
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                              from));
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
+  // Three devices are free: the init container's other one among them.
+  absl::StatusOr<sim::AllocateResponse> next = h.sim().Allocate(Pod("next", {{"main", 3}}));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_THAT(testing::DeviceIdsOf(next->allocations(0)), Not(::testing::Contains(app[0])));
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+}
+
+// A container of a pod the kubelet forgot exits and starts again: the
+// kubelet allocates again for it, naming no pod; it comes back on free
+// devices, never on another pod's.
+TEST(ForgottenHoldTest, ARestartingContainerOfAForgottenPodComesBackOnFreeDevices) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices = 6;
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 6, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 2}}));
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("b", {{"main", 1}}));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  const size_t from = h.proxy().events().Size();
+  LoseCheckpoint(h.sim());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                              from));
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+
+  absl::StatusOr<sim::RestartContainerResponse> r = h.sim().RestartContainer(b->pod_uid(), "main");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->reallocated());
+  ASSERT_EQ(r->running_size(), 1);
+  EXPECT_THAT(testing::DeviceIdsOf(a->allocations(0)),
+              Not(::testing::Contains(r->running(0).device_ids(0))));
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+  EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
+  // New pods still get only devices nobody uses.
+  ASSERT_TRUE(h.sim().Allocate(Pod("c", {{"main", 2}})).ok());
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
 }
 
 // What the simulated kubelet does without dpproxy, as a real one does

@@ -144,6 +144,15 @@ void DeviceManager::AddRunning(const std::string& uid, const RuntimeDevices& run
   if (it != pods_.end()) *it->second.add_running() = running;
 }
 
+void DeviceManager::StopContainer(const std::string& uid, const std::string& container) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end()) return;
+  auto* running = it->second.mutable_running();
+  for (int i = running->size() - 1; i >= 0; --i) {
+    if (running->Get(i).container() == container) running->DeleteSubrange(i, 1);
+  }
+}
+
 std::vector<DeviceManager::RefitResult> DeviceManager::RefitRunningPods() {
   std::vector<const PodState*> order;
   for (const auto& [uid, p] : pods_) {
@@ -158,13 +167,22 @@ std::vector<DeviceManager::RefitResult> DeviceManager::RefitRunningPods() {
     r.pod_uid = p->uid();
     r.pod_name = p->name();
     r.pod_namespace = p->namespace_();
-    std::map<std::string, int64_t> need;  // resource -> count, in spec order
+    // The pod's effective request: its app containers' sum, or its
+    // largest init container's if that is more.
+    std::map<std::string, int64_t> need, init_need;
     std::vector<std::string> resources;
     for (const ContainerRequest& c : p->containers()) {
       const int count = c.count() != 0 ? c.count() : c.device_ids_size();
-      if (need.count(c.resource()) == 0) resources.push_back(c.resource());
-      need[c.resource()] += count;
+      if (need.count(c.resource()) == 0 && init_need.count(c.resource()) == 0) {
+        resources.push_back(c.resource());
+      }
+      if (c.init()) {
+        init_need[c.resource()] = std::max<int64_t>(init_need[c.resource()], count);
+      } else {
+        need[c.resource()] += count;
+      }
     }
+    for (const auto& [res, n] : init_need) need[res] = std::max(need[res], n);
     for (const std::string& res : resources) {
       // A resource the device manager does not know (no checkpoint, no
       // plugin yet) is not a device-plugin resource to it: the node keeps
@@ -194,6 +212,7 @@ std::vector<DeviceManager::RefitResult> DeviceManager::RefitRunningPods() {
     if (r.admitted) {
       for (const auto& [res, n] : need) used[res] += n;
       for (const ContainerRequest& c : p->containers()) {
+        if (c.init()) continue;  // it ran to completion before
         bool recorded = false;
         for (const ContainerAllocation& a : allocations_) {
           if (a.pod_uid() == p->uid() && a.container() == c.name() &&
@@ -338,7 +357,10 @@ std::string DeviceManager::PodsJson() const {
   for (const auto& [uid, p] : pods_) {
     Json containers = Json::array();
     for (const ContainerRequest& c : p.containers()) {
-      containers.push_back({{"name", c.name()}, {"resource", c.resource()}, {"count", c.count()}});
+      containers.push_back({{"name", c.name()},
+                            {"resource", c.resource()},
+                            {"count", c.count()},
+                            {"init", c.init()}});
     }
     Json running = Json::array();
     for (const RuntimeDevices& r : p.running()) {
@@ -386,6 +408,7 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
             cr->set_name(c.value("name", ""));
             cr->set_resource(c.value("resource", ""));
             cr->set_count(c.value("count", 0));
+            cr->set_init(c.value("init", false));
           }
         }
         if (p.contains("running") && p["running"].is_array()) {

@@ -83,6 +83,8 @@ class DeviceManager {
   void AddPod(PodState pod);
   // A container of a pod started with these devices (the runtime's view).
   void AddRunning(const std::string& uid, const RuntimeDevices& running);
+  // A container exits: the runtime holds no devices for it any more.
+  void StopContainer(const std::string& uid, const std::string& container);
   void AddAllocation(const ContainerAllocation& allocation);
   // Marks a pod Failed and frees its devices.
   void FailPod(const std::string& uid, const std::string& reason,

@@ -274,6 +274,7 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
       for (const sim::DeviceState& d : r.devices()) devices[{r.name(), d.id()}] = &d;
     }
     std::map<std::string, v1::PodResources*> by_uid;
+    std::set<std::pair<std::string, std::string>> init_containers;  // not listed
     const std::set<std::string> unsynced = sim_->UnsyncedPods();
     for (const PodState& p : st.pods()) {
       // Active pods only; right after a start, not the pods found then
@@ -283,8 +284,12 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
       pr->set_name(p.name());
       pr->set_namespace_(p.namespace_());
       by_uid[p.uid()] = pr;
-      // Every container of the pod, with or without devices.
+      // Every app container of the pod, with or without devices.
       for (const ContainerRequest& c : p.containers()) {
+        if (c.init()) {
+          init_containers.insert({p.uid(), c.name()});
+          continue;
+        }
         bool listed = false;
         for (const auto& existing : pr->containers()) listed |= existing.name() == c.name();
         if (!listed) pr->add_containers()->set_name(c.name());
@@ -292,7 +297,7 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
     }
     for (const ContainerAllocation& a : st.allocations()) {
       auto it = by_uid.find(a.pod_uid());
-      if (it == by_uid.end()) continue;
+      if (it == by_uid.end() || init_containers.count({a.pod_uid(), a.container()}) > 0) continue;
       v1::ContainerResources* c = nullptr;
       for (auto& existing : *it->second->mutable_containers()) {
         if (existing.name() == a.container()) c = &existing;
@@ -380,6 +385,14 @@ class KubeletSim::Control final : public KubeletControl::Service {
   grpc::Status Readmit(grpc::ServerContext*, const ReadmitRequest*,
                        ReadmitResponse* resp) override {
     *resp = sim_->Readmit();
+    return grpc::Status::OK;
+  }
+  grpc::Status RestartContainer(grpc::ServerContext*, const RestartContainerRequest* req,
+                                RestartContainerResponse* resp) override {
+    absl::StatusOr<RestartContainerResponse> r =
+        sim_->RestartContainer(req->pod_uid(), req->container());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = *std::move(r);
     return grpc::Status::OK;
   }
   grpc::Status DeletePod(grpc::ServerContext*, const DeletePodRequest* req,
@@ -1332,16 +1345,24 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
 }
 
 absl::StatusOr<std::vector<std::string>> KubeletSim::PickDevices(
-    const ContainerRequest& c, const std::set<std::string>& taken) {
+    const ContainerRequest& c, const std::set<std::string>& taken,
+    const std::vector<std::string>& reusable) {
   const int count = c.count() != 0 ? c.count() : c.device_ids_size();
-  std::vector<std::string> available;
+  if (c.device_ids().empty() && static_cast<int>(reusable.size()) >= count) {
+    // An init container's devices suffice: reused as they are.
+    return std::vector<std::string>(reusable.begin(), reusable.begin() + count);
+  }
+  std::vector<std::string> available = reusable;
   std::shared_ptr<PluginClient> client;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<std::vector<std::string>> avail = state_.AvailableFor(c.resource(), 0);
     if (!avail.ok()) return avail.status();
     for (const std::string& id : *avail) {
-      if (taken.count(id) == 0) available.push_back(id);
+      if (taken.count(id) == 0 &&
+          std::find(reusable.begin(), reusable.end(), id) == reusable.end()) {
+        available.push_back(id);
+      }
     }
     auto it = clients_.find(c.resource());
     if (it != clients_.end()) client = it->second;
@@ -1372,6 +1393,7 @@ absl::StatusOr<std::vector<std::string>> KubeletSim::PickDevices(
     v1beta1::PreferredAllocationRequest preq;
     auto* cr = preq.add_container_requests();
     for (const std::string& id : available) cr->add_available_deviceids(id);
+    for (const std::string& id : reusable) cr->add_must_include_deviceids(id);
     cr->set_allocation_size(count);
     v1beta1::PreferredAllocationResponse presp;
     grpc::ClientContext ctx;
@@ -1401,7 +1423,11 @@ absl::StatusOr<std::vector<std::string>> KubeletSim::PickDevices(
                                           {"container_responses",
                                            presp.container_responses_size()},
                                           {"preferred", preferred}});
-    chosen = preferred;
+    chosen = reusable;  // must_include is kept whatever the plugin answers
+    for (const std::string& id : preferred) {
+      if (static_cast<int>(chosen.size()) >= count) break;
+      if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) chosen.push_back(id);
+    }
     for (const std::string& id : available) {
       if (static_cast<int>(chosen.size()) >= count) break;
       if (std::find(chosen.begin(), chosen.end(), id) == chosen.end()) chosen.push_back(id);
@@ -1477,12 +1503,32 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
   std::vector<Planned> planned;
   std::map<std::string, std::set<std::string>> taken;  // by this pod so far
 
-  // 1. Pick devices per container, asking the plugin for its preference.
+  // 1. Pick devices per container, asking the plugin for its preference:
+  // init containers first, whose devices the app containers reuse.
+  std::vector<const ContainerRequest*> order;
   for (const ContainerRequest& c : req.containers()) {
-    absl::StatusOr<std::vector<std::string>> chosen = PickDevices(c, taken[c.resource()]);
+    if (c.init()) order.push_back(&c);
+  }
+  for (const ContainerRequest& c : req.containers()) {
+    if (!c.init()) order.push_back(&c);
+  }
+  std::map<std::string, std::vector<std::string>> reusable;  // init containers' devices
+  for (const ContainerRequest* c : order) {
+    std::vector<std::string>& reuse = reusable[c->resource()];
+    absl::StatusOr<std::vector<std::string>> chosen =
+        PickDevices(*c, taken[c->resource()], reuse);
     if (!chosen.ok()) return chosen.status();
-    taken[c.resource()].insert(chosen->begin(), chosen->end());
-    planned.push_back({&c, *std::move(chosen)});
+    if (c->init()) {
+      for (const std::string& id : *chosen) {
+        if (std::find(reuse.begin(), reuse.end(), id) == reuse.end()) reuse.push_back(id);
+      }
+    } else {
+      taken[c->resource()].insert(chosen->begin(), chosen->end());
+      for (const std::string& id : *chosen) {
+        reuse.erase(std::remove(reuse.begin(), reuse.end(), id), reuse.end());
+      }
+    }
+    planned.push_back({c, *std::move(chosen)});
   }
 
   // 2. Allocate: one call per container as the kubelet does, or one call
@@ -1533,6 +1579,8 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
       spec->set_name(p.request->name());
       spec->set_resource(p.request->resource());
       spec->set_count(static_cast<int32_t>(p.ids.size()));
+      spec->set_init(p.request->init());
+      if (p.request->init()) continue;  // ran to completion
       // The container runtime starts it with these devices.
       RuntimeDevices* run = pod.add_running();
       run->set_container(p.request->name());
@@ -1642,6 +1690,91 @@ absl::Status KubeletSim::DeletePod(const std::string& uid) {
   pod_dirs_gone_at_[uid] = absl::Now() + options_.pod_dir_linger;
   WriteCheckpointLocked();
   return absl::OkStatus();
+}
+
+absl::StatusOr<RestartContainerResponse> KubeletSim::RestartContainer(
+    const std::string& uid, const std::string& container) {
+  absl::MutexLock admit(&admit_mu_);
+  std::vector<ContainerRequest> specs;
+  std::string pod_name, pod_namespace;
+  std::map<std::string, ContainerAllocation> recorded;  // by resource
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return absl::UnavailableError("kubelet is not running");
+    auto pod = state_.pods().find(uid);
+    if (pod == state_.pods().end() || pod->second.phase() != "Running") {
+      return absl::NotFoundError(absl::StrCat("no running pod with uid ", GoQuote(uid)));
+    }
+    pod_name = pod->second.name();
+    pod_namespace = pod->second.namespace_();
+    for (const ContainerRequest& c : pod->second.containers()) {
+      if (!c.init() && c.name() == container) specs.push_back(c);
+    }
+    for (const ContainerAllocation& a : state_.allocations()) {
+      if (a.pod_uid() == uid && a.container() == container) recorded[a.resource()] = a;
+    }
+    state_.StopContainer(uid, container);
+  }
+  if (specs.empty()) {
+    return absl::NotFoundError(absl::StrCat("pod ", GoQuote(uid), " has no container ",
+                                            GoQuote(container)));
+  }
+  RestartContainerResponse resp;
+  for (const ContainerRequest& c : specs) {
+    RuntimeDevices run;
+    run.set_container(container);
+    run.set_resource(c.resource());
+    auto rec = recorded.find(c.resource());
+    if (rec != recorded.end()) {
+      run.mutable_device_ids()->CopyFrom(rec->second.device_ids());
+    } else {
+      // The kubelet holds no devices for it (it lost its checkpoint).
+      events_.Emit("reallocating", {{"pod", pod_name},
+                                    {"pod_uid", uid},
+                                    {"container", container},
+                                    {"resource", c.resource()},
+                                    {"note", "Needs to re-allocate device plugin resources for pod"}});
+      absl::StatusOr<std::vector<std::string>> ids = PickDevices(c, {});
+      absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> r =
+          ids.ok() ? CallAllocate(c.resource(), {*ids}, nullptr)
+                   : absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>>(ids.status());
+      if (!r.ok()) {
+        const std::string message = std::string(r.status().message());
+        events_.Emit("container_start_failed", {{"pod", pod_name},
+                                                {"pod_uid", uid},
+                                                {"container", container},
+                                                {"reason", "CreateContainerConfigError"},
+                                                {"message", message}});
+        return absl::FailedPreconditionError(message);
+      }
+      ContainerAllocation a;
+      a.set_pod_uid(uid);
+      a.set_pod_name(pod_name);
+      a.set_pod_namespace(pod_namespace);
+      a.set_container(container);
+      a.set_resource(c.resource());
+      for (const std::string& id : *ids) a.add_device_ids(id);
+      *a.mutable_response() = (*r)[0];
+      {
+        absl::MutexLock lock(&mu_);
+        state_.AddAllocation(a);
+        WriteCheckpointLocked();
+      }
+      run.mutable_device_ids()->CopyFrom(a.device_ids());
+      resp.set_reallocated(true);
+    }
+    *resp.add_running() = run;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (const RuntimeDevices& run : resp.running()) state_.AddRunning(uid, run);
+    WriteCheckpointLocked();
+  }
+  events_.Emit("container_restarted", {{"pod", pod_name},
+                                       {"pod_uid", uid},
+                                       {"container", container},
+                                       {"reallocated", resp.reallocated()}});
+  return resp;
 }
 
 bool KubeletSim::WaitForPodsSynced(absl::Duration timeout) {

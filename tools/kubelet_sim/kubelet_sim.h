@@ -217,6 +217,10 @@ class KubeletSim {
   absl::StatusOr<nlohmann::json> UnprepareClaims(const std::string& driver,
                                                  const std::vector<DraClaim>& claims);
   absl::Status DeletePod(const std::string& uid);
+  // See control.proto. kFailedPrecondition with the kubelet's message if
+  // the allocation was refused (the container is then not running).
+  absl::StatusOr<RestartContainerResponse> RestartContainer(const std::string& uid,
+                                                            const std::string& container);
   // True once `resource` is registered and has >= min_healthy healthy devices.
   bool WaitForResource(const std::string& resource, int min_healthy,
                        absl::Duration timeout);
@@ -267,8 +271,11 @@ class KubeletSim {
   // The devices the kubelet picks for one container: the plugin's preferred
   // allocation where offered (advice, topped up), else the first available.
   // `taken`: picked already for other containers of the same pod.
-  absl::StatusOr<std::vector<std::string>> PickDevices(const ContainerRequest& c,
-                                                       const std::set<std::string>& taken);
+  // `reusable`: devices of the pod's init containers, offered first (as
+  // must_include; used without asking when they suffice).
+  absl::StatusOr<std::vector<std::string>> PickDevices(
+      const ContainerRequest& c, const std::set<std::string>& taken,
+      const std::vector<std::string>& reusable = {});
   // One Allocate call with a container request per entry of `ids`; the
   // client used goes to *used.
   absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> CallAllocate(

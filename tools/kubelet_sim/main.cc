@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "proxy/cli/cli.h"
@@ -70,11 +71,13 @@ DEFINE_bool(quiet, false, "Do not print events to stdout. [serve]");
 DEFINE_bool(pod_resources, true, "Serve the pod-resources API. [serve]");
 DEFINE_string(pod, "", "Pod name. Empty: pod-<uid prefix>. [allocate]");
 DEFINE_string(pod_namespace, "default", "Pod namespace. [allocate]");
-DEFINE_string(uid, "", "Pod UID. Empty: generated. [allocate, delete-pod]");
+DEFINE_string(uid, "", "Pod UID. Empty: generated. [allocate, delete-pod, restart-container]");
 DEFINE_string(containers, "",
               "Containers and their requests, comma-separated, each\n"
               "NAME=RESOURCE:COUNT or NAME=RESOURCE:ID+ID+... for exact devices, e.g.\n"
-              "\"main=vendor.com/gpu:2,side=vendor.com/gpu:1\". [allocate]");
+              "\"main=vendor.com/gpu:2,side=vendor.com/gpu:1\"; \"init:NAME=...\" is an\n"
+              "init container, whose devices the app containers reuse. [allocate]");
+DEFINE_string(container, "", "Container name. [restart-container]");
 DEFINE_bool(batch, false,
             "Send all containers of one resource in a single Allocate call (the\n"
             "API allows it; real kubelets send one container per call). [allocate]");
@@ -114,6 +117,8 @@ Usage:
   kubelet_sim readmit [flags]      re-run admission for running pods (the check a
                                    kubelet makes after a restart or reboot)
   kubelet_sim delete-pod --uid=U   delete a pod, freeing its devices
+  kubelet_sim restart-container --uid=U --container=C
+                                   a running pod's container exits and starts again
   kubelet_sim wait --resource=R    wait until R has --min_healthy healthy devices
   kubelet_sim prepare --driver=D --claims=NS/NAME/UID,...
                                    NodePrepareResources of DRA driver D (1.32+),
@@ -229,7 +234,13 @@ absl::StatusOr<AllocateRequest> ParseAllocate() {
           "container spec \"", spec, "\" is not NAME=RESOURCE:COUNT or NAME=RESOURCE:ID+ID"));
     }
     ContainerRequest* c = req.add_containers();
-    c->set_name(std::string(nv[0]));
+    absl::string_view name = nv[0];
+    if (absl::ConsumePrefix(&name, "init:")) c->set_init(true);
+    if (name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("container spec \"", spec, "\" names no container"));
+    }
+    c->set_name(std::string(name));
     c->set_resource(std::string(nv[1].substr(0, colon)));
     absl::string_view what = nv[1].substr(colon + 1);
     int count = 0;
@@ -338,6 +349,22 @@ int RunClient(const std::string& command) {
                                        r.admitted() ? "admitted" : r.reason() + ": " + r.message());
         }
         std::cout << resp.results_size() - failed << " admitted, " << failed << " failed\n";
+      }
+    }
+  } else if (command == "restart-container") {
+    if (FLAGS_uid.empty() || FLAGS_container.empty()) {
+      return Fail("restart-container needs --uid and --container");
+    }
+    RestartContainerRequest req;
+    req.set_pod_uid(FLAGS_uid);
+    req.set_container(FLAGS_container);
+    RestartContainerResponse resp;
+    st = stub->RestartContainer(&ctx, req, &resp);
+    if (st.ok()) {
+      for (const RuntimeDevices& r : resp.running()) {
+        std::cout << FLAGS_container << " runs with " << r.resource() << " "
+                  << absl::StrJoin(r.device_ids(), ",")
+                  << (resp.reallocated() ? " (allocated again)" : "") << "\n";
       }
     }
   } else if (command == "delete-pod") {
@@ -495,7 +522,7 @@ int main(int argc, char** argv) {
     dpproxy::ShiftArgs(&argc, argv);
   }
   const std::vector<std::string> known = {"serve", "allocate", "state", "restart",
-                                          "readmit", "delete-pod", "wait", "prepare", "unprepare",
+                                          "readmit", "delete-pod", "restart-container", "wait", "prepare", "unprepare",
                                           "events", "generations",
                                           "help"};
   if (dpproxy::WantsHelp(argc, argv) || command == "help") {

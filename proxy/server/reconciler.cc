@@ -354,23 +354,39 @@ void Reconciler::ReleaseForgotten(const std::vector<uint64_t>& ids,
   changed_();
 }
 
+Reconciler::ForgottenView Reconciler::ForgottenOf(const std::string& resource) const {
+  ForgottenView view;
+  keeper_->ForEachAllocation([&](const state::Allocation& a) {
+    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
+      view.pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
+    }
+    if (a.quarantined() && a.resource() == resource) view.all.push_back(a);
+  });
+  std::sort(view.all.begin(), view.all.end(),
+            [](const state::Allocation& x, const state::Allocation& y) { return x.id() < y.id(); });
+  return view;
+}
+
+std::vector<state::Allocation> Reconciler::Naming(const std::vector<state::Allocation>& all,
+                                                  const std::set<std::string>& ids) {
+  std::vector<state::Allocation> out;
+  for (const state::Allocation& a : all) {
+    for (const std::string& d : a.device_ids()) {
+      if (ids.count(d) > 0) {
+        out.push_back(a);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
                                                  const std::vector<std::string>& ids) {
   const std::set<std::string> wanted(ids.begin(), ids.end());
-  std::vector<state::Allocation> holders;
-  std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
-  keeper_->ForEachAllocation([&](const state::Allocation& a) {
-    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
-      pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
-    }
-    if (!a.quarantined() || a.resource() != resource) return;
-    for (const std::string& d : a.device_ids()) {
-      if (wanted.count(d) > 0) {
-        holders.push_back(a);
-        return;
-      }
-    }
-  });
+  const ForgottenView view = ForgottenOf(resource);
+  const std::vector<state::Allocation> holders = Naming(view.all, wanted);
+  const auto& pod_of_uid = view.pod_of_uid;
   std::set<std::string> still;
   if (holders.empty()) return still;
   const std::optional<PodList> list = ListPods();
@@ -397,14 +413,11 @@ std::vector<std::string> Reconciler::ReadmissionPick(const std::string& resource
   if (size <= 0 || !InRestartWindow(absl::Now())) return {};
   // Re-admission goes in creation order: the oldest forgotten container
   // not picked yet is the one being re-admitted.
-  std::vector<std::pair<uint64_t, std::vector<std::string>>> forgotten;
-  keeper_->ForEachAllocation([&](const state::Allocation& a) {
-    if (!a.quarantined() || a.resource() != resource) return;
-    forgotten.push_back({a.id(), {a.device_ids().begin(), a.device_ids().end()}});
-  });
-  std::sort(forgotten.begin(), forgotten.end());
+  const ForgottenView view = ForgottenOf(resource);
   absl::MutexLock lock(&window_mu_);
-  for (auto& [id, devices] : forgotten) {
+  for (const state::Allocation& a : view.all) {
+    const uint64_t id = a.id();
+    const std::vector<std::string> devices(a.device_ids().begin(), a.device_ids().end());
     if (picked_since_restart_.count(id) > 0) continue;
     if (static_cast<int>(devices.size()) != size) return {};
     for (const std::string& d : devices) {
@@ -423,26 +436,14 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
     bool readmission) {
   std::set<std::string> wanted;
   for (const auto& c : per_container) wanted.insert(c.begin(), c.end());
-  std::set<std::string> forgotten_devices;  // of `resource`
-  keeper_->ForEachAllocation([&](const state::Allocation& a) {
-    if (a.quarantined() && a.resource() == resource) {
-      forgotten_devices.insert(a.device_ids().begin(), a.device_ids().end());
-    }
-  });
-  std::vector<state::Allocation> holders;
-  std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
-  keeper_->ForEachAllocation([&](const state::Allocation& a) {
-    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
-      pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
-    }
-    if (!a.quarantined() || a.resource() != resource) return;
-    for (const std::string& d : a.device_ids()) {
-      if (wanted.count(d) > 0) {
-        holders.push_back(a);
-        return;
-      }
-    }
-  });
+  const ForgottenView view = ForgottenOf(resource);
+  const std::vector<state::Allocation>& everyone = view.all;  // oldest first
+  const auto& pod_of_uid = view.pod_of_uid;
+  std::set<std::string> forgotten_devices;
+  for (const state::Allocation& a : everyone) {
+    forgotten_devices.insert(a.device_ids().begin(), a.device_ids().end());
+  }
+  const std::vector<state::Allocation> holders = Naming(everyone, wanted);
   if (holders.empty()) {
     changed_();  // the caller's view is stale
     return false;
@@ -458,12 +459,6 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
     // again (that record goes, the new one takes its place); with others
     // (a kubelet before 1.19 picks them itself) the records stay, since
     // they hold what the containers use, and the new one is kept beside.
-    std::vector<state::Allocation> everyone;
-    keeper_->ForEachAllocation([&](const state::Allocation& a) {
-      if (a.quarantined() && a.resource() == resource) everyone.push_back(a);
-    });
-    std::sort(everyone.begin(), everyone.end(),
-              [](const state::Allocation& x, const state::Allocation& y) { return x.id() < y.id(); });
     wanted.clear();
     absl::MutexLock lock(&window_mu_);
     for (const auto& c : per_container) {

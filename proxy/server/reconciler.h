@@ -162,6 +162,17 @@ class Reconciler {
   std::string HolderGone(const state::Allocation& a, const PodList* list,
                          const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
                          absl::Time now);
+  // The forgotten allocations of a kubelet resource, oldest first, and the
+  // pod names learnt for UIDs (from every allocation). One pass over the
+  // journal.
+  struct ForgottenView {
+    std::vector<state::Allocation> all;
+    std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
+  };
+  ForgottenView ForgottenOf(const std::string& resource) const;
+  // Those of `all` that name any of `ids`.
+  static std::vector<state::Allocation> Naming(const std::vector<state::Allocation>& all,
+                                               const std::set<std::string>& ids);
   // Releases forgotten allocations whose holder is gone, saying why.
   void ReleaseForgotten(const std::vector<uint64_t>& ids, const std::vector<std::string>& why);
   // Whether `now` is within options_.restart_grace of the kubelet's start

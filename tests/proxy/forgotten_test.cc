@@ -58,12 +58,41 @@ std::vector<std::string> FailedPods(const sim::State& st) {
   return out;
 }
 
+// Reconciliation passes run by hand, nothing is released for its age, and
+// `start_grace` is the window after a kubelet start (the default is 10 s).
+std::function<void(ProxyConfig&)> ByHand(absl::Duration start_grace = absl::ZeroDuration()) {
+  return [start_grace](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+    c.reconcile_start_grace = start_grace;
+  };
+}
+
+// The simulated kubelet, dpproxy and a v1beta1 sample plugin of 4 devices
+// behind it, up and seen by the kubelet.
+void Up(ProxyHarness& h) {
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+}
+
 // The kubelet stops, its checkpoint is deleted, it starts again; the
 // running containers go on with their devices.
 void LoseCheckpoint(sim::KubeletSim& sim) {
   sim.Stop();
   ASSERT_EQ(::unlink(sim.checkpoint_path().c_str()), 0);
   ASSERT_TRUE(sim.Start().ok());
+}
+
+// The same with dpproxy in front: it has marked the running pods' devices
+// forgotten, and the kubelet has re-admitted its pods.
+void LoseCheckpointAndResync(ProxyHarness& h) {
+  const size_t from = h.proxy().events().Size();
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpoint(h.sim()));
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
+                                              from));
+  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
 }
 
 struct Release {
@@ -110,10 +139,7 @@ class ForgottenTest : public ::testing::TestWithParam<Release> {
 // once.
 TEST_P(ForgottenTest, NoRunningPodKilledAndNoDeviceUsedTwice) {
   std::unique_ptr<ProxyHarness> h = Harness();
-  ASSERT_TRUE(h->sim().Start().ok());
-  ASSERT_TRUE(h->proxy().Start().ok());
-  ASSERT_NE(h->StartPlugin(h->PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h->sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_NO_FATAL_FAILURE(Up(*h));
   absl::StatusOr<sim::AllocateResponse> a = h->sim().Allocate(Pod("a", {{"main", 2}}));
   absl::StatusOr<sim::AllocateResponse> b = h->sim().Allocate(Pod("b", {{"main", 1}}));
   ASSERT_TRUE(a.ok() && b.ok());
@@ -161,23 +187,12 @@ TEST_P(ForgottenTest, NoRunningPodKilledAndNoDeviceUsedTwice) {
 // pod-resources List is empty for a moment after the start, and that does
 // not make their holds lapse.
 TEST(ForgottenHoldTest, AKubeletRestartDuringRecoveryKeepsTheHolds) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
-    c.reconcile_interval = absl::ZeroDuration();
-    c.reconcile_grace = absl::Hours(1);
-    c.reconcile_start_grace = absl::Seconds(10);
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, ByHand(absl::Seconds(10)));
+  ASSERT_NO_FATAL_FAILURE(Up(h));
   ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"main", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"main", 1}})).ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  const size_t from = h.proxy().events().Size();
-  LoseCheckpoint(h.sim());
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
-                                              from));
-  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(h));
 
   // Again, checkpoint kept this time; a pod arrives before the kubelet has
   // re-admitted the running ones (its List is still empty).
@@ -200,22 +215,13 @@ TEST(ForgottenHoldTest, AKubeletRestartDuringRecoveryKeepsTheHolds) {
 // A hold whose pod dpproxy knows only by UID (no reconciliation pass named
 // it before the loss) lifts once the kubelet removes the pod's directory.
 TEST(ForgottenHoldTest, AHoldKnownOnlyByPodUidLiftsWhenItsDirectoryGoes) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
-    c.reconcile_interval = absl::ZeroDuration();
-    c.reconcile_grace = absl::Hours(1);
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, ByHand());
+  ASSERT_NO_FATAL_FAILURE(Up(h));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 2}}));
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());  // the pod's UID, not its name
   const size_t from = h.proxy().events().Size();
-  LoseCheckpoint(h.sim());
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
-                                              from));
-  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(h));
   ASSERT_EQ(h.proxy().Status().forgotten.size(), 1u);
   EXPECT_EQ(h.proxy().Status().forgotten[0].pod_uid, a->pod_uid());
 
@@ -249,10 +255,7 @@ TEST(ForgottenHoldTest, BeforePreferredAllocationANewPodGivenAHeldDeviceIsRefuse
         o.kubelet = *v;
         o.pod_resources = false;
       });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_NO_FATAL_FAILURE(Up(h));
   // b holds gpu-1 and c gpu-0: not in creation order.
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 1}}));
   absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("b", {{"main", 1}}));
@@ -264,10 +267,7 @@ TEST(ForgottenHoldTest, BeforePreferredAllocationANewPodGivenAHeldDeviceIsRefuse
   ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
 
   const size_t from = h.proxy().events().Size();
-  LoseCheckpoint(h.sim());
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
-                                              from));
-  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(h));
   EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
   EXPECT_TRUE(h.proxy().events().WaitForEvent("readmitted_elsewhere", {}, kWait, from));
   EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
@@ -285,14 +285,8 @@ TEST(ForgottenHoldTest, BeforePreferredAllocationANewPodGivenAHeldDeviceIsRefuse
 // checkpoint loss only the app container's are held (the init container
 // has ended), so a new pod can have the init container's other device.
 TEST(ForgottenHoldTest, AnEndedInitContainersDevicesGoToNewPods) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
-    c.reconcile_interval = absl::ZeroDuration();
-    c.reconcile_grace = absl::Hours(1);
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ProxyHarness h(Personality::kV1Beta1Sync, false, ByHand());
+  ASSERT_NO_FATAL_FAILURE(Up(h));
   sim::AllocateRequest req = Pod("p", {{"setup", 2}, {"main", 1}});
   req.mutable_containers(0)->set_init(true);
   absl::StatusOr<sim::AllocateResponse> p = h.sim().Allocate(req);
@@ -305,11 +299,7 @@ TEST(ForgottenHoldTest, AnEndedInitContainersDevicesGoToNewPods) {
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
 
-  const size_t from = h.proxy().events().Size();
-  LoseCheckpoint(h.sim());
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
-                                              from));
-  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(h));
   EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
   // Three devices are free: the init container's other one among them.
   absl::StatusOr<sim::AllocateResponse> next = h.sim().Allocate(Pod("next", {{"main", 3}}));
@@ -322,10 +312,7 @@ TEST(ForgottenHoldTest, AnEndedInitContainersDevicesGoToNewPods) {
 // kubelet allocates again for it, naming no pod; it comes back on free
 // devices, never on another pod's.
 TEST(ForgottenHoldTest, ARestartingContainerOfAForgottenPodComesBackOnFreeDevices) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
-    c.reconcile_interval = absl::ZeroDuration();
-    c.reconcile_grace = absl::Hours(1);
-  });
+  ProxyHarness h(Personality::kV1Beta1Sync, false, ByHand());
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
   sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
@@ -336,11 +323,7 @@ TEST(ForgottenHoldTest, ARestartingContainerOfAForgottenPodComesBackOnFreeDevice
   absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("b", {{"main", 1}}));
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  const size_t from = h.proxy().events().Size();
-  LoseCheckpoint(h.sim());
-  ASSERT_TRUE(h.proxy().events().WaitForEvent("devices_forgotten", {{"resource", kGpu}}, kWait,
-                                              from));
-  ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(h));
 
   absl::StatusOr<sim::RestartContainerResponse> r = h.sim().RestartContainer(b->pod_uid(), "main");
   ASSERT_TRUE(r.ok()) << r.status();

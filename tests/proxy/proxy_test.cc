@@ -1235,7 +1235,10 @@ TEST(ProxyConfigTest, SocketsAndFilesHaveDeliberateModesUnderUmask000) {
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  ASSERT_TRUE(h.WaitFor([&] { return PathExists(h.dir("state/status.json")); }));
+  // Both are written by the saver's pass, in either order.
+  ASSERT_TRUE(h.WaitFor([&] {
+    return PathExists(h.dir("state/status.json")) && PathExists(h.dir("state/state.pb"));
+  }));
   ::umask(old);
   auto mode = [](const std::string& path) {
     struct stat st;

@@ -87,6 +87,24 @@ absl::Status Dial(grpc::Channel* channel, absl::Duration timeout,
   return absl::DeadlineExceededError("context deadline exceeded");
 }
 
+// One container's devices and the plugin's answer, as the kubelet records
+// them.
+ContainerAllocation MakeAllocation(const std::string& uid, const std::string& pod_name,
+                                   const std::string& pod_namespace, const std::string& container,
+                                   const std::string& resource,
+                                   const std::vector<std::string>& ids,
+                                   const v1beta1::ContainerAllocateResponse& response) {
+  ContainerAllocation a;
+  a.set_pod_uid(uid);
+  a.set_pod_name(pod_name);
+  a.set_pod_namespace(pod_namespace);
+  a.set_container(container);
+  a.set_resource(resource);
+  for (const std::string& id : ids) a.add_device_ids(id);
+  *a.mutable_response() = response;
+  return a;
+}
+
 }  // namespace
 
 absl::StatusOr<Personality> ParsePersonality(absl::string_view name) {
@@ -808,14 +826,8 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
         break;
       }
       taken.insert(ids->begin(), ids->end());
-      ContainerAllocation a;
-      a.set_pod_uid(r.pod_uid);
-      a.set_pod_name(r.pod_name);
-      a.set_pod_namespace(r.pod_namespace);
-      a.set_container(c.name());
-      a.set_resource(c.resource());
-      for (const std::string& id : *ids) a.add_device_ids(id);
-      *a.mutable_response() = (*resp)[0];
+      const ContainerAllocation a = MakeAllocation(r.pod_uid, r.pod_name, r.pod_namespace,
+                                                   c.name(), c.resource(), *ids, (*resp)[0]);
       {
         absl::MutexLock lock(&mu_);
         state_.AddAllocation(a);
@@ -1590,14 +1602,9 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
     state_.AddPod(pod);
     (void)MakeDirs(JoinPath(JoinPath(options_.root_dir, "pods"), req.pod_uid()));
     for (size_t i = 0; i < planned.size(); ++i) {
-      ContainerAllocation a;
-      a.set_pod_uid(req.pod_uid());
-      a.set_pod_name(req.pod_name());
-      a.set_pod_namespace(req.pod_namespace());
-      a.set_container(planned[i].request->name());
-      a.set_resource(planned[i].request->resource());
-      for (const std::string& id : planned[i].ids) a.add_device_ids(id);
-      *a.mutable_response() = responses[i];
+      const ContainerAllocation a = MakeAllocation(
+          req.pod_uid(), req.pod_name(), req.pod_namespace(), planned[i].request->name(),
+          planned[i].request->resource(), planned[i].ids, responses[i]);
       state_.AddAllocation(a);
       allocations.push_back(a);
     }
@@ -1747,14 +1754,8 @@ absl::StatusOr<RestartContainerResponse> KubeletSim::RestartContainer(
                                                 {"message", message}});
         return absl::FailedPreconditionError(message);
       }
-      ContainerAllocation a;
-      a.set_pod_uid(uid);
-      a.set_pod_name(pod_name);
-      a.set_pod_namespace(pod_namespace);
-      a.set_container(container);
-      a.set_resource(c.resource());
-      for (const std::string& id : *ids) a.add_device_ids(id);
-      *a.mutable_response() = (*r)[0];
+      const ContainerAllocation a = MakeAllocation(uid, pod_name, pod_namespace, container,
+                                                   c.resource(), *ids, (*r)[0]);
       {
         absl::MutexLock lock(&mu_);
         state_.AddAllocation(a);

@@ -597,6 +597,7 @@ void ProxyServer::ApplyQuarantine() {
   {
     absl::MutexLock lock(&mu_);
     forgotten_rows_ = std::move(rows);
+    ++rows_version_;  // the status shows them: written again
     if (held_rows.size() != held_elsewhere_rows_.size()) {
       LOG(WARNING) << held_rows.size()
                    << " device(s) are held under another name or ID than they are served as "
@@ -672,8 +673,9 @@ std::string ProxyServer::Fingerprint() {
       absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend.load(), "|");
     }
   }
-  // (The forgotten list is derived from the keeper's quarantine version,
-  // counted below.)
+  // The rows derived from the keeper's state (forgotten, held elsewhere),
+  // as last applied: the status is written again once they are.
+  absl::StrAppend(&fp, rows_version_.load(), "|");
   if (reconciler_) {
     absl::StrAppend(&fp, reconciler_->devices_held_twice(), "|",
                     reconciler_->forgotten_released(), "|");
@@ -1424,6 +1426,11 @@ absl::Status ProxyServer::AskPredecessorToRelease() {
 // 10 ms (a takeover's one-off waits: a socket served, a registration and
 // the kubelet's stream, each a few milliseconds); false if stopping or out
 // of time.
+bool ProxyServer::stopping() {
+  absl::MutexLock lock(&wake_mu_);
+  return stop_;
+}
+
 bool ProxyServer::WaitForEveryResource(const std::function<bool(Entry*)>& done,
                                        absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -1460,18 +1467,31 @@ void ProxyServer::CompleteTakeover() {
   // one: it opens ListAndWatch once the new endpoint is its current one (a
   // 1.10-1.24 kubelet answers Register before it dials), so from then on
   // its Allocates come here. Then the predecessor may go.
-  const bool registered = WaitForEveryResource(
-      [this](Entry* e) {
-        if (!e->endpoint->kubelet_streaming()) return false;
-        for (const HealthCheck& c : registrar_->RegistrationChecks()) {
-          if (!c.ok) return false;
-        }
-        return true;
-      },
-      absl::Minutes(1));
+  // Until then the predecessor stays: it is still the kubelet's endpoint
+  // for whatever is not registered here, and it forwards what it gets.
+  // Telling it to finish earlier could leave the node with no dpproxy.
+  auto registered_everywhere = [this](Entry* e) {
+    if (!e->endpoint->kubelet_streaming()) return false;
+    for (const HealthCheck& c : registrar_->RegistrationChecks()) {
+      if (!c.ok) return false;
+    }
+    return true;
+  };
+  bool registered = WaitForEveryResource(registered_everywhere, absl::Minutes(1));
+  while (!registered && !stopping()) {
+    LOG(ERROR) << "takeover: not registered with the kubelet for every resource yet (see "
+                  "/readyz); the predecessor keeps running and forwarding until this one is";
+    events_.Emit("takeover_waiting", {{"waited_s", 60}});
+    registered = WaitForEveryResource(registered_everywhere, absl::Minutes(1));
+  }
   if (!registered) {
-    LOG(WARNING) << "takeover: not registered for every resource within a minute; the "
-                    "predecessor is told to finish anyway";
+    // Stopping before it was registered: the predecessor is not told to
+    // finish, so it stays the kubelet's endpoint.
+    LOG(ERROR) << "takeover: stopping before registered with the kubelet; the predecessor is "
+                  "not told to finish";
+    events_.Emit("takeover_failed", {{"error", "stopped before registered with the kubelet"}});
+    takeover_done_.Notify();
+    return;
   }
   // The predecessor's streams end as it exits: a 1.25-1.36 kubelet then
   // drops this one's clients by name, to be registered again at once.

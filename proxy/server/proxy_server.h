@@ -220,6 +220,8 @@ class ProxyServer {
   // Housekeeping: a release the new dpproxy never followed up.
   void CheckHandoffProgress(absl::Time now);
   bool WaitForEveryResource(const std::function<bool(Entry*)>& done, absl::Duration timeout);
+  // Shutdown() has begun.
+  bool stopping();
 
   const ProxyConfig config_;
   // config_ with what reloads applied: what the next reload compares with,
@@ -253,6 +255,8 @@ class ProxyServer {
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<ForgottenStatus> forgotten_rows_ ABSL_GUARDED_BY(mu_);
+  // Grows each time ApplyQuarantine stores the rows above (Fingerprint).
+  std::atomic<uint64_t> rows_version_{0};
   std::vector<HeldElsewhereStatus> held_elsewhere_rows_ ABSL_GUARDED_BY(mu_);
   // Kubelet name -> the name it is served as now, for renamed ones.
   std::map<std::string, std::string> renamed_ ABSL_GUARDED_BY(mu_);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdlib>
 
 #include <iostream>
@@ -184,24 +185,38 @@ int main(int argc, char** argv) {
     LOG(INFO) << "systemd watchdog: a keep-alive every "
               << absl::FormatDuration(notifier.watchdog() / 2);
   }
-  if (absl::Status s = server.Start(); !s.ok()) {
-    LOG(ERROR) << "cannot start: " << s.message();
-    return 1;
-  }
+  // The HTTP listener first: everything that can fail is tried before a
+  // --takeover asks the running dpproxy to release its state.
+  // Until Start() has returned, the probes say so and the metrics hold no
+  // resource (the server's parts are made in Start).
+  std::atomic<bool> started_ok{false};
   auto metrics = std::make_shared<dpproxy::ProxyMetrics>(
-      [&server] { return server.Status(/*with_devices=*/false); }, &server.events());
+      [&server, &started_ok] {
+        return started_ok.load() ? server.Status(/*with_devices=*/false) : dpproxy::ProxyStatus();
+      },
+      &server.events());
   std::unique_ptr<dpproxy::OpsServer> ops;
   if (!config->metrics_address.empty()) {
     dpproxy::OpsHandlers handlers;
     handlers.live = [&server] { return server.Liveness(); };
-    handlers.ready = [&server] { return server.Readiness(); };
+    handlers.ready = [&server, &started_ok] {
+      if (!started_ok.load()) {
+        return std::vector<dpproxy::HealthCheck>{{"started", false, "dpproxy is starting"}};
+      }
+      return server.Readiness();
+    };
     handlers.metrics.push_back(metrics);
     handlers.metrics.push_back(server.telemetry().registry());
     absl::StatusOr<std::unique_ptr<dpproxy::OpsServer>> started =
         dpproxy::OpsServer::Start(config->metrics_address, std::move(handlers));
     if (!started.ok()) {
-      LOG(ERROR) << started.status().message();
-      server.Shutdown();
+      // Before anything else is touched: a --takeover that cannot serve
+      // HTTP leaves the running dpproxy as it is.
+      LOG(ERROR) << "cannot start: " << started.status().message()
+                 << (config->takeover
+                         ? " (nothing was taken over: the running dpproxy goes on; it holds "
+                           "its own --metrics_address, so give the new one another)"
+                         : "");
       return 1;
     }
     ops = *std::move(started);
@@ -217,6 +232,12 @@ int main(int argc, char** argv) {
     LOG(INFO) << "metrics at http://" << host << ":" << ops->port()
               << "/metrics; probes at /livez, /healthz and /readyz";
   }
+  if (absl::Status s = server.Start(); !s.ok()) {
+    LOG(ERROR) << "cannot start: " << s.message();
+    ops.reset();
+    return 1;
+  }
+  started_ok = true;
   int sig = 0;
   for (;;) {
     sig = dpproxy::WaitForTerminationSignal();

@@ -332,7 +332,7 @@ absl::Status LoadConfigText(const std::string& text, const std::string& name,
 }
 
 absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config) {
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadFileUpTo(path, kMaxConfigFileBytes);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read configuration file: ", text.status().message()));

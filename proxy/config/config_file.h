@@ -27,6 +27,7 @@
 #ifndef DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_
 #define DPPROXY_PROXY_CONFIG_CONFIG_FILE_H_
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ namespace dpproxy {
 // Applies the file at `path` on top of `config`. kInvalidArgument with
 // "<path>:<line>:<column>: <key>: <reason>" on any problem; `config` is
 // then unchanged.
+// A configuration file larger than this is refused (at start and on
+// reload) before it is parsed: a real one is a few kilobytes.
+inline constexpr size_t kMaxConfigFileBytes = 1 << 20;
+
 absl::Status LoadConfigFile(const std::string& path, ProxyConfig* config);
 
 // Same, from text (`name` stands for the file in messages).

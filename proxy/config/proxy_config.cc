@@ -86,6 +86,18 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
         "; plugins must register with the proxy in a directory of its own (default "
         "/var/lib/dpproxy/device-plugins)"));
   }
+  // The kubelet's own directories, wherever they are mounted too: a bind
+  // mount of device-plugins/ at the plugin directory has its identity, not
+  // its path.
+  for (const char* sub : {"device-plugins", "plugins_registry", "plugins", "pod-resources"}) {
+    const std::string kubelet_dir = JoinPath(c.kubelet.kubelet_root, sub);
+    if (IsSameOrInside(c.plugin_dir, kubelet_dir) || IsSameOrInside(kubelet_dir, c.plugin_dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plugin directory ", c.plugin_dir, " is, contains or lies inside the kubelet's ",
+          kubelet_dir, " (a bind mount of it?); plugins must register with the proxy in a "
+          "directory of its own (default /var/lib/dpproxy/device-plugins)"));
+    }
+  }
   DPP_RETURN_IF_ERROR(ValidateSocketPath(JoinPath(c.plugin_dir, kKubeletSocketName)));
   DPP_RETURN_IF_ERROR(ValidateSocketPath(KubeletSocketPath(c.kubelet)));
   if (c.kubelet.backend_timeout <= absl::ZeroDuration()) {

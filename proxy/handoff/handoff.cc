@@ -1,12 +1,18 @@
 #include "proxy/handoff/handoff.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_builder.h>
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
@@ -14,15 +20,79 @@
 
 namespace dpproxy {
 
+namespace {
+
+// What the handoff socket accepts: a takeover's calls in order, each once
+// (Release, Forward, Finish), from a process that exists, with bounded
+// fields. Anything else is refused with the reason and changes nothing.
+constexpr size_t kMaxVersionBytes = 64;
+constexpr size_t kMaxForwardSockets = 4096;
+constexpr int kMaxMessageBytes = 1 << 20;
+
+absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
+  if (req.pid() <= 0 || req.pid() > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Release: pid ", req.pid(), " is not a process ID"));
+  }
+  if (::kill(static_cast<pid_t>(req.pid()), 0) != 0 && errno == ESRCH) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Release: pid ", req.pid(), " is not a running process"));
+  }
+  if (req.version().size() > kMaxVersionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("Release: the version is ",
+                                                   req.version().size(), " bytes, more than ",
+                                                   kMaxVersionBytes));
+  }
+  for (unsigned char c : req.version()) {
+    if (c < 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError("Release: the version is not printable ASCII");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckForward(const handoff::v1::ForwardRequest& req) {
+  if (req.sockets().empty() || req.sockets_size() > static_cast<int>(kMaxForwardSockets)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Forward: ", req.sockets_size(), " sockets (1 to ", kMaxForwardSockets, " expected)"));
+  }
+  for (const auto& [resource, socket] : req.sockets()) {
+    if (socket.empty() || socket.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Forward: the socket for ", GoQuote(resource), " is not an absolute path"));
+    }
+    if (absl::Status s = ValidateSocketPath(socket); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("Forward: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 class HandoffServer::Service final : public handoff::v1::Handoff::Service {
  public:
   explicit Service(Hooks hooks) : hooks_(std::move(hooks)) {}
 
   grpc::Status Release(grpc::ServerContext*, const handoff::v1::ReleaseRequest* req,
                        handoff::v1::ReleaseReply* reply) override {
+    if (absl::Status s = CheckRelease(*req); !s.ok()) return Refuse(s);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stage_ != Stage::kServing) {
+        return Refuse(absl::FailedPreconditionError(absl::StrCat(
+            "Release: the state was released already, to pid ", peer_)));
+      }
+      stage_ = Stage::kReleasing;  // one Release at a time
+    }
     LOG(INFO) << "handoff: dpproxy " << req->version() << " (pid " << req->pid()
               << ") asks to take the state directory over";
     absl::StatusOr<int> generation = hooks_.release(req->pid());
+    {
+      absl::MutexLock lock(&mu_);
+      stage_ = generation.ok() ? Stage::kReleased : Stage::kServing;
+      if (generation.ok()) peer_ = req->pid();
+    }
     if (!generation.ok()) return ToGrpcStatus(generation.status());
     reply->set_socket_generation(*generation);
     reply->set_pid(::getpid());
@@ -32,21 +102,56 @@ class HandoffServer::Service final : public handoff::v1::Handoff::Service {
 
   grpc::Status Forward(grpc::ServerContext*, const handoff::v1::ForwardRequest* req,
                        handoff::v1::ForwardReply* reply) override {
+    if (absl::Status s = CheckForward(*req); !s.ok()) return Refuse(s);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stage_ != Stage::kReleased) {
+        return Refuse(absl::FailedPreconditionError(
+            stage_ == Stage::kForwarding || stage_ == Stage::kFinished
+                ? "Forward: the Allocates are forwarded already"
+                : "Forward before Release: nothing has taken the state over"));
+      }
+      stage_ = Stage::kForwarding;
+    }
     std::map<std::string, std::string> sockets(req->sockets().begin(), req->sockets().end());
     absl::StatusOr<int64_t> held = hooks_.forward(sockets);
-    if (!held.ok()) return ToGrpcStatus(held.status());
+    if (!held.ok()) {
+      absl::MutexLock lock(&mu_);
+      stage_ = Stage::kReleased;
+      return ToGrpcStatus(held.status());
+    }
     reply->set_held(*held);
     return grpc::Status::OK;
   }
 
   grpc::Status Finish(grpc::ServerContext*, const handoff::v1::FinishRequest*,
                       handoff::v1::FinishReply*) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stage_ != Stage::kForwarding) {
+        return Refuse(absl::FailedPreconditionError(
+            stage_ == Stage::kFinished
+                ? "Finish: finishing already"
+                : "Finish before Release and Forward: nothing has taken over; this dpproxy "
+                  "goes on serving"));
+      }
+      stage_ = Stage::kFinished;
+    }
     hooks_.finish();
     return grpc::Status::OK;
   }
 
  private:
+  grpc::Status Refuse(const absl::Status& s) {
+    LOG(WARNING) << "handoff: refused: " << s.message();
+    return ToGrpcStatus(s);
+  }
+
+  enum class Stage { kServing, kReleasing, kReleased, kForwarding, kFinished };
   const Hooks hooks_;
+  absl::Mutex mu_;
+  Stage stage_ ABSL_GUARDED_BY(mu_) = Stage::kServing;
+  int64_t peer_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& socket,
@@ -56,6 +161,7 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
   s->service_ = std::make_unique<Service>(std::move(hooks));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(UnixAddress(socket), grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {

@@ -236,7 +236,9 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
       next_retry_ = std::min(next_retry_, e->retry_at);
       LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
                 << s.message() << "); retrying in "
-                << absl::FormatDuration(e->retry_at - absl::Now());
+                << absl::FormatDuration(absl::Ceil(
+                       std::max(absl::ZeroDuration(), e->retry_at - absl::Now()),
+                       absl::Milliseconds(1)));
       events_->Emit("kubelet_registration_retry",
                     {{"resource", e->resource->name()},
                      {"retry_in_ms", absl::ToInt64Milliseconds(

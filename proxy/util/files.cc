@@ -231,6 +231,47 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ReadAndClose(fd, path);
 }
 
+absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat("stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
+  auto too_large = [&](uint64_t size) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, " is ", size,
+                                                     " bytes, more than the limit of ",
+                                                     max_bytes, " bytes"));
+  };
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return too_large(static_cast<uint64_t>(st.st_size));
+  }
+  std::string out;
+  char buf[65536];
+  while (out.size() <= max_bytes) {
+    const size_t want = std::min(sizeof(buf), max_bytes + 1 - out.size());
+    ssize_t n = ::read(fd, buf, want);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (out.size() > max_bytes) return too_large(out.size());
+  return out;
+}
+
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
                              mode_t mode) {
   std::string tmp = absl::StrCat(path, ".tmp.XXXXXX");

@@ -71,6 +71,13 @@ absl::Status MakeDirs(const std::string& path);
 // Reads a whole file. kNotFound if it does not exist.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 
+// Reads a whole regular file of at most `max_bytes` (symbolic links
+// followed): kNotFound if it does not exist, kFailedPrecondition naming the
+// path if it is not a regular file, kResourceExhausted naming its size and
+// the limit if it is larger. Never reads more than `max_bytes` + 1 bytes,
+// even of a file that grows meanwhile.
+absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_bytes);
+
 // Reads a whole file that must be a regular file reached without following
 // a symbolic link (dpproxy's own state): kNotFound if it does not exist,
 // kFailedPrecondition naming the path if it is a link, a directory or

@@ -1,6 +1,11 @@
 #include "proxy/config/config_file.h"
 
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -272,6 +277,62 @@ TEST(ConfigFileTest, LoadsFromDisk) {
   ProxyConfig c = Base();
   ASSERT_TRUE(LoadConfigFile(dir.Sub("c.yaml"), &c).ok());
   EXPECT_EQ(c.kubelet.backend_timeout, absl::Minutes(1));
+}
+
+// A configuration file is a few kilobytes: a huge one (a mistake, or a
+// file being written) is refused before it is read whole or parsed, at
+// start and on reload alike (both load it through LoadConfigFile).
+TEST(ConfigFileTest, AFileOverTheLimitIsRefusedNamingItsSize) {
+  testing::ShortTempDir dir;
+  std::string big = "timeouts: {backend: 1m}\n";
+  big.append(kMaxConfigFileBytes, '#');
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("big.yaml"), big).ok());
+  ProxyConfig c = Base();
+  const ProxyConfig before = c;
+  absl::Status s = LoadConfigFile(dir.Sub("big.yaml"), &c);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(absl::StrCat("is ", big.size(), " bytes, more than the limit of ",
+                                     kMaxConfigFileBytes, " bytes")));
+  EXPECT_EQ(c.kubelet.backend_timeout, before.kubelet.backend_timeout);  // untouched
+  // Exactly at the limit is still read.
+  std::string edge = "timeouts: {backend: 2m}\n";
+  edge.resize(kMaxConfigFileBytes, '\n');
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("edge.yaml"), edge).ok());
+  ASSERT_TRUE(LoadConfigFile(dir.Sub("edge.yaml"), &c).ok());
+  EXPECT_EQ(c.kubelet.backend_timeout, absl::Minutes(2));
+}
+
+TEST(ConfigFileTest, AConfigurationThatIsNotAFileIsRefused) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("fifo").c_str(), 0600), 0);  // would block a plain read
+  ProxyConfig c = Base();
+  absl::Status s = LoadConfigFile(dir.Sub("fifo"), &c);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is not a regular file"));
+  EXPECT_THAT(std::string(LoadConfigFile(dir.path(), &c).message()),
+              HasSubstr("is not a regular file"));
+}
+
+// A plugin directory that is the kubelet's device-plugins directory under
+// another path (a bind mount) is refused: dpproxy removes stale sockets in
+// its plugin directory and must never do so among the kubelet's. A real
+// bind mount (the tests run as root, as CI does).
+TEST(ConfigValidationTest, ABindMountOfTheKubeletsDirectoryIsRefused) {
+  testing::ShortTempDir dir;
+  ASSERT_TRUE(MakeDirs(dir.Sub("k/device-plugins")).ok());
+  ASSERT_TRUE(MakeDirs(dir.Sub("p")).ok());
+  ASSERT_EQ(::mount(dir.Sub("k/device-plugins").c_str(), dir.Sub("p").c_str(), nullptr, MS_BIND,
+                    nullptr),
+            0)
+      << "bind mount: " << std::strerror(errno) << " (these tests run as root)";
+  ProxyConfig c = Base();
+  c.kubelet.kubelet_root = dir.Sub("k");
+  c.plugin_dir = dir.Sub("p");
+  absl::Status s = ValidateConfig(c);
+  ::umount2(dir.Sub("p").c_str(), MNT_DETACH);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("a bind mount of it?"));
+  // Unmounted, the same directory is dpproxy's own again.
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).message();
 }
 
 TEST(ApiVersionTest, OneSpellingForPeopleOneForTheWire) {

@@ -1,6 +1,8 @@
 // A dpproxy upgraded beside the running one (--takeover): the state is
 // handed over, the kubelet's Allocates go on throughout, and the kubelet's
 // view of the devices never has a gap (issue 10).
+#include <unistd.h>
+
 #include <atomic>
 #include <set>
 #include <string>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "proxy/handoff/handoff.h"
+#include "proxy/rpc/grpc_util.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/sim_helpers.h"
 
@@ -267,6 +270,51 @@ TEST(HandoffAbandonedTest, AReleasedDpproxyWhoseSuccessorNeverServesStops) {
       h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+}
+
+// The handoff socket takes a takeover's calls in order, once each, from a
+// process that exists, with bounded fields; anything else is refused with
+// the reason, and the running dpproxy serves on as if nothing was asked.
+TEST(HandoffProtocolTest, OutOfOrderAndMalformedCallsAreRefused) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  const std::string socket = h.dir("state/handoff.0.sock");
+  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(socket));
+  auto call = [&](auto method, const auto& req, auto* reply) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+    return ((*stub).*method)(&ctx, req, reply);
+  };
+  handoff::v1::FinishReply finished;
+  grpc::Status s = call(&handoff::v1::Handoff::Stub::Finish, handoff::v1::FinishRequest(),
+                        &finished);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("nothing has taken over"));
+  handoff::v1::ForwardRequest forward;
+  (*forward.mutable_sockets())[kGpu] = h.dir("k/device-plugins/x.sock");
+  handoff::v1::ForwardReply forwarded;
+  s = call(&handoff::v1::Handoff::Stub::Forward, forward, &forwarded);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("Forward before Release"));
+  handoff::v1::ReleaseRequest release;
+  handoff::v1::ReleaseReply released;
+  release.set_pid(-1);
+  s = call(&handoff::v1::Handoff::Stub::Release, release, &released);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("pid -1 is not a process ID"));
+  release.set_pid(::getpid() == 1 ? 2 : 1);
+  release.set_version(std::string(200, 'v'));
+  s = call(&handoff::v1::Handoff::Stub::Release, release, &released);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("the version is 200 bytes"));
+  release.set_version(std::string(2 << 20, 'v'));  // past the socket's message limit
+  s = call(&handoff::v1::Handoff::Stub::Release, release, &released);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Nothing was handed over: the running dpproxy still serves Allocates.
+  EXPECT_FALSE(h.proxy().handed_over());
+  absl::StatusOr<sim::AllocateResponse> a =
+      h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu));
+  EXPECT_TRUE(a.ok()) << a.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(Kubelets, HandoffTest,

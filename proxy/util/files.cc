@@ -337,6 +337,26 @@ absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode) {
   return fd;
 }
 
+namespace {
+
+// Whether a process listens on the Unix socket at `path`: a non-blocking
+// connect is refused (ECONNREFUSED) only when nobody does; a full backlog
+// (EAGAIN) is someone listening too. Never blocks.
+bool SomeoneListens(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 || err == EAGAIN || err == EINPROGRESS;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) {
@@ -365,6 +385,9 @@ absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& d
     struct stat st;
     if (::fstatat(dfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISSOCK(st.st_mode)) continue;  // files, directories, links: not ours to remove
+    // A socket someone listens on is a running plugin's (one that started a
+    // moment ago, say): removing it would cost it a restart.
+    if (SomeoneListens(JoinPath(dir, name))) continue;
     if (::unlinkat(dfd, name.c_str(), 0) != 0 && errno != ENOENT) {
       status = ErrnoStatus(errno, absl::StrCat("remove ", JoinPath(dir, name)));
       break;

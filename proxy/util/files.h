@@ -112,9 +112,10 @@ absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
     const std::string& dir, const std::vector<std::string>& keep);
 
 // What dpproxy does to its own plugin directory at start: removes stale
-// Unix sockets (so plugins notice and register again) and nothing else:
-// regular files, directories and links are left alone, and the directory
-// is opened without following a link. Returns the removed names.
+// Unix sockets, those nobody listens on (left by plugins that are gone),
+// and nothing else: a running plugin's socket, regular files, directories
+// and links are left alone, and the directory is opened without following
+// a link. Returns the removed names.
 absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& dir);
 
 // The canonical absolute path of `path` (symlinks and ".." resolved). A

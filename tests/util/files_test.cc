@@ -200,6 +200,18 @@ TEST(FilesTest, RemoveStaleSocketsRemovesOnlySockets) {
   EXPECT_TRUE(PathExists(elsewhere.Sub("their.sock")));
 }
 
+// A socket a process listens on is a running plugin's (one that started a
+// moment before dpproxy, say): it stays; one nobody listens on goes.
+TEST(FilesTest, RemoveStaleSocketsKeepsASocketSomeoneListensOn) {
+  testing::ShortTempDir dir;
+  testing::SilentSocket live(dir.Sub("live.sock"));  // listens, never accepts
+  MakeSocketFile(dir.Sub("gone.sock"));
+  absl::StatusOr<std::vector<std::string>> removed = RemoveStaleSockets(dir.path());
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ElementsAre("gone.sock"));
+  EXPECT_TRUE(PathExists(dir.Sub("live.sock")));
+}
+
 TEST(FilesTest, IsSameOrInsideComparesByIdentityNotSpelling) {
   testing::ShortTempDir root;
   ASSERT_TRUE(MakeDirs(root.Sub("kubelet/device-plugins")).ok());

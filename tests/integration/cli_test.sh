@@ -351,5 +351,27 @@ expect_contains "... as not exit or wait" "$LAST_OUT" "--after_handoff=linger is
 kill -TERM "$NEWER"; wait "$NEWER"
 kill -TERM "$PLUGIN4" "$SIM4"; wait "$PLUGIN4" "$SIM4"
 
+# A node with 270,000 devices (three resources, each list within the
+# kubelet's 4 MiB): its whole state is some 6 MB, past gRPC's default
+# limit, and the control socket carries it.
+R5="$DIR/r5"; mkdir -p "$R5"
+"$SIM" serve --root-dir="$R5/k" --personality=v1beta1-sync --quiet &
+SIM5=$!; PIDS+=($SIM5)
+wait_until "kubelet_sim control socket (large node)" 100 test -S "$R5/k/kubelet_sim.sock"
+LARGE=()
+for r in a b c; do
+  "$PLUGIN" --resource="vendor.com/many-$r" --devices=90000 --socket_name="many-$r.sock" \
+    --kubelet-socket="$R5/k/device-plugins/kubelet.sock" --quiet &
+  LARGE+=($!); PIDS+=($!)
+done
+for r in a b c; do
+  expect_exit "wait for 90,000 devices of vendor.com/many-$r" 0 "$SIM" wait --root_dir="$R5/k" \
+    --resource="vendor.com/many-$r" --min_healthy=90000 --timeout=60s
+done
+state_bytes="$("$SIM" state --root_dir="$R5/k" --output=json | wc -c)"
+(( state_bytes > 4194304 )) && pass "state of a node with 270,000 devices ($state_bytes bytes)" \
+  || fail "state of a node with 270,000 devices: $state_bytes bytes"
+kill -TERM "${LARGE[@]}" "$SIM5"; wait "${LARGE[@]}" "$SIM5"
+
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

@@ -702,6 +702,10 @@ absl::Status KubeletSim::StartControl(const std::string& socket_path) {
   control_service_ = std::make_unique<Control>(this);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(UnixAddress(socket_path), grpc::InsecureServerCredentials());
+  // A node's whole state (every device, pod and allocation) in one answer:
+  // 260,000 devices make some 6 MB.
+  builder.SetMaxSendMessageSize(kControlMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(kControlMaxMessageBytes);
   builder.RegisterService(control_service_.get());
   control_server_ = builder.BuildAndStart();
   if (control_server_ == nullptr) {

@@ -86,6 +86,10 @@ struct KubeletVersion {
   std::string GenerationName() const;
 };
 
+// The largest message on the control socket (both ways): the state of a
+// node with hundreds of thousands of devices.
+inline constexpr int kControlMaxMessageBytes = 256 << 20;
+
 // The oldest and newest kubelet minor releases the simulator knows.
 inline constexpr int kOldestKubeletMinor = 9;
 inline constexpr int kNewestKubeletMinor = 36;

@@ -269,7 +269,7 @@ int RunClient(const std::string& command) {
     return Fail(absl::StrCat("no simulator control socket at ", socket,
                              " (is `kubelet_sim serve` running with this --root_dir?)"));
   }
-  auto stub = KubeletControl::NewStub(MakeUnixChannel(socket));
+  auto stub = KubeletControl::NewStub(MakeUnixChannel(socket, kControlMaxMessageBytes));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
   grpc::Status st;

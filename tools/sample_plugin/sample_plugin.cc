@@ -744,10 +744,16 @@ absl::Status SamplePlugin::Start() {
     DPP_RETURN_IF_ERROR(WriteCdiSpec());
   }
   started_ = true;
+  // The count and the first few IDs: a line per device ID would be
+  // megabytes at 100,000 devices.
+  std::vector<std::string> ids = DeviceIds(options_);
+  const size_t count = ids.size();
+  if (ids.size() > 8) ids.resize(8);
   events_.Emit("serving", {{"socket", socket_path_},
                            {"resource", options_.resource},
                            {"api", options_.api == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1"},
-                           {"devices", DeviceIds(options_)}});
+                           {"devices", count},
+                           {"first_devices", ids}});
   // Register now (CheckKubelet), then on every change of the directory.
   CheckKubelet();
   // Our socket's directory: device-plugins/ (beside kubelet.sock) or

@@ -139,6 +139,11 @@ TEST_P(PersonalityTest, RegistersAndReportsDevices) {
   EXPECT_TRUE(h_.sim().events().WaitForEvent("registered", {{"resource", kGpu}}, kWait));
   EXPECT_EQ(plugin.Status().registrations(), 1);
   EXPECT_EQ(plugin.Status().list_and_watch_streams(), 1);
+  // The plugin's own start event counts its devices instead of listing them.
+  std::optional<Json> serving = plugin.events().WaitForEvent("serving", {}, kWait);
+  ASSERT_TRUE(serving.has_value());
+  EXPECT_EQ((*serving)["devices"], 4);
+  EXPECT_EQ((*serving)["first_devices"].size(), 4u);
 }
 
 TEST_P(PersonalityTest, HealthFlipIsSeenByTheKubelet) {

@@ -58,6 +58,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
     backend_ = backend;
     generation = ++generation_;
     connected_ = true;
+    listed_ = false;  // calls wait for its first device list
     lost_at_.reset();
     hold_override_.reset();
     last_endpoint_ = backend->endpoint();
@@ -91,13 +92,19 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
 
 std::shared_ptr<Backend> Resource::backend() {
   absl::MutexLock lock(&mu_);
+  return connected_ && listed_ ? backend_ : nullptr;
+}
+
+std::shared_ptr<Backend> Resource::attached_backend() {
+  absl::MutexLock lock(&mu_);
   return connected_ ? backend_ : nullptr;
 }
 
 std::shared_ptr<Backend> Resource::WaitForBackend(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&connected_), timeout);
-  return connected_ ? backend_ : nullptr;
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return connected_ && listed_; };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  return connected_ && listed_ ? backend_ : nullptr;
 }
 
 bool Resource::backend_connected() {
@@ -262,6 +269,13 @@ absl::Status ValidateBackendDevices(const DeviceList& devices) {
 }  // namespace
 
 void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> devices) {
+  {
+    // The backend has sent a list: it knows its devices, and calls held for
+    // it go on (a kubelet never calls before a connection's first list, and
+    // plugins that learn their devices in ListAndWatch rely on that).
+    absl::MutexLock lock(&mu_);
+    if (generation == generation_) listed_ = true;
+  }
   if (absl::Status s = ValidateBackendDevices(*devices); !s.ok()) {
     // Nothing of a malformed list reaches the kubelet: the previous one stays.
     LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("

@@ -108,8 +108,11 @@ class Resource {
   // previous backend is stopped. Returns true if the options the kubelet
   // must be told about changed (the caller registers again).
   bool AttachBackend(std::shared_ptr<Backend> backend);
-  // The current backend, or nullptr while none is connected.
+  // The current backend once it has sent its first device list, or nullptr
+  // (none connected, or its first list not in yet).
   std::shared_ptr<Backend> backend();
+  // The connected backend, whether or not its first list is in.
+  std::shared_ptr<Backend> attached_backend();
   // The current backend, waiting up to `timeout` for one to connect (a
   // plugin registering again after it and dpproxy restarted together);
   // nullptr if none did.
@@ -246,6 +249,9 @@ class Resource {
   std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  // The current backend has sent its first device list (backend() and
+  // WaitForBackend wait for it).
+  bool listed_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Time> lost_at_ ABSL_GUARDED_BY(mu_);
   // Hold for the current absence, when it is not the loss policy's (restore).
   std::optional<absl::Duration> hold_override_ ABSL_GUARDED_BY(mu_);

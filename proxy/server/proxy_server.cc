@@ -869,7 +869,7 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
       }
       // Not used any more: its connection ends now, and its devices are
       // shown Unhealthy (ApplyQuarantine) unless it is added back.
-      std::shared_ptr<Backend> open = removed ? removed->resource->backend() : nullptr;
+      std::shared_ptr<Backend> open = removed ? removed->resource->attached_backend() : nullptr;
       if (open != nullptr && open->endpoint() == b.endpoint) {
         removed->resource->DetachBackend("static backend removed from the configuration");
       }

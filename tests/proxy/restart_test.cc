@@ -132,5 +132,39 @@ TEST(KubeletRestartTest, AnAllocateStuckOnABackendDoesNotHoldUpServingAgain) {
   EXPECT_TRUE(plugin->events().WaitForEvent("allocate_cancelled", {}, kWait).has_value());
 }
 
+// dpproxy and its plugin restart together: the kubelet's Allocate is held
+// until the plugin is back, and then until the plugin has sent its first
+// device list, as a kubelet would wait. A plugin that learns its devices in
+// ListAndWatch refuses any Allocate before that.
+TEST(RestartTogetherTest, AHeldAllocateWaitsForThePluginsFirstList) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices_from_list_and_watch = true;
+  o.first_list_delay = absl::Milliseconds(300);
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource("vendor.com/gpu", 4, kWait));
+
+  h.StopPlugins();
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());  // remembered devices, no backend yet
+  ASSERT_TRUE(h.sim().WaitForResource("vendor.com/gpu", 4, kWait));
+  const size_t from = h.sim().events().Size();
+  absl::Status admitted;
+  std::thread pod([&] {
+    admitted =
+        h.sim().Allocate(testing::PodRequest("held", {{"main", 1}}, "vendor.com/gpu")).status();
+  });
+  // The kubelet has asked for a preferred allocation, its Allocate follows.
+  ASSERT_TRUE(h.sim().events().WaitForEvent("preferred_allocation", {}, kWait, from));
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  pod.join();
+  EXPECT_TRUE(admitted.ok()) << admitted;
+  EXPECT_FALSE(plugin->events().WaitForEvent("allocate_before_list", {}, absl::ZeroDuration()))
+      << "an Allocate reached the plugin before its first device list";
+}
+
 }  // namespace
 }  // namespace dpproxy

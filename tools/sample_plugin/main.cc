@@ -59,6 +59,10 @@ DEFINE_bool(single_stream_updates, false,
             "Give each device-list update to only one ListAndWatch stream, as the\n"
             "kubelet's stub plugin does.");
 DEFINE_string(allocate_delay, "0s", "Fault injection: delay every Allocate by this much.");
+DEFINE_bool(devices_from_list_and_watch, false,
+            "Learn the devices in ListAndWatch, as some generic plugins do: Allocate\n"
+            "fails (\"requested device does not exist\") until the first list is sent.");
+DEFINE_string(first_list_delay, "0s", "Hold the first ListAndWatch list back this long.");
 DEFINE_string(fail_allocate, "",
               "Fault injection: fail every Allocate with INTERNAL and this message.");
 DEFINE_string(device_list_fault, "",
@@ -144,6 +148,9 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.single_stream_updates = FLAGS_single_stream_updates;
   DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));
   o.fail_allocate = FLAGS_fail_allocate;
+  o.devices_from_list_and_watch = FLAGS_devices_from_list_and_watch;
+  DPP_ASSIGN_OR_RETURN(o.first_list_delay,
+                       ParseFlagDuration("first_list_delay", FLAGS_first_list_delay));
   o.device_list_fault = FLAGS_device_list_fault;
   o.fault = FLAGS_fault;
   o.cdi_dir = FLAGS_cdi_dir;

@@ -311,8 +311,18 @@ class SamplePlugin::Impl {
         }
       }
       if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      if (send && first_list_delay_pending_.exchange(false)) {
+        const absl::Time end = absl::Now() + o_.first_list_delay;
+        while (absl::Now() < end && !ctx->IsCancelled()) {
+          absl::SleepFor(std::min(absl::Milliseconds(10), end - absl::Now()));
+        }
+      }
       if (send) InjectDeviceListFault(&snapshot);
       if (send && !write(snapshot)) return grpc::Status::OK;
+      if (send) {
+        absl::MutexLock lock(&mu_);
+        listed_ = true;
+      }
     }
   }
 
@@ -426,6 +436,15 @@ class SamplePlugin::Impl {
       return grpc::Status(grpc::StatusCode::INTERNAL, o_.fail_allocate);
     }
     if (o_.fault == "no-container-response") return grpc::Status::OK;
+    if (o_.devices_from_list_and_watch) {
+      absl::MutexLock lock(&mu_);
+      if (!listed_) {
+        events_->Emit("allocate_before_list", {{"container_requests", reqs}});
+        return grpc::Status(grpc::StatusCode::UNKNOWN,
+                            "requested device does not exist (devices are learnt in "
+                            "ListAndWatch, which has sent nothing yet)");
+      }
+    }
     for (const auto& ids : requests) {
       absl::StatusOr<v1beta1::ContainerAllocateResponse> r = Respond(ids);
       if (!r.ok()) return ToGrpcStatus(r.status());
@@ -474,6 +493,8 @@ class SamplePlugin::Impl {
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool listed_ ABSL_GUARDED_BY(mu_) = false;  // a first list was sent
+  std::atomic<bool> first_list_delay_pending_{o_.first_list_delay > absl::ZeroDuration()};
 };
 
 namespace {

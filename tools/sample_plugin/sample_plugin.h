@@ -76,6 +76,12 @@ struct SamplePluginOptions {
   // Fault injection: delay Allocate by this much; fail it with this message.
   absl::Duration allocate_delay = absl::ZeroDuration();
   std::string fail_allocate;
+  // Learn the devices in ListAndWatch, as some generic plugins do: until
+  // this process has sent its first list, Allocate answers "requested
+  // device does not exist" (a kubelet never calls Allocate on a connection
+  // before its first list). `first_list_delay` holds that first list back.
+  bool devices_from_list_and_watch = false;
+  absl::Duration first_list_delay = absl::ZeroDuration();
   // Fault injection: send malformed device lists (see kDeviceListFaults):
   // "duplicate-id" repeats the first device, "empty-id" adds a device with
   // an empty ID, "newline-id" adds "bad\nid", "unknown-health" reports the

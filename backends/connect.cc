@@ -11,11 +11,10 @@
 
 namespace dpproxy {
 
-absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resource,
-                                                        const std::string& socket_path,
-                                                        ApiVersion api,
-                                                        absl::Duration dial_timeout,
-                                                        int max_receive_bytes) {
+absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(
+    const std::string& resource, const std::string& socket_path, ApiVersion api,
+    absl::Duration dial_timeout, int max_receive_bytes,
+    const std::optional<v1beta1::DevicePluginOptions>& registered) {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path));
   std::shared_ptr<grpc::Channel> channel = MakeUnixChannel(socket_path, max_receive_bytes);
   if (!WaitForConnected(channel.get(), dial_timeout).ok()) {
@@ -28,6 +27,13 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(const std::string& resou
     auto backend = std::make_shared<V1AlphaBackend>(resource, socket_path, channel);
     DPP_RETURN_IF_ERROR(backend->OpenStream(dial_timeout));
     return std::shared_ptr<Backend>(std::move(backend));
+  }
+  if (registered.has_value()) {
+    // Options the plugin gave when it registered: a plugin written for
+    // kubelets up to 1.24 may answer nothing sensible to
+    // GetDevicePluginOptions, which those kubelets never call.
+    return std::shared_ptr<Backend>(
+        std::make_shared<V1Beta1Backend>(resource, socket_path, channel, *registered));
   }
   auto stub = v1beta1::DevicePlugin::NewStub(channel);
   std::unique_ptr<grpc::ClientContext> ctx = CallContext(nullptr, dial_timeout);

@@ -31,7 +31,8 @@ class BetaRegistration final
                                      v1beta1::Empty*) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     s_->RegisterAsync(ApiVersion::kV1Beta1, r->version(), r->endpoint(), r->resource_name(),
-                      [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); });
+                      [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); },
+                      r->has_options() ? std::make_optional(r->options()) : std::nullopt);
     return reactor;
   }
 
@@ -138,7 +139,9 @@ void BackendRegistrationServer::Stop() {
 
 void BackendRegistrationServer::RegisterAsync(ApiVersion api, std::string version,
                                               std::string endpoint, std::string resource,
-                                              std::function<void(absl::Status)> done) {
+                                              std::function<void(absl::Status)> done,
+                                              std::optional<v1beta1::DevicePluginOptions>
+                                                  registered_options) {
   // v1alpha is answered at once (its dial runs on a Dialer's thread).
   if (api == ApiVersion::kV1Alpha) return done(HandleRegister(api, version, endpoint, resource));
   bool stopping = false, busy = false;
@@ -166,8 +169,9 @@ void BackendRegistrationServer::RegisterAsync(ApiVersion api, std::string versio
   // names the reason), on a thread of this registration's own: the dial
   // blocks for up to the dial timeout.
   std::thread([this, api, version = std::move(version), endpoint = std::move(endpoint),
-               resource = std::move(resource), done = std::move(done)] {
-    done(HandleRegister(api, version, endpoint, resource));
+               resource = std::move(resource), done = std::move(done),
+               registered_options = std::move(registered_options)] {
+    done(HandleRegister(api, version, endpoint, resource, registered_options));
     absl::MutexLock lock(&mu_);
     --registering_;  // the thread's last touch of this server
   }).detach();
@@ -194,9 +198,10 @@ std::map<std::string, int64_t> BackendRegistrationServer::Rejections() {
   return rejections_;
 }
 
-absl::Status BackendRegistrationServer::HandleRegister(ApiVersion api, const std::string& version,
-                                                       const std::string& endpoint,
-                                                       const std::string& resource) {
+absl::Status BackendRegistrationServer::HandleRegister(
+    ApiVersion api, const std::string& version, const std::string& endpoint,
+    const std::string& resource,
+    const std::optional<v1beta1::DevicePluginOptions>& registered_options) {
   // Untrusted input: quoted and bounded wherever it is echoed, and never a
   // metric label (rejections are counted by reason only).
   auto reject = [&](const char* reason, absl::Status s) {
@@ -221,7 +226,8 @@ absl::Status BackendRegistrationServer::HandleRegister(ApiVersion api, const std
 
   if (api == ApiVersion::kV1Beta1) {
     absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()), options_.max_list_bytes);
+        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()),
+                       options_.max_list_bytes, registered_options);
     if (!b.ok()) {
       return reject("dial", absl::UnknownError(
           absl::StrCat("failed to dial device plugin: ", b.status().message())));

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/backend.h"
+#include "proto/v1beta1/api.pb.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"
 
@@ -80,14 +82,20 @@ class BackendRegistrationServer {
   // Register: checks it, dials the plugin (v1beta1; a v1alpha plugin is
   // dialled after the answer, as 1.9 did) and hands the backend over.
   // Blocks for up to the dial timeout.
-  absl::Status HandleRegister(ApiVersion api, const std::string& version,
-                              const std::string& endpoint, const std::string& resource);
+  // `registered_options`: the options a v1beta1 plugin sent in its
+  // RegisterRequest, if it sent any (used instead of asking for them).
+  absl::Status HandleRegister(
+      ApiVersion api, const std::string& version, const std::string& endpoint,
+      const std::string& resource,
+      const std::optional<v1beta1::DevicePluginOptions>& registered_options = std::nullopt);
   // The same without blocking the caller: `done` gets the outcome, at once
   // (v1alpha, a refusal) or from a thread of the registration's own (a
   // v1beta1 dial; at most kMaxDials at once, more are refused with
   // kUnavailable until one ends).
   void RegisterAsync(ApiVersion api, std::string version, std::string endpoint,
-                     std::string resource, std::function<void(absl::Status)> done);
+                     std::string resource, std::function<void(absl::Status)> done,
+                     std::optional<v1beta1::DevicePluginOptions> registered_options =
+                         std::nullopt);
 
  private:
   const Options options_;

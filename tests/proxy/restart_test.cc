@@ -166,5 +166,32 @@ TEST(RestartTogetherTest, AHeldAllocateWaitsForThePluginsFirstList) {
       << "an Allocate reached the plugin before its first device list";
 }
 
+// A plugin written for kubelets up to 1.24 gives its options in its
+// RegisterRequest only and fails GetDevicePluginOptions, which those
+// kubelets never call. dpproxy takes the registered options and never asks:
+// the plugin works through dpproxy to every kubelet, 1.9 and 1.31 included,
+// and its PreStartContainer is honoured.
+TEST(FieldPluginTest, OptionsOnlyInRegisterAreUsedWithoutAsking) {
+  for (Personality p : {Personality::kV1Alpha, Personality::kV1Beta1Async,
+                        Personality::kV1Beta1Sync}) {
+    SCOPED_TRACE(sim::PersonalityName(p));
+    ProxyHarness h(p, false);
+    sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+    o.options_only_in_register = true;
+    o.pre_start_required = true;
+    ASSERT_TRUE(h.sim().Start().ok());
+    ASSERT_TRUE(h.proxy().Start().ok());
+    sample::SamplePlugin* plugin = h.StartPlugin(o);
+    ASSERT_NE(plugin, nullptr);
+    ASSERT_TRUE(h.sim().WaitForResource("vendor.com/gpu", 4, kWait));
+    absl::StatusOr<sim::AllocateResponse> a =
+        h.sim().Allocate(testing::PodRequest("old", {{"main", 1}}, "vendor.com/gpu"));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(plugin->Status().pre_start_calls(), 1);  // dpproxy calls it for 1.9 itself
+    EXPECT_FALSE(plugin->events().WaitForEvent("get_device_plugin_options_failed", {},
+                                               absl::ZeroDuration()));
+  }
+}
+
 }  // namespace
 }  // namespace dpproxy

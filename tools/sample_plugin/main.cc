@@ -63,6 +63,9 @@ DEFINE_bool(devices_from_list_and_watch, false,
             "Learn the devices in ListAndWatch, as some generic plugins do: Allocate\n"
             "fails (\"requested device does not exist\") until the first list is sent.");
 DEFINE_string(first_list_delay, "0s", "Hold the first ListAndWatch list back this long.");
+DEFINE_bool(options_only_in_register, false,
+            "Give the options in RegisterRequest only: GetDevicePluginOptions fails, as a\n"
+            "plugin written for kubelets up to 1.24 answering nil does.");
 DEFINE_string(fail_allocate, "",
               "Fault injection: fail every Allocate with INTERNAL and this message.");
 DEFINE_string(device_list_fault, "",
@@ -149,6 +152,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));
   o.fail_allocate = FLAGS_fail_allocate;
   o.devices_from_list_and_watch = FLAGS_devices_from_list_and_watch;
+  o.options_only_in_register = FLAGS_options_only_in_register;
   DPP_ASSIGN_OR_RETURN(o.first_list_delay,
                        ParseFlagDuration("first_list_delay", FLAGS_first_list_delay));
   o.device_list_fault = FLAGS_device_list_fault;

@@ -203,6 +203,9 @@ class SamplePlugin::Impl {
     }
   }
 
+  bool options_only_in_register() const { return o_.options_only_in_register; }
+  EventLog* events() { return events_; }
+
   v1beta1::DevicePluginOptions Options() const {
     v1beta1::DevicePluginOptions opts;
     opts.set_pre_start_required(o_.pre_start_required);
@@ -505,6 +508,11 @@ class BetaService final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                       v1beta1::DevicePluginOptions* resp) override {
+    if (impl_->options_only_in_register()) {
+      impl_->events()->Emit("get_device_plugin_options_failed", {});
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          "grpc: error while marshaling: proto: Marshal called with nil");
+    }
     *resp = impl_->Options();
     return grpc::Status::OK;
   }

@@ -82,6 +82,10 @@ struct SamplePluginOptions {
   // before its first list). `first_list_delay` holds that first list back.
   bool devices_from_list_and_watch = false;
   absl::Duration first_list_delay = absl::ZeroDuration();
+  // Give the options in RegisterRequest only, as plugins written for
+  // kubelets up to 1.24 may: GetDevicePluginOptions then fails the way a Go
+  // plugin answering nil does (a kubelet from 1.25 refuses such a plugin).
+  bool options_only_in_register = false;
   // Fault injection: send malformed device lists (see kDeviceListFaults):
   // "duplicate-id" repeats the first device, "empty-id" adds a device with
   // an empty ID, "newline-id" adds "bad\nid", "unknown-health" reports the

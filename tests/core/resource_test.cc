@@ -272,7 +272,10 @@ namespace {
 
 // A call that finds no backend waits for one to connect (dpproxy and its
 // plugin restarting together), and gives up after its limit.
-TEST(ResourceTest, WaitForBackendWaitsForOneToConnect) {
+// A held call goes on once a backend is connected and has sent its first
+// device list: a kubelet never calls before a connection's first list, and
+// plugins that learn their devices in ListAndWatch rely on that.
+TEST(ResourceTest, WaitForBackendWaitsForOneToConnectAndList) {
   EventLog events("test");
   Resource r("vendor.com/gpu", ResourcePolicy(), &events);
   EXPECT_EQ(r.WaitForBackend(absl::Milliseconds(20)), nullptr);
@@ -285,9 +288,13 @@ TEST(ResourceTest, WaitForBackendWaitsForOneToConnect) {
   });
   waiting.WaitForNotification();
   r.AttachBackend(backend);
+  EXPECT_EQ(r.backend(), nullptr) << "connected, but no device list yet";
+  EXPECT_EQ(r.attached_backend(), backend);
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(2, "gpu-")));
   caller.join();
   EXPECT_EQ(got, backend);
   EXPECT_EQ(r.WaitForBackend(absl::ZeroDuration()), backend);
+  r.Shutdown();
 }
 
 }  // namespace

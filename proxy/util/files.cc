@@ -43,12 +43,19 @@ std::string DirName(const std::string& path) {
 }
 
 
-// Reads `fd` to the end and closes it; errors name `path`.
-absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path) {
+// Reads `fd` to the end, or to `limit` + 1 bytes, and closes it; errors
+// name `path`.
+absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path,
+                                         size_t limit = std::string::npos) {
   std::string out;
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
+    size_t want = sizeof(buf);
+    if (limit != std::string::npos) {
+      if (out.size() > limit) break;
+      want = std::min(want, limit + 1 - out.size());
+    }
+    ssize_t n = ::read(fd, buf, want);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
@@ -253,22 +260,8 @@ absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_byt
     ::close(fd);
     return too_large(static_cast<uint64_t>(st.st_size));
   }
-  std::string out;
-  char buf[65536];
-  while (out.size() <= max_bytes) {
-    const size_t want = std::min(sizeof(buf), max_bytes + 1 - out.size());
-    ssize_t n = ::read(fd, buf, want);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, absl::StrCat("read ", path));
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (out.size() > max_bytes) return too_large(out.size());
+  absl::StatusOr<std::string> out = ReadAndClose(fd, path, max_bytes);
+  if (out.ok() && out->size() > max_bytes) return too_large(out->size());
   return out;
 }
 

@@ -338,19 +338,26 @@ TEST(ForgottenHoldTest, ARestartingContainerOfAForgottenPodComesBackOnFreeDevice
   EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
 }
 
+// The simulated kubelet and a sample plugin of 2 devices registered with
+// it directly, no dpproxy.
+void UpDirect(ProxyHarness& h, sample::SamplePlugin** plugin) {
+  ASSERT_TRUE(h.sim().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.kubelet_socket = h.sim().kubelet_socket();
+  o.devices = 2;
+  *plugin = h.StartPlugin(o);
+  ASSERT_NE(*plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));
+}
+
 // What the simulated kubelet does without dpproxy, as a real one does
 // (protocol-facts §10): a plugin registered directly keeps every running
 // pod after the checkpoint loss, but the next pod is given a device a
 // running pod still uses.
 TEST(KubeletSimTest, ADirectPluginHandsARunningPodsDeviceOutAfterACheckpointLoss) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
-  ASSERT_TRUE(h.sim().Start().ok());
-  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
-  o.kubelet_socket = h.sim().kubelet_socket();
-  o.devices = 2;
-  sample::SamplePlugin* plugin = h.StartPlugin(o);
-  ASSERT_NE(plugin, nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));
+  sample::SamplePlugin* plugin = nullptr;
+  ASSERT_NO_FATAL_FAILURE(UpDirect(h, &plugin));
   ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"main", 1}})).ok());
   LoseCheckpoint(h.sim());
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));  // the plugin registered again
@@ -367,13 +374,8 @@ TEST(KubeletSimTest, UnhealthyDevicesOfRunningPodsGetThemKilledAtReadmission) {
   // Time for the plugin to say so before the kubelet re-admits.
   ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr,
                  [](sim::KubeletSimOptions& o) { o.readmit_delay = absl::Seconds(3); });
-  ASSERT_TRUE(h.sim().Start().ok());
-  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
-  o.kubelet_socket = h.sim().kubelet_socket();
-  o.devices = 2;
-  sample::SamplePlugin* plugin = h.StartPlugin(o);
-  ASSERT_NE(plugin, nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 2, kWait));
+  sample::SamplePlugin* plugin = nullptr;
+  ASSERT_NO_FATAL_FAILURE(UpDirect(h, &plugin));
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 2}}));
   ASSERT_TRUE(a.ok());
   const size_t from = h.sim().events().Size();

@@ -71,17 +71,21 @@ Flags:
 )";
 
 int PrintStatus() {
-  absl::StatusOr<std::string> text = ReadFile(FLAGS_status_file);
+  // As the daemon does: the status file follows --state_dir unless named.
+  const std::string path = gflags::GetCommandLineFlagInfoOrDie("status_file").is_default
+                               ? dpproxy::DefaultStatusFile(FLAGS_state_dir)
+                               : FLAGS_status_file;
+  absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) {
-    std::cerr << "dpproxy: no status at " << FLAGS_status_file
-              << " (is dpproxy running with this --status_file?): " << text.status().message()
-              << "\n";
+    std::cerr << "dpproxy: no status at " << path
+              << " (is dpproxy running with this --status_file or --state_dir?): "
+              << text.status().message() << "\n";
     return 1;
   }
   const Json json = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   absl::StatusOr<ProxyStatus> st = StatusFromJson(json);
   if (json.is_discarded() || !st.ok()) {
-    std::cerr << "dpproxy: " << FLAGS_status_file << " is not a status file"
+    std::cerr << "dpproxy: " << path << " is not a status file"
               << (st.ok() ? "" : absl::StrCat(" (", st.status().message(), ")")) << "\n";
     return 1;
   }

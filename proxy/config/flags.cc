@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "proxy/cli/cli.h"
 #include "proxy/config/config_file.h"
+#include "proxy/util/files.h"
 #include "proxy/util/status_macros.h"
 
 DEFINE_string(kubelet_root, "/var/lib/kubelet",
@@ -78,7 +79,7 @@ DEFINE_string(config, "",
 DEFINE_string(status_file, "/var/lib/dpproxy/status.json",
               "Where dpproxy keeps its status (resources, negotiated versions, backends,\n"
               "devices, lossy-translation counts) as JSON, rewritten on change; read by\n"
-              "`dpproxy status`. Empty: none.");
+              "`dpproxy status`. Unless given, <state_dir>/status.json. Empty: none.");
 DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
 DEFINE_string(state_dir, "/var/lib/dpproxy",
               "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
@@ -265,9 +266,19 @@ absl::StatusOr<ProxyConfig> ConfigFromFlags() {
     DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
     DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
   }
+  // The status file follows the state directory unless it was named.
+  if (c.status_file == DefaultStatusFile("") &&
+      gflags::GetCommandLineFlagInfoOrDie("status_file").is_default) {
+    c.status_file = DefaultStatusFile(c.state_dir);
+  }
   NodeNameFromEnvironment(&c);
   DPP_RETURN_IF_ERROR(ValidateConfig(c));
   return c;
+}
+
+std::string DefaultStatusFile(const std::string& state_dir) {
+  return JoinPath(state_dir.empty() ? std::string("/var/lib/dpproxy") : state_dir,
+                  "status.json");
 }
 
 }  // namespace dpproxy

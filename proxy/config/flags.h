@@ -13,6 +13,7 @@
 #include "proxy/config/proxy_config.h"
 
 DECLARE_string(status_file);
+DECLARE_string(state_dir);
 DECLARE_string(output);
 DECLARE_string(events);
 DECLARE_string(log_format);
@@ -23,6 +24,10 @@ namespace dpproxy {
 
 // kInvalidArgument naming the flag or file line and the problem.
 absl::StatusOr<ProxyConfig> ConfigFromFlags();
+
+// The status file when none is named: <state_dir>/status.json, or
+// /var/lib/dpproxy/status.json without a state directory.
+std::string DefaultStatusFile(const std::string& state_dir);
 
 }  // namespace dpproxy
 

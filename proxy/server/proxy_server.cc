@@ -744,12 +744,27 @@ bool ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
   // Device health changes are in the file too; housekeeping runs at least
   // once a second, so the file is at most a second behind.
   if (fingerprint == written_fingerprint_) return false;
+  // A file that cannot be written is tried again once a minute, not at
+  // every change: building it costs a pass over every device.
+  const absl::Time now = absl::Now();
+  if (status_failing_ && now < status_retry_at_) return false;
   // Built from values at least as new as `fingerprint`: a change after it
   // was taken changes the next one, so nothing is missed.
   const std::string text = StatusFileText(Status());
   if (absl::Status s = WriteFileAtomic(config_.status_file, text, 0640); !s.ok()) {
-    LOG(WARNING) << "cannot write status file: " << s.message();
+    LOG(WARNING) << "cannot write the status file " << config_.status_file << ": "
+                 << s.message() << "; trying again in a minute";
+    if (!status_failing_) {
+      events_.Emit("status_write_failed",
+                   {{"path", config_.status_file}, {"error", std::string(s.message())}});
+    }
+    status_failing_ = true;
+    status_retry_at_ = now + absl::Minutes(1);
     return true;
+  }
+  if (status_failing_) {
+    LOG(INFO) << "the status file " << config_.status_file << " is written again";
+    status_failing_ = false;
   }
   written_fingerprint_ = fingerprint;
   return true;

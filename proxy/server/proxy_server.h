@@ -293,6 +293,9 @@ class ProxyServer {
   absl::Mutex saver_mu_;
   std::string persisted_fingerprint_ ABSL_GUARDED_BY(saver_mu_);
   std::string written_fingerprint_ ABSL_GUARDED_BY(saver_mu_);
+  // The status file could not be written: tried again at status_retry_at_.
+  bool status_failing_ ABSL_GUARDED_BY(saver_mu_) = false;
+  absl::Time status_retry_at_ ABSL_GUARDED_BY(saver_mu_);
 
   // Handoff.
   std::unique_ptr<HandoffServer> handoff_server_;

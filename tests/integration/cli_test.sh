@@ -373,5 +373,16 @@ state_bytes="$("$SIM" state --root_dir="$R5/k" --output=json | wc -c)"
   || fail "state of a node with 270,000 devices: $state_bytes bytes"
 kill -TERM "${LARGE[@]}" "$SIM5"; wait "${LARGE[@]}" "$SIM5"
 
+# Without --status_file, the status file is in the state directory, and
+# `dpproxy status --state_dir` reads it there.
+R6="$DIR/r6"; mkdir -p "$R6/k"
+"$PROXY" --kubelet-root="$R6/k" --plugin-dir="$R6/p" --state-dir="$R6/state" --metrics-address= \
+  2>"$R6/proxy.log" &
+PROXY6=$!; PIDS+=($PROXY6)
+wait_until "the status file follows --state_dir" 200 test -f "$R6/state/status.json"
+expect_exit "dpproxy status --state_dir" 0 "$PROXY" status --state_dir="$R6/state"
+expect_contains "... reads that dpproxy's status" "$LAST_OUT" "kubelet root $R6/k"
+kill -TERM "$PROXY6"; wait "$PROXY6"
+
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

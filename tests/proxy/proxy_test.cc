@@ -1251,6 +1251,28 @@ TEST(ProxyConfigTest, SocketsAndFilesHaveDeliberateModesUnderUmask000) {
   EXPECT_EQ(mode(h.dir("state/status.json")), 0640);
 }
 
+// A status file that cannot be written (its directory is missing) is said
+// once and tried again once a minute, not rebuilt and warned about at
+// every housekeeping pass; dpproxy serves on.
+TEST(ProxyConfigTest, AStatusFileThatCannotBeWrittenIsReportedOnce) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  h.RestartProxy([&](ProxyConfig& c) { c.status_file = h.dir("missing/dir/status.json"); });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("status_write_failed", {}, kWait).has_value());
+  // The status changes (an allocation) and housekeeping passes go on.
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("p", {{"main", 1}}, kGpu)).ok());
+  const int64_t passes = h.proxy().housekeeping_passes();
+  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().housekeeping_passes() >= passes + 3; }));
+  int failures = 0;
+  for (const Json& e : h.proxy().events().Since(0)) {
+    failures += e.value("event", "") == "status_write_failed";
+  }
+  EXPECT_EQ(failures, 1);
+}
+
 TEST(ProxyConfigTest, SocketGroupMakesTheRegistrationSocket0660) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
     c.socket_group = "0";

@@ -259,18 +259,25 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
 absl::StatusOr<ProxyConfig> ConfigFromFlags() {
   ProxyConfig c;
   DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/false, &c));  // flag defaults
+  bool status_file_named = !gflags::GetCommandLineFlagInfoOrDie("status_file").is_default;
   if (!FLAGS_config.empty()) {
     c.renames.clear();
     c.static_backends.clear();
     c.compact_ids.clear();
+    // Whether the file names a status file (no path is this one).
+    const std::string unset(1, '\0');
+    const std::string before = c.status_file;
+    c.status_file = unset;
     DPP_RETURN_IF_ERROR(LoadConfigFile(FLAGS_config, &c));
+    if (c.status_file == unset) {
+      c.status_file = before;
+    } else {
+      status_file_named = true;
+    }
     DPP_RETURN_IF_ERROR(ApplyFlags(/*only_explicit=*/true, &c));
   }
   // The status file follows the state directory unless it was named.
-  if (c.status_file == DefaultStatusFile("") &&
-      gflags::GetCommandLineFlagInfoOrDie("status_file").is_default) {
-    c.status_file = DefaultStatusFile(c.state_dir);
-  }
+  if (!status_file_named) c.status_file = DefaultStatusFile(c.state_dir);
   NodeNameFromEnvironment(&c);
   DPP_RETURN_IF_ERROR(ValidateConfig(c));
   return c;

@@ -383,6 +383,15 @@ wait_until "the status file follows --state_dir" 200 test -f "$R6/state/status.j
 expect_exit "dpproxy status --state_dir" 0 "$PROXY" status --state_dir="$R6/state"
 expect_contains "... reads that dpproxy's status" "$LAST_OUT" "kubelet root $R6/k"
 kill -TERM "$PROXY6"; wait "$PROXY6"
+# A status file the configuration file names is kept where it says.
+printf 'status_file: %s\n' "$R6/named.json" > "$R6/dpproxy.yaml"
+"$PROXY" --config="$R6/dpproxy.yaml" --kubelet-root="$R6/k" --plugin-dir="$R6/p" \
+  --state-dir="$R6/state2" --metrics-address= 2>"$R6/proxy2.log" &
+PROXY7=$!; PIDS+=($PROXY7)
+wait_until "a status file named in the configuration file stays there" 200 test -f "$R6/named.json"
+[[ ! -e "$R6/state2/status.json" ]] && pass "... and not in the state directory" \
+  || fail "the named status file was moved into the state directory"
+kill -TERM "$PROXY7"; wait "$PROXY7"
 
 echo "$FAILURES failure(s)"
 [[ $FAILURES -eq 0 ]]

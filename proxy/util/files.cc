@@ -43,6 +43,25 @@ std::string DirName(const std::string& path) {
 }
 
 
+// The size of the regular file open at `fd`; otherwise closes `fd` and
+// says what `path` is instead (`hint` appended).
+absl::StatusOr<uint64_t> RegularFileSize(int fd, const std::string& path,
+                                         absl::string_view hint) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat("stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, S_ISDIR(st.st_mode) ? " is not a regular file but a directory" : " is not a regular file",
+        hint));
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
 // Reads `fd` to the end, or to `limit` + 1 bytes, and closes it; errors
 // name `path`.
 absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path,
@@ -241,24 +260,16 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, absl::StrCat("stat ", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
-  }
+  absl::StatusOr<uint64_t> size = RegularFileSize(fd, path, "");
+  if (!size.ok()) return size.status();
   auto too_large = [&](uint64_t size) {
     return absl::ResourceExhaustedError(absl::StrCat(path, " is ", size,
                                                      " bytes, more than the limit of ",
                                                      max_bytes, " bytes"));
   };
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+  if (*size > max_bytes) {
     ::close(fd);
-    return too_large(static_cast<uint64_t>(st.st_size));
+    return too_large(*size);
   }
   absl::StatusOr<std::string> out = ReadAndClose(fd, path, max_bytes);
   if (out.ok() && out->size() > max_bytes) return too_large(out->size());
@@ -296,18 +307,9 @@ absl::StatusOr<std::string> ReadOwnFile(const std::string& path) {
     }
     return ErrnoStatus(err, absl::StrCat("open ", path));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, absl::StrCat("stat ", path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, S_ISDIR(st.st_mode) ? " is a directory" : " is not a regular file",
-        "; dpproxy expects a file of its own there"));
-  }
+  absl::StatusOr<uint64_t> size =
+      RegularFileSize(fd, path, "; dpproxy expects a file of its own there");
+  if (!size.ok()) return size.status();
   return ReadAndClose(fd, path);
 }
 

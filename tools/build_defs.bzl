@@ -72,7 +72,8 @@ def dpp_fuzz_target(name, srcs, deps = [], corpus = None):
 
     `srcs` define LLVMFuzzerTestOneInput. Two targets:
       <name>_fuzzer       the fuzzer (clang, -fsanitize=fuzzer); manual, built
-                          by `tools/dev fuzz` with --config=fuzz.
+                          by `tools/dev fuzz` with --config=asan, whose
+                          libraries carry libFuzzer's coverage hooks.
       <name>_corpus_test  every file of `corpus` through the same function,
                           with the normal compiler, in every `bazel test //...`.
 

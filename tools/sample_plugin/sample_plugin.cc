@@ -321,11 +321,13 @@ class SamplePlugin::Impl {
         }
       }
       if (send) InjectDeviceListFault(&snapshot);
-      if (send && !write(snapshot)) return grpc::Status::OK;
       if (send) {
+        // Known from the moment they go out: the write returns only after
+        // the transport took the list, and the kubelet may call by then.
         absl::MutexLock lock(&mu_);
         listed_ = true;
       }
+      if (send && !write(snapshot)) return grpc::Status::OK;
     }
   }
 

@@ -21,6 +21,7 @@
 #include "proxy/config/config_file.h"
 #include "proxy/config/flags.h"
 #include "proxy/events/event_log.h"
+#include "proxy/handoff/listener_share.h"
 #include "proxy/ops/json_log.h"
 #include "proxy/ops/ops_server.h"
 #include "proxy/ops/systemd_notifier.h"
@@ -103,6 +104,28 @@ int PrintStatus() {
 
 }  // namespace
 }  // namespace dpproxy
+
+namespace {
+
+// The HTTP listener of the dpproxy this one takes over from, or -1 (none
+// offered: an older dpproxy, or one without a metrics address).
+int ListenerFromPredecessor(const std::string& state_dir) {
+  for (int generation : {0, 1}) {
+    absl::StatusOr<int> fd = dpproxy::ReceiveListener(
+        dpproxy::HandoffListenerSocket(state_dir, generation), absl::Seconds(2));
+    if (fd.ok()) {
+      LOG(INFO) << "takeover: serving the metrics address on the listener the running dpproxy "
+                   "handed over";
+      return *fd;
+    }
+    if (fd.status().code() != absl::StatusCode::kNotFound) {
+      LOG(WARNING) << "takeover: " << fd.status().message();
+    }
+  }
+  return -1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // glibc gives threads arenas of their own (up to 8 per core), and memory
@@ -211,8 +234,20 @@ int main(int argc, char** argv) {
     };
     handlers.metrics.push_back(metrics);
     handlers.metrics.push_back(server.telemetry().registry());
+    // Taking over: the running dpproxy hands its listener over, so the
+    // same address answers throughout and nothing has to bind a port it
+    // holds.
+    dpproxy::OpsServer::Options ops_options;
+    if (config->takeover && !config->state_dir.empty()) {
+      ops_options.listener_fd = ListenerFromPredecessor(config->state_dir);
+    }
     absl::StatusOr<std::unique_ptr<dpproxy::OpsServer>> started =
-        dpproxy::OpsServer::Start(config->metrics_address, std::move(handlers));
+        dpproxy::OpsServer::Start(config->metrics_address, handlers, ops_options);
+    if (!started.ok() && ops_options.listener_fd >= 0) {
+      LOG(WARNING) << started.status().message() << "; binding the address instead";
+      ops_options.listener_fd = -1;
+      started = dpproxy::OpsServer::Start(config->metrics_address, handlers, ops_options);
+    }
     if (!started.ok()) {
       // Before anything else is touched: a --takeover that cannot serve
       // HTTP leaves the running dpproxy as it is.
@@ -224,6 +259,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     ops = *std::move(started);
+    server.SetSharedListener(ops->listener_fd());
     if (!dpproxy::IsLoopbackAddress(config->metrics_address)) {
       LOG(WARNING) << "metrics and probes are served at " << config->metrics_address
                    << ", which is not a loopback address: the endpoint has no authentication, "

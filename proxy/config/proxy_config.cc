@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "proxy/util/host_port.h"
 #include "proxy/util/files.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
@@ -26,6 +27,11 @@ std::string KubeletResourceName(const ProxyConfig& config, const std::string& ba
 }
 
 absl::Status ValidateConfig(const ProxyConfig& c) {
+  if (!c.metrics_address.empty()) {
+    if (absl::StatusOr<HostPort> hp = ParseHostPort(c.metrics_address); !hp.ok()) {
+      return hp.status();
+    }
+  }
   if (c.takeover && c.state_dir.empty()) {
     return absl::InvalidArgumentError(
         "--takeover hands a state directory over: it needs --state_dir");

@@ -488,9 +488,15 @@ std::pair<std::string, std::string> Resource::last_backend() {
   return {last_endpoint_, last_api_};
 }
 
-void Resource::KeepHealthOnLoss() {
-  absl::MutexLock lock(&mu_);
-  keep_health_ = true;
+void Resource::KeepHealthOnLoss(bool keep) {
+  ChangeLock lock(this);
+  keep_health_ = keep;
+  // Back to the loss policy (a handoff given back): a backend lost
+  // meanwhile is marked now if the policy would have marked it by now.
+  if (!keep && !connected_ && lost_at_.has_value() && !hold_override_.has_value() &&
+      (loss_policy_ == LossPolicy::kUnhealthy || absl::Now() - *lost_at_ >= hold_)) {
+    MarkAllLocked(std::string(kUnhealthy));
+  }
 }
 
 void Resource::Tick(absl::Time now) {

@@ -203,7 +203,8 @@ class Resource {
   // whatever the loss policy: this dpproxy handed its state over, and the
   // new one answers for the devices while the kubelet moves to it (the
   // plugin may drop this one's stream as it registers with the new one).
-  void KeepHealthOnLoss();
+  // false: the loss policy applies again (the new one gave the state back).
+  void KeepHealthOnLoss(bool keep = true);
 
   // Stops the current backend as if it was lost (`why`: backend_down's
   // reason): the loss policy applies until another one attaches. A

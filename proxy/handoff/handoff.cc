@@ -27,6 +27,7 @@ namespace {
 // fields. Anything else is refused with the reason and changes nothing.
 constexpr size_t kMaxVersionBytes = 64;
 constexpr size_t kMaxForwardSockets = 4096;
+constexpr size_t kMaxReasonBytes = 1024;
 constexpr int kMaxMessageBytes = 1 << 20;
 
 absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
@@ -63,6 +64,20 @@ absl::Status CheckForward(const handoff::v1::ForwardRequest& req) {
     }
     if (absl::Status s = ValidateSocketPath(socket); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("Forward: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHandBack(const handoff::v1::HandBackRequest& req) {
+  if (req.reason().size() > kMaxReasonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("HandBack: the reason is ",
+                                                   req.reason().size(), " bytes, more than ",
+                                                   kMaxReasonBytes));
+  }
+  for (unsigned char c : req.reason()) {
+    if (c < 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError("HandBack: the reason is not printable ASCII");
     }
   }
   return absl::OkStatus();
@@ -141,6 +156,44 @@ class HandoffServer::Service final : public handoff::v1::Handoff::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status HandBack(grpc::ServerContext*, const handoff::v1::HandBackRequest* req,
+                        handoff::v1::HandBackReply*) override {
+    if (absl::Status s = CheckHandBack(*req); !s.ok()) return Refuse(s);
+    Stage was;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stage_ != Stage::kReleased && stage_ != Stage::kForwarding) {
+        return Refuse(absl::FailedPreconditionError(
+            stage_ == Stage::kFinished
+                ? "HandBack after Finish: this dpproxy is stopping"
+                : "HandBack before Release: nothing was handed over"));
+      }
+      if (req->pid() != peer_) {
+        return Refuse(absl::PermissionDeniedError(
+            absl::StrCat("HandBack from pid ", req->pid(), ": the state was released to pid ",
+                         peer_)));
+      }
+      was = stage_;
+      stage_ = Stage::kReleasing;  // nothing else meanwhile
+    }
+    LOG(INFO) << "handoff: dpproxy pid " << req->pid() << " hands the state back: "
+              << req->reason();
+    absl::Status s = hooks_.hand_back(req->reason());
+    {
+      absl::MutexLock lock(&mu_);
+      stage_ = s.ok() ? Stage::kServing : was;
+      if (s.ok()) peer_ = 0;
+    }
+    return ToGrpcStatus(s);
+  }
+
+  void Reopen() {
+    absl::MutexLock lock(&mu_);
+    if (stage_ == Stage::kFinished) return;
+    stage_ = Stage::kServing;
+    peer_ = 0;
+  }
+
  private:
   grpc::Status Refuse(const absl::Status& s) {
     LOG(WARNING) << "handoff: refused: " << s.message();
@@ -172,6 +225,8 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
 }
 
 HandoffServer::~HandoffServer() { Stop(); }
+
+void HandoffServer::Reopen() { service_->Reopen(); }
 
 void HandoffServer::Stop() {
   if (server_ == nullptr) return;
@@ -226,6 +281,23 @@ absl::Status HandoffClient::Finish(absl::Duration timeout) {
   handoff::v1::FinishReply reply;
   grpc::Status s = stub_->Finish(&ctx, handoff::v1::FinishRequest(), &reply);
   if (!s.ok()) return CallError("Finish", socket_, s);
+  return absl::OkStatus();
+}
+
+absl::Status HandoffClient::HandBack(const std::string& reason, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  handoff::v1::HandBackRequest req;
+  req.set_pid(::getpid());
+  // Bounded and printable, as the old one accepts it.
+  std::string text = reason.substr(0, kMaxReasonBytes);
+  for (char& c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  req.set_reason(text);
+  handoff::v1::HandBackReply reply;
+  grpc::Status s = stub_->HandBack(&ctx, req, &reply);
+  if (!s.ok()) return CallError("HandBack", socket_, s);
   return absl::OkStatus();
 }
 

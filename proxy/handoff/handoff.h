@@ -15,6 +15,9 @@
 //   old.Forward({{"vendor.com/gpu", "/var/lib/kubelet/device-plugins/dpproxy-vendor.com_gpu.1.sock"}});
 //   ... registered ...
 //   old.Finish();
+//   // ... or, if this one cannot go on, with the journal closed and the
+//   // state directory unlocked:
+//   old.HandBack("cannot serve the plugins' socket: ...");
 #ifndef DPPROXY_PROXY_HANDOFF_HANDOFF_H_
 #define DPPROXY_PROXY_HANDOFF_HANDOFF_H_
 
@@ -47,6 +50,9 @@ class HandoffServer {
     // The new dpproxy is registered: stop. Must return at once (the answer
     // goes out first).
     std::function<void()> finish;
+    // The new dpproxy gives the state back (`reason`): take the state
+    // directory back and serve on. An error leaves this one released.
+    std::function<absl::Status(const std::string& reason)> hand_back;
   };
 
   // Serves `socket` (mode 0600; a stale file there is replaced).
@@ -54,6 +60,9 @@ class HandoffServer {
                                                               Hooks hooks);
   ~HandoffServer();
   void Stop();
+  // This dpproxy took its state back without a HandBack call (the new one
+  // died): a new takeover may begin with Release again.
+  void Reopen();
 
  private:
   class Service;
@@ -77,6 +86,7 @@ class HandoffClient {
   absl::StatusOr<int64_t> Forward(const std::map<std::string, std::string>& sockets,
                                   absl::Duration timeout);
   absl::Status Finish(absl::Duration timeout);
+  absl::Status HandBack(const std::string& reason, absl::Duration timeout);
 
  private:
   const std::string socket_;

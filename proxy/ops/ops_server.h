@@ -16,21 +16,36 @@
 //   [-]registered:vendor.com/gpu failed: not registered with the kubelet yet
 //   readyz check failed
 //
-// Served by civetweb (the library prometheus-cpp serves with) on two
-// threads; the checks are called on them and must be quick.
+// One event-loop thread (libuv) serves every connection, so a client that
+// sends its request slowly, or never, costs a buffer and a timer, not a
+// thread: the probes answer at once however many such clients are
+// connected. Each connection must deliver its request within
+// `request_timeout` (else 408 and closed); at most `max_connections` are
+// open at once (one more is answered 503 and closed); a request is at most
+// `max_request_bytes` of request line and headers (else 431). One request
+// per connection (the answer says Connection: close). The checks and the
+// collectables are called on the loop thread and must be quick.
+//
+//   OpsServer::Options o;
+//   auto ops = OpsServer::Start("127.0.0.1:9464", handlers, o);
+//   // A dpproxy taking over from this one is given the listening socket
+//   // (ListenerShare, handoff.h) and serves it with:
+//   o.listener_fd = fd_from_predecessor;
+//   auto next = OpsServer::Start("127.0.0.1:9464", handlers, o);
 #ifndef DPPROXY_PROXY_OPS_OPS_SERVER_H_
 #define DPPROXY_PROXY_OPS_OPS_SERVER_H_
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "prometheus/collectable.h"
 #include "proxy/server/status_model.h"
-
-class CivetServer;
+#include "proxy/util/host_port.h"
 
 namespace dpproxy {
 
@@ -50,27 +65,45 @@ ProbeAnswer AnswerProbe(const std::string& probe, const std::vector<HealthCheck>
 
 class OpsServer {
  public:
-  // Listens on `address` ("127.0.0.1:9464", "0.0.0.0:9464", "[::1]:9464";
-  // port 0 picks a free one). kUnavailable naming the address if it
-  // cannot.
+  struct Options {
+    absl::Duration request_timeout = absl::Seconds(10);
+    int max_connections = 256;
+    size_t max_request_bytes = 8192;
+    // A listening TCP socket bound to the address already (handed over by
+    // the dpproxy this one takes over from); -1: bind one. Start takes it
+    // over (closes it on failure too).
+    int listener_fd = -1;
+  };
+
+  // Listens on `address` (ParseHostPort), or serves `options.listener_fd`
+  // after checking that it listens on that address. kUnavailable naming
+  // the address if it cannot, kInvalidArgument for an address that is not
+  // one.
   static absl::StatusOr<std::unique_ptr<OpsServer>> Start(const std::string& address,
-                                                          OpsHandlers handlers);
-  ~OpsServer();  // stops serving; calls in progress finish first
+                                                          OpsHandlers handlers,
+                                                          const Options& options);
+  static absl::StatusOr<std::unique_ptr<OpsServer>> Start(const std::string& address,
+                                                          OpsHandlers handlers) {
+    return Start(address, std::move(handlers), Options());
+  }
+  ~OpsServer();  // stops serving: open connections are closed
 
   OpsServer(const OpsServer&) = delete;
   OpsServer& operator=(const OpsServer&) = delete;
 
   // The port it listens on.
   int port() const { return port_; }
+  // The listening socket (for ListenerShare); owned by the server.
+  int listener_fd() const { return listener_fd_; }
 
  private:
-  class Handler;
-  explicit OpsServer(OpsHandlers handlers);
+  struct Loop;
+  OpsServer() = default;
 
-  const OpsHandlers handlers_;
-  std::vector<std::unique_ptr<Handler>> routes_;
-  std::unique_ptr<CivetServer> server_;
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
   int port_ = 0;
+  int listener_fd_ = -1;
 };
 
 }  // namespace dpproxy

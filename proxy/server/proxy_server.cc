@@ -1,11 +1,16 @@
 #include "proxy/server/proxy_server.h"
 
 #include <malloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -26,6 +31,21 @@ namespace dpproxy {
 // before it moved to the new one may take to arrive: the kubelet picks the
 // endpoint and sends at once, so a few milliseconds, with room to spare.
 constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
+
+namespace {
+
+// Fault injection for the handoff tests (docs/testing.md): a dpproxy
+// taking over with DPPROXY_TEST_PAUSE_AT=STEP in its environment stops
+// itself (SIGSTOP) right after STEP, "released" or "forwarded", for the
+// test to kill it there.
+void PauseForTest(const char* step) {
+  const char* at = std::getenv("DPPROXY_TEST_PAUSE_AT");
+  if (at == nullptr || std::strcmp(at, step) != 0) return;
+  LOG(WARNING) << "takeover: DPPROXY_TEST_PAUSE_AT=" << step << ": stopping this process";
+  ::raise(SIGSTOP);
+}
+
+}  // namespace
 
 namespace {
 
@@ -87,6 +107,7 @@ absl::Status ProxyServer::Start() {
       if (!fd.ok() && config_.takeover) {
         // Held: the running dpproxy hands the state over, then unlocks.
         s = AskPredecessorToRelease();
+        if (s.ok()) PauseForTest("released");
         if (s.ok()) fd = LockFile(lock_path, config_.state_lock_wait);
       }
       if (fd.ok()) {
@@ -118,10 +139,22 @@ absl::Status ProxyServer::Start() {
                      [this](const std::map<std::string, std::string>& sockets) {
                        return ForwardForHandoff(sockets);
                      },
-                     [this] { FinishHandoff(); }})
+                     [this] { FinishHandoff(); },
+                     [this](const std::string& why) { return TakeStateBack(why); }})
               : absl::StatusOr<std::unique_ptr<HandoffServer>>(ValidateSocketPath(socket));
       if (h.ok()) {
         handoff_server_ = *std::move(h);
+        if (shared_listener_fd_ >= 0) {
+          absl::StatusOr<std::unique_ptr<ListenerShare>> share = ListenerShare::Start(
+              HandoffListenerSocket(config_.state_dir, socket_generation_), shared_listener_fd_);
+          if (share.ok()) {
+            listener_share_ = *std::move(share);
+          } else {
+            LOG(WARNING) << "a dpproxy taking over from this one will have to bind the metrics "
+                            "address itself: "
+                         << share.status().message();
+          }
+        }
       } else {
         LOG(WARNING) << "no handoff socket (a new dpproxy cannot take over from this one "
                         "without a gap): "
@@ -129,9 +162,9 @@ absl::Status ProxyServer::Start() {
       }
     }
     if (!s.ok()) {
+      start_error_ = absl::StrCat("state directory ", config_.state_dir, ": ", s.message());
       Shutdown();
-      return absl::FailedPreconditionError(
-          absl::StrCat("state directory ", config_.state_dir, ": ", s.message()));
+      return absl::FailedPreconditionError(start_error_);
     }
     reconciler_ = std::make_unique<Reconciler>(
         Reconciler::Options{config_.kubelet, config_.reconcile_interval,
@@ -145,6 +178,7 @@ absl::Status ProxyServer::Start() {
       reg_options,
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }, &events_);
   if (absl::Status s = registration_->Start(); !s.ok()) {
+    start_error_ = std::string(s.message());
     Shutdown();
     return s;
   }
@@ -156,6 +190,7 @@ absl::Status ProxyServer::Start() {
   }
   if (config_.dra.enabled) {
     if (absl::Status s = StartDra(); !s.ok()) {
+      start_error_ = std::string(s.message());
       Shutdown();
       return s;
     }
@@ -173,7 +208,11 @@ absl::Status ProxyServer::Start() {
   watcher_ = std::make_unique<DirWatcher>(watch_dir, [this](const DirWatcher::Event& e) {
     if (e.kind != DirWatcher::Event::kTick) Wake();
   });
-  DPP_RETURN_IF_ERROR(watcher_->Start());
+  if (absl::Status s = watcher_->Start(); !s.ok()) {
+    start_error_ = std::string(s.message());
+    Shutdown();
+    return s;
+  }
   Wake();
   events_.Emit("proxy_started", {});
   if (predecessor_ != nullptr) takeover_thread_ = std::thread([this] { CompleteTakeover(); });
@@ -187,6 +226,7 @@ void ProxyServer::Shutdown() {
     running_ = false;
   }
   LOG(INFO) << "dpproxy shutting down";
+  listener_share_.reset();
   if (handoff_server_) handoff_server_->Stop();
   if (watcher_) watcher_->Stop();
   {
@@ -234,8 +274,23 @@ void ProxyServer::Shutdown() {
     e->endpoint->Stop();
     e->resource->Shutdown();
   }
-  // After a handoff the status file is the new dpproxy's.
-  if (!config_.status_file.empty() && !released_.load()) ::unlink(config_.status_file.c_str());
+  // After a handoff the status file is the new dpproxy's; given back, the
+  // predecessor's.
+  const bool giving_back = predecessor_ != nullptr && !finish_sent_.load();
+  if (!config_.status_file.empty() && !released_.load() && !giving_back) {
+    ::unlink(config_.status_file.c_str());
+  }
+  if (giving_back) {
+    // Taking over, and not done: the predecessor still serves the kubelet
+    // and must have its state back, or nothing could write the journal.
+    GiveStateBack(start_error_.empty()
+                      ? std::string("it was stopped before it was registered with the kubelet")
+                      : absl::StrCat("it could not start: ", start_error_));
+  }
+  if (peer_pidfd_ >= 0) {
+    ::close(peer_pidfd_);
+    peer_pidfd_ = -1;
+  }
   events_.Emit("proxy_stopped", {});
 }
 
@@ -1310,6 +1365,7 @@ void ProxyServer::DraLoop() {
 namespace dpproxy {
 
 absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
+  absl::MutexLock handing(&handoff_mu_);
   bool expected = false;
   if (!released_.compare_exchange_strong(expected, true)) {
     return absl::FailedPreconditionError("this dpproxy already handed its state over");
@@ -1350,6 +1406,15 @@ absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
   ::close(state_lock_.fd);
   state_lock_.fd = -1;
   released_at_ns_ = absl::ToUnixNanos(absl::Now());
+  // Watched from now on: if it exits before it finished, the state comes
+  // back here (CheckHandoffProgress).
+  peer_pid_ = peer_pid;
+  peer_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer_pid), 0));
+  if (peer_pidfd_ < 0) {
+    LOG(WARNING) << "handoff: cannot watch pid " << peer_pid << " (" << ErrnoText(errno)
+                 << "); if it dies, this dpproxy stops after "
+                 << absl::FormatDuration(config_.handoff_timeout);
+  }
   LOG(INFO) << "handoff: state directory " << config_.state_dir << " released to pid "
             << peer_pid << "; the kubelet's Allocates are held until it serves";
   return socket_generation_;
@@ -1357,7 +1422,24 @@ absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
 
 void ProxyServer::CheckHandoffProgress(absl::Time now) {
   const int64_t at = released_at_ns_.load();
-  if (at == 0 || forwarded_.load() || handoff_failed_.load()) return;
+  if (at == 0 || handed_over_.load() || handoff_failed_.load()) return;
+  if (peer_pidfd_ >= 0) {
+    pollfd p = {peer_pidfd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) {
+      // The new dpproxy exited (a crash, a kill) before it finished: the
+      // kernel released its lock; the state is this one's again.
+      const std::string why =
+          absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished");
+      absl::Status s = TakeStateBack(why);
+      if (s.ok()) {
+        if (handoff_server_) handoff_server_->Reopen();
+        return;
+      }
+      LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: "
+                 << s.message() << "; trying again";
+    }
+  }
+  if (forwarded_.load()) return;
   if (now - absl::FromUnixNanos(at) < config_.handoff_timeout) return;
   // The new dpproxy released this one and never came to serve (it died, or
   // hangs). This one holds the kubelet's Allocates and can write nothing:
@@ -1393,6 +1475,82 @@ absl::StatusOr<int64_t> ProxyServer::ForwardForHandoff(
   }
   events_.Emit("handoff_forward", {{"resources", sockets.size()}, {"held", held}});
   return held;
+}
+
+absl::Status ProxyServer::TakeStateBack(const std::string& why) {
+  absl::MutexLock handing(&handoff_mu_);
+  if (!released_.load() || handed_over_.load()) {
+    return absl::FailedPreconditionError("this dpproxy is not waiting for a takeover to finish");
+  }
+  // The new one unlocked (HandBack) or is gone (the kernel unlocked).
+  absl::StatusOr<int> fd =
+      LockFile(JoinPath(config_.state_dir, "lock"), absl::Seconds(5));
+  if (!fd.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the state directory is still locked: ", fd.status().message()));
+  }
+  state_lock_.fd = *fd;
+  // Whatever the new one wrote (the Allocates it answered) is read back.
+  absl::StatusOr<state::State> loaded = keeper_->TakeBack();
+  if (!loaded.ok()) {
+    ::close(state_lock_.fd);
+    state_lock_.fd = -1;
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load the state again: ", loaded.status().message()));
+  }
+  if (registration_) {
+    if (absl::Status s = registration_->Start(); !s.ok()) {
+      LOG(ERROR) << "handoff: taking the state back: " << s.message()
+                 << "; plugins cannot register until this is fixed";
+    }
+  }
+  for (Entry* e : Entries()) {
+    e->resource->KeepHealthOnLoss(false);
+    e->endpoint->ServeAllocates();  // the held ones are answered here
+  }
+  if (reconciler_) reconciler_->Start();
+  // The kubelet may have switched to the new one's sockets: every
+  // resource registers again.
+  registrar_->Resume();
+  {
+    absl::MutexLock saving(&saver_mu_);
+    persisted_fingerprint_.clear();
+    written_fingerprint_.clear();
+  }
+  if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
+  peer_pidfd_ = -1;
+  const int64_t peer = peer_pid_;
+  peer_pid_ = 0;
+  released_at_ns_ = 0;
+  forwarded_ = false;
+  released_ = false;
+  LOG(WARNING) << "handoff: " << why << "; this dpproxy took the state directory back with "
+               << loaded->allocations_size() << " allocations and serves on";
+  events_.Emit("handoff_taken_back", {{"peer_pid", peer},
+                                      {"reason", why},
+                                      {"allocations", loaded->allocations_size()}});
+  Wake();
+  return absl::OkStatus();
+}
+
+void ProxyServer::GiveStateBack(const std::string& why) {
+  if (keeper_) keeper_->HandOver();
+  if (state_lock_.fd >= 0) {
+    ::close(state_lock_.fd);
+    state_lock_.fd = -1;
+  }
+  absl::Status s = predecessor_->HandBack(why, absl::Seconds(30));
+  if (s.ok()) {
+    LOG(WARNING) << "takeover: not completed (" << why
+                 << "); the state was handed back and the running dpproxy serves on";
+    events_.Emit("takeover_handed_back", {{"reason", why}});
+  } else {
+    LOG(ERROR) << "takeover: not completed (" << why << "), and the state could not be handed "
+               << "back: " << s.message()
+               << "; the running dpproxy takes it back once this process has exited";
+    events_.Emit("takeover_hand_back_failed", {{"reason", why},
+                                               {"error", std::string(s.message())}});
+  }
 }
 
 void ProxyServer::FinishHandoff() {
@@ -1478,6 +1636,7 @@ void ProxyServer::CompleteTakeover() {
     takeover_done_.Notify();
     return;
   }
+  PauseForTest("forwarded");
   // Registered for every resource, and the kubelet streaming from this
   // one: it opens ListAndWatch once the new endpoint is its current one (a
   // 1.10-1.24 kubelet answers Register before it dials), so from then on
@@ -1501,9 +1660,9 @@ void ProxyServer::CompleteTakeover() {
   }
   if (!registered) {
     // Stopping before it was registered: the predecessor is not told to
-    // finish, so it stays the kubelet's endpoint.
-    LOG(ERROR) << "takeover: stopping before registered with the kubelet; the predecessor is "
-                  "not told to finish";
+    // finish; Shutdown hands it the state back and it serves on.
+    LOG(ERROR) << "takeover: stopping before registered with the kubelet; the state goes back "
+                  "to the running dpproxy";
     events_.Emit("takeover_failed", {{"error", "stopped before registered with the kubelet"}});
     takeover_done_.Notify();
     return;
@@ -1511,6 +1670,7 @@ void ProxyServer::CompleteTakeover() {
   // The predecessor's streams end as it exits: a 1.25-1.36 kubelet then
   // drops this one's clients by name, to be registered again at once.
   registrar_->ExpectDrop(absl::Seconds(30));
+  finish_sent_ = true;
   absl::Status f = predecessor_->Finish(absl::Seconds(10));
   if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();
   events_.Emit("takeover_complete", {{"held", *held}, {"registered", registered}});

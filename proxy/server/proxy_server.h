@@ -48,6 +48,7 @@
 #include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/server/reconciler.h"
 #include "proxy/handoff/handoff.h"
+#include "proxy/handoff/listener_share.h"
 #include "proxy/server/registrar.h"
 #include "proxy/server/status_model.h"
 #include "proxy/state/state_keeper.h"
@@ -139,6 +140,9 @@ class ProxyServer {
   // Released to a new dpproxy that never served (handoff_abandoned): this
   // one stops (the same hook) and its main exits non-zero.
   bool handoff_failed() const { return handoff_failed_.load(); }
+  // The HTTP listener (metrics and probes) a dpproxy taking over from this
+  // one is handed (listener_share.h); -1: none. Set before Start().
+  void SetSharedListener(int fd) { shared_listener_fd_ = fd; }
   // The kubelet-facing socket generation (KubeletSideOptions): the other
   // one than the predecessor's after a takeover.
   int socket_generation() const { return socket_generation_; }
@@ -210,6 +214,14 @@ class ProxyServer {
   absl::StatusOr<int> ReleaseForHandoff(int64_t peer_pid);
   absl::StatusOr<int64_t> ForwardForHandoff(const std::map<std::string, std::string>& sockets);
   void FinishHandoff();
+  // The new dpproxy gave the state back, or died before it finished:
+  // take the lock and the journal back (reading what it wrote), serve the
+  // plugins' socket, answer the kubelet's Allocates here again and
+  // register every resource again. An error leaves this one released.
+  absl::Status TakeStateBack(const std::string& why);
+  // The taking-over side, stopping or failing before it finished: close
+  // the journal, unlock and hand the state back to the predecessor.
+  void GiveStateBack(const std::string& why);
   // The taking-over side: asks the running dpproxy to release (in Start,
   // before the lock); then, once this one serves, has it forward, waits
   // for every resource to be registered, and has it finish.
@@ -299,6 +311,18 @@ class ProxyServer {
 
   // Handoff.
   std::unique_ptr<HandoffServer> handoff_server_;
+  std::unique_ptr<ListenerShare> listener_share_;
+  int shared_listener_fd_ = -1;
+  // Release and taking the state back, one at a time.
+  absl::Mutex handoff_mu_;
+  // The process the state was released to (pidfd_open), watched by
+  // housekeeping: it exiting before Finish gives the state back here.
+  int peer_pidfd_ = -1;
+  int64_t peer_pid_ = 0;
+  // Takeover side: why Start failed (given to the predecessor with the
+  // state), and whether the predecessor was told to finish.
+  std::string start_error_;
+  std::atomic<bool> finish_sent_{false};
   std::unique_ptr<HandoffClient> predecessor_;  // after a takeover's Release
   std::thread takeover_thread_;
   absl::Notification takeover_done_;

@@ -75,6 +75,20 @@ class Registrar {
     held_ = true;
   }
 
+  // Registers again, every resource, as soon as Pass() runs: this dpproxy
+  // took its state back from a new one that may have registered (the
+  // kubelet then serves from the new one's sockets).
+  void Resume() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+    for (auto& slot : slots_) {
+      slot->registered_with.reset();
+      slot->dropped = false;
+      slot->backoff = absl::ZeroDuration();
+      slot->retry_at = absl::InfinitePast();
+    }
+  }
+
   // For `window` from now, a stream the kubelet ends is answered with a
   // new registration at once, not after the settle time that tells a
   // restarting kubelet apart: a takeover's predecessor is exiting, and a

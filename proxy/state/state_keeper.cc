@@ -174,6 +174,14 @@ void StateKeeper::HandOver() {
             << "written to " << store_.path();
 }
 
+absl::StatusOr<state::State> StateKeeper::TakeBack() {
+  {
+    absl::MutexLock lock(&mu_);
+    handed_over_ = false;
+  }
+  return Load();
+}
+
 void StateKeeper::WaitForCompaction() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(

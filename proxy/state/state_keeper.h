@@ -242,6 +242,10 @@ class StateKeeper : public AllocationJournal {
   // journal. Everything is on disk when it returns; every later write (a
   // Record, a save) fails with kFailedPrecondition naming the handoff.
   void HandOver();
+  // After HandOver, the state directory is this keeper's again (the new
+  // dpproxy gave it back, or died): everything is read again from disk, as
+  // Load() does, for the new one may have written to it.
+  absl::StatusOr<state::State> TakeBack();
 
   // Waits until no compaction is wanted or running (tests, shutdown).
   void WaitForCompaction();

@@ -3,48 +3,8 @@
 # real signals. Checks --help, bad flags, the CLI round trip and shutdown.
 set -uo pipefail
 
-RUNFILES="${TEST_SRCDIR:-$PWD/..}/dpproxy"
-SIM="$RUNFILES/tools/kubelet_sim/kubelet_sim"
-PLUGIN="$RUNFILES/tools/sample_plugin/sample_plugin"
-PROXY="$RUNFILES/proxy/dpproxy"
-DPCTL="$RUNFILES/tools/dpctl/dpctl"
-DIR="$(mktemp -d /tmp/dpp.XXXXXX)"
+source "${TEST_SRCDIR:-$PWD/..}/dpproxy/tests/integration/lib.sh"
 ROOT="$DIR/k"
-FAILURES=0
-PIDS=()
-
-cleanup() {
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$DIR"
-}
-trap cleanup EXIT
-
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
-pass() { echo "ok: $*"; }
-expect_contains() {  # name, haystack, needle
-  if [[ "$2" == *"$3"* ]]; then pass "$1"; else fail "$1: expected to find [$3] in: $2"; fi
-}
-# Polls `command` every 50 ms until it succeeds (pass) or `tries` run out
-# (fail): a deadline, never a bare wait.
-# The simulator's state shows `allocatable` for the one resource.
-sim_allocatable() {  # root, count
-  "$SIM" state --root_dir="$1" --output=json | grep -q "\"allocatable\": \"$2\""
-}
-wait_until() {  # name, tries, command...
-  local name="$1" tries="$2"; shift 2
-  for _ in $(seq "$tries"); do
-    if "$@" 2>/dev/null; then pass "$name"; return 0; fi
-    sleep 0.05
-  done
-  fail "$name: not within $((tries / 20)) s"
-  return 1
-}
-expect_exit() {  # name, expected code, command...
-  local name="$1" want="$2"; shift 2
-  local out; out="$("$@" 2>&1)"; local got=$?
-  if [[ $got -eq $want ]]; then pass "$name (exit $got)"; else fail "$name: exit $got, want $want: $out"; fi
-  LAST_OUT="$out"
-}
 
 # --help explains every flag each binary defines.
 help="$("$SIM" --help)"
@@ -393,5 +353,4 @@ wait_until "a status file named in the configuration file stays there" 200 test 
   || fail "the named status file was moved into the state directory"
 kill -TERM "$PROXY7"; wait "$PROXY7"
 
-echo "$FAILURES failure(s)"
-[[ $FAILURES -eq 0 ]]
+finish

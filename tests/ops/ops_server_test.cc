@@ -6,13 +6,18 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iostream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
@@ -135,6 +140,180 @@ TEST(OpsServerStartTest, AnAddressInUseIsNamed) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(second.status().message().find(taken), absl::string_view::npos) << second.status();
+}
+
+// A TCP connection to 127.0.0.1:port that the test writes to as it likes.
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ADD_FAILURE() << "cannot connect to port " << port;
+  }
+  return fd;
+}
+
+// Everything the server sends on `fd` until it closes the connection, or
+// what came before `timeout` passed.
+std::string ReadToEnd(int fd, absl::Duration timeout) {
+  std::string all;
+  const absl::Time until = absl::Now() + timeout;
+  for (;;) {
+    pollfd p = {fd, POLLIN, 0};
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(until - absl::Now()));
+    if (ms <= 0 || ::poll(&p, 1, ms) <= 0) break;
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    all.append(buf, static_cast<size_t>(n));
+  }
+  return all;
+}
+
+class SlowClientTest : public ::testing::Test {
+ protected:
+  void Start(const OpsServer::Options& o) {
+    OpsHandlers h;
+    h.live = [] { return std::vector<HealthCheck>{{"housekeeping", true, ""}}; };
+    auto s = OpsServer::Start("127.0.0.1:0", std::move(h), o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+  void TearDown() override {
+    for (int fd : open_) ::close(fd);
+  }
+  int Open() {
+    const int fd = Connect(server_->port());
+    open_.push_back(fd);
+    return fd;
+  }
+  std::unique_ptr<OpsServer> server_;
+  std::vector<int> open_;
+};
+
+// 100 clients that sent half a request and stopped hold no thread: the
+// probes answer while they are all connected (their timeout is far off).
+TEST_F(SlowClientTest, ProbesAnswerWhileAHundredClientsSendNothing) {
+  OpsServer::Options o;
+  o.request_timeout = absl::Minutes(5);
+  Start(o);
+  for (int i = 0; i < 100; ++i) {
+    const int fd = Open();
+    ASSERT_EQ(::write(fd, "GET /livez HTTP/1.1\r\nHost: x\r\n", 30), 30);
+  }
+  absl::Duration slowest;
+  for (const char* path : {"/livez", "/healthz", "/livez", "/healthz"}) {
+    const absl::Time start = absl::Now();
+    Reply r = Get(server_->port(), path);
+    slowest = std::max(slowest, absl::Now() - start);
+    EXPECT_EQ(r.status, 200) << path;
+    EXPECT_EQ(r.body, "ok") << path;
+  }
+  // Not a limit (shared machines are noisy): the figure, for the log.
+  std::cout << "slowest probe with 100 slow clients connected: " << slowest << "\n";
+}
+
+// A client that does not deliver its request in time is answered 408 and
+// closed.
+TEST_F(SlowClientTest, ARequestThatDoesNotArriveInTimeIsClosed) {
+  OpsServer::Options o;
+  o.request_timeout = absl::Milliseconds(200);
+  Start(o);
+  const int fd = Open();
+  ASSERT_EQ(::write(fd, "GET /livez", 10), 10);
+  const std::string got = ReadToEnd(fd, absl::Seconds(30));
+  EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 408 Request Timeout\r\n")) << got;
+}
+
+// Past the connection limit, a new connection is answered 503 at once;
+// once the others are gone, the probe answers again.
+TEST_F(SlowClientTest, PastTheLimitAConnectionIsRefusedWithServiceUnavailable) {
+  OpsServer::Options o;
+  o.max_connections = 4;
+  o.request_timeout = absl::Minutes(5);
+  Start(o);
+  for (int i = 0; i < 4; ++i) Open();
+  // The server has taken all four (the fifth would otherwise race them).
+  const int fifth = Open();
+  ASSERT_EQ(::write(fifth, "GET /livez HTTP/1.0\r\n\r\n", 23), 23);
+  const std::string got = ReadToEnd(fifth, absl::Seconds(30));
+  EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 503 Service Unavailable\r\n")) << got;
+  for (int fd : open_) ::close(fd);
+  open_.clear();
+  bool answered = false;
+  for (absl::Time until = absl::Now() + absl::Seconds(30); !answered && absl::Now() < until;) {
+    // The server notices the closed connections as it reads them.
+    answered = Get(server_->port(), "/livez").status == 200;
+  }
+  EXPECT_TRUE(answered);
+}
+
+TEST_F(SlowClientTest, ALongRequestIsRefused) {
+  OpsServer::Options o;
+  o.max_request_bytes = 1024;
+  Start(o);
+  const int fd = Open();
+  const std::string req = "GET /livez HTTP/1.1\r\nX-Long: " + std::string(2000, 'a') + "\r\n\r\n";
+  ASSERT_EQ(::write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  const std::string got = ReadToEnd(fd, absl::Seconds(30));
+  EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 431 ")) << got;
+}
+
+TEST_F(SlowClientTest, OnlyGetAndHeadAreServed) {
+  Start(OpsServer::Options());
+  int fd = Open();
+  ASSERT_EQ(::write(fd, "POST /livez HTTP/1.1\r\n\r\n", 24), 24);
+  std::string got = ReadToEnd(fd, absl::Seconds(30));
+  EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 405 ")) << got;
+  EXPECT_NE(got.find("Allow: GET, HEAD\r\n"), std::string::npos) << got;
+  fd = Open();
+  ASSERT_EQ(::write(fd, "HEAD /livez HTTP/1.1\r\n\r\n", 24), 24);
+  got = ReadToEnd(fd, absl::Seconds(30));
+  EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 200 OK\r\n")) << got;
+  EXPECT_TRUE(absl::EndsWith(got, "\r\n\r\n")) << "HEAD has no body: " << got;
+  fd = Open();
+  ASSERT_EQ(::write(fd, "hello\r\n\r\n", 9), 9);
+  got = ReadToEnd(fd, absl::Seconds(30));
+  EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 400 ")) << got;
+}
+
+// A listening socket handed over (as a dpproxy taking over gets its
+// predecessor's) is served as it is; one on another address is refused.
+TEST(OpsServerHandoverTest, AHandedOverListenerIsServedOnlyForItsAddress) {
+  OpsHandlers h;
+  h.live = [] { return std::vector<HealthCheck>{{"housekeeping", true, ""}}; };
+  auto first = OpsServer::Start("127.0.0.1:0", h);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  OpsServer::Options o;
+  o.listener_fd = ::dup((*first)->listener_fd());
+  auto second = OpsServer::Start(address, h, o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->port(), port);
+  first->reset();  // the predecessor exits: the same address answers
+  EXPECT_EQ(Get(port, "/livez").status, 200);
+  o.listener_fd = ::dup((*second)->listener_fd());
+  auto elsewhere = OpsServer::Start("127.0.0.2:9464", h, o);
+  ASSERT_FALSE(elsewhere.ok());
+  EXPECT_THAT(std::string(elsewhere.status().message()),
+              ::testing::HasSubstr(absl::StrCat("listens on 127.0.0.1 port ", port)));
+}
+
+TEST(ParseHostPortTest, AcceptsWhatTheMetricsAddressNamesAndRefusesTheRest) {
+  EXPECT_EQ(ParseHostPort("127.0.0.1:9464")->host, "127.0.0.1");
+  EXPECT_EQ(ParseHostPort("localhost:9464")->host, "127.0.0.1");
+  EXPECT_EQ(ParseHostPort(":9464")->host, "0.0.0.0");
+  EXPECT_EQ(ParseHostPort("[::1]:0")->host, "::1");
+  EXPECT_EQ(ParseHostPort("[::1]:9464")->port, 9464);
+  for (const char* bad : {"9464", "127.0.0.1", "example.com:80", "::1:9464", "[::1]9464",
+                          "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:http", "[::1:80"}) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(bad);
+    EXPECT_FALSE(hp.ok()) << bad;
+    EXPECT_THAT(std::string(hp.status().message()), ::testing::HasSubstr(bad));
+  }
 }
 
 TEST(AnswerProbeTest, NoChecksIsOk) {

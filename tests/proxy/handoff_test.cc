@@ -1,9 +1,12 @@
 // A dpproxy upgraded beside the running one (--takeover): the state is
 // handed over, the kubelet's Allocates go on throughout, and the kubelet's
 // view of the devices never has a gap (issue 10).
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -272,6 +275,91 @@ TEST(HandoffAbandonedTest, AReleasedDpproxyWhoseSuccessorNeverServesStops) {
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
 }
 
+// A new dpproxy that cannot finish (here: its kubelet never comes, and it
+// is stopped) hands the state back: the old one reads what the new one
+// journaled meanwhile, registers again and serves on, and a later upgrade
+// goes through.
+TEST(HandoffTakenBackTest, ANewDpproxyStoppedBeforeItIsRegisteredHandsTheStateBack) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
+  ProxyConfig c = h.config();
+  c.takeover = true;
+  c.kubelet.kubelet_root = h.dir("no-kubelet");  // it never registers
+  auto next = std::make_unique<ProxyServer>(c);
+  ASSERT_TRUE(next->Start().ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("handoff_forward", {}, kWait).has_value());
+  // Forwarded: the new one answers and journals this one.
+  absl::StatusOr<sim::AllocateResponse> during =
+      h.sim().Allocate(testing::PodRequest("during", {{"main", 1}}, kGpu));
+  ASSERT_TRUE(during.ok()) << during.status();
+  next->Shutdown();
+  EXPECT_TRUE(next->events().WaitForEvent("takeover_handed_back", {}, kWait).has_value());
+  auto back =
+      h.proxy().events().WaitForEvent("handoff_taken_back", {}, kWait);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->value("allocations", 0), 2) << back->dump();
+  next.reset();
+  EXPECT_FALSE(h.proxy().handed_over());
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> after =
+      h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 3);
+  absl::Status took = h.TakeOver();
+  ASSERT_TRUE(took.ok()) << took.message();
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 3);
+}
+
+// A new dpproxy killed right after the release (a real process, SIGKILL):
+// the old one sees it gone, takes the state back, and answers the Allocate
+// it held meanwhile.
+TEST(HandoffTakenBackTest, ANewDpproxyKilledAfterTheReleaseLeavesTheOldOneServing) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
+  const pid_t successor = ::fork();
+  ASSERT_GE(successor, 0);
+  if (successor == 0) {
+    for (;;) ::pause();  // until killed
+  }
+  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(h.dir("state/handoff.0.sock")));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  handoff::v1::ReleaseRequest release;
+  release.set_pid(successor);
+  handoff::v1::ReleaseReply released;
+  grpc::Status s = stub->Release(&ctx, release, &released);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  absl::Notification answered;
+  absl::Status held;
+  const size_t from = h.sim().events().Size();
+  std::thread pod([&] {
+    held = h.sim().Allocate(testing::PodRequest("during", {{"main", 1}}, kGpu)).status();
+    answered.Notify();
+  });
+  // The kubelet has asked for a preferred allocation; its Allocate follows
+  // and is held.
+  ASSERT_TRUE(h.sim().events().WaitForEvent("preferred_allocation", {}, kWait, from));
+  EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "an Allocate was answered while the state was released: " << held;
+  ::kill(successor, SIGKILL);
+  ::waitpid(successor, nullptr, 0);
+  auto back =
+      h.proxy().events().WaitForEvent("handoff_taken_back", {}, kWait);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_THAT(back->value("reason", ""), ::testing::HasSubstr("exited before it finished"));
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(kWait));
+  pod.join();
+  EXPECT_TRUE(held.ok()) << held;
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+  EXPECT_FALSE(h.proxy().handoff_failed());
+  absl::Status took = h.TakeOver();
+  ASSERT_TRUE(took.ok()) << took.message();
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+}
+
 // The handoff socket takes a takeover's calls in order, once each, from a
 // process that exists, with bounded fields; anything else is refused with
 // the reason, and the running dpproxy serves on as if nothing was asked.
@@ -310,6 +398,30 @@ TEST(HandoffProtocolTest, OutOfOrderAndMalformedCallsAreRefused) {
   release.set_version(std::string(2 << 20, 'v'));  // past the socket's message limit
   s = call(&handoff::v1::Handoff::Stub::Release, release, &released);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  handoff::v1::HandBackRequest hand_back;
+  hand_back.set_pid(::getpid());
+  handoff::v1::HandBackReply handed_back;
+  s = call(&handoff::v1::Handoff::Stub::HandBack, hand_back, &handed_back);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("HandBack before Release"));
+  hand_back.set_reason(std::string(2000, 'r'));
+  s = call(&handoff::v1::Handoff::Stub::HandBack, hand_back, &handed_back);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("the reason is 2000 bytes"));
+  // Released to this process: a HandBack from any other is refused, and
+  // this one's gives the state back.
+  release.set_pid(::getpid());
+  release.set_version("test");
+  s = call(&handoff::v1::Handoff::Stub::Release, release, &released);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  hand_back.set_pid(::getpid() == 1 ? 2 : 1);
+  hand_back.set_reason("not mine");
+  s = call(&handoff::v1::Handoff::Stub::HandBack, hand_back, &handed_back);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("was released to pid"));
+  HandoffClient self(socket);
+  absl::Status back = self.HandBack("the test gives it back", kWait);
+  ASSERT_TRUE(back.ok()) << back;
   // Nothing was handed over: the running dpproxy still serves Allocates.
   EXPECT_FALSE(h.proxy().handed_over());
   absl::StatusOr<sim::AllocateResponse> a =

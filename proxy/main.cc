@@ -11,6 +11,7 @@
 
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -22,6 +23,7 @@
 #include "proxy/config/flags.h"
 #include "proxy/events/event_log.h"
 #include "proxy/handoff/listener_share.h"
+#include "proxy/ops/in_place_upgrade.h"
 #include "proxy/ops/json_log.h"
 #include "proxy/ops/ops_server.h"
 #include "proxy/ops/systemd_notifier.h"
@@ -55,7 +57,11 @@ annotations, renames, ID maps and compact IDs change at once, and every
 other change is logged as taking effect at the next start (see
 docs/operations.md). To upgrade dpproxy without a gap, start the new one
 beside it with --takeover: the running one hands its state over and exits
-once the new one is registered (docs/upgrade.md). Logs go to stderr as
+once the new one is registered; or install the new build at the same path
+and send SIGUSR2: the running one starts it, as its child, with
+--takeover (under systemd it becomes the service's main process). A new
+one that fails before it is done gives the state back (docs/upgrade.md).
+Logs go to stderr as
 glog's text or, with --log_format=json, as JSON lines (-v=1 for per-call
 detail).
 
@@ -145,6 +151,9 @@ int main(int argc, char** argv) {
   // on every Allocate's path. The tests keep it on, where it finds lock-
   // order bugs; the daemon does not pay for it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // The command line as given, for an in-place upgrade (SIGUSR2).
+  std::vector<std::string> started_argv(argv, argv + argc);
+  started_argv[0] = dpproxy::AbsoluteProgramPath(started_argv[0]);
   std::string command = "run";
   if (argc >= 2 && argv[1][0] != '-') {
     command = argv[1];
@@ -191,6 +200,10 @@ int main(int argc, char** argv) {
   }
   dpproxy::BlockTerminationSignals();
   dpproxy::ProxyServer server(*config);
+  // SIGUSR2: the binary at this path (the new build, once installed) takes
+  // over from this process, as its child (docs/upgrade.md, systemd).
+  dpproxy::InPlaceUpgrade upgrade(started_argv);
+  server.SetBeforeFinishHook([] { dpproxy::NotifyMainProcess(); });
   // Events go to the log, the events file and the counts behind the
   // metrics; the daemon keeps only a short history in memory.
   server.events().SetHistory(256);
@@ -288,6 +301,15 @@ int main(int argc, char** argv) {
     }
     LOG(INFO) << "signal " << sig << " received";
     server.events().Emit("signal", {{"signal", sig}});
+    if (sig == SIGUSR2) {
+      if (config->state_dir.empty() || config->dra.enabled) {
+        LOG(ERROR) << "upgrade (SIGUSR2) refused: a takeover needs --state_dir and device-plugin "
+                      "mode";
+      } else if (absl::Status s = upgrade.Start(); !s.ok()) {
+        LOG(ERROR) << "upgrade (SIGUSR2) refused: " << s.message();
+      }
+      continue;
+    }
     if (sig != SIGHUP) break;
     // A reload: the flags as given at start, the --config file as it is now.
     absl::StatusOr<dpproxy::ProxyConfig> next = dpproxy::ConfigFromFlags();
@@ -300,7 +322,9 @@ int main(int argc, char** argv) {
     }
     server.Reload(*next);
   }
-  notifier.Stopping();
+  // Handed over: systemd supervises the new main process now; this one's
+  // end is not the service's.
+  if (!server.handed_over()) notifier.Stopping();
   ops.reset();
   server.Shutdown();
   if (server.handoff_failed()) return 1;

@@ -93,6 +93,7 @@ void BlockTerminationSignals() {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
@@ -102,6 +103,7 @@ int WaitForTerminationSignal() {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGUSR2);
   int sig = 0;
   while (sigwait(&set, &sig) != 0) {
   }

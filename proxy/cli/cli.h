@@ -45,11 +45,12 @@ bool ParseFlags(const char* program, int* argc, char*** argv);
 // the flag if it is not one or is negative.
 absl::StatusOr<absl::Duration> ParseFlagDuration(const char* name, const std::string& value);
 
-// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and the threads it
-// starts later; call before starting any thread.
+// Blocks SIGTERM, SIGINT, SIGHUP and SIGUSR2 (an in-place upgrade) in the
+// calling thread and the threads it starts later; call before starting any
+// thread.
 void BlockTerminationSignals();
 
-// Waits for SIGTERM, SIGINT or SIGHUP; returns the signal number.
+// Waits for SIGTERM, SIGINT, SIGHUP or SIGUSR2; returns the signal number.
 int WaitForTerminationSignal();
 
 }  // namespace dpproxy

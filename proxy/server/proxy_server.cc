@@ -1670,6 +1670,7 @@ void ProxyServer::CompleteTakeover() {
   // The predecessor's streams end as it exits: a 1.25-1.36 kubelet then
   // drops this one's clients by name, to be registered again at once.
   registrar_->ExpectDrop(absl::Seconds(30));
+  if (before_finish_hook_) before_finish_hook_();
   finish_sent_ = true;
   absl::Status f = predecessor_->Finish(absl::Seconds(10));
   if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();

@@ -136,6 +136,10 @@ class ProxyServer {
   // once this dpproxy has handed everything over (the new one is
   // registered): the caller stops it. Set before Start().
   void SetHandedOverHook(std::function<void()> hook) { handed_over_hook_ = std::move(hook); }
+  // Taking over: called once the new dpproxy is registered, just before
+  // it tells the old one to finish (systemd learns the new main process).
+  // Set before Start().
+  void SetBeforeFinishHook(std::function<void()> hook) { before_finish_hook_ = std::move(hook); }
   bool handed_over() const { return handed_over_.load(); }
   // Released to a new dpproxy that never served (handoff_abandoned): this
   // one stops (the same hook) and its main exits non-zero.
@@ -334,6 +338,7 @@ class ProxyServer {
   std::atomic<bool> forwarded_{false};
   std::atomic<bool> handoff_failed_{false};
   std::function<void()> handed_over_hook_;  // set before Start()
+  std::function<void()> before_finish_hook_;  // set before Start()
 
   std::atomic<int64_t> status_builds_{0};
   std::atomic<int64_t> housekeeping_passes_{0};

@@ -21,14 +21,16 @@ namespace dpproxy {
 namespace {
 
 std::vector<std::string> ChildEnvironment(
-    const std::vector<std::pair<std::string, std::string>>& set) {
+    const std::vector<std::pair<std::string, std::string>>& set,
+    const std::vector<std::string>& unset) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
     const std::string name = entry.substr(0, entry.find('='));
     const bool replaced = std::any_of(set.begin(), set.end(),
                                       [&](const auto& kv) { return kv.first == name; });
-    if (!replaced) env.push_back(std::move(entry));
+    const bool dropped = std::find(unset.begin(), unset.end(), name) != unset.end();
+    if (!replaced && !dropped) env.push_back(std::move(entry));
   }
   for (const auto& [name, value] : set) env.push_back(absl::StrCat(name, "=", value));
   return env;
@@ -46,7 +48,7 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("no program to start (empty argv)");
   std::vector<std::string> args = spec.argv;
-  std::vector<std::string> env = ChildEnvironment(spec.env);
+  std::vector<std::string> env = ChildEnvironment(spec.env, spec.unset_env);
   std::vector<char*> argv = CStrings(args);
   std::vector<char*> envp = CStrings(env);
 
@@ -96,6 +98,10 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const ChildSpe
 }
 
 ChildProcess::~ChildProcess() {
+  if (detached_) {
+    if (pidfd_ >= 0) ::close(pidfd_);
+    return;
+  }
   if (!status_.has_value()) {
     KillGroup(SIGKILL);
     Wait(absl::InfiniteDuration());

@@ -33,6 +33,8 @@ struct ChildSpec {
   std::vector<std::string> argv;
   // Variables set (or replaced) in the child's copy of this environment.
   std::vector<std::pair<std::string, std::string>> env;
+  // Variables left out of the child's copy.
+  std::vector<std::string> unset_env;
   // stdout and stderr are appended here (created 0644); empty: inherited.
   std::string output_path;
   // The child leads a new process group, so Signal() and Stop() reach
@@ -64,6 +66,10 @@ class ChildProcess {
   // killed too, so nothing it started outlives it.
   int Stop(absl::Duration grace);
 
+  // Leaves the child to run on: the destructor neither kills nor waits for
+  // it (it outlives this process, and whoever inherits it reaps it).
+  void Detach() { detached_ = true; }
+
   // "exited with status 3", "killed by signal 9 (Killed)".
   static std::string DescribeExit(int wait_status);
 
@@ -75,6 +81,7 @@ class ChildProcess {
   int pidfd_;  // -1 where pidfd_open is missing (then Wait polls waitpid)
   const bool group_;
   std::optional<int> status_;
+  bool detached_ = false;
 };
 
 }  // namespace dpproxy

@@ -1,6 +1,7 @@
 # Shared by the shell tests of the shipped binaries: where they are, a
-# scratch directory, and the checks (each prints "ok: ..." or "FAIL: ...").
-# Source it; the test ends with `finish`.
+# scratch directory, and checks on processes and their output, on top of
+# tests/testing/checks.sh (each prints "ok: ..." or "FAIL: ..."). Source
+# it; the test ends with `finish`.
 
 RUNFILES="${TEST_SRCDIR:-$PWD/..}/dpproxy"
 SIM="$RUNFILES/tools/kubelet_sim/kubelet_sim"
@@ -8,7 +9,6 @@ PLUGIN="$RUNFILES/tools/sample_plugin/sample_plugin"
 PROXY="$RUNFILES/proxy/dpproxy"
 DPCTL="$RUNFILES/tools/dpctl/dpctl"
 DIR="$(mktemp -d /tmp/dpp.XXXXXX)"
-FAILURES=0
 PIDS=()
 
 cleanup() {
@@ -17,17 +17,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
-pass() { echo "ok: $*"; }
+source "$RUNFILES/tests/testing/checks.sh"
+pass() { ok "$*"; }
 expect_contains() {  # name, haystack, needle
   if [[ "$2" == *"$3"* ]]; then pass "$1"; else fail "$1: expected to find [$3] in: $2"; fi
 }
-# Polls `command` every 50 ms until it succeeds (pass) or `tries` run out
-# (fail): a deadline, never a bare wait.
 # The simulator's state shows `allocatable` for the one resource.
 sim_allocatable() {  # root, count
   "$SIM" state --root_dir="$1" --output=json | grep -q "\"allocatable\": \"$2\""
 }
+# Polls `command` every 50 ms until it succeeds (pass) or `tries` run out
+# (fail): a deadline, never a bare wait.
 wait_until() {  # name, tries, command...
   local name="$1" tries="$2"; shift 2
   for _ in $(seq "$tries"); do
@@ -44,7 +44,3 @@ expect_exit() {  # name, expected code, command...
   LAST_OUT="$out"
 }
 
-finish() {
-  echo "$FAILURES failure(s)"
-  [[ $FAILURES -eq 0 ]]
-}

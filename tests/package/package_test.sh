@@ -15,7 +15,7 @@ check "package name" [ "$(field Package)" = dpproxy ]
 check "version" [ "$(field Version)" = 0.7.0 ]
 check "architecture" [ "$(field Architecture)" = "$(dpkg --print-architecture)" ]
 depends="$(field Depends)"
-for p in libgrpc++1.51 libprotobuf32 libsystemd0 libcivetweb1; do
+for p in libgrpc++1.51 libprotobuf32 libsystemd0 libuv1; do
   check "depends on $p" grep -q "$p" <<<"$depends"
 done
 

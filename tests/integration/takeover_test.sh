@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Upgrades beside a running dpproxy (--takeover) with real processes, as
+# the documented upgrade runs them, both on one metrics address:
+#   - the new dpproxy killed (SIGKILL) right after each step of the handoff
+#     (it stops itself there: DPPROXY_TEST_PAUSE_AT, docs/testing.md);
+#   - a new dpproxy that never registers, stopped with SIGTERM;
+#   - then a takeover that completes.
+# Throughout, one dpproxy serves: the kubelet keeps every device, the
+# metrics address answers, the Allocate sent meanwhile is answered, and no
+# allocation is lost.
+set -uo pipefail
+
+source "${TEST_SRCDIR:-$PWD/..}/dpproxy/tests/integration/lib.sh"
+
+# Whether process $1 is stopped (SIGSTOP).
+stopped() { [[ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" == "T" ]]; }
+# The HTTP status of GET http://127.0.0.1:$1$2 (bash's /dev/tcp: no client
+# to install).
+http_status() {  # port, path
+  local reply
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'GET %s HTTP/1.0\r\n\r\n' "$2" >&3
+  reply="$(head -n 1 <&3)"
+  exec 3<&- 3>&-
+  printf '%s' "$reply" | cut -d' ' -f2
+}
+probe_ok() { [[ "$(http_status "$1" /livez)" == "200" ]]; }
+# How many allocations the status file shows.
+allocations() {  # state dir
+  "$PROXY" status --state_dir="$1" --output=json 2>/dev/null | grep -o '"allocations": *[0-9]*' |
+    grep -o '[0-9]*$'
+}
+
+# One node: a kubelet, the running dpproxy on 127.0.0.1:0, four devices,
+# one pod. Sets R, SIMP, OLD, PLUG, PORT.
+start_node() {  # name
+  R="$DIR/$1"; mkdir -p "$R"
+  "$SIM" serve --root-dir="$R/k" --kubelet=1.31 --quiet &
+  SIMP=$!; PIDS+=($SIMP)
+  wait_until "$1: kubelet up" 100 test -S "$R/k/kubelet_sim.sock"
+  "$PROXY" --kubelet-root="$R/k" --plugin-dir="$R/p" --state-dir="$R/state" \
+    --metrics-address=127.0.0.1:0 --events="$R/old.jsonl" 2>"$R/old.log" &
+  OLD=$!; PIDS+=($OLD)
+  wait_until "$1: dpproxy up" 100 grep -q proxy_started "$R/old.jsonl"
+  PORT="$(grep -o 'metrics at http://127.0.0.1:[0-9]*' "$R/old.log" | grep -o '[0-9]*$')"
+  "$PLUGIN" --resource=vendor.com/gpu --devices=4 --kubelet-socket="$R/p/kubelet.sock" --quiet &
+  PLUG=$!; PIDS+=($PLUG)
+  expect_exit "$1: four devices through dpproxy" 0 "$SIM" wait --root_dir="$R/k" \
+    --resource=vendor.com/gpu --min_healthy=4 --timeout=10s
+  expect_exit "$1: a pod before the upgrade" 0 "$SIM" allocate --root_dir="$R/k" --pod=p1 \
+    --uid=p1 --containers=c=vendor.com/gpu:1
+}
+
+# After the new dpproxy is gone: the old one took the state back, serves
+# the kubelet and the metrics address, and a full takeover then works.
+# `registered`: whether the new one may have registered with the kubelet
+# before it was killed (then the kubelet saw its stream end, as a real one
+# does, until the old one registered again).
+check_old_serves_on() {  # name, allocations expected, registered
+  wait_until "$1: the old dpproxy took the state back" 200 grep -q handoff_taken_back "$R/old.jsonl"
+  kill -0 "$OLD" 2>/dev/null && pass "$1: the old dpproxy still runs" || fail "$1: the old one exited"
+  probe_ok "$PORT" && pass "$1: the metrics address answers" || fail "$1: port $PORT is silent"
+  expect_exit "$1: the kubelet has all four devices" 0 "$SIM" wait --root_dir="$R/k" \
+    --resource=vendor.com/gpu --min_healthy=4 --timeout=10s
+  expect_exit "$1: a pod after" 0 "$SIM" allocate --root_dir="$R/k" --pod=p9 \
+    --containers=c=vendor.com/gpu:1
+  wait_until "$1: $(($2 + 1)) allocations kept" 200 test "$(allocations "$R/state")" = "$(($2 + 1))"
+  if [[ $3 == no ]]; then
+    grep -q '"event":"plugin_lost"' "$R/k/kubelet_sim.events.jsonl" \
+      && fail "$1: the kubelet lost the resource" || pass "$1: the kubelet never lost the resource"
+  fi
+  # A takeover that completes, on the same address.
+  "$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" --state-dir="$R/state" \
+    --metrics-address=127.0.0.1:0 --events="$R/last.jsonl" 2>"$R/last.log" &
+  local last=$!; PIDS+=($last)
+  wait_until "$1: a later takeover completes" 200 grep -q takeover_complete "$R/last.jsonl"
+  wait "$OLD"; local rc=$?
+  [[ $rc -eq 0 ]] && pass "$1: the old one exits 0 once handed over" || fail "$1: old exit $rc"
+  expect_contains "$1: the new one serves the old one's listener" "$(cat "$R/last.log")" \
+    "serving the metrics address on the listener the running dpproxy handed over"
+  probe_ok "$PORT" && pass "$1: the same address answers after" || fail "$1: port $PORT is silent"
+  kill -TERM "$last" "$PLUG" "$SIMP"; wait "$last" "$PLUG" "$SIMP"
+}
+
+# Killed right after each step.
+for step in released forwarded; do
+  start_node "$step"
+  DPPROXY_TEST_PAUSE_AT=$step "$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" \
+    --state-dir="$R/state" --metrics-address=127.0.0.1:0 --events="$R/new.jsonl" \
+    2>"$R/new.log" &
+  NEW=$!; PIDS+=($NEW)
+  wait_until "$step: the new dpproxy stopped after it" 200 stopped "$NEW"
+  probe_ok "$PORT" && pass "$step: the address answers meanwhile" || fail "$step: port $PORT is silent"
+  want=1
+  if [[ $step == released ]]; then
+    # Held by the old one, which can write nothing until it has the state
+    # back.
+    "$SIM" allocate --root_dir="$R/k" --pod=p2 --containers=c=vendor.com/gpu:1 \
+      >"$R/held.out" 2>&1 &
+    HELD=$!
+    want=2
+  fi
+  kill -KILL "$NEW"; wait "$NEW" 2>/dev/null
+  if [[ $step == released ]]; then
+    wait "$HELD"; rc=$?
+    [[ $rc -eq 0 ]] && pass "$step: the held Allocate is answered" \
+      || fail "$step: held Allocate exit $rc: $(cat "$R/held.out")"
+  fi
+  check_old_serves_on "$step" "$want" "$([[ $step == released ]] && echo no || echo maybe)"
+done
+
+# A new dpproxy that never registers (its kubelet root has no kubelet),
+# stopped by its operator: it hands the state back before it exits.
+start_node unregistered
+mkdir -p "$R/nokubelet"
+"$PROXY" --takeover --kubelet-root="$R/nokubelet" --plugin-dir="$R/p" --state-dir="$R/state" \
+  --metrics-address=127.0.0.1:0 --events="$R/new.jsonl" 2>"$R/new.log" &
+NEW=$!; PIDS+=($NEW)
+wait_until "unregistered: it took the state" 200 grep -q takeover_released "$R/new.jsonl"
+kill -TERM "$NEW"; wait "$NEW"
+expect_contains "unregistered: it says it handed the state back" "$(cat "$R/new.log")" \
+  "the state was handed back and the running dpproxy serves on"
+check_old_serves_on unregistered 1 no
+
+finish

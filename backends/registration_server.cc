@@ -1,5 +1,7 @@
 #include "backends/registration_server.h"
 
+#include <sys/stat.h>
+
 #include "backends/connect.h"
 
 #include <grpcpp/server_builder.h>
@@ -198,6 +200,33 @@ std::map<std::string, int64_t> BackendRegistrationServer::Rejections() {
   return rejections_;
 }
 
+namespace {
+
+// What an endpoint names, checked the same way for both plugin versions
+// and answered at once: something other than a socket there, or a
+// directory that does not exist, can never be dialled. A socket that does
+// not exist yet in an existing directory may still be served: a 1.25+
+// kubelet waits for it up to its dial timeout, and so does dpproxy.
+absl::Status CheckEndpointPath(const std::string& socket, const std::string& endpoint) {
+  struct stat st;
+  if (::stat(socket.c_str(), &st) == 0) {
+    if (S_ISSOCK(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "endpoint ", GoQuote(endpoint), " names ",
+        S_ISDIR(st.st_mode) ? "a directory" : S_ISREG(st.st_mode) ? "a regular file" : "a file",
+        ", not a socket"));
+  }
+  const std::string dir = socket.substr(0, socket.rfind('/'));
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "endpoint ", GoQuote(endpoint), ": directory ", dir,
+        " does not exist (a plugin serves its socket before it registers)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status BackendRegistrationServer::HandleRegister(
     ApiVersion api, const std::string& version, const std::string& endpoint,
     const std::string& resource,
@@ -223,6 +252,7 @@ absl::Status BackendRegistrationServer::HandleRegister(
   if (s = ValidateEndpointName(endpoint); !s.ok()) return reject("endpoint", s);
   const std::string socket = JoinPath(options_.dir, endpoint);
   if (s = ValidateSocketPath(socket); !s.ok()) return reject("endpoint", s);
+  if (s = CheckEndpointPath(socket, endpoint); !s.ok()) return reject("endpoint", s);
 
   if (api == ApiVersion::kV1Beta1) {
     absl::StatusOr<std::shared_ptr<Backend>> b =

@@ -97,6 +97,25 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_THAT(s.error_message(), HasSubstr("failed to dial device plugin"));
 
+  // Issue 25: an endpoint that can never be dialled gets the same answer at
+  // once from both versions, without a dial (counted as refused endpoints
+  // below, not as failed dials): a directory that does not exist, something
+  // other than a socket.
+  ASSERT_TRUE(WriteFileAtomic(h.dir("p/not-a-socket"), "x").ok());
+  for (const char* endpoint : {"sub/dir.sock", "not-a-socket"}) {
+    grpc::Status beta = testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", endpoint);
+    grpc::Status alpha = testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x", endpoint);
+    EXPECT_EQ(beta.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << endpoint;
+    EXPECT_EQ(alpha.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << endpoint;
+    EXPECT_EQ(beta.error_message(), alpha.error_message()) << endpoint;
+  }
+  EXPECT_THAT(testing::RegisterV1Alpha(sock, "v1alpha2", "other.com/x", "sub/dir.sock")
+                  .error_message(),
+              HasSubstr("does not exist (a plugin serves its socket before it registers)"));
+  EXPECT_THAT(testing::RegisterV1Beta1(sock, "v1beta1", "other.com/x", "not-a-socket")
+                  .error_message(),
+              HasSubstr("names a regular file, not a socket"));
+
   s = testing::RegisterV1Alpha(sock, "0.1", "other.com/x", "x.sock");
   EXPECT_EQ(s.error_message(),
             "requested API version \"0.1\" is not supported by kubelet. Supported version is "
@@ -120,7 +139,7 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
   EXPECT_THAT(metrics, HasSubstr(
       "dpproxy_backend_registrations_rejected_total{reason=\"resource_name\"} 2"));
   EXPECT_THAT(metrics, HasSubstr(
-      "dpproxy_backend_registrations_rejected_total{reason=\"endpoint\"} 4"));
+      "dpproxy_backend_registrations_rejected_total{reason=\"endpoint\"} 10"));
 
   // Nothing else was disturbed.
   EXPECT_EQ(h.proxy().Status().resources.size(), 1u);

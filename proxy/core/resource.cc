@@ -29,7 +29,7 @@ void Resource::SetIdPolicy(std::map<std::string, std::string> id_map, bool compa
 
 bool Resource::maps_ids() {
   absl::MutexLock lock(&mu_);
-  return !ids_->id_map.empty() || ids_->compact_ids;
+  return !ids_->id_map.empty() || ids_->compact_ids || ids_mapped_ > 0;
 }
 
 Resource::~Resource() { Shutdown(); }
@@ -252,12 +252,23 @@ void Resource::MarkAllLocked(const std::string& health) {
 
 namespace {
 
-// Refuses a backend's list with an empty ID, an ID with control characters
-// or an ID listed twice.
+// Whether `id` cannot be shown to the kubelet as it is, and is mapped to
+// its compact ID whatever the policy: control characters (a kubelet
+// accepts them, but they would travel raw into logs, status tables and
+// pod-resources answers).
+bool NeedsMapping(absl::string_view id) {
+  for (unsigned char c : id) {
+    if (c < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+// Refuses a backend's list with an empty ID or an ID listed twice (a
+// kubelet keeps one device per ID: the list would not mean what it says).
 absl::Status ValidateBackendDevices(const DeviceList& devices) {
   for (int i = 0; i < devices.size(); ++i) {
     const absl::string_view id = devices.device(i).id;
-    if (absl::Status s = ValidateDeviceId(id); !s.ok()) return s;
+    if (id.empty()) return absl::InvalidArgumentError("a device ID is empty");
     if (devices.Find(id) != i) {
       return absl::InvalidArgumentError(
           absl::StrCat("device ID ", GoQuote(id), " is listed twice"));
@@ -278,11 +289,20 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
   }
   if (absl::Status s = ValidateBackendDevices(*devices); !s.ok()) {
     // Nothing of a malformed list reaches the kubelet: the previous one stays.
-    LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("
-               << s.message() << "); the kubelet keeps the previous list";
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = list_refused_ != s.message();
+      list_refused_ = std::string(s.message());
+    }
+    if (first) {
+      LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("
+                 << s.message() << "); the kubelet keeps the previous list";
+    }
     events_->Emit("device_list_refused", {{"resource", name_},
                                           {"devices", devices->size()},
                                           {"error", std::string(s.message())}});
+    if (hooks_.on_change) hooks_.on_change();
     return;
   }
   // The kubelet reads anything but "Healthy" as unhealthy; say so plainly.
@@ -309,7 +329,13 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
     absl::MutexLock lock(&mu_);
     ids = ids_;
   }
-  if (!ids->id_map.empty() || ids->compact_ids) {
+  int mapped = 0;  // IDs NeedsMapping, mapped whatever the policy
+  std::string first_mapped;
+  bool any_unshowable = false;
+  for (int i = 0; i < devices->size() && !any_unshowable; ++i) {
+    any_unshowable = NeedsMapping(devices->device(i).id);
+  }
+  if (!ids->id_map.empty() || ids->compact_ids || any_unshowable) {
     if (ids->compact_ids) to_backend.reserve(static_cast<size_t>(devices->size()));
     // The kubelet-side IDs given so far (views into `renamed` or `devices`).
     absl::flat_hash_set<std::string> taken;
@@ -322,7 +348,8 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
       if (m != ids->id_map.end()) {
         kubelet_id = m->second;
         to_backend[kubelet_id] = std::string(d.id);
-      } else if (ids->compact_ids) {
+      } else if (ids->compact_ids || NeedsMapping(d.id)) {
+        if (!ids->compact_ids && mapped++ == 0) first_mapped = std::string(d.id);
         std::string compact = CompactDeviceId(d.id);
         if (to_backend.count(compact) == 0 && taken.count(compact) == 0 &&
             !devices->Contains(compact)) {
@@ -399,6 +426,20 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
         shown = std::move(with_kept).Build();
       }
       to_backend_ = std::move(to_backend);
+      list_refused_.clear();
+      if (mapped != ids_mapped_) {
+        ids_mapped_ = mapped;
+        if (mapped > 0) {
+          LOG(WARNING) << "resource " << name_ << ": " << mapped
+                       << " device ID(s) contain control characters (first: "
+                       << GoQuote(first_mapped)
+                       << "); the kubelet is shown their compact IDs, the plugin still gets its "
+                          "own";
+          events_->Emit("device_ids_mapped", {{"resource", name_},
+                                              {"devices", mapped},
+                                              {"first", GoQuote(first_mapped)}});
+        }
+      }
       // What the backend reports is what the kubelet is shown: one list.
       PublishBaseLocked(std::move(shown));
       reported_ = base_;
@@ -414,6 +455,16 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
   if (hooks_.on_change) hooks_.on_change();
 }
 
+std::string Resource::list_refused() {
+  absl::MutexLock lock(&mu_);
+  return list_refused_;
+}
+
+int64_t Resource::ids_mapped() {
+  absl::MutexLock lock(&mu_);
+  return ids_mapped_;
+}
+
 std::string Resource::ToBackendId(const std::string& kubelet_id) {
   absl::MutexLock lock(&mu_);
   auto it = to_backend_.find(kubelet_id);
@@ -424,7 +475,7 @@ std::string Resource::ToKubeletId(const std::string& backend_id) {
   absl::MutexLock lock(&mu_);
   auto m = ids_->id_map.find(backend_id);
   if (m != ids_->id_map.end()) return m->second;
-  if (!ids_->compact_ids) return backend_id;
+  if (!ids_->compact_ids && !NeedsMapping(backend_id)) return backend_id;
   std::string compact = CompactDeviceId(backend_id);
   // Another device's compact ID (one in 10^9 at 100,000 devices): it keeps
   // its own. Known before the first list under compact IDs arrives.

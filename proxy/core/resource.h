@@ -141,6 +141,8 @@ class Resource {
 
   // Device IDs between the kubelet's names and the current backend's (see
   // ResourcePolicy::id_map). Unknown IDs pass through.
+  // Device IDs with control characters are always mapped to their compact
+  // IDs (the same in every run), whatever the policy.
   std::string ToBackendId(const std::string& kubelet_id);
   std::string ToKubeletId(const std::string& backend_id);
 
@@ -196,6 +198,12 @@ class Resource {
   // list, the backend, its connection): callers compare it instead of the
   // lists. O(1).
   uint64_t changes() const { return changes_.load(); }
+  // Why the backend's last list was refused (an empty ID, an ID listed
+  // twice; the kubelet keeps the list before it), or "" once one is taken.
+  std::string list_refused();
+  // How many IDs of the last list taken contain control characters and are
+  // shown to the kubelet as their compact IDs.
+  int64_t ids_mapped();
 
   // Applies the hold expiry of the loss policy; call about once a second.
   void Tick(absl::Time now);
@@ -271,6 +279,8 @@ class Resource {
   std::shared_ptr<const DeviceList> reported_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   absl::flat_hash_map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
+  std::string list_refused_ ABSL_GUARDED_BY(mu_);
+  int64_t ids_mapped_ ABSL_GUARDED_BY(mu_) = 0;
   // Taken after mu_ is released; held while watchers are called.
   absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<uint64_t, std::function<void(const Snapshot&)>> watchers_ ABSL_GUARDED_BY(watch_mu_);

@@ -146,7 +146,18 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       "dpproxy_device_list_bytes",
       "Size of the device list sent to the kubelet; the kubelet accepts at most 4194304.",
       MetricType::Gauge);
+  MetricFamily list_refused = Family(
+      "dpproxy_device_list_refused",
+      "1 while the plugin's last device list is refused (an empty ID, an ID listed twice): "
+      "the kubelet keeps the list before it.",
+      MetricType::Gauge);
+  MetricFamily mapped = Family(
+      "dpproxy_device_ids_mapped",
+      "Device IDs with control characters, shown to the kubelet as their compact IDs.",
+      MetricType::Gauge);
   for (const ResourceStatus& r : status.resources) {
+    AddGauge(&list_refused, {{"resource", r.resource}}, r.device_list_refused.empty() ? 0 : 1);
+    AddGauge(&mapped, {{"resource", r.resource}}, static_cast<double>(r.device_ids_mapped));
     AddGauge(&devices, {{"resource", r.resource}, {"health", "healthy"}},
              static_cast<double>(r.devices_healthy));
     AddGauge(&devices, {{"resource", r.resource}, {"health", "unhealthy"}},
@@ -158,6 +169,8 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
     AddGauge(&list_bytes, {{"resource", r.resource}}, static_cast<double>(r.device_list_bytes));
   }
   out.push_back(std::move(list_bytes));
+  out.push_back(std::move(list_refused));
+  out.push_back(std::move(mapped));
   out.push_back(std::move(devices));
   out.push_back(std::move(backend));
   out.push_back(std::move(kubelet));

@@ -482,6 +482,14 @@ std::vector<HealthCheck> ProxyServer::Readiness() {
     api.ok = api.reason.empty();
     checks.push_back(std::move(api));
   }
+  // A resource whose plugin's last list was refused: named until a list
+  // is taken.
+  for (Entry* e : Entries()) {
+    std::string refused = e->resource->list_refused();
+    if (refused.empty()) continue;
+    checks.push_back({absl::StrCat("device-list:", e->resource->name()), false,
+                      absl::StrCat("the plugin's device list was refused: ", refused)});
+  }
   if (keeper_) {
     HealthCheck c;
     c.name = "state-writable";
@@ -1111,6 +1119,8 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.devices_healthy = snap.list->healthy();
     r.device_list_bytes = static_cast<int64_t>(snap.list->bytes());
     r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
+    r.device_list_refused = e->resource->list_refused();
+    r.device_ids_mapped = e->resource->ids_mapped();
     const KubeletEndpoint::SteeringCounts steering = e->endpoint->steering();
     r.forgotten_avoided = steering.avoided;
     r.forgotten_named = steering.held_named;

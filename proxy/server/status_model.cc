@@ -15,6 +15,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubele
                                                 get_preferred_allocation_available,
                                                 devices_total, devices_healthy,
                                                 device_list_bytes, device_list_too_large,
+                                                device_list_refused, device_ids_mapped,
                                                 now_served_as, removed, forgotten_avoided,
                                                 forgotten_named, forgotten_refused, devices)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ForgottenStatus, resource, allocation, devices,
@@ -160,6 +161,15 @@ std::string StatusTable(const ProxyStatus& st) {
           "  ^ DEVICE LIST TOO LARGE for the kubelet: %d bytes, the kubelet accepts %d; it "
           "sees no devices of this resource\n",
           r.device_list_bytes, kKubeletMaxListBytes);
+    }
+    if (!r.device_list_refused.empty()) {
+      absl::StrAppend(&out, "  ^ DEVICE LIST REFUSED: ", r.device_list_refused,
+                      "; the kubelet keeps the list before it\n");
+    }
+    if (r.device_ids_mapped > 0) {
+      absl::StrAppend(&out, "  ^ ", r.device_ids_mapped,
+                      " device ID(s) with control characters are shown to the kubelet as "
+                      "compact IDs\n");
     }
     if (!r.now_served_as.empty()) {
       absl::StrAppend(&out, "  ^ RENAMED: served as ", r.now_served_as,

@@ -47,6 +47,12 @@ struct ResourceStatus {
   // refuses it (and sees no devices).
   int64_t device_list_bytes = 0;
   bool device_list_too_large = false;
+  // Why the plugin's last list was refused ("" if it was taken): the
+  // kubelet keeps the list before it.
+  std::string device_list_refused;
+  // Device IDs with control characters, shown to the kubelet as their
+  // compact IDs.
+  int64_t device_ids_mapped = 0;
   // A name its plugin's resource is no longer served as (`renames`
   // changed): the name it is served as now. Its devices are shown
   // Unhealthy, so no new pod gets them under the old name.

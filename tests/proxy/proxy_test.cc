@@ -342,9 +342,10 @@ TEST_F(ProxyTest, V1AlphaRegistrationOfANonV1AlphaSocketIsRefused) {
 }
 
 // Issue 7.12: a malformed device list from a backend never reaches the
-// kubelet; an unknown health is reported Unhealthy, as a kubelet reads it.
+// kubelet, and the refusal shows in the status, /readyz and a metric; an
+// unknown health is reported Unhealthy, as a kubelet reads it.
 TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
-  for (const char* fault : {"duplicate-id", "empty-id", "newline-id"}) {
+  for (const char* fault : {"duplicate-id", "empty-id"}) {
     SCOPED_TRACE(fault);
     ProxyHarness h(Personality::kV1Beta1Sync, false);
     Start(h);
@@ -356,6 +357,16 @@ TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
     sim::State st = h.sim().GetState();
     const sim::ResourceState* r = h.Resource(st, kGpu);
     EXPECT_TRUE(r == nullptr || r->devices_size() == 0) << "a malformed list reached the kubelet";
+    const std::string why = h.proxy().Status().resources.at(0).device_list_refused;
+    EXPECT_THAT(why, HasSubstr(std::string(fault) == "empty-id" ? "a device ID is empty"
+                                                                 : "is listed twice"));
+    bool named = false;
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == absl::StrCat("device-list:", kGpu)) named = !c.ok && absl::StrContains(c.reason, why);
+    }
+    EXPECT_TRUE(named) << "/readyz does not name the refused list";
+    EXPECT_THAT(h.MetricsText(),
+                HasSubstr(absl::StrCat("dpproxy_device_list_refused{resource=\"", kGpu, "\"} 1")));
   }
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
@@ -365,6 +376,41 @@ TEST_F(ProxyTest, MalformedDeviceListsAreRefused) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 3, kWait));
   EXPECT_EQ(h.KubeletHealth(kGpu, "gpu-0"), "Unhealthy");
   EXPECT_TRUE(h.proxy().events().WaitForEvent("device_health_unknown", {{"devices", 1}}, kWait));
+}
+
+// Issue 32: a plugin in the field names its devices with one control
+// character each ("\x00", "\x01", ...), which a kubelet accepts. dpproxy
+// serves the list: the kubelet sees their compact IDs (the same in every
+// run, so allocations survive restarts), the plugin gets its own IDs back,
+// and the status and a metric say how many were mapped.
+TEST_F(ProxyTest, ControlCharacterDeviceIdsAreMappedAndServed) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.id_pattern = "{ctrl}";
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId(std::string(1, '\0'))), "Healthy");
+  EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId("\x03")), "Healthy");
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("device_ids_mapped", {{"devices", 4}}, kWait));
+  EXPECT_EQ(h.proxy().Status().resources.at(0).device_ids_mapped, 4);
+  EXPECT_THAT(h.MetricsText(),
+              HasSubstr(absl::StrCat("dpproxy_device_ids_mapped{resource=\"", kGpu, "\"} 4")));
+  // The plugin checks the IDs it is asked for against its own.
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("p1", 1));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
+  // dpproxy restarts: the same IDs, and the pod from before keeps its device.
+  const std::string held = testing::DeviceIdsOf(a->allocations(0)).at(0);
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.KubeletHealth(kGpu, held), "Healthy");
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("p2", 1));
+  ASSERT_TRUE(b.ok()) << b.status();
 }
 
 // A plugin with no devices (yet): the kubelet is sent the empty list, a

@@ -34,7 +34,9 @@ DEFINE_string(resource, "example.com/device",
 DEFINE_int32(devices, 4, "Number of devices.");
 DEFINE_string(id_pattern, "dev-{i}",
               "Device ID pattern: {i} is the index (0..N-1), {uuid} a UUID derived\n"
-              "from the resource and index (same on every run).");
+              "from the resource and index (same on every run), {ctrl} the index as\n"
+              "one control character (\"\\x00\", \"\\x01\", ..., at most 32 devices), as\n"
+              "a generic plugin in the field names its devices.");
 DEFINE_int32(numa_nodes, 0,
              "Report topology: device i on NUMA node i % N. 0: no topology. v1beta1 only.");
 DEFINE_bool(preferred, false, "Offer GetPreferredAllocation. v1beta1 only.");

@@ -86,7 +86,9 @@ std::vector<std::string> DeviceIds(const SamplePluginOptions& o) {
   for (int i = 0; i < o.devices; ++i) {
     ids.push_back(absl::StrCat(
         absl::StrReplaceAll(o.id_pattern,
-                            {{"{i}", absl::StrCat(i)}, {"{uuid}", StableUuid(o.resource, i)}}),
+                            {{"{i}", absl::StrCat(i)},
+                             {"{uuid}", StableUuid(o.resource, i)},
+                             {"{ctrl}", std::string(1, static_cast<char>(i % 32))}}),
         suffix));
   }
   return ids;
@@ -103,8 +105,13 @@ absl::Status ValidateOptions(const SamplePluginOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--devices=", o.devices, " must be between 1 and 100000"));
   }
+  if (absl::StrContains(o.id_pattern, "{ctrl}") && o.devices > 32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--id_pattern=\"", o.id_pattern, "\" with --devices=", o.devices,
+        ": {ctrl} names at most 32 devices (one control character each)"));
+  }
   if (o.devices > 1 && !absl::StrContains(o.id_pattern, "{i}") &&
-      !absl::StrContains(o.id_pattern, "{uuid}")) {
+      !absl::StrContains(o.id_pattern, "{uuid}") && !absl::StrContains(o.id_pattern, "{ctrl}")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--id_pattern=\"", o.id_pattern,
         "\" has neither {i} nor {uuid}, so all devices would have the same ID"));

@@ -50,7 +50,9 @@ struct SamplePluginOptions {
   std::string resource = "example.com/device";
   int devices = 4;
   // "{i}" is replaced by the index, "{uuid}" by a UUID derived from the
-  // resource and index (stable across runs).
+  // resource and index (stable across runs), "{ctrl}" by the index as one
+  // control character (at most 32 devices; a generic plugin in the field
+  // names its devices so).
   std::string id_pattern = "dev-{i}";
   // 0: no topology. N > 0: device i is on NUMA node i % N (v1beta1 only).
   int numa_nodes = 0;

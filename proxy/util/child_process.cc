@@ -1,6 +1,7 @@
 #include "proxy/util/child_process.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -41,6 +44,32 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   for (std::string& s : strings) out.push_back(s.data());
   out.push_back(nullptr);
   return out;
+}
+
+// Whether a process of group `pgid` still runs (zombies do not: an init
+// that reaps late must not hold a stop up).
+bool GroupRuns(pid_t pgid) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return ::kill(-pgid, 0) == 0;
+  bool runs = false;
+  while (dirent* e = ::readdir(proc)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream in(absl::StrCat("/proc/", e->d_name, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    // After the command: state, ppid, pgrp.
+    std::istringstream fields(stat.substr(close + 2));
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    fields >> state >> ppid >> pgrp;
+    if (pgrp == pgid && state != 'Z' && state != 'X') {
+      runs = true;
+      break;
+    }
+  }
+  ::closedir(proc);
+  return runs;
 }
 
 }  // namespace
@@ -154,12 +183,20 @@ std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
 bool ChildProcess::Running() { return !Wait(absl::ZeroDuration()).has_value(); }
 
 int ChildProcess::Stop(absl::Duration grace) {
+  const absl::Time deadline = absl::Now() + grace;
   if (!status_.has_value()) {
     KillGroup(SIGTERM);
     if (!Wait(grace).has_value()) {
       KillGroup(SIGKILL);
       Wait(absl::InfiniteDuration());
     }
+  }
+  // The grace is the whole group's, as a container runtime gives it: a
+  // shell that leads the group ends at once, while what it started shuts
+  // down. A group has no handle to wait on, so it is looked at every 10 ms
+  // until it is empty or the grace is over.
+  while (group_ && absl::Now() < deadline && GroupRuns(pid_)) {
+    absl::SleepFor(std::min(absl::Milliseconds(10), deadline - absl::Now()));
   }
   KillGroup(SIGKILL);
   return *status_;

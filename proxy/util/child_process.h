@@ -61,9 +61,10 @@ class ChildProcess {
   std::optional<int> Wait(absl::Duration timeout);
   // True until the child has ended (it is reaped when seen ended).
   bool Running();
-  // SIGTERM to the group, up to `grace` for the child to end, then SIGKILL
-  // to the group; the child's wait status. Everything left in the group is
-  // killed too, so nothing it started outlives it.
+  // SIGTERM to the group, up to `grace` for the whole group to end (not
+  // only the child: a shell that leads it ends at once), then SIGKILL to
+  // whatever is left; the child's wait status. Nothing it started
+  // outlives it.
   int Stop(absl::Duration grace);
 
   // Leaves the child to run on: the destructor neither kills nor waits for

@@ -170,6 +170,25 @@ TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
   }
 }
 
+// A plugin with one device cannot show that a new pod is admitted beside
+// a running one: those cells are n/a, with the reason, never blocked by a
+// scenario that passed.
+TEST(ConformTest, AOneDevicePluginIsNotApplicableWhereTwoDevicesAreNeeded) {
+  ConformOptions o = Options("--devices=1");
+  o.kubelets = {*sim::ParseKubeletVersion("1.31")};
+  o.scenarios = {"device-list", "plugin-restart", "allocate-two"};
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  for (const CellResult& c : *cells) {
+    if (c.scenario == "device-list") {
+      EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+    } else {
+      EXPECT_EQ(c.outcome, Outcome::kNotApplicable) << Describe(c);
+      EXPECT_THAT(c.summary, HasSubstr("the plugin lists 1 healthy device")) << Describe(c);
+    }
+  }
+}
+
 // Two resources from one process: each on its own socket passes
 // multi-resource everywhere; one socket for both fails exactly that cell.
 TEST(ConformTest, SeveralResourcesFromOneProcess) {

@@ -104,6 +104,41 @@ TEST(ReportTest, JUnitCountsPerReleaseAndEscapes) {
   EXPECT_EQ(open + 2, close);
 }
 
+// A cell is blocked only by a scenario that failed in the same release;
+// otherwise the failed check is the cell's own failure, and says why.
+TEST(SettleBlockedTest, OnlyAFailureInTheSameReleaseBlocks) {
+  CellResult device_list;
+  device_list.kubelet = "1.31";
+  device_list.scenario = "device-list";
+  device_list.outcome = Outcome::kPass;
+  CellResult held = device_list;
+  held.scenario = "plugin-restart";
+  held.outcome = Outcome::kBlocked;
+  held.blocked_by = "device-list";
+  held.summary = "not reached: device-list failed (no device list within 30s)";
+  CellResult failed_elsewhere = device_list;
+  failed_elsewhere.kubelet = "1.24";
+  failed_elsewhere.outcome = Outcome::kFail;
+  CellResult blocked_there = held;
+  blocked_there.kubelet = "1.24";
+  CellResult not_run = held;
+  not_run.blocked_by = "registers";
+  std::vector<CellResult> cells = {device_list, held, failed_elsewhere, blocked_there, not_run};
+  SettleBlocked(&cells);
+  EXPECT_EQ(cells[1].outcome, Outcome::kFail);
+  EXPECT_TRUE(cells[1].blocked_by.empty());
+  EXPECT_THAT(cells[1].summary,
+              HasSubstr("device-list itself was pass in kubelet 1.31, so this is this cell's "
+                        "own failure"));
+  EXPECT_EQ(cells[3].outcome, Outcome::kBlocked);  // device-list failed in 1.24
+  EXPECT_EQ(cells[3].blocked_by, "device-list");
+  EXPECT_EQ(cells[4].outcome, Outcome::kFail);
+  EXPECT_THAT(cells[4].summary, HasSubstr("registers was not run"));
+  const Totals t = Count(cells);
+  EXPECT_EQ(t.failed, 3);
+  EXPECT_EQ(t.blocked, 1);
+}
+
 TEST(ExpandTest, ReplacesKnownPlaceholdersKeepsShellBracesAndNamesUnknownOnes) {
   std::vector<std::pair<std::string, std::string>> v = {{"plugin_dir", "/d"},
                                                         {"resource", "x.com/y"}};

@@ -105,6 +105,24 @@ TEST(ChildProcessTest, StopEndsTheWholeGroupAndEscalates) {
   }
 }
 
+// The grace is the whole group's: a shell leader ends at once on SIGTERM,
+// and what it started still gets the time to shut down cleanly (a plugin
+// removing its socket) before anything is killed.
+TEST(ChildProcessTest, StopGivesTheWholeGroupItsGrace) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("f").c_str(), 0600), 0);
+  const std::string done = dir.Sub("done");
+  auto c = Shell("(trap 'sleep 0.3; echo clean > " + done +
+                 "; exit 0' TERM; echo up > " + dir.Sub("f") +
+                 "; while :; do sleep 0.05; done) & wait");
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(ReadFifoLine(dir.Sub("f")), "up");
+  c->Stop(absl::Seconds(10));
+  absl::StatusOr<std::string> d = ReadFile(done);
+  ASSERT_TRUE(d.ok()) << "the background job was killed during its shutdown";
+  EXPECT_EQ(*d, "clean\n");
+}
+
 TEST(ChildProcessTest, StartErrorsNameWhatFailed) {
   ChildSpec spec;
   EXPECT_THAT(std::string(ChildProcess::Start(spec).status().message()), HasSubstr("empty argv"));

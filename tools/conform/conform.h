@@ -130,7 +130,13 @@ std::vector<std::string> DefaultKubelets();
 absl::Status ValidateOptions(const ConformOptions& options);
 
 // Runs every selected cell; results in release order, then scenario order.
+// A cell stays blocked only if the scenario that blocked it failed in the
+// same release (SettleBlocked).
 absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& options);
+
+// A blocked cell whose blocking scenario did not fail in its release (it
+// passed, was n/a, or was not run) becomes a failure of its own, saying so.
+void SettleBlocked(std::vector<CellResult>* results);
 
 // Starts `command` (placeholders replaced by `values`) with /bin/sh -c in
 // its own process group, output appended to `output_path`, with

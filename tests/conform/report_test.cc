@@ -57,6 +57,18 @@ TEST(ReportTest, TableHasAColumnPerReleaseARowPerScenarioAndExplainsFailures) {
   EXPECT_THAT(t, HasSubstr("4 cells: 1 passed, 1 failed, 1 blocked, 1 not applicable"));
 }
 
+// A device ID of one control character (as some plugins name devices)
+// reaches the text report escaped, never raw.
+TEST(ReportTest, ControlCharactersAreEscapedInTheTable) {
+  std::vector<CellResult> cells = Cells();
+  cells[2].summary = std::string("the running pod's device \x01 is gone");
+  cells[2].plugin_did = std::string("listed [\x00, \x02]", 13);
+  const std::string text = RenderTable(cells);
+  EXPECT_THAT(text, HasSubstr("the running pod's device \\x01 is gone"));
+  EXPECT_THAT(text, HasSubstr("listed [\\x00, \\x02]"));
+  for (char ch : text) EXPECT_TRUE(ch == '\n' || static_cast<unsigned char>(ch) >= 0x20) << text;
+}
+
 TEST(ReportTest, JsonCarriesEveryCellAndTotals) {
   ConformOptions o;
   o.plugin_command = "p";

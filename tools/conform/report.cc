@@ -12,6 +12,20 @@
 namespace dpproxy::conform {
 namespace {
 
+// Text for a terminal: control characters (a device ID of one byte, a
+// plugin's message) as \xNN, never raw.
+std::string Printable(absl::string_view text) {
+  std::string out;
+  for (unsigned char ch : text) {
+    if (ch < 0x20 || ch == 0x7f) {
+      absl::StrAppendFormat(&out, "\\x%02x", ch);
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out;
+}
+
 // The releases and scenarios in the order the cells came.
 std::vector<std::string> Ordered(const std::vector<CellResult>& cells,
                                  std::string CellResult::*field) {
@@ -113,11 +127,21 @@ std::string RenderTable(const std::vector<CellResult>& cells) {
       header = true;
     }
     absl::StrAppend(&out, "\n", c.scenario, " on kubelet ", c.kubelet, " (", c.generation,
-                    "): ", c.summary, "\n");
+                    "): ", Printable(c.summary), "\n");
     std::string details = Details(c);
     for (absl::string_view line : absl::StrSplit(details, '\n', absl::SkipEmpty())) {
-      absl::StrAppend(&out, "  ", line, "\n");
+      absl::StrAppend(&out, "  ", Printable(line), "\n");
     }
+  }
+  header = false;
+  for (const CellResult& c : cells) {
+    if (c.outcome != Outcome::kBlocked) continue;
+    if (!header) {
+      out += "\nBlocked (by the failure named):\n";
+      header = true;
+    }
+    absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, ": ",
+                    Printable(c.summary), "\n");
   }
   const Totals t = Count(cells);
   absl::StrAppend(&out, "\n", cells.size(), " cells: ", t.passed, " passed, ", t.failed,

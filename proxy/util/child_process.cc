@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -54,8 +53,15 @@ bool GroupRuns(pid_t pgid) {
   bool runs = false;
   while (dirent* e = ::readdir(proc)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    std::ifstream in(absl::StrCat("/proc/", e->d_name, "/stat"));
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // A process may end while it is read: a failed read is no process.
+    const int fd = ::open(absl::StrCat("/proc/", e->d_name, "/stat").c_str(),
+                          O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[1024];
+    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    const std::string stat(buf, static_cast<size_t>(n));
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     // After the command: state, ppid, pgrp.

@@ -209,7 +209,9 @@ TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {
                                             "multi-resource"));
   for (const ScenarioInfo& s : Scenarios()) {
     const std::string name = s.name;
-    EXPECT_EQ(s.opt_in, name == "checkpoint-lost" || name == "rolling-update") << name;
+    EXPECT_EQ(s.opt_in, name == "checkpoint-lost" || name == "rolling-update" ||
+                            name == "kubelet-crash")
+        << name;
   }
   EXPECT_THAT(DefaultKubelets(),
               ::testing::ElementsAre("1.9", "1.15", "1.18", "1.24", "1.27", "1.30", "1.36"));

@@ -117,7 +117,8 @@ struct ScenarioInfo {
   // What the scenario checks and the kubelet facts behind it (--list, docs).
   const char* checks;
   // Run only when named in --scenarios: a check most plugins cannot pass
-  // alone (the kubelet's own loss), which dpproxy in front of them does.
+  // alone (the kubelet's own loss), which dpproxy in front of them does, or
+  // a stress beyond what kubelets are known to do.
   bool opt_in = false;
 };
 const std::vector<ScenarioInfo>& Scenarios();

@@ -129,8 +129,8 @@ struct KubeletSimOptions {
   bool pod_resources = true;
   // Wipe device-plugins/ once more this long after kubelet.sock listens, or
   // when the first Register arrives if that is sooner (the worst case of
-  // the race): a real kubelet's wipe can be seen after its new kubelet.sock
-  // appears, so a plugin that registers at once may have its socket removed
+  // the race): a stress beyond a real kubelet, which cleans up before it
+  // listens; a plugin that registers at once then has its socket removed
   // under the kubelet's dial. 0: wipe only before listening.
   absl::Duration late_wipe = absl::ZeroDuration();
   // DRA (1.32+). The CDI directories the container runtime reads: a

@@ -54,8 +54,8 @@ DEFINE_string(grace, "",
               "it is removed, e.g. 5m or 30s. Empty: 0 for v1alpha, 5m otherwise. [serve]");
 DEFINE_string(dial_timeout, "10s", "Limit for dialling a plugin's socket. [serve]");
 DEFINE_string(late_wipe, "0s",
-              "Wipe device-plugins/ once more this long after kubelet.sock listens, as a\n"
-              "real kubelet's wipe can be seen after its new socket appears. [serve]");
+              "Wipe device-plugins/ once more this long after kubelet.sock listens: a\n"
+              "stress (a real kubelet cleans up before it listens). [serve]");
 DEFINE_string(readmit_delay, "1s",
               "How long after a start the kubelet re-admits the pods it found (a real\n"
               "1.36 kubelet: about 1 s); pod-resources lists them only from then on. [serve]");

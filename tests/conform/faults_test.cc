@@ -154,8 +154,11 @@ INSTANTIATE_TEST_SUITE_P(
 // The same plugin without faults passes everything that applies, in both
 // registration modes; preferred and prestart apply when offered.
 TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
+  // slow-reserve registers on a new kubelet.sock before it serves its
+  // socket again: refused once, it recovers, and kubelet-restart passes.
   for (const char* flags : {"--preferred --pre_start_required",
-                            "--registration=plugin-watcher --preferred"}) {
+                            "--registration=plugin-watcher --preferred",
+                            "--fault=slow-reserve --preferred --pre_start_required"}) {
     SCOPED_TRACE(flags);
     absl::StatusOr<std::vector<CellResult>> cells = RunConformance(Options(flags));
     ASSERT_TRUE(cells.ok()) << cells.status();
@@ -172,6 +175,7 @@ TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
     EXPECT_EQ(applied.count("plugin-watcher"), watcher ? 1u : 0u);
     EXPECT_EQ(applied.count("prestart"), watcher ? 0u : 1u);
     EXPECT_EQ(applied.count("health"), 1u);
+    EXPECT_EQ(applied.count("kubelet-restart"), 1u);
     EXPECT_EQ(applied.count("kubelet-crash"), 0u) << "opt-in: not run unless named";
   }
 }

@@ -262,6 +262,19 @@ Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& see
     if (n == "plugin_connected" && IsFor(e, resource)) connected = true;
     if (n == "devices" && IsFor(e, resource)) last_list = e;
   }
+  // Whether a start-up cleanup removed the socket the last Register named.
+  bool cleaned_endpoint = false;
+  if (request.has_value()) {
+    const std::string endpoint = request->value("endpoint", "");
+    for (const Json& e : seen) {
+      if (Name(e) != "directory_cleaned" || !e.contains("removed")) continue;
+      for (const Json& r : e["removed"]) {
+        if (r.is_string() && !endpoint.empty() && absl::EndsWith(endpoint, r.get<std::string>())) {
+          cleaned_endpoint = true;
+        }
+      }
+    }
+  }
   Problem p;
   const bool exited = !PluginRunning();
   const std::string exit_note =
@@ -306,6 +319,26 @@ Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& see
     const std::string err = rejected->value("error", "");
     const bool dial = absl::StrContains(err, "failed to dial") ||
                       absl::StrContains(err, "failed to get device plugin options");
+    if (dial && request.has_value() && !request->value("endpoint_listening", true) &&
+        cleaned_endpoint) {
+      // It served, and the kubelet's start-up cleanup removed the socket
+      // (as a real kubelet's does, before it listens): not registering
+      // before serving, but not serving again.
+      p.owner = "kubelet-restart";
+      p.summary = absl::StrCat("its socket ", request->value("endpoint", ""),
+                               " was removed by the kubelet's start-up cleanup, and it "
+                               "registered without serving it again");
+      p.plugin_did = absl::StrCat("served ", request->value("endpoint", ""),
+                                  " before the kubelet started, then called Register naming it "
+                                  "after the cleanup had removed it, and did not serve it again "
+                                  "within ", t);
+      p.kubelet_expects = "a kubelet start removes every socket in device-plugins/ before it "
+                          "listens; a plugin serves its socket again (watching it, or "
+                          "kubelet.sock) before it registers";
+      p.users_see = absl::StrCat("Register fails (\"", err,
+                                 "\") and the resource stays away until the plugin restarts");
+      return p;
+    }
     if (dial && request.has_value() && !request->value("endpoint_listening", true)) {
       p.owner = "serves-first";
       p.summary = "called Register before serving its socket";

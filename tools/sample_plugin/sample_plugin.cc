@@ -868,7 +868,19 @@ bool SamplePlugin::ServeAgainIfRemoved() {
     if (kubelet == blind_kubelet_) return false;
     blind_kubelet_ = kubelet;
   }
-  if (PathExists(socket_path_)) return false;
+  if (PathExists(socket_path_)) {
+    gone_since_.reset();
+    return false;
+  }
+  if (Faulty("slow-reserve")) {
+    // Not a bug: a plugin that polls for its socket serves it again a
+    // while after it was removed, and registers at once on a new
+    // kubelet.sock, so its first Register after a kubelet start names a
+    // socket that is not there yet. It recovers on the next poll.
+    if (!gone_since_.has_value()) gone_since_ = absl::Now();
+    if (absl::Now() - *gone_since_ < absl::Milliseconds(1500)) return false;
+    gone_since_.reset();
+  }
   impl_->EndStreams(/*stopping=*/false);
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now());

@@ -126,7 +126,7 @@ inline constexpr const char* kPluginFaults[] = {
     "wrong-version",        "register-before-serve", "no-devices",      "stream-per-update",
     "no-container-response", "same-device-node",     "cdi-only",        "preferred-wrong-size",
     "prestart-fails",       "no-reregister",         "late-wipe-blind", "unstable-ids",
-    "huge-list",            "watcher-wrong-type",    "shared-socket"};
+    "huge-list",            "watcher-wrong-type",    "shared-socket",  "slow-reserve"};
 
 // The values SamplePluginOptions::device_list_fault accepts.
 inline constexpr const char* kDeviceListFaults[] = {"duplicate-id", "empty-id", "newline-id",
@@ -211,6 +211,8 @@ class SamplePlugin {
   std::atomic<bool> started_{false};
   // late-wipe-blind: the kubelet socket as last seen by ServeAgainIfRemoved.
   std::optional<FileId> blind_kubelet_ ABSL_GUARDED_BY(server_mu_);
+  // slow-reserve: when the socket was first seen gone.
+  std::optional<absl::Time> gone_since_ ABSL_GUARDED_BY(server_mu_);
   bool Faulty(const char* fault) const { return options_.fault == fault; }
 };
 

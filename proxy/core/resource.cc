@@ -329,6 +329,39 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
     absl::MutexLock lock(&mu_);
     ids = ids_;
   }
+  // A list the kubelet cannot take (over its 4 MiB) under the plugin's own
+  // IDs, none of which an allocation holds (the kubelet never saw them):
+  // compact IDs go on by themselves, for good, as --compact_ids would.
+  if (!ids->compact_ids && devices->bytes() > kKubeletMaxListBytes) {
+    bool held = false;
+    for (int i = 0; i < devices->size() && !held && hooks_.is_allocated; ++i) {
+      held = hooks_.is_allocated(std::string(devices->device(i).id));
+    }
+    if (!held) {
+      auto next = std::make_shared<IdPolicy>(*ids);
+      next->compact_ids = true;
+      {
+        absl::MutexLock lock(&mu_);
+        ids_ = next;
+      }
+      ids = next;
+      LOG(WARNING) << "resource " << name_ << ": the plugin's device list is "
+                   << devices->bytes() << " bytes (" << devices->size()
+                   << " devices), more than the kubelet accepts in one message ("
+                   << kKubeletMaxListBytes
+                   << "), and no pod holds its devices: compact device IDs are on for it from "
+                      "now on (name it in compact_ids to keep them across changes)";
+      events_->Emit("compact_ids_on", {{"resource", name_},
+                                       {"bytes", devices->bytes()},
+                                       {"devices", devices->size()}});
+    } else {
+      LOG_EVERY_N(ERROR, 100) << "resource " << name_ << ": the plugin's device list is "
+                              << devices->bytes()
+                              << " bytes, more than the kubelet accepts, and pods hold devices "
+                                 "under its IDs: compact IDs would rename them, so they stay "
+                                 "off (see dpproxy status)";
+    }
+  }
   int mapped = 0;  // IDs NeedsMapping, mapped whatever the policy
   std::string first_mapped;
   bool any_unshowable = false;

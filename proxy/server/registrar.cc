@@ -28,6 +28,10 @@ void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
 }
 
 void Registrar::OnStreamDropped(Slot* e) {
+  // A list over the kubelet's limit ends every stream it is sent on:
+  // registering again soon changes nothing until the list changes.
+  const size_t list_bytes = e->resource->Current().list->bytes();
+  const bool too_large = list_bytes > kKubeletMaxListBytes;
   {
     absl::MutexLock lock(&mu_);
     if (held_ || !e->registered_with.has_value()) return;
@@ -41,6 +45,19 @@ void Registrar::OnStreamDropped(Slot* e) {
     } else {
       e->backoff = absl::ZeroDuration();
     }
+    if (too_large) {
+      e->backoff = std::max(e->backoff, kTooLargeRetry);
+      if (!e->too_large_said) {
+        LOG(ERROR) << "resource " << e->resource->name() << ": the kubelet ends its stream "
+                   << "because the device list is " << list_bytes << " bytes, over its "
+                   << kKubeletMaxListBytes << "; registering again every "
+                   << absl::FormatDuration(kTooLargeRetry)
+                   << " until the list fits (compact_ids, or fewer devices)";
+        e->too_large_said = true;
+      }
+    } else {
+      e->too_large_said = false;
+    }
     e->last_drop = now;
     e->dropped = true;
     // A kubelet that restarts also ends every stream: by then it has
@@ -48,7 +65,9 @@ void Registrar::OnStreamDropped(Slot* e) {
     // restart is handled as such.
     e->retry_at =
         now + std::max(e->backoff, now < expect_drop_until_ ? absl::ZeroDuration() : kDropSettle);
-    LOG(INFO) << "resource " << e->resource->name() << ": the kubelet ended its stream";
+    if (!too_large) {
+      LOG(INFO) << "resource " << e->resource->name() << ": the kubelet ended its stream";
+    }
     events_->Emit("kubelet_stream_dropped", {{"resource", e->resource->name()}});
   }
   wake_();

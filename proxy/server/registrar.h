@@ -41,6 +41,10 @@ namespace dpproxy {
 
 class Registrar {
  public:
+  // How soon a resource whose list is over the kubelet's limit registers
+  // again after the kubelet ended its stream.
+  static constexpr absl::Duration kTooLargeRetry = absl::Seconds(30);
+
   // `wake` is called (no locks held) when a registration ended, so that the
   // caller runs Pass() again.
   Registrar(KubeletSideOptions kubelet, EventLog* events, WorkQueue* workers,
@@ -121,6 +125,8 @@ class Registrar {
     // again (OnStreamDropped).
     bool dropped = false;
     absl::Time last_drop = absl::InfinitePast();
+    // The reason for the drops (a list over the kubelet's limit) was logged.
+    bool too_large_said = false;
   };
 
   void OnStreamDropped(Slot* slot);

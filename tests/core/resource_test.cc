@@ -8,6 +8,7 @@
 #include <thread>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -144,12 +145,16 @@ TEST(ResourceTest, DevicesShownUnhealthyStaySoUntilLifted) {
 }
 
 
-// A list larger than the kubelet accepts in one message is reported when it
-// appears and when it fits again; the list itself is kept whole (a smaller
-// one may follow, and the state keeps what the plugin said).
+// A list larger than the kubelet accepts in one message, whose devices pods
+// hold under their IDs (so compact IDs, which would rename them, stay off),
+// is reported when it appears and when it fits again; the list itself is
+// kept whole (a smaller one may follow, and the state keeps what the plugin
+// said).
 TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   EventLog events("test");
-  Resource r("vendor.com/gpu", ResourcePolicy(), &events);
+  ResourceHooks hooks;
+  hooks.is_allocated = [](const std::string& id) { return absl::EndsWith(id, "-slice-3"); };
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events, hooks);
   auto backend = StreamOnlyBackend();
   r.AttachBackend(backend);
   // UUID-named MIG slices: ~60 bytes each on the wire.
@@ -178,6 +183,35 @@ TEST(ResourceTest, AListTooLargeForTheKubeletIsReported) {
   backend->callbacks.on_devices(DeviceList::FromDevices(Devices(1000, prefix)));
   EXPECT_TRUE(events.WaitForEvent("device_list_fits", {{"resource", "vendor.com/gpu"}},
                                   absl::Seconds(1)));
+  EXPECT_FALSE(events.WaitForEvent("compact_ids_on", {}, absl::ZeroDuration()));
+}
+
+// The same list when no pod holds its devices (the kubelet never saw
+// them): compact IDs go on by themselves, the list fits, and every ID maps
+// back to the plugin's.
+TEST(ResourceTest, AListTooLargeThatNoPodHoldsGetsCompactIdsByItself) {
+  EventLog events("test");
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events);
+  auto backend = StreamOnlyBackend();
+  r.AttachBackend(backend);
+  const std::string prefix = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-";
+  constexpr int kMany = 100000;
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(kMany, prefix)));
+  const Resource::Snapshot snap = r.Current();
+  EXPECT_EQ(snap.list->size(), kMany);
+  EXPECT_LT(snap.list->bytes(), Resource::kKubeletMaxListBytes);
+  EXPECT_TRUE(events.WaitForEvent("compact_ids_on", {{"resource", "vendor.com/gpu"},
+                                                     {"devices", kMany}},
+                                  absl::ZeroDuration()));
+  EXPECT_FALSE(events.WaitForEvent("device_list_too_large", {}, absl::ZeroDuration()));
+  const std::string compact = CompactDeviceId(prefix + "42");
+  EXPECT_TRUE(r.HasDevice(compact));
+  EXPECT_EQ(r.ToBackendId(compact), prefix + "42");
+  EXPECT_TRUE(r.maps_ids());
+  // For good: a later list that would fit keeps the IDs the kubelet knows.
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(10, prefix)));
+  EXPECT_TRUE(r.HasDevice(CompactDeviceId(prefix + "3")));
+  r.Shutdown();
 }
 
 // Long IDs (sliced GPUs) can make a list too large for the kubelet. With
@@ -194,7 +228,10 @@ TEST(ResourceTest, CompactIdsFitTheKubeletAndMapBackExactly) {
   };
   EventLog events("test");
   ResourcePolicy plain_policy;
-  Resource plain("vendor.com/gpu", plain_policy, &events);
+  // Pods hold its devices: compact IDs do not go on by themselves.
+  ResourceHooks holding;
+  holding.is_allocated = [](const std::string&) { return true; };
+  Resource plain("vendor.com/gpu", plain_policy, &events, holding);
   auto b1 = StreamOnlyBackend();
   plain.AttachBackend(b1);
   b1->callbacks.on_devices(DeviceList::FromDevices(uuid_devices()));

@@ -168,11 +168,16 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     if (t["dial"]) DPP_CFG(r.Duration(t["dial"], "timeouts.dial", &c->dial_timeout));
   }
   if (const YAML::Node l = root["limits"]) {
-    DPP_CFG(r.CheckKeys(l, "limits", {"backend_list_mib"}));
+    DPP_CFG(r.CheckKeys(l, "limits", {"backend_list_mib", "api_body_mib"}));
     if (l["backend_list_mib"]) {
       int mib = 0;
       DPP_CFG(r.IntIn(l["backend_list_mib"], "limits.backend_list_mib", 4, 2047, &mib));
       c->backend_max_list_bytes = mib << 20;
+    }
+    if (l["api_body_mib"]) {
+      int mib = 0;
+      DPP_CFG(r.IntIn(l["api_body_mib"], "limits.api_body_mib", 1, 1024, &mib));
+      c->api_max_body_bytes = mib << 20;
     }
   }
   if (const YAML::Node b = root["backend_loss"]) {
@@ -275,7 +280,8 @@ std::string ConfigToYaml(const ProxyConfig& c) {
       << YAML::Value << duration(c.kubelet.backend_timeout) << YAML::Key << "dial"
       << YAML::Value << duration(c.dial_timeout) << YAML::EndMap;
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap << YAML::Key
-      << "backend_list_mib" << YAML::Value << (c.backend_max_list_bytes >> 20) << YAML::EndMap;
+      << "backend_list_mib" << YAML::Value << (c.backend_max_list_bytes >> 20) << YAML::Key
+      << "api_body_mib" << YAML::Value << (c.api_max_body_bytes >> 20) << YAML::EndMap;
   out << YAML::Key << "backend_loss" << YAML::Value << YAML::BeginMap << YAML::Key << "policy"
       << YAML::Value << (c.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy")
       << YAML::Key << "hold" << YAML::Value << duration(c.policy.hold) << YAML::EndMap;

@@ -43,6 +43,9 @@ DEFINE_int32(backend_max_list_mib, 256,
              "The largest message (device list) accepted from a plugin, in MiB (4-2047).\n"
              "The kubelet accepts at most 4 MiB: a larger list is reported (log, event,\n"
              "metric, status), see docs/configuration.md.");
+DEFINE_int32(api_max_body_mib, 16,
+             "DRA mode: the largest answer taken from the API server, in MiB (1-1024);\n"
+             "a larger one fails that call.");
 DEFINE_string(backend_loss_policy, "unhealthy",
               "What the kubelet sees while a backend is away: unhealthy (every device\n"
               "Unhealthy at once) or hold (last known health for --backend_hold, then\n"
@@ -172,6 +175,13 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
           "--backend_max_list_mib=", FLAGS_backend_max_list_mib, " is not between 4 and 2047"));
     }
     c->backend_max_list_bytes = FLAGS_backend_max_list_mib << 20;
+  }
+  if (set("api_max_body_mib")) {
+    if (FLAGS_api_max_body_mib < 1 || FLAGS_api_max_body_mib > 1024) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--api_max_body_mib=", FLAGS_api_max_body_mib, " is not between 1 and 1024"));
+    }
+    c->api_max_body_bytes = FLAGS_api_max_body_mib << 20;
   }
   if (set("dial_timeout")) {
     DPP_ASSIGN_OR_RETURN(c->dial_timeout, ParseFlagDuration("dial_timeout", FLAGS_dial_timeout));

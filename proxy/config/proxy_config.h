@@ -98,6 +98,8 @@ enum class RestorePolicy {
 // The largest message dpproxy accepts from a plugin by default: device
 // lists of sliced GPUs reach tens of MiB, far past gRPC's 4 MiB default.
 inline constexpr int kDefaultBackendMaxListBytes = 256 << 20;
+// The largest answer taken from the API server (DRA mode).
+inline constexpr int kDefaultApiMaxBodyBytes = 16 << 20;
 
 // DRA mode (kubelet.api: dra): each backend resource is published as the
 // DRA devices of one driver (ResourceSlices in the API server) and claims
@@ -120,6 +122,7 @@ struct ProxyConfig {
   // The largest message accepted from a plugin (a device list); the
   // kubelet's own limit is 4 MiB, which dpproxy reports, not enforces.
   int backend_max_list_bytes = kDefaultBackendMaxListBytes;
+  int api_max_body_bytes = kDefaultApiMaxBodyBytes;
   ResourcePolicy policy;
   // Backend resource name -> name toward the kubelet.
   std::map<std::string, std::string> renames;

@@ -10,12 +10,16 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "proxy/dra/cdi_spec.h"
 #include "proxy/dra/device_names.h"
+#include "proxy/kube/json_shape.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {
@@ -42,8 +46,9 @@ Json ToJson(const std::vector<PreparedClaimDevice>& devices) {
 std::vector<PreparedClaimDevice> FromJson(const Json& j) {
   std::vector<PreparedClaimDevice> out;
   for (const Json& d : j) {
-    out.push_back({d["requests"].get<std::vector<std::string>>(), d["pool"], d["device"],
-                   d["cdi_ids"].get<std::vector<std::string>>()});
+    // Shape-checked by the caller; absent fields are empty.
+    out.push_back({d.value("requests", std::vector<std::string>{}), d.value("pool", ""),
+                   d.value("device", ""), d.value("cdi_ids", std::vector<std::string>{})});
   }
   return out;
 }
@@ -69,6 +74,53 @@ ClaimPreparer::ClaimPreparer(Options options, KubeClient* client, ResourceByPool
       backend_timeout_ns_(absl::ToInt64Nanoseconds(options_.backend_timeout)),
       client_(client),
       resources_(std::move(resources)) {}
+
+namespace {
+
+bool IsUid(absl::string_view uid) {
+  if (uid.size() != 36) return false;
+  for (size_t i = 0; i < uid.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? uid[i] != '-' : !absl::ascii_isxdigit(static_cast<unsigned char>(uid[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A DNS-1123 label (max 63) or subdomain (max 253, dots between labels).
+bool IsDnsName(absl::string_view s, size_t max, bool dots) {
+  if (s.empty() || s.size() > max) return false;
+  const std::vector<absl::string_view> labels =
+      dots ? absl::StrSplit(s, '.') : std::vector<absl::string_view>{s};
+  for (absl::string_view label : labels) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    for (char ch : label) {
+      if (!(absl::ascii_isdigit(ch) || (ch >= 'a' && ch <= 'z') || ch == '-')) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status ValidateClaimRef(const ClaimRef& c) {
+  if (!IsUid(c.uid)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "claim UID ", GoQuote(c.uid), " is not a Kubernetes UID (8-4-4-4-12 hexadecimal digits)"));
+  }
+  if (!IsDnsName(c.namespace_, 63, false)) {
+    return absl::InvalidArgumentError(absl::StrCat("claim namespace ", GoQuote(c.namespace_),
+                                                   " is not a DNS label"));
+  }
+  if (!IsDnsName(c.name, 253, true)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("claim name ", GoQuote(c.name), " is not a DNS subdomain"));
+  }
+  return absl::OkStatus();
+}
 
 std::string ClaimPreparer::RecordPath(const std::string& uid) const {
   return JoinPath(options_.state_dir, absl::StrCat(uid, ".json"));
@@ -101,6 +153,7 @@ absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
     const std::string name = e.path().filename().string();
     if (!absl::EndsWith(name, ".json")) continue;
     const std::string uid = name.substr(0, name.size() - 5);
+    if (!IsUid(uid)) continue;  // not a record of ours
     ClaimTurn turn(this, uid);
     absl::StatusOr<std::string> text = ReadFile(e.path().string());
     Json record = text.ok() ? Json::parse(*text, nullptr, false) : Json();
@@ -124,11 +177,24 @@ absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
 }
 
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {
+  if (absl::Status s = ValidateClaimRef(claim); !s.ok()) return s;
   ClaimTurn turn(this, claim.uid);
   if (!options_.state_dir.empty()) {
     if (absl::StatusOr<std::string> text = ReadFile(RecordPath(claim.uid)); text.ok()) {
       Json record = Json::parse(*text, nullptr, false);
-      if (!record.is_discarded() && record.contains("devices") && record.contains("spec")) {
+      const bool usable =
+          !record.is_discarded() && record.contains("devices") && record.contains("spec") &&
+          CheckShape(record, "record", {{"spec", JsonKind::kString},
+                                        {"devices", JsonKind::kArray},
+                                        {"devices[]", JsonKind::kObject},
+                                        {"devices[].requests", JsonKind::kArray},
+                                        {"devices[].requests[]", JsonKind::kString},
+                                        {"devices[].pool", JsonKind::kString},
+                                        {"devices[].device", JsonKind::kString},
+                                        {"devices[].cdi_ids", JsonKind::kArray},
+                                        {"devices[].cdi_ids[]", JsonKind::kString}})
+              .ok();
+      if (usable) {
         // Prepared before: the same answer. The spec again if a reboot
         // emptied the CDI directory.
         const std::string spec_path =
@@ -176,7 +242,24 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
   absl::StatusOr<Json> claim = client_->Get(absl::StrCat(
       "/apis/", *version, "/namespaces/", c.namespace_, "/resourceclaims/", c.name));
   if (!claim.ok()) return ClaimError(c, std::string(claim.status().message()));
-  const std::string uid = (*claim)["metadata"].value("uid", "");
+  if (absl::Status s = CheckShape(
+          *claim, "the ResourceClaim",
+          {{"metadata", JsonKind::kObject},
+           {"metadata.uid", JsonKind::kString},
+           {"status", JsonKind::kObject},
+           {"status.allocation", JsonKind::kObject},
+           {"status.allocation.devices", JsonKind::kObject},
+           {"status.allocation.devices.results", JsonKind::kArray},
+           {"status.allocation.devices.results[]", JsonKind::kObject},
+           {"status.allocation.devices.results[].driver", JsonKind::kString},
+           {"status.allocation.devices.results[].pool", JsonKind::kString},
+           {"status.allocation.devices.results[].device", JsonKind::kString},
+           {"status.allocation.devices.results[].request", JsonKind::kString}});
+      !s.ok()) {
+    LOG(ERROR) << s.message();
+    return ClaimError(c, std::string(s.message()));
+  }
+  const std::string uid = claim->contains("metadata") ? (*claim)["metadata"].value("uid", "") : "";
   if (uid != c.uid) {
     return ClaimError(c, absl::StrCat("the API server has UID ", uid, ", the kubelet asked for ",
                                       c.uid, " (deleted and created again?)"));
@@ -289,6 +372,9 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
 }
 
 absl::Status ClaimPreparer::Unprepare(const ClaimRef& c) {
+  // Before any path is made of it: nothing outside dpproxy's directories
+  // is ever touched, whatever the caller names.
+  if (absl::Status s = ValidateClaimRef(c); !s.ok()) return s;
   ClaimTurn turn(this, c.uid);
   if (absl::Status s = RemoveClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid); !s.ok()) {
     return s;

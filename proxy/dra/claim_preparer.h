@@ -45,6 +45,12 @@ struct ClaimRef {
   std::string uid;
 };
 
+// What the kubelet names a claim by, checked before it goes into a path or
+// a URL: the UID as the API server makes them (8-4-4-4-12 hexadecimal
+// digits), the namespace a DNS label, the name a DNS subdomain.
+// kInvalidArgument naming the field and its (quoted, bounded) value.
+absl::Status ValidateClaimRef(const ClaimRef& claim);
+
 struct PreparedClaimDevice {
   std::vector<std::string> requests;
   std::string pool;

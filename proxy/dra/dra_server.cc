@@ -9,6 +9,7 @@
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 
@@ -18,19 +19,35 @@ namespace {
 namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
 
+// A name from the kubelet as it came, unless it could not travel in a log
+// or an event as it is (control characters, non-ASCII bytes, too long):
+// then quoted and bounded.
+std::string AsGiven(const std::string& s) {
+  bool plain = s.size() <= 256;
+  for (unsigned char ch : s) plain = plain && ch >= 0x20 && ch < 0x7f;
+  return plain ? s : GoQuote(s);
+}
+
 // The one core for both packages (same messages, so templated on them).
 template <typename Request, typename Response>
 void PrepareAll(ClaimPreparer* p, EventLog* events, const Request& req, Response* resp) {
   for (const auto& c : req.claims()) {
     auto& out = (*resp->mutable_claims())[c.uid()];
-    absl::StatusOr<std::vector<PreparedClaimDevice>> d =
-        p->Prepare({c.namespace_(), c.name(), c.uid()});
+    absl::StatusOr<std::vector<PreparedClaimDevice>> d;
+    try {
+      d = p->Prepare({c.namespace_(), c.name(), c.uid()});
+    } catch (const std::exception& e) {
+      // Nothing escapes to gRPC ("Unexpected error in RPC handling"): the
+      // claim fails with what went wrong, the others go on.
+      d = absl::InternalError(absl::StrCat("unexpected error preparing the claim: ", e.what()));
+    }
     if (!d.ok()) {
       out.set_error(std::string(d.status().message()));
       LOG(WARNING) << "prepare failed: " << d.status().message();
-      events->Emit("claim_prepare_failed", {{"claim", absl::StrCat(c.namespace_(), "/", c.name())},
-                                            {"uid", c.uid()},
-                                            {"error", std::string(d.status().message())}});
+      events->Emit("claim_prepare_failed",
+                   {{"claim", AsGiven(absl::StrCat(c.namespace_(), "/", c.name()))},
+                    {"uid", AsGiven(c.uid())},
+                    {"error", std::string(d.status().message())}});
       continue;
     }
     for (const PreparedClaimDevice& pd : *d) {
@@ -50,11 +67,17 @@ template <typename Request, typename Response>
 void UnprepareAll(ClaimPreparer* p, EventLog* events, const Request& req, Response* resp) {
   for (const auto& c : req.claims()) {
     auto& out = (*resp->mutable_claims())[c.uid()];
-    absl::Status s = p->Unprepare({c.namespace_(), c.name(), c.uid()});
+    absl::Status s;
+    try {
+      s = p->Unprepare({c.namespace_(), c.name(), c.uid()});
+    } catch (const std::exception& e) {
+      s = absl::InternalError(absl::StrCat("unexpected error unpreparing the claim: ", e.what()));
+    }
     if (!s.ok()) out.set_error(std::string(s.message()));
-    events->Emit("claim_unprepared", {{"claim", absl::StrCat(c.namespace_(), "/", c.name())},
-                                      {"uid", c.uid()},
-                                      {"error", std::string(s.message())}});
+    events->Emit("claim_unprepared",
+                 {{"claim", AsGiven(absl::StrCat(c.namespace_(), "/", c.name()))},
+                  {"uid", AsGiven(c.uid())},
+                  {"error", std::string(s.message())}});
   }
 }
 

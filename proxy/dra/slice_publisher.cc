@@ -2,7 +2,10 @@
 
 #include <map>
 
+#include <glog/logging.h>
+
 #include "absl/strings/str_cat.h"
+#include "proxy/kube/json_shape.h"
 
 namespace dpproxy {
 
@@ -56,6 +59,14 @@ absl::StatusOr<std::string> SlicePublisher::Version() {
 absl::Status SlicePublisher::Discover() {
   absl::StatusOr<Json> group = client_->Get("/apis/resource.k8s.io");
   if (!group.ok()) return group.status();
+  if (absl::Status s = CheckShape(*group, "the API group resource.k8s.io",
+                                  {{"versions", JsonKind::kArray},
+                                   {"versions[]", JsonKind::kObject},
+                                   {"versions[].version", JsonKind::kString}});
+      !s.ok()) {
+    LOG(ERROR) << s.message();
+    return s;
+  }
   std::vector<std::string> served;
   if (group->contains("versions") && (*group)["versions"].is_array()) {
     for (const Json& v : (*group)["versions"]) served.push_back(v.value("version", ""));
@@ -79,11 +90,36 @@ absl::StatusOr<std::vector<Json>> SlicePublisher::PoolSlices(const std::string& 
   absl::StatusOr<Json> list = client_->Get(absl::StrCat(
       Collection(version), "?fieldSelector=spec.nodeName%3D", node_, "%2Cspec.driver%3D", driver_));
   if (!list.ok()) return list.status();
+  if (absl::Status s = CheckShape(
+          *list, "the ResourceSlice list",
+          {{"items", JsonKind::kArray},
+           {"items[]", JsonKind::kObject},
+           {"items[].metadata", JsonKind::kObject},
+           {"items[].metadata.name", JsonKind::kString},
+           {"items[].metadata.resourceVersion", JsonKind::kString},
+           {"items[].spec", JsonKind::kObject},
+           {"items[].spec.nodeName", JsonKind::kString},
+           {"items[].spec.driver", JsonKind::kString},
+           {"items[].spec.pool", JsonKind::kObject},
+           {"items[].spec.pool.name", JsonKind::kString},
+           {"items[].spec.pool.generation", JsonKind::kNumber},
+           {"items[].spec.pool.resourceSliceCount", JsonKind::kNumber},
+           {"items[].spec.devices", JsonKind::kArray},
+           {"items[].spec.devices[]", JsonKind::kObject},
+           {"items[].spec.devices[].name", JsonKind::kString},
+           {"items[].spec.devices[].attributes", JsonKind::kObject},
+           {"items[].spec.devices[].basic", JsonKind::kObject},
+           {"items[].spec.devices[].basic.attributes", JsonKind::kObject}});
+      !s.ok()) {
+    LOG(ERROR) << s.message();
+    return s;
+  }
   std::vector<Json> out;
   if (!list->contains("items") || !(*list)["items"].is_array()) return out;
   for (const Json& s : (*list)["items"]) {
     // The server filters; checked again, as a server may ignore a selector.
-    if (!s.contains("spec") || s["spec"].value("nodeName", "") != node_ ||
+    if (!s.contains("spec") || !s.contains("metadata") ||
+        s["spec"].value("nodeName", "") != node_ ||
         s["spec"].value("driver", "") != driver_ || !s["spec"].contains("pool") ||
         s["spec"]["pool"].value("name", "") != pool_name) {
       continue;

@@ -16,8 +16,20 @@ struct CurlGlobal {
   CurlGlobal() { curl_global_init(CURL_GLOBAL_DEFAULT); }
 };
 
+// The answer, up to `max` bytes: a longer one ends the transfer.
+struct Body {
+  std::string text;
+  size_t max = 0;
+  bool over = false;
+};
+
 size_t Collect(char* data, size_t size, size_t n, void* out) {
-  static_cast<std::string*>(out)->append(data, size * n);
+  Body* b = static_cast<Body*>(out);
+  if (b->text.size() + size * n > b->max) {
+    b->over = true;
+    return 0;  // CURLE_WRITE_ERROR
+  }
+  b->text.append(data, size * n);
   return size * n;
 }
 
@@ -135,12 +147,19 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
   if (!token.empty()) headers = curl_slist_append(headers, auth.c_str());
   std::unique_ptr<curl_slist, void (*)(curl_slist*)> header_list(headers, curl_slist_free_all);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-  std::string response;
+  Body body_in;
+  body_in.max = max_body_bytes_;
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, Collect);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &response);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body_in);
   char error[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error);
   const CURLcode rc = curl_easy_perform(h);
+  if (body_in.over) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": the API server's answer is over ", max_body_bytes_ >> 20,
+        " MiB (limits.api_body_mib); not read"));
+  }
+  const std::string& response = body_in.text;
   if (rc != CURLE_OK) {
     return absl::UnavailableError(absl::StrCat(what, " at ", config_.server, ": ",
                                                error[0] != '\0' ? error : curl_easy_strerror(rc)));

@@ -43,12 +43,17 @@ class KubeClient {
 
   const KubeConfig& config() const { return config_; }
 
+  // Answers longer than this fail their call (kResourceExhausted) without
+  // being read further. 16 MiB unless set.
+  void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
+
  private:
   KubeClient(KubeConfig config, absl::Duration timeout);
   absl::StatusOr<Json> Call(const char* method, const std::string& path, const Json* body);
 
   const KubeConfig config_;
   const absl::Duration timeout_;
+  size_t max_body_bytes_ = 16 << 20;
 };
 
 }  // namespace dpproxy

@@ -1171,6 +1171,7 @@ absl::Status ProxyServer::StartDra() {
   absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(*kc);
   if (!client.ok()) return client.status();
   kube_ = *std::move(client);
+  kube_->set_max_body_bytes(static_cast<size_t>(config_.api_max_body_bytes));
   publisher_ = std::make_unique<SlicePublisher>(kube_.get(), config_.dra.driver,
                                                 config_.dra.node_name);
   // An API server that does not answer yet (a node booting before the

@@ -245,9 +245,10 @@ TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {
   auto message = [&](const ClaimRef& c) { return std::string(p->Prepare(c).status().message()); };
   ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}});
   ClaimRef stale = c;
-  stale.uid = "old-uid";
+  stale.uid = "0badc0de-0000-4000-8000-000000000001";
   EXPECT_THAT(message(stale), HasSubstr("claim default/train: the API server has UID"));
-  EXPECT_THAT(message({"default", "absent", "u"}), HasSubstr("not found"));
+  EXPECT_THAT(message({"default", "absent", "0badc0de-0000-4000-8000-000000000002"}),
+              HasSubstr("not found"));
   ClaimRef pending = {"default", "pending", ""};
   pending.uid = api_.PutClaim({{"metadata", {{"namespace", "default"}, {"name", "pending"}}}})
                     ["metadata"]["uid"];
@@ -264,6 +265,51 @@ TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {
   EXPECT_THAT(message(c), HasSubstr("backend /run/mock.sock is gone"));
   // Nothing was written for any of them.
   EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid)));
+}
+
+// Whatever a caller names, no path outside dpproxy's directories is made
+// of it: claim UIDs that climb out, look absolute or hide a NUL are
+// refused before any file is touched, and so are names that would change
+// the API server's URL.
+TEST_F(ClaimPreparerTest, HostileClaimReferencesTouchNothing) {
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  testing::ShortTempDir outside;
+  const std::string victim = outside.Sub("victim.json");
+  ASSERT_TRUE(WriteFileAtomic(victim, "{}").ok());
+  const std::string climb = absl::StrCat("../../../../../../../../..", outside.path(), "/victim");
+  for (const std::string& uid :
+       {climb, outside.Sub("victim"), climb + std::string(1, '\0'), std::string("..") ,
+        std::string("0badc0de-0000-4000-8000-00000000000g"), std::string()}) {
+    SCOPED_TRACE(uid);
+    absl::Status s = p->Unprepare({"default", "x", uid});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("is not a Kubernetes UID"));
+    EXPECT_EQ(p->Prepare({"default", "x", uid}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(PathExists(victim)) << "a file outside dpproxy's directories was removed";
+  const std::string uid = "0badc0de-0000-4000-8000-000000000003";
+  EXPECT_THAT(p->Prepare({"default", "x/../../secrets/y", uid}).status().message(),
+              HasSubstr("is not a DNS subdomain"));
+  EXPECT_THAT(p->Prepare({"kube-system?x=", "x", uid}).status().message(),
+              HasSubstr("is not a DNS label"));
+}
+
+// A claim whose fields have the wrong types fails that claim, naming the
+// field, instead of an exception.
+TEST_F(ClaimPreparerTest, AClaimOfTheWrongShapeFailsNamingTheField) {
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  Json claim = {{"metadata", {{"namespace", "default"}, {"name", "odd"}}},
+                {"status", {{"allocation", {{"devices", {{"results", {{{"device", 7}}}}}}}}}}};
+  claim = api_.PutClaim(claim);
+  absl::Status s = p->Prepare({"default", "odd", claim["metadata"]["uid"]}).status();
+  EXPECT_THAT(s.message(), HasSubstr("status.allocation.devices.results[0].device is a number, "
+                                     "not a string"));
+  Json arrays = {{"metadata", {{"namespace", "default"}, {"name", "arrays"}}},
+                 {"status", {{"allocation", {{"devices", Json::array()}}}}}};
+  arrays = api_.PutClaim(arrays);
+  s = p->Prepare({"default", "arrays", arrays["metadata"]["uid"]}).status();
+  EXPECT_THAT(s.message(), HasSubstr("status.allocation.devices is an array, not an object"));
 }
 
 }  // namespace

@@ -130,7 +130,7 @@ TEST_F(DraServerTest, BothPackagesPrepareAndErrorsStayWithTheirClaim) {
   auto* bad = req.add_claims();
   bad->set_namespace_("default");
   bad->set_name("missing");
-  bad->set_uid("u-missing");
+  bad->set_uid("0badc0de-0000-4000-8000-00000000000f");
   grpc::ClientContext ctx;
   drav1::NodePrepareResourcesResponse resp;
   ASSERT_TRUE(v1->NodePrepareResources(&ctx, req, &resp).ok());
@@ -143,7 +143,8 @@ TEST_F(DraServerTest, BothPackagesPrepareAndErrorsStayWithTheirClaim) {
   EXPECT_THAT(ok.devices(0).request_names(), ElementsAre("gpu"));
   EXPECT_THAT(ok.devices(0).cdi_device_ids(),
               ElementsAre(absl::StrCat("gpu.vendor.com/claim=", good, "-gpu")));
-  EXPECT_THAT(resp.claims().at("u-missing").error(), HasSubstr("not found"));
+  EXPECT_THAT(resp.claims().at("0badc0de-0000-4000-8000-00000000000f").error(),
+              HasSubstr("not found"));
 
   // v1beta1: the same core (the claim is already prepared: the same answer).
   auto v1beta1 = drav1beta1::DRAPlugin::NewStub(channel);

@@ -176,5 +176,47 @@ TEST(SlicePublisherTest, TheSimulatorRefusesWhatTheApiServerWould) {
             absl::StatusCode::kUnauthenticated);
 }
 
+// Answers of the wrong shape fail their call, naming the field, and never
+// end the process (the JSON library's type errors are exceptions); the same
+// publisher then works against a sane answer.
+TEST(SlicePublisherTest, AnswersOfTheWrongTypesFailTheCallNamingTheField) {
+  ApiFixture f;
+  SlicePublisher p(f.client.get(), "gpu.vendor.com", "node-1");
+  f.api.InjectAnswer("GET", "/apis/resource.k8s.io", 200, R"({"versions": [{"version": 1}]})");
+  absl::Status s = p.Discover();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("versions[0].version is a number, not a string"));
+  ASSERT_TRUE(p.Discover().ok());
+  const std::string slices = "/apis/resource.k8s.io/v1/resourceslices";
+  f.api.InjectAnswer("GET", slices, 200,
+                     R"({"items": [{"metadata": {"name": "x"},)"
+                     R"( "spec": {"pool": {"generation": "7"}}}]})");
+  s = p.Publish("vendor.com/gpu", Gpus(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("items[0].spec.pool.generation is a string, not a number"));
+  f.api.InjectAnswer("GET", slices, 200, R"({"items": 3})");
+  EXPECT_THAT(p.Publish("vendor.com/gpu", Gpus(2)).message(),
+              HasSubstr("items is a number, not an array"));
+  f.api.InjectAnswer("GET", slices, 200, R"([1, 2])");
+  EXPECT_THAT(p.Publish("vendor.com/gpu", Gpus(2)).message(),
+              HasSubstr("the answer is an array, not an object"));
+  EXPECT_TRUE(p.Publish("vendor.com/gpu", Gpus(2)).ok());
+}
+
+// An answer over the limit is not read into memory: the call fails, named.
+TEST(SlicePublisherTest, AnAnswerOverTheLimitFailsTheCall) {
+  ApiFixture f;
+  f.client->set_max_body_bytes(1 << 20);
+  SlicePublisher p(f.client.get(), "gpu.vendor.com", "node-1");
+  std::string huge = R"({"kind": "APIGroup", "padding": ")";
+  huge.append(3 << 20, 'x');
+  huge += R"("})";
+  f.api.InjectAnswer("GET", "/apis/resource.k8s.io", 200, huge);
+  absl::Status s = p.Discover();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("the API server's answer is over 1 MiB"));
+  EXPECT_TRUE(p.Discover().ok());
+}
+
 }  // namespace
 }  // namespace dpproxy

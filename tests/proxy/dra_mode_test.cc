@@ -173,9 +173,10 @@ TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
   EXPECT_THAT(*spec, HasSubstr("gpu-1"));
   EXPECT_THAT(*spec, HasSubstr("gpu-2"));
   // An unknown claim is that claim's error; the call succeeds.
-  absl::StatusOr<Json> missing = h.sim().PrepareClaims(kDriver, {{"default", "absent", "u0"}});
+  const std::string absent = "0badc0de-0000-4000-8000-000000000000";
+  absl::StatusOr<Json> missing = h.sim().PrepareClaims(kDriver, {{"default", "absent", absent}});
   ASSERT_TRUE(missing.ok());
-  EXPECT_THAT((*missing)["u0"]["error"].get<std::string>(), HasSubstr("not found"));
+  EXPECT_THAT((*missing)[absent]["error"].get<std::string>(), HasSubstr("not found"));
 
   // A device turns Unhealthy: it leaves the pool, at the next generation.
   const int64_t generation = api.Slices().begin()->second["spec"]["pool"]["generation"];

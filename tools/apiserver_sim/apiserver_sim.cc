@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "proxy/dra/device_names.h"
@@ -170,6 +171,12 @@ void ApiServerSim::Stop() {
   events_.Emit("apiserver_stopped", {{"url", url()}});
 }
 
+void ApiServerSim::InjectAnswer(const std::string& method, const std::string& path_prefix,
+                                int code, std::string body) {
+  absl::MutexLock lock(&mu_);
+  answers_.push_back({Fault{method, path_prefix, code, 1}, std::move(body)});
+}
+
 void ApiServerSim::InjectFault(Fault fault) {
   absl::MutexLock lock(&mu_);
   faults_.push_back(std::move(fault));
@@ -183,7 +190,10 @@ void ApiServerSim::SetLatency(absl::Duration latency) {
 ApiServerSim::Json ApiServerSim::PutClaim(Json claim) {
   absl::MutexLock lock(&mu_);
   Json& m = claim["metadata"];
-  if (!m.contains("uid")) m["uid"] = absl::StrCat("claim-uid-", ++resource_version_);
+  // As a real API server makes them: RFC 4122 UUIDs.
+  if (!m.contains("uid")) {
+    m["uid"] = absl::StrFormat("00000000-0000-4000-8000-%012d", ++resource_version_);
+  }
   m["resourceVersion"] = absl::StrCat(++resource_version_);
   claims_[absl::StrCat(m.value("namespace", "default"), "/", m.value("name", ""))] = claim;
   return claim;
@@ -217,10 +227,20 @@ void ApiServerSim::Routes() {
     }
     absl::Duration latency;
     std::optional<int> fault;
+    std::optional<std::string> body;
     {
       absl::MutexLock lock(&mu_);
       latency = latency_;
-      for (auto it = faults_.begin(); it != faults_.end(); ++it) {
+      for (auto it = answers_.begin(); it != answers_.end() && !fault.has_value(); ++it) {
+        if ((it->first.method.empty() || it->first.method == req.method) &&
+            absl::StartsWith(req.path, it->first.path_prefix)) {
+          fault = it->first.code;
+          body = std::move(it->second);
+          answers_.erase(it);
+          break;
+        }
+      }
+      for (auto it = faults_.begin(); it != faults_.end() && !fault.has_value(); ++it) {
         if ((it->method.empty() || it->method == req.method) &&
             absl::StartsWith(req.path, it->path_prefix)) {
           fault = it->code;
@@ -232,6 +252,11 @@ void ApiServerSim::Routes() {
     // The server's own slowness, as a real overloaded one answers late.
     if (latency > absl::ZeroDuration()) absl::SleepFor(latency);
     if (!fault.has_value()) return httplib::Server::HandlerResponse::Unhandled;
+    if (body.has_value()) {
+      res.status = *fault;
+      res.set_content(*body, "application/json");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     switch (*fault) {
       case 409:
         Fail(res, 409, "Conflict",
@@ -300,7 +325,8 @@ void ApiServerSim::Routes() {
                                                "\" already exists"));
                     }
                     s["apiVersion"] = api_version;
-                    s["metadata"]["uid"] = absl::StrCat("slice-uid-", ++resource_version_);
+                    s["metadata"]["uid"] =
+                        absl::StrFormat("00000000-0000-4000-9000-%012d", ++resource_version_);
                     s["metadata"]["resourceVersion"] = absl::StrCat(resource_version_);
                     slices_[name] = s;
                     Reply(res, 201, s);

@@ -21,6 +21,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,6 +73,11 @@ class ApiServerSim {
     int times = 1;
   };
   void InjectFault(Fault fault);
+  // The next request of `method` under `path_prefix` is answered `code`
+  // with `body` as it is: a broken or hostile answer (wrong JSON types, a
+  // huge document).
+  void InjectAnswer(const std::string& method, const std::string& path_prefix, int code,
+                    std::string body);
   // Every answer waits this long first (an overloaded server).
   void SetLatency(absl::Duration latency);
   int port() const { return port_; }
@@ -101,6 +107,8 @@ class ApiServerSim {
   std::map<std::string, Json> slices_ ABSL_GUARDED_BY(mu_);  // by name
   std::map<std::string, Json> claims_ ABSL_GUARDED_BY(mu_);  // by "ns/name"
   std::vector<Fault> faults_ ABSL_GUARDED_BY(mu_);
+  // InjectAnswer's: the fault and the body it is answered with.
+  std::vector<std::pair<Fault, std::string>> answers_ ABSL_GUARDED_BY(mu_);
   absl::Duration latency_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 

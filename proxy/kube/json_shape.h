@@ -1,0 +1,41 @@
+// File: json_shape.h
+//
+// Answers from the API server are checked by type before they are read:
+// a field that is there with the wrong type fails the call with the
+// field's path, instead of an exception from the JSON library (which
+// would end the process, or escape a gRPC handler). Fields that are
+// absent are the reader's business (it takes a default).
+//
+//   absl::Status s = CheckShape(answer, "ResourceSlice list",
+//                               {{"items", JsonKind::kArray},
+//                                {"items[].spec.pool.generation", JsonKind::kNumber}});
+//   // "ResourceSlice list: items[3].spec.pool.generation is a string, not a number"
+#ifndef DPPROXY_PROXY_KUBE_JSON_SHAPE_H_
+#define DPPROXY_PROXY_KUBE_JSON_SHAPE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include <nlohmann/json.hpp>
+
+namespace dpproxy {
+
+enum class JsonKind { kObject, kArray, kString, kNumber, kBool };
+
+struct JsonField {
+  // Dotted path from the root; "name[]" stands for every element of the
+  // array `name` ("items[].metadata.name").
+  std::string path;
+  JsonKind kind;
+};
+
+// kInvalidArgument naming `what` and the first field (with its indexes)
+// whose type is wrong; also when a parent on the way is not an object or
+// an array where the path needs one. OK for absent fields and null.
+absl::Status CheckShape(const nlohmann::json& j, const std::string& what,
+                        const std::vector<JsonField>& fields);
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_KUBE_JSON_SHAPE_H_

@@ -21,6 +21,7 @@
 #include "proxy/kube/json_shape.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/files.h"
+#include "proxy/util/status_macros.h"
 
 namespace dpproxy {
 namespace {
@@ -120,6 +121,32 @@ absl::Status ValidateClaimRef(const ClaimRef& c) {
         absl::StrCat("claim name ", GoQuote(c.name), " is not a DNS subdomain"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ClaimFromApi> ParseClaim(const Json& claim) {
+  DPP_RETURN_IF_ERROR(CheckShape(
+      claim, "the ResourceClaim",
+      {{"metadata", JsonKind::kObject},
+       {"metadata.uid", JsonKind::kString},
+       {"status", JsonKind::kObject},
+       {"status.allocation", JsonKind::kObject},
+       {"status.allocation.devices", JsonKind::kObject},
+       {"status.allocation.devices.results", JsonKind::kArray},
+       {"status.allocation.devices.results[]", JsonKind::kObject},
+       {"status.allocation.devices.results[].driver", JsonKind::kString},
+       {"status.allocation.devices.results[].pool", JsonKind::kString},
+       {"status.allocation.devices.results[].device", JsonKind::kString},
+       {"status.allocation.devices.results[].request", JsonKind::kString}}));
+  ClaimFromApi out;
+  if (claim.contains("metadata")) out.uid = claim["metadata"].value("uid", "");
+  const Json results = claim.value("/status/allocation/devices/results"_json_pointer, Json());
+  out.allocated = results.is_array();
+  if (!out.allocated) return out;
+  for (const Json& r : results) {
+    out.results.push_back({r.value("request", ""), r.value("driver", ""), r.value("pool", ""),
+                           r.value("device", "")});
+  }
+  return out;
 }
 
 std::string ClaimPreparer::RecordPath(const std::string& uid) const {
@@ -242,39 +269,25 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
   absl::StatusOr<Json> claim = client_->Get(absl::StrCat(
       "/apis/", *version, "/namespaces/", c.namespace_, "/resourceclaims/", c.name));
   if (!claim.ok()) return ClaimError(c, std::string(claim.status().message()));
-  if (absl::Status s = CheckShape(
-          *claim, "the ResourceClaim",
-          {{"metadata", JsonKind::kObject},
-           {"metadata.uid", JsonKind::kString},
-           {"status", JsonKind::kObject},
-           {"status.allocation", JsonKind::kObject},
-           {"status.allocation.devices", JsonKind::kObject},
-           {"status.allocation.devices.results", JsonKind::kArray},
-           {"status.allocation.devices.results[]", JsonKind::kObject},
-           {"status.allocation.devices.results[].driver", JsonKind::kString},
-           {"status.allocation.devices.results[].pool", JsonKind::kString},
-           {"status.allocation.devices.results[].device", JsonKind::kString},
-           {"status.allocation.devices.results[].request", JsonKind::kString}});
-      !s.ok()) {
-    LOG(ERROR) << s.message();
-    return ClaimError(c, std::string(s.message()));
+  absl::StatusOr<ClaimFromApi> parsed = ParseClaim(*claim);
+  if (!parsed.ok()) {
+    LOG(ERROR) << parsed.status().message();
+    return ClaimError(c, std::string(parsed.status().message()));
   }
-  const std::string uid = claim->contains("metadata") ? (*claim)["metadata"].value("uid", "") : "";
-  if (uid != c.uid) {
-    return ClaimError(c, absl::StrCat("the API server has UID ", uid, ", the kubelet asked for ",
-                                      c.uid, " (deleted and created again?)"));
+  if (parsed->uid != c.uid) {
+    return ClaimError(c, absl::StrCat("the API server has UID ", parsed->uid,
+                                      ", the kubelet asked for ", c.uid,
+                                      " (deleted and created again?)"));
   }
-  const Json results = claim->value("/status/allocation/devices/results"_json_pointer, Json());
-  if (!results.is_array()) return ClaimError(c, "not allocated (no status.allocation)");
+  if (!parsed->allocated) return ClaimError(c, "not allocated (no status.allocation)");
   // Ours, grouped by pool (resource), then by request (container).
   struct Wanted {
     std::string request, pool, device, id;
   };
   std::map<std::string, std::vector<Wanted>> by_pool;
-  for (const Json& r : results) {
-    if (r.value("driver", "") != options_.driver) continue;
-    by_pool[r.value("pool", "")].push_back(
-        {r.value("request", ""), r.value("pool", ""), r.value("device", ""), ""});
+  for (const ClaimFromApi::Result& r : parsed->results) {
+    if (r.driver != options_.driver) continue;
+    by_pool[r.pool].push_back({r.request, r.pool, r.device, ""});
   }
   std::vector<PreparedDevice> spec_devices;  // one per pool and request
   std::vector<std::string> spec_key;         // "pool\nrequest" of each

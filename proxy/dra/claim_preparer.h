@@ -51,6 +51,18 @@ struct ClaimRef {
 // kInvalidArgument naming the field and its (quoted, bounded) value.
 absl::Status ValidateClaimRef(const ClaimRef& claim);
 
+// A ResourceClaim as the API server answers it, read after its fields are
+// checked by type (a wrong one fails with its path). Exposed for the fuzzer.
+struct ClaimFromApi {
+  struct Result {
+    std::string request, driver, pool, device;
+  };
+  std::string uid;
+  bool allocated = false;  // status.allocation.devices.results is there
+  std::vector<Result> results;
+};
+absl::StatusOr<ClaimFromApi> ParseClaim(const nlohmann::json& claim);
+
 struct PreparedClaimDevice {
   std::vector<std::string> requests;
   std::string pool;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proxy/kube/json_shape.h"
+#include "proxy/util/status_macros.h"
 
 namespace dpproxy {
 
@@ -19,9 +20,11 @@ std::string Collection(const std::string& version) {
   return absl::StrCat("/apis/", version, "/resourceslices");
 }
 
+}  // namespace
+
 // The part of a slice's spec dpproxy sets: a real API server adds defaults
 // to the rest, which must not read as a change.
-Json Projection(const Json& spec) {
+Json SliceProjection(const Json& spec) {
   Json devices = Json::array();
   if (spec.contains("devices") && spec["devices"].is_array()) {
     for (const Json& d : spec["devices"]) {
@@ -35,12 +38,60 @@ Json Projection(const Json& spec) {
   return {{"driver", spec.value("driver", "")},
           {"nodeName", spec.value("nodeName", "")},
           {"pool", {{"name", pool.value("name", "")},
-                    {"generation", pool.value("generation", 0)},
-                    {"resourceSliceCount", pool.value("resourceSliceCount", 0)}}},
+                    {"generation", pool.value("generation", int64_t{0})},
+                    {"resourceSliceCount", pool.value("resourceSliceCount", int64_t{0})}}},
           {"devices", devices}};
 }
 
-}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ServedVersions(const Json& group) {
+  DPP_RETURN_IF_ERROR(CheckShape(group, "the API group resource.k8s.io",
+                                 {{"versions", JsonKind::kArray},
+                                  {"versions[]", JsonKind::kObject},
+                                  {"versions[].version", JsonKind::kString}}));
+  std::vector<std::string> served;
+  if (group.contains("versions") && group["versions"].is_array()) {
+    for (const Json& v : group["versions"]) served.push_back(v.value("version", ""));
+  }
+  return served;
+}
+
+absl::StatusOr<std::vector<Json>> SlicesOfPool(const Json& list, const std::string& node,
+                                              const std::string& driver,
+                                              const std::string& pool_name) {
+  DPP_RETURN_IF_ERROR(CheckShape(
+      list, "the ResourceSlice list",
+      {{"items", JsonKind::kArray},
+       {"items[]", JsonKind::kObject},
+       {"items[].metadata", JsonKind::kObject},
+       {"items[].metadata.name", JsonKind::kString},
+       {"items[].metadata.resourceVersion", JsonKind::kString},
+       {"items[].spec", JsonKind::kObject},
+       {"items[].spec.nodeName", JsonKind::kString},
+       {"items[].spec.driver", JsonKind::kString},
+       {"items[].spec.pool", JsonKind::kObject},
+       {"items[].spec.pool.name", JsonKind::kString},
+       {"items[].spec.pool.generation", JsonKind::kInteger},
+       {"items[].spec.pool.resourceSliceCount", JsonKind::kInteger},
+       {"items[].spec.devices", JsonKind::kArray},
+       {"items[].spec.devices[]", JsonKind::kObject},
+       {"items[].spec.devices[].name", JsonKind::kString},
+       {"items[].spec.devices[].attributes", JsonKind::kObject},
+       {"items[].spec.devices[].basic", JsonKind::kObject},
+       {"items[].spec.devices[].basic.attributes", JsonKind::kObject}}));
+  std::vector<Json> out;
+  if (!list.contains("items") || !list["items"].is_array()) return out;
+  for (const Json& s : list["items"]) {
+    // The server filters; checked again, as a server may ignore a selector.
+    if (!s.contains("spec") || !s.contains("metadata") ||
+        s["spec"].value("nodeName", "") != node || s["spec"].value("driver", "") != driver ||
+        !s["spec"].contains("pool") || s["spec"]["pool"].value("name", "") != pool_name) {
+      continue;
+    }
+    out.push_back(s);
+  }
+  return out;
+}
 
 SlicePublisher::SlicePublisher(KubeClient* client, std::string driver, std::string node)
     : client_(client), driver_(std::move(driver)), node_(std::move(node)) {}
@@ -59,18 +110,12 @@ absl::StatusOr<std::string> SlicePublisher::Version() {
 absl::Status SlicePublisher::Discover() {
   absl::StatusOr<Json> group = client_->Get("/apis/resource.k8s.io");
   if (!group.ok()) return group.status();
-  if (absl::Status s = CheckShape(*group, "the API group resource.k8s.io",
-                                  {{"versions", JsonKind::kArray},
-                                   {"versions[]", JsonKind::kObject},
-                                   {"versions[].version", JsonKind::kString}});
-      !s.ok()) {
-    LOG(ERROR) << s.message();
-    return s;
+  absl::StatusOr<std::vector<std::string>> versions = ServedVersions(*group);
+  if (!versions.ok()) {
+    LOG(ERROR) << versions.status().message();
+    return versions.status();
   }
-  std::vector<std::string> served;
-  if (group->contains("versions") && (*group)["versions"].is_array()) {
-    for (const Json& v : (*group)["versions"]) served.push_back(v.value("version", ""));
-  }
+  const std::vector<std::string>& served = *versions;
   for (const char* known : {"v1", "v1beta2", "v1beta1"}) {
     if (std::find(served.begin(), served.end(), known) != served.end()) {
       absl::MutexLock lock(&mu_);
@@ -90,42 +135,8 @@ absl::StatusOr<std::vector<Json>> SlicePublisher::PoolSlices(const std::string& 
   absl::StatusOr<Json> list = client_->Get(absl::StrCat(
       Collection(version), "?fieldSelector=spec.nodeName%3D", node_, "%2Cspec.driver%3D", driver_));
   if (!list.ok()) return list.status();
-  if (absl::Status s = CheckShape(
-          *list, "the ResourceSlice list",
-          {{"items", JsonKind::kArray},
-           {"items[]", JsonKind::kObject},
-           {"items[].metadata", JsonKind::kObject},
-           {"items[].metadata.name", JsonKind::kString},
-           {"items[].metadata.resourceVersion", JsonKind::kString},
-           {"items[].spec", JsonKind::kObject},
-           {"items[].spec.nodeName", JsonKind::kString},
-           {"items[].spec.driver", JsonKind::kString},
-           {"items[].spec.pool", JsonKind::kObject},
-           {"items[].spec.pool.name", JsonKind::kString},
-           {"items[].spec.pool.generation", JsonKind::kNumber},
-           {"items[].spec.pool.resourceSliceCount", JsonKind::kNumber},
-           {"items[].spec.devices", JsonKind::kArray},
-           {"items[].spec.devices[]", JsonKind::kObject},
-           {"items[].spec.devices[].name", JsonKind::kString},
-           {"items[].spec.devices[].attributes", JsonKind::kObject},
-           {"items[].spec.devices[].basic", JsonKind::kObject},
-           {"items[].spec.devices[].basic.attributes", JsonKind::kObject}});
-      !s.ok()) {
-    LOG(ERROR) << s.message();
-    return s;
-  }
-  std::vector<Json> out;
-  if (!list->contains("items") || !(*list)["items"].is_array()) return out;
-  for (const Json& s : (*list)["items"]) {
-    // The server filters; checked again, as a server may ignore a selector.
-    if (!s.contains("spec") || !s.contains("metadata") ||
-        s["spec"].value("nodeName", "") != node_ ||
-        s["spec"].value("driver", "") != driver_ || !s["spec"].contains("pool") ||
-        s["spec"]["pool"].value("name", "") != pool_name) {
-      continue;
-    }
-    out.push_back(s);
-  }
+  absl::StatusOr<std::vector<Json>> out = SlicesOfPool(*list, node_, driver_, pool_name);
+  if (!out.ok()) LOG(ERROR) << out.status().message();
   return out;
 }
 
@@ -151,7 +162,7 @@ absl::Status SlicePublisher::PublishOnce(const std::string& version, const std::
   if (!existing.ok()) return existing.status();
   std::map<std::string, Json> by_name;
   for (const Json& e : *existing) {
-    pool.generation = std::max<int64_t>(pool.generation, e["spec"]["pool"].value("generation", 0));
+    pool.generation = std::max<int64_t>(pool.generation, e["spec"]["pool"].value("generation", int64_t{0}));
     by_name[e["metadata"].value("name", "")] = e;
   }
   // Unchanged if every slice there says what would be written at that
@@ -161,7 +172,7 @@ absl::Status SlicePublisher::PublishOnce(const std::string& version, const std::
   bool changed = same->size() != by_name.size();
   for (const Json& want : *same) {
     auto it = by_name.find(want["metadata"]["name"].get<std::string>());
-    if (it == by_name.end() || Projection(it->second["spec"]) != Projection(want["spec"])) {
+    if (it == by_name.end() || SliceProjection(it->second["spec"]) != SliceProjection(want["spec"])) {
       changed = true;
     }
   }

@@ -24,6 +24,20 @@
 
 namespace dpproxy {
 
+// Reading the API server's answers, each checked by type first (a field of
+// the wrong type fails with its path; json_shape.h). Exposed for the
+// fuzzer.
+//   The versions an API-group answer for resource.k8s.io lists.
+absl::StatusOr<std::vector<std::string>> ServedVersions(const nlohmann::json& group);
+//   The slices of one pool (of `node` and `driver`) in a ResourceSlice list.
+absl::StatusOr<std::vector<nlohmann::json>> SlicesOfPool(const nlohmann::json& list,
+                                                        const std::string& node,
+                                                        const std::string& driver,
+                                                        const std::string& pool_name);
+//   What of a slice's spec is compared to tell a change (the server adds
+//   defaults to the rest). Safe on any spec SlicesOfPool returned.
+nlohmann::json SliceProjection(const nlohmann::json& spec);
+
 class SlicePublisher {
  public:
   SlicePublisher(KubeClient* client, std::string driver, std::string node);

@@ -14,6 +14,7 @@ const char* KindName(JsonKind k) {
     case JsonKind::kArray: return "an array";
     case JsonKind::kString: return "a string";
     case JsonKind::kNumber: return "a number";
+    case JsonKind::kInteger: return "an integer";
     case JsonKind::kBool: return "a boolean";
   }
   return "?";
@@ -23,6 +24,7 @@ const char* TypeName(const Json& j) {
   if (j.is_object()) return "an object";
   if (j.is_array()) return "an array";
   if (j.is_string()) return "a string";
+  if (j.is_number_integer()) return "an integer";
   if (j.is_number()) return "a number";
   if (j.is_boolean()) return "a boolean";
   return "null";
@@ -34,6 +36,7 @@ bool Is(const Json& j, JsonKind k) {
     case JsonKind::kArray: return j.is_array();
     case JsonKind::kString: return j.is_string();
     case JsonKind::kNumber: return j.is_number();
+    case JsonKind::kInteger: return j.is_number_integer();
     case JsonKind::kBool: return j.is_boolean();
   }
   return false;
@@ -72,6 +75,27 @@ absl::Status Walk(const Json& j, const std::vector<std::string>& parts, size_t i
 }
 
 }  // namespace
+
+void DropNulls(Json* j) {
+  if (j->is_object()) {
+    for (auto it = j->begin(); it != j->end();) {
+      if (it->is_null()) {
+        it = j->erase(it);
+      } else {
+        DropNulls(&*it);
+        ++it;
+      }
+    }
+  } else if (j->is_array()) {
+    Json kept = Json::array();
+    for (Json& e : *j) {
+      if (e.is_null()) continue;
+      DropNulls(&e);
+      kept.push_back(std::move(e));
+    }
+    *j = std::move(kept);
+  }
+}
 
 absl::Status CheckShape(const Json& j, const std::string& what,
                         const std::vector<JsonField>& fields) {

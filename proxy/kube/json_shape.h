@@ -21,7 +21,8 @@
 
 namespace dpproxy {
 
-enum class JsonKind { kObject, kArray, kString, kNumber, kBool };
+// kInteger: a number without a fraction (counts, generations).
+enum class JsonKind { kObject, kArray, kString, kNumber, kInteger, kBool };
 
 struct JsonField {
   // Dotted path from the root; "name[]" stands for every element of the
@@ -29,6 +30,12 @@ struct JsonField {
   std::string path;
   JsonKind kind;
 };
+
+// Removes null members of objects and null elements of arrays, at every
+// depth: a null means the field is not there (Go encodes nil maps and
+// slices as null), so readers that take a default for an absent field are
+// never handed a null. KubeClient does it to every answer.
+void DropNulls(nlohmann::json* j);
 
 // kInvalidArgument naming `what` and the first field (with its indexes)
 // whose type is wrong; also when a parent on the way is not an object or

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "proxy/kube/json_shape.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {
@@ -173,6 +174,7 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
       return absl::InternalError(absl::StrCat(what, ": the API server answered ", http,
                                               " with a body that is not JSON"));
     }
+    DropNulls(&j);
     return j;
   }
   // A Kubernetes Status object says why; a conflict (409 with reason

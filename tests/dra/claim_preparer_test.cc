@@ -303,7 +303,7 @@ TEST_F(ClaimPreparerTest, AClaimOfTheWrongShapeFailsNamingTheField) {
                 {"status", {{"allocation", {{"devices", {{"results", {{{"device", 7}}}}}}}}}}};
   claim = api_.PutClaim(claim);
   absl::Status s = p->Prepare({"default", "odd", claim["metadata"]["uid"]}).status();
-  EXPECT_THAT(s.message(), HasSubstr("status.allocation.devices.results[0].device is a number, "
+  EXPECT_THAT(s.message(), HasSubstr("status.allocation.devices.results[0].device is an integer, "
                                      "not a string"));
   Json arrays = {{"metadata", {{"namespace", "default"}, {"name", "arrays"}}},
                  {"status", {{"allocation", {{"devices", Json::array()}}}}}};

@@ -185,7 +185,7 @@ TEST(SlicePublisherTest, AnswersOfTheWrongTypesFailTheCallNamingTheField) {
   f.api.InjectAnswer("GET", "/apis/resource.k8s.io", 200, R"({"versions": [{"version": 1}]})");
   absl::Status s = p.Discover();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("versions[0].version is a number, not a string"));
+  EXPECT_THAT(s.message(), HasSubstr("versions[0].version is an integer, not a string"));
   ASSERT_TRUE(p.Discover().ok());
   const std::string slices = "/apis/resource.k8s.io/v1/resourceslices";
   f.api.InjectAnswer("GET", slices, 200,
@@ -193,10 +193,10 @@ TEST(SlicePublisherTest, AnswersOfTheWrongTypesFailTheCallNamingTheField) {
                      R"( "spec": {"pool": {"generation": "7"}}}]})");
   s = p.Publish("vendor.com/gpu", Gpus(2));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("items[0].spec.pool.generation is a string, not a number"));
+  EXPECT_THAT(s.message(), HasSubstr("items[0].spec.pool.generation is a string, not an integer"));
   f.api.InjectAnswer("GET", slices, 200, R"({"items": 3})");
   EXPECT_THAT(p.Publish("vendor.com/gpu", Gpus(2)).message(),
-              HasSubstr("items is a number, not an array"));
+              HasSubstr("items is an integer, not an array"));
   f.api.InjectAnswer("GET", slices, 200, R"([1, 2])");
   EXPECT_THAT(p.Publish("vendor.com/gpu", Gpus(2)).message(),
               HasSubstr("the answer is an array, not an object"));

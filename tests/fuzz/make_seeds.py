@@ -130,3 +130,24 @@ write("kubelet_checkpoint", "v120.json",
       '"RegisteredDevices":{"vendor.com/gpu":["gpu-0","gpu-1"]}},"Checksum":2}')
 write("kubelet_checkpoint", "null_entries.json",
       '{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":3}')
+
+# API-server answers in DRA mode (kube_answer): sane ones, and the shapes
+# that once ended dpproxy (a number for a string, an array for an object).
+write("kube_answer", "group.json",
+      '{"kind":"APIGroup","name":"resource.k8s.io","versions":[{"groupVersion":'
+      '"resource.k8s.io/v1","version":"v1"},{"version":"v1beta1"}]}')
+write("kube_answer", "group_number.json", '{"versions":[{"version":1}]}')
+write("kube_answer", "slices.json",
+      '{"items":[{"metadata":{"name":"node-1-gpu-0","resourceVersion":"7"},"spec":{'
+      '"driver":"gpu.vendor.com","nodeName":"node-1","pool":{"name":"node-1/vendor.com-gpu",'
+      '"generation":3,"resourceSliceCount":1},"devices":[{"name":"gpu-0","attributes":'
+      '{"index":{"int":0}}},{"name":"gpu-1","basic":{"attributes":{}}}]}}]}')
+write("kube_answer", "slices_nulls.json",
+      '{"items":[null,{"metadata":null,"spec":{"pool":{"name":null,"generation":1e300}}}]}')
+write("kube_answer", "claim.json",
+      '{"metadata":{"name":"train","namespace":"default","uid":'
+      '"0badc0de-0000-4000-8000-000000000001"},"status":{"allocation":{"devices":{"results":'
+      '[{"request":"gpu","driver":"gpu.vendor.com","pool":"node-1/vendor.com-gpu","device":'
+      '"gpu-0"}]}}}}')
+write("kube_answer", "claim_arrays.json", '{"status":{"allocation":{"devices":[]}}}')
+write("kube_answer", "uid_climb", "../../../../tmp/x/victim")

@@ -26,7 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 #include "proxy/core/device_list.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/rpc/grpc_status.h"

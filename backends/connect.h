@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/config/proxy_config.h"
 

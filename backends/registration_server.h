@@ -32,7 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"

@@ -29,7 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/device_list.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"

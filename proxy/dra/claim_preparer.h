@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 #include "proxy/kube/kube_client.h"
 #include "proxy/translate/translate.h"
 

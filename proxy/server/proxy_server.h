@@ -35,7 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/dra/claim_preparer.h"

@@ -15,7 +15,7 @@
 
 #include <gmock/gmock.h>
 
-#include "backends/backend.h"
+#include "proxy/core/backend.h"
 
 namespace dpproxy {
 namespace testing {

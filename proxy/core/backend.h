@@ -13,8 +13,8 @@
 //   (*b)->Start({on_devices, on_lost});
 //   auto resp = (*b)->Allocate(req, absl::Seconds(30));  // blocking
 //   (*b)->AllocateAsync(req, absl::Seconds(30), nullptr, [](auto resp) { ... });
-#ifndef DPPROXY_BACKENDS_BACKEND_H_
-#define DPPROXY_BACKENDS_BACKEND_H_
+#ifndef DPPROXY_PROXY_CORE_BACKEND_H_
+#define DPPROXY_PROXY_CORE_BACKEND_H_
 
 #include <functional>
 #include <memory>
@@ -117,4 +117,4 @@ class Backend {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_BACKENDS_BACKEND_H_
+#endif  // DPPROXY_PROXY_CORE_BACKEND_H_

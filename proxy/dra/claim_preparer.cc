@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "proxy/dra/cdi_spec.h"
 #include "proxy/dra/device_names.h"
 #include "proxy/kube/json_shape.h"
@@ -89,22 +88,6 @@ bool IsUid(absl::string_view uid) {
   return true;
 }
 
-// A DNS-1123 label (max 63) or subdomain (max 253, dots between labels).
-bool IsDnsName(absl::string_view s, size_t max, bool dots) {
-  if (s.empty() || s.size() > max) return false;
-  const std::vector<absl::string_view> labels =
-      dots ? absl::StrSplit(s, '.') : std::vector<absl::string_view>{s};
-  for (absl::string_view label : labels) {
-    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
-      return false;
-    }
-    for (char ch : label) {
-      if (!(absl::ascii_isdigit(ch) || (ch >= 'a' && ch <= 'z') || ch == '-')) return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 absl::Status ValidateClaimRef(const ClaimRef& c) {
@@ -112,11 +95,11 @@ absl::Status ValidateClaimRef(const ClaimRef& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "claim UID ", GoQuote(c.uid), " is not a Kubernetes UID (8-4-4-4-12 hexadecimal digits)"));
   }
-  if (!IsDnsName(c.namespace_, 63, false)) {
+  if (!IsDnsLabel(c.namespace_)) {
     return absl::InvalidArgumentError(absl::StrCat("claim namespace ", GoQuote(c.namespace_),
                                                    " is not a DNS label"));
   }
-  if (!IsDnsName(c.name, 253, true)) {
+  if (!IsDnsSubdomain(c.name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("claim name ", GoQuote(c.name), " is not a DNS subdomain"));
   }

@@ -1,20 +1,10 @@
 #include "proxy/dra/device_names.h"
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "proxy/core/resource.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy {
-
-bool IsDnsLabel(absl::string_view s) {
-  if (s.empty() || s.size() > 63) return false;
-  auto alnum = [](char c) { return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'z'); };
-  if (!alnum(s.front()) || !alnum(s.back())) return false;
-  for (char c : s) {
-    if (!alnum(c) && c != '-') return false;
-  }
-  return true;
-}
 
 std::string DraDeviceName(absl::string_view device_id) {
   if (IsDnsLabel(device_id)) return std::string(device_id);

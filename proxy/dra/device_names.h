@@ -21,9 +21,6 @@
 
 namespace dpproxy {
 
-// Whether `s` is a DNS label (RFC 1123, as Kubernetes checks names).
-bool IsDnsLabel(absl::string_view s);
-
 // The DRA device name of one device-plugin ID.
 std::string DraDeviceName(absl::string_view device_id);
 

@@ -30,6 +30,22 @@ constexpr size_t kMaxForwardSockets = 4096;
 constexpr size_t kMaxReasonBytes = 1024;
 constexpr int kMaxMessageBytes = 1 << 20;
 
+// A text field a caller sends: printable ASCII, at most `max` bytes.
+absl::Status CheckText(const char* call, const char* field, const std::string& value,
+                       size_t max) {
+  if (value.size() > max) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": the ", field, " is ", value.size(),
+                                                   " bytes, more than ", max));
+  }
+  for (unsigned char c : value) {
+    if (c < 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": the ", field, " is not printable ASCII"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
   if (req.pid() <= 0 || req.pid() > INT32_MAX) {
     return absl::InvalidArgumentError(
@@ -39,17 +55,7 @@ absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
     return absl::InvalidArgumentError(
         absl::StrCat("Release: pid ", req.pid(), " is not a running process"));
   }
-  if (req.version().size() > kMaxVersionBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("Release: the version is ",
-                                                   req.version().size(), " bytes, more than ",
-                                                   kMaxVersionBytes));
-  }
-  for (unsigned char c : req.version()) {
-    if (c < 0x20 || c >= 0x7f) {
-      return absl::InvalidArgumentError("Release: the version is not printable ASCII");
-    }
-  }
-  return absl::OkStatus();
+  return CheckText("Release", "version", req.version(), kMaxVersionBytes);
 }
 
 absl::Status CheckForward(const handoff::v1::ForwardRequest& req) {
@@ -70,17 +76,7 @@ absl::Status CheckForward(const handoff::v1::ForwardRequest& req) {
 }
 
 absl::Status CheckHandBack(const handoff::v1::HandBackRequest& req) {
-  if (req.reason().size() > kMaxReasonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("HandBack: the reason is ",
-                                                   req.reason().size(), " bytes, more than ",
-                                                   kMaxReasonBytes));
-  }
-  for (unsigned char c : req.reason()) {
-    if (c < 0x20 || c >= 0x7f) {
-      return absl::InvalidArgumentError("HandBack: the reason is not printable ASCII");
-    }
-  }
-  return absl::OkStatus();
+  return CheckText("HandBack", "reason", req.reason(), kMaxReasonBytes);
 }
 
 }  // namespace

@@ -32,6 +32,25 @@ absl::StatusOr<sockaddr_un> UnixSockaddr(const std::string& path) {
   return addr;
 }
 
+// One byte with room for one descriptor beside it (SCM_RIGHTS), for
+// sendmsg and recvmsg alike. Not copyable: `msg` points into it.
+struct FdMessage {
+  explicit FdMessage(char b) : byte(b) {
+    iov = {&byte, 1};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+
+  char byte;
+  iovec iov{};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+};
+
 void SendText(int fd, const std::string& text) {
   (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
 }
@@ -123,20 +142,13 @@ void ListenerShare::Answer(int conn) {
     SendText(conn, "ERR the only request is LISTENER\n");
     return;
   }
-  char byte = 'L';
-  iovec iov = {&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  FdMessage out('L');
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&out.msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
   cmsg->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cmsg), &listener_fd_, sizeof(int));
-  if (::sendmsg(conn, &msg, MSG_NOSIGNAL) != 1) {
+  if (::sendmsg(conn, &out.msg, MSG_NOSIGNAL) != 1) {
     LOG(WARNING) << "handoff: " << socket_ << ": cannot send the listener: " << ErrnoText(errno);
     return;
   }
@@ -168,29 +180,22 @@ absl::StatusOr<int> ReceiveListener(const std::string& socket, absl::Duration ti
       static_cast<ssize_t>(sizeof(kRequest) - 1)) {
     return fail(ErrnoText(errno));
   }
-  char byte = 0;
-  iovec iov = {&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  FdMessage in(0);
+  const ssize_t n = ::recvmsg(fd, &in.msg, MSG_CMSG_CLOEXEC);
   if (n <= 0) return fail(n == 0 ? "closed without an answer" : ErrnoText(errno));
   int received = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&in.msg); c != nullptr; c = CMSG_NXTHDR(&in.msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
         c->cmsg_len == CMSG_LEN(sizeof(int))) {
       std::memcpy(&received, CMSG_DATA(c), sizeof(int));
     }
   }
-  if (byte == 'L' && received >= 0) {
+  if (in.byte == 'L' && received >= 0) {
     ::close(fd);
     return received;
   }
   if (received >= 0) ::close(received);
-  std::string text(1, byte);
+  std::string text(1, in.byte);
   char buf[128];
   const ssize_t more = ::recv(fd, buf, sizeof(buf), 0);
   if (more > 0) text.append(buf, static_cast<size_t>(more));

@@ -25,6 +25,15 @@ bool IsQualifiedNamePart(absl::string_view s) {
   return true;
 }
 
+bool IsQualifiedName(absl::string_view s) {
+  std::vector<absl::string_view> parts = absl::StrSplit(s, '/');
+  if (parts.size() == 1) return IsQualifiedNamePart(parts[0]);
+  if (parts.size() != 2) return false;
+  return IsDnsSubdomain(parts[0]) && IsQualifiedNamePart(parts[1]);
+}
+
+}  // namespace
+
 // RFC 1123 DNS subdomain: lower-case labels [a-z0-9]([-a-z0-9]*[a-z0-9])?
 // separated by dots, at most 253 characters.
 bool IsDnsSubdomain(absl::string_view s) {
@@ -42,14 +51,10 @@ bool IsDnsSubdomain(absl::string_view s) {
   return true;
 }
 
-bool IsQualifiedName(absl::string_view s) {
-  std::vector<absl::string_view> parts = absl::StrSplit(s, '/');
-  if (parts.size() == 1) return IsQualifiedNamePart(parts[0]);
-  if (parts.size() != 2) return false;
-  return IsDnsSubdomain(parts[0]) && IsQualifiedNamePart(parts[1]);
+bool IsDnsLabel(absl::string_view s) {
+  return s.size() <= 63 && s.find('.') == absl::string_view::npos && IsDnsSubdomain(s);
 }
 
-}  // namespace
 
 std::string GoQuote(absl::string_view s) {
   // Untrusted input is echoed only up to a bound: a 100 KB version string

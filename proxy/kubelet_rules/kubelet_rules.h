@@ -45,6 +45,12 @@ inline constexpr size_t kMaxEchoBytes = 256;
 // Go's strconv.Quote for the strings that occur here: double quotes,
 // backslash escapes for `"`, `\` and control characters. Strings longer
 // than kMaxEchoBytes are cut there and followed by `... (N bytes)`.
+// RFC 1123 names as Kubernetes checks them: a subdomain (lower-case
+// alphanumeric labels with inner '-', dot-separated, at most 253
+// characters), and a label (one such label, at most 63).
+bool IsDnsSubdomain(absl::string_view s);
+bool IsDnsLabel(absl::string_view s);
+
 std::string GoQuote(absl::string_view s);
 
 // Go's %v of a []string: "[a b c]"; items longer than kMaxEchoBytes are

@@ -2,6 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy {
 namespace {

@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "proxy/dra/device_names.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy::sim {

@@ -280,18 +280,17 @@ absl::Status ValidateBackendDevices(const DeviceList& devices) {
 }  // namespace
 
 void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> devices) {
-  {
-    // The backend has sent a list: it knows its devices, and calls held for
-    // it go on (a kubelet never calls before a connection's first list, and
-    // plugins that learn their devices in ListAndWatch rely on that).
-    absl::MutexLock lock(&mu_);
-    if (generation == generation_) listed_ = true;
-  }
+  // Once the backend has sent a list it knows its devices, and calls held
+  // for it go on (a kubelet never calls before a connection's first list,
+  // and plugins that learn their devices in ListAndWatch rely on that):
+  // `listed_` is set where the list is taken, with the ID mapping that
+  // calls translate through, never before it.
   if (absl::Status s = ValidateBackendDevices(*devices); !s.ok()) {
     // Nothing of a malformed list reaches the kubelet: the previous one stays.
     bool first;
     {
       absl::MutexLock lock(&mu_);
+      if (generation == generation_) listed_ = true;
       first = list_refused_ != s.message();
       list_refused_ = std::string(s.message());
     }
@@ -459,6 +458,7 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
         shown = std::move(with_kept).Build();
       }
       to_backend_ = std::move(to_backend);
+      listed_ = true;
       list_refused_.clear();
       if (mapped != ids_mapped_) {
         ids_mapped_ = mapped;

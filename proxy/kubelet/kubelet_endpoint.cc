@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proxy/kubelet/client_name_release.h"
 #include "absl/time/clock.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/v1alpha/api.grpc.pb.h"
@@ -908,8 +909,30 @@ absl::Status KubeletEndpoint::Serve() {
   return absl::OkStatus();
 }
 
+absl::Status KubeletEndpoint::ReleaseClientName(absl::Duration timeout) {
+  absl::MutexLock serial(&register_serial_mu_);
+  if (stopping_) return absl::CancelledError("stopping");
+  absl::Status s = dpproxy::ReleaseClientName(options_, resource_->name(), socket_name_, timeout);
+  if (s.ok()) {
+    unlisted_ = true;
+    events_->Emit("kubelet_client_name_released", {{"resource", resource_->name()},
+                                                   {"socket", socket_path_}});
+  }
+  return s;
+}
+
+void KubeletEndpoint::RelistBeforeStop() {
+  if (!unlisted_.load() || !kubelet_streaming()) return;
+  if (absl::Status s = Register(); !s.ok()) {
+    LOG(WARNING) << "resource " << resource_->name() << ": could not register once more before "
+                 << "stopping (" << s.message() << "); the kubelet may count the devices "
+                 << "healthy until it restarts";
+  }
+}
+
 absl::Status KubeletEndpoint::Register() {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
+  absl::MutexLock serial(&register_serial_mu_);
   const std::string kubelet = KubeletSocketPath(options_);
   // kubelet.sock appears (bind) a moment before the kubelet listens on it:
   // DialUnixChannel does not wait out gRPC's reconnect timer after that
@@ -972,6 +995,7 @@ absl::Status KubeletEndpoint::Register() {
       // A 1.25+ kubelet dials back and asks for the options before it
       // answers; older ones answer first.
       kubelet_sync_ = options_asked_.load() ? 1 : 0;
+      unlisted_ = false;
       SetNegotiated(version);
       std::shared_ptr<Backend> b = resource_->backend();
       LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as "

@@ -138,6 +138,20 @@ class KubeletEndpoint {
   // options before it answers Register. Unknown (plugin watcher, not yet
   // registered): false, the side that never names a held device.
   bool kubelet_may_reallocate_running() const;
+  // Whether the kubelet asked for the options before it answered the last
+  // Register (1.25+).
+  bool kubelet_registers_synchronously() const { return kubelet_sync_.load() == 1; }
+  // Empties a 1.25-1.36 kubelet's entry for this resource's client
+  // (client_name_release.h), so that the end of a replaced endpoint's
+  // stream (a takeover's predecessor exiting) disconnects nothing. The
+  // kubelet keeps using this endpoint. Until this endpoint registers again
+  // it is "unlisted": the end of its own stream would not tell the kubelet
+  // that the devices are gone, so a dpproxy that stops for good registers
+  // once more first (RelistBeforeStop).
+  absl::Status ReleaseClientName(absl::Duration timeout);
+  bool unlisted() const { return unlisted_.load(); }
+  // If unlisted: registers again, so that this endpoint's end is seen.
+  void RelistBeforeStop();
   void NoteOptionsAsked();
   struct SteeringCounts {
     int64_t avoided = 0, held_named = 0, refused = 0;
@@ -188,6 +202,9 @@ class KubeletEndpoint {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> avoided_{0}, held_named_{0}, refused_{0};
   std::atomic<bool> registering_{false}, options_asked_{false};
+  std::atomic<bool> unlisted_{false};
+  // One Register (or release) at a time.
+  absl::Mutex register_serial_mu_;
   std::atomic<int> kubelet_sync_{-1};  // 1: asked for options in Register, 0: not, -1: unknown
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);

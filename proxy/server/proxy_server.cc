@@ -265,6 +265,11 @@ void ProxyServer::Shutdown() {
       }
     }
   }
+  if (!released_.load() && !(predecessor_ != nullptr && !finish_sent_.load())) {
+    // Stopping for good: an endpoint the kubelet no longer lists by name
+    // registers once more, so that its end turns the devices unhealthy.
+    for (auto& [name, e] : entries) e->endpoint->RelistBeforeStop();
+  }
   // Cancel Register calls in flight, then wait for the workers: their jobs
   // point at the entries.
   for (auto& [name, e] : entries) e->endpoint->Stop();
@@ -1678,8 +1683,10 @@ void ProxyServer::CompleteTakeover() {
     takeover_done_.Notify();
     return;
   }
-  // The predecessor's streams end as it exits: a 1.25-1.36 kubelet then
-  // drops this one's clients by name, to be registered again at once.
+  ReleaseClientNames();
+  // The predecessor's streams end as it exits. Where a 1.25-1.36 kubelet's
+  // entry could not be emptied, it then drops this one's client by name,
+  // to be registered again at once.
   registrar_->ExpectDrop(absl::Seconds(30));
   if (before_finish_hook_) before_finish_hook_();
   finish_sent_ = true;
@@ -1687,6 +1694,29 @@ void ProxyServer::CompleteTakeover() {
   if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();
   events_.Emit("takeover_complete", {{"held", *held}, {"registered", registered}});
   takeover_done_.Notify();
+}
+
+void ProxyServer::ReleaseClientNames() {
+  // A 1.25-1.36 kubelet disconnects whatever client holds a resource's
+  // name when the predecessor's stream ends (kubernetes#121994): its
+  // devices would turn unhealthy until this one registered again, and pods
+  // admitted meanwhile fail. Emptying that entry first (the kubelet keeps
+  // streaming from this endpoint) makes the predecessor's end a no-op.
+  for (Entry* e : Entries()) {
+    if (!e->endpoint->kubelet_registers_synchronously()) continue;
+    absl::Status s = e->endpoint->ReleaseClientName(absl::Seconds(10));
+    if (s.ok()) {
+      LOG(INFO) << "takeover: resource " << e->resource->name()
+                << ": the kubelet's record of its client is cleared, so the running "
+                   "dpproxy's exit disconnects nothing";
+    } else {
+      LOG(WARNING) << "takeover: resource " << e->resource->name()
+                   << ": the kubelet's record of its client could not be cleared ("
+                   << s.message() << "); if the kubelet drops it when the running dpproxy "
+                   << "exits, it is registered again at once";
+      if (absl::IsFailedPrecondition(s)) registrar_->Resume();  // whatever it accepted is replaced
+    }
+  }
 }
 
 bool ProxyServer::WaitForTakeover(absl::Duration timeout) {

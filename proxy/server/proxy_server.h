@@ -232,6 +232,7 @@ class ProxyServer {
   absl::Status AskPredecessorToRelease();
   // <state_dir>/handoff.<generation>.sock
   std::string HandoffSocket(int generation) const;
+  void ReleaseClientNames();
   void CompleteTakeover();
   // Housekeeping: a release the new dpproxy never followed up.
   void CheckHandoffProgress(absl::Time now);

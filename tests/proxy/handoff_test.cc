@@ -191,47 +191,58 @@ TEST_P(HandoffTest, AKubeletRestartInTheMiddleOfATakeover) {
 }
 
 // 1.25-1.36 without per-socket clients: when the old dpproxy's stream
-// ends, the kubelet disconnects the resource's client by name, which is the
-// new one's (kubernetes#121994). The new dpproxy, which expects it after a
-// takeover, registers again at once: each handoff costs one registration,
-// the kubelet's own doing, and no Allocate fails in dpproxy.
-TEST(HandoffByNameTest, TheNewDpproxyRegistersAgainWhenAKubeletTearsItDownByName) {
+// ends, the kubelet disconnects whatever client holds the resource's name
+// (kubernetes#121994). The new dpproxy empties that entry first (a
+// registration whose options it refuses), so the old one's end finds no
+// client and disconnects nothing: the kubelet keeps all four devices
+// allocatable through every takeover, and no pod fails.
+TEST(HandoffByNameTest, ATakeoverLeavesAKubeletThatDisconnectsByNameNothingToDisconnect) {
   ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet("1.31"));
   ASSERT_NO_FATAL_FAILURE(Serve(h));
   PodStream pods(&h.sim());
   ASSERT_TRUE(pods.WaitForMore(5, kWait));
+  const size_t start = h.sim().events().Size();
   for (int i = 0; i < 5; ++i) {
     const size_t from = h.sim().events().Size();
     absl::Status took = h.TakeOver();
     ASSERT_TRUE(took.ok()) << "handoff " << i + 1 << ": " << took.message();
-    // The old one's end tore the new one down by name ...
+    // The entry was emptied by a refused registration ...
     ASSERT_TRUE(h.sim()
                     .events()
-                    .WaitForEvent("replaced_client_ended",
-                                  {{"outcome", "disconnected the resource's client by name"}},
-                                  kWait, from)
-                    .has_value());
-    // ... and the new one is registered again, all four devices back.
-    ASSERT_TRUE(h.proxy()
+                    .WaitForEvent("client_forgotten", {{"resource", kGpu}}, kWait, from)
+                    .has_value())
+        << "handoff " << i + 1;
+    // ... and the old dpproxy's end, once it exited, found no client.
+    ASSERT_TRUE(h.sim()
                     .events()
-                    .WaitForEvent("kubelet_stream_dropped", {{"resource", kGpu}}, kWait)
-                    .has_value());
-    ASSERT_TRUE(h.WaitFor([&] {
-      for (const HealthCheck& c : h.proxy().Readiness()) {
-        if (!c.ok) return false;
-      }
-      return h.sim().WaitForResource(kGpu, 4, absl::ZeroDuration());
-    })) << "handoff " << i + 1;
+                    .WaitForEvent("unlisted_client_ended", {{"resource", kGpu}}, kWait, from)
+                    .has_value())
+        << "handoff " << i + 1;
     ASSERT_TRUE(pods.WaitForMore(3, kWait)) << "handoff " << i + 1;
   }
   pods.Stop();
-  // Pods admitted in the gap the kubelet made fail by the kubelet's own
-  // rules (its client stopped, no healthy devices), never in dpproxy.
-  for (const std::string& f : pods.failures()) {
-    EXPECT_THAT(f, ::testing::AnyOf(::testing::HasSubstr("no healthy devices"),
-                                    ::testing::HasSubstr("has been stopped")));
+  EXPECT_THAT(pods.failures(), ::testing::IsEmpty());
+  for (const nlohmann::json& e : h.sim().events().Since(start)) {
+    EXPECT_NE(e["event"], "plugin_lost") << e.dump();
+    EXPECT_NE(e["event"], "replaced_client_ended") << e.dump();
+    if (e["event"] == "devices") {
+      EXPECT_EQ(e["allocatable"], 4) << e.dump();
+    }
   }
+  EXPECT_FALSE(h.proxy()
+                   .events()
+                   .WaitForEvent("kubelet_stream_dropped", {}, absl::ZeroDuration())
+                   .has_value());
   EXPECT_EQ(h.proxy().state()->AllocationCount(), pods.admitted());
+
+  // Stopped for good, the last dpproxy registers once more first, so that
+  // its end still tells the kubelet the devices are gone.
+  const size_t before_stop = h.sim().events().Size();
+  h.StopProxy();
+  ASSERT_TRUE(h.sim()
+                  .events()
+                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, before_stop)
+                  .has_value());
 }
 
 // A new dpproxy that takes the state over and then never serves (it died):

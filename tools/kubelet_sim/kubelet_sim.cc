@@ -640,6 +640,7 @@ void KubeletSim::Stop() {
     running_ = false;
     clients.swap(all_clients_);
     clients_.clear();
+    endpoints_.clear();
     watched_.clear();
     health.swap(health_watches_);
   }
@@ -879,6 +880,11 @@ void KubeletSim::WriteCheckpointLocked() {
   if (!s.ok()) events_.Emit("checkpoint_write_failed", {{"error", std::string(s.message())}});
 }
 
+void KubeletSim::StopEndpoint(const std::shared_ptr<PluginClient>& client) {
+  auto it = endpoints_.find(client->resource);
+  if (it != endpoints_.end() && it->second == client) endpoints_.erase(it);
+}
+
 void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
   // A release before 1.19 has no get_preferred_allocation_available field.
   if (!kubelet_.CallsGetPreferredAllocation()) {
@@ -902,6 +908,7 @@ void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
     if (!keep_old) it->second->Cancel();
   }
   clients_[client->resource] = client;
+  endpoints_[client->resource] = client;
 }
 
 absl::Status KubeletSim::HandleRegister(const std::string& api_version,
@@ -967,6 +974,35 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
 }
 
 absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::ConnectSync(
+    const std::string& resource, const std::string& socket_path, const std::string& via,
+    const std::string& watch_socket) {
+  absl::StatusOr<std::shared_ptr<PluginClient>> c =
+      TryConnectSync(resource, socket_path, via, watch_socket);
+  if (!c.ok()) ForgetClientAfterFailedConnect(resource, socket_path);
+  return c;
+}
+
+void KubeletSim::ForgetClientAfterFailedConnect(const std::string& resource,
+                                                const std::string& socket_path) {
+  // 1.25+ enter the new client under the resource name before they dial it
+  // and delete the name's entry when the dial or GetDevicePluginOptions
+  // fails: whatever client held the name is no longer listed. It keeps
+  // running (its stream still feeds the devices, its endpoint still takes
+  // Allocates), but when its stream ends no client of that name is found
+  // and nothing is disconnected (handler.go connectClient/deregisterClient).
+  // With clients tracked per socket, only an entry at the failed socket
+  // goes.
+  absl::MutexLock lock(&mu_);
+  auto it = clients_.find(resource);
+  if (it == clients_.end()) return;
+  if (kubelet_.per_socket_clients && it->second->socket_path != socket_path) return;
+  events_.Emit("client_forgotten", {{"resource", resource},
+                                    {"endpoint", it->second->socket_path},
+                                    {"failed_endpoint", socket_path}});
+  clients_.erase(it);
+}
+
+absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::TryConnectSync(
     const std::string& resource, const std::string& socket_path, const std::string& via,
     const std::string& watch_socket) {
   if (absl::Status s = ValidateSocketPath(socket_path); !s.ok()) {
@@ -1104,7 +1140,13 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
   absl::MutexLock lock(&mu_);
   if (!running_) return;
   auto it = clients_.find(client->resource);
-  if (it == clients_.end()) return;
+  if (it == clients_.end()) {
+    // A client no longer listed under its name (a failed registration
+    // deleted the entry): its end disconnects nothing.
+    events_.Emit("unlisted_client_ended",
+                 {{"resource", client->resource}, {"endpoint", client->socket_path}});
+    return;
+  }
   std::shared_ptr<PluginClient> lost = client;
   std::string reason = why;
   if (it->second != client) {
@@ -1129,6 +1171,7 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
     lost->Cancel();
   }
   clients_.erase(it);
+  StopEndpoint(lost);
   if (!state_.EndpointLost(lost->resource, lost->generation, absl::Now())) return;
   events_.Emit("plugin_lost", {{"resource", lost->resource},
                                {"endpoint", lost->socket_path},
@@ -1174,6 +1217,7 @@ void KubeletSim::ReconcileWatcher() {
         if (c != clients_.end() && c->second->watch_socket == path) {
           std::shared_ptr<PluginClient> client = c->second;
           clients_.erase(c);
+          StopEndpoint(client);
           client->Cancel();
           if (state_.EndpointLost(client->resource, client->generation, absl::Now())) {
             for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
@@ -1380,8 +1424,8 @@ absl::StatusOr<std::vector<std::string>> KubeletSim::PickDevices(
         available.push_back(id);
       }
     }
-    auto it = clients_.find(c.resource());
-    if (it != clients_.end()) client = it->second;
+    auto it = endpoints_.find(c.resource());
+    if (it != endpoints_.end()) client = it->second;
   }
   if (static_cast<int>(available.size()) < count) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1461,8 +1505,8 @@ absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> KubeletSim::Call
   std::shared_ptr<PluginClient> client;
   {
     absl::MutexLock lock(&mu_);
-    auto it = clients_.find(resource);
-    if (it != clients_.end()) client = it->second;
+    auto it = endpoints_.find(resource);
+    if (it != endpoints_.end()) client = it->second;
   }
   if (client == nullptr) {
     return absl::FailedPreconditionError(

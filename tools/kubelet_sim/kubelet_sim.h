@@ -265,7 +265,15 @@ class KubeletSim {
   absl::StatusOr<std::shared_ptr<PluginClient>> ConnectSync(
       const std::string& resource, const std::string& socket_path,
       const std::string& via, const std::string& watch_socket);
+  absl::StatusOr<std::shared_ptr<PluginClient>> TryConnectSync(
+      const std::string& resource, const std::string& socket_path,
+      const std::string& via, const std::string& watch_socket);
+  void ForgetClientAfterFailedConnect(const std::string& resource,
+                                      const std::string& socket_path);
   void InstallClient(std::shared_ptr<PluginClient> client)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device manager stops the resource's endpoint if it is `client`'s.
+  void StopEndpoint(const std::shared_ptr<PluginClient>& client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Housekeeping();
@@ -316,8 +324,13 @@ class KubeletSim {
   std::map<std::string, absl::Time> pod_dirs_gone_at_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   DeviceManager state_ ABSL_GUARDED_BY(mu_);
-  // Current client per resource.
+  // The client entered under each resource name (the registration
+  // handler's map: looked up when a stream ends).
   std::map<std::string, std::shared_ptr<PluginClient>> clients_ ABSL_GUARDED_BY(mu_);
+  // The endpoint each resource's calls go to (the device manager's: set by
+  // a connected registration, gone when it is disconnected). Differs from
+  // clients_ once a failed registration deleted the name's entry.
+  std::map<std::string, std::shared_ptr<PluginClient>> endpoints_ ABSL_GUARDED_BY(mu_);
   // Every client whose thread may still run (current and replaced).
   std::vector<std::shared_ptr<PluginClient>> all_clients_ ABSL_GUARDED_BY(mu_);
   // plugins_registry socket path -> (inode, resource) of registered plugins,

@@ -90,7 +90,10 @@ absl::StatusOr<std::unique_ptr<ListenerShare>> ListenerShare::Start(const std::s
 ListenerShare::~ListenerShare() {
   if (thread_.joinable()) {
     const uint64_t one = 1;
-    (void)::write(wake_fd_, &one, sizeof(one));
+    // An eventfd write fails only if the counter would overflow.
+    if (::write(wake_fd_, &one, sizeof(one)) != sizeof(one)) {
+      LOG(WARNING) << "listener share: cannot wake its thread: " << strerror(errno);
+    }
     thread_.join();
   }
   if (unix_fd_ >= 0) {

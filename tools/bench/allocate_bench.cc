@@ -981,7 +981,9 @@ int Run() {
   if (FLAGS_reconcile_pods > 0) reconciliation = ReconcileAtScale(dir, FLAGS_reconcile_pods);
   std::vector<Upgrades> upgrades;
   if (FLAGS_upgrades > 0) {
-    for (const char* version : {"1.24", "1.31"}) {
+    // One release per way the kubelet treats a replaced registration: 1.9
+    // stops it, 1.10-1.24 ignore its end, 1.25-1.36 disconnect by name.
+    for (const char* version : {"1.9", "1.24", "1.25", "1.31", "1.36"}) {
       upgrades.push_back(MeasureUpgrades(dir, version, FLAGS_upgrades));
     }
   }
@@ -1165,8 +1167,9 @@ int Run() {
     for (const Upgrades& u : upgrades) {
       std::cout << absl::StrFormat("(%s: %d pods in all)\n", u.kubelet, u.pods);
     }
-    std::cout << "(1.31 disconnects the resource's client by name when the old dpproxy's\n"
-                 "stream ends, kubernetes#121994: the new one, expecting it, registers again)\n";
+    std::cout << "(1.25-1.36 disconnect whatever client holds the resource's name when the\n"
+                 "old dpproxy's stream ends, kubernetes#121994; the new one empties that entry\n"
+                 "first, so the end disconnects nothing)\n";
   }
   if (!losses.empty()) {
     std::cout << absl::StrFormat(

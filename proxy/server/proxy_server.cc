@@ -34,21 +34,6 @@ constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
 
 namespace {
 
-// Fault injection for the handoff tests (docs/testing.md): a dpproxy
-// taking over with DPPROXY_TEST_PAUSE_AT=STEP in its environment stops
-// itself (SIGSTOP) right after STEP, "released" or "forwarded", for the
-// test to kill it there.
-void PauseForTest(const char* step) {
-  const char* at = std::getenv("DPPROXY_TEST_PAUSE_AT");
-  if (at == nullptr || std::strcmp(at, step) != 0) return;
-  LOG(WARNING) << "takeover: DPPROXY_TEST_PAUSE_AT=" << step << ": stopping this process";
-  ::raise(SIGSTOP);
-}
-
-}  // namespace
-
-namespace {
-
 // Registrations and static connects in parallel; a fixed number, whatever
 // the resource count.
 constexpr int kWorkers = 4;
@@ -106,8 +91,10 @@ absl::Status ProxyServer::Start() {
           lock_path, config_.takeover ? absl::ZeroDuration() : config_.state_lock_wait);
       if (!fd.ok() && config_.takeover) {
         // Held: the running dpproxy hands the state over, then unlocks.
-        s = AskPredecessorToRelease();
-        if (s.ok()) PauseForTest("released");
+        takeover_ = std::make_unique<Takeover>(
+            config_.state_dir, config_.kubelet.backend_timeout + absl::Seconds(10), &events_);
+        s = takeover_->AskToRelease();
+        if (s.ok()) socket_generation_ = takeover_->socket_generation();
         if (s.ok()) fd = LockFile(lock_path, config_.state_lock_wait);
       }
       if (fd.ok()) {
@@ -130,7 +117,7 @@ absl::Status ProxyServer::Start() {
       // follows the socket generation: the one of a dpproxy that took over
       // differs from its predecessor's, which gRPC unlinks when that one
       // stops.
-      const std::string socket = HandoffSocket(socket_generation_);
+      const std::string socket = HandoffSocketPath(config_.state_dir, socket_generation_);
       absl::StatusOr<std::unique_ptr<HandoffServer>> h =
           ValidateSocketPath(socket).ok()
               ? HandoffServer::Start(
@@ -215,7 +202,15 @@ absl::Status ProxyServer::Start() {
   }
   Wake();
   events_.Emit("proxy_started", {});
-  if (predecessor_ != nullptr) takeover_thread_ = std::thread([this] { CompleteTakeover(); });
+  if (taking_over()) {
+    takeover_->StartCompleting(
+        {[this] {
+           std::vector<KubeletEndpoint*> out;
+           for (Entry* e : Entries()) out.push_back(e->endpoint.get());
+           return out;
+         },
+         registrar_.get(), [this] { return stopping(); }, before_finish_hook_});
+  }
   return absl::OkStatus();
 }
 
@@ -233,7 +228,7 @@ void ProxyServer::Shutdown() {
     absl::MutexLock lock(&wake_mu_);
     stop_ = true;
   }
-  if (takeover_thread_.joinable()) takeover_thread_.join();
+  if (takeover_) takeover_->Join();
   if (housekeeping_.joinable()) housekeeping_.join();
   if (saver_.joinable()) saver_.join();
   if (checkpoint_.joinable()) checkpoint_.join();
@@ -265,7 +260,8 @@ void ProxyServer::Shutdown() {
       }
     }
   }
-  if (!released_.load() && !(predecessor_ != nullptr && !finish_sent_.load())) {
+  const bool giving_back = taking_over() && !takeover_->finish_sent();
+  if (!released_.load() && !giving_back) {
     // Stopping for good: an endpoint the kubelet no longer lists by name
     // registers once more, so that its end turns the devices unhealthy.
     for (auto& [name, e] : entries) e->endpoint->RelistBeforeStop();
@@ -281,7 +277,6 @@ void ProxyServer::Shutdown() {
   }
   // After a handoff the status file is the new dpproxy's; given back, the
   // predecessor's.
-  const bool giving_back = predecessor_ != nullptr && !finish_sent_.load();
   if (!config_.status_file.empty() && !released_.load() && !giving_back) {
     ::unlink(config_.status_file.c_str());
   }
@@ -1555,18 +1550,7 @@ void ProxyServer::GiveStateBack(const std::string& why) {
     ::close(state_lock_.fd);
     state_lock_.fd = -1;
   }
-  absl::Status s = predecessor_->HandBack(why, absl::Seconds(30));
-  if (s.ok()) {
-    LOG(WARNING) << "takeover: not completed (" << why
-                 << "); the state was handed back and the running dpproxy serves on";
-    events_.Emit("takeover_handed_back", {{"reason", why}});
-  } else {
-    LOG(ERROR) << "takeover: not completed (" << why << "), and the state could not be handed "
-               << "back: " << s.message()
-               << "; the running dpproxy takes it back once this process has exited";
-    events_.Emit("takeover_hand_back_failed", {{"reason", why},
-                                               {"error", std::string(s.message())}});
-  }
+  takeover_->HandBack(why);
 }
 
 void ProxyServer::FinishHandoff() {
@@ -1576,151 +1560,13 @@ void ProxyServer::FinishHandoff() {
   if (handed_over_hook_) handed_over_hook_();
 }
 
-std::string ProxyServer::HandoffSocket(int generation) const {
-  return JoinPath(config_.state_dir, absl::StrCat("handoff.", generation, ".sock"));
-}
-
-absl::Status ProxyServer::AskPredecessorToRelease() {
-  // The running dpproxy serves one of the two names; a stale socket left by
-  // one that crashed refuses the connection at once.
-  std::unique_ptr<HandoffClient> client;
-  absl::StatusOr<HandoffClient::Released> r =
-      absl::NotFoundError(absl::StrCat("no handoff socket in ", config_.state_dir));
-  std::vector<std::string> tried;
-  for (int generation : {0, 1}) {
-    const std::string socket = HandoffSocket(generation);
-    if (!PathExists(socket)) continue;
-    client = std::make_unique<HandoffClient>(socket);
-    // Its Allocates in progress finish first, each within the backend
-    // timeout.
-    r = client->Release(config_.kubelet.backend_timeout + absl::Seconds(10));
-    if (r.ok()) break;
-    tried.push_back(std::string(r.status().message()));
-  }
-  if (!r.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "another dpproxy holds ", config_.state_dir, " and did not hand it over (--takeover): ",
-        tried.empty() ? std::string(r.status().message()) : absl::StrJoin(tried, "; ")));
-  }
-  socket_generation_ = r->socket_generation == 0 ? 1 : 0;
-  LOG(INFO) << "takeover: dpproxy " << r->version << " (pid " << r->pid
-            << ") released the state directory; serving the kubelet on socket generation "
-            << socket_generation_;
-  events_.Emit("takeover_released", {{"peer_pid", r->pid}, {"peer_version", r->version}});
-  predecessor_ = std::move(client);
-  return absl::OkStatus();
-}
-
-// Whether `done` holds for every resource within `timeout`, checked every
-// 10 ms (a takeover's one-off waits: a socket served, a registration and
-// the kubelet's stream, each a few milliseconds); false if stopping or out
-// of time.
 bool ProxyServer::stopping() {
   absl::MutexLock lock(&wake_mu_);
   return stop_;
 }
 
-bool ProxyServer::WaitForEveryResource(const std::function<bool(Entry*)>& done,
-                                       absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    bool all = true;
-    for (Entry* e : Entries()) all = all && done(e);
-    if (all) return true;
-    {
-      absl::MutexLock lock(&wake_mu_);
-      if (stop_) return false;
-    }
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-}
-
-void ProxyServer::CompleteTakeover() {
-  // The predecessor forwards to sockets that listen: housekeeping serves
-  // them right after Start.
-  if (!WaitForEveryResource([](Entry* e) { return e->endpoint->SocketPresent(); },
-                            absl::Seconds(10))) {
-    LOG(WARNING) << "takeover: a kubelet-facing socket is not served yet; forwarding anyway";
-  }
-  std::map<std::string, std::string> sockets;
-  for (Entry* e : Entries()) sockets[e->resource->name()] = e->endpoint->socket_path();
-  absl::StatusOr<int64_t> held = predecessor_->Forward(sockets, absl::Seconds(10));
-  if (!held.ok()) {
-    LOG(ERROR) << "takeover: " << held.status().message();
-    events_.Emit("takeover_failed", {{"error", std::string(held.status().message())}});
-    takeover_done_.Notify();
-    return;
-  }
-  PauseForTest("forwarded");
-  // Registered for every resource, and the kubelet streaming from this
-  // one: it opens ListAndWatch once the new endpoint is its current one (a
-  // 1.10-1.24 kubelet answers Register before it dials), so from then on
-  // its Allocates come here. Then the predecessor may go.
-  // Until then the predecessor stays: it is still the kubelet's endpoint
-  // for whatever is not registered here, and it forwards what it gets.
-  // Telling it to finish earlier could leave the node with no dpproxy.
-  auto registered_everywhere = [this](Entry* e) {
-    if (!e->endpoint->kubelet_streaming()) return false;
-    for (const HealthCheck& c : registrar_->RegistrationChecks()) {
-      if (!c.ok) return false;
-    }
-    return true;
-  };
-  bool registered = WaitForEveryResource(registered_everywhere, absl::Minutes(1));
-  while (!registered && !stopping()) {
-    LOG(ERROR) << "takeover: not registered with the kubelet for every resource yet (see "
-                  "/readyz); the predecessor keeps running and forwarding until this one is";
-    events_.Emit("takeover_waiting", {{"waited_s", 60}});
-    registered = WaitForEveryResource(registered_everywhere, absl::Minutes(1));
-  }
-  if (!registered) {
-    // Stopping before it was registered: the predecessor is not told to
-    // finish; Shutdown hands it the state back and it serves on.
-    LOG(ERROR) << "takeover: stopping before registered with the kubelet; the state goes back "
-                  "to the running dpproxy";
-    events_.Emit("takeover_failed", {{"error", "stopped before registered with the kubelet"}});
-    takeover_done_.Notify();
-    return;
-  }
-  ReleaseClientNames();
-  // The predecessor's streams end as it exits. Where a 1.25-1.36 kubelet's
-  // entry could not be emptied, it then drops this one's client by name,
-  // to be registered again at once.
-  registrar_->ExpectDrop(absl::Seconds(30));
-  if (before_finish_hook_) before_finish_hook_();
-  finish_sent_ = true;
-  absl::Status f = predecessor_->Finish(absl::Seconds(10));
-  if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();
-  events_.Emit("takeover_complete", {{"held", *held}, {"registered", registered}});
-  takeover_done_.Notify();
-}
-
-void ProxyServer::ReleaseClientNames() {
-  // A 1.25-1.36 kubelet disconnects whatever client holds a resource's
-  // name when the predecessor's stream ends (kubernetes#121994): its
-  // devices would turn unhealthy until this one registered again, and pods
-  // admitted meanwhile fail. Emptying that entry first (the kubelet keeps
-  // streaming from this endpoint) makes the predecessor's end a no-op.
-  for (Entry* e : Entries()) {
-    if (!e->endpoint->kubelet_registers_synchronously()) continue;
-    absl::Status s = e->endpoint->ReleaseClientName(absl::Seconds(10));
-    if (s.ok()) {
-      LOG(INFO) << "takeover: resource " << e->resource->name()
-                << ": the kubelet's record of its client is cleared, so the running "
-                   "dpproxy's exit disconnects nothing";
-    } else {
-      LOG(WARNING) << "takeover: resource " << e->resource->name()
-                   << ": the kubelet's record of its client could not be cleared ("
-                   << s.message() << "); if the kubelet drops it when the running dpproxy "
-                   << "exits, it is registered again at once";
-      if (absl::IsFailedPrecondition(s)) registrar_->Resume();  // whatever it accepted is replaced
-    }
-  }
-}
-
 bool ProxyServer::WaitForTakeover(absl::Duration timeout) {
-  return takeover_done_.WaitForNotificationWithTimeout(timeout);
+  return takeover_ != nullptr && takeover_->WaitForDone(timeout);
 }
 
 }  // namespace dpproxy

@@ -50,6 +50,7 @@
 #include "proxy/handoff/handoff.h"
 #include "proxy/handoff/listener_share.h"
 #include "proxy/server/registrar.h"
+#include "proxy/server/takeover.h"
 #include "proxy/server/status_model.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
@@ -223,20 +224,13 @@ class ProxyServer {
   // plugins' socket, answer the kubelet's Allocates here again and
   // register every resource again. An error leaves this one released.
   absl::Status TakeStateBack(const std::string& why);
+  // Housekeeping: a release the new dpproxy never followed up.
+  void CheckHandoffProgress(absl::Time now);
   // The taking-over side, stopping or failing before it finished: close
   // the journal, unlock and hand the state back to the predecessor.
   void GiveStateBack(const std::string& why);
-  // The taking-over side: asks the running dpproxy to release (in Start,
-  // before the lock); then, once this one serves, has it forward, waits
-  // for every resource to be registered, and has it finish.
-  absl::Status AskPredecessorToRelease();
-  // <state_dir>/handoff.<generation>.sock
-  std::string HandoffSocket(int generation) const;
-  void ReleaseClientNames();
-  void CompleteTakeover();
-  // Housekeeping: a release the new dpproxy never followed up.
-  void CheckHandoffProgress(absl::Time now);
-  bool WaitForEveryResource(const std::function<bool(Entry*)>& done, absl::Duration timeout);
+  // Started with --takeover, and the predecessor released.
+  bool taking_over() const { return takeover_ != nullptr && takeover_->released(); }
   // Shutdown() has begun.
   bool stopping();
 
@@ -325,12 +319,9 @@ class ProxyServer {
   int peer_pidfd_ = -1;
   int64_t peer_pid_ = 0;
   // Takeover side: why Start failed (given to the predecessor with the
-  // state), and whether the predecessor was told to finish.
+  // state), and the takeover (--takeover only).
   std::string start_error_;
-  std::atomic<bool> finish_sent_{false};
-  std::unique_ptr<HandoffClient> predecessor_;  // after a takeover's Release
-  std::thread takeover_thread_;
-  absl::Notification takeover_done_;
+  std::unique_ptr<Takeover> takeover_;
   int socket_generation_ = 0;  // set before the first entry
   // Released to a new dpproxy: nothing more is saved or written.
   std::atomic<bool> released_{false};

@@ -1,16 +1,11 @@
 #include "proxy/server/proxy_server.h"
 
 #include <malloc.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <glog/logging.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -113,40 +108,14 @@ absl::Status ProxyServer::Start() {
       s = RestoreState();
     }
     if (s.ok() && !config_.dra.enabled) {
-      // A later dpproxy may take over from this one (--takeover). The name
-      // follows the socket generation: the one of a dpproxy that took over
-      // differs from its predecessor's, which gRPC unlinks when that one
-      // stops.
-      const std::string socket = HandoffSocketPath(config_.state_dir, socket_generation_);
-      absl::StatusOr<std::unique_ptr<HandoffServer>> h =
-          ValidateSocketPath(socket).ok()
-              ? HandoffServer::Start(
-                    socket,
-                    {[this](int64_t peer) { return ReleaseForHandoff(peer); },
-                     [this](const std::map<std::string, std::string>& sockets) {
-                       return ForwardForHandoff(sockets);
-                     },
-                     [this] { FinishHandoff(); },
-                     [this](const std::string& why) { return TakeStateBack(why); }})
-              : absl::StatusOr<std::unique_ptr<HandoffServer>>(ValidateSocketPath(socket));
-      if (h.ok()) {
-        handoff_server_ = *std::move(h);
-        if (shared_listener_fd_ >= 0) {
-          absl::StatusOr<std::unique_ptr<ListenerShare>> share = ListenerShare::Start(
-              HandoffListenerSocket(config_.state_dir, socket_generation_), shared_listener_fd_);
-          if (share.ok()) {
-            listener_share_ = *std::move(share);
-          } else {
-            LOG(WARNING) << "a dpproxy taking over from this one will have to bind the metrics "
-                            "address itself: "
-                         << share.status().message();
-          }
-        }
-      } else {
-        LOG(WARNING) << "no handoff socket (a new dpproxy cannot take over from this one "
-                        "without a gap): "
-                     << h.status().message();
-      }
+      // A later dpproxy may take over from this one (--takeover).
+      handover_ = std::make_unique<Handover>(
+          Handover::Options{config_.state_dir, socket_generation_, config_.handoff_timeout,
+                            shared_listener_fd_},
+          static_cast<Handover::Host*>(this), &events_, [this] {
+            if (handed_over_hook_) handed_over_hook_();
+          });
+      handover_->Serve();
     }
     if (!s.ok()) {
       start_error_ = absl::StrCat("state directory ", config_.state_dir, ": ", s.message());
@@ -221,8 +190,7 @@ void ProxyServer::Shutdown() {
     running_ = false;
   }
   LOG(INFO) << "dpproxy shutting down";
-  listener_share_.reset();
-  if (handoff_server_) handoff_server_->Stop();
+  if (handover_) handover_->StopServing();
   if (watcher_) watcher_->Stop();
   {
     absl::MutexLock lock(&wake_mu_);
@@ -241,7 +209,7 @@ void ProxyServer::Shutdown() {
     absl::MutexLock lock(&mu_);
     entries.swap(entries_);
   }
-  if (released_.load()) {
+  if (released()) {
     // Handed over, and the kubelet has moved to the new dpproxy. A call it
     // sent here just before may still be on its way: wait until the
     // kubelet ends its streams here (1.9 stops a replaced endpoint; later
@@ -261,7 +229,7 @@ void ProxyServer::Shutdown() {
     }
   }
   const bool giving_back = taking_over() && !takeover_->finish_sent();
-  if (!released_.load() && !giving_back) {
+  if (!released() && !giving_back) {
     // Stopping for good: an endpoint the kubelet no longer lists by name
     // registers once more, so that its end turns the devices unhealthy.
     for (auto& [name, e] : entries) e->endpoint->RelistBeforeStop();
@@ -277,7 +245,7 @@ void ProxyServer::Shutdown() {
   }
   // After a handoff the status file is the new dpproxy's; given back, the
   // predecessor's.
-  if (!config_.status_file.empty() && !released_.load() && !giving_back) {
+  if (!config_.status_file.empty() && !released() && !giving_back) {
     ::unlink(config_.status_file.c_str());
   }
   if (giving_back) {
@@ -286,10 +254,6 @@ void ProxyServer::Shutdown() {
     GiveStateBack(start_error_.empty()
                       ? std::string("it was stopped before it was registered with the kubelet")
                       : absl::StrCat("it could not start: ", start_error_));
-  }
-  if (peer_pidfd_ >= 0) {
-    ::close(peer_pidfd_);
-    peer_pidfd_ = -1;
   }
   events_.Emit("proxy_stopped", {});
 }
@@ -432,7 +396,7 @@ void ProxyServer::HousekeepingLoop() {
     if (reconciler_ && pass.kubelet_restarted) {
       seen = reconciler_->NoteKubeletRestart(*pass.kubelet_restarted);
     }
-    CheckHandoffProgress(now);
+    if (handover_) handover_->CheckProgress(now);
     {
       absl::MutexLock lock(&wake_mu_);
       save_wake_ = true;
@@ -541,7 +505,7 @@ void ProxyServer::SaverLoop() {
       save_wake_ = false;
     }
     absl::MutexLock saving(&saver_mu_);
-    if (released_.load()) continue;  // the new dpproxy's to write now
+    if (released()) continue;  // the new dpproxy's to write now
     // Nothing below costs more than O(resources) unless something changed.
     const std::string fingerprint = Fingerprint();
     const bool persisted = PersistResources(fingerprint);
@@ -1375,35 +1339,20 @@ void ProxyServer::DraLoop() {
 
 namespace dpproxy {
 
-absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
-  absl::MutexLock handing(&handoff_mu_);
-  bool expected = false;
-  if (!released_.compare_exchange_strong(expected, true)) {
-    return absl::FailedPreconditionError("this dpproxy already handed its state over");
-  }
-  events_.Emit("handoff_release", {{"peer_pid", peer_pid}});
-  const std::vector<Entry*> entries = Entries();
-  for (Entry* e : entries) e->endpoint->HoldAllocates();
-  // Those in progress reach the journal first (each within its deadline).
-  absl::Duration wait;
-  {
-    absl::MutexLock lock(&mu_);
-    wait = live_config_.kubelet.backend_timeout + absl::Seconds(1);
-  }
-  for (Entry* e : entries) {
-    if (e->endpoint->WaitForAllocatesServed(wait)) continue;
-    for (Entry* u : entries) u->endpoint->ServeAllocates();
-    released_ = false;
-    events_.Emit("handoff_refused", {{"peer_pid", peer_pid}, {"resource", e->resource->name()}});
-    return absl::UnavailableError(absl::StrCat("an Allocate of ", e->resource->name(),
-                                               " was still in progress after ",
-                                               absl::FormatDuration(wait)));
-  }
-  // From here on this dpproxy writes nothing and registers nothing: the
-  // new one does. Its sockets stay served until Finish, with every
-  // Allocate held, then forwarded.
+std::vector<KubeletEndpoint*> ProxyServer::HandoverEndpoints() {
+  std::vector<KubeletEndpoint*> out;
+  for (Entry* e : Entries()) out.push_back(e->endpoint.get());
+  return out;
+}
+
+absl::Duration ProxyServer::AllocateWait() {
+  absl::MutexLock lock(&mu_);
+  return live_config_.kubelet.backend_timeout + absl::Seconds(1);
+}
+
+void ProxyServer::StopWriting() {
   registrar_->Hold();
-  for (Entry* e : entries) e->resource->KeepHealthOnLoss();
+  for (Entry* e : Entries()) e->resource->KeepHealthOnLoss();
   if (reconciler_) reconciler_->Stop();
   {
     absl::MutexLock saving(&saver_mu_);
@@ -1416,86 +1365,10 @@ absl::StatusOr<int> ProxyServer::ReleaseForHandoff(int64_t peer_pid) {
   keeper_->HandOver();
   ::close(state_lock_.fd);
   state_lock_.fd = -1;
-  released_at_ns_ = absl::ToUnixNanos(absl::Now());
-  // Watched from now on: if it exits before it finished, the state comes
-  // back here (CheckHandoffProgress).
-  peer_pid_ = peer_pid;
-  peer_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer_pid), 0));
-  if (peer_pidfd_ < 0) {
-    LOG(WARNING) << "handoff: cannot watch pid " << peer_pid << " (" << ErrnoText(errno)
-                 << "); if it dies, this dpproxy stops after "
-                 << absl::FormatDuration(config_.handoff_timeout);
-  }
-  LOG(INFO) << "handoff: state directory " << config_.state_dir << " released to pid "
-            << peer_pid << "; the kubelet's Allocates are held until it serves";
-  return socket_generation_;
 }
 
-void ProxyServer::CheckHandoffProgress(absl::Time now) {
-  const int64_t at = released_at_ns_.load();
-  if (at == 0 || handed_over_.load() || handoff_failed_.load()) return;
-  if (peer_pidfd_ >= 0) {
-    pollfd p = {peer_pidfd_, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) {
-      // The new dpproxy exited (a crash, a kill) before it finished: the
-      // kernel released its lock; the state is this one's again.
-      const std::string why =
-          absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished");
-      absl::Status s = TakeStateBack(why);
-      if (s.ok()) {
-        if (handoff_server_) handoff_server_->Reopen();
-        return;
-      }
-      LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: "
-                 << s.message() << "; trying again";
-    }
-  }
-  if (forwarded_.load()) return;
-  if (now - absl::FromUnixNanos(at) < config_.handoff_timeout) return;
-  // The new dpproxy released this one and never came to serve (it died, or
-  // hangs). This one holds the kubelet's Allocates and can write nothing:
-  // it stops, so that a restart (systemd, the container's policy) loads
-  // the state again and serves.
-  handoff_failed_ = true;
-  LOG(ERROR) << "handoff: the new dpproxy did not serve within "
-             << absl::FormatDuration(config_.handoff_timeout)
-             << " of taking the state over; stopping, so that a restart serves again";
-  events_.Emit("handoff_abandoned", {{"waited_seconds",
-                                      absl::ToInt64Seconds(config_.handoff_timeout)}});
-  if (handed_over_hook_) handed_over_hook_();
-}
-
-absl::StatusOr<int64_t> ProxyServer::ForwardForHandoff(
-    const std::map<std::string, std::string>& sockets) {
-  if (!released_.load()) {
-    return absl::FailedPreconditionError("Forward before Release: nothing was handed over");
-  }
-  forwarded_ = true;
-  int64_t held = 0;
-  for (Entry* e : Entries()) {
-    const std::string& name = e->resource->name();
-    auto it = sockets.find(name);
-    if (it == sockets.end()) {
-      // The new dpproxy does not serve it: its Allocates are refused (the
-      // journal is closed), naming the handoff.
-      LOG(WARNING) << "handoff: the new dpproxy does not serve " << name;
-      e->endpoint->ServeAllocates();
-      continue;
-    }
-    held += static_cast<int64_t>(e->endpoint->ForwardAllocates(it->second));
-  }
-  events_.Emit("handoff_forward", {{"resources", sockets.size()}, {"held", held}});
-  return held;
-}
-
-absl::Status ProxyServer::TakeStateBack(const std::string& why) {
-  absl::MutexLock handing(&handoff_mu_);
-  if (!released_.load() || handed_over_.load()) {
-    return absl::FailedPreconditionError("this dpproxy is not waiting for a takeover to finish");
-  }
-  // The new one unlocked (HandBack) or is gone (the kernel unlocked).
-  absl::StatusOr<int> fd =
-      LockFile(JoinPath(config_.state_dir, "lock"), absl::Seconds(5));
+absl::StatusOr<int> ProxyServer::ResumeWriting() {
+  absl::StatusOr<int> fd = LockFile(JoinPath(config_.state_dir, "lock"), absl::Seconds(5));
   if (!fd.ok()) {
     return absl::UnavailableError(
         absl::StrCat("the state directory is still locked: ", fd.status().message()));
@@ -1515,10 +1388,7 @@ absl::Status ProxyServer::TakeStateBack(const std::string& why) {
                  << "; plugins cannot register until this is fixed";
     }
   }
-  for (Entry* e : Entries()) {
-    e->resource->KeepHealthOnLoss(false);
-    e->endpoint->ServeAllocates();  // the held ones are answered here
-  }
+  for (Entry* e : Entries()) e->resource->KeepHealthOnLoss(false);
   if (reconciler_) reconciler_->Start();
   // The kubelet may have switched to the new one's sockets: every
   // resource registers again.
@@ -1528,20 +1398,8 @@ absl::Status ProxyServer::TakeStateBack(const std::string& why) {
     persisted_fingerprint_.clear();
     written_fingerprint_.clear();
   }
-  if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
-  peer_pidfd_ = -1;
-  const int64_t peer = peer_pid_;
-  peer_pid_ = 0;
-  released_at_ns_ = 0;
-  forwarded_ = false;
-  released_ = false;
-  LOG(WARNING) << "handoff: " << why << "; this dpproxy took the state directory back with "
-               << loaded->allocations_size() << " allocations and serves on";
-  events_.Emit("handoff_taken_back", {{"peer_pid", peer},
-                                      {"reason", why},
-                                      {"allocations", loaded->allocations_size()}});
   Wake();
-  return absl::OkStatus();
+  return loaded->allocations_size();
 }
 
 void ProxyServer::GiveStateBack(const std::string& why) {
@@ -1551,13 +1409,6 @@ void ProxyServer::GiveStateBack(const std::string& why) {
     state_lock_.fd = -1;
   }
   takeover_->HandBack(why);
-}
-
-void ProxyServer::FinishHandoff() {
-  handed_over_ = true;
-  LOG(INFO) << "handoff: the new dpproxy is registered for every resource; stopping";
-  events_.Emit("handed_over", {});
-  if (handed_over_hook_) handed_over_hook_();
 }
 
 bool ProxyServer::stopping() {

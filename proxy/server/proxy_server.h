@@ -50,6 +50,7 @@
 #include "proxy/handoff/handoff.h"
 #include "proxy/handoff/listener_share.h"
 #include "proxy/server/registrar.h"
+#include "proxy/server/handover.h"
 #include "proxy/server/takeover.h"
 #include "proxy/server/status_model.h"
 #include "proxy/state/state_keeper.h"
@@ -59,10 +60,10 @@
 
 namespace dpproxy {
 
-class ProxyServer {
+class ProxyServer : private Handover::Host {
  public:
   explicit ProxyServer(ProxyConfig config);
-  ~ProxyServer();
+  ~ProxyServer() override;
 
   ProxyServer(const ProxyServer&) = delete;
   ProxyServer& operator=(const ProxyServer&) = delete;
@@ -141,10 +142,10 @@ class ProxyServer {
   // it tells the old one to finish (systemd learns the new main process).
   // Set before Start().
   void SetBeforeFinishHook(std::function<void()> hook) { before_finish_hook_ = std::move(hook); }
-  bool handed_over() const { return handed_over_.load(); }
+  bool handed_over() const { return handover_ != nullptr && handover_->handed_over(); }
   // Released to a new dpproxy that never served (handoff_abandoned): this
   // one stops (the same hook) and its main exits non-zero.
-  bool handoff_failed() const { return handoff_failed_.load(); }
+  bool handoff_failed() const { return handover_ != nullptr && handover_->failed(); }
   // The HTTP listener (metrics and probes) a dpproxy taking over from this
   // one is handed (listener_share.h); -1: none. Set before Start().
   void SetSharedListener(int fd) { shared_listener_fd_ = fd; }
@@ -212,20 +213,13 @@ class ProxyServer {
   bool PersistResources(const std::string& fingerprint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(saver_mu_);
   bool WriteStatusIfChanged(const std::string& fingerprint)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(saver_mu_);
-  // The handoff, running side: hold Allocates, let those in progress
-  // finish, save, close the journal, unlock (returns the socket
-  // generation); forward the kubelet's Allocates to the new one's sockets;
-  // done.
-  absl::StatusOr<int> ReleaseForHandoff(int64_t peer_pid);
-  absl::StatusOr<int64_t> ForwardForHandoff(const std::map<std::string, std::string>& sockets);
-  void FinishHandoff();
-  // The new dpproxy gave the state back, or died before it finished:
-  // take the lock and the journal back (reading what it wrote), serve the
-  // plugins' socket, answer the kubelet's Allocates here again and
-  // register every resource again. An error leaves this one released.
-  absl::Status TakeStateBack(const std::string& why);
-  // Housekeeping: a release the new dpproxy never followed up.
-  void CheckHandoffProgress(absl::Time now);
+  // The handoff's running side (handover.h) on this dpproxy's parts.
+  std::vector<KubeletEndpoint*> HandoverEndpoints() override;
+  absl::Duration AllocateWait() override;
+  void StopWriting() override;
+  absl::StatusOr<int> ResumeWriting() override;
+  // Released to a new dpproxy: nothing more is saved or written.
+  bool released() const { return handover_ != nullptr && handover_->released(); }
   // The taking-over side, stopping or failing before it finished: close
   // the journal, unlock and hand the state back to the predecessor.
   void GiveStateBack(const std::string& why);
@@ -308,27 +302,15 @@ class ProxyServer {
   bool status_failing_ ABSL_GUARDED_BY(saver_mu_) = false;
   absl::Time status_retry_at_ ABSL_GUARDED_BY(saver_mu_);
 
-  // Handoff.
-  std::unique_ptr<HandoffServer> handoff_server_;
-  std::unique_ptr<ListenerShare> listener_share_;
+  // Handoff: the running side (with a state directory, not in DRA mode),
+  // and the taking-over side (--takeover only).
+  std::unique_ptr<Handover> handover_;
   int shared_listener_fd_ = -1;
-  // Release and taking the state back, one at a time.
-  absl::Mutex handoff_mu_;
-  // The process the state was released to (pidfd_open), watched by
-  // housekeeping: it exiting before Finish gives the state back here.
-  int peer_pidfd_ = -1;
-  int64_t peer_pid_ = 0;
   // Takeover side: why Start failed (given to the predecessor with the
   // state), and the takeover (--takeover only).
   std::string start_error_;
   std::unique_ptr<Takeover> takeover_;
   int socket_generation_ = 0;  // set before the first entry
-  // Released to a new dpproxy: nothing more is saved or written.
-  std::atomic<bool> released_{false};
-  std::atomic<bool> handed_over_{false};
-  std::atomic<int64_t> released_at_ns_{0};
-  std::atomic<bool> forwarded_{false};
-  std::atomic<bool> handoff_failed_{false};
   std::function<void()> handed_over_hook_;  // set before Start()
   std::function<void()> before_finish_hook_;  // set before Start()
 

@@ -1,0 +1,192 @@
+#include "proxy/server/handover.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+
+Handover::Handover(Options options, Host* host, EventLog* events,
+                   std::function<void()> on_done)
+    : options_(std::move(options)), host_(host), events_(events), on_done_(std::move(on_done)) {}
+
+Handover::~Handover() {
+  StopServing();
+  if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
+}
+
+void Handover::Serve() {
+  // The name follows the socket generation: the one of a dpproxy that took
+  // over differs from its predecessor's, which gRPC unlinks when that one
+  // stops.
+  const std::string socket = HandoffSocketPath(options_.state_dir, options_.socket_generation);
+  absl::StatusOr<std::unique_ptr<HandoffServer>> h =
+      ValidateSocketPath(socket).ok()
+          ? HandoffServer::Start(
+                socket, {[this](int64_t peer) { return Release(peer); },
+                         [this](const std::map<std::string, std::string>& sockets) {
+                           return Forward(sockets);
+                         },
+                         [this] { Finish(); },
+                         [this](const std::string& why) { return TakeBack(why); }})
+          : absl::StatusOr<std::unique_ptr<HandoffServer>>(ValidateSocketPath(socket));
+  if (!h.ok()) {
+    LOG(WARNING) << "no handoff socket (a new dpproxy cannot take over from this one "
+                    "without a gap): "
+                 << h.status().message();
+    return;
+  }
+  server_ = *std::move(h);
+  if (options_.shared_listener_fd < 0) return;
+  absl::StatusOr<std::unique_ptr<ListenerShare>> share = ListenerShare::Start(
+      HandoffListenerSocket(options_.state_dir, options_.socket_generation),
+      options_.shared_listener_fd);
+  if (share.ok()) {
+    listener_share_ = *std::move(share);
+  } else {
+    LOG(WARNING) << "a dpproxy taking over from this one will have to bind the metrics "
+                    "address itself: "
+                 << share.status().message();
+  }
+}
+
+void Handover::StopServing() {
+  listener_share_.reset();
+  if (server_) server_->Stop();
+}
+
+absl::StatusOr<int> Handover::Release(int64_t peer_pid) {
+  absl::MutexLock handing(&mu_);
+  bool expected = false;
+  if (!released_.compare_exchange_strong(expected, true)) {
+    return absl::FailedPreconditionError("this dpproxy already handed its state over");
+  }
+  events_->Emit("handoff_release", {{"peer_pid", peer_pid}});
+  const std::vector<KubeletEndpoint*> endpoints = host_->HandoverEndpoints();
+  for (KubeletEndpoint* e : endpoints) e->HoldAllocates();
+  // Those in progress reach the journal first (each within its deadline).
+  const absl::Duration wait = host_->AllocateWait();
+  for (KubeletEndpoint* e : endpoints) {
+    if (e->WaitForAllocatesServed(wait)) continue;
+    for (KubeletEndpoint* u : endpoints) u->ServeAllocates();
+    released_ = false;
+    events_->Emit("handoff_refused",
+                  {{"peer_pid", peer_pid}, {"resource", e->resource()->name()}});
+    return absl::UnavailableError(absl::StrCat("an Allocate of ", e->resource()->name(),
+                                               " was still in progress after ",
+                                               absl::FormatDuration(wait)));
+  }
+  // From here on this dpproxy writes nothing and registers nothing: the
+  // new one does. Its sockets stay served until Finish, with every
+  // Allocate held, then forwarded.
+  host_->StopWriting();
+  released_at_ns_ = absl::ToUnixNanos(absl::Now());
+  // Watched from now on: if it exits before it finished, the state comes
+  // back here (CheckProgress).
+  peer_pid_ = peer_pid;
+  peer_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer_pid), 0));
+  if (peer_pidfd_ < 0) {
+    LOG(WARNING) << "handoff: cannot watch pid " << peer_pid << " (" << ErrnoText(errno)
+                 << "); if it dies, this dpproxy stops after "
+                 << absl::FormatDuration(options_.handoff_timeout);
+  }
+  LOG(INFO) << "handoff: state directory " << options_.state_dir << " released to pid "
+            << peer_pid << "; the kubelet's Allocates are held until it serves";
+  return options_.socket_generation;
+}
+
+void Handover::CheckProgress(absl::Time now) {
+  const int64_t at = released_at_ns_.load();
+  if (at == 0 || handed_over_.load() || failed_.load()) return;
+  if (peer_pidfd_ >= 0) {
+    pollfd p = {peer_pidfd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) {
+      // The new dpproxy exited (a crash, a kill) before it finished: the
+      // kernel released its lock; the state is this one's again.
+      const std::string why =
+          absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished");
+      absl::Status s = TakeBack(why);
+      if (s.ok()) {
+        if (server_) server_->Reopen();
+        return;
+      }
+      LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: "
+                 << s.message() << "; trying again";
+    }
+  }
+  if (forwarded_.load()) return;
+  if (now - absl::FromUnixNanos(at) < options_.handoff_timeout) return;
+  // The new dpproxy released this one and never came to serve (it died, or
+  // hangs). This one holds the kubelet's Allocates and can write nothing:
+  // it stops, so that a restart (systemd, the container's policy) loads
+  // the state again and serves.
+  failed_ = true;
+  LOG(ERROR) << "handoff: the new dpproxy did not serve within "
+             << absl::FormatDuration(options_.handoff_timeout)
+             << " of taking the state over; stopping, so that a restart serves again";
+  events_->Emit("handoff_abandoned",
+                {{"waited_seconds", absl::ToInt64Seconds(options_.handoff_timeout)}});
+  if (on_done_) on_done_();
+}
+
+absl::StatusOr<int64_t> Handover::Forward(const std::map<std::string, std::string>& sockets) {
+  if (!released_.load()) {
+    return absl::FailedPreconditionError("Forward before Release: nothing was handed over");
+  }
+  forwarded_ = true;
+  int64_t held = 0;
+  for (KubeletEndpoint* e : host_->HandoverEndpoints()) {
+    const std::string& name = e->resource()->name();
+    auto it = sockets.find(name);
+    if (it == sockets.end()) {
+      // The new dpproxy does not serve it: its Allocates are refused (the
+      // journal is closed), naming the handoff.
+      LOG(WARNING) << "handoff: the new dpproxy does not serve " << name;
+      e->ServeAllocates();
+      continue;
+    }
+    held += static_cast<int64_t>(e->ForwardAllocates(it->second));
+  }
+  events_->Emit("handoff_forward", {{"resources", sockets.size()}, {"held", held}});
+  return held;
+}
+
+absl::Status Handover::TakeBack(const std::string& why) {
+  absl::MutexLock handing(&mu_);
+  if (!released_.load() || handed_over_.load()) {
+    return absl::FailedPreconditionError("this dpproxy is not waiting for a takeover to finish");
+  }
+  // The new one unlocked (HandBack) or is gone (the kernel unlocked).
+  absl::StatusOr<int> allocations = host_->ResumeWriting();
+  if (!allocations.ok()) return allocations.status();
+  for (KubeletEndpoint* e : host_->HandoverEndpoints()) {
+    e->ServeAllocates();  // the held ones are answered here
+  }
+  if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
+  peer_pidfd_ = -1;
+  const int64_t peer = peer_pid_;
+  peer_pid_ = 0;
+  released_at_ns_ = 0;
+  forwarded_ = false;
+  released_ = false;
+  LOG(WARNING) << "handoff: " << why << "; this dpproxy took the state directory back with "
+               << *allocations << " allocations and serves on";
+  events_->Emit("handoff_taken_back",
+                {{"peer_pid", peer}, {"reason", why}, {"allocations", *allocations}});
+  return absl::OkStatus();
+}
+
+void Handover::Finish() {
+  handed_over_ = true;
+  LOG(INFO) << "handoff: the new dpproxy is registered for every resource; stopping";
+  events_->Emit("handed_over", {});
+  if (on_done_) on_done_();
+}
+
+}  // namespace dpproxy

@@ -15,7 +15,6 @@
 #include "absl/time/clock.h"
 #include "backends/connect.h"
 #include "proxy/config/config_file.h"
-#include "proxy/dra/device_names.h"
 #include "proxy/server/held_elsewhere.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
@@ -145,7 +144,16 @@ absl::Status ProxyServer::Start() {
     e->static_backend = true;
   }
   if (config_.dra.enabled) {
-    if (absl::Status s = StartDra(); !s.ok()) {
+    dra_ = std::make_unique<DraSide>(
+        DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
+                         config_.kubelet.backend_timeout, config_.api_max_body_bytes},
+        [this] {
+          std::vector<Resource*> out;
+          for (Entry* e : Entries()) out.push_back(e->resource.get());
+          return out;
+        },
+        &events_, &losses_);
+    if (absl::Status s = dra_->Start(); !s.ok()) {
       start_error_ = std::string(s.message());
       Shutdown();
       return s;
@@ -200,8 +208,7 @@ void ProxyServer::Shutdown() {
   if (housekeeping_.joinable()) housekeeping_.join();
   if (saver_.joinable()) saver_.join();
   if (checkpoint_.joinable()) checkpoint_.join();
-  if (dra_thread_.joinable()) dra_thread_.join();
-  if (dra_server_) dra_server_->Stop();
+  if (dra_) dra_->Stop();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
   std::map<std::string, std::unique_ptr<Entry>> entries;
@@ -367,7 +374,7 @@ std::string ProxyServer::ServedName(const std::string& backend_resource) {
 void ProxyServer::Wake() {
   absl::MutexLock lock(&wake_mu_);
   wake_ = true;
-  dra_wake_ = true;
+  if (dra_) dra_->Wake();
 }
 
 void ProxyServer::HousekeepingLoop() {
@@ -427,22 +434,19 @@ std::vector<HealthCheck> ProxyServer::Liveness() {
 
 std::vector<HealthCheck> ProxyServer::Readiness() {
   std::vector<HealthCheck> checks = registrar_->RegistrationChecks();
-  if (dra_server_) {
+  if (dra_) {
     HealthCheck c;
     c.name = "dra-registered";
-    c.ok = dra_server_->registered();
+    c.ok = dra_->registered();
     if (!c.ok) {
       c.reason = absl::StrCat("the kubelet has not registered DRA driver ", config_.dra.driver,
-                              " (its plugin watcher reads ", dra_server_->registration_socket(),
+                              " (its plugin watcher reads ", dra_->registration_socket(),
                               ")");
     }
     checks.push_back(std::move(c));
     HealthCheck api;
     api.name = "dra-api-server";
-    {
-      absl::MutexLock lock(&mu_);
-      api.reason = dra_api_error_;
-    }
+    api.reason = dra_->api_error();
     api.ok = api.reason.empty();
     checks.push_back(std::move(api));
   }
@@ -713,14 +717,9 @@ std::string ProxyServer::Fingerprint() {
                     steering.avoided, "|", steering.held_named, "|", steering.refused, "|");
   }
   absl::StrAppend(&fp, losses_.Total(), "|");
-  if (dra_server_) {
-    std::string api_error;
-    {
-      absl::MutexLock lock(&mu_);
-      api_error = dra_api_error_;
-    }
-    absl::StrAppend(&fp, dra_server_->registered(), "|", publisher_->api_version(), "|",
-                    api_error, "|", preparer_->prepared_claims(), "|");
+  if (dra_) {
+    absl::StrAppend(&fp, dra_->registered(), "|", dra_->api_version(), "|", dra_->api_error(),
+                    "|", dra_->prepared_claims(), "|");
   }
   if (keeper_) {
     absl::StrAppend(&fp, keeper_->AllocationCount(), "|", keeper_->save_failures(), "|",
@@ -877,7 +876,7 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
       e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
     }
     if (registration_) registration_->SetDialTimeout(next.dial_timeout);
-    if (preparer_) preparer_->SetBackendTimeout(next.kubelet.backend_timeout);
+    if (dra_) dra_->SetBackendTimeout(next.kubelet.backend_timeout);
     events_.Emit("config_applied",
                  {{"setting", "calls"},
                   {"backend_timeout", absl::FormatDuration(next.kubelet.backend_timeout)},
@@ -1040,19 +1039,11 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   if (with_devices) ++status_builds_;
   ProxyStatus st;
   st.pid = ::getpid();
-  if (dra_server_) {
-    std::string api_error;
-    {
-      absl::MutexLock lock(&mu_);
-      api_error = dra_api_error_;
-    }
-    st.dra = DraStatus{config_.dra.driver,
-                       config_.dra.node_name,
-                       publisher_->api_version(),
-                       dra_server_->registration_socket(),
-                       dra_server_->registered(),
-                       std::move(api_error),
-                       preparer_->prepared_claims()};
+  if (dra_) {
+    st.dra = DraStatus{config_.dra.driver,       config_.dra.node_name,
+                       dra_->api_version(),      dra_->registration_socket(),
+                       dra_->registered(),       dra_->api_error(),
+                       dra_->prepared_claims()};
   }
   st.kubelet_root = config_.kubelet.kubelet_root;
   st.plugin_socket = backend_registration_socket();
@@ -1064,15 +1055,15 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.resource = e->resource->name();
     // In DRA mode the kubelet sees DRA devices, not a device plugin: the
     // resource is served once the kubelet registered the driver.
-    if (dra_server_) {
-      r.kubelet_api = dra_server_->registered()
+    if (dra_) {
+      r.kubelet_api = dra_->registered()
                           ? absl::StrCat("dra (", config_.dra.driver, ")")
                           : std::string();
     } else {
       r.kubelet_api = e->endpoint->negotiated();
     }
     // In DRA mode the endpoint never serves: there is no socket to name.
-    r.kubelet_socket = dra_server_ ? std::string() : e->endpoint->socket_path();
+    r.kubelet_socket = dra_ ? std::string() : e->endpoint->socket_path();
     r.backend_connected = e->resource->backend_connected();
     r.backend_api = backend_api;
     r.backend_endpoint = endpoint;
@@ -1126,212 +1117,6 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
 }
 
 // --- DRA mode -------------------------------------------------------------------
-
-absl::Status ProxyServer::StartDra() {
-  absl::StatusOr<KubeConfig> kc = config_.dra.kubeconfig.empty()
-                                      ? InClusterConfig()
-                                      : LoadKubeconfig(config_.dra.kubeconfig);
-  if (!kc.ok()) return kc.status();
-  absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(*kc);
-  if (!client.ok()) return client.status();
-  kube_ = *std::move(client);
-  kube_->set_max_body_bytes(static_cast<size_t>(config_.api_max_body_bytes));
-  publisher_ = std::make_unique<SlicePublisher>(kube_.get(), config_.dra.driver,
-                                                config_.dra.node_name);
-  // An API server that does not answer yet (a node booting before the
-  // control plane, a network blip) is waited for: the loop publishes once
-  // it answers, and a prepare meanwhile fails its claim, which the kubelet
-  // retries. One it answers for but cannot serve is a start error.
-  if (absl::Status s = publisher_->Discover(); !s.ok()) {
-    const std::string why =
-        absl::StrCat("the API server (", kc->source, ") does not answer: ", s.message());
-    if (s.code() != absl::StatusCode::kUnavailable &&
-        s.code() != absl::StatusCode::kDeadlineExceeded &&
-        s.code() != absl::StatusCode::kResourceExhausted) {
-      return absl::Status(s.code(), absl::StrCat("DRA mode needs the API server (", kc->source,
-                                                 "): ", s.message()));
-    }
-    LOG(WARNING) << "DRA: " << why << "; retrying (1 s doubling to 1 min)";
-    events_.Emit("dra_api_unreachable", {{"error", std::string(s.message())}});
-    absl::MutexLock lock(&mu_);
-    dra_api_error_ = why;
-  }
-  ClaimPreparer::Options o;
-  o.driver = config_.dra.driver;
-  o.node = config_.dra.node_name;
-  o.api_version = [this] { return publisher_->Version(); };
-  o.cdi_dir = config_.dra.cdi_dir;
-  o.state_dir = config_.state_dir.empty() ? "" : JoinPath(config_.state_dir, "dra-claims");
-  o.backend_timeout = config_.kubelet.backend_timeout;
-  o.on_loss = [this](const std::string& resource, const Loss& loss) {
-    for (const std::string& kind : losses_.Add(resource, loss)) {
-      LOG(WARNING) << "resource " << resource << " in DRA mode: " << DraLossReason(kind)
-                   << " (logged once per resource, counted as lossy translation " << kind << ")";
-      events_.Emit("lossy_translation",
-                   {{"resource", resource}, {"kind", kind}, {"kubelet_api", "dra"}});
-    }
-  };
-  preparer_ = std::make_unique<ClaimPreparer>(
-      o, kube_.get(), [this](const std::string& pool) { return ResourceOfPool(pool); });
-  absl::StatusOr<int> restored = preparer_->RestoreSpecs();
-  if (!restored.ok()) return restored.status();
-  if (*restored > 0) {
-    LOG(INFO) << "DRA: wrote again the CDI specs of " << *restored
-              << " prepared claim(s) whose specs were gone (a reboot empties " << o.cdi_dir << ")";
-    events_.Emit("dra_specs_restored", {{"claims", *restored}});
-  }
-  // A kubelet that registers the driver has just started and deletes the
-  // node's slices then: publish everything again at once, and once more a
-  // little later, as its deletion may land after its registration call.
-  auto on_registered = [this] {
-    absl::MutexLock lock(&wake_mu_);
-    dra_full_ = true;
-    dra_wake_ = true;
-  };
-  dra_server_ = std::make_unique<DraServer>(
-      DraServer::Options{config_.kubelet.kubelet_root, config_.dra.driver, on_registered},
-      preparer_.get(), &events_);
-  if (absl::Status s = dra_server_->Start(); !s.ok()) return s;
-  LOG(INFO) << "DRA mode: driver " << config_.dra.driver << " on node " << config_.dra.node_name
-            << ", " << publisher_->api_version() << " at " << kc->server;
-  dra_thread_ = std::thread([this] { DraLoop(); });
-  return absl::OkStatus();
-}
-
-std::optional<BridgedResource> ProxyServer::ResourceOfPool(const std::string& pool) {
-  for (Entry* e : Entries()) {
-    const std::string name = e->resource->name();
-    if (PoolName(PoolSpec{config_.dra.driver, config_.dra.node_name, name}) != pool) continue;
-    BridgedResource r;
-    r.resource = name;
-    r.backend = e->resource->backend_connected() ? e->resource->backend() : nullptr;
-    const Resource::Snapshot snap = e->resource->Current();
-    for (int i = 0; i < snap.list->size(); ++i) {
-      r.device_ids.emplace_back(snap.list->device(i).id);
-    }
-    return r;
-  }
-  return std::nullopt;
-}
-
-void ProxyServer::PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
-                                bool connected) {
-  std::vector<DeviceHealthEntry> health;
-  health.reserve(static_cast<size_t>(snap.list->size()));
-  for (int i = 0; i < snap.list->size(); ++i) {
-    const DeviceList::View d = snap.list->device(i);
-    DeviceHealthEntry h;
-    h.device = DraDeviceName(d.id);
-    if (!connected) {
-      h.health = DeviceHealthEntry::Health::kUnknown;
-      h.message = absl::StrCat("no device plugin is connected for ", resource);
-    } else if (d.health == kHealthy) {
-      h.health = DeviceHealthEntry::Health::kHealthy;
-    } else {
-      h.health = DeviceHealthEntry::Health::kUnhealthy;
-      h.message = absl::StrCat("the device plugin of ", resource, " reports ", d.id, " ", d.health);
-    }
-    health.push_back(std::move(h));
-  }
-  dra_server_->health().SetPool(
-      PoolName(PoolSpec{config_.dra.driver, config_.dra.node_name, resource}), health);
-}
-
-void ProxyServer::DraLoop() {
-  // What each resource's pool was last published from (its change count):
-  // a pass publishes the pools that changed, and every 30 s all of them
-  // (the publisher writes nothing when the API server already agrees, and
-  // repairs what a kubelet start deleted).
-  std::map<std::string, uint64_t> published;
-  std::map<std::string, uint64_t> health_sent;  // the same, for the health stream
-  // A pool that failed to publish waits before the next try, 1 s doubling
-  // to 1 min, and its error is logged when it first appears or changes.
-  struct Retry {
-    absl::Time next = absl::InfinitePast();
-    absl::Duration backoff = absl::ZeroDuration();
-    std::string error;
-  };
-  std::map<std::string, Retry> retry;
-  absl::Time full_at = absl::InfinitePast();
-  absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
-  for (;;) {
-    bool registered = false;
-    {
-      absl::MutexLock lock(&wake_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) {
-        return dra_wake_ || stop_;
-      };
-      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stop_) return;
-      dra_wake_ = false;
-      registered = dra_full_;
-      dra_full_ = false;
-    }
-    const absl::Time now = absl::Now();
-    if (registered) full_again_at = now + absl::Seconds(5);
-    const bool again = now >= full_again_at;
-    if (again) full_again_at = absl::InfiniteFuture();
-    const bool full = registered || again || now - full_at >= absl::Seconds(30);
-    if (full) full_at = now;
-    for (Entry* e : Entries()) {
-      const std::string name = e->resource->name();
-      const uint64_t changes = e->resource->changes();
-      auto it = published.find(name);
-      if (!full && it != published.end() && it->second == changes) continue;
-      const Resource::Snapshot snap = e->resource->Current();
-      const bool connected = e->resource->backend_connected();
-      // The health stream first, once per change: it needs no API server,
-      // and a pool waiting out an API backoff is not recomputed each pass.
-      auto sent = health_sent.find(name);
-      if (sent == health_sent.end() || sent->second != changes) {
-        PublishHealth(name, snap, connected);
-        health_sent[name] = changes;
-      }
-      Retry& r = retry[name];
-      if (absl::Now() < r.next) continue;
-      std::vector<SliceDevice> devices;
-      devices.reserve(static_cast<size_t>(snap.list->size()));
-      for (int i = 0; i < snap.list->size(); ++i) {
-        const DeviceList::View d = snap.list->device(i);
-        SliceDevice sd;
-        sd.id = std::string(d.id);
-        sd.healthy = d.health == kHealthy && connected;
-        if (d.has_topology) {
-          v1beta1::TopologyInfo t;
-          if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {
-            for (const auto& n : t.nodes()) sd.numa_nodes.push_back(n.id());
-          }
-        }
-        devices.push_back(std::move(sd));
-      }
-      const int writes = publisher_->writes();
-      absl::Status s = publisher_->Publish(name, devices);
-      if (!s.ok()) {
-        r.backoff = std::min(absl::Minutes(1), std::max(absl::Seconds(1), r.backoff * 2));
-        r.next = absl::Now() + r.backoff;
-        if (std::string(s.message()) != r.error) {
-          r.error = std::string(s.message());
-          LOG(WARNING) << "DRA: cannot publish " << name << "'s devices (retried, "
-                       << "up to every minute): " << s.message();
-        }
-        events_.Emit("dra_publish_failed", {{"resource", name}, {"error", r.error}});
-        absl::MutexLock lock(&mu_);
-        dra_api_error_ = absl::StrCat("cannot publish ", name, "'s devices: ", r.error);
-        continue;
-      }
-      if (!r.error.empty()) LOG(INFO) << "DRA: " << name << "'s devices published again";
-      {
-        absl::MutexLock lock(&mu_);
-        dra_api_error_.clear();
-      }
-      r = Retry();
-      published[name] = changes;
-      if (publisher_->writes() != writes) {
-        events_.Emit("dra_pool_published", {{"resource", name}, {"devices", devices.size()}});
-      }
-    }
-  }
-}
 
 }  // namespace dpproxy
 

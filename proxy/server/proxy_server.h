@@ -11,6 +11,9 @@
 //   Reconciler                 keeps the journal in step with the kubelet
 //   StateKeeper                the durable state (state/)
 //   ProxyStatus                what it reports (status_model.h)
+//   Handover, Takeover         the two sides of a handoff between two
+//                              dpproxy processes (handover.h, takeover.h)
+//   DraSide                    DRA mode, in place of registering (dra/)
 //
 // The housekeeping thread wakes on a change (a device list, a backend, a
 // file in device-plugins/) or once a second, and then: runs the resources'
@@ -38,10 +41,7 @@
 #include "proxy/core/backend.h"
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
-#include "proxy/dra/claim_preparer.h"
-#include "proxy/dra/dra_server.h"
-#include "proxy/dra/slice_publisher.h"
-#include "proxy/kube/kube_client.h"
+#include "proxy/dra/dra_side.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/event_log.h"
 #include "proxy/events/telemetry.h"
@@ -193,15 +193,6 @@ class ProxyServer : private Handover::Host {
   void HousekeepingLoop();
   void SaverLoop();
   void CheckpointLoop();
-  // DRA mode: the API client, the slice publisher, the claim preparer and
-  // the kubelet-facing DRA server; the publishing thread.
-  absl::Status StartDra();
-  // The DRA health stream's view of one resource's devices (DRA thread).
-  void PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
-                     bool connected);
-  void DraLoop();
-  // The resource whose pool this is (DRA mode).
-  std::optional<BridgedResource> ResourceOfPool(const std::string& pool);
   // Resource timers and static backends that are away (on the workers).
   void TickResources(absl::Time now);
   void ConnectStatic(Entry* e);
@@ -249,12 +240,7 @@ class ProxyServer : private Handover::Host {
   std::unique_ptr<WorkQueue> workers_;
   std::unique_ptr<Registrar> registrar_;
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
-  // DRA mode only.
-  std::unique_ptr<KubeClient> kube_;
-  std::unique_ptr<SlicePublisher> publisher_;
-  std::unique_ptr<ClaimPreparer> preparer_;
-  std::unique_ptr<DraServer> dra_server_;
-  std::thread dra_thread_;
+  std::unique_ptr<DraSide> dra_;  // DRA mode only
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
@@ -269,16 +255,12 @@ class ProxyServer : private Handover::Host {
   // Grows when what ApplyQuarantine reads changes other than through the
   // keeper: a backend attached, a reload of names or IDs.
   std::atomic<uint64_t> served_version_{0};
-  // DRA mode: why the API server last failed dpproxy; "" once it answered.
-  std::string dra_api_error_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool save_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool checkpoint_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
-  bool dra_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
-  bool dra_full_ ABSL_GUARDED_BY(wake_mu_) = false;  // publish every pool, not only changed ones
   // Kubelet restarts seen by housekeeping, for the checkpoint thread.
   std::vector<Reconciler::RestartSeen> restarts_seen_ ABSL_GUARDED_BY(wake_mu_);
   std::thread housekeeping_;

@@ -32,15 +32,15 @@ absl::Status ClaimError(const ClaimRef& c, const std::string& what) {
       absl::StrCat("claim ", c.namespace_, "/", c.name, ": ", what));
 }
 
-Json ToJson(const std::vector<PreparedClaimDevice>& devices) {
-  Json out = Json::array();
-  for (const PreparedClaimDevice& d : devices) {
-    out.push_back({{"requests", d.requests},
-                   {"pool", d.pool},
-                   {"device", d.device},
-                   {"cdi_ids", d.cdi_ids}});
+// The answer for one journaled allocation of a claim: each device with
+// its request's CDI names.
+void AppendAnswer(const state::DraClaim& c, std::vector<PreparedClaimDevice>* out) {
+  for (const std::string& device : c.devices()) {
+    out->push_back({{c.request()},
+                    c.pool(),
+                    device,
+                    std::vector<std::string>(c.cdi_ids().begin(), c.cdi_ids().end())});
   }
-  return out;
 }
 
 std::vector<PreparedClaimDevice> FromJson(const Json& j) {
@@ -132,10 +132,6 @@ absl::StatusOr<ClaimFromApi> ParseClaim(const Json& claim) {
   return out;
 }
 
-std::string ClaimPreparer::RecordPath(const std::string& uid) const {
-  return JoinPath(options_.state_dir, absl::StrCat(uid, ".json"));
-}
-
 ClaimPreparer::ClaimTurn::ClaimTurn(ClaimPreparer* p, const std::string& uid) : p_(p), uid_(uid) {
   absl::MutexLock lock(&p_->mu_);
   struct Free {
@@ -155,75 +151,152 @@ ClaimPreparer::ClaimTurn::~ClaimTurn() {
   p_->busy_.erase(uid_);
 }
 
-absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
-  if (options_.state_dir.empty() || !PathExists(options_.state_dir)) return 0;
-  int written = 0;
+absl::StatusOr<int> ClaimPreparer::MigrateClaimFiles() {
+  if (options_.journal == nullptr || options_.claim_files_dir.empty() ||
+      !PathExists(options_.claim_files_dir)) {
+    return 0;
+  }
+  int moved = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(options_.state_dir, ec)) {
+  for (const auto& e : std::filesystem::directory_iterator(options_.claim_files_dir, ec)) {
     const std::string name = e.path().filename().string();
     if (!absl::EndsWith(name, ".json")) continue;
     const std::string uid = name.substr(0, name.size() - 5);
     if (!IsUid(uid)) continue;  // not a record of ours
-    ClaimTurn turn(this, uid);
     absl::StatusOr<std::string> text = ReadFile(e.path().string());
     Json record = text.ok() ? Json::parse(*text, nullptr, false) : Json();
-    if (!record.is_object() || !record.contains("spec") || !record["spec"].is_string()) {
-      LOG(WARNING) << "unreadable prepared-claim record " << e.path().string() << "; skipped";
+    absl::Status shape =
+        record.is_discarded() || !record.is_object()
+            ? absl::InvalidArgumentError("not a JSON object")
+            : CheckShape(record, "the claim file", {{"spec", JsonKind::kString},
+                                                    {"claim", JsonKind::kObject},
+                                                    {"claim.namespace", JsonKind::kString},
+                                                    {"claim.name", JsonKind::kString},
+                                                    {"devices", JsonKind::kArray},
+                                                    {"devices[]", JsonKind::kObject},
+                                                    {"devices[].requests", JsonKind::kArray},
+                                                    {"devices[].requests[]", JsonKind::kString},
+                                                    {"devices[].pool", JsonKind::kString},
+                                                    {"devices[].device", JsonKind::kString},
+                                                    {"devices[].cdi_ids", JsonKind::kArray},
+                                                    {"devices[].cdi_ids[]", JsonKind::kString}});
+    if (!shape.ok() || !record.contains("devices") || !record.contains("spec")) {
+      LOG(WARNING) << "prepared-claim file " << e.path().string() << " is unreadable ("
+                   << (shape.ok() ? std::string("no devices or spec") : std::string(shape.message()))
+                   << "); left in place";
       continue;
     }
-    Held(uid, true);
-    if (PathExists(ClaimCdiSpecPath(options_.cdi_dir, options_.driver, uid))) continue;
-    if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, uid,
-                                           record["spec"].get<std::string>());
-        !s.ok()) {
-      return s;
+    ClaimTurn turn(this, uid);
+    if (options_.journal->ClaimAllocations(uid).empty()) {
+      if (absl::Status s = MigrateClaimFile(uid, record); !s.ok()) return s;
     }
-    ++written;
+    if (::unlink(e.path().c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(absl::StrCat("remove ", e.path().string(), ": ", ErrnoText(errno)));
+    }
+    ++moved;
   }
   if (ec) {
-    return absl::InternalError(absl::StrCat("list ", options_.state_dir, ": ", ec.message()));
+    return absl::InternalError(
+        absl::StrCat("list ", options_.claim_files_dir, ": ", ec.message()));
+  }
+  if (moved > 0) {
+    DPP_RETURN_IF_ERROR(SyncDir(options_.claim_files_dir));
+    // The directory goes once it is empty.
+    (void)::rmdir(options_.claim_files_dir.c_str());
+  }
+  return moved;
+}
+
+absl::Status ClaimPreparer::MigrateClaimFile(const std::string& uid, const Json& record) {
+  // One allocation per pool and request, as a prepare journals them.
+  std::map<std::pair<std::string, std::string>, state::DraClaim> by_key;
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const PreparedClaimDevice& d : FromJson(record["devices"])) {
+    const std::pair<std::string, std::string> key(
+        d.pool, d.requests.empty() ? std::string() : d.requests[0]);
+    auto [it, fresh] = by_key.try_emplace(key);
+    if (fresh) {
+      order.push_back(key);
+      state::DraClaim& c = it->second;
+      c.set_uid(uid);
+      c.set_namespace_(record["claim"].value("namespace", ""));
+      c.set_name(record["claim"].value("name", ""));
+      c.set_request(key.second);
+      c.set_pool(d.pool);
+      for (const std::string& id : d.cdi_ids) c.add_cdi_ids(id);
+    }
+    it->second.add_devices(d.device);
+  }
+  bool spec_kept = false;
+  for (const auto& key : order) {
+    state::DraClaim& c = by_key[key];
+    if (!spec_kept) c.set_cdi_spec(record["spec"].get<std::string>());
+    spec_kept = true;
+    // The plugin's IDs of the devices, where the resource is known now.
+    std::optional<BridgedResource> res = resources_(c.pool());
+    v1beta1::AllocateRequest req;
+    auto* cr = req.add_container_requests();
+    if (res.has_value()) {
+      absl::StatusOr<DraDeviceNames> names = DraDeviceNames::For(res->device_ids);
+      for (const std::string& device : c.devices()) {
+        const std::string id = names.ok() ? names->IdOf(device) : std::string();
+        if (!id.empty()) cr->add_devices_ids(id);
+      }
+    }
+    const std::vector<state::DraClaim> claims = {c};
+    BackendSide backend;
+    backend.claims = &claims;
+    DPP_RETURN_IF_ERROR(options_.journal->Record(res.has_value() ? res->resource : c.pool(), req,
+                                                 v1beta1::AllocateResponse(), backend));
+  }
+  LOG(INFO) << "claim " << uid << ": moved from its file into the journal";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
+  if (options_.journal == nullptr) return 0;
+  int written = 0;
+  for (const auto& [uid, allocations] : options_.journal->Claims()) {
+    ClaimTurn turn(this, uid);
+    Held(uid, true);
+    if (PathExists(ClaimCdiSpecPath(options_.cdi_dir, options_.driver, uid))) continue;
+    for (const state::Allocation& a : allocations) {
+      if (a.claim().cdi_spec().empty()) continue;
+      DPP_RETURN_IF_ERROR(
+          WriteClaimCdiSpec(options_.cdi_dir, options_.driver, uid, a.claim().cdi_spec()));
+      ++written;
+      break;
+    }
   }
   return written;
+}
+
+absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Remembered(
+    const ClaimRef& claim, const std::vector<state::Allocation>& allocations) {
+  std::vector<PreparedClaimDevice> out;
+  std::string spec;
+  for (const state::Allocation& a : allocations) {
+    AppendAnswer(a.claim(), &out);
+    if (spec.empty()) spec = a.claim().cdi_spec();
+  }
+  // Prepared before: the same answer. The spec again if a reboot emptied
+  // the CDI directory.
+  if (!spec.empty() &&
+      !PathExists(ClaimCdiSpecPath(options_.cdi_dir, options_.driver, claim.uid))) {
+    DPP_RETURN_IF_ERROR(WriteClaimCdiSpec(options_.cdi_dir, options_.driver, claim.uid, spec));
+    LOG(INFO) << "claim " << claim.namespace_ << "/" << claim.name
+              << ": CDI spec written again (it was gone)";
+  }
+  Held(claim.uid, true);
+  return out;
 }
 
 absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {
   if (absl::Status s = ValidateClaimRef(claim); !s.ok()) return s;
   ClaimTurn turn(this, claim.uid);
-  if (!options_.state_dir.empty()) {
-    if (absl::StatusOr<std::string> text = ReadFile(RecordPath(claim.uid)); text.ok()) {
-      Json record = Json::parse(*text, nullptr, false);
-      const bool usable =
-          !record.is_discarded() && record.contains("devices") && record.contains("spec") &&
-          CheckShape(record, "record", {{"spec", JsonKind::kString},
-                                        {"devices", JsonKind::kArray},
-                                        {"devices[]", JsonKind::kObject},
-                                        {"devices[].requests", JsonKind::kArray},
-                                        {"devices[].requests[]", JsonKind::kString},
-                                        {"devices[].pool", JsonKind::kString},
-                                        {"devices[].device", JsonKind::kString},
-                                        {"devices[].cdi_ids", JsonKind::kArray},
-                                        {"devices[].cdi_ids[]", JsonKind::kString}})
-              .ok();
-      if (usable) {
-        // Prepared before: the same answer. The spec again if a reboot
-        // emptied the CDI directory.
-        const std::string spec_path =
-            ClaimCdiSpecPath(options_.cdi_dir, options_.driver, claim.uid);
-        if (!PathExists(spec_path)) {
-          if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, claim.uid,
-                                                 record["spec"].get<std::string>());
-              !s.ok()) {
-            return s;
-          }
-          LOG(INFO) << "claim " << claim.namespace_ << "/" << claim.name
-                    << ": CDI spec written again (it was gone)";
-        }
-        Held(claim.uid, true);
-        return FromJson(record["devices"]);
-      }
-      LOG(WARNING) << "claim " << claim.uid << ": unreadable record " << RecordPath(claim.uid)
-                   << "; preparing it again";
-    }
+  if (options_.journal != nullptr) {
+    const std::vector<state::Allocation> held = options_.journal->ClaimAllocations(claim.uid);
+    if (!held.empty()) return Remembered(claim, held);
   }
   absl::StatusOr<std::vector<PreparedClaimDevice>> out = PrepareNew(claim);
   if (out.ok()) Held(claim.uid, true);
@@ -276,7 +349,15 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
   std::vector<std::string> spec_key;         // "pool\nrequest" of each
   std::set<std::string> spec_names;
   std::vector<std::pair<std::string, Loss>> lost;  // told once the claim is prepared
-  std::vector<PreparedClaimDevice> out;
+  // Per resource: what the journal keeps of its Allocate.
+  struct Journaled {
+    std::string resource;
+    BackendSide backend;
+    v1beta1::AllocateRequest req;
+    v1beta1::AllocateResponse resp;
+    std::vector<state::DraClaim> claims;  // one per container request
+  };
+  std::vector<Journaled> journaled;
   for (auto& [pool, wanted] : by_pool) {
     std::optional<BridgedResource> res = resources_(pool);
     if (!res.has_value()) {
@@ -329,7 +410,26 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
       spec_key.push_back(absl::StrCat(pool, "\n", requests[i]));
       spec_devices.push_back({name, resp->container_responses(static_cast<int>(i))});
     }
-    for (const Wanted& w : wanted) out.push_back({{w.request}, w.pool, w.device, {}});
+    Journaled j;
+    j.resource = res->resource;
+    j.backend.api = std::string(ApiWireVersion(res->backend->api()));
+    j.backend.endpoint = res->backend->endpoint();
+    j.backend.resource = res->backend->resource();
+    j.req = req;
+    j.resp = *resp;
+    for (const std::string& r : requests) {
+      state::DraClaim dc;
+      dc.set_uid(c.uid);
+      dc.set_namespace_(c.namespace_);
+      dc.set_name(c.name);
+      dc.set_request(r);
+      dc.set_pool(pool);
+      for (const Wanted& w : wanted) {
+        if (w.request == r) dc.add_devices(w.device);
+      }
+      j.claims.push_back(std::move(dc));
+    }
+    journaled.push_back(std::move(j));
     Loss resource_loss;
     for (const auto& r : resp->container_responses()) {
       resource_loss.annotations += r.annotations_size();
@@ -344,22 +444,37 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
   }
   absl::StatusOr<ClaimCdiSpec> spec = BuildClaimCdiSpec(options_.driver, c.uid, spec_devices);
   if (!spec.ok()) return ClaimError(c, std::string(spec.status().message()));
-  // Each device gets the CDI names of its request.
+  // Each request gets its CDI names; the first record keeps the spec.
   std::map<std::string, std::vector<std::string>> cdi_of;
   for (size_t i = 0; i < spec_devices.size(); ++i) cdi_of[spec_key[i]] = spec->cdi_device_ids[i];
-  for (PreparedClaimDevice& d : out) d.cdi_ids = cdi_of[absl::StrCat(d.pool, "\n", d.requests[0])];
+  std::vector<PreparedClaimDevice> out;
+  for (Journaled& j : journaled) {
+    for (state::DraClaim& dc : j.claims) {
+      for (const std::string& id : cdi_of[absl::StrCat(dc.pool(), "\n", dc.request())]) {
+        dc.add_cdi_ids(id);
+      }
+      if (out.empty()) dc.set_cdi_spec(spec->json);
+      AppendAnswer(dc, &out);
+    }
+  }
+  // Journaled before the answer: a repeated prepare answers the same.
+  if (options_.journal != nullptr) {
+    for (Journaled& j : journaled) {
+      j.backend.claims = &j.claims;
+      if (absl::Status s = options_.journal->Record(j.resource, j.req, j.resp, j.backend);
+          !s.ok()) {
+        std::vector<uint64_t> ids;
+        for (const state::Allocation& a : options_.journal->ClaimAllocations(c.uid)) {
+          ids.push_back(a.id());
+        }
+        (void)options_.journal->Release(ids);
+        return ClaimError(c, absl::StrCat("cannot journal it: ", s.message()));
+      }
+    }
+  }
   if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid, spec->json);
       !s.ok()) {
     return ClaimError(c, absl::StrCat("cannot write its CDI spec: ", s.message()));
-  }
-  if (!options_.state_dir.empty()) {
-    if (absl::Status s = MakeDirs(options_.state_dir); !s.ok()) return s;
-    const Json record = {{"claim", {{"namespace", c.namespace_}, {"name", c.name}, {"uid", c.uid}}},
-                         {"devices", ToJson(out)},
-                         {"spec", spec->json}};
-    if (absl::Status s = WriteFileAtomic(RecordPath(c.uid), record.dump()); !s.ok()) {
-      return ClaimError(c, absl::StrCat("cannot remember it: ", s.message()));
-    }
   }
   if (options_.on_loss) {
     for (const auto& [resource, l] : lost) options_.on_loss(resource, l);
@@ -376,13 +491,10 @@ absl::Status ClaimPreparer::Unprepare(const ClaimRef& c) {
     return s;
   }
   Held(c.uid, false);
-  if (options_.state_dir.empty()) return absl::OkStatus();
-  const std::string path = RecordPath(c.uid);
-  if (::unlink(path.c_str()) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("remove ", path, ": ", ErrnoText(errno)));
-  }
-  return SyncDir(options_.state_dir);
+  if (options_.journal == nullptr) return absl::OkStatus();
+  std::vector<uint64_t> ids;
+  for (const state::Allocation& a : options_.journal->ClaimAllocations(c.uid)) ids.push_back(a.id());
+  return options_.journal->Release(ids);
 }
 
 }  // namespace dpproxy

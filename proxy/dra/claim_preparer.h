@@ -13,12 +13,16 @@
 //   4. write the claim's CDI spec (one CDI device per request, cdi_spec.h)
 //      and answer each device with its CDI names.
 //
-// Prepared claims are remembered on disk (<state_dir>/<uid>.json: what was
-// answered and the spec) before the answer: a repeated prepare (after a
-// kubelet restart) answers the same without calling the plugin again, and
-// writes the spec again if it is gone (a reboot empties /var/run/cdi while
-// the kubelet still counts the claim prepared). Unprepare removes both and
-// succeeds when there is nothing to remove.
+// Prepared claims are journaled (state_keeper.h) before the answer, as
+// allocations that carry the claim (state.proto DraClaim): one per claim
+// request and resource, with what the kubelet was answered and the claim's
+// CDI spec. A repeated prepare (after a kubelet or dpproxy restart) answers
+// the same without calling the plugin again, and writes the spec again if
+// it is gone (a reboot empties /var/run/cdi while the kubelet still counts
+// the claim prepared). The devices a claim holds are held in the journal
+// as any allocation's. Unprepare removes the spec and the allocations and
+// succeeds when there is nothing to remove. A dpproxy killed mid-prepare
+// journaled nothing of that claim: the kubelet prepares it again.
 #ifndef DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_
 #define DPPROXY_PROXY_DRA_CLAIM_PREPARER_H_
 
@@ -35,6 +39,7 @@
 #include "absl/time/time.h"
 #include "proxy/core/backend.h"
 #include "proxy/kube/kube_client.h"
+#include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
@@ -92,7 +97,11 @@ class ClaimPreparer {
       return absl::StatusOr<std::string>("resource.k8s.io/v1");
     };
     std::string cdi_dir = "/var/run/cdi";
-    std::string state_dir;  // prepared claims; "": not kept (a repeat prepares again)
+    // Prepared claims are journaled here (nullptr: kept in memory only).
+    StateKeeper* journal = nullptr;
+    // Where a dpproxy before the journal kept one file per prepared claim
+    // (<state_dir>/dra-claims/<uid>.json): MigrateClaimFiles moves them in.
+    std::string claim_files_dir;
     absl::Duration backend_timeout = absl::Seconds(30);
     // What DRA cannot carry of a resource's answers, per prepare
     // (DraLossReason says why for each kind).
@@ -109,7 +118,13 @@ class ClaimPreparer {
   absl::StatusOr<std::vector<PreparedClaimDevice>> Prepare(const ClaimRef& claim);
   absl::Status Unprepare(const ClaimRef& claim);
 
-  // At start: writes the CDI spec of every remembered claim whose spec is
+  // At start, before RestoreSpecs: journals the claims of the files in
+  // claim_files_dir and removes the files (each once its records are
+  // durable). A file that cannot be read is left in place and logged.
+  // Returns how many claims it moved.
+  absl::StatusOr<int> MigrateClaimFiles();
+
+  // At start: writes the CDI spec of every journaled claim whose spec is
   // gone. After a reboot the CDI directory (tmpfs) is empty while the
   // kubelet may still count those claims prepared and not prepare them
   // again (dra-facts.md §4, kubernetes#141433). Returns how many it wrote.
@@ -138,7 +153,10 @@ class ClaimPreparer {
     ClaimPreparer* const p_;
     const std::string uid_;
   };
-  std::string RecordPath(const std::string& uid) const;
+  // The answer (and the spec, if gone) of a claim journaled before.
+  absl::StatusOr<std::vector<PreparedClaimDevice>> Remembered(
+      const ClaimRef& claim, const std::vector<state::Allocation>& allocations);
+  absl::Status MigrateClaimFile(const std::string& uid, const nlohmann::json& record);
   void Held(const std::string& uid, bool held);
 
   const Options options_;

@@ -95,7 +95,9 @@ absl::Status DraSide::Start() {
   o.node = options_.dra.node_name;
   o.api_version = [this] { return publisher_->Version(); };
   o.cdi_dir = options_.dra.cdi_dir;
-  o.state_dir = options_.state_dir.empty() ? "" : JoinPath(options_.state_dir, "dra-claims");
+  o.journal = options_.journal;
+  o.claim_files_dir =
+      options_.state_dir.empty() ? "" : JoinPath(options_.state_dir, "dra-claims");
   o.backend_timeout = options_.backend_timeout;
   o.on_loss = [this](const std::string& resource, const Loss& loss) {
     for (const std::string& kind : losses_->Add(resource, loss)) {
@@ -107,6 +109,13 @@ absl::Status DraSide::Start() {
   };
   preparer_ = std::make_unique<ClaimPreparer>(
       o, kube_.get(), [this](const std::string& pool) { return ResourceOfPool(pool); });
+  absl::StatusOr<int> migrated = preparer_->MigrateClaimFiles();
+  if (!migrated.ok()) return migrated.status();
+  if (*migrated > 0) {
+    LOG(INFO) << "DRA: " << *migrated << " prepared claim(s) moved from " << o.claim_files_dir
+              << " into the journal";
+    events_->Emit("dra_claims_migrated", {{"claims", *migrated}});
+  }
   absl::StatusOr<int> restored = preparer_->RestoreSpecs();
   if (!restored.ok()) return restored.status();
   if (*restored > 0) {

@@ -41,8 +41,10 @@ class DraSide {
   struct Options {
     DraOptions dra;
     std::string kubelet_root;
-    // Prepared claims are kept under <state_dir>/dra-claims ("": not kept).
+    // Prepared claims are journaled here (nullptr: kept in memory only);
+    // files of claims under <state_dir>/dra-claims are moved into it.
     std::string state_dir;
+    StateKeeper* journal = nullptr;
     absl::Duration backend_timeout = absl::Seconds(30);
     int64_t api_max_body_bytes = 16 << 20;
   };

@@ -121,10 +121,14 @@ absl::Status ProxyServer::Start() {
       Shutdown();
       return absl::FailedPreconditionError(start_error_);
     }
-    reconciler_ = std::make_unique<Reconciler>(
-        Reconciler::Options{config_.kubelet, config_.reconcile_interval,
-                            config_.reconcile_grace, config_.reconcile_start_grace},
-        keeper_.get(), &events_, [this] { Wake(); });
+    // Device-plugin allocations only: DRA mode has none (its claims are
+    // the kubelet's to end, with NodeUnprepareResources).
+    if (!config_.dra.enabled) {
+      reconciler_ = std::make_unique<Reconciler>(
+          Reconciler::Options{config_.kubelet, config_.reconcile_interval,
+                              config_.reconcile_grace, config_.reconcile_start_grace},
+          keeper_.get(), &events_, [this] { Wake(); });
+    }
   }
   BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
                                                  config_.backend_max_list_bytes};
@@ -146,7 +150,8 @@ absl::Status ProxyServer::Start() {
   if (config_.dra.enabled) {
     dra_ = std::make_unique<DraSide>(
         DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
-                         config_.kubelet.backend_timeout, config_.api_max_body_bytes},
+                         keeper_.get(), config_.kubelet.backend_timeout,
+                         config_.api_max_body_bytes},
         [this] {
           std::vector<Resource*> out;
           for (Entry* e : Entries()) out.push_back(e->resource.get());
@@ -541,12 +546,16 @@ void ProxyServer::TickResources(absl::Time now) {
 }
 
 absl::Status ProxyServer::ReconcileOnce() {
-  if (!reconciler_) return absl::FailedPreconditionError("no state directory");
+  if (!reconciler_) {
+    return absl::FailedPreconditionError("no reconciliation (no state directory, or DRA mode)");
+  }
   return reconciler_->ReconcileOnce();
 }
 
 absl::Status ProxyServer::ReconcileCheckpointOnce() {
-  if (!reconciler_) return absl::FailedPreconditionError("no state directory");
+  if (!reconciler_) {
+    return absl::FailedPreconditionError("no reconciliation (no state directory, or DRA mode)");
+  }
   return reconciler_->ReconcileCheckpointOnce();
 }
 

@@ -466,6 +466,9 @@ std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
         *a.mutable_backend_device_ids() = ids;
       }
     }
+    if (backend.claims != nullptr && i < static_cast<int>(backend.claims->size())) {
+      *a.mutable_claim() = (*backend.claims)[static_cast<size_t>(i)];
+    }
     a.set_allocated_unix_ms(now);
     records.push_back(std::move(a));
   }
@@ -839,6 +842,24 @@ bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id
   return held_.count(HeldKey(resource, id)) > 0;
 }
 
+std::vector<state::Allocation> StateKeeper::ClaimAllocations(const std::string& claim_uid) {
+  std::vector<state::Allocation> out;
+  absl::MutexLock lock(&mu_);
+  for (const state::Allocation& a : state_.allocations()) {
+    if (a.has_claim() && a.claim().uid() == claim_uid) out.push_back(a);
+  }
+  return out;
+}
+
+std::map<std::string, std::vector<state::Allocation>> StateKeeper::Claims() {
+  std::map<std::string, std::vector<state::Allocation>> out;
+  absl::MutexLock lock(&mu_);
+  for (const state::Allocation& a : state_.allocations()) {
+    if (a.has_claim()) out[a.claim().uid()].push_back(a);
+  }
+  return out;
+}
+
 int StateKeeper::AllocationCount() { return allocation_count_.load(); }
 
 state::State StateKeeper::AllocationsSnapshot() {
@@ -866,6 +887,7 @@ state::State StateKeeper::AllocationsSnapshot() {
     c->set_backend_resource(a.backend_resource());
     *c->mutable_backend_device_ids() = a.backend_device_ids();
     c->set_stage(a.stage());
+    if (a.has_claim()) *c->mutable_claim() = a.claim();
   }
   out.set_next_allocation_id(state_.next_allocation_id());
   return out;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -50,6 +51,9 @@ struct BackendSide {
   // The request as the plugin got it, if its device IDs differ from the
   // kubelet's (an ID map, compact IDs); nullptr: the same IDs.
   const v1beta1::AllocateRequest* request = nullptr;
+  // DRA mode: the claim of each container request (same order); nullptr
+  // outside DRA mode.
+  const std::vector<state::DraClaim>* claims = nullptr;
 };
 
 class AllocationJournal {
@@ -211,6 +215,12 @@ class StateKeeper : public AllocationJournal {
   // (records wait meanwhile): for a pass that keeps little of what it
   // reads. `visit` must not call back into the keeper.
   void ForEachAllocation(const std::function<void(const state::Allocation&)>& visit);
+  // DRA mode: the allocations of one claim, oldest first (with their
+  // responses).
+  std::vector<state::Allocation> ClaimAllocations(const std::string& claim_uid);
+  // DRA mode: every claim with allocations, each with its allocations
+  // (oldest first).
+  std::map<std::string, std::vector<state::Allocation>> Claims();
   // Cheap, for status and metrics.
   int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.

@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "proxy/dra/cdi_spec.h"
 #include "proxy/dra/device_names.h"
+#include "proxy/events/event_log.h"
+#include "proxy/state/state_keeper.h"
 #include "proxy/util/files.h"
 #include "tests/testing/mock_backend.h"
 #include "tests/testing/temp_dir.h"
@@ -51,13 +53,23 @@ class ClaimPreparerTest : public ::testing::Test {
     c.token = "t";
     client_ = *KubeClient::Create(c);
     backend_ = std::make_shared<StrictMock<testing::MockBackend>>();
+    ReopenJournal();
+  }
+  // The journal as a new dpproxy process finds it.
+  void ReopenJournal() {
+    keeper_.reset();
+    ASSERT_TRUE(MakeDirs(dir_.Sub("state")).ok());
+    keeper_ = std::make_unique<StateKeeper>(dir_.Sub("state/state.pb"), &events_);
+    absl::StatusOr<state::State> loaded = keeper_->Load();
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
   }
   std::unique_ptr<ClaimPreparer> Preparer() {
     ClaimPreparer::Options o;
     o.driver = kDriver;
     o.node = "node-1";
     o.cdi_dir = dir_.Sub("cdi");
-    o.state_dir = dir_.Sub("state");
+    o.journal = keeper_.get();
+    o.claim_files_dir = dir_.Sub("state/dra-claims");
     std::shared_ptr<Backend> backend = backend_;
     return std::make_unique<ClaimPreparer>(
         o, client_.get(), [this, backend](const std::string& pool) -> std::optional<BridgedResource> {
@@ -84,6 +96,8 @@ class ClaimPreparerTest : public ::testing::Test {
   }
 
   testing::ShortTempDir dir_;
+  EventLog events_{"test"};
+  std::unique_ptr<StateKeeper> keeper_;
   sim::ApiServerSim api_;
   std::unique_ptr<KubeClient> client_;
   std::shared_ptr<StrictMock<testing::MockBackend>> backend_;
@@ -126,6 +140,7 @@ TEST_F(ClaimPreparerTest, ARepeatedPrepareAnswersTheSameWithoutThePluginAndResto
   absl::StatusOr<std::vector<PreparedClaimDevice>> first = Preparer()->Prepare(c);
   ASSERT_TRUE(first.ok()) << first.status();
   // A kubelet restart: prepare again, from a new dpproxy process even.
+  ReopenJournal();
   absl::StatusOr<std::vector<PreparedClaimDevice>> again = Preparer()->Prepare(c);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)[0].cdi_ids, (*first)[0].cdi_ids);
@@ -154,12 +169,83 @@ TEST_F(ClaimPreparerTest, AStartWritesTheSpecsOfRememberedClaimsAgain) {
   const std::string spec_path = ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid);
   const std::string spec = *ReadFile(spec_path);
   ASSERT_TRUE(RemoveClaimCdiSpec(dir_.Sub("cdi"), kDriver, c.uid).ok());
+  ReopenJournal();
   std::unique_ptr<ClaimPreparer> after_reboot = Preparer();
   absl::StatusOr<int> n = after_reboot->RestoreSpecs();
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 1);
   EXPECT_EQ(*ReadFile(spec_path), spec);
   EXPECT_EQ(*after_reboot->RestoreSpecs(), 0);  // nothing gone: nothing written
+}
+
+// A prepared claim's devices are held in the journal as any allocation's,
+// until the claim is unprepared.
+TEST_F(ClaimPreparerTest, APreparedClaimHoldsItsDevicesInTheJournalUntilUnprepared) {
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-1"}, {"b", kPool, "gpu-0"}});
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).WillOnce([](auto& req, auto, auto*) {
+    return Answer(req);
+  });
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  ASSERT_TRUE(p->Prepare(c).ok());
+  EXPECT_TRUE(keeper_->HoldsDevice("vendor.com/gpu", "gpu-0"));
+  EXPECT_TRUE(keeper_->HoldsDevice("vendor.com/gpu", "gpu-1"));
+  EXPECT_FALSE(keeper_->HoldsDevice("vendor.com/gpu", "GPU-X"));
+  const std::vector<state::Allocation> held = keeper_->ClaimAllocations(c.uid);
+  ASSERT_EQ(held.size(), 2u);  // one per request
+  EXPECT_EQ(held[0].claim().request(), "a");
+  EXPECT_EQ(held[0].claim().name(), "train");
+  EXPECT_FALSE(held[0].claim().cdi_spec().empty());
+  EXPECT_EQ(held[0].backend_endpoint(), backend_->endpoint());
+  EXPECT_EQ(p->prepared_claims(), 1);
+  ASSERT_TRUE(p->Unprepare(c).ok());
+  EXPECT_FALSE(keeper_->HoldsDevice("vendor.com/gpu", "gpu-0"));
+  EXPECT_TRUE(keeper_->ClaimAllocations(c.uid).empty());
+  EXPECT_EQ(p->prepared_claims(), 0);
+  // What was unprepared stays gone in the next process.
+  ReopenJournal();
+  EXPECT_TRUE(keeper_->ClaimAllocations(c.uid).empty());
+}
+
+// A claim file kept by a dpproxy from before the journal: moved into the
+// journal at start (its devices held under their plugin IDs), the file
+// removed, and the kubelet's next prepare answered the same, without the
+// plugin.
+TEST_F(ClaimPreparerTest, AClaimFileFromBeforeTheJournalIsMovedIntoIt) {
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}});
+  const std::string kind = CdiKind(kDriver);
+  const std::string cdi = absl::StrCat(kind, "=", c.uid, "-a");
+  const Json file = {{"claim", {{"namespace", c.namespace_}, {"name", c.name}, {"uid", c.uid}}},
+                     {"devices", Json::array({{{"requests", {"a"}},
+                                               {"pool", kPool},
+                                               {"device", "gpu-0"},
+                                               {"cdi_ids", {cdi}}}})},
+                     {"spec", "{\"cdiVersion\":\"0.6.0\"}"}};
+  const std::string path = dir_.Sub(absl::StrCat("state/dra-claims/", c.uid, ".json"));
+  ASSERT_TRUE(MakeDirs(dir_.Sub("state/dra-claims")).ok());
+  ASSERT_TRUE(WriteFileAtomic(path, file.dump()).ok());
+  // An unreadable file is left where it is.
+  const std::string bad = dir_.Sub("state/dra-claims/00000000-0000-4000-8000-000000000000.json");
+  ASSERT_TRUE(WriteFileAtomic(bad, "{\"devices\": 3}").ok());
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  absl::StatusOr<int> moved = p->MigrateClaimFiles();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, 1);
+  EXPECT_FALSE(PathExists(path));
+  EXPECT_TRUE(PathExists(bad));
+  EXPECT_TRUE(keeper_->HoldsDevice("vendor.com/gpu", "gpu-0"));
+  // A reboot emptied the CDI directory: the file's spec comes back.
+  ReopenJournal();
+  p = Preparer();
+  EXPECT_EQ(*p->RestoreSpecs(), 1);
+  EXPECT_EQ(*ReadFile(ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid)),
+            "{\"cdiVersion\":\"0.6.0\"}");
+  // The StrictMock backend takes no Allocate: the answer is the file's.
+  absl::StatusOr<std::vector<PreparedClaimDevice>> d = p->Prepare(c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->size(), 1u);
+  EXPECT_EQ((*d)[0].device, "gpu-0");
+  EXPECT_THAT((*d)[0].cdi_ids, ElementsAre(cdi));
+  EXPECT_EQ(*p->MigrateClaimFiles(), 0);
 }
 
 TEST_F(ClaimPreparerTest, PreStartIsCalledDuringPrepareWhereThePluginRequiresIt) {

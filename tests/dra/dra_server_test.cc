@@ -57,7 +57,7 @@ class DraServerTest : public ::testing::Test {
     o.driver = kDriver;
     o.node = "node-1";
     o.cdi_dir = dir_.Sub("cdi");
-    o.state_dir = dir_.Sub("state");
+    // No journal: prepared claims are kept in memory.
     std::shared_ptr<Backend> b = backend_;
     preparer_ = std::make_unique<ClaimPreparer>(
         o, client_.get(), [b](const std::string& pool) -> std::optional<BridgedResource> {

@@ -699,6 +699,7 @@ TEST(StateKeeperTest, AllocationsSnapshotCopiesEveryFieldButTheResponse) {
   a->add_backend_device_ids("GPU-aa");
   a->add_backend_device_ids("GPU-bb");
   a->set_stage(state::Allocation::RESERVED);
+  a->mutable_claim()->set_uid("5f0c4a2e-1d2b-4c3d-8e9f-0a1b2c3d4e5f");
   const google::protobuf::Reflection* refl = a->GetReflection();
   const google::protobuf::Descriptor* desc = a->GetDescriptor();
   for (int i = 0; i < desc->field_count(); ++i) {

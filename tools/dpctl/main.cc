@@ -64,12 +64,16 @@ void PrintTable(const std::string& path, const state::State& s) {
   std::cout << "\n" << s.allocations_size() << " allocation(s)\n";
   if (s.allocations_size() == 0) return;
   std::cout << absl::StrFormat("%-6s %-24s %-30s %-32s %-9s %s\n", "ID", "RESOURCE", "DEVICES",
-                               "POD / CONTAINER", "BACKEND", "AGE");
+                               "HOLDER", "BACKEND", "AGE");
   for (const state::Allocation& a : s.allocations()) {
     std::string holder = a.pod_name().empty()
                              ? std::string("(not yet reconciled)")
                              : absl::StrCat(a.pod_namespace(), "/", a.pod_name(), " / ",
                                             a.container());
+    if (a.has_claim()) {
+      holder = absl::StrCat("claim ", a.claim().namespace_(), "/", a.claim().name(), " / ",
+                            a.claim().request());
+    }
     std::cout << absl::StrFormat("%-6d %-24s %-30s %-32s %-9s %s\n", a.id(), a.resource(),
                                  absl::StrJoin(a.device_ids(), ","), holder, a.backend_api(),
                                  Age(a.allocated_unix_ms()));

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# DRA claims in dpproxy's journal, with real processes: a simulated API
+# server and 1.34 kubelet, a sample plugin whose every Allocate takes 1 s,
+# and dpproxy in DRA mode, killed with SIGKILL twice:
+#  - after a claim was prepared: the claim is in the journal (dpctl), the
+#    kubelet's next prepare is answered the same without the plugin, and
+#    unprepare releases it;
+#  - in the middle of a prepare (the plugin's Allocate under way): nothing
+#    of that claim is journaled, and the kubelet's next prepare succeeds.
+source "$(dirname "$0")/lib.sh"
+API="$RUNFILES/tools/apiserver_sim/apiserver_sim"
+ROOT="$DIR/kubelet"
+PLUGINS="$DIR/dpproxy/device-plugins"
+STATE="$DIR/dpproxy"
+DRIVER=gpu.example.com
+
+"$API" --listen=127.0.0.1:0 --token=node-token >"$DIR/api.out" 2>&1 &
+PIDS+=($!)
+wait_until "the API server serves" 200 grep -q serving "$DIR/api.out"
+URL="$(sed -n 's/^apiserver_sim: serving //p' "$DIR/api.out")"
+cat >"$DIR/kubeconfig" <<KC
+current-context: node
+contexts: [{name: node, context: {cluster: sim, user: dpproxy}}]
+clusters: [{name: sim, cluster: {server: "$URL"}}]
+users: [{name: dpproxy, user: {token: node-token}}]
+KC
+"$SIM" serve --root_dir="$ROOT" --kubelet=1.34 --kubeconfig="$DIR/kubeconfig" \
+  --node_name=node-1 --cdi_dirs="$DIR/cdi" --quiet &
+PIDS+=($!)
+wait_until "the kubelet serves" 200 test -S "$ROOT/device-plugins/kubelet.sock"
+
+start_proxy() {
+  "$PROXY" --kubelet_api=dra --dra_driver="$DRIVER" --node_name=node-1 \
+    --kubeconfig="$DIR/kubeconfig" --cdi_dir="$DIR/cdi" --kubelet_root="$ROOT" \
+    --plugin_dir="$PLUGINS" --state_dir="$STATE" --status_file="$DIR/status.json" \
+    --events="$DIR/proxy.jsonl" --metrics_address= 2>>"$DIR/proxy.log" &
+  PROXY_PID=$!
+  PIDS+=("$PROXY_PID")
+}
+count() { grep -c "$1" "$2" 2>/dev/null || true; }
+# dpproxy's start number N is serving: the plugin is back with it and the
+# kubelet registered the driver again.
+serving() {  # n
+  [[ "$(count '"backend_up"' "$DIR/proxy.jsonl")" -ge "$1" &&
+     "$(count dra_driver_registered "$ROOT/kubelet_sim.events.jsonl")" -ge "$1" ]]
+}
+allocates() { count ': allocate container_requests' "$DIR/plugin.out"; }
+allocated_at_least() { [[ "$(allocates)" -ge "$1" ]]; }
+prepare() { "$SIM" prepare --root_dir="$ROOT" --driver="$DRIVER" --claims="$1" 2>&1; }
+
+start_proxy
+wait_until "dpproxy serves the plugins" 200 test -S "$PLUGINS/kubelet.sock"
+"$PLUGIN" --api=v1beta1 --resource=example.com/gpu --devices=4 --id_pattern='gpu-{i}' \
+  --allocate_delay=1s --kubelet_socket="$PLUGINS/kubelet.sock" >"$DIR/plugin.out" 2>&1 &
+PIDS+=($!)
+wait_until "the driver is registered and the pool published" 400 serving 1
+wait_until "the pool is in the API server" 200 grep -q dra_pool_published "$DIR/proxy.jsonl"
+
+# A claim prepared, then dpproxy killed.
+CLAIM_A="$("$API" claim --server="$URL" --token=node-token --name=first --driver="$DRIVER" \
+  --node=node-1 --count=1)"
+FIRST="$(prepare "$CLAIM_A")"
+expect_contains "the first claim is prepared" "$FIRST" ": ok"
+check "the plugin was called once" test "$(allocates)" -eq 1
+kill -9 "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null
+expect_exit "dpctl reads the journal dpproxy left" 0 "$DPCTL" state --state_dir="$STATE"
+expect_contains "the claim is in it" "$LAST_OUT" "claim default/first"
+
+start_proxy
+wait_until "dpproxy serves again" 400 serving 2
+AGAIN="$(prepare "$CLAIM_A")"
+check "prepared again, the same answer" test "$AGAIN" = "$FIRST"
+check "without the plugin" test "$(allocates)" -eq 1
+
+# dpproxy killed while the plugin's Allocate of a second claim is under way.
+CLAIM_B="$("$API" claim --server="$URL" --token=node-token --name=second --driver="$DRIVER" \
+  --node=node-1 --count=1)"
+prepare "$CLAIM_B" >"$DIR/prepare-b.out" &
+PREPARE_PID=$!
+wait_until "the plugin is allocating for the second claim" 200 allocated_at_least 2
+kill -9 "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null
+wait "$PREPARE_PID"
+check "that prepare was not answered ok" bash -c "! grep -q ': ok' '$DIR/prepare-b.out'"
+expect_exit "dpctl reads the journal" 0 "$DPCTL" state --state_dir="$STATE"
+expect_contains "the first claim is kept" "$LAST_OUT" "1 allocation(s)"
+check "nothing of the second" bash -c "! grep -q 'claim default/second' <<<'$LAST_OUT'"
+
+start_proxy
+wait_until "dpproxy serves once more" 400 serving 3
+expect_contains "the kubelet's next prepare of it succeeds" "$(prepare "$CLAIM_B")" ": ok"
+expect_exit "dpctl" 0 "$DPCTL" state --state_dir="$STATE"
+expect_contains "both claims are journaled" "$LAST_OUT" "2 allocation(s)"
+
+# Unprepared: the journal lets their devices go.
+"$SIM" unprepare --root_dir="$ROOT" --driver="$DRIVER" --claims="$CLAIM_A,$CLAIM_B" >/dev/null
+kill -TERM "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null
+expect_exit "dpctl" 0 "$DPCTL" state --state_dir="$STATE"
+expect_contains "no claim is left" "$LAST_OUT" "0 allocation(s)"
+finish

@@ -560,9 +560,10 @@ absl::Status ProxyServer::ReconcileCheckpointOnce() {
 }
 
 void ProxyServer::ApplyQuarantine() {
-  if (!reconciler_) return;
+  if (!keeper_) return;
   absl::MutexLock guard(&quarantine_mu_);
-  const uint64_t version = reconciler_->quarantine_version();
+  // DRA mode has no reconciler: nothing forgotten, the rest applies.
+  const uint64_t version = reconciler_ ? reconciler_->quarantine_version() : 0;
   const uint64_t released = keeper_->released_version();
   const uint64_t served = served_version_.load();
   if (version == applied_quarantine_ && released == applied_released_ &&
@@ -575,7 +576,8 @@ void ProxyServer::ApplyQuarantine() {
   std::vector<ForgottenStatus> rows;
   // Held by containers the kubelet forgot: real health, steered around.
   const std::map<std::string, std::map<std::string, std::string>> forgotten =
-      reconciler_->ForgottenDevices(&rows);
+      reconciler_ ? reconciler_->ForgottenDevices(&rows)
+                  : std::map<std::string, std::map<std::string, std::string>>();
   // Shown Unhealthy: held under another name or ID.
   std::map<std::string, std::set<std::string>> devices;
   // A renamed or re-mapped resource while pods held its devices: the

@@ -211,6 +211,13 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
                                  MetricType::Counter);
   AddCounter(&released, {}, static_cast<double>(status.forgotten_released));
   out.push_back(std::move(released));
+  MetricFamily recovered = Family("dpproxy_allocations_recovered_total",
+                                  "Allocations learned back from the kubelet's checkpoint "
+                                  "after a start on a damaged state.",
+                                  MetricType::Counter);
+  AddCounter(&recovered, {{"source", "kubelet_checkpoint"}},
+             static_cast<double>(status.allocations_recovered));
+  out.push_back(std::move(recovered));
   MetricFamily elsewhere = Family(
       "dpproxy_devices_held_elsewhere",
       "Devices reported Unhealthy because a pod holds them under another resource name or "

@@ -26,6 +26,10 @@ namespace dpproxy {
 // endpoint and sends at once, so a few milliseconds, with room to spare.
 constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
 
+// After a start on a damaged state: how long the checkpoint passes learn
+// back what the kubelet lists and the journal lacks.
+constexpr absl::Duration kLearnBackWindow = absl::Minutes(10);
+
 namespace {
 
 // Registrations and static connects in parallel; a fixed number, whatever
@@ -128,6 +132,15 @@ absl::Status ProxyServer::Start() {
           Reconciler::Options{config_.kubelet, config_.reconcile_interval,
                               config_.reconcile_grace, config_.reconcile_start_grace},
           keeper_.get(), &events_, [this] { Wake(); });
+      if (keeper_->damaged_at_load()) {
+        // The kubelet's checkpoint still lists what the damaged state
+        // lost: learned back for the resources served meanwhile (their
+        // plugins register within moments of a start).
+        reconciler_->LearnBack(kLearnBackWindow, [this](const std::string& resource) {
+          absl::MutexLock lock(&mu_);
+          return entries_.count(resource) > 0;
+        });
+      }
     }
   }
   BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
@@ -720,7 +733,8 @@ std::string ProxyServer::Fingerprint() {
   absl::StrAppend(&fp, rows_version_.load(), "|");
   if (reconciler_) {
     absl::StrAppend(&fp, reconciler_->devices_held_twice(), "|",
-                    reconciler_->forgotten_released(), "|");
+                    reconciler_->forgotten_released(), "|",
+                    reconciler_->allocations_recovered(), "|");
   }
   for (Entry* e : entries) {
     const KubeletEndpoint::SteeringCounts steering = e->endpoint->steering();
@@ -1122,6 +1136,7 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
   if (reconciler_) {
     st.devices_held_twice = reconciler_->devices_held_twice();
     st.forgotten_released = reconciler_->forgotten_released();
+    st.allocations_recovered = reconciler_->allocations_recovered();
   }
   st.registrations_rejected = RegistrationRejections();
   return st;

@@ -697,7 +697,63 @@ Holdings Reconciler::CheckpointHoldings(const KubeletCheckpoint& ckpt) {
   return holdings;
 }
 
+void Reconciler::LearnBack(absl::Duration window,
+                           std::function<bool(const std::string&)> serves) {
+  absl::MutexLock lock(&checkpoint_mu_);
+  learn_until_ = absl::Now() + window;
+  serves_ = std::move(serves);
+}
+
+void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt, const state::State& st) {
+  std::set<std::pair<std::string, std::string>> held;
+  for (const state::Allocation& a : st.allocations()) {
+    for (const std::string& id : a.device_ids()) held.insert({a.resource(), id});
+  }
+  int recovered = 0, unrecoverable = 0;
+  std::vector<std::string> why_not;
+  for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
+    if (e.device_ids.empty() || !serves_(e.resource)) continue;
+    size_t known = 0;
+    for (const std::string& id : e.device_ids) known += held.count({e.resource, id});
+    if (known == e.device_ids.size()) continue;  // journaled
+    if (known > 0) {
+      // Some of its devices are held by another allocation: which one is
+      // right is not known here; the reconciler reports holds twice.
+      ++unrecoverable;
+      why_not.push_back(absl::StrCat(e.resource, " of pod ", e.pod_uid, " container ",
+                                     e.container, ": some devices are journaled elsewhere"));
+      continue;
+    }
+    v1beta1::AllocateRequest req;
+    auto* c = req.add_container_requests();
+    for (const std::string& id : e.device_ids) c->add_devices_ids(id);
+    if (absl::Status s = keeper_->Record(e.resource, req, v1beta1::AllocateResponse(),
+                                         BackendSide());
+        !s.ok()) {
+      ++unrecoverable;
+      why_not.push_back(absl::StrCat(e.resource, " of pod ", e.pod_uid, " container ",
+                                     e.container, ": ", s.message()));
+      continue;
+    }
+    for (const std::string& id : e.device_ids) held.insert({e.resource, id});
+    ++recovered;
+  }
+  if (recovered == 0 && unrecoverable == 0) return;
+  recovered_ += recovered;
+  LOG(WARNING) << "the state was damaged: " << recovered
+               << " allocation(s) learned back from the kubelet's checkpoint"
+               << (unrecoverable > 0 ? absl::StrCat(", ", unrecoverable, " could not be (",
+                                                    absl::StrJoin(why_not, "; "), ")")
+                                     : std::string());
+  events_->Emit("allocations_recovered", {{"from", "kubelet checkpoint"},
+                                          {"recovered", recovered},
+                                          {"unrecoverable", unrecoverable}});
+}
+
 absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
+  if (absl::Now() < learn_until_ && serves_) {
+    LearnFromCheckpoint(ckpt, keeper_->AllocationsSnapshot());
+  }
   const state::State st = keeper_->AllocationsSnapshot();
   const Holdings holdings = CheckpointHoldings(ckpt);
   const std::map<uint64_t, size_t> matched = holdings.Match(st);

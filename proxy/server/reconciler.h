@@ -141,6 +141,15 @@ class Reconciler {
   // Holds released because their holder was gone when checked.
   int64_t forgotten_released() const { return forgotten_released_.load(); }
 
+  // For `window` from now, each checkpoint pass journals the allocations
+  // the kubelet's checkpoint lists for a resource `serves` names and the
+  // journal lacks (no journaled allocation holds any of their devices):
+  // what a damaged state lost, learned back from the kubelet's copy. Their
+  // pods are named at the next pass, and they are released as any other
+  // allocation once their pods are gone (the grace counts from now).
+  void LearnBack(absl::Duration window, std::function<bool(const std::string&)> serves);
+  int64_t allocations_recovered() const { return recovered_.load(); }
+
  private:
   std::string PodResourcesSocket() const;
   std::string CheckpointPath() const;
@@ -228,6 +237,13 @@ class Reconciler {
   std::set<uint64_t> picked_since_restart_ ABSL_GUARDED_BY(window_mu_);
   std::set<uint64_t> readmitted_since_restart_ ABSL_GUARDED_BY(window_mu_);
   std::atomic<int64_t> forgotten_released_{0};
+  // LearnBack: until when, and which resources (checkpoint_mu_).
+  absl::Time learn_until_ ABSL_GUARDED_BY(checkpoint_mu_) = absl::InfinitePast();
+  std::function<bool(const std::string&)> serves_ ABSL_GUARDED_BY(checkpoint_mu_);
+  std::atomic<int64_t> recovered_{0};
+  // Journals what `ckpt` lists and `st` lacks (LearnBack).
+  void LearnFromCheckpoint(const KubeletCheckpoint& ckpt, const state::State& st)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
 };
 
 }  // namespace dpproxy

@@ -57,6 +57,7 @@ Json StatusToJson(const ProxyStatus& s) {
           {"held_elsewhere", s.held_elsewhere},
           {"devices_held_twice", s.devices_held_twice},
           {"forgotten_released", s.forgotten_released},
+          {"allocations_recovered", s.allocations_recovered},
           {"registrations_rejected", s.registrations_rejected}};
 }
 
@@ -112,6 +113,7 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     if (j.contains("held_elsewhere")) j["held_elsewhere"].get_to(s.held_elsewhere);
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
     s.forgotten_released = j.value("forgotten_released", int64_t{0});
+    s.allocations_recovered = j.value("allocations_recovered", int64_t{0});
     if (j.contains("dra") && j["dra"].is_object()) {
       const Json& d = j["dra"];
       s.dra = DraStatus{d.value("driver", ""), d.value("node", ""), d.value("api_version", ""),

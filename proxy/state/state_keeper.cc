@@ -205,6 +205,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     const std::string aside =
         absl::StrCat(journal_.path(), ".corrupt-", absl::ToUnixSeconds(absl::Now()));
     LOG(ERROR) << replay.status().message() << "; moved aside to " << aside;
+    damaged_at_load_ = true;
     events_->Emit("state_untrusted", {{"path", journal_.path()},
                                       {"error", std::string(replay.status().message())},
                                       {"moved_to", aside}});
@@ -230,6 +231,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
                                         {"bytes", replay->cut_bytes}});
   }
   if (replay->damaged_bytes > 0) {
+    damaged_at_load_ = true;
     LOG(ERROR) << "journal " << journal_.path() << " was damaged in the middle: "
                << replay->damaged_bytes << " bad bytes in " << replay->damaged_regions
                << " place(s); kept all " << replay->records.size()
@@ -255,6 +257,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     // The journal alone still holds the allocations recorded since the last
     // snapshot; they are trusted (each record has its own checksum).
     MergeJournal(replay->records, &state_);
+    damaged_at_load_ = true;
     LOG(ERROR) << s.status().message();
     events_->Emit("state_untrusted", {{"path", store_.path()},
                                       {"error", std::string(s.status().message())}});

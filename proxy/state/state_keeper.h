@@ -221,6 +221,9 @@ class StateKeeper : public AllocationJournal {
   // DRA mode: every claim with allocations, each with its allocations
   // (oldest first).
   std::map<std::string, std::vector<state::Allocation>> Claims();
+  // Load() found the state damaged (a file moved aside, or journal
+  // records lost): allocations it held may be missing.
+  bool damaged_at_load() const { return damaged_at_load_.load(); }
   // Cheap, for status and metrics.
   int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.
@@ -369,6 +372,7 @@ class StateKeeper : public AllocationJournal {
   // The same, for quarantined allocations only: Record refuses them.
   std::unordered_map<std::string, uint64_t> quarantined_held_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> allocation_count_{0};
+  std::atomic<bool> damaged_at_load_{false};
   std::atomic<int64_t> write_failures_{0};
   std::atomic<uint64_t> quarantine_version_{0};
   std::atomic<uint64_t> released_version_{0};

@@ -620,3 +620,54 @@ TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningPodsKeepTheirDevices) {
 
 }  // namespace
 }  // namespace dpproxy
+
+namespace dpproxy {
+namespace {
+
+// dpproxy's state damaged while pods hold devices (both files overwritten
+// while it was stopped): the kubelet's checkpoint still lists what the
+// pods hold, and dpproxy learns it back within a checkpoint pass of the
+// resource being served again, journals it, and says so. A start on an
+// intact state learns nothing.
+TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsCheckpoint) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"x", 1}, {"y", 1}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"z", 1}})).ok());
+  const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
+  ASSERT_EQ(before.size(), 3u);
+  h.StopProxy();
+  ASSERT_TRUE(WriteFileAtomic(h.dir("state/state.pb"), "not a state file").ok());
+  ASSERT_TRUE(WriteFileAtomic(h.dir("state/journal.wal"), "not a journal").ok());
+
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.proxy()
+                  .events()
+                  .WaitForEvent("allocations_recovered",
+                                {{"from", "kubelet checkpoint"}, {"recovered", 3}}, kWait)
+                  .has_value());
+  EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
+  EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), Keys(h.sim().GetState()));
+  EXPECT_THAT(h.MetricsText(),
+              HasSubstr("dpproxy_allocations_recovered_total{source=\"kubelet_checkpoint\"} 3"));
+  // Learned back, they hold their devices: the one free device is all a
+  // new pod can get.
+  EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
+
+  // Written to the journal at once: a restart on the now intact state
+  // keeps them and learns nothing.
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 4);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  EXPECT_FALSE(h.proxy()
+                   .events()
+                   .WaitForEvent("allocations_recovered", {}, absl::ZeroDuration())
+                   .has_value());
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -562,6 +562,13 @@ absl::Status KubeletSim::Start() {
                                       {"method", method},
                                       {"error", error}});
       });
+  // A late cleanup is due from the moment kubelet.sock exists: a plugin
+  // that registers at once must meet it.
+  const absl::Duration late_wipe = [this] {
+    absl::MutexLock lock(&mu_);
+    return late_wipe_delay_;
+  }();
+  late_wipe_pending_ = late_wipe > absl::ZeroDuration();
   {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(UnixAddress(kubelet_socket()), grpc::InsecureServerCredentials());
@@ -570,6 +577,7 @@ absl::Status KubeletSim::Start() {
     registration_server_ = builder.BuildAndStart();
   }
   if (registration_server_ == nullptr) {
+    late_wipe_pending_ = false;
     absl::MutexLock lock(&mu_);
     running_ = false;
     return absl::UnavailableError(absl::StrCat("cannot listen on ", kubelet_socket()));
@@ -592,12 +600,7 @@ absl::Status KubeletSim::Start() {
     stop_housekeeping_ = false;
   }
   housekeeping_ = std::thread([this] { Housekeeping(); });
-  const absl::Duration late_wipe = [this] {
-    absl::MutexLock lock(&mu_);
-    return late_wipe_delay_;
-  }();
   if (late_wipe > absl::ZeroDuration()) {
-    late_wipe_pending_ = true;
     late_wipe_ = std::thread([this, late_wipe] {
       {
         absl::MutexLock lock(&stop_mu_);

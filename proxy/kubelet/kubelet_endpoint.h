@@ -149,7 +149,6 @@ class KubeletEndpoint {
   // that the devices are gone, so a dpproxy that stops for good registers
   // once more first (RelistBeforeStop).
   absl::Status ReleaseClientName(absl::Duration timeout);
-  bool unlisted() const { return unlisted_.load(); }
   // If unlisted: registers again, so that this endpoint's end is seen.
   void RelistBeforeStop();
   void NoteOptionsAsked();

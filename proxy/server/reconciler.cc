@@ -704,17 +704,13 @@ void Reconciler::LearnBack(absl::Duration window,
   serves_ = std::move(serves);
 }
 
-void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt, const state::State& st) {
-  std::set<std::pair<std::string, std::string>> held;
-  for (const state::Allocation& a : st.allocations()) {
-    for (const std::string& id : a.device_ids()) held.insert({a.resource(), id});
-  }
+void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt) {
   int recovered = 0, unrecoverable = 0;
   std::vector<std::string> why_not;
   for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
     if (e.device_ids.empty() || !serves_(e.resource)) continue;
     size_t known = 0;
-    for (const std::string& id : e.device_ids) known += held.count({e.resource, id});
+    for (const std::string& id : e.device_ids) known += keeper_->HoldsDevice(e.resource, id);
     if (known == e.device_ids.size()) continue;  // journaled
     if (known > 0) {
       // Some of its devices are held by another allocation: which one is
@@ -735,7 +731,6 @@ void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt, const state:
                                      e.container, ": ", s.message()));
       continue;
     }
-    for (const std::string& id : e.device_ids) held.insert({e.resource, id});
     ++recovered;
   }
   if (recovered == 0 && unrecoverable == 0) return;
@@ -752,7 +747,7 @@ void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt, const state:
 
 absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
   if (absl::Now() < learn_until_ && serves_) {
-    LearnFromCheckpoint(ckpt, keeper_->AllocationsSnapshot());
+    LearnFromCheckpoint(ckpt);
   }
   const state::State st = keeper_->AllocationsSnapshot();
   const Holdings holdings = CheckpointHoldings(ckpt);

@@ -241,8 +241,8 @@ class Reconciler {
   absl::Time learn_until_ ABSL_GUARDED_BY(checkpoint_mu_) = absl::InfinitePast();
   std::function<bool(const std::string&)> serves_ ABSL_GUARDED_BY(checkpoint_mu_);
   std::atomic<int64_t> recovered_{0};
-  // Journals what `ckpt` lists and `st` lacks (LearnBack).
-  void LearnFromCheckpoint(const KubeletCheckpoint& ckpt, const state::State& st)
+  // Journals what `ckpt` lists and the journal lacks (LearnBack).
+  void LearnFromCheckpoint(const KubeletCheckpoint& ckpt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
 };
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
 #include "proxy/dra/cdi_spec.h"
 #include "proxy/dra/device_names.h"
 #include "proxy/kube/json_shape.h"
@@ -258,6 +259,13 @@ absl::StatusOr<int> ClaimPreparer::RestoreSpecs() {
   int written = 0;
   for (const auto& [uid, allocations] : options_.journal->Claims()) {
     ClaimTurn turn(this, uid);
+    if (!Complete(allocations)) {
+      // Stopped mid-prepare: the kubelet was never answered, and prepares
+      // it again.
+      LOG(INFO) << "claim " << uid << ": its prepare never finished; released";
+      DPP_RETURN_IF_ERROR(ReleaseClaim(uid));
+      continue;
+    }
     Held(uid, true);
     if (PathExists(ClaimCdiSpecPath(options_.cdi_dir, options_.driver, uid))) continue;
     for (const state::Allocation& a : allocations) {
@@ -291,16 +299,33 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Remembered(
   return out;
 }
 
-absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(const ClaimRef& claim) {
+absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::Prepare(
+    const ClaimRef& claim, const grpc::ServerContextBase* caller) {
   if (absl::Status s = ValidateClaimRef(claim); !s.ok()) return s;
   ClaimTurn turn(this, claim.uid);
   if (options_.journal != nullptr) {
     const std::vector<state::Allocation> held = options_.journal->ClaimAllocations(claim.uid);
-    if (!held.empty()) return Remembered(claim, held);
+    if (!held.empty() && Complete(held)) return Remembered(claim, held);
+    // Reserved and never answered: a dpproxy stopped mid-prepare. The
+    // kubelet was told nothing; this prepare starts over.
+    if (!held.empty()) DPP_RETURN_IF_ERROR(ReleaseClaim(claim.uid));
   }
-  absl::StatusOr<std::vector<PreparedClaimDevice>> out = PrepareNew(claim);
+  absl::StatusOr<std::vector<PreparedClaimDevice>> out = PrepareNew(claim, caller);
   if (out.ok()) Held(claim.uid, true);
   return out;
+}
+
+bool ClaimPreparer::Complete(const std::vector<state::Allocation>& allocations) {
+  for (const state::Allocation& a : allocations) {
+    if (a.stage() == state::Allocation::RESERVED) return false;
+  }
+  return true;
+}
+
+absl::Status ClaimPreparer::ReleaseClaim(const std::string& uid) {
+  std::vector<uint64_t> ids;
+  for (const state::Allocation& a : options_.journal->ClaimAllocations(uid)) ids.push_back(a.id());
+  return options_.journal->Release(ids);
 }
 
 void ClaimPreparer::Held(const std::string& uid, bool held) {
@@ -317,7 +342,7 @@ int ClaimPreparer::prepared_claims() {
   return static_cast<int>(prepared_.size());
 }
 
-absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const ClaimRef& c) {
+absl::StatusOr<ClaimFromApi> ClaimPreparer::ReadClaim(const ClaimRef& c) {
   absl::StatusOr<std::string> version = options_.api_version();
   if (!version.ok()) {
     return ClaimError(c, absl::StrCat("cannot read the claim: ", version.status().message()));
@@ -336,150 +361,183 @@ absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(const
                                       " (deleted and created again?)"));
   }
   if (!parsed->allocated) return ClaimError(c, "not allocated (no status.allocation)");
+  return parsed;
+}
+
+absl::StatusOr<std::vector<ClaimPreparer::PoolPart>> ClaimPreparer::PlanParts(
+    const ClaimRef& c, const ClaimFromApi& claim) {
   // Ours, grouped by pool (resource), then by request (container).
-  struct Wanted {
-    std::string request, pool, device, id;
-  };
-  std::map<std::string, std::vector<Wanted>> by_pool;
-  for (const ClaimFromApi::Result& r : parsed->results) {
-    if (r.driver != options_.driver) continue;
-    by_pool[r.pool].push_back({r.request, r.pool, r.device, ""});
+  std::map<std::string, std::vector<const ClaimFromApi::Result*>> by_pool;
+  for (const ClaimFromApi::Result& r : claim.results) {
+    if (r.driver == options_.driver) by_pool[r.pool].push_back(&r);
   }
-  std::vector<PreparedDevice> spec_devices;  // one per pool and request
-  std::vector<std::string> spec_key;         // "pool\nrequest" of each
-  std::set<std::string> spec_names;
-  std::vector<std::pair<std::string, Loss>> lost;  // told once the claim is prepared
-  // Per resource: what the journal keeps of its Allocate.
-  struct Journaled {
-    std::string resource;
-    BackendSide backend;
-    v1beta1::AllocateRequest req;
-    v1beta1::AllocateResponse resp;
-    std::vector<state::DraClaim> claims;  // one per container request
-  };
-  std::vector<Journaled> journaled;
-  for (auto& [pool, wanted] : by_pool) {
+  std::vector<PoolPart> parts;
+  for (const auto& [pool, results] : by_pool) {
     std::optional<BridgedResource> res = resources_(pool);
     if (!res.has_value()) {
       return ClaimError(c, absl::StrCat("pool ", pool, " is not one dpproxy publishes on ",
                                         options_.node));
     }
-    if (res->backend == nullptr) {
+    if (res->backend == nullptr || res->allocator == nullptr) {
       return ClaimError(c, absl::StrCat("no device plugin is connected for ", res->resource,
                                         " (the kubelet retries)"));
     }
     absl::StatusOr<DraDeviceNames> names = DraDeviceNames::For(res->device_ids);
     if (!names.ok()) return ClaimError(c, std::string(names.status().message()));
-    std::vector<std::string> requests;  // in first-seen order
-    std::map<std::string, std::vector<std::string>> ids_of;
-    for (Wanted& w : wanted) {
-      w.id = names->IdOf(w.device);
-      if (w.id.empty()) {
-        return ClaimError(c, absl::StrCat("device ", w.device, " of pool ", pool,
+    PoolPart part;
+    part.pool = pool;
+    part.res = *std::move(res);
+    std::map<std::string, size_t> index;  // request -> its container request
+    for (const ClaimFromApi::Result* r : results) {
+      const std::string id = names->IdOf(r->device);
+      if (id.empty()) {
+        return ClaimError(c, absl::StrCat("device ", r->device, " of pool ", pool,
                                           " is not among the plugin's devices now"));
       }
-      if (ids_of.count(w.request) == 0) requests.push_back(w.request);
-      ids_of[w.request].push_back(w.id);
-    }
-    v1beta1::AllocateRequest req;
-    for (const std::string& r : requests) {
-      auto* cr = req.add_container_requests();
-      for (const std::string& id : ids_of[r]) cr->add_devices_ids(id);
-    }
-    absl::StatusOr<v1beta1::AllocateResponse> resp =
-        res->backend->Allocate(req, absl::Nanoseconds(backend_timeout_ns_.load()));
-    if (!resp.ok()) return ClaimError(c, std::string(resp.status().message()));
-    if (res->backend->options().pre_start_required()) {
-      for (const std::string& r : requests) {
-        v1beta1::PreStartContainerRequest pre;
-        for (const std::string& id : ids_of[r]) pre.add_devices_ids(id);
-        if (absl::Status s = res->backend->PreStartContainer(pre, absl::Nanoseconds(backend_timeout_ns_.load()));
-            !s.ok()) {
-          return ClaimError(c, std::string(s.message()));
-        }
+      auto [it, fresh] = index.try_emplace(r->request, part.claims.size());
+      if (fresh) {
+        part.request.add_container_requests();
+        state::DraClaim dc;
+        dc.set_uid(c.uid);
+        dc.set_namespace_(c.namespace_);
+        dc.set_name(c.name);
+        dc.set_request(r->request);
+        dc.set_pool(pool);
+        part.claims.push_back(std::move(dc));
       }
+      part.request.mutable_container_requests(static_cast<int>(it->second))->add_devices_ids(id);
+      part.claims[it->second].add_devices(r->device);
     }
-    for (size_t i = 0; i < requests.size(); ++i) {
-      // A CDI device name: the request ('/' of a subrequest as '-'), made
-      // unique if the request took devices of two pools.
-      std::string name = absl::StrReplaceAll(requests[i], {{"/", "-"}});
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+absl::Status ClaimPreparer::AllocatePart(PoolPart* part,
+                                         const grpc::ServerContextBase* caller) {
+  Allocator::Call call;
+  call.request = part->request;
+  call.timeout = absl::Nanoseconds(backend_timeout_ns_.load());
+  call.caller = caller;
+  call.kubelet_api = "dra";
+  call.pre_start = true;  // DRA has no per-container start
+  call.claims = part->claims;
+  call.defer_commit = true;  // the CDI names come once every pool answered
+  absl::Notification done;
+  absl::Status status;
+  part->res.allocator->Allocate(std::move(call), [&](absl::StatusOr<Allocator::Allocated> r) {
+    if (r.ok()) {
+      part->allocated = *std::move(r);
+    } else {
+      status = r.status();
+    }
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+absl::Status ClaimPreparer::CommitParts(std::vector<PoolPart>* parts) {
+  absl::Status failed;
+  for (PoolPart& part : *parts) {
+    if (!failed.ok()) {
+      part.res.allocator->Withdraw(part.allocated.reservation);
+      continue;
+    }
+    absl::Notification done;
+    part.res.allocator->Commit(part.allocated.reservation, part.allocated.response, &part.claims,
+                               [&](absl::Status s) {
+                                 failed = std::move(s);
+                                 done.Notify();
+                               });
+    done.WaitForNotification();
+    if (!failed.ok()) part.res.allocator->Withdraw(part.allocated.reservation);
+  }
+  return failed;
+}
+
+absl::StatusOr<std::vector<PreparedClaimDevice>> ClaimPreparer::PrepareNew(
+    const ClaimRef& c, const grpc::ServerContextBase* caller) {
+  absl::StatusOr<ClaimFromApi> claim = ReadClaim(c);
+  if (!claim.ok()) return claim.status();
+  absl::StatusOr<std::vector<PoolPart>> parts = PlanParts(c, *claim);
+  if (!parts.ok()) return parts.status();
+  // Each pool's resource allocates through its allocator (allocator.h),
+  // held in the journal from the reservation on; none is answered there
+  // until every pool has its devices.
+  for (size_t i = 0; i < parts->size(); ++i) {
+    if (absl::Status s = AllocatePart(&(*parts)[i], caller); !s.ok()) {
+      for (size_t j = 0; j < i; ++j) {
+        (*parts)[j].res.allocator->Withdraw((*parts)[j].allocated.reservation);
+      }
+      return ClaimError(c, std::string(s.message()));
+    }
+  }
+  absl::StatusOr<std::string> spec = NameCdiDevices(c, &*parts);
+  if (!spec.ok()) {
+    for (PoolPart& part : *parts) part.res.allocator->Withdraw(part.allocated.reservation);
+    return spec.status();
+  }
+  // Journaled before the answer: a repeated prepare answers the same.
+  if (absl::Status s = CommitParts(&*parts); !s.ok()) {
+    if (options_.journal != nullptr) (void)ReleaseClaim(c.uid);
+    return ClaimError(c, absl::StrCat("cannot journal it: ", s.message()));
+  }
+  if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid, *spec);
+      !s.ok()) {
+    return ClaimError(c, absl::StrCat("cannot write its CDI spec: ", s.message()));
+  }
+  std::vector<PreparedClaimDevice> out;
+  for (const PoolPart& part : *parts) {
+    for (const state::DraClaim& dc : part.claims) AppendAnswer(dc, &out);
+  }
+  TellLosses(*parts);
+  return out;
+}
+
+absl::StatusOr<std::string> ClaimPreparer::NameCdiDevices(const ClaimRef& c,
+                                                          std::vector<PoolPart>* parts) {
+  // One CDI device per pool and request: the request ('/' of a subrequest
+  // as '-'), made unique if the request took devices of two pools.
+  std::vector<PreparedDevice> spec_devices;
+  std::set<std::string> spec_names;
+  for (const PoolPart& part : *parts) {
+    for (size_t i = 0; i < part.claims.size(); ++i) {
+      std::string name = absl::StrReplaceAll(part.claims[i].request(), {{"/", "-"}});
       if (!spec_names.insert(name).second) {
         name = absl::StrCat(name, "-", spec_devices.size());
         spec_names.insert(name);
       }
-      spec_key.push_back(absl::StrCat(pool, "\n", requests[i]));
-      spec_devices.push_back({name, resp->container_responses(static_cast<int>(i))});
+      spec_devices.push_back(
+          {name, part.allocated.response.container_responses(static_cast<int>(i))});
     }
-    Journaled j;
-    j.resource = res->resource;
-    j.backend.api = std::string(ApiWireVersion(res->backend->api()));
-    j.backend.endpoint = res->backend->endpoint();
-    j.backend.resource = res->backend->resource();
-    j.req = req;
-    j.resp = *resp;
-    for (const std::string& r : requests) {
-      state::DraClaim dc;
-      dc.set_uid(c.uid);
-      dc.set_namespace_(c.namespace_);
-      dc.set_name(c.name);
-      dc.set_request(r);
-      dc.set_pool(pool);
-      for (const Wanted& w : wanted) {
-        if (w.request == r) dc.add_devices(w.device);
-      }
-      j.claims.push_back(std::move(dc));
-    }
-    journaled.push_back(std::move(j));
-    Loss resource_loss;
-    for (const auto& r : resp->container_responses()) {
-      resource_loss.annotations += r.annotations_size();
-    }
-    if (res->backend->options().pre_start_required()) {
-      resource_loss.prestart_timing += static_cast<int>(requests.size());
-    }
-    if (res->backend->options().get_preferred_allocation_available()) {
-      ++resource_loss.preferred_allocation;
-    }
-    if (resource_loss.any()) lost.emplace_back(res->resource, resource_loss);
   }
   absl::StatusOr<ClaimCdiSpec> spec = BuildClaimCdiSpec(options_.driver, c.uid, spec_devices);
   if (!spec.ok()) return ClaimError(c, std::string(spec.status().message()));
   // Each request gets its CDI names; the first record keeps the spec.
-  std::map<std::string, std::vector<std::string>> cdi_of;
-  for (size_t i = 0; i < spec_devices.size(); ++i) cdi_of[spec_key[i]] = spec->cdi_device_ids[i];
-  std::vector<PreparedClaimDevice> out;
-  for (Journaled& j : journaled) {
-    for (state::DraClaim& dc : j.claims) {
-      for (const std::string& id : cdi_of[absl::StrCat(dc.pool(), "\n", dc.request())]) {
-        dc.add_cdi_ids(id);
-      }
-      if (out.empty()) dc.set_cdi_spec(spec->json);
-      AppendAnswer(dc, &out);
+  size_t next = 0;
+  for (PoolPart& part : *parts) {
+    for (state::DraClaim& dc : part.claims) {
+      for (const std::string& id : spec->cdi_device_ids[next]) dc.add_cdi_ids(id);
+      if (next == 0) dc.set_cdi_spec(spec->json);
+      ++next;
     }
   }
-  // Journaled before the answer: a repeated prepare answers the same.
-  if (options_.journal != nullptr) {
-    for (Journaled& j : journaled) {
-      j.backend.claims = &j.claims;
-      if (absl::Status s = options_.journal->Record(j.resource, j.req, j.resp, j.backend);
-          !s.ok()) {
-        std::vector<uint64_t> ids;
-        for (const state::Allocation& a : options_.journal->ClaimAllocations(c.uid)) {
-          ids.push_back(a.id());
-        }
-        (void)options_.journal->Release(ids);
-        return ClaimError(c, absl::StrCat("cannot journal it: ", s.message()));
-      }
+  return spec->json;
+}
+
+void ClaimPreparer::TellLosses(const std::vector<PoolPart>& parts) {
+  if (!options_.on_loss) return;
+  for (const PoolPart& part : parts) {
+    const v1beta1::DevicePluginOptions opts = part.allocated.backend->options();
+    Loss loss;
+    for (const auto& r : part.allocated.response.container_responses()) {
+      loss.annotations += r.annotations_size();
     }
+    if (opts.pre_start_required()) loss.prestart_timing += static_cast<int>(part.claims.size());
+    if (opts.get_preferred_allocation_available()) ++loss.preferred_allocation;
+    if (loss.any()) options_.on_loss(part.res.resource, loss);
   }
-  if (absl::Status s = WriteClaimCdiSpec(options_.cdi_dir, options_.driver, c.uid, spec->json);
-      !s.ok()) {
-    return ClaimError(c, absl::StrCat("cannot write its CDI spec: ", s.message()));
-  }
-  if (options_.on_loss) {
-    for (const auto& [resource, l] : lost) options_.on_loss(resource, l);
-  }
-  return out;
 }
 
 absl::Status ClaimPreparer::Unprepare(const ClaimRef& c) {

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proxy/core/allocator.h"
 #include "proxy/core/backend.h"
 #include "proxy/kube/kube_client.h"
 #include "proxy/state/state_keeper.h"
@@ -80,6 +81,8 @@ struct BridgedResource {
   std::string resource;              // the device plugin's resource name
   std::shared_ptr<Backend> backend;  // null: no plugin connected now
   std::vector<std::string> device_ids;
+  // Every allocation of the resource goes through it (allocator.h).
+  Allocator* allocator = nullptr;
 };
 
 // Why DRA loses a kind of Loss ("annotations", "prestart_timing",
@@ -114,8 +117,10 @@ class ClaimPreparer {
   ClaimPreparer(Options options, KubeClient* client, ResourceByPool resources);
 
   // The devices of one claim with their CDI names, or why not: the
-  // message goes into the claim's error for the kubelet.
-  absl::StatusOr<std::vector<PreparedClaimDevice>> Prepare(const ClaimRef& claim);
+  // message goes into the claim's error for the kubelet. `caller` (may be
+  // null): the kubelet's call, whose end cancels the plugin's calls.
+  absl::StatusOr<std::vector<PreparedClaimDevice>> Prepare(
+      const ClaimRef& claim, const grpc::ServerContextBase* caller = nullptr);
   absl::Status Unprepare(const ClaimRef& claim);
 
   // At start, before RestoreSpecs: journals the claims of the files in
@@ -124,8 +129,9 @@ class ClaimPreparer {
   // Returns how many claims it moved.
   absl::StatusOr<int> MigrateClaimFiles();
 
-  // At start: writes the CDI spec of every journaled claim whose spec is
-  // gone. After a reboot the CDI directory (tmpfs) is empty while the
+  // At start: releases the claims whose prepare never finished (reserved
+  // in the journal, never answered), and writes the CDI spec of every
+  // journaled claim whose spec is gone. After a reboot the CDI directory (tmpfs) is empty while the
   // kubelet may still count those claims prepared and not prepare them
   // again (dra-facts.md §4, kubernetes#141433). Returns how many it wrote.
   absl::StatusOr<int> RestoreSpecs();
@@ -140,7 +146,32 @@ class ClaimPreparer {
 
 
  private:
-  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(const ClaimRef& claim);
+  // One pool's share of a claim: its resource, one container request per
+  // claim request (the plugin's IDs) with the claim record of each, and
+  // what its allocator answered.
+  struct PoolPart {
+    std::string pool;
+    BridgedResource res;
+    v1beta1::AllocateRequest request;
+    std::vector<state::DraClaim> claims;
+    Allocator::Allocated allocated;
+  };
+  absl::StatusOr<std::vector<PreparedClaimDevice>> PrepareNew(
+      const ClaimRef& claim, const grpc::ServerContextBase* caller);
+  // The claim as the API server has it, checked against the kubelet's.
+  absl::StatusOr<ClaimFromApi> ReadClaim(const ClaimRef& claim);
+  absl::StatusOr<std::vector<PoolPart>> PlanParts(const ClaimRef& c, const ClaimFromApi& claim);
+  // Allocates a part, reserved in the journal and not answered there.
+  absl::Status AllocatePart(PoolPart* part, const grpc::ServerContextBase* caller);
+  // Names each request's CDI device, adds the names (and, to the first
+  // record, the spec) to the parts' claims; returns the spec.
+  absl::StatusOr<std::string> NameCdiDevices(const ClaimRef& c, std::vector<PoolPart>* parts);
+  // Journals every part's answer; on a failure withdraws the rest.
+  absl::Status CommitParts(std::vector<PoolPart>* parts);
+  void TellLosses(const std::vector<PoolPart>& parts);
+  // Whether every record of a claim was answered (none only reserved).
+  static bool Complete(const std::vector<state::Allocation>& allocations);
+  absl::Status ReleaseClaim(const std::string& uid);
   // Holds one claim for the caller's scope: calls for one claim run one at
   // a time (they write its files), calls for different claims at once (a
   // slow plugin must not hold up every pod starting on the node).

@@ -30,12 +30,13 @@ std::string AsGiven(const std::string& s) {
 
 // The one core for both packages (same messages, so templated on them).
 template <typename Request, typename Response>
-void PrepareAll(ClaimPreparer* p, EventLog* events, const Request& req, Response* resp) {
+void PrepareAll(ClaimPreparer* p, EventLog* events, const grpc::ServerContextBase* ctx,
+                const Request& req, Response* resp) {
   for (const auto& c : req.claims()) {
     auto& out = (*resp->mutable_claims())[c.uid()];
     absl::StatusOr<std::vector<PreparedClaimDevice>> d;
     try {
-      d = p->Prepare({c.namespace_(), c.name(), c.uid()});
+      d = p->Prepare({c.namespace_(), c.name(), c.uid()}, ctx);
     } catch (const std::exception& e) {
       // Nothing escapes to gRPC ("Unexpected error in RPC handling"): the
       // claim fails with what went wrong, the others go on.
@@ -88,10 +89,10 @@ class DraServer::Services {
   class V1 final : public drav1::DRAPlugin::Service {
    public:
     V1(ClaimPreparer* p, EventLog* e) : p_(p), e_(e) {}
-    grpc::Status NodePrepareResources(grpc::ServerContext*,
+    grpc::Status NodePrepareResources(grpc::ServerContext* ctx,
                                       const drav1::NodePrepareResourcesRequest* req,
                                       drav1::NodePrepareResourcesResponse* resp) override {
-      PrepareAll(p_, e_, *req, resp);
+      PrepareAll(p_, e_, ctx, *req, resp);
       return grpc::Status::OK;
     }
     grpc::Status NodeUnprepareResources(grpc::ServerContext*,
@@ -108,10 +109,10 @@ class DraServer::Services {
   class V1Beta1 final : public drav1beta1::DRAPlugin::Service {
    public:
     V1Beta1(ClaimPreparer* p, EventLog* e) : p_(p), e_(e) {}
-    grpc::Status NodePrepareResources(grpc::ServerContext*,
+    grpc::Status NodePrepareResources(grpc::ServerContext* ctx,
                                       const drav1beta1::NodePrepareResourcesRequest* req,
                                       drav1beta1::NodePrepareResourcesResponse* resp) override {
-      PrepareAll(p_, e_, *req, resp);
+      PrepareAll(p_, e_, ctx, *req, resp);
       return grpc::Status::OK;
     }
     grpc::Status NodeUnprepareResources(grpc::ServerContext*,

@@ -142,12 +142,14 @@ absl::Status DraSide::Start() {
 }
 
 std::optional<BridgedResource> DraSide::ResourceOfPool(const std::string& pool) {
-  for (Resource* res : resources_()) {
+  for (Allocator* alloc : resources_()) {
+    Resource* res = alloc->resource();
     const std::string name = res->name();
     if (PoolName(PoolSpec{options_.dra.driver, options_.dra.node_name, name}) != pool) continue;
     BridgedResource r;
     r.resource = name;
     r.backend = res->backend_connected() ? res->backend() : nullptr;
+    r.allocator = alloc;
     const Resource::Snapshot snap = res->Current();
     for (int i = 0; i < snap.list->size(); ++i) {
       r.device_ids.emplace_back(snap.list->device(i).id);
@@ -214,7 +216,8 @@ void DraSide::Loop() {
     if (again) full_again_at = absl::InfiniteFuture();
     const bool full = registered || again || now - full_at >= absl::Seconds(30);
     if (full) full_at = now;
-    for (Resource* res : resources_()) {
+    for (Allocator* alloc : resources_()) {
+      Resource* res = alloc->resource();
       const std::string name = res->name();
       const uint64_t changes = res->changes();
       auto it = published.find(name);

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proxy/config/proxy_config.h"
+#include "proxy/core/allocator.h"
 #include "proxy/core/resource.h"
 #include "proxy/dra/claim_preparer.h"
 #include "proxy/dra/dra_server.h"
@@ -48,8 +49,9 @@ class DraSide {
     absl::Duration backend_timeout = absl::Seconds(30);
     int64_t api_max_body_bytes = 16 << 20;
   };
-  // The resources dpproxy serves now (any thread; they outlive this).
-  using Resources = std::function<std::vector<Resource*>()>;
+  // The resources dpproxy serves now, each through its allocator (any
+  // thread; they outlive this).
+  using Resources = std::function<std::vector<Allocator*>()>;
 
   DraSide(Options options, Resources resources, EventLog* events, LossCounter* losses);
   ~DraSide();

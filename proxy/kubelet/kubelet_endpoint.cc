@@ -55,90 +55,6 @@ std::string CdiAnnotationKey(const std::string& resource) {
   return absl::StrCat("cdi.k8s.io/", name);
 }
 
-// Checks a kubelet's request names only devices this resource has.
-grpc::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
-  if (req.container_requests_size() == 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "AllocateRequest has no container requests");
-  }
-  for (int i = 0; i < req.container_requests_size(); ++i) {
-    const auto& c = req.container_requests(i);
-    if (c.devices_ids_size() == 0) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("container request ", i + 1, " names no device"));
-    }
-    std::unordered_set<std::string> seen;
-    for (const std::string& id : c.devices_ids()) {
-      std::optional<std::string> health = r->DeviceHealth(id);
-      if (!health.has_value()) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("unknown device ID ", GoQuote(id), " for resource ",
-                                         r->name()));
-      }
-      if (!seen.insert(id).second) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("container request ", i + 1, " names device ",
-                                         GoQuote(id), " twice"));
-      }
-      if (*health != kHealthy) {
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            absl::StrCat("device ", GoQuote(id), " of resource ", r->name(),
-                                         " is ", *health, "; dpproxy does not allocate it"));
-      }
-    }
-  }
-  return grpc::Status::OK;
-}
-
-// The request with the kubelet's device IDs renamed to the backend's.
-bool SameDeviceIds(const v1beta1::AllocateRequest& a, const v1beta1::AllocateRequest& b) {
-  if (a.container_requests_size() != b.container_requests_size()) return false;
-  for (int i = 0; i < a.container_requests_size(); ++i) {
-    const auto& x = a.container_requests(i).devices_ids();
-    const auto& y = b.container_requests(i).devices_ids();
-    if (!std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
-  }
-  return true;
-}
-
-v1beta1::AllocateRequest ToBackendIds(Resource* r, const v1beta1::AllocateRequest& req) {
-  v1beta1::AllocateRequest out = req;
-  for (auto& c : *out.mutable_container_requests()) {
-    for (auto& id : *c.mutable_devices_ids()) id = r->ToBackendId(id);
-  }
-  return out;
-}
-
-// How long a call that finds no backend waits for one (at most the
-// backend timeout): after dpproxy and its plugin restart together, the
-// kubelet may be shown the remembered devices before the plugin has
-// registered again, and a pod admitted then must not fail for it.
-constexpr absl::Duration kBackendWait = absl::Seconds(10);
-
-// Runs `then` with the resource's backend: at once if one is connected;
-// otherwise from a thread of its own that waits for one (at most
-// kBackendWait, within the backend timeout) in short steps, so that a
-// kubelet that gives up ends the wait. Null if none came.
-void WithBackend(KubeletEndpoint* e, grpc::CallbackServerContext* ctx,
-                 std::function<void(std::shared_ptr<Backend>)> then) {
-  std::shared_ptr<Backend> b = e->resource()->backend();
-  if (b != nullptr) return then(std::move(b));
-  std::thread([e, ctx, then = std::move(then)] {
-    const absl::Time until = absl::Now() + std::min(kBackendWait, e->backend_timeout());
-    std::shared_ptr<Backend> b;
-    while (b == nullptr && !ctx->IsCancelled() && absl::Now() < until) {
-      b = e->resource()->WaitForBackend(std::min(absl::Milliseconds(100), until - absl::Now()));
-    }
-    then(std::move(b));  // the call is not finished before this: ctx lives
-  }).detach();
-}
-
-grpc::Status NoBackend(Resource* r) {
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrCat("no backend is connected for resource ", r->name(),
-                                   "; its devices are reported Unhealthy until one registers"));
-}
-
 }  // namespace
 
 // --- ListAndWatch streams ------------------------------------------------------------
@@ -237,19 +153,14 @@ void ObserveBackendCall(KubeletEndpoint* e, const char* method, ApiVersion kubel
 
 // --- Allocate -----------------------------------------------------------------------
 
-// The one Allocate policy, whatever API the kubelet speaks (its edge
-// translates the request in and the response out): check the request as
-// the kubelet's rules allow, map the IDs to the backend's, call it with a
-// deadline (cancelled with the kubelet's call), call PreStartContainer for
-// a kubelet that never will (v1alpha) when the backend needs it, journal the
-// answer durably, and only then answer.
+// An Allocate from the kubelet, whatever API it speaks (its edge translates
+// the request in and the response out): admitted by the handoff gate
+// (served here, held, or sent on to a new dpproxy), served by the
+// resource's allocator (allocator.h: every rule and the journal), and
+// answered with CDI names copied into annotations where asked.
 //
-// Served with gRPC's callback API: no thread waits on the call. Each step
-// starts the next from the callback that ends it (the backend's answer on
-// one of gRPC's threads, the journal's on its group-commit writer), and the
-// reactor deletes itself once gRPC is done with it. Only a call that finds
-// no backend yet (dpproxy and its plugin restarting together) waits, on a
-// thread of its own, for one to register.
+// Served with gRPC's callback API: no thread waits on the call, and the
+// reactor deletes itself once gRPC is done with it.
 class AllocateReactor final : public grpc::ServerUnaryReactor {
  public:
   // Writes the core's answer into the kubelet's response message.
@@ -264,15 +175,14 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     return r;
   }
 
-  // The backend's call ends with the kubelet's through gRPC's propagation;
-  // a wait for a backend ends here, and a held call ends at once.
+  // The allocator's call ends with the kubelet's (through its context); a
+  // held call ends at once.
   void OnCancel() override {
-    cancelled_ = true;
     if (e_->Unhold(this)) End(grpc::Status::CANCELLED);
   }
   void OnDone() override { delete this; }
-  // Both reactions are short and never block (a flag, a map lookup under
-  // the endpoint's lock, a Finish), so gRPC may run them on the thread that
+  // Both reactions are short and never block (a map lookup under the
+  // endpoint's lock, a Finish), so gRPC may run them on the thread that
   // ends the call. Otherwise it hands every call's end to its executor
   // thread: a thread hop per Allocate, about 10 us of CPU per call on a
   // 2-core machine (tools/dev bench, "CPU time per call"). gRPC's own reactor for
@@ -294,32 +204,6 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
         deadline_(absl::Now() + timeout_) {}
 
   void Begin() {
-    Resource* res = e_->resource();
-    if (grpc::Status s = CheckRequest(res, req_); !s.ok()) return End(s);
-    // A device held by a container the kubelet forgot: asked once, on a
-    // thread of its own (it may ask the kubelet's pod-resources API),
-    // whether its holder is gone; refused with the holder named if not.
-    if (!forgotten_checked_) {
-      if (NamesForgotten(res)) {
-        forgotten_checked_ = true;
-        std::vector<std::vector<std::string>> per_container;
-        for (const auto& c : req_.container_requests()) {
-          per_container.emplace_back(c.devices_ids().begin(), c.devices_ids().end());
-        }
-        std::thread([this, res, per_container = std::move(per_container)] {
-          absl::StatusOr<bool> s =
-              res->CheckForgotten(per_container, e_->kubelet_may_reallocate_running());
-          if (!s.ok()) {
-            e_->NoteRefusal();
-            return End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                    std::string(s.status().message())));
-          }
-          readmission_ = *s;
-          Begin();
-        }).detach();
-        return;
-      }
-    }
     // A handoff may hold the call, or send it on to the new dpproxy.
     std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_to;
     switch (e_->AdmitAllocate(this, [this] { Begin(); }, &forward_to)) {
@@ -332,99 +216,29 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
         counted_ = true;
         break;
     }
-    // With no backend yet it waits for one (dpproxy and its plugin
-    // restarting together), and a kubelet that gives up ends the wait.
-    WithBackend(e_, ctx_, [this](std::shared_ptr<Backend> b) {
-      if (b == nullptr) {
-        return End(cancelled_ ? grpc::Status::CANCELLED : NoBackend(e_->resource()));
-      }
-      CallBackend(std::move(b));  // the last touch of this reactor here
+    Allocator::Call call;
+    call.request = req_;
+    call.timeout = timeout_;
+    call.caller = ctx_;
+    call.kubelet_api = std::string(ApiWireVersion(kubelet_api_));
+    // A 1.9 kubelet never calls PreStartContainer: the allocator does,
+    // right after Allocate, within the same deadline.
+    call.pre_start = kubelet_api_ == ApiVersion::kV1Alpha;
+    call.readmission_possible = e_->kubelet_may_reallocate_running();
+    // The last touch of this reactor here: the answer may arrive, and the
+    // reactor end, on another thread before this call returns.
+    e_->allocator()->Allocate(std::move(call), [this](absl::StatusOr<Allocator::Allocated> r) {
+      if (!r.ok()) return End(ToGrpcStatus(r.status()));
+      call_.set_backend(r->backend.get());
+      Answered(std::move(r->response));
     });
   }
 
-  void CallBackend(std::shared_ptr<Backend> b) {
-    backend_ = std::move(b);
-    call_.set_backend(backend_.get());
-    backend_start_ = absl::Now();
-    // The last step here: the answer may arrive, and the reactor end, on
-    // another thread before this call returns.
-    v1beta1::AllocateRequest to_backend = ToBackendIds(e_->resource(), req_);
-    if (!SameDeviceIds(to_backend, req_)) backend_req_ = to_backend;  // for the journal
-    const std::shared_ptr<Backend> backend = backend_;
-    backend_->AllocateAsync(std::move(to_backend), timeout_, ctx_,
-                            [this](absl::StatusOr<v1beta1::AllocateResponse> r) {
-                              Allocated(std::move(r));
-                            });
-    // The reservation's write and fdatasync run on this thread while the
-    // backend answers; the kubelet's answer waits for both (Joined).
-    reservation_ = e_->Reserve(
-        req_, backend_req_ ? &*backend_req_ : nullptr, *backend,
-        [this](grpc::Status s) {
-          reserved_ = std::move(s);
-          Arrive();
-        },
-        readmission_);
-    Arrive();  // reservation_ is set; the last touch of this reactor here
-  }
-
-  void Allocated(absl::StatusOr<v1beta1::AllocateResponse> r) {
-    ObserveBackend("Allocate", r.status());
-    if (!r.ok()) return BackendDone(ToGrpcStatus(r.status()));
-    resp_ = *std::move(r);
-    if (kubelet_api_ == ApiVersion::kV1Alpha && backend_->options().pre_start_required()) {
-      // A 1.9 kubelet never calls PreStartContainer: the proxy does, right
-      // after Allocate, within the same deadline.
-      v1beta1::PreStartContainerRequest pre;
-      for (const auto& c : req_.container_requests()) {
-        for (const std::string& id : c.devices_ids()) {
-          pre.add_devices_ids(e_->resource()->ToBackendId(id));
-        }
-      }
-      backend_start_ = absl::Now();
-      backend_->PreStartContainerAsync(
-          std::move(pre), std::max(absl::Milliseconds(1), deadline_ - absl::Now()), ctx_,
-          [this](absl::Status s) {
-            ObserveBackend("PreStartContainer", s);
-            BackendDone(ToGrpcStatus(s));
-          });
-      return;
-    }
-    BackendDone(grpc::Status::OK);
-  }
-
-  void BackendDone(grpc::Status s) {
-    backend_status_ = std::move(s);
-    Arrive();
-  }
-
-  // The backend's outcome, the reservation's sync and Reserve's return
-  // (its ids) each arrive once, on any thread; the last one goes on.
-  void Arrive() {
-    if (arrivals_.fetch_sub(1, std::memory_order_acq_rel) == 1) Joined();
-  }
-
-  void Joined() {
-    // Refused by the journal: nothing holds the devices (the backend may
-    // have allocated them, as when the kubelet fails the pod after).
-    if (!reserved_.ok()) return End(reserved_);
-    if (!backend_status_.ok()) {
-      e_->Withdraw(reservation_);
-      return End(backend_status_);
-    }
-    e_->Answer(reservation_, resp_, [this](grpc::Status s) {
-      if (!s.ok()) {
-        e_->Withdraw(reservation_);
-        return End(s);
-      }
-      Answered();
-    });
-  }
-
-  void Answered() {
+  void Answered(v1beta1::AllocateResponse resp) {
     Resource* res = e_->resource();
     // v1alpha has no annotations: adding them would only count a loss.
     if (e_->cdi_annotations() && kubelet_api_ == ApiVersion::kV1Beta1) {
-      for (auto& c : *resp_.mutable_container_responses()) {
+      for (auto& c : *resp.mutable_container_responses()) {
         if (c.cdi_devices_size() == 0) continue;
         std::vector<std::string> names;
         for (const auto& d : c.cdi_devices()) names.push_back(d.name());
@@ -435,7 +249,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
                        {{"resource", res->name()},
                         {"kubelet_api", std::string(ApiWireVersion(kubelet_api_))},
                         {"containers", req_.container_requests_size()}});
-    answer_(std::move(resp_));
+    answer_(std::move(resp));
     End(grpc::Status::OK);
   }
 
@@ -457,58 +271,23 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     });
   }
 
-  // Times one backend call (side=backend).
-  void ObserveBackend(const char* method, const absl::Status& s) {
-    if (e_->telemetry() == nullptr) return;
-    e_->telemetry()->ObserveRpc("backend", method, e_->resource()->name(),
-                                ApiWireVersion(kubelet_api_), ApiWireVersion(backend_->api()),
-                                GrpcCodeName(static_cast<grpc::StatusCode>(s.code())),
-                                absl::Now() - backend_start_);
-  }
-
   void End(const grpc::Status& s) {
     if (counted_) e_->AllocateServed();
     Finish(call_.Done(s));
-  }
-
-  // Whether the request names a device containers the kubelet forgot hold.
-  bool NamesForgotten(Resource* res) const {
-    std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
-    if (held->empty()) return false;
-    for (const auto& c : req_.container_requests()) {
-      for (const std::string& id : c.devices_ids()) {
-        if (held->count(id) > 0) return true;
-      }
-    }
-    return false;
   }
 
   KubeletEndpoint* const e_;
   grpc::CallbackServerContext* const ctx_;
   const ApiVersion kubelet_api_;
   const v1beta1::AllocateRequest req_;
-  bool forgotten_checked_ = false;
-  // A running container's re-admission that names devices other forgotten
-  // containers hold: journaled beside their records (CheckForgotten).
-  bool readmission_ = false;
   const Answer answer_;
   KubeletCall call_;
   const absl::Duration timeout_;
-  const absl::Time deadline_;
-  std::atomic<bool> cancelled_{false};
+  const absl::Time deadline_;  // a forwarded call's
   bool counted_ = false;  // admitted by the endpoint's gate, served or forwarded
   std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_;
   std::unique_ptr<grpc::ClientContext> forward_ctx_;
-  std::shared_ptr<Backend> backend_;
-  // The request as the backend got it, where its IDs differ (an ID map).
-  std::optional<v1beta1::AllocateRequest> backend_req_;
-  absl::Time backend_start_;
-  v1beta1::AllocateResponse resp_;
-  // Joined() runs when all three have arrived (Arrive).
-  std::atomic<int> arrivals_{3};
-  grpc::Status backend_status_;
-  grpc::Status reserved_;
-  AllocationJournal::Reservation reservation_;
+  v1beta1::AllocateResponse resp_;  // a forwarded call's answer
 };
 
 // --- GetPreferredAllocation -------------------------------------------------------
@@ -629,9 +408,9 @@ class KubeletEndpoint::Services {
                         std::move(held), /*refreshed=*/false);
         return reactor;
       }
-      WithBackend(e, ctx, [e, ctx, req, resp, reactor, call,
+      e->allocator()->WithBackend(ctx, e->backend_timeout(), [e, ctx, req, resp, reactor, call,
                            held = std::move(held)](std::shared_ptr<Backend> b) {
-        if (b == nullptr) return reactor->Finish(call->Done(NoBackend(e->resource())));
+        if (b == nullptr) return reactor->Finish(call->Done(ToGrpcStatus(e->allocator()->NoBackend())));
         call->set_backend(b.get());
         Resource* res = e->resource();
         v1beta1::PreferredAllocationRequest breq = *req;
@@ -697,8 +476,8 @@ class KubeletEndpoint::Services {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
       auto call = std::make_shared<KubeletCall>(e_, "PreStartContainer", ApiVersion::kV1Beta1);
       KubeletEndpoint* e = e_;
-      WithBackend(e, ctx, [e, ctx, req, reactor, call](std::shared_ptr<Backend> b) {
-        if (b == nullptr) return reactor->Finish(call->Done(NoBackend(e->resource())));
+      e->allocator()->WithBackend(ctx, e->backend_timeout(), [e, ctx, req, reactor, call](std::shared_ptr<Backend> b) {
+        if (b == nullptr) return reactor->Finish(call->Done(ToGrpcStatus(e->allocator()->NoBackend())));
         call->set_backend(b.get());
         v1beta1::PreStartContainerRequest breq = *req;
         for (auto& id : *breq.mutable_devices_ids()) id = e->resource()->ToBackendId(id);
@@ -813,14 +592,14 @@ class KubeletEndpoint::Services {
 
 KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& options,
                                  LossCounter* losses, EventLog* events,
-                                 AllocationJournal* journal, Telemetry* telemetry)
+                                 Allocator* allocator, Telemetry* telemetry)
     : resource_(resource),
       options_(options),
       backend_timeout_ns_(absl::ToInt64Nanoseconds(options.backend_timeout)),
       cdi_annotations_(options.cdi_annotations),
       losses_(losses),
       events_(events),
-      journal_(journal),
+      allocator_(allocator),
       telemetry_(telemetry),
       socket_name_(SocketNameFor(resource->name(), options.socket_generation)),
       socket_path_(options.registration == KubeletRegistration::kPluginWatcher
@@ -841,7 +620,6 @@ void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
   }
 }
 
-void KubeletEndpoint::NoteRefusal() { ++refused_; }
 
 void KubeletEndpoint::NoteOptionsAsked() {
   if (registering_.load()) options_asked_ = true;
@@ -1024,51 +802,6 @@ absl::Status KubeletEndpoint::Register() {
                 {{"resource", resource_->name()}, {"error", why}});
   return absl::FailedPreconditionError(
       absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
-}
-
-namespace {
-// A journal's refusal as the kubelet gets it.
-grpc::Status JournalStatus(const absl::Status& s, const std::string& resource) {
-  if (s.ok()) return grpc::Status::OK;
-  if (s.code() == absl::StatusCode::kFailedPrecondition) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(s.message()));
-  }
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      absl::StrCat("dpproxy cannot persist the allocation for ", resource,
-                                   ", so it refuses it: ", s.message()));
-}
-}  // namespace
-
-AllocationJournal::Reservation KubeletEndpoint::Reserve(
-    const v1beta1::AllocateRequest& req, const v1beta1::AllocateRequest* backend_req,
-    const Backend& backend, std::function<void(grpc::Status)> durable, bool readmission) {
-  if (journal_ == nullptr) {
-    durable(grpc::Status::OK);
-    return {};
-  }
-  return journal_->ReserveAsync(
-      resource_->name(), req,
-      BackendSide{std::string(ApiWireVersion(backend.api())), backend.endpoint(),
-                  backend.resource(), backend_req},
-      [durable = std::move(durable), name = resource_->name()](absl::Status s) {
-        durable(JournalStatus(s, name));
-      },
-      readmission);
-}
-
-void KubeletEndpoint::Answer(const AllocationJournal::Reservation& r,
-                             const v1beta1::AllocateResponse& resp,
-                             std::function<void(grpc::Status)> done) {
-  if (journal_ == nullptr) {
-    done(grpc::Status::OK);
-    return;
-  }
-  journal_->AnswerAsync(r, resp, [done = std::move(done), name = resource_->name()](
-                                     absl::Status s) { done(JournalStatus(s, name)); });
-}
-
-void KubeletEndpoint::Withdraw(const AllocationJournal::Reservation& r) {
-  if (journal_ != nullptr) journal_->Withdraw(r);
 }
 
 void KubeletEndpoint::HoldAllocates() {

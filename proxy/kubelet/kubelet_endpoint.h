@@ -30,6 +30,7 @@
 #include "proxy/events/event_log.h"
 #include "proxy/util/files.h"
 #include "proxy/config/proxy_config.h"
+#include "proxy/core/allocator.h"
 #include "proxy/core/preferred.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
@@ -40,11 +41,10 @@ namespace dpproxy {
 
 class KubeletEndpoint {
  public:
-  // `journal` (may be null) persists every answered allocation first.
+  // `allocator` serves every Allocate (allocator.h); it outlives this.
   // `telemetry` (may be null) times every call, on both sides.
   KubeletEndpoint(Resource* resource, const KubeletSideOptions& options, LossCounter* losses,
-                  EventLog* events, AllocationJournal* journal = nullptr,
-                  Telemetry* telemetry = nullptr);
+                  EventLog* events, Allocator* allocator, Telemetry* telemetry = nullptr);
   ~KubeletEndpoint();
 
   KubeletEndpoint(const KubeletEndpoint&) = delete;
@@ -81,26 +81,7 @@ class KubeletEndpoint {
   bool cdi_annotations() const { return cdi_annotations_.load(); }
   void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations);
   LossCounter* losses() { return losses_; }
-  // The journal's two steps for one Allocate (AllocationJournal), with
-  // its errors as the kubelet gets them: a kUnavailable-style gRPC error
-  // if the allocation cannot be persisted (the kubelet is then refused, as
-  // a kubelet refuses admission when its own checkpoint cannot be written).
-  // Without a journal, `durable` and `done` run at once with OK. Each
-  // callback runs on the calling thread or on the journal's writer, and
-  // must not block.
-  //   Reserve   while the backend is called; `backend_req` is the request
-  //             as the backend got it if its device IDs differ from the
-  //             kubelet's, nullptr otherwise.
-  //   Answer    the backend's answer, once `durable` ran OK.
-  //   Withdraw  the backend or the kubelet refused, once `durable` ran OK.
-  AllocationJournal::Reservation Reserve(const v1beta1::AllocateRequest& req,
-                                         const v1beta1::AllocateRequest* backend_req,
-                                         const Backend& backend,
-                                         std::function<void(grpc::Status)> durable,
-                                         bool readmission = false);
-  void Answer(const AllocationJournal::Reservation& r, const v1beta1::AllocateResponse& resp,
-              std::function<void(grpc::Status)> done);
-  void Withdraw(const AllocationJournal::Reservation& r);
+  Allocator* allocator() { return allocator_; }
   // --- Allocates during a handoff (proxy/handoff/handoff.proto) ---
   // Served here (the default), held (a new dpproxy is taking the state
   // over), or sent on to the new dpproxy's socket for this resource, which
@@ -130,7 +111,6 @@ class KubeletEndpoint {
   // a GetPreferredAllocation answer left held devices out, named some
   // (too few others), and Allocates refused for naming one.
   void NoteSteering(const PreferredChoice& choice);
-  void NoteRefusal();
   // Whether the kubelet may call Allocate again for a running container
   // it forgot when it re-admits its pods after a start: every release
   // before 1.25 does (1.25+ leave running containers alone, kubernetes
@@ -156,7 +136,7 @@ class KubeletEndpoint {
     int64_t avoided = 0, held_named = 0, refused = 0;
   };
   SteeringCounts steering() const {
-    return {avoided_.load(), held_named_.load(), refused_.load()};
+    return {avoided_.load(), held_named_.load(), allocator_->refused_held()};
   }
   Telemetry* telemetry() { return telemetry_; }
   bool stopping() const { return stopping_.load(); }
@@ -193,13 +173,13 @@ class KubeletEndpoint {
   std::atomic<bool> cdi_annotations_;
   LossCounter* const losses_;
   EventLog* const events_;
-  AllocationJournal* const journal_;
+  Allocator* const allocator_;
   Telemetry* const telemetry_;
   const std::string socket_name_;
   const std::string socket_path_;
   std::unique_ptr<Services> services_;
   std::atomic<bool> stopping_{false};
-  std::atomic<int64_t> avoided_{0}, held_named_{0}, refused_{0};
+  std::atomic<int64_t> avoided_{0}, held_named_{0};
   std::atomic<bool> registering_{false}, options_asked_{false};
   std::atomic<bool> unlisted_{false};
   // One Register (or release) at a time.

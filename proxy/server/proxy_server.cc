@@ -166,8 +166,8 @@ absl::Status ProxyServer::Start() {
                          keeper_.get(), config_.kubelet.backend_timeout,
                          config_.api_max_body_bytes},
         [this] {
-          std::vector<Resource*> out;
-          for (Entry* e : Entries()) out.push_back(e->resource.get());
+          std::vector<Allocator*> out;
+          for (Entry* e : Entries()) out.push_back(e->allocator.get());
           return out;
         },
         &events_, &losses_);
@@ -341,8 +341,9 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   KubeletSideOptions kubelet = config_.kubelet;
   kubelet.socket_generation = socket_generation_;
+  e->allocator = std::make_unique<Allocator>(e->resource.get(), keeper_.get(), &telemetry_);
   e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), kubelet, &losses_,
-                                                  &events_, keeper_.get(), &telemetry_);
+                                                  &events_, e->allocator.get(), &telemetry_);
   // As a reload left them.
   e->endpoint->SetCallSettings(live_config_.kubelet.backend_timeout,
                                live_config_.kubelet.cdi_annotations);
@@ -662,7 +663,6 @@ void ProxyServer::ApplyQuarantine() {
     }
     held_elsewhere_rows_ = std::move(held_rows);
     renamed_ = renamed;
-    removed_ = removed;
   }
 }
 
@@ -1130,7 +1130,10 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     for (ResourceStatus& r : st.resources) {
       auto it = renamed_.find(r.resource);
       if (it != renamed_.end()) r.now_served_as = it->second;
-      r.removed = removed_.count(r.resource) > 0;
+      // From the entry, not from the last ApplyQuarantine: a reload that
+      // removed the static backend shows at once.
+      auto e = entries_.find(r.resource);
+      r.removed = e != entries_.end() && e->second->static_removed;
     }
   }
   if (reconciler_) {

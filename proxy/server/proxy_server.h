@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "proxy/core/allocator.h"
 #include "proxy/core/backend.h"
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
@@ -158,6 +159,8 @@ class ProxyServer : private Handover::Host {
  private:
   struct Entry {
     std::unique_ptr<Resource> resource;
+    // Every allocation of the resource, from either side (allocator.h).
+    std::unique_ptr<Allocator> allocator;
     std::unique_ptr<KubeletEndpoint> endpoint;
     // Dialled by dpproxy (a reload may add or drop it).
     std::atomic<bool> static_backend{false};
@@ -251,7 +254,6 @@ class ProxyServer : private Handover::Host {
   std::vector<HeldElsewhereStatus> held_elsewhere_rows_ ABSL_GUARDED_BY(mu_);
   // Kubelet name -> the name it is served as now, for renamed ones.
   std::map<std::string, std::string> renamed_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> removed_ ABSL_GUARDED_BY(mu_);  // Entry::static_removed
   // Grows when what ApplyQuarantine reads changes other than through the
   // keeper: a backend attached, a reload of names or IDs.
   std::atomic<uint64_t> served_version_{0};

@@ -170,6 +170,11 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
     c.clear_quarantined();
     c.clear_quarantine_reason();
     c.clear_quarantined_unix_ms();
+    // A DRA claim's CDI names and spec come with its answer.
+    if (c.has_claim()) {
+      c.mutable_claim()->clear_cdi_ids();
+      c.mutable_claim()->clear_cdi_spec();
+    }
     return c.SerializeAsString();
   };
   std::map<uint64_t, std::string> known;
@@ -193,6 +198,7 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
       // Its reservation may be gone: released or withdrawn in a snapshot.
       if (state::Allocation* held = find(a.id()); held != nullptr) {
         *held->mutable_response() = a.response();
+        if (a.has_claim()) *held->mutable_claim() = a.claim();
         held->clear_stage();
       }
       continue;

@@ -548,7 +548,8 @@ state::Allocation* StateKeeper::FindRecentLocked(uint64_t id) {
 }
 
 void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
-                              std::function<void(absl::Status)> done) {
+                              std::function<void(absl::Status)> done,
+                              const std::vector<state::DraClaim>* claims) {
   Submit(
       [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         if (handed_over_) return HandedOverError();
@@ -563,11 +564,15 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
           if (i < resp.container_responses_size()) {
             *a.mutable_response() = resp.container_responses(i);
           }
+          if (claims != nullptr && i < static_cast<int>(claims->size())) {
+            *a.mutable_claim() = (*claims)[static_cast<size_t>(i)];
+          }
           // In memory at once: a snapshot taken before the record is
           // written holds the response, and the record replays onto it
           // unchanged.
           if (state::Allocation* held = FindRecentLocked(a.id()); held != nullptr) {
             *held->mutable_response() = a.response();
+            if (a.has_claim()) *held->mutable_claim() = a.claim();
             held->clear_stage();
           }
           me->records.push_back(std::move(a));

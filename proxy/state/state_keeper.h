@@ -78,7 +78,10 @@ class AllocationJournal {
   //                 devices like any allocation), or with why not (nothing
   //                 was recorded; the refusals of RecordAsync).
   //   AnswerAsync   once the plugin answered and `durable` ran OK: the
-  //                 response (ANSWERED records). `done` runs once they are
+  //                 response (ANSWERED records), and with `claims` (one
+  //                 per container, may be null) the DRA claims, which then
+  //                 replace the reserved records' (what only the whole
+  //                 answer tells: their CDI names and spec). `done` runs once they are
   //                 written, before their sync: a dpproxy crash keeps them,
   //                 and the next sync (their own, or the next append's)
   //                 makes them durable.
@@ -101,7 +104,8 @@ class AllocationJournal {
                                    std::function<void(absl::Status)> durable,
                                    bool readmission = false) = 0;
   virtual void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
-                           std::function<void(absl::Status)> done) = 0;
+                           std::function<void(absl::Status)> done,
+                           const std::vector<state::DraClaim>* claims = nullptr) = 0;
   virtual void Withdraw(const Reservation& r) = 0;
 };
 
@@ -162,7 +166,8 @@ class StateKeeper : public AllocationJournal {
                            const BackendSide& backend, std::function<void(absl::Status)> durable,
                            bool readmission = false) override;
   void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
-                   std::function<void(absl::Status)> done) override;
+                   std::function<void(absl::Status)> done,
+                   const std::vector<state::DraClaim>* claims = nullptr) override;
   void Withdraw(const Reservation& r) override;
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const std::string& backend_api,

@@ -9,6 +9,8 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proxy/core/allocator.h"
+#include "proxy/core/resource.h"
 #include "proxy/dra/cdi_spec.h"
 #include "proxy/dra/device_names.h"
 #include "proxy/events/event_log.h"
@@ -22,9 +24,11 @@ namespace dpproxy {
 namespace {
 
 using ::testing::_;
+using ::testing::AnyNumber;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Return;
+using ::testing::SaveArg;
 using ::testing::StrictMock;
 using Json = nlohmann::json;
 
@@ -53,6 +57,21 @@ class ClaimPreparerTest : public ::testing::Test {
     c.token = "t";
     client_ = *KubeClient::Create(c);
     backend_ = std::make_shared<StrictMock<testing::MockBackend>>();
+    // The resource as the plugin lists it: every allocation goes through
+    // its allocator, which checks the devices against this list.
+    EXPECT_CALL(*backend_, Start(_)).WillOnce(SaveArg<0>(&backend_->callbacks));
+    EXPECT_CALL(*backend_, Stop()).Times(AnyNumber());
+    resource_ = std::make_unique<Resource>("vendor.com/gpu", ResourcePolicy(), &events_);
+    resource_->AttachBackend(backend_);
+    std::vector<v1beta1::Device> devices;
+    for (const char* id : {"gpu-0", "gpu-1", "GPU-X"}) {
+      v1beta1::Device d;
+      d.set_id(id);
+      d.set_health(std::string(kHealthy));
+      devices.push_back(d);
+    }
+    backend_->callbacks.on_devices(DeviceList::FromDevices(std::move(devices)));
+    ASSERT_NE(resource_->backend(), nullptr);
     ReopenJournal();
   }
   // The journal as a new dpproxy process finds it.
@@ -62,7 +81,9 @@ class ClaimPreparerTest : public ::testing::Test {
     keeper_ = std::make_unique<StateKeeper>(dir_.Sub("state/state.pb"), &events_);
     absl::StatusOr<state::State> loaded = keeper_->Load();
     ASSERT_TRUE(loaded.ok()) << loaded.status();
+    allocators_.push_back(std::make_unique<Allocator>(resource_.get(), keeper_.get(), nullptr));
   }
+  Allocator* allocator() { return allocators_.back().get(); }
   std::unique_ptr<ClaimPreparer> Preparer() {
     ClaimPreparer::Options o;
     o.driver = kDriver;
@@ -71,11 +92,13 @@ class ClaimPreparerTest : public ::testing::Test {
     o.journal = keeper_.get();
     o.claim_files_dir = dir_.Sub("state/dra-claims");
     std::shared_ptr<Backend> backend = backend_;
+    Allocator* alloc = allocator();
     return std::make_unique<ClaimPreparer>(
-        o, client_.get(), [this, backend](const std::string& pool) -> std::optional<BridgedResource> {
+        o, client_.get(),
+        [this, backend, alloc](const std::string& pool) -> std::optional<BridgedResource> {
           if (pool != kPool) return std::nullopt;
           return BridgedResource{"vendor.com/gpu", connected_ ? backend : nullptr,
-                                 {"gpu-0", "gpu-1", "GPU-X"}};
+                                 {"gpu-0", "gpu-1", "GPU-X"}, alloc};
         });
   }
   // A claim allocated by the scheduler: (request, pool, device) results.
@@ -97,7 +120,9 @@ class ClaimPreparerTest : public ::testing::Test {
 
   testing::ShortTempDir dir_;
   EventLog events_{"test"};
+  std::unique_ptr<Resource> resource_;
   std::unique_ptr<StateKeeper> keeper_;
+  std::vector<std::unique_ptr<Allocator>> allocators_;
   sim::ApiServerSim api_;
   std::unique_ptr<KubeClient> client_;
   std::shared_ptr<StrictMock<testing::MockBackend>> backend_;
@@ -203,6 +228,69 @@ TEST_F(ClaimPreparerTest, APreparedClaimHoldsItsDevicesInTheJournalUntilUnprepar
   EXPECT_EQ(p->prepared_claims(), 0);
   // What was unprepared stays gone in the next process.
   ReopenJournal();
+  EXPECT_TRUE(keeper_->ClaimAllocations(c.uid).empty());
+}
+
+// dpproxy stopped while the plugin allocated for a claim: the journal
+// holds the claim's devices as reserved, never answered. The next start
+// releases them, and the kubelet's next prepare calls the plugin again.
+TEST_F(ClaimPreparerTest, AClaimStoppedMidPrepareIsReleasedAndPreparedAgain) {
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}});
+  state::DraClaim claim;
+  claim.set_uid(c.uid);
+  claim.set_namespace_(c.namespace_);
+  claim.set_name(c.name);
+  claim.set_request("a");
+  claim.set_pool(kPool);
+  claim.add_devices("gpu-0");
+  const std::vector<state::DraClaim> claims = {claim};
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("gpu-0");
+  BackendSide side;
+  side.api = "v1beta1";
+  side.endpoint = backend_->endpoint();
+  side.claims = &claims;
+  absl::Notification durable;
+  keeper_->ReserveAsync("vendor.com/gpu", req, side, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    durable.Notify();
+  });
+  ASSERT_TRUE(durable.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  ReopenJournal();  // the next dpproxy process
+  ASSERT_EQ(keeper_->ClaimAllocations(c.uid).size(), 1u);
+  EXPECT_TRUE(keeper_->HoldsDevice("vendor.com/gpu", "gpu-0"));
+
+  std::unique_ptr<ClaimPreparer> p = Preparer();
+  ASSERT_TRUE(p->RestoreSpecs().ok());
+  EXPECT_TRUE(keeper_->ClaimAllocations(c.uid).empty());
+  EXPECT_EQ(p->prepared_claims(), 0);
+  EXPECT_CALL(*backend_, Allocate(_, _, _)).WillOnce([](auto& req, auto, auto*) {
+    return Answer(req);
+  });
+  ASSERT_TRUE(p->Prepare(c).ok());
+  const std::vector<state::Allocation> held = keeper_->ClaimAllocations(c.uid);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].stage(), state::Allocation::WHOLE);
+  EXPECT_FALSE(held[0].claim().cdi_ids().empty());
+}
+
+// A claim's devices obey the same rules as a device-plugin allocation's:
+// one the plugin reports Unhealthy now is not prepared.
+TEST_F(ClaimPreparerTest, ADeviceThePluginReportsUnhealthyIsNotPrepared) {
+  std::vector<v1beta1::Device> devices(3);
+  devices[0].set_id("gpu-0");
+  devices[0].set_health("Healthy");
+  devices[1].set_id("gpu-1");
+  devices[1].set_health("Unhealthy");
+  devices[2].set_id("GPU-X");
+  devices[2].set_health("Healthy");
+  backend_->callbacks.on_devices(DeviceList::FromDevices(std::move(devices)));
+  const ClaimRef c = Claim("train", {{"a", kPool, "gpu-0"}, {"b", kPool, "gpu-1"}});
+  // The strict mock takes no Allocate.
+  absl::StatusOr<std::vector<PreparedClaimDevice>> d = Preparer()->Prepare(c);
+  EXPECT_THAT(d.status().message(),
+              HasSubstr("claim default/train: device \"gpu-1\" of resource vendor.com/gpu is "
+                        "Unhealthy"));
   EXPECT_TRUE(keeper_->ClaimAllocations(c.uid).empty());
 }
 
@@ -313,9 +401,10 @@ TEST_F(ClaimPreparerTest, WhatDraCannotCarryIsToldPerResource) {
     told = loss;
   };
   std::shared_ptr<Backend> backend = backend_;
-  ClaimPreparer p(o, client_.get(), [backend](const std::string&) {
+  Allocator alloc(resource_.get(), nullptr, nullptr);
+  ClaimPreparer p(o, client_.get(), [backend, &alloc](const std::string&) {
     return std::optional<BridgedResource>(
-        BridgedResource{"vendor.com/gpu", backend, {"gpu-0", "gpu-1"}});
+        BridgedResource{"vendor.com/gpu", backend, {"gpu-0", "gpu-1"}, &alloc});
   });
   ASSERT_TRUE(p.Prepare(c).ok());
   EXPECT_THAT(resources, ElementsAre("vendor.com/gpu"));  // once, for the whole claim

@@ -15,6 +15,8 @@
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
+#include "proxy/core/allocator.h"
+#include "proxy/core/resource.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tests/testing/mock_backend.h"
@@ -28,6 +30,7 @@ using ::testing::_;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::NiceMock;
+using ::testing::SaveArg;
 using Json = nlohmann::json;
 namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
@@ -53,16 +56,25 @@ class DraServerTest : public ::testing::Test {
       }
       return absl::StatusOr<v1beta1::AllocateResponse>(resp);
     });
+    // The plugin's resource, listing both devices.
+    ON_CALL(*backend_, Start(_)).WillByDefault(SaveArg<0>(&backend_->callbacks));
+    resource_.AttachBackend(backend_);
+    std::vector<v1beta1::Device> devices(2);
+    devices[0].set_id("gpu-0");
+    devices[1].set_id("gpu-1");
+    for (auto& d : devices) d.set_health("Healthy");
+    backend_->callbacks.on_devices(DeviceList::FromDevices(std::move(devices)));
     ClaimPreparer::Options o;
     o.driver = kDriver;
     o.node = "node-1";
     o.cdi_dir = dir_.Sub("cdi");
     // No journal: prepared claims are kept in memory.
     std::shared_ptr<Backend> b = backend_;
+    Allocator* alloc = &allocator_;
     preparer_ = std::make_unique<ClaimPreparer>(
-        o, client_.get(), [b](const std::string& pool) -> std::optional<BridgedResource> {
+        o, client_.get(), [b, alloc](const std::string& pool) -> std::optional<BridgedResource> {
           if (pool != kPool) return std::nullopt;
-          return BridgedResource{"vendor.com/gpu", b, {"gpu-0", "gpu-1"}};
+          return BridgedResource{"vendor.com/gpu", b, {"gpu-0", "gpu-1"}, alloc};
         });
     server_ = std::make_unique<DraServer>(
         DraServer::Options{dir_.Sub("k"), kDriver, [this] { ++registrations_; }},
@@ -85,6 +97,8 @@ class DraServerTest : public ::testing::Test {
   EventLog events_{"test"};
   std::unique_ptr<KubeClient> client_;
   std::shared_ptr<NiceMock<testing::MockBackend>> backend_;
+  Resource resource_{"vendor.com/gpu", ResourcePolicy(), &events_};
+  Allocator allocator_{&resource_, nullptr, nullptr};
   std::unique_ptr<ClaimPreparer> preparer_;
   std::unique_ptr<DraServer> server_;
   std::atomic<int> registrations_{0};  // on_registered calls

@@ -74,6 +74,8 @@ void PrintTable(const std::string& path, const state::State& s) {
       holder = absl::StrCat("claim ", a.claim().namespace_(), "/", a.claim().name(), " / ",
                             a.claim().request());
     }
+    // Held while the plugin is called; the kubelet has no answer yet.
+    if (a.stage() == state::Allocation::RESERVED) absl::StrAppend(&holder, " [reserved]");
     std::cout << absl::StrFormat("%-6d %-24s %-30s %-32s %-9s %s\n", a.id(), a.resource(),
                                  absl::StrJoin(a.device_ids(), ","), holder, a.backend_api(),
                                  Age(a.allocated_unix_ms()));

@@ -201,7 +201,9 @@ absl::Status ProxyServer::Start() {
     takeover_->StartCompleting(
         {[this] {
            std::vector<KubeletEndpoint*> out;
-           for (Entry* e : Entries()) out.push_back(e->endpoint.get());
+           for (Entry* e : Entries()) {
+             if (e->endpoint) out.push_back(e->endpoint.get());
+           }
            return out;
          },
          registrar_.get(), [this] { return stopping(); }, before_finish_hook_});
@@ -243,11 +245,12 @@ void ProxyServer::Shutdown() {
     // dpproxy have their answers, and only then close the sockets.
     const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
     for (auto& [name, e] : entries) {
+      if (!e->endpoint) continue;
       (void)e->endpoint->WaitForKubeletGone(std::max(absl::ZeroDuration(), quiet_by - absl::Now()));
     }
     const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
     for (auto& [name, e] : entries) {
-      if (!e->endpoint->WaitForAllocatesServed(wait)) {
+      if (e->endpoint && !e->endpoint->WaitForAllocatesServed(wait)) {
         LOG(WARNING) << "resource " << name << ": a forwarded Allocate is still in progress "
                      << "after " << absl::FormatDuration(wait) << "; stopping anyway";
       }
@@ -257,15 +260,19 @@ void ProxyServer::Shutdown() {
   if (!released() && !giving_back) {
     // Stopping for good: an endpoint the kubelet no longer lists by name
     // registers once more, so that its end turns the devices unhealthy.
-    for (auto& [name, e] : entries) e->endpoint->RelistBeforeStop();
+    for (auto& [name, e] : entries) {
+      if (e->endpoint) e->endpoint->RelistBeforeStop();
+    }
   }
   // Cancel Register calls in flight, then wait for the workers: their jobs
   // point at the entries.
-  for (auto& [name, e] : entries) e->endpoint->Stop();
+  for (auto& [name, e] : entries) {
+    if (e->endpoint) e->endpoint->Stop();
+  }
   if (workers_) workers_->Shutdown();
   registrar_.reset();
   for (auto& [name, e] : entries) {
-    e->endpoint->Stop();
+    if (e->endpoint) e->endpoint->Stop();
     e->resource->Shutdown();
   }
   // After a handoff the status file is the new dpproxy's; given back, the
@@ -342,11 +349,15 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
   KubeletSideOptions kubelet = config_.kubelet;
   kubelet.socket_generation = socket_generation_;
   e->allocator = std::make_unique<Allocator>(e->resource.get(), keeper_.get(), &telemetry_);
-  e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), kubelet, &losses_,
-                                                  &events_, e->allocator.get(), &telemetry_);
-  // As a reload left them.
-  e->endpoint->SetCallSettings(live_config_.kubelet.backend_timeout,
-                               live_config_.kubelet.cdi_annotations);
+  // In DRA mode the kubelet learns of devices from ResourceSlices: no
+  // device-plugin socket (it would win over DRA).
+  if (!config_.dra.enabled) {
+    e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), kubelet, &losses_,
+                                                    &events_, e->allocator.get(), &telemetry_);
+    // As a reload left them.
+    e->endpoint->SetCallSettings(live_config_.kubelet.backend_timeout,
+                                 live_config_.kubelet.cdi_annotations);
+  }
   Entry* raw = e.get();
   entries_[name] = std::move(e);
   lock.Release();
@@ -355,9 +366,7 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
     ApplyQuarantine();
     (void)raw->resource->AttachBackend(std::move(attach));
   }
-  // In DRA mode the kubelet learns of devices from ResourceSlices: no
-  // device plugin is registered with it (it would win over DRA).
-  if (config_.dra.enabled) {
+  if (!raw->endpoint) {
     LOG(INFO) << "resource " << name << ": published as DRA devices of driver "
               << config_.dra.driver << " (no device-plugin socket for the kubelet)";
   } else {
@@ -737,8 +746,8 @@ std::string ProxyServer::Fingerprint() {
                     reconciler_->allocations_recovered(), "|");
   }
   for (Entry* e : entries) {
-    const KubeletEndpoint::SteeringCounts steering = e->endpoint->steering();
-    absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint->negotiated(), "|",
+    const KubeletEndpoint::SteeringCounts steering = SteeringOf(e);
+    absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint ? e->endpoint->negotiated() : "", "|",
                     steering.avoided, "|", steering.held_named, "|", steering.refused, "|");
   }
   absl::StrAppend(&fp, losses_.Total(), "|");
@@ -764,7 +773,7 @@ bool ProxyServer::PersistResources(const std::string& fingerprint) {
   for (Entry* e : Entries()) {
     state::Resource r;
     r.set_name(e->resource->name());
-    std::string api = e->endpoint->negotiated();
+    std::string api = e->endpoint ? e->endpoint->negotiated() : std::string();
     if (api.empty()) {
       absl::MutexLock lock(&mu_);
       api = e->restored_kubelet_api;
@@ -898,7 +907,9 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
       live_config_.dial_timeout = next.dial_timeout;
     }
     for (Entry* e : Entries()) {
-      e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
+      if (e->endpoint) {
+        e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
+      }
     }
     if (registration_) registration_->SetDialTimeout(next.dial_timeout);
     if (dra_) dra_->SetBackendTimeout(next.kubelet.backend_timeout);
@@ -1057,7 +1068,8 @@ void ProxyServer::ApplyServedNames(const ProxyConfig& next) {
 std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(resource);
-  return it == entries_.end() ? "" : it->second->endpoint->socket_path();
+  return it == entries_.end() || !it->second->endpoint ? ""
+                                                         : it->second->endpoint->socket_path();
 }
 
 ProxyStatus ProxyServer::Status(bool with_devices) {
@@ -1087,8 +1099,8 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     } else {
       r.kubelet_api = e->endpoint->negotiated();
     }
-    // In DRA mode the endpoint never serves: there is no socket to name.
-    r.kubelet_socket = dra_ ? std::string() : e->endpoint->socket_path();
+    // In DRA mode there is no device-plugin socket to name.
+    r.kubelet_socket = e->endpoint ? e->endpoint->socket_path() : std::string();
     r.backend_connected = e->resource->backend_connected();
     r.backend_api = backend_api;
     r.backend_endpoint = endpoint;
@@ -1101,7 +1113,7 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
     r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
     r.device_list_refused = e->resource->list_refused();
     r.device_ids_mapped = e->resource->ids_mapped();
-    const KubeletEndpoint::SteeringCounts steering = e->endpoint->steering();
+    const KubeletEndpoint::SteeringCounts steering = SteeringOf(e);
     r.forgotten_avoided = steering.avoided;
     r.forgotten_named = steering.held_named;
     r.forgotten_refused = steering.refused;
@@ -1153,9 +1165,18 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
 
 namespace dpproxy {
 
+KubeletEndpoint::SteeringCounts ProxyServer::SteeringOf(Entry* e) {
+  if (e->endpoint) return e->endpoint->steering();
+  KubeletEndpoint::SteeringCounts c;
+  c.refused = e->allocator->refused_held();
+  return c;
+}
+
 std::vector<KubeletEndpoint*> ProxyServer::HandoverEndpoints() {
   std::vector<KubeletEndpoint*> out;
-  for (Entry* e : Entries()) out.push_back(e->endpoint.get());
+  for (Entry* e : Entries()) {
+    if (e->endpoint) out.push_back(e->endpoint.get());
+  }
   return out;
 }
 

@@ -161,7 +161,7 @@ class ProxyServer : private Handover::Host {
     std::unique_ptr<Resource> resource;
     // Every allocation of the resource, from either side (allocator.h).
     std::unique_ptr<Allocator> allocator;
-    std::unique_ptr<KubeletEndpoint> endpoint;
+    std::unique_ptr<KubeletEndpoint> endpoint;  // null in DRA mode
     // Dialled by dpproxy (a reload may add or drop it).
     std::atomic<bool> static_backend{false};
     StaticBackendConfig static_config;  // under mu_
@@ -182,6 +182,9 @@ class ProxyServer : private Handover::Host {
   Entry* EnsureEntry(const std::string& name, std::shared_ptr<Backend> attach = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Entry*> Entries() ABSL_LOCKS_EXCLUDED(mu_);
+  // Steering away from forgotten devices (KubeletEndpoint::steering): the
+  // allocator's refusals alone where there is no endpoint (DRA mode).
+  static KubeletEndpoint::SteeringCounts SteeringOf(Entry* e);
   // The kubelet-facing name of a plugin's resource, after renames as a
   // reload left them.
   std::string ServedName(const std::string& backend_resource) ABSL_LOCKS_EXCLUDED(mu_);

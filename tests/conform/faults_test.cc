@@ -26,6 +26,7 @@
 namespace dpproxy::conform {
 namespace {
 
+using ::testing::Contains;
 using ::testing::HasSubstr;
 
 // Releases where the faults differ: before GetPreferredAllocation (1.18),
@@ -156,7 +157,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
   // slow-reserve registers on a new kubelet.sock before it serves its
   // socket again: refused once, it recovers, and kubelet-restart passes.
-  for (const char* flags : {"--preferred --pre_start_required",
+  for (const char* flags : {"--preferred --pre_start_required --control_node=/dev/sample/ctl",
                             "--registration=plugin-watcher --preferred",
                             "--fault=slow-reserve --preferred --pre_start_required"}) {
     SCOPED_TRACE(flags);
@@ -177,6 +178,25 @@ TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
     EXPECT_EQ(applied.count("health"), 1u);
     EXPECT_EQ(applied.count("kubelet-restart"), 1u);
     EXPECT_EQ(applied.count("kubelet-crash"), 0u) << "opt-in: not run unless named";
+  }
+}
+
+// GPU plugins give every container their control node (an nvidiactl-like
+// node) whatever it was allocated; the kubelet never compares device nodes
+// across containers. Only a container handed a device it was not given
+// fails allocate-two (same-device-node, above).
+TEST(ConformTest, AControlNodeEveryContainerGetsIsNotASharedDevice) {
+  ConformOptions o = Options("--control_node=/dev/sample/ctl");
+  o.kubelets = {*sim::ParseKubeletVersion("1.15"), *sim::ParseKubeletVersion("1.36")};
+  o.scenarios = {"allocate-two"};
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 2u);
+  for (const CellResult& c : *cells) {
+    EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+    EXPECT_THAT(c.notes, Contains(HasSubstr("both also get /dev/sample/ctl, which names no "
+                                            "device")))
+        << Describe(c);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/v1beta1/api.pb.h"
@@ -248,6 +249,63 @@ std::vector<std::string> DeviceAccess(const v1beta1::ContainerAllocateResponse& 
   return out;
 }
 
+// Whether `text` names the device `id`: `id` in it, not as part of a
+// longer word ("gpu-1" names gpu-1 in "/dev/gpu-1" and "GPU=gpu-1,gpu-2",
+// not in "/dev/gpu-10").
+bool NamesDevice(absl::string_view text, absl::string_view id) {
+  auto word = [](char ch) { return absl::ascii_isalnum(static_cast<unsigned char>(ch)); };
+  for (size_t at = text.find(id); at != absl::string_view::npos; at = text.find(id, at + 1)) {
+    const size_t end = at + id.size();
+    if ((at == 0 || !word(text[at - 1])) && (end == text.size() || !word(text[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// What gives a container access to a device, as "what: value": device
+// nodes, mounts, CDI devices and environment variables.
+std::vector<std::pair<std::string, std::string>> Grants(
+    const v1beta1::ContainerAllocateResponse& r) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& d : r.devices()) out.emplace_back("device node", d.host_path());
+  for (const auto& m : r.mounts()) out.emplace_back("mount", m.host_path());
+  for (const auto& d : r.cdi_devices()) out.emplace_back("CDI device", d.name());
+  for (const auto& [k, v] : r.envs()) out.emplace_back("environment variable", k + "=" + v);
+  return out;
+}
+
+// The real bug behind two containers sharing a device: a container's
+// answer names a device the plugin lists that the kubelet did not give it
+// (counted free, or another container's). A node every container gets
+// names none, and is fine.
+std::optional<CellResult> OtherDeviceGranted(const sim::ContainerAllocation& a,
+                                             const std::vector<std::string>& listed,
+                                             int container) {
+  const std::set<std::string> own(a.device_ids().begin(), a.device_ids().end());
+  // Its own IDs out first, longest first: "gpu-1" is not named by
+  // "/dev/gpu-1-a" when gpu-1-a is the container's.
+  std::vector<std::string> mine(own.begin(), own.end());
+  std::sort(mine.begin(), mine.end(),
+            [](const std::string& x, const std::string& y) { return x.size() > y.size(); });
+  for (const auto& [what, value] : Grants(a.response())) {
+    std::string rest = value;
+    for (const std::string& m : mine) rest = absl::StrReplaceAll(rest, {{m, "\x01"}});
+    for (const std::string& id : listed) {
+      if (own.count(id) > 0 || !NamesDevice(rest, id)) continue;
+      return Fail(absl::StrCat("container ", container, " was given ", id, "'s ", what),
+                  absl::StrCat("answered Allocate for ", absl::StrJoin(own, ","), " with ", what,
+                               " ", value, ", which names ", id, " (not in that request)"),
+                  "each Allocate answers for the devices in its own request; what every "
+                  "container gets (a control node) names no device",
+                  absl::StrCat("the container uses ", id,
+                               " while the kubelet counts it free or another container's: "
+                               "two pods share one device"));
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<CellResult> CheckResponse(Cell& c, const sim::ContainerAllocation& a,
                                         const Json& unread) {
   const v1beta1::ContainerAllocateResponse& r = a.response();
@@ -347,21 +405,26 @@ CellResult AllocateTwo(Cell& c) {
                                  bad->kubelet_expects, bad->users_see});
     }
   }
-  std::vector<std::string> first = DeviceAccess(r->allocations(0).response());
-  std::vector<std::string> second = DeviceAccess(r->allocations(1).response());
-  for (const std::string& path : first) {
-    if (std::find(second.begin(), second.end(), path) != second.end()) {
-      return Fail(
-          absl::StrCat("both containers were given ", path),
-          absl::StrCat("answered Allocate for ", r->allocations(0).device_ids(0), " and for ",
-                       r->allocations(1).device_ids(0), " with the same device ", path),
-          "each Allocate answers for the devices in its own request (one call per "
-          "container)",
-          "two containers share one device while the kubelet counts two in use");
-    }
+  std::vector<std::string> listed;
+  for (const sim::DeviceState& d : c.Devices(c.resource())) listed.push_back(d.id());
+  for (int i = 0; i < 2; ++i) {
+    const sim::ContainerAllocation& a = r->allocations(i);
+    if (std::optional<CellResult> bad = OtherDeviceGranted(a, listed, i + 1)) return *bad;
+  }
+  // What both get whatever they were given names no device: a control
+  // node, as GPU plugins give every container (never a kubelet check).
+  std::vector<std::string> shared;
+  const std::vector<std::string> second = DeviceAccess(r->allocations(1).response());
+  for (const std::string& path : DeviceAccess(r->allocations(0).response())) {
+    if (std::find(second.begin(), second.end(), path) != second.end()) shared.push_back(path);
   }
   return Pass(absl::StrCat("two containers given ", r->allocations(0).device_ids(0), " and ",
-                           r->allocations(1).device_ids(0), ", one response each"));
+                           r->allocations(1).device_ids(0), ", one response each"),
+              shared.empty() ? std::vector<std::string>()
+                             : std::vector<std::string>{absl::StrCat(
+                                   "both also get ", absl::StrJoin(shared, ", "),
+                                   ", which names no device: a node every container gets "
+                                   "(as GPU plugins give their control nodes)")});
 }
 
 CellResult Preferred(Cell& c) {

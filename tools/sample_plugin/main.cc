@@ -77,6 +77,10 @@ DEFINE_string(cdi_dir, "",
               "Write the CDI spec behind the cdi_devices this plugin answers (v1beta1)\n"
               "into this directory at start, as vendor plugins with CDI do\n"
               "(e.g. /var/run/cdi). Empty: none.");
+DEFINE_string(control_node, "",
+              "A device node every container gets whatever it was allocated, as GPU\n"
+              "plugins give every container their control node (e.g. /dev/sample/ctl).\n"
+              "Empty: none.");
 DEFINE_string(fault, "",
               "Fault injection: behave as a buggy plugin does, for testing conformance\n"
               "tools (dpconform). One of: wrong-version, register-before-serve,\n"
@@ -161,6 +165,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.device_list_fault = FLAGS_device_list_fault;
   o.fault = FLAGS_fault;
   o.cdi_dir = FLAGS_cdi_dir;
+  o.control_node = FLAGS_control_node;
   DPP_RETURN_IF_ERROR(ValidateOptions(o));
   return o;
 }

@@ -383,6 +383,12 @@ class SamplePlugin::Impl {
         r.add_cdi_devices()->set_name(absl::StrCat(ResourceDomain(o_.resource), "/", name, "=", id));
       }
     }
+    if (!o_.control_node.empty()) {
+      v1beta1::DeviceSpec* d = r.add_devices();
+      d->set_host_path(o_.control_node);
+      d->set_container_path(o_.control_node);
+      d->set_permissions("rw");
+    }
     if (o_.api == ApiVersion::kV1Beta1) {
       (*r.mutable_annotations())[absl::StrCat(ResourceDomain(o_.resource), "/devices")] =
           absl::StrJoin(ids, ",");

@@ -102,6 +102,10 @@ struct SamplePluginOptions {
   // /dev/sample-cdi/<id>. Written at Start, left in place at Stop. Empty:
   // none (a runtime cannot resolve those names).
   std::string cdi_dir;
+  // A device node every container gets, whatever it was allocated, as GPU
+  // plugins give every container their control node (an nvidiactl-like
+  // node): this host path, also as the container path. Empty: none.
+  std::string control_node;
 };
 
 // The values SamplePluginOptions::fault accepts, each a bug seen in real

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
@@ -11,6 +12,9 @@
 #include "proxy/util/files.h"
 
 namespace dpproxy {
+
+void KeepGrpcForProcess() { grpc_init(); }
+
 
 grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {

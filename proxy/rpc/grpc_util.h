@@ -42,6 +42,14 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 // `max_receive_bytes` > 0 raises (or lowers) gRPC's 4 MiB default limit on
 // messages received over the channel. `first_retry` is how long gRPC waits
 // before connecting again after the first refusal (then longer, up to 1 s).
+// Keeps gRPC initialized until the process ends; called once at the start
+// of a binary's main. Otherwise destroying the last server or channel runs
+// gRPC's global shutdown, which waits for its executor thread, and that
+// thread may sit in a poll for about 10 s (a write the peer stopped
+// reading, such as a list over the kubelet's 4 MiB): a stop that should
+// take milliseconds takes seconds.
+void KeepGrpcForProcess();
+
 std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
                                                int max_receive_bytes = 0,
                                                absl::Duration first_retry =

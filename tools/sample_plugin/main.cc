@@ -184,6 +184,7 @@ int Serve() {
   }
   if (plugins.empty()) return Fail(2, "--resource: no resource name");
   BlockTerminationSignals();
+  KeepGrpcForProcess();  // a stop takes milliseconds (grpc_util.h)
   for (auto& plugin : plugins) {
     plugin->events().SetEcho(!FLAGS_quiet);
     if (!FLAGS_events.empty()) {

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <thread>
-#include <unordered_set>
 
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>

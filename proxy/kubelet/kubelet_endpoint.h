@@ -34,7 +34,6 @@
 #include "proxy/core/preferred.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
-#include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {

@@ -432,7 +432,9 @@ TEST(ConformTest, TheBinaryReportsAndExits) {
   EXPECT_EQ(out["cells"][1]["outcome"], "blocked");
   absl::StatusOr<std::string> xml = ReadFile(junit);
   ASSERT_TRUE(xml.ok());
-  EXPECT_THAT(*xml, HasSubstr("tests=\"2\" failures=\"1\""));
+  // The blocked cell is a failure too, with its reason.
+  EXPECT_THAT(*xml, HasSubstr("tests=\"2\" failures=\"2\""));
+  EXPECT_THAT(*xml, HasSubstr("type=\"blocked\">not run: it needs"));
   // The failed cell's directory is kept and named.
   EXPECT_TRUE(PathExists(out["cells"][0]["dir"].get<std::string>() + "/plugin.log"));
 

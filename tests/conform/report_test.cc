@@ -1,8 +1,14 @@
 #include "tools/conform/report.h"
 
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/events/event_log.h"
+#include "proxy/util/files.h"
+#include "proxy/version.h"
+#include "tests/testing/process.h"
 #include "tools/conform/conform.h"
 
 namespace dpproxy::conform {
@@ -86,34 +92,63 @@ TEST(ReportTest, JsonCarriesEveryCellAndTotals) {
   EXPECT_EQ(j["totals"]["not_applicable"], 1);
 }
 
-TEST(ReportTest, JUnitCountsPerReleaseAndEscapes) {
-  const std::string x = RenderJUnit(Cells());
-  EXPECT_THAT(x, HasSubstr("<testsuites name=\"dpconform\" tests=\"4\" failures=\"1\" "
-                           "errors=\"0\" skipped=\"2\""));
+ConformOptions JUnitOptions() {
+  ConformOptions o;
+  o.plugin_command = "/opt/vendor/plugin --socket={kubelet_socket} & \"x\"";
+  return o;
+}
+
+// A CI page shows blocked cells red, with their reason (dpconform counts
+// them as failures), and n/a cells as skipped with theirs.
+TEST(ReportTest, JUnitCountsBlockedAsFailuresAndEscapes) {
+  const std::string x = RenderJUnit(JUnitOptions(), Cells());
+  EXPECT_THAT(x, HasSubstr("<testsuites name=\"dpconform\" tests=\"4\" failures=\"2\" "
+                           "errors=\"0\" time="));
   EXPECT_THAT(x, HasSubstr("<testsuite name=\"kubelet 1.24 (1.19-1.24)\" tests=\"2\" "
                            "failures=\"0\" errors=\"0\" skipped=\"1\""));
   EXPECT_THAT(x, HasSubstr("<testsuite name=\"kubelet 1.31 (1.31-1.36)\" tests=\"2\" "
-                           "failures=\"1\" errors=\"0\" skipped=\"1\""));
+                           "failures=\"2\" errors=\"0\" skipped=\"0\""));
   EXPECT_THAT(x, HasSubstr("<failure message=\"answered &lt;nothing&gt; &amp; "
                            "&quot;quoted&quot;\" type=\"conformance\">"));
-  EXPECT_THAT(x, HasSubstr("<skipped message=\"blocked: not reached: registers failed\"/>"));
+  EXPECT_THAT(x, HasSubstr("<failure message=\"blocked: not reached: registers failed\" "
+                           "type=\"blocked\">not run: it needs registers, which failed on "
+                           "this release</failure>"));
+  EXPECT_THAT(x, HasSubstr("<skipped message=\"not applicable: never called\"/>"));
   EXPECT_THAT(x, HasSubstr("<system-out>version &quot;v1beta1&quot;</system-out>"));
+  EXPECT_THAT(x, HasSubstr("<property name=\"plugin\" value=\"/opt/vendor/plugin "
+                           "--socket={kubelet_socket} &amp; &quot;x&quot;\"/>"));
+  EXPECT_THAT(x, HasSubstr("<property name=\"kubelet\" value=\"1.31\"/>"));
+  EXPECT_THAT(x, HasSubstr(absl::StrCat("<property name=\"dpconform_version\" value=\"",
+                                        kDpproxyVersion, "\"/>")));
   EXPECT_THAT(x, Not(HasSubstr("<nothing>")));
-  // Every element opened is closed.
-  EXPECT_EQ(std::count(x.begin(), x.end(), '<') , std::count(x.begin(), x.end(), '>'));
-  size_t open = 0, close = 0;
-  for (size_t at = x.find("<testcase"); at != std::string::npos; at = x.find("<testcase", at + 1)) {
-    ++open;
-  }
-  for (size_t at = x.find("</testcase>"); at != std::string::npos;
-       at = x.find("</testcase>", at + 1)) {
-    ++close;
-  }
-  for (size_t at = x.find("\"/>\n"); at != std::string::npos; at = x.find("\"/>\n", at + 1)) {
-    ++close;  // self-closed
-  }
-  // The skipped elements are self-closed too: one per blocked or n/a case.
-  EXPECT_EQ(open + 2, close);
+}
+
+// The schema written from the JUnit format's documented elements
+// (tests/conform/junit.xsd), checked by libxml2's validator.
+TEST(ReportTest, JUnitIsValidAgainstTheSchema) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/report.xml");
+  ASSERT_TRUE(WriteFileAtomic(path, RenderJUnit(JUnitOptions(), Cells())).ok());
+  const std::string schema = testing::Runfile("tests/conform/junit.xsd");
+  auto validate = [&](const std::string& file) {
+    const std::string cmd = absl::StrCat("xmllint --noout --schema '", schema, "' '", file,
+                                         "' 2>&1");
+    FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[512];
+    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int status = p == nullptr ? -1 : ::pclose(p);
+    return std::make_pair(status, out);
+  };
+  auto [status, out] = validate(path);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_THAT(out, HasSubstr("validates"));
+  // The validator does refuse what the schema leaves out: a skipped count
+  // on <testsuites>, which the common schema has not.
+  const std::string bad = absl::StrCat(::testing::TempDir(), "/bad.xml");
+  ASSERT_TRUE(WriteFileAtomic(bad, "<testsuites skipped=\"1\"></testsuites>").ok());
+  auto [bad_status, bad_out] = validate(bad);
+  EXPECT_NE(bad_status, 0) << bad_out;
+  EXPECT_THAT(bad_out, HasSubstr("skipped"));
 }
 
 // A cell is blocked only by a scenario that failed in the same release;

@@ -222,7 +222,7 @@ int Run() {
   }
   std::cout << (FLAGS_output == "json" ? RenderJson(*o, *cells) : RenderTable(*cells));
   if (!FLAGS_junit.empty()) {
-    if (absl::Status s = WriteFileAtomic(FLAGS_junit, RenderJUnit(*cells)); !s.ok()) {
+    if (absl::Status s = WriteFileAtomic(FLAGS_junit, RenderJUnit(*o, *cells)); !s.ok()) {
       std::cerr << "dpconform: --junit: " << s.message() << "\n";
       return 2;
     }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "proxy/events/event_log.h"
+#include "proxy/version.h"
 
 namespace dpproxy::conform {
 namespace {
@@ -181,14 +182,50 @@ std::string RenderJson(const ConformOptions& options, const std::vector<CellResu
   return j.dump(2) + "\n";
 }
 
-std::string RenderJUnit(const std::vector<CellResult>& cells) {
+namespace {
+
+// One <testcase>: a failure, or a blocked cell (a failure too: dpconform
+// counts it as one, the scenario it needed failed), carries its reason;
+// a cell that does not apply is skipped with its reason.
+std::string JUnitCase(const std::string& kubelet, const CellResult& c) {
+  std::string out = absl::StrCat("    <testcase classname=\"dpconform.kubelet-", XmlEscape(kubelet),
+                                 "\" name=\"", XmlEscape(c.scenario), "\" time=\"",
+                                 Seconds(c.duration), "\"");
+  switch (c.outcome) {
+    case Outcome::kPass:
+      if (c.notes.empty()) return out + "/>\n";
+      return absl::StrCat(out, ">\n      <system-out>", XmlEscape(absl::StrJoin(c.notes, "\n")),
+                          "</system-out>\n    </testcase>\n");
+    case Outcome::kFail:
+      return absl::StrCat(out, ">\n      <failure message=\"", XmlEscape(c.summary),
+                          "\" type=\"conformance\">", XmlEscape(Details(c)),
+                          "</failure>\n    </testcase>\n");
+    case Outcome::kBlocked:
+      return absl::StrCat(out, ">\n      <failure message=\"",
+                          XmlEscape(absl::StrCat("blocked: ", c.summary)),
+                          "\" type=\"blocked\">",
+                          XmlEscape(absl::StrCat("not run: it needs ", c.blocked_by,
+                                                 ", which failed on this release")),
+                          "</failure>\n    </testcase>\n");
+    case Outcome::kNotApplicable:
+      return absl::StrCat(out, ">\n      <skipped message=\"",
+                          XmlEscape(absl::StrCat("not applicable: ", c.summary)),
+                          "\"/>\n    </testcase>\n");
+  }
+  return out + "/>\n";
+}
+
+}  // namespace
+
+std::string RenderJUnit(const ConformOptions& options, const std::vector<CellResult>& cells) {
   const Totals all = Count(cells);
   absl::Duration total;
   for (const CellResult& c : cells) total += c.duration;
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  // <testsuites> carries no skipped count: the common schema has none there.
   absl::StrAppend(&out, "<testsuites name=\"dpconform\" tests=\"", cells.size(),
-                  "\" failures=\"", all.failed, "\" errors=\"0\" skipped=\"",
-                  all.blocked + all.not_applicable, "\" time=\"", Seconds(total), "\">\n");
+                  "\" failures=\"", all.failed + all.blocked, "\" errors=\"0\" time=\"",
+                  Seconds(total), "\">\n");
   for (const std::string& k : Ordered(cells, &CellResult::kubelet)) {
     std::vector<const CellResult*> mine;
     absl::Duration time;
@@ -198,42 +235,23 @@ std::string RenderJUnit(const std::vector<CellResult>& cells) {
         time += c.duration;
       }
     }
-    Totals t;
+    int failures = 0, skipped = 0;
     for (const CellResult* c : mine) {
-      t.failed += c->outcome == Outcome::kFail;
-      t.blocked += c->outcome == Outcome::kBlocked || c->outcome == Outcome::kNotApplicable;
+      failures += c->outcome == Outcome::kFail || c->outcome == Outcome::kBlocked;
+      skipped += c->outcome == Outcome::kNotApplicable;
     }
     absl::StrAppend(&out, "  <testsuite name=\"kubelet ", XmlEscape(k), " (",
                     XmlEscape(mine.front()->generation), ")\" tests=\"", mine.size(),
-                    "\" failures=\"", t.failed, "\" errors=\"0\" skipped=\"", t.blocked,
+                    "\" failures=\"", failures, "\" errors=\"0\" skipped=\"", skipped,
                     "\" time=\"", Seconds(time), "\">\n");
-    for (const CellResult* c : mine) {
-      absl::StrAppend(&out, "    <testcase classname=\"dpconform.kubelet-", XmlEscape(k),
-                      "\" name=\"", XmlEscape(c->scenario), "\" time=\"", Seconds(c->duration),
-                      "\"");
-      switch (c->outcome) {
-        case Outcome::kPass:
-          if (c->notes.empty()) {
-            out += "/>\n";
-          } else {
-            absl::StrAppend(&out, ">\n      <system-out>",
-                            XmlEscape(absl::StrJoin(c->notes, "\n")), "</system-out>\n",
-                            "    </testcase>\n");
-          }
-          break;
-        case Outcome::kFail:
-          absl::StrAppend(&out, ">\n      <failure message=\"", XmlEscape(c->summary),
-                          "\" type=\"conformance\">", XmlEscape(Details(*c)), "</failure>\n",
-                          "    </testcase>\n");
-          break;
-        case Outcome::kBlocked:
-        case Outcome::kNotApplicable:
-          absl::StrAppend(&out, ">\n      <skipped message=\"",
-                          XmlEscape(absl::StrCat(OutcomeName(c->outcome), ": ", c->summary)),
-                          "\"/>\n    </testcase>\n");
-          break;
-      }
-    }
+    absl::StrAppend(&out, "    <properties>\n",
+                    "      <property name=\"plugin\" value=\"", XmlEscape(options.plugin_command),
+                    "\"/>\n",
+                    "      <property name=\"kubelet\" value=\"", XmlEscape(k), "\"/>\n",
+                    "      <property name=\"dpconform_version\" value=\"", kDpproxyVersion,
+                    "\"/>\n",
+                    "    </properties>\n");
+    for (const CellResult* c : mine) out += JUnitCase(k, *c);
     out += "  </testsuite>\n";
   }
   out += "</testsuites>\n";

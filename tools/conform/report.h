@@ -21,7 +21,7 @@ Totals Count(const std::vector<CellResult>& cells);
 
 std::string RenderTable(const std::vector<CellResult>& cells);
 std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells);
-std::string RenderJUnit(const std::vector<CellResult>& cells);
+std::string RenderJUnit(const ConformOptions& options, const std::vector<CellResult>& cells);
 
 }  // namespace dpproxy::conform
 

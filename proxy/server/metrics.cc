@@ -155,7 +155,16 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       "dpproxy_device_ids_mapped",
       "Device IDs with control characters, shown to the kubelet as their compact IDs.",
       MetricType::Gauge);
+  MetricFamily dial_failures = Family(
+      "dpproxy_static_backend_dial_failures",
+      "Failed attempts in a row to dial a static backend (0 once it is reached); dpproxy "
+      "tries every second.",
+      MetricType::Gauge);
   for (const ResourceStatus& r : status.resources) {
+    if (r.static_backend) {
+      AddGauge(&dial_failures, {{"resource", r.resource}},
+               static_cast<double>(r.backend_dial_failures));
+    }
     AddGauge(&list_refused, {{"resource", r.resource}}, r.device_list_refused.empty() ? 0 : 1);
     AddGauge(&mapped, {{"resource", r.resource}}, static_cast<double>(r.device_ids_mapped));
     AddGauge(&devices, {{"resource", r.resource}, {"health", "healthy"}},
@@ -170,6 +179,7 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   }
   out.push_back(std::move(list_bytes));
   out.push_back(std::move(list_refused));
+  out.push_back(std::move(dial_failures));
   out.push_back(std::move(mapped));
   out.push_back(std::move(devices));
   out.push_back(std::move(backend));

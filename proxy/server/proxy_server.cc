@@ -734,7 +734,10 @@ std::string ProxyServer::Fingerprint() {
     absl::MutexLock lock(&mu_);
     for (auto& [name, e] : entries_) {
       entries.push_back(e.get());
-      absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend.load(), "|");
+      // Whether a static backend fails, and why; not its count of
+      // attempts (one a second: the status file would be written as often).
+      absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend.load(), "|",
+                      e->static_error, "|");
     }
   }
   // The rows derived from the keeper's state (forgotten, held elsewhere),
@@ -838,16 +841,53 @@ void ProxyServer::ConnectStatic(Entry* e) {
   }
   absl::StatusOr<ApiVersion> api =
       sb.api ? absl::StatusOr<ApiVersion>(*sb.api) : ProbeBackendApi(sb.endpoint, absl::Milliseconds(500));
-  if (!api.ok()) return;
+  if (!api.ok()) return NoteStaticDial(e, sb, api.status());
   absl::StatusOr<std::shared_ptr<Backend>> b =
       ConnectBackend(sb.resource, sb.endpoint, *api, absl::Milliseconds(500),
                      config_.backend_max_list_bytes);
+  NoteStaticDial(e, sb, b.status());
   if (!b.ok()) return;
   if (!e->static_backend.load()) {  // a reload dropped it meanwhile
     (*b)->Stop();
     return;
   }
   (void)AttachBackend(*b);
+}
+
+void ProxyServer::NoteStaticDial(Entry* e, const StaticBackendConfig& sb, const absl::Status& s) {
+  constexpr absl::Duration kLogEvery = absl::Minutes(1);
+  int64_t failures;
+  bool log;
+  {
+    absl::MutexLock lock(&mu_);
+    if (s.ok()) {
+      failures = e->static_failures;
+      e->static_failures = 0;
+      e->static_error.clear();
+      e->static_logged_at = absl::InfinitePast();
+      log = failures > 0;
+    } else {
+      failures = ++e->static_failures;
+      e->static_error = std::string(s.message());
+      const absl::Time now = absl::Now();
+      log = now - e->static_logged_at >= kLogEvery;
+      if (log) e->static_logged_at = now;
+    }
+  }
+  if (!log) return;
+  if (s.ok()) {
+    LOG(INFO) << "static backend " << sb.endpoint << " of " << sb.resource
+              << " dialled after " << failures << " failed attempt(s)";
+    return;
+  }
+  LOG(WARNING) << "static backend " << sb.endpoint << " of " << sb.resource
+               << " cannot be dialled: " << s.message() << " (" << failures
+               << " attempt(s); tried again every second, logged once a minute)";
+  if (failures == 1) {
+    events_.Emit("static_backend_unreachable", {{"resource", sb.resource},
+                                                {"endpoint", sb.endpoint},
+                                                {"error", std::string(s.message())}});
+  }
 }
 
 ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
@@ -1146,6 +1186,10 @@ ProxyStatus ProxyServer::Status(bool with_devices) {
       // removed the static backend shows at once.
       auto e = entries_.find(r.resource);
       r.removed = e != entries_.end() && e->second->static_removed;
+      if (e != entries_.end() && e->second->static_backend.load()) {
+        r.backend_error = e->second->static_error;
+        r.backend_dial_failures = e->second->static_failures;
+      }
     }
   }
   if (reconciler_) {

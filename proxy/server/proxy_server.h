@@ -173,6 +173,11 @@ class ProxyServer : private Handover::Host {
     // Its static backend was removed from the configuration (and no plugin
     // registered for it since): its devices are shown Unhealthy.
     bool static_removed = false;
+    // Its static backend cannot be dialled: why (the last failure), how
+    // often in a row, and when that was last logged. Under mu_.
+    std::string static_error;
+    int64_t static_failures = 0;
+    absl::Time static_logged_at = absl::InfinitePast();
   };
 
   // The resource's entry, made and handed to the registrar if new. With
@@ -202,6 +207,9 @@ class ProxyServer : private Handover::Host {
   // Resource timers and static backends that are away (on the workers).
   void TickResources(absl::Time now);
   void ConnectStatic(Entry* e);
+  // A static backend's dial failed (logged at the first failure, then once
+  // a minute), or succeeded after failures.
+  void NoteStaticDial(Entry* e, const StaticBackendConfig& sb, const absl::Status& s);
   absl::Status RestoreState();
   // What status and the saved resources are made of, in O(resources):
   // change counters and the few small values that have none.

@@ -11,6 +11,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DeviceStatus, id, health)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubelet_api,
                                                 kubelet_socket, backend_connected, backend_api,
                                                 backend_endpoint, static_backend,
+                                                backend_error, backend_dial_failures,
                                                 pre_start_required,
                                                 get_preferred_allocation_available,
                                                 devices_total, devices_healthy,
@@ -157,6 +158,10 @@ std::string StatusTable(const ProxyStatus& st) {
         r.backend_connected ? r.backend_api : "down",
         r.backend_endpoint.empty() ? "-" : r.backend_endpoint, r.devices_healthy,
         r.devices_total);
+    if (!r.backend_error.empty()) {
+      absl::StrAppend(&out, "  ^ STATIC BACKEND CANNOT BE DIALLED (", r.backend_dial_failures,
+                      " attempt(s)): ", r.backend_error, "\n");
+    }
     if (r.device_list_too_large) {
       absl::StrAppendFormat(
           &out,

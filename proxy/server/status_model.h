@@ -39,6 +39,10 @@ struct ResourceStatus {
   std::string backend_api;       // of the last backend seen ("" if none yet)
   std::string backend_endpoint;  // ditto
   bool static_backend = false;
+  // A static backend that cannot be dialled: why, and how many attempts in
+  // a row failed ("" and 0 once it is reached).
+  std::string backend_error;
+  int64_t backend_dial_failures = 0;
   bool pre_start_required = false;
   bool get_preferred_allocation_available = false;
   int64_t devices_total = 0;

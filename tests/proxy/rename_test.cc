@@ -25,6 +25,7 @@ using testing::ProxyHarness;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kLegacy[] = "legacy.com/gpu";  // what the plugin calls it
 constexpr char kVendor[] = "vendor.com/gpu";
@@ -225,6 +226,50 @@ TEST_F(RenameTest, CompactIdsSwitchedOnLiveKeepAHeldDeviceAwayUnderItsNewId) {
   // ID is dropped with the plugin's next list.
   ASSERT_NO_FATAL_FAILURE(EndThePod());
   EXPECT_TRUE(h_.WaitFor([&] { return Seen(kLegacy)[held_compact] == "Healthy"; }));
+}
+
+// A static backend whose socket is not there: said at the first failure
+// (event, log), shown in status and metrics while it lasts, and cleared
+// once the plugin is there and dialled.
+TEST(UnreachableStaticBackendTest, IsToldAtOnceAndClearedWhenReached) {
+  constexpr char kNic[] = "vendor.com/nic";
+  testing::ShortTempDir plugin_dir;
+  const std::string socket = plugin_dir.Sub("static-nic.sock");
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [&](ProxyConfig& c) {
+    PassesByHand()(c);
+    c.static_backends.push_back({kNic, socket, std::nullopt});
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("static_backend_unreachable",
+                                              {{"resource", kNic}, {"endpoint", socket}}, kWait));
+  ASSERT_TRUE(h.WaitFor([&] {
+    const ResourceStatus* r = h.proxy().Status().Find(kNic);
+    return r != nullptr && r->backend_dial_failures >= 2;
+  }));
+  const ProxyStatus st = h.proxy().Status();
+  EXPECT_THAT(st.Find(kNic)->backend_error, HasSubstr(socket));
+  EXPECT_THAT(StatusTable(st), HasSubstr("STATIC BACKEND CANNOT BE DIALLED"));
+  EXPECT_THAT(h.MetricsText(),
+              HasSubstr("dpproxy_static_backend_dial_failures{resource=\"vendor.com/nic\"}"));
+  // Told once, not once per attempt.
+  EXPECT_EQ((h.proxy().events().Counts()[{"static_backend_unreachable", kNic}]), 1);
+
+  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
+  nic.resource = kNic;
+  nic.registration = sample::RegistrationMode::kNone;
+  nic.socket_name = "static-nic.sock";
+  nic.kubelet_socket = plugin_dir.Sub("unused.sock");
+  ASSERT_NE(h.StartPlugin(nic), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kNic, 4, kWait));
+  ASSERT_TRUE(h.WaitFor([&] {
+    const ResourceStatus* r = h.proxy().Status().Find(kNic);
+    return r != nullptr && r->backend_connected && r->backend_error.empty() &&
+           r->backend_dial_failures == 0;
+  }));
+  EXPECT_THAT(StatusTable(h.proxy().Status()), Not(HasSubstr("CANNOT BE DIALLED")));
+  EXPECT_THAT(h.MetricsText(),
+              HasSubstr("dpproxy_static_backend_dial_failures{resource=\"vendor.com/nic\"} 0"));
 }
 
 // A static backend removed from the configuration: its connection ends, its

@@ -891,137 +891,84 @@ void ProxyServer::NoteStaticDial(Entry* e, const StaticBackendConfig& sb, const 
 }
 
 ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
-  ReloadResult result;
   ProxyConfig running;
   {
     absl::MutexLock lock(&mu_);
     running = live_config_;
   }
-  const std::vector<SettingChange> changes = ChangedSettings(running, next);
-  auto line = [](const SettingChange& c) {
-    return absl::StrCat(c.path, ": ", c.from.empty() ? "(none)" : c.from, " -> ",
-                        c.to.empty() ? "(none)" : c.to);
-  };
-  bool backends_changed = false, loss_changed = false, calls_changed = false;
-  bool names_changed = false;
-  for (const SettingChange& c : changes) {
-    if ((absl::StartsWith(c.path, "renames.") || absl::StartsWith(c.path, "id_maps.") ||
-         absl::StartsWith(c.path, "compact_ids[")) &&
-        !config_.dra.enabled) {
-      names_changed = true;
-      result.applied.push_back(line(c));
-    } else if (absl::StartsWith(c.path, "backends[")) {
-      backends_changed = true;
-      result.applied.push_back(line(c));
-    } else if (absl::StartsWith(c.path, "backend_loss.")) {
-      loss_changed = true;
-      result.applied.push_back(line(c));
-    } else if (c.path == "timeouts.backend" || c.path == "timeouts.dial" ||
-               c.path == "cdi_annotations") {
-      calls_changed = true;
-      result.applied.push_back(line(c));
-    } else {
-      result.needs_restart.push_back(line(c));
-    }
-  }
-  if (loss_changed) {
-    {
-      absl::MutexLock lock(&mu_);
-      live_config_.policy.loss_policy = next.policy.loss_policy;
-      live_config_.policy.hold = next.policy.hold;
-    }
-    for (Entry* e : Entries()) {
-      e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
-    }
-    events_.Emit("config_applied",
-                 {{"setting", "backend_loss"},
-                  {"policy", next.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy"},
-                  {"hold", absl::FormatDuration(next.policy.hold)}});
-  }
-  if (calls_changed) {
-    // From the next call on; calls under way keep the limit they began with.
-    {
-      absl::MutexLock lock(&mu_);
-      live_config_.kubelet.backend_timeout = next.kubelet.backend_timeout;
-      live_config_.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
-      live_config_.dial_timeout = next.dial_timeout;
-    }
-    for (Entry* e : Entries()) {
-      if (e->endpoint) {
-        e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
-      }
-    }
-    if (registration_) registration_->SetDialTimeout(next.dial_timeout);
-    if (dra_) dra_->SetBackendTimeout(next.kubelet.backend_timeout);
-    events_.Emit("config_applied",
-                 {{"setting", "calls"},
-                  {"backend_timeout", absl::FormatDuration(next.kubelet.backend_timeout)},
-                  {"dial_timeout", absl::FormatDuration(next.dial_timeout)},
-                  {"cdi_annotations", next.kubelet.cdi_annotations}});
-  }
-  // Before the static backends: a backend added under a new name is
-  // dialled for that name.
-  if (names_changed) ApplyServedNames(next);
-  if (backends_changed) {
-    auto key = [](const StaticBackendConfig& b) {
-      return absl::StrCat(b.resource, "\n", b.endpoint, "\n",
-                          b.api ? ApiWireVersion(*b.api) : absl::string_view("auto"));
-    };
-    std::set<std::string> before, after;
-    for (const StaticBackendConfig& b : running.static_backends) before.insert(key(b));
-    for (const StaticBackendConfig& b : next.static_backends) after.insert(key(b));
-    // Dropped first: a backend moved to another socket is dialled there next.
-    for (const StaticBackendConfig& b : running.static_backends) {
-      if (after.count(key(b)) > 0) continue;
-      const std::string name = ServedName(b.resource);
-      Entry* removed = nullptr;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = entries_.find(name);
-        if (it != entries_.end() && it->second->static_config.endpoint == b.endpoint) {
-          removed = it->second.get();
-          removed->static_backend = false;
-          removed->static_removed = true;
-        }
-      }
-      // Not used any more: its connection ends now, and its devices are
-      // shown Unhealthy (ApplyQuarantine) unless it is added back.
-      std::shared_ptr<Backend> open = removed ? removed->resource->attached_backend() : nullptr;
-      if (open != nullptr && open->endpoint() == b.endpoint) {
-        removed->resource->DetachBackend("static backend removed from the configuration");
-      }
-      LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
-                << " is no longer dialled; " << name << " shows its devices Unhealthy";
-      events_.Emit("static_backend_removed", {{"resource", name}, {"endpoint", b.endpoint}});
-    }
-    for (const StaticBackendConfig& b : next.static_backends) {
-      if (before.count(key(b)) > 0) continue;
-      const std::string name = ServedName(b.resource);
-      Entry* e = EnsureEntry(name);
-      {
-        absl::MutexLock lock(&mu_);
-        e->static_config = b;
-        e->static_backend = true;
-        e->static_removed = false;
-      }
-      LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
-                << " is dialled from now on";
-      events_.Emit("static_backend_added", {{"resource", name}, {"endpoint", b.endpoint}});
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      live_config_.static_backends = next.static_backends;
-    }
-    ++served_version_;
-  }
-  for (const std::string& l : result.applied) LOG(INFO) << "reload applied " << l;
-  for (const std::string& l : result.needs_restart) {
-    LOG(WARNING) << "reload: " << l << " takes effect at the next start";
-  }
-  events_.Emit("config_reloaded", {{"applied", result.applied},
-                                   {"needs_restart", result.needs_restart}});
+  ReloadResult result = reloader_.Reload(running, next);
   Wake();
   return result;
+}
+
+void ProxyServer::ApplyLossPolicy(const ProxyConfig& next) {
+  {
+    absl::MutexLock lock(&mu_);
+    live_config_.policy.loss_policy = next.policy.loss_policy;
+    live_config_.policy.hold = next.policy.hold;
+  }
+  for (Entry* e : Entries()) e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
+}
+
+void ProxyServer::ApplyCallSettings(const ProxyConfig& next) {
+  {
+    absl::MutexLock lock(&mu_);
+    live_config_.kubelet.backend_timeout = next.kubelet.backend_timeout;
+    live_config_.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
+    live_config_.dial_timeout = next.dial_timeout;
+  }
+  for (Entry* e : Entries()) {
+    if (e->endpoint) {
+      e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
+    }
+  }
+  if (registration_) registration_->SetDialTimeout(next.dial_timeout);
+  if (dra_) dra_->SetBackendTimeout(next.kubelet.backend_timeout);
+}
+
+void ProxyServer::RemoveStaticBackend(const StaticBackendConfig& b) {
+  const std::string name = ServedName(b.resource);
+  Entry* removed = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(name);
+    if (it != entries_.end() && it->second->static_config.endpoint == b.endpoint) {
+      removed = it->second.get();
+      removed->static_backend = false;
+      removed->static_removed = true;
+    }
+  }
+  // Not used any more: its connection ends now, and its devices are
+  // shown Unhealthy (ApplyQuarantine) unless it is added back.
+  std::shared_ptr<Backend> open = removed ? removed->resource->attached_backend() : nullptr;
+  if (open != nullptr && open->endpoint() == b.endpoint) {
+    removed->resource->DetachBackend("static backend removed from the configuration");
+  }
+  LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
+            << " is no longer dialled; " << name << " shows its devices Unhealthy";
+  events_.Emit("static_backend_removed", {{"resource", name}, {"endpoint", b.endpoint}});
+}
+
+void ProxyServer::AddStaticBackend(const StaticBackendConfig& b) {
+  const std::string name = ServedName(b.resource);
+  Entry* e = EnsureEntry(name);
+  {
+    absl::MutexLock lock(&mu_);
+    e->static_config = b;
+    e->static_backend = true;
+    e->static_removed = false;
+  }
+  LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
+            << " is dialled from now on";
+  events_.Emit("static_backend_added", {{"resource", name}, {"endpoint", b.endpoint}});
+}
+
+void ProxyServer::StaticBackendsApplied(const ProxyConfig& next) {
+  {
+    absl::MutexLock lock(&mu_);
+    live_config_.static_backends = next.static_backends;
+  }
+  ++served_version_;
 }
 
 namespace {

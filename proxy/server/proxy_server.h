@@ -13,6 +13,8 @@
 //   ProxyStatus                what it reports (status_model.h)
 //   Handover, Takeover         the two sides of a handoff between two
 //                              dpproxy processes (handover.h, takeover.h)
+//   Reloader                   what a SIGHUP changes, and in which order
+//   Allocator                  each resource's one Allocate (core/)
 //   DraSide                    DRA mode, in place of registering (dra/)
 //
 // The housekeeping thread wakes on a change (a device list, a backend, a
@@ -51,6 +53,7 @@
 #include "proxy/handoff/handoff.h"
 #include "proxy/handoff/listener_share.h"
 #include "proxy/server/registrar.h"
+#include "proxy/server/reloader.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/takeover.h"
 #include "proxy/server/status_model.h"
@@ -61,7 +64,7 @@
 
 namespace dpproxy {
 
-class ProxyServer : private Handover::Host {
+class ProxyServer : private Handover::Host, private Reloader::Host {
  public:
   explicit ProxyServer(ProxyConfig config);
   ~ProxyServer() override;
@@ -117,20 +120,10 @@ class ProxyServer : private Handover::Host {
 
   // A configuration reload (SIGHUP): `next` is valid (ValidateConfig).
   // Applies what can change while running, one change at a time with an
-  // event each, and reports the rest, which takes effect at the next start:
-  //   backends       static backends added (dialled from now on) or removed
-  //                  (the connection ends; its devices are shown Unhealthy,
-  //                  and a start leaves it out once no pod holds them);
-  //   backend_loss   the loss policy and hold of every resource;
-  //   timeouts.backend, timeouts.dial, cdi_annotations   from the next call;
-  //   renames, id_maps, compact_ids   each resource they change has its
-  //                  plugin dialled again, under its new name or with its
-  //                  new IDs (ApplyServedNames); not in DRA mode.
-  // Resources whose settings did not change are untouched.
-  struct ReloadResult {
-    std::vector<std::string> applied;        // "path: old -> new"
-    std::vector<std::string> needs_restart;  // the same, not applied
-  };
+  // event each, and reports the rest, which takes effect at the next start
+  // (reloader.h says which is which). Resources whose settings did not
+  // change are untouched.
+  using ReloadResult = Reloader::Result;
   ReloadResult Reload(const ProxyConfig& next) ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Handoff between two dpproxy processes (proxy/handoff/handoff.proto)
@@ -193,10 +186,16 @@ class ProxyServer : private Handover::Host {
   // The kubelet-facing name of a plugin's resource, after renames as a
   // reload left them.
   std::string ServedName(const std::string& backend_resource) ABSL_LOCKS_EXCLUDED(mu_);
-  // A reload's renames, ID maps and compact IDs: each resource they change
-  // gets its backend dialled again, under its new name or with its new
-  // IDs (as a restart would do for it alone).
-  void ApplyServedNames(const ProxyConfig& next) ABSL_LOCKS_EXCLUDED(mu_);
+  // What a reload changes (reloader.h). A reload's renames, ID maps and
+  // compact IDs: each resource they change gets its backend dialled again,
+  // under its new name or with its new IDs (as a restart would do for it
+  // alone).
+  void ApplyLossPolicy(const ProxyConfig& next) override;
+  void ApplyCallSettings(const ProxyConfig& next) override;
+  void ApplyServedNames(const ProxyConfig& next) override ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveStaticBackend(const StaticBackendConfig& b) override;
+  void AddStaticBackend(const StaticBackendConfig& b) override;
+  void StaticBackendsApplied(const ProxyConfig& next) override;
   // Quarantines, renamed names and devices held under another name or ID
   // (held_elsewhere.h), shown Unhealthy; when any of them changed.
   void ApplyQuarantine();
@@ -255,6 +254,7 @@ class ProxyServer : private Handover::Host {
   std::unique_ptr<Registrar> registrar_;
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<DraSide> dra_;  // DRA mode only
+  Reloader reloader_{this, &events_, config_.dra.enabled};
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);

@@ -1158,6 +1158,7 @@ absl::StatusOr<std::vector<CellResult>> RunCells(
   std::vector<CellResult> results(n);
   std::atomic<size_t> next{0};
   absl::Mutex report_mu;
+  size_t done = 0;  // under report_mu
   auto worker = [&] {
     for (size_t i = next++; i < n; i = next++) {
       const std::string dir = JoinPath(root, absl::StrCat("c", i));
@@ -1175,7 +1176,8 @@ absl::StatusOr<std::vector<CellResult>> RunCells(
         results[i].dir.clear();
       }
       absl::MutexLock lock(&report_mu);
-      if (o.on_cell) o.on_cell(results[i]);
+      ++done;
+      if (o.on_cell) o.on_cell(results[i], done, n);
     }
   };
   std::vector<std::thread> threads;

@@ -92,8 +92,9 @@ struct ConformOptions {
   bool keep = false;
   // Extra environment for the plugin, besides the DPCONFORM_* variables.
   std::vector<std::pair<std::string, std::string>> env;
-  // Called as each cell ends (from the worker that ran it).
-  std::function<void(const CellResult&)> on_cell;
+  // Called as each cell ends (from the worker that ran it, one at a time),
+  // with how many have ended and how many there are.
+  std::function<void(const CellResult&, size_t done, size_t total)> on_cell;
   // Non-empty: the command is a DRA driver of this name, run through the
   // DRA scenarios (dra.h) instead of the device-plugin ones.
   std::string dra_driver;

@@ -1,5 +1,7 @@
 // dpconform: a conformance kit for device plugins. See conform.h for what a
 // cell is and docs/conformance.md for the scenarios and a CI setup.
+#include <unistd.h>
+
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -206,13 +208,26 @@ int Run() {
   }
   absl::StatusOr<ConformOptions> o = OptionsFromFlags();
   if (!o.ok()) return Usage(std::string(o.status().message()));
-  absl::Mutex mu;
+  // On a terminal: one line per cell with [n/N] and the time left,
+  // estimated from the cells done so far. Elsewhere (CI logs): the same
+  // lines without the estimate.
+  const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  const absl::Time started = absl::Now();
   if (!FLAGS_quiet) {
-    o->on_cell = [&](const CellResult& c) {
-      absl::MutexLock lock(&mu);
-      std::cerr << absl::StrFormat("dpconform: %-7s %-16s kubelet %-6s %5.1fs  %s\n",
-                                   OutcomeName(c.outcome), c.scenario, c.kubelet,
-                                   absl::ToDoubleSeconds(c.duration), c.summary);
+    o->on_cell = [terminal, started](const CellResult& c, size_t done, size_t total) {
+      std::string left;
+      if (terminal && done < total) {
+        const absl::Duration per_cell = (absl::Now() - started) / static_cast<int64_t>(done);
+        const absl::Duration d = per_cell * static_cast<int64_t>(total - done);
+        left = absl::StrCat("  (about ",
+                            d < absl::Seconds(1)
+                                ? std::string("1s")
+                                : absl::FormatDuration(absl::Trunc(d, absl::Seconds(1))),
+                            " left)");
+      }
+      std::cerr << absl::StrFormat("dpconform: [%d/%d] %-7s %-16s kubelet %-6s %5.1fs  %s%s\n",
+                                   done, total, OutcomeName(c.outcome), c.scenario, c.kubelet,
+                                   absl::ToDoubleSeconds(c.duration), c.summary, left);
     };
   }
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(*o);

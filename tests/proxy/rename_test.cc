@@ -244,7 +244,8 @@ TEST(UnreachableStaticBackendTest, IsToldAtOnceAndClearedWhenReached) {
   EXPECT_TRUE(h.proxy().events().WaitForEvent("static_backend_unreachable",
                                               {{"resource", kNic}, {"endpoint", socket}}, kWait));
   ASSERT_TRUE(h.WaitFor([&] {
-    const ResourceStatus* r = h.proxy().Status().Find(kNic);
+    const ProxyStatus st = h.proxy().Status();
+    const ResourceStatus* r = st.Find(kNic);
     return r != nullptr && r->backend_dial_failures >= 2;
   }));
   const ProxyStatus st = h.proxy().Status();
@@ -263,7 +264,8 @@ TEST(UnreachableStaticBackendTest, IsToldAtOnceAndClearedWhenReached) {
   ASSERT_NE(h.StartPlugin(nic), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kNic, 4, kWait));
   ASSERT_TRUE(h.WaitFor([&] {
-    const ResourceStatus* r = h.proxy().Status().Find(kNic);
+    const ProxyStatus st = h.proxy().Status();
+    const ResourceStatus* r = st.Find(kNic);
     return r != nullptr && r->backend_connected && r->backend_error.empty() &&
            r->backend_dial_failures == 0;
   }));

@@ -151,6 +151,21 @@ TEST(ReportTest, JUnitIsValidAgainstTheSchema) {
   EXPECT_THAT(bad_out, HasSubstr("skipped"));
 }
 
+// A CI job's summary: a row per release, the failed and blocked cells
+// with what they mean, and nothing that breaks the table.
+TEST(ReportTest, MarkdownHasARowPerReleaseAndListsFailures) {
+  const std::string m = RenderMarkdown(JUnitOptions(), Cells());
+  EXPECT_THAT(m, HasSubstr("4 cells: 1 passed, 1 failed, 1 blocked, 1 not applicable"));
+  EXPECT_THAT(m, HasSubstr("| kubelet | registers | allocate |\n|---|---|---|\n"));
+  EXPECT_THAT(m, HasSubstr("| 1.24 (1.19-1.24) | pass | n/a |\n"));
+  EXPECT_THAT(m, HasSubstr("| 1.31 (1.31-1.36) | **FAIL** | blocked |\n"));
+  EXPECT_THAT(m, HasSubstr("- **registers on 1.31** (failed): answered \\<nothing\\> & "
+                           "\"quoted\"\n"));
+  EXPECT_THAT(m, HasSubstr("  - users see: UnexpectedAdmissionError\n"));
+  EXPECT_THAT(m, HasSubstr("- **allocate on 1.31** (blocked): not reached: registers failed\n"));
+  EXPECT_THAT(m, Not(HasSubstr("<nothing>")));
+}
+
 // A cell is blocked only by a scenario that failed in the same release;
 // otherwise the failed check is the cell's own failure, and says why.
 TEST(SettleBlockedTest, OnlyAFailureInTheSameReleaseBlocks) {

@@ -65,6 +65,10 @@ DEFINE_string(env, "",
               "Extra environment for the plugin: NAME=VALUE, comma-separated.");
 DEFINE_string(output, "table", "What to print on stdout: table or json.");
 DEFINE_string(junit, "", "Also write JUnit XML (one suite per kubelet release) to this file.");
+DEFINE_string(markdown, "",
+              "Also write a Markdown summary (a row per kubelet release, then the failures)\n"
+              "to this file (replaced; append it to a CI job's summary, such as\n"
+              "$GITHUB_STEP_SUMMARY).");
 DEFINE_string(work_dir, "/tmp",
               "Where the run's directory goes (kept for failed cells, with the plugin's\n"
               "output in plugin.log and the kubelet's events). At most 40 bytes: sockets\n"
@@ -239,6 +243,12 @@ int Run() {
   if (!FLAGS_junit.empty()) {
     if (absl::Status s = WriteFileAtomic(FLAGS_junit, RenderJUnit(*o, *cells)); !s.ok()) {
       std::cerr << "dpconform: --junit: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!FLAGS_markdown.empty()) {
+    if (absl::Status s = WriteFileAtomic(FLAGS_markdown, RenderMarkdown(*o, *cells)); !s.ok()) {
+      std::cerr << "dpconform: --markdown: " << s.message() << "\n";
       return 2;
     }
   }

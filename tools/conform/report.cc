@@ -258,4 +258,78 @@ std::string RenderJUnit(const ConformOptions& options, const std::vector<CellRes
   return out;
 }
 
+namespace {
+
+// Text as a Markdown table cell or list item shows it: one line, no
+// column breaks, no markup.
+std::string MarkdownText(absl::string_view text) {
+  std::string out;
+  for (char ch : Printable(text)) {
+    if (ch == '\n') {
+      out += ' ';
+    } else if (ch == '|' || ch == '*' || ch == '_' || ch == '`' || ch == '<' || ch == '>' ||
+               ch == '[' || ch == ']' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RenderMarkdown(const ConformOptions& options, const std::vector<CellResult>& cells) {
+  const std::vector<std::string> kubelets = Ordered(cells, &CellResult::kubelet);
+  const std::vector<std::string> scenarios = Ordered(cells, &CellResult::scenario);
+  std::map<std::pair<std::string, std::string>, const CellResult*> at;
+  std::map<std::string, std::string> generation;
+  for (const CellResult& c : cells) {
+    at[{c.scenario, c.kubelet}] = &c;
+    generation[c.kubelet] = c.generation;
+  }
+  const Totals t = Count(cells);
+  std::string out = absl::StrCat("## dpconform: ", MarkdownText(options.plugin_command), "\n\n",
+                                 cells.size(), " cells: ", t.passed, " passed, ", t.failed,
+                                 " failed, ", t.blocked, " blocked, ", t.not_applicable,
+                                 " not applicable\n\n| kubelet |");
+  for (const std::string& s : scenarios) absl::StrAppend(&out, " ", s, " |");
+  out += "\n|---|";
+  for (size_t i = 0; i < scenarios.size(); ++i) out += "---|";
+  out += "\n";
+  for (const std::string& k : kubelets) {
+    absl::StrAppend(&out, "| ", k, " (", generation[k], ") |");
+    for (const std::string& s : scenarios) {
+      auto it = at.find({s, k});
+      std::string mark;
+      if (it != at.end()) {
+        switch (it->second->outcome) {
+          case Outcome::kPass: mark = "pass"; break;
+          case Outcome::kFail: mark = "**FAIL**"; break;
+          case Outcome::kBlocked: mark = "blocked"; break;
+          case Outcome::kNotApplicable: mark = "n/a"; break;
+        }
+      }
+      absl::StrAppend(&out, " ", mark, " |");
+    }
+    out += "\n";
+  }
+  bool header = false;
+  for (const CellResult& c : cells) {
+    if (c.outcome != Outcome::kFail && c.outcome != Outcome::kBlocked) continue;
+    if (!header) {
+      out += "\n### Failed and blocked\n\n";
+      header = true;
+    }
+    absl::StrAppend(&out, "- **", c.scenario, " on ", c.kubelet, "** (",
+                    c.outcome == Outcome::kFail ? "failed" : "blocked", "): ",
+                    MarkdownText(c.summary), "\n");
+    for (absl::string_view line : absl::StrSplit(Details(c), '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&out, "  - ", MarkdownText(line), "\n");
+    }
+  }
+  return out;
+}
+
 }  // namespace dpproxy::conform

@@ -1,9 +1,11 @@
 // File: report.h
 //
 // dpconform's outputs: a table for people (scenarios down, kubelet releases
-// across, then what each failure means), JSON for scripts, and JUnit XML
-// for CI systems (one suite per kubelet release, one case per scenario;
-// blocked and n/a cells are <skipped> with the reason).
+// across, then what each failure means), JSON for scripts, JUnit XML for
+// CI systems (one suite per kubelet release, one case per scenario; a
+// blocked cell is a failure, an n/a one <skipped>, each with the reason),
+// and Markdown for a CI job's summary page (releases down, scenarios
+// across, then the failures).
 #ifndef DPPROXY_TOOLS_CONFORM_REPORT_H_
 #define DPPROXY_TOOLS_CONFORM_REPORT_H_
 
@@ -22,6 +24,7 @@ Totals Count(const std::vector<CellResult>& cells);
 std::string RenderTable(const std::vector<CellResult>& cells);
 std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells);
 std::string RenderJUnit(const ConformOptions& options, const std::vector<CellResult>& cells);
+std::string RenderMarkdown(const ConformOptions& options, const std::vector<CellResult>& cells);
 
 }  // namespace dpproxy::conform
 

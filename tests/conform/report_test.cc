@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/events/event_log.h"
@@ -149,6 +150,38 @@ TEST(ReportTest, JUnitIsValidAgainstTheSchema) {
   auto [bad_status, bad_out] = validate(bad);
   EXPECT_NE(bad_status, 0) << bad_out;
   EXPECT_THAT(bad_out, HasSubstr("skipped"));
+}
+
+// --kubelets=all would be a column per release, far wider than a terminal:
+// releases of one generation share a column, within 120 characters.
+TEST(ReportTest, ATableOfManyReleasesGroupsThemByGeneration) {
+  std::vector<CellResult> cells;
+  const std::vector<std::pair<std::string, std::string>> releases = {
+      {"1.10", "1.10-1.24"}, {"1.11", "1.10-1.24"}, {"1.12", "1.10-1.24"},
+      {"1.13", "1.10-1.24"}, {"1.14", "1.10-1.24"}, {"1.15", "1.10-1.24"},
+      {"1.16", "1.10-1.24"}, {"1.17", "1.10-1.24"}, {"1.18", "1.10-1.24"},
+      {"1.19", "1.10-1.24"}, {"1.24", "1.10-1.24"}, {"1.25", "1.25-1.36"},
+      {"1.26", "1.25-1.36"}, {"1.27", "1.25-1.36"}, {"1.36", "1.25-1.36"}};
+  for (const auto& [k, g] : releases) {
+    for (const char* s : {"registers", "serves-first"}) {
+      CellResult c;
+      c.kubelet = k;
+      c.generation = g;
+      c.scenario = s;
+      c.outcome = std::string(s) == "serves-first" && k == "1.36" ? Outcome::kFail
+                                                                   : Outcome::kPass;
+      c.summary = "x";
+      cells.push_back(c);
+    }
+  }
+  const std::string t = RenderTable(cells);
+  EXPECT_THAT(t, HasSubstr("scenario      1.10-1.24  1.25-1.36\n"));
+  EXPECT_THAT(t, HasSubstr("registers     pass       pass     \n"));
+  EXPECT_THAT(t, HasSubstr("serves-first  pass       pass/FAIL\n"));
+  EXPECT_THAT(t, HasSubstr("serves-first on kubelet 1.36 (1.25-1.36): x"));
+  for (absl::string_view line : absl::StrSplit(t, '\n')) {
+    EXPECT_LE(line.size(), 120u) << line;
+  }
 }
 
 // A CI job's summary: a row per release, the failed and blocked cells

@@ -97,28 +97,86 @@ Totals Count(const std::vector<CellResult>& cells) {
   return t;
 }
 
-std::string RenderTable(const std::vector<CellResult>& cells) {
+namespace {
+
+// The table's columns: one per release; or, where that would be wider
+// than kTableWidth, one per kubelet generation (releases that behave
+// alike), headed by the first and last release run, each cell the marks
+// of its releases ("pass", or "pass/FAIL" where they differ).
+constexpr size_t kTableWidth = 120;
+
+struct Column {
+  std::string header;
+  std::vector<std::string> kubelets;
+};
+
+std::vector<Column> Columns(const std::vector<CellResult>& cells, size_t first) {
   const std::vector<std::string> kubelets = Ordered(cells, &CellResult::kubelet);
+  std::vector<Column> per_release;
+  size_t width = first;
+  for (const std::string& k : kubelets) {
+    per_release.push_back({k, {k}});
+    width += 2 + std::max<size_t>(k.size(), 7);
+  }
+  if (width <= kTableWidth) return per_release;
+  std::map<std::string, std::string> generation;
+  for (const CellResult& c : cells) generation[c.kubelet] = c.generation;
+  std::vector<Column> grouped;
+  for (const std::string& k : kubelets) {
+    if (grouped.empty() || generation[grouped.back().kubelets.front()] != generation[k]) {
+      grouped.push_back({k, {}});
+    }
+    grouped.back().kubelets.push_back(k);
+    if (grouped.back().kubelets.size() > 1) {
+      grouped.back().header = absl::StrCat(grouped.back().kubelets.front(), "-", k);
+    }
+  }
+  return grouped;
+}
+
+std::string ColumnMark(const std::map<std::pair<std::string, std::string>, const CellResult*>& at,
+                       const std::string& scenario, const Column& column) {
+  std::vector<std::string> marks;
+  for (const std::string& k : column.kubelets) {
+    auto it = at.find({scenario, k});
+    if (it == at.end()) continue;
+    const std::string m = Mark(*it->second);
+    if (std::find(marks.begin(), marks.end(), m) == marks.end()) marks.push_back(m);
+  }
+  return absl::StrJoin(marks, "/");
+}
+
+}  // namespace
+
+std::string RenderTable(const std::vector<CellResult>& cells) {
   const std::vector<std::string> scenarios = Ordered(cells, &CellResult::scenario);
   std::map<std::pair<std::string, std::string>, const CellResult*> at;
   for (const CellResult& c : cells) at[{c.scenario, c.kubelet}] = &c;
   size_t first = std::string("scenario").size();
   for (const std::string& s : scenarios) first = std::max(first, s.size());
+  const std::vector<Column> columns = Columns(cells, first);
   std::vector<size_t> widths;
-  for (const std::string& k : kubelets) widths.push_back(std::max<size_t>(k.size(), 7));
+  for (const Column& col : columns) {
+    size_t w = std::max<size_t>(col.header.size(), 7);
+    for (const std::string& s : scenarios) w = std::max(w, ColumnMark(at, s, col).size());
+    widths.push_back(w);
+  }
 
   std::string out = absl::StrFormat("%-*s", first, "scenario");
-  for (size_t i = 0; i < kubelets.size(); ++i) {
-    absl::StrAppendFormat(&out, "  %-*s", widths[i], kubelets[i]);
+  for (size_t i = 0; i < columns.size(); ++i) {
+    absl::StrAppendFormat(&out, "  %-*s", widths[i], columns[i].header);
   }
   out += "\n";
   for (const std::string& s : scenarios) {
     absl::StrAppendFormat(&out, "%-*s", first, s);
-    for (size_t i = 0; i < kubelets.size(); ++i) {
-      auto it = at.find({s, kubelets[i]});
-      absl::StrAppendFormat(&out, "  %-*s", widths[i], it == at.end() ? "" : Mark(*it->second));
+    for (size_t i = 0; i < columns.size(); ++i) {
+      absl::StrAppendFormat(&out, "  %-*s", widths[i], ColumnMark(at, s, columns[i]));
     }
     out += "\n";
+  }
+  if (columns.size() < Ordered(cells, &CellResult::kubelet).size()) {
+    out += "(a column per kubelet generation, its first and last release run; the failures "
+           "below name each release)\n";
   }
   bool header = false;
   for (const CellResult& c : cells) {

@@ -334,27 +334,28 @@ void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationReque
 
 class KubeletEndpoint::Services {
  public:
-  // Every call that may wait (for the plugin, for the journal) is served
-  // with gRPC's callback API. GetDevicePluginOptions, which answers from
-  // memory at once, stays synchronous: with it on the callback API, bench
-  // runs with a 100 ms re-registration were more frequent (5 of 14, against
-  // 1 of 14). Their cause turned out to be Register's own channel to
-  // kubelet.sock (see Register), and a callback-only server has not been
-  // measured again since that was fixed.
-  class Beta final : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
-                         v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
-                             v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
-                                 v1beta1::DevicePlugin::WithCallbackMethod_PreStartContainer<
-                                     v1beta1::DevicePlugin::Service>>>> {
+  // Every method is served with gRPC's callback API, so that no server
+  // has a pool of synchronous threads of its own (two per resource).
+  class Beta final
+      : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
+            v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
+                v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
+                    v1beta1::DevicePlugin::WithCallbackMethod_PreStartContainer<
+                        v1beta1::DevicePlugin::WithCallbackMethod_GetDevicePluginOptions<
+                            v1beta1::DevicePlugin::Service>>>>> {
    public:
     explicit Beta(KubeletEndpoint* e) : e_(e) {}
 
-    grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
-                                        v1beta1::DevicePluginOptions* resp) override {
+    // From memory, at once.
+    grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
+                                                     const v1beta1::Empty*,
+                                                     v1beta1::DevicePluginOptions* resp) override {
       KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
       e_->NoteOptionsAsked();
       *resp = e_->resource()->options();
-      return call.Done(grpc::Status::OK);
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(call.Done(grpc::Status::OK));
+      return reactor;
     }
 
     // Raw: the published list is held as the v1beta1 message's bytes, which

@@ -228,6 +228,17 @@ TEST_F(RenameTest, CompactIdsSwitchedOnLiveKeepAHeldDeviceAwayUnderItsNewId) {
   EXPECT_TRUE(h_.WaitFor([&] { return Seen(kLegacy)[held_compact] == "Healthy"; }));
 }
 
+// A sample plugin dpproxy dials itself (a static backend) at
+// <plugin_dir>/static-nic.sock, serving vendor.com/nic.
+sample::SamplePluginOptions StaticNic(ProxyHarness& h, const testing::ShortTempDir& plugin_dir) {
+  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
+  nic.resource = "vendor.com/nic";
+  nic.registration = sample::RegistrationMode::kNone;
+  nic.socket_name = "static-nic.sock";
+  nic.kubelet_socket = plugin_dir.Sub("unused.sock");
+  return nic;
+}
+
 // A static backend whose socket is not there: said at the first failure
 // (event, log), shown in status and metrics while it lasts, and cleared
 // once the plugin is there and dialled.
@@ -256,12 +267,7 @@ TEST(UnreachableStaticBackendTest, IsToldAtOnceAndClearedWhenReached) {
   // Told once, not once per attempt.
   EXPECT_EQ((h.proxy().events().Counts()[{"static_backend_unreachable", kNic}]), 1);
 
-  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
-  nic.resource = kNic;
-  nic.registration = sample::RegistrationMode::kNone;
-  nic.socket_name = "static-nic.sock";
-  nic.kubelet_socket = plugin_dir.Sub("unused.sock");
-  ASSERT_NE(h.StartPlugin(nic), nullptr);
+  ASSERT_NE(h.StartPlugin(StaticNic(h, plugin_dir)), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kNic, 4, kWait));
   ASSERT_TRUE(h.WaitFor([&] {
     const ProxyStatus st = h.proxy().Status();
@@ -285,12 +291,7 @@ TEST(RemovedStaticBackendTest, ItsResourceGivesNothingMoreAndGoesOnceNoPodHoldsI
     PassesByHand()(c);
     c.static_backends.push_back({kNic, socket, std::nullopt});
   });
-  sample::SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1);
-  nic.resource = kNic;
-  nic.registration = sample::RegistrationMode::kNone;
-  nic.socket_name = "static-nic.sock";
-  nic.kubelet_socket = plugin_dir.Sub("unused.sock");
-  ASSERT_NE(h.StartPlugin(nic), nullptr);
+  ASSERT_NE(h.StartPlugin(StaticNic(h, plugin_dir)), nullptr);
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.sim().WaitForResource(kNic, 4, kWait));

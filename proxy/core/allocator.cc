@@ -234,10 +234,7 @@ class Allocator::Flow {
   }
 
   void ObserveBackend(const char* method, const absl::Status& s) {
-    if (a_->telemetry() == nullptr) return;
-    a_->telemetry()->ObserveRpc(
-        "backend", method, res_->name(), call_.kubelet_api, ApiWireVersion(backend_->api()),
-        GrpcCodeName(static_cast<grpc::StatusCode>(s.code())), absl::Now() - backend_start_);
+    a_->ObserveBackendCall(method, call_.kubelet_api, *backend_, s, backend_start_);
   }
 
   void Finish(const absl::Status& s) {
@@ -292,6 +289,16 @@ void Allocator::WithBackend(const grpc::ServerContextBase* caller, absl::Duratio
     }
     then(std::move(b));  // the caller's call is not finished before this: it lives
   }).detach();
+}
+
+void Allocator::ObserveBackendCall(const char* method, absl::string_view kubelet_api,
+                                   const Backend& b, const absl::Status& s,
+                                   absl::Time start) const {
+  if (telemetry_ == nullptr) return;
+  telemetry_->ObserveRpc("backend", method, resource_->name(), kubelet_api,
+                         ApiWireVersion(b.api()),
+                         GrpcCodeName(static_cast<grpc::StatusCode>(s.code())),
+                         absl::Now() - start);
 }
 
 absl::Status Allocator::NoBackend() const {

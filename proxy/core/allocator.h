@@ -42,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/core/backend.h"
@@ -126,6 +127,11 @@ class Allocator {
   void WithBackend(const grpc::ServerContextBase* caller, absl::Duration timeout,
                    std::function<void(std::shared_ptr<Backend>)> then);
   absl::Status NoBackend() const;
+
+  // Times one call to the backend (side=backend in the metrics), started
+  // at `start`; for the other calls the kubelet makes of a backend too.
+  void ObserveBackendCall(const char* method, absl::string_view kubelet_api, const Backend& b,
+                          const absl::Status& s, absl::Time start) const;
 
   // Allocates refused because they named a device a running container the
   // kubelet forgot still holds.

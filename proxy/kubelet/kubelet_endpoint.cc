@@ -140,16 +140,6 @@ class KubeletCall {
   std::optional<ApiVersion> backend_api_;
 };
 
-// Times one call to the backend (side=backend), started at `start`.
-void ObserveBackendCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api,
-                        const Backend& b, const absl::Status& s, absl::Time start) {
-  if (e->telemetry() == nullptr) return;
-  e->telemetry()->ObserveRpc("backend", method, e->resource()->name(),
-                             ApiWireVersion(kubelet_api), ApiWireVersion(b.api()),
-                             GrpcCodeName(static_cast<grpc::StatusCode>(s.code())),
-                             absl::Now() - start);
-}
-
 // --- Allocate -----------------------------------------------------------------------
 
 // An Allocate from the kubelet, whatever API it speaks (its edge translates
@@ -438,8 +428,9 @@ class KubeletEndpoint::Services {
             std::move(breq), e->backend_timeout(), ctx,
             [e, req, resp, reactor, call, b = std::move(b), held,
              start](absl::StatusOr<v1beta1::PreferredAllocationResponse> r) {
-              ObserveBackendCall(e, "GetPreferredAllocation", ApiVersion::kV1Beta1, *b,
-                                 r.status(), start);
+              e->allocator()->ObserveBackendCall("GetPreferredAllocation",
+                                                 ApiWireVersion(ApiVersion::kV1Beta1), *b,
+                                                 r.status(), start);
               if (!r.ok()) return reactor->Finish(call->Done(ToGrpcStatus(r.status())));
               *resp = *std::move(r);
               for (auto& c : *resp->mutable_container_responses()) {
@@ -486,7 +477,8 @@ class KubeletEndpoint::Services {
         backend->PreStartContainerAsync(
             std::move(breq), e->backend_timeout(), ctx,
             [e, reactor, call, b = std::move(b), start](absl::Status s) {
-              ObserveBackendCall(e, "PreStartContainer", ApiVersion::kV1Beta1, *b, s, start);
+              e->allocator()->ObserveBackendCall(
+                  "PreStartContainer", ApiWireVersion(ApiVersion::kV1Beta1), *b, s, start);
               reactor->Finish(call->Done(ToGrpcStatus(s)));
             });
       });

@@ -27,7 +27,6 @@
 #include "proxy/ops/json_log.h"
 #include "proxy/ops/ops_server.h"
 #include "proxy/ops/systemd_notifier.h"
-#include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 #include "proxy/server/status_model.h"
@@ -200,7 +199,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   dpproxy::BlockTerminationSignals();
-  dpproxy::KeepGrpcForProcess();  // a stop takes milliseconds (grpc_util.h)
   dpproxy::ProxyServer server(*config);
   // SIGUSR2: the binary at this path (the new build, once installed) takes
   // over from this process, as its child (docs/upgrade.md, systemd).

@@ -47,7 +47,9 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 // gRPC's global shutdown, which waits for its executor thread, and that
 // thread may sit in a poll for about 10 s (a write the peer stopped
 // reading, such as a list over the kubelet's 4 MiB): a stop that should
-// take milliseconds takes seconds.
+// take milliseconds takes seconds. gRPC's threads then live until the
+// end: such a binary ends with _exit once it has stopped, so that no
+// static destructor runs beside them.
 void KeepGrpcForProcess();
 
 std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,

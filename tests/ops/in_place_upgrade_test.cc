@@ -145,7 +145,8 @@ TEST(InPlaceUpgradeTest, TheUnitsUpgradeHandsTheServiceToTheNewBuild) {
   ASSERT_TRUE(old_status.has_value());
   EXPECT_EQ(parent, old_pid) << "the new dpproxy runs in the service, as the old one's child";
   EXPECT_TRUE(WIFEXITED(*old_status) && WEXITSTATUS(*old_status) == 0)
-      << ChildProcess::DescribeExit(*old_status);
+      << ChildProcess::DescribeExit(*old_status) << "\n"
+      << ReadFile(dir.Sub("dpproxy.log")).value_or("");
   // The old one's end is not the service's: no STOPPING=1, and the new
   // one's keep-alives go on.
   std::vector<std::string> after;

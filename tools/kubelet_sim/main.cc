@@ -490,7 +490,6 @@ int Serve() {
   }
 
   BlockTerminationSignals();
-  KeepGrpcForProcess();  // a stop takes milliseconds (grpc_util.h)
   KubeletSim sim(options);
   sim.events().SetEcho(!FLAGS_quiet);
   std::string events = FLAGS_events.empty()

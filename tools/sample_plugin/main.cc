@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -206,7 +208,11 @@ int Serve() {
   plugins.front()->StopControl();
   for (auto& plugin : plugins) plugin->Stop();
   if (!FLAGS_control_socket.empty()) ::unlink(FLAGS_control_socket.c_str());
-  return 0;
+  // Stopped, and every event written and flushed. gRPC is still
+  // initialized (above): the process ends here, without static
+  // destructors running beside gRPC's own threads.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 int RunClient(const std::string& command) {

@@ -1,6 +1,5 @@
 #include "proxy/server/proxy_server.h"
 
-#include <malloc.h>
 #include <unistd.h>
 
 #include <glog/logging.h>
@@ -8,18 +7,18 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "backends/connect.h"
 #include "proxy/config/config_file.h"
-#include "proxy/server/held_elsewhere.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"
 
 namespace dpproxy {
+
+namespace {
 
 // After a handoff, how long a call the kubelet chose this dpproxy for just
 // before it moved to the new one may take to arrive: the kubelet picks the
@@ -30,16 +29,13 @@ constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
 // back what the kubelet lists and the journal lacks.
 constexpr absl::Duration kLearnBackWindow = absl::Minutes(10);
 
-namespace {
-
 // Registrations and static connects in parallel; a fixed number, whatever
 // the resource count.
 constexpr int kWorkers = 4;
 
 }  // namespace
 
-ProxyServer::ProxyServer(ProxyConfig config)
-    : config_(std::move(config)), live_config_(config_) {}
+ProxyServer::ProxyServer(ProxyConfig config) : config_(std::move(config)) {}
 
 ProxyServer::~ProxyServer() { Shutdown(); }
 
@@ -47,13 +43,20 @@ ProxyServer::LockFd::~LockFd() {
   if (fd >= 0) ::close(fd);
 }
 
-
 std::map<std::string, int64_t> ProxyServer::RegistrationRejections() {
   return registration_ ? registration_->Rejections() : std::map<std::string, int64_t>();
 }
 
 std::string ProxyServer::backend_registration_socket() const {
   return JoinPath(config_.plugin_dir, kKubeletSocketName);
+}
+
+ProxyStatus ProxyServer::Status(bool with_devices) {
+  return reporter_ ? reporter_->Status(with_devices) : ProxyStatus();
+}
+
+std::vector<HealthCheck> ProxyServer::Readiness() {
+  return reporter_ ? reporter_->Readiness() : std::vector<HealthCheck>();
 }
 
 absl::Status ProxyServer::Start() {
@@ -78,87 +81,108 @@ absl::Status ProxyServer::Start() {
   registrar_ = std::make_unique<Registrar>(config_.kubelet, &events_, workers_.get(),
                                            [this] { Wake(); });
   registrar_->SetTelemetry(&telemetry_);
+  statics_ = std::make_unique<StaticBackends>(
+      StaticBackends::Options{config_.backend_max_list_bytes}, workers_.get(), &events_,
+      [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); });
   // State first: remembered resources are served and registered before any
   // backend is back.
   if (!config_.state_dir.empty()) {
-    absl::Status s = MakeDirs(config_.state_dir);
-    if (s.ok()) s = CheckOwnDirectory(config_.state_dir);
-    if (s.ok() && state_lock_.fd < 0) {
-      const std::string lock_path = JoinPath(config_.state_dir, "lock");
-      absl::StatusOr<int> fd = LockFile(
-          lock_path, config_.takeover ? absl::ZeroDuration() : config_.state_lock_wait);
-      if (!fd.ok() && config_.takeover) {
-        // Held: the running dpproxy hands the state over, then unlocks.
-        takeover_ = std::make_unique<Takeover>(
-            config_.state_dir, config_.kubelet.backend_timeout + absl::Seconds(10), &events_);
-        s = takeover_->AskToRelease();
-        if (s.ok()) socket_generation_ = takeover_->socket_generation();
-        if (s.ok()) fd = LockFile(lock_path, config_.state_lock_wait);
-      }
-      if (fd.ok()) {
-        state_lock_.fd = *fd;
-      } else {
-        s = absl::FailedPreconditionError(absl::StrCat(
-            fd.status().message(),
-            ": another dpproxy is using this state directory, and two must never share one "
-            "(their journals would interleave); stop it, or give this one its own "
-            "--state_dir"));
-      }
-    }
-    if (s.ok()) {
-      keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
-      keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
-      s = RestoreState();
-    }
-    if (s.ok() && !config_.dra.enabled) {
-      // A later dpproxy may take over from this one (--takeover).
-      handover_ = std::make_unique<Handover>(
-          Handover::Options{config_.state_dir, socket_generation_, config_.handoff_timeout,
-                            shared_listener_fd_},
-          static_cast<Handover::Host*>(this), &events_, [this] {
-            if (handed_over_hook_) handed_over_hook_();
-          });
-      handover_->Serve();
-    }
-    if (!s.ok()) {
-      start_error_ = absl::StrCat("state directory ", config_.state_dir, ": ", s.message());
-      Shutdown();
-      return absl::FailedPreconditionError(start_error_);
-    }
-    // Device-plugin allocations only: DRA mode has none (its claims are
-    // the kubelet's to end, with NodeUnprepareResources).
-    if (!config_.dra.enabled) {
-      reconciler_ = std::make_unique<Reconciler>(
-          Reconciler::Options{config_.kubelet, config_.reconcile_interval,
-                              config_.reconcile_grace, config_.reconcile_start_grace},
-          keeper_.get(), &events_, [this] { Wake(); });
-      if (keeper_->damaged_at_load()) {
-        // The kubelet's checkpoint still lists what the damaged state
-        // lost: learned back for the resources served meanwhile (their
-        // plugins register within moments of a start).
-        reconciler_->LearnBack(kLearnBackWindow, [this](const std::string& resource) {
-          absl::MutexLock lock(&mu_);
-          return entries_.count(resource) > 0;
-        });
-      }
+    if (absl::Status s = OpenState(); !s.ok()) {
+      return FailStart(absl::FailedPreconditionError(
+          absl::StrCat("state directory ", config_.state_dir, ": ", s.message())));
     }
   }
+  if (absl::Status s = StartServing(); !s.ok()) return FailStart(s);
+  Wake();
+  events_.Emit("proxy_started", {});
+  if (taking_over()) {
+    takeover_->StartCompleting({[this] { return HandoverEndpoints(); }, registrar_.get(),
+                                [this] { return stopping(); }, before_finish_hook_});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProxyServer::FailStart(absl::Status s) {
+  start_error_ = std::string(s.message());
+  Shutdown();
+  return s;
+}
+
+absl::Status ProxyServer::LockState() {
+  DPP_RETURN_IF_ERROR(MakeDirs(config_.state_dir));
+  DPP_RETURN_IF_ERROR(CheckOwnDirectory(config_.state_dir));
+  if (state_lock_.fd >= 0) return absl::OkStatus();
+  const std::string lock_path = JoinPath(config_.state_dir, "lock");
+  absl::StatusOr<int> fd =
+      LockFile(lock_path, config_.takeover ? absl::ZeroDuration() : config_.state_lock_wait);
+  if (!fd.ok() && config_.takeover) {
+    // Held: the running dpproxy hands the state over, then unlocks.
+    takeover_ = std::make_unique<Takeover>(
+        config_.state_dir, config_.kubelet.backend_timeout + absl::Seconds(10), &events_);
+    DPP_RETURN_IF_ERROR(takeover_->AskToRelease());
+    socket_generation_ = takeover_->socket_generation();
+    fd = LockFile(lock_path, config_.state_lock_wait);
+  }
+  if (!fd.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        fd.status().message(),
+        ": another dpproxy is using this state directory, and two must never share one "
+        "(their journals would interleave); stop it, or give this one its own --state_dir"));
+  }
+  state_lock_.fd = *fd;
+  return absl::OkStatus();
+}
+
+absl::Status ProxyServer::OpenState() {
+  DPP_RETURN_IF_ERROR(LockState());
+  keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
+  keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
+  DPP_RETURN_IF_ERROR(RestoreState());
+  if (config_.dra.enabled) {
+    // DRA mode has no device-plugin allocations to reconcile (its claims
+    // are the kubelet's to end, with NodeUnprepareResources) and no
+    // handoff.
+    quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(), nullptr,
+                                               &events_);
+    return absl::OkStatus();
+  }
+  // A later dpproxy may take over from this one (--takeover).
+  handover_ = std::make_unique<Handover>(
+      Handover::Options{config_.state_dir, socket_generation_, config_.handoff_timeout,
+                        shared_listener_fd_},
+      static_cast<Handover::Host*>(this), &events_, [this] {
+        if (handed_over_hook_) handed_over_hook_();
+      });
+  handover_->Serve();
+  reconciler_ = std::make_unique<Reconciler>(
+      Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
+                          config_.reconcile_start_grace},
+      keeper_.get(), &events_, [this] { Wake(); });
+  quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(),
+                                             reconciler_.get(), &events_);
+  if (keeper_->damaged_at_load()) {
+    // The kubelet's checkpoint still lists what the damaged state lost:
+    // learned back for the resources served meanwhile (their plugins
+    // register within moments of a start).
+    reconciler_->LearnBack(kLearnBackWindow, [this](const std::string& resource) {
+      return table_.Find(resource) != nullptr;
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProxyServer::StartServing() {
   BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
                                                  config_.backend_max_list_bytes};
   if (!config_.socket_group.empty()) reg_options.socket_gid = *ResolveGroup(config_.socket_group);
   registration_ = std::make_unique<BackendRegistrationServer>(
       reg_options,
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }, &events_);
-  if (absl::Status s = registration_->Start(); !s.ok()) {
-    start_error_ = std::string(s.message());
-    Shutdown();
-    return s;
-  }
+  DPP_RETURN_IF_ERROR(registration_->Start());
   for (const StaticBackendConfig& sb : config_.static_backends) {
-    Entry* e = EnsureEntry(ServedName(sb.resource));
-    absl::MutexLock lock(&mu_);
-    e->static_config = sb;
-    e->static_backend = true;
+    const std::string name = table_.ServedName(sb.resource);
+    (void)EnsureEntry(name);
+    statics_->Dial(name, sb);
   }
   if (config_.dra.enabled) {
     dra_ = std::make_unique<DraSide>(
@@ -167,18 +191,19 @@ absl::Status ProxyServer::Start() {
                          config_.api_max_body_bytes},
         [this] {
           std::vector<Allocator*> out;
-          for (Entry* e : Entries()) out.push_back(e->allocator.get());
+          for (ServedResource* e : table_.All()) out.push_back(e->allocator.get());
           return out;
         },
         &events_, &losses_);
-    if (absl::Status s = dra_->Start(); !s.ok()) {
-      start_error_ = std::string(s.message());
-      Shutdown();
-      return s;
-    }
+    DPP_RETURN_IF_ERROR(dra_->Start());
   }
+  reporter_ = std::make_unique<Reporter>(Reporter::Parts{
+      &config_, &table_, statics_.get(), &losses_, registrar_.get(), registration_.get(),
+      keeper_.get(), reconciler_.get(), quarantine_.get(), dra_.get()});
+  saver_ = std::make_unique<Saver>(Saver::Options{config_.status_file}, keeper_.get(),
+                                   reporter_.get(), &events_, [this] { return released(); });
   housekeeping_ = std::thread([this] { HousekeepingLoop(); });
-  saver_ = std::thread([this] { SaverLoop(); });
+  saver_->Start();
   if (reconciler_) {
     checkpoint_ = std::thread([this] { CheckpointLoop(); });
     reconciler_->Start();
@@ -190,25 +215,7 @@ absl::Status ProxyServer::Start() {
   watcher_ = std::make_unique<DirWatcher>(watch_dir, [this](const DirWatcher::Event& e) {
     if (e.kind != DirWatcher::Event::kTick) Wake();
   });
-  if (absl::Status s = watcher_->Start(); !s.ok()) {
-    start_error_ = std::string(s.message());
-    Shutdown();
-    return s;
-  }
-  Wake();
-  events_.Emit("proxy_started", {});
-  if (taking_over()) {
-    takeover_->StartCompleting(
-        {[this] {
-           std::vector<KubeletEndpoint*> out;
-           for (Entry* e : Entries()) {
-             if (e->endpoint) out.push_back(e->endpoint.get());
-           }
-           return out;
-         },
-         registrar_.get(), [this] { return stopping(); }, before_finish_hook_});
-  }
-  return absl::OkStatus();
+  return watcher_->Start();
 }
 
 void ProxyServer::Shutdown() {
@@ -226,36 +233,13 @@ void ProxyServer::Shutdown() {
   }
   if (takeover_) takeover_->Join();
   if (housekeeping_.joinable()) housekeeping_.join();
-  if (saver_.joinable()) saver_.join();
+  if (saver_) saver_->Stop();
   if (checkpoint_.joinable()) checkpoint_.join();
   if (dra_) dra_->Stop();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
-  std::map<std::string, std::unique_ptr<Entry>> entries;
-  {
-    absl::MutexLock lock(&mu_);
-    entries.swap(entries_);
-  }
-  if (released()) {
-    // Handed over, and the kubelet has moved to the new dpproxy. A call it
-    // sent here just before may still be on its way: wait until the
-    // kubelet ends its streams here (1.9 stops a replaced endpoint; later
-    // kubelets keep it until the plugin ends it, so at most
-    // kHandoffQuiet), then until the Allocates forwarded to the new
-    // dpproxy have their answers, and only then close the sockets.
-    const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
-    for (auto& [name, e] : entries) {
-      if (!e->endpoint) continue;
-      (void)e->endpoint->WaitForKubeletGone(std::max(absl::ZeroDuration(), quiet_by - absl::Now()));
-    }
-    const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
-    for (auto& [name, e] : entries) {
-      if (e->endpoint && !e->endpoint->WaitForAllocatesServed(wait)) {
-        LOG(WARNING) << "resource " << name << ": a forwarded Allocate is still in progress "
-                     << "after " << absl::FormatDuration(wait) << "; stopping anyway";
-      }
-    }
-  }
+  std::map<std::string, std::unique_ptr<ServedResource>> entries = table_.TakeAll();
+  if (released()) DrainAfterHandoff(entries);
   const bool giving_back = taking_over() && !takeover_->finish_sent();
   if (!released() && !giving_back) {
     // Stopping for good: an endpoint the kubelet no longer lists by name
@@ -290,41 +274,37 @@ void ProxyServer::Shutdown() {
   events_.Emit("proxy_stopped", {});
 }
 
-std::vector<ProxyServer::Entry*> ProxyServer::Entries() {
-  std::vector<Entry*> out;
-  absl::MutexLock lock(&mu_);
-  for (auto& [name, e] : entries_) out.push_back(e.get());
-  return out;
+void ProxyServer::DrainAfterHandoff(
+    const std::map<std::string, std::unique_ptr<ServedResource>>& entries) {
+  // Handed over, and the kubelet has moved to the new dpproxy. A call it
+  // sent here just before may still be on its way: wait until the kubelet
+  // ends its streams here (1.9 stops a replaced endpoint; later kubelets
+  // keep it until the plugin ends it, so at most kHandoffQuiet), then until
+  // the Allocates forwarded to the new dpproxy have their answers, and
+  // only then close the sockets.
+  const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
+  for (auto& [name, e] : entries) {
+    if (!e->endpoint) continue;
+    (void)e->endpoint->WaitForKubeletGone(std::max(absl::ZeroDuration(), quiet_by - absl::Now()));
+  }
+  const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
+  for (auto& [name, e] : entries) {
+    if (e->endpoint && !e->endpoint->WaitForAllocatesServed(wait)) {
+      LOG(WARNING) << "resource " << name << ": a forwarded Allocate is still in progress "
+                   << "after " << absl::FormatDuration(wait) << "; stopping anyway";
+    }
+  }
 }
 
-ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
-                                             std::shared_ptr<Backend> attach) {
-  absl::ReleasableMutexLock lock(&mu_);
-  auto it = entries_.find(name);
-  if (it != entries_.end()) {
-    Entry* found = it->second.get();
-    if (attach) {
-      found->backend_resource = attach->resource();
-      found->static_removed = false;  // a plugin serves it again
-    }
-    lock.Release();
-    if (attach) {
-      // What it must not show free is known before its first list.
-      ++served_version_;
-      ApplyQuarantine();
-      (void)found->resource->AttachBackend(std::move(attach));
-    }
-    return found;
-  }
-  auto e = std::make_unique<Entry>();
-  if (attach) e->backend_resource = attach->resource();
+std::unique_ptr<ServedResource> ProxyServer::MakeEntry(const std::string& name) {
+  const ProxyConfig live = table_.live();
   // As a reload left them.
   ResourcePolicy policy = config_.policy;
-  policy.loss_policy = live_config_.policy.loss_policy;
-  policy.hold = live_config_.policy.hold;
-  auto m = live_config_.id_maps.find(name);
-  if (m != live_config_.id_maps.end()) policy.id_map = m->second;
-  policy.compact_ids = live_config_.compact_ids.count(name) > 0;
+  policy.loss_policy = live.policy.loss_policy;
+  policy.hold = live.policy.hold;
+  auto m = live.id_maps.find(name);
+  if (m != live.id_maps.end()) policy.id_map = m->second;
+  policy.compact_ids = live.compact_ids.count(name) > 0;
   ResourceHooks hooks;
   hooks.on_change = [this] { Wake(); };
   StateKeeper* keeper = keeper_.get();
@@ -345,36 +325,46 @@ ProxyServer::Entry* ProxyServer::EnsureEntry(const std::string& name,
       return reconciler->ReadmissionPick(name, size, available);
     };
   }
+  auto e = std::make_unique<ServedResource>();
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
-  KubeletSideOptions kubelet = config_.kubelet;
-  kubelet.socket_generation = socket_generation_;
   e->allocator = std::make_unique<Allocator>(e->resource.get(), keeper_.get(), &telemetry_);
   // In DRA mode the kubelet learns of devices from ResourceSlices: no
   // device-plugin socket (it would win over DRA).
   if (!config_.dra.enabled) {
+    KubeletSideOptions kubelet = config_.kubelet;
+    kubelet.socket_generation = socket_generation_;
     e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), kubelet, &losses_,
                                                     &events_, e->allocator.get(), &telemetry_);
     // As a reload left them.
-    e->endpoint->SetCallSettings(live_config_.kubelet.backend_timeout,
-                                 live_config_.kubelet.cdi_annotations);
+    e->endpoint->SetCallSettings(live.kubelet.backend_timeout, live.kubelet.cdi_annotations);
   }
-  Entry* raw = e.get();
-  entries_[name] = std::move(e);
-  lock.Release();
-  ++served_version_;
+  return e;
+}
+
+ServedResource* ProxyServer::EnsureEntry(const std::string& name, std::shared_ptr<Backend> attach) {
+  ServedResource* e = table_.Find(name);
+  bool made = false;
+  if (e == nullptr) std::tie(e, made) = table_.Add(name, MakeEntry(name));  // one wins a race
   if (attach) {
-    ApplyQuarantine();
-    (void)raw->resource->AttachBackend(std::move(attach));
+    table_.SetBackendResource(e, attach->resource());
+    statics_->PluginServes(name);  // a plugin serves it again
   }
-  if (!raw->endpoint) {
+  if (made || attach) table_.NoteServedChange();
+  if (attach) {
+    // What it must not show free is known before its first list.
+    ApplyQuarantine();
+    (void)e->resource->AttachBackend(std::move(attach));
+  }
+  if (!made) return e;
+  if (!e->endpoint) {
     LOG(INFO) << "resource " << name << ": published as DRA devices of driver "
               << config_.dra.driver << " (no device-plugin socket for the kubelet)";
   } else {
-    registrar_->Add(raw->resource.get(), raw->endpoint.get());
-    LOG(INFO) << "resource " << name << ": kubelet-facing socket " << raw->endpoint->socket_path();
+    registrar_->Add(e->resource.get(), e->endpoint.get());
+    LOG(INFO) << "resource " << name << ": kubelet-facing socket " << e->endpoint->socket_path();
   }
   Wake();
-  return raw;
+  return e;
 }
 
 absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
@@ -382,7 +372,7 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
     absl::MutexLock lock(&mu_);
     if (!running_) return absl::UnavailableError("dpproxy is stopping");
   }
-  const std::string name = ServedName(backend->resource());
+  const std::string name = table_.ServedName(backend->resource());
   if (name != backend->resource()) {
     LOG(INFO) << "backend resource " << backend->resource() << " is served to the kubelet as "
               << name;
@@ -392,11 +382,6 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
   (void)EnsureEntry(name, std::move(backend));
   Wake();
   return absl::OkStatus();
-}
-
-std::string ProxyServer::ServedName(const std::string& backend_resource) {
-  absl::MutexLock lock(&mu_);
-  return KubeletResourceName(live_config_, backend_resource);
 }
 
 void ProxyServer::Wake() {
@@ -421,7 +406,9 @@ void ProxyServer::HousekeepingLoop() {
       wake_ = false;
     }
     const absl::Time now = absl::Now();
-    TickResources(now);
+    const std::vector<ServedResource*> served = table_.All();
+    for (ServedResource* e : served) e->resource->Tick(now);
+    statics_->Tick(served);
     // Before a new resource is registered: its first list already shows
     // what it must not hand out.
     ApplyQuarantine();
@@ -434,10 +421,10 @@ void ProxyServer::HousekeepingLoop() {
     if (handover_) handover_->CheckProgress(now);
     {
       absl::MutexLock lock(&wake_mu_);
-      save_wake_ = true;
       checkpoint_wake_ = true;
       if (seen.has_value()) restarts_seen_.push_back(*std::move(seen));
     }
+    saver_->Wake();
     ++housekeeping_passes_;
     housekeeping_at_ns_ = absl::ToUnixNanos(absl::Now());
     if (housekeeping_hook_) housekeeping_hook_();
@@ -458,46 +445,6 @@ std::vector<HealthCheck> ProxyServer::Liveness() {
                                       " ago (it runs at least once a second)");
   }
   return {c};
-}
-
-std::vector<HealthCheck> ProxyServer::Readiness() {
-  std::vector<HealthCheck> checks = registrar_->RegistrationChecks();
-  if (dra_) {
-    HealthCheck c;
-    c.name = "dra-registered";
-    c.ok = dra_->registered();
-    if (!c.ok) {
-      c.reason = absl::StrCat("the kubelet has not registered DRA driver ", config_.dra.driver,
-                              " (its plugin watcher reads ", dra_->registration_socket(),
-                              ")");
-    }
-    checks.push_back(std::move(c));
-    HealthCheck api;
-    api.name = "dra-api-server";
-    api.reason = dra_->api_error();
-    api.ok = api.reason.empty();
-    checks.push_back(std::move(api));
-  }
-  // A resource whose plugin's last list was refused: named until a list
-  // is taken.
-  for (Entry* e : Entries()) {
-    std::string refused = e->resource->list_refused();
-    if (refused.empty()) continue;
-    checks.push_back({absl::StrCat("device-list:", e->resource->name()), false,
-                      absl::StrCat("the plugin's device list was refused: ", refused)});
-  }
-  if (keeper_) {
-    HealthCheck c;
-    c.name = "state-writable";
-    c.ok = keeper_->writable();
-    if (!c.ok) {
-      c.reason = absl::StrCat("the last write to ", keeper_->path(),
-                              " failed: ", keeper_->last_write_error(),
-                              "; an Allocate is refused when its journal record cannot be written");
-    }
-    checks.push_back(std::move(c));
-  }
-  return checks;
 }
 
 // The kubelet-checkpoint checks cost O(allocations) and the kubelet
@@ -522,52 +469,6 @@ void ProxyServer::CheckpointLoop() {
   }
 }
 
-// The resources and the status file are saved here, not on the
-// housekeeping thread: their writes wait for the disk, and serving and
-// registering after a kubelet restart must never wait behind them.
-void ProxyServer::SaverLoop() {
-  for (;;) {
-    {
-      absl::MutexLock lock(&wake_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
-        return save_wake_ || stop_;
-      };
-      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stop_) return;
-      save_wake_ = false;
-    }
-    absl::MutexLock saving(&saver_mu_);
-    if (released()) continue;  // the new dpproxy's to write now
-    // Nothing below costs more than O(resources) unless something changed.
-    const std::string fingerprint = Fingerprint();
-    const bool persisted = PersistResources(fingerprint);
-    if (WriteStatusIfChanged(fingerprint) || persisted) {
-      // Those build and drop copies as large as every device list (the
-      // saved resources, the status JSON); glibc keeps freed memory in its
-      // arenas, so hand it back, once per change, not per tick.
-      ::malloc_trim(0);
-    }
-    ++save_passes_;
-  }
-}
-
-void ProxyServer::TickResources(absl::Time now) {
-  for (Entry* e : Entries()) {
-    e->resource->Tick(now);
-    if (!e->static_backend.load() || e->resource->backend_connected()) continue;
-    {
-      absl::MutexLock lock(&mu_);
-      if (e->connecting) continue;
-      e->connecting = true;
-    }
-    workers_->Submit([this, e] {
-      ConnectStatic(e);
-      absl::MutexLock lock(&mu_);
-      e->connecting = false;
-    });
-  }
-}
-
 absl::Status ProxyServer::ReconcileOnce() {
   if (!reconciler_) {
     return absl::FailedPreconditionError("no reconciliation (no state directory, or DRA mode)");
@@ -582,99 +483,6 @@ absl::Status ProxyServer::ReconcileCheckpointOnce() {
   return reconciler_->ReconcileCheckpointOnce();
 }
 
-void ProxyServer::ApplyQuarantine() {
-  if (!keeper_) return;
-  absl::MutexLock guard(&quarantine_mu_);
-  // DRA mode has no reconciler: nothing forgotten, the rest applies.
-  const uint64_t version = reconciler_ ? reconciler_->quarantine_version() : 0;
-  const uint64_t released = keeper_->released_version();
-  const uint64_t served = served_version_.load();
-  if (version == applied_quarantine_ && released == applied_released_ &&
-      served == applied_served_) {
-    return;
-  }
-  applied_quarantine_ = version;
-  applied_released_ = released;
-  applied_served_ = served;
-  std::vector<ForgottenStatus> rows;
-  // Held by containers the kubelet forgot: real health, steered around.
-  const std::map<std::string, std::map<std::string, std::string>> forgotten =
-      reconciler_ ? reconciler_->ForgottenDevices(&rows)
-                  : std::map<std::string, std::map<std::string, std::string>>();
-  // Shown Unhealthy: held under another name or ID.
-  std::map<std::string, std::set<std::string>> devices;
-  // A renamed or re-mapped resource while pods held its devices: the
-  // kubelet knows those allocations by their old name and ID only.
-  std::map<std::string, ServedAs> served_as;
-  std::map<std::string, std::string> backend_of;
-  std::map<std::string, std::string> renamed;  // old name -> name now
-  std::set<std::string> removed;               // static backends removed
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, e] : entries_) {
-      if (!e->backend_resource.empty()) backend_of[name] = e->backend_resource;
-      if (e->static_removed) {
-        removed.insert(name);
-        continue;
-      }
-      if (e->backend_resource.empty()) continue;
-      const std::string now = KubeletResourceName(live_config_, e->backend_resource);
-      if (now != name) {
-        renamed[name] = now;
-        continue;
-      }
-      Resource* r = e->resource.get();
-      ServedAs as{name, nullptr};
-      if (r->maps_ids()) as.kubelet_id = [r](const std::string& id) { return r->ToKubeletId(id); };
-      served_as[e->backend_resource] = std::move(as);
-    }
-  }
-  // Read in place: at 50,000 allocations a copy would cost more than the
-  // pass, which skips every record made under the name and IDs shown now.
-  HeldElsewhereFinder finder(served_as, backend_of);
-  keeper_->ForEachAllocation([&finder](const state::Allocation& a) { finder.Add(a); });
-  const auto held = finder.Take();
-  std::vector<HeldElsewhereStatus> held_rows;
-  for (const auto& [resource, by_id] : held) {
-    for (const auto& [id, h] : by_id) {
-      devices[resource].insert(id);
-      held_rows.push_back(HeldElsewhereStatus{resource, id, h.held_as_resource, h.held_as_device,
-                                              h.allocation, h.pod});
-    }
-  }
-  // The resources first: once the status shows a hold, Allocates see it.
-  for (Entry* e : Entries()) {
-    const std::string& name = e->resource->name();
-    if (renamed.count(name) > 0 || removed.count(name) > 0) {
-      // No new pod gets a device under a name no longer served.
-      const Resource::Snapshot snap = e->resource->Current();
-      std::set<std::string> all;
-      for (int i = 0; i < snap.list->size(); ++i) all.insert(std::string(snap.list->device(i).id));
-      e->resource->SetShownUnhealthy(std::move(all));
-      e->resource->SetForgotten({});
-      continue;
-    }
-    auto it = devices.find(name);
-    e->resource->SetShownUnhealthy(it == devices.end() ? std::set<std::string>() : it->second);
-    auto f = forgotten.find(name);
-    e->resource->SetForgotten(f == forgotten.end() ? Resource::Forgotten() : f->second);
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    forgotten_rows_ = std::move(rows);
-    ++rows_version_;  // the status shows them: written again
-    if (held_rows.size() != held_elsewhere_rows_.size()) {
-      LOG(WARNING) << held_rows.size()
-                   << " device(s) are held under another name or ID than they are served as "
-                      "now (renames, ID maps or compact IDs changed while pods held them); "
-                      "reported Unhealthy until their pods are gone";
-      events_.Emit("devices_held_elsewhere", {{"devices", held_rows.size()}});
-    }
-    held_elsewhere_rows_ = std::move(held_rows);
-    renamed_ = renamed;
-  }
-}
-
 absl::Status ProxyServer::RestoreState() {
   absl::StatusOr<state::State> loaded = keeper_->Load();
   if (!loaded.ok()) return loaded.status();
@@ -686,11 +494,11 @@ absl::Status ProxyServer::RestoreState() {
   for (const state::Allocation& a : st.allocations()) holding.insert(a.resource());
   for (const state::Resource& r : st.resources()) {
     const std::string& plugin = r.backend().backend_resource();
-    const std::string now = plugin.empty() ? r.name() : ServedName(plugin);
+    const std::string now = plugin.empty() ? r.name() : table_.ServedName(plugin);
     // A static backend the configuration no longer has.
     bool static_removed = r.backend().static_backend();
     for (const StaticBackendConfig& sb : config_.static_backends) {
-      if (ServedName(sb.resource) == r.name()) static_removed = false;
+      if (table_.ServedName(sb.resource) == r.name()) static_removed = false;
     }
     if ((now != r.name() || static_removed) && holding.count(r.name()) == 0) {
       // Renamed or removed, and no pod holds its devices under this name:
@@ -704,15 +512,11 @@ absl::Status ProxyServer::RestoreState() {
                    {{"resource", r.name()}, {"served_as", now != r.name() ? now : ""}});
       continue;
     }
-    Entry* e = EnsureEntry(r.name());
+    ServedResource* e = EnsureEntry(r.name());
     e->resource->Restore(DeviceList::FromDevices({r.devices().begin(), r.devices().end()}), trust,
                          r.backend().endpoint(), r.backend().api_version());
-    {
-      absl::MutexLock lock(&mu_);
-      e->restored_kubelet_api = r.kubelet_api();
-      e->backend_resource = plugin;
-      e->static_removed = static_removed;
-    }
+    table_.SetRestored(e, {plugin, r.kubelet_api()});
+    if (static_removed) statics_->MarkRemoved(r.name());
     LOG(INFO) << "resource " << r.name() << ": restored " << r.devices_size()
               << " devices from the state file; "
               << (trust > absl::ZeroDuration()
@@ -727,197 +531,29 @@ absl::Status ProxyServer::RestoreState() {
   return absl::OkStatus();
 }
 
-std::string ProxyServer::Fingerprint() {
-  std::string fp;
-  std::vector<Entry*> entries;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, e] : entries_) {
-      entries.push_back(e.get());
-      // Whether a static backend fails, and why; not its count of
-      // attempts (one a second: the status file would be written as often).
-      absl::StrAppend(&fp, name, "|", e->restored_kubelet_api, "|", e->static_backend.load(), "|",
-                      e->static_error, "|");
-    }
-  }
-  // The rows derived from the keeper's state (forgotten, held elsewhere),
-  // as last applied: the status is written again once they are.
-  absl::StrAppend(&fp, rows_version_.load(), "|");
-  if (reconciler_) {
-    absl::StrAppend(&fp, reconciler_->devices_held_twice(), "|",
-                    reconciler_->forgotten_released(), "|",
-                    reconciler_->allocations_recovered(), "|");
-  }
-  for (Entry* e : entries) {
-    const KubeletEndpoint::SteeringCounts steering = SteeringOf(e);
-    absl::StrAppend(&fp, e->resource->changes(), "|", e->endpoint ? e->endpoint->negotiated() : "", "|",
-                    steering.avoided, "|", steering.held_named, "|", steering.refused, "|");
-  }
-  absl::StrAppend(&fp, losses_.Total(), "|");
-  if (dra_) {
-    absl::StrAppend(&fp, dra_->registered(), "|", dra_->api_version(), "|", dra_->api_error(),
-                    "|", dra_->prepared_claims(), "|");
-  }
-  if (keeper_) {
-    absl::StrAppend(&fp, keeper_->AllocationCount(), "|", keeper_->save_failures(), "|",
-                    keeper_->writable(), "|", keeper_->quarantine_version());
-  }
-  return fp;
-}
-
-bool ProxyServer::PersistResources(const std::string& fingerprint) {
-  if (!keeper_) return false;
-  // Saved resources change only with what the fingerprint counts; a failed
-  // save counts a failure, which changes it, so it is tried again.
-  if (fingerprint == persisted_fingerprint_) return false;
-  // Entries() is in order of name, as the keeper wants them. Each list is
-  // serialized straight from the published one: no copy of every device.
-  std::vector<std::string> out;
-  for (Entry* e : Entries()) {
-    state::Resource r;
-    r.set_name(e->resource->name());
-    std::string api = e->endpoint ? e->endpoint->negotiated() : std::string();
-    if (api.empty()) {
-      absl::MutexLock lock(&mu_);
-      api = e->restored_kubelet_api;
-    }
-    r.set_kubelet_api(api);
-    auto [endpoint, backend_api] = e->resource->last_backend();
-    r.mutable_backend()->set_endpoint(endpoint);
-    r.mutable_backend()->set_api_version(backend_api);
-    {
-      absl::MutexLock lock(&mu_);
-      r.mutable_backend()->set_backend_resource(e->backend_resource);
-      // A removed one too: the next start knows it is no longer wanted.
-      r.mutable_backend()->set_static_backend(e->static_backend.load() || e->static_removed);
-    }
-    std::string bytes = r.SerializeAsString();
-    e->resource->ReportedDevices()->AppendAsField(state::Resource::kDevicesFieldNumber, &bytes);
-    out.push_back(std::move(bytes));
-  }
-  // Failures are logged and counted.
-  if (keeper_->SetSerializedResources(std::move(out)).ok()) {
-    persisted_fingerprint_ = fingerprint;
-  }
-  return true;
-}
-
-bool ProxyServer::WriteStatusIfChanged(const std::string& fingerprint) {
-  if (config_.status_file.empty()) return false;
-  // Device health changes are in the file too; housekeeping runs at least
-  // once a second, so the file is at most a second behind.
-  if (fingerprint == written_fingerprint_) return false;
-  // A file that cannot be written is tried again once a minute, not at
-  // every change: building it costs a pass over every device.
-  const absl::Time now = absl::Now();
-  if (status_failing_ && now < status_retry_at_) return false;
-  // Built from values at least as new as `fingerprint`: a change after it
-  // was taken changes the next one, so nothing is missed.
-  const std::string text = StatusFileText(Status());
-  if (absl::Status s = WriteFileAtomic(config_.status_file, text, 0640); !s.ok()) {
-    LOG(WARNING) << "cannot write the status file " << config_.status_file << ": "
-                 << s.message() << "; trying again in a minute";
-    if (!status_failing_) {
-      events_.Emit("status_write_failed",
-                   {{"path", config_.status_file}, {"error", std::string(s.message())}});
-    }
-    status_failing_ = true;
-    status_retry_at_ = now + absl::Minutes(1);
-    return true;
-  }
-  if (status_failing_) {
-    LOG(INFO) << "the status file " << config_.status_file << " is written again";
-    status_failing_ = false;
-  }
-  written_fingerprint_ = fingerprint;
-  return true;
-}
-
-void ProxyServer::ConnectStatic(Entry* e) {
-  StaticBackendConfig sb;
-  {
-    absl::MutexLock lock(&mu_);
-    sb = e->static_config;
-  }
-  absl::StatusOr<ApiVersion> api =
-      sb.api ? absl::StatusOr<ApiVersion>(*sb.api) : ProbeBackendApi(sb.endpoint, absl::Milliseconds(500));
-  if (!api.ok()) return NoteStaticDial(e, sb, api.status());
-  absl::StatusOr<std::shared_ptr<Backend>> b =
-      ConnectBackend(sb.resource, sb.endpoint, *api, absl::Milliseconds(500),
-                     config_.backend_max_list_bytes);
-  NoteStaticDial(e, sb, b.status());
-  if (!b.ok()) return;
-  if (!e->static_backend.load()) {  // a reload dropped it meanwhile
-    (*b)->Stop();
-    return;
-  }
-  (void)AttachBackend(*b);
-}
-
-void ProxyServer::NoteStaticDial(Entry* e, const StaticBackendConfig& sb, const absl::Status& s) {
-  constexpr absl::Duration kLogEvery = absl::Minutes(1);
-  int64_t failures;
-  bool log;
-  {
-    absl::MutexLock lock(&mu_);
-    if (s.ok()) {
-      failures = e->static_failures;
-      e->static_failures = 0;
-      e->static_error.clear();
-      e->static_logged_at = absl::InfinitePast();
-      log = failures > 0;
-    } else {
-      failures = ++e->static_failures;
-      e->static_error = std::string(s.message());
-      const absl::Time now = absl::Now();
-      log = now - e->static_logged_at >= kLogEvery;
-      if (log) e->static_logged_at = now;
-    }
-  }
-  if (!log) return;
-  if (s.ok()) {
-    LOG(INFO) << "static backend " << sb.endpoint << " of " << sb.resource
-              << " dialled after " << failures << " failed attempt(s)";
-    return;
-  }
-  LOG(WARNING) << "static backend " << sb.endpoint << " of " << sb.resource
-               << " cannot be dialled: " << s.message() << " (" << failures
-               << " attempt(s); tried again every second, logged once a minute)";
-  if (failures == 1) {
-    events_.Emit("static_backend_unreachable", {{"resource", sb.resource},
-                                                {"endpoint", sb.endpoint},
-                                                {"error", std::string(s.message())}});
-  }
-}
-
 ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
-  ProxyConfig running;
-  {
-    absl::MutexLock lock(&mu_);
-    running = live_config_;
-  }
-  ReloadResult result = reloader_.Reload(running, next);
+  ReloadResult result = reloader_.Reload(table_.live(), next);
   Wake();
   return result;
 }
 
 void ProxyServer::ApplyLossPolicy(const ProxyConfig& next) {
-  {
-    absl::MutexLock lock(&mu_);
-    live_config_.policy.loss_policy = next.policy.loss_policy;
-    live_config_.policy.hold = next.policy.hold;
+  table_.UpdateLive([&next](ProxyConfig& live) {
+    live.policy.loss_policy = next.policy.loss_policy;
+    live.policy.hold = next.policy.hold;
+  });
+  for (ServedResource* e : table_.All()) {
+    e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
   }
-  for (Entry* e : Entries()) e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
 }
 
 void ProxyServer::ApplyCallSettings(const ProxyConfig& next) {
-  {
-    absl::MutexLock lock(&mu_);
-    live_config_.kubelet.backend_timeout = next.kubelet.backend_timeout;
-    live_config_.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
-    live_config_.dial_timeout = next.dial_timeout;
-  }
-  for (Entry* e : Entries()) {
+  table_.UpdateLive([&next](ProxyConfig& live) {
+    live.kubelet.backend_timeout = next.kubelet.backend_timeout;
+    live.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
+    live.dial_timeout = next.dial_timeout;
+  });
+  for (ServedResource* e : table_.All()) {
     if (e->endpoint) {
       e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
     }
@@ -927,22 +563,13 @@ void ProxyServer::ApplyCallSettings(const ProxyConfig& next) {
 }
 
 void ProxyServer::RemoveStaticBackend(const StaticBackendConfig& b) {
-  const std::string name = ServedName(b.resource);
-  Entry* removed = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(name);
-    if (it != entries_.end() && it->second->static_config.endpoint == b.endpoint) {
-      removed = it->second.get();
-      removed->static_backend = false;
-      removed->static_removed = true;
-    }
-  }
+  const std::string name = table_.ServedName(b.resource);
+  ServedResource* e = statics_->Remove(name, b) ? table_.Find(name) : nullptr;
   // Not used any more: its connection ends now, and its devices are
-  // shown Unhealthy (ApplyQuarantine) unless it is added back.
-  std::shared_ptr<Backend> open = removed ? removed->resource->attached_backend() : nullptr;
+  // shown Unhealthy (the quarantine) unless it is added back.
+  std::shared_ptr<Backend> open = e ? e->resource->attached_backend() : nullptr;
   if (open != nullptr && open->endpoint() == b.endpoint) {
-    removed->resource->DetachBackend("static backend removed from the configuration");
+    e->resource->DetachBackend("static backend removed from the configuration");
   }
   LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
             << " is no longer dialled; " << name << " shows its devices Unhealthy";
@@ -950,25 +577,17 @@ void ProxyServer::RemoveStaticBackend(const StaticBackendConfig& b) {
 }
 
 void ProxyServer::AddStaticBackend(const StaticBackendConfig& b) {
-  const std::string name = ServedName(b.resource);
-  Entry* e = EnsureEntry(name);
-  {
-    absl::MutexLock lock(&mu_);
-    e->static_config = b;
-    e->static_backend = true;
-    e->static_removed = false;
-  }
+  const std::string name = table_.ServedName(b.resource);
+  (void)EnsureEntry(name);
+  statics_->Dial(name, b);
   LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
             << " is dialled from now on";
   events_.Emit("static_backend_added", {{"resource", name}, {"endpoint", b.endpoint}});
 }
 
 void ProxyServer::StaticBackendsApplied(const ProxyConfig& next) {
-  {
-    absl::MutexLock lock(&mu_);
-    live_config_.static_backends = next.static_backends;
-  }
-  ++served_version_;
+  table_.UpdateLive([&next](ProxyConfig& live) { live.static_backends = next.static_backends; });
+  table_.NoteServedChange();
 }
 
 namespace {
@@ -978,36 +597,42 @@ std::map<std::string, std::string> IdMapOf(const ProxyConfig& c, const std::stri
   return it == c.id_maps.end() ? std::map<std::string, std::string>() : it->second;
 }
 
+// A resource whose name or IDs a reload changes.
+struct NameChange {
+  ServedResource* entry;
+  std::string to;  // the name served as from now on
+  bool ids;        // the same name with other IDs
+};
+
+std::vector<NameChange> NameChanges(ResourceTable& table, const ProxyConfig& live,
+                                    const ProxyConfig& next) {
+  std::vector<NameChange> out;
+  for (const auto& [e, facts] : table.AllWithFacts()) {
+    const std::string& name = e->resource->name();
+    const std::string& plugin = facts.backend_resource;
+    if (plugin.empty() || KubeletResourceName(live, plugin) != name) continue;  // renamed
+    const std::string to = KubeletResourceName(next, plugin);
+    const bool ids = to == name && (IdMapOf(live, name) != IdMapOf(next, name) ||
+                                    live.compact_ids.count(name) != next.compact_ids.count(name));
+    if (to != name || ids) out.push_back({e, to, ids});
+  }
+  return out;
+}
+
 }  // namespace
 
 void ProxyServer::ApplyServedNames(const ProxyConfig& next) {
-  struct Change {
-    Entry* entry;
-    std::string to;  // the name served as from now on
-    bool ids;        // the same name with other IDs
-  };
-  std::vector<Change> changes;
-  absl::Duration dial_timeout;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [name, e] : entries_) {
-      if (e->backend_resource.empty()) continue;
-      if (KubeletResourceName(live_config_, e->backend_resource) != name) continue;  // renamed
-      const std::string to = KubeletResourceName(next, e->backend_resource);
-      const bool ids = to == name && (IdMapOf(live_config_, name) != IdMapOf(next, name) ||
-                                      live_config_.compact_ids.count(name) !=
-                                          next.compact_ids.count(name));
-      if (to != name || ids) changes.push_back({e.get(), to, ids});
-    }
-    live_config_.renames = next.renames;
-    live_config_.id_maps = next.id_maps;
-    live_config_.compact_ids = next.compact_ids;
-    dial_timeout = live_config_.dial_timeout;
-  }
-  for (const Change& c : changes) {
+  const ProxyConfig live = table_.live();
+  const std::vector<NameChange> changes = NameChanges(table_, live, next);
+  table_.UpdateLive([&next](ProxyConfig& l) {
+    l.renames = next.renames;
+    l.id_maps = next.id_maps;
+    l.compact_ids = next.compact_ids;
+  });
+  for (const NameChange& c : changes) {
     Resource* r = c.entry->resource.get();
     const std::string& from = r->name();
-    const bool dialled_by_dpproxy = c.entry->static_backend.load();
+    bool dialled_by_dpproxy = statics_->dialled(from);
     if (c.ids) {
       r->SetIdPolicy(IdMapOf(next, from), next.compact_ids.count(from) > 0);
       LOG(INFO) << "reload: resource " << from << " shows the kubelet other device IDs from "
@@ -1017,174 +642,67 @@ void ProxyServer::ApplyServedNames(const ProxyConfig& next) {
       LOG(INFO) << "reload: resource " << from << " is served as " << c.to
                 << " from now on; under " << from << " its devices are shown Unhealthy";
       events_.Emit("resource_renamed", {{"resource", from}, {"served_as", c.to}});
-      Entry* to = EnsureEntry(c.to);
-      if (dialled_by_dpproxy) {
-        absl::MutexLock lock(&mu_);
-        c.entry->static_backend = false;
-        to->static_config = c.entry->static_config;
-        to->static_backend = true;
-      }
+      (void)EnsureEntry(c.to);
+      dialled_by_dpproxy = statics_->Move(from, c.to);
     }
-    // The plugin's next list must come to the new name, or with the new
-    // IDs, and complete: it is dialled again, as a restart would.
-    std::shared_ptr<Backend> b = r->backend();
-    if (b == nullptr) continue;  // its next registration comes as configured now
-    if (!c.ids || dialled_by_dpproxy) {
-      r->DetachBackend(c.ids ? "dialled again for its new device IDs"
-                             : absl::StrCat("served as ", c.to, " from now on"));
-    }
-    if (dialled_by_dpproxy) continue;  // the static backends' timer dials it
-    const std::string plugin = b->resource(), endpoint = b->endpoint();
-    const ApiVersion api = b->api();
-    const int max_bytes = config_.backend_max_list_bytes;
-    workers_->Submit([this, plugin, endpoint, api, dial_timeout, max_bytes] {
-      absl::StatusOr<std::shared_ptr<Backend>> nb =
-          ConnectBackend(plugin, endpoint, api, dial_timeout, max_bytes);
-      if (!nb.ok()) {
-        LOG(WARNING) << "reload: cannot dial " << endpoint << " again for " << plugin << ": "
-                     << nb.status().message() << "; its next registration brings it back";
-        return;
-      }
-      (void)AttachBackend(*nb);
-    });
+    RedialAfterRename(c.entry, c.ids ? std::string() : c.to, dialled_by_dpproxy,
+                      live.dial_timeout);
   }
-  ++served_version_;  // renamed names and new IDs are known: shown at once
+  table_.NoteServedChange();  // renamed names and new IDs are known: shown at once
   Wake();
 }
 
+void ProxyServer::RedialAfterRename(ServedResource* e, const std::string& renamed_to,
+                                    bool static_backend, absl::Duration dial_timeout) {
+  // The plugin's next list must come to the new name, or with the new
+  // IDs, and complete: it is dialled again, as a restart would.
+  Resource* r = e->resource.get();
+  std::shared_ptr<Backend> b = r->backend();
+  if (b == nullptr) return;  // its next registration comes as configured now
+  if (!renamed_to.empty() || static_backend) {
+    r->DetachBackend(renamed_to.empty() ? std::string("dialled again for its new device IDs")
+                                        : absl::StrCat("served as ", renamed_to, " from now on"));
+  }
+  if (static_backend) return;  // the static backends' tick dials it
+  const std::string plugin = b->resource(), endpoint = b->endpoint();
+  const ApiVersion api = b->api();
+  const int max_bytes = config_.backend_max_list_bytes;
+  workers_->Submit([this, plugin, endpoint, api, dial_timeout, max_bytes] {
+    absl::StatusOr<std::shared_ptr<Backend>> nb =
+        ConnectBackend(plugin, endpoint, api, dial_timeout, max_bytes);
+    if (!nb.ok()) {
+      LOG(WARNING) << "reload: cannot dial " << endpoint << " again for " << plugin << ": "
+                   << nb.status().message() << "; its next registration brings it back";
+      return;
+    }
+    (void)AttachBackend(*nb);
+  });
+}
+
 std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(resource);
-  return it == entries_.end() || !it->second->endpoint ? ""
-                                                         : it->second->endpoint->socket_path();
+  ServedResource* e = table_.Find(resource);
+  return e == nullptr || !e->endpoint ? "" : e->endpoint->socket_path();
 }
-
-ProxyStatus ProxyServer::Status(bool with_devices) {
-  if (with_devices) ++status_builds_;
-  ProxyStatus st;
-  st.pid = ::getpid();
-  if (dra_) {
-    st.dra = DraStatus{config_.dra.driver,       config_.dra.node_name,
-                       dra_->api_version(),      dra_->registration_socket(),
-                       dra_->registered(),       dra_->api_error(),
-                       dra_->prepared_claims()};
-  }
-  st.kubelet_root = config_.kubelet.kubelet_root;
-  st.plugin_socket = backend_registration_socket();
-  for (Entry* e : Entries()) {
-    const Resource::Snapshot snap = e->resource->Current();
-    const v1beta1::DevicePluginOptions opts = e->resource->options();
-    const auto [endpoint, backend_api] = e->resource->last_backend();
-    ResourceStatus r;
-    r.resource = e->resource->name();
-    // In DRA mode the kubelet sees DRA devices, not a device plugin: the
-    // resource is served once the kubelet registered the driver.
-    if (dra_) {
-      r.kubelet_api = dra_->registered()
-                          ? absl::StrCat("dra (", config_.dra.driver, ")")
-                          : std::string();
-    } else {
-      r.kubelet_api = e->endpoint->negotiated();
-    }
-    // In DRA mode there is no device-plugin socket to name.
-    r.kubelet_socket = e->endpoint ? e->endpoint->socket_path() : std::string();
-    r.backend_connected = e->resource->backend_connected();
-    r.backend_api = backend_api;
-    r.backend_endpoint = endpoint;
-    r.static_backend = e->static_backend.load();
-    r.pre_start_required = opts.pre_start_required();
-    r.get_preferred_allocation_available = opts.get_preferred_allocation_available();
-    r.devices_total = snap.list->size();
-    r.devices_healthy = snap.list->healthy();
-    r.device_list_bytes = static_cast<int64_t>(snap.list->bytes());
-    r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
-    r.device_list_refused = e->resource->list_refused();
-    r.device_ids_mapped = e->resource->ids_mapped();
-    const KubeletEndpoint::SteeringCounts steering = SteeringOf(e);
-    r.forgotten_avoided = steering.avoided;
-    r.forgotten_named = steering.held_named;
-    r.forgotten_refused = steering.refused;
-    if (with_devices) r.device_list = snap.list;  // shared, not copied
-    st.resources.push_back(std::move(r));
-  }
-  st.lossy_translations = losses_.Snapshot();
-  if (keeper_) {
-    StateStatus s;
-    s.path = keeper_->path();
-    s.allocations = keeper_->AllocationCount();
-    s.save_failures = keeper_->save_failures();
-    s.writable = keeper_->writable();
-    if (!s.writable) s.last_write_error = keeper_->last_write_error();
-    s.journal_writes = keeper_->journal_writes();
-    s.journal_records = keeper_->journal_records();
-    s.compactions = keeper_->compactions();
-    s.journal_bytes = keeper_->journal_bytes();
-    s.snapshot_bytes = keeper_->snapshot_bytes();
-    st.state = std::move(s);
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    st.forgotten = forgotten_rows_;
-    st.held_elsewhere = held_elsewhere_rows_;
-    for (ResourceStatus& r : st.resources) {
-      auto it = renamed_.find(r.resource);
-      if (it != renamed_.end()) r.now_served_as = it->second;
-      // From the entry, not from the last ApplyQuarantine: a reload that
-      // removed the static backend shows at once.
-      auto e = entries_.find(r.resource);
-      r.removed = e != entries_.end() && e->second->static_removed;
-      if (e != entries_.end() && e->second->static_backend.load()) {
-        r.backend_error = e->second->static_error;
-        r.backend_dial_failures = e->second->static_failures;
-      }
-    }
-  }
-  if (reconciler_) {
-    st.devices_held_twice = reconciler_->devices_held_twice();
-    st.forgotten_released = reconciler_->forgotten_released();
-    st.allocations_recovered = reconciler_->allocations_recovered();
-  }
-  st.registrations_rejected = RegistrationRejections();
-  return st;
-}
-
-// --- DRA mode -------------------------------------------------------------------
-
-}  // namespace dpproxy
 
 // --- Handoff ---------------------------------------------------------------------
 
-namespace dpproxy {
-
-KubeletEndpoint::SteeringCounts ProxyServer::SteeringOf(Entry* e) {
-  if (e->endpoint) return e->endpoint->steering();
-  KubeletEndpoint::SteeringCounts c;
-  c.refused = e->allocator->refused_held();
-  return c;
-}
-
 std::vector<KubeletEndpoint*> ProxyServer::HandoverEndpoints() {
   std::vector<KubeletEndpoint*> out;
-  for (Entry* e : Entries()) {
+  for (ServedResource* e : table_.All()) {
     if (e->endpoint) out.push_back(e->endpoint.get());
   }
   return out;
 }
 
 absl::Duration ProxyServer::AllocateWait() {
-  absl::MutexLock lock(&mu_);
-  return live_config_.kubelet.backend_timeout + absl::Seconds(1);
+  return table_.live().kubelet.backend_timeout + absl::Seconds(1);
 }
 
 void ProxyServer::StopWriting() {
   registrar_->Hold();
-  for (Entry* e : Entries()) e->resource->KeepHealthOnLoss();
+  for (ServedResource* e : table_.All()) e->resource->KeepHealthOnLoss();
   if (reconciler_) reconciler_->Stop();
-  {
-    absl::MutexLock saving(&saver_mu_);
-    persisted_fingerprint_.clear();  // save the newest lists, changed or not
-    (void)PersistResources(Fingerprint());
-  }
+  saver_->SaveNow();  // the newest lists, changed or not
   // The plugins' socket is the new one's to serve (and a server that
   // stopped later would unlink it under the new one).
   if (registration_) registration_->Stop();
@@ -1214,16 +732,12 @@ absl::StatusOr<int> ProxyServer::ResumeWriting() {
                  << "; plugins cannot register until this is fixed";
     }
   }
-  for (Entry* e : Entries()) e->resource->KeepHealthOnLoss(false);
+  for (ServedResource* e : table_.All()) e->resource->KeepHealthOnLoss(false);
   if (reconciler_) reconciler_->Start();
   // The kubelet may have switched to the new one's sockets: every
   // resource registers again.
   registrar_->Resume();
-  {
-    absl::MutexLock saving(&saver_mu_);
-    persisted_fingerprint_.clear();
-    written_fingerprint_.clear();
-  }
+  saver_->Forget();
   Wake();
   return loaded->allocations_size();
 }

@@ -1,29 +1,32 @@
 // File: proxy_server.h
 //
 // dpproxy, wired: one device plugin per resource toward the kubelet, a
-// kubelet toward vendor plugins. The server owns the parts and runs one
-// housekeeping thread; each part does one job:
+// kubelet toward vendor plugins. The server builds the parts, starts and
+// stops them in order, and runs the housekeeping thread; each part does
+// one job:
 //
 //   BackendRegistrationServer  plugins register here (backends/)
-//   Resource                   a resource's devices and backend (core/)
-//   KubeletEndpoint            its kubelet-facing socket, both APIs (kubelet/)
+//   ResourceTable              the resources served (resource_table.h): each
+//                              one's Resource (core/), Allocator (core/) and
+//                              KubeletEndpoint (kubelet/)
+//   StaticBackends             the backends dpproxy dials itself
 //   Registrar                  keeps each socket served and registered
 //   Reconciler                 keeps the journal in step with the kubelet
+//   Quarantine                 what a resource must not hand out
 //   StateKeeper                the durable state (state/)
-//   ProxyStatus                what it reports (status_model.h)
+//   Reporter, Saver            what dpproxy reports (status_model.h), and
+//                              the thread that saves and writes it
 //   Handover, Takeover         the two sides of a handoff between two
 //                              dpproxy processes (handover.h, takeover.h)
 //   Reloader                   what a SIGHUP changes, and in which order
-//   Allocator                  each resource's one Allocate (core/)
 //   DraSide                    DRA mode, in place of registering (dra/)
 //
 // The housekeeping thread wakes on a change (a device list, a backend, a
 // file in device-plugins/) or once a second, and then: runs the resources'
-// timers, reconnects static backends, lets the registrar serve and register,
-// checks the kubelet's checkpoint and applies the quarantine. It never
-// waits on the disk: after each pass the saver thread persists the
-// resources and writes the status file if anything changed (O(resources)
-// when nothing did).
+// timers, dials static backends that are away, applies the quarantine and
+// lets the registrar serve and register. It never waits on the disk or on
+// the kubelet's checkpoint: after each pass the saver thread saves what
+// changed, and the checkpoint thread reads the checkpoint.
 #ifndef DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
 #define DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
 
@@ -52,7 +55,12 @@
 #include "proxy/server/reconciler.h"
 #include "proxy/handoff/handoff.h"
 #include "proxy/handoff/listener_share.h"
+#include "proxy/server/quarantine.h"
 #include "proxy/server/registrar.h"
+#include "proxy/server/reporter.h"
+#include "proxy/server/resource_table.h"
+#include "proxy/server/saver.h"
+#include "proxy/server/static_backends.h"
 #include "proxy/server/reloader.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/takeover.h"
@@ -108,9 +116,9 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   void SetHousekeepingHook(std::function<void()> hook) { housekeeping_hook_ = std::move(hook); }
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
-  int64_t status_builds() const { return status_builds_.load(); }
+  int64_t status_builds() const { return reporter_ ? reporter_->status_builds() : 0; }
   int64_t housekeeping_passes() const { return housekeeping_passes_.load(); }
-  int64_t save_passes() const { return save_passes_.load(); }
+  int64_t save_passes() const { return saver_ ? saver_->passes() : 0; }
   // The kubelet-facing socket of a resource ("" if unknown).
   std::string KubeletSocketOf(const std::string& resource);
 
@@ -124,7 +132,7 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   // (reloader.h says which is which). Resources whose settings did not
   // change are untouched.
   using ReloadResult = Reloader::Result;
-  ReloadResult Reload(const ProxyConfig& next) ABSL_LOCKS_EXCLUDED(mu_);
+  ReloadResult Reload(const ProxyConfig& next);
 
   // --- Handoff between two dpproxy processes (proxy/handoff/handoff.proto)
   // With a state directory, dpproxy serves <state_dir>/handoff.sock; one
@@ -150,73 +158,43 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   bool WaitForTakeover(absl::Duration timeout);
 
  private:
-  struct Entry {
-    std::unique_ptr<Resource> resource;
-    // Every allocation of the resource, from either side (allocator.h).
-    std::unique_ptr<Allocator> allocator;
-    std::unique_ptr<KubeletEndpoint> endpoint;  // null in DRA mode
-    // Dialled by dpproxy (a reload may add or drop it).
-    std::atomic<bool> static_backend{false};
-    StaticBackendConfig static_config;  // under mu_
-    bool connecting = false;           // a static connect is running
-    std::string restored_kubelet_api;  // from the state file, until registered
-    // The plugin's resource name: the current backend's, or the last
-    // one's (from the state file after a restart); "" if none yet.
-    std::string backend_resource;
-    // Its static backend was removed from the configuration (and no plugin
-    // registered for it since): its devices are shown Unhealthy.
-    bool static_removed = false;
-    // Its static backend cannot be dialled: why (the last failure), how
-    // often in a row, and when that was last logged. Under mu_.
-    std::string static_error;
-    int64_t static_failures = 0;
-    absl::Time static_logged_at = absl::InfinitePast();
-  };
-
   // The resource's entry, made and handed to the registrar if new. With
   // `attach`, a new entry gets that backend before the registrar sees it,
   // so that its first registration carries the backend's options (1.10-1.24
   // kubelets read them from RegisterRequest only).
-  Entry* EnsureEntry(const std::string& name, std::shared_ptr<Backend> attach = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<Entry*> Entries() ABSL_LOCKS_EXCLUDED(mu_);
-  // Steering away from forgotten devices (KubeletEndpoint::steering): the
-  // allocator's refusals alone where there is no endpoint (DRA mode).
-  static KubeletEndpoint::SteeringCounts SteeringOf(Entry* e);
-  // The kubelet-facing name of a plugin's resource, after renames as a
-  // reload left them.
-  std::string ServedName(const std::string& backend_resource) ABSL_LOCKS_EXCLUDED(mu_);
+  ServedResource* EnsureEntry(const std::string& name, std::shared_ptr<Backend> attach = nullptr);
+  std::unique_ptr<ServedResource> MakeEntry(const std::string& name);
+  // Start's steps: the state directory (locked, taken over, restored),
+  // then the parts that serve.
+  absl::Status OpenState();
+  absl::Status LockState();
+  absl::Status StartServing();
+  // Start failed: why is kept for a predecessor taking its state back.
+  absl::Status FailStart(absl::Status s);
+  absl::Status RestoreState();
   // What a reload changes (reloader.h). A reload's renames, ID maps and
   // compact IDs: each resource they change gets its backend dialled again,
   // under its new name or with its new IDs (as a restart would do for it
   // alone).
   void ApplyLossPolicy(const ProxyConfig& next) override;
   void ApplyCallSettings(const ProxyConfig& next) override;
-  void ApplyServedNames(const ProxyConfig& next) override ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyServedNames(const ProxyConfig& next) override;
+  // After a rename (to `renamed_to`) or new IDs (""): the plugin is
+  // dialled again, or, when dpproxy dials it, detached for the next tick.
+  void RedialAfterRename(ServedResource* e, const std::string& renamed_to, bool static_backend,
+                         absl::Duration dial_timeout);
   void RemoveStaticBackend(const StaticBackendConfig& b) override;
   void AddStaticBackend(const StaticBackendConfig& b) override;
   void StaticBackendsApplied(const ProxyConfig& next) override;
-  // Quarantines, renamed names and devices held under another name or ID
-  // (held_elsewhere.h), shown Unhealthy; when any of them changed.
-  void ApplyQuarantine();
+  void ApplyQuarantine() {
+    if (quarantine_) quarantine_->Apply();
+  }
   void Wake();
   void HousekeepingLoop();
-  void SaverLoop();
   void CheckpointLoop();
-  // Resource timers and static backends that are away (on the workers).
-  void TickResources(absl::Time now);
-  void ConnectStatic(Entry* e);
-  // A static backend's dial failed (logged at the first failure, then once
-  // a minute), or succeeded after failures.
-  void NoteStaticDial(Entry* e, const StaticBackendConfig& sb, const absl::Status& s);
-  absl::Status RestoreState();
-  // What status and the saved resources are made of, in O(resources):
-  // change counters and the few small values that have none.
-  std::string Fingerprint();
-  // Each returns true if it did the work (something changed).
-  bool PersistResources(const std::string& fingerprint) ABSL_EXCLUSIVE_LOCKS_REQUIRED(saver_mu_);
-  bool WriteStatusIfChanged(const std::string& fingerprint)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(saver_mu_);
+  // After a handoff: the calls the kubelet sent here just before it moved
+  // are answered before the sockets close.
+  void DrainAfterHandoff(const std::map<std::string, std::unique_ptr<ServedResource>>& entries);
   // The handoff's running side (handover.h) on this dpproxy's parts.
   std::vector<KubeletEndpoint*> HandoverEndpoints() override;
   absl::Duration AllocateWait() override;
@@ -233,9 +211,6 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   bool stopping();
 
   const ProxyConfig config_;
-  // config_ with what reloads applied: what the next reload compares with,
-  // and the loss policy new resources get.
-  ProxyConfig live_config_ ABSL_GUARDED_BY(mu_);
   EventLog events_{"dpproxy"};
   Telemetry telemetry_;
   LossCounter losses_;
@@ -247,55 +222,36 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
     ~LockFd();
   } state_lock_;
   std::unique_ptr<StateKeeper> keeper_;
+  // Every resource served, and the configuration as reloads left it.
+  ResourceTable table_{config_};
   std::unique_ptr<BackendRegistrationServer> registration_;
   std::unique_ptr<DirWatcher> watcher_;
   // Blocking work handed off by housekeeping (Register, static connects).
   std::unique_ptr<WorkQueue> workers_;
+  std::unique_ptr<StaticBackends> statics_;
   std::unique_ptr<Registrar> registrar_;
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
-  std::unique_ptr<DraSide> dra_;  // DRA mode only
+  std::unique_ptr<Quarantine> quarantine_;  // with a state directory only
+  std::unique_ptr<DraSide> dra_;            // DRA mode only
+  std::unique_ptr<Reporter> reporter_;
+  std::unique_ptr<Saver> saver_;
   Reloader reloader_{this, &events_, config_.dra.enabled};
 
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<ForgottenStatus> forgotten_rows_ ABSL_GUARDED_BY(mu_);
-  // Grows each time ApplyQuarantine stores the rows above (Fingerprint).
-  std::atomic<uint64_t> rows_version_{0};
-  std::vector<HeldElsewhereStatus> held_elsewhere_rows_ ABSL_GUARDED_BY(mu_);
-  // Kubelet name -> the name it is served as now, for renamed ones.
-  std::map<std::string, std::string> renamed_ ABSL_GUARDED_BY(mu_);
-  // Grows when what ApplyQuarantine reads changes other than through the
-  // keeper: a backend attached, a reload of names or IDs.
-  std::atomic<uint64_t> served_version_{0};
 
   absl::Mutex wake_mu_;
   bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
-  bool save_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool checkpoint_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
   // Kubelet restarts seen by housekeeping, for the checkpoint thread.
   std::vector<Reconciler::RestartSeen> restarts_seen_ ABSL_GUARDED_BY(wake_mu_);
   std::thread housekeeping_;
-  std::thread saver_;
   std::thread checkpoint_;  // with a reconciler only
 
   // Housekeeping thread only.
   absl::Time next_retry_ = absl::InfiniteFuture();
   std::function<void()> housekeeping_hook_;  // set before Start()
-  // ApplyQuarantine's (housekeeping, and a backend attaching).
-  absl::Mutex quarantine_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  uint64_t applied_quarantine_ ABSL_GUARDED_BY(quarantine_mu_) = 0;
-  uint64_t applied_released_ ABSL_GUARDED_BY(quarantine_mu_) = 0;
-  uint64_t applied_served_ ABSL_GUARDED_BY(quarantine_mu_) = 0;
-  // The saver's pass, and a handoff's last save: what was last saved and
-  // written.
-  absl::Mutex saver_mu_;
-  std::string persisted_fingerprint_ ABSL_GUARDED_BY(saver_mu_);
-  std::string written_fingerprint_ ABSL_GUARDED_BY(saver_mu_);
-  // The status file could not be written: tried again at status_retry_at_.
-  bool status_failing_ ABSL_GUARDED_BY(saver_mu_) = false;
-  absl::Time status_retry_at_ ABSL_GUARDED_BY(saver_mu_);
 
   // Handoff: the running side (with a state directory, not in DRA mode),
   // and the taking-over side (--takeover only).
@@ -309,11 +265,9 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   std::function<void()> handed_over_hook_;  // set before Start()
   std::function<void()> before_finish_hook_;  // set before Start()
 
-  std::atomic<int64_t> status_builds_{0};
   std::atomic<int64_t> housekeeping_passes_{0};
   // When the last housekeeping pass ended (absl::ToUnixNanos).
   std::atomic<int64_t> housekeeping_at_ns_{0};
-  std::atomic<int64_t> save_passes_{0};
 };
 
 }  // namespace dpproxy

@@ -1,0 +1,86 @@
+// File: quarantine.h
+//
+// What a resource must not hand out although its plugin lists it healthy,
+// applied to every resource after anything it depends on changed:
+//   - devices held by containers the kubelet forgot (reconciler.h): kept at
+//     their real health, and steered around;
+//   - devices held under another kubelet name or ID (held_elsewhere.h), by
+//     renames, ID maps or compact IDs changed while pods held them: shown
+//     Unhealthy;
+//   - every device of a name no longer served (renamed away, or whose
+//     static backend a reload removed): shown Unhealthy.
+// It keeps the rows status reports of them. Apply() costs one pass over the
+// journal's allocations, read in place, and nothing when the journal's
+// releases, the reconciler's quarantine and the served names are as they
+// were at the last pass.
+//
+//   Quarantine q(&table, &statics, keeper, reconciler, &events);
+//   q.Apply();  // each housekeeping pass, and before a backend attaches
+#ifndef DPPROXY_PROXY_SERVER_QUARANTINE_H_
+#define DPPROXY_PROXY_SERVER_QUARANTINE_H_
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "proxy/events/event_log.h"
+#include "proxy/server/reconciler.h"
+#include "proxy/server/resource_table.h"
+#include "proxy/server/static_backends.h"
+#include "proxy/server/status_model.h"
+#include "proxy/state/state_keeper.h"
+
+namespace dpproxy {
+
+class Quarantine {
+ public:
+  // `reconciler` is null in DRA mode (nothing forgotten there).
+  Quarantine(ResourceTable* table, StaticBackends* statics, StateKeeper* keeper,
+             Reconciler* reconciler, EventLog* events)
+      : table_(table), statics_(statics), keeper_(keeper), reconciler_(reconciler),
+        events_(events) {}
+
+  Quarantine(const Quarantine&) = delete;
+  Quarantine& operator=(const Quarantine&) = delete;
+
+  void Apply() ABSL_LOCKS_EXCLUDED(apply_mu_, rows_mu_);
+
+  // What status shows, as last applied.
+  struct Rows {
+    std::vector<ForgottenStatus> forgotten;
+    std::vector<HeldElsewhereStatus> held_elsewhere;
+    std::map<std::string, std::string> renamed;  // kubelet name -> served as now
+  };
+  Rows rows() ABSL_LOCKS_EXCLUDED(rows_mu_);
+  // Grows each time the rows are stored (the saver's fingerprint).
+  uint64_t rows_version() const { return rows_version_.load(); }
+
+ private:
+  // Has anything it reads changed since the last pass? Takes the versions.
+  bool Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  // Sets each resource's shown-Unhealthy and forgotten devices.
+  void SetOnResources(const std::map<std::string, std::set<std::string>>& held,
+                      const std::map<std::string, std::map<std::string, std::string>>& forgotten,
+                      const std::set<std::string>& not_served);
+
+  ResourceTable* const table_;
+  StaticBackends* const statics_;
+  StateKeeper* const keeper_;
+  Reconciler* const reconciler_;
+  EventLog* const events_;
+
+  absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(rows_mu_);
+  uint64_t applied_quarantine_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  uint64_t applied_released_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  uint64_t applied_served_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  absl::Mutex rows_mu_;
+  Rows rows_ ABSL_GUARDED_BY(rows_mu_);
+  std::atomic<uint64_t> rows_version_{0};
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_QUARANTINE_H_

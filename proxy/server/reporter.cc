@@ -1,0 +1,196 @@
+#include "proxy/server/reporter.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+
+ProxyStatus Reporter::Status(bool with_devices) {
+  if (with_devices) ++status_builds_;
+  ProxyStatus st;
+  st.pid = ::getpid();
+  const ProxyConfig& config = *p_.config;
+  if (p_.dra) {
+    st.dra = DraStatus{config.dra.driver,          config.dra.node_name,
+                       p_.dra->api_version(),      p_.dra->registration_socket(),
+                       p_.dra->registered(),       p_.dra->api_error(),
+                       p_.dra->prepared_claims()};
+  }
+  st.kubelet_root = config.kubelet.kubelet_root;
+  st.plugin_socket = JoinPath(config.plugin_dir, kKubeletSocketName);
+  for (ServedResource* e : p_.table->All()) {
+    st.resources.push_back(ResourceStatusOf(e, with_devices));
+  }
+  st.lossy_translations = p_.losses->Snapshot();
+  if (p_.keeper) st.state = StateStatusOf();
+  if (p_.quarantine) {
+    Quarantine::Rows rows = p_.quarantine->rows();
+    st.forgotten = std::move(rows.forgotten);
+    st.held_elsewhere = std::move(rows.held_elsewhere);
+    for (ResourceStatus& r : st.resources) {
+      auto it = rows.renamed.find(r.resource);
+      if (it != rows.renamed.end()) r.now_served_as = it->second;
+    }
+  }
+  if (p_.reconciler) {
+    st.devices_held_twice = p_.reconciler->devices_held_twice();
+    st.forgotten_released = p_.reconciler->forgotten_released();
+    st.allocations_recovered = p_.reconciler->allocations_recovered();
+  }
+  if (p_.registration) st.registrations_rejected = p_.registration->Rejections();
+  return st;
+}
+
+ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) {
+  const Resource::Snapshot snap = e->resource->Current();
+  const v1beta1::DevicePluginOptions opts = e->resource->options();
+  const auto [endpoint, backend_api] = e->resource->last_backend();
+  ResourceStatus r;
+  r.resource = e->resource->name();
+  // In DRA mode the kubelet sees DRA devices, not a device plugin: the
+  // resource is served once the kubelet registered the driver, and there
+  // is no device-plugin socket to name.
+  if (p_.dra) {
+    r.kubelet_api =
+        p_.dra->registered() ? absl::StrCat("dra (", p_.config->dra.driver, ")") : std::string();
+  } else {
+    r.kubelet_api = e->endpoint->negotiated();
+  }
+  r.kubelet_socket = e->endpoint ? e->endpoint->socket_path() : std::string();
+  r.backend_connected = e->resource->backend_connected();
+  r.backend_api = backend_api;
+  r.backend_endpoint = endpoint;
+  // From the static backends, not from the last quarantine pass: a reload
+  // that removed one shows at once.
+  const StaticBackends::Report statics = p_.statics->report(r.resource);
+  r.static_backend = statics.dialled;
+  r.removed = statics.removed;
+  r.backend_error = statics.error;
+  r.backend_dial_failures = statics.failures;
+  r.pre_start_required = opts.pre_start_required();
+  r.get_preferred_allocation_available = opts.get_preferred_allocation_available();
+  r.devices_total = snap.list->size();
+  r.devices_healthy = snap.list->healthy();
+  r.device_list_bytes = static_cast<int64_t>(snap.list->bytes());
+  r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
+  r.device_list_refused = e->resource->list_refused();
+  r.device_ids_mapped = e->resource->ids_mapped();
+  const KubeletEndpoint::SteeringCounts steering = e->steering();
+  r.forgotten_avoided = steering.avoided;
+  r.forgotten_named = steering.held_named;
+  r.forgotten_refused = steering.refused;
+  if (with_devices) r.device_list = snap.list;  // shared, not copied
+  return r;
+}
+
+StateStatus Reporter::StateStatusOf() {
+  StateKeeper* k = p_.keeper;
+  StateStatus s;
+  s.path = k->path();
+  s.allocations = k->AllocationCount();
+  s.save_failures = k->save_failures();
+  s.writable = k->writable();
+  if (!s.writable) s.last_write_error = k->last_write_error();
+  s.journal_writes = k->journal_writes();
+  s.journal_records = k->journal_records();
+  s.compactions = k->compactions();
+  s.journal_bytes = k->journal_bytes();
+  s.snapshot_bytes = k->snapshot_bytes();
+  return s;
+}
+
+std::string Reporter::Fingerprint() {
+  std::string fp;
+  for (const auto& [e, facts] : p_.table->AllWithFacts()) {
+    const KubeletEndpoint::SteeringCounts steering = e->steering();
+    absl::StrAppend(&fp, e->resource->name(), "|", facts.restored_kubelet_api, "|",
+                    e->resource->changes(), "|", e->endpoint ? e->endpoint->negotiated() : "",
+                    "|", steering.avoided, "|", steering.held_named, "|", steering.refused, "|");
+  }
+  p_.statics->AppendFingerprint(&fp);
+  // The rows derived from the keeper's state (forgotten, held elsewhere),
+  // as last applied: the status is written again once they are.
+  if (p_.quarantine) absl::StrAppend(&fp, p_.quarantine->rows_version(), "|");
+  if (p_.reconciler) {
+    absl::StrAppend(&fp, p_.reconciler->devices_held_twice(), "|",
+                    p_.reconciler->forgotten_released(), "|",
+                    p_.reconciler->allocations_recovered(), "|");
+  }
+  absl::StrAppend(&fp, p_.losses->Total(), "|");
+  if (p_.dra) {
+    absl::StrAppend(&fp, p_.dra->registered(), "|", p_.dra->api_version(), "|",
+                    p_.dra->api_error(), "|", p_.dra->prepared_claims(), "|");
+  }
+  if (p_.keeper) {
+    absl::StrAppend(&fp, p_.keeper->AllocationCount(), "|", p_.keeper->save_failures(), "|",
+                    p_.keeper->writable(), "|", p_.keeper->quarantine_version());
+  }
+  return fp;
+}
+
+std::vector<std::string> Reporter::SavedResources() {
+  std::vector<std::string> out;
+  for (const auto& [e, facts] : p_.table->AllWithFacts()) {
+    state::Resource r;
+    r.set_name(e->resource->name());
+    std::string api = e->endpoint ? e->endpoint->negotiated() : std::string();
+    r.set_kubelet_api(api.empty() ? facts.restored_kubelet_api : api);
+    auto [endpoint, backend_api] = e->resource->last_backend();
+    r.mutable_backend()->set_endpoint(endpoint);
+    r.mutable_backend()->set_api_version(backend_api);
+    r.mutable_backend()->set_backend_resource(facts.backend_resource);
+    // A removed one too: the next start knows it is no longer wanted.
+    const StaticBackends::Report statics = p_.statics->report(r.name());
+    r.mutable_backend()->set_static_backend(statics.dialled || statics.removed);
+    std::string bytes = r.SerializeAsString();
+    e->resource->ReportedDevices()->AppendAsField(state::Resource::kDevicesFieldNumber, &bytes);
+    out.push_back(std::move(bytes));
+  }
+  return out;
+}
+
+std::vector<HealthCheck> Reporter::Readiness() {
+  std::vector<HealthCheck> checks;
+  if (p_.registrar) checks = p_.registrar->RegistrationChecks();
+  if (p_.dra) {
+    HealthCheck c;
+    c.name = "dra-registered";
+    c.ok = p_.dra->registered();
+    if (!c.ok) {
+      c.reason = absl::StrCat("the kubelet has not registered DRA driver ", p_.config->dra.driver,
+                              " (its plugin watcher reads ", p_.dra->registration_socket(), ")");
+    }
+    checks.push_back(std::move(c));
+    HealthCheck api;
+    api.name = "dra-api-server";
+    api.reason = p_.dra->api_error();
+    api.ok = api.reason.empty();
+    checks.push_back(std::move(api));
+  }
+  // A resource whose plugin's last list was refused: named until a list
+  // is taken.
+  for (ServedResource* e : p_.table->All()) {
+    std::string refused = e->resource->list_refused();
+    if (refused.empty()) continue;
+    checks.push_back({absl::StrCat("device-list:", e->resource->name()), false,
+                      absl::StrCat("the plugin's device list was refused: ", refused)});
+  }
+  if (p_.keeper) {
+    HealthCheck c;
+    c.name = "state-writable";
+    c.ok = p_.keeper->writable();
+    if (!c.ok) {
+      c.reason = absl::StrCat("the last write to ", p_.keeper->path(), " failed: ",
+                              p_.keeper->last_write_error(),
+                              "; an Allocate is refused when its journal record cannot be written");
+    }
+    checks.push_back(std::move(c));
+  }
+  return checks;
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,83 @@
+// File: reporter.h
+//
+// What dpproxy says about itself, read from its parts: the status (dpctl,
+// the status file, metrics), readiness (/readyz), the resources as the
+// state file saves them, and a fingerprint of all of that which changes
+// whenever any of it does, at O(resources) (change counters and the few
+// small values that have none). The saver (saver.h) compares
+// fingerprints, so an idle dpproxy builds nothing.
+//
+// Every part but the table may be absent (null): no state directory, DRA
+// mode or not, before Start.
+//
+//   Reporter reporter(parts);
+//   ProxyStatus st = reporter.Status(/*with_devices=*/false);
+#ifndef DPPROXY_PROXY_SERVER_REPORTER_H_
+#define DPPROXY_PROXY_SERVER_REPORTER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/registration_server.h"
+#include "proxy/config/proxy_config.h"
+#include "proxy/dra/dra_side.h"
+#include "proxy/events/event_log.h"
+#include "proxy/server/quarantine.h"
+#include "proxy/server/reconciler.h"
+#include "proxy/server/registrar.h"
+#include "proxy/server/resource_table.h"
+#include "proxy/server/static_backends.h"
+#include "proxy/server/status_model.h"
+#include "proxy/state/state_keeper.h"
+#include "proxy/translate/translate.h"
+
+namespace dpproxy {
+
+class Reporter {
+ public:
+  struct Parts {
+    const ProxyConfig* config = nullptr;
+    ResourceTable* table = nullptr;
+    StaticBackends* statics = nullptr;
+    LossCounter* losses = nullptr;
+    Registrar* registrar = nullptr;                    // device-plugin mode
+    BackendRegistrationServer* registration = nullptr;
+    StateKeeper* keeper = nullptr;                     // with a state directory
+    Reconciler* reconciler = nullptr;                  // with one, not in DRA mode
+    Quarantine* quarantine = nullptr;                  // with a state directory
+    DraSide* dra = nullptr;                            // DRA mode
+  };
+
+  explicit Reporter(Parts parts) : p_(parts) {}
+
+  // Without `with_devices` (metrics), the per-device lists are left out
+  // and the cost is O(resources).
+  ProxyStatus Status(bool with_devices = true);
+  std::string Fingerprint();
+  // Each resource as the state file keeps it (state::Resource, serialized
+  // straight from the published device list: no copy of every device), in
+  // order of name.
+  std::vector<std::string> SavedResources();
+  // Behind /readyz: registered with the kubelet for every resource, each
+  // plugin's list taken, the state directory writable (with one).
+  std::vector<HealthCheck> Readiness();
+
+  // How often a status with devices was built (tests: an idle proxy
+  // builds nothing).
+  int64_t status_builds() const { return status_builds_.load(); }
+
+ private:
+  ResourceStatus ResourceStatusOf(ServedResource* e, bool with_devices);
+  StateStatus StateStatusOf();
+  // The kubelet API a resource is served in ("" until registered).
+  std::string KubeletApiOf(ServedResource* e, const ResourceTable::Facts& facts);
+
+  const Parts p_;
+  std::atomic<int64_t> status_builds_{0};
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_SERVER_REPORTER_H_

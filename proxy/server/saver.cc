@@ -1,0 +1,104 @@
+#include "proxy/server/saver.h"
+
+#include <malloc.h>
+
+#include <glog/logging.h>
+
+#include "absl/time/clock.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+
+void Saver::Start() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stop_ = false;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Saver::Stop() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Saver::Wake() {
+  absl::MutexLock lock(&wake_mu_);
+  wake_ = true;
+}
+
+void Saver::Loop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
+        return wake_ || stop_;
+      };
+      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      wake_ = false;
+    }
+    absl::MutexLock pass(&pass_mu_);
+    if (released_()) continue;  // the new dpproxy's to write now
+    // Nothing below costs more than O(resources) unless something changed.
+    const std::string fingerprint = reporter_->Fingerprint();
+    const bool saved = SaveResources(fingerprint);
+    if (WriteStatus(fingerprint) || saved) {
+      // Those build and drop copies as large as every device list (the
+      // saved resources, the status JSON); glibc keeps freed memory in its
+      // arenas, so hand it back, once per change, not per tick.
+      ::malloc_trim(0);
+    }
+    ++passes_;
+  }
+}
+
+void Saver::SaveNow() {
+  absl::MutexLock pass(&pass_mu_);
+  saved_.clear();
+  (void)SaveResources(reporter_->Fingerprint());
+}
+
+void Saver::Forget() {
+  absl::MutexLock pass(&pass_mu_);
+  saved_.clear();
+  written_.clear();
+}
+
+bool Saver::SaveResources(const std::string& fingerprint) {
+  if (keeper_ == nullptr || fingerprint == saved_) return false;
+  // Failures are logged and counted.
+  if (keeper_->SetSerializedResources(reporter_->SavedResources()).ok()) saved_ = fingerprint;
+  return true;
+}
+
+bool Saver::WriteStatus(const std::string& fingerprint) {
+  if (options_.status_file.empty() || fingerprint == written_) return false;
+  const absl::Time now = absl::Now();
+  if (status_failing_ && now < status_retry_at_) return false;
+  // Built from values at least as new as `fingerprint`: a change after it
+  // was taken changes the next one, so nothing is missed.
+  const std::string text = StatusFileText(reporter_->Status());
+  const std::string& path = options_.status_file;
+  if (absl::Status s = WriteFileAtomic(path, text, 0640); !s.ok()) {
+    LOG(WARNING) << "cannot write the status file " << path << ": " << s.message()
+                 << "; trying again in a minute";
+    if (!status_failing_) {
+      events_->Emit("status_write_failed", {{"path", path}, {"error", std::string(s.message())}});
+    }
+    status_failing_ = true;
+    status_retry_at_ = now + absl::Minutes(1);
+    return true;
+  }
+  if (status_failing_) {
+    LOG(INFO) << "the status file " << path << " is written again";
+    status_failing_ = false;
+  }
+  written_ = fingerprint;
+  return true;
+}
+
+}  // namespace dpproxy

@@ -66,10 +66,7 @@ absl::Status ProxyServer::Start() {
     if (running_) return absl::OkStatus();
     running_ = true;
   }
-  {
-    absl::MutexLock lock(&wake_mu_);
-    stop_ = false;
-  }
+  stopping_ = false;
   LOG(INFO) << "dpproxy starting: kubelet root " << config_.kubelet.kubelet_root
             << ", plugins register at " << backend_registration_socket();
   events_.Emit("proxy_starting", {{"kubelet_root", config_.kubelet.kubelet_root},
@@ -200,14 +197,16 @@ absl::Status ProxyServer::StartServing() {
   reporter_ = std::make_unique<Reporter>(Reporter::Parts{
       &config_, &table_, statics_.get(), &losses_, registrar_.get(), registration_.get(),
       keeper_.get(), reconciler_.get(), quarantine_.get(), dra_.get()});
+  reload_actions_.SetParts(ReloadActions::Parts{
+      &table_, statics_.get(), workers_.get(), registration_.get(), dra_.get(), &events_,
+      config_.backend_max_list_bytes, [this](const std::string& name) { return EnsureEntry(name); },
+      [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }});
   saver_ = std::make_unique<Saver>(Saver::Options{config_.status_file}, keeper_.get(),
                                    reporter_.get(), &events_, [this] { return released(); });
-  housekeeping_ = std::thread([this] { HousekeepingLoop(); });
+  housekeeping_.Start({&table_, statics_.get(), quarantine_.get(), registrar_.get(),
+                       reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
   saver_->Start();
-  if (reconciler_) {
-    checkpoint_ = std::thread([this] { CheckpointLoop(); });
-    reconciler_->Start();
-  }
+  if (reconciler_) reconciler_->Start();
   const std::string watch_dir =
       config_.kubelet.registration == KubeletRegistration::kPluginWatcher
           ? JoinPath(config_.kubelet.kubelet_root, "plugins_registry")
@@ -227,14 +226,10 @@ void ProxyServer::Shutdown() {
   LOG(INFO) << "dpproxy shutting down";
   if (handover_) handover_->StopServing();
   if (watcher_) watcher_->Stop();
-  {
-    absl::MutexLock lock(&wake_mu_);
-    stop_ = true;
-  }
+  stopping_ = true;
   if (takeover_) takeover_->Join();
-  if (housekeeping_.joinable()) housekeeping_.join();
+  housekeeping_.Stop();
   if (saver_) saver_->Stop();
-  if (checkpoint_.joinable()) checkpoint_.join();
   if (dra_) dra_->Stop();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
@@ -385,89 +380,11 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
 }
 
 void ProxyServer::Wake() {
-  absl::MutexLock lock(&wake_mu_);
-  wake_ = true;
+  housekeeping_.Wake();
   if (dra_) dra_->Wake();
 }
 
-void ProxyServer::HousekeepingLoop() {
-  for (;;) {
-    // Once a second at most without a wake-up (the stat fallback), sooner
-    // when a registration is due for a retry.
-    const absl::Duration wait =
-        std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), next_retry_ - absl::Now()));
-    {
-      absl::MutexLock lock(&wake_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
-        return wake_ || stop_;
-      };
-      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
-      if (stop_) return;
-      wake_ = false;
-    }
-    const absl::Time now = absl::Now();
-    const std::vector<ServedResource*> served = table_.All();
-    for (ServedResource* e : served) e->resource->Tick(now);
-    statics_->Tick(served);
-    // Before a new resource is registered: its first list already shows
-    // what it must not hand out.
-    ApplyQuarantine();
-    const Registrar::PassResult pass = registrar_->Pass(now);
-    next_retry_ = pass.next_retry;
-    std::optional<Reconciler::RestartSeen> seen;
-    if (reconciler_ && pass.kubelet_restarted) {
-      seen = reconciler_->NoteKubeletRestart(*pass.kubelet_restarted);
-    }
-    if (handover_) handover_->CheckProgress(now);
-    {
-      absl::MutexLock lock(&wake_mu_);
-      checkpoint_wake_ = true;
-      if (seen.has_value()) restarts_seen_.push_back(*std::move(seen));
-    }
-    saver_->Wake();
-    ++housekeeping_passes_;
-    housekeeping_at_ns_ = absl::ToUnixNanos(absl::Now());
-    if (housekeeping_hook_) housekeeping_hook_();
-  }
-}
-
-std::vector<HealthCheck> ProxyServer::Liveness() {
-  constexpr absl::Duration kStuck = absl::Seconds(30);
-  HealthCheck c;
-  c.name = "housekeeping";
-  const int64_t at = housekeeping_at_ns_.load();
-  const absl::Duration since = absl::Now() - absl::FromUnixNanos(at);
-  c.ok = at != 0 && since < kStuck;
-  if (!c.ok) {
-    c.reason = at == 0 ? "the housekeeping thread has not completed a pass"
-                       : absl::StrCat("the housekeeping thread last completed a pass ",
-                                      absl::FormatDuration(absl::Trunc(since, absl::Seconds(1))),
-                                      " ago (it runs at least once a second)");
-  }
-  return {c};
-}
-
-// The kubelet-checkpoint checks cost O(allocations) and the kubelet
-// rewrites its checkpoint after every allocation: they run here, so that
-// detecting and serving a kubelet restart never waits behind one. Changes
-// that arrive during a pass are taken by the next one, together.
-void ProxyServer::CheckpointLoop() {
-  for (;;) {
-    std::vector<Reconciler::RestartSeen> restarts;
-    {
-      absl::MutexLock lock(&wake_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(wake_mu_) -> bool {
-        return checkpoint_wake_ || stop_;
-      };
-      wake_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stop_) return;
-      checkpoint_wake_ = false;
-      restarts.swap(restarts_seen_);
-    }
-    for (const Reconciler::RestartSeen& seen : restarts) reconciler_->OnKubeletRestart(seen);
-    reconciler_->CheckCheckpoint();
-  }
-}
+std::vector<HealthCheck> ProxyServer::Liveness() { return {housekeeping_.Liveness()}; }
 
 absl::Status ProxyServer::ReconcileOnce() {
   if (!reconciler_) {
@@ -535,148 +452,6 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
   ReloadResult result = reloader_.Reload(table_.live(), next);
   Wake();
   return result;
-}
-
-void ProxyServer::ApplyLossPolicy(const ProxyConfig& next) {
-  table_.UpdateLive([&next](ProxyConfig& live) {
-    live.policy.loss_policy = next.policy.loss_policy;
-    live.policy.hold = next.policy.hold;
-  });
-  for (ServedResource* e : table_.All()) {
-    e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
-  }
-}
-
-void ProxyServer::ApplyCallSettings(const ProxyConfig& next) {
-  table_.UpdateLive([&next](ProxyConfig& live) {
-    live.kubelet.backend_timeout = next.kubelet.backend_timeout;
-    live.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
-    live.dial_timeout = next.dial_timeout;
-  });
-  for (ServedResource* e : table_.All()) {
-    if (e->endpoint) {
-      e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
-    }
-  }
-  if (registration_) registration_->SetDialTimeout(next.dial_timeout);
-  if (dra_) dra_->SetBackendTimeout(next.kubelet.backend_timeout);
-}
-
-void ProxyServer::RemoveStaticBackend(const StaticBackendConfig& b) {
-  const std::string name = table_.ServedName(b.resource);
-  ServedResource* e = statics_->Remove(name, b) ? table_.Find(name) : nullptr;
-  // Not used any more: its connection ends now, and its devices are
-  // shown Unhealthy (the quarantine) unless it is added back.
-  std::shared_ptr<Backend> open = e ? e->resource->attached_backend() : nullptr;
-  if (open != nullptr && open->endpoint() == b.endpoint) {
-    e->resource->DetachBackend("static backend removed from the configuration");
-  }
-  LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
-            << " is no longer dialled; " << name << " shows its devices Unhealthy";
-  events_.Emit("static_backend_removed", {{"resource", name}, {"endpoint", b.endpoint}});
-}
-
-void ProxyServer::AddStaticBackend(const StaticBackendConfig& b) {
-  const std::string name = table_.ServedName(b.resource);
-  (void)EnsureEntry(name);
-  statics_->Dial(name, b);
-  LOG(INFO) << "reload: static backend " << b.endpoint << " of " << b.resource
-            << " is dialled from now on";
-  events_.Emit("static_backend_added", {{"resource", name}, {"endpoint", b.endpoint}});
-}
-
-void ProxyServer::StaticBackendsApplied(const ProxyConfig& next) {
-  table_.UpdateLive([&next](ProxyConfig& live) { live.static_backends = next.static_backends; });
-  table_.NoteServedChange();
-}
-
-namespace {
-
-std::map<std::string, std::string> IdMapOf(const ProxyConfig& c, const std::string& resource) {
-  auto it = c.id_maps.find(resource);
-  return it == c.id_maps.end() ? std::map<std::string, std::string>() : it->second;
-}
-
-// A resource whose name or IDs a reload changes.
-struct NameChange {
-  ServedResource* entry;
-  std::string to;  // the name served as from now on
-  bool ids;        // the same name with other IDs
-};
-
-std::vector<NameChange> NameChanges(ResourceTable& table, const ProxyConfig& live,
-                                    const ProxyConfig& next) {
-  std::vector<NameChange> out;
-  for (const auto& [e, facts] : table.AllWithFacts()) {
-    const std::string& name = e->resource->name();
-    const std::string& plugin = facts.backend_resource;
-    if (plugin.empty() || KubeletResourceName(live, plugin) != name) continue;  // renamed
-    const std::string to = KubeletResourceName(next, plugin);
-    const bool ids = to == name && (IdMapOf(live, name) != IdMapOf(next, name) ||
-                                    live.compact_ids.count(name) != next.compact_ids.count(name));
-    if (to != name || ids) out.push_back({e, to, ids});
-  }
-  return out;
-}
-
-}  // namespace
-
-void ProxyServer::ApplyServedNames(const ProxyConfig& next) {
-  const ProxyConfig live = table_.live();
-  const std::vector<NameChange> changes = NameChanges(table_, live, next);
-  table_.UpdateLive([&next](ProxyConfig& l) {
-    l.renames = next.renames;
-    l.id_maps = next.id_maps;
-    l.compact_ids = next.compact_ids;
-  });
-  for (const NameChange& c : changes) {
-    Resource* r = c.entry->resource.get();
-    const std::string& from = r->name();
-    bool dialled_by_dpproxy = statics_->dialled(from);
-    if (c.ids) {
-      r->SetIdPolicy(IdMapOf(next, from), next.compact_ids.count(from) > 0);
-      LOG(INFO) << "reload: resource " << from << " shows the kubelet other device IDs from "
-                << "its plugin's next list (ID map or compact IDs changed)";
-      events_.Emit("resource_ids_changed", {{"resource", from}});
-    } else {
-      LOG(INFO) << "reload: resource " << from << " is served as " << c.to
-                << " from now on; under " << from << " its devices are shown Unhealthy";
-      events_.Emit("resource_renamed", {{"resource", from}, {"served_as", c.to}});
-      (void)EnsureEntry(c.to);
-      dialled_by_dpproxy = statics_->Move(from, c.to);
-    }
-    RedialAfterRename(c.entry, c.ids ? std::string() : c.to, dialled_by_dpproxy,
-                      live.dial_timeout);
-  }
-  table_.NoteServedChange();  // renamed names and new IDs are known: shown at once
-  Wake();
-}
-
-void ProxyServer::RedialAfterRename(ServedResource* e, const std::string& renamed_to,
-                                    bool static_backend, absl::Duration dial_timeout) {
-  // The plugin's next list must come to the new name, or with the new
-  // IDs, and complete: it is dialled again, as a restart would.
-  Resource* r = e->resource.get();
-  std::shared_ptr<Backend> b = r->backend();
-  if (b == nullptr) return;  // its next registration comes as configured now
-  if (!renamed_to.empty() || static_backend) {
-    r->DetachBackend(renamed_to.empty() ? std::string("dialled again for its new device IDs")
-                                        : absl::StrCat("served as ", renamed_to, " from now on"));
-  }
-  if (static_backend) return;  // the static backends' tick dials it
-  const std::string plugin = b->resource(), endpoint = b->endpoint();
-  const ApiVersion api = b->api();
-  const int max_bytes = config_.backend_max_list_bytes;
-  workers_->Submit([this, plugin, endpoint, api, dial_timeout, max_bytes] {
-    absl::StatusOr<std::shared_ptr<Backend>> nb =
-        ConnectBackend(plugin, endpoint, api, dial_timeout, max_bytes);
-    if (!nb.ok()) {
-      LOG(WARNING) << "reload: cannot dial " << endpoint << " again for " << plugin << ": "
-                   << nb.status().message() << "; its next registration brings it back";
-      return;
-    }
-    (void)AttachBackend(*nb);
-  });
 }
 
 std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
@@ -749,11 +524,6 @@ void ProxyServer::GiveStateBack(const std::string& why) {
     state_lock_.fd = -1;
   }
   takeover_->HandBack(why);
-}
-
-bool ProxyServer::stopping() {
-  absl::MutexLock lock(&wake_mu_);
-  return stop_;
 }
 
 bool ProxyServer::WaitForTakeover(absl::Duration timeout) {

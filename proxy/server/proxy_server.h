@@ -55,8 +55,10 @@
 #include "proxy/server/reconciler.h"
 #include "proxy/handoff/handoff.h"
 #include "proxy/handoff/listener_share.h"
+#include "proxy/server/housekeeping.h"
 #include "proxy/server/quarantine.h"
 #include "proxy/server/registrar.h"
+#include "proxy/server/reload_actions.h"
 #include "proxy/server/reporter.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/saver.h"
@@ -72,7 +74,7 @@
 
 namespace dpproxy {
 
-class ProxyServer : private Handover::Host, private Reloader::Host {
+class ProxyServer : private Handover::Host {
  public:
   explicit ProxyServer(ProxyConfig config);
   ~ProxyServer() override;
@@ -117,7 +119,7 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return reporter_ ? reporter_->status_builds() : 0; }
-  int64_t housekeeping_passes() const { return housekeeping_passes_.load(); }
+  int64_t housekeeping_passes() const { return housekeeping_.passes(); }
   int64_t save_passes() const { return saver_ ? saver_->passes() : 0; }
   // The kubelet-facing socket of a resource ("" if unknown).
   std::string KubeletSocketOf(const std::string& resource);
@@ -172,26 +174,10 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   // Start failed: why is kept for a predecessor taking its state back.
   absl::Status FailStart(absl::Status s);
   absl::Status RestoreState();
-  // What a reload changes (reloader.h). A reload's renames, ID maps and
-  // compact IDs: each resource they change gets its backend dialled again,
-  // under its new name or with its new IDs (as a restart would do for it
-  // alone).
-  void ApplyLossPolicy(const ProxyConfig& next) override;
-  void ApplyCallSettings(const ProxyConfig& next) override;
-  void ApplyServedNames(const ProxyConfig& next) override;
-  // After a rename (to `renamed_to`) or new IDs (""): the plugin is
-  // dialled again, or, when dpproxy dials it, detached for the next tick.
-  void RedialAfterRename(ServedResource* e, const std::string& renamed_to, bool static_backend,
-                         absl::Duration dial_timeout);
-  void RemoveStaticBackend(const StaticBackendConfig& b) override;
-  void AddStaticBackend(const StaticBackendConfig& b) override;
-  void StaticBackendsApplied(const ProxyConfig& next) override;
   void ApplyQuarantine() {
     if (quarantine_) quarantine_->Apply();
   }
   void Wake();
-  void HousekeepingLoop();
-  void CheckpointLoop();
   // After a handoff: the calls the kubelet sent here just before it moved
   // are answered before the sockets close.
   void DrainAfterHandoff(const std::map<std::string, std::unique_ptr<ServedResource>>& entries);
@@ -208,7 +194,7 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   // Started with --takeover, and the predecessor released.
   bool taking_over() const { return takeover_ != nullptr && takeover_->released(); }
   // Shutdown() has begun.
-  bool stopping();
+  bool stopping() const { return stopping_.load(); }
 
   const ProxyConfig config_;
   EventLog events_{"dpproxy"};
@@ -235,22 +221,14 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   std::unique_ptr<DraSide> dra_;            // DRA mode only
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
-  Reloader reloader_{this, &events_, config_.dra.enabled};
+  ReloadActions reload_actions_;
+  Reloader reloader_{&reload_actions_, &events_, config_.dra.enabled};
 
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
 
-  absl::Mutex wake_mu_;
-  bool wake_ ABSL_GUARDED_BY(wake_mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(wake_mu_) = false;
-  bool checkpoint_wake_ ABSL_GUARDED_BY(wake_mu_) = false;
-  // Kubelet restarts seen by housekeeping, for the checkpoint thread.
-  std::vector<Reconciler::RestartSeen> restarts_seen_ ABSL_GUARDED_BY(wake_mu_);
-  std::thread housekeeping_;
-  std::thread checkpoint_;  // with a reconciler only
-
-  // Housekeeping thread only.
-  absl::Time next_retry_ = absl::InfiniteFuture();
+  Housekeeping housekeeping_;
+  std::atomic<bool> stopping_{false};
   std::function<void()> housekeeping_hook_;  // set before Start()
 
   // Handoff: the running side (with a state directory, not in DRA mode),
@@ -265,9 +243,6 @@ class ProxyServer : private Handover::Host, private Reloader::Host {
   std::function<void()> handed_over_hook_;  // set before Start()
   std::function<void()> before_finish_hook_;  // set before Start()
 
-  std::atomic<int64_t> housekeeping_passes_{0};
-  // When the last housekeeping pass ended (absl::ToUnixNanos).
-  std::atomic<int64_t> housekeeping_at_ns_{0};
 };
 
 }  // namespace dpproxy

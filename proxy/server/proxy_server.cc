@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "backends/connect.h"
 #include "proxy/config/config_file.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/status_macros.h"

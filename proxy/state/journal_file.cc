@@ -61,15 +61,27 @@ bool RecordAt(const std::string& bytes, size_t pos, state::Allocation* out, size
 
 absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
   JournalContents out;
-  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return absl::DataLossError("not a dpproxy journal (bad magic)");
-  }
   // The zeros the file ends in: space written ahead for appends. Records
   // and torn records lie before them (a record's last byte may be a zero,
   // but it is parsed before this matters).
   size_t zeros_from = bytes.size();
   while (zeros_from > sizeof(kMagic) && bytes[zeros_from - 1] == '\0') --zeros_from;
   size_t pos = sizeof(kMagic);
+  if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    // Each record carries its length and checksum, so it is read without
+    // the header: a damaged header costs the header only. With no intact
+    // record anywhere, this is not a journal.
+    pos = 0;
+    for (; pos < zeros_from; ++pos) {
+      state::Allocation probe;
+      size_t probe_size = 0;
+      if (RecordAt(bytes, pos, &probe, &probe_size)) break;
+    }
+    if (pos >= zeros_from) return absl::DataLossError("not a dpproxy journal (bad magic)");
+    out.header_damaged = true;
+    out.damaged_bytes = pos;
+    out.damaged_regions = 1;
+  }
   while (pos < bytes.size()) {
     state::Allocation a;
     size_t size = 0;
@@ -98,61 +110,6 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
   out.cut_bytes = end - pos;  // a torn tail
   out.preallocated_bytes = bytes.size() - end;
   return out;
-}
-
-absl::StatusOr<state::State> ReadStateDir(const std::string& dir) {
-  StateDirReport r = InspectStateDir(dir);
-  if (r.refuses_start) {
-    return absl::FailedPreconditionError(r.problems.empty() ? "unusable" : r.problems[0]);
-  }
-  if (r.untrusted) return absl::DataLossError(r.problems.empty() ? "untrusted" : r.problems[0]);
-  return std::move(r.state);
-}
-
-StateDirReport InspectStateDir(const std::string& dir) {
-  StateDirReport r;
-  const std::string snap_path = JoinPath(dir, "state.pb");
-  const std::string journal_path = JoinPath(dir, "journal.wal");
-  absl::StatusOr<std::string> snap = ReadOwnFile(snap_path);
-  if (snap.ok()) {
-    absl::StatusOr<state::State> decoded = DecodeStateFile(*snap);
-    if (decoded.ok()) {
-      r.state = *std::move(decoded);
-    } else {
-      r.untrusted = true;
-      r.problems.push_back(absl::StrCat(snap_path, " is not trusted (", decoded.status().message(),
-                                        "): dpproxy moves it aside and starts without it"));
-    }
-  } else if (snap.status().code() != absl::StatusCode::kNotFound) {
-    r.refuses_start = true;
-    r.problems.push_back(absl::StrCat(snap.status().message(), ": dpproxy refuses to start"));
-  }
-  absl::StatusOr<std::string> journal = ReadOwnFile(journal_path);
-  if (journal.ok() && !journal->empty()) {
-    absl::StatusOr<JournalContents> j = ParseJournal(*journal);
-    if (!j.ok()) {
-      r.untrusted = true;
-      r.problems.push_back(absl::StrCat(journal_path, " is not trusted (", j.status().message(),
-                                        "): dpproxy moves it aside and starts without it"));
-    } else {
-      if (j->damaged_bytes > 0) {
-        r.problems.push_back(absl::StrCat(
-            journal_path, " is damaged in the middle: ", j->damaged_bytes, " bad byte(s) in ",
-            j->damaged_regions, " place(s) between intact records; dpproxy keeps the ",
-            j->records.size(), " intact record(s), copies the file aside and rewrites it"));
-      }
-      if (j->cut_bytes > 0) {
-        r.problems.push_back(absl::StrCat(
-            journal_path, " ends in a torn record (", j->cut_bytes,
-            " byte(s), never acknowledged): dpproxy cuts it at start"));
-      }
-      MergeJournal(j->records, &r.state);
-    }
-  } else if (!journal.ok() && journal.status().code() != absl::StatusCode::kNotFound) {
-    r.refuses_start = true;
-    r.problems.push_back(absl::StrCat(journal.status().message(), ": dpproxy refuses to start"));
-  }
-  return r;
 }
 
 void MergeJournal(const std::vector<state::Allocation>& records, state::State* st) {
@@ -283,6 +240,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
     }
     size_ = allocated_ = synced_ = magic.size();
     records_ = 0;
+    replay.created = true;
     return replay;
   }
   absl::StatusOr<JournalContents> contents = ParseJournal(*bytes);
@@ -293,6 +251,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   replay.cut_bytes = contents->cut_bytes;
   replay.damaged_bytes = contents->damaged_bytes;
   replay.damaged_regions = contents->damaged_regions;
+  replay.header_damaged = contents->header_damaged;
   if (replay.damaged_bytes > 0) {
     // Keep the damaged file for inspection, then rewrite the journal with
     // the intact records only, so appends never follow bad bytes.
@@ -371,6 +330,25 @@ absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count, D
   if (d == Durability::kSynced) synced_ = end;
   records_ += count;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JournalFile::RecordBytes(size_t offset) const {
+  if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
+  offset = std::min(offset, size_);
+  if (offset <= sizeof(kMagic)) return std::string();
+  std::string out(offset - sizeof(kMagic), '\0');
+  ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(sizeof(kMagic)));
+  if (n != static_cast<ssize_t>(out.size())) {
+    return n < 0 ? Errno(absl::StrCat("read ", path_))
+                 : absl::DataLossError(absl::StrCat(path_, " is shorter than dpproxy wrote it"));
+  }
+  return out;
+}
+
+std::string JournalFile::WithHeader(const std::string& record_bytes) {
+  std::string out(kMagic, sizeof(kMagic));
+  out += record_bytes;
+  return out;
 }
 
 absl::Status JournalFile::DropFront(size_t offset, size_t count) {

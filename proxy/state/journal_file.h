@@ -20,7 +20,9 @@
 //     lost (an answer's response may be).
 //   - damage in the middle: bad bytes followed by intact records (a bad
 //     disk, a stray write). Every intact record is kept, the damaged file is
-//     kept aside for inspection, and the damage is reported.
+//     kept aside for inspection, and the damage is reported. A damaged
+//     magic is damage like any other: each record carries its length and
+//     checksum, so the records behind it are read without it.
 #ifndef DPPROXY_PROXY_STATE_JOURNAL_FILE_H_
 #define DPPROXY_PROXY_STATE_JOURNAL_FILE_H_
 
@@ -44,32 +46,18 @@ struct JournalContents {
   // how many separate places.
   size_t damaged_bytes = 0;
   int damaged_regions = 0;
+  // The magic was damaged and intact records follow it: they are kept
+  // (each record is read alone), and the header counts as damage.
+  bool header_damaged = false;
 };
 
-// Parses journal bytes without touching any file. kDataLoss on bad magic.
+// Parses journal bytes without touching any file. kDataLoss on a bad magic
+// with no intact record after it.
 absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes);
 
 // Adds journal records to a snapshot's allocations, skipping ids already
 // there, and advances next_allocation_id.
 void MergeJournal(const std::vector<state::Allocation>& records, state::State* st);
-
-// The snapshot and the journal of a state directory, read only: what
-// dpproxy would load, for dpctl and tests. A missing journal is empty.
-absl::StatusOr<state::State> ReadStateDir(const std::string& dir);
-
-// What dpproxy would find in a state directory at start, without changing
-// anything (dpctl verify). `problems` lists every condition dpproxy would
-// refuse to start on or repair (moved aside, cut, rewritten); empty means
-// intact.
-struct StateDirReport {
-  state::State state;  // what would be loaded (snapshot + journal)
-  std::vector<std::string> problems;
-  // dpproxy would refuse to start (unreadable, not a file, a link).
-  bool refuses_start = false;
-  // A file is proven corrupt (dpproxy moves it aside).
-  bool untrusted = false;
-};
-StateDirReport InspectStateDir(const std::string& dir);
 
 class JournalFile {
  public:
@@ -85,6 +73,8 @@ class JournalFile {
     size_t damaged_bytes = 0;
     int damaged_regions = 0;
     std::string damaged_copy;
+    bool header_damaged = false;  // the magic, counted in damaged_bytes
+    bool created = false;         // the file was missing or empty
   };
 
   // Opens (creating if needed, mode 0600, never through a link) and reads
@@ -111,6 +101,14 @@ class JournalFile {
   // Makes every append durable (fdatasync), if one is not yet. A failure
   // cuts nothing: the records were acknowledged once written.
   absl::Status Sync();
+
+  // The bytes of the records before file offset `offset` (size() when
+  // they were appended), without the header: what DropFront(offset, ...)
+  // would forget.
+  absl::StatusOr<std::string> RecordBytes(size_t offset) const;
+  // A journal file's contents made of record bytes (RecordBytes): the
+  // header, then them.
+  static std::string WithHeader(const std::string& record_bytes);
 
   // Forgets the first `count` records, which end at file offset `offset`
   // (size() when they were appended), after they went into a saved

@@ -37,7 +37,7 @@ std::string JournalPathFor(const std::string& snapshot) {
 }  // namespace
 
 StateKeeper::StateKeeper(std::string path, EventLog* events)
-    : store_(path), events_(events), journal_(JournalPathFor(path)) {
+    : store_(path), previous_(path), events_(events), journal_(JournalPathFor(path)) {
   compactor_ = std::thread([this] { CompactLoop(); });
   syncer_ = std::thread([this] { SyncLoop(); });
 }
@@ -230,15 +230,26 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     events_->Emit("journal_torn_tail", {{"path", journal_.path()},
                                         {"bytes", replay->cut_bytes}});
   }
+  if (replay->created && s.ok() && s->saved_unix_ms() != 0) {
+    // A saved snapshot and no journal beside it: the records since the
+    // snapshot are gone with it (the kubelet still lists them).
+    damaged_at_load_ = true;
+    LOG(ERROR) << "journal " << journal_.path() << " was missing or empty beside the snapshot "
+               << store_.path() << "; the allocations recorded since that snapshot are learned "
+               << "back from the kubelet";
+    events_->Emit("journal_missing", {{"path", journal_.path()}});
+  }
   if (replay->damaged_bytes > 0) {
     damaged_at_load_ = true;
-    LOG(ERROR) << "journal " << journal_.path() << " was damaged in the middle: "
+    LOG(ERROR) << "journal " << journal_.path() << " was damaged"
+               << (replay->header_damaged ? " (its header among them)" : "") << ": "
                << replay->damaged_bytes << " bad bytes in " << replay->damaged_regions
                << " place(s); kept all " << replay->records.size()
                << " intact records, the damaged file is at " << replay->damaged_copy;
     events_->Emit("journal_damaged", {{"path", journal_.path()},
                                       {"bytes", replay->damaged_bytes},
                                       {"regions", replay->damaged_regions},
+                                      {"header", replay->header_damaged},
                                       {"intact_records", replay->records.size()},
                                       {"copy", replay->damaged_copy}});
   }
@@ -252,15 +263,10 @@ absl::StatusOr<state::State> StateKeeper::Load() {
                                    {"allocations", state_.allocations_size()}});
     TakeResourcesLocked();
   } else {
-    state_ = state::State();
-    resources_.clear();
-    // The journal alone still holds the allocations recorded since the last
-    // snapshot; they are trusted (each record has its own checksum).
-    MergeJournal(replay->records, &state_);
-    damaged_at_load_ = true;
     LOG(ERROR) << s.status().message();
     events_->Emit("state_untrusted", {{"path", store_.path()},
                                       {"error", std::string(s.status().message())}});
+    FallBackLocked(replay->records);
   }
   for (const state::Allocation& a : state_.allocations()) {
     if (a.quarantined()) {
@@ -277,6 +283,45 @@ absl::StatusOr<state::State> StateKeeper::Load() {
     }
   }
   return FullStateLocked();
+}
+
+void StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) {
+  damaged_at_load_ = true;
+  PreviousGeneration::Fallback prev = previous_.Read();
+  state_ = prev.snapshot.has_value() ? *std::move(prev.snapshot) : state::State();
+  const int from_snapshot = state_.allocations_size();
+  // Every record is trusted alone (each has its own checksum): the ones
+  // the damaged snapshot took in since the previous one, then the journal.
+  MergeJournal(prev.records, &state_);
+  MergeJournal(journal, &state_);
+  if (prev.snapshot.has_value()) {
+    TakeResourcesLocked();
+  } else {
+    resources_.clear();
+    state_.clear_resources();
+  }
+  for (const std::string* problem : {&prev.snapshot_problem, &prev.records_problem}) {
+    if (!problem->empty()) LOG(ERROR) << "the previous generation is damaged too: " << *problem;
+  }
+  LOG(ERROR) << "state loaded from the previous generation: "
+             << (prev.snapshot.has_value() ? previous_.snapshot_path()
+                                           : std::string("no previous snapshot"))
+             << " (" << from_snapshot << " allocations), " << prev.records.size()
+             << " records since it, " << journal.size() << " journal records: "
+             << state_.allocations_size() << " allocations";
+  events_->Emit("state_fell_back", {{"snapshot", prev.snapshot.has_value()
+                                                     ? previous_.snapshot_path()
+                                                     : std::string()},
+                                    {"snapshot_allocations", from_snapshot},
+                                    {"records", prev.records.size()},
+                                    {"journal_records", journal.size()},
+                                    {"allocations", state_.allocations_size()}});
+}
+
+void StateKeeper::NotePreviousFailed(const absl::Status& s) {
+  LOG(WARNING) << "cannot keep the previous generation of the state ("
+               << previous_.records_path() << "): " << s.message()
+               << "; the journal keeps those records until the next save";
 }
 
 void StateKeeper::TakeResourcesLocked() {
@@ -355,9 +400,14 @@ absl::Status StateKeeper::SaveLocked() {
   const size_t covered_records = journal_applied_records_;
   mu_.Unlock();
   if (test_hook_) test_hook_("snapshot_write");
+  const bool rotated = previous_.Rotate();
   absl::Status s = store_.SaveEncoded(bytes);
   if (s.ok()) snapshot_bytes_ = static_cast<int64_t>(bytes.size());
   mu_.Lock();
+  if (s.ok() && rotated && (!journal_ok_ || covered_records == 0)) {
+    // Nothing taken in since the snapshot that is the previous one now.
+    if (absl::Status k = previous_.KeepRecords("", true); !k.ok()) NotePreviousFailed(k);
+  }
   if (s.ok() && journal_ok_ && covered_records > 0) {
     // Exclusive use of the journal: no append is in flight.
     // A writer with records still queued hands the journal over between
@@ -369,12 +419,20 @@ absl::Status StateKeeper::SaveLocked() {
     --savers_waiting_;
     journal_busy_ = true;
     mu_.Unlock();
+    // The records the snapshot took in stay in the previous generation
+    // (previous_generation.h): kept before the journal drops them.
+    absl::StatusOr<std::string> taken_in = journal_.RecordBytes(covered_bytes);
+    absl::Status k = taken_in.status();
+    if (k.ok()) k = previous_.KeepRecords(*taken_in, rotated);
     // A crash before this completes replays records the snapshot also holds;
-    // Load() keeps one of each.
-    const absl::Status r = journal_.DropFront(covered_bytes, covered_records);
+    // Load() keeps one of each. Records the previous generation could not
+    // keep stay in the journal until the next save.
+    const absl::Status r =
+        k.ok() ? journal_.DropFront(covered_bytes, covered_records) : absl::OkStatus();
     const size_t size = journal_.size(), records = journal_.records();
     mu_.Lock();
     ReleaseJournalLocked();
+    if (!k.ok()) NotePreviousFailed(k);
     if (r.ok()) {
       journal_applied_bytes_ = size;
       journal_applied_records_ = records;

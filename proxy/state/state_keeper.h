@@ -38,6 +38,7 @@
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/events/event_log.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/previous_generation.h"
 #include "proxy/state/state_store.h"
 
 namespace dpproxy {
@@ -329,8 +330,16 @@ class StateKeeper : public AllocationJournal {
   void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLoop();
+  // The snapshot is proven damaged: the state is the previous
+  // generation's snapshot, the records since it and `journal`.
+  void FallBackLocked(const std::vector<state::Allocation>& journal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The previous generation could not keep the records a save took in.
+  void NotePreviousFailed(const absl::Status& s);
 
   FileStateStore store_;
+  // The snapshot before the newest and the records since it.
+  PreviousGeneration previous_;
   EventLog* const events_;
   // Held by snapshot savers, before mu_, across the snapshot's I/O. Record
   // never takes it.

@@ -14,6 +14,8 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/state_dir.h"
+#include "proxy/state/state_store.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -624,7 +626,7 @@ TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningPodsKeepTheirDevices) {
 namespace dpproxy {
 namespace {
 
-// dpproxy's state damaged while pods hold devices (both files overwritten
+// dpproxy's state damaged while pods hold devices (every file overwritten
 // while it was stopped): the kubelet's checkpoint still lists what the
 // pods hold, and dpproxy learns it back within a checkpoint pass of the
 // resource being served again, journals it, and says so. A start on an
@@ -637,8 +639,11 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
   const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
   ASSERT_EQ(before.size(), 3u);
   h.StopProxy();
-  ASSERT_TRUE(WriteFileAtomic(h.dir("state/state.pb"), "not a state file").ok());
-  ASSERT_TRUE(WriteFileAtomic(h.dir("state/journal.wal"), "not a journal").ok());
+  // Every copy dpproxy keeps: the snapshot, the journal and the previous
+  // generation of both.
+  for (const char* name : {"state.pb", "state.pb.prev", "journal.wal", "journal.wal.prev"}) {
+    ASSERT_TRUE(WriteFileAtomic(h.dir(absl::StrCat("state/", name)), "damaged").ok());
+  }
 
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
@@ -667,6 +672,38 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
                    .events()
                    .WaitForEvent("allocations_recovered", {}, absl::ZeroDuration())
                    .has_value());
+}
+
+// The journal emptied while dpproxy was stopped (the snapshot intact):
+// what was recorded since the snapshot is the kubelet's to tell, and is
+// learned back from its checkpoint; what the snapshot holds is kept.
+TEST(LearnBackTest, AnEmptiedJournalIsLearnedBackFromTheCheckpoint) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"x", 1}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"y", 1}, {"z", 1}})).ok());
+  const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
+  ASSERT_EQ(before.size(), 3u);
+  h.StopProxy();
+  absl::StatusOr<state::State> snapshot = DecodeStateFile(*ReadFile(h.dir("state/state.pb")));
+  ASSERT_TRUE(snapshot.ok());
+  const int journal_only = static_cast<int>(before.size()) - snapshot->allocations_size();
+  ASSERT_GT(journal_only, 0);  // recorded since the snapshot: in the journal only
+  ASSERT_TRUE(WriteFileAtomic(h.dir("state/journal.wal"), "").ok());
+
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("journal_missing", {}, kWait).has_value());
+  ASSERT_TRUE(h.proxy()
+                  .events()
+                  .WaitForEvent("allocations_recovered",
+                                {{"from", "kubelet checkpoint"}, {"recovered", journal_only}},
+                                kWait)
+                  .has_value());
+  EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
+  // Held again: the one free device is all a new pod can get.
+  EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
 }
 
 }  // namespace

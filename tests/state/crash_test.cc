@@ -25,6 +25,7 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/state_dir.h"
 #include "proxy/state/state_store.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"

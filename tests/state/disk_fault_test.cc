@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "proxy/util/files.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/state_dir.h"
 #include "proxy/state/state_store.h"
 #include "tests/proxy/proxy_harness.h"
 

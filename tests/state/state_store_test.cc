@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "proxy/util/files.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/state_dir.h"
 #include "proxy/state/state_keeper.h"
 #include "tests/testing/temp_dir.h"
 
@@ -314,7 +315,8 @@ TEST(StateKeeperTest, TransientReadErrorStopsStartAndChangesNothing) {
     EXPECT_THAT(std::string(s.status().message()), HasSubstr("Too many open files"));
   }
   // Not moved aside, not overwritten: the next start loads it whole.
-  EXPECT_THAT(Names(dir.path()), ::testing::UnorderedElementsAre("state.pb", "journal.wal"));
+  EXPECT_THAT(Names(dir.path()),
+              ::testing::UnorderedElementsAre("state.pb", "journal.wal", "journal.wal.prev"));
   EXPECT_EQ(*ReadFile(dir.Sub("state.pb")), before);
   StateKeeper reloaded(dir.Sub("state.pb"), &events);
   EXPECT_EQ(MustLoad(reloaded).allocations_size(), 2);
@@ -368,7 +370,7 @@ TEST(StateKeeperTest, DamageInTheMiddleOfTheJournalKeepsLaterRecords) {
   // dpctl verify sees it before dpproxy does.
   StateDirReport report = InspectStateDir(dir.path());
   ASSERT_EQ(report.problems.size(), 1u);
-  EXPECT_THAT(report.problems[0], HasSubstr("damaged in the middle"));
+  EXPECT_THAT(report.problems[0], HasSubstr("is damaged: "));
   EXPECT_EQ(report.state.allocations_size(), 5);
 
   StateKeeper reloaded(dir.Sub("state.pb"), &events);

@@ -13,6 +13,7 @@
 #include "proxy/util/files.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/state_dir.h"
 #include "proxy/state/state_store.h"
 
 DEFINE_string(state_dir, "/var/lib/dpproxy", "dpproxy's --state_dir; the file is state.pb in it.");

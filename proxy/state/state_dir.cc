@@ -1,0 +1,96 @@
+#include "proxy/state/state_dir.h"
+
+#include "absl/strings/str_cat.h"
+#include "proxy/state/journal_file.h"
+#include "proxy/state/previous_generation.h"
+#include "proxy/state/state_store.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+
+absl::StatusOr<state::State> ReadStateDir(const std::string& dir) {
+  StateDirReport r = InspectStateDir(dir);
+  if (r.refuses_start) {
+    return absl::FailedPreconditionError(r.problems.empty() ? "unusable" : r.problems[0]);
+  }
+  if (r.untrusted) return absl::DataLossError(r.problems.empty() ? "untrusted" : r.problems[0]);
+  return std::move(r.state);
+}
+
+namespace {
+
+// A damaged snapshot: what the previous generation gives instead.
+void FallBack(const std::string& snap_path, const std::string& why, StateDirReport* r) {
+  const PreviousGeneration prev(snap_path);
+  PreviousGeneration::Fallback f = prev.Read();
+  if (f.snapshot.has_value()) r->state = *std::move(f.snapshot);
+  const int from_snapshot = r->state.allocations_size();
+  MergeJournal(f.records, &r->state);
+  r->problems.push_back(absl::StrCat(
+      snap_path, " is not trusted (", why, "): dpproxy moves it aside and falls back to ",
+      f.snapshot.has_value() ? absl::StrCat(prev.snapshot_path(), " (", from_snapshot,
+                                            " allocation(s))")
+                             : std::string("no previous snapshot"),
+      " and ", f.records.size(), " record(s) in ", prev.records_path(),
+      ", then the journal; it also learns back from the kubelet what they lack"));
+  for (const std::string* problem : {&f.snapshot_problem, &f.records_problem}) {
+    if (!problem->empty()) {
+      r->problems.push_back(absl::StrCat("the previous generation is damaged too: ", *problem));
+    }
+  }
+}
+
+}  // namespace
+
+StateDirReport InspectStateDir(const std::string& dir) {
+  StateDirReport r;
+  const std::string snap_path = JoinPath(dir, "state.pb");
+  const std::string journal_path = JoinPath(dir, "journal.wal");
+  absl::StatusOr<std::string> snap = ReadOwnFile(snap_path);
+  if (snap.ok()) {
+    absl::StatusOr<state::State> decoded = DecodeStateFile(*snap);
+    if (decoded.ok()) {
+      r.state = *std::move(decoded);
+    } else {
+      r.untrusted = true;
+      FallBack(snap_path, std::string(decoded.status().message()), &r);
+    }
+  } else if (snap.status().code() != absl::StatusCode::kNotFound) {
+    r.refuses_start = true;
+    r.problems.push_back(absl::StrCat(snap.status().message(), ": dpproxy refuses to start"));
+  }
+  const bool snapshot_saved = snap.ok() && !r.untrusted && r.state.saved_unix_ms() != 0;
+  absl::StatusOr<std::string> journal = ReadOwnFile(journal_path);
+  if (journal.ok() && !journal->empty()) {
+    absl::StatusOr<JournalContents> j = ParseJournal(*journal);
+    if (!j.ok()) {
+      r.untrusted = true;
+      r.problems.push_back(absl::StrCat(journal_path, " is not trusted (", j.status().message(),
+                                        "): dpproxy moves it aside and starts without it"));
+    } else {
+      if (j->damaged_bytes > 0) {
+        r.problems.push_back(absl::StrCat(
+            journal_path, " is damaged", j->header_damaged ? " (its header among them)" : "",
+            ": ", j->damaged_bytes, " bad byte(s) in ", j->damaged_regions,
+            " place(s) before intact records; dpproxy keeps the ", j->records.size(),
+            " intact record(s), copies the file aside and rewrites it"));
+      }
+      if (j->cut_bytes > 0) {
+        r.problems.push_back(absl::StrCat(
+            journal_path, " ends in a torn record (", j->cut_bytes,
+            " byte(s), never acknowledged): dpproxy cuts it at start"));
+      }
+      MergeJournal(j->records, &r.state);
+    }
+  } else if (!journal.ok() && journal.status().code() != absl::StatusCode::kNotFound) {
+    r.refuses_start = true;
+    r.problems.push_back(absl::StrCat(journal.status().message(), ": dpproxy refuses to start"));
+  } else if (snapshot_saved) {
+    r.problems.push_back(absl::StrCat(
+        journal_path, " is missing or empty beside a saved snapshot: the allocations recorded "
+        "since the snapshot are gone from dpproxy's copy; it learns them back from the kubelet"));
+  }
+  return r;
+}
+
+}  // namespace dpproxy

@@ -673,6 +673,22 @@ void StateKeeper::Withdraw(const Reservation& r) {
   if (write) WriteQueued();
 }
 
+void StateKeeper::JournalReleasedLocked(const std::vector<uint64_t>& ids) {
+  if (ids.empty() || handed_over_ || !journal_ok_) return;
+  auto me = std::make_unique<Pending>();
+  me->written_only = true;
+  for (uint64_t id : ids) {
+    state::Allocation a;
+    a.set_id(id);
+    a.set_stage(state::Allocation::WITHDRAWN);
+    me->records.push_back(std::move(a));
+  }
+  if (!EnqueueLocked(std::move(me))) return;  // the writer at work takes them
+  mu_.Unlock();
+  WriteQueued();
+  mu_.Lock();
+}
+
 void StateKeeper::ReleaseJournalLocked() {
   if (queue_.empty()) {
     journal_busy_ = false;
@@ -804,18 +820,21 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   absl::MutexLock lock(&mu_);
   auto* a = state_.mutable_allocations();
   bool lifted = false;
+  std::vector<uint64_t> released;
   a->erase(std::remove_if(a->begin(), a->end(),
                           [&](const state::Allocation& x) {
                             if (std::find(ids.begin(), ids.end(), x.id()) == ids.end()) {
                               return false;
                             }
                             lifted = lifted || x.quarantined();
+                            released.push_back(x.id());
                             return true;
                           }),
            a->end());
   if (lifted) ++quarantine_version_;
   ++released_version_;
   RebuildIndexLocked();
+  JournalReleasedLocked(released);
   return SaveLocked();
 }
 
@@ -850,10 +869,12 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
     changed += touched ? 1 : 0;
   }
   bool lifted = false;
+  std::vector<uint64_t> released;
   all->erase(std::remove_if(all->begin(), all->end(),
                             [&](const state::Allocation& x) {
                               if (gone.count(x.id()) == 0) return false;
                               lifted = lifted || x.quarantined();
+                              released.push_back(x.id());
                               return true;
                             }),
              all->end());
@@ -861,6 +882,7 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
   if (all->size() != before) {
     ++released_version_;
     RebuildIndexLocked();
+    JournalReleasedLocked(released);
   }
   if (all->size() == before && (changed == 0 || !persist_names)) return changed;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;

@@ -334,6 +334,12 @@ class StateKeeper : public AllocationJournal {
   // generation's snapshot, the records since it and `journal`.
   void FallBackLocked(const std::vector<state::Allocation>& journal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Released allocations, as WITHDRAWN records (written, not synced): the
+  // snapshot saved next drops them, and the previous generation's records
+  // carry the release, so a fallback does not bring them back. Called with
+  // save_mu_ held, before the snapshot is encoded; may release mu_ to write.
+  void JournalReleasedLocked(const std::vector<uint64_t>& ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The previous generation could not keep the records a save took in.
   void NotePreviousFailed(const absl::Status& s);
 

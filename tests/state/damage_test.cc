@@ -260,6 +260,24 @@ TEST_F(DamageTest, ATornLastRecordWasNeverAcknowledgedAndIsCut) {
   EXPECT_FALSE(damaged_);  // a crash, not damage
 }
 
+TEST_F(DamageTest, AReleaseIsCarriedByThePreviousGenerationToo) {
+  // d0's pod ends and a new pod gets d0, both after the previous snapshot:
+  // a fallback must not bring the ended allocation back beside the new one.
+  {
+    StateKeeper k(Path("state.pb"), &events_);
+    ASSERT_TRUE(k.Load().ok());
+    uint64_t d0 = 0;
+    k.ForEachAllocation([&d0](const state::Allocation& a) {
+      if (a.device_ids(0) == "d0") d0 = a.id();
+    });
+    ASSERT_NE(d0, 0u);
+    ASSERT_TRUE(k.Release({d0}).ok());  // saves: the previous snapshot still holds it
+    ASSERT_TRUE(RecordOne(k, "d0").ok());
+  }
+  Write("state.pb", "damaged");
+  EXPECT_EQ(Load(), Devices(0, 10));  // d0 once: held twice fails inside Load()
+}
+
 TEST_F(DamageTest, ThePreviousGenerationFollowsEverySave) {
   // Five more saves, each taking in one more allocation: the fallback
   // still holds every one of them.

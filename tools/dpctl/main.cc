@@ -28,13 +28,15 @@ Usage:
   dpctl state  [--state_dir=DIR] [--output=table|json]   resources, devices, allocations
   dpctl verify [--state_dir=DIR]                         exit 0 if the state is intact
 
-The state (state.pb and the journal beside it) is read, never written.
-verify lists every condition dpproxy would refuse to start on (an unreadable
-file, a directory or a link in place of one) or repair at its next start (a
-file proven corrupt is moved aside; a torn journal tail is cut; damage in the
-middle of the journal is copied aside and the intact records kept) and exits
-1 if there is any. state prints what dpproxy would load, with the same
-conditions as warnings.
+The state (state.pb, the journal beside it, and their previous generation
+state.pb.prev and journal.wal.prev) is read, never written. verify lists
+every condition dpproxy would refuse to start on (an unreadable file, a
+directory or a link in place of one) or repair at its next start (a snapshot
+proven corrupt is moved aside and the previous generation loaded instead; a
+torn journal tail is cut; damage in the journal, its header included, is
+copied aside and the intact records kept; a journal missing beside a saved
+snapshot is learned back from the kubelet) and exits 1 if there is any.
+state prints what dpproxy would load, with the same conditions as warnings.
 
 Flags:
 )";

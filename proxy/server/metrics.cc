@@ -222,11 +222,15 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   AddCounter(&released, {}, static_cast<double>(status.forgotten_released));
   out.push_back(std::move(released));
   MetricFamily recovered = Family("dpproxy_allocations_recovered_total",
-                                  "Allocations learned back from the kubelet's checkpoint "
-                                  "after a start on a damaged state.",
+                                  "Allocations learned back from the kubelet (its checkpoint "
+                                  "or its pod-resources API) after a start on a damaged state.",
                                   MetricType::Counter);
-  AddCounter(&recovered, {{"source", "kubelet_checkpoint"}},
-             static_cast<double>(status.allocations_recovered));
+  for (const char* source : {"kubelet_checkpoint", "pod_resources"}) {
+    auto it = status.allocations_recovered_by_source.find(source);
+    AddCounter(&recovered, {{"source", source}},
+               static_cast<double>(
+                   it == status.allocations_recovered_by_source.end() ? 0 : it->second));
+  }
   out.push_back(std::move(recovered));
   MetricFamily elsewhere = Family(
       "dpproxy_devices_held_elsewhere",

@@ -79,6 +79,19 @@ absl::Status Reconciler::ReconcileOnce() {
         absl::StrCat("pod-resources List failed: ", DescribeGrpcStatus(st)));
   }
   absl::MutexLock pass(&pass_mu_);
+  {
+    std::vector<Listed> listed;
+    for (const auto& pod : list.pod_resources()) {
+      for (const auto& c : pod.containers()) {
+        for (const auto& d : c.devices()) {
+          listed.push_back({d.resource_name(), {d.device_ids().begin(), d.device_ids().end()},
+                            absl::StrCat(pod.namespace_(), "/", pod.name(), " container ",
+                                         c.name())});
+        }
+      }
+    }
+    Learn(listed, /*from_checkpoint=*/false);
+  }
   Holdings holdings;
   PodList pods;
   for (const auto& pod : list.pod_resources()) {
@@ -699,15 +712,17 @@ Holdings Reconciler::CheckpointHoldings(const KubeletCheckpoint& ckpt) {
 
 void Reconciler::LearnBack(absl::Duration window,
                            std::function<bool(const std::string&)> serves) {
-  absl::MutexLock lock(&checkpoint_mu_);
+  absl::MutexLock lock(&learn_mu_);
   learn_until_ = absl::Now() + window;
   serves_ = std::move(serves);
 }
 
-void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt) {
+void Reconciler::Learn(const std::vector<Listed>& listed, bool from_checkpoint) {
+  absl::MutexLock lock(&learn_mu_);
+  if (absl::Now() >= learn_until_ || !serves_) return;
   int recovered = 0, unrecoverable = 0;
   std::vector<std::string> why_not;
-  for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
+  for (const Listed& e : listed) {
     if (e.device_ids.empty() || !serves_(e.resource)) continue;
     size_t known = 0;
     for (const std::string& id : e.device_ids) known += keeper_->HoldsDevice(e.resource, id);
@@ -716,8 +731,8 @@ void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt) {
       // Some of its devices are held by another allocation: which one is
       // right is not known here; the reconciler reports holds twice.
       ++unrecoverable;
-      why_not.push_back(absl::StrCat(e.resource, " of pod ", e.pod_uid, " container ",
-                                     e.container, ": some devices are journaled elsewhere"));
+      why_not.push_back(
+          absl::StrCat(e.resource, " of ", e.who, ": some devices are journaled elsewhere"));
       continue;
     }
     v1beta1::AllocateRequest req;
@@ -727,27 +742,31 @@ void Reconciler::LearnFromCheckpoint(const KubeletCheckpoint& ckpt) {
                                          BackendSide());
         !s.ok()) {
       ++unrecoverable;
-      why_not.push_back(absl::StrCat(e.resource, " of pod ", e.pod_uid, " container ",
-                                     e.container, ": ", s.message()));
+      why_not.push_back(absl::StrCat(e.resource, " of ", e.who, ": ", s.message()));
       continue;
     }
     ++recovered;
   }
   if (recovered == 0 && unrecoverable == 0) return;
-  recovered_ += recovered;
-  LOG(WARNING) << "the state was damaged: " << recovered
-               << " allocation(s) learned back from the kubelet's checkpoint"
+  (from_checkpoint ? recovered_checkpoint_ : recovered_pod_resources_) += recovered;
+  const char* from = from_checkpoint ? "kubelet checkpoint" : "pod-resources";
+  LOG(WARNING) << "the state was damaged: " << recovered << " allocation(s) learned back from "
+               << (from_checkpoint ? "the kubelet's checkpoint" : "the kubelet's pod-resources API")
                << (unrecoverable > 0 ? absl::StrCat(", ", unrecoverable, " could not be (",
                                                     absl::StrJoin(why_not, "; "), ")")
                                      : std::string());
-  events_->Emit("allocations_recovered", {{"from", "kubelet checkpoint"},
-                                          {"recovered", recovered},
-                                          {"unrecoverable", unrecoverable}});
+  events_->Emit("allocations_recovered",
+                {{"from", from}, {"recovered", recovered}, {"unrecoverable", unrecoverable}});
 }
 
 absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
-  if (absl::Now() < learn_until_ && serves_) {
-    LearnFromCheckpoint(ckpt);
+  {
+    std::vector<Listed> listed;
+    for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
+      listed.push_back({e.resource, e.device_ids,
+                        absl::StrCat("pod ", e.pod_uid, " container ", e.container)});
+    }
+    Learn(listed, /*from_checkpoint=*/true);
   }
   const state::State st = keeper_->AllocationsSnapshot();
   const Holdings holdings = CheckpointHoldings(ckpt);

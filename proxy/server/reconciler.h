@@ -141,14 +141,26 @@ class Reconciler {
   // Holds released because their holder was gone when checked.
   int64_t forgotten_released() const { return forgotten_released_.load(); }
 
-  // For `window` from now, each checkpoint pass journals the allocations
-  // the kubelet's checkpoint lists for a resource `serves` names and the
-  // journal lacks (no journaled allocation holds any of their devices):
-  // what a damaged state lost, learned back from the kubelet's copy. Their
-  // pods are named at the next pass, and they are released as any other
-  // allocation once their pods are gone (the grace counts from now).
-  void LearnBack(absl::Duration window, std::function<bool(const std::string&)> serves);
-  int64_t allocations_recovered() const { return recovered_.load(); }
+  // For `window` from now, each checkpoint pass and each pod-resources
+  // pass journals the allocations the kubelet lists for a resource `serves`
+  // names and the journal lacks (no journaled allocation holds any of their
+  // devices): what a damaged state lost, learned back from the kubelet's
+  // copies. The checkpoint is read first (the checkpoint thread starts at
+  // once); pod-resources also holds what the kubelet keeps in memory only,
+  // or in a checkpoint dpproxy cannot read. Pods are named at the next
+  // pass, and learned allocations are released as any other once their
+  // pods are gone (the grace counts from now).
+  void LearnBack(absl::Duration window, std::function<bool(const std::string&)> serves)
+      ABSL_LOCKS_EXCLUDED(learn_mu_);
+  // Learned back in all, and from each source ("kubelet_checkpoint",
+  // "pod_resources").
+  int64_t allocations_recovered() const {
+    return recovered_checkpoint_.load() + recovered_pod_resources_.load();
+  }
+  std::map<std::string, int64_t> allocations_recovered_by_source() const {
+    return {{"kubelet_checkpoint", recovered_checkpoint_.load()},
+            {"pod_resources", recovered_pod_resources_.load()}};
+  }
 
  private:
   std::string PodResourcesSocket() const;
@@ -237,13 +249,23 @@ class Reconciler {
   std::set<uint64_t> picked_since_restart_ ABSL_GUARDED_BY(window_mu_);
   std::set<uint64_t> readmitted_since_restart_ ABSL_GUARDED_BY(window_mu_);
   std::atomic<int64_t> forgotten_released_{0};
-  // LearnBack: until when, and which resources (checkpoint_mu_).
-  absl::Time learn_until_ ABSL_GUARDED_BY(checkpoint_mu_) = absl::InfinitePast();
-  std::function<bool(const std::string&)> serves_ ABSL_GUARDED_BY(checkpoint_mu_);
-  std::atomic<int64_t> recovered_{0};
-  // Journals what `ckpt` lists and the journal lacks (LearnBack).
-  void LearnFromCheckpoint(const KubeletCheckpoint& ckpt)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
+  // LearnBack: until when, and which resources. Held across a learning
+  // pass, so the two sources never journal one allocation twice.
+  absl::Mutex learn_mu_ ABSL_ACQUIRED_AFTER(checkpoint_mu_, pass_mu_);
+  absl::Time learn_until_ ABSL_GUARDED_BY(learn_mu_) = absl::InfinitePast();
+  std::function<bool(const std::string&)> serves_ ABSL_GUARDED_BY(learn_mu_);
+  std::atomic<int64_t> recovered_checkpoint_{0};
+  std::atomic<int64_t> recovered_pod_resources_{0};
+  // What one of the kubelet's copies lists for one container.
+  struct Listed {
+    std::string resource;
+    std::vector<std::string> device_ids;
+    std::string who;  // for the log: "pod UID container" or "namespace/name container"
+  };
+  // Journals what `listed` holds and the journal lacks, if the LearnBack
+  // window is open. `from`: the source's name in the event and the log.
+  void Learn(const std::vector<Listed>& listed, bool from_checkpoint)
+      ABSL_LOCKS_EXCLUDED(learn_mu_);
 };
 
 }  // namespace dpproxy

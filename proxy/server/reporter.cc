@@ -40,6 +40,7 @@ ProxyStatus Reporter::Status(bool with_devices) {
     st.devices_held_twice = p_.reconciler->devices_held_twice();
     st.forgotten_released = p_.reconciler->forgotten_released();
     st.allocations_recovered = p_.reconciler->allocations_recovered();
+    st.allocations_recovered_by_source = p_.reconciler->allocations_recovered_by_source();
   }
   if (p_.registration) st.registrations_rejected = p_.registration->Rejections();
   return st;

@@ -59,6 +59,7 @@ Json StatusToJson(const ProxyStatus& s) {
           {"devices_held_twice", s.devices_held_twice},
           {"forgotten_released", s.forgotten_released},
           {"allocations_recovered", s.allocations_recovered},
+          {"allocations_recovered_by_source", s.allocations_recovered_by_source},
           {"registrations_rejected", s.registrations_rejected}};
 }
 
@@ -115,6 +116,9 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
     s.forgotten_released = j.value("forgotten_released", int64_t{0});
     s.allocations_recovered = j.value("allocations_recovered", int64_t{0});
+    if (j.contains("allocations_recovered_by_source")) {
+      j["allocations_recovered_by_source"].get_to(s.allocations_recovered_by_source);
+    }
     if (j.contains("dra") && j["dra"].is_object()) {
       const Json& d = j["dra"];
       s.dra = DraStatus{d.value("driver", ""), d.value("node", ""), d.value("api_version", ""),

@@ -150,9 +150,10 @@ struct ProxyStatus {
   int64_t devices_held_twice = 0;
   // Forgotten allocations released because their holder was gone.
   int64_t forgotten_released = 0;
-  // Allocations learned back from the kubelet's checkpoint after a start
-  // on a damaged state.
+  // Allocations learned back from the kubelet after a start on a damaged
+  // state: in all, and by source ("kubelet_checkpoint", "pod_resources").
   int64_t allocations_recovered = 0;
+  std::map<std::string, int64_t> allocations_recovered_by_source;
   // Refused backend registrations by reason (version, resource_name, ...).
   std::map<std::string, int64_t> registrations_rejected;
 

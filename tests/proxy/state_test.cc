@@ -674,6 +674,53 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
                    .has_value());
 }
 
+// dpproxy's state damaged, and the kubelet's checkpoint no help: a
+// directory stands in its place, so the kubelet cannot write it (as on a
+// full or read-only disk) and dpproxy cannot read it. The kubelet still
+// holds the allocations in memory, and its pod-resources API lists them:
+// they are learned back from there, with their pods' names.
+TEST(LearnBackTest, PodResourcesTellsWhatNeitherTheStateNorTheCheckpointCan) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();  // pod-resources passes run by hand
+  });
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"x", 1}, {"y", 1}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"z", 1}})).ok());
+  const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
+  ASSERT_EQ(before.size(), 3u);
+  h.StopProxy();
+  for (const char* name : {"state.pb", "state.pb.prev", "journal.wal", "journal.wal.prev"}) {
+    ASSERT_TRUE(WriteFileAtomic(h.dir(absl::StrCat("state/", name)), "damaged").ok());
+  }
+  const std::string checkpoint =
+      JoinPath(DevicePluginDir(h.config().kubelet), "kubelet_internal_checkpoint");
+  ASSERT_EQ(::unlink(checkpoint.c_str()), 0);
+  ASSERT_TRUE(MakeDirs(checkpoint).ok());
+
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.WaitFor([&] { return !h.proxy().KubeletSocketOf(kGpu).empty(); }));
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  std::optional<Json> e = h.proxy().events().WaitForEvent(
+      "allocations_recovered", {{"from", "pod-resources"}}, kWait);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ((*e)["recovered"], 3);
+  EXPECT_EQ((*e)["unrecoverable"], 0);
+  EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());  // named by the next pass
+  std::set<std::string> pods;
+  const state::State named = h.proxy().state()->Snapshot();
+  for (const auto& a : named.allocations()) pods.insert(a.pod_name());
+  EXPECT_EQ(pods, (std::set<std::string>{"a", "b"}));
+  const std::string metrics = h.MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("dpproxy_allocations_recovered_total{source=\"pod_resources\"} 3"));
+  EXPECT_THAT(metrics,
+              HasSubstr("dpproxy_allocations_recovered_total{source=\"kubelet_checkpoint\"} 0"));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());  // held again
+  EXPECT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
+}
+
 // The journal emptied while dpproxy was stopped (the snapshot intact):
 // what was recorded since the snapshot is the kubelet's to tell, and is
 // learned back from its checkpoint; what the snapshot holds is kept.
@@ -702,6 +749,7 @@ TEST(LearnBackTest, AnEmptiedJournalIsLearnedBackFromTheCheckpoint) {
                   .has_value());
   EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
   // Held again: the one free device is all a new pod can get.
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // the plugin is back
   EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
 }

@@ -232,6 +232,13 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
                    it == status.allocations_recovered_by_source.end() ? 0 : it->second));
   }
   out.push_back(std::move(recovered));
+  MetricFamily unrecoverable = Family(
+      "dpproxy_allocations_unrecoverable_total",
+      "Allocations the kubelet lists that a damaged state lost and that could not be learned "
+      "back (some of their devices are journaled under another allocation).",
+      MetricType::Counter);
+  AddCounter(&unrecoverable, {}, static_cast<double>(status.allocations_unrecoverable));
+  out.push_back(std::move(unrecoverable));
   MetricFamily elsewhere = Family(
       "dpproxy_devices_held_elsewhere",
       "Devices reported Unhealthy because a pod holds them under another resource name or "

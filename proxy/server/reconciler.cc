@@ -727,10 +727,13 @@ void Reconciler::Learn(const std::vector<Listed>& listed, bool from_checkpoint) 
     size_t known = 0;
     for (const std::string& id : e.device_ids) known += keeper_->HoldsDevice(e.resource, id);
     if (known == e.device_ids.size()) continue;  // journaled
+    const std::string key = absl::StrCat(from_checkpoint, "|", e.resource, "|",
+                                         absl::StrJoin(e.device_ids, ","));
     if (known > 0) {
       // Some of its devices are held by another allocation: which one is
       // right is not known here; the reconciler reports holds twice.
       ++unrecoverable;
+      if (unrecoverable_seen_.insert(key).second) ++unrecoverable_;
       why_not.push_back(
           absl::StrCat(e.resource, " of ", e.who, ": some devices are journaled elsewhere"));
       continue;
@@ -742,6 +745,7 @@ void Reconciler::Learn(const std::vector<Listed>& listed, bool from_checkpoint) 
                                          BackendSide());
         !s.ok()) {
       ++unrecoverable;
+      if (unrecoverable_seen_.insert(key).second) ++unrecoverable_;
       why_not.push_back(absl::StrCat(e.resource, " of ", e.who, ": ", s.message()));
       continue;
     }

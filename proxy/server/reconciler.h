@@ -161,6 +161,10 @@ class Reconciler {
     return {{"kubelet_checkpoint", recovered_checkpoint_.load()},
             {"pod_resources", recovered_pod_resources_.load()}};
   }
+  // Listed by the kubelet, lacking from the journal, and not learned back:
+  // some of their devices are journaled under another allocation, or the
+  // journal refused the record. Counted once per entry and source.
+  int64_t allocations_unrecoverable() const { return unrecoverable_.load(); }
 
  private:
   std::string PodResourcesSocket() const;
@@ -256,6 +260,9 @@ class Reconciler {
   std::function<bool(const std::string&)> serves_ ABSL_GUARDED_BY(learn_mu_);
   std::atomic<int64_t> recovered_checkpoint_{0};
   std::atomic<int64_t> recovered_pod_resources_{0};
+  std::atomic<int64_t> unrecoverable_{0};
+  // Entries already counted as unrecoverable: "source|resource|devices".
+  std::set<std::string> unrecoverable_seen_ ABSL_GUARDED_BY(learn_mu_);
   // What one of the kubelet's copies lists for one container.
   struct Listed {
     std::string resource;

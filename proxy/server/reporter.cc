@@ -41,6 +41,7 @@ ProxyStatus Reporter::Status(bool with_devices) {
     st.forgotten_released = p_.reconciler->forgotten_released();
     st.allocations_recovered = p_.reconciler->allocations_recovered();
     st.allocations_recovered_by_source = p_.reconciler->allocations_recovered_by_source();
+    st.allocations_unrecoverable = p_.reconciler->allocations_unrecoverable();
   }
   if (p_.registration) st.registrations_rejected = p_.registration->Rejections();
   return st;
@@ -119,7 +120,8 @@ std::string Reporter::Fingerprint() {
   if (p_.reconciler) {
     absl::StrAppend(&fp, p_.reconciler->devices_held_twice(), "|",
                     p_.reconciler->forgotten_released(), "|",
-                    p_.reconciler->allocations_recovered(), "|");
+                    p_.reconciler->allocations_recovered(), "|",
+                    p_.reconciler->allocations_unrecoverable(), "|");
   }
   absl::StrAppend(&fp, p_.losses->Total(), "|");
   if (p_.dra) {

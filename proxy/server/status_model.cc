@@ -60,6 +60,7 @@ Json StatusToJson(const ProxyStatus& s) {
           {"forgotten_released", s.forgotten_released},
           {"allocations_recovered", s.allocations_recovered},
           {"allocations_recovered_by_source", s.allocations_recovered_by_source},
+          {"allocations_unrecoverable", s.allocations_unrecoverable},
           {"registrations_rejected", s.registrations_rejected}};
 }
 
@@ -116,6 +117,7 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
     s.forgotten_released = j.value("forgotten_released", int64_t{0});
     s.allocations_recovered = j.value("allocations_recovered", int64_t{0});
+    s.allocations_unrecoverable = j.value("allocations_unrecoverable", int64_t{0});
     if (j.contains("allocations_recovered_by_source")) {
       j["allocations_recovered_by_source"].get_to(s.allocations_recovered_by_source);
     }
@@ -201,6 +203,20 @@ std::string StatusTable(const ProxyStatus& st) {
                       st.state->last_write_error);
     }
     absl::StrAppend(&out, ", ", st.state->save_failures, " failed write(s)\n");
+    if (st.allocations_recovered > 0 || st.allocations_unrecoverable > 0) {
+      std::vector<std::string> from;
+      for (const auto& [source, n] : st.allocations_recovered_by_source) {
+        if (n > 0) from.push_back(absl::StrCat(n, " from ", source));
+      }
+      absl::StrAppend(&out, "  ^ LEARNED BACK after damage: ", st.allocations_recovered,
+                      " allocation(s)", from.empty() ? "" : " (", absl::StrJoin(from, ", "),
+                      from.empty() ? "" : ")");
+      if (st.allocations_unrecoverable > 0) {
+        absl::StrAppend(&out, "; ", st.allocations_unrecoverable,
+                        " could not be (devices journaled under another allocation)");
+      }
+      absl::StrAppend(&out, "\n");
+    }
   }
   if (!st.forgotten.empty()) {
     absl::StrAppend(&out,

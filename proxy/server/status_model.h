@@ -154,6 +154,9 @@ struct ProxyStatus {
   // state: in all, and by source ("kubelet_checkpoint", "pod_resources").
   int64_t allocations_recovered = 0;
   std::map<std::string, int64_t> allocations_recovered_by_source;
+  // Listed by the kubelet, lacking from the journal, and not learned back
+  // (some devices journaled under another allocation).
+  int64_t allocations_unrecoverable = 0;
   // Refused backend registrations by reason (version, resource_name, ...).
   std::map<std::string, int64_t> registrations_rejected;
 

@@ -45,6 +45,9 @@ ProxyStatus Example() {
   q.reason = "the kubelet restarted and lost it";
   st.forgotten = {q};
   st.devices_held_twice = 1;
+  st.allocations_recovered = 5;
+  st.allocations_recovered_by_source = {{"kubelet_checkpoint", 3}, {"pod_resources", 2}};
+  st.allocations_unrecoverable = 1;
   st.registrations_rejected["version"] = 2;
   return st;
 }
@@ -128,7 +131,11 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   EXPECT_THAT(table, HasSubstr("FORGOTTEN BY THE KUBELET"));
   EXPECT_THAT(table, HasSubstr("vendor.com/gpu gpu-1 held by default/trainer/main"));
   EXPECT_THAT(table, HasSubstr("1 device(s) found held by two pods"));
+  EXPECT_THAT(table, HasSubstr("LEARNED BACK after damage: 5 allocation(s) (3 from "
+                               "kubelet_checkpoint, 2 from pod_resources); 1 could not be"));
   ProxyStatus quiet = Example();
+  quiet.allocations_recovered = 0;
+  quiet.allocations_unrecoverable = 0;
   quiet.forgotten.clear();
   quiet.devices_held_twice = 0;
   quiet.state->writable = true;
@@ -136,6 +143,7 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   const std::string calm = StatusTable(quiet);
   EXPECT_THAT(calm, Not(HasSubstr("FORGOTTEN BY THE KUBELET")));
   EXPECT_THAT(calm, Not(HasSubstr("TOO LARGE")));
+  EXPECT_THAT(calm, Not(HasSubstr("LEARNED BACK")));
   EXPECT_THAT(calm, HasSubstr(", writable, 1 failed write(s)"));
 }
 
@@ -169,6 +177,9 @@ TEST(MetricsTest, FamiliesComeFromTheStatus) {
   EXPECT_THAT(text, HasSubstr(
       "dpproxy_backend_registrations_rejected_total{reason=\"version\"} 2"));
   EXPECT_THAT(text, HasSubstr("dpproxy_journal_writes_total 9"));
+  EXPECT_THAT(text,
+              HasSubstr("dpproxy_allocations_recovered_total{source=\"pod_resources\"} 2"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_allocations_unrecoverable_total 1"));
   EXPECT_THAT(text, HasSubstr("dpproxy_journal_records_total 12"));
   EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 1"));
   EXPECT_THAT(text, HasSubstr(

@@ -41,7 +41,9 @@ constexpr char kUsage[] = R"(dpproxy: bridges Kubernetes device-plugin API versi
 Usage:
   dpproxy [flags]                 run the proxy
   dpproxy status [--status_file=F] [--output=table|json]
-                                  show what a running dpproxy is doing
+                                  show what a running dpproxy is doing; exits
+                                  0 when it is ready (as /readyz), 3 when it
+                                  is not, 1 when there is no status to read
   dpproxy version                 print the version and the commit
 
 Toward the kubelet, dpproxy registers one device plugin per resource in
@@ -77,6 +79,9 @@ Example:
 Flags:
 )";
 
+// `dpproxy status`: the status file says dpproxy is not ready.
+constexpr int kExitNotReady = 3;
+
 int PrintStatus() {
   // As the daemon does: the status file follows --state_dir unless named.
   const std::string path = gflags::GetCommandLineFlagInfoOrDie("status_file").is_default
@@ -96,16 +101,13 @@ int PrintStatus() {
               << (st.ok() ? "" : absl::StrCat(" (", st.status().message(), ")")) << "\n";
     return 1;
   }
-  if (FLAGS_output == "json") {
-    std::cout << json.dump(2) << "\n";
-    return 0;
-  }
-  if (FLAGS_output != "table") {
+  if (FLAGS_output != "table" && FLAGS_output != "json") {
     std::cerr << "dpproxy: --output=" << FLAGS_output << " is not table or json\n";
     return 2;
   }
-  std::cout << StatusTable(*st);
-  return 0;
+  std::cout << (FLAGS_output == "json" ? json.dump(2) + "\n" : StatusTable(*st));
+  // As /readyz: a script can wait for dpproxy with `dpproxy status`.
+  return st->not_ready.empty() ? 0 : kExitNotReady;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "proxy/version.h"
 
 namespace dpproxy {
 
@@ -65,9 +66,44 @@ absl::StatusOr<absl::Duration> ParseFlagDuration(const char* name, const std::st
   return d;
 }
 
+namespace {
+
+// The flag an argument names ("" if it is not a flag): "--name=value",
+// "--name", "-name".
+std::string FlagName(const char* arg) {
+  if (arg[0] != '-') return "";
+  std::string name(arg + (arg[1] == '-' ? 2 : 1));
+  return name.substr(0, name.find('='));
+}
+
+bool KnownFlag(const std::string& name) {
+  gflags::CommandLineFlagInfo info;
+  if (gflags::GetCommandLineFlagInfo(name.c_str(), &info)) return true;
+  // --noNAME for a boolean NAME.
+  return absl::StartsWith(name, "no") &&
+         gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool";
+}
+
+}  // namespace
+
 bool ParseFlags(const char* program, int* argc, char*** argv) {
   NormalizeFlagDashes(*argc, *argv);
+  for (int i = 1; i < *argc; ++i) {
+    const char* arg = (*argv)[i];
+    if (std::string(arg) == "--") break;
+    const std::string name = FlagName(arg);
+    if (name == "version") {
+      printf("%s %s (commit %s)\n", program, kDpproxyVersion, kDpproxyCommit);
+      exit(0);
+    }
+    if (!name.empty() && !KnownFlag(name)) {
+      // gflags itself would exit 1; every dpproxy tool exits 2 on bad usage.
+      fprintf(stderr, "%s: unknown flag \"%s\"; see %s --help\n", program, arg, program);
+      return false;
+    }
+  }
   gflags::SetUsageMessage(absl::StrCat("see ", program, " --help"));
+  gflags::SetVersionString(kDpproxyVersion);
   gflags::ParseCommandLineFlags(argc, argv, true);
   if (*argc > 1) {
     fprintf(stderr, "%s: unexpected argument \"%s\"; see %s --help\n", program, (*argv)[1],

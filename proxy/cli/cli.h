@@ -38,7 +38,8 @@ void NormalizeFlagDashes(int argc, char** argv);
 // Parses the flags (dashes or underscores) as every dpproxy binary does:
 // an unknown flag, or an argument left over, is reported on stderr as
 // "<program>: ..." with a pointer to --help. True if the flags are fine;
-// false means exit with status 2.
+// false means exit with status 2 (bad usage, for every tool). --version
+// prints "<program> VERSION (commit ...)" and exits 0.
 bool ParseFlags(const char* program, int* argc, char*** argv);
 
 // Parses a duration flag ("500ms", "10s", "5m"); kInvalidArgument naming

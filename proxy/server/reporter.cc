@@ -44,6 +44,9 @@ ProxyStatus Reporter::Status(bool with_devices) {
     st.allocations_unrecoverable = p_.reconciler->allocations_unrecoverable();
   }
   if (p_.registration) st.registrations_rejected = p_.registration->Rejections();
+  for (HealthCheck& c : Readiness()) {
+    if (!c.ok) st.not_ready.push_back(std::move(c));
+  }
   return st;
 }
 
@@ -124,6 +127,9 @@ std::string Reporter::Fingerprint() {
                     p_.reconciler->allocations_unrecoverable(), "|");
   }
   absl::StrAppend(&fp, p_.losses->Total(), "|");
+  for (const HealthCheck& c : Readiness()) {
+    if (!c.ok) absl::StrAppend(&fp, c.name, ":", c.reason, "|");
+  }
   if (p_.dra) {
     absl::StrAppend(&fp, p_.dra->registered(), "|", p_.dra->api_version(), "|",
                     p_.dra->api_error(), "|", p_.dra->prepared_claims(), "|");

@@ -36,6 +36,16 @@ const ResourceStatus* ProxyStatus::Find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+Json NotReadyJson(const std::vector<HealthCheck>& checks) {
+  Json out = Json::array();
+  for (const HealthCheck& c : checks) out.push_back({{"check", c.name}, {"reason", c.reason}});
+  return out;
+}
+
+}  // namespace
+
 Json StatusToJson(const ProxyStatus& s) {
   Json dra = nullptr;
   if (s.dra.has_value()) {
@@ -61,7 +71,9 @@ Json StatusToJson(const ProxyStatus& s) {
           {"allocations_recovered", s.allocations_recovered},
           {"allocations_recovered_by_source", s.allocations_recovered_by_source},
           {"allocations_unrecoverable", s.allocations_unrecoverable},
-          {"registrations_rejected", s.registrations_rejected}};
+          {"registrations_rejected", s.registrations_rejected},
+          {"ready", s.not_ready.empty()},
+          {"not_ready", NotReadyJson(s.not_ready)}};
 }
 
 std::string StatusFileText(ProxyStatus s) {
@@ -127,6 +139,11 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
                         d.value("registration_socket", ""), d.value("registered", false),
                         d.value("api_error", ""), d.value("claims_prepared", int64_t{0})};
     }
+    if (j.contains("not_ready") && j["not_ready"].is_array()) {
+      for (const Json& c : j["not_ready"]) {
+        s.not_ready.push_back({c.value("check", ""), false, c.value("reason", "")});
+      }
+    }
     if (j.contains("registrations_rejected")) {
       j["registrations_rejected"].get_to(s.registrations_rejected);
     }
@@ -139,6 +156,14 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
 std::string StatusTable(const ProxyStatus& st) {
   std::string out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
                                  ", plugins register at ", st.plugin_socket, "\n");
+  if (st.not_ready.empty()) {
+    out += "ready\n";
+  } else {
+    out += "NOT READY:\n";
+    for (const HealthCheck& c : st.not_ready) {
+      absl::StrAppend(&out, "  ", c.name, ": ", c.reason, "\n");
+    }
+  }
   if (st.dra.has_value()) {
     absl::StrAppend(&out, "DRA driver ", st.dra->driver, " on node ", st.dra->node, " (",
                     st.dra->api_version.empty() ? "API version not known yet" : st.dra->api_version,

@@ -159,6 +159,8 @@ struct ProxyStatus {
   int64_t allocations_unrecoverable = 0;
   // Refused backend registrations by reason (version, resource_name, ...).
   std::map<std::string, int64_t> registrations_rejected;
+  // The /readyz checks that fail now (none: ready).
+  std::vector<HealthCheck> not_ready;
 
   // The resource named `name`, or nullptr.
   const ResourceStatus* Find(const std::string& name) const;

@@ -109,6 +109,19 @@ done
 expect_exit "dpproxy version" 0 "$PROXY" version
 expect_contains "dpproxy version names itself" "$LAST_OUT" "dpproxy 0."
 expect_exit "dpproxy --version" 0 "$PROXY" --version
+# One exit-code policy and a version for every tool: --version exits 0 and
+# says VERSION's version; an unknown flag is bad usage, 2.
+VERSION="$(cat "$RUNFILES/VERSION")"
+for tool in "$PROXY" "$DPCTL" "$SIM" "$PLUGIN"; do
+  name="$(basename "$tool")"
+  expect_exit "$name --version" 0 "$tool" --version
+  expect_contains "$name --version says $VERSION" "$LAST_OUT" "$name $VERSION"
+done
+expect_exit "dpproxy: an unknown flag is bad usage" 2 "$PROXY" --no_such_flag
+expect_contains "... named" "$LAST_OUT" 'unknown flag "--no_such_flag"'
+expect_exit "dpctl: an unknown flag is bad usage" 2 "$DPCTL" state --no_such_flag
+expect_exit "kubelet_sim: an unknown flag is bad usage" 2 "$SIM" serve --no_such_flag
+expect_exit "sample_plugin: an unknown flag is bad usage" 2 "$PLUGIN" --no_such_flag
 expect_exit "dpproxy bad log format" 2 "$PROXY" --log_format=xml
 printf 'kubelet: {root: /k}\nrenames: {"a.com/x": "b.com/y"}\n' >"$DIR/check.yaml"
 expect_exit "dpproxy --check accepts a valid file" 0 "$PROXY" --config="$DIR/check.yaml" --check --state_dir=
@@ -151,6 +164,13 @@ expect_contains "status shows both versions" "$LAST_OUT" "v1beta1               
 expect_exit "dpproxy status json" 0 "$PROXY" status --status_file="$R2/status.json" --output=json
 expect_contains "status json" "$LAST_OUT" '"backend_api": "v1alpha2"'
 expect_exit "dpproxy status without proxy" 1 "$PROXY" status --status_file="$R2/none.json"
+expect_contains "the status file says ready" "$(cat "$R2/status.json")" '"ready":true'
+# Not ready (as /readyz would say): the table says why, and the exit code is 3.
+sed 's/"not_ready":\[\]/"not_ready":[{"check":"registered:vendor.com\/gpu","reason":"the kubelet has not answered"}]/' \
+  "$R2/status.json" >"$R2/not-ready.json"
+expect_exit "dpproxy status when not ready" 3 "$PROXY" status --status_file="$R2/not-ready.json"
+expect_contains "... says why" "$LAST_OUT" "NOT READY:"
+expect_contains "... names the check" "$LAST_OUT" "registered:vendor.com/gpu: the kubelet has not answered"
 port="$(grep -o 'metrics at http://127.0.0.1:[0-9]*' "$R2/proxy.log" | grep -o '[0-9]*$' | head -1)"
 if [[ -n "$port" ]] && exec 3<>"/dev/tcp/127.0.0.1/$port"; then
   printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
@@ -179,7 +199,8 @@ kill -TERM "$SIM2"; wait "$SIM2" 2>/dev/null
 rm -f "$R2/k/device-plugins/kubelet_internal_checkpoint"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
 SIM2=$!; PIDS+=($SIM2)
-wait_until "status file shows a forgotten hold" 200 grep -q '"reason"' "$R2/status.json"
+wait_until "status file shows a forgotten hold" 200 grep -q '"forgotten":\[{' "$R2/status.json"
+wait_until "status file says ready again" 200 grep -q '"ready":true' "$R2/status.json"
 expect_exit "dpproxy status after a lost checkpoint" 0 "$PROXY" status --status_file="$R2/status.json"
 expect_contains "status lists the forgotten hold" "$LAST_OUT" "FORGOTTEN BY THE KUBELET"
 expect_contains "status names the devices' holder" "$LAST_OUT" "vendor.com/gpu dev-0,dev-1 held by"

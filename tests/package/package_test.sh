@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The Debian package (tools/package:dpproxy_deb): its control fields, then
-# installed with dpkg into a scratch root: files and modes, the conffile
-# (an operator's edit survives reinstalling), the binaries run from the
-# tree, systemd-analyze accepts the unit, and removal keeps the conffile
-# and the state directory's contents.
+# The Debian package (tools/package:dpproxy_deb): its control fields and
+# lintian, then installed with dpkg into a scratch root: files and modes,
+# the conffile (an operator's edit survives reinstalling), the binaries run
+# from the tree, systemd-analyze accepts the unit, removal keeps the
+# conffile and the state directory's contents, and purge removes both. The
+# maintainer scripts act under $DPKG_ROOT, never on this machine.
 set -uo pipefail
 
 DEB="$TEST_SRCDIR/dpproxy/tools/package/dpproxy.deb"
@@ -12,7 +13,19 @@ source "$TEST_SRCDIR/dpproxy/tests/testing/checks.sh"
 field() { dpkg-deb -f "$DEB" "$1"; }
 
 check "package name" [ "$(field Package)" = dpproxy ]
-check "version" [ "$(field Version)" = 0.7.0 ]
+VERSION="$(cat "$TEST_SRCDIR/dpproxy/VERSION")"
+check "version is VERSION's ($VERSION)" [ "$(field Version)" = "$VERSION" ]
+chart="$TEST_SRCDIR/dpproxy/deploy/helm/dpproxy/Chart.yaml"
+check "the chart's version is VERSION's" grep -qx "version: $VERSION" "$chart"
+check "the chart's appVersion is VERSION's" grep -qx "appVersion: \"$VERSION\"" "$chart"
+check "a maintainer off localhost" bash -c "! dpkg-deb -f '$DEB' Maintainer | grep -q localhost"
+if command -v lintian >/dev/null; then
+  lint="$(lintian --pedantic --tag-display-limit 0 "$DEB" 2>/dev/null)"
+  check "lintian --pedantic: no error or warning" bash -c "! grep -qE '^[EW]: ' <<<\"\$1\"" _ "$lint"
+  grep -E '^[EW]: ' <<<"$lint"
+else
+  fail "lintian is not installed (tools/dev setup installs it)"
+fi
 check "architecture" [ "$(field Architecture)" = "$(dpkg --print-architecture)" ]
 depends="$(field Depends)"
 for p in libgrpc++1.51 libprotobuf32 libsystemd0 libuv1; do
@@ -32,7 +45,13 @@ check "dpproxy 0755 root" [ "$(mode /usr/bin/dpproxy)" = "755 root:root" ]
 check "dpctl 0755 root" [ "$(mode /usr/bin/dpctl)" = "755 root:root" ]
 check "unit 0644" [ "$(mode /lib/systemd/system/dpproxy.service)" = "644 root:root" ]
 check "config 0644" [ "$(mode /etc/dpproxy/dpproxy.yaml)" = "644 root:root" ]
-check "state dir 0700" [ "$(mode /var/lib/dpproxy)" = "700 root:root" ]
+check "state dir 0700, made by postinst" [ "$(mode /var/lib/dpproxy)" = "700 root:root" ]
+check "binaries stripped" bash -c "! readelf -S '$R/usr/bin/dpproxy' '$R/usr/bin/dpctl' | grep -q symtab"
+check "copyright file" grep -q "^License: Apache-2.0" "$R/usr/share/doc/dpproxy/copyright"
+check "changelog names this version" bash -c "zcat '$R/usr/share/doc/dpproxy/changelog.gz' | head -1 | grep -qF '($VERSION)'"
+for page in dpproxy dpctl; do
+  check "manual page $page(1)" bash -c "zcat '$R/usr/share/man/man1/$page.1.gz' | grep -q '^.TH'"
+done
 check "config is a conffile" grep -qx /etc/dpproxy/dpproxy.yaml "$R/var/lib/dpkg/info/dpproxy.conffiles"
 check "unit runs /usr/bin/dpproxy" grep -q '^ExecStart=/usr/bin/dpproxy ' "$R/lib/systemd/system/dpproxy.service"
 check "unit is Type=notify with a watchdog" grep -q '^WatchdogSec=' "$R/lib/systemd/system/dpproxy.service"
@@ -63,5 +82,9 @@ check "dpkg removes it" dpkg --root="$R" --force-script-chrootless --log=/dev/nu
 check "binaries removed" [ ! -e "$R/usr/bin/dpproxy" ]
 check "conffile kept on removal" [ -e "$R/etc/dpproxy/dpproxy.yaml" ]
 check "state kept on removal" [ -e "$R/var/lib/dpproxy/state.pb" ]
+check "dpkg purges it" dpkg --root="$R" --force-script-chrootless --log=/dev/null -P dpproxy \
+  >/dev/null 2>&1
+check "conffile gone on purge" [ ! -e "$R/etc/dpproxy/dpproxy.yaml" ]
+check "state gone on purge" [ ! -e "$R/var/lib/dpproxy" ]
 
 finish

@@ -49,6 +49,7 @@ ProxyStatus Example() {
   st.allocations_recovered_by_source = {{"kubelet_checkpoint", 3}, {"pod_resources", 2}};
   st.allocations_unrecoverable = 1;
   st.registrations_rejected["version"] = 2;
+  st.not_ready = {{"state-writable", false, "disk full"}};
   return st;
 }
 
@@ -59,6 +60,8 @@ TEST(StatusModelTest, TheStatusFileReadsBackAsWritten) {
   EXPECT_EQ(json["resources"][0]["devices"][1]["health"], "Unhealthy");
   EXPECT_EQ(json["state"]["writable"], false);
   EXPECT_EQ(json["forgotten"][0]["pod"], "default/trainer");
+  EXPECT_EQ(json["ready"], false);
+  EXPECT_EQ(json["not_ready"][0]["check"], "state-writable");
   absl::StatusOr<ProxyStatus> back = StatusFromJson(Json::parse(json.dump()));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(StatusToJson(*back), json);
@@ -123,6 +126,7 @@ TEST(StatusModelTest, SomethingElseIsRefusedWithTheReason) {
 TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   const std::string table = StatusTable(Example());
   EXPECT_THAT(table, HasSubstr("dpproxy pid 4242"));
+  EXPECT_THAT(table, HasSubstr("NOT READY:\n  state-writable: disk full\n"));
   EXPECT_THAT(table, HasSubstr("vendor.com/gpu"));
   EXPECT_THAT(table, HasSubstr("1/2 healthy"));
   EXPECT_THAT(table, HasSubstr("(not registered)"));  // the nic
@@ -139,11 +143,13 @@ TEST(StatusModelTest, TheTableSaysWhatNeedsAttention) {
   quiet.forgotten.clear();
   quiet.devices_held_twice = 0;
   quiet.state->writable = true;
+  quiet.not_ready.clear();
   quiet.resources.pop_back();
   const std::string calm = StatusTable(quiet);
   EXPECT_THAT(calm, Not(HasSubstr("FORGOTTEN BY THE KUBELET")));
   EXPECT_THAT(calm, Not(HasSubstr("TOO LARGE")));
   EXPECT_THAT(calm, Not(HasSubstr("LEARNED BACK")));
+  EXPECT_THAT(calm, HasSubstr("\nready\n"));
   EXPECT_THAT(calm, HasSubstr(", writable, 1 failed write(s)"));
 }
 

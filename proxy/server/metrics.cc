@@ -1,9 +1,17 @@
 #include "proxy/server/metrics.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
-#include <netinet/in.h>
+#include <sstream>
 
 #include <prometheus/text_serializer.h>
 
@@ -37,6 +45,64 @@ void AddCounter(MetricFamily* f, std::vector<ClientMetric::Label> labels, double
   m.label = std::move(labels);
   m.counter.value = v;
   f->metric.push_back(std::move(m));
+}
+
+// The process_* families Prometheus' own clients export, from /proc/self:
+// CPU seconds, resident and virtual memory, open and allowed descriptors,
+// the start time. A value /proc does not give is left out.
+void AppendProcessFamilies(std::vector<MetricFamily>* out) {
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  // Fields after the command name, which is in parentheses and may hold
+  // spaces: [0] is field 3 (state) of proc(5).
+  std::vector<std::string> f;
+  const size_t paren = stat.rfind(')');
+  if (paren != std::string::npos) {
+    std::istringstream rest(stat.substr(paren + 1));
+    for (std::string v; rest >> v;) f.push_back(v);
+  }
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  auto field = [&f](size_t proc_field) {
+    return proc_field - 3 < f.size() ? std::strtod(f[proc_field - 3].c_str(), nullptr) : -1.0;
+  };
+  auto gauge = [out](const char* name, const char* help, double v, MetricType type) {
+    if (v < 0) return;
+    MetricFamily fam = Family(name, help, type);
+    if (type == MetricType::Counter) {
+      AddCounter(&fam, {}, v);
+    } else {
+      AddGauge(&fam, {}, v);
+    }
+    out->push_back(std::move(fam));
+  };
+  if (ticks > 0 && f.size() > 21) {
+    gauge("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+          (field(14) + field(15)) / ticks, MetricType::Counter);
+    gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", field(23),
+          MetricType::Gauge);
+    gauge("process_resident_memory_bytes", "Resident memory size in bytes.", field(24) * page,
+          MetricType::Gauge);
+    // Its start, in ticks after boot, and the boot time from /proc/stat.
+    std::ifstream boot("/proc/stat");
+    for (std::string line; std::getline(boot, line);) {
+      if (line.rfind("btime ", 0) != 0) continue;
+      gauge("process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            std::strtod(line.c_str() + 6, nullptr) + field(22) / ticks, MetricType::Gauge);
+    }
+  }
+  if (DIR* d = ::opendir("/proc/self/fd"); d != nullptr) {
+    int fds = 0;
+    while (const dirent* e = ::readdir(d)) fds += e->d_name[0] != '.';
+    ::closedir(d);
+    gauge("process_open_fds", "Number of open file descriptors.", fds - 1,  // the one read here
+          MetricType::Gauge);
+  }
+  if (rlimit r; ::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY) {
+    gauge("process_max_fds", "Maximum number of open file descriptors.",
+          static_cast<double>(r.rlim_cur), MetricType::Gauge);
+  }
 }
 
 }  // namespace
@@ -140,8 +206,13 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   MetricFamily backend = Family("dpproxy_backend_connected",
                                 "1 while a backend serves the resource.", MetricType::Gauge);
   MetricFamily kubelet = Family("dpproxy_kubelet_registered",
-                                "1 once registered with the kubelet, labelled with the version.",
+                                "1 while registered with the kubelet that runs now (its /readyz "
+                                "check passes); 0 once the kubelet is away.",
                                 MetricType::Gauge);
+  MetricFamily info = Family("dpproxy_resource_info",
+                             "1, labelled with the kubelet API the resource was last registered "
+                             "in and its backend's API (\"\" if none yet).",
+                             MetricType::Gauge);
   MetricFamily list_bytes = Family(
       "dpproxy_device_list_bytes",
       "Size of the device list sent to the kubelet; the kubelet accepts at most 4194304.",
@@ -171,10 +242,13 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
              static_cast<double>(r.devices_healthy));
     AddGauge(&devices, {{"resource", r.resource}, {"health", "unhealthy"}},
              static_cast<double>(r.devices_total - r.devices_healthy));
-    AddGauge(&backend, {{"resource", r.resource}, {"backend_api", r.backend_api}},
-             r.backend_connected ? 1 : 0);
-    AddGauge(&kubelet, {{"resource", r.resource}, {"kubelet_api", r.kubelet_api}},
-             r.kubelet_api.empty() ? 0 : 1);
+    AddGauge(&backend, {{"resource", r.resource}}, r.backend_connected ? 1 : 0);
+    AddGauge(&kubelet, {{"resource", r.resource}}, r.kubelet_registered ? 1 : 0);
+    AddGauge(&info,
+             {{"resource", r.resource},
+              {"kubelet_api", r.kubelet_api},
+              {"backend_api", r.backend_api}},
+             1);
     AddGauge(&list_bytes, {{"resource", r.resource}}, static_cast<double>(r.device_list_bytes));
   }
   out.push_back(std::move(list_bytes));
@@ -184,6 +258,8 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   out.push_back(std::move(devices));
   out.push_back(std::move(backend));
   out.push_back(std::move(kubelet));
+  out.push_back(std::move(info));
+  AppendProcessFamilies(&out);
 
   MetricFamily forgotten = Family(
       "dpproxy_forgotten_devices",

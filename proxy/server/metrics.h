@@ -7,8 +7,9 @@
 //       kubelet_registered, kubelet_restart_detected, backend_up, backend_down,
 //       allocate, lossy_translation, state_save_failed, devices_vanished, ...
 //   dpproxy_devices{resource,health}            devices reported to the kubelet
-//   dpproxy_backend_connected{resource,backend_api}
-//   dpproxy_kubelet_registered{resource,kubelet_api}
+//   dpproxy_backend_connected{resource}, dpproxy_kubelet_registered{resource}
+//   dpproxy_resource_info{resource,kubelet_api,backend_api}   the versions
+//   process_cpu_seconds_total, process_resident_memory_bytes, ...   from /proc
 //   dpproxy_lossy_translations_total{resource,kind}
 //   dpproxy_backend_registrations_rejected_total{reason}
 //   dpproxy_quarantined_devices{resource}, dpproxy_devices_held_twice_total

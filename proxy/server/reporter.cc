@@ -1,13 +1,24 @@
 #include "proxy/server/reporter.h"
 
+#include <string.h>
 #include <unistd.h>
 
+#include <set>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {
+
+namespace {
+
+// The registrar's readiness check of one resource: "registered:NAME".
+constexpr char kRegisteredCheck[] = "registered:";
+
+}  // namespace
 
 ProxyStatus Reporter::Status(bool with_devices) {
   if (with_devices) ++status_builds_;
@@ -44,8 +55,18 @@ ProxyStatus Reporter::Status(bool with_devices) {
     st.allocations_unrecoverable = p_.reconciler->allocations_unrecoverable();
   }
   if (p_.registration) st.registrations_rejected = p_.registration->Rejections();
+  std::set<std::string> unregistered;
   for (HealthCheck& c : Readiness()) {
-    if (!c.ok) st.not_ready.push_back(std::move(c));
+    if (c.ok) continue;
+    if (absl::StartsWith(c.name, kRegisteredCheck)) {
+      unregistered.insert(c.name.substr(strlen(kRegisteredCheck)));
+    }
+    st.not_ready.push_back(std::move(c));
+  }
+  for (ResourceStatus& r : st.resources) {
+    // In DRA mode the kubelet registers the driver, not each resource.
+    r.kubelet_registered = p_.dra ? p_.dra->registered()
+                                  : !r.kubelet_api.empty() && unregistered.count(r.resource) == 0;
   }
   return st;
 }

@@ -9,7 +9,7 @@ namespace dpproxy {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DeviceStatus, id, health)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubelet_api,
-                                                kubelet_socket, backend_connected, backend_api,
+                                                kubelet_registered, kubelet_socket, backend_connected, backend_api,
                                                 backend_endpoint, static_backend,
                                                 backend_error, backend_dial_failures,
                                                 pre_start_required,
@@ -122,6 +122,12 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     s.kubelet_root = j.value("kubelet_root", "");
     s.plugin_socket = j.value("plugin_socket", "");
     j.at("resources").get_to(s.resources);
+    // A file from a dpproxy that did not say: registered once negotiated.
+    for (size_t i = 0; i < s.resources.size(); ++i) {
+      if (!j["resources"][i].contains("kubelet_registered")) {
+        s.resources[i].kubelet_registered = !s.resources[i].kubelet_api.empty();
+      }
+    }
     if (j.contains("lossy_translations")) j["lossy_translations"].get_to(s.lossy_translations);
     if (j.contains("state") && j["state"].is_object()) s.state = j["state"].get<StateStatus>();
     if (j.contains("forgotten")) j["forgotten"].get_to(s.forgotten);
@@ -185,7 +191,9 @@ std::string StatusTable(const ProxyStatus& st) {
   for (const ResourceStatus& r : st.resources) {
     absl::StrAppendFormat(
         &out, "%-28s %-26s %-9s %-40s %d/%d healthy\n", r.resource,
-        r.kubelet_api.empty() ? "(not registered)" : r.kubelet_api,
+        r.kubelet_registered ? r.kubelet_api
+        : r.kubelet_api.empty() ? std::string("(not registered)")
+                                : absl::StrCat("(away; was ", r.kubelet_api, ")"),
         r.backend_connected ? r.backend_api : "down",
         r.backend_endpoint.empty() ? "-" : r.backend_endpoint, r.devices_healthy,
         r.devices_total);

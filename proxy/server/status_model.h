@@ -33,7 +33,10 @@ struct DeviceStatus {
 struct ResourceStatus {
   std::string resource;  // the name the kubelet sees
   // "v1beta1", "v1alpha2", "v1beta1 (plugin-watcher)"; "" until registered.
+  // The last one negotiated: it stays while the kubelet is away.
   std::string kubelet_api;
+  // Registered with the kubelet that runs now (its /readyz check passes).
+  bool kubelet_registered = false;
   std::string kubelet_socket;
   bool backend_connected = false;
   std::string backend_api;       // of the last backend seen ("" if none yet)

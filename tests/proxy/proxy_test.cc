@@ -1010,10 +1010,8 @@ TEST_F(ProxyTest, MetricsDocsAndDashboardNameTheFamiliesServed) {
     EXPECT_TRUE(doc.ok()) << file;
     std::set<std::string> names;
     const std::string& d = doc.ok() ? *doc : std::string();
-    for (size_t at = d.find("dpproxy_"); at != std::string::npos; at = d.find("dpproxy_", at + 1)) {
-      if (at > 0 && (std::isalnum(static_cast<unsigned char>(d[at - 1])) || d[at - 1] == '_')) {
-        continue;
-      }
+    // A family name: a prefix at a word's start, lower case and '_' on.
+    auto name_at = [&d](size_t at) {
       size_t end = at;
       while (end < d.size() && (std::islower(static_cast<unsigned char>(d[end])) || d[end] == '_')) {
         ++end;
@@ -1024,7 +1022,16 @@ TEST_F(ProxyTest, MetricsDocsAndDashboardNameTheFamiliesServed) {
           name.resize(name.size() - strlen(suffix));
         }
       }
-      if (name != "dpproxy_") names.insert(name);
+      return name;
+    };
+    for (const std::string prefix : {"dpproxy_", "process_"}) {
+      for (size_t at = d.find(prefix); at != std::string::npos; at = d.find(prefix, at + 1)) {
+        if (at > 0 && (std::isalnum(static_cast<unsigned char>(d[at - 1])) || d[at - 1] == '_')) {
+          continue;
+        }
+        const std::string name = name_at(at);
+        if (name != prefix) names.insert(name);
+      }
     }
     return names;
   };
@@ -1067,14 +1074,44 @@ TEST_F(ProxyTest, MetricsDescribeResourcesCallsAndLosses) {
   EXPECT_THAT(text, HasSubstr("dpproxy_build_info{version=\""));
   EXPECT_THAT(text, Not(HasSubstr("dpproxy_events_total")));
   EXPECT_THAT(text, HasSubstr("dpproxy_devices{resource=\"vendor.com/gpu\",health=\"healthy\"} 4"));
-  EXPECT_THAT(text, HasSubstr("dpproxy_backend_connected{resource=\"vendor.com/gpu\",backend_api=\"v1beta1\"} 1"));
-  EXPECT_THAT(text, HasSubstr("dpproxy_kubelet_registered{resource=\"vendor.com/gpu\",kubelet_api=\"v1alpha2\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_backend_connected{resource=\"vendor.com/gpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_kubelet_registered{resource=\"vendor.com/gpu\"} 1"));
+  // The versions in an info metric of their own: a version change is not a
+  // new series of the gauges above.
+  EXPECT_THAT(text, HasSubstr("dpproxy_resource_info{resource=\"vendor.com/gpu\","
+                              "kubelet_api=\"v1alpha2\",backend_api=\"v1beta1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("process_resident_memory_bytes "));
+  EXPECT_THAT(text, HasSubstr("process_open_fds "));
+  EXPECT_THAT(text, HasSubstr("process_start_time_seconds "));
   // A v1beta1 plugin's CDI devices cannot reach a 1.9 kubelet: counted.
   EXPECT_THAT(text, HasSubstr("dpproxy_lossy_translations_total{resource=\"vendor.com/gpu\",kind=\"cdi_devices\"} 2"));
   EXPECT_THAT(text, HasSubstr("dpproxy_journal_allocations 1"));
   EXPECT_THAT(text, HasSubstr("dpproxy_state_bytes{file=\"journal\"} "));
   EXPECT_THAT(text, Not(HasSubstr("dpproxy_state_bytes{file=\"journal\"} 0\n")));
   EXPECT_THAT(text, HasSubstr("dpproxy_state_save_failures_total 0"));
+}
+
+// The kubelet goes away: the metric, the status and /readyz say so within
+// one detection, and come back with it.
+TEST_F(ProxyTest, MetricsAndStatusFollowTheKubeletAway) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const std::string registered = "dpproxy_kubelet_registered{resource=\"vendor.com/gpu\"} ";
+  ASSERT_TRUE(h.WaitFor([&] { return absl::StrContains(h.MetricsText(), registered + "1"); }));
+  h.sim().Stop();
+  ASSERT_TRUE(h.WaitFor([&] { return absl::StrContains(h.MetricsText(), registered + "0"); }));
+  const ProxyStatus away = h.proxy().Status();
+  ASSERT_EQ(away.resources.size(), 1u);
+  EXPECT_FALSE(away.resources[0].kubelet_registered);
+  EXPECT_EQ(away.resources[0].kubelet_api, "v1beta1");  // the last one, kept
+  EXPECT_THAT(StatusTable(away), HasSubstr("(away; was v1beta1)"));
+  ASSERT_FALSE(away.not_ready.empty());
+  EXPECT_EQ(away.not_ready[0].name, "registered:vendor.com/gpu");
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.WaitFor([&] { return absl::StrContains(h.MetricsText(), registered + "1"); }));
+  EXPECT_TRUE(h.proxy().Status().not_ready.empty());
 }
 
 TEST_F(ProxyTest, CdiDevicesCanAlsoTravelAsAnAnnotation) {

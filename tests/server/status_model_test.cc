@@ -175,7 +175,11 @@ TEST(MetricsTest, FamiliesComeFromTheStatus) {
   EXPECT_THAT(text, HasSubstr(
       "dpproxy_devices{resource=\"vendor.com/gpu\",health=\"unhealthy\"} 1"));
   EXPECT_THAT(text, HasSubstr(
-      "dpproxy_kubelet_registered{resource=\"vendor.com/nic\",kubelet_api=\"\"} 0"));
+      "dpproxy_kubelet_registered{resource=\"vendor.com/nic\"} 0"));
+  EXPECT_THAT(text, HasSubstr("dpproxy_resource_info{resource=\"vendor.com/gpu\","
+                              "kubelet_api=\"v1beta1\",backend_api=\"v1alpha2\"} 1"));
+  EXPECT_THAT(text, HasSubstr("process_cpu_seconds_total "));
+  EXPECT_THAT(text, HasSubstr("process_max_fds "));
   EXPECT_THAT(text, HasSubstr("dpproxy_device_list_bytes{resource=\"vendor.com/nic\"} 5242880"));
   EXPECT_THAT(text, HasSubstr("dpproxy_forgotten_devices{resource=\"vendor.com/gpu\"} 1"));
   EXPECT_THAT(text, HasSubstr(

@@ -67,6 +67,10 @@ if command -v systemd-analyze >/dev/null; then
   out="$(systemd-analyze verify "$unit_dir/dpproxy.service" 2>&1)"
   check "systemd-analyze verify accepts the unit" [ -z "$out" ]
   [ -z "$out" ] || echo "$out"
+  # The sandbox: an exposure of 4.0 or less ("OK" in systemd's words).
+  security="$(systemd-analyze security --offline=true "$unit_dir/dpproxy.service" 2>&1 | tail -n 1)"
+  check "systemd-analyze security: exposure 4.0 or less ($security)" \
+    systemd-analyze security --offline=true --threshold=40 "$unit_dir/dpproxy.service"
 else
   fail "systemd-analyze is not installed (tools/dev setup installs systemd)"
 fi

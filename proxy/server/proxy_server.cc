@@ -111,7 +111,8 @@ absl::Status ProxyServer::LockState() {
   const std::string lock_path = JoinPath(config_.state_dir, "lock");
   absl::StatusOr<int> fd =
       LockFile(lock_path, config_.takeover ? absl::ZeroDuration() : config_.state_lock_wait);
-  if (!fd.ok() && config_.takeover) {
+  const auto held = [&fd] { return fd.status().code() == absl::StatusCode::kUnavailable; };
+  if (!fd.ok() && held() && config_.takeover) {
     // Held: the running dpproxy hands the state over, then unlocks.
     takeover_ = std::make_unique<Takeover>(
         config_.state_dir, config_.kubelet.backend_timeout + absl::Seconds(10), &events_);
@@ -119,11 +120,17 @@ absl::Status ProxyServer::LockState() {
     socket_generation_ = takeover_->socket_generation();
     fd = LockFile(lock_path, config_.state_lock_wait);
   }
-  if (!fd.ok()) {
+  if (!fd.ok() && held()) {
     return absl::FailedPreconditionError(absl::StrCat(
         fd.status().message(),
         ": another dpproxy is using this state directory, and two must never share one "
         "(their journals would interleave); stop it, or give this one its own --state_dir"));
+  }
+  if (!fd.ok()) {
+    // Not another dpproxy: the lock file itself (a read-only file system, a
+    // directory in its place).
+    return absl::FailedPreconditionError(absl::StrCat(
+        fd.status().message(), "; dpproxy needs its state directory writable"));
   }
   state_lock_.fd = *fd;
   return absl::OkStatus();

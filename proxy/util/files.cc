@@ -186,7 +186,7 @@ absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait) {
       std::string holder(buf, n > 0 ? static_cast<size_t>(n) : 0);
       while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
       ::close(fd);
-      return absl::FailedPreconditionError(absl::StrCat(
+      return absl::UnavailableError(absl::StrCat(
           path, " is locked by another process",
           holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"), " after waiting ",
           absl::FormatDuration(wait)));

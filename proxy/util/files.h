@@ -53,8 +53,10 @@ bool PathExists(const std::string& path);
 // Takes an exclusive lock (flock) on `path`, created 0600 if missing, and
 // writes this process's pid into it; the lock lasts while the returned fd
 // is open. A lock held elsewhere is tried again for up to `wait` (a
-// previous instance may still be exiting); then kFailedPrecondition naming
-// the holder's pid.
+// previous instance may still be exiting); then kUnavailable naming the
+// holder's pid. A file that cannot be opened or locked at all (a read-only
+// file system, a directory in its place) is kFailedPrecondition with the
+// reason.
 absl::StatusOr<int> LockFile(const std::string& path, absl::Duration wait);
 
 // Full paths of the sockets in `dir` whose names do not start with '.',

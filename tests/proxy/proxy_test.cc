@@ -149,6 +149,19 @@ TEST_F(ProxyTest, BackendRegistrationIsValidatedLikeAKubelet) {
 // Two dpproxy processes on one state directory would interleave their
 // journals: the second start fails, naming the first, and leaves the
 // first's state alone.
+// A lock file that cannot be opened (here a directory in its place; a
+// read-only file system fails the same way) is named as what it is, not
+// taken for another dpproxy.
+TEST_F(ProxyTest, AnUnusableLockFileIsNamedNotTakenForAnotherProxy) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_TRUE(MakeDirs(h.dir("state/lock")).ok());
+  absl::Status s = h.proxy().Start();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot open " + h.dir("state/lock")));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Is a directory"));
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("another dpproxy")));
+}
+
 TEST_F(ProxyTest, ASecondProxyOnTheSameStateDirectoryIsRefused) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);

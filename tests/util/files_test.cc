@@ -135,13 +135,15 @@ TEST(FilesTest, LockFileIsExclusiveNamesItsHolderAndIsFreedOnClose) {
   // A second open file description conflicts even within one process.
   absl::StatusOr<int> second = LockFile(dir.Sub("lock"), absl::Milliseconds(100));
   ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);  // held, not broken
   EXPECT_THAT(std::string(second.status().message()),
               HasSubstr(absl::StrCat("is locked by another process (pid ", ::getpid(), ")")));
   ::close(*first);
   second = LockFile(dir.Sub("lock"), absl::ZeroDuration());
   ASSERT_TRUE(second.ok()) << second.status();
   ::close(*second);
-  EXPECT_FALSE(LockFile(dir.Sub("missing/lock"), absl::ZeroDuration()).ok());
+  EXPECT_EQ(LockFile(dir.Sub("missing/lock"), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(FilesTest, SocketAcceptsOnlyWhileAServerListens) {

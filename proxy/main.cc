@@ -63,9 +63,8 @@ once the new one is registered; or install the new build at the same path
 and send SIGUSR2: the running one starts it, as its child, with
 --takeover (under systemd it becomes the service's main process). A new
 one that fails before it is done gives the state back (docs/upgrade.md).
-Logs go to stderr as
-glog's text or, with --log_format=json, as JSON lines (-v=1 for per-call
-detail).
+Logs go to stderr in klog's text format or, with --log_format=json, klog's
+JSON format (-v=1 for per-call detail).
 
 On --metrics_address: /metrics (docs/metrics.md), /livez and /healthz (the
 housekeeping thread is not stuck), /readyz (every resource registered with
@@ -186,7 +185,12 @@ int main(int argc, char** argv) {
     std::cerr << "dpproxy: --after_handoff=" << FLAGS_after_handoff << " is not exit or wait\n";
     return 2;
   }
-  if (FLAGS_log_format == "json") dpproxy::UseJsonLogs();
+  // klog's formats (json_log.h), whichever is asked for.
+  if (FLAGS_log_format == "json") {
+    dpproxy::UseJsonLogs();
+  } else {
+    dpproxy::UseTextLogs();
+  }
   // Nothing dpproxy creates is readable or writable by others unless it
   // says so (sockets and files also get explicit modes, whatever the umask).
   ::umask(077);

@@ -73,9 +73,10 @@ DEFINE_bool(check, false,
             "YAML with every setting in effect, and exit: 0 if valid, 2 (naming the\n"
             "file:line or flag) if not. Nothing is started.");
 DEFINE_string(log_format, "text",
-              "text: glog's lines on stderr. json: one JSON object per line on stderr\n"
-              "(ts, level, caller, msg), lifecycle events among them with their fields\n"
-              "(resource, kubelet_api, backend_api, socket, ...), as klog's JSON format.");
+              "text: klog's text lines on stderr (I1127 05:42:31.123456  12345 file.cc:42] msg).\n"
+              "json: klog's JSON format, one object per line on stderr (ts, caller, msg,\n"
+              "v or err), lifecycle events among them with their fields (resource,\n"
+              "kubelet_api, backend_api, socket, ...) as keys.");
 DEFINE_string(config, "",
               "YAML configuration file (docs/configuration.md). Flags given on the\n"
               "command line override it; list flags (--rename, --static_backend) add to it.");

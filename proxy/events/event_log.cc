@@ -45,7 +45,8 @@ void EventLog::SetEcho(bool echo) {
 
 void EventLog::Emit(const std::string& event, Json fields) {
   Json e = Json::object();
-  e["ts"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
+  const absl::Time now = absl::Now();
+  e["ts"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone());
   e["source"] = source_;
   e["event"] = event;
   if (fields.is_object()) {
@@ -61,10 +62,11 @@ void EventLog::Emit(const std::string& event, Json fields) {
     fflush(file_);
   }
   if (json_log_) {
+    // As klog's JSON format writes an info line (proxy/ops/json_log.h).
     nlohmann::ordered_json j;
-    j["ts"] = e["ts"];
-    j["level"] = "info";
+    j["ts"] = absl::ToDoubleSeconds(now - absl::UnixEpoch());
     j["msg"] = event;
+    j["v"] = 0;
     for (auto it = e.begin(); it != e.end(); ++it) {
       if (it.key() != "ts") j[it.key()] = it.value();
     }

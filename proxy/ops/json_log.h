@@ -1,17 +1,24 @@
 // File: json_log.h
 //
-// `--log_format=json`: every log line as one JSON object on stderr, the way
-// klog's JSON format writes them, for log pipelines that parse rather than
-// scrape:
+// dpproxy's log lines in klog's two formats, so that parsers written for
+// the kubelet's logs read dpproxy's too.
 //
-//   {"ts":"2026-11-22T17:59:01.123Z","level":"warning","caller":"resource.cc:367",
-//    "msg":"resource vendor.com/gpu: backend ... lost"}
+// `--log_format=text` (the default): klog's header, then the message:
 //
-// Lifecycle events (EventLog) are written the same way, their fields as
-// keys of their own (resource, kubelet_api, backend_api, socket, ...):
+//   W1122 17:59:01.123456   12345 resource.cc:367] resource vendor.com/gpu: ...
 //
-//   {"ts":"...","level":"info","msg":"kubelet_registered","event":"kubelet_registered",
-//    "resource":"vendor.com/gpu","kubelet_api":"v1beta1",...}
+// severity letter, month and day, time with microseconds, thread ID (7
+// wide), file:line.
+//
+// `--log_format=json`: klog's JSON format, one object per line:
+//
+//   {"ts":1764259141.123456,"caller":"resource.cc:367","msg":"...","v":0}
+//
+// "ts" is seconds since the Unix epoch; an info line has "v" (its
+// verbosity, 0); an error has "err" (the message) instead, as klog's
+// ErrorS does; a warning or error also says "level". Lifecycle events
+// (EventLog) are written as info lines whose "msg" is the event's name,
+// with the event's fields as keys of their own (resource, kubelet_api, ...).
 #ifndef DPPROXY_PROXY_OPS_JSON_LOG_H_
 #define DPPROXY_PROXY_OPS_JSON_LOG_H_
 
@@ -22,14 +29,20 @@
 
 namespace dpproxy {
 
-// One glog message as a JSON line (no newline). `severity` is glog's
+// One glog message as a klog JSON line (no newline). `severity` is glog's
 // (0 INFO ... 3 FATAL).
 std::string JsonLogLine(int severity, absl::string_view file, int line, absl::Time time,
                         absl::string_view message);
+// The same as a klog text line (no newline); `thread` is the logging
+// thread's ID.
+std::string TextLogLine(int severity, absl::string_view file, int line, absl::Time time,
+                        int thread, absl::string_view message);
 
-// From now on glog writes JSON lines to stderr and nothing else (no text,
-// no log files). Call once, after InitGoogleLogging.
+// From now on glog writes klog JSON lines (UseJsonLogs) or klog text lines
+// (UseTextLogs) to stderr, and nothing else (no glog header, no log
+// files). Call one, once, after InitGoogleLogging.
 void UseJsonLogs();
+void UseTextLogs();
 
 }  // namespace dpproxy
 

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -148,8 +149,15 @@ std::string Reporter::Fingerprint() {
                     p_.reconciler->allocations_unrecoverable(), "|");
   }
   absl::StrAppend(&fp, p_.losses->Total(), "|");
+  // Why each check fails, without its figures: a retry's countdown must
+  // not rewrite the status file every second.
   for (const HealthCheck& c : Readiness()) {
-    if (!c.ok) absl::StrAppend(&fp, c.name, ":", c.reason, "|");
+    if (c.ok) continue;
+    std::string reason = c.reason;
+    reason.erase(std::remove_if(reason.begin(), reason.end(),
+                                [](char ch) { return ch >= '0' && ch <= '9'; }),
+                 reason.end());
+    absl::StrAppend(&fp, c.name, ":", reason, "|");
   }
   if (p_.dra) {
     absl::StrAppend(&fp, p_.dra->registered(), "|", p_.dra->api_version(), "|",

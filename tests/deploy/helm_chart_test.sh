@@ -62,6 +62,23 @@ check "takeover with the plugin watcher is refused" \
   bash -c "! '$T/helm_render' --values '$T/watcher.yaml' '$CHART' >/dev/null 2>'$T/watcher.err'"
 check "... naming the registration" grep -q "needs config.kubelet.registration kubelet" "$T/watcher.err"
 
+# --- The docs' Helm commands, as written ----------------------------------
+# Every `helm install` in docs/operations.md renders (its --set values
+# given to helm_render the same way) and passes the check.
+docs_cmds="$(sed -n '/^helm install/,/[^\\]$/p' "$SRC/docs/operations.md" |
+  sed -e ':a' -e '/\\$/N; s/\\\n//; ta')"
+n=0
+while read -r cmd; do
+  [[ -z "$cmd" ]] && continue
+  n=$((n + 1))
+  sets=()
+  for kv in $(grep -oE -- '--set [^ ]+' <<<"$cmd" | cut -d' ' -f2); do sets+=(--set "$kv"); done
+  check "docs command $n renders: $cmd" render_to "$T/docs-$n.yaml" --check "${sets[@]}"
+done <<<"$docs_cmds"
+check "docs/operations.md has Helm commands to check ($n)" [ "$n" -ge 2 ]
+check "the documented DRA command rolls one pod at a time, without takeover" \
+  bash -c "grep -q 'maxSurge: 0' '$T/docs-2.yaml' && ! grep -q -- '--takeover' '$T/docs-2.yaml'"
+
 # --- DRA mode, monitoring, other paths -----------------------------------
 V="$SRC/tests/deploy/helm-values-dra.yaml"
 check "second values render and pass the check" \

@@ -37,6 +37,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"text/template"
 
@@ -614,15 +615,52 @@ func (c *checker) check(o object) {
 	}
 }
 
+// setValue applies one --set KEY=VALUE as Helm does for the simple cases:
+// a dotted key makes nested maps; true, false, null and integers are typed,
+// anything else is a string.
+func setValue(values map[string]interface{}, kv string) error {
+	eq := strings.Index(kv, "=")
+	if eq <= 0 {
+		return fmt.Errorf("--set %q is not KEY=VALUE", kv)
+	}
+	keys := strings.Split(kv[:eq], ".")
+	raw := kv[eq+1:]
+	var v interface{} = raw
+	switch {
+	case raw == "true":
+		v = true
+	case raw == "false":
+		v = false
+	case raw == "null":
+		v = nil
+	default:
+		if n, err := strconv.ParseInt(raw, 10, 64); err == nil {
+			v = n
+		}
+	}
+	m := values
+	for _, k := range keys[:len(keys)-1] {
+		next, ok := m[k].(map[string]interface{})
+		if !ok {
+			next = map[string]interface{}{}
+			m[k] = next
+		}
+		m = next
+	}
+	m[keys[len(keys)-1]] = v
+	return nil
+}
+
 func main() {
-	var valueFiles multiFlag
+	var valueFiles, sets multiFlag
 	flag.Var(&valueFiles, "values", "a values file merged over values.yaml (repeatable; later wins)")
+	flag.Var(&sets, "set", "a value as helm's --set KEY=VALUE, after the values files (repeatable)")
 	release := flag.String("release", "dpproxy", "the release name")
 	namespace := flag.String("namespace", "kube-system", "the release namespace")
 	check := flag.Bool("check", false, "validate the rendered objects; errors name the object and field")
 	data := flag.String("data", "", "print one entry of a rendered ConfigMap: ConfigMap/NAME/KEY")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: helm_render [--values F]... [--release R] [--namespace N] [--check] [--data ConfigMap/NAME/KEY] CHART_DIR\n")
+		fmt.Fprintf(os.Stderr, "usage: helm_render [--values F]... [--set K=V]... [--release R] [--namespace N] [--check] [--data ConfigMap/NAME/KEY] CHART_DIR\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -641,6 +679,11 @@ func main() {
 			fail("%v", err)
 		}
 		values = mergeValues(values, more)
+	}
+	for _, kv := range sets {
+		if err := setValue(values, kv); err != nil {
+			fail("%v", err)
+		}
 	}
 	rendered, err := render(chartDir, values, *release, *namespace)
 	if err != nil {

@@ -83,9 +83,17 @@ check "the documented DRA command rolls one pod at a time, without takeover" \
 V="$SRC/tests/deploy/helm-values-dra.yaml"
 check "second values render and pass the check" \
   render_to "$T/dra.yaml" --values "$V" --release gpu --namespace node-agents --check
-for k in ClusterRole ClusterRoleBinding Service ServiceMonitor PodMonitor; do
+for k in ClusterRole ClusterRoleBinding Service ServiceMonitor; do
   check "dra: one $k" [ "$(count "$k" "$T/dra.yaml")" = 1 ]
 done
+check "dra: no PodMonitor beside the ServiceMonitor" [ "$(count PodMonitor "$T/dra.yaml")" = 0 ]
+check "a PodMonitor alone renders" \
+  render_to "$T/podmonitor.yaml" --set metrics.podMonitor.enabled=true --check
+check "... one PodMonitor, no ServiceMonitor" \
+  bash -c "[ \$(grep -c '^kind: PodMonitor\$' '$T/podmonitor.yaml') = 1 ] && ! grep -q '^kind: ServiceMonitor\$' '$T/podmonitor.yaml'"
+check "both monitors are refused" bash -c "! '$T/helm_render' --set metrics.podMonitor.enabled=true \
+  --set metrics.serviceMonitor.enabled=true '$CHART' >/dev/null 2>'$T/monitors.err'"
+check "... naming both" grep -q "serviceMonitor and metrics.podMonitor are both enabled" "$T/monitors.err"
 check "dra: objects are named after the release" grep -q "name: gpu-dpproxy$" "$T/dra.yaml"
 check "dra: the service account asked for" grep -q "serviceAccountName: gpu-bridge" "$T/dra.yaml"
 check "dra: the role is bound to it in the release namespace" \

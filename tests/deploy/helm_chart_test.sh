@@ -87,6 +87,19 @@ for k in ClusterRole ClusterRoleBinding Service ServiceMonitor; do
   check "dra: one $k" [ "$(count "$k" "$T/dra.yaml")" = 1 ]
 done
 check "dra: no PodMonitor beside the ServiceMonitor" [ "$(count PodMonitor "$T/dra.yaml")" = 0 ]
+check "default: no DeviceClass" [ "$(count DeviceClass "$T/default.yaml")" = 0 ]
+check "the documented DRA command: a DeviceClass selecting its driver" \
+  bash -c "[ \$(grep -c '^kind: DeviceClass\$' '$T/docs-2.yaml') = 1 ] &&
+           grep -q 'name: gpu-vendor-com\$' '$T/docs-2.yaml' &&
+           grep -qF 'expression: \"device.driver == \\\"gpu.vendor.com\\\"\"' '$T/docs-2.yaml'"
+check "dra: the DeviceClass can serve the extended resource" \
+  render_to "$T/dc.yaml" --check --set dra.enabled=true --set dra.driver=gpu.vendor.com \
+  --set dra.deviceClass.extendedResourceName=vendor.com/gpu
+check "... extendedResourceName: vendor.com/gpu" grep -q 'extendedResourceName: "vendor.com/gpu"' "$T/dc.yaml"
+check "dra: the DeviceClass can be left out" \
+  render_to "$T/nodc.yaml" --check --set dra.enabled=true --set dra.driver=gpu.vendor.com \
+  --set dra.deviceClass.create=false
+check "... and is" [ "$(count DeviceClass "$T/nodc.yaml")" = 0 ]
 check "a PodMonitor alone renders" \
   render_to "$T/podmonitor.yaml" --set metrics.podMonitor.enabled=true --check
 check "... one PodMonitor, no ServiceMonitor" \

@@ -592,6 +592,27 @@ func (c *checker) check(o object) {
 				c.errorf(o, fmt.Sprintf("subjects[%d]", i), "no ServiceAccount %q is rendered", sm["name"])
 			}
 		}
+	case "DeviceClass":
+		c.metadata(o, false)
+		if o.doc["apiVersion"] != "resource.k8s.io/v1" {
+			c.errorf(o, "apiVersion", "resource.k8s.io/v1 is the DRA API this chart writes")
+		}
+		spec := asMap(o.doc["spec"])
+		c.keys(o, "spec", spec, "selectors", "extendedResourceName")
+		if len(asList(spec["selectors"])) == 0 {
+			c.errorf(o, "spec.selectors", "required: a DeviceClass without selectors selects every device")
+		}
+		for i, sel := range asList(spec["selectors"]) {
+			c.keys(o, fmt.Sprintf("spec.selectors[%d]", i), asMap(sel), "cel")
+			cel := asMap(asMap(sel)["cel"])
+			c.keys(o, fmt.Sprintf("spec.selectors[%d].cel", i), cel, "expression")
+			if asString(cel["expression"]) == "" {
+				c.errorf(o, fmt.Sprintf("spec.selectors[%d].cel.expression", i), "required")
+			}
+		}
+		if name := asString(spec["extendedResourceName"]); name != "" && !strings.Contains(name, "/") {
+			c.errorf(o, "spec.extendedResourceName", "%q is not DOMAIN/NAME", name)
+		}
 	case "ServiceMonitor", "PodMonitor":
 		c.metadata(o, true)
 		if o.doc["apiVersion"] != "monitoring.coreos.com/v1" {

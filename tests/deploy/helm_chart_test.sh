@@ -63,10 +63,11 @@ check "takeover with the plugin watcher is refused" \
 check "... naming the registration" grep -q "needs config.kubelet.registration kubelet" "$T/watcher.err"
 
 # --- The docs' Helm commands, as written ----------------------------------
-# Every `helm install` in docs/operations.md renders (its --set values
-# given to helm_render the same way) and passes the check.
-docs_cmds="$(sed -n '/^helm install/,/[^\\]$/p' "$SRC/docs/operations.md" |
-  sed -e ':a' -e '/\\$/N; s/\\\n//; ta')"
+# Every `helm install` in docs/operations.md and the chart's README renders
+# (its --set values given to helm_render the same way) and passes the check.
+docs_cmds="$(for doc in "$SRC/docs/operations.md" "$CHART/README.md"; do
+  sed -n '/^helm install/,/[^\\]$/p' "$doc" | sed -e ':a' -e '/\\$/N; s/\\\n//; ta'
+done)"
 n=0
 while read -r cmd; do
   [[ -z "$cmd" ]] && continue
@@ -75,7 +76,7 @@ while read -r cmd; do
   for kv in $(grep -oE -- '--set [^ ]+' <<<"$cmd" | cut -d' ' -f2); do sets+=(--set "$kv"); done
   check "docs command $n renders: $cmd" render_to "$T/docs-$n.yaml" --check "${sets[@]}"
 done <<<"$docs_cmds"
-check "docs/operations.md has Helm commands to check ($n)" [ "$n" -ge 2 ]
+check "the docs have Helm commands to check ($n)" [ "$n" -ge 3 ]
 check "the documented DRA command rolls one pod at a time, without takeover" \
   bash -c "grep -q 'maxSurge: 0' '$T/docs-2.yaml' && ! grep -q -- '--takeover' '$T/docs-2.yaml'"
 

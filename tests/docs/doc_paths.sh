@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/docs/doc_paths.sh ROOT [FILE...]: every repository path the docs
-# name exists. Reads README.md and docs/*.md under ROOT (or the FILEs
+# name exists. Reads README.md, docs/*.md and the chart's README under ROOT (or the FILEs
 # given, relative to ROOT), finds the paths they name under the
 # repository's top folders (`proxy/...`, `tools/...`, a link
 # `](../deploy/...)`, a link to another doc), and prints each one that does
@@ -14,7 +14,7 @@ set -uo pipefail
 root="$1"; shift
 cd "$root" || exit 2
 files=("$@")
-[[ ${#files[@]} -gt 0 ]] || files=(README.md docs/*.md)
+[[ ${#files[@]} -gt 0 ]] || files=(README.md docs/*.md deploy/helm/dpproxy/README.md)
 tops='proxy|backends|tools|tests|docs|deploy|proto|third_party|\.ci'
 report="$(for f in "${files[@]}"; do
   dir="$(dirname "$f")"

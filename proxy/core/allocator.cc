@@ -109,7 +109,7 @@ class Allocator::Flow {
     for (const auto& c : call_.request.container_requests()) {
       per_container.emplace_back(c.devices_ids().begin(), c.devices_ids().end());
     }
-    std::thread([this, per_container = std::move(per_container)] {
+    a_->Spawn([this, per_container = std::move(per_container)] {
       absl::StatusOr<bool> s = res_->CheckForgotten(per_container, call_.readmission_possible);
       if (!s.ok()) {
         a_->NoteRefusedHeld();
@@ -117,7 +117,7 @@ class Allocator::Flow {
       }
       readmission_ = *s;
       Begin();
-    }).detach();
+    });
   }
 
   bool NamesForgotten() const {
@@ -281,14 +281,45 @@ void Allocator::Allocate(Call call, Done done) {
 void Allocator::WithBackend(const grpc::ServerContextBase* caller, absl::Duration timeout,
                             std::function<void(std::shared_ptr<Backend>)> then) {
   if (std::shared_ptr<Backend> b = resource_->backend(); b != nullptr) return then(std::move(b));
-  std::thread([this, caller, timeout, then = std::move(then)] {
+  Spawn([this, caller, timeout, then = std::move(then)] {
     const absl::Time until = absl::Now() + std::min(kBackendWait, timeout);
     std::shared_ptr<Backend> b;
     while (b == nullptr && !(caller != nullptr && caller->IsCancelled()) && absl::Now() < until) {
       b = resource_->WaitForBackend(std::min(absl::Milliseconds(100), until - absl::Now()));
     }
     then(std::move(b));  // the caller's call is not finished before this: it lives
-  }).detach();
+  });
+}
+
+void Allocator::Spawn(std::function<void()> job) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::thread> finished;
+  {
+    absl::MutexLock lock(&threads_mu_);
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (!it->done->load()) {
+        ++it;
+        continue;
+      }
+      finished.push_back(std::move(it->thread));
+      it = threads_.erase(it);
+    }
+    threads_.push_back({std::thread([job = std::move(job), done] {
+                          job();
+                          done->store(true);
+                        }),
+                        done});
+  }
+  for (std::thread& t : finished) t.join();
+}
+
+Allocator::~Allocator() {
+  std::vector<Thread> all;
+  {
+    absl::MutexLock lock(&threads_mu_);
+    all.swap(threads_);
+  }
+  for (Thread& t : all) t.thread.join();
 }
 
 void Allocator::ObserveBackendCall(const char* method, absl::string_view kubelet_api,

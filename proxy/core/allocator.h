@@ -38,11 +38,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/core/backend.h"
@@ -57,6 +60,11 @@ class Allocator {
   // `journal` (may be null: nothing persists) and `telemetry` (may be
   // null) outlive the allocator, which outlives every call it started.
   Allocator(Resource* resource, AllocationJournal* journal, Telemetry* telemetry);
+  // Joins the threads its calls started (a wait for a backend, a check
+  // against pod-resources): they may still be inside the journal or the
+  // resource after their call was answered. A wait ends with its caller's
+  // cancellation, or within 10 s.
+  ~Allocator();
 
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
@@ -144,10 +152,20 @@ class Allocator {
   void NoteRefusedHeld() { ++refused_held_; }
 
  private:
+  // Runs `job` on a thread of its own, joined by the destructor (finished
+  // ones are joined by the next Spawn).
+  void Spawn(std::function<void()> job) ABSL_LOCKS_EXCLUDED(threads_mu_);
+
   Resource* const resource_;
   AllocationJournal* const journal_;
   Telemetry* const telemetry_;
   std::atomic<int64_t> refused_held_{0};
+  struct Thread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  absl::Mutex threads_mu_;
+  std::vector<Thread> threads_ ABSL_GUARDED_BY(threads_mu_);
 };
 
 // A journal's refusal as the kubelet is told it: kFailedPrecondition (a

@@ -334,7 +334,8 @@ absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count, D
 
 absl::StatusOr<std::string> JournalFile::RecordBytes(size_t offset) const {
   if (fd_ < 0) return absl::FailedPreconditionError("journal is not open");
-  offset = std::min(offset, size_);
+  // Not size_: appends may move it meanwhile; the bytes before `offset`
+  // were written before it was taken.
   if (offset <= sizeof(kMagic)) return std::string();
   std::string out(offset - sizeof(kMagic), '\0');
   ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(sizeof(kMagic)));

@@ -104,7 +104,8 @@ class JournalFile {
 
   // The bytes of the records before file offset `offset` (size() when
   // they were appended), without the header: what DropFront(offset, ...)
-  // would forget.
+  // would forget. Safe beside appends (they write after `offset`), not
+  // beside DropFront or Open.
   absl::StatusOr<std::string> RecordBytes(size_t offset) const;
   // A journal file's contents made of record bytes (RecordBytes): the
   // header, then them.

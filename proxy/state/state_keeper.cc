@@ -398,17 +398,30 @@ absl::Status StateKeeper::SaveLocked() {
   const std::string bytes = EncodeStateFilePayload(payload);
   const size_t covered_bytes = journal_applied_bytes_;
   const size_t covered_records = journal_applied_records_;
+  const bool journal_ok = journal_ok_;
   mu_.Unlock();
   if (test_hook_) test_hook_("snapshot_write");
   const bool rotated = previous_.Rotate();
   absl::Status s = store_.SaveEncoded(bytes);
   if (s.ok()) snapshot_bytes_ = static_cast<int64_t>(bytes.size());
-  mu_.Lock();
-  if (s.ok() && rotated && (!journal_ok_ || covered_records == 0)) {
+  // The records the snapshot took in stay in the previous generation
+  // (previous_generation.h), kept before the journal drops them. They lie
+  // before `covered_bytes`, which appends never rewrite (only DropFront
+  // does, below, under save_mu_): read and written without the journal,
+  // so Allocates go on meanwhile.
+  absl::Status k = absl::OkStatus();
+  if (s.ok() && journal_ok && covered_records > 0) {
+    absl::StatusOr<std::string> taken_in = journal_.RecordBytes(covered_bytes);
+    k = taken_in.ok() ? previous_.KeepRecords(*taken_in, rotated) : taken_in.status();
+  } else if (s.ok() && rotated) {
     // Nothing taken in since the snapshot that is the previous one now.
-    if (absl::Status k = previous_.KeepRecords("", true); !k.ok()) NotePreviousFailed(k);
+    k = previous_.KeepRecords("", true);
   }
-  if (s.ok() && journal_ok_ && covered_records > 0) {
+  mu_.Lock();
+  if (!k.ok()) NotePreviousFailed(k);
+  // Records the previous generation could not keep stay in the journal
+  // until the next save.
+  if (s.ok() && k.ok() && journal_ok_ && covered_records > 0) {
     // Exclusive use of the journal: no append is in flight.
     // A writer with records still queued hands the journal over between
     // two batches, and this saver writes what is left when it is done.
@@ -419,20 +432,12 @@ absl::Status StateKeeper::SaveLocked() {
     --savers_waiting_;
     journal_busy_ = true;
     mu_.Unlock();
-    // The records the snapshot took in stay in the previous generation
-    // (previous_generation.h): kept before the journal drops them.
-    absl::StatusOr<std::string> taken_in = journal_.RecordBytes(covered_bytes);
-    absl::Status k = taken_in.status();
-    if (k.ok()) k = previous_.KeepRecords(*taken_in, rotated);
     // A crash before this completes replays records the snapshot also holds;
-    // Load() keeps one of each. Records the previous generation could not
-    // keep stay in the journal until the next save.
-    const absl::Status r =
-        k.ok() ? journal_.DropFront(covered_bytes, covered_records) : absl::OkStatus();
+    // Load() keeps one of each.
+    const absl::Status r = journal_.DropFront(covered_bytes, covered_records);
     const size_t size = journal_.size(), records = journal_.records();
     mu_.Lock();
     ReleaseJournalLocked();
-    if (!k.ok()) NotePreviousFailed(k);
     if (r.ok()) {
       journal_applied_bytes_ = size;
       journal_applied_records_ = records;

@@ -64,12 +64,16 @@ TEST(TextLogLineTest, IsKlogsHeader) {
   EXPECT_EQ(TextLogLine(2, "a.cc", 1, t, 1, "m")[0], 'E');
 }
 
-TEST(TextLogBinaryTest, EveryLineOnStderrHasKlogsHeader) {
-  testing::ShortTempDir dir;
+// Starts dpproxy with `flags`, waits until it tells "systemd" it is up
+// (after its first housekeeping pass), stops it with SIGTERM and returns
+// what it wrote on stdout and stderr.
+void StartAndStop(const testing::ShortTempDir& dir, const std::vector<std::string>& flags,
+                  std::string* out) {
   ChildSpec spec;
   spec.argv = {testing::Runfile("proxy/dpproxy"), "--kubelet_root=" + dir.Sub("k"),
                "--plugin_dir=" + dir.Sub("p"), "--state_dir=" + dir.Sub("s"),
                "--status_file=", "--metrics_address="};
+  spec.argv.insert(spec.argv.end(), flags.begin(), flags.end());
   spec.output_path = dir.Sub("out.log");
   testing::NotifySocket notify(dir.Sub("notify.sock"));
   spec.env = {{"NOTIFY_SOCKET", notify.path()}};
@@ -80,40 +84,31 @@ TEST(TextLogBinaryTest, EveryLineOnStderrHasKlogsHeader) {
   const std::optional<int> status = (*child)->Wait(absl::Seconds(30));
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(*status, 0) << ChildProcess::DescribeExit(*status);
-  absl::StatusOr<std::string> out = ReadFile(dir.Sub("out.log"));
-  ASSERT_TRUE(out.ok()) << out.status();
+  absl::StatusOr<std::string> text = ReadFile(dir.Sub("out.log"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  *out = *std::move(text);
+}
+
+TEST(TextLogBinaryTest, EveryLineOnStderrHasKlogsHeader) {
+  testing::ShortTempDir dir;
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(StartAndStop(dir, {}, &out));
   int lines = 0;
-  for (absl::string_view line : absl::StrSplit(*out, '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     EXPECT_TRUE(std::regex_search(std::string(line), std::regex(kKlogHeader)))
         << "not a klog line: " << line;
     ++lines;
   }
-  EXPECT_GT(lines, 2) << *out;
-  EXPECT_NE(out->find("] signal 15 received"), std::string::npos) << *out;
+  EXPECT_GT(lines, 2) << out;
+  EXPECT_NE(out.find("] signal 15 received"), std::string::npos) << out;
 }
 
 TEST(JsonLogBinaryTest, EveryLineOnStderrIsAJsonObject) {
   testing::ShortTempDir dir;
-  ChildSpec spec;
-  spec.argv = {testing::Runfile("proxy/dpproxy"), "--kubelet_root=" + dir.Sub("k"),
-               "--plugin_dir=" + dir.Sub("p"), "--state_dir=" + dir.Sub("s"),
-               "--status_file=", "--metrics_address=", "--log_format=json"};
-  spec.output_path = dir.Sub("out.log");
-  // dpproxy is up once it tells "systemd" so (after its first housekeeping
-  // pass); then it is stopped.
-  testing::NotifySocket notify(dir.Sub("notify.sock"));
-  spec.env = {{"NOTIFY_SOCKET", notify.path()}};
-  auto child = ChildProcess::Start(spec);
-  ASSERT_TRUE(child.ok()) << child.status();
-  ASSERT_TRUE(notify.WaitFor("READY=1", absl::Seconds(30)));
-  (*child)->Signal(SIGTERM);
-  const std::optional<int> status = (*child)->Wait(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_EQ(*status, 0) << ChildProcess::DescribeExit(*status);
-  absl::StatusOr<std::string> out = ReadFile(dir.Sub("out.log"));
-  ASSERT_TRUE(out.ok()) << out.status();
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(StartAndStop(dir, {"--log_format=json"}, &out));
   bool glog_line = false, event_line = false, signal_line = false;
-  for (absl::string_view line : absl::StrSplit(*out, '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
     EXPECT_TRUE(j.contains("ts") && j["ts"].is_number() && j.contains("msg")) << line;
@@ -125,9 +120,9 @@ TEST(JsonLogBinaryTest, EveryLineOnStderrIsAJsonObject) {
     }
     if (j.value("msg", "") == "signal 15 received") signal_line = true;
   }
-  EXPECT_TRUE(glog_line) << *out;
-  EXPECT_TRUE(event_line) << *out;
-  EXPECT_TRUE(signal_line) << *out;
+  EXPECT_TRUE(glog_line) << out;
+  EXPECT_TRUE(event_line) << out;
+  EXPECT_TRUE(signal_line) << out;
 }
 
 TEST(JsonLogBinaryTest, AnUnknownFormatIsRefused) {

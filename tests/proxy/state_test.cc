@@ -626,6 +626,14 @@ TEST(KubeletUpgradeTest, AcrossCheckpointLayoutsRunningPodsKeepTheirDevices) {
 namespace dpproxy {
 namespace {
 
+// Every copy dpproxy keeps overwritten while it is stopped: the snapshot,
+// the journal and the previous generation of both.
+void DamageEveryStateFile(ProxyHarness& h) {
+  for (const char* name : {"state.pb", "state.pb.prev", "journal.wal", "journal.wal.prev"}) {
+    ASSERT_TRUE(WriteFileAtomic(h.dir(absl::StrCat("state/", name)), "damaged").ok());
+  }
+}
+
 // dpproxy's state damaged while pods hold devices (every file overwritten
 // while it was stopped): the kubelet's checkpoint still lists what the
 // pods hold, and dpproxy learns it back within a checkpoint pass of the
@@ -639,11 +647,7 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
   const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
   ASSERT_EQ(before.size(), 3u);
   h.StopProxy();
-  // Every copy dpproxy keeps: the snapshot, the journal and the previous
-  // generation of both.
-  for (const char* name : {"state.pb", "state.pb.prev", "journal.wal", "journal.wal.prev"}) {
-    ASSERT_TRUE(WriteFileAtomic(h.dir(absl::StrCat("state/", name)), "damaged").ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(DamageEveryStateFile(h));
 
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
@@ -689,9 +693,7 @@ TEST(LearnBackTest, PodResourcesTellsWhatNeitherTheStateNorTheCheckpointCan) {
   const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
   ASSERT_EQ(before.size(), 3u);
   h.StopProxy();
-  for (const char* name : {"state.pb", "state.pb.prev", "journal.wal", "journal.wal.prev"}) {
-    ASSERT_TRUE(WriteFileAtomic(h.dir(absl::StrCat("state/", name)), "damaged").ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(DamageEveryStateFile(h));
   const std::string checkpoint =
       JoinPath(DevicePluginDir(h.config().kubelet), "kubelet_internal_checkpoint");
   ASSERT_EQ(::unlink(checkpoint.c_str()), 0);

@@ -68,17 +68,16 @@ absl::StatusOr<int> Handover::Release(int64_t peer_pid) {
     return absl::FailedPreconditionError("this dpproxy already handed its state over");
   }
   events_->Emit("handoff_release", {{"peer_pid", peer_pid}});
-  const std::vector<KubeletEndpoint*> endpoints = host_->HandoverEndpoints();
-  for (KubeletEndpoint* e : endpoints) e->HoldAllocates();
+  const std::vector<KubeletGate*> gates = host_->HandoverGates();
+  for (KubeletGate* g : gates) g->HoldCalls();
   // Those in progress reach the journal first (each within its deadline).
   const absl::Duration wait = host_->AllocateWait();
-  for (KubeletEndpoint* e : endpoints) {
-    if (e->WaitForAllocatesServed(wait)) continue;
-    for (KubeletEndpoint* u : endpoints) u->ServeAllocates();
+  for (KubeletGate* g : gates) {
+    if (g->WaitForCallsServed(wait)) continue;
+    for (KubeletGate* u : gates) u->ServeCalls();
     released_ = false;
-    events_->Emit("handoff_refused",
-                  {{"peer_pid", peer_pid}, {"resource", e->resource()->name()}});
-    return absl::UnavailableError(absl::StrCat("an Allocate of ", e->resource()->name(),
+    events_->Emit("handoff_refused", {{"peer_pid", peer_pid}, {"resource", g->gate_name()}});
+    return absl::UnavailableError(absl::StrCat("a call for ", g->gate_name(),
                                                " was still in progress after ",
                                                absl::FormatDuration(wait)));
   }
@@ -141,17 +140,17 @@ absl::StatusOr<int64_t> Handover::Forward(const std::map<std::string, std::strin
   }
   forwarded_ = true;
   int64_t held = 0;
-  for (KubeletEndpoint* e : host_->HandoverEndpoints()) {
-    const std::string& name = e->resource()->name();
+  for (KubeletGate* g : host_->HandoverGates()) {
+    const std::string name = g->gate_name();
     auto it = sockets.find(name);
     if (it == sockets.end()) {
-      // The new dpproxy does not serve it: its Allocates are refused (the
+      // The new dpproxy does not serve it: its calls are refused (the
       // journal is closed), naming the handoff.
       LOG(WARNING) << "handoff: the new dpproxy does not serve " << name;
-      e->ServeAllocates();
+      g->ServeCalls();
       continue;
     }
-    held += static_cast<int64_t>(e->ForwardAllocates(it->second));
+    held += static_cast<int64_t>(g->ForwardCalls(it->second));
   }
   events_->Emit("handoff_forward", {{"resources", sockets.size()}, {"held", held}});
   return held;
@@ -165,8 +164,8 @@ absl::Status Handover::TakeBack(const std::string& why) {
   // The new one unlocked (HandBack) or is gone (the kernel unlocked).
   absl::StatusOr<int> allocations = host_->ResumeWriting();
   if (!allocations.ok()) return allocations.status();
-  for (KubeletEndpoint* e : host_->HandoverEndpoints()) {
-    e->ServeAllocates();  // the held ones are answered here
+  for (KubeletGate* g : host_->HandoverGates()) {
+    g->ServeCalls();  // the held ones are answered here
   }
   if (peer_pidfd_ >= 0) ::close(peer_pidfd_);
   peer_pidfd_ = -1;

@@ -36,7 +36,7 @@
 #include "proxy/events/event_log.h"
 #include "proxy/handoff/handoff.h"
 #include "proxy/handoff/listener_share.h"
-#include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 
 namespace dpproxy {
 
@@ -46,8 +46,8 @@ class Handover {
   class Host {
    public:
     virtual ~Host() = default;
-    // The kubelet-facing endpoint of every resource.
-    virtual std::vector<KubeletEndpoint*> HandoverEndpoints() = 0;
+    // Every socket the kubelet calls this dpproxy on.
+    virtual std::vector<KubeletGate*> HandoverGates() = 0;
     // How long an Allocate in progress may take (the backend timeout and
     // a margin).
     virtual absl::Duration AllocateWait() = 0;

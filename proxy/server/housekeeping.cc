@@ -57,7 +57,7 @@ void Housekeeping::Loop() {
     // Before a new resource is registered: its first list already shows
     // what it must not hand out.
     if (p_.quarantine) p_.quarantine->Apply();
-    const Registrar::PassResult pass = p_.registrar->Pass(now);
+    const KubeletSide::PassResult pass = p_.side->Pass(now);
     next_retry_ = pass.next_retry;
     std::optional<Reconciler::RestartSeen> seen;
     if (p_.reconciler && pass.kubelet_restarted) {

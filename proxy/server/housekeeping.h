@@ -32,10 +32,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/quarantine.h"
 #include "proxy/server/reconciler.h"
-#include "proxy/server/registrar.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/saver.h"
 #include "proxy/server/static_backends.h"
@@ -49,7 +49,7 @@ class Housekeeping {
     ResourceTable* table = nullptr;
     StaticBackends* statics = nullptr;
     Quarantine* quarantine = nullptr;  // with a state directory
-    Registrar* registrar = nullptr;
+    KubeletSide* side = nullptr;
     Reconciler* reconciler = nullptr;  // with a state directory, not in DRA mode
     Handover* handover = nullptr;      // the same
     Saver* saver = nullptr;

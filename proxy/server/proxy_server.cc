@@ -19,11 +19,6 @@ namespace dpproxy {
 
 namespace {
 
-// After a handoff, how long a call the kubelet chose this dpproxy for just
-// before it moved to the new one may take to arrive: the kubelet picks the
-// endpoint and sends at once, so a few milliseconds, with room to spare.
-constexpr absl::Duration kHandoffQuiet = absl::Milliseconds(250);
-
 // After a start on a damaged state: how long the checkpoint passes learn
 // back what the kubelet lists and the journal lacks.
 constexpr absl::Duration kLearnBackWindow = absl::Minutes(10);
@@ -36,7 +31,12 @@ constexpr int kWorkers = 4;
 
 ProxyServer::ProxyServer(ProxyConfig config) : config_(std::move(config)) {}
 
-ProxyServer::~ProxyServer() { Shutdown(); }
+ProxyServer::~ProxyServer() {
+  Shutdown();
+  // The side's sockets point at the resources: it goes first.
+  side_.reset();
+  retired_.clear();
+}
 
 ProxyServer::LockFd::~LockFd() {
   if (fd >= 0) ::close(fd);
@@ -74,9 +74,6 @@ absl::Status ProxyServer::Start() {
   // 1.25+ kubelet's 10 s dial must not hold up another resource, a socket
   // that must be served again, or the hold and restore timers.
   workers_ = std::make_unique<WorkQueue>(kWorkers);
-  registrar_ = std::make_unique<Registrar>(config_.kubelet, &events_, workers_.get(),
-                                           [this] { Wake(); });
-  registrar_->SetTelemetry(&telemetry_);
   statics_ = std::make_unique<StaticBackends>(
       StaticBackends::Options{config_.backend_max_list_bytes}, workers_.get(), &events_,
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); });
@@ -92,8 +89,7 @@ absl::Status ProxyServer::Start() {
   Wake();
   events_.Emit("proxy_started", {});
   if (taking_over()) {
-    takeover_->StartCompleting({[this] { return HandoverEndpoints(); }, registrar_.get(),
-                                [this] { return stopping(); }, before_finish_hook_});
+    takeover_->StartCompleting({side_.get(), [this] { return stopping(); }, before_finish_hook_});
   }
   return absl::OkStatus();
 }
@@ -140,6 +136,7 @@ absl::Status ProxyServer::OpenState() {
   DPP_RETURN_IF_ERROR(LockState());
   keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
   keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
+  DPP_RETURN_IF_ERROR(MakeSide());
   DPP_RETURN_IF_ERROR(RestoreState());
   if (config_.dra.enabled) {
     // DRA mode has no device-plugin allocations to reconcile (its claims
@@ -174,7 +171,33 @@ absl::Status ProxyServer::OpenState() {
   return absl::OkStatus();
 }
 
+absl::Status ProxyServer::MakeSide() {
+  if (side_) return absl::OkStatus();
+  if (!config_.dra.enabled) {
+    KubeletSideOptions kubelet = table_.live().kubelet;  // as a reload left it
+    kubelet.socket_generation = socket_generation_;
+    side_ = std::make_unique<DevicePluginSide>(
+        kubelet, DevicePluginSide::Parts{&events_, &losses_, &telemetry_, workers_.get(),
+                                         [this] { Wake(); }});
+    return absl::OkStatus();
+  }
+  auto dra = std::make_unique<DraSide>(
+      DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
+                       keeper_.get(), config_.kubelet.backend_timeout,
+                       config_.api_max_body_bytes},
+      [this] {
+        std::vector<Allocator*> out;
+        for (ServedResource* e : table_.All()) out.push_back(e->allocator.get());
+        return out;
+      },
+      &events_, &losses_);
+  dra_ = dra.get();
+  side_ = std::move(dra);
+  return absl::OkStatus();
+}
+
 absl::Status ProxyServer::StartServing() {
+  DPP_RETURN_IF_ERROR(MakeSide());
   BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
                                                  config_.backend_max_list_bytes};
   if (!config_.socket_group.empty()) reg_options.socket_gid = *ResolveGroup(config_.socket_group);
@@ -187,40 +210,21 @@ absl::Status ProxyServer::StartServing() {
     (void)EnsureEntry(name);
     statics_->Dial(name, sb);
   }
-  if (config_.dra.enabled) {
-    dra_ = std::make_unique<DraSide>(
-        DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
-                         keeper_.get(), config_.kubelet.backend_timeout,
-                         config_.api_max_body_bytes},
-        [this] {
-          std::vector<Allocator*> out;
-          for (ServedResource* e : table_.All()) out.push_back(e->allocator.get());
-          return out;
-        },
-        &events_, &losses_);
-    DPP_RETURN_IF_ERROR(dra_->Start());
-  }
+  DPP_RETURN_IF_ERROR(side_->Start());
   reporter_ = std::make_unique<Reporter>(Reporter::Parts{
-      &config_, &table_, statics_.get(), &losses_, registrar_.get(), registration_.get(),
-      keeper_.get(), reconciler_.get(), quarantine_.get(), dra_.get()});
+      &config_, &table_, statics_.get(), &losses_, side_.get(), registration_.get(),
+      keeper_.get(), reconciler_.get(), quarantine_.get(), dra_});
   reload_actions_.SetParts(ReloadActions::Parts{
-      &table_, statics_.get(), workers_.get(), registration_.get(), dra_.get(), &events_,
+      &table_, statics_.get(), workers_.get(), registration_.get(), side_.get(), &events_,
       config_.backend_max_list_bytes, [this](const std::string& name) { return EnsureEntry(name); },
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }});
   saver_ = std::make_unique<Saver>(Saver::Options{config_.status_file}, keeper_.get(),
                                    reporter_.get(), &events_, [this] { return released(); });
-  housekeeping_.Start({&table_, statics_.get(), quarantine_.get(), registrar_.get(),
+  housekeeping_.Start({&table_, statics_.get(), quarantine_.get(), side_.get(),
                        reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
   saver_->Start();
   if (reconciler_) reconciler_->Start();
-  const std::string watch_dir =
-      config_.kubelet.registration == KubeletRegistration::kPluginWatcher
-          ? JoinPath(config_.kubelet.kubelet_root, "plugins_registry")
-          : DevicePluginDir(config_.kubelet);
-  watcher_ = std::make_unique<DirWatcher>(watch_dir, [this](const DirWatcher::Event& e) {
-    if (e.kind != DirWatcher::Event::kTick) Wake();
-  });
-  return watcher_->Start();
+  return absl::OkStatus();
 }
 
 void ProxyServer::Shutdown() {
@@ -231,35 +235,22 @@ void ProxyServer::Shutdown() {
   }
   LOG(INFO) << "dpproxy shutting down";
   if (handover_) handover_->StopServing();
-  if (watcher_) watcher_->Stop();
   stopping_ = true;
   if (takeover_) takeover_->Join();
   housekeeping_.Stop();
   if (saver_) saver_->Stop();
-  if (dra_) dra_->Stop();
   if (reconciler_) reconciler_->Stop();
   if (registration_) registration_->Stop();
-  std::map<std::string, std::unique_ptr<ServedResource>> entries = table_.TakeAll();
-  if (released()) DrainAfterHandoff(entries);
+  retired_ = table_.TakeAll();
   const bool giving_back = taking_over() && !takeover_->finish_sent();
-  if (!released() && !giving_back) {
-    // Stopping for good: an endpoint the kubelet no longer lists by name
-    // registers once more, so that its end turns the devices unhealthy.
-    for (auto& [name, e] : entries) {
-      if (e->endpoint) e->endpoint->RelistBeforeStop();
-    }
+  if (side_) {
+    side_->Stop(released()    ? KubeletSide::Ending::kHandedOver
+                : giving_back ? KubeletSide::Ending::kGivenBack
+                              : KubeletSide::Ending::kForGood);
   }
-  // Cancel Register calls in flight, then wait for the workers: their jobs
-  // point at the entries.
-  for (auto& [name, e] : entries) {
-    if (e->endpoint) e->endpoint->Stop();
-  }
+  // The workers' jobs (registrations, static dials) point at the entries.
   if (workers_) workers_->Shutdown();
-  registrar_.reset();
-  for (auto& [name, e] : entries) {
-    if (e->endpoint) e->endpoint->Stop();
-    e->resource->Shutdown();
-  }
+  for (auto& [name, e] : retired_) e->resource->Shutdown();
   // After a handoff the status file is the new dpproxy's; given back, the
   // predecessor's.
   if (!config_.status_file.empty() && !released() && !giving_back) {
@@ -273,28 +264,6 @@ void ProxyServer::Shutdown() {
                       : absl::StrCat("it could not start: ", start_error_));
   }
   events_.Emit("proxy_stopped", {});
-}
-
-void ProxyServer::DrainAfterHandoff(
-    const std::map<std::string, std::unique_ptr<ServedResource>>& entries) {
-  // Handed over, and the kubelet has moved to the new dpproxy. A call it
-  // sent here just before may still be on its way: wait until the kubelet
-  // ends its streams here (1.9 stops a replaced endpoint; later kubelets
-  // keep it until the plugin ends it, so at most kHandoffQuiet), then until
-  // the Allocates forwarded to the new dpproxy have their answers, and
-  // only then close the sockets.
-  const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
-  for (auto& [name, e] : entries) {
-    if (!e->endpoint) continue;
-    (void)e->endpoint->WaitForKubeletGone(std::max(absl::ZeroDuration(), quiet_by - absl::Now()));
-  }
-  const absl::Duration wait = config_.kubelet.backend_timeout + absl::Seconds(1);
-  for (auto& [name, e] : entries) {
-    if (e->endpoint && !e->endpoint->WaitForAllocatesServed(wait)) {
-      LOG(WARNING) << "resource " << name << ": a forwarded Allocate is still in progress "
-                   << "after " << absl::FormatDuration(wait) << "; stopping anyway";
-    }
-  }
 }
 
 std::unique_ptr<ServedResource> ProxyServer::MakeEntry(const std::string& name) {
@@ -329,16 +298,6 @@ std::unique_ptr<ServedResource> ProxyServer::MakeEntry(const std::string& name) 
   auto e = std::make_unique<ServedResource>();
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   e->allocator = std::make_unique<Allocator>(e->resource.get(), keeper_.get(), &telemetry_);
-  // In DRA mode the kubelet learns of devices from ResourceSlices: no
-  // device-plugin socket (it would win over DRA).
-  if (!config_.dra.enabled) {
-    KubeletSideOptions kubelet = config_.kubelet;
-    kubelet.socket_generation = socket_generation_;
-    e->endpoint = std::make_unique<KubeletEndpoint>(e->resource.get(), kubelet, &losses_,
-                                                    &events_, e->allocator.get(), &telemetry_);
-    // As a reload left them.
-    e->endpoint->SetCallSettings(live.kubelet.backend_timeout, live.kubelet.cdi_annotations);
-  }
   return e;
 }
 
@@ -357,13 +316,7 @@ ServedResource* ProxyServer::EnsureEntry(const std::string& name, std::shared_pt
     (void)e->resource->AttachBackend(std::move(attach));
   }
   if (!made) return e;
-  if (!e->endpoint) {
-    LOG(INFO) << "resource " << name << ": published as DRA devices of driver "
-              << config_.dra.driver << " (no device-plugin socket for the kubelet)";
-  } else {
-    registrar_->Add(e->resource.get(), e->endpoint.get());
-    LOG(INFO) << "resource " << name << ": kubelet-facing socket " << e->endpoint->socket_path();
-  }
+  side_->AddResource(e->allocator.get());
   Wake();
   return e;
 }
@@ -387,7 +340,7 @@ absl::Status ProxyServer::AttachBackend(std::shared_ptr<Backend> backend) {
 
 void ProxyServer::Wake() {
   housekeeping_.Wake();
-  if (dra_) dra_->Wake();
+  if (side_) side_->Wake();
 }
 
 std::vector<HealthCheck> ProxyServer::Liveness() { return {housekeeping_.Liveness()}; }
@@ -461,26 +414,19 @@ ProxyServer::ReloadResult ProxyServer::Reload(const ProxyConfig& next) {
 }
 
 std::string ProxyServer::KubeletSocketOf(const std::string& resource) {
-  ServedResource* e = table_.Find(resource);
-  return e == nullptr || !e->endpoint ? "" : e->endpoint->socket_path();
+  return side_ && table_.Find(resource) != nullptr ? side_->ViewOf(resource).socket : "";
 }
 
 // --- Handoff ---------------------------------------------------------------------
 
-std::vector<KubeletEndpoint*> ProxyServer::HandoverEndpoints() {
-  std::vector<KubeletEndpoint*> out;
-  for (ServedResource* e : table_.All()) {
-    if (e->endpoint) out.push_back(e->endpoint.get());
-  }
-  return out;
-}
+std::vector<KubeletGate*> ProxyServer::HandoverGates() { return side_->Gates(); }
 
 absl::Duration ProxyServer::AllocateWait() {
   return table_.live().kubelet.backend_timeout + absl::Seconds(1);
 }
 
 void ProxyServer::StopWriting() {
-  registrar_->Hold();
+  side_->Hold();
   for (ServedResource* e : table_.All()) e->resource->KeepHealthOnLoss();
   if (reconciler_) reconciler_->Stop();
   saver_->SaveNow();  // the newest lists, changed or not
@@ -517,7 +463,7 @@ absl::StatusOr<int> ProxyServer::ResumeWriting() {
   if (reconciler_) reconciler_->Start();
   // The kubelet may have switched to the new one's sockets: every
   // resource registers again.
-  registrar_->Resume();
+  side_->Resume();
   saver_->Forget();
   Wake();
   return loaded->allocations_size();

@@ -1,16 +1,18 @@
 // File: proxy_server.h
 //
-// dpproxy, wired: one device plugin per resource toward the kubelet, a
-// kubelet toward vendor plugins. The server builds the parts, starts and
-// stops them in order, and runs the housekeeping thread; each part does
-// one job:
+// dpproxy, wired: toward the kubelet a device plugin per resource or a DRA
+// driver, a kubelet toward vendor plugins. The server builds the parts,
+// starts and stops them in order, and runs the housekeeping thread; each
+// part does one job:
 //
 //   BackendRegistrationServer  plugins register here (backends/)
 //   ResourceTable              the resources served (resource_table.h): each
-//                              one's Resource (core/), Allocator (core/) and
-//                              KubeletEndpoint (kubelet/)
+//                              one's Resource and Allocator (core/)
 //   StaticBackends             the backends dpproxy dials itself
-//   Registrar                  keeps each socket served and registered
+//   KubeletSide                serves the resources to the kubelet, keeps
+//                              them registered and notices its restarts:
+//                              DevicePluginSide, or DraSide in DRA mode
+//                              (kubelet_side/)
 //   Reconciler                 keeps the journal in step with the kubelet
 //   Quarantine                 what a resource must not hand out
 //   StateKeeper                the durable state (state/)
@@ -19,12 +21,11 @@
 //   Handover, Takeover         the two sides of a handoff between two
 //                              dpproxy processes (handover.h, takeover.h)
 //   Reloader                   what a SIGHUP changes, and in which order
-//   DraSide                    DRA mode, in place of registering (dra/)
 //
 // The housekeeping thread wakes on a change (a device list, a backend, a
 // file in device-plugins/) or once a second, and then: runs the resources'
 // timers, dials static backends that are away, applies the quarantine and
-// lets the registrar serve and register. It never waits on the disk or on
+// lets the kubelet side serve and register. It never waits on the disk or on
 // the kubelet's checkpoint: after each pass the saver thread saves what
 // changed, and the checkpoint thread reads the checkpoint.
 #ifndef DPPROXY_PROXY_SERVER_PROXY_SERVER_H_
@@ -45,15 +46,15 @@
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/backend.h"
-#include "proxy/dra/dra_side.h"
 #include "proxy/events/event_log.h"
 #include "proxy/events/telemetry.h"
-#include "proxy/kubelet/kubelet_endpoint.h"
+#include "proxy/kubelet_side/device_plugin/device_plugin_side.h"
+#include "proxy/kubelet_side/dra/dra_side.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/housekeeping.h"
 #include "proxy/server/quarantine.h"
 #include "proxy/server/reconciler.h"
-#include "proxy/server/registrar.h"
 #include "proxy/server/reload_actions.h"
 #include "proxy/server/reloader.h"
 #include "proxy/server/reporter.h"
@@ -64,7 +65,6 @@
 #include "proxy/server/takeover.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
-#include "proxy/util/dir_watcher.h"
 #include "proxy/util/work_queue.h"
 
 namespace dpproxy {
@@ -166,6 +166,8 @@ class ProxyServer : private Handover::Host {
   absl::Status OpenState();
   absl::Status LockState();
   absl::Status StartServing();
+  // The kubelet-facing side, made once the socket generation is known.
+  absl::Status MakeSide();
   // Start failed: why is kept for a predecessor taking its state back.
   absl::Status FailStart(absl::Status s);
   absl::Status RestoreState();
@@ -173,11 +175,8 @@ class ProxyServer : private Handover::Host {
     if (quarantine_) quarantine_->Apply();
   }
   void Wake();
-  // After a handoff: the calls the kubelet sent here just before it moved
-  // are answered before the sockets close.
-  void DrainAfterHandoff(const std::map<std::string, std::unique_ptr<ServedResource>>& entries);
   // The handoff's running side (handover.h) on this dpproxy's parts.
-  std::vector<KubeletEndpoint*> HandoverEndpoints() override;
+  std::vector<KubeletGate*> HandoverGates() override;
   absl::Duration AllocateWait() override;
   void StopWriting() override;
   absl::StatusOr<int> ResumeWriting() override;
@@ -206,14 +205,16 @@ class ProxyServer : private Handover::Host {
   // Every resource served, and the configuration as reloads left it.
   ResourceTable table_{config_};
   std::unique_ptr<BackendRegistrationServer> registration_;
-  std::unique_ptr<DirWatcher> watcher_;
   // Blocking work handed off by housekeeping (Register, static connects).
   std::unique_ptr<WorkQueue> workers_;
   std::unique_ptr<StaticBackends> statics_;
-  std::unique_ptr<Registrar> registrar_;
+  // Stopped (Shutdown) and kept until the side that points at them is
+  // gone (the destructor).
+  std::map<std::string, std::unique_ptr<ServedResource>> retired_;
+  std::unique_ptr<KubeletSide> side_;
+  DraSide* dra_ = nullptr;                  // side_, in DRA mode
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<Quarantine> quarantine_;  // with a state directory only
-  std::unique_ptr<DraSide> dra_;            // DRA mode only
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
   ReloadActions reload_actions_;

@@ -26,13 +26,8 @@ void ReloadActions::ApplyCallSettings(const ProxyConfig& next) {
     live.kubelet.cdi_annotations = next.kubelet.cdi_annotations;
     live.dial_timeout = next.dial_timeout;
   });
-  for (ServedResource* e : p_.table->All()) {
-    if (e->endpoint) {
-      e->endpoint->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
-    }
-  }
+  p_.side->SetCallSettings(next.kubelet.backend_timeout, next.kubelet.cdi_annotations);
   if (p_.registration) p_.registration->SetDialTimeout(next.dial_timeout);
-  if (p_.dra) p_.dra->SetBackendTimeout(next.kubelet.backend_timeout);
 }
 
 void ReloadActions::RemoveStaticBackend(const StaticBackendConfig& b) {

@@ -26,7 +26,7 @@
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/backend.h"
-#include "proxy/dra/dra_side.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/events/event_log.h"
 #include "proxy/server/reloader.h"
 #include "proxy/server/resource_table.h"
@@ -42,7 +42,7 @@ class ReloadActions : public Reloader::Host {
     StaticBackends* statics = nullptr;
     WorkQueue* workers = nullptr;
     BackendRegistrationServer* registration = nullptr;
-    DraSide* dra = nullptr;  // DRA mode
+    KubeletSide* side = nullptr;
     EventLog* events = nullptr;
     int max_list_bytes = 0;  // a backend's device-list cap
     // The entry of a kubelet-facing name, made if new.

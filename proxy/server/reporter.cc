@@ -8,7 +8,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "proxy/kubelet/kubelet_endpoint.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/files.h"
 
@@ -65,9 +64,7 @@ ProxyStatus Reporter::Status(bool with_devices) {
     st.not_ready.push_back(std::move(c));
   }
   for (ResourceStatus& r : st.resources) {
-    // In DRA mode the kubelet registers the driver, not each resource.
-    r.kubelet_registered = p_.dra ? p_.dra->registered()
-                                  : !r.kubelet_api.empty() && unregistered.count(r.resource) == 0;
+    r.kubelet_registered = !r.kubelet_api.empty() && unregistered.count(r.resource) == 0;
   }
   return st;
 }
@@ -78,16 +75,9 @@ ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) 
   const auto [endpoint, backend_api] = e->resource->last_backend();
   ResourceStatus r;
   r.resource = e->resource->name();
-  // In DRA mode the kubelet sees DRA devices, not a device plugin: the
-  // resource is served once the kubelet registered the driver, and there
-  // is no device-plugin socket to name.
-  if (p_.dra) {
-    r.kubelet_api =
-        p_.dra->registered() ? absl::StrCat("dra (", p_.config->dra.driver, ")") : std::string();
-  } else {
-    r.kubelet_api = e->endpoint->negotiated();
-  }
-  r.kubelet_socket = e->endpoint ? e->endpoint->socket_path() : std::string();
+  const KubeletView kubelet = p_.side->ViewOf(r.resource);
+  r.kubelet_api = kubelet.api;
+  r.kubelet_socket = kubelet.socket;
   r.backend_connected = e->resource->backend_connected();
   r.backend_api = backend_api;
   r.backend_endpoint = endpoint;
@@ -106,10 +96,9 @@ ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) 
   r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
   r.device_list_refused = e->resource->list_refused();
   r.device_ids_mapped = e->resource->ids_mapped();
-  const KubeletEndpoint::SteeringCounts steering = e->steering();
-  r.forgotten_avoided = steering.avoided;
-  r.forgotten_named = steering.held_named;
-  r.forgotten_refused = steering.refused;
+  r.forgotten_avoided = kubelet.forgotten_avoided;
+  r.forgotten_named = kubelet.forgotten_named;
+  r.forgotten_refused = e->allocator->refused_held();
   if (with_devices) r.device_list = snap.list;  // shared, not copied
   return r;
 }
@@ -133,10 +122,10 @@ StateStatus Reporter::StateStatusOf() {
 std::string Reporter::Fingerprint() {
   std::string fp;
   for (const auto& [e, facts] : p_.table->AllWithFacts()) {
-    const KubeletEndpoint::SteeringCounts steering = e->steering();
+    const KubeletView kubelet = p_.side->ViewOf(e->resource->name());
     absl::StrAppend(&fp, e->resource->name(), "|", facts.restored_kubelet_api, "|",
-                    e->resource->changes(), "|", e->endpoint ? e->endpoint->negotiated() : "",
-                    "|", steering.avoided, "|", steering.held_named, "|", steering.refused, "|");
+                    e->resource->changes(), "|", kubelet.api, "|", kubelet.forgotten_avoided,
+                    "|", kubelet.forgotten_named, "|", e->allocator->refused_held(), "|");
   }
   p_.statics->AppendFingerprint(&fp);
   // The rows derived from the keeper's state (forgotten, held elsewhere),
@@ -175,7 +164,7 @@ std::vector<std::string> Reporter::SavedResources() {
   for (const auto& [e, facts] : p_.table->AllWithFacts()) {
     state::Resource r;
     r.set_name(e->resource->name());
-    std::string api = e->endpoint ? e->endpoint->negotiated() : std::string();
+    const std::string api = p_.side->ViewOf(e->resource->name()).api;
     r.set_kubelet_api(api.empty() ? facts.restored_kubelet_api : api);
     auto [endpoint, backend_api] = e->resource->last_backend();
     r.mutable_backend()->set_endpoint(endpoint);
@@ -192,23 +181,7 @@ std::vector<std::string> Reporter::SavedResources() {
 }
 
 std::vector<HealthCheck> Reporter::Readiness() {
-  std::vector<HealthCheck> checks;
-  if (p_.registrar) checks = p_.registrar->RegistrationChecks();
-  if (p_.dra) {
-    HealthCheck c;
-    c.name = "dra-registered";
-    c.ok = p_.dra->registered();
-    if (!c.ok) {
-      c.reason = absl::StrCat("the kubelet has not registered DRA driver ", p_.config->dra.driver,
-                              " (its plugin watcher reads ", p_.dra->registration_socket(), ")");
-    }
-    checks.push_back(std::move(c));
-    HealthCheck api;
-    api.name = "dra-api-server";
-    api.reason = p_.dra->api_error();
-    api.ok = api.reason.empty();
-    checks.push_back(std::move(api));
-  }
+  std::vector<HealthCheck> checks = p_.side->Readiness();
   // A resource whose plugin's last list was refused: named until a list
   // is taken.
   for (ServedResource* e : p_.table->All()) {

@@ -22,11 +22,11 @@
 
 #include "backends/registration_server.h"
 #include "proxy/config/proxy_config.h"
-#include "proxy/dra/dra_side.h"
 #include "proxy/events/event_log.h"
+#include "proxy/kubelet_side/dra/dra_side.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/server/quarantine.h"
 #include "proxy/server/reconciler.h"
-#include "proxy/server/registrar.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/static_backends.h"
 #include "proxy/server/status_model.h"
@@ -42,12 +42,12 @@ class Reporter {
     ResourceTable* table = nullptr;
     StaticBackends* statics = nullptr;
     LossCounter* losses = nullptr;
-    Registrar* registrar = nullptr;                    // device-plugin mode
+    KubeletSide* side = nullptr;                       // the kubelet's, whichever it is
     BackendRegistrationServer* registration = nullptr;
     StateKeeper* keeper = nullptr;                     // with a state directory
     Reconciler* reconciler = nullptr;                  // with one, not in DRA mode
     Quarantine* quarantine = nullptr;                  // with a state directory
-    DraSide* dra = nullptr;                            // DRA mode
+    DraSide* dra = nullptr;                            // the side, in DRA mode
   };
 
   explicit Reporter(Parts parts) : p_(parts) {}
@@ -71,8 +71,6 @@ class Reporter {
  private:
   ResourceStatus ResourceStatusOf(ServedResource* e, bool with_devices);
   StateStatus StateStatusOf();
-  // The kubelet API a resource is served in ("" until registered).
-  std::string KubeletApiOf(ServedResource* e, const ResourceTable::Facts& facts);
 
   const Parts p_;
   std::atomic<int64_t> status_builds_{0};

@@ -2,13 +2,6 @@
 
 namespace dpproxy {
 
-KubeletEndpoint::SteeringCounts ServedResource::steering() const {
-  if (endpoint) return endpoint->steering();
-  KubeletEndpoint::SteeringCounts c;
-  c.refused = allocator->refused_held();
-  return c;
-}
-
 std::vector<ServedResource*> ResourceTable::All() {
   std::vector<ServedResource*> out;
   absl::MutexLock lock(&mu_);

@@ -28,20 +28,14 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/allocator.h"
 #include "proxy/core/resource.h"
-#include "proxy/kubelet/kubelet_endpoint.h"
 
 namespace dpproxy {
 
-// One resource as served: its devices and backend, its one Allocate and,
-// outside DRA mode, its kubelet-facing socket.
+// One resource as served: its devices and backend, and its one Allocate,
+// which the kubelet-facing side serves (kubelet_side.h).
 struct ServedResource {
   std::unique_ptr<Resource> resource;
-  std::unique_ptr<Allocator> allocator;        // allocator.h
-  std::unique_ptr<KubeletEndpoint> endpoint;   // null in DRA mode
-
-  // Steering away from forgotten devices (KubeletEndpoint::steering): the
-  // allocator's refusals alone where there is no endpoint (DRA mode).
-  KubeletEndpoint::SteeringCounts steering() const;
+  std::unique_ptr<Allocator> allocator;  // allocator.h
 };
 
 class ResourceTable {

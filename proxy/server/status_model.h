@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "proxy/core/device_list.h"
 #include "proxy/events/event_log.h"
+#include "proxy/util/health_check.h"
 
 namespace dpproxy {
 
@@ -78,14 +79,6 @@ struct ResourceStatus {
   // it (`device_list`); one read back from the file has `devices`.
   std::vector<DeviceStatus> devices;
   std::shared_ptr<const DeviceList> device_list;
-};
-
-// One check behind /livez or /readyz: "registered:vendor.com/gpu",
-// "state-writable", ... and, when it fails, why.
-struct HealthCheck {
-  std::string name;
-  bool ok = false;
-  std::string reason;  // empty when ok
 };
 
 // An allocation whose container still runs while the kubelet has lost

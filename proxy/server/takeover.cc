@@ -72,13 +72,12 @@ void Takeover::StartCompleting(Parts parts) {
   thread_ = std::thread([this, parts = std::move(parts)] { Complete(parts); });
 }
 
-bool Takeover::WaitForEvery(const Parts& parts,
-                            const std::function<bool(KubeletEndpoint*)>& done,
+bool Takeover::WaitForEvery(const Parts& parts, const std::function<bool(KubeletGate*)>& done,
                             absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     bool all = true;
-    for (KubeletEndpoint* e : parts.endpoints()) all = all && done(e);
+    for (KubeletGate* g : parts.side->Gates()) all = all && done(g);
     if (all) return true;
     if (parts.stopping() || absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(10));
@@ -88,12 +87,12 @@ bool Takeover::WaitForEvery(const Parts& parts,
 void Takeover::Complete(const Parts& parts) {
   // The predecessor forwards to sockets that listen: housekeeping serves
   // them right after Start.
-  if (!WaitForEvery(parts, [](KubeletEndpoint* e) { return e->SocketPresent(); },
+  if (!WaitForEvery(parts, [](KubeletGate* g) { return g->SocketPresent(); },
                     absl::Seconds(10))) {
     LOG(WARNING) << "takeover: a kubelet-facing socket is not served yet; forwarding anyway";
   }
   std::map<std::string, std::string> sockets;
-  for (KubeletEndpoint* e : parts.endpoints()) sockets[e->resource()->name()] = e->socket_path();
+  for (KubeletGate* g : parts.side->Gates()) sockets[g->gate_name()] = g->socket_path();
   absl::StatusOr<int64_t> held = predecessor_->Forward(sockets, absl::Seconds(10));
   if (!held.ok()) {
     LOG(ERROR) << "takeover: " << held.status().message();
@@ -102,13 +101,14 @@ void Takeover::Complete(const Parts& parts) {
     return;
   }
   PauseForTest("forwarded");
-  // Registered for every resource, and the kubelet streaming from this
-  // one: it opens ListAndWatch once the new endpoint is its current one (a
-  // 1.10-1.24 kubelet answers Register before it dials), so from then on
-  // its Allocates come here. Then the predecessor may go.
-  auto registered_everywhere = [&parts](KubeletEndpoint* e) {
-    if (!e->kubelet_streaming()) return false;
-    for (const HealthCheck& c : parts.registrar->RegistrationChecks()) {
+  // Registered everywhere, and the kubelet using every socket of this one
+  // (a device plugin: it opens ListAndWatch once the new endpoint is its
+  // current one, and a 1.10-1.24 kubelet answers Register before it
+  // dials), so from then on its calls come here. Then the predecessor may
+  // go.
+  auto registered_everywhere = [&parts](KubeletGate* g) {
+    if (!g->KubeletUses()) return false;
+    for (const HealthCheck& c : parts.side->Readiness()) {
       if (!c.ok) return false;
     }
     return true;
@@ -129,41 +129,13 @@ void Takeover::Complete(const Parts& parts) {
     done_.Notify();
     return;
   }
-  ReleaseClientNames(parts);
-  // The predecessor's streams end as it exits. Where a 1.25-1.36 kubelet's
-  // entry could not be emptied, it then drops this one's client by name,
-  // to be registered again at once.
-  parts.registrar->ExpectDrop(absl::Seconds(30));
+  parts.side->BeforePredecessorExits();
   if (parts.before_finish) parts.before_finish();
   finish_sent_ = true;
   absl::Status f = predecessor_->Finish(absl::Seconds(10));
   if (!f.ok()) LOG(WARNING) << "takeover: " << f.message();
   events_->Emit("takeover_complete", {{"held", *held}, {"registered", registered}});
   done_.Notify();
-}
-
-void Takeover::ReleaseClientNames(const Parts& parts) {
-  // A 1.25-1.36 kubelet disconnects whatever client holds a resource's
-  // name when the predecessor's stream ends (kubernetes#121994): its
-  // devices would turn unhealthy until this one registered again, and pods
-  // admitted meanwhile fail. Emptying that entry first (the kubelet keeps
-  // streaming from this endpoint) makes the predecessor's end a no-op.
-  for (KubeletEndpoint* e : parts.endpoints()) {
-    if (!e->kubelet_registers_synchronously()) continue;
-    absl::Status s = e->ReleaseClientName(absl::Seconds(10));
-    if (s.ok()) {
-      LOG(INFO) << "takeover: resource " << e->resource()->name()
-                << ": the kubelet's record of its client is cleared, so the running "
-                   "dpproxy's exit disconnects nothing";
-    } else {
-      LOG(WARNING) << "takeover: resource " << e->resource()->name()
-                   << ": the kubelet's record of its client could not be cleared ("
-                   << s.message() << "); if the kubelet drops it when the running dpproxy "
-                   << "exits, it is registered again at once";
-      // Whatever the kubelet accepted is replaced.
-      if (absl::IsFailedPrecondition(s)) parts.registrar->Resume();
-    }
-  }
 }
 
 void Takeover::HandBack(const std::string& why) {

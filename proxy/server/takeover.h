@@ -32,8 +32,7 @@
 #include "absl/time/time.h"
 #include "proxy/events/event_log.h"
 #include "proxy/handoff/handoff.h"
-#include "proxy/kubelet/kubelet_endpoint.h"
-#include "proxy/server/registrar.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 
 namespace dpproxy {
 
@@ -56,9 +55,8 @@ class Takeover {
   // What Complete needs of this dpproxy. Each is called on the takeover's
   // thread.
   struct Parts {
-    // The kubelet-facing endpoint of every resource.
-    std::function<std::vector<KubeletEndpoint*>()> endpoints;
-    Registrar* registrar = nullptr;
+    // The kubelet-facing side, and its sockets.
+    KubeletSide* side = nullptr;
     // Shutdown() has begun.
     std::function<bool()> stopping;
     // Just before the predecessor is told to finish (may be empty).
@@ -82,13 +80,12 @@ class Takeover {
 
  private:
   void Complete(const Parts& parts);
-  // Whether `done` holds for every endpoint within `timeout`, checked
+  // Whether `done` holds for every gate within `timeout`, checked
   // every 10 ms (a takeover's one-off waits: a socket served, a
   // registration, the kubelet's stream, each a few milliseconds); false if
   // stopping or out of time.
-  bool WaitForEvery(const Parts& parts, const std::function<bool(KubeletEndpoint*)>& done,
+  bool WaitForEvery(const Parts& parts, const std::function<bool(KubeletGate*)>& done,
                     absl::Duration timeout);
-  void ReleaseClientNames(const Parts& parts);
 
   const std::string state_dir_;
   const absl::Duration release_timeout_;

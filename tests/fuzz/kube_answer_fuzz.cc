@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "proxy/dra/claim_preparer.h"
-#include "proxy/dra/slice_publisher.h"
+#include "proxy/kubelet_side/dra/claim_preparer.h"
+#include "proxy/kubelet_side/dra/slice_publisher.h"
 #include "proxy/kube/json_shape.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -4,13 +4,13 @@
 // name's entry; the client that held it keeps serving, and the end of its
 // stream then disconnects nothing (the kubelet's connectClient and
 // runClient). Real gRPC servers on real Unix sockets; the failing
-// registration is dpproxy's own (proxy/kubelet/client_name_release.h).
+// registration is dpproxy's own (proxy/kubelet_side/device_plugin/client_name_release.h).
 #include <memory>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/kubelet/client_name_release.h"
+#include "proxy/kubelet_side/device_plugin/client_name_release.h"
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/kubelet_sim/kubelet_sim.h"

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/dra/cdi_spec.h"
+#include "proxy/kubelet_side/dra/cdi_spec.h"
 #include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tools/apiserver_sim/apiserver_sim.h"

@@ -1,0 +1,100 @@
+#include "proxy/kubelet_side/device_plugin/client_name_release.h"
+
+#include <atomic>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+namespace {
+
+// A device plugin that refuses GetDevicePluginOptions, and counts the asks.
+class RefusingPlugin final : public v1beta1::DevicePlugin::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
+                                                   const v1beta1::Empty*,
+                                                   v1beta1::DevicePluginOptions*) override {
+    asked_.fetch_add(1);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "dpproxy: this registration only clears the kubelet's record of the resource's client "
+        "(kubernetes#121994); the resource stays served at its endpoint"));
+    return reactor;
+  }
+  int asked() const { return asked_.load(); }
+
+ private:
+  std::atomic<int> asked_{0};
+};
+
+}  // namespace
+
+std::string ReleaseSocketName(const std::string& endpoint_socket_name) {
+  absl::string_view stem = endpoint_socket_name;
+  if (absl::EndsWith(stem, ".sock")) stem.remove_suffix(5);
+  return absl::StrCat(stem, ".release.sock");
+}
+
+absl::Status ReleaseClientName(const KubeletSideOptions& kubelet, const std::string& resource,
+                               const std::string& endpoint_socket_name,
+                               absl::Duration timeout) {
+  const std::string name = ReleaseSocketName(endpoint_socket_name);
+  const std::string path = JoinPath(DevicePluginDir(kubelet), name);
+  if (absl::Status s = ValidateSocketPath(path); !s.ok()) return s;
+  RefusingPlugin plugin;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(path), grpc::InsecureServerCredentials());
+  builder.RegisterService(&plugin);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+  struct Stop {
+    grpc::Server* server;
+    ~Stop() {
+      // gRPC removes the socket file as the server shuts down.
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+      server->Wait();
+    }
+  } stop{server.get()};
+  (void)SetMode(path, 0700);  // only the kubelet (root) may connect
+
+  const std::string kubelet_sock = KubeletSocketPath(kubelet);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialUnixChannel(kubelet_sock, std::min(timeout, absl::Seconds(2)));
+  if (!channel.ok()) {
+    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet_sock,
+                                               " is not answering"));
+  }
+  v1beta1::RegisterRequest req;
+  req.set_version(std::string(kV1Beta1Version));
+  req.set_endpoint(name);
+  req.set_resource_name(resource);
+  v1beta1::Empty resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const grpc::Status st = v1beta1::Registration::NewStub(*channel)->Register(&ctx, req, &resp);
+  if (st.ok()) {
+    return absl::FailedPreconditionError(
+        "the kubelet accepted a registration it had not asked the options of: it dials after "
+        "it answers (a release before 1.25)");
+  }
+  if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat("the kubelet did not answer the registration: ",
+                                               GoRpcError(st)));
+  }
+  if (plugin.asked() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the kubelet refused the registration without asking for the options: ", GoRpcError(st)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,944 @@
+#include "proxy/kubelet_side/device_plugin/kubelet_endpoint.h"
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+#include <glog/logging.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proto/pluginregistration/api.grpc.pb.h"
+#include "proto/v1alpha/api.grpc.pb.h"
+#include "proto/v1beta1/api.grpc.pb.h"
+#include "proxy/kubelet_side/device_plugin/client_name_release.h"
+#include "proxy/util/files.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/rpc/newest_writer.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/rpc/grpc_status.h"
+#include "proxy/util/status_macros.h"
+
+namespace dpproxy {
+namespace {
+
+std::string SocketNameFor(const std::string& resource, int generation) {
+  std::string n = resource;
+  for (char& c : n) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  return generation == 0 ? absl::StrCat("dpproxy-", n, ".sock")
+                         : absl::StrCat("dpproxy-", n, ".", generation, ".sock");
+}
+
+// "cdi.k8s.io/dpproxy_vendor.com_gpu": the CDI annotation convention's
+// prefix, and a name part that is a valid annotation name.
+std::string CdiAnnotationKey(const std::string& resource) {
+  std::string n = resource;
+  for (char& c : n) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  }
+  std::string name = absl::StrCat("dpproxy_", n);
+  if (name.size() > 63) name.resize(63);
+  while (!name.empty() && !absl::ascii_isalnum(static_cast<unsigned char>(name.back()))) {
+    name.pop_back();
+  }
+  return absl::StrCat("cdi.k8s.io/", name);
+}
+
+}  // namespace
+
+// --- ListAndWatch streams ------------------------------------------------------------
+
+namespace {
+
+// A buffer that gRPC writes straight from `wire`, which it keeps alive until
+// the write is done: no copy.
+std::shared_ptr<const grpc::ByteBuffer> WireBuffer(std::shared_ptr<const std::string> wire) {
+  if (wire->empty()) {
+    grpc::Slice empty;  // a valid buffer of no bytes: the empty message
+    return std::make_shared<const grpc::ByteBuffer>(&empty, 1);
+  }
+  auto* keep = new std::shared_ptr<const std::string>(std::move(wire));
+  grpc::Slice slice(const_cast<char*>((*keep)->data()), (*keep)->size(),
+                    [](void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); },
+                    keep);
+  return std::make_shared<const grpc::ByteBuffer>(&slice, 1);
+}
+
+}  // namespace
+
+// One ListAndWatch stream toward the kubelet, served without a thread of
+// its own (NewestWriter): the current list at once, then the newest list
+// whenever the resource publishes one, translated only when its write
+// starts (the kubelet only ever needs the latest list). Ends when the
+// kubelet goes away, the server is replaced or the proxy stops
+// (KubeletEndpoint::FinishStreams), and deletes itself when gRPC is done.
+template <typename Msg>
+class ListAndWatchStream final : public NewestWriter<Msg>, public KubeletEndpoint::StreamHandle {
+ public:
+  // Makes the message for a published list (the version the kubelet
+  // speaks).
+  using Translate = std::function<std::shared_ptr<const Msg>(const Resource::Snapshot&)>;
+
+  ListAndWatchStream(KubeletEndpoint* e, Translate translate)
+      : e_(e), translate_(std::move(translate)) {
+    e_->AddStream(this);
+    watcher_ = e_->resource()->AddWatcher([this](const Resource::Snapshot& s) { Publish(s); });
+    Publish(e_->resource()->Current());
+  }
+
+  void FinishNow() override { NewestWriter<Msg>::FinishNow(); }
+
+ private:
+  void Publish(const Resource::Snapshot& s) {
+    NewestWriter<Msg>::Publish(s.version, [t = translate_, s] { return t(s); });
+  }
+  void OnFinished() override {
+    e_->resource()->RemoveWatcher(watcher_);  // no Publish runs after this
+    e_->RemoveStream(this, this->ended_by_client());
+  }
+
+  KubeletEndpoint* const e_;
+  const Translate translate_;
+  uint64_t watcher_ = 0;
+};
+
+// --- Timing -------------------------------------------------------------------------
+
+// Times one kubelet-side call from its start to Done(), which passes the
+// answer's status through.
+class KubeletCall {
+ public:
+  KubeletCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api)
+      : e_(e), method_(method), kubelet_api_(kubelet_api), start_(absl::Now()) {}
+  // The backend that served it, for the backend_api label.
+  void set_backend(const Backend* b) { backend_api_ = b->api(); }
+  grpc::Status Done(grpc::Status s) {
+    if (e_->telemetry() != nullptr) {
+      e_->telemetry()->ObserveRpc(
+          "kubelet", method_, e_->resource()->name(), ApiWireVersion(kubelet_api_),
+          backend_api_.has_value() ? ApiWireVersion(*backend_api_) : absl::string_view(),
+          GrpcCodeName(s.error_code()), absl::Now() - start_);
+    }
+    return s;
+  }
+
+ private:
+  KubeletEndpoint* const e_;
+  const char* const method_;
+  const ApiVersion kubelet_api_;
+  const absl::Time start_;
+  std::optional<ApiVersion> backend_api_;
+};
+
+// --- Allocate -----------------------------------------------------------------------
+
+// An Allocate from the kubelet, whatever API it speaks (its edge translates
+// the request in and the response out): admitted by the handoff gate
+// (served here, held, or sent on to a new dpproxy), served by the
+// resource's allocator (allocator.h: every rule and the journal), and
+// answered with CDI names copied into annotations where asked.
+//
+// Served with gRPC's callback API: no thread waits on the call, and the
+// reactor deletes itself once gRPC is done with it.
+class AllocateReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // Writes the core's answer into the kubelet's response message.
+  using Answer = std::function<void(v1beta1::AllocateResponse)>;
+
+  // Starts serving `req`; the reactor is gRPC's from then on.
+  static grpc::ServerUnaryReactor* Start(KubeletEndpoint* e, grpc::CallbackServerContext* ctx,
+                                         ApiVersion kubelet_api, v1beta1::AllocateRequest req,
+                                         Answer answer) {
+    auto* r = new AllocateReactor(e, ctx, kubelet_api, std::move(req), std::move(answer));
+    r->Begin();
+    return r;
+  }
+
+  // The allocator's call ends with the kubelet's (through its context); a
+  // held call ends at once.
+  void OnCancel() override {
+    if (e_->Unhold(this)) End(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+  // Both reactions are short and never block (a map lookup under the
+  // endpoint's lock, a Finish), so gRPC may run them on the thread that
+  // ends the call. Otherwise it hands every call's end to its executor
+  // thread: a thread hop per Allocate, about 10 us of CPU per call on a
+  // 2-core machine (tools/dev bench, "CPU time per call"). gRPC's own reactor for
+  // CallbackServerContext::DefaultReactor() says the same of itself; the
+  // hook is public but marked internal in gRPC 1.51's headers, so a gRPC
+  // that drops it fails this build rather than changing behaviour.
+  bool InternalInlineable() override { return true; }
+
+ private:
+  AllocateReactor(KubeletEndpoint* e, grpc::CallbackServerContext* ctx, ApiVersion kubelet_api,
+                  v1beta1::AllocateRequest req, Answer answer)
+      : e_(e),
+        ctx_(ctx),
+        kubelet_api_(kubelet_api),
+        req_(std::move(req)),
+        answer_(std::move(answer)),
+        call_(e, "Allocate", kubelet_api),
+        timeout_(e->backend_timeout()),
+        deadline_(absl::Now() + timeout_) {}
+
+  void Begin() {
+    // A handoff may hold the call, or send it on to the new dpproxy.
+    std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_to;
+    switch (e_->AdmitAllocate(this, [this] { Begin(); }, &forward_to)) {
+      case KubeletEndpoint::AllocateMode::kHold:
+        return;  // Begin() runs again when the handoff moves on
+      case KubeletEndpoint::AllocateMode::kForward:
+        counted_ = true;
+        return Forward(std::move(forward_to));
+      case KubeletEndpoint::AllocateMode::kServe:
+        counted_ = true;
+        break;
+    }
+    Allocator::Call call;
+    call.request = req_;
+    call.timeout = timeout_;
+    call.caller = ctx_;
+    call.kubelet_api = std::string(ApiWireVersion(kubelet_api_));
+    // A 1.9 kubelet never calls PreStartContainer: the allocator does,
+    // right after Allocate, within the same deadline.
+    call.pre_start = kubelet_api_ == ApiVersion::kV1Alpha;
+    call.readmission_possible = e_->kubelet_may_reallocate_running();
+    // The last touch of this reactor here: the answer may arrive, and the
+    // reactor end, on another thread before this call returns.
+    e_->allocator()->Allocate(std::move(call), [this](absl::StatusOr<Allocator::Allocated> r) {
+      if (!r.ok()) return End(ToGrpcStatus(r.status()));
+      call_.set_backend(r->backend.get());
+      Answered(std::move(r->response));
+    });
+  }
+
+  void Answered(v1beta1::AllocateResponse resp) {
+    Resource* res = e_->resource();
+    // v1alpha has no annotations: adding them would only count a loss.
+    if (e_->cdi_annotations() && kubelet_api_ == ApiVersion::kV1Beta1) {
+      for (auto& c : *resp.mutable_container_responses()) {
+        if (c.cdi_devices_size() == 0) continue;
+        std::vector<std::string> names;
+        for (const auto& d : c.cdi_devices()) names.push_back(d.name());
+        (*c.mutable_annotations())[CdiAnnotationKey(res->name())] = absl::StrJoin(names, ",");
+      }
+    }
+    e_->events()->Emit("allocate",
+                       {{"resource", res->name()},
+                        {"kubelet_api", std::string(ApiWireVersion(kubelet_api_))},
+                        {"containers", req_.container_requests_size()}});
+    answer_(std::move(resp));
+    End(grpc::Status::OK);
+  }
+
+  // During a handoff: the new dpproxy serves the call (its checks, its
+  // backend, its journal) and its answer is the kubelet's.
+  void Forward(std::shared_ptr<v1beta1::DevicePlugin::Stub> stub) {
+    forward_stub_ = std::move(stub);
+    forward_ctx_ = grpc::ClientContext::FromServerContext(*ctx_);
+    forward_ctx_->set_deadline(absl::ToChronoTime(deadline_));
+    forward_ctx_->set_wait_for_ready(true);  // a reconnect rides on, within the deadline
+    forward_stub_->async()->Allocate(forward_ctx_.get(), &req_, &resp_, [this](grpc::Status s) {
+      if (!s.ok()) {
+        return End(grpc::Status(
+            s.error_code(), absl::StrCat("dpproxy is handing over to a new dpproxy, which "
+                                         "refused the Allocate: ", s.error_message())));
+      }
+      answer_(std::move(resp_));
+      End(grpc::Status::OK);
+    });
+  }
+
+  void End(const grpc::Status& s) {
+    if (counted_) e_->AllocateServed();
+    Finish(call_.Done(s));
+  }
+
+  KubeletEndpoint* const e_;
+  grpc::CallbackServerContext* const ctx_;
+  const ApiVersion kubelet_api_;
+  const v1beta1::AllocateRequest req_;
+  const Answer answer_;
+  KubeletCall call_;
+  const absl::Duration timeout_;
+  const absl::Time deadline_;  // a forwarded call's
+  bool counted_ = false;  // admitted by the endpoint's gate, served or forwarded
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_;
+  std::unique_ptr<grpc::ClientContext> forward_ctx_;
+  v1beta1::AllocateResponse resp_;  // a forwarded call's answer
+};
+
+// --- GetPreferredAllocation -------------------------------------------------------
+
+// Answers a GetPreferredAllocation from `picks` (the backend's, per
+// container; empty if it has none) steering around `held` (preferred.h).
+// If the answer must name held devices, their holders are checked first,
+// once, on a thread of its own (it asks pod-resources): one gone since
+// (its pod deleted a moment ago) frees its devices for this answer.
+void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationRequest* req,
+                     v1beta1::PreferredAllocationResponse* resp,
+                     grpc::ServerUnaryReactor* reactor, std::shared_ptr<KubeletCall> call,
+                     std::vector<std::vector<std::string>> picks,
+                     std::shared_ptr<const Resource::Forgotten> held, bool refreshed) {
+  std::vector<PreferredChoice> choices;
+  std::vector<std::string> named;
+  for (int i = 0; i < req->container_requests_size(); ++i) {
+    choices.push_back(ChoosePreferred(req->container_requests(i), picks[i], *held));
+    for (const std::string& id : choices.back().ids) {
+      if (held->count(id) > 0) named.push_back(id);
+    }
+  }
+  if (!named.empty() && !refreshed) {
+    std::thread([e, req, resp, reactor, call = std::move(call), picks = std::move(picks),
+                 held = std::move(held), named = std::move(named)]() mutable {
+      const std::set<std::string> still = e->resource()->StillForgotten(named);
+      auto fresh = std::make_shared<Resource::Forgotten>(*held);
+      for (const std::string& id : named) {
+        if (still.count(id) == 0) fresh->erase(id);
+      }
+      FinishPreferred(e, req, resp, reactor, std::move(call), std::move(picks),
+                      std::move(fresh), /*refreshed=*/true);
+    }).detach();
+    return;  // the call is not finished before the thread answers: req, resp live
+  }
+  for (PreferredChoice& choice : choices) {
+    e->NoteSteering(choice);
+    auto* out = resp->add_container_responses();
+    for (std::string& id : choice.ids) out->add_deviceids(std::move(id));
+  }
+  reactor->Finish(call->Done(grpc::Status::OK));
+}
+
+// --- Services ---------------------------------------------------------------------
+
+class KubeletEndpoint::Services {
+ public:
+  // Every method is served with gRPC's callback API, so that no server
+  // has a pool of synchronous threads of its own (two per resource).
+  class Beta final
+      : public v1beta1::DevicePlugin::WithRawCallbackMethod_ListAndWatch<
+            v1beta1::DevicePlugin::WithCallbackMethod_GetPreferredAllocation<
+                v1beta1::DevicePlugin::WithCallbackMethod_Allocate<
+                    v1beta1::DevicePlugin::WithCallbackMethod_PreStartContainer<
+                        v1beta1::DevicePlugin::WithCallbackMethod_GetDevicePluginOptions<
+                            v1beta1::DevicePlugin::Service>>>>> {
+   public:
+    explicit Beta(KubeletEndpoint* e) : e_(e) {}
+
+    // From memory, at once.
+    grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
+                                                     const v1beta1::Empty*,
+                                                     v1beta1::DevicePluginOptions* resp) override {
+      KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
+      e_->NoteOptionsAsked();
+      *resp = e_->resource()->options();
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(call.Done(grpc::Status::OK));
+      return reactor;
+    }
+
+    // Raw: the published list is held as the v1beta1 message's bytes, which
+    // every stream writes as they are (never serialized again, never copied).
+    grpc::ServerWriteReactor<grpc::ByteBuffer>* ListAndWatch(grpc::CallbackServerContext*,
+                                                             const grpc::ByteBuffer*) override {
+      return new ListAndWatchStream<grpc::ByteBuffer>(
+          e_, [](const Resource::Snapshot& s) { return WireBuffer(s.list->shared_wire()); });
+    }
+
+    // The kubelet's IDs to the backend's and back; the backend is called
+    // through its callback call. dpproxy offers the method for every
+    // backend: for one without it, it answers from the available devices;
+    // and while containers the kubelet forgot hold devices, every answer
+    // steers away from those (proxy/core/preferred.h).
+    grpc::ServerUnaryReactor* GetPreferredAllocation(
+        grpc::CallbackServerContext* ctx, const v1beta1::PreferredAllocationRequest* req,
+        v1beta1::PreferredAllocationResponse* resp) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      auto call =
+          std::make_shared<KubeletCall>(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
+      KubeletEndpoint* e = e_;
+      Resource* res = e->resource();
+      std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
+      if (!held->empty() && e->kubelet_may_reallocate_running()) {
+        // A kubelet before 1.25 re-admitting a running container it forgot
+        // allocates again: its own devices are the ones to name.
+        bool all = true;
+        v1beta1::PreferredAllocationResponse own;
+        for (const auto& c : req->container_requests()) {
+          std::set<std::string> available(c.available_deviceids().begin(),
+                                          c.available_deviceids().end());
+          std::vector<std::string> pick = res->ReadmissionPick(c.allocation_size(), available);
+          if (pick.empty()) {
+            all = false;
+            break;
+          }
+          auto* out = own.add_container_responses();
+          for (std::string& id : pick) out->add_deviceids(std::move(id));
+        }
+        if (all && req->container_requests_size() > 0) {
+          *resp = std::move(own);
+          reactor->Finish(call->Done(grpc::Status::OK));
+          return reactor;
+        }
+      }
+      if (!res->backend_offers_preferred()) {
+        FinishPreferred(e, req, resp, reactor, call,
+                        std::vector<std::vector<std::string>>(req->container_requests_size()),
+                        std::move(held), /*refreshed=*/false);
+        return reactor;
+      }
+      e->allocator()->WithBackend(ctx, e->backend_timeout(), [e, ctx, req, resp, reactor, call,
+                           held = std::move(held)](std::shared_ptr<Backend> b) {
+        if (b == nullptr) return reactor->Finish(call->Done(ToGrpcStatus(e->allocator()->NoBackend())));
+        call->set_backend(b.get());
+        Resource* res = e->resource();
+        v1beta1::PreferredAllocationRequest breq = *req;
+        for (auto& c : *breq.mutable_container_requests()) {
+          if (!held->empty()) {
+            // Offer the backend only devices nobody holds, where enough are.
+            std::set<std::string> must(c.must_include_deviceids().begin(),
+                                       c.must_include_deviceids().end());
+            std::vector<std::string> free;
+            for (const std::string& id : c.available_deviceids()) {
+              if (held->count(id) == 0 || must.count(id) > 0) free.push_back(id);
+            }
+            if (static_cast<int>(free.size()) >= c.allocation_size() &&
+                free.size() < static_cast<size_t>(c.available_deviceids_size())) {
+              c.clear_available_deviceids();
+              for (std::string& id : free) c.add_available_deviceids(std::move(id));
+            }
+          }
+          for (auto& id : *c.mutable_available_deviceids()) id = res->ToBackendId(id);
+          for (auto& id : *c.mutable_must_include_deviceids()) id = res->ToBackendId(id);
+        }
+        const absl::Time start = absl::Now();
+        Backend* backend = b.get();
+        backend->GetPreferredAllocationAsync(
+            std::move(breq), e->backend_timeout(), ctx,
+            [e, req, resp, reactor, call, b = std::move(b), held,
+             start](absl::StatusOr<v1beta1::PreferredAllocationResponse> r) {
+              e->allocator()->ObserveBackendCall("GetPreferredAllocation",
+                                                 ApiWireVersion(ApiVersion::kV1Beta1), *b,
+                                                 r.status(), start);
+              if (!r.ok()) return reactor->Finish(call->Done(ToGrpcStatus(r.status())));
+              *resp = *std::move(r);
+              for (auto& c : *resp->mutable_container_responses()) {
+                for (auto& id : *c.mutable_deviceids()) id = e->resource()->ToKubeletId(id);
+              }
+              if (held->empty()) return reactor->Finish(call->Done(grpc::Status::OK));
+              // Exactly the size asked, held devices last: the kubelet
+              // would top a short answer up from any of them.
+              std::vector<std::vector<std::string>> picks(req->container_requests_size());
+              for (int i = 0; i < req->container_requests_size() &&
+                              i < resp->container_responses_size();
+                   ++i) {
+                picks[i].assign(resp->container_responses(i).deviceids().begin(),
+                                resp->container_responses(i).deviceids().end());
+              }
+              resp->Clear();
+              FinishPreferred(e, req, resp, reactor, call, std::move(picks), held,
+                              /*refreshed=*/false);
+            });
+      });
+      return reactor;
+    }
+
+    grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
+                                       const v1beta1::AllocateRequest* req,
+                                       v1beta1::AllocateResponse* resp) override {
+      return AllocateReactor::Start(e_, ctx, ApiVersion::kV1Beta1, *req,
+                                    [resp](v1beta1::AllocateResponse r) { *resp = std::move(r); });
+    }
+
+    grpc::ServerUnaryReactor* PreStartContainer(grpc::CallbackServerContext* ctx,
+                                                const v1beta1::PreStartContainerRequest* req,
+                                                v1beta1::PreStartContainerResponse*) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      auto call = std::make_shared<KubeletCall>(e_, "PreStartContainer", ApiVersion::kV1Beta1);
+      KubeletEndpoint* e = e_;
+      e->allocator()->WithBackend(ctx, e->backend_timeout(), [e, ctx, req, reactor, call](std::shared_ptr<Backend> b) {
+        if (b == nullptr) return reactor->Finish(call->Done(ToGrpcStatus(e->allocator()->NoBackend())));
+        call->set_backend(b.get());
+        v1beta1::PreStartContainerRequest breq = *req;
+        for (auto& id : *breq.mutable_devices_ids()) id = e->resource()->ToBackendId(id);
+        const absl::Time start = absl::Now();
+        Backend* backend = b.get();
+        backend->PreStartContainerAsync(
+            std::move(breq), e->backend_timeout(), ctx,
+            [e, reactor, call, b = std::move(b), start](absl::Status s) {
+              e->allocator()->ObserveBackendCall(
+                  "PreStartContainer", ApiWireVersion(ApiVersion::kV1Beta1), *b, s, start);
+              reactor->Finish(call->Done(ToGrpcStatus(s)));
+            });
+      });
+      return reactor;
+    }
+
+   private:
+    KubeletEndpoint* const e_;
+  };
+
+  class Alpha final : public deviceplugin::DevicePlugin::WithCallbackMethod_ListAndWatch<
+                          deviceplugin::DevicePlugin::WithCallbackMethod_Allocate<
+                              deviceplugin::DevicePlugin::Service>> {
+   public:
+    explicit Alpha(KubeletEndpoint* e) : e_(e) {}
+
+    grpc::ServerWriteReactor<deviceplugin::ListAndWatchResponse>* ListAndWatch(
+        grpc::CallbackServerContext*, const deviceplugin::Empty*) override {
+      KubeletEndpoint* e = e_;
+      return new ListAndWatchStream<deviceplugin::ListAndWatchResponse>(
+          e, [e](const Resource::Snapshot& s) {
+            Loss loss;
+            auto out = std::make_shared<const deviceplugin::ListAndWatchResponse>(
+                ToV1AlphaList(s.list->ToMessage(), &loss));
+            e->NoteLoss(loss);
+            return out;
+          });
+    }
+
+    // The edge only translates: v1alpha in, the one core, v1alpha out.
+    grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
+                                       const deviceplugin::AllocateRequest* req,
+                                       deviceplugin::AllocateResponse* resp) override {
+      KubeletEndpoint* e = e_;
+      return AllocateReactor::Start(e, ctx, ApiVersion::kV1Alpha, FromV1AlphaAllocate(*req),
+                                    [e, resp](v1beta1::AllocateResponse r) {
+                                      Loss loss;
+                                      *resp = ToV1AlphaResponse(r.container_responses(0), &loss);
+                                      e->NoteLoss(loss);
+                                    });
+    }
+
+   private:
+    KubeletEndpoint* const e_;
+  };
+
+  class Watcher final : public pluginregistration::Registration::WithCallbackMethod_GetInfo<
+                            pluginregistration::Registration::WithCallbackMethod_NotifyRegistrationStatus<
+                                pluginregistration::Registration::Service>> {
+   public:
+    explicit Watcher(KubeletEndpoint* e) : e_(e) {}
+    grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
+                                      const pluginregistration::InfoRequest*,
+                                      pluginregistration::PluginInfo* info) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(Info(info));
+      return reactor;
+    }
+    grpc::ServerUnaryReactor* NotifyRegistrationStatus(
+        grpc::CallbackServerContext* ctx, const pluginregistration::RegistrationStatus* st,
+        pluginregistration::RegistrationStatusResponse*) override {
+      grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+      reactor->Finish(Notified(*st));
+      return reactor;
+    }
+
+   private:
+    grpc::Status Info(pluginregistration::PluginInfo* info) {
+      info->set_type(std::string(kDevicePluginType));
+      info->set_name(e_->resource()->name());
+      info->set_endpoint(e_->socket_path());
+      // Every version served on this socket; the kubelet picks v1beta1.
+      info->add_supported_versions(std::string(kV1Beta1Version));
+      info->add_supported_versions(std::string(kV1AlphaVersion));
+      return grpc::Status::OK;
+    }
+    grpc::Status Notified(const pluginregistration::RegistrationStatus& st) {
+      if (st.plugin_registered()) {
+        e_->SetNegotiated("v1beta1 (plugin-watcher)");
+      } else {
+        LOG(ERROR) << "resource " << e_->resource()->name()
+                   << ": the kubelet's plugin watcher refused registration: " << st.error();
+        e_->events()->Emit("kubelet_registration_failed",
+                           {{"resource", e_->resource()->name()},
+                            {"via", "plugin-watcher"},
+                            {"error", st.error()}});
+      }
+      return grpc::Status::OK;
+    }
+
+    KubeletEndpoint* const e_;
+  };
+
+  explicit Services(KubeletEndpoint* e) : beta(e), alpha(e), watcher(e) {}
+  Beta beta;
+  Alpha alpha;
+  Watcher watcher;
+  // A callback generic service serves one server in its life: one per Serve().
+  std::unique_ptr<GoStyleUnknownHandler> unknown;
+};
+
+// --- KubeletEndpoint -------------------------------------------------------------------
+
+KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& options,
+                                 LossCounter* losses, EventLog* events,
+                                 Allocator* allocator, Telemetry* telemetry)
+    : resource_(resource),
+      options_(options),
+      backend_timeout_ns_(absl::ToInt64Nanoseconds(options.backend_timeout)),
+      cdi_annotations_(options.cdi_annotations),
+      losses_(losses),
+      events_(events),
+      allocator_(allocator),
+      telemetry_(telemetry),
+      socket_name_(SocketNameFor(resource->name(), options.socket_generation)),
+      socket_path_(options.registration == KubeletRegistration::kPluginWatcher
+                       ? JoinPath(JoinPath(options.kubelet_root, "plugins_registry"), socket_name_)
+                       : JoinPath(DevicePluginDir(options), socket_name_)),
+      services_(std::make_unique<Services>(this)) {}
+
+KubeletEndpoint::~KubeletEndpoint() { Stop(); }
+
+void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
+  if (choice.avoided > 0) avoided_ += choice.avoided;
+  if (choice.held_named > 0) {
+    held_named_ += choice.held_named;
+    LOG(WARNING) << "resource " << resource_->name() << ": a GetPreferredAllocation had to name "
+                 << choice.held_named
+                 << " device(s) held by containers the kubelet forgot (too few others are "
+                    "available); an Allocate naming them is refused while their holders run";
+  }
+}
+
+
+void KubeletEndpoint::NoteOptionsAsked() {
+  if (registering_.load()) options_asked_ = true;
+}
+
+bool KubeletEndpoint::kubelet_may_reallocate_running() const { return kubelet_sync_.load() == 0; }
+
+void KubeletEndpoint::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
+  backend_timeout_ns_ = absl::ToInt64Nanoseconds(backend_timeout);
+  cdi_annotations_ = cdi_annotations;
+}
+
+bool KubeletEndpoint::SocketPresent() {
+  absl::MutexLock lock(&mu_);
+  return server_ != nullptr && served_id_.has_value() && StatFileId(socket_path_) == served_id_;
+}
+
+absl::Status KubeletEndpoint::Serve() {
+  DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path_));
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::CancelledError("stopping");
+  FinishStreams();  // streams of the old server end
+  // The old server finishes the calls it is answering (for up to a
+  // second) before it goes, so a kubelet's GetDevicePluginOptions in flight
+  // on it is answered, not cancelled. It must go before the new one
+  // listens: gRPC unlinks a server's path when it shuts down.
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server_->Wait();
+    server_.reset();
+  }
+  services_->unknown.reset();  // served only that server
+  size_t slash = socket_path_.rfind('/');
+  DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
+  std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
+  grpc::ServerBuilder builder;
+  // One idle thread for GetDevicePluginOptions, the one synchronous method
+  // (see Services::Beta); a second while one answers.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
+  builder.RegisterService(&services_->beta);
+  builder.RegisterService(&services_->alpha);
+  if (options_.registration == KubeletRegistration::kPluginWatcher) {
+    builder.RegisterService(&services_->watcher);
+    served.push_back("pluginregistration.Registration");
+  }
+  services_->unknown = std::make_unique<GoStyleUnknownHandler>(served);
+  builder.RegisterCallbackGenericService(services_->unknown.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    served_id_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));
+  }
+  // Only the kubelet (root) may connect, whatever the umask.
+  if (absl::Status m = SetMode(socket_path_, 0700); !m.ok()) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    served_id_.reset();
+    return m;
+  }
+  served_id_ = StatFileId(socket_path_);
+  return absl::OkStatus();
+}
+
+absl::Status KubeletEndpoint::ReleaseClientName(absl::Duration timeout) {
+  absl::MutexLock serial(&register_serial_mu_);
+  if (stopping_) return absl::CancelledError("stopping");
+  absl::Status s = dpproxy::ReleaseClientName(options_, resource_->name(), socket_name_, timeout);
+  if (s.ok()) {
+    unlisted_ = true;
+    events_->Emit("kubelet_client_name_released", {{"resource", resource_->name()},
+                                                   {"socket", socket_path_}});
+  }
+  return s;
+}
+
+void KubeletEndpoint::RelistBeforeStop() {
+  if (!unlisted_.load() || !kubelet_streaming()) return;
+  if (absl::Status s = Register(); !s.ok()) {
+    LOG(WARNING) << "resource " << resource_->name() << ": could not register once more before "
+                 << "stopping (" << s.message() << "); the kubelet may count the devices "
+                 << "healthy until it restarts";
+  }
+}
+
+absl::Status KubeletEndpoint::Register() {
+  if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
+  absl::MutexLock serial(&register_serial_mu_);
+  const std::string kubelet = KubeletSocketPath(options_);
+  // kubelet.sock appears (bind) a moment before the kubelet listens on it:
+  // DialUnixChannel does not wait out gRPC's reconnect timer after that
+  // refusal (it fired 101 ms late: the slowest re-registrations).
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> dialled =
+      DialUnixChannel(kubelet, absl::Seconds(2), [this] { return stopping_.load(); });
+  if (!dialled.ok()) {
+    if (absl::IsCancelled(dialled.status())) return absl::CancelledError("stopping");
+    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
+  }
+  std::shared_ptr<grpc::Channel> channel = *std::move(dialled);
+  std::vector<ApiVersion> tries;
+  if (!options_.api || options_.api == ApiVersion::kV1Beta1) {
+    tries.push_back(ApiVersion::kV1Beta1);
+  }
+  if (!options_.api || options_.api == ApiVersion::kV1Alpha) {
+    tries.push_back(ApiVersion::kV1Alpha);
+  }
+  std::vector<std::string> refusals;
+  for (ApiVersion api : tries) {
+    grpc::ClientContext ctx;
+    // A 1.25+ kubelet dials back before answering, for up to 10 s.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(15)));
+    {
+      absl::MutexLock lock(&register_mu_);
+      if (stopping_) return absl::CancelledError("stopping");
+      register_ctx_ = &ctx;
+    }
+    struct Clear {
+      KubeletEndpoint* e;
+      ~Clear() {
+        absl::MutexLock lock(&e->register_mu_);
+        e->register_ctx_ = nullptr;
+      }
+    } clear{this};
+    grpc::Status st;
+    std::string version;
+    registering_ = true;
+    options_asked_ = false;
+    if (api == ApiVersion::kV1Beta1) {
+      version = std::string(kV1Beta1Version);
+      v1beta1::RegisterRequest req;
+      req.set_version(version);
+      req.set_endpoint(socket_name_);
+      req.set_resource_name(resource_->name());
+      *req.mutable_options() = resource_->options();
+      v1beta1::Empty resp;
+      st = v1beta1::Registration::NewStub(channel)->Register(&ctx, req, &resp);
+    } else {
+      version = std::string(kV1AlphaVersion);
+      deviceplugin::RegisterRequest req;
+      req.set_version(version);
+      req.set_endpoint(socket_name_);
+      req.set_resource_name(resource_->name());
+      deviceplugin::Empty resp;
+      st = deviceplugin::Registration::NewStub(channel)->Register(&ctx, req, &resp);
+    }
+    registering_ = false;
+    if (st.ok()) {
+      // A 1.25+ kubelet dials back and asks for the options before it
+      // answers; older ones answer first.
+      kubelet_sync_ = options_asked_.load() ? 1 : 0;
+      unlisted_ = false;
+      SetNegotiated(version);
+      std::shared_ptr<Backend> b = resource_->backend();
+      LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as "
+                << version << " (backend "
+                << (b ? std::string(ApiWireVersion(b->api())) + " at " + b->endpoint() : "not connected")
+                << ")";
+      events_->Emit("kubelet_registered",
+                    {{"resource", resource_->name()},
+                     {"kubelet_api", version},
+                     {"backend_api", b ? std::string(ApiWireVersion(b->api())) : ""},
+                     {"socket", socket_path_},
+                     {"refused_first", refusals}});
+      return absl::OkStatus();
+    }
+    refusals.push_back(absl::StrCat(version, ": ", DescribeGrpcStatus(st)));
+    const bool next = st.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+                      (st.error_code() == grpc::StatusCode::UNKNOWN &&
+                       absl::StrContains(st.error_message(), "is not supported by kubelet"));
+    if (!next) break;
+    LOG(INFO) << "resource " << resource_->name() << ": kubelet refused " << version << " ("
+              << DescribeGrpcStatus(st) << "); trying the next version";
+  }
+  std::string why = absl::StrJoin(refusals, "; ");
+  LOG(ERROR) << "resource " << resource_->name() << ": kubelet registration failed: " << why;
+  events_->Emit("kubelet_registration_failed",
+                {{"resource", resource_->name()}, {"error", why}});
+  return absl::FailedPreconditionError(
+      absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
+}
+
+void KubeletEndpoint::HoldAllocates() {
+  absl::MutexLock lock(&gate_mu_);
+  allocate_mode_ = AllocateMode::kHold;
+}
+
+bool KubeletEndpoint::WaitForAllocatesServed(absl::Duration timeout) {
+  absl::MutexLock lock(&gate_mu_);
+  return gate_mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](int* n) { return *n == 0; }, &allocates_in_progress_),
+      timeout);
+}
+
+size_t KubeletEndpoint::ForwardAllocates(const std::string& socket) {
+  std::map<const void*, std::function<void()>> held;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    allocate_mode_ = AllocateMode::kForward;
+    forward_stub_ = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(socket));
+    held.swap(held_);
+  }
+  LOG(INFO) << "resource " << resource_->name() << ": Allocates go on to " << socket << " ("
+            << held.size() << " held)";
+  for (auto& [key, resume] : held) resume();
+  return held.size();
+}
+
+void KubeletEndpoint::ServeAllocates() {
+  std::map<const void*, std::function<void()>> held;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    allocate_mode_ = AllocateMode::kServe;
+    forward_stub_.reset();
+    held.swap(held_);
+  }
+  for (auto& [key, resume] : held) resume();
+}
+
+KubeletEndpoint::AllocateMode KubeletEndpoint::AdmitAllocate(
+    const void* key, std::function<void()> resume,
+    std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to) {
+  absl::MutexLock lock(&gate_mu_);
+  switch (allocate_mode_) {
+    case AllocateMode::kServe:
+      ++allocates_in_progress_;
+      break;
+    case AllocateMode::kHold:
+      held_.emplace(key, std::move(resume));
+      break;
+    case AllocateMode::kForward:
+      ++allocates_in_progress_;
+      *forward_to = forward_stub_;
+      break;
+  }
+  return allocate_mode_;
+}
+
+bool KubeletEndpoint::Unhold(const void* key) {
+  absl::MutexLock lock(&gate_mu_);
+  return held_.erase(key) > 0;
+}
+
+void KubeletEndpoint::AllocateServed() {
+  absl::MutexLock lock(&gate_mu_);
+  --allocates_in_progress_;
+}
+
+bool KubeletEndpoint::kubelet_streaming() {
+  absl::MutexLock lock(&streams_mu_);
+  return !streams_.empty();
+}
+
+bool KubeletEndpoint::WaitForKubeletGone(absl::Duration timeout) {
+  absl::MutexLock lock(&streams_mu_);
+  auto gone = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_) { return streams_.empty(); };
+  return streams_mu_.AwaitWithTimeout(absl::Condition(&gone), timeout);
+}
+
+void KubeletEndpoint::AddStream(StreamHandle* s) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(s);
+}
+
+void KubeletEndpoint::RemoveStream(StreamHandle* s, bool by_kubelet) {
+  bool dropped;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    streams_.erase(s);
+    dropped = by_kubelet && streams_.empty() && !stopping_.load();
+  }
+  if (dropped && stream_dropped_) stream_dropped_();
+}
+
+void KubeletEndpoint::FinishStreams() {
+  // Under streams_mu_: a stream leaves the set (in OnDone) only after its
+  // finish, and is deleted after that, so none is finished after deletion.
+  absl::MutexLock lock(&streams_mu_);
+  for (StreamHandle* s : streams_) s->FinishNow();
+}
+
+std::string KubeletEndpoint::negotiated() {
+  absl::MutexLock lock(&negotiated_mu_);
+  return negotiated_;
+}
+
+void KubeletEndpoint::SetNegotiated(const std::string& v) {
+  absl::MutexLock lock(&negotiated_mu_);
+  if (negotiated_ != v) {
+    negotiated_ = v;
+    if (absl::StrContains(v, "plugin-watcher")) {
+      LOG(INFO) << "resource " << resource_->name()
+                << ": registered with the kubelet through the plugin watcher";
+      events_->Emit("kubelet_registered", {{"resource", resource_->name()},
+                                           {"kubelet_api", v},
+                                           {"socket", socket_path_}});
+    }
+  }
+}
+
+void KubeletEndpoint::NoteLoss(const Loss& loss) {
+  for (const std::string& kind : losses_->Add(resource_->name(), loss)) {
+    LOG(WARNING) << "resource " << resource_->name() << ": the kubelet's API (v1alpha) has no "
+                 << kind << "; dropping them (logged once per resource, counted)";
+    events_->Emit("lossy_translation", {{"resource", resource_->name()},
+                                        {"kind", kind},
+                                        {"kubelet_api", "v1alpha2"}});
+  }
+}
+
+void KubeletEndpoint::Stop() {
+  {
+    absl::MutexLock lock(&register_mu_);
+    stopping_ = true;
+    if (register_ctx_ != nullptr) register_ctx_->TryCancel();
+  }
+  FinishStreams();
+  absl::MutexLock lock(&mu_);
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    ::unlink(socket_path_.c_str());
+  }
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,306 @@
+#include "proxy/kubelet_side/device_plugin/registrar.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+
+namespace dpproxy {
+
+// How long after the kubelet ends our stream the registrar looks whether
+// that kubelet still runs (and so dropped this endpoint): a restarting
+// kubelet has by then replaced its socket or stopped listening.
+constexpr absl::Duration kDropSettle = absl::Milliseconds(200);
+
+Registrar::Registrar(KubeletSideOptions kubelet, EventLog* events, WorkQueue* workers,
+                     std::function<void()> wake)
+    : kubelet_(std::move(kubelet)), events_(events), workers_(workers), wake_(std::move(wake)) {}
+
+void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
+  auto slot = std::make_unique<Slot>();
+  slot->resource = resource;
+  slot->endpoint = endpoint;
+  Slot* raw = slot.get();
+  endpoint->SetStreamDroppedHook([this, raw] { OnStreamDropped(raw); });
+  absl::MutexLock lock(&mu_);
+  slots_.push_back(std::move(slot));
+}
+
+void Registrar::OnStreamDropped(Slot* e) {
+  // A list over the kubelet's limit ends every stream it is sent on:
+  // registering again soon changes nothing until the list changes.
+  const size_t list_bytes = e->resource->Current().list->bytes();
+  const bool too_large = list_bytes > kKubeletMaxListBytes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (held_ || !e->registered_with.has_value()) return;
+    // The kubelet no longer streams from this endpoint: whatever the cause
+    // (a restart is also seen by its new socket), register again. At once
+    // the first time; a kubelet that keeps dropping it (another plugin
+    // registering the same name) is answered with the usual backoff.
+    const absl::Time now = absl::Now();
+    if (now - e->last_drop < absl::Seconds(10)) {
+      e->backoff = std::min(absl::Seconds(5), std::max(absl::Milliseconds(100), e->backoff * 2));
+    } else {
+      e->backoff = absl::ZeroDuration();
+    }
+    if (too_large) {
+      e->backoff = std::max(e->backoff, kTooLargeRetry);
+      if (!e->too_large_said) {
+        LOG(ERROR) << "resource " << e->resource->name() << ": the kubelet ends its stream "
+                   << "because the device list is " << list_bytes << " bytes, over its "
+                   << kKubeletMaxListBytes << "; registering again every "
+                   << absl::FormatDuration(kTooLargeRetry)
+                   << " until the list fits (compact_ids, or fewer devices)";
+        e->too_large_said = true;
+      }
+    } else {
+      e->too_large_said = false;
+    }
+    e->last_drop = now;
+    e->dropped = true;
+    // A kubelet that restarts also ends every stream: by then it has
+    // usually wiped our socket or made a new one of its own, and the
+    // restart is handled as such.
+    e->retry_at =
+        now + std::max(e->backoff, now < expect_drop_until_ ? absl::ZeroDuration() : kDropSettle);
+    if (!too_large) {
+      LOG(INFO) << "resource " << e->resource->name() << ": the kubelet ended its stream";
+    }
+    events_->Emit("kubelet_stream_dropped", {{"resource", e->resource->name()}});
+  }
+  wake_();
+}
+
+void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
+  // Serving again is quick and happens here, even while a Register of the
+  // same resource waits on the kubelet's dial: that dial then finds the
+  // socket again.
+  for (Slot* e : slots) {
+    if (e->endpoint->SocketPresent()) continue;
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = !e->registered_with.has_value() && e->endpoint->negotiated().empty();
+    }
+    if (absl::Status s = e->endpoint->Serve(); !s.ok()) {
+      LOG(ERROR) << "resource " << e->resource->name() << ": " << s.message();
+      continue;
+    }
+    if (!first) {
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": kubelet restart detected (our socket was removed); serving again";
+      events_->Emit("kubelet_restart_detected",
+                    {{"resource", e->resource->name()}, {"signal", "socket removed"}});
+    }
+    absl::MutexLock lock(&mu_);
+    ++e->served;
+    e->registered_with.reset();
+    e->dropped = false;
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::InfinitePast();
+  }
+}
+
+Registrar::PassResult Registrar::Pass(absl::Time now) {
+  PassResult result;
+  std::vector<Slot*> slots;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& s : slots_) slots.push_back(s.get());
+    next_retry_ = absl::InfiniteFuture();
+  }
+  ServeRemoved(slots);
+  const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(kubelet_));
+  if (kubelet.has_value() && last_kubelet_.has_value() && kubelet != last_kubelet_) {
+    result.kubelet_restarted = kubelet;
+  }
+  if (kubelet.has_value()) last_kubelet_ = kubelet;
+  if (kubelet_.registration == KubeletRegistration::kPluginWatcher || !kubelet.has_value()) {
+    return result;  // the kubelet comes to us, or is not there yet (the watcher wakes us)
+  }
+  // Whether the kubelet listens at its socket: asked (once a pass) only
+  // for a resource whose stream the kubelet ended. A kubelet going down
+  // ends every stream too; its restart is then seen by its new socket.
+  std::optional<bool> listening;
+  for (Slot* e : slots) {
+    std::string options = e->resource->options().SerializeAsString();
+    uint64_t served;
+    bool dropped_by_live_kubelet = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (result.kubelet_restarted.has_value()) {
+        // A new kubelet: no backoff left from the old one's drops.
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::InfinitePast();
+        e->dropped = false;
+      }
+      if (e->dropped && e->registered_with == kubelet && !held_ && !e->registering) {
+        if (now < e->retry_at) {
+          next_retry_ = std::min(next_retry_, e->retry_at);
+          continue;
+        }
+        // Still the same kubelet, listening, and our socket where it was:
+        // that kubelet dropped this endpoint.
+        if (!e->endpoint->SocketPresent()) continue;  // ServeRemoved's
+        if (!listening.has_value()) {
+          mu_.Unlock();
+          listening = SocketAccepts(KubeletSocketPath(kubelet_));
+          mu_.Lock();
+        }
+        if (!*listening) continue;
+        dropped_by_live_kubelet = true;
+      }
+      if (held_ || e->registering) continue;
+      served = e->served;
+      if (e->registered_with == kubelet && !e->dropped) {
+        if (e->registered_options == options) continue;
+        LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+      } else if (e->registered_with == kubelet) {
+        // Dropped by this kubelet, which still runs (OnStreamDropped): it
+        // disconnected this resource's client.
+        if (dropped_by_live_kubelet && now >= e->retry_at) {
+          LOG(INFO) << "resource " << e->resource->name()
+                    << ": the running kubelet dropped our endpoint; registering again";
+        }
+      } else if (e->registered_with.has_value()) {
+        LOG(INFO) << "resource " << e->resource->name()
+                  << ": kubelet restart detected (new kubelet.sock); registering again";
+        events_->Emit("kubelet_restart_detected", {{"resource", e->resource->name()},
+                                                   {"signal", "kubelet.sock recreated"}});
+        e->registered_with.reset();
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::InfinitePast();
+      }
+      if (now < e->retry_at) {
+        next_retry_ = std::min(next_retry_, e->retry_at);
+        continue;
+      }
+      e->registering = true;
+    }
+    if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options), served]() mutable {
+          RegisterOnWorker(e, k, std::move(o), served);
+        })) {
+      absl::MutexLock lock(&mu_);
+      e->registering = false;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  result.next_retry = next_retry_;
+  return result;
+}
+
+void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, uint64_t served) {
+  absl::Status s;
+  bool not_serving = false;
+  if (!e->endpoint->SocketPresent()) {
+    // Never ask a kubelet to dial a socket that is not serving (a kubelet's
+    // wipe removed it after this was queued): the next pass serves it again,
+    // then registers.
+    s = absl::UnavailableError("our socket is not serving");
+    not_serving = true;
+  } else {
+    s = e->endpoint->Register();
+  }
+  // A registration that failed because its kubelet went away says nothing
+  // about the one that replaced it.
+  const bool kubelet_replaced =
+      !s.ok() && StatFileId(KubeletSocketPath(kubelet_)).value_or(kubelet) != kubelet;
+  {
+    absl::MutexLock lock(&mu_);
+    e->registering = false;
+    if (s.ok() && e->served != served) {
+      // Served again while the kubelet was answering: register once more,
+      // toward the new server.
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": served again during registration; registering again";
+    } else if (s.ok()) {
+      // The time from a kubelet's start (its new socket) to this resource
+      // registered with it: for kubelets that started while dpproxy ran.
+      const absl::Time kubelet_start = absl::FromUnixNanos(kubelet.ctime_ns);
+      if (telemetry_ != nullptr && e->registered_with != kubelet && kubelet_start > started_) {
+        telemetry_->ObserveRegistration(e->resource->name(), absl::Now() - kubelet_start);
+      }
+      e->registered_with = kubelet;
+      e->dropped = false;
+      e->registered_options = std::move(options);
+      e->backoff = absl::ZeroDuration();
+      e->retry_at = absl::InfinitePast();
+    } else {
+      // Retried soon, with backoff: not only at the next kubelet restart.
+      const absl::Duration cap = s.code() == absl::StatusCode::kUnavailable ||
+                                         s.code() == absl::StatusCode::kDeadlineExceeded
+                                     ? absl::Seconds(5)
+                                     : absl::Seconds(30);
+      if (kubelet_replaced) {
+        // The kubelet restarted while this registration was on its way
+        // (the pass that saw the new kubelet left this one alone while it
+        // ran): register with the new kubelet at once, as the others are.
+        // Waiting out the backoff here was a 100 ms tail of re-registration.
+        e->backoff = absl::ZeroDuration();
+        e->retry_at = absl::Now();
+      } else if (not_serving && e->backoff == absl::ZeroDuration()) {
+        // The wipe of a kubelet that just started, seen between this
+        // registration's queueing and its start: the pass this wakes serves
+        // the socket again and registers at once (a 100 ms wait here was
+        // most of the slowest re-registrations). Only once in a row: a
+        // socket that keeps going goes back to the backoff below.
+        e->backoff = absl::Milliseconds(1);
+        e->retry_at = absl::Now();
+      } else {
+        e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
+        e->retry_at = absl::Now() + e->backoff;
+      }
+      next_retry_ = std::min(next_retry_, e->retry_at);
+      LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
+                << s.message() << "); retrying in "
+                << absl::FormatDuration(absl::Ceil(
+                       std::max(absl::ZeroDuration(), e->retry_at - absl::Now()),
+                       absl::Milliseconds(1)));
+      events_->Emit("kubelet_registration_retry",
+                    {{"resource", e->resource->name()},
+                     {"retry_in_ms", absl::ToInt64Milliseconds(
+                                         std::max(absl::ZeroDuration(), e->retry_at - absl::Now()))},
+                     {"kubelet_replaced", kubelet_replaced},
+                     {"error", std::string(s.message())}});
+    }
+  }
+  wake_();
+}
+
+std::vector<HealthCheck> Registrar::RegistrationChecks() {
+  const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(kubelet_));
+  const bool watcher = kubelet_.registration == KubeletRegistration::kPluginWatcher;
+  const absl::Time now = absl::Now();
+  std::vector<HealthCheck> checks;
+  absl::MutexLock lock(&mu_);
+  for (const auto& e : slots_) {
+    HealthCheck c;
+    c.name = absl::StrCat("registered:", e->resource->name());
+    if (watcher) {
+      c.ok = !e->endpoint->negotiated().empty();
+      if (!c.ok) c.reason = "the kubelet's plugin watcher has not called back yet";
+    } else {
+      c.ok = kubelet.has_value() && e->registered_with == kubelet && !e->dropped;
+      if (c.ok) {
+      } else if (e->registered_with == kubelet && kubelet.has_value()) {
+        c.reason = "the kubelet ended its stream; registering again";
+      } else if (!kubelet.has_value()) {
+        c.reason = absl::StrCat("no kubelet socket at ", KubeletSocketPath(kubelet_));
+      } else if (e->registering) {
+        c.reason = "registering with the kubelet";
+      } else if (e->retry_at > now) {
+        c.reason = absl::StrCat("the last registration failed; retrying in ",
+                                absl::FormatDuration(absl::Ceil(e->retry_at - now,
+                                                                absl::Milliseconds(1))));
+      } else {
+        c.reason = "not registered with the kubelet yet";
+      }
+    }
+    checks.push_back(std::move(c));
+  }
+  return checks;
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,303 @@
+#include "proxy/kubelet_side/dra/dra_side.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proxy/kubelet_side/dra/device_names.h"
+#include "proxy/kubelet_side/dra/resource_slices.h"
+#include "proxy/kube/kube_config.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/util/files.h"
+
+namespace dpproxy {
+
+DraSide::DraSide(Options options, Resources resources, EventLog* events, LossCounter* losses)
+    : options_(std::move(options)),
+      resources_(std::move(resources)),
+      events_(events),
+      losses_(losses) {}
+
+DraSide::~DraSide() { Stop(Ending::kForGood); }
+
+void DraSide::Stop(Ending) {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  if (server_) server_->Stop();
+}
+
+void DraSide::AddResource(Allocator* allocator) {
+  LOG(INFO) << "resource " << allocator->resource()->name() << ": published as DRA devices of "
+            << "driver " << options_.dra.driver << " (no device-plugin socket for the kubelet)";
+  Wake();
+}
+
+void DraSide::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+void DraSide::SetCallSettings(absl::Duration backend_timeout, bool) {
+  if (preparer_) preparer_->SetBackendTimeout(backend_timeout);
+}
+
+KubeletView DraSide::ViewOf(const std::string&) {
+  KubeletView v;
+  if (registered()) v.api = absl::StrCat("dra (", options_.dra.driver, ")");
+  return v;
+}
+
+std::vector<HealthCheck> DraSide::Readiness() {
+  HealthCheck c;
+  c.name = "dra-registered";
+  c.ok = registered();
+  if (!c.ok) {
+    c.reason = absl::StrCat("the kubelet has not registered DRA driver ", options_.dra.driver,
+                            " (its plugin watcher reads ", registration_socket(), ")");
+  }
+  HealthCheck api;
+  api.name = "dra-api-server";
+  api.reason = api_error();
+  api.ok = api.reason.empty();
+  return {std::move(c), std::move(api)};
+}
+
+bool DraSide::registered() { return server_ != nullptr && server_->registered(); }
+
+std::string DraSide::registration_socket() {
+  return server_ != nullptr ? server_->registration_socket() : std::string();
+}
+
+std::string DraSide::api_version() {
+  return publisher_ != nullptr ? publisher_->api_version() : std::string();
+}
+
+std::string DraSide::api_error() {
+  absl::MutexLock lock(&mu_);
+  return api_error_;
+}
+
+int DraSide::prepared_claims() { return preparer_ != nullptr ? preparer_->prepared_claims() : 0; }
+
+void DraSide::SetApiError(std::string why) {
+  absl::MutexLock lock(&mu_);
+  api_error_ = std::move(why);
+}
+
+absl::Status DraSide::Start() {
+  absl::StatusOr<KubeConfig> kc = options_.dra.kubeconfig.empty()
+                                      ? InClusterConfig()
+                                      : LoadKubeconfig(options_.dra.kubeconfig);
+  if (!kc.ok()) return kc.status();
+  absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(*kc);
+  if (!client.ok()) return client.status();
+  kube_ = *std::move(client);
+  kube_->set_max_body_bytes(static_cast<size_t>(options_.api_max_body_bytes));
+  publisher_ = std::make_unique<SlicePublisher>(kube_.get(), options_.dra.driver,
+                                                options_.dra.node_name);
+  // An API server that does not answer yet (a node booting before the
+  // control plane, a network blip) is waited for: the loop publishes once
+  // it answers, and a prepare meanwhile fails its claim, which the kubelet
+  // retries. One it answers for but cannot serve is a start error.
+  if (absl::Status s = publisher_->Discover(); !s.ok()) {
+    const std::string why =
+        absl::StrCat("the API server (", kc->source, ") does not answer: ", s.message());
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kDeadlineExceeded &&
+        s.code() != absl::StatusCode::kResourceExhausted) {
+      return absl::Status(s.code(), absl::StrCat("DRA mode needs the API server (", kc->source,
+                                                 "): ", s.message()));
+    }
+    LOG(WARNING) << "DRA: " << why << "; retrying (1 s doubling to 1 min)";
+    events_->Emit("dra_api_unreachable", {{"error", std::string(s.message())}});
+    SetApiError(why);
+  }
+  ClaimPreparer::Options o;
+  o.driver = options_.dra.driver;
+  o.node = options_.dra.node_name;
+  o.api_version = [this] { return publisher_->Version(); };
+  o.cdi_dir = options_.dra.cdi_dir;
+  o.journal = options_.journal;
+  o.claim_files_dir =
+      options_.state_dir.empty() ? "" : JoinPath(options_.state_dir, "dra-claims");
+  o.backend_timeout = options_.backend_timeout;
+  o.on_loss = [this](const std::string& resource, const Loss& loss) {
+    for (const std::string& kind : losses_->Add(resource, loss)) {
+      LOG(WARNING) << "resource " << resource << " in DRA mode: " << DraLossReason(kind)
+                   << " (logged once per resource, counted as lossy translation " << kind << ")";
+      events_->Emit("lossy_translation",
+                   {{"resource", resource}, {"kind", kind}, {"kubelet_api", "dra"}});
+    }
+  };
+  preparer_ = std::make_unique<ClaimPreparer>(
+      o, kube_.get(), [this](const std::string& pool) { return ResourceOfPool(pool); });
+  absl::StatusOr<int> migrated = preparer_->MigrateClaimFiles();
+  if (!migrated.ok()) return migrated.status();
+  if (*migrated > 0) {
+    LOG(INFO) << "DRA: " << *migrated << " prepared claim(s) moved from " << o.claim_files_dir
+              << " into the journal";
+    events_->Emit("dra_claims_migrated", {{"claims", *migrated}});
+  }
+  absl::StatusOr<int> restored = preparer_->RestoreSpecs();
+  if (!restored.ok()) return restored.status();
+  if (*restored > 0) {
+    LOG(INFO) << "DRA: wrote again the CDI specs of " << *restored
+              << " prepared claim(s) whose specs were gone (a reboot empties " << o.cdi_dir << ")";
+    events_->Emit("dra_specs_restored", {{"claims", *restored}});
+  }
+  // A kubelet that registers the driver has just started and deletes the
+  // node's slices then: publish everything again at once, and once more a
+  // little later, as its deletion may land after its registration call.
+  auto on_registered = [this] {
+    absl::MutexLock lock(&mu_);
+    full_ = true;
+    wake_ = true;
+  };
+  server_ = std::make_unique<DraServer>(
+      DraServer::Options{options_.kubelet_root, options_.dra.driver, on_registered},
+      preparer_.get(), events_);
+  if (absl::Status s = server_->Start(); !s.ok()) return s;
+  LOG(INFO) << "DRA mode: driver " << options_.dra.driver << " on node " << options_.dra.node_name
+            << ", " << publisher_->api_version() << " at " << kc->server;
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+std::optional<BridgedResource> DraSide::ResourceOfPool(const std::string& pool) {
+  for (Allocator* alloc : resources_()) {
+    Resource* res = alloc->resource();
+    const std::string name = res->name();
+    if (PoolName(PoolSpec{options_.dra.driver, options_.dra.node_name, name}) != pool) continue;
+    BridgedResource r;
+    r.resource = name;
+    r.backend = res->backend_connected() ? res->backend() : nullptr;
+    r.allocator = alloc;
+    const Resource::Snapshot snap = res->Current();
+    for (int i = 0; i < snap.list->size(); ++i) {
+      r.device_ids.emplace_back(snap.list->device(i).id);
+    }
+    return r;
+  }
+  return std::nullopt;
+}
+
+void DraSide::PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
+                                bool connected) {
+  std::vector<DeviceHealthEntry> health;
+  health.reserve(static_cast<size_t>(snap.list->size()));
+  for (int i = 0; i < snap.list->size(); ++i) {
+    const DeviceList::View d = snap.list->device(i);
+    DeviceHealthEntry h;
+    h.device = DraDeviceName(d.id);
+    if (!connected) {
+      h.health = DeviceHealthEntry::Health::kUnknown;
+      h.message = absl::StrCat("no device plugin is connected for ", resource);
+    } else if (d.health == kHealthy) {
+      h.health = DeviceHealthEntry::Health::kHealthy;
+    } else {
+      h.health = DeviceHealthEntry::Health::kUnhealthy;
+      h.message = absl::StrCat("the device plugin of ", resource, " reports ", d.id, " ", d.health);
+    }
+    health.push_back(std::move(h));
+  }
+  server_->health().SetPool(
+      PoolName(PoolSpec{options_.dra.driver, options_.dra.node_name, resource}), health);
+}
+
+void DraSide::Loop() {
+  // What each resource's pool was last published from (its change count):
+  // a pass publishes the pools that changed, and every 30 s all of them
+  // (the publisher writes nothing when the API server already agrees, and
+  // repairs what a kubelet start deleted).
+  std::map<std::string, uint64_t> published;
+  std::map<std::string, uint64_t> health_sent;  // the same, for the health stream
+  // A pool that failed to publish waits before the next try, 1 s doubling
+  // to 1 min, and its error is logged when it first appears or changes.
+  struct Retry {
+    absl::Time next = absl::InfinitePast();
+    absl::Duration backoff = absl::ZeroDuration();
+    std::string error;
+  };
+  std::map<std::string, Retry> retry;
+  absl::Time full_at = absl::InfinitePast();
+  absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
+  for (;;) {
+    bool registered = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+      if (stop_) return;
+      wake_ = false;
+      registered = full_;
+      full_ = false;
+    }
+    const absl::Time now = absl::Now();
+    if (registered) full_again_at = now + absl::Seconds(5);
+    const bool again = now >= full_again_at;
+    if (again) full_again_at = absl::InfiniteFuture();
+    const bool full = registered || again || now - full_at >= absl::Seconds(30);
+    if (full) full_at = now;
+    for (Allocator* alloc : resources_()) {
+      Resource* res = alloc->resource();
+      const std::string name = res->name();
+      const uint64_t changes = res->changes();
+      auto it = published.find(name);
+      if (!full && it != published.end() && it->second == changes) continue;
+      const Resource::Snapshot snap = res->Current();
+      const bool connected = res->backend_connected();
+      // The health stream first, once per change: it needs no API server,
+      // and a pool waiting out an API backoff is not recomputed each pass.
+      auto sent = health_sent.find(name);
+      if (sent == health_sent.end() || sent->second != changes) {
+        PublishHealth(name, snap, connected);
+        health_sent[name] = changes;
+      }
+      Retry& r = retry[name];
+      if (absl::Now() < r.next) continue;
+      std::vector<SliceDevice> devices;
+      devices.reserve(static_cast<size_t>(snap.list->size()));
+      for (int i = 0; i < snap.list->size(); ++i) {
+        const DeviceList::View d = snap.list->device(i);
+        SliceDevice sd;
+        sd.id = std::string(d.id);
+        sd.healthy = d.health == kHealthy && connected;
+        if (d.has_topology) {
+          v1beta1::TopologyInfo t;
+          if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {
+            for (const auto& n : t.nodes()) sd.numa_nodes.push_back(n.id());
+          }
+        }
+        devices.push_back(std::move(sd));
+      }
+      const int writes = publisher_->writes();
+      absl::Status s = publisher_->Publish(name, devices);
+      if (!s.ok()) {
+        r.backoff = std::min(absl::Minutes(1), std::max(absl::Seconds(1), r.backoff * 2));
+        r.next = absl::Now() + r.backoff;
+        if (std::string(s.message()) != r.error) {
+          r.error = std::string(s.message());
+          LOG(WARNING) << "DRA: cannot publish " << name << "'s devices (retried, "
+                       << "up to every minute): " << s.message();
+        }
+        events_->Emit("dra_publish_failed", {{"resource", name}, {"error", r.error}});
+        SetApiError(absl::StrCat("cannot publish ", name, "'s devices: ", r.error));
+        continue;
+      }
+      if (!r.error.empty()) LOG(INFO) << "DRA: " << name << "'s devices published again";
+      SetApiError("");
+      r = Retry();
+      published[name] = changes;
+      if (publisher_->writes() != writes) {
+        events_->Emit("dra_pool_published", {{"resource", name}, {"devices", devices.size()}});
+      }
+    }
+  }
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,122 @@
+// File: dra_side.h
+//
+// dpproxy toward a kubelet that speaks DRA (kubelet.api: dra; docs/dra.md):
+// every resource dpproxy serves is published as a ResourceSlice pool of its
+// own (slice_publisher.h), claims are prepared through its device plugin
+// (claim_preparer.h), and the kubelet finds the driver through its plugin
+// watcher (dra_server.h), which also carries the devices' health.
+//
+// One thread publishes: on a change (Wake) or once a second, the pools
+// whose resource changed; every 30 s, and twice after a kubelet registered
+// the driver (its start deletes the node's slices), all of them. A pool
+// that fails waits 1 s, doubling to 1 min, before it is tried again.
+#ifndef DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SIDE_H_
+#define DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SIDE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proxy/config/proxy_config.h"
+#include "proxy/core/allocator.h"
+#include "proxy/core/resource.h"
+#include "proxy/kubelet_side/dra/claim_preparer.h"
+#include "proxy/kubelet_side/dra/dra_server.h"
+#include "proxy/kubelet_side/dra/slice_publisher.h"
+#include "proxy/events/event_log.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/kubelet_side/kubelet_side.h"
+#include "proxy/translate/translate.h"
+
+namespace dpproxy {
+
+class DraSide : public KubeletSide {
+ public:
+  struct Options {
+    DraOptions dra;
+    std::string kubelet_root;
+    // Prepared claims are journaled here (nullptr: kept in memory only);
+    // files of claims under <state_dir>/dra-claims are moved into it.
+    std::string state_dir;
+    StateKeeper* journal = nullptr;
+    absl::Duration backend_timeout = absl::Seconds(30);
+    int64_t api_max_body_bytes = 16 << 20;
+  };
+  // The resources dpproxy serves now, each through its allocator (any
+  // thread; they outlive this).
+  using Resources = std::function<std::vector<Allocator*>()>;
+
+  DraSide(Options options, Resources resources, EventLog* events, LossCounter* losses);
+  ~DraSide() override;
+
+  DraSide(const DraSide&) = delete;
+  DraSide& operator=(const DraSide&) = delete;
+
+  // Connects to the API server (one that does not answer yet is waited
+  // for; one that answers but cannot serve is an error), writes again the
+  // CDI specs a reboot removed, serves the kubelet and starts publishing.
+  absl::Status Start() override;
+  void Stop(Ending ending) override;
+  // The resources callback lists it from now on: publish soon.
+  void AddResource(Allocator* allocator) override;
+  // A resource changed: publish soon.
+  void Wake() override;
+  // The publishing loop has a thread of its own.
+  PassResult Pass(absl::Time) override { return PassResult(); }
+  // The limit of each call to a plugin, from the next on; CDI names are
+  // the answer itself here, never annotations.
+  void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) override;
+  // "dra (DRIVER)" once the kubelet registered the driver; no socket of
+  // its own.
+  KubeletView ViewOf(const std::string& resource) override;
+  // "dra-registered" and "dra-api-server".
+  std::vector<HealthCheck> Readiness() override;
+  std::vector<KubeletGate*> Gates() override { return {}; }
+  void Hold() override {}
+  void Resume() override {}
+  void BeforePredecessorExits() override {}
+
+  // What status and readiness report.
+  bool registered();  // the kubelet registered the driver
+  std::string registration_socket();
+  std::string api_version();  // "resource.k8s.io/v1", ...
+  // Why the API server last failed dpproxy; "" once it answered.
+  std::string api_error();
+  int prepared_claims();
+
+ private:
+  std::optional<BridgedResource> ResourceOfPool(const std::string& pool);
+  // The health stream's view of one resource's devices.
+  void PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
+                     bool connected);
+  void Loop();
+  void SetApiError(std::string why);
+
+  const Options options_;
+  const Resources resources_;
+  EventLog* const events_;
+  LossCounter* const losses_;
+  std::unique_ptr<KubeClient> kube_;
+  std::unique_ptr<SlicePublisher> publisher_;
+  std::unique_ptr<ClaimPreparer> preparer_;
+  std::unique_ptr<DraServer> server_;
+  std::thread thread_;
+
+  absl::Mutex mu_;
+  std::string api_error_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool full_ ABSL_GUARDED_BY(mu_) = false;  // publish every pool, not only changed ones
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SIDE_H_

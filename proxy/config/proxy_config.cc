@@ -36,15 +36,12 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
     return absl::InvalidArgumentError(
         "--takeover hands a state directory over: it needs --state_dir");
   }
-  if (c.takeover && c.kubelet.registration == KubeletRegistration::kPluginWatcher) {
+  if (c.takeover && !c.dra.enabled &&
+      c.kubelet.registration == KubeletRegistration::kPluginWatcher) {
     return absl::InvalidArgumentError(
         "--takeover needs registration through kubelet.sock (kubelet.registration: kubelet): "
         "through the plugin watcher, the kubelet deregisters a resource by name when the old "
         "dpproxy's socket goes, which would drop the new one's registration");
-  }
-  if (c.takeover && c.dra.enabled) {
-    return absl::InvalidArgumentError(
-        "--takeover is for device-plugin mode; in DRA mode stop the running dpproxy first");
   }
   if (c.dra.enabled) {
     const std::string& d = c.dra.driver;

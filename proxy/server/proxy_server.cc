@@ -138,14 +138,6 @@ absl::Status ProxyServer::OpenState() {
   keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
   DPP_RETURN_IF_ERROR(MakeSide());
   DPP_RETURN_IF_ERROR(RestoreState());
-  if (config_.dra.enabled) {
-    // DRA mode has no device-plugin allocations to reconcile (its claims
-    // are the kubelet's to end, with NodeUnprepareResources) and no
-    // handoff.
-    quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(), nullptr,
-                                               &events_);
-    return absl::OkStatus();
-  }
   // A later dpproxy may take over from this one (--takeover).
   handover_ = std::make_unique<Handover>(
       Handover::Options{config_.state_dir, socket_generation_, config_.handoff_timeout,
@@ -154,13 +146,17 @@ absl::Status ProxyServer::OpenState() {
         if (handed_over_hook_) handed_over_hook_();
       });
   handover_->Serve();
-  reconciler_ = std::make_unique<Reconciler>(
-      Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
-                          config_.reconcile_start_grace},
-      keeper_.get(), &events_, [this] { Wake(); });
+  // DRA mode has no device-plugin allocations to reconcile: its claims are
+  // the kubelet's to end, with NodeUnprepareResources.
+  if (!config_.dra.enabled) {
+    reconciler_ = std::make_unique<Reconciler>(
+        Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
+                            config_.reconcile_start_grace},
+        keeper_.get(), &events_, [this] { Wake(); });
+  }
   quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(),
                                              reconciler_.get(), &events_);
-  if (keeper_->damaged_at_load()) {
+  if (reconciler_ && keeper_->damaged_at_load()) {
     // The kubelet's checkpoint still lists what the damaged state lost:
     // learned back for the resources served meanwhile (their plugins
     // register within moments of a start).
@@ -184,7 +180,7 @@ absl::Status ProxyServer::MakeSide() {
   auto dra = std::make_unique<DraSide>(
       DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
                        keeper_.get(), config_.kubelet.backend_timeout,
-                       config_.api_max_body_bytes},
+                       config_.api_max_body_bytes, socket_generation_},
       [this] {
         std::vector<Allocator*> out;
         for (ServedResource* e : table_.All()) out.push_back(e->allocator.get());

@@ -227,7 +227,7 @@ class ProxyServer : private Handover::Host {
   std::atomic<bool> stopping_{false};
   std::function<void()> housekeeping_hook_;  // set before Start()
 
-  // Handoff: the running side (with a state directory, not in DRA mode),
+  // Handoff: the running side (with a state directory),
   // and the taking-over side (--takeover only).
   std::unique_ptr<Handover> handover_;
   int shared_listener_fd_ = -1;

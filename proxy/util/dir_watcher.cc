@@ -82,7 +82,8 @@ void DirWatcher::Run() {
           }
           Event e;
           e.kind = (ev->mask & (IN_CREATE | IN_MOVED_TO)) ? Event::kCreated
-                                                          : Event::kDeleted;
+                   : (ev->mask & IN_MOVED_FROM)            ? Event::kMovedAway
+                                                           : Event::kDeleted;
           e.name = ev->len > 0 ? std::string(ev->name) : std::string();
           callback_(e);
         }

@@ -24,7 +24,9 @@ namespace dpproxy {
 class DirWatcher {
  public:
   struct Event {
-    enum Kind { kCreated, kDeleted, kTick };
+    // kMovedAway: renamed to another name (IN_MOVED_FROM), which the
+    // kubelet's plugin watcher, unlike a deletion, ignores.
+    enum Kind { kCreated, kDeleted, kMovedAway, kTick };
     Kind kind;
     std::string name;  // entry name; empty for kTick
   };

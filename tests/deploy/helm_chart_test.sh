@@ -77,8 +77,8 @@ while read -r cmd; do
   check "docs command $n renders: $cmd" render_to "$T/docs-$n.yaml" --check "${sets[@]}"
 done <<<"$docs_cmds"
 check "the docs have Helm commands to check ($n)" [ "$n" -ge 3 ]
-check "the documented DRA command rolls one pod at a time, without takeover" \
-  bash -c "grep -q 'maxSurge: 0' '$T/docs-2.yaml' && ! grep -q -- '--takeover' '$T/docs-2.yaml'"
+check "the documented DRA command upgrades without a gap, with takeover" \
+  bash -c "grep -q 'maxSurge: 1' '$T/docs-2.yaml' && grep -q -- '--takeover' '$T/docs-2.yaml'"
 
 # --- DRA mode, monitoring, other paths -----------------------------------
 V="$SRC/tests/deploy/helm-values-dra.yaml"
@@ -129,7 +129,7 @@ check "dra: it runs in DRA mode for the driver" \
   bash -c "grep -q 'api: dra' '$T/dra-check.out' && grep -q 'driver: gpu.vendor.com' '$T/dra-check.out'"
 check "dra: the user's own settings are kept" grep -q "policy: hold" "$T/dra-check.out"
 check "dra: paths follow kubeletRoot" grep -q "root: /data/kubelet" "$T/dra-check.out"
-check "dra: no takeover (device-plugin mode only)" bash -c "! grep -q -- '--takeover' '$T/dra.yaml'"
+check "dra: no takeover where the values turn it off" bash -c "! grep -q -- '--takeover' '$T/dra.yaml'"
 
 # --- Mistakes are named ----------------------------------------------------
 echo 'dra: {enabled: true}' >"$T/no-driver.yaml"

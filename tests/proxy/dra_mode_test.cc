@@ -6,6 +6,7 @@
 // writing a CDI spec. The kubelet sim never sees a device plugin.
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -437,6 +438,105 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
                                              testing::kWait, from));
   EXPECT_TRUE(h->sim().DraHealth(kDriver).empty());
 }
+
+
+// The names in `dir`, sorted.
+std::vector<std::string> ListFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    out.push_back(f.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// How many `event`s the log has from index `from` on.
+int Count(const EventLog& log, const std::string& event, size_t from) {
+  int n = 0;
+  for (const Json& e : log.Since(from)) n += e.value("event", "") == event ? 1 : 0;
+  return n;
+}
+
+class DraTakeoverTest : public ::testing::TestWithParam<const char*> {};
+
+// A takeover in DRA mode, on a kubelet that keeps two instances of a
+// driver (1.33+) and on one that replaces it and deregisters it by name
+// when any of its sockets goes (1.32): the new dpproxy serves the driver
+// on the other socket generation, a claim prepared during the takeover is
+// forwarded to it and journaled there, the claims from before are answered
+// the same without a new Allocate, and the kubelet never loses the driver:
+// the predecessor's registration socket goes by a rename, which the
+// kubelet's plugin watcher does not act on, and a kubelet start then
+// registers only the new one.
+TEST_P(DraTakeoverTest, ClaimsAndTheDriversRegistrationOutliveATakeover) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
+  ProxyHarness& h = *harness;
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion(GetParam())).ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }, kApiWait));
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait));
+  const std::string old_endpoint = h.sim().dra_driver(kDriver)->endpoint;
+  const std::string old_registration = h.proxy().Status().dra->registration_socket;
+  const std::string before = api.PutClaim(Claim("before", {"gpu-0", "gpu-1"}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "before", before}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[before]["error"], "");
+
+  const size_t from = h.sim().events().Size();
+  const std::string during = api.PutClaim(Claim("during", {"gpu-2"}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared_during;
+  absl::Status took = h.TakeOver([&] {
+    // The predecessor has released its state: this prepare is held there
+    // and forwarded, or reaches the new one directly.
+    prepared_during = h.sim().PrepareClaims(kDriver, {{"default", "during", during}});
+  });
+  ASSERT_TRUE(took.ok()) << took.message();
+  ASSERT_TRUE(prepared_during.ok()) << prepared_during.status();
+  EXPECT_EQ((*prepared_during)[during]["error"], "");
+  EXPECT_EQ(h.proxy().socket_generation(), 1);
+
+  // The kubelet calls the new dpproxy, and never lost the driver.
+  ASSERT_TRUE(h.sim().dra_driver(kDriver).has_value());
+  EXPECT_NE(h.sim().dra_driver(kDriver)->endpoint, old_endpoint);
+  EXPECT_EQ(Count(h.sim().events(), "dra_driver_deregistered", from), 0);
+  EXPECT_TRUE(h.proxy().Status().dra->registered);
+  // Both claims are the new one's: answered the same, no new Allocate.
+  absl::StatusOr<Json> again = h.sim().PrepareClaims(kDriver, {{"default", "before", before}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[before]["devices"], (*prepared)[before]["devices"]);
+  EXPECT_EQ(plugin->Status().allocate_calls(), 2);
+  EXPECT_EQ(h.proxy().Status().dra->claims_prepared, 2);
+
+  // Nothing of the predecessor is left in plugins_registry/.
+  EXPECT_EQ(ListFiles(h.dir("k/plugins_registry")),
+            std::vector<std::string>{"gpu.vendor.com-reg-1.sock"});
+  EXPECT_FALSE(PathExists(old_registration));
+  const size_t restart = h.sim().events().Size();
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait, restart));
+  EXPECT_EQ(Count(h.sim().events(), "dra_driver_registered", restart), 1);
+  EXPECT_EQ(Count(h.sim().events(), "dra_driver_deregistered", restart), 0);
+  absl::StatusOr<Json> un = h.sim().UnprepareClaims(kDriver, {{"default", "before", before}});
+  ASSERT_TRUE(un.ok()) << un.status();
+  EXPECT_EQ((*un)[before]["error"], "");
+  EXPECT_EQ(h.proxy().Status().dra->claims_prepared, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Releases, DraTakeoverTest, ::testing::Values("1.32", "1.33", "1.36"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace dpproxy

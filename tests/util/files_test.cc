@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -329,7 +330,10 @@ TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {
       return;
     }
     std::lock_guard<std::mutex> l(mu);
-    seen.push_back((e.kind == DirWatcher::Event::kCreated ? "+" : "-") + e.name);
+    seen.push_back((e.kind == DirWatcher::Event::kCreated     ? "+"
+                    : e.kind == DirWatcher::Event::kMovedAway ? "~"
+                                                              : "-") +
+                   e.name);
   });
   ASSERT_TRUE(w.Start().ok());
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("x"), "").ok());  // creates x.tmp, renames to x
@@ -346,6 +350,14 @@ TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {
   {
     std::lock_guard<std::mutex> l(mu);
     EXPECT_NE(std::find(seen.begin(), seen.end(), "+x"), seen.end());
+    // The temporary file was renamed to x: moved away, not deleted.
+    int moved = 0, deleted_tmp = 0;
+    for (const std::string& s : seen) {
+      moved += absl::StartsWith(s, "~x.tmp.") ? 1 : 0;
+      deleted_tmp += absl::StartsWith(s, "-x.tmp.") ? 1 : 0;
+    }
+    EXPECT_EQ(moved, 1);
+    EXPECT_EQ(deleted_tmp, 0);
   }
   EXPECT_GE(ticks.load(), 1);  // the first tick comes at once
   w.Stop();

@@ -612,10 +612,14 @@ absl::Status KubeletSim::Start() {
     });
   }
   if (kubelet.plugin_watcher) {
-    watcher_ = std::make_unique<DirWatcher>(plugins_registry_dir(),
-                                            [this](const DirWatcher::Event&) {
-                                              ReconcileWatcher();
-                                            });
+    watcher_ = std::make_unique<DirWatcher>(
+        plugins_registry_dir(), [this](const DirWatcher::Event& e) {
+          if (e.kind == DirWatcher::Event::kDeleted) {
+            absl::MutexLock lock(&mu_);
+            deleted_.insert(JoinPath(plugins_registry_dir(), e.name));
+          }
+          ReconcileWatcher();
+        });
     DPP_RETURN_IF_ERROR(watcher_->Start());
   }
   int64_t starts;
@@ -645,6 +649,10 @@ void KubeletSim::Stop() {
     clients_.clear();
     endpoints_.clear();
     watched_.clear();
+    deleted_.clear();
+    // Drivers register again through the plugin watcher after a start.
+    dra_drivers_.clear();
+    dra_older_.clear();
     health.swap(health_watches_);
   }
   for (auto& [driver, w] : health) StopHealthWatch(std::move(w));
@@ -1196,21 +1204,18 @@ void KubeletSim::ReconcileWatcher() {
     // Sockets that went away, or were replaced: deregister.
     for (auto it = watched_.begin(); it != watched_.end();) {
       const std::string& path = it->first;
-      bool still = std::find(present.begin(), present.end(), path) != present.end() &&
-                   InodeKey(path) == it->second.inode_key;
+      const bool listed = std::find(present.begin(), present.end(), path) != present.end();
+      bool still = listed && InodeKey(path) == it->second.inode_key;
+      // Gone without a deletion (renamed away, or its event not read yet):
+      // nothing the kubelet acts on.
+      if (!listed && deleted_.count(path) == 0) still = true;
+      deleted_.erase(path);
       if (still) {
         ++it;
         continue;
       }
-      if (it->second.registered && dra_drivers_.erase(it->second.resource) > 0) {
-        events_.Emit("dra_driver_deregistered",
-                     {{"driver", it->second.resource}, {"socket", path}});
-        auto h = health_watches_.find(it->second.resource);
-        if (h != health_watches_.end()) {
-          health_stops.push_back(std::move(h->second));
-          health_watches_.erase(h);
-        }
-        dra_health_.erase(it->second.resource);
+      if (it->second.registered && dra_drivers_.count(it->second.resource) > 0) {
+        DeregisterDraSocketLocked(path, it->second.resource, &health_stops);
       } else if (it->second.registered) {
         // Deregistration. The plugin's stream may already have ended (then
         // its devices are unhealthy already); the watcher reports it anyway.
@@ -1292,7 +1297,7 @@ void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
     minor = kubelet_.minor;
   }
   if (info.type() == "DRAPlugin" && minor >= 32) {
-    error = RegisterDraDriver(info, endpoint_of_info);
+    error = RegisterDraDriver(info, endpoint_of_info, socket_path);
     remember(info.name(), error.empty());
     notify(error.empty(), error);
     if (!error.empty()) {
@@ -1857,8 +1862,60 @@ bool KubeletSim::WaitForResource(const std::string& resource, int min_healthy,
 namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
 
+void KubeletSim::DeregisterDraSocketLocked(const std::string& path, const std::string& driver,
+                                           std::vector<std::unique_ptr<HealthWatch>>* stops) {
+  auto current = dra_drivers_.find(driver);
+  std::vector<DraDriver>& older = dra_older_[driver];
+  if (kubelet_.minor >= 33 && current->second.registration != path) {
+    // An instance registered before the current one: forgotten.
+    older.erase(std::remove_if(older.begin(), older.end(),
+                               [&path](const DraDriver& d) { return d.registration == path; }),
+                older.end());
+    events_.Emit("dra_instance_removed", {{"driver", driver}, {"socket", path}});
+    return;
+  }
+  auto stop_health = [&] {
+    auto h = health_watches_.find(driver);
+    if (h != health_watches_.end()) {
+      stops->push_back(std::move(h->second));
+      health_watches_.erase(h);
+    }
+    dra_health_.erase(driver);
+  };
+  if (kubelet_.minor >= 33 && !older.empty()) {
+    // The current instance went: the one registered before it serves.
+    current->second = older.back();
+    older.pop_back();
+    events_.Emit("dra_driver_fallback", {{"driver", driver},
+                                         {"socket", path},
+                                         {"endpoint", current->second.endpoint}});
+    stop_health();
+    if (kubelet_.minor >= 36) {
+      stops->push_back(StartHealthWatchLocked(driver, current->second.endpoint));
+    }
+    return;
+  }
+  // The last instance, or (up to 1.32) any socket of the driver: by name.
+  dra_drivers_.erase(current);
+  dra_older_.erase(driver);
+  events_.Emit("dra_driver_deregistered", {{"driver", driver}, {"socket", path}});
+  stop_health();
+}
+
+std::unique_ptr<KubeletSim::HealthWatch> KubeletSim::StartHealthWatchLocked(
+    const std::string& driver, const std::string& endpoint) {
+  std::unique_ptr<HealthWatch>& w = health_watches_[driver];
+  std::unique_ptr<HealthWatch> replaced = std::move(w);
+  w = std::make_unique<HealthWatch>();
+  HealthWatch* raw = w.get();
+  dra_health_.erase(driver);
+  raw->thread = std::thread([this, raw, driver, endpoint] { WatchDraHealth(driver, endpoint, raw); });
+  return replaced;
+}
+
 std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& info,
-                                          const std::string& endpoint) {
+                                          const std::string& endpoint,
+                                          const std::string& socket_path) {
   KubeletVersion kubelet;
   {
     absl::MutexLock lock(&mu_);
@@ -1883,21 +1940,22 @@ std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& 
   std::unique_ptr<HealthWatch> replaced;
   {
     absl::MutexLock lock(&mu_);
-    dra_drivers_[info.name()] = DraDriver{endpoint, chosen};
+    auto current = dra_drivers_.find(info.name());
+    if (current != dra_drivers_.end() && current->second.registration != socket_path) {
+      // Another instance of the driver: 1.33+ keep the one it replaces to
+      // fall back to; earlier releases forget it.
+      if (kubelet.minor >= 33) dra_older_[info.name()].push_back(current->second);
+      events_.Emit("dra_driver_replaced", {{"driver", info.name()},
+                                           {"old_endpoint", current->second.endpoint},
+                                           {"endpoint", endpoint},
+                                           {"kept", kubelet.minor >= 33}});
+    }
+    dra_drivers_[info.name()] = DraDriver{endpoint, chosen, socket_path};
     events_.Emit("dra_driver_registered",
                  {{"driver", info.name()}, {"endpoint", endpoint}, {"service", chosen}});
     // 1.36 turns ResourceHealthStatus on: the kubelet watches every
     // driver's health, whether it offers the service or not.
-    if (kubelet.minor >= 36) {
-      std::unique_ptr<HealthWatch>& w = health_watches_[info.name()];
-      replaced = std::move(w);
-      w = std::make_unique<HealthWatch>();
-      HealthWatch* raw = w.get();
-      dra_health_.erase(info.name());
-      raw->thread = std::thread([this, raw, driver = info.name(), endpoint] {
-        WatchDraHealth(driver, endpoint, raw);
-      });
-    }
+    if (kubelet.minor >= 36) replaced = StartHealthWatchLocked(info.name(), endpoint);
   }
   StopHealthWatch(std::move(replaced));
   return "";

@@ -187,9 +187,18 @@ class KubeletSim {
   // type "DRAPlugin"), by name, and the service the release chose from its
   // supported_versions (1.34+ take v1.DRAPlugin where offered, 1.32-1.33
   // know only v1beta1.DRAPlugin). nullopt: not registered.
+  //
+  // Two instances of one driver (a rolling update, a takeover): from 1.33
+  // the kubelet keeps both and calls the one registered last; when that
+  // one's registration socket goes, it falls back to the other (events
+  // dra_driver_replaced, dra_driver_fallback, dra_instance_removed). Up to
+  // 1.32 a registration replaces the driver, and the removal of any of its
+  // registration sockets deregisters it by name, whichever instance now
+  // serves (kubernetes#129832 changed both in 1.33).
   struct DraDriver {
     std::string endpoint;
-    std::string service;  // "v1.DRAPlugin" or "v1beta1.DRAPlugin"
+    std::string service;       // "v1.DRAPlugin" or "v1beta1.DRAPlugin"
+    std::string registration;  // its socket in plugins_registry/
   };
   std::optional<DraDriver> dra_driver(const std::string& name);
   // What a 1.36+ kubelet's health stream (v1alpha1.DRAResourceHealth) last
@@ -341,7 +350,15 @@ class KubeletSim {
     bool registered = false;
   };
   std::map<std::string, WatchedSocket> watched_ ABSL_GUARDED_BY(mu_);
+  // Sockets in plugins_registry/ whose deletion was seen (inotify
+  // IN_DELETE). The kubelet's plugin watcher acts on creations and
+  // deletions only: a registered socket that is gone without one (renamed
+  // away) stays registered until a file at its path is created or deleted
+  // again, or the kubelet restarts.
+  std::set<std::string> deleted_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, DraDriver> dra_drivers_ ABSL_GUARDED_BY(mu_);
+  // 1.33+: the instances registered before the current one, oldest first.
+  std::map<std::string, std::vector<DraDriver>> dra_older_ ABSL_GUARDED_BY(mu_);
   // At start: deletes the node's ResourceSlices (options_.kubeconfig).
   void DeleteNodeSlices();
   // A 1.36+ kubelet's health stream to one DRA driver (on a thread, until
@@ -358,9 +375,21 @@ class KubeletSim {
   void WatchDraHealth(const std::string& driver, const std::string& endpoint, HealthWatch* w);
   // Stops and joins; call without mu_ held.
   static void StopHealthWatch(std::unique_ptr<HealthWatch> w);
-  // The DRA branch of RegisterWatcherPlugin: "" or why it was refused.
+  // A registration socket of a DRA driver went away (`path`, the driver's
+  // name): the driver as the release deregisters it. A health watch to
+  // stop is put in `stops`.
+  void DeregisterDraSocketLocked(const std::string& path, const std::string& driver,
+                                 std::vector<std::unique_ptr<HealthWatch>>* stops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // 1.36+: watches `driver`'s health at `endpoint`; returns the watch it
+  // replaces (to be stopped outside mu_).
+  std::unique_ptr<HealthWatch> StartHealthWatchLocked(const std::string& driver,
+                                                      const std::string& endpoint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The DRA branch of RegisterWatcherPlugin (`socket_path`, the plugin's
+  // socket in plugins_registry/): "" or why it was refused.
   std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
-                                const std::string& endpoint);
+                                const std::string& endpoint, const std::string& socket_path);
   absl::StatusOr<nlohmann::json> DraClaims(const std::string& driver,
                                            const std::vector<DraClaim>& claims, bool prepare);
 

@@ -378,7 +378,9 @@ absl::StatusOr<std::vector<ClaimPreparer::PoolPart>> ClaimPreparer::PlanParts(
       return ClaimError(c, absl::StrCat("pool ", pool, " is not one dpproxy publishes on ",
                                         options_.node));
     }
-    if (res->backend == nullptr || res->allocator == nullptr) {
+    // No plugin yet (a start, a takeover, a plugin restart): the
+    // allocator waits for one, as for a device-plugin Allocate.
+    if (res->allocator == nullptr) {
       return ClaimError(c, absl::StrCat("no device plugin is connected for ", res->resource,
                                         " (the kubelet retries)"));
     }

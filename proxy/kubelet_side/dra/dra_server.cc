@@ -1,5 +1,6 @@
 #include "proxy/kubelet_side/dra/dra_server.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <grpcpp/server_builder.h>
@@ -82,50 +83,90 @@ void UnprepareAll(ClaimPreparer* p, EventLog* events, const Request& req, Respon
   }
 }
 
+// A call the kubelet made here, sent on to a successor's service socket
+// (a handoff) with the kubelet's deadline; the successor journals it.
+template <typename Stub, typename Request, typename Response>
+grpc::Status ForwardCall(const std::string& socket, std::unique_ptr<Stub> (*new_stub)(
+                                                         const std::shared_ptr<grpc::ChannelInterface>&,
+                                                         const grpc::StubOptions&),
+                         grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                      Response*),
+                         grpc::ServerContext* kubelet, const Request& req, Response* resp) {
+  std::unique_ptr<Stub> stub = new_stub(MakeUnixChannel(socket), grpc::StubOptions());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(kubelet->deadline());
+  return (stub.get()->*method)(&ctx, req, resp);
+}
+
+// One DRAPlugin service (v1 or v1beta1: the same messages in two
+// packages) over the one core.
+template <typename Api>
+class DraService final : public Api::DRAPlugin::Service {
+ public:
+  using Stub = typename Api::DRAPlugin::Stub;
+  DraService(DraServer* s, ClaimPreparer* p, EventLog* e) : s_(s), p_(p), e_(e) {}
+
+  grpc::Status NodePrepareResources(grpc::ServerContext* ctx,
+                                    const typename Api::NodePrepareResourcesRequest* req,
+                                    typename Api::NodePrepareResourcesResponse* resp) override {
+    std::string to;
+    switch (s_->Admit(ctx, &to)) {
+      case DraServer::Admission::kForward:
+        return ForwardCall(to, &Api::DRAPlugin::NewStub, &Stub::NodePrepareResources, ctx, *req,
+                           resp);
+      case DraServer::Admission::kRefuse:
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dpproxy is stopping");
+      case DraServer::Admission::kServe:
+        break;
+    }
+    PrepareAll(p_, e_, ctx, *req, resp);
+    s_->CallDone();
+    return grpc::Status::OK;
+  }
+  grpc::Status NodeUnprepareResources(grpc::ServerContext* ctx,
+                                      const typename Api::NodeUnprepareResourcesRequest* req,
+                                      typename Api::NodeUnprepareResourcesResponse* resp) override {
+    std::string to;
+    switch (s_->Admit(ctx, &to)) {
+      case DraServer::Admission::kForward:
+        return ForwardCall(to, &Api::DRAPlugin::NewStub, &Stub::NodeUnprepareResources, ctx,
+                           *req, resp);
+      case DraServer::Admission::kRefuse:
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dpproxy is stopping");
+      case DraServer::Admission::kServe:
+        break;
+    }
+    UnprepareAll(p_, e_, *req, resp);
+    s_->CallDone();
+    return grpc::Status::OK;
+  }
+
+ private:
+  DraServer* const s_;
+  ClaimPreparer* const p_;
+  EventLog* const e_;
+};
+
+// The proto packages as types, for DraService.
+struct ApiV1 {
+  using DRAPlugin = drav1::DRAPlugin;
+  using NodePrepareResourcesRequest = drav1::NodePrepareResourcesRequest;
+  using NodePrepareResourcesResponse = drav1::NodePrepareResourcesResponse;
+  using NodeUnprepareResourcesRequest = drav1::NodeUnprepareResourcesRequest;
+  using NodeUnprepareResourcesResponse = drav1::NodeUnprepareResourcesResponse;
+};
+struct ApiV1Beta1 {
+  using DRAPlugin = drav1beta1::DRAPlugin;
+  using NodePrepareResourcesRequest = drav1beta1::NodePrepareResourcesRequest;
+  using NodePrepareResourcesResponse = drav1beta1::NodePrepareResourcesResponse;
+  using NodeUnprepareResourcesRequest = drav1beta1::NodeUnprepareResourcesRequest;
+  using NodeUnprepareResourcesResponse = drav1beta1::NodeUnprepareResourcesResponse;
+};
+
 }  // namespace
 
 class DraServer::Services {
  public:
-  class V1 final : public drav1::DRAPlugin::Service {
-   public:
-    V1(ClaimPreparer* p, EventLog* e) : p_(p), e_(e) {}
-    grpc::Status NodePrepareResources(grpc::ServerContext* ctx,
-                                      const drav1::NodePrepareResourcesRequest* req,
-                                      drav1::NodePrepareResourcesResponse* resp) override {
-      PrepareAll(p_, e_, ctx, *req, resp);
-      return grpc::Status::OK;
-    }
-    grpc::Status NodeUnprepareResources(grpc::ServerContext*,
-                                        const drav1::NodeUnprepareResourcesRequest* req,
-                                        drav1::NodeUnprepareResourcesResponse* resp) override {
-      UnprepareAll(p_, e_, *req, resp);
-      return grpc::Status::OK;
-    }
-
-   private:
-    ClaimPreparer* const p_;
-    EventLog* const e_;
-  };
-  class V1Beta1 final : public drav1beta1::DRAPlugin::Service {
-   public:
-    V1Beta1(ClaimPreparer* p, EventLog* e) : p_(p), e_(e) {}
-    grpc::Status NodePrepareResources(grpc::ServerContext* ctx,
-                                      const drav1beta1::NodePrepareResourcesRequest* req,
-                                      drav1beta1::NodePrepareResourcesResponse* resp) override {
-      PrepareAll(p_, e_, ctx, *req, resp);
-      return grpc::Status::OK;
-    }
-    grpc::Status NodeUnprepareResources(grpc::ServerContext*,
-                                        const drav1beta1::NodeUnprepareResourcesRequest* req,
-                                        drav1beta1::NodeUnprepareResourcesResponse* resp) override {
-      UnprepareAll(p_, e_, *req, resp);
-      return grpc::Status::OK;
-    }
-
-   private:
-    ClaimPreparer* const p_;
-    EventLog* const e_;
-  };
   class Registration final : public pluginregistration::Registration::Service {
    public:
     explicit Registration(DraServer* s) : s_(s) {}
@@ -162,9 +203,9 @@ class DraServer::Services {
     DraServer* const s_;
   };
 
-  Services(DraServer* s, ClaimPreparer* p, EventLog* e) : v1(p, e), v1beta1(p, e), reg(s) {}
-  V1 v1;
-  V1Beta1 v1beta1;
+  Services(DraServer* s, ClaimPreparer* p, EventLog* e) : v1(s, p, e), v1beta1(s, p, e), reg(s) {}
+  DraService<ApiV1> v1;
+  DraService<ApiV1Beta1> v1beta1;
   Registration reg;
   std::unique_ptr<GoStyleUnknownHandler> unknown_service, unknown_registration;
 };
@@ -175,13 +216,77 @@ DraServer::DraServer(Options options, ClaimPreparer* preparer, EventLog* events)
 DraServer::~DraServer() { Stop(); }
 
 std::string DraServer::registration_socket() const {
+  const int g = options_.socket_generation;
   return JoinPath(JoinPath(options_.kubelet_root, "plugins_registry"),
-                  absl::StrCat(options_.driver, "-reg.sock"));
+                  g == 0 ? absl::StrCat(options_.driver, "-reg.sock")
+                         : absl::StrCat(options_.driver, "-reg-", g, ".sock"));
 }
 
 std::string DraServer::service_socket() const {
+  const int g = options_.socket_generation;
   return JoinPath(JoinPath(JoinPath(options_.kubelet_root, "plugins"), options_.driver),
-                  "dra.sock");
+                  g == 0 ? std::string("dra.sock") : absl::StrCat("dra-", g, ".sock"));
+}
+
+bool DraServer::SocketPresent() {
+  struct stat st;
+  return service_server_ != nullptr && ::stat(service_socket().c_str(), &st) == 0 &&
+         S_ISSOCK(st.st_mode);
+}
+
+DraServer::Admission DraServer::Admit(grpc::ServerContext* ctx, std::string* forward_to) {
+  absl::MutexLock lock(&gate_mu_);
+  ++held_;
+  // Held (a successor is taking over): until forwarded, served here again,
+  // or the kubelet gives up. A wait with a deadline, woken by the change.
+  while (mode_ == Mode::kHold && !stopping_ && !ctx->IsCancelled() &&
+         absl::FromChrono(ctx->deadline()) > absl::Now()) {
+    gate_mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](DraServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->gate_mu_) {
+              return s->mode_ != Mode::kHold || s->stopping_;
+            },
+            this),
+        absl::Milliseconds(100));
+  }
+  --held_;
+  if (stopping_ || mode_ == Mode::kHold) return Admission::kRefuse;
+  if (mode_ == Mode::kForward) {
+    *forward_to = forward_to_;
+    return Admission::kForward;
+  }
+  ++in_progress_;
+  return Admission::kServe;
+}
+
+void DraServer::CallDone() {
+  absl::MutexLock lock(&gate_mu_);
+  --in_progress_;
+}
+
+void DraServer::HoldCalls() {
+  absl::MutexLock lock(&gate_mu_);
+  mode_ = Mode::kHold;
+}
+
+bool DraServer::WaitForCallsServed(absl::Duration timeout) {
+  absl::MutexLock lock(&gate_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) { return in_progress_ == 0; };
+  return gate_mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+}
+
+size_t DraServer::ForwardCalls(const std::string& socket) {
+  absl::MutexLock lock(&gate_mu_);
+  mode_ = Mode::kForward;
+  forward_to_ = socket;
+  LOG(INFO) << "DRA driver " << options_.driver << ": the kubelet's calls go on to " << socket
+            << " (" << held_ << " held)";
+  return static_cast<size_t>(held_);
+}
+
+void DraServer::ServeCalls() {
+  absl::MutexLock lock(&gate_mu_);
+  mode_ = Mode::kServe;
 }
 
 absl::Status DraServer::Start() {
@@ -229,8 +334,22 @@ absl::Status DraServer::Start() {
   return absl::OkStatus();
 }
 
-void DraServer::Stop() {
+void DraServer::Stop(bool handed_over) {
+  {
+    absl::MutexLock lock(&gate_mu_);
+    if (stopping_) return;  // the first one says how (the destructor's does not)
+    stopping_ = true;
+  }
   health_.Stop();  // the streams end, or Shutdown would wait for them
+  // gRPC deletes a socket file when its server stops: out of its way.
+  const std::string reg = registration_socket();
+  const std::string away = JoinPath(reg.substr(0, reg.rfind('/')),
+                                    absl::StrCat(".", reg.substr(reg.rfind('/') + 1), ".old"));
+  if (handed_over && registration_server_ != nullptr &&
+      ::rename(reg.c_str(), away.c_str()) != 0) {
+    LOG(WARNING) << "DRA driver " << options_.driver << ": cannot rename " << reg << " away ("
+                 << ErrnoText(errno) << "); a 1.32 kubelet deregisters the driver when it goes";
+  }
   // The registration socket first: the kubelet's watcher sees it go and
   // deregisters the driver before the service goes.
   for (std::unique_ptr<grpc::Server>* s : {&registration_server_, &service_server_}) {
@@ -239,7 +358,8 @@ void DraServer::Stop() {
     (*s)->Wait();
     s->reset();
   }
-  for (const std::string& path : {registration_socket(), service_socket()}) ::unlink(path.c_str());
+  ::unlink(handed_over ? away.c_str() : reg.c_str());
+  ::unlink(service_socket().c_str());
 }
 
 }  // namespace dpproxy

@@ -9,6 +9,13 @@
 // one core (ClaimPreparer) behind them, and the devices' health stream
 // (v1alpha1.DRAResourceHealth, health_hub.h). A claim that fails carries its
 // error in its own entry of the answer; the call itself succeeds.
+//
+// Socket generation g > 0 (a takeover's successor, the other generation
+// than its predecessor's) names both sockets apart: <driver>-reg-<g>.sock
+// and dra-<g>.sock. A 1.33+ kubelet then keeps both instances and calls
+// the one registered last. As a handoff's KubeletGate the server holds the
+// kubelet's prepares and unprepares, then forwards them to the successor's
+// service socket.
 #ifndef DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SERVER_H_
 #define DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SERVER_H_
 
@@ -17,16 +24,23 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/server_context.h>
+
 #include <grpcpp/server.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "proxy/kubelet_side/dra/claim_preparer.h"
 #include "proxy/kubelet_side/dra/health_hub.h"
 #include "proxy/events/event_log.h"
+#include "proxy/kubelet_side/kubelet_side.h"
 
 namespace dpproxy {
 
-class DraServer {
+class DraServer : public KubeletGate {
  public:
   struct Options {
     std::string kubelet_root = "/var/lib/kubelet";
@@ -34,16 +48,43 @@ class DraServer {
     // Called when the kubelet registers the driver (after each kubelet
     // start): a kubelet deletes the node's slices when it starts.
     std::function<void()> on_registered;
+    // Names the sockets apart from a takeover's predecessor's.
+    int socket_generation = 0;
   };
   DraServer(Options options, ClaimPreparer* preparer, EventLog* events);
-  ~DraServer();
+  ~DraServer() override;
 
   // Serves both sockets (stale files replaced). Errors name the path.
   absl::Status Start();
-  void Stop();
+  // Handed over to a successor (`handed_over`), the registration socket is
+  // renamed away first (to a name starting with '.') instead of deleted:
+  // the kubelet's plugin watcher acts on creations and deletions only, and
+  // up to 1.32 it deregisters a driver by name when any of its
+  // registration sockets is deleted, the successor's too. The first call
+  // counts; later ones do nothing.
+  void Stop(bool handed_over = false);
 
   std::string registration_socket() const;
   std::string service_socket() const;
+
+  // --- KubeletGate (kubelet_side.h), named "dra:<driver>" ---
+  std::string gate_name() override { return absl::StrCat("dra:", options_.driver); }
+  std::string socket_path() override { return service_socket(); }
+  void HoldCalls() override;
+  bool WaitForCallsServed(absl::Duration timeout) override;
+  size_t ForwardCalls(const std::string& socket) override;
+  void ServeCalls() override;
+  bool SocketPresent() override;
+  bool KubeletUses() override { return registered(); }
+  // The kubelet picks the instance for each call: nothing to wait for.
+  bool WaitForKubeletGone(absl::Duration) override { return true; }
+
+  // Implementation, for the services: whether a call is served here
+  // (counted until CallDone()), forwarded (to *forward_to) or refused
+  // (stopping, or the kubelet gave up while it was held).
+  enum class Admission { kServe, kForward, kRefuse };
+  Admission Admit(grpc::ServerContext* ctx, std::string* forward_to);
+  void CallDone();
   // Whether the kubelet said it registered us (NotifyRegistrationStatus).
   bool registered() const { return registered_.load(); }
   // The devices' health stream (DRAResourceHealth) served on the service
@@ -61,6 +102,14 @@ class DraServer {
   std::unique_ptr<grpc::Server> service_server_;
   std::atomic<bool> registered_{false};
   HealthHub health_;
+
+  enum class Mode { kServe, kHold, kForward };
+  absl::Mutex gate_mu_;
+  Mode mode_ ABSL_GUARDED_BY(gate_mu_) = Mode::kServe;
+  std::string forward_to_ ABSL_GUARDED_BY(gate_mu_);
+  int in_progress_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  int held_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(gate_mu_) = false;
 };
 
 }  // namespace dpproxy

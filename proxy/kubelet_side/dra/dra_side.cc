@@ -22,14 +22,34 @@ DraSide::DraSide(Options options, Resources resources, EventLog* events, LossCou
 
 DraSide::~DraSide() { Stop(Ending::kForGood); }
 
-void DraSide::Stop(Ending) {
+void DraSide::Stop(Ending ending) {
   {
     absl::MutexLock lock(&mu_);
+    if (stopped_) return;  // the first one says how (the destructor's does not)
+    stopped_ = true;
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  if (server_) server_->Stop();
+  if (server_) server_->Stop(/*handed_over=*/ending == Ending::kHandedOver);
 }
+
+std::vector<KubeletGate*> DraSide::Gates() {
+  if (server_ == nullptr) return {};
+  return {server_.get()};
+}
+
+void DraSide::Hold() {
+  absl::MutexLock lock(&mu_);
+  held_ = true;
+}
+
+void DraSide::Resume() {
+  absl::MutexLock lock(&mu_);
+  held_ = false;
+  full_ = true;
+  wake_ = true;
+}
+
 
 void DraSide::AddResource(Allocator* allocator) {
   LOG(INFO) << "resource " << allocator->resource()->name() << ": published as DRA devices of "
@@ -159,7 +179,8 @@ absl::Status DraSide::Start() {
     wake_ = true;
   };
   server_ = std::make_unique<DraServer>(
-      DraServer::Options{options_.kubelet_root, options_.dra.driver, on_registered},
+      DraServer::Options{options_.kubelet_root, options_.dra.driver, on_registered,
+                         options_.socket_generation},
       preparer_.get(), events_);
   if (absl::Status s = server_->Start(); !s.ok()) return s;
   LOG(INFO) << "DRA mode: driver " << options_.dra.driver << " on node " << options_.dra.node_name
@@ -228,14 +249,16 @@ void DraSide::Loop() {
   absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
   for (;;) {
     bool registered = false;
+    bool held = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
       if (stop_) return;
       wake_ = false;
-      registered = full_;
-      full_ = false;
+      held = held_;
+      registered = full_ && !held;
+      if (!held) full_ = false;
     }
     const absl::Time now = absl::Now();
     if (registered) full_again_at = now + absl::Seconds(5);
@@ -258,6 +281,7 @@ void DraSide::Loop() {
         PublishHealth(name, snap, connected);
         health_sent[name] = changes;
       }
+      if (held) continue;  // the successor publishes
       Retry& r = retry[name];
       if (absl::Now() < r.next) continue;
       std::vector<SliceDevice> devices;

@@ -49,6 +49,9 @@ class DraSide : public KubeletSide {
     StateKeeper* journal = nullptr;
     absl::Duration backend_timeout = absl::Seconds(30);
     int64_t api_max_body_bytes = 16 << 20;
+    // Names the kubelet-facing sockets (dra_server.h): the other one than
+    // a takeover's predecessor's.
+    int socket_generation = 0;
   };
   // The resources dpproxy serves now, each through its allocator (any
   // thread; they outlive this).
@@ -79,9 +82,13 @@ class DraSide : public KubeletSide {
   KubeletView ViewOf(const std::string& resource) override;
   // "dra-registered" and "dra-api-server".
   std::vector<HealthCheck> Readiness() override;
-  std::vector<KubeletGate*> Gates() override { return {}; }
-  void Hold() override {}
-  void Resume() override {}
+  // The DRA service socket.
+  std::vector<KubeletGate*> Gates() override;
+  // Released to a successor: publishes nothing more (it does).
+  void Hold() override;
+  void Resume() override;
+  // Nothing: the predecessor's registration socket goes without a
+  // deletion the kubelet acts on (DraServer::Stop).
   void BeforePredecessorExits() override {}
 
   // What status and readiness report.
@@ -114,7 +121,9 @@ class DraSide : public KubeletSide {
   std::string api_error_ ABSL_GUARDED_BY(mu_);
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool full_ ABSL_GUARDED_BY(mu_) = false;  // publish every pool, not only changed ones
+  bool held_ ABSL_GUARDED_BY(mu_) = false;  // Hold(): a successor publishes
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Stop() ran
 };
 
 }  // namespace dpproxy

@@ -97,8 +97,7 @@ class ClaimPreparerTest : public ::testing::Test {
         o, client_.get(),
         [this, backend, alloc](const std::string& pool) -> std::optional<BridgedResource> {
           if (pool != kPool) return std::nullopt;
-          return BridgedResource{"vendor.com/gpu", connected_ ? backend : nullptr,
-                                 {"gpu-0", "gpu-1", "GPU-X"}, alloc};
+          return BridgedResource{"vendor.com/gpu", backend, {"gpu-0", "gpu-1", "GPU-X"}, alloc};
         });
   }
   // A claim allocated by the scheduler: (request, pool, device) results.
@@ -126,7 +125,6 @@ class ClaimPreparerTest : public ::testing::Test {
   sim::ApiServerSim api_;
   std::unique_ptr<KubeClient> client_;
   std::shared_ptr<StrictMock<testing::MockBackend>> backend_;
-  bool connected_ = true;
 };
 
 TEST_F(ClaimPreparerTest, OneAllocateWithAContainerRequestPerClaimRequest) {
@@ -432,12 +430,13 @@ TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {
               HasSubstr("is not one dpproxy publishes"));
   EXPECT_THAT(message(Claim("gone", {{"a", kPool, "gpu-7"}})),
               HasSubstr("gpu-7 of pool node-1/vendor.com-gpu is not among"));
-  connected_ = false;
-  EXPECT_THAT(message(c), HasSubstr("no device plugin is connected"));
-  connected_ = true;
   EXPECT_CALL(*backend_, Allocate(_, _, _))
       .WillOnce(Return(absl::UnavailableError("backend /run/mock.sock is gone")));
   EXPECT_THAT(message(c), HasSubstr("backend /run/mock.sock is gone"));
+  // The plugin gone: its devices are Unhealthy, and not prepared.
+  p->SetBackendTimeout(absl::Milliseconds(100));
+  resource_->DetachBackend("the plugin went away");
+  EXPECT_THAT(message(c), HasSubstr("\"gpu-0\" of resource vendor.com/gpu is Unhealthy"));
   // Nothing was written for any of them.
   EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid)));
 }

@@ -5,11 +5,15 @@
 #include "proxy/kubelet_side/dra/dra_server.h"
 
 #include <atomic>
+#include <filesystem>
+#include <thread>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/dra/v1/api.grpc.pb.h"
@@ -188,6 +192,60 @@ TEST_F(DraServerTest, StopRemovesBothSockets) {
   server_->Stop();
   EXPECT_FALSE(PathExists(reg));
   EXPECT_FALSE(PathExists(svc));
+}
+
+// As a handoff's gate: a prepare that arrives while held waits (the
+// server's own preparer is never asked), and once forwarded it is answered
+// by the successor's server, the other socket generation, with the
+// kubelet's deadline; after a handed-over stop the registration socket is
+// gone by a rename, with nothing left behind.
+TEST_F(DraServerTest, HeldCallsAreForwardedToTheSuccessorsSocket) {
+  DraServer successor(DraServer::Options{dir_.Sub("k"), kDriver, nullptr, 1}, preparer_.get(),
+                      &events_);
+  ASSERT_TRUE(successor.Start().ok());
+  EXPECT_EQ(successor.service_socket(), dir_.Sub("k/plugins/gpu.vendor.com/dra-1.sock"));
+  EXPECT_EQ(successor.registration_socket(),
+            dir_.Sub("k/plugins_registry/gpu.vendor.com-reg-1.sock"));
+  EXPECT_EQ(server_->gate_name(), "dra:gpu.vendor.com");
+  const std::string uid = AllocatedClaim("held", "gpu-0");
+
+  server_->HoldCalls();
+  ASSERT_TRUE(server_->WaitForCallsServed(absl::Seconds(1)));  // none in progress
+  drav1::NodePrepareResourcesResponse resp;
+  grpc::Status status;
+  absl::Notification answered;
+  std::thread kubelet([&] {
+    auto v1 = drav1::DRAPlugin::NewStub(MakeUnixChannel(server_->service_socket()));
+    drav1::NodePrepareResourcesRequest req;
+    auto* c = req.add_claims();
+    c->set_namespace_("default");
+    c->set_name("held");
+    c->set_uid(uid);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    status = v1->NodePrepareResources(&ctx, req, &resp);
+    answered.Notify();
+  });
+  // Held: no answer, and nothing reached the plugin.
+  EXPECT_FALSE(answered.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  EXPECT_EQ(preparer_->prepared_claims(), 0);
+  EXPECT_EQ(server_->ForwardCalls(successor.service_socket()), 1u);
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  kubelet.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(resp.claims().at(uid).error(), "");
+  ASSERT_EQ(resp.claims().at(uid).devices_size(), 1);
+  EXPECT_EQ(resp.claims().at(uid).devices(0).device_name(), "gpu-0");
+
+  const std::string registration = server_->registration_socket();
+  server_->Stop(/*handed_over=*/true);
+  std::vector<std::string> left;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir_.Sub("k/plugins_registry"), ec)) {
+    left.push_back(f.path().filename().string());
+  }
+  EXPECT_THAT(left, ElementsAre("gpu.vendor.com-reg-1.sock"));
+  EXPECT_FALSE(PathExists(registration));
 }
 
 }  // namespace

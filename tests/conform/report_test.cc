@@ -199,6 +199,36 @@ TEST(ReportTest, MarkdownHasARowPerReleaseAndListsFailures) {
   EXPECT_THAT(m, Not(HasSubstr("<nothing>")));
 }
 
+// One HTML file a CI keeps as an artifact: the grid in colour, every link
+// to a failure's text lands on it, the text is escaped, the kept directory
+// is named, and nothing is fetched or run.
+TEST(ReportTest, HtmlIsOneSelfContainedFileWithEveryFailureLinked) {
+  const std::string h = RenderHtml(JUnitOptions(), Cells());
+  EXPECT_THAT(h, HasSubstr("4 cells: 1 passed, 1 failed, 1 blocked, 1 not applicable"));
+  // The header row and one row per release.
+  int rows = 0;
+  for (size_t at = h.find("<tr>"); at != std::string::npos; at = h.find("<tr>", at + 1)) ++rows;
+  EXPECT_EQ(rows, 3);
+  EXPECT_THAT(h, HasSubstr("<th class=\"k\">1.31 (1.31-1.36)</th><td class=\"fail\""));
+  EXPECT_THAT(h, HasSubstr("<td class=\"na\" title=\"never called"));
+  // Every link from the grid has its target.
+  int links = 0;
+  for (size_t at = h.find("href=\"#"); at != std::string::npos; at = h.find("href=\"#", at + 1)) {
+    const size_t from = at + 7;
+    const std::string id = h.substr(from, h.find('"', from) - from);
+    EXPECT_THAT(h, HasSubstr(absl::StrCat("<li id=\"", id, "\">"))) << id;
+    ++links;
+  }
+  EXPECT_EQ(links, 2);  // the failed and the blocked cell
+  EXPECT_THAT(h, HasSubstr("answered &lt;nothing&gt; &amp; &quot;quoted&quot;"));
+  EXPECT_THAT(h, Not(HasSubstr("<nothing>")));
+  EXPECT_THAT(h, HasSubstr("users see: UnexpectedAdmissionError"));
+  EXPECT_THAT(h, HasSubstr("kept in <code>/tmp/dpconform.x/c1</code>"));
+  EXPECT_THAT(h, Not(HasSubstr("<script")));
+  EXPECT_THAT(h, Not(HasSubstr("src=")));
+  EXPECT_THAT(h, Not(HasSubstr("http")));
+}
+
 // A cell is blocked only by a scenario that failed in the same release;
 // otherwise the failed check is the cell's own failure, and says why.
 TEST(SettleBlockedTest, OnlyAFailureInTheSameReleaseBlocks) {

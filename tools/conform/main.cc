@@ -69,6 +69,10 @@ DEFINE_string(markdown, "",
               "Also write a Markdown summary (a row per kubelet release, then the failures)\n"
               "to this file (replaced; append it to a CI job's summary, such as\n"
               "$GITHUB_STEP_SUMMARY).");
+DEFINE_string(html, "",
+              "Also write one HTML file (no scripts, nothing to fetch): the grid in colour,\n"
+              "each cell's text on it, and the failed and blocked cells listed with the\n"
+              "directory each was kept in.");
 DEFINE_string(work_dir, "/tmp",
               "Where the run's directory goes (kept for failed cells, with the plugin's\n"
               "output in plugin.log and the kubelet's events). At most 40 bytes: sockets\n"
@@ -249,6 +253,12 @@ int Run() {
   if (!FLAGS_markdown.empty()) {
     if (absl::Status s = WriteFileAtomic(FLAGS_markdown, RenderMarkdown(*o, *cells)); !s.ok()) {
       std::cerr << "dpconform: --markdown: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!FLAGS_html.empty()) {
+    if (absl::Status s = WriteFileAtomic(FLAGS_html, RenderHtml(*o, *cells)); !s.ok()) {
+      std::cerr << "dpconform: --html: " << s.message() << "\n";
       return 2;
     }
   }

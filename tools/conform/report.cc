@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -387,6 +388,112 @@ std::string RenderMarkdown(const ConformOptions& options, const std::vector<Cell
       absl::StrAppend(&out, "  - ", MarkdownText(line), "\n");
     }
   }
+  return out;
+}
+
+namespace {
+
+// Text inside an HTML element or a quoted attribute.
+std::string HtmlText(absl::string_view text) {
+  std::string out;
+  for (char ch : Printable(text)) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += ch;
+    }
+  }
+  return out;
+}
+
+// A cell's id for links from the grid to its text below.
+std::string CellId(const CellResult& c) {
+  std::string id = absl::StrCat("cell-", c.kubelet, "-", c.scenario);
+  for (char& ch : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '-') ch = '-';
+  }
+  return id;
+}
+
+constexpr char kHtmlStyle[] =
+    "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+    "th,td{border:1px solid #bbb;padding:3px 6px;text-align:center;font-size:90%}"
+    "th.k{text-align:left}td.pass{background:#c8e6c9}td.fail{background:#ef9a9a;"
+    "font-weight:bold}td.blocked{background:#ffcc80}td.na{background:#eee;color:#777}"
+    "li{margin-bottom:.6em}pre{margin:.2em 0;white-space:pre-wrap}";
+
+std::string HtmlClass(Outcome o) {
+  switch (o) {
+    case Outcome::kPass: return "pass";
+    case Outcome::kFail: return "fail";
+    case Outcome::kBlocked: return "blocked";
+    case Outcome::kNotApplicable: return "na";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string RenderHtml(const ConformOptions& options, const std::vector<CellResult>& cells) {
+  const std::vector<std::string> kubelets = Ordered(cells, &CellResult::kubelet);
+  const std::vector<std::string> scenarios = Ordered(cells, &CellResult::scenario);
+  std::map<std::pair<std::string, std::string>, const CellResult*> at;
+  std::map<std::string, std::string> generation;
+  for (const CellResult& c : cells) {
+    at[{c.scenario, c.kubelet}] = &c;
+    generation[c.kubelet] = c.generation;
+  }
+  const Totals t = Count(cells);
+  std::string out = absl::StrCat(
+      "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dpconform: ",
+      HtmlText(options.plugin_command), "</title><style>", kHtmlStyle,
+      "</style></head><body>\n<h1>dpconform</h1>\n<p><code>", HtmlText(options.plugin_command),
+      "</code></p>\n<p>", cells.size(), " cells: ", t.passed, " passed, ", t.failed, " failed, ",
+      t.blocked, " blocked, ", t.not_applicable, " not applicable</p>\n<table>\n<tr><th>kubelet</th>");
+  for (const std::string& s : scenarios) absl::StrAppend(&out, "<th>", HtmlText(s), "</th>");
+  out += "</tr>\n";
+  for (const std::string& k : kubelets) {
+    absl::StrAppend(&out, "<tr><th class=\"k\">", HtmlText(k), " (", HtmlText(generation[k]),
+                    ")</th>");
+    for (const std::string& s : scenarios) {
+      auto it = at.find({s, k});
+      if (it == at.end()) {
+        out += "<td></td>";
+        continue;
+      }
+      const CellResult& c = *it->second;
+      const std::string mark = HtmlText(Mark(c));
+      const bool listed = c.outcome == Outcome::kFail || c.outcome == Outcome::kBlocked;
+      absl::StrAppend(&out, "<td class=\"", HtmlClass(c.outcome), "\" title=\"",
+                      HtmlText(absl::StrCat(c.summary, "\n", Details(c))), "\">",
+                      listed ? absl::StrCat("<a href=\"#", CellId(c), "\">", mark, "</a>") : mark,
+                      "</td>");
+    }
+    out += "</tr>\n";
+  }
+  out += "</table>\n";
+  bool header = false;
+  for (const CellResult& c : cells) {
+    if (c.outcome != Outcome::kFail && c.outcome != Outcome::kBlocked) continue;
+    if (!header) {
+      out += "<h2>Failed and blocked</h2>\n<ul>\n";
+      header = true;
+    }
+    absl::StrAppend(&out, "<li id=\"", CellId(c), "\"><b>", HtmlText(c.scenario), " on ",
+                    HtmlText(c.kubelet), "</b> (",
+                    c.outcome == Outcome::kFail ? "failed" : "blocked", "): ",
+                    HtmlText(c.summary), "<pre>", HtmlText(Details(c)), "</pre>");
+    if (!c.dir.empty()) {
+      absl::StrAppend(&out, "kept in <code>", HtmlText(c.dir),
+                      "</code> (the plugin's output in plugin.log)");
+    }
+    out += "</li>\n";
+  }
+  if (header) out += "</ul>\n";
+  out += "</body></html>\n";
   return out;
 }
 

@@ -4,8 +4,10 @@
 // across, then what each failure means), JSON for scripts, JUnit XML for
 // CI systems (one suite per kubelet release, one case per scenario; a
 // blocked cell is a failure, an n/a one <skipped>, each with the reason),
-// and Markdown for a CI job's summary page (releases down, scenarios
-// across, then the failures).
+// Markdown for a CI job's summary page (releases down, scenarios across,
+// then the failures), and one HTML file with nothing to fetch (the same
+// grid, coloured, each cell's text on it and in a list below with the
+// directory a failed cell was kept in).
 #ifndef DPPROXY_TOOLS_CONFORM_REPORT_H_
 #define DPPROXY_TOOLS_CONFORM_REPORT_H_
 
@@ -25,6 +27,7 @@ std::string RenderTable(const std::vector<CellResult>& cells);
 std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells);
 std::string RenderJUnit(const ConformOptions& options, const std::vector<CellResult>& cells);
 std::string RenderMarkdown(const ConformOptions& options, const std::vector<CellResult>& cells);
+std::string RenderHtml(const ConformOptions& options, const std::vector<CellResult>& cells);
 
 }  // namespace dpproxy::conform
 

@@ -16,6 +16,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "proxy/cli/cli.h"
@@ -44,6 +45,12 @@ Usage:
                                   show what a running dpproxy is doing; exits
                                   0 when it is ready (as /readyz), 3 when it
                                   is not, 1 when there is no status to read
+  dpproxy reload [--status_file=F]
+                                  make a running dpproxy re-read its --config
+                                  file (SIGHUP to the pid its status file
+                                  names, or to PID 1 in a container where that
+                                  is dpproxy and there is no status file);
+                                  exits 1 when there is no dpproxy to tell
   dpproxy version                 print the version and the commit
 
 Toward the kubelet, dpproxy registers one device plugin per resource in
@@ -109,6 +116,61 @@ int PrintStatus() {
   return st->not_ready.empty() ? 0 : kExitNotReady;
 }
 
+// Whether process `pid` runs a dpproxy binary (its executable's name
+// starts with "dpproxy": a pid from an old status file may be anyone's now).
+bool IsDpproxy(int64_t pid) {
+  char exe[4096];
+  const std::string link = absl::StrCat("/proc/", pid, "/exe");
+  const ssize_t n = ::readlink(link.c_str(), exe, sizeof(exe) - 1);
+  if (n <= 0) return false;
+  std::string path(exe, static_cast<size_t>(n));
+  if (absl::EndsWith(path, " (deleted)")) path.resize(path.size() - 10);  // replaced on disk
+  return absl::StartsWith(path.substr(path.rfind('/') + 1), "dpproxy");
+}
+
+// `dpproxy reload`: SIGHUP to the running dpproxy, without a shell (the
+// image has none): the pid from its status file, else PID 1 if that is a
+// dpproxy (a container's).
+int Reload() {
+  const std::string path = gflags::GetCommandLineFlagInfoOrDie("status_file").is_default
+                               ? dpproxy::DefaultStatusFile(FLAGS_state_dir)
+                               : FLAGS_status_file;
+  int64_t pid = 0;
+  std::string from;
+  if (absl::StatusOr<std::string> text = ReadFile(path); text.ok()) {
+    absl::StatusOr<ProxyStatus> st =
+        StatusFromJson(Json::parse(*text, nullptr, /*allow_exceptions=*/false));
+    if (!st.ok() || st->pid <= 0) {
+      std::cerr << "dpproxy: " << path << " is not a status file naming a process\n";
+      return 1;
+    }
+    pid = st->pid;
+    from = absl::StrCat("named by ", path);
+  } else if (IsDpproxy(1)) {
+    pid = 1;
+    from = "PID 1";
+  } else {
+    std::cerr << "dpproxy: no status at " << path << " (" << text.status().message()
+              << "), and PID 1 is not dpproxy; name the running one's --status_file or "
+              << "--state_dir\n";
+    return 1;
+  }
+  if (!IsDpproxy(pid)) {
+    std::cerr << "dpproxy: process " << pid << " (" << from
+              << ") is not a dpproxy (an old status file?); nothing was sent\n";
+    return 1;
+  }
+  if (::kill(static_cast<pid_t>(pid), SIGHUP) != 0) {
+    std::cerr << "dpproxy: cannot signal process " << pid << " (" << from
+              << "): " << ErrnoText(errno) << "\n";
+    return 1;
+  }
+  std::cout << "dpproxy (pid " << pid << ", " << from
+            << ") re-reads its configuration; its log says what changed, or why the file "
+               "was refused\n";
+  return 0;
+}
+
 }  // namespace
 }  // namespace dpproxy
 
@@ -165,7 +227,7 @@ int main(int argc, char** argv) {
               << ")\n";
     return 0;
   }
-  if (command != "run" && command != "status" && command != "help") {
+  if (command != "run" && command != "status" && command != "reload" && command != "help") {
     std::cerr << "dpproxy: unknown subcommand \"" << command << "\"; see dpproxy --help\n";
     return 2;
   }
@@ -175,6 +237,7 @@ int main(int argc, char** argv) {
   }
   if (!dpproxy::ParseFlags("dpproxy", &argc, &argv)) return 2;
   if (command == "status") return dpproxy::PrintStatus();
+  if (command == "reload") return dpproxy::Reload();
   if (FLAGS_log_format != "text" && FLAGS_log_format != "json") {
     std::cerr << "dpproxy: --log_format=" << FLAGS_log_format << " is not text or json\n";
     return 2;
@@ -308,9 +371,8 @@ int main(int argc, char** argv) {
     LOG(INFO) << "signal " << sig << " received";
     server.events().Emit("signal", {{"signal", sig}});
     if (sig == SIGUSR2) {
-      if (config->state_dir.empty() || config->dra.enabled) {
-        LOG(ERROR) << "upgrade (SIGUSR2) refused: a takeover needs --state_dir and device-plugin "
-                      "mode";
+      if (config->state_dir.empty()) {
+        LOG(ERROR) << "upgrade (SIGUSR2) refused: a takeover needs --state_dir";
       } else if (absl::Status s = upgrade.Start(); !s.ok()) {
         LOG(ERROR) << "upgrade (SIGUSR2) refused: " << s.message();
       }

@@ -263,7 +263,7 @@ kill -TERM "$PROXY3"; wait "$PROXY3"
 R3="$DIR/r3"; mkdir -p "$R3"
 printf 'backend_loss:\n  policy: unhealthy\n' >"$R3/dpproxy.yaml"
 "$PROXY" --config="$R3/dpproxy.yaml" --kubelet-root="$R3/k" --plugin-dir="$R3/p" --state-dir= \
-  --status-file= --metrics-address= --events="$R3/events.jsonl" 2>"$R3/proxy.log" &
+  --status-file="$R3/status.json" --metrics-address= --events="$R3/events.jsonl" 2>"$R3/proxy.log" &
 PROXY4=$!; PIDS+=($PROXY4)
 wait_until "dpproxy with --config started" 100 grep -q proxy_started "$R3/events.jsonl"
 printf 'backend_loss:\n  policy: sometimes\n' >"$R3/dpproxy.yaml"
@@ -272,10 +272,21 @@ wait_until "a broken file is refused on SIGHUP" 100 grep -q config_reload_refuse
 kill -0 "$PROXY4" 2>/dev/null && pass "dpproxy keeps running after a refused reload" || fail "dpproxy died on SIGHUP"
 expect_contains "the refusal names file and line" "$(cat "$R3/proxy.log")" "dpproxy.yaml:2:"
 printf 'backend_loss:\n  policy: hold\n  hold: 30s\n' >"$R3/dpproxy.yaml"
-kill -HUP "$PROXY4"
-wait_until "a good file is applied on SIGHUP" 100 grep -q config_reloaded "$R3/events.jsonl"
+# Without a shell (the image has none): `dpproxy reload` finds the process
+# through its status file.
+wait_until "the status file exists" 100 test -s "$R3/status.json"
+expect_exit "dpproxy reload" 0 "$PROXY" reload --status_file="$R3/status.json"
+expect_contains "reload names the process" "$LAST_OUT" "(pid $PROXY4, named by $R3/status.json)"
+wait_until "a good file is applied on reload" 100 grep -q config_reloaded "$R3/events.jsonl"
 expect_contains "the reload names the change" "$(grep config_reloaded "$R3/events.jsonl")" \
   "backend_loss.policy: unhealthy -> hold"
+# A status file whose process is no dpproxy (an old one, its pid reused):
+# nothing is sent.
+sed -E "s/\"pid\":[0-9]+/\"pid\":$$/" "$R3/status.json" >"$R3/stale.json"
+expect_exit "dpproxy reload refuses a pid that is not dpproxy" 1 "$PROXY" reload --status_file="$R3/stale.json"
+expect_contains "... and says so" "$LAST_OUT" "is not a dpproxy"
+expect_exit "dpproxy reload without a status file" 1 "$PROXY" reload --status_file="$R3/none.json"
+expect_contains "... names the file" "$LAST_OUT" "no status at $R3/none.json"
 kill -TERM "$PROXY4"; wait "$PROXY4"; rc=$?
 [[ $rc -eq 0 ]] && pass "dpproxy exits 0 on SIGTERM after reloads" || fail "dpproxy exit $rc after reloads"
 

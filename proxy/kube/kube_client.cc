@@ -1,40 +1,24 @@
 #include "proxy/kube/kube_client.h"
 
-#include <curl/curl.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <httplib.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "proxy/kube/json_shape.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {
 namespace {
 
-// libcurl's global state, once per process, before any thread uses it.
-struct CurlGlobal {
-  CurlGlobal() { curl_global_init(CURL_GLOBAL_DEFAULT); }
-};
-
-// The answer, up to `max` bytes: a longer one ends the transfer.
-struct Body {
-  std::string text;
-  size_t max = 0;
-  bool over = false;
-};
-
-size_t Collect(char* data, size_t size, size_t n, void* out) {
-  Body* b = static_cast<Body*>(out);
-  if (b->text.size() + size * n > b->max) {
-    b->over = true;
-    return 0;  // CURLE_WRITE_ERROR
-  }
-  b->text.append(data, size * n);
-  return size * n;
-}
-
-absl::StatusCode CodeFor(long http) {
+absl::StatusCode CodeFor(int http) {
   switch (http) {
     case 400:
     case 422: return absl::StatusCode::kInvalidArgument;
@@ -47,13 +31,91 @@ absl::StatusCode CodeFor(long http) {
   }
 }
 
-// Sets a PEM blob option (libcurl copies it).
-void SetBlob(CURL* c, CURLoption option, const std::string& pem) {
-  struct curl_blob blob;
-  blob.data = const_cast<char*>(pem.data());
-  blob.len = pem.size();
-  blob.flags = CURL_BLOB_COPY;
-  curl_easy_setopt(c, option, &blob);
+// The API server's URL in parts: https://host:port/prefix.
+struct ServerUrl {
+  bool https = true;
+  std::string host;
+  int port = 443;
+  std::string prefix;  // "" or "/prefix", put before every path
+};
+
+absl::StatusOr<ServerUrl> ParseServer(const std::string& server) {
+  ServerUrl u;
+  absl::string_view rest = server;
+  if (absl::ConsumePrefix(&rest, "https://")) {
+    u.https = true;
+    u.port = 443;
+  } else if (absl::ConsumePrefix(&rest, "http://")) {
+    u.https = false;
+    u.port = 80;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("API server \"", server, "\" is not an http(s) URL"));
+  }
+  const size_t slash = rest.find('/');
+  absl::string_view host_port = rest.substr(0, slash);
+  if (slash != absl::string_view::npos) u.prefix = std::string(rest.substr(slash));
+  absl::string_view port;
+  if (absl::ConsumePrefix(&host_port, "[")) {  // [IPv6]:port
+    const size_t close = host_port.find(']');
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\": no ]"));
+    }
+    u.host = std::string(host_port.substr(0, close));
+    host_port.remove_prefix(close + 1);
+    if (absl::ConsumePrefix(&host_port, ":")) port = host_port;
+  } else {
+    const size_t colon = host_port.rfind(':');
+    u.host = std::string(host_port.substr(0, colon));
+    if (colon != absl::string_view::npos) port = host_port.substr(colon + 1);
+  }
+  if (!port.empty() && (!absl::SimpleAtoi(port, &u.port) || u.port <= 0 || u.port > 65535)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("API server \"", server, "\": the port is not a number from 1 to 65535"));
+  }
+  if (u.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("API server \"", server, "\" has no host"));
+  }
+  return u;
+}
+
+// PEM text as OpenSSL objects (owned by the caller or handed on).
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+std::unique_ptr<BIO, BioFree> PemBio(const std::string& pem) {
+  return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+// Every certificate of a PEM bundle in a new store; nullptr if none.
+X509_STORE* StoreOf(const std::string& pem) {
+  auto bio = PemBio(pem);
+  X509_STORE* store = X509_STORE_new();
+  int n = 0;
+  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    n += X509_STORE_add_cert(store, cert) == 1 ? 1 : 0;
+    X509_free(cert);
+  }
+  if (n == 0) {
+    X509_STORE_free(store);
+    return nullptr;
+  }
+  return store;
+}
+
+std::string TransportError(httplib::Error e, long verify_result) {
+  switch (e) {
+    case httplib::Error::Connection: return "cannot connect";
+    case httplib::Error::ConnectionTimeout: return "no connection within the call's limit";
+    case httplib::Error::Read: return "the connection ended while reading the answer";
+    case httplib::Error::Write: return "the connection ended while sending the request";
+    case httplib::Error::SSLConnection: return "TLS handshake failed";
+    case httplib::Error::SSLLoadingCerts: return "cannot load the CA or client certificate";
+    case httplib::Error::SSLServerVerification:
+      return absl::StrCat("the server's certificate is not trusted: ",
+                          X509_verify_cert_error_string(verify_result));
+    default: return absl::StrCat("transport error ", httplib::to_string(e));
+  }
 }
 
 }  // namespace
@@ -63,12 +125,8 @@ KubeClient::KubeClient(KubeConfig config, absl::Duration timeout)
 
 absl::StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(KubeConfig config,
                                                                absl::Duration timeout) {
-  static CurlGlobal global;
   if (config.server.empty()) return absl::InvalidArgumentError("no API server address");
-  if (!absl::StartsWith(config.server, "https://") && !absl::StartsWith(config.server, "http://")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("API server \"", config.server, "\" is not an http(s) URL"));
-  }
+  if (absl::StatusOr<ServerUrl> u = ParseServer(config.server); !u.ok()) return u.status();
   if (absl::StartsWith(config.server, "https://") && config.ca_file.empty() &&
       config.ca_data.empty() && !config.insecure) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -82,6 +140,14 @@ absl::StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(KubeConfig config
         "a client certificate needs its key and the other way round (", config.source, ")"));
   }
   config.server = std::string(absl::StripSuffix(config.server, "/"));
+  if (!config.ca_data.empty()) {
+    X509_STORE* store = StoreOf(config.ca_data);
+    if (store == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "certificate-authority-data holds no PEM certificate (", config.source, ")"));
+    }
+    X509_STORE_free(store);
+  }
   return std::unique_ptr<KubeClient>(new KubeClient(std::move(config), timeout));
 }
 
@@ -111,62 +177,96 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
     }
     token = std::string(absl::StripAsciiWhitespace(*t));
   }
-  std::unique_ptr<CURL, void (*)(CURL*)> c(curl_easy_init(), curl_easy_cleanup);
-  if (c == nullptr) return absl::InternalError(absl::StrCat(what, ": curl_easy_init failed"));
-  CURL* h = c.get();
-  const std::string url = config_.server + path;
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(timeout_)));
-  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-  if (config_.insecure) {
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 0L);
-    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 0L);
-  } else if (!config_.ca_data.empty()) {
-    SetBlob(h, CURLOPT_CAINFO_BLOB, config_.ca_data);
-  } else if (!config_.ca_file.empty()) {
-    curl_easy_setopt(h, CURLOPT_CAINFO, config_.ca_file.c_str());
+  const ServerUrl u = *ParseServer(config_.server);  // checked by Create
+  std::unique_ptr<httplib::ClientImpl> client;
+  httplib::SSLClient* tls = nullptr;
+  if (u.https) {
+    std::unique_ptr<httplib::SSLClient> c;
+    if (!config_.client_cert_data.empty()) {
+      X509* cert = PEM_read_bio_X509(PemBio(config_.client_cert_data).get(), nullptr, nullptr,
+                                     nullptr);
+      EVP_PKEY* key = PEM_read_bio_PrivateKey(PemBio(config_.client_key_data).get(), nullptr,
+                                              nullptr, nullptr);
+      if (cert == nullptr || key == nullptr) {
+        X509_free(cert);
+        EVP_PKEY_free(key);
+        return absl::UnauthenticatedError(absl::StrCat(
+            what, ": the client certificate or key is not PEM (", config_.source, ")"));
+      }
+      c = std::make_unique<httplib::SSLClient>(u.host, u.port, cert, key);
+      X509_free(cert);  // the client's SSL context holds its own references
+      EVP_PKEY_free(key);
+    } else if (!config_.client_cert_file.empty()) {
+      c = std::make_unique<httplib::SSLClient>(u.host, u.port, config_.client_cert_file,
+                                               config_.client_key_file);
+    } else {
+      c = std::make_unique<httplib::SSLClient>(u.host, u.port);
+    }
+    if (!c->is_valid()) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          what, ": cannot load the client certificate and key (", config_.source, ")"));
+    }
+    c->enable_server_certificate_verification(!config_.insecure);
+    if (!config_.insecure && !config_.ca_data.empty()) {
+      c->set_ca_cert_store(StoreOf(config_.ca_data));  // the client owns it
+    } else if (!config_.insecure && !config_.ca_file.empty()) {
+      c->set_ca_cert_path(config_.ca_file);
+    }
+    tls = c.get();
+    client = std::move(c);
+  } else {
+    client = std::make_unique<httplib::ClientImpl>(u.host, u.port);
   }
-  if (!config_.client_cert_data.empty()) {
-    SetBlob(h, CURLOPT_SSLCERT_BLOB, config_.client_cert_data);
-    SetBlob(h, CURLOPT_SSLKEY_BLOB, config_.client_key_data);
-  } else if (!config_.client_cert_file.empty()) {
-    curl_easy_setopt(h, CURLOPT_SSLCERT, config_.client_cert_file.c_str());
-    curl_easy_setopt(h, CURLOPT_SSLKEY, config_.client_key_file.c_str());
-  }
-  struct curl_slist* headers = nullptr;
-  headers = curl_slist_append(headers, "Accept: application/json");
-  std::string payload;
+  const absl::Time deadline = absl::Now() + timeout_;
+  const int64_t ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_));
+  client->set_connection_timeout(ms / 1000, (ms % 1000) * 1000);
+  client->set_read_timeout(ms / 1000, (ms % 1000) * 1000);
+  client->set_write_timeout(ms / 1000, (ms % 1000) * 1000);
+  client->set_keep_alive(false);
+  client->set_follow_location(false);
+  httplib::Request req;
+  req.method = method;
+  req.path = u.prefix + path;
+  req.headers = {{"Accept", "application/json"}};
+  if (!token.empty()) req.headers.emplace("Authorization", absl::StrCat("Bearer ", token));
   if (body != nullptr) {
-    payload = body->dump();
-    headers = curl_slist_append(headers, "Content-Type: application/json");
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, payload.data());
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(payload.size()));
+    req.body = body->dump();
+    req.headers.emplace("Content-Type", "application/json");
   }
-  const std::string auth = absl::StrCat("Authorization: Bearer ", token);
-  if (!token.empty()) headers = curl_slist_append(headers, auth.c_str());
-  std::unique_ptr<curl_slist, void (*)(curl_slist*)> header_list(headers, curl_slist_free_all);
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-  Body body_in;
-  body_in.max = max_body_bytes_;
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, Collect);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &body_in);
-  char error[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error);
-  const CURLcode rc = curl_easy_perform(h);
-  if (body_in.over) {
+  // The answer, up to max_body_bytes_, within the call's limit.
+  std::string response;
+  bool over = false, late = false;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (response.size() + n > max_body_bytes_) {
+      over = true;
+      return false;
+    }
+    if (absl::Now() > deadline) {
+      late = true;
+      return false;
+    }
+    response.append(data, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  const bool sent = client->send(req, res, error);
+  if (over) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": the API server's answer is over ", max_body_bytes_ >> 20,
         " MiB (limits.api_body_mib); not read"));
   }
-  const std::string& response = body_in.text;
-  if (rc != CURLE_OK) {
-    return absl::UnavailableError(absl::StrCat(what, " at ", config_.server, ": ",
-                                               error[0] != '\0' ? error : curl_easy_strerror(rc)));
+  if (late) {
+    return absl::DeadlineExceededError(absl::StrCat(what, " at ", config_.server,
+                                                    ": no whole answer within ",
+                                                    absl::FormatDuration(timeout_)));
   }
-  long http = 0;
-  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &http);
+  if (!sent) {
+    return absl::UnavailableError(
+        absl::StrCat(what, " at ", config_.server, ": ",
+                     TransportError(error, tls != nullptr ? tls->get_openssl_verify_result() : 0)));
+  }
+  const int http = res.status;
   Json j = Json::parse(response, nullptr, /*allow_exceptions=*/false);
   if (http >= 200 && http < 300) {
     if (response.empty()) return Json::object();

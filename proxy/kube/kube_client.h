@@ -1,6 +1,7 @@
 // File: kube_client.h
 //
-// A small client of the Kubernetes API over HTTPS (libcurl): JSON in, JSON
+// A small client of the Kubernetes API over HTTPS (cpp-httplib with OpenSSL:
+// one server, one protocol, none of the libraries libcurl brings): JSON in, JSON
 // out, for the few objects DRA mode touches (ResourceSlices, ResourceClaims,
 // API discovery). Every answer that is not 2xx becomes a Status with the
 // code Kubernetes meant (404 kNotFound, 409 kAlreadyExists or kAborted on a
@@ -12,7 +13,7 @@
 //   absl::StatusOr<Json> claim = (*client)->Get(
 //       "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu");
 //
-// Thread-safe: each call uses a handle of its own.
+// Thread-safe: each call uses a connection of its own.
 #ifndef DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
 #define DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
 

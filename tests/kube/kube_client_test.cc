@@ -228,6 +228,39 @@ TEST_F(KubeClientTest, ClientCertificatesAuthenticateWhereTheServerAsks) {
               HasSubstr("needs its key"));
 }
 
+// A kubeconfig gives CAs and client certificates as files or as PEM text:
+// both work; a server address that cannot be one is refused by name.
+TEST_F(KubeClientTest, CaAndClientCertificatesAsFilesOrTextAndBadAddresses) {
+  FakeApiServer api(dir_.path(), /*want_client_cert=*/true);
+  api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{}", "application/json");
+  });
+  KubeConfig config = Config(api.url());
+  config.ca_file.clear();
+  config.ca_data = *ReadFile(dir_.Sub("server.crt"));
+  config.client_cert_file = dir_.Sub("client.crt");
+  config.client_key_file = dir_.Sub("client.key");
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  EXPECT_TRUE(v.ok()) << v.status();
+  config.ca_data = "not a certificate";
+  EXPECT_THAT(std::string(KubeClient::Create(config).status().message()),
+              HasSubstr("certificate-authority-data holds no PEM certificate"));
+  for (const auto& [server, why] : std::vector<std::pair<std::string, std::string>>{
+           {"ftp://a:1", "is not an http(s) URL"},
+           {"https://a:99999", "not a number from 1 to 65535"},
+           {"https://a:x", "not a number from 1 to 65535"},
+           {"https://:443", "has no host"},
+           {"https://[::1:443", "no ]"}}) {
+    KubeConfig bad = Config(server);
+    EXPECT_THAT(std::string(KubeClient::Create(bad).status().message()), HasSubstr(why))
+        << server;
+  }
+  // An IPv6 address with a port is one.
+  EXPECT_TRUE(KubeClient::Create(Config("https://[::1]:6443")).ok());
+}
+
 TEST_F(KubeClientTest, AKubeconfigFindsServerCaAndUser) {
   FakeApiServer api(dir_.path());
   api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {

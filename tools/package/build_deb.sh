@@ -74,8 +74,9 @@ cat >"$doc/copyright" <<'COPYRIGHT'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: dpproxy
 Comment: dpproxy is linked dynamically against Debian's libraries (gRPC,
- protobuf, Abseil, glog, gflags, yaml-cpp, civetweb, prometheus-cpp, libcurl,
- libsystemd, libuv); their copyright files come with their own packages.
+ protobuf, Abseil, glog, gflags, yaml-cpp, civetweb, prometheus-cpp,
+ cpp-httplib, OpenSSL, libsystemd, libuv); their copyright files come with
+ their own packages.
 
 Files: *
 Copyright: 2026 the dpproxy developers

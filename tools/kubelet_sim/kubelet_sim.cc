@@ -1874,7 +1874,7 @@ void KubeletSim::DeregisterDraSocketLocked(const std::string& path, const std::s
     events_.Emit("dra_instance_removed", {{"driver", driver}, {"socket", path}});
     return;
   }
-  auto stop_health = [&] {
+  auto stop_health = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto h = health_watches_.find(driver);
     if (h != health_watches_.end()) {
       stops->push_back(std::move(h->second));

@@ -40,6 +40,11 @@ diff_id="sha256:$(gzip -dc "$layer" | sha256sum | cut -d' ' -f1)"
 check "diff_id is the uncompressed layer's digest" grep -q "\"diff_ids\":\[\"$diff_id\"\]" "$config"
 check "entrypoint" grep -q '"Entrypoint":\["/usr/local/bin/dpproxy"\]' "$config"
 check "version label" grep -q '"org.opencontainers.image.version":"0\.' "$config"
+check "revision label" grep -q '"org.opencontainers.image.revision":"[0-9a-z-]\+"' "$config"
+check "created label (RFC 3339)" \
+  grep -q '"org.opencontainers.image.created":"[0-9]\{4\}-[0-9]\{2\}-[0-9]\{2\}T[0-9:]\{8\}Z"' "$config"
+check "source label" grep -q '"org.opencontainers.image.source":"https\?://' "$config"
+check "licenses label" grep -q '"org.opencontainers.image.licenses":"Apache-2.0"' "$config"
 check "os and architecture" grep -q "\"architecture\":\"$(dpkg --print-architecture)\",\"os\":\"linux\"" "$config"
 
 check "the layer unpacks" tar -xzf "$layer" -C "$W/root" || finish
@@ -47,6 +52,24 @@ check "dpproxy in the layer" [ -x "$W/root/usr/local/bin/dpproxy" ]
 check "dpctl in the layer" [ -x "$W/root/usr/local/bin/dpctl" ]
 check "/tmp is 1777" [ "$(stat -c %a "$W/root/tmp")" = 1777 ]
 check "an unprivileged user exists" grep -q '^nobody:x:65534:' "$W/root/etc/passwd"
+for b in dpproxy dpctl; do
+  check "$b is stripped" bash -c "! readelf -S '$W/root/usr/local/bin/$b' | grep -q '\.symtab'"
+done
+check "dpproxy's copyright" grep -q "License: Apache-2.0" "$W/root/usr/share/doc/dpproxy/copyright"
+check "the Apache licence text" test -s "$W/root/usr/share/common-licenses/Apache-2.0"
+# Every library in the image came with its package's copyright file.
+missing=""
+while read -r lib; do
+  pkg="$( (dpkg -S "${lib#$W/root}" 2>/dev/null || dpkg -S "$(readlink -f "${lib#$W/root}")" 2>/dev/null || true) |
+    head -n 1 | cut -d: -f1)"
+  [[ -n "$pkg" && -s "$W/root/usr/share/doc/$pkg/copyright" ]] || missing+=" ${lib#$W/root}"
+done < <(find "$W/root" -name '*.so*' -type f)
+check "a copyright file for every library (missing:${missing:- none})" [ -z "$missing" ]
+# Only what an HTTPS client of one API server needs: none of libcurl's
+# other protocols and their libraries.
+for lib in libcurl libgssapi_krb5 libldap libgnutls libssh2 librtmp; do
+  check "no $lib in the image" bash -c "! find '$W/root' -name '$lib*' | grep -q ."
+done
 
 if [ "$(id -u)" != 0 ]; then
   fail "the chroot checks need root (CI runs as root)"

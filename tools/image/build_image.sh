@@ -3,17 +3,25 @@
 # (no registry, no container engine) as an OCI image-layout tarball that
 # `podman load`, `ctr image import` and `skopeo copy oci-archive:...` accept.
 #
-#   build_image.sh DPPROXY DPCTL VERSION OUT.tar
+#   build_image.sh DPPROXY DPCTL VERSION COPYRIGHT OUT.tar
 #
-# One layer: /usr/local/bin/{dpproxy,dpctl} and exactly the shared libraries
-# they load (ldd's closure, the dynamic loader included), /etc/passwd and
-# /etc/group with root and nobody, an empty /tmp (1777). Reproducible: sorted
-# entries, mtime 0, owner 0, gzip without a name or time. Runs as root by
-# default (it creates sockets in the kubelet's directories); nothing in it
-# needs root, so `--user 65534` works where the mounted directories allow.
+# One layer: /usr/local/bin/{dpproxy,dpctl}, stripped, and exactly the
+# shared libraries they load (ldd's closure, the dynamic loader included);
+# the copyright file of every Debian package those libraries come from, and
+# of dpproxy itself (COPYRIGHT), under /usr/share/doc/PACKAGE/, with the
+# licence texts they refer to under /usr/share/common-licenses/;
+# /etc/passwd and /etc/group with root and nobody; an empty /tmp (1777).
+# Reproducible: sorted entries, mtime 0, owner 0, gzip without a name or
+# time. Labels: version, revision (the commit `dpproxy --version` names),
+# licenses, created (SOURCE_DATE_EPOCH, else the epoch) and source
+# (DPPROXY_SOURCE, else the placeholder https://example.invalid/dpproxy).
+# Runs as root by default: in both modes it creates sockets in the
+# kubelet's root-owned directories. Nothing else in it needs root:
+# `--user 65534` works where the mounted directories allow, and dpctl runs
+# as anyone.
 set -euo pipefail
 
-dpproxy="$1"; dpctl="$2"; version="$3"; out="$4"
+dpproxy="$1"; dpctl="$2"; version="$3"; copyright="$4"; out="$5"
 work="$(mktemp -d "${TMPDIR:-/tmp}/dpproxy-image.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 fs="$work/fs"; blobs="$work/oci/blobs/sha256"
@@ -21,13 +29,31 @@ mkdir -p "$fs/usr/local/bin" "$fs/etc" "$fs/tmp" "$fs/var/lib/dpproxy" "$blobs"
 chmod 1777 "$fs/tmp"
 install -m 0755 "$dpproxy" "$fs/usr/local/bin/dpproxy"
 install -m 0755 "$dpctl" "$fs/usr/local/bin/dpctl"
+strip --strip-unneeded "$fs/usr/local/bin/dpproxy" "$fs/usr/local/bin/dpctl"
+install -D -m 0644 "$copyright" "$fs/usr/share/doc/dpproxy/copyright"
 for b in "$dpproxy" "$dpctl"; do
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
-done | sort -u | while read -r lib; do
+done | sort -u >"$work/libs"
+while read -r lib; do
   mkdir -p "$fs$(dirname "$lib")"
   cp -L "$lib" "$fs$lib"
   chmod 0755 "$fs$lib"
-done
+  # Its package's copyright file goes with it (LGPL and GPL libraries are
+  # among them): a library no package owns, or one without it, stops the build.
+  pkg="$( (dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true) |
+    head -n 1 | cut -d: -f1)"
+  if [[ -z "$pkg" || ! -f "/usr/share/doc/$pkg/copyright" ]]; then
+    echo "build_image.sh: no copyright file for $lib (package: ${pkg:-none})" >&2
+    exit 1
+  fi
+  install -D -m 0644 "/usr/share/doc/$pkg/copyright" "$fs/usr/share/doc/$pkg/copyright"
+done <"$work/libs"
+# The licence texts those files name.
+cat "$fs"/usr/share/doc/*/copyright |
+  grep -o '/usr/share/common-licenses/[A-Za-z0-9+-]*\(\.[0-9]\+\)*' | sort -u |
+  while read -r text; do
+    if [[ -f "$text" ]]; then install -D -m 0644 "$text" "$fs$text"; fi
+  done
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$fs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$fs/etc/group"
 
@@ -41,8 +67,12 @@ layer="$(sha "$work/layer.tar.gz")"; layer_size="$(size "$work/layer.tar.gz")"
 mv "$work/layer.tar.gz" "$blobs/$layer"
 
 arch="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
+# "dpproxy 0.8.0 (commit 1a2b3c4d5e6f)"
+revision="$("$dpproxy" --version | sed -n 's/.*(commit \(.*\))$/\1/p')"
+created="$(date -u -d "@${SOURCE_DATE_EPOCH:-0}" +%Y-%m-%dT%H:%M:%SZ)"
+source_url="${DPPROXY_SOURCE:-https://example.invalid/dpproxy}"
 cat >"$work/config.json" <<CONFIG
-{"architecture":"$arch","os":"linux","config":{"Entrypoint":["/usr/local/bin/dpproxy"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"dpproxy","org.opencontainers.image.description":"Bridges Kubernetes device-plugin API versions","org.opencontainers.image.version":"$version","org.opencontainers.image.licenses":"NOASSERTION"}},"rootfs":{"type":"layers","diff_ids":["sha256:$diff_id"]},"history":[{"created_by":"tools/image/build_image.sh","comment":"dpproxy and dpctl with the shared libraries they load"}]}
+{"architecture":"$arch","os":"linux","config":{"Entrypoint":["/usr/local/bin/dpproxy"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"],"WorkingDir":"/","Labels":{"org.opencontainers.image.title":"dpproxy","org.opencontainers.image.description":"Bridges Kubernetes device-plugin API versions","org.opencontainers.image.version":"$version","org.opencontainers.image.revision":"$revision","org.opencontainers.image.created":"$created","org.opencontainers.image.source":"$source_url","org.opencontainers.image.licenses":"Apache-2.0"}},"rootfs":{"type":"layers","diff_ids":["sha256:$diff_id"]},"history":[{"created_by":"tools/image/build_image.sh","created":"$created","comment":"dpproxy and dpctl with the shared libraries they load and their copyright files"}]}
 CONFIG
 config="$(sha "$work/config.json")"; config_size="$(size "$work/config.json")"
 mv "$work/config.json" "$blobs/$config"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # tools/package/build_deb.sh: the dpproxy Debian package, built with dpkg-deb.
 #
-#   build_deb.sh DPPROXY DPCTL UNIT CONFIG VERSION CHANGELOG.md OUT.deb
+#   build_deb.sh DPPROXY DPCTL UNIT CONFIG VERSION CHANGELOG.md COPYRIGHT OUT.deb
 #
 # Contents:
 #   /usr/bin/dpproxy, /usr/bin/dpctl                    0755, stripped
 #   /usr/share/man/man1/dpproxy.1.gz, dpctl.1.gz        from their --help (help2man)
-#   /usr/share/doc/dpproxy/copyright                    machine-readable (DEP-5)
+#   /usr/share/doc/dpproxy/copyright                    machine-readable (DEP-5; tools/package/copyright)
 #   /usr/share/doc/dpproxy/changelog.gz                 this release, from CHANGELOG.md
 #   /lib/systemd/system/dpproxy.service                 0644 (ExecStart=/usr/bin/dpproxy)
 #   /etc/dpproxy/dpproxy.yaml                           0644, a conffile
@@ -20,7 +20,8 @@
 # DPPROXY_MAINTAINER overrides the Maintainer field.
 set -euo pipefail
 
-dpproxy="$1"; dpctl="$2"; unit="$3"; config="$4"; version="$5"; changelog="$6"; out="$7"
+dpproxy="$1"; dpctl="$2"; unit="$3"; config="$4"; version="$5"; changelog="$6"; copyright="$7"
+out="$8"
 maintainer="${DPPROXY_MAINTAINER:-dpproxy developers <dpproxy-developers@example.org>}"
 root="$(mktemp -d "${TMPDIR:-/tmp}/dpproxy-deb.XXXXXX")"
 trap 'rm -rf "$root"' EXIT
@@ -70,24 +71,7 @@ fi
 gzip -9n "$doc/changelog"
 chmod 0644 "$doc/changelog.gz"
 
-cat >"$doc/copyright" <<'COPYRIGHT'
-Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
-Upstream-Name: dpproxy
-Comment: dpproxy is linked dynamically against Debian's libraries (gRPC,
- protobuf, Abseil, glog, gflags, yaml-cpp, civetweb, prometheus-cpp,
- cpp-httplib, OpenSSL, libsystemd, libuv); their copyright files come with
- their own packages.
-
-Files: *
-Copyright: 2026 the dpproxy developers
-License: Apache-2.0
- Licensed under the Apache License, Version 2.0 (the "License"); you may not
- use this software except in compliance with the License.
- .
- On Debian systems, the complete text of the Apache License, Version 2.0
- can be found in "/usr/share/common-licenses/Apache-2.0".
-COPYRIGHT
-chmod 0644 "$doc/copyright"
+install -m 0644 "$copyright" "$doc/copyright"
 
 # One package per shared library the binaries name (their ELF NEEDED
 # entries, found where ldd finds them), without versions: the build

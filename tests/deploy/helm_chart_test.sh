@@ -41,6 +41,10 @@ check "default: the image is the chart's appVersion" \
 check "default: probes on /livez and /readyz" \
   bash -c "grep -q 'path: /livez' '$T/default.yaml' && grep -q 'path: /readyz' '$T/default.yaml'"
 check "default: the recommended labels" grep -q "app.kubernetes.io/managed-by: Helm" "$T/default.yaml"
+check "default: no capability, no escalation, a read-only root" \
+  bash -c "grep -A1 'drop:' '$T/default.yaml' | grep -q -- '- ALL' &&
+           grep -q 'allowPrivilegeEscalation: false' '$T/default.yaml' &&
+           grep -q 'readOnlyRootFilesystem: true' '$T/default.yaml'"
 render --data ConfigMap/dpproxy/dpproxy.yaml >"$T/default-config.yaml"
 accepts() {  # config file, output file
   "$DPPROXY" --config="$1" --check >"$2" 2>&1 || { cat "$2"; return 1; }

@@ -19,7 +19,7 @@ build() {
   GOPATH=/usr/share/gocode GO111MODULE=off GOCACHE="$T/go-cache" HOME="$T" \
     go build -o "$T/helm_render" "$SRC/tools/helm_render/main.go" >"$T/build.log" 2>&1
 }
-check "helm_render builds (needs golang-go and golang-github-masterminds-sprig-dev)" build || {
+check "helm_render builds (needs golang-go, golang-github-masterminds-sprig-dev and golang-github-xeipuuv-gojsonschema-dev)" build || {
   cat "$T/build.log"; finish; }
 render() { "$T/helm_render" "$@" "$CHART"; }
 count() { grep -c "^kind: $1\$" "$2"; }
@@ -142,7 +142,17 @@ check "... naming dra.driver" grep -q "dra.driver is required" "$T/no-driver.err
 check "broken values fail the check" bash -c "! '$T/helm_render' --check --values '$SRC/tests/deploy/helm-values-broken.yaml' '$CHART' >/dev/null 2>'$T/broken.err'"
 check "... naming the quantity" grep -q 'resources.requests.memory: "lots" is not a quantity' "$T/broken.err"
 check "... naming the toleration" grep -q 'tolerations\[0\].operator: "Sometimes" is not Equal or Exists' "$T/broken.err"
-check "... naming the port" grep -q 'containerPort: 70000 is not a port number' "$T/broken.err"
+# The values' schema (values.schema.json), checked before anything is
+# rendered, as Helm does: each violation named.
+check "values against the schema are refused" bash -c "! '$T/helm_render' --set metrics.port=70000 \
+  --set logFormat=xml --set dra.enabled=yes --set takeover.enable=true '$CHART' >/dev/null 2>'$T/schema.err'"
+check "... in Helm's words" grep -q "values don't meet the specifications of the schema(s)" "$T/schema.err"
+check "... naming the port" grep -q 'metrics.port: Must be less than or equal to 65535' "$T/schema.err"
+check "... naming the log format" grep -q 'logFormat: logFormat must be one of the following: "text", "json"' "$T/schema.err"
+check "... naming the type" grep -q 'dra.enabled: Invalid type. Expected: boolean, given: string' "$T/schema.err"
+check "... naming the misspelt key" grep -q 'takeover: Additional property enable is not allowed' "$T/schema.err"
+check "every values file of the tests meets the schema" bash -c "for f in '$SRC'/tests/deploy/helm-values-*.yaml; do
+  '$T/helm_render' --values \"\$f\" '$CHART' >/dev/null || exit 1; done"
 # A misspelt key in a template is an unknown field, as strict validation says.
 cp -r "$CHART" "$T/chart"
 sed -i 's/volumeMounts:/volumeMount:/' "$T/chart/templates/daemonset.yaml"

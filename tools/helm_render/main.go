@@ -16,8 +16,12 @@
 // or service account a pod uses is rendered, a selector matches the pod's
 // labels, a role binding names a rendered role).
 //
+// The merged values are first checked against the chart's
+// values.schema.json (JSON Schema, with the library Helm uses).
+//
 // Build (GOPATH mode, with Debian's golang-go,
-// golang-github-masterminds-sprig-dev and golang-gopkg-yaml.v3-dev):
+// golang-github-masterminds-sprig-dev, golang-github-xeipuuv-gojsonschema-dev
+// and golang-gopkg-yaml.v3-dev):
 //
 //	GOPATH=/usr/share/gocode GO111MODULE=off go build -o helm_render tools/helm_render/main.go
 //
@@ -43,6 +47,7 @@ import (
 
 	"github.com/Masterminds/semver"
 	"github.com/Masterminds/sprig"
+	"github.com/xeipuuv/gojsonschema"
 	"gopkg.in/yaml.v3"
 )
 
@@ -95,6 +100,39 @@ func mergeValues(dst, src map[string]interface{}) map[string]interface{} {
 // --- Rendering -----------------------------------------------------------------
 
 // toYAML is Helm's toYaml: block style, two-space indent, no trailing newline.
+// validateValues checks the merged values against the chart's
+// values.schema.json, if it has one, as Helm does before it renders: every
+// violation is listed, in Helm's words.
+func validateValues(chartDir string, values map[string]interface{}) error {
+	schema, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// Through JSON, as Helm does: YAML's maps and numbers become JSON's.
+	doc, err := json.Marshal(values)
+	if err != nil {
+		return fmt.Errorf("values: %v", err)
+	}
+	result, err := gojsonschema.Validate(gojsonschema.NewBytesLoader(schema),
+		gojsonschema.NewBytesLoader(doc))
+	if err != nil {
+		return fmt.Errorf("%s: %v", filepath.Join(chartDir, "values.schema.json"), err)
+	}
+	if result.Valid() {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "values don't meet the specifications of the schema(s) in the following chart(s):\n%s:\n",
+		filepath.Base(filepath.Clean(chartDir)))
+	for _, e := range result.Errors() {
+		fmt.Fprintf(&b, "- %s\n", e)
+	}
+	return errors.New(strings.TrimSuffix(b.String(), "\n"))
+}
+
 func toYAML(v interface{}) string {
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
@@ -705,6 +743,9 @@ func main() {
 		if err := setValue(values, kv); err != nil {
 			fail("%v", err)
 		}
+	}
+	if err := validateValues(chartDir, values); err != nil {
+		fail("%v", err)
 	}
 	rendered, err := render(chartDir, values, *release, *namespace)
 	if err != nil {

@@ -160,9 +160,9 @@ void BackendRegistrationServer::RegisterAsync(ApiVersion api, std::string versio
     LOG(WARNING) << "backend registration of " << GoQuote(resource) << " (endpoint "
                  << GoQuote(endpoint) << ") refused: " << refused.message();
     CountRejection("busy");
-    events_->Emit("backend_registration_rejected", {{"requested_resource", GoQuote(resource)},
-                                                    {"version", GoQuote(version)},
-                                                    {"endpoint", GoQuote(endpoint)},
+    events_->Emit("backend_registration_rejected", {{"requested_resource", EchoField(resource)},
+                                                    {"version", EchoField(version)},
+                                                    {"endpoint", EchoField(endpoint)},
                                                     {"reason", "busy"},
                                                     {"error", std::string(refused.message())}});
     return done(refused);
@@ -238,9 +238,9 @@ absl::Status BackendRegistrationServer::HandleRegister(
                  << GoQuote(version) << ", endpoint " << GoQuote(endpoint)
                  << ") refused: " << s.message();
     CountRejection(reason);
-    events_->Emit("backend_registration_rejected", {{"requested_resource", GoQuote(resource)},
-                                                    {"version", GoQuote(version)},
-                                                    {"endpoint", GoQuote(endpoint)},
+    events_->Emit("backend_registration_rejected", {{"requested_resource", EchoField(resource)},
+                                                    {"version", EchoField(version)},
+                                                    {"endpoint", EchoField(endpoint)},
                                                     {"reason", reason},
                                                     {"error", std::string(s.message())}});
     return s;

@@ -276,7 +276,9 @@ int main(int argc, char** argv) {
   // Events go to the log, the events file and the counts behind the
   // metrics; the daemon keeps only a short history in memory.
   server.events().SetHistory(256);
-  server.events().SetJsonLog(FLAGS_log_format == "json");
+  // In JSON mode the events come as lines of their own from -v=1 on: at
+  // the default verbosity a happening is one line, its log message.
+  server.events().SetJsonLog(FLAGS_log_format == "json" && FLAGS_v >= 1);
   if (!FLAGS_events.empty()) {
     if (absl::Status s = server.events().OpenFile(FLAGS_events); !s.ok()) {
       std::cerr << "dpproxy: " << s.message() << "\n";

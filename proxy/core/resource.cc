@@ -318,7 +318,7 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
                  << GoQuote(first_relabelled) << "); reported Unhealthy, as a kubelet reads them";
     events_->Emit("device_health_unknown", {{"resource", name_},
                                             {"devices", relabelled},
-                                            {"first", GoQuote(first_relabelled)}});
+                                            {"first", EchoField(first_relabelled)}});
   }
   // The kubelet's names for the backend's devices, hashed: the update costs
   // O(n), never O(n^2), and the lock Allocate needs is held only to swap.
@@ -470,7 +470,7 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
                           "own";
           events_->Emit("device_ids_mapped", {{"resource", name_},
                                               {"devices", mapped},
-                                              {"first", GoQuote(first_mapped)}});
+                                              {"first", EchoField(first_mapped)}});
         }
       }
       // What the backend reports is what the kubelet is shown: one list.

@@ -62,11 +62,12 @@ void EventLog::Emit(const std::string& event, Json fields) {
     fflush(file_);
   }
   if (json_log_) {
-    // As klog's JSON format writes an info line (proxy/ops/json_log.h).
+    // As klog's JSON format writes an info line of verbosity 1
+    // (proxy/ops/json_log.h).
     nlohmann::ordered_json j;
     j["ts"] = absl::ToDoubleSeconds(now - absl::UnixEpoch());
     j["msg"] = event;
-    j["v"] = 0;
+    j["v"] = 1;
     for (auto it = e.begin(); it != e.end(); ++it) {
       if (it.key() != "ts") j[it.key()] = it.value();
     }

@@ -51,8 +51,9 @@ class EventLog {
   void SetHistory(size_t n);
   // Prints a readable line per event to stdout.
   void SetEcho(bool echo);
-  // Writes each event to stderr as a JSON log line too (`--log_format=json`:
-  // "ts", "level", "msg" (the event's name) and the event's own fields).
+  // Writes each event to stderr as a klog JSON info line of verbosity 1 too
+  // (`--log_format=json` with -v=1 and up): "ts", "msg" (the event's
+  // name), "v" and the event's own fields.
   void SetJsonLog(bool on);
 
   // Records one event. Thread-safe; never blocks on anything but the file.

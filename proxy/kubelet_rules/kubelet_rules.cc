@@ -81,6 +81,12 @@ std::string GoQuote(absl::string_view s) {
   return out;
 }
 
+std::string EchoField(absl::string_view s) {
+  std::string out(s.substr(0, kMaxEchoBytes));
+  if (out.size() < s.size()) absl::StrAppend(&out, "... (", s.size(), " bytes)");
+  return out;
+}
+
 std::string GoStringSlice(const std::vector<std::string>& v) {
   // Go's %v, bounded like GoQuote: untrusted lists are echoed in part.
   constexpr size_t kMaxItems = 16;

@@ -42,16 +42,20 @@ inline constexpr size_t kKubeletMaxListBytes = 4 << 20;
 // How much of an untrusted string errors, logs and events echo.
 inline constexpr size_t kMaxEchoBytes = 256;
 
-// Go's strconv.Quote for the strings that occur here: double quotes,
-// backslash escapes for `"`, `\` and control characters. Strings longer
-// than kMaxEchoBytes are cut there and followed by `... (N bytes)`.
 // RFC 1123 names as Kubernetes checks them: a subdomain (lower-case
 // alphanumeric labels with inner '-', dot-separated, at most 253
 // characters), and a label (one such label, at most 63).
 bool IsDnsSubdomain(absl::string_view s);
 bool IsDnsLabel(absl::string_view s);
 
+// Go's strconv.Quote for the strings that occur here: double quotes,
+// backslash escapes for `"`, `\` and control characters. Strings longer
+// than kMaxEchoBytes are cut there and followed by `... (N bytes)`. For
+// text (errors, log lines).
 std::string GoQuote(absl::string_view s);
+// The same bound without the quotes, for a structured field (an event's
+// JSON value), whose encoding escapes what needs it.
+std::string EchoField(absl::string_view s);
 
 // Go's %v of a []string: "[a b c]"; items longer than kMaxEchoBytes are
 // cut, and at most 16 items are shown.

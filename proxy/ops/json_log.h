@@ -16,9 +16,11 @@
 //
 // "ts" is seconds since the Unix epoch; an info line has "v" (its
 // verbosity, 0); an error has "err" (the message) instead, as klog's
-// ErrorS does; a warning or error also says "level". Lifecycle events
-// (EventLog) are written as info lines whose "msg" is the event's name,
-// with the event's fields as keys of their own (resource, kubelet_api, ...).
+// ErrorS does; a warning or error also says "level". At the default
+// verbosity that is one line per happening. With -v=1 and up, lifecycle
+// events (EventLog) come too, as info lines of verbosity 1 whose "msg" is
+// the event's name, with the event's fields as keys of their own
+// (resource, kubelet_api, ...).
 #ifndef DPPROXY_PROXY_OPS_JSON_LOG_H_
 #define DPPROXY_PROXY_OPS_JSON_LOG_H_
 

@@ -103,10 +103,20 @@ TEST(TextLogBinaryTest, EveryLineOnStderrHasKlogsHeader) {
   EXPECT_NE(out.find("] signal 15 received"), std::string::npos) << out;
 }
 
-TEST(JsonLogBinaryTest, EveryLineOnStderrIsAJsonObject) {
+// At the default verbosity one line per happening: its log message, and no
+// second line for the lifecycle event beside it; with -v=1 the events come
+// too, as info lines of verbosity 1 with their fields as keys.
+TEST(JsonLogBinaryTest, EveryLineOnStderrIsAJsonObjectOneLinePerHappening) {
   testing::ShortTempDir dir;
   std::string out;
   ASSERT_NO_FATAL_FAILURE(StartAndStop(dir, {"--log_format=json"}, &out));
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << "not a JSON object: " << line;
+    EXPECT_FALSE(j.contains("event")) << "an event line at the default verbosity: " << line;
+  }
+  testing::ShortTempDir verbose;
+  ASSERT_NO_FATAL_FAILURE(StartAndStop(verbose, {"--log_format=json", "-v=1"}, &out));
   bool glog_line = false, event_line = false, signal_line = false;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -116,7 +126,9 @@ TEST(JsonLogBinaryTest, EveryLineOnStderrIsAJsonObject) {
     if (j.contains("caller")) glog_line = true;
     if (j.value("event", "") == "backend_registration_listening") {
       event_line = true;
-      EXPECT_EQ(j["socket"], dir.Sub("p/kubelet.sock")) << line;
+      EXPECT_EQ(j["socket"], verbose.Sub("p/kubelet.sock")) << line;
+      EXPECT_EQ(j["v"], 1) << line;
+      EXPECT_EQ(j["msg"], "backend_registration_listening") << line;
     }
     if (j.value("msg", "") == "signal 15 received") signal_line = true;
   }

@@ -123,6 +123,12 @@ class KubeletCall {
   // The backend that served it, for the backend_api label.
   void set_backend(const Backend* b) { backend_api_ = b->api(); }
   grpc::Status Done(grpc::Status s) {
+    // What the kubelet turns into a failed pod: said once, at warning.
+    if (!s.ok()) {
+      LOG(WARNING) << "resource " << e_->resource()->name() << ": " << method_
+                   << " from the kubelet (" << ApiWireVersion(kubelet_api_) << ") answered "
+                   << GrpcCodeName(s.error_code()) << ": " << s.error_message();
+    }
     if (e_->telemetry() != nullptr) {
       e_->telemetry()->ObserveRpc(
           "kubelet", method_, e_->resource()->name(), ApiWireVersion(kubelet_api_),

@@ -95,7 +95,7 @@ class ClaimPreparerTest : public ::testing::Test {
     Allocator* alloc = allocator();
     return std::make_unique<ClaimPreparer>(
         o, client_.get(),
-        [this, backend, alloc](const std::string& pool) -> std::optional<BridgedResource> {
+        [backend, alloc](const std::string& pool) -> std::optional<BridgedResource> {
           if (pool != kPool) return std::nullopt;
           return BridgedResource{"vendor.com/gpu", backend, {"gpu-0", "gpu-1", "GPU-X"}, alloc};
         });

@@ -2,7 +2,7 @@
 //
 // Where the Kubernetes API server is and how to prove who dpproxy is: what
 // DRA mode needs to publish ResourceSlices and read ResourceClaims
-// (dra-facts.md §5). From inside a pod (the service account's token and
+// (resource.k8s.io, KEP-4381). From inside a pod (the service account's token and
 // CA, KUBERNETES_SERVICE_HOST/PORT), or from a kubeconfig file (a node
 // agent under systemd): the current context's cluster (server, CA file or
 // data, insecure-skip-tls-verify) and user (token, token file, client

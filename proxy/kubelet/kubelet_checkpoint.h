@@ -2,7 +2,8 @@
 //
 // Reads the kubelet's device-manager checkpoint
 // (<kubelet_root>/device-plugins/kubelet_internal_checkpoint), read-only, in
-// every layout a kubelet has written (protocol-facts.md §4.1):
+// every layout a kubelet has written (the device manager's checkpoint, kubernetes/kubernetes
+// pkg/kubelet/cm/devicemanager/checkpoint):
 //
 //   1.9-1.10   {"PodDeviceEntries":[...],"RegisteredDevices":{...}}
 //   1.11-1.19  {"Data":{...same...},"Checksum":N}, DeviceIDs a list

@@ -1,7 +1,8 @@
 // File: kubelet_rules.h
 //
 // The checks a kubelet applies to a device plugin's registration, with the
-// kubelet's own error texts (protocol-facts.md §1.5, §3.1, §3.7, §9). The
+// kubelet's own error texts (kubernetes/kubernetes pkg/kubelet/cm/devicemanager and
+// pkg/kubelet/pluginmanager). The
 // kubelet simulator and dpproxy's backend registration server both use these,
 // so a plugin sees the same answer from either.
 //

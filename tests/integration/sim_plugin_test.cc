@@ -1,8 +1,8 @@
 // The kubelet simulator against the sample plugin, in one process but over
 // real gRPC servers on real Unix sockets: every kubelet personality with a
 // plugin of the matching version, then bad registrations and mismatched
-// pairs, which must fail the way they fail in the field (protocol-facts.md
-// §3, §9).
+// pairs, which must fail the way they fail in the field (the kubelet's
+// device manager, with its own error texts).
 #include <sys/stat.h>
 #include <unistd.h>
 

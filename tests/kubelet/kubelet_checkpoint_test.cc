@@ -10,7 +10,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Layout = KubeletCheckpoint::Layout;
 
-// Made-up values in each layout a kubelet has written (protocol-facts.md §4.1).
+// Made-up values in each layout a kubelet has written (the device manager's
+// checkpoint, kubernetes/kubernetes pkg/kubelet/cm/devicemanager/checkpoint).
 TEST(KubeletCheckpointTest, ReadsEveryLayout) {
   struct Case {
     const char* text;

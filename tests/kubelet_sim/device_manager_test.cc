@@ -231,7 +231,7 @@ TEST_F(DeviceManagerTest, CheckpointKeysDevicesByNumaNode) {
   EXPECT_EQ(j["Data"]["PodDeviceEntries"][0]["DeviceIDs"]["1"], nlohmann::json({"t0"}));
 }
 
-// protocol-facts §4.1: each release writes its own layout.
+// The device manager's checkpoint: each release writes its own layout.
 TEST_F(DeviceManagerTest, CheckpointLayoutFollowsTheRelease) {
   AddRunningPod(m_, "u1");
   m_.AddAllocation(Alloc("u1", "main", "vendor.com/gpu", {"g0", "g1"}));

@@ -1,8 +1,9 @@
-// Kubelet generations: the simulator plays a kubelet release by minor
-// version, and what a release does not read it drops, as that release's
-// proto would (protocol-facts.md §2.2, §3). Real gRPC servers on real Unix
-// sockets: the sample plugin offers everything (topology, a preferred
-// allocation, CDI devices) and each release must take exactly its part.
+// Kubelet generations: the simulator plays a kubelet release by minor version,
+// and what a release does not read it drops, as that release's proto would (the
+// v1beta1 API's fields by release, and the device manager's behaviour). Real
+// gRPC servers on real Unix sockets: the sample plugin offers everything
+// (topology, a preferred allocation, CDI devices) and each release must take
+// exactly its part.
 #include <string>
 
 #include "gmock/gmock.h"

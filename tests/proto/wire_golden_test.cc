@@ -1,5 +1,5 @@
 // Golden byte encodings for at least one message of every service, worked out
-// by hand from the field numbers in protocol-facts.md: a tag byte is
+// by hand from the field numbers of the kubelet's .proto files: a tag byte is
 // (field_number << 3) | wire_type, wire type 0 = varint, 2 = length-delimited.
 // If a field number or type in our .proto files drifts from the wire, these
 // fail.
@@ -122,7 +122,7 @@ TEST(WireGoldenTest, V1Beta1PreStartContainerRequest) {
 }
 
 TEST(WireGoldenTest, V1AlphaResponseParsesAsV1Beta1ContainerResponse) {
-  // Same numbers for envs/mounts/devices/annotations (protocol-facts §2.4):
+  // Same numbers for envs/mounts/devices/annotations (the v1beta1 API):
   // the kubelet's checkpoint relies on this, and so may a translator.
   deviceplugin::AllocateResponse a;
   (*a.mutable_envs())["K"] = "V";

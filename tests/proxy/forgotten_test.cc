@@ -1,5 +1,5 @@
 // A kubelet that restarts without its checkpoint forgets the devices of
-// the containers that keep running (protocol-facts §4.2, §10): it counts
+// the containers that keep running (as real 1.26 and 1.36 kubelets do): it counts
 // them free, and it re-admits its running pods against allocatable. These
 // tests play that on the simulated kubelet of several releases, with real
 // processes on real sockets, and judge dpproxy by what the pods see: no

@@ -1,7 +1,7 @@
 // File: apiserver_sim.h
 //
 // A stand-in for the Kubernetes API server, as far as DRA mode uses it
-// (dra-facts.md §5): the resource.k8s.io group with the versions asked for
+// (resource.k8s.io, KEP-4381): the resource.k8s.io group with the versions asked for
 // (discovery at /apis/resource.k8s.io), cluster-scoped ResourceSlices
 // (list with a fieldSelector on spec.nodeName and spec.driver, create, get,
 // update with optimistic concurrency, delete) and namespaced

@@ -933,8 +933,7 @@ const std::vector<ScenarioEntry>& Entries() {
         "Opt-in (name it in --scenarios): a stress beyond what any kubelet release is known to "
         "do. The kubelet is killed and comes back, and dpconform removes the sockets in "
         "device-plugins/ once more after the new kubelet.sock appeared, as the plugin's "
-        "Register arrives (a real kubelet cleans up before it listens, protocol-facts.md "
-        "3.3): the plugin serves its socket again and registers again.",
+        "Register arrives (a real kubelet cleans up before it listens): the plugin serves its socket again and registers again.",
         true},
        KubeletCrash},
       {{"plugin-restart", "survives its own restart",

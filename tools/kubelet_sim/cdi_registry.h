@@ -1,20 +1,21 @@
 // File: cdi_registry.h
 //
-// What the container runtime (containerd, CRI-O) does with the CDI device
-// names a DRA driver hands the kubelet: it looks each fully qualified name
+// What the container runtime (containerd, CRI-O) does with the CDI device names
+// a DRA driver hands the kubelet: it looks each fully qualified name
 // ("vendor.com/class=name") up in the spec files of its CDI directories
-// (/etc/cdi, /var/run/cdi) and applies the spec's edits to the container
-// (dra-facts.md §6). A name no spec defines, or that two specs define,
-// fails the container (CreateContainerError); the kubelet sim reports it
-// with the claim instead, so a test sees a driver's answer as a pod would.
+// (/etc/cdi, /var/run/cdi) and applies the spec's edits to the container (the
+// CDI specification, cncf-tags/container-device-interface SPEC.md). A name no
+// spec defines, or that two specs define, fails the container
+// (CreateContainerError); the kubelet sim reports it with the claim instead, so
+// a test sees a driver's answer as a pod would.
 //
-// Specs are read at each call (runtimes watch the directories), as JSON
-// (.json) or YAML (.yaml); a file that does not parse is named in
-// `warnings` and skipped, as runtimes skip it.
+// Specs are read at each call (runtimes watch the directories), as JSON (.json)
+// or YAML (.yaml); a file that does not parse is named in `warnings` and
+// skipped, as runtimes skip it.
 //
-//   CdiResolution r = ResolveCdiDevices({"/var/run/cdi"}, {"gpu.vendor.com/claim=u1-gpu"});
-//   r.errors    // "" per name that resolved
-//   r.edits     // {"env": [...], "deviceNodes": [...], "mounts": [...]}
+// CdiResolution r = ResolveCdiDevices({"/var/run/cdi"},
+// {"gpu.vendor.com/claim=u1-gpu"}); r.errors    // "" per name that resolved
+// r.edits     // {"env": [...], "deviceNodes": [...], "mounts": [...]}
 #ifndef DPPROXY_TOOLS_KUBELET_SIM_CDI_REGISTRY_H_
 #define DPPROXY_TOOLS_KUBELET_SIM_CDI_REGISTRY_H_
 

@@ -3,9 +3,10 @@
 // The simulated kubelet's device-manager state, without any I/O: which
 // resources are registered through which endpoint, their devices and health,
 // the grace period after a plugin is lost, the allocations of pods, the
-// kubelet-format checkpoint, and the re-admission rule applied after a
-// restart (protocol-facts.md §3.3–§3.5, §4). Not thread-safe; KubeletSim
-// guards it with its mutex. Time is passed in, so tests control it.
+// kubelet-format checkpoint, and the re-admission rule applied after a restart
+// (the kubelet's device manager, kubernetes/kubernetes
+// pkg/kubelet/cm/devicemanager). Not thread-safe; KubeletSim guards it with its
+// mutex. Time is passed in, so tests control it.
 #ifndef DPPROXY_TOOLS_KUBELET_SIM_DEVICE_MANAGER_H_
 #define DPPROXY_TOOLS_KUBELET_SIM_DEVICE_MANAGER_H_
 

@@ -909,7 +909,7 @@ void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
     // the resource's place and the old one runs until its plugin ends the
     // stream (1.10-1.24: its end is ignored, as it is no longer current;
     // 1.25-1.36 keep the client too, kubernetes#124716, and its end tears
-    // down the resource's client by name). protocol-facts.md 3.2.
+    // down the resource's client by name). (kubernetes#121994).
     const bool keep_old = kubelet_.minor >= 10;
     events_.Emit("endpoint_replaced", {{"resource", client->resource},
                                        {"old_endpoint", it->second->socket_path},

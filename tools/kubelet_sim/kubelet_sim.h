@@ -5,7 +5,8 @@
 // in one of four personalities, connects to registered plugins, follows
 // their device lists, admits pods (Allocate, GetPreferredAllocation,
 // PreStartContainer), checkpoints allocations the way the kubelet does, and
-// serves the pod-resources API. Its behaviour follows protocol-facts.md:
+// serves the pod-resources API. Its behaviour follows the real kubelet's device manager
+// (kubernetes/kubernetes pkg/kubelet/cm/devicemanager):
 //
 //   v1alpha        Kubernetes 1.9: /deviceplugin.Registration, exact
 //                  version "v1alpha2", asynchronous, no grace period.
@@ -54,7 +55,7 @@ std::string PersonalityName(Personality p);
 
 // A kubelet release as the simulator plays it: how it registers plugins
 // (the personality) and what of the device-plugin API it reads, by minor
-// version (protocol-facts.md sections 2.2 and 3). What a release does not
+// version (the v1beta1 API's fields by release, and the device manager). What a release does not
 // read it drops on receipt, silently, as the release's own proto would
 // (an unknown field is skipped), so a plugin relying on it sees the failure
 // that release's users would see.
@@ -139,7 +140,7 @@ struct KubeletSimOptions {
   std::vector<std::string> cdi_dirs;
   // The API server the node's kubelet talks to (a kubeconfig) and the
   // node's name: at each start the kubelet deletes the node's
-  // ResourceSlices (dra-facts.md §1). Empty: no API server.
+  // ResourceSlices (the kubelet deletes them when it starts; KEP-4381). Empty: no API server.
   std::string kubeconfig;
   std::string node_name = "node-1";
   // When a started kubelet re-admits the pods it found (about 1 s on a

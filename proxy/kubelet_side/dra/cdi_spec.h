@@ -2,7 +2,8 @@
 //
 // What a DRA driver hands the kubelet instead of an Allocate answer: CDI
 // device names, backed by a CDI spec file the container runtime reads
-// (dra-facts.md §6, §7). dpproxy writes one spec per prepared claim, named
+// (the CDI specification, cncf-tags/container-device-interface SPEC.md;
+// docs/dra.md). dpproxy writes one spec per prepared claim, named
 // by the claim's UID, from the device plugin's container responses:
 //
 //   envs                 -> containerEdits.env ("K=V", sorted by key)

@@ -1,7 +1,7 @@
 // File: claim_preparer.h
 //
 // NodePrepareResources and NodeUnprepareResources for one claim, with a
-// device plugin behind (dra-facts.md §3, §4, §7):
+// device plugin behind (kubernetes/kubelet pkg/apis/dra; KEP-4381; docs/dra.md):
 //
 //   1. read the ResourceClaim from the API server and check its UID (the
 //      kubelet sends only the reference);
@@ -133,7 +133,7 @@ class ClaimPreparer {
   // in the journal, never answered), and writes the CDI spec of every
   // journaled claim whose spec is gone. After a reboot the CDI directory (tmpfs) is empty while the
   // kubelet may still count those claims prepared and not prepare them
-  // again (dra-facts.md §4, kubernetes#141433). Returns how many it wrote.
+  // again (kubernetes#141433). Returns how many it wrote.
   absl::StatusOr<int> RestoreSpecs();
 
   // Claims prepared and not unprepared: remembered at start, plus those

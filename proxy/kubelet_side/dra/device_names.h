@@ -2,7 +2,7 @@
 //
 // DRA device names for device-plugin device IDs. A ResourceSlice device's
 // name must be a DNS label (lowercase letters, digits and '-', starting and
-// ending with a letter or digit, at most 63 characters; dra-facts.md §5);
+// ending with a letter or digit, at most 63 characters; KEP-4381);
 // device-plugin IDs are any string ("GPU-6f3a9c1e-...", "0000:3b:00.0").
 // An ID that already is a DNS label keeps its name; any other ID is named
 // as ResourcePolicy::compact_ids names it ("c" and 13 base32 characters of

@@ -1,21 +1,22 @@
 // File: dra_server.h
 //
-// dpproxy as a DRA driver toward the kubelet (dra-facts.md §2, §3): a
-// plugin-watcher socket <kubelet_root>/plugins_registry/<driver>-reg.sock
-// answering GetInfo with type "DRAPlugin", the driver's name, the service
-// socket <kubelet_root>/plugins/<driver>/dra.sock and the services served,
-// newest first ("v1.DRAPlugin", "v1beta1.DRAPlugin"); and on that socket
-// NodePrepareResources and NodeUnprepareResources in both proto packages,
-// one core (ClaimPreparer) behind them, and the devices' health stream
+// dpproxy as a DRA driver toward the kubelet (the kubelet's plugin watcher and
+// kubernetes/kubelet pkg/apis/dra): a plugin-watcher socket
+// <kubelet_root>/plugins_registry/<driver>-reg.sock answering GetInfo with type
+// "DRAPlugin", the driver's name, the service socket
+// <kubelet_root>/plugins/<driver>/dra.sock and the services served, newest
+// first ("v1.DRAPlugin", "v1beta1.DRAPlugin"); and on that socket
+// NodePrepareResources and NodeUnprepareResources in both proto packages, one
+// core (ClaimPreparer) behind them, and the devices' health stream
 // (v1alpha1.DRAResourceHealth, health_hub.h). A claim that fails carries its
 // error in its own entry of the answer; the call itself succeeds.
 //
-// Socket generation g > 0 (a takeover's successor, the other generation
-// than its predecessor's) names both sockets apart: <driver>-reg-<g>.sock
-// and dra-<g>.sock. A 1.33+ kubelet then keeps both instances and calls
-// the one registered last. As a handoff's KubeletGate the server holds the
-// kubelet's prepares and unprepares, then forwards them to the successor's
-// service socket.
+// Socket generation g > 0 (a takeover's successor, the other generation than
+// its predecessor's) names both sockets apart: <driver>-reg-<g>.sock and
+// dra-<g>.sock. A 1.33+ kubelet then keeps both instances and calls the one
+// registered last. As a handoff's KubeletGate the server holds the kubelet's
+// prepares and unprepares, then forwards them to the successor's service
+// socket.
 #ifndef DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SERVER_H_
 #define DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SERVER_H_
 

@@ -1,7 +1,7 @@
 // File: health_hub.h
 //
 // The DRA health stream (DRAResourceHealth.NodeWatchResources, package
-// v1alpha1; dra-facts.md §3) of dpproxy's devices: the device plugins'
+// v1alpha1; kubernetes/kubelet pkg/apis/dra-health) of dpproxy's devices: the device plugins'
 // health as the kubelet reads it for pods' status. The owner sets each
 // pool's devices as they change; every open stream is sent the full state
 // at once and again after each change. At most one write per stream is in

@@ -1,7 +1,7 @@
 // File: resource_slices.h
 //
 // The ResourceSlices that publish one device-plugin resource as DRA devices
-// (dra-facts.md §5, §7): one pool per node and resource, at most 128
+// (resource.k8s.io, KEP-4381; docs/dra.md): one pool per node and resource, at most 128
 // devices per slice, every slice carrying the pool's generation and slice
 // count. A device is named by DraDeviceName, keeps its device-plugin ID as
 // the attribute "deviceID" (in the driver's domain), and its first NUMA

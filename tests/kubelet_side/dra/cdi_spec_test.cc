@@ -36,7 +36,7 @@ PreparedDevice Gpu(const std::string& name, int index) {
   return d;
 }
 
-// dra-facts.md §7, field by field.
+// docs/dra.md's mapping, field by field.
 TEST(CdiSpecTest, EachDeviceGetsTheEditsOfItsAllocateAnswer) {
   PreparedDevice only_cdi;
   only_cdi.device_name = "nic-0";

@@ -1,4 +1,4 @@
-// Our DRA .proto files against the facts (dra-facts.md §3): the service
+// Our DRA .proto files against the facts (kubernetes/kubelet pkg/apis/dra): the service
 // names the kubelet dials, and the wire numbers of every field, checked on
 // bytes so that a renumbered field fails here and not on a node.
 #include "gtest/gtest.h"

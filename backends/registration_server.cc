@@ -294,7 +294,8 @@ absl::Status BackendRegistrationServer::HandleRegister(
   if (!running_) return absl::UnavailableError("dpproxy is stopping");
   raw->thread = std::thread([this, raw, resource, socket, api] {
     absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()), options_.max_list_bytes);
+        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()),
+                       options_.max_list_bytes);
     if (!b.ok()) {
       LOG(WARNING) << "v1alpha backend " << resource << " at " << socket
                    << " registered but cannot be reached: " << b.status().message();

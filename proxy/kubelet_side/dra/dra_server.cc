@@ -85,17 +85,22 @@ void UnprepareAll(ClaimPreparer* p, EventLog* events, const Request& req, Respon
 
 // A call the kubelet made here, sent on to a successor's service socket
 // (a handoff) with the kubelet's deadline; the successor journals it.
-template <typename Stub, typename Request, typename Response>
-grpc::Status ForwardCall(const std::string& socket, std::unique_ptr<Stub> (*new_stub)(
-                                                         const std::shared_ptr<grpc::ChannelInterface>&,
-                                                         const grpc::StubOptions&),
-                         grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
-                                                      Response*),
-                         grpc::ServerContext* kubelet, const Request& req, Response* resp) {
-  std::unique_ptr<Stub> stub = new_stub(MakeUnixChannel(socket), grpc::StubOptions());
+template <typename Service, typename Request, typename Response>
+grpc::Status ForwardCall(
+    const std::string& socket,
+    grpc::Status (Service::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    grpc::ServerContext* kubelet, const Request& req, Response* resp) {
+  std::unique_ptr<typename Service::Stub> stub = Service::NewStub(MakeUnixChannel(socket));
   grpc::ClientContext ctx;
   ctx.set_deadline(kubelet->deadline());
   return (stub.get()->*method)(&ctx, req, resp);
+}
+
+// A call that is neither served nor forwarded: dpproxy stops, or it held
+// the call for a new dpproxy until the kubelet's deadline.
+grpc::Status Refused() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "dpproxy is stopping or handing over to a new dpproxy; the kubelet retries");
 }
 
 // One DRAPlugin service (v1 or v1beta1: the same messages in two
@@ -112,10 +117,10 @@ class DraService final : public Api::DRAPlugin::Service {
     std::string to;
     switch (s_->Admit(ctx, &to)) {
       case DraServer::Admission::kForward:
-        return ForwardCall(to, &Api::DRAPlugin::NewStub, &Stub::NodePrepareResources, ctx, *req,
-                           resp);
+        return ForwardCall<typename Api::DRAPlugin>(to, &Stub::NodePrepareResources, ctx, *req,
+                                                    resp);
       case DraServer::Admission::kRefuse:
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dpproxy is stopping");
+        return Refused();
       case DraServer::Admission::kServe:
         break;
     }
@@ -129,10 +134,10 @@ class DraService final : public Api::DRAPlugin::Service {
     std::string to;
     switch (s_->Admit(ctx, &to)) {
       case DraServer::Admission::kForward:
-        return ForwardCall(to, &Api::DRAPlugin::NewStub, &Stub::NodeUnprepareResources, ctx,
-                           *req, resp);
+        return ForwardCall<typename Api::DRAPlugin>(to, &Stub::NodeUnprepareResources, ctx,
+                                                    *req, resp);
       case DraServer::Admission::kRefuse:
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dpproxy is stopping");
+        return Refused();
       case DraServer::Admission::kServe:
         break;
     }
@@ -182,9 +187,9 @@ class DraServer::Services {
       info->add_supported_versions("v1alpha1.DRAResourceHealth");
       return grpc::Status::OK;
     }
-    grpc::Status NotifyRegistrationStatus(grpc::ServerContext*,
-                                          const pluginregistration::RegistrationStatus* st,
-                                          pluginregistration::RegistrationStatusResponse*) override {
+    grpc::Status NotifyRegistrationStatus(
+        grpc::ServerContext*, const pluginregistration::RegistrationStatus* st,
+        pluginregistration::RegistrationStatusResponse*) override {
       s_->registered_ = st->plugin_registered();
       if (st->plugin_registered()) {
         LOG(INFO) << "DRA driver " << s_->options_.driver << ": registered with the kubelet";

@@ -21,7 +21,6 @@
 #include <iterator>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include <gflags/gflags.h>
@@ -327,8 +326,7 @@ double RestartAndWait(sim::KubeletSim& kubelet, const std::string& resource, int
 // allocations costs. Milliseconds (-1: not registered) and kB.
 struct Startup {
   double ms = -1;
-  int64_t rss_kb = -1;          // once registered
-  int64_t rss_running_kb = -1;  // 3 s later
+  int64_t rss_kb = -1;  // once registered
 };
 
 int64_t KiloBytes(const std::string& proc_field) {  // "1234 kB"
@@ -385,10 +383,6 @@ Startup MeasureStartup(const std::string& dir, int allocations) {
                     .count()
               : -1;
   out.rss_kb = KiloBytes(ProcField(proxy, "VmRSS"));
-  // And once it has run its first passes (saves, checks): a measuring
-  // point 3 s on, not a wait for anything.
-  absl::SleepFor(absl::Seconds(3));
-  out.rss_running_kb = KiloBytes(ProcField(proxy, "VmRSS"));
   Stop(proxy);
   kubelet.Stop();
   return out;
@@ -984,8 +978,7 @@ int Run() {
   if (FLAGS_restarts > 0) measure_rereg(&rereg_many, 3);
   // Start-up, three times each, alternating: with the allocations, and the
   // floor (the same resource, no allocations).
-  std::vector<double> startup_empty, startup_full, rss_empty, rss_full, running_empty,
-      running_full;
+  std::vector<double> startup_empty, startup_full, rss_empty, rss_full;
   if (FLAGS_startup_allocations > 0) {
     for (int i = 0; i < 3; ++i) {
       const Startup empty = MeasureStartup(absl::StrCat(dir, "/s", i), 0);
@@ -994,8 +987,6 @@ int Run() {
       startup_full.push_back(full.ms);
       rss_empty.push_back(static_cast<double>(empty.rss_kb));
       rss_full.push_back(static_cast<double>(full.rss_kb));
-      running_empty.push_back(static_cast<double>(empty.rss_running_kb));
-      running_full.push_back(static_cast<double>(full.rss_running_kb));
     }
   }
   Flips flips_small, flips_large;
@@ -1149,20 +1140,14 @@ int Run() {
     std::cout << absl::StrFormat("%-40s %9.0fms\n",
                                  absl::StrCat(FLAGS_startup_allocations, " allocations"),
                                  Percentile(startup_full, 0.5));
-    // What holding them costs: the resident memory of the two starts,
-    // once registered and once running.
-    std::cout << absl::StrFormat("resident memory (median)        %12s %12s %14s\n", "none",
-                                 absl::StrCat(FLAGS_startup_allocations), "per allocation");
-    for (const auto& [when, e, f] :
-         {std::tuple<const char*, const std::vector<double>*, const std::vector<double>*>{
-              "once registered", &rss_empty, &rss_full},
-          {"3 s later", &running_empty, &running_full}}) {
-      const double empty_kb = Percentile(*e, 0.5), full_kb = Percentile(*f, 0.5);
-      std::cout << absl::StrFormat("  %-29s %9.1f MB %9.1f MB %12.0f B\n", when, empty_kb / 1024,
-                                   full_kb / 1024,
-                                   (full_kb - empty_kb) * 1024 / FLAGS_startup_allocations);
-    }
-    std::cout << "(goal: <= 300 B per allocation held)\n";
+    // What holding them costs: the resident memory of the two starts once
+    // registered (what the load freed and glibc kept included).
+    const double empty_kb = Percentile(rss_empty, 0.5), full_kb = Percentile(rss_full, 0.5);
+    std::cout << absl::StrFormat(
+        "resident memory then: %.1f MB with none, %.1f MB with %d: %.0f bytes per allocation "
+        "held (goal <= 300)\n",
+        empty_kb / 1024, full_kb / 1024, FLAGS_startup_allocations,
+        (full_kb - empty_kb) * 1024 / FLAGS_startup_allocations);
   }
   if (FLAGS_flips > 0) {
     std::cout << absl::StrFormat(

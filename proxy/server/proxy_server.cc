@@ -356,7 +356,8 @@ absl::Status ProxyServer::ReconcileCheckpointOnce() {
 }
 
 absl::Status ProxyServer::RestoreState() {
-  absl::StatusOr<state::State> loaded = keeper_->Load();
+  // Its resources, and which names allocations hold devices under.
+  absl::StatusOr<state::State> loaded = keeper_->Load(/*summary=*/true);
   if (!loaded.ok()) return loaded.status();
   const state::State& st = *loaded;
   const absl::Duration trust =

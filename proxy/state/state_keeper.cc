@@ -191,7 +191,7 @@ void StateKeeper::WaitForCompaction() {
       this));
 }
 
-absl::StatusOr<state::State> StateKeeper::Load() {
+absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   absl::StatusOr<state::State> s = store_.Load();
   if (!s.ok() && s.status().code() != absl::StatusCode::kDataLoss) {
     // Unreadable but not proven corrupt: never start empty over it.
@@ -282,7 +282,7 @@ absl::StatusOr<state::State> StateKeeper::Load() {
           absl::StrCat("cannot write the state after loading it: ", save.message()));
     }
   }
-  return FullStateLocked();
+  return summary ? SummaryLocked() : FullStateLocked();
 }
 
 void StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) {
@@ -344,6 +344,23 @@ state::State StateKeeper::FullStateLocked() const {
     r->ParseFromString(saved.bytes);
     r->set_updated_unix_ms(saved.updated_unix_ms);
   }
+  return out;
+}
+
+state::State StateKeeper::SummaryLocked() const {
+  state::State out;
+  out.mutable_allocations()->Reserve(state_.allocations_size());
+  for (const state::Allocation& a : state_.allocations()) {
+    state::Allocation* c = out.add_allocations();
+    c->set_id(a.id());
+    c->set_resource(a.resource());
+  }
+  for (const SavedResource& saved : resources_) {
+    state::Resource* r = out.add_resources();
+    r->ParseFromString(saved.bytes);
+    r->set_updated_unix_ms(saved.updated_unix_ms);
+  }
+  out.set_next_allocation_id(state_.next_allocation_id());
   return out;
 }
 

@@ -144,7 +144,11 @@ class StateKeeper : public AllocationJournal {
   // journal from being opened for writing (EIO, EACCES, a read-only
   // filesystem, a directory or a link in place of a file) is an error: the
   // caller must not run on half the state.
-  absl::StatusOr<state::State> Load();
+  //
+  // Returns the state loaded: in full, or with `summary` the resources and,
+  // of each allocation, its id and resource only (a start needs no more,
+  // and a full copy of every allocation doubles the memory at its peak).
+  absl::StatusOr<state::State> Load(bool summary = false);
 
   // Group commit: a record that finds the journal free is written at once
   // by its caller's thread, which then goes on writing whatever queued
@@ -384,6 +388,8 @@ class StateKeeper : public AllocationJournal {
   std::vector<SavedResource> resources_ ABSL_GUARDED_BY(mu_);
   // state_ and resources_ as one State.
   state::State FullStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The resources, and each allocation's id and resource.
+  state::State SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves state_'s resources into resources_.
   void TakeResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "resource\0device" -> how many live allocations name it (HoldsDevice

@@ -337,13 +337,17 @@ void StateKeeper::TakeResourcesLocked() {
   state_.clear_resources();
 }
 
-state::State StateKeeper::FullStateLocked() const {
-  state::State out = state_;
+void StateKeeper::AddSavedResourcesLocked(state::State* out) const {
   for (const SavedResource& saved : resources_) {
-    state::Resource* r = out.add_resources();
+    state::Resource* r = out->add_resources();
     r->ParseFromString(saved.bytes);
     r->set_updated_unix_ms(saved.updated_unix_ms);
   }
+}
+
+state::State StateKeeper::FullStateLocked() const {
+  state::State out = state_;
+  AddSavedResourcesLocked(&out);
   return out;
 }
 
@@ -355,11 +359,7 @@ state::State StateKeeper::SummaryLocked() const {
     c->set_id(a.id());
     c->set_resource(a.resource());
   }
-  for (const SavedResource& saved : resources_) {
-    state::Resource* r = out.add_resources();
-    r->ParseFromString(saved.bytes);
-    r->set_updated_unix_ms(saved.updated_unix_ms);
-  }
+  AddSavedResourcesLocked(&out);
   out.set_next_allocation_id(state_.next_allocation_id());
   return out;
 }

@@ -390,6 +390,8 @@ class StateKeeper : public AllocationJournal {
   state::State FullStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The resources, and each allocation's id and resource.
   state::State SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The saved resources, parsed, appended to `out`.
+  void AddSavedResourcesLocked(state::State* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves state_'s resources into resources_.
   void TakeResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "resource\0device" -> how many live allocations name it (HoldsDevice

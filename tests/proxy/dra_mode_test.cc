@@ -75,6 +75,16 @@ std::unique_ptr<ProxyHarness> DraHarness(const std::string& kubeconfig, const st
       });
 }
 
+// The kubelet sim as `release`, dpproxy, and a v1beta1 sample plugin behind
+// it; nullptr (with the failure reported) if one did not start.
+SamplePlugin* StartNode(ProxyHarness& h, const std::string& release) {
+  const bool up = h.sim().Start().ok() &&
+                  h.sim().Restart(*sim::ParseKubeletVersion(release)).ok() &&
+                  h.proxy().Start().ok();
+  EXPECT_TRUE(up) << "kubelet " << release << " or dpproxy did not start";
+  return up ? h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)) : nullptr;
+}
+
 Json Claim(const std::string& name, const std::vector<std::string>& devices) {
   Json results = Json::array();
   for (const std::string& d : devices) {
@@ -98,10 +108,7 @@ TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
   std::unique_ptr<ProxyHarness> harness = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
   ProxyHarness& h = *harness;
   // A 1.34 kubelet: DRA v1 and the plugin watcher.
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
+  SamplePlugin* plugin = StartNode(h, "1.34");
   ASSERT_NE(plugin, nullptr);
 
   // The devices reach the API server as the driver's pool.
@@ -475,10 +482,7 @@ TEST_P(DraTakeoverTest, ClaimsAndTheDriversRegistrationOutliveATakeover) {
   testing::ShortTempDir dir;
   std::unique_ptr<ProxyHarness> harness = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
   ProxyHarness& h = *harness;
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion(GetParam())).ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
+  SamplePlugin* plugin = StartNode(h, GetParam());
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }, kApiWait));
   ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},

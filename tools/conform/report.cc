@@ -38,6 +38,27 @@ std::vector<std::string> Ordered(const std::vector<CellResult>& cells,
   return out;
 }
 
+// The cells as a grid: releases and scenarios in the order they came, each
+// release's generation, and the cell of a scenario and release.
+struct Grid {
+  explicit Grid(const std::vector<CellResult>& cells)
+      : kubelets(Ordered(cells, &CellResult::kubelet)),
+        scenarios(Ordered(cells, &CellResult::scenario)) {
+    for (const CellResult& c : cells) {
+      at[{c.scenario, c.kubelet}] = &c;
+      generation[c.kubelet] = c.generation;
+    }
+  }
+  // nullptr where no cell ran.
+  const CellResult* At(const std::string& scenario, const std::string& kubelet) const {
+    auto it = at.find({scenario, kubelet});
+    return it == at.end() ? nullptr : it->second;
+  }
+  std::vector<std::string> kubelets, scenarios;
+  std::map<std::string, std::string> generation;
+  std::map<std::pair<std::string, std::string>, const CellResult*> at;
+};
+
 std::string Mark(const CellResult& c) {
   switch (c.outcome) {
     case Outcome::kPass: return "pass";
@@ -340,14 +361,9 @@ std::string MarkdownText(absl::string_view text) {
 }  // namespace
 
 std::string RenderMarkdown(const ConformOptions& options, const std::vector<CellResult>& cells) {
-  const std::vector<std::string> kubelets = Ordered(cells, &CellResult::kubelet);
-  const std::vector<std::string> scenarios = Ordered(cells, &CellResult::scenario);
-  std::map<std::pair<std::string, std::string>, const CellResult*> at;
-  std::map<std::string, std::string> generation;
-  for (const CellResult& c : cells) {
-    at[{c.scenario, c.kubelet}] = &c;
-    generation[c.kubelet] = c.generation;
-  }
+  const Grid g(cells);
+  const std::vector<std::string>& kubelets = g.kubelets;
+  const std::vector<std::string>& scenarios = g.scenarios;
   const Totals t = Count(cells);
   std::string out = absl::StrCat("## dpconform: ", MarkdownText(options.plugin_command), "\n\n",
                                  cells.size(), " cells: ", t.passed, " passed, ", t.failed,
@@ -358,12 +374,12 @@ std::string RenderMarkdown(const ConformOptions& options, const std::vector<Cell
   for (size_t i = 0; i < scenarios.size(); ++i) out += "---|";
   out += "\n";
   for (const std::string& k : kubelets) {
-    absl::StrAppend(&out, "| ", k, " (", generation[k], ") |");
+    absl::StrAppend(&out, "| ", k, " (", g.generation.at(k), ") |");
     for (const std::string& s : scenarios) {
-      auto it = at.find({s, k});
+      const CellResult* c = g.At(s, k);
       std::string mark;
-      if (it != at.end()) {
-        switch (it->second->outcome) {
+      if (c != nullptr) {
+        switch (c->outcome) {
           case Outcome::kPass: mark = "pass"; break;
           case Outcome::kFail: mark = "**FAIL**"; break;
           case Outcome::kBlocked: mark = "blocked"; break;
@@ -438,14 +454,9 @@ std::string HtmlClass(Outcome o) {
 }  // namespace
 
 std::string RenderHtml(const ConformOptions& options, const std::vector<CellResult>& cells) {
-  const std::vector<std::string> kubelets = Ordered(cells, &CellResult::kubelet);
-  const std::vector<std::string> scenarios = Ordered(cells, &CellResult::scenario);
-  std::map<std::pair<std::string, std::string>, const CellResult*> at;
-  std::map<std::string, std::string> generation;
-  for (const CellResult& c : cells) {
-    at[{c.scenario, c.kubelet}] = &c;
-    generation[c.kubelet] = c.generation;
-  }
+  const Grid g(cells);
+  const std::vector<std::string>& kubelets = g.kubelets;
+  const std::vector<std::string>& scenarios = g.scenarios;
   const Totals t = Count(cells);
   std::string out = absl::StrCat(
       "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dpconform: ",
@@ -456,15 +467,14 @@ std::string RenderHtml(const ConformOptions& options, const std::vector<CellResu
   for (const std::string& s : scenarios) absl::StrAppend(&out, "<th>", HtmlText(s), "</th>");
   out += "</tr>\n";
   for (const std::string& k : kubelets) {
-    absl::StrAppend(&out, "<tr><th class=\"k\">", HtmlText(k), " (", HtmlText(generation[k]),
+    absl::StrAppend(&out, "<tr><th class=\"k\">", HtmlText(k), " (", HtmlText(g.generation.at(k)),
                     ")</th>");
     for (const std::string& s : scenarios) {
-      auto it = at.find({s, k});
-      if (it == at.end()) {
+      if (g.At(s, k) == nullptr) {
         out += "<td></td>";
         continue;
       }
-      const CellResult& c = *it->second;
+      const CellResult& c = *g.At(s, k);
       const std::string mark = HtmlText(Mark(c));
       const bool listed = c.outcome == Outcome::kFail || c.outcome == Outcome::kBlocked;
       absl::StrAppend(&out, "<td class=\"", HtmlClass(c.outcome), "\" title=\"",

@@ -84,14 +84,15 @@ void DevicePluginSide::DrainAfterHandoff() {
 
 void DevicePluginSide::AddResource(Allocator* allocator) {
   Resource* resource = allocator->resource();
-  auto e = std::make_unique<KubeletEndpoint>(resource, kubelet_, parts_.losses, parts_.events,
-                                             allocator, parts_.telemetry);
-  KubeletEndpoint* raw = e.get();
+  KubeletEndpoint* raw = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (endpoints_.count(resource->name()) > 0) return;
+    std::unique_ptr<KubeletEndpoint>& e = endpoints_[resource->name()];
+    if (e != nullptr) return;  // served already
+    e = std::make_unique<KubeletEndpoint>(resource, kubelet_, parts_.losses, parts_.events,
+                                          allocator, parts_.telemetry);
     e->SetCallSettings(backend_timeout_, cdi_annotations_);
-    endpoints_[resource->name()] = std::move(e);
+    raw = e.get();
   }
   registrar_.Add(resource, raw);
   LOG(INFO) << "resource " << resource->name() << ": kubelet-facing socket "

@@ -114,39 +114,37 @@ class DraService final : public Api::DRAPlugin::Service {
   grpc::Status NodePrepareResources(grpc::ServerContext* ctx,
                                     const typename Api::NodePrepareResourcesRequest* req,
                                     typename Api::NodePrepareResourcesResponse* resp) override {
-    std::string to;
-    switch (s_->Admit(ctx, &to)) {
-      case DraServer::Admission::kForward:
-        return ForwardCall<typename Api::DRAPlugin>(to, &Stub::NodePrepareResources, ctx, *req,
-                                                    resp);
-      case DraServer::Admission::kRefuse:
-        return Refused();
-      case DraServer::Admission::kServe:
-        break;
-    }
-    PrepareAll(p_, e_, ctx, *req, resp);
-    s_->CallDone();
-    return grpc::Status::OK;
+    return Gated(ctx, &Stub::NodePrepareResources, *req, resp,
+                 [&] { PrepareAll(p_, e_, ctx, *req, resp); });
   }
   grpc::Status NodeUnprepareResources(grpc::ServerContext* ctx,
                                       const typename Api::NodeUnprepareResourcesRequest* req,
                                       typename Api::NodeUnprepareResourcesResponse* resp) override {
+    return Gated(ctx, &Stub::NodeUnprepareResources, *req, resp,
+                 [&] { UnprepareAll(p_, e_, *req, resp); });
+  }
+
+ private:
+  // Through the server's gate (a handoff): served here with `serve`,
+  // forwarded to a successor with `method`, or refused.
+  template <typename Request, typename Response, typename Serve>
+  grpc::Status Gated(grpc::ServerContext* ctx,
+                     grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                     const Request& req, Response* resp, const Serve& serve) {
     std::string to;
     switch (s_->Admit(ctx, &to)) {
       case DraServer::Admission::kForward:
-        return ForwardCall<typename Api::DRAPlugin>(to, &Stub::NodeUnprepareResources, ctx,
-                                                    *req, resp);
+        return ForwardCall<typename Api::DRAPlugin>(to, method, ctx, req, resp);
       case DraServer::Admission::kRefuse:
         return Refused();
       case DraServer::Admission::kServe:
         break;
     }
-    UnprepareAll(p_, e_, *req, resp);
+    serve();
     s_->CallDone();
     return grpc::Status::OK;
   }
 
- private:
   DraServer* const s_;
   ClaimPreparer* const p_;
   EventLog* const e_;

@@ -92,22 +92,19 @@ absl::Status BackendRegistrationServer::Start() {
     running_ = true;
   }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(UnixAddress(socket_path()), grpc::InsecureServerCredentials());
   builder.RegisterService(beta_service_.get());
   builder.RegisterService(alpha_service_.get());
   builder.RegisterCallbackGenericService(unknown_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr) {
+  // Plugins watch this socket: it appears once, with its mode.
+  const bool grouped = options_.socket_gid != static_cast<gid_t>(-1);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      StartServerAt(builder, socket_path(), grouped ? 0660 : 0700, options_.socket_gid);
+  if (!server.ok()) {
     absl::MutexLock lock(&mu_);
     running_ = false;
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path()));
+    return server.status();
   }
-  const bool grouped = options_.socket_gid != static_cast<gid_t>(-1);
-  if (absl::Status m = SetMode(socket_path(), grouped ? 0660 : 0700, options_.socket_gid);
-      !m.ok()) {
-    Stop();
-    return m;
-  }
+  server_ = *std::move(server);
   LOG(INFO) << "backend registration socket " << socket_path()
             << " accepts v1alpha (\"v1alpha2\") and v1beta1 plugins";
   events_->Emit("backend_registration_listening", {{"socket", socket_path()}});

@@ -2,6 +2,12 @@
 
 #include <algorithm>
 
+#include <cerrno>
+#include <cstdlib>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -14,7 +20,6 @@
 namespace dpproxy {
 
 void KeepGrpcForProcess() { grpc_init(); }
-
 
 grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {
@@ -63,6 +68,57 @@ std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return grpc::CreateCustomChannel(UnixAddress(socket_path),
                                    grpc::InsecureChannelCredentials(), args);
+}
+
+namespace {
+
+std::unique_ptr<grpc::Server> BuildOn(grpc::ServerBuilder& builder, const std::string& socket) {
+  builder.AddListeningPort(UnixAddress(socket), grpc::InsecureServerCredentials());
+  return builder.BuildAndStart();
+}
+
+void StopNow(grpc::Server& server) {
+  server.Shutdown(std::chrono::system_clock::now());
+  server.Wait();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder& builder,
+                                                            const std::string& path, mode_t mode,
+                                                            gid_t gid) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " exists and is not a socket; not replacing it"));
+  }
+  std::string staging = JoinPath(DirName(path), ".dpproxy-XXXXXX");
+  if (!ValidateSocketPath(JoinPath(staging, "s")).ok()) {
+    // No room for the private directory in a socket's path.
+    std::unique_ptr<grpc::Server> server = BuildOn(builder, path);
+    if (server == nullptr) return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+    if (absl::Status m = SetMode(path, mode, gid); !m.ok()) {
+      StopNow(*server);
+      return m;
+    }
+    return server;
+  }
+  if (::mkdtemp(staging.data()) == nullptr) {
+    return ErrnoStatus(errno, absl::StrCat("create a directory beside ", path));
+  }
+  const std::string socket = JoinPath(staging, "s");
+  std::unique_ptr<grpc::Server> server = BuildOn(builder, socket);
+  absl::Status s;
+  if (server == nullptr) {
+    s = absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+  } else if (s = SetMode(socket, mode, gid); s.ok() && ::rename(socket.c_str(), path.c_str()) != 0) {
+    s = ErrnoStatus(errno, absl::StrCat("rename ", socket, " to ", path));
+  }
+  if (!s.ok() && server != nullptr) StopNow(*server);
+  ::unlink(socket.c_str());  // there only if something failed
+  ::rmdir(staging.c_str());
+  if (!s.ok()) return s;
+  return server;
 }
 
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout) {

@@ -12,6 +12,8 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <sys/types.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -38,10 +40,6 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
   const OnCall on_call_;
 };
 
-// A channel to a Unix socket, made once and reused for every call.
-// `max_receive_bytes` > 0 raises (or lowers) gRPC's 4 MiB default limit on
-// messages received over the channel. `first_retry` is how long gRPC waits
-// before connecting again after the first refusal (then longer, up to 1 s).
 // Keeps gRPC initialized until the process ends; called once at the start
 // of a binary's main. Otherwise destroying the last server or channel runs
 // gRPC's global shutdown, which waits for its executor thread, and that
@@ -52,10 +50,28 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 // static destructor runs beside them.
 void KeepGrpcForProcess();
 
+// A channel to a Unix socket, made once and reused for every call.
+// `max_receive_bytes` > 0 raises (or lowers) gRPC's 4 MiB default limit on
+// messages received over the channel. `first_retry` is how long gRPC waits
+// before connecting again after the first refusal (then longer, up to 1 s).
 std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
                                                int max_receive_bytes = 0,
                                                absl::Duration first_retry =
                                                    absl::Milliseconds(100));
+
+// Builds and starts `builder`'s server on the Unix socket `path`, which
+// appears there once, with its `mode` (and group `gid`, unless -1) already
+// set: it is bound in a private directory beside `path` (mode 0700), then
+// renamed into place. Nobody can connect before the mode allows it, and a
+// watcher of the directory sees one creation and no change after it (a
+// plugin that tells one kubelet.sock from the next by inode and change
+// time takes a later chmod for a new kubelet and registers twice). A path
+// already there is replaced if it is a socket and refused otherwise. Where
+// the private path would be too long for a socket, the socket is bound at
+// `path` and its mode set after.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder& builder,
+                                                            const std::string& path, mode_t mode,
+                                                            gid_t gid = static_cast<gid_t>(-1));
 
 // Waits until `channel` is connected; kDeadlineExceeded after `timeout`.
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout);

@@ -12,17 +12,8 @@
 
 namespace dpproxy {
 
-namespace {
-
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
-}
-
-}  // namespace
-
 PreviousGeneration::PreviousGeneration(const std::string& snapshot)
-    : dir_(DirOf(snapshot)),
+    : dir_(DirName(snapshot)),
       newest_path_(snapshot),
       snapshot_path_(snapshot + ".prev"),
       records_path_(JoinPath(dir_, "journal.wal.prev")) {}

@@ -27,22 +27,6 @@
 namespace dpproxy {
 namespace {
 
-absl::Status ErrnoStatus(int err, absl::string_view what) {
-  std::string msg = absl::StrCat(what, ": ", ErrnoText(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
-
-std::string DirName(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-
 // The size of the regular file open at `fd`; otherwise closes `fd` and
 // says what `path` is instead (`hint` appended).
 absl::StatusOr<uint64_t> RegularFileSize(int fd, const std::string& path,
@@ -89,6 +73,21 @@ absl::StatusOr<std::string> ReadAndClose(int fd, const std::string& path,
 }
 
 }  // namespace
+
+absl::Status ErrnoStatus(int err, absl::string_view what) {
+  std::string msg = absl::StrCat(what, ": ", ErrnoText(err));
+  if (err == ENOENT) return absl::NotFoundError(msg);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
+  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
 
 absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
   while (!data.empty()) {

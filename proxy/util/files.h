@@ -26,6 +26,13 @@ inline constexpr size_t kMaxUnixSocketPath = 107;
 
 // kInvalidArgument naming the path and its length if it cannot be a Unix
 // socket address; also refuses empty paths.
+// An errno as a status naming `what` (ENOENT: NotFound, EACCES/EPERM:
+// PermissionDenied, ENOSPC/EDQUOT: ResourceExhausted, else Internal).
+absl::Status ErrnoStatus(int err, absl::string_view what);
+
+// The directory part of `path`: "." without a slash, "/" for "/name".
+std::string DirName(const std::string& path);
+
 absl::Status ValidateSocketPath(absl::string_view path);
 
 // "unix:<path>", the gRPC target/listen address for `path`.

@@ -604,11 +604,17 @@ TEST(SamplePluginOptionsTest, BadConfigurationIsNamed) {
   EXPECT_THAT(std::string(sample::ValidateOptions(o).message()), HasSubstr("--flip_device"));
   o = SamplePluginOptions();
   o.id_pattern = "{uuid}";
+  o.devices = 2;
   EXPECT_TRUE(sample::ValidateOptions(o).ok());
-  std::vector<std::string> ids = sample::DeviceIds(o);
-  EXPECT_EQ(ids, sample::DeviceIds(o));  // stable
-  EXPECT_EQ(ids[0].size(), 36u);
-  EXPECT_NE(ids[0], ids[1]);
+  // The same IDs in every process and every release of the plugin (a
+  // kubelet's checkpoint names them across restarts and upgrades): these
+  // values were computed apart, from FNV-1a of "<resource>#<index>".
+  EXPECT_THAT(sample::DeviceIds(o),
+              ElementsAre("54d51f81-b4e8-36a2-6e79-2f28fbf16e24",
+                          "54d52081-b4e8-3855-6e79-3028fbf16fd7"));
+  o.resource = "example.com/other";
+  EXPECT_THAT(sample::DeviceIds(o),
+              ElementsAre("da2c965b-2d90-b1e4-e24e-a17a9d3ebc4a", ::testing::_));
 }
 
 TEST(SamplePluginTest, ScheduledHealthFlip) {

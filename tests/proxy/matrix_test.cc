@@ -167,6 +167,15 @@ TEST_P(MatrixTest, GetPreferredAllocation) {
     o.numa_nodes = 2;
   }
   SamplePlugin* p = Up(o);
+  // What the kubelet was told: offered whatever the plugin offers, since
+  // dpproxy answers the call itself for a plugin without it (steering new
+  // pods around held devices). A 1.9 kubelet reads no options at all.
+  {
+    sim::State st = h_.sim().GetState();
+    const sim::ResourceState* r = h_.Resource(st, kGpu);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->get_preferred_allocation_available(), !AlphaKubelet());
+  }
   absl::StatusOr<sim::AllocateResponse> a = h_.sim().Allocate(Pod("pref", {{"main", 2}}));
   ASSERT_TRUE(a.ok()) << a.status();
   std::vector<std::string> ids(a->allocations(0).device_ids().begin(),
@@ -176,8 +185,9 @@ TEST_P(MatrixTest, GetPreferredAllocation) {
     EXPECT_THAT(ids, ElementsAre("gpu-2", "gpu-0"));
     EXPECT_EQ(p->Status().preferred_allocation_calls(), 1);
   } else {
-    // A 1.9 kubelet has no such call; a v1alpha backend has none to offer,
-    // so the proxy advertises it off and the kubelet chooses.
+    // A 1.9 kubelet has no such call; for a v1alpha backend, which has none
+    // to offer, dpproxy answers with the kubelet's own order (no device is
+    // held here).
     EXPECT_THAT(ids, ElementsAre("gpu-0", "gpu-1"));
     EXPECT_EQ(p->Status().preferred_allocation_calls(), 0);
   }
@@ -187,6 +197,12 @@ TEST_P(MatrixTest, PreStartContainer) {
   sample::SamplePluginOptions o = Options();
   if (BetaPlugin()) o.pre_start_required = true;
   SamplePlugin* p = Up(o);
+  {
+    sim::State st = h_.sim().GetState();
+    const sim::ResourceState* r = h_.Resource(st, kGpu);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->pre_start_required(), BetaPlugin() && !AlphaKubelet());
+  }
   absl::StatusOr<sim::AllocateResponse> a = h_.sim().Allocate(Pod("pre", {{"main", 1}}));
   ASSERT_TRUE(a.ok()) << a.status();
   if (BetaPlugin()) {

@@ -1,17 +1,138 @@
 #include "proxy/rpc/grpc_util.h"
 
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/server_builder.h>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/util/files.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dpproxy {
 namespace {
+
+// What happened to each name in a directory, as inotify reported it
+// between the watch's start and now (the kernel queues an event when the
+// call that causes it returns, so nothing is still on its way).
+class DirEvents {
+ public:
+  explicit DirEvents(const std::string& dir) {
+    fd_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    ::inotify_add_watch(fd_, dir.c_str(), IN_CREATE | IN_ATTRIB | IN_MOVED_TO | IN_DELETE);
+  }
+  ~DirEvents() { ::close(fd_); }
+  // "create NAME", "attrib NAME", "moved_to NAME", "delete NAME".
+  std::vector<std::string> Read() {
+    std::vector<std::string> out;
+    alignas(inotify_event) char buf[8192];
+    for (ssize_t n; (n = ::read(fd_, buf, sizeof(buf))) > 0;) {
+      for (char* p = buf; p < buf + n;) {
+        const auto* e = reinterpret_cast<const inotify_event*>(p);
+        const std::string name = e->len > 0 ? e->name : "";
+        const char* what = (e->mask & IN_CREATE)     ? "create "
+                           : (e->mask & IN_ATTRIB)   ? "attrib "
+                           : (e->mask & IN_MOVED_TO) ? "moved_to "
+                                                     : "delete ";
+        out.push_back(what + name);
+        p += sizeof(inotify_event) + e->len;
+      }
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A watcher of the directory sees the socket arrive once, with its mode,
+// and never change after (no chmod a plugin could take for a new kubelet).
+TEST(StartServerAtTest, TheSocketAppearsOnceWithItsMode) {
+  testing::ShortTempDir dir;
+  const std::string path = dir.Sub("kubelet.sock");
+  DirEvents events(dir.path());
+  grpc::CallbackGenericService any;
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(&any);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartServerAt(builder, path, 0700);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::string> seen;
+  for (const std::string& e : events.Read()) {
+    if (e.find("kubelet.sock") != std::string::npos) seen.push_back(e);
+  }
+  EXPECT_THAT(seen, ::testing::ElementsAre("moved_to kubelet.sock"));
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  // Nothing else is left beside it.
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(e.path().filename().string());
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("kubelet.sock"));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> c = DialUnixChannel(path, absl::Seconds(10));
+  EXPECT_TRUE(c.ok()) << c.status();
+  (*server)->Shutdown();
+}
+
+// A stale socket is replaced; anything else at the path is refused by name
+// and left alone.
+TEST(StartServerAtTest, ReplacesASocketAndNothingElse) {
+  testing::ShortTempDir dir;
+  grpc::CallbackGenericService any;
+  const std::string stale = dir.Sub("stale.sock");
+  {
+    testing::SilentSocket old(stale);
+    ASSERT_GE(old.fd(), 0);
+  }
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(&any);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartServerAt(builder, stale, 0700);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(DialUnixChannel(stale, absl::Seconds(10)).ok());
+  (*server)->Shutdown();
+
+  const std::string file = dir.Sub("notes.txt");
+  ASSERT_TRUE(WriteFileAtomic(file, "keep me", 0644).ok());
+  grpc::ServerBuilder other;
+  other.RegisterCallbackGenericService(&any);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> refused = StartServerAt(other, file, 0700);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("is not a socket"));
+  absl::StatusOr<std::string> kept = ReadFile(file);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(*kept, "keep me");
+}
+
+// Where a private directory would make the path too long for a socket, the
+// socket is bound in place and still gets its mode.
+TEST(StartServerAtTest, ALongPathIsServedInPlace) {
+  testing::ShortTempDir dir;
+  std::string deep = dir.path() + "/";
+  deep += std::string(100 - deep.size(), 'd');
+  ASSERT_EQ(::mkdir(deep.c_str(), 0700), 0);
+  const std::string path = deep + "/k.sock";  // 107 bytes, the most a socket's path may have
+  ASSERT_TRUE(ValidateSocketPath(path).ok());
+  grpc::CallbackGenericService any;
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(&any);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartServerAt(builder, path, 0700);
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_TRUE(DialUnixChannel(path, absl::Seconds(10)).ok());
+  (*server)->Shutdown();
+}
 
 TEST(DialUnixChannelTest, ConnectsToAServerThatListens) {
   testing::ShortTempDir dir;

@@ -112,12 +112,10 @@ TEST(TranslateTest, TopologyDroppedTowardV1Alpha) {
 // stream's bytes without it (DeviceListFromWireTest.V1AlphaReadingDropsTopology).
 
 // Rows: GetDevicePluginOptions for a v1alpha backend is answered by the
-// proxy: no PreStart, no preferred allocation.
-TEST(TranslateTest, ProxyAnswersOptionsForV1AlphaBackends) {
-  v1beta1::DevicePluginOptions o = V1AlphaBackendOptions();
-  EXPECT_FALSE(o.pre_start_required());
-  EXPECT_FALSE(o.get_preferred_allocation_available());
-}
+// proxy: no PreStart, no preferred allocation. What the kubelet is told is
+// checked through the proxy on every kubelet generation, beside a v1beta1
+// plugin that asks for both (MatrixTest.PreStartContainer and
+// MatrixTest.GetPreferredAllocation).
 
 TEST(LossCounterTest, FirstLossPerKindAndResourceIsReportedOnce) {
   LossCounter c;

@@ -45,12 +45,6 @@ std::string EnvName(const std::string& resource) {
   return absl::StrCat("SAMPLE_", n, "_DEVICES");
 }
 
-std::string DirOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 std::string DefaultSocketName(const SamplePluginOptions& o) {
   if (!o.socket_name.empty()) return o.socket_name;
   if (o.fault == "shared-socket") return "sample.sock";  // whatever the resource
@@ -65,7 +59,7 @@ std::string SocketPathFor(const SamplePluginOptions& o) {
   if (o.registration == RegistrationMode::kPluginWatcher) {
     return JoinPath(o.plugins_registry_dir, DefaultSocketName(o));
   }
-  return JoinPath(DirOf(o.kubelet_socket), DefaultSocketName(o));
+  return JoinPath(DirName(o.kubelet_socket), DefaultSocketName(o));
 }
 
 std::string StableUuid(const std::string& resource, int index) {
@@ -763,7 +757,7 @@ absl::Status SamplePlugin::WriteCdiSpec() {
 
 absl::Status SamplePlugin::Start() {
   DPP_RETURN_IF_ERROR(ValidateOptions(options_));
-  DPP_RETURN_IF_ERROR(MakeDirs(DirOf(socket_path_)));
+  DPP_RETURN_IF_ERROR(MakeDirs(DirName(socket_path_)));
   if (Faulty("register-before-serve") && options_.registration == RegistrationMode::kKubelet) {
     // The bug: one Register before the socket is served. A 1.25+ kubelet
     // dials back inside Register and fails; this plugin does not try again
@@ -808,7 +802,7 @@ absl::Status SamplePlugin::Start() {
   }
   registrar_ = std::thread([this] { RegistrarLoop(); });
   watcher_ = std::make_unique<DirWatcher>(
-      DirOf(socket_path_), [this](const DirWatcher::Event&) { OnDirEvent(); });
+      DirName(socket_path_), [this](const DirWatcher::Event&) { OnDirEvent(); });
   DPP_RETURN_IF_ERROR(watcher_->Start());
   if (!options_.flip_device.empty()) flipper_ = std::thread([this] { FlipLoop(); });
   return absl::OkStatus();

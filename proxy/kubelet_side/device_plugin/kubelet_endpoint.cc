@@ -659,7 +659,6 @@ absl::Status KubeletEndpoint::Serve() {
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
-  builder.AddListeningPort(UnixAddress(socket_path_), grpc::InsecureServerCredentials());
   builder.RegisterService(&services_->beta);
   builder.RegisterService(&services_->alpha);
   if (options_.registration == KubeletRegistration::kPluginWatcher) {
@@ -668,19 +667,13 @@ absl::Status KubeletEndpoint::Serve() {
   }
   services_->unknown = std::make_unique<GoStyleUnknownHandler>(served);
   builder.RegisterCallbackGenericService(services_->unknown.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr) {
-    served_id_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", socket_path_));
-  }
   // Only the kubelet (root) may connect, whatever the umask.
-  if (absl::Status m = SetMode(socket_path_, 0700); !m.ok()) {
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-    server_.reset();
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartServerAt(builder, socket_path_, 0700);
+  if (!server.ok()) {
     served_id_.reset();
-    return m;
+    return server.status();
   }
+  server_ = *std::move(server);
   served_id_ = StatFileId(socket_path_);
   return absl::OkStatus();
 }

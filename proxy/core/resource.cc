@@ -594,7 +594,15 @@ void Resource::Tick(absl::Time now) {
   } else {
     return;  // marked Unhealthy when the backend was lost (or the policy changed)
   }
-  if (now - *lost_at_ >= hold) MarkAllLocked(std::string(kUnhealthy));
+  if (now - *lost_at_ < hold) return;
+  const uint64_t before = snapshot_.version;
+  MarkAllLocked(std::string(kUnhealthy));
+  if (snapshot_.version != before) {
+    LOG(WARNING) << "resource " << name_ << ": no backend for " << absl::FormatDuration(hold)
+                 << "; devices reported Unhealthy";
+    events_->Emit("hold_expired",
+                  {{"resource", name_}, {"held_ms", absl::ToInt64Milliseconds(hold)}});
+  }
 }
 
 void Resource::DetachBackend(const std::string& why) {

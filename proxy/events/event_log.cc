@@ -52,7 +52,22 @@ void EventLog::Emit(const std::string& event, Json fields) {
   if (fields.is_object()) {
     for (auto it = fields.begin(); it != fields.end(); ++it) e[it.key()] = it.value();
   }
+  std::vector<std::shared_ptr<const std::function<void()>>> listeners;
+  {
+    absl::MutexLock lock(&mu_);
+    RecordLocked(std::move(e), now);
+    listeners = listeners_;
+  }
+  for (const auto& l : listeners) (*l)();
+}
+
+void EventLog::AddListener(std::function<void()> listener) {
   absl::MutexLock lock(&mu_);
+  listeners_.push_back(std::make_shared<const std::function<void()>>(std::move(listener)));
+}
+
+void EventLog::RecordLocked(Json e, absl::Time now) {
+  const std::string& event = e["event"].get_ref<const std::string&>();
   auto res = e.find("resource");
   ++counts_[{event, res != e.end() && res->is_string() ? res->get<std::string>() : ""}];
   if (file_ != nullptr) {

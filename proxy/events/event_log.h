@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <optional>
 #include <string>
@@ -78,6 +79,12 @@ class EventLog {
   std::optional<Json> WaitForEvent(const std::string& event, const Json& match,
                                    absl::Duration timeout, size_t from = 0) const;
 
+  // Calls `listener` after every event from now on, once the event is in
+  // memory and outside the log's lock, on the emitting thread; it must be
+  // quick and must not emit. For a waiter on several logs at once (tests).
+  // Listeners last as long as the log.
+  void AddListener(std::function<void()> listener);
+
   // How many events of each name were emitted, per "resource" field ("" if
   // the event has none): (event, resource) -> count. For metrics.
   std::map<std::pair<std::string, std::string>, int64_t> Counts() const;
@@ -86,6 +93,9 @@ class EventLog {
   static std::string Format(const Json& e);
 
  private:
+  // Counts, writes, echoes and keeps one event.
+  void RecordLocked(Json e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string source_;
   mutable absl::Mutex mu_;
   size_t history_ ABSL_GUARDED_BY(mu_);
@@ -95,6 +105,7 @@ class EventLog {
   FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool echo_ ABSL_GUARDED_BY(mu_) = false;
   bool json_log_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::shared_ptr<const std::function<void()>>> listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 // True if every key of `match` is in `event` with an equal value.

@@ -70,7 +70,7 @@ void Housekeeping::Loop() {
       if (seen.has_value()) restarts_seen_.push_back(*std::move(seen));
     }
     p_.saver->Wake();
-    ++passes_;
+    passes_.Add();
     pass_at_ns_ = absl::ToUnixNanos(absl::Now());
     if (p_.after_pass) p_.after_pass();
   }

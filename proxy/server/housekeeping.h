@@ -40,6 +40,7 @@
 #include "proxy/server/saver.h"
 #include "proxy/server/static_backends.h"
 #include "proxy/server/status_model.h"
+#include "proxy/util/waitable_count.h"
 
 namespace dpproxy {
 
@@ -70,7 +71,7 @@ class Housekeeping {
   // Behind /livez: a pass completed in the last 30 s (it runs at least
   // once a second).
   HealthCheck Liveness() const;
-  int64_t passes() const { return passes_.load(); }
+  const WaitableCount& passes() const { return passes_; }
 
  private:
   void Loop();
@@ -90,7 +91,7 @@ class Housekeeping {
   std::thread checkpoint_;
   // Housekeeping thread only.
   absl::Time next_retry_ = absl::InfiniteFuture();
-  std::atomic<int64_t> passes_{0};
+  WaitableCount passes_;
   // When the last pass ended (absl::ToUnixNanos).
   std::atomic<int64_t> pass_at_ns_{0};
 };

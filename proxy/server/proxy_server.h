@@ -114,8 +114,19 @@ class ProxyServer : private Handover::Host {
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return reporter_ ? reporter_->status_builds() : 0; }
-  int64_t housekeeping_passes() const { return housekeeping_.passes(); }
-  int64_t save_passes() const { return saver_ ? saver_->passes() : 0; }
+  int64_t housekeeping_passes() const { return housekeeping_.passes().Get(); }
+  int64_t save_passes() const { return saver_ ? saver_->passes().Get() : 0; }
+  // Wait until `n` passes in all have run (or a static backend was dialled
+  // `n` times in all); false after `timeout`.
+  bool WaitForHousekeepingPasses(int64_t n, absl::Duration timeout) const {
+    return housekeeping_.passes().WaitFor(n, timeout);
+  }
+  bool WaitForSavePasses(int64_t n, absl::Duration timeout) const {
+    return saver_ != nullptr && saver_->passes().WaitFor(n, timeout);
+  }
+  bool WaitForStaticDials(int64_t n, absl::Duration timeout) const {
+    return statics_ != nullptr && statics_->dials().WaitFor(n, timeout);
+  }
   // The kubelet-facing socket of a resource ("" if unknown).
   std::string KubeletSocketOf(const std::string& resource);
 

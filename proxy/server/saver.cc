@@ -52,7 +52,7 @@ void Saver::Loop() {
       // arenas, so hand it back, once per change, not per tick.
       ::malloc_trim(0);
     }
-    ++passes_;
+    passes_.Add();
   }
 }
 

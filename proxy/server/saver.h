@@ -29,6 +29,7 @@
 #include "proxy/events/event_log.h"
 #include "proxy/server/reporter.h"
 #include "proxy/state/state_keeper.h"
+#include "proxy/util/waitable_count.h"
 
 namespace dpproxy {
 
@@ -58,7 +59,7 @@ class Saver {
   // whatever was saved before.
   void Forget() ABSL_LOCKS_EXCLUDED(pass_mu_);
 
-  int64_t passes() const { return passes_.load(); }
+  const WaitableCount& passes() const { return passes_; }
 
  private:
   void Loop();
@@ -83,7 +84,7 @@ class Saver {
   std::string written_ ABSL_GUARDED_BY(pass_mu_);
   bool status_failing_ ABSL_GUARDED_BY(pass_mu_) = false;
   absl::Time status_retry_at_ ABSL_GUARDED_BY(pass_mu_);
-  std::atomic<int64_t> passes_{0};
+  WaitableCount passes_;
 };
 
 }  // namespace dpproxy

@@ -157,6 +157,7 @@ void StaticBackends::Note(const std::string& name, const StaticBackendConfig& sb
       if (log) d.logged_at = now;
     }
   }
+  dials_.Add();
   if (!log) return;
   if (s.ok()) {
     LOG(INFO) << "static backend " << sb.endpoint << " of " << sb.resource << " dialled after "

@@ -34,6 +34,7 @@
 #include "proxy/core/backend.h"
 #include "proxy/events/event_log.h"
 #include "proxy/server/resource_table.h"
+#include "proxy/util/waitable_count.h"
 #include "proxy/util/work_queue.h"
 
 namespace dpproxy {
@@ -83,8 +84,13 @@ class StaticBackends {
 
   // Dials, on the workers, each dialled resource whose backend is away.
   void Tick(const std::vector<ServedResource*>& served) ABSL_LOCKS_EXCLUDED(mu_);
+  // How many dials ended, failed or not (one a second while one fails,
+  // with nothing else to say so).
+  const WaitableCount& dials() const { return dials_; }
 
  private:
+  WaitableCount dials_;
+
   struct Dialled {
     StaticBackendConfig config;
     bool dialled = false;

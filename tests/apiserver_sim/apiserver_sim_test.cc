@@ -10,7 +10,7 @@
 #include "proxy/util/child_process.h"
 #include "proxy/util/files.h"
 #include "tests/testing/process.h"
-#include "tests/testing/sim_helpers.h"
+#include "tests/testing/file_wait.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dpproxy {
@@ -29,12 +29,12 @@ TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
   ASSERT_TRUE(p.ok()) << p.status();
   // It prints its URL once it listens.
   std::string url;
-  EXPECT_TRUE(testing::WaitUntil(
-      [&] {
-        absl::StatusOr<std::string> out = ReadFile(spec.output_path);
-        const size_t at = out.ok() ? out->find("serving ") : std::string::npos;
-        if (at == std::string::npos || out->find('\n', at) == std::string::npos) return false;
-        url = out->substr(at + 8, out->find('\n', at) - at - 8);
+  EXPECT_TRUE(testing::WaitForFile(
+      spec.output_path,
+      [&](const std::string& out) {
+        const size_t at = out.find("serving ");
+        if (at == std::string::npos || out.find('\n', at) == std::string::npos) return false;
+        url = out.substr(at + 8, out.find('\n', at) - at - 8);
         return true;
       },
       absl::Seconds(10)));

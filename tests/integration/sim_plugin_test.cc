@@ -22,6 +22,7 @@
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
 #include "tests/testing/raw_clients.h"
+#include "tests/testing/changes.h"
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
@@ -66,6 +67,7 @@ class Harness {
     o.personality = p;
     o.dial_timeout = dial_timeout;
     sim_ = std::make_unique<KubeletSim>(o);
+    changes_.Watch(sim_->events());
   }
 
   KubeletSim& sim() { return *sim_; }
@@ -85,6 +87,7 @@ class Harness {
 
   SamplePlugin& StartPlugin(const SamplePluginOptions& o) {
     plugins_.push_back(std::make_unique<SamplePlugin>(o));
+    changes_.Watch(plugins_.back()->events());
     absl::Status s = plugins_.back()->Start();
     EXPECT_TRUE(s.ok()) << s;
     return *plugins_.back();
@@ -98,10 +101,11 @@ class Harness {
     return testing::FindResource(st, name);
   }
 
-  // Waits until `pred(state)` holds.
+  // Waits until `pred(state)` holds, looking again at each event of the
+  // kubelet or a plugin.
   bool WaitState(const std::function<bool(const sim::State&)>& pred,
                  absl::Duration timeout = kWait) {
-    return testing::WaitUntil([&] { return pred(sim_->GetState()); }, timeout);
+    return changes_.WaitUntil([&] { return pred(sim_->GetState()); }, timeout);
   }
 
   std::string DeviceHealth(const std::string& id) {
@@ -109,6 +113,7 @@ class Harness {
   }
 
  private:
+  testing::Changes changes_;
   testing::ShortTempDir dir_;
   std::unique_ptr<KubeletSim> sim_;
   std::vector<std::unique_ptr<SamplePlugin>> plugins_;

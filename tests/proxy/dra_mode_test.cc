@@ -57,9 +57,11 @@ users: [{name: agent, user: {token: node-token}}]
 // dpproxy in DRA mode for driver kDriver on node-1, its CDI specs in
 // <dir>/cdi; the kubelet sim resolves CDI names there and deletes the
 // node's slices at each start.
-std::unique_ptr<ProxyHarness> DraHarness(const std::string& kubeconfig, const std::string& cdi,
+// Its waits look again at each request the API server answers too.
+std::unique_ptr<ProxyHarness> DraHarness(sim::ApiServerSim& api, const std::string& kubeconfig,
+                                         const std::string& cdi,
                                          Personality personality = Personality::kV1Beta1Sync) {
-  return std::make_unique<ProxyHarness>(
+  auto h = std::make_unique<ProxyHarness>(
       personality, false,
       [&](ProxyConfig& c) {
         c.dra.enabled = true;
@@ -73,6 +75,8 @@ std::unique_ptr<ProxyHarness> DraHarness(const std::string& kubeconfig, const st
         so.kubeconfig = kubeconfig;
         so.node_name = "node-1";
       });
+  h->Watch(api.events());
+  return h;
 }
 
 // The kubelet sim as `release`, dpproxy, and a v1beta1 sample plugin behind
@@ -105,7 +109,8 @@ TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
   ASSERT_TRUE(api.Start().ok());
   testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> harness = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"));
   ProxyHarness& h = *harness;
   // A 1.34 kubelet: DRA v1 and the plugin watcher.
   SamplePlugin* plugin = StartNode(h, "1.34");
@@ -224,7 +229,7 @@ TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot
   const std::string kubeconfig = WriteKubeconfig(dir, api);
   const std::string cdi = dir.Sub("cdi");
   api.Stop();
-  std::unique_ptr<ProxyHarness> h = DraHarness(kubeconfig, cdi);
+  std::unique_ptr<ProxyHarness> h = DraHarness(api, kubeconfig, cdi);
   ASSERT_TRUE(h->sim().Start().ok());
   ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
   // dpproxy starts anyway, says why it is not ready, and registers.
@@ -338,7 +343,7 @@ TEST(DraModeTest, AFailingOrSlowApiServerAndAPluginRestartLoseNothing) {
   ASSERT_TRUE(api.Start().ok());
   testing::ShortTempDir dir;
   const std::string cdi = dir.Sub("cdi");
-  std::unique_ptr<ProxyHarness> h = DraHarness(WriteKubeconfig(dir, api), cdi);
+  std::unique_ptr<ProxyHarness> h = DraHarness(api, WriteKubeconfig(dir, api), cdi);
   ASSERT_TRUE(h->sim().Start().ok());
   ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
   ASSERT_TRUE(h->proxy().Start().ok());
@@ -409,7 +414,7 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});
   ASSERT_TRUE(api.Start().ok());
   testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> h = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
+  std::unique_ptr<ProxyHarness> h = DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"));
   ASSERT_TRUE(h->sim().Start().ok());
   ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.36")).ok());
   ASSERT_TRUE(h->proxy().Start().ok());
@@ -480,7 +485,8 @@ TEST_P(DraTakeoverTest, ClaimsAndTheDriversRegistrationOutliveATakeover) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
   ASSERT_TRUE(api.Start().ok());
   testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> harness = DraHarness(WriteKubeconfig(dir, api), dir.Sub("cdi"));
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"));
   ProxyHarness& h = *harness;
   SamplePlugin* plugin = StartNode(h, GetParam());
   ASSERT_NE(plugin, nullptr);

@@ -14,6 +14,7 @@
 #include "prometheus/text_serializer.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
+#include "tests/testing/changes.h"
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
@@ -34,6 +35,7 @@ class ProxyHarness {
     so.personality = personality;
     if (sim_tweak) sim_tweak(so);
     sim_ = std::make_unique<sim::KubeletSim>(so);
+    changes_.Watch(sim_->events());
     config_.kubelet.kubelet_root = dir_.Sub("k");
     config_.plugin_dir = dir_.Sub("p");
     config_.kubelet.registration =
@@ -44,7 +46,7 @@ class ProxyHarness {
     // Tests of the window after a kubelet start set it themselves.
     config_.reconcile_start_grace = absl::ZeroDuration();
     if (tweak) tweak(config_);
-    proxy_ = std::make_unique<ProxyServer>(config_);
+    NewProxy(config_);
   }
   ~ProxyHarness() {
     plugins_.clear();
@@ -71,7 +73,7 @@ class ProxyHarness {
   void RestartProxy(std::function<void(ProxyConfig&)> tweak = nullptr) {
     proxy_.reset();
     if (tweak) tweak(config_);
-    proxy_ = std::make_unique<ProxyServer>(config_);
+    NewProxy(config_);
   }
   void StopProxy() { proxy_->Shutdown(); }
 
@@ -86,6 +88,8 @@ class ProxyHarness {
     ProxyConfig c = config_;
     c.takeover = true;
     auto next = std::make_unique<ProxyServer>(c);
+    changes_.Watch(next->events());
+    next->SetHousekeepingHook(changes_.Notifier());
     if (absl::Status s = next->Start(); !s.ok()) return s;
     if (meanwhile) meanwhile();
     if (!next->WaitForTakeover(kWait)) {
@@ -111,6 +115,7 @@ class ProxyHarness {
 
   sample::SamplePlugin* StartPlugin(const sample::SamplePluginOptions& o) {
     plugins_.push_back(std::make_unique<sample::SamplePlugin>(o));
+    changes_.Watch(plugins_.back()->events());
     if (!plugins_.back()->Start().ok()) return nullptr;
     return plugins_.back().get();
   }
@@ -122,9 +127,13 @@ class ProxyHarness {
     return FindResource(st, name);
   }
 
+  // Waits until `pred` holds, looking again at each event of the kubelet,
+  // dpproxy, the plugins and whatever else was watched (Watch).
   bool WaitFor(const std::function<bool()>& pred, absl::Duration timeout = kWait) {
-    return WaitUntil(pred, timeout);
+    return changes_.WaitUntil(pred, timeout);
   }
+  // Wakes WaitFor at each event of `log` too (an API server, say).
+  void Watch(EventLog& log) { changes_.Watch(log); }
 
   // Health of one device as the kubelet sees it ("" if unknown).
   std::string KubeletHealth(const std::string& resource, const std::string& id) {
@@ -132,6 +141,16 @@ class ProxyHarness {
   }
 
  private:
+  // Its events wake WaitFor, and so does the end of each housekeeping pass:
+  // what a pass changes (a hold's expiry, the saved status) may come with no
+  // event.
+  void NewProxy(const ProxyConfig& c) {
+    proxy_ = std::make_unique<ProxyServer>(c);
+    changes_.Watch(proxy_->events());
+    proxy_->SetHousekeepingHook(changes_.Notifier());
+  }
+
+  Changes changes_;
   ShortTempDir dir_;
   ProxyConfig config_;
   std::unique_ptr<sim::KubeletSim> sim_;

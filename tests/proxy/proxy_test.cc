@@ -28,6 +28,7 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tests/testing/file_wait.h"
 #include "tests/testing/process.h"
 #include "tests/testing/raw_clients.h"
 #include "tests/testing/sim_helpers.h"
@@ -830,10 +831,12 @@ class StuckKubelet final : public v1beta1::Registration::Service {
   grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest*,
                         v1beta1::Empty*) override {
     ++calls;
+    events.Emit("register_called");
     release.WaitForNotificationWithTimeout(absl::Seconds(60));
     return reply;
   }
   std::atomic<int> calls{0};
+  EventLog events{"stuck_kubelet"};  // the harness's waits look again at each
   absl::Notification release;
   grpc::Status reply = grpc::Status::OK;  // set before release
 
@@ -844,6 +847,7 @@ class StuckKubelet final : public v1beta1::Registration::Service {
     builder.AddListeningPort(UnixAddress(h.dir("k/device-plugins/kubelet.sock")),
                              grpc::InsecureServerCredentials());
     builder.RegisterService(this);
+    h.Watch(events);
     return builder.BuildAndStart();
   }
 };
@@ -896,6 +900,8 @@ TEST_F(ProxyTest, HoldExpiresWhileARegisterIsBlocked) {
   h.StopPlugins();
   EXPECT_TRUE(h.WaitFor([&] { return healthy() == 0; }))
       << "the hold expiry waited for a blocked Register";
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("hold_expired", {{"resource", kGpu}, {"held_ms", 300}},
+                                              absl::ZeroDuration()));
   EXPECT_EQ(kubelet.calls.load(), 1);  // still the same, stuck call
   kubelet.release.Notify();
   h.StopProxy();
@@ -1269,8 +1275,7 @@ TEST_F(ProxyTest, IdlePassesBuildNoStatus) {
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   auto passes = [&](int n) {
-    const int64_t from = h.proxy().save_passes();
-    return h.WaitFor([&] { return h.proxy().save_passes() >= from + n; });
+    return h.proxy().WaitForSavePasses(h.proxy().save_passes() + n, kWait);
   };
   ASSERT_TRUE(passes(2));  // settled
   const int64_t builds = h.proxy().status_builds();
@@ -1280,12 +1285,14 @@ TEST_F(ProxyTest, IdlePassesBuildNoStatus) {
   EXPECT_EQ(h.proxy().status_builds(), builds);
   // A change is seen at the next pass: the status file shows it.
   ASSERT_TRUE(plugin->SetHealth("gpu-1", "Unhealthy").ok());
-  EXPECT_TRUE(h.WaitFor([&] {
-    absl::StatusOr<std::string> text = ReadFile(h.config().status_file);
-    if (!text.ok()) return false;
-    const Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    return !j.is_discarded() && j["resources"][0]["devices_healthy"] == 3;
-  })) << *ReadFile(h.config().status_file);
+  EXPECT_TRUE(testing::WaitForFile(
+      h.config().status_file,
+      [](const std::string& text) {
+        const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+        return !j.is_discarded() && j["resources"][0]["devices_healthy"] == 3;
+      },
+      kWait))
+      << *ReadFile(h.config().status_file);
   EXPECT_GT(h.proxy().status_builds(), builds);
 }
 
@@ -1378,7 +1385,7 @@ TEST(ProxyConfigTest, AStatusFileThatCannotBeWrittenIsReportedOnce) {
   // The status changes (an allocation) and housekeeping passes go on.
   ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("p", {{"main", 1}}, kGpu)).ok());
   const int64_t passes = h.proxy().housekeeping_passes();
-  ASSERT_TRUE(h.WaitFor([&] { return h.proxy().housekeeping_passes() >= passes + 3; }));
+  ASSERT_TRUE(h.proxy().WaitForHousekeepingPasses(passes + 3, kWait));
   int failures = 0;
   for (const Json& e : h.proxy().events().Since(0)) {
     failures += e.value("event", "") == "status_write_failed";

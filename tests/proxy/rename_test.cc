@@ -254,12 +254,10 @@ TEST(UnreachableStaticBackendTest, IsToldAtOnceAndClearedWhenReached) {
   ASSERT_TRUE(h.proxy().Start().ok());
   EXPECT_TRUE(h.proxy().events().WaitForEvent("static_backend_unreachable",
                                               {{"resource", kNic}, {"endpoint", socket}}, kWait));
-  ASSERT_TRUE(h.WaitFor([&] {
-    const ProxyStatus st = h.proxy().Status();
-    const ResourceStatus* r = st.Find(kNic);
-    return r != nullptr && r->backend_dial_failures >= 2;
-  }));
+  ASSERT_TRUE(h.proxy().WaitForStaticDials(2, kWait));
   const ProxyStatus st = h.proxy().Status();
+  ASSERT_NE(st.Find(kNic), nullptr);
+  EXPECT_GE(st.Find(kNic)->backend_dial_failures, 2);
   EXPECT_THAT(st.Find(kNic)->backend_error, HasSubstr(socket));
   EXPECT_THAT(StatusTable(st), HasSubstr("STATIC BACKEND CANNOT BE DIALLED"));
   EXPECT_THAT(h.MetricsText(),

@@ -27,6 +27,7 @@
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_dir.h"
 #include "proxy/state/state_store.h"
+#include "tests/testing/file_wait.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -36,6 +37,23 @@ namespace {
 using testing::Kill;
 using testing::Runfile;
 using testing::Spawn;
+
+constexpr char kBackendUp[] = "\"event\":\"backend_up\"";
+
+// How many backend_up events an events file holds (dpproxy appends them
+// across its runs; a SIGKILL may tear the last line only).
+int CountBackendUps(const std::string& text) {
+  int n = 0;
+  for (size_t at = text.find(kBackendUp); at != std::string::npos;
+       at = text.find(kBackendUp, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+int BackendUps(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  return text.ok() ? CountBackendUps(*text) : 0;
+}
 
 TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
   int iterations = 20;
@@ -48,6 +66,8 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
   const std::string proxied = kubelet_root + "/device-plugins/dpproxy-vendor.com_gpu.sock";
 
   const char* trace = std::getenv("DPP_CRASH_TRACE");  // a directory for event files
+  const std::string events =
+      trace != nullptr ? absl::StrCat(trace, "/proxy.jsonl") : dir.Sub("proxy.jsonl");
   std::vector<std::string> plugin_args = {Runfile("tools/sample_plugin/sample_plugin"),
                                           "--resource=vendor.com/gpu", "--devices=4",
                                           "--kubelet_socket=" + plugins + "/kubelet.sock",
@@ -64,14 +84,17 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
                                            "--plugin_dir=" + plugins, "--state_dir=" + state_dir,
                                            "--status_file=", "--metrics_address=",
                                            trace != nullptr ? "--minloglevel=0" : "--minloglevel=2"};
-    if (trace != nullptr) proxy_args.push_back(absl::StrCat("--events=", trace, "/proxy.jsonl"));
+    proxy_args.push_back("--events=" + events);
+    const int ups_before = BackendUps(events);
     std::unique_ptr<ChildProcess> proxy = Spawn(proxy_args);
-    // Wait until allocations go through (the plugin has re-registered).
     auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(proxied));
     auto fresh = [&] { stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(proxied)); };
-    auto allocate = [&](const std::string& id) {
+    // `first`: the kubelet-facing socket may appear a moment later; the
+    // call waits for it (gRPC's wait_for_ready).
+    auto allocate = [&](const std::string& id, bool first = false) {
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(first ? 15 : 2)));
+      ctx.set_wait_for_ready(first);
       v1beta1::AllocateRequest req;
       req.add_container_requests()->add_devices_ids(id);
       v1beta1::AllocateResponse resp;
@@ -83,25 +106,19 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
       return s.ok() && resp.container_responses_size() == 1 &&
              resp.container_responses(0).envs().at("SAMPLE_GPU_DEVICES") == id;
     };
-    absl::Time ready_by = absl::Now() + absl::Seconds(15);
-    bool ready = false;
+    // Allocations go through once the plugin is back: dpproxy says so
+    // (backend_up); the kubelet-facing socket follows at once.
     const absl::Time spawned = absl::Now();
-    while (!ready && absl::Now() < ready_by) {
-      if (trace != nullptr) {
-        std::cout << "ready loop +" << absl::FormatDuration(absl::Now() - spawned)
-                  << " socket exists: " << PathExists(proxied) << "\n";
-      }
-      fresh();
-      if (PathExists(proxied) && allocate("dev-0")) {
-        ready = true;
-        ++answered["dev-0"];
-        ++total_answered;
-      } else {
-        absl::SleepFor(absl::Milliseconds(20));
-      }
-    }
-    ASSERT_TRUE(ready) << "round " << round << ": allocations never went through";
-    const absl::Duration recovery = absl::Now() - (ready_by - absl::Seconds(15));
+    ASSERT_TRUE(testing::WaitForFile(
+        events, [&](const std::string& text) { return CountBackendUps(text) > ups_before; },
+        absl::Seconds(15)))
+        << "round " << round << ": the plugin never came back to dpproxy";
+    fresh();
+    ASSERT_TRUE(allocate("dev-0", /*first=*/true))
+        << "round " << round << ": an allocation after backend_up failed";
+    ++answered["dev-0"];
+    ++total_answered;
+    const absl::Duration recovery = absl::Now() - spawned;
     recovery_total += recovery;
     recovery_max = std::max(recovery_max, recovery);
 

@@ -65,16 +65,6 @@ inline int CountFromEnv(const char* name, int ci_default) {
   return n != nullptr ? std::max(1, std::atoi(n)) : ci_default;
 }
 
-// Polls `pred` every 10 ms until it holds or `timeout` passes.
-inline bool WaitUntil(const std::function<bool()>& pred, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return pred();
-}
-
 }  // namespace dpproxy::testing
 
 #endif  // DPPROXY_TESTS_TESTING_SIM_HELPERS_H_

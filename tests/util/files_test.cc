@@ -8,8 +8,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -322,6 +326,7 @@ TEST(FilesTest, FileIdChangesWhenFileIsRecreated) {
 TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {
   testing::ShortTempDir dir;
   std::mutex mu;
+  std::condition_variable changed;
   std::vector<std::string> seen;
   std::atomic<int> ticks{0};
   DirWatcher w(dir.path(), [&](const DirWatcher::Event& e) {
@@ -330,6 +335,7 @@ TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {
       return;
     }
     std::lock_guard<std::mutex> l(mu);
+    changed.notify_all();
     seen.push_back((e.kind == DirWatcher::Event::kCreated     ? "+"
                     : e.kind == DirWatcher::Event::kMovedAway ? "~"
                                                               : "-") +
@@ -338,17 +344,11 @@ TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {
   ASSERT_TRUE(w.Start().ok());
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("x"), "").ok());  // creates x.tmp, renames to x
   ::unlink(dir.Sub("x").c_str());
-  absl::Time deadline = absl::Now() + absl::Seconds(5);
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> l(mu);
-      if (std::find(seen.begin(), seen.end(), "-x") != seen.end()) break;
-    }
-    ASSERT_LT(absl::Now(), deadline) << "no delete event";
-    absl::SleepFor(absl::Milliseconds(10));
-  }
   {
-    std::lock_guard<std::mutex> l(mu);
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(changed.wait_for(l, std::chrono::seconds(5), [&] {
+      return std::find(seen.begin(), seen.end(), "-x") != seen.end();
+    })) << "no delete event";
     EXPECT_NE(std::find(seen.begin(), seen.end(), "+x"), seen.end());
     // The temporary file was renamed to x: moved away, not deleted.
     int moved = 0, deleted_tmp = 0;
@@ -362,6 +362,25 @@ TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {
   EXPECT_GE(ticks.load(), 1);  // the first tick comes at once
   w.Stop();
   w.Stop();  // idempotent
+}
+
+// A listener hears each event once it is in memory, outside the log's
+// lock (it may read the log), and from every thread that emits.
+TEST(EventLogTest, ListenersHearEveryEventOutsideTheLock) {
+  EventLog log("test");
+  std::atomic<int> heard{0};
+  std::atomic<int> size_seen{0};
+  log.AddListener([&] {
+    size_seen = static_cast<int>(log.Size());  // would deadlock under the lock
+    ++heard;
+  });
+  log.Emit("one");
+  EXPECT_EQ(heard.load(), 1);
+  EXPECT_EQ(size_seen.load(), 1);  // the event was in memory already
+  std::thread other([&] { log.Emit("two"); });
+  other.join();
+  EXPECT_EQ(heard.load(), 2);
+  EXPECT_EQ(size_seen.load(), 2);
 }
 
 TEST(EventLogTest, WritesJsonLinesAndWaits) {

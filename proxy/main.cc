@@ -28,6 +28,7 @@
 #include "proxy/ops/json_log.h"
 #include "proxy/ops/ops_server.h"
 #include "proxy/ops/systemd_notifier.h"
+#include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
 #include "proxy/server/status_model.h"
@@ -268,6 +269,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   dpproxy::BlockTerminationSignals();
+  // gRPC stays initialized until the process ends, which it does through
+  // EndProcess once everything has stopped (grpc_util.h).
+  dpproxy::KeepGrpcForProcess();
   dpproxy::ProxyServer server(*config);
   // SIGUSR2: the binary at this path (the new build, once installed) takes
   // over from this process, as its child (docs/upgrade.md, systemd).
@@ -397,7 +401,11 @@ int main(int argc, char** argv) {
   if (!server.handed_over()) notifier.Stopping();
   ops.reset();
   server.Shutdown();
-  if (server.handoff_failed()) return 1;
+  auto end = [](int code) {
+    google::FlushLogFiles(google::GLOG_INFO);
+    dpproxy::EndProcess(code);
+  };
+  if (server.handoff_failed()) end(1);
   if (server.handed_over() && FLAGS_after_handoff == "wait") {
     // Everything is closed; a container runtime that would restart an
     // exited dpproxy (which would then take over back) waits for the pod's
@@ -408,5 +416,5 @@ int main(int argc, char** argv) {
       if (s != SIGHUP) break;
     }
   }
-  return 0;
+  end(0);
 }

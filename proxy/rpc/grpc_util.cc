@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 #include <sys/stat.h>
@@ -17,9 +18,29 @@
 #include "absl/time/clock.h"
 #include "proxy/util/files.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DPP_HAS_ASAN 1
+#endif
+#endif
+#ifndef DPP_HAS_ASAN
+#define DPP_HAS_ASAN 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || DPP_HAS_ASAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace dpproxy {
 
 void KeepGrpcForProcess() { grpc_init(); }
+
+void EndProcess(int code) {
+  std::fflush(nullptr);
+#if defined(__SANITIZE_ADDRESS__) || DPP_HAS_ASAN
+  __lsan_do_leak_check();
+#endif
+  std::_Exit(code);
+}
 
 grpc::ServerGenericBidiReactor* GoStyleUnknownHandler::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {

@@ -46,9 +46,17 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 // thread may sit in a poll for about 10 s (a write the peer stopped
 // reading, such as a list over the kubelet's 4 MiB): a stop that should
 // take milliseconds takes seconds. gRPC's threads then live until the
-// end: such a binary ends with _exit once it has stopped, so that no
+// end: such a binary ends with EndProcess once it has stopped, so that no
 // static destructor runs beside them.
 void KeepGrpcForProcess();
+
+// Ends a process that called KeepGrpcForProcess, once it has stopped
+// everything and written what it had to: flushes stdio, runs the leak
+// check in a sanitizer build (exit would have run it), and _exits with
+// `code`. Exit's static destructors would run beside gRPC's own threads,
+// which are still at work on its global state (a double free seen on a
+// busy machine).
+[[noreturn]] void EndProcess(int code);
 
 // A channel to a Unix socket, made once and reused for every call.
 // `max_receive_bytes` > 0 raises (or lowers) gRPC's 4 MiB default limit on

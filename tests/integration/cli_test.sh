@@ -333,7 +333,7 @@ kill -0 "$NEW" 2>/dev/null && pass "--after_handoff=wait: still running after th
 expect_contains "it says it waits" "$(cat "$R4/new.log")" "waiting for SIGTERM"
 kill -TERM "$NEW"; wait "$NEW"; rc=$?
 [[ $rc -eq 0 ]] && pass "--after_handoff=wait: exits 0 on SIGTERM" ||
-  fail "waiting dpproxy exit $rc: $(tail -n 30 "$R4/new.log")"
+  fail "waiting dpproxy exit $rc: $(log_end "$R4/new.log")"
 expect_exit "the first pod ends" 0 "$SIM" delete-pod --root_dir="$R4/k" --uid=t1-uid
 expect_exit "allocate after two upgrades" 0 "$SIM" allocate --root_dir="$R4/k" --pod=t3 \
   --containers=c=vendor.com/gpu:1

@@ -19,6 +19,15 @@ trap cleanup EXIT
 
 source "$RUNFILES/tests/testing/checks.sh"
 pass() { ok "$*"; }
+# The end of a process's log for a failure message: a sanitizer's whole
+# report if there is one, else the last 30 lines.
+log_end() {  # file
+  if grep -q "^==[0-9]*==ERROR: " "$1" 2>/dev/null; then
+    sed -n '/^==[0-9]*==ERROR: /,$p' "$1" | head -n 200
+  else
+    tail -n 30 "$1"
+  fi
+}
 expect_contains() {  # name, haystack, needle
   if [[ "$2" == *"$3"* ]]; then pass "$1"; else fail "$1: expected to find [$3] in: $2"; fi
 }

@@ -490,6 +490,7 @@ int Serve() {
   }
 
   BlockTerminationSignals();
+  KeepGrpcForProcess();  // ends through EndProcess (grpc_util.h)
   KubeletSim sim(options);
   sim.events().SetEcho(!FLAGS_quiet);
   std::string events = FLAGS_events.empty()
@@ -509,7 +510,7 @@ int Serve() {
   sim.StopControl();
   sim.Stop();
   ::unlink(ControlSocket().c_str());
-  return 0;
+  EndProcess(0);
 }
 
 }  // namespace

@@ -211,8 +211,7 @@ int Serve() {
   // Stopped, and every event written and flushed. gRPC is still
   // initialized (above): the process ends here, without static
   // destructors running beside gRPC's own threads.
-  std::fflush(nullptr);
-  std::_Exit(0);
+  EndProcess(0);
 }
 
 int RunClient(const std::string& command) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {
@@ -538,7 +539,7 @@ std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
     if (resp == nullptr) {
       a.set_stage(state::Allocation::RESERVED);
     } else if (i < resp->container_responses_size()) {
-      *a.mutable_response() = resp->container_responses(i);
+      SetResponse(&a, resp->container_responses(i));
     }
     a.set_backend_api(backend.api);
     a.set_backend_endpoint(backend.endpoint);
@@ -642,7 +643,7 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
           a.set_id(r.first_id + static_cast<uint64_t>(i));
           a.set_stage(state::Allocation::ANSWERED);
           if (i < resp.container_responses_size()) {
-            *a.mutable_response() = resp.container_responses(i);
+            SetResponse(&a, resp.container_responses(i));
           }
           if (claims != nullptr && i < static_cast<int>(claims->size())) {
             *a.mutable_claim() = (*claims)[static_cast<size_t>(i)];

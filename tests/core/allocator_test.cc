@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/events/event_log.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/util/files.h"
 #include "tests/testing/mock_backend.h"
@@ -128,8 +129,8 @@ TEST_F(AllocatorTest, AnAnswerIsJournaledBeforeItIsGiven) {
   ASSERT_EQ(held.size(), 2u);
   EXPECT_THAT(held[0].device_ids(), ElementsAre("gpu-0", "gpu-1"));
   EXPECT_EQ(held[0].stage(), state::Allocation::WHOLE);
-  EXPECT_EQ(held[0].response().envs().at("DEVICES"), "gpu-0,gpu-1");
-  EXPECT_EQ(held[1].response().envs().at("DEVICES"), "gpu-2");
+  EXPECT_EQ(ResponseOf(held[0]).envs().at("DEVICES"), "gpu-0,gpu-1");
+  EXPECT_EQ(ResponseOf(held[1]).envs().at("DEVICES"), "gpu-2");
   EXPECT_EQ(held[0].backend_endpoint(), "/run/mock.sock");
 }
 
@@ -212,7 +213,7 @@ TEST_F(AllocatorTest, ADeferredCommitHoldsTheDevicesUntilCommittedOrWithdrawn) {
   ASSERT_EQ(Held().size(), 1u);
   EXPECT_EQ(Held()[0].stage(), state::Allocation::WHOLE);
   EXPECT_THAT(Held()[0].claim().cdi_ids(), ElementsAre("vendor.com/gpu=claim-gpu"));
-  EXPECT_EQ(Held()[0].response().envs().at("DEVICES"), "gpu-0");
+  EXPECT_EQ(ResponseOf(Held()[0]).envs().at("DEVICES"), "gpu-0");
 
   // Withdrawn instead: nothing more is held.
   call.request = Request({{"gpu-1"}});

@@ -221,6 +221,8 @@ expect_contains "dpctl table lists the resource" "$LAST_OUT" "vendor.com/gpu"
 expect_contains "dpctl table lists the allocation" "$LAST_OUT" "dev-0,dev-1"
 expect_exit "dpctl state json" 0 "$DPCTL" state --state_dir="$R2/state" --output=json
 expect_contains "dpctl json" "$LAST_OUT" '"backend_api": "v1alpha2"'
+expect_contains "dpctl json shows the plugin's answer as a message" "$LAST_OUT" \
+  '"SAMPLE_PLUGIN_API": "v1alpha"'
 help="$("$DPCTL" --help)"
 for flag in state_dir output; do
   expect_contains "dpctl --help lists --$flag" "$help" "--$flag ("

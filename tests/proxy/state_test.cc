@@ -13,6 +13,7 @@
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_dir.h"
 #include "proxy/state/state_store.h"
@@ -88,7 +89,7 @@ TEST(StateTest, EveryAnsweredAllocationIsJournaled) {
   EXPECT_EQ(Keys(st), Keys(h.sim().GetState()));  // one record per container, same devices
   ASSERT_EQ(st.allocations_size(), 3);
   EXPECT_EQ(st.allocations(0).backend_api(), "v1alpha2");
-  EXPECT_EQ(st.allocations(0).response().envs().at("SAMPLE_PLUGIN_API"), "v1alpha");
+  EXPECT_EQ(ResponseOf(st.allocations(0)).envs().at("SAMPLE_PLUGIN_API"), "v1alpha");
   EXPECT_GT(st.allocations(0).allocated_unix_ms(), 0);
   // The resource snapshot (devices, backend, negotiated version) follows.
   EXPECT_TRUE(h.WaitFor([&] {

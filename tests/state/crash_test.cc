@@ -24,6 +24,7 @@
 #include "proxy/util/files.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/rpc/grpc_status.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_dir.h"
 #include "proxy/state/state_store.h"
@@ -150,8 +151,9 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
     std::map<std::string, int> journaled;
     for (const auto& a : st->allocations()) {
       if (a.device_ids_size() != 1) continue;
-      auto env = a.response().envs().find("SAMPLE_GPU_DEVICES");
-      if (env != a.response().envs().end() && env->second == a.device_ids(0)) {
+      const v1beta1::ContainerAllocateResponse r = ResponseOf(a);
+      auto env = r.envs().find("SAMPLE_GPU_DEVICES");
+      if (env != r.envs().end() && env->second == a.device_ids(0)) {
         ++journaled[a.device_ids(0)];
       }
     }

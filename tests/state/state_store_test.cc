@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "proxy/util/files.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_dir.h"
 #include "proxy/state/state_keeper.h"
@@ -25,6 +26,13 @@ namespace dpproxy {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Sets one environment variable of an allocation's response.
+void SetEnv(state::Allocation* a, const std::string& name, const std::string& value) {
+  v1beta1::ContainerAllocateResponse r = ResponseOf(*a);
+  (*r.mutable_envs())[name] = value;
+  SetResponse(a, r);
+}
 
 state::State Sample() {
   state::State s;
@@ -40,7 +48,7 @@ state::State Sample() {
   a->set_id(1);
   a->set_resource("vendor.com/gpu");
   a->add_device_ids("gpu-0");
-  (*a->mutable_response()->mutable_envs())["GPU"] = "gpu-0";
+  SetEnv(a, "GPU", "gpu-0");
   s.set_next_allocation_id(1);
   return s;
 }
@@ -54,6 +62,33 @@ std::vector<std::string> Names(const std::string& dir) {
   }
   closedir(d);
   return out;
+}
+
+// The response is held as bytes under the field number and wire type the
+// message field always had: an allocation written with the message reads
+// back with the same answer, and is written back byte for byte.
+TEST(AllocationResponseTest, RecordsWrittenWithTheMessageFieldReadTheSame) {
+  v1beta1::ContainerAllocateResponse answer;
+  (*answer.mutable_envs())["GPU"] = "gpu-3";
+  answer.add_devices()->set_host_path("/dev/gpu3");
+  const std::string answer_bytes = answer.SerializeAsString();
+  // Field 1 (id) = 7, then field 4 as a length-delimited message, as a
+  // release that declared it a v1beta1.ContainerAllocateResponse wrote it.
+  std::string old_record;
+  old_record += static_cast<char>((1 << 3) | 0);
+  old_record += static_cast<char>(7);
+  old_record += static_cast<char>((4 << 3) | 2);
+  ASSERT_LT(answer_bytes.size(), 128u);
+  old_record += static_cast<char>(answer_bytes.size());
+  old_record += answer_bytes;
+  state::Allocation a;
+  ASSERT_TRUE(a.ParseFromString(old_record));
+  EXPECT_EQ(a.id(), 7u);
+  const v1beta1::ContainerAllocateResponse read = ResponseOf(a);
+  EXPECT_EQ(read.envs().at("GPU"), "gpu-3");
+  ASSERT_EQ(read.devices_size(), 1);
+  EXPECT_EQ(read.devices(0).host_path(), "/dev/gpu3");
+  EXPECT_EQ(a.SerializeAsString(), old_record);
 }
 
 TEST(StateFileTest, RoundTrips) {
@@ -468,7 +503,7 @@ TEST(MergeJournalTest, ReservationsAreAnsweredOrWithdrawnInOrder) {
     state::Allocation a;
     a.set_id(id);
     a.set_stage(state::Allocation::ANSWERED);
-    (*a.mutable_response()->mutable_envs())["GPU"] = env;
+    SetEnv(&a, "GPU", env);
     return a;
   };
   auto withdrawn = [](uint64_t id) {
@@ -486,7 +521,7 @@ TEST(MergeJournalTest, ReservationsAreAnsweredOrWithdrawnInOrder) {
   ASSERT_EQ(snap.allocations_size(), 2);
   EXPECT_EQ(snap.allocations(0).id(), 1u);
   EXPECT_EQ(snap.allocations(0).stage(), state::Allocation::WHOLE);
-  EXPECT_EQ(snap.allocations(0).response().envs().at("GPU"), "0");
+  EXPECT_EQ(ResponseOf(snap.allocations(0)).envs().at("GPU"), "0");
   EXPECT_EQ(snap.allocations(1).id(), 3u);
   EXPECT_EQ(snap.allocations(1).stage(), state::Allocation::RESERVED);
   EXPECT_EQ(snap.allocations(1).device_ids(0), "gpu-2");
@@ -507,7 +542,7 @@ TEST(MergeJournalTest, ReservationsAreAnsweredOrWithdrawnInOrder) {
   EXPECT_EQ(snap.allocations(1).stage(), state::Allocation::RESERVED);
   EXPECT_EQ(snap.allocations(2).id(), 10u);
   EXPECT_EQ(snap.allocations(2).device_ids(0), "gpu-3");
-  EXPECT_EQ(snap.allocations(2).response().envs().at("GPU"), "3");
+  EXPECT_EQ(ResponseOf(snap.allocations(2)).envs().at("GPU"), "3");
 }
 
 TEST(StateFileModesTest, StateAndJournalAre0600WhateverTheUmask) {
@@ -698,7 +733,7 @@ TEST(StateKeeperTest, AllocationsSnapshotCopiesEveryFieldButTheResponse) {
   a->set_resource("vendor.com/gpu");
   a->add_device_ids("gpu-0");
   a->add_device_ids("gpu-1");
-  (*a->mutable_response()->mutable_envs())["GPU"] = "0,1";
+  SetEnv(a, "GPU", "0,1");
   a->set_backend_api("v1beta1");
   a->set_backend_endpoint("/run/gpu.sock");
   a->set_allocated_unix_ms(1700000000000);
@@ -972,7 +1007,7 @@ TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
   lost = load(at_answer);
   ASSERT_EQ(lost.allocations_size(), 2);
   EXPECT_EQ(lost.allocations(0).stage(), state::Allocation::RESERVED);
-  EXPECT_FALSE(lost.allocations(0).has_response());
+  EXPECT_TRUE(lost.allocations(0).response().empty());
   EXPECT_EQ(lost.allocations(0).device_ids(0), "a");
   // A crash of dpproxy instead: the written answer is in the file.
   absl::StatusOr<std::string> now = ReadFile(dir.Sub("journal.wal"));
@@ -980,7 +1015,7 @@ TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
   state::State crashed = load(*now);
   ASSERT_EQ(crashed.allocations_size(), 2);
   EXPECT_EQ(crashed.allocations(1).stage(), state::Allocation::WHOLE);
-  EXPECT_EQ(crashed.allocations(1).response().envs().at("GPU"), "b");
+  EXPECT_EQ(ResponseOf(crashed.allocations(1)).envs().at("GPU"), "b");
   // And the answer's own sync follows: then a power loss keeps it too.
   {
     absl::MutexLock lock(&disk->mu);
@@ -989,7 +1024,7 @@ TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
         << "the answer was never synced";
   }
   EXPECT_EQ(load(image()).allocations(1).stage(), state::Allocation::WHOLE);
-  EXPECT_EQ(keeper.Snapshot().allocations(0).response().envs().at("GPU"), "a");
+  EXPECT_EQ(ResponseOf(keeper.Snapshot().allocations(0)).envs().at("GPU"), "a");
 
   // A withdrawn reservation frees its devices at once, and for a restart.
   absl::Notification durable2;

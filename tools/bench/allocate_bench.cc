@@ -40,6 +40,7 @@
 #include "proto/podresources/api.grpc.pb.h"
 #include "proxy/cli/cli.h"
 #include "proxy/events/event_log.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/state/state_store.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 #include "tools/sample_plugin/control.grpc.pb.h"
@@ -355,7 +356,9 @@ Startup MeasureStartup(const std::string& dir, int allocations) {
     a->set_id(static_cast<uint64_t>(i + 1));
     a->set_resource("bench.example.com/startup");
     a->add_device_ids(absl::StrCat("dev-", i % 8));
-    (*a->mutable_response()->mutable_envs())["BENCH_DEVICE"] = absl::StrCat("dev-", i % 8);
+    v1beta1::ContainerAllocateResponse r;
+    (*r.mutable_envs())["BENCH_DEVICE"] = absl::StrCat("dev-", i % 8);
+    SetResponse(a, r);
     a->set_backend_api("v1beta1");
     a->set_allocated_unix_ms(now_ms);
     a->set_pod_namespace("default");

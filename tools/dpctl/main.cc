@@ -4,6 +4,7 @@
 #include <string>
 
 #include <gflags/gflags.h>
+#include <nlohmann/json.hpp>
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_format.h"
@@ -14,6 +15,7 @@
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_dir.h"
+#include "proxy/state/allocation_response.h"
 #include "proxy/state/state_store.h"
 
 DEFINE_string(state_dir, "/var/lib/dpproxy", "dpproxy's --state_dir; the file is state.pb in it.");
@@ -21,6 +23,28 @@ DEFINE_string(output, "table", "table or json.");
 
 namespace dpproxy {
 namespace {
+
+// The state as JSON, each allocation's response as the message it is (the
+// state holds it serialized; protobuf's JSON would print its bytes as
+// base64).
+std::string StateJson(const state::State& s) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  state::State without = s;
+  for (state::Allocation& a : *without.mutable_allocations()) a.clear_response();
+  std::string text;
+  (void)google::protobuf::util::MessageToJsonString(without, &text, o);
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (j.is_discarded()) return text;
+  for (int i = 0; i < s.allocations_size(); ++i) {
+    if (s.allocations(i).response().empty()) continue;
+    std::string r;
+    (void)google::protobuf::util::MessageToJsonString(ResponseOf(s.allocations(i)), &r, o);
+    j["allocations"][i]["response"] = nlohmann::ordered_json::parse(r, nullptr, false);
+  }
+  return j.dump(2);
+}
 
 constexpr char kUsage[] = R"(dpctl: inspect dpproxy's durable state.
 
@@ -114,12 +138,7 @@ int Run(const std::string& command) {
   }
   const state::State& s = report.state;
   if (FLAGS_output == "json") {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions o;
-    o.add_whitespace = true;
-    o.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(s, &out, o);
-    std::cout << out << "\n";
+    std::cout << StateJson(s) << "\n";
     return 0;
   }
   if (FLAGS_output != "table") {

@@ -378,13 +378,4 @@ std::shared_ptr<const DeviceList> DeviceList::WithHealth(
   return std::move(out).Build();
 }
 
-void DeviceList::AppendAsField(int field_number, std::string* out) const {
-  if (field_number == kDevicesField) {
-    out->append(wire_);
-    return;
-  }
-  out->reserve(out->size() + wire_.size() + starts_.size());
-  for (int i = 0; i < size(); ++i) AppendDeviceField(field_number, device(i), out);
-}
-
 }  // namespace dpproxy

@@ -98,11 +98,6 @@ class DeviceList : public std::enable_shared_from_this<DeviceList> {
   std::shared_ptr<const DeviceList> WithHealth(
       const std::function<absl::string_view(const View&)>& health) const;
 
-  // Appends each device to `out` as a length-delimited field numbered
-  // `field_number` (the state file's Resource.devices is field 4; this list
-  // is field 1 of ListAndWatchResponse).
-  void AppendAsField(int field_number, std::string* out) const;
-
  private:
   // Hashes and compares positions by the ID they hold; a string_view finds
   // a position without building one.

@@ -159,8 +159,8 @@ std::string Reporter::Fingerprint() {
   return fp;
 }
 
-std::vector<std::string> Reporter::SavedResources() {
-  std::vector<std::string> out;
+std::vector<StateKeeper::ResourceToSave> Reporter::SavedResources() {
+  std::vector<StateKeeper::ResourceToSave> out;
   for (const auto& [e, facts] : p_.table->AllWithFacts()) {
     state::Resource r;
     r.set_name(e->resource->name());
@@ -173,9 +173,7 @@ std::vector<std::string> Reporter::SavedResources() {
     // A removed one too: the next start knows it is no longer wanted.
     const StaticBackends::Report statics = p_.statics->report(r.name());
     r.mutable_backend()->set_static_backend(statics.dialled || statics.removed);
-    std::string bytes = r.SerializeAsString();
-    e->resource->ReportedDevices()->AppendAsField(state::Resource::kDevicesFieldNumber, &bytes);
-    out.push_back(std::move(bytes));
+    out.push_back({r.SerializeAsString(), e->resource->ReportedDevices()->shared_wire()});
   }
   return out;
 }

@@ -59,7 +59,7 @@ class Reporter {
   // Each resource as the state file keeps it (state::Resource, serialized
   // straight from the published device list: no copy of every device), in
   // order of name.
-  std::vector<std::string> SavedResources();
+  std::vector<StateKeeper::ResourceToSave> SavedResources();
   // Behind /readyz: registered with the kubelet for every resource, each
   // plugin's list taken, the state directory writable (with one).
   std::vector<HealthCheck> Readiness();

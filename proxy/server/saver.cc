@@ -71,7 +71,7 @@ void Saver::Forget() {
 bool Saver::SaveResources(const std::string& fingerprint) {
   if (keeper_ == nullptr || fingerprint == saved_) return false;
   // Failures are logged and counted.
-  if (keeper_->SetSerializedResources(reporter_->SavedResources()).ok()) saved_ = fingerprint;
+  if (keeper_->SetResourcesToSave(reporter_->SavedResources()).ok()) saved_ = fingerprint;
   return true;
 }
 

@@ -338,10 +338,48 @@ void StateKeeper::TakeResourcesLocked() {
   state_.clear_resources();
 }
 
+namespace {
+
+// Appends the devices of a ListAndWatchResponse's bytes (field 1, each
+// length-delimited) as state::Resource's `devices` (field 4): the same
+// entries under another tag, of the same one-byte size. Anything else in
+// the bytes is not a device and is left out.
+void AppendListAsDevices(absl::string_view wire, std::string* out) {
+  using google::protobuf::internal::WireFormatLite;
+  constexpr uint8_t kListDevices = (1 << 3) | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  constexpr uint8_t kResourceDevices =
+      (state::Resource::kDevicesFieldNumber << 3) | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+  static_assert(state::Resource::kDevicesFieldNumber < 16, "a one-byte tag");
+  out->reserve(out->size() + wire.size());
+  size_t pos = 0;
+  while (pos < wire.size()) {
+    const uint8_t tag = static_cast<uint8_t>(wire[pos]);
+    uint64_t len = 0;
+    size_t at = pos + 1;
+    for (int shift = 0; at < wire.size() && shift < 64; shift += 7) {
+      const uint8_t b = static_cast<uint8_t>(wire[at++]);
+      len |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) break;
+    }
+    if (tag != kListDevices || len > wire.size() - at) return;  // not a list's bytes
+    out->push_back(static_cast<char>(kResourceDevices));
+    out->append(wire.data() + pos + 1, at - pos - 1 + len);
+    pos = at + len;
+  }
+}
+
+}  // namespace
+
+std::string StateKeeper::SavedResource::Encoded() const {
+  std::string out = bytes;
+  if (list_wire != nullptr) AppendListAsDevices(*list_wire, &out);
+  return out;
+}
+
 void StateKeeper::AddSavedResourcesLocked(state::State* out) const {
   for (const SavedResource& saved : resources_) {
     state::Resource* r = out->add_resources();
-    r->ParseFromString(saved.bytes);
+    r->ParseFromString(saved.Encoded());
     r->set_updated_unix_ms(saved.updated_unix_ms);
   }
 }
@@ -397,6 +435,7 @@ absl::Status StateKeeper::SaveLocked() {
     google::protobuf::io::CodedOutputStream out(&raw);
     using google::protobuf::internal::WireFormatLite;
     for (const SavedResource& saved : resources_) {
+      const std::string encoded = saved.Encoded();
       const size_t time_size =
           saved.updated_unix_ms == 0
               ? 0
@@ -405,8 +444,8 @@ absl::Status StateKeeper::SaveLocked() {
                     WireFormatLite::Int64Size(saved.updated_unix_ms);
       WireFormatLite::WriteTag(state::State::kResourcesFieldNumber,
                                WireFormatLite::WIRETYPE_LENGTH_DELIMITED, &out);
-      out.WriteVarint32(static_cast<uint32_t>(saved.bytes.size() + time_size));
-      out.WriteRaw(saved.bytes.data(), static_cast<int>(saved.bytes.size()));
+      out.WriteVarint32(static_cast<uint32_t>(encoded.size() + time_size));
+      out.WriteRaw(encoded.data(), static_cast<int>(encoded.size()));
       if (saved.updated_unix_ms != 0) {
         WireFormatLite::WriteInt64(state::Resource::kUpdatedUnixMsFieldNumber,
                                    saved.updated_unix_ms, &out);
@@ -804,21 +843,34 @@ void StateKeeper::WriteQueued() {
 absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
   std::sort(resources.begin(), resources.end(),
             [](const state::Resource& a, const state::Resource& b) { return a.name() < b.name(); });
-  std::vector<std::string> bytes;
-  bytes.reserve(resources.size());
+  std::vector<ResourceToSave> to_save;
+  to_save.reserve(resources.size());
   for (state::Resource& r : resources) {
     r.clear_updated_unix_ms();
-    bytes.push_back(r.SerializeAsString());
+    to_save.push_back({r.SerializeAsString(), nullptr});
   }
-  return SetSerializedResources(std::move(bytes));
+  return SetResourcesToSave(std::move(to_save));
 }
 
-absl::Status StateKeeper::SetSerializedResources(std::vector<std::string> bytes) {
-  // Compared without the timestamps: only real changes are saved.
+absl::Status StateKeeper::SetResourcesToSave(std::vector<ResourceToSave> to_save) {
+  // Compared without the timestamps: only real changes are saved. The
+  // same list's bytes are the same pointer; another list with the same
+  // devices compares equal by content.
+  auto same_list = [](const std::shared_ptr<const std::string>& a,
+                      const std::shared_ptr<const std::string>& b) {
+    if (a == b) return true;
+    const bool a_empty = a == nullptr || a->empty();
+    const bool b_empty = b == nullptr || b->empty();
+    if (a_empty || b_empty) return a_empty && b_empty;
+    return *a == *b;
+  };
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (bytes.size() != resources_.size()) return true;
-    for (size_t i = 0; i < bytes.size(); ++i) {
-      if (bytes[i] != resources_[i].bytes) return true;
+    if (to_save.size() != resources_.size()) return true;
+    for (size_t i = 0; i < to_save.size(); ++i) {
+      if (to_save[i].head != resources_[i].bytes ||
+          !same_list(to_save[i].list_wire, resources_[i].list_wire)) {
+        return true;
+      }
     }
     return false;
   };
@@ -833,7 +885,9 @@ absl::Status StateKeeper::SetSerializedResources(std::vector<std::string> bytes)
   if (!changed()) return absl::OkStatus();
   const int64_t now = absl::ToUnixMillis(absl::Now());
   resources_.clear();
-  for (std::string& b : bytes) resources_.push_back({std::move(b), now});
+  for (ResourceToSave& r : to_save) {
+    resources_.push_back({std::move(r.head), std::move(r.list_wire), now});
+  }
   return SaveLocked();
 }
 

@@ -185,10 +185,17 @@ class StateKeeper : public AllocationJournal {
 
   // Replaces the saved resource snapshots; saves if they changed.
   absl::Status SetResources(std::vector<state::Resource> resources);
-  // The same with each resource already serialized, without
-  // updated_unix_ms, in order of name (a DeviceList appends
-  // its devices as field 4 without building messages).
-  absl::Status SetSerializedResources(std::vector<std::string> resources);
+  // One resource to save, as the saver has it: a state::Resource
+  // serialized without devices or updated_unix_ms, and its devices as the
+  // bytes of a v1beta1 ListAndWatchResponse (a published device list's;
+  // null: none). The keeper holds those bytes shared, never a copy: they
+  // are written as the resource's `devices` when a snapshot is saved.
+  struct ResourceToSave {
+    std::string head;
+    std::shared_ptr<const std::string> list_wire;
+  };
+  // The same as SetResources, in order of name.
+  absl::Status SetResourcesToSave(std::vector<ResourceToSave> resources);
 
   // Forgets allocations (their pods are gone). Saves.
   absl::Status Release(const std::vector<uint64_t>& ids);
@@ -382,8 +389,13 @@ class StateKeeper : public AllocationJournal {
   // lists are only ever written, compared and, at start, read back.
   state::State state_ ABSL_GUARDED_BY(mu_);
   struct SavedResource {
-    std::string bytes;  // a state::Resource without updated_unix_ms
+    // A state::Resource without updated_unix_ms: `bytes`, then the devices
+    // of `list_wire` (if any) as its `devices` field.
+    std::string bytes;
+    std::shared_ptr<const std::string> list_wire;
     int64_t updated_unix_ms = 0;
+    // The whole state::Resource without updated_unix_ms.
+    std::string Encoded() const;
   };
   std::vector<SavedResource> resources_ ABSL_GUARDED_BY(mu_);
   // state_ and resources_ as one State.

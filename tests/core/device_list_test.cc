@@ -105,21 +105,6 @@ TEST(DeviceListTest, WithHealthChangesOnlyWhatDiffersAndSharesWhenNothingDoes) {
   EXPECT_EQ(list->healthy(), 3);  // the original is untouched
 }
 
-TEST(DeviceListTest, AppendsAsTheStateFilesDevicesField) {
-  auto list = DeviceList::FromDevices(kDevices);
-  state::Resource head;
-  head.set_name("vendor.com/gpu");
-  std::string out = head.SerializeAsString();
-  list->AppendAsField(state::Resource::kDevicesFieldNumber, &out);
-  state::Resource parsed;
-  ASSERT_TRUE(parsed.ParseFromString(out));
-  EXPECT_EQ(parsed.name(), "vendor.com/gpu");
-  ASSERT_EQ(parsed.devices_size(), 5);
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_TRUE(MessageDifferencer::Equals(parsed.devices(i), kDevices[static_cast<size_t>(i)]));
-  }
-}
-
 TEST(DeviceListTest, SharedWireKeepsTheListAlive) {
   std::shared_ptr<const std::string> wire;
   {

@@ -220,6 +220,41 @@ state::State MustLoad(StateKeeper& keeper) {
   return s.ok() ? *s : state::State();
 }
 
+// A resource's devices are saved from the bytes of its published list,
+// held shared (not copied) by the keeper, and read back from the state
+// file as the resource's devices.
+TEST(StateKeeperTest, SavedDevicesComeFromTheListsOwnBytes) {
+  testing::ShortTempDir dir;
+  v1beta1::ListAndWatchResponse list;
+  for (int i = 0; i < 3; ++i) {
+    v1beta1::Device* d = list.add_devices();
+    d->set_id(absl::StrCat("gpu-", i));
+    d->set_health(i == 1 ? "Unhealthy" : "Healthy");
+    if (i == 2) d->mutable_topology()->add_nodes()->set_id(1);
+  }
+  auto wire = std::make_shared<const std::string>(list.SerializeAsString());
+  state::Resource head;
+  head.set_name("vendor.com/gpu");
+  head.set_kubelet_api("v1beta1");
+  EventLog events("test");
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    ASSERT_TRUE(keeper.SetResourcesToSave({{head.SerializeAsString(), wire}}).ok());
+    EXPECT_EQ(wire.use_count(), 2);  // the keeper's is the same bytes
+  }
+  StateKeeper again(dir.Sub("state.pb"), &events);
+  MustLoad(again);
+  const state::State st = again.Snapshot();
+  ASSERT_EQ(st.resources_size(), 1);
+  EXPECT_EQ(st.resources(0).name(), "vendor.com/gpu");
+  ASSERT_EQ(st.resources(0).devices_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(st.resources(0).devices(i).SerializeAsString(), list.devices(i).SerializeAsString())
+        << i;
+  }
+}
+
 // Records one allocation of two containers per pair, in a fresh keeper that
 // is then closed: the state directory holds them in its journal.
 void JournalPairs(const std::string& dir, EventLog& events,

@@ -19,15 +19,15 @@
 #include <functional>
 #include <memory>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proxy/events/event_log.h"
+#include "proxy/util/waitable_count.h"
 
 namespace dpproxy::testing {
 
 class Changes {
  public:
-  Changes() : count_(std::make_shared<Count>()) {}
+  Changes() : count_(std::make_shared<WaitableCount>()) {}
 
   // From now on, every event `log` records wakes the waits. The log may
   // die first; watching it again after a restart is the caller's part.
@@ -37,8 +37,8 @@ class Changes {
   // happened by a callback (a loop's end of pass); harmless once this is
   // gone.
   std::function<void()> Notifier() {
-    return [weak = std::weak_ptr<Count>(count_)] {
-      if (std::shared_ptr<Count> c = weak.lock()) c->Bump();
+    return [weak = std::weak_ptr<WaitableCount>(count_)] {
+      if (std::shared_ptr<WaitableCount> c = weak.lock()) c->Add();
     };
   }
 
@@ -46,9 +46,9 @@ class Changes {
   bool WaitUntil(const std::function<bool()>& pred, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     for (;;) {
-      const uint64_t seen = count_->Get();
+      const int64_t seen = count_->Get();
       if (pred()) return true;
-      if (!count_->AwaitAfter(seen, deadline)) {
+      if (!count_->WaitFor(seen + 1, deadline - absl::Now())) {
         if (!pred()) return false;
         // Something changed with no event to say so: the wait took its
         // whole timeout. Said, so that it is mended where it happens.
@@ -60,29 +60,7 @@ class Changes {
   }
 
  private:
-  class Count {
-   public:
-    void Bump() {
-      absl::MutexLock lock(&mu_);
-      ++n_;
-    }
-    uint64_t Get() {
-      absl::MutexLock lock(&mu_);
-      return n_;
-    }
-    // False if no event came after `seen` by `deadline`.
-    bool AwaitAfter(uint64_t seen, absl::Time deadline) {
-      absl::MutexLock lock(&mu_);
-      auto moved = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return n_ != seen; };
-      return mu_.AwaitWithDeadline(absl::Condition(&moved), deadline);
-    }
-
-   private:
-    absl::Mutex mu_;
-    uint64_t n_ ABSL_GUARDED_BY(mu_) = 0;
-  };
-
-  std::shared_ptr<Count> count_;
+  std::shared_ptr<WaitableCount> count_;
 };
 
 }  // namespace dpproxy::testing

@@ -854,35 +854,46 @@ absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
 
 absl::Status StateKeeper::SetResourcesToSave(std::vector<ResourceToSave> to_save) {
   // Compared without the timestamps: only real changes are saved. The
-  // same list's bytes are the same pointer; another list with the same
-  // devices compares equal by content.
-  auto same_list = [](const std::shared_ptr<const std::string>& a,
-                      const std::shared_ptr<const std::string>& b) {
-    if (a == b) return true;
-    const bool a_empty = a == nullptr || a->empty();
-    const bool b_empty = b == nullptr || b->empty();
-    if (a_empty || b_empty) return a_empty && b_empty;
-    return *a == *b;
+  // same list's bytes are the same pointer; otherwise (another list, or a
+  // resource as loaded from the file, whole) the encodings are compared.
+  auto same = [](const ResourceToSave& next, const SavedResource& held) {
+    if (next.list_wire != nullptr && held.list_wire != nullptr) {
+      return next.head == held.bytes &&
+             (next.list_wire == held.list_wire || *next.list_wire == *held.list_wire);
+    }
+    return SavedResource{next.head, next.list_wire, 0}.Encoded() == held.Encoded();
   };
   auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (to_save.size() != resources_.size()) return true;
     for (size_t i = 0; i < to_save.size(); ++i) {
-      if (to_save[i].head != resources_[i].bytes ||
-          !same_list(to_save[i].list_wire, resources_[i].list_wire)) {
-        return true;
-      }
+      if (!same(to_save[i], resources_[i])) return true;
     }
     return false;
+  };
+  // Unchanged: nothing is saved, but the keeper holds the published lists'
+  // bytes from now on instead of a copy of its own (a start loads them).
+  auto adopt = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < to_save.size(); ++i) {
+      if (resources_[i].list_wire == to_save[i].list_wire) continue;
+      resources_[i].bytes = std::move(to_save[i].head);
+      resources_[i].list_wire = std::move(to_save[i].list_wire);
+    }
   };
   {
     // The common case (nothing changed) never waits for a writer's
     // fdatasync.
     absl::MutexLock lock(&mu_);
-    if (!changed()) return absl::OkStatus();
+    if (!changed()) {
+      adopt();
+      return absl::OkStatus();
+    }
   }
   absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
-  if (!changed()) return absl::OkStatus();
+  if (!changed()) {
+    adopt();
+    return absl::OkStatus();
+  }
   const int64_t now = absl::ToUnixMillis(absl::Now());
   resources_.clear();
   for (ResourceToSave& r : to_save) {

@@ -253,6 +253,20 @@ TEST(StateKeeperTest, SavedDevicesComeFromTheListsOwnBytes) {
     EXPECT_EQ(st.resources(0).devices(i).SerializeAsString(), list.devices(i).SerializeAsString())
         << i;
   }
+  // After a start, the same devices from a plugin's new list are no
+  // change: nothing is saved, and the keeper holds that list's bytes
+  // instead of the copy it loaded.
+  const std::string file_before = *ReadFile(dir.Sub("state.pb"));
+  auto relisted = std::make_shared<const std::string>(*wire);
+  ASSERT_TRUE(again.SetResourcesToSave({{head.SerializeAsString(), relisted}}).ok());
+  EXPECT_EQ(*ReadFile(dir.Sub("state.pb")), file_before);
+  EXPECT_EQ(relisted.use_count(), 2);
+  // A health change is saved.
+  list.mutable_devices(0)->set_health("Unhealthy");
+  auto flipped = std::make_shared<const std::string>(list.SerializeAsString());
+  ASSERT_TRUE(again.SetResourcesToSave({{head.SerializeAsString(), flipped}}).ok());
+  EXPECT_NE(*ReadFile(dir.Sub("state.pb")), file_before);
+  EXPECT_EQ(again.Snapshot().resources(0).devices(0).health(), "Unhealthy");
 }
 
 // Records one allocation of two containers per pair, in a fresh keeper that

@@ -6,8 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <ctime>
+#include <vector>
 
 #include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
@@ -103,6 +107,41 @@ void StopNow(grpc::Server& server) {
   server.Wait();
 }
 
+constexpr char kStagingPrefix[] = ".dpproxy-";
+
+// Removes what a dpproxy killed inside StartServerAt left in `dir`: a
+// private directory of ours a minute old or more, holding nothing or a
+// socket nobody listens on. One in use (another dpproxy's, a moment old)
+// is left alone, and so is anything else.
+void RemoveStaleStaging(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  const time_t old = ::time(nullptr) - 60;
+  while (struct dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(kStagingPrefix, 0) != 0 || name.size() != sizeof(kStagingPrefix) - 1 + 6) {
+      continue;
+    }
+    struct stat st;
+    const std::string path = JoinPath(dir, name);
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+        st.st_mtime > old) {
+      continue;
+    }
+    stale.push_back(path);
+  }
+  ::closedir(d);
+  for (const std::string& path : stale) {
+    const std::string socket = JoinPath(path, "s");
+    struct stat st;
+    if (::lstat(socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && !SomeoneListens(socket)) {
+      ::unlink(socket.c_str());
+    }
+    ::rmdir(path.c_str());  // only if empty now
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder& builder,
@@ -113,7 +152,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder&
     return absl::FailedPreconditionError(
         absl::StrCat(path, " exists and is not a socket; not replacing it"));
   }
-  std::string staging = JoinPath(DirName(path), ".dpproxy-XXXXXX");
+  std::string staging = JoinPath(DirName(path), absl::StrCat(kStagingPrefix, "XXXXXX"));
   if (!ValidateSocketPath(JoinPath(staging, "s")).ok()) {
     // No room for the private directory in a socket's path.
     std::unique_ptr<grpc::Server> server = BuildOn(builder, path);
@@ -124,6 +163,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder&
     }
     return server;
   }
+  RemoveStaleStaging(DirName(path));
   if (::mkdtemp(staging.data()) == nullptr) {
     return ErrnoStatus(errno, absl::StrCat("create a directory beside ", path));
   }

@@ -76,7 +76,9 @@ std::shared_ptr<grpc::Channel> MakeUnixChannel(const std::string& socket_path,
 // time takes a later chmod for a new kubelet and registers twice). A path
 // already there is replaced if it is a socket and refused otherwise. Where
 // the private path would be too long for a socket, the socket is bound at
-// `path` and its mode set after.
+// `path` and its mode set after. Private directories a killed dpproxy left
+// there (a minute old or more, holding no socket anyone listens on) are
+// removed first.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder& builder,
                                                             const std::string& path, mode_t mode,
                                                             gid_t gid = static_cast<gid_t>(-1));

@@ -331,11 +331,6 @@ absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode) {
   return fd;
 }
 
-namespace {
-
-// Whether a process listens on the Unix socket at `path`: a non-blocking
-// connect is refused (ECONNREFUSED) only when nobody does; a full backlog
-// (EAGAIN) is someone listening too. Never blocks.
 bool SomeoneListens(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return false;
@@ -348,8 +343,6 @@ bool SomeoneListens(const std::string& path) {
   ::close(fd);
   return rc == 0 || err == EAGAIN || err == EINPROGRESS;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -120,6 +120,11 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
     const std::string& dir, const std::vector<std::string>& keep);
 
+// Whether a process listens on the Unix socket at `path`: a non-blocking
+// connect is refused (ECONNREFUSED) only when nobody does; a full backlog
+// (EAGAIN) is someone listening too. Never blocks.
+bool SomeoneListens(const std::string& path);
+
 // What dpproxy does to its own plugin directory at start: removes stale
 // Unix sockets, those nobody listens on (left by plugins that are gone),
 // and nothing else: a running plugin's socket, regular files, directories

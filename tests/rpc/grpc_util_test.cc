@@ -1,9 +1,11 @@
 #include "proxy/rpc/grpc_util.h"
 
+#include <fcntl.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -131,6 +133,51 @@ TEST(StartServerAtTest, ALongPathIsServedInPlace) {
   ASSERT_EQ(::lstat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u);
   EXPECT_TRUE(DialUnixChannel(path, absl::Seconds(10)).ok());
+  (*server)->Shutdown();
+}
+
+// A dpproxy killed between making its private directory and renaming the
+// socket out of it leaves the directory: the next start removes it once it
+// is a minute old and holds no socket anyone listens on, and leaves
+// everything else.
+TEST(StartServerAtTest, LeftoversOfAKilledStartAreRemovedAndNothingElse) {
+  testing::ShortTempDir dir;
+  auto make_dir = [&](const std::string& name) {
+    EXPECT_EQ(::mkdir(dir.Sub(name).c_str(), 0700), 0) << name;
+    return dir.Sub(name);
+  };
+  auto age = [](const std::string& path) {  // two minutes old
+    const timespec then{::time(nullptr) - 120, 0};
+    const timespec times[2] = {then, then};
+    EXPECT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW), 0) << path;
+  };
+  const std::string stale_socket = make_dir(".dpproxy-aaaaaa");
+  { testing::SilentSocket gone(stale_socket + "/s"); }  // closed: a dead socket
+  age(stale_socket);
+  age(make_dir(".dpproxy-bbbbbb"));
+  make_dir(".dpproxy-cccccc");  // a moment old: another dpproxy's, in use
+  const std::string listened = make_dir(".dpproxy-dddddd");
+  testing::SilentSocket alive(listened + "/s");
+  ASSERT_GE(alive.fd(), 0);
+  age(listened);
+  const std::string with_file = make_dir(".dpproxy-eeeeee");
+  ASSERT_TRUE(WriteFileAtomic(with_file + "/notes", "keep").ok());
+  age(with_file);
+  age(make_dir(".dpproxy-not-ours"));
+
+  grpc::CallbackGenericService any;
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(&any);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      StartServerAt(builder, dir.Sub("kubelet.sock"), 0700);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(e.path().filename().string());
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre(".dpproxy-cccccc", ".dpproxy-dddddd",
+                                                      ".dpproxy-eeeeee", ".dpproxy-not-ours",
+                                                      "kubelet.sock"));
   (*server)->Shutdown();
 }
 

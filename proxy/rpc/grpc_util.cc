@@ -1,15 +1,13 @@
 #include "proxy/rpc/grpc_util.h"
 
-#include <algorithm>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
-
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <vector>
 

@@ -391,15 +391,8 @@ state::State StateKeeper::FullStateLocked() const {
 }
 
 state::State StateKeeper::SummaryLocked() const {
-  state::State out;
-  out.mutable_allocations()->Reserve(state_.allocations_size());
-  for (const state::Allocation& a : state_.allocations()) {
-    state::Allocation* c = out.add_allocations();
-    c->set_id(a.id());
-    c->set_resource(a.resource());
-  }
+  state::State out = AllocationsLocked(/*all_but_response=*/false);
   AddSavedResourcesLocked(&out);
-  out.set_next_allocation_id(state_.next_allocation_id());
   return out;
 }
 
@@ -1040,15 +1033,20 @@ int StateKeeper::AllocationCount() { return allocation_count_.load(); }
 
 state::State StateKeeper::AllocationsSnapshot() {
   absl::MutexLock lock(&mu_);
+  return AllocationsLocked(/*all_but_response=*/true);
+}
+
+state::State StateKeeper::AllocationsLocked(bool all_but_response) const {
   state::State out;
   out.mutable_allocations()->Reserve(state_.allocations_size());
   for (const state::Allocation& a : state_.allocations()) {
-    // Every field but the response, which is most of an allocation's size
-    // and which no pass reads. (StateKeeperTest.AllocationsSnapshotCopies-
-    // EveryFieldButTheResponse fails when a new field is not copied here.)
     state::Allocation* c = out.add_allocations();
     c->set_id(a.id());
     c->set_resource(a.resource());
+    if (!all_but_response) continue;
+    // Every field but the response, which no pass reads.
+    // (StateKeeperTest.AllocationsSnapshotCopiesEveryFieldButTheResponse
+    // fails when a new field is not copied here.)
     *c->mutable_device_ids() = a.device_ids();
     c->set_backend_api(a.backend_api());
     c->set_backend_endpoint(a.backend_endpoint());

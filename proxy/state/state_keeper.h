@@ -402,6 +402,10 @@ class StateKeeper : public AllocationJournal {
   state::State FullStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The resources, and each allocation's id and resource.
   state::State SummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The allocations and the next id: each allocation's id and resource,
+  // or with `all_but_response` every field but the response.
+  state::State AllocationsLocked(bool all_but_response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The saved resources, parsed, appended to `out`.
   void AddSavedResourcesLocked(state::State* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves state_'s resources into resources_.

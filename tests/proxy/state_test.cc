@@ -654,6 +654,7 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
   h.StopProxy();
   ASSERT_NO_FATAL_FAILURE(DamageEveryStateFile(h));
 
+  const size_t sim_mark = h.sim().events().Size();
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.proxy()
@@ -666,7 +667,10 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
   EXPECT_THAT(h.MetricsText(),
               HasSubstr("dpproxy_allocations_recovered_total{source=\"kubelet_checkpoint\"} 3"));
   // Learned back, they hold their devices: the one free device is all a
-  // new pod can get.
+  // new pod can get, once the kubelet has the new dpproxy's list (the
+  // learning may come before dpproxy registered with it).
+  ASSERT_TRUE(h.sim().events().WaitForEvent("devices", {{"resource", kGpu}}, kWait, sim_mark));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
 

@@ -113,7 +113,18 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes) {
 }
 
 void MergeJournal(const std::vector<state::Allocation>& records, state::State* st) {
-  uint64_t max_id = st->next_allocation_id();
+  AllocationTable held;
+  held.TakeFrom(st);
+  uint64_t last_id = st->next_allocation_id();
+  held.RenumberDuplicates(&last_id);
+  MergeJournal(records, &held, &last_id);
+  held.CopyTo(st);
+  st->set_next_allocation_id(last_id);
+}
+
+void MergeJournal(const std::vector<state::Allocation>& records, AllocationTable* held,
+                  uint64_t* last_id) {
+  uint64_t max_id = std::max(*last_id, held->max_id());
   // id -> what the journal wrote of the allocation: what a snapshot adds
   // later (its response, annotations, a quarantine) is not part of it.
   auto identity = [](const state::Allocation& a) {
@@ -134,41 +145,38 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
     }
     return c.SerializeAsString();
   };
+  // Only the held allocations a record may repeat are compared: a start
+  // with a large state and a short journal encodes none of the rest.
   std::map<uint64_t, std::string> known;
-  for (const auto& a : st->allocations()) {
-    known[a.id()] = identity(a);
+  for (const auto& a : records) {
     max_id = std::max<uint64_t>(max_id, a.id());
+    if (a.stage() == state::Allocation::ANSWERED || a.stage() == state::Allocation::WITHDRAWN) {
+      continue;
+    }
+    if (state::Allocation h; known.count(a.id()) == 0 && held->Get(a.id(), &h)) {
+      known[a.id()] = identity(h);
+    }
   }
-  for (const auto& a : records) max_id = std::max<uint64_t>(max_id, a.id());
   // Ids this merge gave a record that collided, for its answer or
   // withdrawal.
   std::map<uint64_t, uint64_t> renumbered;
-  auto find = [&](uint64_t id) -> state::Allocation* {
-    if (auto r = renumbered.find(id); r != renumbered.end()) id = r->second;
-    for (int i = st->allocations_size() - 1; i >= 0; --i) {
-      if (st->allocations(i).id() == id) return st->mutable_allocations(i);
-    }
-    return nullptr;
+  auto current = [&](uint64_t id) {
+    auto r = renumbered.find(id);
+    return r == renumbered.end() ? id : r->second;
   };
   for (const auto& a : records) {
     if (a.stage() == state::Allocation::ANSWERED) {
       // Its reservation may be gone: released or withdrawn in a snapshot.
-      if (state::Allocation* held = find(a.id()); held != nullptr) {
-        *held->mutable_response() = a.response();
-        if (a.has_claim()) *held->mutable_claim() = a.claim();
-        held->clear_stage();
-      }
+      held->Update(current(a.id()), [&a](state::Allocation* h) {
+        *h->mutable_response() = a.response();
+        if (a.has_claim()) *h->mutable_claim() = a.claim();
+        h->clear_stage();
+      });
       continue;
     }
     if (a.stage() == state::Allocation::WITHDRAWN) {
-      if (state::Allocation* held = find(a.id()); held != nullptr) {
-        const uint64_t id = held->id();
-        auto* all = st->mutable_allocations();
-        all->erase(std::remove_if(all->begin(), all->end(),
-                                  [id](const state::Allocation& x) { return x.id() == id; }),
-                   all->end());
-        known.erase(id);
-      }
+      const uint64_t id = current(a.id());
+      if (held->Erase(id)) known.erase(id);
       continue;
     }
     renumbered.erase(a.id());
@@ -182,13 +190,13 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
       moved.set_id(++max_id);
       renumbered[a.id()] = moved.id();
       known[moved.id()] = identity(moved);
-      *st->add_allocations() = std::move(moved);
+      held->Put(moved);
       continue;
     }
     known[a.id()] = identity(a);
-    *st->add_allocations() = a;
+    held->Put(a);
   }
-  st->set_next_allocation_id(max_id);
+  *last_id = max_id;
 }
 
 JournalFile::~JournalFile() { Close(); }

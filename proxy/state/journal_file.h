@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "proxy/state/allocation_table.h"
 #include "proxy/state/state.pb.h"
 
 namespace dpproxy {
@@ -58,6 +59,10 @@ absl::StatusOr<JournalContents> ParseJournal(const std::string& bytes);
 // Adds journal records to a snapshot's allocations, skipping ids already
 // there, and advances next_allocation_id.
 void MergeJournal(const std::vector<state::Allocation>& records, state::State* st);
+// The same with the snapshot's allocations in `held` and its
+// next_allocation_id in `*last_id`.
+void MergeJournal(const std::vector<state::Allocation>& records, AllocationTable* held,
+                  uint64_t* last_id);
 
 class JournalFile {
  public:

@@ -193,7 +193,11 @@ void StateKeeper::WaitForCompaction() {
 }
 
 absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
-  absl::StatusOr<state::State> s = store_.Load();
+  // The allocations go from the file's bytes into the table, never parsed
+  // into messages that would be freed again at once.
+  AllocationTable loaded;
+  absl::StatusOr<state::State> s =
+      store_.Load([&loaded](absl::string_view wire) { return loaded.PutEncoded(wire); });
   if (!s.ok() && s.status().code() != absl::StatusCode::kDataLoss) {
     // Unreadable but not proven corrupt: never start empty over it.
     return s.status();
@@ -256,12 +260,16 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   }
   if (s.ok()) {
     state_ = *std::move(s);
-    MergeJournal(replay->records, &state_);
+    allocations_ = std::move(loaded);
+    uint64_t last_id = state_.next_allocation_id();
+    allocations_.RenumberDuplicates(&last_id);
+    MergeJournal(replay->records, &allocations_, &last_id);
+    state_.set_next_allocation_id(last_id);
     LOG(INFO) << "state loaded from " << store_.path() << ": " << state_.resources_size()
-              << " resources, " << state_.allocations_size() << " allocations";
+              << " resources, " << allocations_.size() << " allocations";
     events_->Emit("state_loaded", {{"path", store_.path()},
                                    {"resources", state_.resources_size()},
-                                   {"allocations", state_.allocations_size()}});
+                                   {"allocations", allocations_.size()}});
     TakeResourcesLocked();
   } else {
     LOG(ERROR) << s.status().message();
@@ -269,13 +277,8 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
                                       {"error", std::string(s.status().message())}});
     FallBackLocked(replay->records);
   }
-  for (const state::Allocation& a : state_.allocations()) {
-    if (a.quarantined()) {
-      ++quarantine_version_;
-      break;
-    }
-  }
   RebuildIndexLocked();
+  if (!quarantined_held_.empty()) ++quarantine_version_;
   // Fold what the journal held into a fresh snapshot.
   if (!replay->records.empty()) {
     if (absl::Status save = SaveLocked(); !save.ok()) {
@@ -301,6 +304,8 @@ void StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) 
     resources_.clear();
     state_.clear_resources();
   }
+  const int merged = state_.allocations_size();
+  TakeAllocationsLocked();
   for (const std::string* problem : {&prev.snapshot_problem, &prev.records_problem}) {
     if (!problem->empty()) LOG(ERROR) << "the previous generation is damaged too: " << *problem;
   }
@@ -308,15 +313,15 @@ void StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) 
              << (prev.snapshot.has_value() ? previous_.snapshot_path()
                                            : std::string("no previous snapshot"))
              << " (" << from_snapshot << " allocations), " << prev.records.size()
-             << " records since it, " << journal.size() << " journal records: "
-             << state_.allocations_size() << " allocations";
+             << " records since it, " << journal.size() << " journal records: " << merged
+             << " allocations";
   events_->Emit("state_fell_back", {{"snapshot", prev.snapshot.has_value()
                                                      ? previous_.snapshot_path()
                                                      : std::string()},
                                     {"snapshot_allocations", from_snapshot},
                                     {"records", prev.records.size()},
                                     {"journal_records", journal.size()},
-                                    {"allocations", state_.allocations_size()}});
+                                    {"allocations", merged}});
 }
 
 void StateKeeper::NotePreviousFailed(const absl::Status& s) {
@@ -336,6 +341,11 @@ void StateKeeper::TakeResourcesLocked() {
     resources_.push_back(std::move(saved));
   }
   state_.clear_resources();
+}
+
+void StateKeeper::TakeAllocationsLocked() {
+  allocations_.clear();
+  allocations_.TakeFrom(&state_);
 }
 
 namespace {
@@ -386,6 +396,7 @@ void StateKeeper::AddSavedResourcesLocked(state::State* out) const {
 
 state::State StateKeeper::FullStateLocked() const {
   state::State out = state_;
+  allocations_.CopyTo(&out);
   AddSavedResourcesLocked(&out);
   return out;
 }
@@ -420,6 +431,7 @@ absl::Status StateKeeper::SaveLocked() {
   // in the journal.
   std::string payload;
   state_.SerializeToString(&payload);
+  allocations_.AppendAsStateField(&payload);
   {
     // Each saved resource as a `resources` entry of State: its bytes, then
     // its updated_unix_ms (a field appended to a message's bytes is read as
@@ -534,12 +546,12 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
       auto q = quarantined_held_.find(HeldKey(resource, id));
       if (q == quarantined_held_.end()) continue;
       std::string holder = absl::StrCat("allocation ", q->second);
-      if (const state::Allocation* a = FindRecentLocked(q->second); a != nullptr) {
-        if (!a->pod_name().empty()) {
-          holder = absl::StrCat("pod ", a->pod_namespace(), "/", a->pod_name(), " container ",
-                                a->container());
-        } else if (!a->pod_uid().empty()) {
-          holder = absl::StrCat("a container of pod UID ", a->pod_uid());
+      if (state::Allocation a; allocations_.Get(q->second, &a)) {
+        if (!a.pod_name().empty()) {
+          holder = absl::StrCat("pod ", a.pod_namespace(), "/", a.pod_name(), " container ",
+                                a.container());
+        } else if (!a.pod_uid().empty()) {
+          holder = absl::StrCat("a container of pod UID ", a.pod_uid());
         }
       }
       events_->Emit("device_held_twice", {{"resource", resource},
@@ -651,15 +663,6 @@ AllocationJournal::Reservation StateKeeper::ReserveAsync(
   return r;
 }
 
-state::Allocation* StateKeeper::FindRecentLocked(uint64_t id) {
-  // A reservation is answered right after it was written: it is among the
-  // newest.
-  for (int i = state_.allocations_size() - 1; i >= 0; --i) {
-    if (state_.allocations(i).id() == id) return state_.mutable_allocations(i);
-  }
-  return nullptr;
-}
-
 void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
                               std::function<void(absl::Status)> done,
                               const std::vector<state::DraClaim>* claims) {
@@ -683,11 +686,11 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
           // In memory at once: a snapshot taken before the record is
           // written holds the response, and the record replays onto it
           // unchanged.
-          if (state::Allocation* held = FindRecentLocked(a.id()); held != nullptr) {
+          allocations_.Update(a.id(), [&a](state::Allocation* held) {
             *held->mutable_response() = a.response();
             if (a.has_claim()) *held->mutable_claim() = a.claim();
             held->clear_stage();
-          }
+          });
           me->records.push_back(std::move(a));
         }
         return absl::OkStatus();
@@ -699,20 +702,11 @@ void StateKeeper::Withdraw(const Reservation& r) {
   bool write = false;
   {
     absl::MutexLock lock(&mu_);
-    auto* all = state_.mutable_allocations();
-    const uint64_t last = r.first_id + static_cast<uint64_t>(r.count);
-    auto gone = std::remove_if(all->begin(), all->end(), [&](const state::Allocation& a) {
-      return a.id() >= r.first_id && a.id() < last;
-    });
-    if (gone == all->end()) return;  // never written, or released already
-    for (auto it = gone; it != all->end(); ++it) {
-      for (const std::string& d : it->device_ids()) {
-        auto h = held_.find(HeldKey(it->resource(), d));
-        if (h != held_.end() && --h->second == 0) held_.erase(h);
-      }
-    }
-    all->erase(gone, all->end());
-    allocation_count_ = state_.allocations_size();
+    const std::vector<state::Allocation> gone =
+        allocations_.EraseRange(r.first_id, r.first_id + static_cast<uint64_t>(r.count));
+    if (gone.empty()) return;  // never written, or released already
+    for (const state::Allocation& a : gone) UnindexLocked(a);
+    allocation_count_ = static_cast<int>(allocations_.size());
     ++released_version_;
     if (handed_over_ || !journal_ok_) return;  // the next start replays it as held
     auto me = std::make_unique<Pending>();
@@ -802,13 +796,13 @@ void StateKeeper::WriteQueued() {
       journal_applied_records_ = journal_count;
       for (auto& p : batch) {
         if (p->written_only) continue;  // applied when it was queued
-        for (auto& a : p->records) {
+        for (const state::Allocation& a : p->records) {
           for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
-          *state_.add_allocations() = std::move(a);
+          allocations_.Put(a);
         }
       }
     }
-    allocation_count_ = state_.allocations_size();
+    allocation_count_ = static_cast<int>(allocations_.size());
     queued_ -= batch.size();
     // The records are durable in the journal; the snapshot that takes them
     // in is written by the compactor, off this path.
@@ -899,22 +893,21 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   if (ids.empty()) return absl::OkStatus();
   absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
-  auto* a = state_.mutable_allocations();
   bool lifted = false;
   std::vector<uint64_t> released;
-  a->erase(std::remove_if(a->begin(), a->end(),
-                          [&](const state::Allocation& x) {
-                            if (std::find(ids.begin(), ids.end(), x.id()) == ids.end()) {
-                              return false;
-                            }
-                            lifted = lifted || x.quarantined();
-                            released.push_back(x.id());
-                            return true;
-                          }),
-           a->end());
-  if (lifted) ++quarantine_version_;
+  for (uint64_t id : std::set<uint64_t>(ids.begin(), ids.end())) {
+    state::Allocation x;
+    if (!allocations_.Erase(id, &x)) continue;
+    UnindexLocked(x);
+    lifted = lifted || x.quarantined();
+    released.push_back(id);
+  }
+  allocation_count_ = static_cast<int>(allocations_.size());
+  if (lifted) {
+    RebuildQuarantineIndexLocked();
+    ++quarantine_version_;
+  }
   ++released_version_;
-  RebuildIndexLocked();
   JournalReleasedLocked(released);
   return SaveLocked();
 }
@@ -924,16 +917,13 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
                                            bool persist_names) {
   absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
-  std::map<uint64_t, const Holder*> by_id;
+  std::map<uint64_t, const Holder*> by_id;  // the last one named for each id
   for (const Holder& h : holders) by_id[h.id] = &h;
-  const std::set<uint64_t> gone(release.begin(), release.end());
   int changed = 0;
-  auto* all = state_.mutable_allocations();
-  const int before = all->size();
-  for (state::Allocation& a : *all) {
-    auto it = by_id.find(a.id());
-    if (it == by_id.end()) continue;
-    const Holder& h = *it->second;
+  state::Allocation a;
+  for (const auto& [id, holder] : by_id) {
+    if (!allocations_.Get(id, &a)) continue;
+    const Holder& h = *holder;
     bool touched = false;
     if (!h.pod_name.empty() && (a.pod_namespace() != h.pod_namespace ||
                                 a.pod_name() != h.pod_name || a.container() != h.container)) {
@@ -947,25 +937,28 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
       if (a.container().empty()) a.set_container(h.container);
       touched = true;
     }
-    changed += touched ? 1 : 0;
+    if (!touched) continue;
+    allocations_.Put(a);
+    ++changed;
   }
   bool lifted = false;
   std::vector<uint64_t> released;
-  all->erase(std::remove_if(all->begin(), all->end(),
-                            [&](const state::Allocation& x) {
-                              if (gone.count(x.id()) == 0) return false;
-                              lifted = lifted || x.quarantined();
-                              released.push_back(x.id());
-                              return true;
-                            }),
-             all->end());
-  if (lifted) ++quarantine_version_;
-  if (all->size() != before) {
+  for (uint64_t id : std::set<uint64_t>(release.begin(), release.end())) {
+    if (!allocations_.Erase(id, &a)) continue;
+    UnindexLocked(a);
+    lifted = lifted || a.quarantined();
+    released.push_back(id);
+  }
+  if (lifted) {
+    RebuildQuarantineIndexLocked();
+    ++quarantine_version_;
+  }
+  if (!released.empty()) {
+    allocation_count_ = static_cast<int>(allocations_.size());
     ++released_version_;
-    RebuildIndexLocked();
     JournalReleasedLocked(released);
   }
-  if (all->size() == before && (changed == 0 || !persist_names)) return changed;
+  if (released.empty() && (changed == 0 || !persist_names)) return changed;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
   return changed;
 }
@@ -978,16 +971,18 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
   const std::set<uint64_t> wanted(ids.begin(), ids.end());
   const int64_t now = absl::ToUnixMillis(absl::Now());
   int added = 0;
-  for (state::Allocation& a : *state_.mutable_allocations()) {
-    if (wanted.count(a.id()) == 0 || a.quarantined()) continue;
-    a.set_quarantined(true);
-    a.set_quarantine_reason(reason);
-    a.set_quarantined_unix_ms(now);
-    ++added;
+  for (uint64_t id : wanted) {
+    allocations_.Update(id, [&](state::Allocation* a) {
+      if (a->quarantined()) return;
+      a->set_quarantined(true);
+      a->set_quarantine_reason(reason);
+      a->set_quarantined_unix_ms(now);
+      ++added;
+    });
   }
   if (added == 0) return 0;
   ++quarantine_version_;
-  RebuildIndexLocked();
+  RebuildQuarantineIndexLocked();
   // Kept in memory even if the save fails: the devices stay away from new
   // pods in this run either way.
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
@@ -997,13 +992,28 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
 void StateKeeper::RebuildIndexLocked() {
   held_.clear();
   quarantined_held_.clear();
-  for (const state::Allocation& a : state_.allocations()) {
+  allocations_.ForEach([this](const state::Allocation& a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (const std::string& d : a.device_ids()) {
       ++held_[HeldKey(a.resource(), d)];
       if (a.quarantined()) quarantined_held_[HeldKey(a.resource(), d)] = a.id();
     }
+  });
+  allocation_count_ = static_cast<int>(allocations_.size());
+}
+
+void StateKeeper::RebuildQuarantineIndexLocked() {
+  quarantined_held_.clear();
+  allocations_.ForEach([this](const state::Allocation& a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!a.quarantined()) return;
+    for (const std::string& d : a.device_ids()) quarantined_held_[HeldKey(a.resource(), d)] = a.id();
+  });
+}
+
+void StateKeeper::UnindexLocked(const state::Allocation& a) {
+  for (const std::string& d : a.device_ids()) {
+    auto h = held_.find(HeldKey(a.resource(), d));
+    if (h != held_.end() && --h->second == 0) held_.erase(h);
   }
-  allocation_count_ = state_.allocations_size();
 }
 
 bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {
@@ -1014,18 +1024,18 @@ bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id
 std::vector<state::Allocation> StateKeeper::ClaimAllocations(const std::string& claim_uid) {
   std::vector<state::Allocation> out;
   absl::MutexLock lock(&mu_);
-  for (const state::Allocation& a : state_.allocations()) {
+  allocations_.ForEach([&](const state::Allocation& a) {
     if (a.has_claim() && a.claim().uid() == claim_uid) out.push_back(a);
-  }
+  });
   return out;
 }
 
 std::map<std::string, std::vector<state::Allocation>> StateKeeper::Claims() {
   std::map<std::string, std::vector<state::Allocation>> out;
   absl::MutexLock lock(&mu_);
-  for (const state::Allocation& a : state_.allocations()) {
+  allocations_.ForEach([&](const state::Allocation& a) {
     if (a.has_claim()) out[a.claim().uid()].push_back(a);
-  }
+  });
   return out;
 }
 
@@ -1038,31 +1048,18 @@ state::State StateKeeper::AllocationsSnapshot() {
 
 state::State StateKeeper::AllocationsLocked(bool all_but_response) const {
   state::State out;
-  out.mutable_allocations()->Reserve(state_.allocations_size());
-  for (const state::Allocation& a : state_.allocations()) {
+  out.mutable_allocations()->Reserve(static_cast<int>(allocations_.size()));
+  allocations_.ForEach([&](const state::Allocation& a) {
     state::Allocation* c = out.add_allocations();
-    c->set_id(a.id());
-    c->set_resource(a.resource());
-    if (!all_but_response) continue;
+    if (!all_but_response) {
+      c->set_id(a.id());
+      c->set_resource(a.resource());
+      return;
+    }
     // Every field but the response, which no pass reads.
-    // (StateKeeperTest.AllocationsSnapshotCopiesEveryFieldButTheResponse
-    // fails when a new field is not copied here.)
-    *c->mutable_device_ids() = a.device_ids();
-    c->set_backend_api(a.backend_api());
-    c->set_backend_endpoint(a.backend_endpoint());
-    c->set_allocated_unix_ms(a.allocated_unix_ms());
-    c->set_pod_namespace(a.pod_namespace());
-    c->set_pod_name(a.pod_name());
-    c->set_container(a.container());
-    c->set_quarantined(a.quarantined());
-    c->set_quarantine_reason(a.quarantine_reason());
-    c->set_quarantined_unix_ms(a.quarantined_unix_ms());
-    c->set_pod_uid(a.pod_uid());
-    c->set_backend_resource(a.backend_resource());
-    *c->mutable_backend_device_ids() = a.backend_device_ids();
-    c->set_stage(a.stage());
-    if (a.has_claim()) *c->mutable_claim() = a.claim();
-  }
+    *c = a;
+    c->clear_response();
+  });
   out.set_next_allocation_id(state_.next_allocation_id());
   return out;
 }
@@ -1070,7 +1067,7 @@ state::State StateKeeper::AllocationsLocked(bool all_but_response) const {
 void StateKeeper::ForEachAllocation(
     const std::function<void(const state::Allocation&)>& visit) {
   absl::MutexLock lock(&mu_);
-  for (const state::Allocation& a : state_.allocations()) visit(a);
+  allocations_.ForEach(visit);
 }
 
 state::State StateKeeper::Snapshot() {

@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/events/event_log.h"
+#include "proxy/state/allocation_table.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/previous_generation.h"
 #include "proxy/state/state_store.h"
@@ -317,9 +318,6 @@ class StateKeeper : public AllocationJournal {
               std::function<void(absl::Status)> done) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `p`; true if the caller is to write the queue (WriteQueued).
   bool EnqueueLocked(std::unique_ptr<Pending> p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The allocation with `id` in state_, searched from the newest; null if
-  // gone.
-  state::Allocation* FindRecentLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Why a Record of `req` may not be journaled (the journal is not open, a
   // device is quarantined), or OK.
@@ -339,7 +337,14 @@ class StateKeeper : public AllocationJournal {
   // covers. Releases mu_ during the I/O; save_mu_ keeps other savers out.
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_, mu_);
   void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // held_ and quarantined_held_ from every allocation.
   void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // quarantined_held_ alone (the quarantined allocations changed).
+  void RebuildQuarantineIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // held_ without the devices of `a`, removed from allocations_.
+  void UnindexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves state_'s allocations into allocations_.
+  void TakeAllocationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLoop();
   // The snapshot is proven damaged: the state is the previous
   // generation's snapshot, the records since it and `journal`.
@@ -382,12 +387,14 @@ class StateKeeper : public AllocationJournal {
   // Whether the journal holds enough records for a compaction.
   bool CompactDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return journal_applied_records_ >=
-           std::max(kCompactAfter, static_cast<size_t>(state_.allocations_size()));
+           std::max(kCompactAfter, allocations_.size());
   }
-  // Everything but the resources, which are kept serialized (a device
-  // costs some 30 bytes there instead of a message's 150): the saved device
-  // lists are only ever written, compared and, at start, read back.
+  // Everything but the resources and the allocations, which are kept
+  // serialized: the saved device lists (a device costs some 30 bytes there
+  // instead of a message's 150) are only ever written, compared and, at
+  // start, read back; the allocations are in allocations_.
   state::State state_ ABSL_GUARDED_BY(mu_);
+  AllocationTable allocations_ ABSL_GUARDED_BY(mu_);
   struct SavedResource {
     // A state::Resource without updated_unix_ms: `bytes`, then the devices
     // of `list_wire` (if any) as its `devices` field.
@@ -411,7 +418,7 @@ class StateKeeper : public AllocationJournal {
   // Moves state_'s resources into resources_.
   void TakeResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // "resource\0device" -> how many live allocations name it (HoldsDevice
-  // in O(1)); rebuilt after removals, added to by Record.
+  // in O(1)); added to by Record, taken from by removals.
   std::unordered_map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
   // The same, for quarantined allocations only: Record refuses them.
   std::unordered_map<std::string, uint64_t> quarantined_held_ ABSL_GUARDED_BY(mu_);

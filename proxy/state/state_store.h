@@ -20,10 +20,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proxy/state/state.pb.h"
 
 namespace dpproxy {
@@ -35,9 +37,15 @@ std::string EncodeStateFile(const state::State& s);
 // The same from a State already serialized (possibly in parts: protobuf
 // merges concatenated messages, repeated fields appended).
 std::string EncodeStateFilePayload(const std::string& payload);
+// Takes one `allocations` entry of a State's encoding (its bytes, which
+// outlive the call only as a copy); false if they do not parse.
+using AllocationSink = std::function<bool(absl::string_view wire)>;
 // kDataLoss naming what is wrong: short file, bad magic, unknown format
-// version, length or checksum mismatch, unparsable payload.
-absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes);
+// version, length or checksum mismatch, unparsable payload. With `take`,
+// every allocation goes to it in the file's order, never parsed into the
+// State returned (which holds the rest).
+absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes,
+                                             const AllocationSink& take = nullptr);
 
 class FileStateStore {
  public:
@@ -51,7 +59,7 @@ class FileStateStore {
   // with the reason and the new name. Any other error (EIO, EMFILE, EACCES,
   // a directory or a symbolic link in its place) is kFailedPrecondition and
   // changes nothing: the caller must not start on an empty state.
-  absl::StatusOr<state::State> Load();
+  absl::StatusOr<state::State> Load(const AllocationSink& take = nullptr);
 
   // Atomically replaces the file. Blocks on fsync. Not thread-safe: the
   // caller serializes saves.

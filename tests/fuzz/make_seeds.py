@@ -71,6 +71,9 @@ state = field(1, 2, resource) + field(2, 2, a1) + field(2, 2, a2) + field(3, 0, 
 write("state_file", "empty", state_file(b""))
 write("state_file", "two_allocations", state_file(state))
 write("state_file", "bad_checksum", state_file(state)[:-1] + b"X")
+# A payload alone: the fuzzer also reads its input as one, under a good
+# checksum, and decodes it both ways.
+write("state_file", "payload_two_allocations", state)
 write("journal", "empty", b"DPPJRNL1")
 write("journal", "two_records", b"DPPJRNL1" + record(a1) + record(a2))
 write("journal", "torn_tail", b"DPPJRNL1" + record(a1) + record(a2)[:9])

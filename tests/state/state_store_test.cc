@@ -125,6 +125,77 @@ TEST(StateFileTest, EveryKindOfDamageIsDetected) {
   }
 }
 
+// A loader that takes the allocations apart gets each one's bytes in the
+// file's order, and the rest parsed as the State.
+TEST(StateFileTest, AllocationsCanBeTakenAsTheirBytes) {
+  state::State s = Sample();
+  state::Allocation* second = s.add_allocations();
+  second->set_id(2);
+  second->set_resource("vendor.com/gpu");
+  second->add_device_ids("gpu-1");
+  std::vector<std::string> taken;
+  absl::StatusOr<state::State> back =
+      DecodeStateFile(EncodeStateFile(s), [&](absl::string_view wire) {
+        taken.emplace_back(wire);
+        return true;
+      });
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_EQ(taken[0], s.allocations(0).SerializeAsString());
+  EXPECT_EQ(taken[1], s.allocations(1).SerializeAsString());
+  state::State rest = s;
+  rest.clear_allocations();
+  EXPECT_EQ(back->SerializeAsString(), rest.SerializeAsString());
+}
+
+// Framing protobuf never writes (here a tag in two bytes where one does)
+// is read by protobuf's own parser, and the allocations still handed over.
+TEST(StateFileTest, AllocationsFramedUnusuallyAreStillTaken) {
+  const std::string a = Sample().allocations(0).SerializeAsString();
+  ASSERT_LT(a.size(), 128u);
+  std::string payload("\x92\x00", 2);  // field 2, length-delimited, not minimal
+  payload.push_back(static_cast<char>(a.size()));
+  payload += a;
+  std::vector<std::string> taken;
+  absl::StatusOr<state::State> back =
+      DecodeStateFile(EncodeStateFilePayload(payload), [&](absl::string_view wire) {
+        taken.emplace_back(wire);
+        return true;
+      });
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->allocations_size(), 0);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0], a);
+}
+
+// An allocation that does not parse, under a good checksum, fails the file
+// as a whole, as protobuf's parser would.
+TEST(StateFileTest, AnAllocationThatDoesNotParseFailsTheFile) {
+  state::State s;
+  s.set_next_allocation_id(1);
+  std::string payload = s.SerializeAsString();
+  payload += std::string("\x12\x03\x0a\x05g", 5);  // an allocation; its string runs past it
+  for (bool take : {false, true}) {
+    absl::StatusOr<state::State> back =
+        DecodeStateFile(EncodeStateFilePayload(payload),
+                        take ? AllocationSink([](absl::string_view wire) {
+                          return AllocationTable().PutEncoded(wire);
+                        })
+                             : AllocationSink());
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss) << take;
+    EXPECT_THAT(std::string(back.status().message()), HasSubstr("does not parse")) << take;
+  }
+  // Cut inside an allocation's bytes, the same.
+  state::State one;
+  *one.add_allocations() = Sample().allocations(0);
+  std::string cut = one.SerializeAsString();
+  cut.resize(cut.size() - 2);
+  EXPECT_EQ(DecodeStateFile(EncodeStateFilePayload(cut), [](absl::string_view) { return true; })
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+}
+
 // Makes every write past `bytes` fail with EFBIG (a real kernel error) for
 // the lifetime of the object.
 class FileSizeLimit {
@@ -817,6 +888,30 @@ TEST(StateKeeperTest, AllocationsSnapshotCopiesEveryFieldButTheResponse) {
   want.clear_response();
   EXPECT_EQ(copy.allocations(0).SerializeAsString(), want.SerializeAsString());
   EXPECT_EQ(copy.next_allocation_id(), 8u);
+}
+
+// Two allocations saved under one id (a file written by hand, or by a
+// defect): both are held after a start, the later one under a fresh id,
+// and both hold their devices.
+TEST(StateKeeperTest, AllocationsSharingAnIdAreBothKept) {
+  testing::ShortTempDir dir;
+  EventLog events{"test"};
+  state::State saved = Sample();
+  state::Allocation* twin = saved.add_allocations();
+  *twin = saved.allocations(0);
+  twin->set_device_ids(0, "gpu-1");
+  ASSERT_TRUE(FileStateStore(dir.Sub("state.pb")).Save(saved).ok());
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  MustLoad(keeper);
+  const state::State st = keeper.Snapshot();
+  ASSERT_EQ(st.allocations_size(), 2);
+  EXPECT_EQ(st.allocations(0).id(), 1u);
+  EXPECT_EQ(st.allocations(0).device_ids(0), "gpu-0");
+  EXPECT_EQ(st.allocations(1).id(), 2u);
+  EXPECT_EQ(st.allocations(1).device_ids(0), "gpu-1");
+  EXPECT_EQ(st.next_allocation_id(), 2u);
+  EXPECT_TRUE(keeper.HoldsDevice("vendor.com/gpu", "gpu-0"));
+  EXPECT_TRUE(keeper.HoldsDevice("vendor.com/gpu", "gpu-1"));
 }
 
 // A loaded keeper in a fresh state directory, for the tests of how it

@@ -1,0 +1,76 @@
+// The allocations a StateKeeper holds, each as its state::Allocation's
+// encoding, in id order.
+//
+// A parsed state::Allocation costs some 650 bytes of heap (the message and
+// a string object, often with a block of its own, for each of its fields);
+// its encoding costs what its fields' bytes do. Allocations are written to
+// the state file whole, looked up by id, and read field by field only by
+// the passes that name or release them, so they are kept encoded and parsed
+// when read: a snapshot is their bytes laid end to end.
+#ifndef DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_
+#define DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/strings/string_view.h"
+#include "proxy/state/state.pb.h"
+
+namespace dpproxy {
+
+class AllocationTable {
+ public:
+  size_t size() const { return by_id_.size(); }
+  bool empty() const { return by_id_.empty(); }
+  void clear() { by_id_.clear(); }
+
+  // Adds `a`, or replaces the allocation with its id.
+  void Put(const state::Allocation& a);
+  // Adds an allocation from its encoding, as a state file holds it; false
+  // if it does not parse. One whose id is held already is kept aside for
+  // RenumberDuplicates, never dropped nor put in the other's place.
+  bool PutEncoded(absl::string_view wire);
+  // Gives each allocation kept aside by PutEncoded or TakeFrom a fresh id
+  // (above `*last_id` and every held one; `*last_id` is advanced) and adds
+  // it. Returns how many.
+  int RenumberDuplicates(uint64_t* last_id);
+  // The highest id held; 0 if none.
+  uint64_t max_id() const { return by_id_.empty() ? 0 : by_id_.rbegin()->first; }
+  // Whether an allocation has `id`; with `out`, parsed into it.
+  bool Get(uint64_t id, state::Allocation* out = nullptr) const;
+  // Parses the allocation with `id`, lets `change` edit it (its id stays)
+  // and keeps the result. False if there is none.
+  bool Update(uint64_t id, absl::FunctionRef<void(state::Allocation*)> change);
+  // Removes the allocation with `id`; with `removed`, parsed into it first.
+  // False if there is none.
+  bool Erase(uint64_t id, state::Allocation* removed = nullptr);
+  // Removes the allocations with ids in [first, last), oldest first, and
+  // returns them parsed.
+  std::vector<state::Allocation> EraseRange(uint64_t first, uint64_t last);
+
+  // Calls `visit` with each allocation, oldest (lowest id) first, parsed
+  // into one message reused from call to call.
+  void ForEach(absl::FunctionRef<void(const state::Allocation&)> visit) const;
+
+  // Moves every allocation of `from` into the table (and out of `from`); a
+  // repeated id is kept aside as in PutEncoded.
+  void TakeFrom(state::State* from);
+  // Appends each allocation, parsed, to `to`'s allocations.
+  void CopyTo(state::State* to) const;
+  // Appends each allocation as an `allocations` entry of a state::State's
+  // encoding: what State::SerializeToString would write for them.
+  void AppendAsStateField(std::string* out) const;
+
+ private:
+  absl::btree_map<uint64_t, std::string> by_id_;
+  std::vector<std::string> duplicates_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_

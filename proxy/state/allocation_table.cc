@@ -70,6 +70,18 @@ bool AllocationTable::Update(uint64_t id, absl::FunctionRef<void(state::Allocati
   return true;
 }
 
+bool AllocationTable::AppendFields(uint64_t id, absl::string_view fields) {
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  std::string& wire = it->second;
+  // One block of the final size, not a doubled one.
+  std::string grown;
+  grown.reserve(wire.size() + fields.size());
+  grown.append(wire).append(fields.data(), fields.size());
+  wire.swap(grown);
+  return true;
+}
+
 bool AllocationTable::Erase(uint64_t id, state::Allocation* removed) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return false;

@@ -31,6 +31,15 @@ class AllocationTable {
 
   // Adds `a`, or replaces the allocation with its id.
   void Put(const state::Allocation& a);
+  // Adds or replaces allocation `id` with `wire`, the encoding of an
+  // allocation with that id made by this process (a journal record's).
+  void PutOwnEncoding(uint64_t id, absl::string_view wire) {
+    by_id_[id].assign(wire.data(), wire.size());
+  }
+  // Appends `fields`, encoded fields of state::Allocation, to allocation
+  // `id`'s encoding: read back, each replaces the field it names (a message
+  // field merges). False if there is no allocation `id`.
+  bool AppendFields(uint64_t id, absl::string_view fields);
   // Adds an allocation from its encoding, as a state file holds it; false
   // if it does not parse. One whose id is held already is kept aside for
   // RenumberDuplicates, never dropped nor put in the other's place.

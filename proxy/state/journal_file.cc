@@ -298,6 +298,13 @@ std::string JournalFile::Encode(const std::vector<state::Allocation>& records) {
   return data;
 }
 
+absl::string_view JournalFile::EncodedPayload(absl::string_view encoded, size_t* pos) {
+  const uint32_t len = GetLittleEndian<uint32_t>(encoded, *pos);
+  const absl::string_view payload = encoded.substr(*pos + kRecordHeader, len);
+  *pos += kRecordHeader + len;
+  return payload;
+}
+
 absl::Status JournalFile::Append(const std::vector<state::Allocation>& records) {
   return AppendEncoded(Encode(records), records.size());
 }

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proxy/state/allocation_table.h"
 #include "proxy/state/state.pb.h"
 
@@ -101,6 +102,9 @@ class JournalFile {
   // The same with the records already encoded (Encode), so a caller can
   // encode under its lock and write without it; `count` records.
   static std::string Encode(const std::vector<state::Allocation>& records);
+  // The encoding of the allocation in the record at `*pos` of what Encode
+  // returned; `*pos` moves to the next record.
+  static absl::string_view EncodedPayload(absl::string_view encoded, size_t* pos);
   absl::Status AppendEncoded(const std::string& data, size_t count,
                              Durability d = Durability::kSynced);
   // Makes every append durable (fdatasync), if one is not yet. A failure

@@ -22,6 +22,20 @@ namespace dpproxy {
 
 namespace {
 
+// Allocation.stage set to WHOLE (0), encoded: appended to a reservation's
+// bytes, it ends the reservation.
+const std::string kStageWhole = [] {
+  using google::protobuf::internal::WireFormatLite;
+  static_assert(state::Allocation::WHOLE == 0, "the default stage");
+  uint8_t bytes[6];
+  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
+      WireFormatLite::MakeTag(state::Allocation::kStageFieldNumber,
+                              WireFormatLite::WIRETYPE_VARINT),
+      bytes);
+  *end++ = 0;
+  return std::string(reinterpret_cast<const char*>(bytes), static_cast<size_t>(end - bytes));
+}();
+
 std::string HeldKey(const std::string& resource, const std::string& id) {
   std::string k = resource;
   k.push_back('\0');
@@ -686,11 +700,22 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
           // In memory at once: a snapshot taken before the record is
           // written holds the response, and the record replays onto it
           // unchanged.
-          allocations_.Update(a.id(), [&a](state::Allocation* held) {
-            *held->mutable_response() = a.response();
-            if (a.has_claim()) *held->mutable_claim() = a.claim();
-            held->clear_stage();
-          });
+          if (!a.has_claim()) {
+            // The reservation has no response: the answer's fields appended
+            // to its bytes set it, and stage, set to WHOLE, ends the
+            // reservation's.
+            state::Allocation answer;
+            answer.set_response(a.response());
+            std::string fields = answer.SerializeAsString();
+            fields += kStageWhole;
+            allocations_.AppendFields(a.id(), fields);
+          } else {
+            allocations_.Update(a.id(), [&a](state::Allocation* held) {
+              *held->mutable_response() = a.response();
+              *held->mutable_claim() = a.claim();
+              held->clear_stage();
+            });
+          }
           me->records.push_back(std::move(a));
         }
         return absl::OkStatus();
@@ -796,9 +821,10 @@ void StateKeeper::WriteQueued() {
       journal_applied_records_ = journal_count;
       for (auto& p : batch) {
         if (p->written_only) continue;  // applied when it was queued
+        size_t pos = 0;  // each record's encoding, as the journal holds it
         for (const state::Allocation& a : p->records) {
           for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
-          allocations_.Put(a);
+          allocations_.PutOwnEncoding(a.id(), JournalFile::EncodedPayload(p->encoded, &pos));
         }
       }
     }

@@ -78,6 +78,25 @@ TEST(AllocationTableTest, HeldInIdOrderFoundChangedAndRemovedById) {
   EXPECT_EQ(t.size(), 2u);
 }
 
+// Fields appended to an allocation's bytes replace the ones they name, as
+// protobuf reads them back; the encoding put in is kept as it is.
+TEST(AllocationTableTest, AppendedFieldsReplaceTheOnesTheyName) {
+  AllocationTable t;
+  state::Allocation reserved = Make(3, "gpu-3");
+  reserved.set_stage(state::Allocation::RESERVED);
+  t.PutOwnEncoding(3, reserved.SerializeAsString());
+  state::Allocation answer;
+  answer.set_response("the answer");
+  answer.set_stage(state::Allocation::WITHDRAWN);  // encoded, unlike WHOLE
+  EXPECT_TRUE(t.AppendFields(3, answer.SerializeAsString()));
+  EXPECT_FALSE(t.AppendFields(4, answer.SerializeAsString()));
+  state::Allocation got;
+  ASSERT_TRUE(t.Get(3, &got));
+  EXPECT_EQ(got.response(), "the answer");
+  EXPECT_EQ(got.stage(), state::Allocation::WITHDRAWN);
+  EXPECT_EQ(got.device_ids(0), "gpu-3");
+}
+
 TEST(AllocationTableTest, ARepeatedIdIsKeptAsideAndRenumberedNotDropped) {
   AllocationTable t;
   EXPECT_TRUE(t.PutEncoded(Make(4, "first").SerializeAsString()));

@@ -1168,7 +1168,13 @@ TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
         << "the answer was never synced";
   }
   EXPECT_EQ(load(image()).allocations(1).stage(), state::Allocation::WHOLE);
-  EXPECT_EQ(ResponseOf(keeper.Snapshot().allocations(0)).envs().at("GPU"), "a");
+  // In memory, the answered reservations are whole allocations.
+  const state::State held = keeper.Snapshot();
+  ASSERT_EQ(held.allocations_size(), 2);
+  EXPECT_EQ(held.allocations(0).stage(), state::Allocation::WHOLE);
+  EXPECT_EQ(held.allocations(1).stage(), state::Allocation::WHOLE);
+  EXPECT_EQ(ResponseOf(held.allocations(0)).envs().at("GPU"), "a");
+  EXPECT_EQ(ResponseOf(held.allocations(1)).envs().at("GPU"), "b");
 
   // A withdrawn reservation frees its devices at once, and for a restart.
   absl::Notification durable2;

@@ -24,17 +24,21 @@ namespace {
 
 // Allocation.stage set to WHOLE (0), encoded: appended to a reservation's
 // bytes, it ends the reservation.
-const std::string kStageWhole = [] {
-  using google::protobuf::internal::WireFormatLite;
-  static_assert(state::Allocation::WHOLE == 0, "the default stage");
-  uint8_t bytes[6];
-  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
-      WireFormatLite::MakeTag(state::Allocation::kStageFieldNumber,
-                              WireFormatLite::WIRETYPE_VARINT),
-      bytes);
-  *end++ = 0;
-  return std::string(reinterpret_cast<const char*>(bytes), static_cast<size_t>(end - bytes));
-}();
+const std::string& StageWhole() {
+  static const std::string* const kBytes = [] {
+    using google::protobuf::internal::WireFormatLite;
+    static_assert(state::Allocation::WHOLE == 0, "the default stage");
+    uint8_t bytes[6];
+    uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
+        WireFormatLite::MakeTag(state::Allocation::kStageFieldNumber,
+                                WireFormatLite::WIRETYPE_VARINT),
+        bytes);
+    *end++ = 0;
+    return new std::string(reinterpret_cast<const char*>(bytes),
+                           static_cast<size_t>(end - bytes));
+  }();
+  return *kBytes;
+}
 
 std::string HeldKey(const std::string& resource, const std::string& id) {
   std::string k = resource;
@@ -707,14 +711,23 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
             state::Allocation answer;
             answer.set_response(a.response());
             std::string fields = answer.SerializeAsString();
-            fields += kStageWhole;
+            fields += StageWhole();
             allocations_.AppendFields(a.id(), fields);
           } else {
-            allocations_.Update(a.id(), [&a](state::Allocation* held) {
-              *held->mutable_response() = a.response();
-              *held->mutable_claim() = a.claim();
-              held->clear_stage();
-            });
+            std::string was;  // the claim the reservation named
+            if (allocations_.Update(a.id(), [&](state::Allocation* held) {
+                  if (held->has_claim()) was = held->claim().uid();
+                  *held->mutable_response() = a.response();
+                  *held->mutable_claim() = a.claim();
+                  held->clear_stage();
+                }) &&
+                was != a.claim().uid()) {
+              if (auto c = by_claim_.find(was); c != by_claim_.end()) {
+                c->second.erase(a.id());
+                if (c->second.empty()) by_claim_.erase(c);
+              }
+              by_claim_[a.claim().uid()].insert(a.id());
+            }
           }
           me->records.push_back(std::move(a));
         }
@@ -823,7 +836,7 @@ void StateKeeper::WriteQueued() {
         if (p->written_only) continue;  // applied when it was queued
         size_t pos = 0;  // each record's encoding, as the journal holds it
         for (const state::Allocation& a : p->records) {
-          for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+          IndexLocked(a);
           allocations_.PutOwnEncoding(a.id(), JournalFile::EncodedPayload(p->encoded, &pos));
         }
       }
@@ -1018,11 +1031,11 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
 void StateKeeper::RebuildIndexLocked() {
   held_.clear();
   quarantined_held_.clear();
+  by_claim_.clear();
   allocations_.ForEach([this](const state::Allocation& a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (const std::string& d : a.device_ids()) {
-      ++held_[HeldKey(a.resource(), d)];
-      if (a.quarantined()) quarantined_held_[HeldKey(a.resource(), d)] = a.id();
-    }
+    IndexLocked(a);
+    if (!a.quarantined()) return;
+    for (const std::string& d : a.device_ids()) quarantined_held_[HeldKey(a.resource(), d)] = a.id();
   });
   allocation_count_ = static_cast<int>(allocations_.size());
 }
@@ -1035,11 +1048,21 @@ void StateKeeper::RebuildQuarantineIndexLocked() {
   });
 }
 
+void StateKeeper::IndexLocked(const state::Allocation& a) {
+  for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+  if (a.has_claim()) by_claim_[a.claim().uid()].insert(a.id());
+}
+
 void StateKeeper::UnindexLocked(const state::Allocation& a) {
   for (const std::string& d : a.device_ids()) {
     auto h = held_.find(HeldKey(a.resource(), d));
     if (h != held_.end() && --h->second == 0) held_.erase(h);
   }
+  if (!a.has_claim()) return;
+  auto c = by_claim_.find(a.claim().uid());
+  if (c == by_claim_.end()) return;
+  c->second.erase(a.id());
+  if (c->second.empty()) by_claim_.erase(c);
 }
 
 bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id) {
@@ -1050,18 +1073,25 @@ bool StateKeeper::HoldsDevice(const std::string& resource, const std::string& id
 std::vector<state::Allocation> StateKeeper::ClaimAllocations(const std::string& claim_uid) {
   std::vector<state::Allocation> out;
   absl::MutexLock lock(&mu_);
-  allocations_.ForEach([&](const state::Allocation& a) {
-    if (a.has_claim() && a.claim().uid() == claim_uid) out.push_back(a);
-  });
+  auto c = by_claim_.find(claim_uid);
+  if (c == by_claim_.end()) return out;
+  for (uint64_t id : c->second) {  // ids grow with age: oldest first
+    out.emplace_back();
+    if (!allocations_.Get(id, &out.back())) out.pop_back();
+  }
   return out;
 }
 
 std::map<std::string, std::vector<state::Allocation>> StateKeeper::Claims() {
   std::map<std::string, std::vector<state::Allocation>> out;
   absl::MutexLock lock(&mu_);
-  allocations_.ForEach([&](const state::Allocation& a) {
-    if (a.has_claim()) out[a.claim().uid()].push_back(a);
-  });
+  for (const auto& [uid, ids] : by_claim_) {
+    std::vector<state::Allocation>& held = out[uid];
+    for (uint64_t id : ids) {
+      held.emplace_back();
+      if (!allocations_.Get(id, &held.back())) held.pop_back();
+    }
+  }
   return out;
 }
 

@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -337,11 +338,11 @@ class StateKeeper : public AllocationJournal {
   // covers. Releases mu_ during the I/O; save_mu_ keeps other savers out.
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_, mu_);
   void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // held_ and quarantined_held_ from every allocation.
+  // held_, quarantined_held_ and by_claim_ from every allocation.
   void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // quarantined_held_ alone (the quarantined allocations changed).
   void RebuildQuarantineIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // held_ without the devices of `a`, removed from allocations_.
+  // held_ and by_claim_ without `a`, removed from allocations_.
   void UnindexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves state_'s allocations into allocations_.
   void TakeAllocationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -422,6 +423,11 @@ class StateKeeper : public AllocationJournal {
   std::unordered_map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
   // The same, for quarantined allocations only: Record refuses them.
   std::unordered_map<std::string, uint64_t> quarantined_held_ ABSL_GUARDED_BY(mu_);
+  // DRA mode: claim UID -> the ids of its allocations, so a claim's
+  // allocations are read without parsing every other one.
+  std::map<std::string, std::set<uint64_t>> by_claim_ ABSL_GUARDED_BY(mu_);
+  // held_ and by_claim_ with `a`, added to allocations_.
+  void IndexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int> allocation_count_{0};
   std::atomic<bool> damaged_at_load_{false};
   std::atomic<int64_t> write_failures_{0};

@@ -914,6 +914,60 @@ TEST(StateKeeperTest, AllocationsSharingAnIdAreBothKept) {
   EXPECT_TRUE(keeper.HoldsDevice("vendor.com/gpu", "gpu-1"));
 }
 
+// DRA mode: a claim's allocations are found by its UID, with what its
+// answer added, after a reload too, and no more once released.
+TEST(StateKeeperTest, AClaimsAllocationsAreFoundByItsUid) {
+  testing::ShortTempDir dir;
+  EventLog events{"test"};
+  std::vector<state::DraClaim> claims(2);
+  claims[0].set_uid("claim-a");
+  claims[1].set_uid("claim-b");
+  auto reserve = [&](StateKeeper& keeper, const char* d0, const char* d1) {
+    absl::Notification durable;
+    const AllocationJournal::Reservation r = keeper.ReserveAsync(
+        "vendor.com/gpu", TwoContainers(d0, d1),
+        BackendSide{"v1beta1", "/s", "vendor.com/gpu", nullptr, &claims}, [&](absl::Status s) {
+          EXPECT_TRUE(s.ok()) << s;
+          durable.Notify();
+        });
+    EXPECT_TRUE(durable.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return r;
+  };
+  std::vector<uint64_t> ids;
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    const AllocationJournal::Reservation first = reserve(keeper, "gpu-0", "gpu-1");
+    reserve(keeper, "gpu-2", "gpu-3");
+    std::vector<state::DraClaim> answered = claims;
+    answered[0].add_cdi_ids("vendor.com/gpu=gpu-0");
+    absl::Notification done;
+    keeper.AnswerAsync(first, TwoResponses(), [&](absl::Status s) {
+      EXPECT_TRUE(s.ok()) << s;
+      done.Notify();
+    }, &answered);
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    const std::vector<state::Allocation> a = keeper.ClaimAllocations("claim-a");
+    ASSERT_EQ(a.size(), 2u);
+    EXPECT_EQ(a[0].device_ids(0), "gpu-0");
+    EXPECT_EQ(a[0].claim().cdi_ids(0), "vendor.com/gpu=gpu-0");
+    EXPECT_EQ(a[1].device_ids(0), "gpu-2");
+    EXPECT_TRUE(keeper.ClaimAllocations("claim-c").empty());
+    EXPECT_EQ(keeper.Claims().size(), 2u);
+    for (const state::Allocation& x : a) ids.push_back(x.id());
+  }
+  StateKeeper again(dir.Sub("state.pb"), &events);
+  MustLoad(again);
+  ASSERT_EQ(again.ClaimAllocations("claim-a").size(), 2u);
+  EXPECT_EQ(again.ClaimAllocations("claim-a")[0].claim().cdi_ids(0), "vendor.com/gpu=gpu-0");
+  ASSERT_TRUE(again.Release(ids).ok());
+  EXPECT_TRUE(again.ClaimAllocations("claim-a").empty());
+  const auto left = again.Claims();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left.begin()->first, "claim-b");
+  EXPECT_EQ(left.begin()->second.size(), 2u);
+}
+
 // A loaded keeper in a fresh state directory, for the tests of how it
 // writes: group commit and compaction.
 class KeeperWritesTest : public ::testing::Test {

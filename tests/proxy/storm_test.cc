@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/process.h"
@@ -300,6 +301,21 @@ TEST(StormTest, BackendKillAndRestartCycles) {
 
 int ThreadsOf(pid_t pid) { return CountEntries(absl::StrCat("/proc/", pid, "/task").c_str()); }
 
+// How many of `pid`'s threads have a name starting with `prefix`.
+int ThreadsNamed(pid_t pid, const std::string& prefix) {
+  const std::string dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    absl::StatusOr<std::string> comm = ReadFile(absl::StrCat(dir, "/", e->d_name, "/comm"));
+    if (comm.ok() && comm->rfind(prefix, 0) == 0) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
 // dpproxy as a real process with many resources: a resource costs no
 // thread of its own. Every method of the kubelet-facing servers is on
 // gRPC's callback API, and the streams (the kubelet's ListAndWatch, the
@@ -322,6 +338,11 @@ TEST(ScaleTest, ThreadsPerResourceStayBounded) {
     return h.sim().WaitForResource(absl::StrCat("r", i, ".example.com/dev"), 2, kWait);
   };
   ASSERT_TRUE(add_resource(0));
+  // No server of dpproxy's is synchronous (the handoff socket's included):
+  // gRPC gives each synchronous server threads that poll for the whole
+  // process, waking at every call of the others.
+  EXPECT_EQ(ThreadsNamed(proxy->pid(), "grpcpp_sync_ser"), 0)
+      << "a synchronous gRPC server's threads in dpproxy";
   // Settled: the kubelet's stream is open and registration threads are gone.
   const int one = ThreadsOf(proxy->pid());
   constexpr int kMore = 12;

@@ -653,12 +653,9 @@ absl::Status KubeletEndpoint::Serve() {
   size_t slash = socket_path_.rfind('/');
   DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
+  // Every method is a callback one (see Services): the server has no
+  // synchronous threads.
   grpc::ServerBuilder builder;
-  // One idle thread for GetDevicePluginOptions, the one synchronous method
-  // (see Services::Beta); a second while one answers.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
   builder.RegisterService(&services_->beta);
   builder.RegisterService(&services_->alpha);
   if (options_.registration == KubeletRegistration::kPluginWatcher) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
@@ -14,8 +15,16 @@ void Housekeeping::Start(Parts parts) {
     absl::MutexLock lock(&mu_);
     stop_ = false;
   }
-  housekeeping_ = std::thread([this] { Loop(); });
-  if (p_.reconciler) checkpoint_ = std::thread([this] { CheckpointLoop(); });
+  housekeeping_ = std::thread([this] {
+    NameThisThread("dpp-housekeep");
+    Loop();
+  });
+  if (p_.reconciler) {
+    checkpoint_ = std::thread([this] {
+      NameThisThread("dpp-checkpoint");
+      CheckpointLoop();
+    });
+  }
 }
 
 void Housekeeping::Stop() {

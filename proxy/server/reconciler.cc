@@ -12,6 +12,7 @@
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
@@ -28,7 +29,10 @@ void Reconciler::Start() {
     absl::MutexLock lock(&stop_mu_);
     stop_ = false;
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("dpp-reconcile");
+    Loop();
+  });
 }
 
 void Reconciler::Stop() {

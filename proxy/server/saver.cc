@@ -6,6 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "proxy/util/files.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
@@ -14,7 +15,10 @@ void Saver::Start() {
     absl::MutexLock lock(&wake_mu_);
     stop_ = false;
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("dpp-saver");
+    Loop();
+  });
 }
 
 void Saver::Stop() {

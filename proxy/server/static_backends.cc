@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "backends/connect.h"
+#include "proxy/util/files.h"
 
 namespace dpproxy {
 
@@ -121,6 +122,15 @@ void StaticBackends::Connect(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     sb = by_name_[name].config;
+  }
+  // A plugin that is not running is said so at once. A dial would hold this
+  // worker in gRPC's wait for a connection for all of kDialTimeout, and a
+  // thread waiting there polls gRPC's sockets for the whole process: under
+  // load it woke at every Allocate of every other resource.
+  if (!SomeoneListens(sb.endpoint)) {
+    return Note(name, sb,
+                absl::UnavailableError(absl::StrCat("nobody listens on ", sb.endpoint,
+                                                    " (the plugin is not running)")));
   }
   absl::StatusOr<ApiVersion> api = sb.api ? absl::StatusOr<ApiVersion>(*sb.api)
                                           : ProbeBackendApi(sb.endpoint, kDialTimeout);

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "proxy/state/allocation_response.h"
 #include "proxy/util/files.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
@@ -57,8 +58,14 @@ std::string JournalPathFor(const std::string& snapshot) {
 
 StateKeeper::StateKeeper(std::string path, EventLog* events)
     : store_(path), previous_(path), events_(events), journal_(JournalPathFor(path)) {
-  compactor_ = std::thread([this] { CompactLoop(); });
-  syncer_ = std::thread([this] { SyncLoop(); });
+  compactor_ = std::thread([this] {
+    NameThisThread("dpp-compact");
+    CompactLoop();
+  });
+  syncer_ = std::thread([this] {
+    NameThisThread("dpp-syncer");
+    SyncLoop();
+  });
 }
 
 StateKeeper::~StateKeeper() {

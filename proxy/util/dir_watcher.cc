@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proxy/util/files.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
@@ -34,7 +35,10 @@ absl::Status DirWatcher::Start() {
     return absl::InternalError(absl::StrCat("eventfd: ", ErrnoText(errno)));
   }
   TryAddWatch();
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("dpp-dirwatch");
+    Run();
+  });
   return absl::OkStatus();
 }
 

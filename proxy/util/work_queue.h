@@ -19,13 +19,19 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
 class WorkQueue {
  public:
   explicit WorkQueue(int threads) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+    for (int i = 0; i < threads; ++i) {
+      threads_.emplace_back([this] {
+        NameThisThread("dpp-worker");
+        Run();
+      });
+    }
   }
   ~WorkQueue() { Shutdown(); }
 

@@ -3,6 +3,11 @@
 // workers against a socket path where nothing listens.
 #include "proxy/server/static_backends.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -89,6 +94,7 @@ TEST_F(StaticBackendsTest, AFailingDialIsCountedAndReportedOnce) {
   EXPECT_TRUE(r.dialled);
   EXPECT_EQ(r.failures, 3);
   EXPECT_THAT(r.error, HasSubstr(endpoint));
+  EXPECT_THAT(r.error, HasSubstr("nobody listens"));
   EXPECT_EQ(attached_, 0);
   // One event for the run of failures, not one per dial.
   int events = 0;
@@ -114,6 +120,31 @@ TEST_F(StaticBackendsTest, ARemovedBackendIsNotDialled) {
   statics_.Tick({&served});
   DrainWorker();
   EXPECT_EQ(statics_.report("example.com/nic").failures, 0);
+}
+
+// A socket file left by a plugin that is gone (nobody listens on it) is
+// refused before any gRPC dial, naming the problem: a dial would hold the
+// worker in gRPC's wait for a connection, polling for the whole process.
+TEST_F(StaticBackendsTest, AStaleSocketIsRefusedBeforeAnyDial) {
+  const std::string endpoint = JoinPath(dir_.path(), "stale.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(endpoint.size(), sizeof(addr.sun_path));
+  memcpy(addr.sun_path, endpoint.c_str(), endpoint.size() + 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
+  ::close(fd);  // the file stays; nothing listens
+  statics_.Dial("example.com/nic", Nic(endpoint));
+  ServedResource served;
+  served.resource = std::make_unique<Resource>("example.com/nic", ResourcePolicy(), &events_,
+                                               ResourceHooks());
+  statics_.Tick({&served});
+  DrainWorker();
+  const StaticBackends::Report r = statics_.report("example.com/nic");
+  EXPECT_EQ(r.failures, 1);
+  EXPECT_THAT(r.error, HasSubstr("nobody listens on " + endpoint));
+  EXPECT_EQ(attached_, 0);
 }
 
 }  // namespace

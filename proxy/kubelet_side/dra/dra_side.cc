@@ -11,6 +11,7 @@
 #include "proxy/kube/kube_config.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/files.h"
+#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
 
@@ -185,7 +186,10 @@ absl::Status DraSide::Start() {
   if (absl::Status s = server_->Start(); !s.ok()) return s;
   LOG(INFO) << "DRA mode: driver " << options_.dra.driver << " on node " << options_.dra.node_name
             << ", " << publisher_->api_version() << " at " << kc->server;
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    NameThisThread("dpp-dra");
+    Loop();
+  });
   return absl::OkStatus();
 }
 

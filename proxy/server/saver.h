@@ -84,8 +84,9 @@ class Saver {
   std::string written_ ABSL_GUARDED_BY(pass_mu_);
   bool status_failing_ ABSL_GUARDED_BY(pass_mu_) = false;
   absl::Time status_retry_at_ ABSL_GUARDED_BY(pass_mu_);
-  // Freed memory is given back (malloc_trim) at the first pass that finds
-  // nothing changed, kTrimAfter or more after the last change.
+  // Freed memory is given back (malloc_trim) at each pass that changed
+  // something, and again at the first pass that finds nothing changed,
+  // kTrimAfter or more after the last change.
   static constexpr absl::Duration kTrimAfter = absl::Seconds(1);
   bool trim_due_ ABSL_GUARDED_BY(pass_mu_) = false;
   absl::Time changed_at_ ABSL_GUARDED_BY(pass_mu_);

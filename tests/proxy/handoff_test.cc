@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <optional>
 #include <set>
 #include <string>
@@ -389,6 +390,24 @@ TEST(HandoffProtocolTest, OutOfOrderAndMalformedCallsAreRefused) {
                         &finished);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), ::testing::HasSubstr("nothing has taken over"));
+  // Each call's work runs on a thread of its own, and a caller that sends
+  // call after call leaves none of them behind: a thread that ended but
+  // was never joined keeps its stack (8 MiB of address space) mapped.
+  auto vm_kb = [] {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmSize:", 0) == 0) return std::stol(line.substr(7));
+    }
+    return -1L;
+  };
+  const long before = vm_kb();
+  ASSERT_GT(before, 0);
+  for (int i = 0; i < 50; ++i) {
+    s = call(&handoff::v1::Handoff::Stub::Finish, handoff::v1::FinishRequest(), &finished);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i;
+  }
+  EXPECT_LT(vm_kb() - before, 64L * 1024) << "kB of address space after 50 refused calls";
   handoff::v1::ForwardRequest forward;
   (*forward.mutable_sockets())[kGpu] = h.dir("k/device-plugins/x.sock");
   handoff::v1::ForwardReply forwarded;

@@ -109,7 +109,7 @@ class Allocator::Flow {
     for (const auto& c : call_.request.container_requests()) {
       per_container.emplace_back(c.devices_ids().begin(), c.devices_ids().end());
     }
-    a_->Spawn([this, per_container = std::move(per_container)] {
+    a_->jobs_.Spawn([this, per_container = std::move(per_container)] {
       absl::StatusOr<bool> s = res_->CheckForgotten(per_container, call_.readmission_possible);
       if (!s.ok()) {
         a_->NoteRefusedHeld();
@@ -281,7 +281,7 @@ void Allocator::Allocate(Call call, Done done) {
 void Allocator::WithBackend(const grpc::ServerContextBase* caller, absl::Duration timeout,
                             std::function<void(std::shared_ptr<Backend>)> then) {
   if (std::shared_ptr<Backend> b = resource_->backend(); b != nullptr) return then(std::move(b));
-  Spawn([this, caller, timeout, then = std::move(then)] {
+  jobs_.Spawn([this, caller, timeout, then = std::move(then)] {
     const absl::Time until = absl::Now() + std::min(kBackendWait, timeout);
     std::shared_ptr<Backend> b;
     while (b == nullptr && !(caller != nullptr && caller->IsCancelled()) && absl::Now() < until) {
@@ -291,36 +291,7 @@ void Allocator::WithBackend(const grpc::ServerContextBase* caller, absl::Duratio
   });
 }
 
-void Allocator::Spawn(std::function<void()> job) {
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::vector<std::thread> finished;
-  {
-    absl::MutexLock lock(&threads_mu_);
-    for (auto it = threads_.begin(); it != threads_.end();) {
-      if (!it->done->load()) {
-        ++it;
-        continue;
-      }
-      finished.push_back(std::move(it->thread));
-      it = threads_.erase(it);
-    }
-    threads_.push_back({std::thread([job = std::move(job), done] {
-                          job();
-                          done->store(true);
-                        }),
-                        done});
-  }
-  for (std::thread& t : finished) t.join();
-}
-
-Allocator::~Allocator() {
-  std::vector<Thread> all;
-  {
-    absl::MutexLock lock(&threads_mu_);
-    all.swap(threads_);
-  }
-  for (Thread& t : all) t.thread.join();
-}
+Allocator::~Allocator() { jobs_.JoinAll(); }
 
 void Allocator::ObserveBackendCall(const char* method, absl::string_view kubelet_api,
                                    const Backend& b, const absl::Status& s,

@@ -52,6 +52,7 @@
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
 #include "proxy/state/state_keeper.h"
+#include "proxy/util/job_threads.h"
 
 namespace dpproxy {
 
@@ -152,20 +153,12 @@ class Allocator {
   void NoteRefusedHeld() { ++refused_held_; }
 
  private:
-  // Runs `job` on a thread of its own, joined by the destructor (finished
-  // ones are joined by the next Spawn).
-  void Spawn(std::function<void()> job) ABSL_LOCKS_EXCLUDED(threads_mu_);
-
   Resource* const resource_;
   AllocationJournal* const journal_;
   Telemetry* const telemetry_;
   std::atomic<int64_t> refused_held_{0};
-  struct Thread {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  absl::Mutex threads_mu_;
-  std::vector<Thread> threads_ ABSL_GUARDED_BY(threads_mu_);
+  // Waits for a backend, off gRPC's threads; joined by the destructor.
+  JobThreads jobs_;
 };
 
 // A journal's refusal as the kubelet is told it: kFailedPrecondition (a

@@ -4,12 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <climits>
 #include <functional>
-#include <memory>
-#include <thread>
-#include <vector>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_builder.h>
@@ -21,6 +17,7 @@
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
+#include "proxy/util/job_threads.h"
 #include "proxy/version.h"
 
 namespace dpproxy {
@@ -120,52 +117,13 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
 
   // Waits for every call's work to end (after the server stopped taking
   // calls).
-  void JoinWorkers() {
-    std::vector<Worker> workers;
-    {
-      absl::MutexLock lock(&workers_mu_);
-      workers.swap(workers_);
-    }
-    for (Worker& w : workers) {
-      if (w.thread.get_id() == std::this_thread::get_id()) {
-        w.thread.detach();  // a hook that stops the server: its thread ends after it
-      } else {
-        w.thread.join();
-      }
-    }
-  }
+  void JoinWorkers() { workers_.JoinAll(); }
 
  private:
-  struct Worker {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx,
                                 std::function<grpc::Status()> work) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    std::vector<std::thread> finished;
-    {
-      absl::MutexLock lock(&workers_mu_);
-      // The threads of calls already answered are joined here, so a caller
-      // that sends call after call leaves no thread behind.
-      for (auto it = workers_.begin(); it != workers_.end();) {
-        if (!it->done->load()) {
-          ++it;
-          continue;
-        }
-        finished.push_back(std::move(it->thread));
-        it = workers_.erase(it);
-      }
-      workers_.push_back({std::thread([reactor, work = std::move(work), done] {
-                            const grpc::Status s = work();
-                            done->store(true);
-                            reactor->Finish(s);
-                          }),
-                          done});
-    }
-    for (std::thread& t : finished) t.join();
+    workers_.Spawn([reactor, work = std::move(work)] { reactor->Finish(work()); });
     return reactor;
   }
 
@@ -281,8 +239,7 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
 
   enum class Stage { kServing, kReleasing, kReleased, kForwarding, kFinished };
   const Hooks hooks_;
-  absl::Mutex workers_mu_;
-  std::vector<Worker> workers_ ABSL_GUARDED_BY(workers_mu_);
+  JobThreads workers_;  // each call's work, joined as later calls come
   absl::Mutex mu_;
   Stage stage_ ABSL_GUARDED_BY(mu_) = Stage::kServing;
   int64_t peer_ ABSL_GUARDED_BY(mu_) = 0;

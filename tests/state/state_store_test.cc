@@ -125,6 +125,14 @@ TEST(StateFileTest, EveryKindOfDamageIsDetected) {
   }
 }
 
+// A sink that keeps each allocation's bytes in `taken`.
+AllocationSink KeepInto(std::vector<std::string>* taken) {
+  return [taken](absl::string_view wire) {
+    taken->emplace_back(wire);
+    return true;
+  };
+}
+
 // A loader that takes the allocations apart gets each one's bytes in the
 // file's order, and the rest parsed as the State.
 TEST(StateFileTest, AllocationsCanBeTakenAsTheirBytes) {
@@ -134,11 +142,7 @@ TEST(StateFileTest, AllocationsCanBeTakenAsTheirBytes) {
   second->set_resource("vendor.com/gpu");
   second->add_device_ids("gpu-1");
   std::vector<std::string> taken;
-  absl::StatusOr<state::State> back =
-      DecodeStateFile(EncodeStateFile(s), [&](absl::string_view wire) {
-        taken.emplace_back(wire);
-        return true;
-      });
+  absl::StatusOr<state::State> back = DecodeStateFile(EncodeStateFile(s), KeepInto(&taken));
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(taken.size(), 2u);
   EXPECT_EQ(taken[0], s.allocations(0).SerializeAsString());
@@ -158,10 +162,7 @@ TEST(StateFileTest, AllocationsFramedUnusuallyAreStillTaken) {
   payload += a;
   std::vector<std::string> taken;
   absl::StatusOr<state::State> back =
-      DecodeStateFile(EncodeStateFilePayload(payload), [&](absl::string_view wire) {
-        taken.emplace_back(wire);
-        return true;
-      });
+      DecodeStateFile(EncodeStateFilePayload(payload), KeepInto(&taken));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->allocations_size(), 0);
   ASSERT_EQ(taken.size(), 1u);

@@ -192,14 +192,27 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> DialUnixChannel(
     const std::string& socket_path, absl::Duration timeout,
     const std::function<bool()>& cancelled) {
   const absl::Time connect_by = absl::Now() + timeout;
+  std::shared_ptr<grpc::Channel> channel;
   for (absl::Duration slice = absl::Milliseconds(5);;
        slice = std::min(slice * 2, absl::Milliseconds(200))) {
     if (cancelled && cancelled()) return absl::CancelledError("cancelled");
-    std::shared_ptr<grpc::Channel> channel =
-        MakeUnixChannel(socket_path, 0, absl::Milliseconds(5));
     const absl::Duration left = connect_by - absl::Now();
-    if (WaitForConnected(channel.get(), std::min(slice, left)).ok()) return channel;
-    if (left <= slice) return absl::DeadlineExceededError("context deadline exceeded");
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("context deadline exceeded");
+    }
+    const absl::Duration step = std::min(slice, left);
+    if (channel == nullptr) {
+      if (!SomeoneListens(socket_path)) {
+        absl::SleepFor(step);
+        continue;
+      }
+      channel = MakeUnixChannel(socket_path, 0, absl::Milliseconds(5));
+    }
+    if (WaitForConnected(channel.get(), step).ok()) return channel;
+    // Refused (the peer went between the look and the connect): the channel
+    // would wait for its reconnect timer, so the next look makes a fresh
+    // one. A channel still connecting is kept.
+    if (channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) channel.reset();
   }
 }
 

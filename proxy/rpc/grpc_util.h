@@ -87,13 +87,16 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServerAt(grpc::ServerBuilder&
 absl::Status WaitForConnected(grpc::Channel* channel, absl::Duration timeout);
 
 // A channel to a Unix socket, connected (MakeUnixChannel's settings).
-// A socket bound a moment before its server listens refuses the first
-// connect, and a channel's next try then waits for gRPC's reconnect timer,
-// which gRPC 1.51 was seen to fire ~100 ms late however short it is set.
-// So a channel not connected within a short slice is replaced by a fresh
-// one, which connects at once; the slices grow (5 ms to 200 ms) so a
-// handshake on a loaded machine still finishes. kDeadlineExceeded after
-// `timeout`; kCancelled as soon as `cancelled` (if set) says so.
+// A socket bound a moment before its server listens refuses a connect,
+// and a channel's next try then waits for gRPC's reconnect timer, which
+// gRPC 1.51 was seen to fire ~100 ms late however short it is set. So no
+// channel is made until a plain connect shows that someone listens (looked
+// at in slices growing from 5 ms to 200 ms), and a channel refused after
+// all is replaced by a fresh one. A channel whose connection is being set
+// up is never given up before `timeout`: gRPC 1.51 keeps the connection of
+// a channel dropped at that point open for good once the peer answers.
+// kDeadlineExceeded after `timeout`; kCancelled as soon as `cancelled` (if
+// set) says so, looked at between slices.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialUnixChannel(
     const std::string& socket_path, absl::Duration timeout,
     const std::function<bool()>& cancelled = nullptr);

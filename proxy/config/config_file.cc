@@ -105,7 +105,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
                        "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
                        "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
-                       "dra"}));
+                       "dra", "paths"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
     if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
@@ -201,6 +201,20 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       c->renames[from] = to;
     }
   }
+  if (const YAML::Node m = root["paths"]) {
+    if (!m.IsMap()) {
+      return r.Error(m, "paths", "must be a mapping RESOURCE: device-plugin | dra | both");
+    }
+    for (const auto& kv : m) {
+      const std::string resource = kv.first.as<std::string>();
+      std::string v;
+      DPP_CFG(r.OneOf(kv.second, absl::StrCat("paths.", resource), {"device-plugin", "dra", "both"},
+                      &v));
+      c->paths[resource] = v == "dra"    ? KubeletPath::kDra
+                           : v == "both" ? KubeletPath::kBoth
+                                         : KubeletPath::kDevicePlugin;
+    }
+  }
   if (const YAML::Node list = root["compact_ids"]) {
     if (!list.IsSequence()) return r.Error(list, "compact_ids", "must be a list of resource names");
     for (size_t i = 0; i < list.size(); ++i) {
@@ -288,6 +302,11 @@ std::string ConfigToYaml(const ProxyConfig& c) {
   out << YAML::Key << "cdi_annotations" << YAML::Value << c.kubelet.cdi_annotations;
   out << YAML::Key << "renames" << YAML::Value << YAML::BeginMap;
   for (const auto& [from, to] : c.renames) out << YAML::Key << from << YAML::Value << to;
+  out << YAML::EndMap;
+  out << YAML::Key << "paths" << YAML::Value << YAML::BeginMap;
+  for (const auto& [resource, path] : c.paths) {
+    out << YAML::Key << resource << YAML::Value << KubeletPathName(path);
+  }
   out << YAML::EndMap;
   out << YAML::Key << "compact_ids" << YAML::Value << YAML::BeginSeq;
   for (const std::string& r : c.compact_ids) out << r;

@@ -26,6 +26,36 @@ std::string KubeletResourceName(const ProxyConfig& config, const std::string& ba
   return it == config.renames.end() ? backend_resource : it->second;
 }
 
+const char* KubeletPathName(KubeletPath p) {
+  switch (p) {
+    case KubeletPath::kDevicePlugin: return "device-plugin";
+    case KubeletPath::kDra: return "dra";
+    case KubeletPath::kBoth: return "both";
+  }
+  return "device-plugin";
+}
+
+KubeletPath PathOf(const ProxyConfig& config, const std::string& resource) {
+  if (auto it = config.paths.find(resource); it != config.paths.end()) return it->second;
+  return config.dra.enabled ? KubeletPath::kDra : KubeletPath::kDevicePlugin;
+}
+
+bool ServesDevicePlugins(const ProxyConfig& config) {
+  if (!config.dra.enabled) return true;
+  for (const auto& [resource, path] : config.paths) {
+    if (path != KubeletPath::kDra) return true;
+  }
+  return false;
+}
+
+bool ServesDra(const ProxyConfig& config) {
+  if (config.dra.enabled) return true;
+  for (const auto& [resource, path] : config.paths) {
+    if (path != KubeletPath::kDevicePlugin) return true;
+  }
+  return false;
+}
+
 absl::Status ValidateConfig(const ProxyConfig& c) {
   if (!c.metrics_address.empty()) {
     if (absl::StatusOr<HostPort> hp = ParseHostPort(c.metrics_address); !hp.ok()) {
@@ -36,14 +66,22 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
     return absl::InvalidArgumentError(
         "--takeover hands a state directory over: it needs --state_dir");
   }
-  if (c.takeover && !c.dra.enabled &&
+  if (c.takeover && ServesDevicePlugins(c) &&
       c.kubelet.registration == KubeletRegistration::kPluginWatcher) {
     return absl::InvalidArgumentError(
         "--takeover needs registration through kubelet.sock (kubelet.registration: kubelet): "
         "through the plugin watcher, the kubelet deregisters a resource by name when the old "
         "dpproxy's socket goes, which would drop the new one's registration");
   }
-  if (c.dra.enabled) {
+  for (const auto& [resource, path] : c.paths) {
+    if (resource.empty()) return absl::InvalidArgumentError("paths: a resource name is empty");
+    if (path != KubeletPath::kDevicePlugin && !c.dra.enabled && c.dra.driver.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "paths: ", resource, " is served through DRA (", KubeletPathName(path),
+          "): that needs a driver name (dra.driver or --dra_driver, e.g. gpu.vendor.com)"));
+    }
+  }
+  if (ServesDra(c)) {
     const std::string& d = c.dra.driver;
     bool subdomain = !d.empty() && d.size() <= 253;
     for (absl::string_view label : absl::StrSplit(d, '.')) {
@@ -184,7 +222,7 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
 }
 
 void NodeNameFromEnvironment(ProxyConfig* config) {
-  if (!config->dra.enabled || !config->dra.node_name.empty()) return;
+  if (!ServesDra(*config) || !config->dra.node_name.empty()) return;
   if (const char* n = ::getenv("NODE_NAME"); n != nullptr) config->dra.node_name = n;
 }
 

@@ -113,9 +113,23 @@ struct DraOptions {
   std::string cdi_dir = "/var/run/cdi";
 };
 
+// How the kubelet is served one resource: as a device plugin (an
+// extended resource), through DRA (the driver's ResourceSlices and
+// claims), or both at once. Whichever path a pod comes by, its devices are
+// allocated by the resource's one allocator: a device held on one path is
+// refused on the other, with its holder named.
+enum class KubeletPath { kDevicePlugin, kDra, kBoth };
+
+// "device-plugin", "dra", "both".
+const char* KubeletPathName(KubeletPath p);
+
 struct ProxyConfig {
   KubeletSideOptions kubelet;
+  // dra.enabled (kubelet.api: dra) makes DRA the path of every resource
+  // `paths` does not name; otherwise that is the device plugin.
   DraOptions dra;
+  // Kubelet-facing resource name -> its path, where it is not the default.
+  std::map<std::string, KubeletPath> paths;
   // Where vendor plugins register (kubelet.sock) and put their sockets.
   std::string plugin_dir = "/var/lib/dpproxy/device-plugins";
   absl::Duration dial_timeout = absl::Seconds(10);
@@ -177,6 +191,13 @@ absl::Status ValidateConfig(const ProxyConfig& config);
 // DaemonSet, the downward API's spec.nodeName), whether the rest came from
 // flags or a file.
 void NodeNameFromEnvironment(ProxyConfig* config);
+
+// The path of a kubelet-facing resource (`paths`, else the default).
+KubeletPath PathOf(const ProxyConfig& config, const std::string& resource);
+// Whether some resource is served as a device plugin, or through DRA: the
+// kubelet sides dpproxy runs.
+bool ServesDevicePlugins(const ProxyConfig& config);
+bool ServesDra(const ProxyConfig& config);
 
 // The name the kubelet sees for a backend resource (after renames).
 std::string KubeletResourceName(const ProxyConfig& config, const std::string& backend_resource);

@@ -143,6 +143,15 @@ class Allocator::Flow {
 
   // Rule 4: the backend's call and the reservation's sync at once.
   void CallBackend(std::shared_ptr<Backend> b) {
+    // Rule 1's other path, before the plugin is asked: its Allocate may
+    // reset a device another pod uses. The reservation asks again.
+    if (AllocationJournal* j = a_->journal(); j != nullptr) {
+      if (absl::Status s = j->CheckOtherPath(res_->name(), call_.request, !call_.claims.empty());
+          !s.ok()) {
+        a_->NoteRefusedHeld();
+        return Finish(s);
+      }
+    }
     backend_ = std::move(b);
     backend_start_ = absl::Now();
     v1beta1::AllocateRequest to_backend = ToBackendIds(res_, call_.request);

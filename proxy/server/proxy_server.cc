@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "proxy/config/config_file.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
+#include "proxy/kubelet_side/split_side.h"
 #include "proxy/util/status_macros.h"
 
 namespace dpproxy {
@@ -135,6 +136,13 @@ absl::Status ProxyServer::LockState() {
 absl::Status ProxyServer::OpenState() {
   DPP_RETURN_IF_ERROR(LockState());
   keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
+  {
+    std::set<std::string> both;
+    for (const auto& [resource, path] : config_.paths) {
+      if (path == KubeletPath::kBoth) both.insert(resource);
+    }
+    keeper_->SetServedBothWays(std::move(both));
+  }
   keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
   DPP_RETURN_IF_ERROR(MakeSide());
   DPP_RETURN_IF_ERROR(RestoreState());
@@ -146,9 +154,9 @@ absl::Status ProxyServer::OpenState() {
         if (handed_over_hook_) handed_over_hook_();
       });
   handover_->Serve();
-  // DRA mode has no device-plugin allocations to reconcile: its claims are
-  // the kubelet's to end, with NodeUnprepareResources.
-  if (!config_.dra.enabled) {
+  // Only device-plugin allocations are reconciled: DRA claims are the
+  // kubelet's to end, with NodeUnprepareResources.
+  if (ServesDevicePlugins(config_)) {
     reconciler_ = std::make_unique<Reconciler>(
         Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
                             config_.reconcile_start_grace},
@@ -169,12 +177,16 @@ absl::Status ProxyServer::OpenState() {
 
 absl::Status ProxyServer::MakeSide() {
   if (side_) return absl::OkStatus();
-  if (!config_.dra.enabled) {
+  std::unique_ptr<KubeletSide> device_plugins;
+  if (ServesDevicePlugins(config_)) {
     KubeletSideOptions kubelet = table_.live().kubelet;  // as a reload left it
     kubelet.socket_generation = socket_generation_;
-    side_ = std::make_unique<DevicePluginSide>(
+    device_plugins = std::make_unique<DevicePluginSide>(
         kubelet, DevicePluginSide::Parts{&events_, &losses_, &telemetry_, workers_.get(),
                                          [this] { Wake(); }});
+  }
+  if (!ServesDra(config_)) {
+    side_ = std::move(device_plugins);
     return absl::OkStatus();
   }
   auto dra = std::make_unique<DraSide>(
@@ -182,13 +194,24 @@ absl::Status ProxyServer::MakeSide() {
                        keeper_.get(), config_.kubelet.backend_timeout,
                        config_.api_max_body_bytes, socket_generation_},
       [this] {
+        // The resources whose path goes through DRA.
         std::vector<Allocator*> out;
-        for (ServedResource* e : table_.All()) out.push_back(e->allocator.get());
+        for (ServedResource* e : table_.All()) {
+          if (PathOf(config_, e->resource->name()) != KubeletPath::kDevicePlugin) {
+            out.push_back(e->allocator.get());
+          }
+        }
         return out;
       },
       &events_, &losses_);
   dra_ = dra.get();
-  side_ = std::move(dra);
+  if (device_plugins == nullptr) {
+    side_ = std::move(dra);
+    return absl::OkStatus();
+  }
+  side_ = std::make_unique<SplitSide>(
+      std::move(device_plugins), std::move(dra),
+      [this](const std::string& resource) { return PathOf(config_, resource); });
   return absl::OkStatus();
 }
 

@@ -11,8 +11,9 @@
 //   StaticBackends             the backends dpproxy dials itself
 //   KubeletSide                serves the resources to the kubelet, keeps
 //                              them registered and notices its restarts:
-//                              DevicePluginSide, or DraSide in DRA mode
-//                              (kubelet_side/)
+//                              DevicePluginSide, DraSide, or a SplitSide
+//                              of both where resources' paths differ
+//                              (kubelet_side/, ProxyConfig::paths)
 //   Reconciler                 keeps the journal in step with the kubelet
 //   Quarantine                 what a resource must not hand out
 //   StateKeeper                the durable state (state/)
@@ -223,13 +224,13 @@ class ProxyServer : private Handover::Host {
   // gone (the destructor).
   std::map<std::string, std::unique_ptr<ServedResource>> retired_;
   std::unique_ptr<KubeletSide> side_;
-  DraSide* dra_ = nullptr;                  // side_, in DRA mode
+  DraSide* dra_ = nullptr;                  // side_'s DRA side, if it has one
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<Quarantine> quarantine_;  // with a state directory only
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
   ReloadActions reload_actions_;
-  Reloader reloader_{&reload_actions_, &events_, config_.dra.enabled};
+  Reloader reloader_{&reload_actions_, &events_, ServesDra(config_)};
 
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;

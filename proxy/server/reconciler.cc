@@ -16,6 +16,21 @@
 
 namespace dpproxy {
 
+state::State Reconciler::DevicePluginAllocations() const {
+  state::State st = keeper_->AllocationsSnapshot();
+  auto* all = st.mutable_allocations();
+  if (std::none_of(all->begin(), all->end(),
+                   [](const state::Allocation& a) { return a.has_claim(); })) {
+    return st;
+  }
+  google::protobuf::RepeatedPtrField<state::Allocation> taken;
+  taken.Swap(all);
+  for (state::Allocation& a : taken) {
+    if (!a.has_claim()) *all->Add() = std::move(a);
+  }
+  return st;
+}
+
 Reconciler::Reconciler(Options options, StateKeeper* keeper, EventLog* events,
                        std::function<void()> changed)
     : options_(std::move(options)), keeper_(keeper), events_(events),
@@ -111,7 +126,7 @@ absl::Status Reconciler::ReconcileOnce() {
       }
     }
   }
-  const state::State st_now = keeper_->AllocationsSnapshot();
+  const state::State st_now = DevicePluginAllocations();
   const std::map<uint64_t, size_t> matched = holdings.Match(st_now);
   const absl::Time now = absl::Now();
   const int64_t now_ms = absl::ToUnixMillis(now);
@@ -196,7 +211,7 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
                << " allocation(s) (kept in memory): " << added.status().message();
   }
   if (added.ok() && *added == 0) return;
-  const state::State st = keeper_->AllocationsSnapshot();
+  const state::State st = DevicePluginAllocations();
   const std::set<uint64_t> wanted(ids.begin(), ids.end());
   // Which live allocations hold each device, to report a device held twice.
   std::map<std::pair<std::string, std::string>, std::vector<const state::Allocation*>> by_device;
@@ -580,7 +595,7 @@ void Reconciler::OnKubeletRestart(const RestartSeen& seen) {
   RestartCheck check;
   check.checkpoint_before = seen.checkpoint_before;
   check.deadline = seen.seen_at + absl::Seconds(30);
-  const state::State st = keeper_->AllocationsSnapshot();
+  const state::State st = DevicePluginAllocations();
   // Live for the kubelet that stopped: the checkpoint still on disk is its
   // final view if it predates the new kubelet.sock (a new kubelet writes
   // only after devices register). Otherwise, what the last read listed
@@ -640,7 +655,7 @@ void Reconciler::CheckCheckpoint() {
                          ckpt.status().message(), ")");
     }
     std::vector<uint64_t> lost;
-    const state::State st = keeper_->AllocationsSnapshot();
+    const state::State st = DevicePluginAllocations();
     std::map<uint64_t, size_t> matched;
     if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
     int kept = 0;
@@ -776,7 +791,7 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
     }
     Learn(listed, /*from_checkpoint=*/true);
   }
-  const state::State st = keeper_->AllocationsSnapshot();
+  const state::State st = DevicePluginAllocations();
   const Holdings holdings = CheckpointHoldings(ckpt);
   const std::map<uint64_t, size_t> matched = holdings.Match(st);
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());

@@ -167,6 +167,10 @@ class Reconciler {
   int64_t allocations_unrecoverable() const { return unrecoverable_.load(); }
 
  private:
+  // Every allocation but DRA claims': those are the kubelet's to end, with
+  // NodeUnprepareResources, and its device manager never lists them.
+  state::State DevicePluginAllocations() const;
+
   std::string PodResourcesSocket() const;
   std::string CheckpointPath() const;
   void Loop();

@@ -559,11 +559,99 @@ absl::Status StateKeeper::Record(const std::string& resource,
   return result;
 }
 
+namespace {
+
+// Who holds an allocation, as a refusal names it.
+std::string HolderOf(const state::Allocation& a) {
+  if (a.has_claim()) {
+    return absl::StrCat("DRA claim ", a.claim().namespace_(), "/", a.claim().name(), " (UID ",
+                        a.claim().uid(), ")");
+  }
+  if (!a.pod_name().empty()) {
+    return absl::StrCat("pod ", a.pod_namespace(), "/", a.pod_name(), " container ",
+                        a.container());
+  }
+  if (!a.pod_uid().empty()) return absl::StrCat("a container of pod UID ", a.pod_uid());
+  return absl::StrCat("allocation ", a.id());
+}
+
+}  // namespace
+
+void StateKeeper::SetServedBothWays(std::set<std::string> resources) {
+  absl::MutexLock lock(&mu_);
+  both_ways_ = std::move(resources);
+}
+
+absl::Status StateKeeper::CheckOtherPath(const std::string& resource,
+                                         const v1beta1::AllocateRequest& req, bool claim) {
+  absl::MutexLock lock(&mu_);
+  if (both_ways_.count(resource) == 0) return absl::OkStatus();
+  for (const auto& c : req.container_requests()) {
+    for (const std::string& id : c.devices_ids()) {
+      if (absl::Status s = CheckOtherPathLocked(resource, id, claim); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateKeeper::CheckOtherPathLocked(const std::string& resource,
+                                               const std::string& device, bool claim) {
+  const std::string key = HeldKey(resource, device);
+  auto c = claim_held_.find(key);
+  const size_t by_claims = c == claim_held_.end() ? 0 : c->second.size();
+  auto f = in_flight_.find(key);
+  const InFlight flying = f == in_flight_.end() ? InFlight() : f->second;
+  std::string holder;
+  if (!claim && (by_claims > 0 || flying.claims > 0)) {
+    state::Allocation a;
+    if (by_claims == 0) {
+      holder = flying.claim_holder;
+    } else if (allocations_.Get(*c->second.rbegin(), &a)) {
+      holder = HolderOf(a);
+    } else {
+      holder = absl::StrCat("allocation ", *c->second.rbegin());
+    }
+  } else if (claim) {
+    auto h = held_.find(key);
+    const size_t held = h == held_.end() ? 0 : static_cast<size_t>(h->second);
+    if (held <= by_claims && flying.others == 0) return absl::OkStatus();
+    // The newest allocation without a claim that names it: read only on a
+    // refusal.
+    if (held > by_claims) {
+      allocations_.ForEach([&](const state::Allocation& a) {
+        if (a.has_claim() || a.resource() != resource) return;
+        for (const std::string& d : a.device_ids()) {
+          if (d == device) holder = HolderOf(a);
+        }
+      });
+    }
+    if (holder.empty()) holder = "an allocation being recorded";
+    holder = absl::StrCat(holder, ", a pod of the extended resource");
+  } else {
+    return absl::OkStatus();
+  }
+  events_->Emit("device_held_twice",
+                {{"resource", resource},
+                 {"device", device},
+                 {"first", holder},
+                 {"second", claim ? "refused claim" : "refused Allocate"}});
+  return absl::FailedPreconditionError(
+      absl::StrCat("device ", device, " of ", resource, " is held by ", holder,
+                   "; refused: a device has one holder"));
+}
+
 absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
-                                                const v1beta1::AllocateRequest& req,
+                                                const v1beta1::AllocateRequest& req, bool claim,
                                                 bool readmission) {
   if (handed_over_) return HandedOverError();
   if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
+  if (both_ways_.count(resource) > 0) {
+    for (const auto& c : req.container_requests()) {
+      for (const std::string& id : c.devices_ids()) {
+        if (absl::Status s = CheckOtherPathLocked(resource, id, claim); !s.ok()) return s;
+      }
+    }
+  }
   if (readmission) return absl::OkStatus();
   // A pod the kubelet lost track of may still hold these devices.
   for (const auto& c : req.container_requests()) {
@@ -571,14 +659,7 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
       auto q = quarantined_held_.find(HeldKey(resource, id));
       if (q == quarantined_held_.end()) continue;
       std::string holder = absl::StrCat("allocation ", q->second);
-      if (state::Allocation a; allocations_.Get(q->second, &a)) {
-        if (!a.pod_name().empty()) {
-          holder = absl::StrCat("pod ", a.pod_namespace(), "/", a.pod_name(), " container ",
-                                a.container());
-        } else if (!a.pod_uid().empty()) {
-          holder = absl::StrCat("a container of pod UID ", a.pod_uid());
-        }
-      }
+      if (state::Allocation a; allocations_.Get(q->second, &a)) holder = HolderOf(a);
       events_->Emit("device_held_twice", {{"resource", resource},
                                           {"device", id},
                                           {"first", holder},
@@ -629,7 +710,37 @@ std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
   return records;
 }
 
+void StateKeeper::AddInFlightLocked(Pending* p) {
+  for (const state::Allocation& a : p->records) {
+    if (both_ways_.count(a.resource()) == 0) continue;
+    p->in_flight = true;
+    for (const std::string& d : a.device_ids()) {
+      InFlight& f = in_flight_[HeldKey(a.resource(), d)];
+      if (a.has_claim()) {
+        ++f.claims;
+        f.claim_holder = HolderOf(a);
+      } else {
+        ++f.others;
+      }
+    }
+  }
+}
+
+void StateKeeper::EndInFlightLocked(const Pending& p) {
+  if (!p.in_flight) return;
+  for (const state::Allocation& a : p.records) {
+    if (both_ways_.count(a.resource()) == 0) continue;
+    for (const std::string& d : a.device_ids()) {
+      auto f = in_flight_.find(HeldKey(a.resource(), d));
+      if (f == in_flight_.end()) continue;
+      (a.has_claim() ? f->second.claims : f->second.others) -= 1;
+      if (f->second.claims <= 0 && f->second.others <= 0) in_flight_.erase(f);
+    }
+  }
+}
+
 bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
+  if (!p->written_only && !both_ways_.empty()) AddInFlightLocked(p.get());
   p->encoded = JournalFile::Encode(p->records);
   queue_.push_back(std::move(p));
   ++queued_;
@@ -664,7 +775,8 @@ void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::Alloca
                               std::function<void(absl::Status)> done) {
   Submit(
       [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        absl::Status refused = CheckRecordableLocked(resource, req);
+        absl::Status refused =
+            CheckRecordableLocked(resource, req, backend.claims != nullptr);
         if (refused.ok()) me->records = NewRecordsLocked(resource, req, &resp, backend);
         return refused;
       },
@@ -677,7 +789,8 @@ AllocationJournal::Reservation StateKeeper::ReserveAsync(
   Reservation r;
   Submit(
       [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        absl::Status refused = CheckRecordableLocked(resource, req, readmission);
+        absl::Status refused =
+            CheckRecordableLocked(resource, req, backend.claims != nullptr, readmission);
         if (!refused.ok()) return refused;
         me->records = NewRecordsLocked(resource, req, nullptr, backend);
         r.count = static_cast<int>(me->records.size());
@@ -829,6 +942,7 @@ void StateKeeper::WriteQueued() {
     mu_.Lock();
     ++journal_writes_;
     NoteWrite(s);
+    for (const auto& p : batch) EndInFlightLocked(*p);
     if (!s.ok()) {
       LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
       events_->Emit("state_save_failed", {{"path", journal_.path()},
@@ -1039,6 +1153,7 @@ void StateKeeper::RebuildIndexLocked() {
   held_.clear();
   quarantined_held_.clear();
   by_claim_.clear();
+  claim_held_.clear();
   allocations_.ForEach([this](const state::Allocation& a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     IndexLocked(a);
     if (!a.quarantined()) return;
@@ -1057,7 +1172,9 @@ void StateKeeper::RebuildQuarantineIndexLocked() {
 
 void StateKeeper::IndexLocked(const state::Allocation& a) {
   for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
-  if (a.has_claim()) by_claim_[a.claim().uid()].insert(a.id());
+  if (!a.has_claim()) return;
+  by_claim_[a.claim().uid()].insert(a.id());
+  for (const std::string& d : a.device_ids()) claim_held_[HeldKey(a.resource(), d)].insert(a.id());
 }
 
 void StateKeeper::UnindexLocked(const state::Allocation& a) {
@@ -1066,6 +1183,12 @@ void StateKeeper::UnindexLocked(const state::Allocation& a) {
     if (h != held_.end() && --h->second == 0) held_.erase(h);
   }
   if (!a.has_claim()) return;
+  for (const std::string& d : a.device_ids()) {
+    auto h = claim_held_.find(HeldKey(a.resource(), d));
+    if (h == claim_held_.end()) continue;
+    h->second.erase(a.id());
+    if (h->second.empty()) claim_held_.erase(h);
+  }
   auto c = by_claim_.find(a.claim().uid());
   if (c == by_claim_.end()) return;
   c->second.erase(a.id());

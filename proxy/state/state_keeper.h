@@ -110,6 +110,13 @@ class AllocationJournal {
                            std::function<void(absl::Status)> done,
                            const std::vector<state::DraClaim>* claims = nullptr) = 0;
   virtual void Withdraw(const Reservation& r) = 0;
+  // Why a device of `req` may not be had on this path (`claim`: a DRA
+  // claim's request) because the other one holds it (SetServedBothWays),
+  // or OK. Asked before the plugin is; the reservation asks again.
+  virtual absl::Status CheckOtherPath(const std::string& resource,
+                                      const v1beta1::AllocateRequest& req, bool claim) {
+    return absl::OkStatus();
+  }
 };
 
 class StateKeeper : public AllocationJournal {
@@ -120,6 +127,17 @@ class StateKeeper : public AllocationJournal {
   ~StateKeeper() override;
   StateKeeper(const StateKeeper&) = delete;
   StateKeeper& operator=(const StateKeeper&) = delete;
+
+  // Resources served both as a device plugin and through DRA
+  // (ProxyConfig::paths "both"): each device has one holder across the two.
+  // A device a claim holds is refused to an allocation without a claim, and
+  // one an allocation without a claim holds (a pod of the extended
+  // resource, until reconciliation finds it gone) is refused to a claim,
+  // each refusal naming the holder. Elsewhere each path rules its own
+  // devices. Set before the first Record.
+  void SetServedBothWays(std::set<std::string> resources);
+  absl::Status CheckOtherPath(const std::string& resource, const v1beta1::AllocateRequest& req,
+                              bool claim) override;
 
   // Called with the duration of each journal write and its fdatasync (on
   // the writing thread, no lock held). Set before the first Record.
@@ -304,7 +322,18 @@ class StateKeeper : public AllocationJournal {
     // An answer or a withdrawal: applied to state_ already, acknowledged
     // once written. Otherwise the records join state_ once synced.
     bool written_only = false;
+    // Its records are counted in in_flight_ until written.
+    bool in_flight = false;
   };
+  // Records of resources served both ways, queued and not yet written: a
+  // holder already for CheckOtherPathLocked, so two paths asking for one
+  // device at the same instant cannot both be recorded.
+  struct InFlight {
+    int claims = 0, others = 0;
+    std::string claim_holder;  // the latest claim's, as a refusal names it
+  };
+  void AddInFlightLocked(Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndInFlightLocked(const Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records of `req` (ids taken now; a failed write leaves a gap, never a
   // reuse), WHOLE with `resp`, or RESERVED without it.
   std::vector<state::Allocation> NewRecordsLocked(const std::string& resource,
@@ -322,10 +351,14 @@ class StateKeeper : public AllocationJournal {
 
   // Why a Record of `req` may not be journaled (the journal is not open, a
   // device is quarantined), or OK.
+  // `claim`: the request is a DRA claim's.
   absl::Status CheckRecordableLocked(const std::string& resource,
-                                     const v1beta1::AllocateRequest& req,
+                                     const v1beta1::AllocateRequest& req, bool claim,
                                      bool readmission = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SetServedBothWays' rule for one device; OK if it may be recorded.
+  absl::Status CheckOtherPathLocked(const std::string& resource, const std::string& device,
+                                    bool claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the queue, batch after batch, until it is empty or a saver wants
   // the journal; then frees it. The caller has set journal_busy_; mu_ not
   // held.
@@ -426,6 +459,11 @@ class StateKeeper : public AllocationJournal {
   // DRA mode: claim UID -> the ids of its allocations, so a claim's
   // allocations are read without parsing every other one.
   std::map<std::string, std::set<uint64_t>> by_claim_ ABSL_GUARDED_BY(mu_);
+  // "resource\0device" -> the claim allocations that name it (a subset of
+  // held_'s count: the rest are allocations without a claim).
+  std::unordered_map<std::string, std::set<uint64_t>> claim_held_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> both_ways_ ABSL_GUARDED_BY(mu_);
   // held_ and by_claim_ with `a`, added to allocations_.
   void IndexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int> allocation_count_{0};

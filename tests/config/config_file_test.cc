@@ -215,6 +215,56 @@ TEST(ConfigFileTest, DraModeIsReadCheckedAndWrittenBack) {
   EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("not an absolute path"));
 }
 
+// Each resource's path toward the kubelet: a device plugin, DRA, or both;
+// the ones not named take the default (DRA with kubelet.api: dra).
+TEST(ConfigFileTest, PathsPerResourceAreReadCheckedAndWrittenBack) {
+  ProxyConfig c = Base();
+  ASSERT_TRUE(LoadConfigText("paths: {vendor.com/gpu: both, vendor.com/fpga: dra,\n"
+                             "        vendor.com/nic: device-plugin}\n"
+                             "dra: {driver: gpu.vendor.com, node_name: node-1}\n",
+                             "f.yaml", &c)
+                  .ok());
+  EXPECT_FALSE(c.dra.enabled);
+  EXPECT_EQ(PathOf(c, "vendor.com/gpu"), KubeletPath::kBoth);
+  EXPECT_EQ(PathOf(c, "vendor.com/fpga"), KubeletPath::kDra);
+  EXPECT_EQ(PathOf(c, "vendor.com/nic"), KubeletPath::kDevicePlugin);
+  EXPECT_EQ(PathOf(c, "vendor.com/other"), KubeletPath::kDevicePlugin);
+  EXPECT_TRUE(ServesDevicePlugins(c));
+  EXPECT_TRUE(ServesDra(c));
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  ProxyConfig again = Base();
+  ASSERT_TRUE(LoadConfigText(ConfigToYaml(c), "again.yaml", &again).ok());
+  EXPECT_EQ(ConfigToYaml(again), ConfigToYaml(c));
+  EXPECT_EQ(again.paths, c.paths);
+
+  // DRA by default: the resources not named go through DRA, and only a
+  // resource named otherwise keeps the device-plugin side running.
+  ProxyConfig dra = Base();
+  ASSERT_TRUE(LoadConfigText("kubelet: {api: dra}\n"
+                             "dra: {driver: gpu.vendor.com, node_name: node-1}\n",
+                             "f.yaml", &dra)
+                  .ok());
+  EXPECT_EQ(PathOf(dra, "vendor.com/other"), KubeletPath::kDra);
+  EXPECT_FALSE(ServesDevicePlugins(dra));
+  dra.paths["vendor.com/nic"] = KubeletPath::kDevicePlugin;
+  EXPECT_TRUE(ServesDevicePlugins(dra));
+  EXPECT_FALSE(ServesDra(Base()));
+
+  // A resource through DRA with no driver to publish it as, and a path
+  // that does not exist, are named.
+  ProxyConfig bad = Base();
+  bad.paths["vendor.com/gpu"] = KubeletPath::kBoth;
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()),
+              HasSubstr("paths: vendor.com/gpu is served through DRA (both): that needs a driver "
+                        "name"));
+  ProxyConfig typo = Base();
+  EXPECT_THAT(std::string(LoadConfigText("paths: {vendor.com/gpu: extended}\n", "f.yaml", &typo)
+                              .message()),
+              HasSubstr("paths.vendor.com/gpu"));
+  EXPECT_THAT(std::string(LoadConfigText("paths: [vendor.com/gpu]\n", "f.yaml", &typo).message()),
+              HasSubstr("must be a mapping RESOURCE: device-plugin | dra | both"));
+}
+
 // A DaemonSet's file names no node: the downward API's NODE_NAME does, as
 // for the flags (the Helm chart relies on it).
 TEST(ConfigFileTest, AFileWithoutANodeNameTakesNodeNameFromTheEnvironment) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -58,13 +59,16 @@ users: [{name: agent, user: {token: node-token}}]
 // <dir>/cdi; the kubelet sim resolves CDI names there and deletes the
 // node's slices at each start.
 // Its waits look again at each request the API server answers too.
+// `paths` set: DRA for those resources only (ProxyConfig::paths).
 std::unique_ptr<ProxyHarness> DraHarness(sim::ApiServerSim& api, const std::string& kubeconfig,
                                          const std::string& cdi,
-                                         Personality personality = Personality::kV1Beta1Sync) {
+                                         Personality personality = Personality::kV1Beta1Sync,
+                                         std::map<std::string, KubeletPath> paths = {}) {
   auto h = std::make_unique<ProxyHarness>(
       personality, false,
       [&](ProxyConfig& c) {
-        c.dra.enabled = true;
+        c.dra.enabled = paths.empty();
+        c.paths = paths;
         c.dra.driver = kDriver;
         c.dra.node_name = "node-1";
         c.dra.kubeconfig = kubeconfig;
@@ -219,6 +223,72 @@ TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
   ASSERT_TRUE(un.ok());
   EXPECT_EQ((*un)[uid]["error"], "");
   EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir.Sub("cdi"), kDriver, uid)));
+}
+
+// One resource served both ways at once (paths: both): the kubelet sees
+// its device plugin and the API server the driver's pool. Each device has
+// one holder: one a claim holds is refused to a pod of the extended
+// resource, and one a pod holds to a claim, each naming the holder; the
+// reconciler, which knows only the kubelet's device-plugin pods, leaves
+// the claim's devices alone.
+TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kBoth}});
+  ProxyHarness& h = *harness;
+  SamplePlugin* plugin = StartNode(h, "1.34");
+  ASSERT_NE(plugin, nullptr);
+
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait));
+  ASSERT_TRUE(h.WaitFor([&] {
+    return h.proxy().Status().resources.size() == 1 &&
+           h.proxy().Status().resources[0].kubelet_api == "v1beta1 + dra (gpu.vendor.com)";
+  })) << h.proxy().Status().resources[0].kubelet_api;
+  EXPECT_NE(h.proxy().Status().resources[0].kubelet_socket, "");
+
+  // A claim holds gpu-1; a pod asking for all four devices is refused.
+  const std::string uid = api.PutClaim(Claim("train", {"gpu-1"}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[uid]["error"], "");
+  absl::StatusOr<sim::AllocateResponse> all =
+      h.sim().Allocate(testing::PodRequest("all-four", {{"c", 4}}, "vendor.com/gpu"));
+  ASSERT_FALSE(all.ok());
+  EXPECT_THAT(std::string(all.status().message()), HasSubstr("gpu-1"));
+  EXPECT_THAT(std::string(all.status().message()), HasSubstr("train"));
+  // A pod asking for one gets another device.
+  absl::StatusOr<sim::AllocateResponse> one =
+      h.sim().Allocate(testing::PodRequest("one", {{"c", 1}}, "vendor.com/gpu"));
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->allocations_size(), 1);
+  const std::string pods = one->allocations(0).device_ids(0);
+  EXPECT_NE(pods, "gpu-1");
+  // A claim for the pod's device is refused, naming it; the call itself
+  // succeeds (the error is the claim's).
+  const std::string uid2 = api.PutClaim(Claim("infer", {pods}))["metadata"]["uid"];
+  absl::StatusOr<Json> refused = h.sim().PrepareClaims(kDriver, {{"default", "infer", uid2}});
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_THAT((*refused)[uid2]["error"].get<std::string>(), HasSubstr(pods));
+  EXPECT_EQ(plugin->Status().allocate_calls(), 2);
+
+  // Reconciliation: the pod is listed by pod-resources, the claim is not,
+  // and still holds its device.
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  absl::StatusOr<sim::AllocateResponse> again =
+      h.sim().Allocate(testing::PodRequest("all-four-again", {{"c", 3}}, "vendor.com/gpu"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("gpu-1"));
+  absl::StatusOr<Json> retried = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(retried.ok());
+  EXPECT_EQ((*retried)[uid]["devices"], (*prepared)[uid]["devices"]);
+  EXPECT_EQ(plugin->Status().allocate_calls(), 2);  // the claim was kept, not allocated again
 }
 
 TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -967,6 +968,100 @@ TEST(StateKeeperTest, AClaimsAllocationsAreFoundByItsUid) {
   ASSERT_EQ(left.size(), 1u);
   EXPECT_EQ(left.begin()->first, "claim-b");
   EXPECT_EQ(left.begin()->second.size(), 2u);
+}
+
+// A resource served both as a device plugin and through DRA: each device
+// has one holder. When a claim and a pod of the extended resource ask for
+// the same device at the same instant, one gets it and the other is
+// refused with the winner named; never both. After a restart the claim
+// still holds its device; a resource served one way only keeps its own
+// rules (a newer allocation supersedes an older one).
+TEST(StateKeeperTest, ADeviceHasOneHolderAcrossTheTwoPaths) {
+  testing::ShortTempDir dir;
+  EventLog events{"test"};
+  std::vector<state::DraClaim> claims(1);
+  claims[0].set_uid("claim-a");
+  claims[0].set_namespace_("default");
+  claims[0].set_name("train");
+  std::map<std::string, bool> claim_won;  // device -> whether the claim got it
+  auto one = [](const std::string& device) {
+    v1beta1::AllocateRequest req;
+    req.add_container_requests()->add_devices_ids(device);
+    return req;
+  };
+  // A reservation's outcome, once durable or refused.
+  auto reserve = [&](StateKeeper& keeper, const std::string& resource, const std::string& device,
+                     bool claim) {
+    absl::Notification done;
+    absl::Status out;
+    keeper.ReserveAsync(resource, one(device),
+                        BackendSide{"v1beta1", "/s", resource, nullptr, claim ? &claims : nullptr},
+                        [&](absl::Status s) {
+                          out = s;
+                          done.Notify();
+                        });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return out;
+  };
+  {
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    MustLoad(keeper);
+    keeper.SetServedBothWays({"vendor.com/gpu"});
+    for (int round = 0; round < 100; ++round) {
+      const std::string device = absl::StrCat("gpu-", round);
+      absl::Status by_claim, by_pod;
+      std::atomic<int> ready{0};
+      auto go = [&](bool claim, absl::Status* out) {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }  // both ask at the same instant
+        *out = reserve(keeper, "vendor.com/gpu", device, claim);
+      };
+      std::thread a(go, true, &by_claim);
+      std::thread b(go, false, &by_pod);
+      a.join();
+      b.join();
+      ASSERT_NE(by_claim.ok(), by_pod.ok()) << device << ": " << by_claim << " / " << by_pod;
+      const absl::Status& refused = by_claim.ok() ? by_pod : by_claim;
+      EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(std::string(refused.message()),
+                  ::testing::HasSubstr(absl::StrCat("device ", device, " of vendor.com/gpu is "
+                                                    "held by ")));
+      claim_won[device] = by_claim.ok();
+      if (by_claim.ok()) {
+        EXPECT_THAT(std::string(refused.message()),
+                    ::testing::HasSubstr("DRA claim default/train (UID claim-a)"));
+      } else {
+        EXPECT_THAT(std::string(refused.message()),
+                    ::testing::HasSubstr("a pod of the extended resource"));
+      }
+    }
+    EXPECT_EQ(claim_won.size(), 100u);
+    // However the races went, one device each way.
+    ASSERT_TRUE(reserve(keeper, "vendor.com/gpu", "gpu-claimed", true).ok());
+    claim_won["gpu-claimed"] = true;
+    ASSERT_TRUE(reserve(keeper, "vendor.com/gpu", "gpu-pods", false).ok());
+    claim_won["gpu-pods"] = false;
+    // Served one way only: a pod's allocation supersedes, a claim after a
+    // pod is the DRA path's to judge.
+    EXPECT_TRUE(reserve(keeper, "vendor.com/nic", "nic-0", true).ok());
+    EXPECT_TRUE(reserve(keeper, "vendor.com/nic", "nic-0", false).ok());
+  }
+  StateKeeper again(dir.Sub("state.pb"), &events);
+  MustLoad(again);
+  again.SetServedBothWays({"vendor.com/gpu"});
+  // Whoever won holds it still: the other path is refused.
+  for (const auto& [device, by_claim] : claim_won) {
+    const absl::Status other = again.CheckOtherPath("vendor.com/gpu", one(device), !by_claim);
+    EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << device;
+  }
+  // The claim's allocations released: their devices go to pods.
+  std::vector<uint64_t> ids;
+  for (const state::Allocation& a : again.ClaimAllocations("claim-a")) ids.push_back(a.id());
+  ASSERT_FALSE(ids.empty());
+  ASSERT_TRUE(again.Release(ids).ok());
+  EXPECT_TRUE(again.CheckOtherPath("vendor.com/gpu", one("gpu-claimed"), false).ok());
+  EXPECT_TRUE(reserve(again, "vendor.com/gpu", "gpu-claimed", false).ok());
 }
 
 // A loaded keeper in a fresh state directory, for the tests of how it

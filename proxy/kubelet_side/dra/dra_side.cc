@@ -54,7 +54,7 @@ void DraSide::Resume() {
 
 void DraSide::AddResource(Allocator* allocator) {
   LOG(INFO) << "resource " << allocator->resource()->name() << ": published as DRA devices of "
-            << "driver " << options_.dra.driver << " (no device-plugin socket for the kubelet)";
+            << "driver " << options_.dra.driver;
   Wake();
 }
 

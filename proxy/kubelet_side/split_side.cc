@@ -1,0 +1,95 @@
+#include "proxy/kubelet_side/split_side.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dpproxy {
+
+SplitSide::SplitSide(std::unique_ptr<KubeletSide> device_plugins,
+                     std::unique_ptr<KubeletSide> dra, PathOfResource path_of)
+    : device_plugins_(std::move(device_plugins)),
+      dra_(std::move(dra)),
+      path_of_(std::move(path_of)) {}
+
+absl::Status SplitSide::Start() {
+  if (absl::Status s = device_plugins_->Start(); !s.ok()) return s;
+  if (absl::Status s = dra_->Start(); !s.ok()) {
+    device_plugins_->Stop(Ending::kForGood);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+void SplitSide::Stop(Ending ending) {
+  device_plugins_->Stop(ending);
+  dra_->Stop(ending);
+}
+
+void SplitSide::AddResource(Allocator* allocator) {
+  const KubeletPath path = path_of_(allocator->resource()->name());
+  if (path != KubeletPath::kDra) device_plugins_->AddResource(allocator);
+  if (path != KubeletPath::kDevicePlugin) dra_->AddResource(allocator);
+}
+
+void SplitSide::Wake() {
+  device_plugins_->Wake();
+  dra_->Wake();
+}
+
+KubeletSide::PassResult SplitSide::Pass(absl::Time now) {
+  PassResult a = device_plugins_->Pass(now);
+  const PassResult b = dra_->Pass(now);
+  if (!a.kubelet_restarted) a.kubelet_restarted = b.kubelet_restarted;
+  a.next_retry = std::min(a.next_retry, b.next_retry);
+  return a;
+}
+
+void SplitSide::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
+  device_plugins_->SetCallSettings(backend_timeout, cdi_annotations);
+  dra_->SetCallSettings(backend_timeout, cdi_annotations);
+}
+
+KubeletView SplitSide::ViewOf(const std::string& resource) {
+  const KubeletPath path = path_of_(resource);
+  if (path == KubeletPath::kDevicePlugin) return device_plugins_->ViewOf(resource);
+  if (path == KubeletPath::kDra) return dra_->ViewOf(resource);
+  KubeletView v = device_plugins_->ViewOf(resource);
+  const KubeletView d = dra_->ViewOf(resource);
+  if (v.api.empty()) {
+    v.api = d.api;
+  } else if (!d.api.empty()) {
+    v.api = absl::StrCat(v.api, " + ", d.api);
+  }
+  return v;
+}
+
+std::vector<HealthCheck> SplitSide::Readiness() {
+  std::vector<HealthCheck> out = device_plugins_->Readiness();
+  for (HealthCheck& c : dra_->Readiness()) out.push_back(std::move(c));
+  return out;
+}
+
+std::vector<KubeletGate*> SplitSide::Gates() {
+  std::vector<KubeletGate*> out = device_plugins_->Gates();
+  for (KubeletGate* g : dra_->Gates()) out.push_back(g);
+  return out;
+}
+
+void SplitSide::Hold() {
+  device_plugins_->Hold();
+  dra_->Hold();
+}
+
+void SplitSide::Resume() {
+  device_plugins_->Resume();
+  dra_->Resume();
+}
+
+void SplitSide::BeforePredecessorExits() {
+  device_plugins_->BeforePredecessorExits();
+  dra_->BeforePredecessorExits();
+}
+
+}  // namespace dpproxy

@@ -1,0 +1,61 @@
+// File: split_side.h
+//
+// Both kubelet sides in one process: each resource goes to the device-plugin
+// side, the DRA side, or both, as its path says (ProxyConfig::paths). The
+// server sees one KubeletSide; every call reaches the sides that serve
+// something, and a resource's calls reach the sides of its path.
+//
+//   SplitSide side(std::move(device_plugins), std::move(dra),
+//                  [&](const std::string& r) { return PathOf(config, r); });
+//   side.AddResource(allocator);  // to one side or both
+//
+// Both sides allocate through the resource's one Allocator, so a device
+// held on one path is refused on the other with its holder named.
+#ifndef DPPROXY_PROXY_KUBELET_SIDE_SPLIT_SIDE_H_
+#define DPPROXY_PROXY_KUBELET_SIDE_SPLIT_SIDE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proxy/config/proxy_config.h"
+#include "proxy/kubelet_side/kubelet_side.h"
+
+namespace dpproxy {
+
+class SplitSide : public KubeletSide {
+ public:
+  using PathOfResource = std::function<KubeletPath(const std::string& resource)>;
+
+  // `device_plugins` and `dra` are both set; `path_of` is called on any
+  // thread.
+  SplitSide(std::unique_ptr<KubeletSide> device_plugins, std::unique_ptr<KubeletSide> dra,
+            PathOfResource path_of);
+
+  // The device-plugin side first; if the DRA side cannot start, the first
+  // is stopped again and the error returned.
+  absl::Status Start() override;
+  void Stop(Ending ending) override;
+  void AddResource(Allocator* allocator) override;
+  void Wake() override;
+  // Both passes; a kubelet restart either saw, the sooner retry.
+  PassResult Pass(absl::Time now) override;
+  void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) override;
+  // Through both paths: "v1beta1 + dra (DRIVER)", the device plugin's socket.
+  KubeletView ViewOf(const std::string& resource) override;
+  std::vector<HealthCheck> Readiness() override;
+  std::vector<KubeletGate*> Gates() override;
+  void Hold() override;
+  void Resume() override;
+  void BeforePredecessorExits() override;
+
+ private:
+  const std::unique_ptr<KubeletSide> device_plugins_;
+  const std::unique_ptr<KubeletSide> dra_;
+  const PathOfResource path_of_;
+};
+
+}  // namespace dpproxy
+
+#endif  // DPPROXY_PROXY_KUBELET_SIDE_SPLIT_SIDE_H_

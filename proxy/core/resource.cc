@@ -177,6 +177,15 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
     });
   }
   snapshot_.list = std::move(shown);
+  snapshot_.to_device_plugins = snapshot_.list;
+  if (!held_by_claims_.empty()) {
+    const absl::flat_hash_set<absl::string_view> claimed(held_by_claims_.begin(),
+                                                         held_by_claims_.end());
+    snapshot_.to_device_plugins =
+        snapshot_.list->WithHealth([&claimed](const DeviceList::View& d) -> absl::string_view {
+          return claimed.contains(d.id) ? kUnhealthy : absl::string_view();
+        });
+  }
   ++snapshot_.version;
   const size_t bytes = snapshot_.list->bytes();
   const bool over = bytes > kKubeletMaxListBytes;
@@ -206,6 +215,18 @@ void Resource::SetShownUnhealthy(std::set<std::string> ids) {
     ChangeLock lock(this);
     if (ids == shown_unhealthy_) return;
     shown_unhealthy_ = std::move(ids);
+    PublishBaseLocked(base_);
+  }
+  if (hooks_.on_change) hooks_.on_change();
+}
+
+void Resource::SetHeldAcrossPaths(std::set<std::string> by_claims,
+                                  std::set<std::string> by_pods) {
+  {
+    ChangeLock lock(this);
+    if (by_claims == held_by_claims_ && by_pods == *snapshot_.left_out_of_pool) return;
+    held_by_claims_ = std::move(by_claims);
+    snapshot_.left_out_of_pool = std::make_shared<const std::set<std::string>>(std::move(by_pods));
     PublishBaseLocked(base_);
   }
   if (hooks_.on_change) hooks_.on_change();

@@ -79,6 +79,14 @@ class Resource {
   struct Snapshot {
     uint64_t version = 0;
     std::shared_ptr<const DeviceList> list = DeviceList::Empty();
+    // What the device-plugin side streams: `list` itself, unless DRA
+    // claims hold some of its devices (SetHeldAcrossPaths), which it shows
+    // Unhealthy.
+    std::shared_ptr<const DeviceList> to_device_plugins = DeviceList::Empty();
+    // Devices pods of the extended resource hold, which the DRA side
+    // leaves out of its pool (SetHeldAcrossPaths). Never null.
+    std::shared_ptr<const std::set<std::string>> left_out_of_pool =
+        std::make_shared<const std::set<std::string>>();
   };
 
   // What a kubelet accepts in one message (kubelet_rules.h).
@@ -170,6 +178,14 @@ class Resource {
   // held under another name or ID (held_elsewhere.h). Replaces the
   // previous set; publishes a new list if anything changed.
   void SetShownUnhealthy(std::set<std::string> ids);
+
+  // A resource served both as a device plugin and through DRA: the
+  // devices DRA claims hold are shown Unhealthy to the device-plugin side
+  // only (no pod of the extended resource is admitted onto them, and
+  // allocatable drops), and the devices pods of the extended resource hold
+  // are left out of the DRA side's pool only. Each side keeps the real
+  // health of its own holders' devices. Publishes if anything changed.
+  void SetHeldAcrossPaths(std::set<std::string> by_claims, std::set<std::string> by_pods);
 
   // Devices held by running containers the kubelet has forgotten (it
   // restarted without its checkpoint), by kubelet ID, with who holds them
@@ -272,6 +288,7 @@ class Resource {
   // The list before health overrides (what snapshot_ shows without them).
   std::shared_ptr<const DeviceList> base_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
   std::set<std::string> shown_unhealthy_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> held_by_claims_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Forgotten> forgotten_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const Forgotten>();
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;

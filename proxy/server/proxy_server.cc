@@ -142,6 +142,9 @@ absl::Status ProxyServer::OpenState() {
       if (path == KubeletPath::kBoth) both.insert(resource);
     }
     keeper_->SetServedBothWays(std::move(both));
+    // The other side stops offering what one path took: soon, not at the
+    // next second's pass.
+    keeper_->SetHeldAcrossObserver([this] { housekeeping_.Wake(); });
   }
   keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
   DPP_RETURN_IF_ERROR(MakeSide());

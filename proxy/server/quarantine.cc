@@ -22,8 +22,24 @@ bool Quarantine::Changed() {
   return true;
 }
 
+void Quarantine::ApplyHeldAcrossPaths() {
+  const uint64_t version = keeper_->held_across_version();
+  const uint64_t served = table_->served_version();
+  if (version == applied_across_ && served == applied_across_served_) return;
+  applied_across_ = version;
+  applied_across_served_ = served;
+  std::map<std::string, StateKeeper::HeldAcross> held = keeper_->HeldAcrossPaths();
+  if (held.empty()) return;
+  for (ServedResource* e : table_->All()) {
+    auto h = held.find(e->resource->name());
+    if (h == held.end()) continue;
+    e->resource->SetHeldAcrossPaths(std::move(h->second.by_claims), std::move(h->second.by_pods));
+  }
+}
+
 void Quarantine::Apply() {
   absl::MutexLock guard(&apply_mu_);
+  ApplyHeldAcrossPaths();
   if (!Changed()) return;
   Rows rows;
   // Held by containers the kubelet forgot: real health, steered around.

@@ -76,6 +76,11 @@ class Quarantine {
   uint64_t applied_quarantine_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_released_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_served_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  // A resource served both ways: what each side must not offer because the
+  // other path holds it (StateKeeper::HeldAcrossPaths), at each change.
+  void ApplyHeldAcrossPaths() ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
+  uint64_t applied_across_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  uint64_t applied_across_served_ ABSL_GUARDED_BY(apply_mu_) = 0;
   absl::Mutex rows_mu_;
   Rows rows_ ABSL_GUARDED_BY(rows_mu_);
   std::atomic<uint64_t> rows_version_{0};

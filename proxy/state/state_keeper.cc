@@ -580,6 +580,28 @@ std::string HolderOf(const state::Allocation& a) {
 void StateKeeper::SetServedBothWays(std::set<std::string> resources) {
   absl::MutexLock lock(&mu_);
   both_ways_ = std::move(resources);
+  RebuildIndexLocked();
+  HeldAcrossChangedLocked();
+}
+
+std::map<std::string, StateKeeper::HeldAcross> StateKeeper::HeldAcrossPaths() {
+  std::map<std::string, HeldAcross> out;
+  absl::MutexLock lock(&mu_);
+  for (const std::string& resource : both_ways_) {
+    HeldAcross& h = out[resource];
+    auto r = both_held_.find(resource);
+    if (r == both_held_.end()) continue;
+    for (const auto& [device, counts] : r->second) {
+      if (counts.first > 0) h.by_claims.insert(device);
+      if (counts.second > 0) h.by_pods.insert(device);
+    }
+  }
+  return out;
+}
+
+void StateKeeper::HeldAcrossChangedLocked() {
+  ++held_across_version_;
+  if (held_across_observer_) held_across_observer_();
 }
 
 absl::Status StateKeeper::CheckOtherPath(const std::string& resource,
@@ -1154,6 +1176,7 @@ void StateKeeper::RebuildIndexLocked() {
   quarantined_held_.clear();
   by_claim_.clear();
   claim_held_.clear();
+  both_held_.clear();
   allocations_.ForEach([this](const state::Allocation& a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     IndexLocked(a);
     if (!a.quarantined()) return;
@@ -1172,12 +1195,29 @@ void StateKeeper::RebuildQuarantineIndexLocked() {
 
 void StateKeeper::IndexLocked(const state::Allocation& a) {
   for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
+  if (both_ways_.count(a.resource()) > 0) {
+    auto& devices = both_held_[a.resource()];
+    for (const std::string& d : a.device_ids()) {
+      auto& counts = devices[d];
+      (a.has_claim() ? counts.first : counts.second) += 1;
+    }
+    HeldAcrossChangedLocked();
+  }
   if (!a.has_claim()) return;
   by_claim_[a.claim().uid()].insert(a.id());
   for (const std::string& d : a.device_ids()) claim_held_[HeldKey(a.resource(), d)].insert(a.id());
 }
 
 void StateKeeper::UnindexLocked(const state::Allocation& a) {
+  if (auto r = both_held_.find(a.resource()); r != both_held_.end()) {
+    for (const std::string& d : a.device_ids()) {
+      auto c = r->second.find(d);
+      if (c == r->second.end()) continue;
+      (a.has_claim() ? c->second.first : c->second.second) -= 1;
+      if (c->second.first <= 0 && c->second.second <= 0) r->second.erase(c);
+    }
+    HeldAcrossChangedLocked();
+  }
   for (const std::string& d : a.device_ids()) {
     auto h = held_.find(HeldKey(a.resource(), d));
     if (h != held_.end() && --h->second == 0) held_.erase(h);

@@ -138,6 +138,19 @@ class StateKeeper : public AllocationJournal {
   void SetServedBothWays(std::set<std::string> resources);
   absl::Status CheckOtherPath(const std::string& resource, const v1beta1::AllocateRequest& req,
                               bool claim) override;
+  // Each resource served both ways: the devices DRA claims hold, and those
+  // allocations without a claim hold (recorded ones). What the other side
+  // must not offer (Resource::SetHeldAcrossPaths).
+  struct HeldAcross {
+    std::set<std::string> by_claims, by_pods;
+  };
+  std::map<std::string, HeldAcross> HeldAcrossPaths();
+  // Grows whenever HeldAcrossPaths() changes; `changed` is called then,
+  // under the keeper's lock: it may only wake someone up.
+  uint64_t held_across_version() const { return held_across_version_.load(); }
+  void SetHeldAcrossObserver(std::function<void()> changed) {
+    held_across_observer_ = std::move(changed);
+  }
 
   // Called with the duration of each journal write and its fdatasync (on
   // the writing thread, no lock held). Set before the first Record.
@@ -463,6 +476,13 @@ class StateKeeper : public AllocationJournal {
   // held_'s count: the rest are allocations without a claim).
   std::unordered_map<std::string, std::set<uint64_t>> claim_held_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Resource served both ways -> device -> (claims, other allocations)
+  // naming it.
+  std::map<std::string, std::map<std::string, std::pair<int, int>>> both_held_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> held_across_version_{0};
+  std::function<void()> held_across_observer_;
+  void HeldAcrossChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::set<std::string> both_ways_ ABSL_GUARDED_BY(mu_);
   // held_ and by_claim_ with `a`, added to allocations_.
   void IndexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,9 +4,10 @@
 #include "proxy/core/resource.h"
 
 #include <atomic>
+#include <map>
 #include <optional>
-#include <thread>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -144,6 +145,51 @@ TEST(ResourceTest, DevicesShownUnhealthyStaySoUntilLifted) {
   r.Shutdown();
 }
 
+
+// A resource served both ways: what each path holds is hidden from the
+// other side only. The device-plugin side streams claim-held devices as
+// Unhealthy, the DRA side leaves pod-held ones out of its pool, and the
+// real list (what Allocate checks) keeps every device's own health.
+TEST(ResourceTest, DevicesHeldOnOnePathAreHiddenFromTheOtherSideOnly) {
+  EventLog events("test");
+  Resource r("vendor.com/gpu", ResourcePolicy(), &events);
+  auto backend = StreamOnlyBackend();
+  r.AttachBackend(backend);
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
+  std::vector<Resource::Snapshot> published;
+  const uint64_t watcher =
+      r.AddWatcher([&](const Resource::Snapshot& s) { published.push_back(s); });
+  auto health = [](const DeviceList& list) {
+    std::map<std::string, std::string> out;
+    for (const auto& d : list.ToDevices()) out[d.id()] = d.health();
+    return out;
+  };
+  r.SetHeldAcrossPaths({"gpu-1"}, {"gpu-2"});
+  ASSERT_EQ(published.size(), 1u);
+  const Resource::Snapshot s = r.Current();
+  EXPECT_EQ(health(*s.list), (std::map<std::string, std::string>{{"gpu-0", "Healthy"},
+                                                                   {"gpu-1", "Healthy"},
+                                                                   {"gpu-2", "Healthy"},
+                                                                   {"gpu-3", "Healthy"}}));
+  EXPECT_EQ(health(*s.to_device_plugins),
+            (std::map<std::string, std::string>{{"gpu-0", "Healthy"},
+                                                {"gpu-1", "Unhealthy"},
+                                                {"gpu-2", "Healthy"},
+                                                {"gpu-3", "Healthy"}}));
+  EXPECT_EQ(*s.left_out_of_pool, (std::set<std::string>{"gpu-2"}));
+  EXPECT_EQ(r.DeviceHealth("gpu-1"), "Healthy");
+  // The same again publishes nothing; a new list from the plugin keeps it.
+  r.SetHeldAcrossPaths({"gpu-1"}, {"gpu-2"});
+  EXPECT_EQ(published.size(), 1u);
+  backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
+  EXPECT_EQ(health(*r.Current().to_device_plugins)["gpu-1"], "Unhealthy");
+  // Released: the device-plugin side streams the list itself again.
+  r.SetHeldAcrossPaths({}, {});
+  EXPECT_EQ(r.Current().to_device_plugins, r.Current().list);
+  EXPECT_TRUE(r.Current().left_out_of_pool->empty());
+  r.RemoveWatcher(watcher);
+  r.Shutdown();
+}
 
 // A list larger than the kubelet accepts in one message, whose devices pods
 // hold under their IDs (so compact IDs, which would rename them, stay off),

@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/kubelet_side/dra/cdi_spec.h"
+#include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
@@ -227,10 +229,12 @@ TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
 
 // One resource served both ways at once (paths: both): the kubelet sees
 // its device plugin and the API server the driver's pool. Each device has
-// one holder: one a claim holds is refused to a pod of the extended
-// resource, and one a pod holds to a claim, each naming the holder; the
-// reconciler, which knows only the kubelet's device-plugin pods, leaves
-// the claim's devices alone.
+// one holder. A device a claim holds turns Unhealthy for the kubelet's
+// device manager only (the claim keeps it in the pool), and one a pod of
+// the extended resource holds leaves the pool only (the kubelet keeps
+// seeing it Healthy). A kubelet or a claim asking for a device the other
+// path holds anyway is refused with the holder named. The reconciler,
+// which knows only the device manager's pods, leaves the claim alone.
 TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
   ASSERT_TRUE(api.Start().ok());
@@ -241,54 +245,84 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   ProxyHarness& h = *harness;
   SamplePlugin* plugin = StartNode(h, "1.34");
   ASSERT_NE(plugin, nullptr);
-
-  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }));
+  auto pool = [&] {
+    std::set<std::string> names;
+    PublishedDevices(api, &names);
+    return names;
+  };
+  const std::set<std::string> all = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
+  ASSERT_TRUE(h.WaitFor([&] { return pool() == all; }));
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
   ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
                                             testing::kWait));
   ASSERT_TRUE(h.WaitFor([&] {
     return h.proxy().Status().resources.size() == 1 &&
            h.proxy().Status().resources[0].kubelet_api == "v1beta1 + dra (gpu.vendor.com)";
-  })) << h.proxy().Status().resources[0].kubelet_api;
-  EXPECT_NE(h.proxy().Status().resources[0].kubelet_socket, "");
+  }));
+  const std::string socket = h.proxy().Status().resources[0].kubelet_socket;
+  ASSERT_NE(socket, "");
 
-  // A claim holds gpu-1; a pod asking for all four devices is refused.
+  // A claim holds gpu-1: the device manager sees it Unhealthy, the pool
+  // keeps it.
   const std::string uid = api.PutClaim(Claim("train", {"gpu-1"}))["metadata"]["uid"];
   absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   ASSERT_EQ((*prepared)[uid]["error"], "");
-  absl::StatusOr<sim::AllocateResponse> all =
-      h.sim().Allocate(testing::PodRequest("all-four", {{"c", 4}}, "vendor.com/gpu"));
-  ASSERT_FALSE(all.ok());
-  EXPECT_THAT(std::string(all.status().message()), HasSubstr("gpu-1"));
-  EXPECT_THAT(std::string(all.status().message()), HasSubstr("train"));
-  // A pod asking for one gets another device.
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-1") == "Unhealthy"; }));
+  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", "gpu-0"), "Healthy");
+  EXPECT_EQ(pool(), all);
+  // So the kubelet admits no pod onto it: four do not fit, one does.
+  EXPECT_FALSE(
+      h.sim().Allocate(testing::PodRequest("all-four", {{"c", 4}}, "vendor.com/gpu")).ok());
   absl::StatusOr<sim::AllocateResponse> one =
       h.sim().Allocate(testing::PodRequest("one", {{"c", 1}}, "vendor.com/gpu"));
   ASSERT_TRUE(one.ok()) << one.status();
   ASSERT_EQ(one->allocations_size(), 1);
   const std::string pods = one->allocations(0).device_ids(0);
-  EXPECT_NE(pods, "gpu-1");
-  // A claim for the pod's device is refused, naming it; the call itself
-  // succeeds (the error is the claim's).
-  const std::string uid2 = api.PutClaim(Claim("infer", {pods}))["metadata"]["uid"];
-  absl::StatusOr<Json> refused = h.sim().PrepareClaims(kDriver, {{"default", "infer", uid2}});
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  EXPECT_THAT((*refused)[uid2]["error"].get<std::string>(), HasSubstr(pods));
+  ASSERT_NE(pods, "gpu-1");
+  // The pod's device leaves the pool; the kubelet still sees it Healthy.
+  std::set<std::string> rest = all;
+  rest.erase(pods);
+  ASSERT_TRUE(h.WaitFor([&] { return pool() == rest; }));
+  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", pods), "Healthy");
   EXPECT_EQ(plugin->Status().allocate_calls(), 2);
 
-  // Reconciliation: the pod is listed by pod-resources, the claim is not,
-  // and still holds its device.
+  // Asked anyway (a kubelet or a scheduler that has not seen the change
+  // yet): refused, naming the holder, and the plugin is not called.
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("gpu-1");
+  v1beta1::AllocateResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status refused =
+      v1beta1::DevicePlugin::NewStub(MakeUnixChannel(socket))->Allocate(&ctx, req, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr(absl::StrCat("device gpu-1 of vendor.com/gpu is held by DRA claim "
+                                     "default/train (UID ", uid, ")")));
+  const std::string uid2 = api.PutClaim(Claim("infer", {pods}))["metadata"]["uid"];
+  absl::StatusOr<Json> claimed = h.sim().PrepareClaims(kDriver, {{"default", "infer", uid2}});
+  ASSERT_TRUE(claimed.ok()) << claimed.status();
+  EXPECT_THAT((*claimed)[uid2]["error"].get<std::string>(),
+              HasSubstr(absl::StrCat("device ", pods, " of vendor.com/gpu is held by")));
+  EXPECT_THAT((*claimed)[uid2]["error"].get<std::string>(),
+              HasSubstr("a pod of the extended resource"));
+  EXPECT_EQ(plugin->Status().allocate_calls(), 2);
+
+  // Reconciliation lists the pod, not the claim, which keeps its device.
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  absl::StatusOr<sim::AllocateResponse> again =
-      h.sim().Allocate(testing::PodRequest("all-four-again", {{"c", 3}}, "vendor.com/gpu"));
-  ASSERT_FALSE(again.ok());
-  EXPECT_THAT(std::string(again.status().message()), HasSubstr("gpu-1"));
-  absl::StatusOr<Json> retried = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
-  ASSERT_TRUE(retried.ok());
-  EXPECT_EQ((*retried)[uid]["devices"], (*prepared)[uid]["devices"]);
-  EXPECT_EQ(plugin->Status().allocate_calls(), 2);  // the claim was kept, not allocated again
+  absl::StatusOr<Json> again = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[uid]["devices"], (*prepared)[uid]["devices"]);
+  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", "gpu-1"), "Unhealthy");
+  EXPECT_EQ(plugin->Status().allocate_calls(), 2);  // kept, not allocated again
+
+  // The claim's pod ends: gpu-1 is the device manager's to give again.
+  absl::StatusOr<Json> un = h.sim().UnprepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(un.ok());
+  EXPECT_EQ((*un)[uid]["error"], "");
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-1") == "Healthy"; }));
+  EXPECT_EQ(pool(), rest);
 }
 
 TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot) {

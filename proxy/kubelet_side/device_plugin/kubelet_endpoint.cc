@@ -358,8 +358,9 @@ class KubeletEndpoint::Services {
     // every stream writes as they are (never serialized again, never copied).
     grpc::ServerWriteReactor<grpc::ByteBuffer>* ListAndWatch(grpc::CallbackServerContext*,
                                                              const grpc::ByteBuffer*) override {
-      return new ListAndWatchStream<grpc::ByteBuffer>(
-          e_, [](const Resource::Snapshot& s) { return WireBuffer(s.list->shared_wire()); });
+      return new ListAndWatchStream<grpc::ByteBuffer>(e_, [](const Resource::Snapshot& s) {
+        return WireBuffer(s.to_device_plugins->shared_wire());
+      });
     }
 
     // The kubelet's IDs to the backend's and back; the backend is called
@@ -508,7 +509,7 @@ class KubeletEndpoint::Services {
           e, [e](const Resource::Snapshot& s) {
             Loss loss;
             auto out = std::make_shared<const deviceplugin::ListAndWatchResponse>(
-                ToV1AlphaList(s.list->ToMessage(), &loss));
+                ToV1AlphaList(s.to_device_plugins->ToMessage(), &loss));
             e->NoteLoss(loss);
             return out;
           });

@@ -294,7 +294,9 @@ void DraSide::Loop() {
         const DeviceList::View d = snap.list->device(i);
         SliceDevice sd;
         sd.id = std::string(d.id);
-        sd.healthy = d.health == kHealthy && connected;
+        // A device a pod of the extended resource holds is not offered
+        // (a resource served both ways).
+        sd.healthy = d.health == kHealthy && connected && snap.left_out_of_pool->count(sd.id) == 0;
         if (d.has_topology) {
           v1beta1::TopologyInfo t;
           if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {

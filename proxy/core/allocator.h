@@ -6,9 +6,9 @@
 // goes through here, and so obeys the same rules:
 //
 //   1. the request names only devices the resource lists, each Healthy and
-//      once per container, and, for a resource served both as a device
-//      plugin and through DRA, none the other path holds (asked before the
-//      plugin is: StateKeeper::SetServedBothWays);
+//      once per container, and, where dpproxy serves the kubelet both as
+//      device plugins and through DRA, none the other path holds (asked
+//      before the plugin is: StateKeeper::SetOneHolderAcrossPaths);
 //   2. a device held by a container the kubelet forgot is asked about once
 //      (its holder may be gone by now), and refused with the holder named
 //      if not (Resource::CheckForgotten);

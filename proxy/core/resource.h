@@ -179,7 +179,7 @@ class Resource {
   // previous set; publishes a new list if anything changed.
   void SetShownUnhealthy(std::set<std::string> ids);
 
-  // A resource served both as a device plugin and through DRA: the
+  // Where dpproxy serves the kubelet both ways (ProxyConfig::paths): the
   // devices DRA claims hold are shown Unhealthy to the device-plugin side
   // only (no pod of the extended resource is admitted onto them, and
   // allocatable drops), and the devices pods of the extended resource hold

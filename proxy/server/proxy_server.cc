@@ -136,12 +136,8 @@ absl::Status ProxyServer::LockState() {
 absl::Status ProxyServer::OpenState() {
   DPP_RETURN_IF_ERROR(LockState());
   keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
-  {
-    std::set<std::string> both;
-    for (const auto& [resource, path] : config_.paths) {
-      if (path == KubeletPath::kBoth) both.insert(resource);
-    }
-    keeper_->SetServedBothWays(std::move(both));
+  if (ServesDevicePlugins(config_) && ServesDra(config_)) {
+    keeper_->SetOneHolderAcrossPaths(true);
     // The other side stops offering what one path took: soon, not at the
     // next second's pass.
     keeper_->SetHeldAcrossObserver([this] { housekeeping_.Wake(); });

@@ -8,7 +8,10 @@
 //     renames, ID maps or compact IDs changed while pods held them: shown
 //     Unhealthy;
 //   - every device of a name no longer served (renamed away, or whose
-//     static backend a reload removed): shown Unhealthy.
+//     static backend a reload removed): shown Unhealthy;
+//   - where dpproxy serves both as device plugins and through DRA, devices
+//     one path holds: hidden from the other side only
+//     (Resource::SetHeldAcrossPaths), at each change of the holdings.
 // It keeps the rows status reports of them. Apply() costs one pass over the
 // journal's allocations, read in place, and nothing when the journal's
 // releases, the reconciler's quarantine and the served names are as they
@@ -76,8 +79,8 @@ class Quarantine {
   uint64_t applied_quarantine_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_released_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_served_ ABSL_GUARDED_BY(apply_mu_) = 0;
-  // A resource served both ways: what each side must not offer because the
-  // other path holds it (StateKeeper::HeldAcrossPaths), at each change.
+  // What each side must not offer because the other path holds it
+  // (StateKeeper::HeldAcrossPaths), at each change.
   void ApplyHeldAcrossPaths() ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   uint64_t applied_across_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_across_served_ ABSL_GUARDED_BY(apply_mu_) = 0;

@@ -577,9 +577,9 @@ std::string HolderOf(const state::Allocation& a) {
 
 }  // namespace
 
-void StateKeeper::SetServedBothWays(std::set<std::string> resources) {
+void StateKeeper::SetOneHolderAcrossPaths(bool on) {
   absl::MutexLock lock(&mu_);
-  both_ways_ = std::move(resources);
+  one_holder_ = on;
   RebuildIndexLocked();
   HeldAcrossChangedLocked();
 }
@@ -587,11 +587,9 @@ void StateKeeper::SetServedBothWays(std::set<std::string> resources) {
 std::map<std::string, StateKeeper::HeldAcross> StateKeeper::HeldAcrossPaths() {
   std::map<std::string, HeldAcross> out;
   absl::MutexLock lock(&mu_);
-  for (const std::string& resource : both_ways_) {
+  for (const auto& [resource, devices] : both_held_) {
     HeldAcross& h = out[resource];
-    auto r = both_held_.find(resource);
-    if (r == both_held_.end()) continue;
-    for (const auto& [device, counts] : r->second) {
+    for (const auto& [device, counts] : devices) {
       if (counts.first > 0) h.by_claims.insert(device);
       if (counts.second > 0) h.by_pods.insert(device);
     }
@@ -607,7 +605,7 @@ void StateKeeper::HeldAcrossChangedLocked() {
 absl::Status StateKeeper::CheckOtherPath(const std::string& resource,
                                          const v1beta1::AllocateRequest& req, bool claim) {
   absl::MutexLock lock(&mu_);
-  if (both_ways_.count(resource) == 0) return absl::OkStatus();
+  if (!one_holder_) return absl::OkStatus();
   for (const auto& c : req.container_requests()) {
     for (const std::string& id : c.devices_ids()) {
       if (absl::Status s = CheckOtherPathLocked(resource, id, claim); !s.ok()) return s;
@@ -667,7 +665,7 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
                                                 bool readmission) {
   if (handed_over_) return HandedOverError();
   if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
-  if (both_ways_.count(resource) > 0) {
+  if (one_holder_) {
     for (const auto& c : req.container_requests()) {
       for (const std::string& id : c.devices_ids()) {
         if (absl::Status s = CheckOtherPathLocked(resource, id, claim); !s.ok()) return s;
@@ -734,7 +732,6 @@ std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
 
 void StateKeeper::AddInFlightLocked(Pending* p) {
   for (const state::Allocation& a : p->records) {
-    if (both_ways_.count(a.resource()) == 0) continue;
     p->in_flight = true;
     for (const std::string& d : a.device_ids()) {
       InFlight& f = in_flight_[HeldKey(a.resource(), d)];
@@ -751,7 +748,6 @@ void StateKeeper::AddInFlightLocked(Pending* p) {
 void StateKeeper::EndInFlightLocked(const Pending& p) {
   if (!p.in_flight) return;
   for (const state::Allocation& a : p.records) {
-    if (both_ways_.count(a.resource()) == 0) continue;
     for (const std::string& d : a.device_ids()) {
       auto f = in_flight_.find(HeldKey(a.resource(), d));
       if (f == in_flight_.end()) continue;
@@ -762,7 +758,7 @@ void StateKeeper::EndInFlightLocked(const Pending& p) {
 }
 
 bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
-  if (!p->written_only && !both_ways_.empty()) AddInFlightLocked(p.get());
+  if (!p->written_only && one_holder_) AddInFlightLocked(p.get());
   p->encoded = JournalFile::Encode(p->records);
   queue_.push_back(std::move(p));
   ++queued_;
@@ -1195,7 +1191,7 @@ void StateKeeper::RebuildQuarantineIndexLocked() {
 
 void StateKeeper::IndexLocked(const state::Allocation& a) {
   for (const std::string& d : a.device_ids()) ++held_[HeldKey(a.resource(), d)];
-  if (both_ways_.count(a.resource()) > 0) {
+  if (one_holder_) {
     auto& devices = both_held_[a.resource()];
     for (const std::string& d : a.device_ids()) {
       auto& counts = devices[d];

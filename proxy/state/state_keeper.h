@@ -111,7 +111,7 @@ class AllocationJournal {
                            const std::vector<state::DraClaim>* claims = nullptr) = 0;
   virtual void Withdraw(const Reservation& r) = 0;
   // Why a device of `req` may not be had on this path (`claim`: a DRA
-  // claim's request) because the other one holds it (SetServedBothWays),
+  // claim's request) because the other one holds it (SetOneHolderAcrossPaths),
   // or OK. Asked before the plugin is; the reservation asks again.
   virtual absl::Status CheckOtherPath(const std::string& resource,
                                       const v1beta1::AllocateRequest& req, bool claim) {
@@ -128,19 +128,23 @@ class StateKeeper : public AllocationJournal {
   StateKeeper(const StateKeeper&) = delete;
   StateKeeper& operator=(const StateKeeper&) = delete;
 
-  // Resources served both as a device plugin and through DRA
-  // (ProxyConfig::paths "both"): each device has one holder across the two.
-  // A device a claim holds is refused to an allocation without a claim, and
-  // one an allocation without a claim holds (a pod of the extended
-  // resource, until reconciliation finds it gone) is refused to a claim,
-  // each refusal naming the holder. Elsewhere each path rules its own
-  // devices. Set before the first Record.
-  void SetServedBothWays(std::set<std::string> resources);
+  // dpproxy serves the kubelet both as device plugins and through DRA
+  // (ProxyConfig::paths): each device has one holder across the two paths,
+  // whatever the resource's path is now (a resource whose path changed
+  // keeps the other path's holders until they end). A device a claim holds
+  // is refused to an allocation without a claim, and one an allocation
+  // without a claim holds (a pod of the extended resource, until
+  // reconciliation finds it gone) is refused to a claim, each refusal
+  // naming the holder. Off: each path rules its own devices. Set before
+  // the first Record.
+  void SetOneHolderAcrossPaths(bool on);
   absl::Status CheckOtherPath(const std::string& resource, const v1beta1::AllocateRequest& req,
                               bool claim) override;
-  // Each resource served both ways: the devices DRA claims hold, and those
-  // allocations without a claim hold (recorded ones). What the other side
-  // must not offer (Resource::SetHeldAcrossPaths).
+  // With one holder across paths, each resource with allocations: the
+  // devices DRA claims hold, and those allocations without a claim hold
+  // (recorded ones). What the other side must not offer
+  // (Resource::SetHeldAcrossPaths). A resource stays listed, with nothing
+  // held, once its last allocation goes.
   struct HeldAcross {
     std::set<std::string> by_claims, by_pods;
   };
@@ -338,7 +342,7 @@ class StateKeeper : public AllocationJournal {
     // Its records are counted in in_flight_ until written.
     bool in_flight = false;
   };
-  // Records of resources served both ways, queued and not yet written: a
+  // Records queued and not yet written, with one holder across paths: a
   // holder already for CheckOtherPathLocked, so two paths asking for one
   // device at the same instant cannot both be recorded.
   struct InFlight {
@@ -369,7 +373,7 @@ class StateKeeper : public AllocationJournal {
                                      const v1beta1::AllocateRequest& req, bool claim,
                                      bool readmission = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SetServedBothWays' rule for one device; OK if it may be recorded.
+  // SetOneHolderAcrossPaths' rule for one device; OK if it may be recorded.
   absl::Status CheckOtherPathLocked(const std::string& resource, const std::string& device,
                                     bool claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the queue, batch after batch, until it is empty or a saver wants
@@ -476,14 +480,14 @@ class StateKeeper : public AllocationJournal {
   // held_'s count: the rest are allocations without a claim).
   std::unordered_map<std::string, std::set<uint64_t>> claim_held_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
-  // Resource served both ways -> device -> (claims, other allocations)
-  // naming it.
+  // With one holder across paths: resource -> device -> (claims, other
+  // allocations) naming it.
   std::map<std::string, std::map<std::string, std::pair<int, int>>> both_held_
       ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> held_across_version_{0};
   std::function<void()> held_across_observer_;
   void HeldAcrossChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::set<std::string> both_ways_ ABSL_GUARDED_BY(mu_);
+  bool one_holder_ ABSL_GUARDED_BY(mu_) = false;
   // held_ and by_claim_ with `a`, added to allocations_.
   void IndexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int> allocation_count_{0};

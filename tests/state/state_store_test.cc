@@ -970,12 +970,12 @@ TEST(StateKeeperTest, AClaimsAllocationsAreFoundByItsUid) {
   EXPECT_EQ(left.begin()->second.size(), 2u);
 }
 
-// A resource served both as a device plugin and through DRA: each device
-// has one holder. When a claim and a pod of the extended resource ask for
-// the same device at the same instant, one gets it and the other is
-// refused with the winner named; never both. After a restart the claim
-// still holds its device; a resource served one way only keeps its own
-// rules (a newer allocation supersedes an older one).
+// dpproxy serving both as device plugins and through DRA: each device has
+// one holder. When a claim and a pod of the extended resource ask for the
+// same device at the same instant, one gets it and the other is refused
+// with the winner named; never both. After a restart each still holds its
+// device. Serving one way only, each path keeps its own rules (a newer
+// allocation supersedes an older one).
 TEST(StateKeeperTest, ADeviceHasOneHolderAcrossTheTwoPaths) {
   testing::ShortTempDir dir;
   EventLog events{"test"};
@@ -1006,7 +1006,7 @@ TEST(StateKeeperTest, ADeviceHasOneHolderAcrossTheTwoPaths) {
   {
     StateKeeper keeper(dir.Sub("state.pb"), &events);
     MustLoad(keeper);
-    keeper.SetServedBothWays({"vendor.com/gpu"});
+    keeper.SetOneHolderAcrossPaths(true);
     for (int round = 0; round < 100; ++round) {
       const std::string device = absl::StrCat("gpu-", round);
       absl::Status by_claim, by_pod;
@@ -1042,14 +1042,18 @@ TEST(StateKeeperTest, ADeviceHasOneHolderAcrossTheTwoPaths) {
     claim_won["gpu-claimed"] = true;
     ASSERT_TRUE(reserve(keeper, "vendor.com/gpu", "gpu-pods", false).ok());
     claim_won["gpu-pods"] = false;
-    // Served one way only: a pod's allocation supersedes, a claim after a
-    // pod is the DRA path's to judge.
-    EXPECT_TRUE(reserve(keeper, "vendor.com/nic", "nic-0", true).ok());
-    EXPECT_TRUE(reserve(keeper, "vendor.com/nic", "nic-0", false).ok());
+  }
+  {
+    testing::ShortTempDir one_way_dir;
+    StateKeeper one_way(one_way_dir.Sub("state.pb"), &events);
+    MustLoad(one_way);
+    EXPECT_TRUE(reserve(one_way, "vendor.com/gpu", "gpu-0", true).ok());
+    EXPECT_TRUE(reserve(one_way, "vendor.com/gpu", "gpu-0", false).ok());
+    EXPECT_TRUE(reserve(one_way, "vendor.com/gpu", "gpu-0", true).ok());
   }
   StateKeeper again(dir.Sub("state.pb"), &events);
   MustLoad(again);
-  again.SetServedBothWays({"vendor.com/gpu"});
+  again.SetOneHolderAcrossPaths(true);
   // Whoever won holds it still: the other path is refused.
   for (const auto& [device, by_claim] : claim_won) {
     const absl::Status other = again.CheckOtherPath("vendor.com/gpu", one(device), !by_claim);

@@ -295,7 +295,7 @@ void DraSide::Loop() {
         SliceDevice sd;
         sd.id = std::string(d.id);
         // A device a pod of the extended resource holds is not offered
-        // (a resource served both ways).
+        // (Resource::SetHeldAcrossPaths).
         sd.healthy = d.health == kHealthy && connected && snap.left_out_of_pool->count(sd.id) == 0;
         if (d.has_topology) {
           v1beta1::TopologyInfo t;

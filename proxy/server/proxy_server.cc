@@ -136,15 +136,28 @@ absl::Status ProxyServer::LockState() {
 absl::Status ProxyServer::OpenState() {
   DPP_RETURN_IF_ERROR(LockState());
   keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
-  if (ServesDevicePlugins(config_) && ServesDra(config_)) {
+  keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
+  DPP_RETURN_IF_ERROR(MakeSide());
+  DPP_RETURN_IF_ERROR(RestoreState());
+  // Pods of the extended resource and DRA claims may both hold devices:
+  // both sides serve, or the journal holds the other path's allocations (a
+  // path changed while pods ran). Each device then has one holder, and
+  // pods of the extended resource are reconciled whichever side serves.
+  const StateKeeper::Kinds kinds = keeper_->AllocationKinds();
+  const bool plugin_pods = ServesDevicePlugins(config_) || kinds.others > 0;
+  const bool claims = ServesDra(config_) || kinds.claims > 0;
+  if (plugin_pods && claims) {
     keeper_->SetOneHolderAcrossPaths(true);
     // The other side stops offering what one path took: soon, not at the
     // next second's pass.
     keeper_->SetHeldAcrossObserver([this] { housekeeping_.Wake(); });
+    if (!ServesDra(config_) && kinds.claims > 0) {
+      LOG(WARNING) << kinds.claims << " allocation(s) of DRA claims are in the journal, and no "
+                   << "resource is served through DRA: their devices are shown Unhealthy to "
+                   << "the kubelet's device manager until the claims are unprepared, which "
+                   << "needs the DRA side (paths: both) until their pods end";
+    }
   }
-  keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
-  DPP_RETURN_IF_ERROR(MakeSide());
-  DPP_RETURN_IF_ERROR(RestoreState());
   // A later dpproxy may take over from this one (--takeover).
   handover_ = std::make_unique<Handover>(
       Handover::Options{config_.state_dir, socket_generation_, config_.handoff_timeout,
@@ -155,7 +168,7 @@ absl::Status ProxyServer::OpenState() {
   handover_->Serve();
   // Only device-plugin allocations are reconciled: DRA claims are the
   // kubelet's to end, with NodeUnprepareResources.
-  if (ServesDevicePlugins(config_)) {
+  if (plugin_pods) {
     reconciler_ = std::make_unique<Reconciler>(
         Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
                             config_.reconcile_start_grace},

@@ -584,6 +584,14 @@ void StateKeeper::SetOneHolderAcrossPaths(bool on) {
   HeldAcrossChangedLocked();
 }
 
+StateKeeper::Kinds StateKeeper::AllocationKinds() {
+  Kinds k;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [uid, ids] : by_claim_) k.claims += static_cast<int>(ids.size());
+  k.others = static_cast<int>(allocations_.size()) - k.claims;
+  return k;
+}
+
 std::map<std::string, StateKeeper::HeldAcross> StateKeeper::HeldAcrossPaths() {
   std::map<std::string, HeldAcross> out;
   absl::MutexLock lock(&mu_);

@@ -138,6 +138,12 @@ class StateKeeper : public AllocationJournal {
   // naming the holder. Off: each path rules its own devices. Set before
   // the first Record.
   void SetOneHolderAcrossPaths(bool on);
+  // How many allocations DRA claims made, and how many the device-plugin
+  // path made (those without a claim).
+  struct Kinds {
+    int claims = 0, others = 0;
+  };
+  Kinds AllocationKinds();
   absl::Status CheckOtherPath(const std::string& resource, const v1beta1::AllocateRequest& req,
                               bool claim) override;
   // With one holder across paths, each resource with allocations: the

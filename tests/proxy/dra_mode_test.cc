@@ -325,6 +325,109 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   EXPECT_EQ(pool(), rest);
 }
 
+// A resource moves from the device plugin to DRA and back, a restart of
+// dpproxy at each step, with pods running on each path and no drain. The
+// pod of the extended resource keeps its devices (never offered to a claim
+// while it runs), the claim keeps its own (never offered to the device
+// manager while prepared), and each is given to the other path only once
+// its holder ended: the pod found gone by reconciliation, the claim
+// unprepared.
+TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kDevicePlugin}});
+  ProxyHarness& h = *harness;
+  SamplePlugin* plugin = StartNode(h, "1.34");
+  ASSERT_NE(plugin, nullptr);
+  auto pool = [&] {
+    std::set<std::string> names;
+    PublishedDevices(api, &names);
+    return names;
+  };
+  auto restart_as = [&](KubeletPath path) {
+    const size_t from = h.sim().events().Size();
+    h.RestartProxy([&](ProxyConfig& c) {
+      // One side only, or both.
+      c.dra.enabled = path == KubeletPath::kDra;
+      c.paths.clear();
+      if (path == KubeletPath::kBoth) c.paths = {{"vendor.com/gpu", path}};
+      c.reconcile_grace = absl::ZeroDuration();
+    });
+    ASSERT_TRUE(h.proxy().Start().ok());
+    if (path != KubeletPath::kDevicePlugin) {
+      ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                                testing::kWait, from));
+    }
+  };
+  // Device plugin only: a pod holds two devices; nothing is published.
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
+  absl::StatusOr<sim::AllocateResponse> legacy =
+      h.sim().Allocate(testing::PodRequest("legacy", {{"c", 2}}, "vendor.com/gpu"));
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  const std::vector<std::string> held = testing::DeviceIdsOf(legacy->allocations(0));
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_TRUE(pool().empty());
+
+  // Both: the pool offers the two devices the pod does not hold; a claim
+  // takes one, which the device manager then sees Unhealthy.
+  restart_as(KubeletPath::kBoth);
+  std::set<std::string> free = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
+  for (const std::string& d : held) free.erase(d);
+  ASSERT_TRUE(h.WaitFor([&] { return pool() == free; }));
+  const std::string claimed = *free.begin();
+  const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[uid]["error"], "");
+  EXPECT_TRUE(
+      h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy"; }));
+  for (const std::string& d : held) EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", d), "Healthy");
+
+  // DRA only: no device plugin any more; the pod runs on, and its devices
+  // stay out of the pool while it does.
+  restart_as(KubeletPath::kDra);
+  ASSERT_TRUE(h.WaitFor([&] { return pool() == free; }));
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  EXPECT_EQ(pool(), free);
+  // The pod ends: reconciliation releases its devices to the pool.
+  ASSERT_TRUE(h.sim().DeletePod(legacy->pod_uid()).ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  EXPECT_TRUE(h.WaitFor(
+      [&] { return pool() == std::set<std::string>{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}; }));
+
+  // Back to the device plugin with the claim's pod running: its device is
+  // Unhealthy to the device manager until the claim is unprepared, which
+  // needs the DRA side (both).
+  restart_as(KubeletPath::kDevicePlugin);
+  ASSERT_TRUE(h.WaitFor([&] {
+    return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy" ||
+           h.KubeletHealth("vendor.com/gpu", "gpu-0") == "Healthy";
+  }));
+  EXPECT_TRUE(
+      h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy"; }));
+  EXPECT_FALSE(
+      h.sim().Allocate(testing::PodRequest("too-many", {{"c", 4}}, "vendor.com/gpu")).ok());
+  restart_as(KubeletPath::kBoth);
+  EXPECT_TRUE(
+      h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy"; }));
+  absl::StatusOr<Json> un = h.sim().UnprepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(un.ok());
+  EXPECT_EQ((*un)[uid]["error"], "");
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Healthy"; }));
+  restart_as(KubeletPath::kDevicePlugin);
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
+  absl::StatusOr<sim::AllocateResponse> all =
+      h.sim().Allocate(testing::PodRequest("all", {{"c", 4}}, "vendor.com/gpu"));
+  EXPECT_TRUE(all.ok()) << all.status();
+  // One Allocate per holder: the pod's, the claim's, the last pod's.
+  EXPECT_EQ(plugin->Status().allocate_calls(), 3);
+}
+
 TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot) {
   // The API server is down when the node comes up.
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});

@@ -100,6 +100,10 @@ class KubeletSide {
   // Serves `allocator`'s resource from now on (any thread; it outlives the
   // side).
   virtual void AddResource(Allocator* allocator) = 0;
+  // Serves the resource no more (its path changed, ProxyConfig::paths); a
+  // later AddResource serves it again. Pods that hold its devices keep
+  // them.
+  virtual void RemoveResource(const std::string& resource) = 0;
   // Something about a resource changed (devices, health, a backend).
   virtual void Wake() = 0;
   // On the housekeeping thread, at least once a second: serves what a

@@ -33,6 +33,22 @@ void SplitSide::AddResource(Allocator* allocator) {
   if (path != KubeletPath::kDevicePlugin) dra_->AddResource(allocator);
 }
 
+void SplitSide::RemoveResource(const std::string& resource) {
+  device_plugins_->RemoveResource(resource);
+  dra_->RemoveResource(resource);
+}
+
+void SplitSide::Reroute(Allocator* allocator, KubeletPath from, KubeletPath to) {
+  const std::string& name = allocator->resource()->name();
+  const bool plugin_before = from != KubeletPath::kDra, plugin_after = to != KubeletPath::kDra;
+  const bool dra_before = from != KubeletPath::kDevicePlugin;
+  const bool dra_after = to != KubeletPath::kDevicePlugin;
+  if (plugin_after && !plugin_before) device_plugins_->AddResource(allocator);
+  if (plugin_before && !plugin_after) device_plugins_->RemoveResource(name);
+  if (dra_after && !dra_before) dra_->AddResource(allocator);
+  if (dra_before && !dra_after) dra_->RemoveResource(name);
+}
+
 void SplitSide::Wake() {
   device_plugins_->Wake();
   dra_->Wake();

@@ -38,6 +38,11 @@ class SplitSide : public KubeletSide {
   absl::Status Start() override;
   void Stop(Ending ending) override;
   void AddResource(Allocator* allocator) override;
+  void RemoveResource(const std::string& resource) override;
+  // The resource's path changed from `from` to `to` (a reload): the side
+  // it leaves serves it no more, the side it joins serves it from now on.
+  // `path_of` says `to` already.
+  void Reroute(Allocator* allocator, KubeletPath from, KubeletPath to);
   void Wake() override;
   // Both passes; a kubelet restart either saw, the sooner retry.
   PassResult Pass(absl::Time now) override;

@@ -206,10 +206,11 @@ absl::Status ProxyServer::MakeSide() {
                        keeper_.get(), config_.kubelet.backend_timeout,
                        config_.api_max_body_bytes, socket_generation_},
       [this] {
-        // The resources whose path goes through DRA.
+        // The resources whose path goes through DRA, as the last reload
+        // left them.
         std::vector<Allocator*> out;
         for (ServedResource* e : table_.All()) {
-          if (PathOf(config_, e->resource->name()) != KubeletPath::kDevicePlugin) {
+          if (table_.PathOf(e->resource->name()) != KubeletPath::kDevicePlugin) {
             out.push_back(e->allocator.get());
           }
         }
@@ -221,9 +222,11 @@ absl::Status ProxyServer::MakeSide() {
     side_ = std::move(dra);
     return absl::OkStatus();
   }
-  side_ = std::make_unique<SplitSide>(
+  auto split = std::make_unique<SplitSide>(
       std::move(device_plugins), std::move(dra),
-      [this](const std::string& resource) { return PathOf(config_, resource); });
+      [this](const std::string& resource) { return table_.PathOf(resource); });
+  split_ = split.get();
+  side_ = std::move(split);
   return absl::OkStatus();
 }
 
@@ -246,7 +249,7 @@ absl::Status ProxyServer::StartServing() {
       &config_, &table_, statics_.get(), &losses_, side_.get(), registration_.get(),
       keeper_.get(), reconciler_.get(), quarantine_.get(), dra_});
   reload_actions_.SetParts(ReloadActions::Parts{
-      &table_, statics_.get(), workers_.get(), registration_.get(), side_.get(), &events_,
+      &table_, statics_.get(), workers_.get(), registration_.get(), side_.get(), split_, &events_,
       config_.backend_max_list_bytes, [this](const std::string& name) { return EnsureEntry(name); },
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }});
   saver_ = std::make_unique<Saver>(Saver::Options{config_.status_file}, keeper_.get(),

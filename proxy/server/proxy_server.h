@@ -52,6 +52,7 @@
 #include "proxy/kubelet_side/device_plugin/device_plugin_side.h"
 #include "proxy/kubelet_side/dra/dra_side.h"
 #include "proxy/kubelet_side/kubelet_side.h"
+#include "proxy/kubelet_side/split_side.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/housekeeping.h"
 #include "proxy/server/quarantine.h"
@@ -225,12 +226,14 @@ class ProxyServer : private Handover::Host {
   std::map<std::string, std::unique_ptr<ServedResource>> retired_;
   std::unique_ptr<KubeletSide> side_;
   DraSide* dra_ = nullptr;                  // side_'s DRA side, if it has one
+  SplitSide* split_ = nullptr;              // side_, where it has both
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<Quarantine> quarantine_;  // with a state directory only
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
   ReloadActions reload_actions_;
-  Reloader reloader_{&reload_actions_, &events_, ServesDra(config_)};
+  Reloader reloader_{&reload_actions_, &events_, ServesDra(config_),
+                     ServesDevicePlugins(config_) && ServesDra(config_)};
 
   absl::Mutex mu_;
   bool running_ ABSL_GUARDED_BY(mu_) = false;

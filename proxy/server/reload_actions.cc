@@ -87,6 +87,17 @@ std::vector<NameChange> NameChanges(ResourceTable& table, const ProxyConfig& liv
   return out;
 }
 
+// "as a device plugin", "through DRA", "both as a device plugin and through
+// DRA".
+const char* PathDescription(KubeletPath p) {
+  switch (p) {
+    case KubeletPath::kDevicePlugin: return "as a device plugin";
+    case KubeletPath::kDra: return "through DRA";
+    case KubeletPath::kBoth: return "both as a device plugin and through DRA";
+  }
+  return "";
+}
+
 }  // namespace
 
 void ReloadActions::ApplyServedNames(const ProxyConfig& next) {
@@ -116,6 +127,26 @@ void ReloadActions::ApplyServedNames(const ProxyConfig& next) {
     Redial(c.entry, c.ids ? std::string() : c.to, dialled_by_dpproxy, live.dial_timeout);
   }
   p_.table->NoteServedChange();  // renamed names and new IDs are known: shown at once
+}
+
+void ReloadActions::ApplyPaths(const ProxyConfig& next) {
+  if (p_.split == nullptr) return;
+  const ProxyConfig before = p_.table->live();
+  ProxyConfig after = before;  // kubelet.api, the default, waits for a start
+  after.paths = next.paths;
+  p_.table->UpdateLive([&next](ProxyConfig& l) { l.paths = next.paths; });
+  for (ServedResource* e : p_.table->All()) {
+    const std::string& name = e->resource->name();
+    const KubeletPath from = PathOf(before, name), to = PathOf(after, name);
+    if (from == to) continue;
+    LOG(INFO) << "reload: resource " << name << " is served " << PathDescription(to)
+              << " from now on (was " << PathDescription(from) << ")";
+    p_.events->Emit("resource_path_changed",
+                    {{"resource", name}, {"from", KubeletPathName(from)},
+                     {"to", KubeletPathName(to)}});
+    p_.split->Reroute(e->allocator.get(), from, to);
+  }
+  p_.table->NoteServedChange();
 }
 
 void ReloadActions::Redial(ServedResource* e, const std::string& renamed_to,

@@ -27,6 +27,7 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/backend.h"
 #include "proxy/kubelet_side/kubelet_side.h"
+#include "proxy/kubelet_side/split_side.h"
 #include "proxy/events/event_log.h"
 #include "proxy/server/reloader.h"
 #include "proxy/server/resource_table.h"
@@ -43,6 +44,9 @@ class ReloadActions : public Reloader::Host {
     WorkQueue* workers = nullptr;
     BackendRegistrationServer* registration = nullptr;
     KubeletSide* side = nullptr;
+    // The side, where dpproxy runs both (null otherwise): ApplyPaths
+    // reroutes resources through it.
+    SplitSide* split = nullptr;
     EventLog* events = nullptr;
     int max_list_bytes = 0;  // a backend's device-list cap
     // The entry of a kubelet-facing name, made if new.
@@ -57,6 +61,7 @@ class ReloadActions : public Reloader::Host {
   void ApplyLossPolicy(const ProxyConfig& next) override;
   void ApplyCallSettings(const ProxyConfig& next) override;
   void ApplyServedNames(const ProxyConfig& next) override;
+  void ApplyPaths(const ProxyConfig& next) override;
   void RemoveStaticBackend(const StaticBackendConfig& b) override;
   void AddStaticBackend(const StaticBackendConfig& b) override;
   void StaticBackendsApplied(const ProxyConfig& next) override;

@@ -27,13 +27,15 @@ std::string Key(const StaticBackendConfig& b) {
 
 Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig& next) {
   Result result;
-  bool backends = false, loss = false, calls = false, names = false;
+  bool backends = false, loss = false, calls = false, names = false, paths = false;
   for (const SettingChange& c : ChangedSettings(running, next)) {
     bool* kind = nullptr;
     if ((absl::StartsWith(c.path, "renames.") || absl::StartsWith(c.path, "id_maps.") ||
          absl::StartsWith(c.path, "compact_ids[")) &&
         !dra_) {
       kind = &names;
+    } else if (absl::StartsWith(c.path, "paths.") && both_sides_) {
+      kind = &paths;
     } else if (absl::StartsWith(c.path, "backends[")) {
       kind = &backends;
     } else if (absl::StartsWith(c.path, "backend_loss.")) {
@@ -66,6 +68,7 @@ Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig&
                    {"cdi_annotations", next.kubelet.cdi_annotations}});
   }
   if (names) host_->ApplyServedNames(next);
+  if (paths) host_->ApplyPaths(next);
   if (backends) ApplyStaticBackends(running, next);
   for (const std::string& l : result.applied) LOG(INFO) << "reload applied " << l;
   for (const std::string& l : result.needs_restart) {

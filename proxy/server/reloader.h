@@ -15,7 +15,11 @@
 //   timeouts.backend, timeouts.dial, cdi_annotations   from the next call;
 //   renames, id_maps, compact_ids   each resource they change has its
 //                  plugin dialled again, under its new name or with its
-//                  new IDs; not in DRA mode.
+//                  new IDs; not in DRA mode;
+//   paths          where dpproxy runs both sides: each resource whose
+//                  path changed is registered with the kubelet's device
+//                  manager, or published in the DRA pool, or taken from
+//                  either; its plugin's connection stays.
 // Names apply before static backends: a backend added under a new name is
 // dialled for that name.
 //
@@ -47,6 +51,7 @@ class Reloader {
     virtual void ApplyLossPolicy(const ProxyConfig& next) = 0;
     virtual void ApplyCallSettings(const ProxyConfig& next) = 0;
     virtual void ApplyServedNames(const ProxyConfig& next) = 0;
+    virtual void ApplyPaths(const ProxyConfig& next) = 0;
     // Per static backend no longer configured, then per new one, then
     // once with the whole new list.
     virtual void RemoveStaticBackend(const StaticBackendConfig& b) = 0;
@@ -54,8 +59,11 @@ class Reloader {
     virtual void StaticBackendsApplied(const ProxyConfig& next) = 0;
   };
 
-  // `dra`: DRA mode, where renames and ID maps wait for the next start.
-  Reloader(Host* host, EventLog* events, bool dra) : host_(host), events_(events), dra_(dra) {}
+  // `dra`: some resource goes through DRA, and renames and ID maps wait
+  // for the next start. `both_sides`: dpproxy runs the device-plugin and
+  // the DRA side, and `paths` applies while running.
+  Reloader(Host* host, EventLog* events, bool dra, bool both_sides = false)
+      : host_(host), events_(events), dra_(dra), both_sides_(both_sides) {}
 
   // `running`: the configuration as the previous reloads left it; `next`
   // is valid (ValidateConfig).
@@ -67,6 +75,7 @@ class Reloader {
   Host* const host_;
   EventLog* const events_;
   const bool dra_;
+  const bool both_sides_;
 };
 
 }  // namespace dpproxy

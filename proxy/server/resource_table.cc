@@ -61,6 +61,11 @@ std::vector<std::pair<ServedResource*, ResourceTable::Facts>> ResourceTable::All
   return out;
 }
 
+KubeletPath ResourceTable::PathOf(const std::string& resource) {
+  absl::MutexLock lock(&mu_);
+  return ::dpproxy::PathOf(live_, resource);
+}
+
 ProxyConfig ResourceTable::live() {
   absl::MutexLock lock(&mu_);
   return live_;

@@ -74,6 +74,8 @@ class ResourceTable {
 
   // The configuration as the reloads left it (a copy), and a change to it.
   ProxyConfig live() ABSL_LOCKS_EXCLUDED(mu_);
+  // PathOf(live(), resource), without copying the configuration.
+  KubeletPath PathOf(const std::string& resource) ABSL_LOCKS_EXCLUDED(mu_);
   void UpdateLive(const std::function<void(ProxyConfig&)>& change) ABSL_LOCKS_EXCLUDED(mu_);
   // The kubelet-facing name of a plugin's resource, after renames as a
   // reload left them.

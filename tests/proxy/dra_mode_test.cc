@@ -428,6 +428,84 @@ TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
   EXPECT_EQ(plugin->Status().allocate_calls(), 3);
 }
 
+// The same move by reloads (SIGHUP), where dpproxy runs both sides: no
+// restart, and the vendor plugin's stream to dpproxy stays as it is. The
+// pod of the extended resource runs on while its resource leaves the
+// device manager; the claim's device stays out of the device manager's
+// reach while its resource leaves DRA, and unprepares.
+TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kBoth}});
+  ProxyHarness& h = *harness;
+  SamplePlugin* plugin = StartNode(h, "1.34");
+  ASSERT_NE(plugin, nullptr);
+  auto pool = [&] {
+    std::set<std::string> names;
+    PublishedDevices(api, &names);
+    return names;
+  };
+  auto reload_as = [&](KubeletPath path) {
+    ProxyConfig next = h.config();
+    next.paths = {{"vendor.com/gpu", path}};
+    const ProxyServer::ReloadResult r = h.proxy().Reload(next);
+    EXPECT_THAT(r.applied, ::testing::ElementsAre(HasSubstr("paths.vendor.com/gpu")))
+        << KubeletPathName(path);
+    EXPECT_THAT(r.needs_restart, ::testing::IsEmpty());
+  };
+  const std::set<std::string> all = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
+  ASSERT_TRUE(h.WaitFor([&] { return pool() == all; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
+  const int64_t streams = plugin->Status().list_and_watch_streams();
+  absl::StatusOr<sim::AllocateResponse> legacy =
+      h.sim().Allocate(testing::PodRequest("legacy", {{"c", 1}}, "vendor.com/gpu"));
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  const std::string pods = legacy->allocations(0).device_ids(0);
+  std::set<std::string> rest = all;
+  rest.erase(pods);
+  ASSERT_TRUE(h.WaitFor([&] { return pool() == rest; }));
+  const std::string claimed = *rest.begin();
+  const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ((*prepared)[uid]["error"], "");
+
+  // DRA only: the device manager loses the resource (its devices count
+  // unhealthy), the pod runs on, and its device stays out of the pool.
+  reload_as(KubeletPath::kDra);
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Unhealthy"; }));
+  EXPECT_EQ(pool(), rest);
+  const sim::State st = h.sim().GetState();
+  ASSERT_EQ(st.pods_size(), 1);
+  EXPECT_EQ(st.pods(0).uid(), legacy->pod_uid());
+  EXPECT_EQ(st.pods(0).phase(), "Running");
+  EXPECT_EQ(h.proxy().Status().resources[0].kubelet_api, "dra (gpu.vendor.com)");
+
+  // Both again: the device manager has the resource back, with the claim's
+  // device Unhealthy and the pod's Healthy.
+  reload_as(KubeletPath::kBoth);
+  EXPECT_TRUE(h.WaitFor([&] {
+    return h.KubeletHealth("vendor.com/gpu", pods) == "Healthy" &&
+           h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy";
+  }));
+
+  // Device plugin only: the pool goes, the claim's device stays out of the
+  // device manager's reach until it is unprepared.
+  reload_as(KubeletPath::kDevicePlugin);
+  EXPECT_TRUE(h.WaitFor([&] { return api.Slices().empty(); }));
+  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", claimed), "Unhealthy");
+  absl::StatusOr<Json> un = h.sim().UnprepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(un.ok());
+  EXPECT_EQ((*un)[uid]["error"], "");
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Healthy"; }));
+  // The plugin was never dialled again, and called once per holder.
+  EXPECT_EQ(plugin->Status().list_and_watch_streams(), streams);
+  EXPECT_EQ(plugin->Status().allocate_calls(), 2);
+}
+
 TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot) {
   // The API server is down when the node comes up.
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});

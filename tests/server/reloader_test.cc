@@ -23,6 +23,7 @@ class RecordingHost : public Reloader::Host {
   void ApplyLossPolicy(const ProxyConfig&) override { calls.push_back("loss"); }
   void ApplyCallSettings(const ProxyConfig&) override { calls.push_back("calls"); }
   void ApplyServedNames(const ProxyConfig&) override { calls.push_back("names"); }
+  void ApplyPaths(const ProxyConfig&) override { calls.push_back("paths"); }
   void RemoveStaticBackend(const StaticBackendConfig& b) override {
     calls.push_back(absl::StrCat("remove ", b.endpoint));
   }
@@ -73,6 +74,28 @@ TEST(ReloaderTest, NothingChangedTouchesNothing) {
   EXPECT_THAT(host.calls, IsEmpty());
   EXPECT_THAT(r.applied, IsEmpty());
   EXPECT_THAT(r.needs_restart, IsEmpty());
+}
+
+// A resource's path applies while running only where dpproxy runs both
+// sides; otherwise the side it needs is not there until the next start.
+TEST(ReloaderTest, PathsApplyWhereBothSidesRun) {
+  ProxyConfig next = Running();
+  next.paths["vendor.com/gpu"] = KubeletPath::kBoth;
+  {
+    RecordingHost host;
+    EventLog events("test");
+    Reloader reloader(&host, &events, /*dra=*/true, /*both_sides=*/true);
+    const Reloader::Result r = reloader.Reload(Running(), next);
+    EXPECT_THAT(host.calls, ElementsAre("paths"));
+    EXPECT_THAT(r.applied, ElementsAre(HasSubstr("paths.vendor.com/gpu")));
+    EXPECT_THAT(r.needs_restart, IsEmpty());
+  }
+  RecordingHost host;
+  EventLog events("test");
+  Reloader reloader(&host, &events, /*dra=*/false);
+  const Reloader::Result r = reloader.Reload(Running(), next);
+  EXPECT_THAT(host.calls, IsEmpty());
+  EXPECT_THAT(r.needs_restart, ElementsAre(HasSubstr("paths.vendor.com/gpu")));
 }
 
 // In DRA mode renames and ID maps change what is published under which

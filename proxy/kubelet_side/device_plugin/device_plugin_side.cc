@@ -31,6 +31,8 @@ DevicePluginSide::DevicePluginSide(KubeletSideOptions kubelet, Parts parts)
 DevicePluginSide::~DevicePluginSide() {
   if (watcher_) watcher_->Stop();
   for (KubeletEndpoint* e : Endpoints()) e->Stop();
+  // The registrar's jobs may still hold a removed endpoint: they end with
+  // its Stop, before it goes.
 }
 
 absl::Status DevicePluginSide::Start() {
@@ -97,6 +99,24 @@ void DevicePluginSide::AddResource(Allocator* allocator) {
   registrar_.Add(resource, raw);
   LOG(INFO) << "resource " << resource->name() << ": kubelet-facing socket "
             << raw->socket_path();
+}
+
+void DevicePluginSide::RemoveResource(const std::string& resource) {
+  KubeletEndpoint* raw = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = endpoints_.find(resource);
+    if (it == endpoints_.end()) return;
+    raw = it->second.get();
+    removed_.push_back(std::move(it->second));
+    endpoints_.erase(it);
+  }
+  registrar_.Remove(raw);
+  // As at a stop for good: a kubelet that no longer lists it by name hears
+  // of it once more, so that its end turns the devices unhealthy.
+  raw->RelistBeforeStop();
+  raw->Stop();
+  LOG(INFO) << "resource " << resource << ": no longer served to the kubelet's device manager";
 }
 
 KubeletSide::PassResult DevicePluginSide::Pass(absl::Time now) {

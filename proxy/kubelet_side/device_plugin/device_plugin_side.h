@@ -50,6 +50,10 @@ class DevicePluginSide : public KubeletSide {
   absl::Status Start() override;
   void Stop(Ending ending) override;
   void AddResource(Allocator* allocator) override;
+  // Its endpoint stops: the socket goes, the kubelet's stream ends, and the
+  // kubelet counts its devices unhealthy (allocatable 0) while its pods run
+  // on. Kept until the side goes (calls in flight may still use it).
+  void RemoveResource(const std::string& resource) override;
   void Wake() override {}
   PassResult Pass(absl::Time now) override;
   void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) override;
@@ -73,6 +77,7 @@ class DevicePluginSide : public KubeletSide {
 
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<KubeletEndpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<KubeletEndpoint>> removed_ ABSL_GUARDED_BY(mu_);
   // As the last SIGHUP left them.
   absl::Duration backend_timeout_ ABSL_GUARDED_BY(mu_);
   bool cdi_annotations_ ABSL_GUARDED_BY(mu_);

@@ -27,6 +27,16 @@ void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
   slots_.push_back(std::move(slot));
 }
 
+void Registrar::Remove(KubeletEndpoint* endpoint) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    if ((*it)->endpoint != endpoint) continue;
+    removed_slots_.push_back(std::move(*it));
+    slots_.erase(it);
+    return;
+  }
+}
+
 void Registrar::OnStreamDropped(Slot* e) {
   // A list over the kubelet's limit ends every stream it is sent on:
   // registering again soon changes nothing until the list changes.

@@ -60,6 +60,9 @@ class Registrar {
   // Starts keeping `endpoint` (of `resource`) served and registered. Both
   // outlive the registrar's workers. Any thread.
   void Add(Resource* resource, KubeletEndpoint* endpoint);
+  // Keeps it registered no more (its resource's path changed). The slot is
+  // kept: a registration in flight may still end on it.
+  void Remove(KubeletEndpoint* endpoint);
 
   struct PassResult {
     // A kubelet.sock other than the one seen at the last pass.
@@ -143,6 +146,7 @@ class Registrar {
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Slot>> removed_slots_ ABSL_GUARDED_BY(mu_);  // Remove()
   absl::Time next_retry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time expect_drop_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -3,6 +3,8 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -270,7 +272,31 @@ void DraSide::Loop() {
     if (again) full_again_at = absl::InfiniteFuture();
     const bool full = registered || again || now - full_at >= absl::Seconds(30);
     if (full) full_at = now;
-    for (Allocator* alloc : resources_()) {
+    const std::vector<Allocator*> serving = resources_();
+    if (!held) {
+      // A resource no longer served through DRA (its path changed): its
+      // pool goes, so that no claim is allocated from it.
+      std::set<std::string> names;
+      for (Allocator* alloc : serving) names.insert(alloc->resource()->name());
+      for (auto it = published.begin(); it != published.end();) {
+        if (names.count(it->first) > 0) {
+          ++it;
+          continue;
+        }
+        if (absl::Status s = publisher_->Unpublish(it->first); !s.ok()) {
+          LOG(WARNING) << "DRA: cannot remove the pool of " << it->first
+                       << ", no longer served through DRA (retried): " << s.message();
+          ++it;
+          continue;
+        }
+        LOG(INFO) << "DRA: " << it->first << " is no longer served through DRA; its pool is "
+                  << "removed";
+        events_->Emit("dra_pool_removed", {{"resource", it->first}});
+        retry.erase(it->first);
+        it = published.erase(it);
+      }
+    }
+    for (Allocator* alloc : serving) {
       Resource* res = alloc->resource();
       const std::string name = res->name();
       const uint64_t changes = res->changes();

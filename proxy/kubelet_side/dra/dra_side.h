@@ -70,6 +70,8 @@ class DraSide : public KubeletSide {
   void Stop(Ending ending) override;
   // The resources callback lists it from now on: publish soon.
   void AddResource(Allocator* allocator) override;
+  // The resources callback lists it no more: its pool is removed soon.
+  void RemoveResource(const std::string& resource) override { Wake(); }
   // A resource changed: publish soon.
   void Wake() override;
   // The publishing loop has a thread of its own.

@@ -7,12 +7,16 @@
 #include <grpcpp/client_context.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/v1beta1/api.grpc.pb.h"
@@ -504,6 +508,151 @@ TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
   // The plugin was never dialled again, and called once per holder.
   EXPECT_EQ(plugin->Status().list_and_watch_streams(), streams);
   EXPECT_EQ(plugin->Status().allocate_calls(), 2);
+}
+
+// A random mix of pods over both paths (2,000 by default; DPP_RANDOM_PODS
+// sets how many, e.g. 10000): pods of the extended resource
+// admitted by the kubelet and ended, claims allocated from the pool as it
+// stands and unprepared, reconciliation, kubelet restarts, and reloads
+// that move the resource between both paths and DRA only. After every
+// step, no device is held twice: not by a claim and a running pod, not by
+// two running pods, not by two claims. Pods and claims that asked for a
+// device the other path held were refused, never admitted onto it.
+TEST(DraModeTest, ARandomMixOfPodsOverBothPathsNeverHoldsADeviceTwice) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kBoth}});
+  ProxyHarness& h = *harness;
+  // A pod found gone by two reconciliations in a row releases its devices
+  // at once.
+  h.RestartProxy([](ProxyConfig& c) {
+    c.reconcile_grace = absl::ZeroDuration();
+    c.reconcile_start_grace = absl::Seconds(3);  // as the default: pod lists after a start
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices = 8;
+  SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 8; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-7") == "Healthy"; }));
+
+  std::mt19937 rng(20261127);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  std::map<std::string, std::vector<std::string>> pods;    // running pod UID -> devices
+  std::map<std::string, std::string> claims;              // prepared claim UID -> device
+  std::map<std::string, std::string> claim_names;         // claim UID -> name
+  KubeletPath path = KubeletPath::kBoth;
+  int admitted = 0, pod_refusals = 0, prepared = 0, claim_refusals = 0;
+  // The kubelet's running pods (it may have failed one at a restart's
+  // re-admission) and the prepared claims, by device.
+  auto check = [&](int step) {
+    const sim::State st = h.sim().GetState();
+    std::set<std::string> running;
+    for (const auto& p : st.pods()) {
+      if (p.phase() == "Running") running.insert(p.uid());
+    }
+    for (auto it = pods.begin(); it != pods.end();) {
+      it = running.count(it->first) > 0 ? std::next(it) : pods.erase(it);
+    }
+    std::map<std::string, std::vector<std::string>> holders;
+    for (const auto& a : st.allocations()) {
+      if (running.count(a.pod_uid()) == 0 || a.resource() != "vendor.com/gpu") continue;
+      for (const std::string& d : a.device_ids()) holders[d].push_back("pod " + a.pod_name());
+    }
+    for (const auto& [uid, d] : claims) holders[d].push_back("claim " + claim_names[uid]);
+    for (const auto& [d, who] : holders) {
+      if (who.size() > 1) {
+        ADD_FAILURE() << "step " << step << ": device " << d << " held by "
+                      << absl::StrJoin(who, ", ");
+        return false;
+      }
+    }
+    return true;
+  };
+  const char* env = std::getenv("DPP_RANDOM_PODS");
+  const int kPods = env != nullptr ? std::atoi(env) : 2000;
+  std::map<int, absl::Duration> spent;  // per kind of step
+  for (int step = 0; step < kPods; ++step) {
+    const size_t op = pick(1000) / 10;
+    const absl::Time began = absl::Now();
+    const int kind = op < 25 ? 0 : op < 50 ? 1 : op < 75 ? 2 : op < 98 ? 3 : 4;
+    if (op < 25) {  // a pod of the extended resource
+      absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(testing::PodRequest(
+          absl::StrCat("pod-", step), {{"c", static_cast<int>(1 + pick(2))}}, "vendor.com/gpu"));
+      if (a.ok()) {
+        ++admitted;
+        pods[a->pod_uid()] = testing::DeviceIdsOf(a->allocations(0));
+      } else {
+        ++pod_refusals;
+      }
+    } else if (op < 50) {  // a claim the scheduler allocated from the pool
+      std::set<std::string> offered;
+      PublishedDevices(api, &offered);
+      for (const auto& [uid, d] : claims) offered.erase(d);
+      if (offered.empty()) continue;
+      auto it = offered.begin();
+      std::advance(it, pick(offered.size()));
+      const std::string name = absl::StrCat("claim-", step);
+      const std::string uid = api.PutClaim(Claim(name, {*it}))["metadata"]["uid"];
+      absl::StatusOr<Json> r = h.sim().PrepareClaims(kDriver, {{"default", name, uid}});
+      ASSERT_TRUE(r.ok()) << r.status();
+      if ((*r)[uid]["error"] == "") {
+        ++prepared;
+        claims[uid] = *it;
+        claim_names[uid] = name;
+      } else {
+        ++claim_refusals;
+      }
+    } else if (op < 75) {  // a pod ends
+      if (pods.empty()) continue;
+      auto it = pods.begin();
+      std::advance(it, pick(pods.size()));
+      ASSERT_TRUE(h.sim().DeletePod(it->first).ok());
+      pods.erase(it);
+      if (pick(2) == 0) {  // reconciliation finds it gone (two passes), or later
+        ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+        ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+      }
+    } else if (op < 98) {  // a claim's pod ends
+      if (claims.empty()) continue;
+      auto it = claims.begin();
+      std::advance(it, pick(claims.size()));
+      absl::StatusOr<Json> un =
+          h.sim().UnprepareClaims(kDriver, {{"default", claim_names[it->first], it->first}});
+      ASSERT_TRUE(un.ok()) << un.status();
+      ASSERT_EQ((*un)[it->first]["error"], "");
+      claims.erase(it);
+    } else if (op < 99 && step % 7 == 0) {  // the kubelet restarts
+      const size_t from = h.sim().events().Size();
+      ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
+      // Its plugin watcher registers the driver again before it prepares
+      // (a real kubelet retries meanwhile).
+      ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                                testing::kWait, from));
+    } else if (op >= 99 && step % 5 == 0) {  // the resource moves: both, DRA only
+      path = path == KubeletPath::kBoth ? KubeletPath::kDra : KubeletPath::kBoth;
+      ProxyConfig next = h.config();
+      next.paths = {{"vendor.com/gpu", path}};
+      ASSERT_THAT(h.proxy().Reload(next).applied, ::testing::SizeIs(1));
+    }
+    spent[kind] += absl::Now() - began;
+    if (!check(step)) break;
+  }
+  std::cout << "steps " << kPods << ": pods " << spent[0] << ", claims " << spent[1]
+            << ", pods ending " << spent[2] << ", claims ending " << spent[3]
+            << ", restarts and reloads " << spent[4] << "\n";
+  // Both paths were busy on a node mostly full (refusals: the kubelet's,
+  // its devices taken, or dpproxy's, held on the other path).
+  EXPECT_GT(admitted, kPods / 40);
+  EXPECT_GT(prepared, kPods / 40);
+  std::cout << "admitted " << admitted << " pods (" << pod_refusals << " refused), prepared "
+            << prepared << " claims (" << claim_refusals << " refused)\n";
 }
 
 TEST(DraModeTest, ALegacyPluginsClaimOutlivesAnAbsentApiServerRestartsAndAReboot) {

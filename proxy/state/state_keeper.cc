@@ -580,6 +580,7 @@ std::string HolderOf(const state::Allocation& a) {
 void StateKeeper::SetOneHolderAcrossPaths(bool on) {
   absl::MutexLock lock(&mu_);
   one_holder_ = on;
+  one_holder_set_ = on;
   RebuildIndexLocked();
   HeldAcrossChangedLocked();
 }
@@ -612,6 +613,7 @@ void StateKeeper::HeldAcrossChangedLocked() {
 
 absl::Status StateKeeper::CheckOtherPath(const std::string& resource,
                                          const v1beta1::AllocateRequest& req, bool claim) {
+  if (!one_holder_set_.load()) return absl::OkStatus();  // no lock on every Allocate
   absl::MutexLock lock(&mu_);
   if (!one_holder_) return absl::OkStatus();
   for (const auto& c : req.container_requests()) {

@@ -494,6 +494,7 @@ class StateKeeper : public AllocationJournal {
   std::function<void()> held_across_observer_;
   void HeldAcrossChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool one_holder_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> one_holder_set_{false};  // the same, read without the lock
   // held_ and by_claim_ with `a`, added to allocations_.
   void IndexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int> allocation_count_{0};

@@ -463,6 +463,8 @@ TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
   const std::set<std::string> all = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
   ASSERT_TRUE(h.WaitFor([&] { return pool() == all; }));
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait));
   const int64_t streams = plugin->Status().list_and_watch_streams();
   absl::StatusOr<sim::AllocateResponse> legacy =
       h.sim().Allocate(testing::PodRequest("legacy", {{"c", 1}}, "vendor.com/gpu"));
@@ -541,6 +543,8 @@ TEST(DraModeTest, ARandomMixOfPodsOverBothPathsNeverHoldsADeviceTwice) {
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 8; }));
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-7") == "Healthy"; }));
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait));
 
   std::mt19937 rng(20261127);
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };

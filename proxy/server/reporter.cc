@@ -33,8 +33,16 @@ ProxyStatus Reporter::Status(bool with_devices) {
   }
   st.kubelet_root = config.kubelet.kubelet_root;
   st.plugin_socket = JoinPath(config.plugin_dir, kKubeletSocketName);
+  const std::map<std::string, StateKeeper::HeldAcross> held =
+      p_.keeper ? p_.keeper->HeldAcrossPaths() : std::map<std::string, StateKeeper::HeldAcross>();
   for (ServedResource* e : p_.table->All()) {
     st.resources.push_back(ResourceStatusOf(e, with_devices));
+    ResourceStatus& r = st.resources.back();
+    r.path = KubeletPathName(p_.table->PathOf(r.resource));
+    if (auto h = held.find(r.resource); h != held.end()) {
+      r.devices_held_by_claims = static_cast<int64_t>(h->second.by_claims.size());
+      r.devices_held_by_pods = static_cast<int64_t>(h->second.by_pods.size());
+    }
   }
   st.lossy_translations = p_.losses->Snapshot();
   if (p_.keeper) st.state = StateStatusOf();

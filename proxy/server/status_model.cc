@@ -18,7 +18,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubele
                                                 device_list_bytes, device_list_too_large,
                                                 device_list_refused, device_ids_mapped,
                                                 now_served_as, removed, forgotten_avoided,
-                                                forgotten_named, forgotten_refused, devices)
+                                                forgotten_named, forgotten_refused, path,
+                                                devices_held_by_claims, devices_held_by_pods,
+                                                devices)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ForgottenStatus, resource, allocation, devices,
                                                 pod, container, pod_uid, reason, since_unix_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeldElsewhereStatus, resource, device,
@@ -197,6 +199,12 @@ std::string StatusTable(const ProxyStatus& st) {
         r.backend_connected ? r.backend_api : "down",
         r.backend_endpoint.empty() ? "-" : r.backend_endpoint, r.devices_healthy,
         r.devices_total);
+    if (r.devices_held_by_claims > 0 || r.devices_held_by_pods > 0) {
+      absl::StrAppend(&out, "  ^ held through DRA claims: ", r.devices_held_by_claims,
+                      " device(s), Unhealthy to the device manager; by pods of the extended "
+                      "resource: ",
+                      r.devices_held_by_pods, ", out of the DRA pool\n");
+    }
     if (!r.backend_error.empty()) {
       absl::StrAppend(&out, "  ^ STATIC BACKEND CANNOT BE DIALLED (", r.backend_dial_failures,
                       " attempt(s)): ", r.backend_error, "\n");

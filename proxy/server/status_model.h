@@ -74,6 +74,13 @@ struct ResourceStatus {
   int64_t forgotten_avoided = 0;
   int64_t forgotten_named = 0;
   int64_t forgotten_refused = 0;
+  // How the kubelet is served it: "device-plugin", "dra" or "both"
+  // (ProxyConfig::paths, as the last reload left it).
+  std::string path;
+  // Where pods of the extended resource and DRA claims may both hold
+  // devices: how many each holds (hidden from the other side).
+  int64_t devices_held_by_claims = 0;
+  int64_t devices_held_by_pods = 0;
   // Left empty unless asked for (the metrics never need them). A status
   // built by the server points at the published list instead of copying
   // it (`device_list`); one read back from the file has `devices`.

@@ -289,6 +289,14 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   rest.erase(pods);
   ASSERT_TRUE(h.WaitFor([&] { return pool() == rest; }));
   EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", pods), "Healthy");
+  // Status says which path holds how many.
+  const ResourceStatus status = h.proxy().Status().resources.at(0);
+  EXPECT_EQ(status.path, "both");
+  EXPECT_EQ(status.devices_held_by_claims, 1);
+  EXPECT_EQ(status.devices_held_by_pods, 1);
+  EXPECT_THAT(StatusTable(h.proxy().Status()),
+              HasSubstr("^ held through DRA claims: 1 device(s), Unhealthy to the device "
+                        "manager; by pods of the extended resource: 1, out of the DRA pool"));
   EXPECT_EQ(plugin->Status().allocate_calls(), 2);
 
   // Asked anyway (a kubelet or a scheduler that has not seen the change

@@ -151,6 +151,13 @@ absl::Status ProxyServer::OpenState() {
     // The other side stops offering what one path took: soon, not at the
     // next second's pass.
     keeper_->SetHeldAcrossObserver([this] { housekeeping_.Wake(); });
+    if (config_.reconcile_start_grace < absl::Seconds(2)) {
+      LOG(WARNING) << "reconcile.start_grace is "
+                   << absl::FormatDuration(config_.reconcile_start_grace)
+                   << ": right after a kubelet start its pod list is empty for a moment, and "
+                   << "a pod found missing then has its devices released to DRA claims while "
+                   << "it runs; keep it at a few seconds (default 10s)";
+    }
     if (!ServesDra(config_) && kinds.claims > 0) {
       LOG(WARNING) << kinds.claims << " allocation(s) of DRA claims are in the journal, and no "
                    << "resource is served through DRA: their devices are shown Unhealthy to "

@@ -440,6 +440,50 @@ TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
   EXPECT_EQ(plugin->Status().allocate_calls(), 3);
 }
 
+// The first step of the move, device plugin to both, by a takeover
+// (--takeover) instead of a restart: the pod keeps its device and runs on,
+// and the new dpproxy publishes the pool without it and prepares claims.
+TEST(DraModeTest, AResourceGoesBothWaysByATakeover) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kDevicePlugin}});
+  ProxyHarness& h = *harness;
+  h.RestartProxy([](ProxyConfig& c) { c.dra.enabled = false; c.paths.clear(); });
+  SamplePlugin* plugin = StartNode(h, "1.34");
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
+  absl::StatusOr<sim::AllocateResponse> legacy =
+      h.sim().Allocate(testing::PodRequest("legacy", {{"c", 1}}, "vendor.com/gpu"));
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  const std::string pods = legacy->allocations(0).device_ids(0);
+
+  const size_t from = h.sim().events().Size();
+  ASSERT_TRUE(h.TakeOver(nullptr, [](ProxyConfig& c) {
+                 c.paths = {{"vendor.com/gpu", KubeletPath::kBoth}};
+               }).ok());
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait, from));
+  std::set<std::string> rest = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
+  rest.erase(pods);
+  EXPECT_TRUE(h.WaitFor([&] {
+    std::set<std::string> names;
+    PublishedDevices(api, &names);
+    return names == rest;
+  }));
+  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", pods), "Healthy");
+  const std::string claimed = *rest.begin();
+  const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ((*prepared)[uid]["error"], "");
+  EXPECT_TRUE(
+      h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy"; }));
+  EXPECT_EQ(h.sim().GetState().pods(0).phase(), "Running");
+}
+
 // The same move by reloads (SIGHUP), where dpproxy runs both sides: no
 // restart, and the vendor plugin's stream to dpproxy stays as it is. The
 // pod of the extended resource runs on while its resource leaves the

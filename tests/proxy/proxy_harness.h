@@ -83,8 +83,11 @@ class ProxyHarness {
   // returns after the old one released the state; the old one is told to
   // finish once the new one is registered.
   // `meanwhile` runs once the new one took the state, before it is
-  // registered (a kubelet restart in the middle of it).
-  absl::Status TakeOver(const std::function<void()>& meanwhile = nullptr) {
+  // registered (a kubelet restart in the middle of it); `tweak` changes
+  // the configuration the new one (and later restarts) run with.
+  absl::Status TakeOver(const std::function<void()>& meanwhile = nullptr,
+                        const std::function<void(ProxyConfig&)>& tweak = nullptr) {
+    if (tweak) tweak(config_);
     ProxyConfig c = config_;
     c.takeover = true;
     auto next = std::make_unique<ProxyServer>(c);

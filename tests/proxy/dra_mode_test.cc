@@ -394,9 +394,13 @@ TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
   absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   ASSERT_EQ((*prepared)[uid]["error"], "");
-  EXPECT_TRUE(
-      h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy"; }));
-  for (const std::string& d : held) EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", d), "Healthy");
+  // (Once the new dpproxy's list reached the kubelet: until then it counts
+  // every device unhealthy, as at any restart.)
+  EXPECT_TRUE(h.WaitFor([&] {
+    return h.KubeletHealth("vendor.com/gpu", claimed) == "Unhealthy" &&
+           h.KubeletHealth("vendor.com/gpu", held[0]) == "Healthy" &&
+           h.KubeletHealth("vendor.com/gpu", held[1]) == "Healthy";
+  }));
 
   // DRA only: no device plugin any more; the pod runs on, and its devices
   // stay out of the pool while it does.
@@ -473,7 +477,7 @@ TEST(DraModeTest, AResourceGoesBothWaysByATakeover) {
     PublishedDevices(api, &names);
     return names == rest;
   }));
-  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", pods), "Healthy");
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", pods) == "Healthy"; }));
   const std::string claimed = *rest.begin();
   const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
   absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});

@@ -50,6 +50,13 @@ int PublishedDevices(sim::ApiServerSim& api, std::set<std::string>* names = null
   return n;
 }
 
+// The names of the devices published now.
+std::set<std::string> PoolNames(sim::ApiServerSim& api) {
+  std::set<std::string> names;
+  PublishedDevices(api, &names);
+  return names;
+}
+
 // A kubeconfig naming the simulator, for dpproxy and for the kubelet sim.
 std::string WriteKubeconfig(const testing::ShortTempDir& dir, const sim::ApiServerSim& api) {
   const std::string path = dir.Sub("kubeconfig");
@@ -249,13 +256,8 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   ProxyHarness& h = *harness;
   SamplePlugin* plugin = StartNode(h, "1.34");
   ASSERT_NE(plugin, nullptr);
-  auto pool = [&] {
-    std::set<std::string> names;
-    PublishedDevices(api, &names);
-    return names;
-  };
   const std::set<std::string> all = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
-  ASSERT_TRUE(h.WaitFor([&] { return pool() == all; }));
+  ASSERT_TRUE(h.WaitFor([&] { return PoolNames(api) == all; }));
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
   ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
                                             testing::kWait));
@@ -274,7 +276,7 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   ASSERT_EQ((*prepared)[uid]["error"], "");
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-1") == "Unhealthy"; }));
   EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", "gpu-0"), "Healthy");
-  EXPECT_EQ(pool(), all);
+  EXPECT_EQ(PoolNames(api), all);
   // So the kubelet admits no pod onto it: four do not fit, one does.
   EXPECT_FALSE(
       h.sim().Allocate(testing::PodRequest("all-four", {{"c", 4}}, "vendor.com/gpu")).ok());
@@ -287,7 +289,7 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   // The pod's device leaves the pool; the kubelet still sees it Healthy.
   std::set<std::string> rest = all;
   rest.erase(pods);
-  ASSERT_TRUE(h.WaitFor([&] { return pool() == rest; }));
+  ASSERT_TRUE(h.WaitFor([&] { return PoolNames(api) == rest; }));
   EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", pods), "Healthy");
   // Status says which path holds how many.
   const ResourceStatus status = h.proxy().Status().resources.at(0);
@@ -334,7 +336,7 @@ TEST(DraModeTest, AResourceServedBothWaysHasOneHolderPerDevice) {
   ASSERT_TRUE(un.ok());
   EXPECT_EQ((*un)[uid]["error"], "");
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-1") == "Healthy"; }));
-  EXPECT_EQ(pool(), rest);
+  EXPECT_EQ(PoolNames(api), rest);
 }
 
 // A resource moves from the device plugin to DRA and back, a restart of
@@ -354,11 +356,6 @@ TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
   ProxyHarness& h = *harness;
   SamplePlugin* plugin = StartNode(h, "1.34");
   ASSERT_NE(plugin, nullptr);
-  auto pool = [&] {
-    std::set<std::string> names;
-    PublishedDevices(api, &names);
-    return names;
-  };
   auto restart_as = [&](KubeletPath path) {
     const size_t from = h.sim().events().Size();
     h.RestartProxy([&](ProxyConfig& c) {
@@ -381,14 +378,14 @@ TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
   ASSERT_TRUE(legacy.ok()) << legacy.status();
   const std::vector<std::string> held = testing::DeviceIdsOf(legacy->allocations(0));
   ASSERT_EQ(held.size(), 2u);
-  EXPECT_TRUE(pool().empty());
+  EXPECT_TRUE(PoolNames(api).empty());
 
   // Both: the pool offers the two devices the pod does not hold; a claim
   // takes one, which the device manager then sees Unhealthy.
   restart_as(KubeletPath::kBoth);
   std::set<std::string> free = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
   for (const std::string& d : held) free.erase(d);
-  ASSERT_TRUE(h.WaitFor([&] { return pool() == free; }));
+  ASSERT_TRUE(h.WaitFor([&] { return PoolNames(api) == free; }));
   const std::string claimed = *free.begin();
   const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
   absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
@@ -405,16 +402,16 @@ TEST(DraModeTest, AResourceMovesBetweenPathsWithPodsRunningOnEach) {
   // DRA only: no device plugin any more; the pod runs on, and its devices
   // stay out of the pool while it does.
   restart_as(KubeletPath::kDra);
-  ASSERT_TRUE(h.WaitFor([&] { return pool() == free; }));
+  ASSERT_TRUE(h.WaitFor([&] { return PoolNames(api) == free; }));
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  EXPECT_EQ(pool(), free);
+  EXPECT_EQ(PoolNames(api), free);
   // The pod ends: reconciliation releases its devices to the pool.
   ASSERT_TRUE(h.sim().DeletePod(legacy->pod_uid()).ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   EXPECT_TRUE(h.WaitFor(
-      [&] { return pool() == std::set<std::string>{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}; }));
+      [&] { return PoolNames(api) == std::set<std::string>{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}; }));
 
   // Back to the device plugin with the claim's pod running: its device is
   // Unhealthy to the device manager until the claim is unprepared, which
@@ -472,11 +469,7 @@ TEST(DraModeTest, AResourceGoesBothWaysByATakeover) {
                                             testing::kWait, from));
   std::set<std::string> rest = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
   rest.erase(pods);
-  EXPECT_TRUE(h.WaitFor([&] {
-    std::set<std::string> names;
-    PublishedDevices(api, &names);
-    return names == rest;
-  }));
+  EXPECT_TRUE(h.WaitFor([&] { return PoolNames(api) == rest; }));
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", pods) == "Healthy"; }));
   const std::string claimed = *rest.begin();
   const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
@@ -503,11 +496,6 @@ TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
   ProxyHarness& h = *harness;
   SamplePlugin* plugin = StartNode(h, "1.34");
   ASSERT_NE(plugin, nullptr);
-  auto pool = [&] {
-    std::set<std::string> names;
-    PublishedDevices(api, &names);
-    return names;
-  };
   auto reload_as = [&](KubeletPath path) {
     ProxyConfig next = h.config();
     next.paths = {{"vendor.com/gpu", path}};
@@ -517,7 +505,7 @@ TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
     EXPECT_THAT(r.needs_restart, ::testing::IsEmpty());
   };
   const std::set<std::string> all = {"gpu-0", "gpu-1", "gpu-2", "gpu-3"};
-  ASSERT_TRUE(h.WaitFor([&] { return pool() == all; }));
+  ASSERT_TRUE(h.WaitFor([&] { return PoolNames(api) == all; }));
   ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Healthy"; }));
   ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
                                             testing::kWait));
@@ -528,7 +516,7 @@ TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
   const std::string pods = legacy->allocations(0).device_ids(0);
   std::set<std::string> rest = all;
   rest.erase(pods);
-  ASSERT_TRUE(h.WaitFor([&] { return pool() == rest; }));
+  ASSERT_TRUE(h.WaitFor([&] { return PoolNames(api) == rest; }));
   const std::string claimed = *rest.begin();
   const std::string uid = api.PutClaim(Claim("train", {claimed}))["metadata"]["uid"];
   absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "train", uid}});
@@ -539,7 +527,7 @@ TEST(DraModeTest, AResourceMovesBetweenPathsByReloads) {
   // unhealthy), the pod runs on, and its device stays out of the pool.
   reload_as(KubeletPath::kDra);
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-3") == "Unhealthy"; }));
-  EXPECT_EQ(pool(), rest);
+  EXPECT_EQ(PoolNames(api), rest);
   const sim::State st = h.sim().GetState();
   ASSERT_EQ(st.pods_size(), 1);
   EXPECT_EQ(st.pods(0).uid(), legacy->pod_uid());
@@ -652,8 +640,7 @@ TEST(DraModeTest, ARandomMixOfPodsOverBothPathsNeverHoldsADeviceTwice) {
         ++pod_refusals;
       }
     } else if (op < 50) {  // a claim the scheduler allocated from the pool
-      std::set<std::string> offered;
-      PublishedDevices(api, &offered);
+      std::set<std::string> offered = PoolNames(api);
       for (const auto& [uid, d] : claims) offered.erase(d);
       if (offered.empty()) continue;
       auto it = offered.begin();

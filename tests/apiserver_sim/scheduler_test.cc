@@ -111,5 +111,136 @@ TEST_F(SchedulerTest, ANodeOrPoolNarrowsThePickAndAShortfallCreatesNothing) {
   EXPECT_EQ(Picked(*n), (std::vector<std::string>{"p1/gpu-1"}));
 }
 
+constexpr char kClasses[] = "/apis/resource.k8s.io/v1/deviceclasses";
+
+Json DeviceClass(const std::string& name, const std::string& expression,
+                 const std::string& extended_resource) {
+  Json c = {{"metadata", {{"name", name}}},
+            {"spec", {{"selectors", {{{"cel", {{"expression", expression}}}}}}}}};
+  if (!extended_resource.empty()) c["spec"]["extendedResourceName"] = extended_resource;
+  return c;
+}
+
+TEST_F(SchedulerTest, AnExtendedResourceGoesToTheDevicePluginWhileTheNodeHasItElseToDra) {
+  // No class names it: only a device plugin can serve it.
+  absl::StatusOr<ExtendedResourceRoute> r = RouteExtendedResource(client_.get(), "vendor.com/gpu", 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, ExtendedResourceRoute::kNone);
+  ASSERT_TRUE(client_
+                  ->Post(kClasses, DeviceClass("gpu", R"(device.driver == "gpu.vendor.com")",
+                                               "vendor.com/gpu"))
+                  .ok());
+  r = RouteExtendedResource(client_.get(), "vendor.com/gpu", 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, ExtendedResourceRoute::kDevicePlugin);  // allocatable above 0: the plugin's
+  r = RouteExtendedResource(client_.get(), "vendor.com/gpu", 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, ExtendedResourceRoute::kDra);
+  r = RouteExtendedResource(client_.get(), "vendor.com/nic", 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, ExtendedResourceRoute::kNone);
+}
+
+TEST_F(SchedulerTest, APodsExtendedResourceClaimHasARequestPerContainerAndResource) {
+  ASSERT_TRUE(client_
+                  ->Post(kClasses, DeviceClass("gpu", R"(device.driver=="gpu.vendor.com")",
+                                               "vendor.com/gpu"))
+                  .ok());
+  // node-1 has gpu-0 and gpu-1; a claim holds gpu-0 already.
+  ASSERT_TRUE(CreateAllocatedClaim(client_.get(), [&] {
+                ClaimAllocation a = Ask("held", 1);
+                a.node = "node-1";
+                return a;
+              }()).ok());
+  ExtendedResourcePod pod;
+  pod.name = "train";
+  pod.node = "node-1";
+  pod.containers.push_back({"prep", {{"cpu", 1}}});
+  // "cpu" sorts before the resource: its request is the container's second.
+  pod.containers.push_back({"main", {{"cpu", 2}, {"vendor.com/gpu", 1}}});
+  absl::StatusOr<GeneratedClaim> made = CreateExtendedResourceClaim(client_.get(), pod);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Json& claim = made->claim;
+  const std::string name = claim["metadata"]["name"];
+  EXPECT_THAT(name, ::testing::StartsWith("train-extended-resources-"));
+  EXPECT_EQ(name.size(), std::string("train-extended-resources-").size() + 5);
+  EXPECT_EQ(claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"],
+            "true");
+  ASSERT_EQ(claim["spec"]["devices"]["requests"].size(), 1u);
+  const Json& request = claim["spec"]["devices"]["requests"][0];
+  EXPECT_EQ(request["name"], "container-1-request-1");
+  EXPECT_EQ(request["exactly"]["deviceClassName"], "gpu");
+  EXPECT_EQ(request["exactly"]["count"], 1);
+  EXPECT_EQ(Picked(claim), (std::vector<std::string>{"p1/gpu-1"}));
+  EXPECT_EQ(claim["status"]["allocation"]["devices"]["results"][0]["request"],
+            "container-1-request-1");
+  EXPECT_EQ(made->status["resourceClaimName"], name);
+  EXPECT_EQ(made->status["requestMappings"],
+            Json::parse(R"([{"containerName": "main", "resourceName": "vendor.com/gpu",
+                             "requestName": "container-1-request-1"}])"));
+  // Stored as returned.
+  absl::StatusOr<Json> got =
+      client_->Get("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/" + name);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Picked(*got), Picked(claim));
+
+  // node-1 has nothing free now: refused, naming the shortfall, nothing made.
+  pod.name = "more";
+  absl::Status s = CreateExtendedResourceClaim(client_.get(), pod).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("pod more container main"), HasSubstr("0 free"),
+                    HasSubstr("on node node-1")));
+  absl::StatusOr<Json> all = client_->Get("/apis/resource.k8s.io/v1/resourceclaims");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ((*all)["items"].size(), 2u);
+  // A pod asking only for what no class names has no claim to make.
+  ExtendedResourcePod plain;
+  plain.name = "plain";
+  plain.containers.push_back({"main", {{"vendor.com/nic", 1}}});
+  EXPECT_EQ(CreateExtendedResourceClaim(client_.get(), plain).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, AClassWhoseDriverItCannotReadIsNamed) {
+  ASSERT_TRUE(client_
+                  ->Post(kClasses, DeviceClass("odd", R"(device.attributes["x"].y == 1)",
+                                               "vendor.com/gpu"))
+                  .ok());
+  absl::Status s = RouteExtendedResource(client_.get(), "vendor.com/gpu", 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("DeviceClass odd"),
+                                               HasSubstr("device.driver == ")));
+}
+
+// What the scheduler's claims rely on in the API server: generated names,
+// deletion, and DeviceClasses checked as the real server checks them.
+TEST_F(SchedulerTest, TheApiServerGeneratesNamesDeletesClaimsAndChecksClasses) {
+  const std::string claims = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+  absl::StatusOr<Json> a = client_->Post(claims, {{"metadata", {{"generateName", "p-"}}}});
+  absl::StatusOr<Json> b = client_->Post(claims, {{"metadata", {{"generateName", "p-"}}}});
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string name = (*a)["metadata"]["name"];
+  EXPECT_THAT(name, ::testing::MatchesRegex("p-[bcdfghjklmnpqrstvwxz2456789]{5}"));
+  EXPECT_NE(name, (*b)["metadata"]["name"].get<std::string>());
+  absl::Status none = client_->Post(claims, {{"metadata", Json::object()}}).status();
+  EXPECT_THAT(std::string(none.message()), HasSubstr("name or generateName is required"));
+  ASSERT_TRUE(client_->Delete(claims + "/" + name).ok());
+  EXPECT_EQ(client_->Get(claims + "/" + name).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Delete(claims + "/" + name).status().code(), absl::StatusCode::kNotFound);
+
+  absl::Status bad =
+      client_->Post(kClasses, DeviceClass("bad", "device.driver == \"x\"", "gpu")).status();
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("spec.extendedResourceName: Invalid value"));
+  ASSERT_TRUE(client_->Post(kClasses, DeviceClass("gpu", "true", "vendor.com/gpu")).ok());
+  EXPECT_THAT(std::string(client_->Post(kClasses, DeviceClass("gpu", "true", "")).status().message()),
+              HasSubstr("already exists"));
+  absl::StatusOr<Json> one = client_->Get(std::string(kClasses) + "/gpu");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*one)["spec"]["extendedResourceName"], "vendor.com/gpu");
+  EXPECT_EQ(client_->Get(std::string(kClasses) + "/nic").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace dpproxy::sim

@@ -24,7 +24,9 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
+#include "proxy/kube/kube_client.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
+#include "tools/apiserver_sim/extended_pods.h"
 
 namespace dpproxy {
 namespace {
@@ -936,6 +938,186 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
 
 
 // The names in `dir`, sorted.
+// Pods asking for the extended resource (`vendor.com/gpu: 1`) arrive and
+// end all along while the resource moves both -> DRA -> both -> device
+// plugin -> both by reloads. The scheduler's rule picks each pod's path
+// (the device plugin while the node's allocatable is above 0, else DRA
+// through the DeviceClass's extendedResourceName, 1.34+); the kubelet
+// admits device-plugin pods and prepares the claims it made for the others.
+// No pod fails, no running pod is lost, no device has two holders, the
+// plugin's stream never drops, and each pod's container has its device
+// whichever path served it.
+TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTakes) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  KubeConfig kc;
+  kc.server = api.url();
+  kc.token = "node-token";
+  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
+  ASSERT_TRUE(client
+                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
+                         {{"metadata", {{"name", "gpu-vendor-com"}}},
+                          {"spec",
+                           {{"selectors",
+                             {{{"cel", {{"expression", R"(device.driver == "gpu.vendor.com")"}}}}}},
+                            {"extendedResourceName", "vendor.com/gpu"}}}})
+                  .ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kBoth}});
+  ProxyHarness& h = *harness;
+  h.RestartProxy([](ProxyConfig& c) {
+    c.reconcile_grace = absl::ZeroDuration();
+    c.reconcile_start_grace = absl::Seconds(3);  // as the default: pod lists after a start
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.36")).ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices = 6;
+  SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 6; }));
+  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-5") == "Healthy"; }));
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait));
+  const int64_t streams = plugin->Status().list_and_watch_streams();
+  auto allocatable = [&] {
+    const sim::State st = h.sim().GetState();
+    for (const auto& r : st.resources()) {
+      if (r.name() == "vendor.com/gpu") return r.allocatable();
+    }
+    return int64_t{0};
+  };
+  auto plugin_connected = [&] {
+    const sim::State st = h.sim().GetState();
+    for (const auto& r : st.resources()) {
+      if (r.name() == "vendor.com/gpu") return r.connected();
+    }
+    return false;
+  };
+
+  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  std::mt19937 rng(20261127);
+  std::map<std::string, std::map<std::string, int>> served;  // phase -> route -> pods
+  int failed = 0, pending = 0, step = 0;
+  // Each running pod's container holds one device, and no device is held
+  // twice, in the kubelet's records and the runtime's.
+  auto check = [&](const std::string& phase) {
+    const sim::State st = h.sim().GetState();
+    std::map<std::string, std::vector<std::string>> holders;
+    int running = 0;
+    for (const auto& p : st.pods()) {
+      if (p.phase() != "Running") continue;
+      ++running;
+      int devices = 0;
+      for (const auto& r : p.running()) {
+        for (const std::string& d : r.device_ids()) holders[d].push_back(p.name()), ++devices;
+        for (const std::string& d : r.claim_devices()) holders[d].push_back(p.name()), ++devices;
+      }
+      EXPECT_EQ(devices, 1) << phase << ": pod " << p.name();
+    }
+    EXPECT_EQ(running, static_cast<int>(pods.running().size())) << phase << " step " << step;
+    for (const auto& [d, who] : holders) {
+      EXPECT_EQ(who.size(), 1u) << phase << " step " << step << ": device " << d << " held by "
+                                << absl::StrJoin(who, ", ");
+    }
+  };
+  auto stream = [&](const std::string& phase, int steps) {
+    for (int i = 0; i < steps; ++i, ++step) {
+      const bool start = pods.running().size() < 2 || rng() % 3 != 0;
+      if (start) {
+        absl::StatusOr<sim::ExtendedResourcePods::Pod> p =
+            pods.Start(absl::StrCat("pod-", step), 1);
+        if (p.ok()) {
+          ++served[phase][p->route == sim::ExtendedResourceRoute::kDra ? "dra" : "device-plugin"];
+        } else if (p.status().code() == absl::StatusCode::kResourceExhausted) {
+          ++pending;  // the node is full: the scheduler waits
+        } else {
+          ++failed;
+          ADD_FAILURE() << phase << ": " << p.status();
+        }
+      } else {
+        auto it = pods.running().begin();
+        std::advance(it, rng() % pods.running().size());
+        const sim::ExtendedResourcePods::Pod ended = it->second;
+        ASSERT_TRUE(pods.End(ended.uid).ok());
+        if (ended.claim.empty()) {
+          // Reconciliation finds it gone and frees its device (after the
+          // kubelet's first seconds, when its pod list may be empty).
+          ASSERT_TRUE(h.WaitFor([&] {
+            if (!h.proxy().ReconcileOnce().ok()) return false;
+            bool held = false;
+            h.proxy().state()->ForEachAllocation([&](const state::Allocation& a) {
+              if (a.has_claim()) return;
+              for (const std::string& d : a.device_ids()) held |= d == ended.devices[0];
+            });
+            return !held;
+          })) << phase << ": pod " << ended.name << "'s device " << ended.devices[0];
+        }
+      }
+      check(phase);
+    }
+  };
+  auto reload_as = [&](KubeletPath path) {
+    ProxyConfig next = h.config();
+    next.paths = {{"vendor.com/gpu", path}};
+    ASSERT_THAT(h.proxy().Reload(next).applied, ::testing::SizeIs(1));
+  };
+
+  stream("both", 20);
+  reload_as(KubeletPath::kDra);
+  // The device manager loses the resource: the node's allocatable drops to 0.
+  ASSERT_TRUE(h.WaitFor([&] { return allocatable() == 0; }));
+  stream("dra", 20);
+  // The kubelet restarts: its pods run on, those served by claims with
+  // their devices.
+  const size_t from = h.sim().events().Size();
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
+                                            testing::kWait, from));
+  check("dra, after a kubelet restart");
+  reload_as(KubeletPath::kBoth);
+  // The device manager has the resource again (its allocatable: the
+  // devices no claim holds, maybe none yet).
+  ASSERT_TRUE(h.WaitFor(plugin_connected));
+  stream("both again", 20);
+  reload_as(KubeletPath::kDevicePlugin);
+  ASSERT_TRUE(h.WaitFor([&] { return api.Slices().empty(); }));
+  stream("device-plugin", 20);
+  reload_as(KubeletPath::kBoth);
+  // The pool is back (with the devices no pod holds, maybe none yet).
+  ASSERT_TRUE(h.WaitFor([&] { return !api.Slices().empty(); }))
+      << pods.running().size() << " pods run";
+  stream("both at last", 10);
+
+  std::cout << "pending " << pending << "; served:";
+  for (const auto& [phase, routes] : served) {
+    for (const auto& [route, n] : routes) std::cout << " " << phase << "/" << route << "=" << n;
+  }
+  std::cout << "\n";
+  EXPECT_EQ(failed, 0);
+  // Where the node had no device plugin for it, DRA served every pod; while
+  // the device plugin alone served it, no pod went through DRA.
+  EXPECT_GT(served["dra"]["dra"], 0);
+  EXPECT_EQ(served["dra"]["device-plugin"], 0);
+  EXPECT_GT(served["device-plugin"]["device-plugin"], 0);
+  EXPECT_EQ(served["device-plugin"]["dra"], 0);
+  EXPECT_GT(served["both"]["device-plugin"], 0);
+  // The vendor plugin behind dpproxy never saw its stream drop.
+  EXPECT_EQ(plugin->Status().list_and_watch_streams(), streams);
+  // What pods through DRA got at the kubelet: their claim's CDI device.
+  const sim::State last = h.sim().GetState();
+  for (const auto& p : last.pods()) {
+    for (const auto& r : p.running()) {
+      if (r.claim_devices().empty()) continue;
+      ASSERT_EQ(r.cdi_device_ids_size(), 1) << p.name();
+      EXPECT_THAT(r.cdi_device_ids(0), HasSubstr(r.claim_devices(0))) << p.name();
+    }
+  }
+}
+
 std::vector<std::string> ListFiles(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;

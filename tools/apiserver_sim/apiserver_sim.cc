@@ -187,6 +187,15 @@ void ApiServerSim::SetLatency(absl::Duration latency) {
   latency_ = latency;
 }
 
+std::string ApiServerSim::GeneratedSuffix() {
+  static constexpr char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
+  absl::MutexLock lock(&mu_);
+  uint64_t n = static_cast<uint64_t>(++resource_version_) * 2654435761u;
+  std::string out;
+  for (int i = 0; i < 5; ++i, n /= 27) out.push_back(kAlphabet[n % 27]);
+  return out;
+}
+
 ApiServerSim::Json ApiServerSim::PutClaim(Json claim) {
   absl::MutexLock lock(&mu_);
   Json& m = claim["metadata"];
@@ -371,9 +380,20 @@ void ApiServerSim::Routes() {
     server_->Post(base + R"(/namespaces/([^/]+)/resourceclaims)",
                   [this, api_version](const httplib::Request& req, httplib::Response& res) {
                     Json c = Json::parse(req.body, nullptr, false);
-                    if (c.is_discarded() || !c.contains("metadata") ||
-                        c["metadata"].value("name", "").empty()) {
+                    if (c.is_discarded() || !c.is_object() || !c.contains("metadata") ||
+                        !c["metadata"].is_object()) {
                       return Fail(res, 422, "Invalid", "metadata.name: Required value");
+                    }
+                    if (c["metadata"].value("name", "").empty()) {
+                      // generateName: the prefix and five random characters,
+                      // from the API server's alphabet (no vowels).
+                      const std::string prefix = c["metadata"].value("generateName", "");
+                      if (prefix.empty()) {
+                        return Fail(res, 422, "Invalid",
+                                    "metadata.name: Required value: name or generateName is "
+                                    "required");
+                      }
+                      c["metadata"]["name"] = absl::StrCat(prefix, GeneratedSuffix());
                     }
                     const std::string ns = req.matches[1];
                     const std::string key = absl::StrCat(ns, "/", c["metadata"]["name"].get<std::string>());
@@ -428,6 +448,72 @@ void ApiServerSim::Routes() {
                    absl::MutexLock lock(&mu_);
                    auto it = FindClaim(claims_, req, res);
                    if (it != claims_.end()) Reply(res, 200, it->second);
+                 });
+    // As the claim controller deletes a pod's generated claim when the pod
+    // is gone: its devices are free for the scheduler again.
+    server_->Delete(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
+                    [this](const httplib::Request& req, httplib::Response& res) {
+                      absl::MutexLock lock(&mu_);
+                      auto it = FindClaim(claims_, req, res);
+                      if (it == claims_.end()) return;
+                      Json gone = it->second;
+                      claims_.erase(it);
+                      Reply(res, 200, gone);
+                    });
+    // DeviceClasses (cluster-scoped): created, listed, read.
+    server_->Post(base + "/deviceclasses",
+                  [this, api_version](const httplib::Request& req, httplib::Response& res) {
+                    Json c = Json::parse(req.body, nullptr, false);
+                    if (c.is_discarded() || !c.is_object() || !c.contains("metadata") ||
+                        !c["metadata"].is_object() ||
+                        c["metadata"].value("name", "").empty()) {
+                      return Fail(res, 422, "Invalid", "metadata.name: Required value");
+                    }
+                    const std::string name = c["metadata"]["name"];
+                    if (c.contains("spec") && c["spec"].is_object() &&
+                        c["spec"].contains("extendedResourceName")) {
+                      const Json& e = c["spec"]["extendedResourceName"];
+                      if (!e.is_string() || !IsExtendedResourceName(e.get<std::string>())) {
+                        return Fail(res, 422, "Invalid",
+                                    absl::StrCat("spec.extendedResourceName: Invalid value: ",
+                                                 e.dump(), ": must be an extended resource name"));
+                      }
+                    }
+                    absl::MutexLock lock(&mu_);
+                    if (device_classes_.count(name) > 0) {
+                      return Fail(res, 409, "AlreadyExists",
+                                  absl::StrCat("deviceclasses.resource.k8s.io \"", name,
+                                               "\" already exists"));
+                    }
+                    c["apiVersion"] = api_version;
+                    c["kind"] = "DeviceClass";
+                    c["metadata"]["uid"] =
+                        absl::StrFormat("00000000-0000-4000-a000-%012d", ++resource_version_);
+                    c["metadata"]["resourceVersion"] = absl::StrCat(resource_version_);
+                    device_classes_[name] = c;
+                    Reply(res, 201, c);
+                  });
+    server_->Get(base + "/deviceclasses",
+                 [this, api_version](const httplib::Request&, httplib::Response& res) {
+                   Json items = Json::array();
+                   absl::MutexLock lock(&mu_);
+                   for (const auto& [name, c] : device_classes_) items.push_back(c);
+                   Reply(res, 200,
+                         {{"kind", "DeviceClassList"},
+                          {"apiVersion", api_version},
+                          {"metadata", {{"resourceVersion", absl::StrCat(resource_version_)}}},
+                          {"items", items}});
+                 });
+    server_->Get(base + R"(/deviceclasses/([^/]+))",
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   absl::MutexLock lock(&mu_);
+                   auto it = device_classes_.find(req.matches[1].str());
+                   if (it == device_classes_.end()) {
+                     return Fail(res, 404, "NotFound",
+                                 absl::StrCat("deviceclasses.resource.k8s.io \"",
+                                              req.matches[1].str(), "\" not found"));
+                   }
+                   Reply(res, 200, it->second);
                  });
   }
 }

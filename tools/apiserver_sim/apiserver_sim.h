@@ -4,9 +4,10 @@
 // (resource.k8s.io, KEP-4381): the resource.k8s.io group with the versions asked for
 // (discovery at /apis/resource.k8s.io), cluster-scoped ResourceSlices
 // (list with a fieldSelector on spec.nodeName and spec.driver, create, get,
-// update with optimistic concurrency, delete) and namespaced
-// ResourceClaims (create, get, status, a list across namespaces; or put in
-// place by tests). A real HTTPS server
+// update with optimistic concurrency, delete), namespaced ResourceClaims
+// (create, with generateName too; get, status, delete, a list across
+// namespaces; or put in place by tests) and DeviceClasses (create, get,
+// list). A real HTTPS server
 // (cpp-httplib) with a bearer token, answering errors as Kubernetes Status
 // objects with the real reasons (NotFound, AlreadyExists, Conflict,
 // Invalid, Unauthorized). It checks what the real server would refuse in a
@@ -95,6 +96,8 @@ class ApiServerSim {
 
  private:
   void Routes();
+  // Five characters for a generateName, as the API server's.
+  std::string GeneratedSuffix();
 
   const Options options_;
   std::unique_ptr<httplib::Server> server_;
@@ -106,6 +109,7 @@ class ApiServerSim {
   int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1000;
   std::map<std::string, Json> slices_ ABSL_GUARDED_BY(mu_);  // by name
   std::map<std::string, Json> claims_ ABSL_GUARDED_BY(mu_);  // by "ns/name"
+  std::map<std::string, Json> device_classes_ ABSL_GUARDED_BY(mu_);  // by name
   std::vector<Fault> faults_ ABSL_GUARDED_BY(mu_);
   // InjectAnswer's: the fault and the body it is answered with.
   std::vector<std::pair<Fault, std::string>> answers_ ABSL_GUARDED_BY(mu_);

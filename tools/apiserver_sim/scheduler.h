@@ -15,6 +15,8 @@
 #ifndef DPPROXY_TOOLS_APISERVER_SIM_SCHEDULER_H_
 #define DPPROXY_TOOLS_APISERVER_SIM_SCHEDULER_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,49 @@ struct ClaimAllocation {
 // looked at when fewer devices are free than asked (nothing is created
 // then); the API server's error otherwise.
 absl::StatusOr<nlohmann::json> CreateAllocatedClaim(KubeClient* client, const ClaimAllocation& a);
+
+// Pods asking for an extended resource (`vendor.com/gpu: 1`), as the
+// scheduler serves them on a node since KEP-5004 (DRAExtendedResource,
+// 1.34+): through the node's device plugin while the node's allocatable
+// for the name is above 0, else through DRA where a DeviceClass names the
+// resource as its spec.extendedResourceName, else not on this node.
+enum class ExtendedResourceRoute { kDevicePlugin, kDra, kNone };
+absl::StatusOr<ExtendedResourceRoute> RouteExtendedResource(KubeClient* client,
+                                                            const std::string& resource,
+                                                            int64_t node_allocatable);
+
+struct ExtendedResourcePod {
+  std::string namespace_ = "default";
+  std::string name;
+  struct Container {
+    std::string name;
+    std::map<std::string, int> requests;  // every request: resource name -> count
+  };
+  std::vector<Container> containers;  // init containers first, then the others
+  std::string node;                   // "" any node's devices
+};
+
+struct GeneratedClaim {
+  nlohmann::json claim;  // as stored, allocated
+  // What the scheduler writes to pod.status.extendedResourceClaimStatus:
+  // resourceClaimName and requestMappings [{containerName, resourceName,
+  // requestName}], which tell the kubelet each container's devices.
+  nlohmann::json status;
+};
+
+// The claim the scheduler makes for a pod whose extended resources DRA
+// serves: named `<pod>-extended-resources-<5 characters>`, annotated
+// resource.kubernetes.io/extended-resource-claim: "true", one request per
+// container and resource named `container-<i>-request-<j>` (j: the
+// resource's place among the container's requests, sorted by name), its
+// devices picked from the pools of the class's driver. The class's driver
+// is read from a selector `device.driver == "<driver>"` (the only form
+// read here); requests no class names (cpu, a device plugin's resource)
+// are left to the node. kFailedPrecondition when too few devices are
+// free, kInvalidArgument when no class names any request (nothing is
+// created then).
+absl::StatusOr<GeneratedClaim> CreateExtendedResourceClaim(KubeClient* client,
+                                                                  const ExtendedResourcePod& pod);
 
 }  // namespace dpproxy::sim
 

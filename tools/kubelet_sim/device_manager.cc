@@ -17,6 +17,21 @@ using Json = nlohmann::json;
 
 constexpr char kUnexpectedAdmissionError[] = "UnexpectedAdmissionError";
 
+template <typename Repeated>
+std::vector<std::string> Strings(const Repeated& r) {
+  return std::vector<std::string>(r.begin(), r.end());
+}
+
+// The strings of `o[key]` (an array); what is not a string is left out.
+std::vector<std::string> StringsOf(const Json& o, const char* key) {
+  std::vector<std::string> out;
+  if (!o.contains(key) || !o[key].is_array()) return out;
+  for (const Json& s : o[key]) {
+    if (s.is_string()) out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
 std::string Holder(const ContainerAllocation& a) {
   return absl::StrCat(a.pod_namespace(), "/", a.pod_name(), "/", a.container());
 }
@@ -133,6 +148,11 @@ absl::StatusOr<std::vector<std::string>> DeviceManager::AvailableFor(
 
 bool DeviceManager::HasPod(const std::string& uid) const { return pods_.count(uid) > 0; }
 
+const PodState* DeviceManager::FindPod(const std::string& uid) const {
+  auto it = pods_.find(uid);
+  return it == pods_.end() ? nullptr : &it->second;
+}
+
 void DeviceManager::AddPod(PodState pod) {
   if (pod.created() == 0) pod.set_created(next_created_);
   next_created_ = std::max(next_created_, pod.created() + 1);
@@ -142,6 +162,12 @@ void DeviceManager::AddPod(PodState pod) {
 void DeviceManager::AddRunning(const std::string& uid, const RuntimeDevices& running) {
   auto it = pods_.find(uid);
   if (it != pods_.end()) *it->second.add_running() = running;
+}
+
+void DeviceManager::SetExtendedResourceClaim(const std::string& uid,
+                                             const ExtendedResourceClaim& claim) {
+  auto it = pods_.find(uid);
+  if (it != pods_.end()) *it->second.mutable_extended_resource_claim() = claim;
 }
 
 void DeviceManager::StopContainer(const std::string& uid, const std::string& container) {
@@ -364,20 +390,38 @@ std::string DeviceManager::PodsJson() const {
     }
     Json running = Json::array();
     for (const RuntimeDevices& r : p.running()) {
-      running.push_back({{"container", r.container()},
-                         {"resource", r.resource()},
-                         {"device_ids", std::vector<std::string>(r.device_ids().begin(),
-                                                                 r.device_ids().end())}});
+      Json one = {{"container", r.container()},
+                  {"resource", r.resource()},
+                  {"device_ids", Strings(r.device_ids())}};
+      if (r.cdi_device_ids_size() > 0 || r.claim_devices_size() > 0) {
+        one["cdi_device_ids"] = Strings(r.cdi_device_ids());
+        one["claim_devices"] = Strings(r.claim_devices());
+      }
+      running.push_back(std::move(one));
     }
-    pods.push_back({{"uid", p.uid()},
-                    {"name", p.name()},
-                    {"namespace", p.namespace_()},
-                    {"phase", p.phase()},
-                    {"reason", p.reason()},
-                    {"message", p.message()},
-                    {"created", p.created()},
-                    {"containers", containers},
-                    {"running", running}});
+    Json pod = {{"uid", p.uid()},
+                {"name", p.name()},
+                {"namespace", p.namespace_()},
+                {"phase", p.phase()},
+                {"reason", p.reason()},
+                {"message", p.message()},
+                {"created", p.created()},
+                {"containers", containers},
+                {"running", running}};
+    if (p.has_extended_resource_claim()) {
+      const ExtendedResourceClaim& e = p.extended_resource_claim();
+      Json mappings = Json::array();
+      for (const auto& m : e.request_mappings()) {
+        mappings.push_back(
+            {{"container", m.container()}, {"resource", m.resource()}, {"request", m.request()}});
+      }
+      pod["extended_resource_claim"] = {{"namespace", e.namespace_()},
+                                        {"name", e.name()},
+                                        {"uid", e.uid()},
+                                        {"driver", e.driver()},
+                                        {"request_mappings", mappings}};
+    }
+    pods.push_back(std::move(pod));
   }
   return Json({{"format_version", 1}, {"pods", pods}}).dump(1);
 }
@@ -417,10 +461,27 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
             RuntimeDevices* rd = pod.add_running();
             rd->set_container(r.value("container", ""));
             rd->set_resource(r.value("resource", ""));
-            if (r.contains("device_ids") && r["device_ids"].is_array()) {
-              for (const Json& id : r["device_ids"]) {
-                if (id.is_string()) rd->add_device_ids(id.get<std::string>());
-              }
+            for (const std::string& id : StringsOf(r, "device_ids")) rd->add_device_ids(id);
+            for (const std::string& id : StringsOf(r, "cdi_device_ids")) {
+              rd->add_cdi_device_ids(id);
+            }
+            for (const std::string& d : StringsOf(r, "claim_devices")) rd->add_claim_devices(d);
+          }
+        }
+        if (p.contains("extended_resource_claim") && p["extended_resource_claim"].is_object()) {
+          const Json& e = p["extended_resource_claim"];
+          ExtendedResourceClaim* claim = pod.mutable_extended_resource_claim();
+          claim->set_namespace_(e.value("namespace", ""));
+          claim->set_name(e.value("name", ""));
+          claim->set_uid(e.value("uid", ""));
+          claim->set_driver(e.value("driver", ""));
+          if (e.contains("request_mappings") && e["request_mappings"].is_array()) {
+            for (const Json& m : e["request_mappings"]) {
+              if (!m.is_object()) continue;
+              auto* mapping = claim->add_request_mappings();
+              mapping->set_container(m.value("container", ""));
+              mapping->set_resource(m.value("resource", ""));
+              mapping->set_request(m.value("request", ""));
             }
           }
         }

@@ -79,11 +79,14 @@ class DeviceManager {
                                                         int count) const;
 
   bool HasPod(const std::string& uid) const;
+  const PodState* FindPod(const std::string& uid) const;  // nullptr: none
   // Adds (or replaces) a pod; a new one is numbered after every other
   // (its `created`), unless it has a number.
   void AddPod(PodState pod);
   // A container of a pod started with these devices (the runtime's view).
   void AddRunning(const std::string& uid, const RuntimeDevices& running);
+  // The pod's extended resources served through DRA (PodState).
+  void SetExtendedResourceClaim(const std::string& uid, const ExtendedResourceClaim& claim);
   // A container exits: the runtime holds no devices for it any more.
   void StopContainer(const std::string& uid, const std::string& container);
   void AddAllocation(const ContainerAllocation& allocation);

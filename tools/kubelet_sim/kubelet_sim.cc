@@ -1373,6 +1373,41 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
   if (req.pod_uid().empty()) req.set_pod_uid(NewPodUid());
   if (req.pod_namespace().empty()) req.set_pod_namespace("default");
   if (req.pod_name().empty()) req.set_pod_name(absl::StrCat("pod-", req.pod_uid().substr(0, 8)));
+  // The containers' requests an extended-resource claim serves leave the
+  // device manager's part of the pod.
+  AllocateRequest device_manager_part = req;
+  if (req.has_extended_resource_claim()) {
+    const ExtendedResourceClaim& e = req.extended_resource_claim();
+    if (kubelet().minor < 34) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "extended resources served through DRA need kubelet 1.34 or later "
+          "(DRAExtendedResource); this kubelet is ",
+          kubelet().name));
+    }
+    if (e.name().empty() || e.uid().empty() || e.driver().empty() ||
+        e.request_mappings().empty()) {
+      return absl::InvalidArgumentError(
+          "extended_resource_claim needs the claim's name, uid and driver and at least one "
+          "request mapping");
+    }
+    std::set<std::pair<std::string, std::string>> mapped;
+    for (const auto& m : e.request_mappings()) {
+      bool found = false;
+      for (const ContainerRequest& c : req.containers()) {
+        if (c.name() == m.container() && c.resource() == m.resource()) found = true;
+      }
+      if (!found || m.request().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "extended_resource_claim maps container ", GoQuote(m.container()), " resource ",
+            m.resource(), found ? " to no request" : ", which the pod does not ask for"));
+      }
+      mapped.insert({m.container(), m.resource()});
+    }
+    device_manager_part.clear_containers();
+    for (const ContainerRequest& c : req.containers()) {
+      if (mapped.count({c.name(), c.resource()}) == 0) *device_manager_part.add_containers() = c;
+    }
+  }
 
   absl::MutexLock admit(&admit_mu_);
   {
@@ -1384,7 +1419,39 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
   }
   AllocateResponse response;
   response.set_pod_uid(req.pod_uid());
-  absl::Status s = AdmitPod(req, &response);
+  std::vector<RuntimeDevices> claim_served;
+  if (req.has_extended_resource_claim()) {
+    absl::StatusOr<std::vector<RuntimeDevices>> served = PrepareExtendedResourceClaim(req);
+    if (!served.ok()) return served.status();
+    claim_served = *std::move(served);
+  }
+  absl::Status s = absl::OkStatus();
+  if (!device_manager_part.containers().empty()) {
+    s = AdmitPod(device_manager_part, &response);
+    if (!s.ok() && req.has_extended_resource_claim()) {
+      // Admission failed: the pod never starts, its claim is released.
+      const ExtendedResourceClaim& e = req.extended_resource_claim();
+      (void)UnprepareClaims(e.driver(), {{e.namespace_(), e.name(), e.uid()}});
+    }
+  } else {
+    PodState pod;
+    pod.set_uid(req.pod_uid());
+    pod.set_name(req.pod_name());
+    pod.set_namespace_(req.pod_namespace());
+    pod.set_phase("Running");
+    absl::MutexLock lock(&mu_);
+    state_.AddPod(pod);
+    (void)MakeDirs(JoinPath(JoinPath(options_.root_dir, "pods"), req.pod_uid()));
+  }
+  if (s.ok() && req.has_extended_resource_claim()) {
+    absl::MutexLock lock(&mu_);
+    state_.SetExtendedResourceClaim(req.pod_uid(), req.extended_resource_claim());
+    for (const RuntimeDevices& r : claim_served) {
+      state_.AddRunning(req.pod_uid(), r);
+      *response.add_claim_served() = r;
+    }
+    WriteCheckpointLocked();
+  }
   if (!s.ok()) {
     std::string message = absl::StrCat("Allocate failed due to ", s.message(),
                                        ", which is unexpected");
@@ -1745,8 +1812,78 @@ ReadmitResponse KubeletSim::Readmit() {
   return resp;
 }
 
+absl::StatusOr<std::vector<RuntimeDevices>> KubeletSim::PrepareExtendedResourceClaim(
+    const AllocateRequest& req) {
+  const ExtendedResourceClaim& e = req.extended_resource_claim();
+  const std::string claim = absl::StrCat(e.namespace_(), "/", e.name());
+  absl::StatusOr<nlohmann::json> r = PrepareClaims(e.driver(), {{e.namespace_(), e.name(), e.uid()}});
+  std::string error;
+  if (!r.ok()) {
+    error = std::string(r.status().message());
+  } else if (!r->contains(e.uid())) {
+    error = "the driver's answer does not name the claim";
+  } else {
+    error = (*r)[e.uid()].value("error", "");
+  }
+  if (!error.empty()) {
+    events_.Emit("pod_waits_for_claim",
+                 {{"pod", req.pod_name()}, {"claim", claim}, {"error", error}});
+    return absl::UnavailableError(absl::StrCat("pod ", req.pod_name(), " waits: preparing claim ",
+                                               claim, " failed: ", error));
+  }
+  // Each mapped container gets the devices of its request.
+  std::vector<RuntimeDevices> out;
+  for (const auto& m : e.request_mappings()) {
+    RuntimeDevices run;
+    run.set_container(m.container());
+    run.set_resource(m.resource());
+    for (const nlohmann::json& d : (*r)[e.uid()].value("devices", nlohmann::json::array())) {
+      const std::vector<std::string> requests =
+          d.value("request_names", std::vector<std::string>());
+      if (std::find(requests.begin(), requests.end(), m.request()) == requests.end()) continue;
+      run.add_claim_devices(d.value("device", ""));
+      for (const std::string& id : d.value("cdi_device_ids", std::vector<std::string>())) {
+        run.add_cdi_device_ids(id);
+      }
+    }
+    events_.Emit("allocated_from_claim",
+                 {{"pod", req.pod_name()},
+                  {"container", m.container()},
+                  {"resource", m.resource()},
+                  {"claim", claim},
+                  {"devices", std::vector<std::string>(run.claim_devices().begin(),
+                                                       run.claim_devices().end())},
+                  {"cdi_devices", std::vector<std::string>(run.cdi_device_ids().begin(),
+                                                           run.cdi_device_ids().end())}});
+    out.push_back(std::move(run));
+  }
+  return out;
+}
+
 absl::Status KubeletSim::DeletePod(const std::string& uid) {
   absl::MutexLock admit(&admit_mu_);
+  std::optional<ExtendedResourceClaim> claim;
+  {
+    absl::MutexLock lock(&mu_);
+    const PodState* p = state_.FindPod(uid);
+    if (p != nullptr && p->has_extended_resource_claim() && p->phase() == "Running") {
+      claim = p->extended_resource_claim();
+    }
+  }
+  if (claim.has_value()) {
+    // The pod's containers are gone: the kubelet unprepares its claim, and
+    // keeps the pod until that succeeds.
+    absl::StatusOr<nlohmann::json> r =
+        UnprepareClaims(claim->driver(), {{claim->namespace_(), claim->name(), claim->uid()}});
+    std::string error = r.ok() ? (*r).value(claim->uid(), nlohmann::json::object())
+                                     .value("error", "")
+                               : std::string(r.status().message());
+    if (!error.empty()) {
+      return absl::UnavailableError(absl::StrCat("pod ", uid, " stays: unpreparing claim ",
+                                                 claim->namespace_(), "/", claim->name(),
+                                                 " failed: ", error));
+    }
+  }
   absl::MutexLock lock(&mu_);
   DPP_RETURN_IF_ERROR(state_.DeletePod(uid));
   events_.Emit("pod_deleted", {{"pod_uid", uid}});

@@ -179,7 +179,10 @@ class KubeletSim {
 
   // Pod admission; see control.proto. Admission errors are
   // kFailedPrecondition with the kubelet's message ("Allocate failed due to
-  // ..., which is unexpected"); the pod is then recorded as Failed.
+  // ..., which is unexpected"); the pod is then recorded as Failed. A pod
+  // with an extended-resource claim has it prepared first; if the driver
+  // fails it, the pod waits as at a real kubelet (kUnavailable naming the
+  // claim, nothing recorded) and the caller may try again.
   absl::StatusOr<AllocateResponse> Allocate(const AllocateRequest& request);
   State GetState();
   ReadmitResponse Readmit();
@@ -230,6 +233,8 @@ class KubeletSim {
                                                const std::vector<DraClaim>& claims);
   absl::StatusOr<nlohmann::json> UnprepareClaims(const std::string& driver,
                                                  const std::vector<DraClaim>& claims);
+  // Deletes a pod: its extended-resource claim is unprepared first; if the
+  // driver fails that, the pod stays (kUnavailable naming the claim).
   absl::Status DeletePod(const std::string& uid);
   // See control.proto. kFailedPrecondition with the kubelet's message if
   // the allocation was refused (the container is then not running).
@@ -391,6 +396,10 @@ class KubeletSim {
   // socket in plugins_registry/): "" or why it was refused.
   std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
                                 const std::string& endpoint, const std::string& socket_path);
+  // Prepares the pod's extended-resource claim: what each mapped container
+  // is given.
+  absl::StatusOr<std::vector<RuntimeDevices>> PrepareExtendedResourceClaim(
+      const AllocateRequest& req);
   absl::StatusOr<nlohmann::json> DraClaims(const std::string& driver,
                                            const std::vector<DraClaim>& claims, bool prepare);
 

@@ -45,10 +45,13 @@ apiserver_sim claim --server=URL --name=N --driver=D --count=K [--pool=P] [--nod
 A stand-in for the Kubernetes API server, as far as a DRA driver uses it:
 discovery of resource.k8s.io, ResourceSlices (list with fieldSelector on
 spec.nodeName and spec.driver, create, get, update with resourceVersion,
-delete) and ResourceClaims (create, get, PUT .../status), answering errors
-as Kubernetes Status objects, and refusing the slices the real server would
+delete), ResourceClaims (create, also with generateName; get, delete, PUT
+.../status) and DeviceClasses (create, get, list), answering errors as
+Kubernetes Status objects, and refusing the slices the real server would
 (more than 128 devices, names that are not DNS labels, a pool without name,
-generation or slice count). Objects live in memory. SIGTERM or SIGINT stop it.
+generation or slice count) and a DeviceClass whose extendedResourceName is
+not an extended resource name. Objects live in memory. SIGTERM or SIGINT
+stop it.
 
 claim plays the scheduler: it creates a ResourceClaim and writes its
 allocation (those devices of that pool, or --count free devices picked from

@@ -219,6 +219,8 @@ expect_contains "dpctl verify counts" "$LAST_OUT" "1 allocation(s)"
 expect_exit "dpctl state table" 0 "$DPCTL" state --state_dir="$R2/state"
 expect_contains "dpctl table lists the resource" "$LAST_OUT" "vendor.com/gpu"
 expect_contains "dpctl table lists the allocation" "$LAST_OUT" "dev-0,dev-1"
+check "dpctl table says the allocation came through the device plugin" \
+  bash -c "grep 'dev-0,dev-1' <<<'$LAST_OUT' | grep -q ' device-plugin '"
 expect_exit "dpctl state json" 0 "$DPCTL" state --state_dir="$R2/state" --output=json
 expect_contains "dpctl json" "$LAST_OUT" '"backend_api": "v1alpha2"'
 expect_contains "dpctl json shows the plugin's answer as a message" "$LAST_OUT" \

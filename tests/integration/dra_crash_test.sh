@@ -67,6 +67,7 @@ check "the plugin was called once" test "$(allocates)" -eq 1
 kill -9 "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null
 expect_exit "dpctl reads the journal dpproxy left" 0 "$DPCTL" state --state_dir="$STATE"
 expect_contains "the claim is in it" "$LAST_OUT" "claim default/first"
+check "its path is DRA" bash -c "grep 'claim default/first' <<<'$LAST_OUT' | grep -q ' dra '"
 
 start_proxy
 wait_until "dpproxy serves again" 400 serving 2

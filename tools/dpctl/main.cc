@@ -90,8 +90,10 @@ void PrintTable(const std::string& path, const state::State& s) {
   }
   std::cout << "\n" << s.allocations_size() << " allocation(s)\n";
   if (s.allocations_size() == 0) return;
-  std::cout << absl::StrFormat("%-6s %-24s %-30s %-32s %-9s %s\n", "ID", "RESOURCE", "DEVICES",
-                               "HOLDER", "BACKEND", "AGE");
+  // PATH: how the kubelet was served the allocation (a pod of the
+  // extended resource through the device plugin, or a DRA claim).
+  std::cout << absl::StrFormat("%-6s %-24s %-30s %-14s %-32s %-9s %s\n", "ID", "RESOURCE",
+                               "DEVICES", "PATH", "HOLDER", "BACKEND", "AGE");
   for (const state::Allocation& a : s.allocations()) {
     std::string holder = a.pod_name().empty()
                              ? std::string("(not yet reconciled)")
@@ -103,9 +105,10 @@ void PrintTable(const std::string& path, const state::State& s) {
     }
     // Held while the plugin is called; the kubelet has no answer yet.
     if (a.stage() == state::Allocation::RESERVED) absl::StrAppend(&holder, " [reserved]");
-    std::cout << absl::StrFormat("%-6d %-24s %-30s %-32s %-9s %s\n", a.id(), a.resource(),
-                                 absl::StrJoin(a.device_ids(), ","), holder, a.backend_api(),
-                                 Age(a.allocated_unix_ms()));
+    std::cout << absl::StrFormat("%-6d %-24s %-30s %-14s %-32s %-9s %s\n", a.id(), a.resource(),
+                                 absl::StrJoin(a.device_ids(), ","),
+                                 a.has_claim() ? "dra" : "device-plugin", holder,
+                                 a.backend_api(), Age(a.allocated_unix_ms()));
   }
 }
 

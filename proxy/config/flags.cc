@@ -84,6 +84,11 @@ DEFINE_string(status_file, "/var/lib/dpproxy/status.json",
               "Where dpproxy keeps its status (resources, negotiated versions, backends,\n"
               "devices, lossy-translation counts) as JSON, rewritten on change; read by\n"
               "`dpproxy status`. Unless given, <state_dir>/status.json. Empty: none.");
+DEFINE_string(pod_resources_socket, "",
+              "Serve the kubelet's pod-resources API (List, Get, GetAllocatableResources)\n"
+              "at this Unix socket, with each device a DRA claim of dpproxy's driver gave a\n"
+              "container also listed the device-plugin way (resource name, plugin's device\n"
+              "ID), for monitoring agents that read devices by resource. Empty: not served.");
 DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
 DEFINE_string(state_dir, "/var/lib/dpproxy",
               "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
@@ -233,6 +238,7 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   }
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
   if (set("status_file")) c->status_file = FLAGS_status_file;
+  if (set("pod_resources_socket")) c->pod_resources_socket = FLAGS_pod_resources_socket;
   if (set("state_dir")) c->state_dir = FLAGS_state_dir;
   if (set("takeover")) c->takeover = FLAGS_takeover;
   if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;

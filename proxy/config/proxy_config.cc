@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "proxy/util/host_port.h"
@@ -60,6 +61,32 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
   if (!c.metrics_address.empty()) {
     if (absl::StatusOr<HostPort> hp = ParseHostPort(c.metrics_address); !hp.ok()) {
       return hp.status();
+    }
+  }
+  if (!c.pod_resources_socket.empty()) {
+    const std::string& p = c.pod_resources_socket;
+    const std::string kubelet_pod_resources =
+        JoinPath(JoinPath(c.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+    if (p[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pod_resources_socket=", p, " is not an absolute path"));
+    }
+    if (p == kubelet_pod_resources) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--pod_resources_socket=", p,
+          " is the kubelet's own pod-resources socket; dpproxy reads that one: give "
+          "another path (e.g. ",
+          JoinPath(JoinPath(c.kubelet.kubelet_root, "pod-resources"), "dpproxy.sock"), ")"));
+    }
+    for (const auto& [dir, what] :
+         {std::pair<std::string, std::string>{JoinPath(c.kubelet.kubelet_root, "device-plugins"),
+                                              "the kubelet's device-plugins directory (the "
+                                              "kubelet empties it at each start)"},
+          {c.plugin_dir, "the plugin directory (where plugins register)"}}) {
+      if (!dir.empty() && absl::StartsWith(p, dir + "/")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--pod_resources_socket=", p, " lies in ", what));
+      }
     }
   }
   if (c.takeover && c.state_dir.empty()) {

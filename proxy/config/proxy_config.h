@@ -149,6 +149,9 @@ struct ProxyConfig {
   std::vector<StaticBackendConfig> static_backends;
   // The status as JSON, rewritten (atomically) whenever it changes; "" = none.
   std::string status_file;
+  // Where dpproxy serves the pod-resources API with claims' devices added
+  // as device-plugin devices (pod_resources_view.h); empty: not served.
+  std::string pod_resources_socket;
   // Durable state (<state_dir>/state.pb); "" = keep nothing on disk.
   std::string state_dir;
   // How long a start waits for <state_dir>/lock, held by another dpproxy

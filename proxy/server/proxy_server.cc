@@ -265,6 +265,15 @@ absl::Status ProxyServer::StartServing() {
                        reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
   saver_->Start();
   if (reconciler_) reconciler_->Start();
+  if (!config_.pod_resources_socket.empty()) {
+    pod_resources_view_ = std::make_unique<PodResourcesView>(
+        PodResourcesView::Options{
+            config_.pod_resources_socket,
+            JoinPath(JoinPath(config_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock"),
+            ServesDra(config_) ? config_.dra.driver : std::string(), config_.dra.node_name},
+        keeper_.get());
+    DPP_RETURN_IF_ERROR(pod_resources_view_->Start());
+  }
   return absl::OkStatus();
 }
 
@@ -276,6 +285,7 @@ void ProxyServer::Shutdown() {
   }
   LOG(INFO) << "dpproxy shutting down";
   if (handover_) handover_->StopServing();
+  if (pod_resources_view_) pod_resources_view_->Stop();
   stopping_ = true;
   if (takeover_) takeover_->Join();
   housekeeping_.Stop();

@@ -65,6 +65,7 @@
 #include "proxy/server/static_backends.h"
 #include "proxy/server/status_model.h"
 #include "proxy/server/takeover.h"
+#include "proxy/server/pod_resources_view.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/translate/translate.h"
 #include "proxy/util/work_queue.h"
@@ -231,6 +232,7 @@ class ProxyServer : private Handover::Host {
   std::unique_ptr<Quarantine> quarantine_;  // with a state directory only
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
+  std::unique_ptr<PodResourcesView> pod_resources_view_;  // --pod_resources_socket
   ReloadActions reload_actions_;
   Reloader reloader_{&reload_actions_, &events_, ServesDra(config_),
                      ServesDevicePlugins(config_) && ServesDra(config_)};

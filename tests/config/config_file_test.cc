@@ -267,6 +267,33 @@ TEST(ConfigFileTest, PathsPerResourceAreReadCheckedAndWrittenBack) {
 
 // A DaemonSet's file names no node: the downward API's NODE_NAME does, as
 // for the flags (the Helm chart relies on it).
+// The pod-resources view's socket: read, written back, and refused where
+// it would take the kubelet's own socket or sit in a directory emptied by
+// others.
+TEST(ConfigFileTest, ThePodResourcesSocketIsReadAndCheckedAgainstTheKubelets) {
+  ProxyConfig c = Base();
+  ASSERT_TRUE(LoadConfigText("pod_resources_socket: /var/lib/kubelet/pod-resources/dpproxy.sock\n",
+                             "f.yaml", &c)
+                  .ok());
+  EXPECT_EQ(c.pod_resources_socket, "/var/lib/kubelet/pod-resources/dpproxy.sock");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  ProxyConfig again = Base();
+  ASSERT_TRUE(LoadConfigText(ConfigToYaml(c), "again.yaml", &again).ok());
+  EXPECT_EQ(again.pod_resources_socket, c.pod_resources_socket);
+  ProxyConfig bad = c;
+  bad.pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()),
+              ::testing::AllOf(HasSubstr("the kubelet's own pod-resources socket"),
+                               HasSubstr("/var/lib/kubelet/pod-resources/dpproxy.sock")));
+  bad.pod_resources_socket = "/var/lib/kubelet/device-plugins/view.sock";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()),
+              HasSubstr("lies in the kubelet's device-plugins directory"));
+  bad.pod_resources_socket = "/var/lib/dpproxy/device-plugins/view.sock";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("lies in the plugin directory"));
+  bad.pod_resources_socket = "view.sock";
+  EXPECT_THAT(std::string(ValidateConfig(bad).message()), HasSubstr("not an absolute path"));
+}
+
 TEST(ConfigFileTest, AFileWithoutANodeNameTakesNodeNameFromTheEnvironment) {
   const char* before = ::getenv("NODE_NAME");
   const std::string saved = before != nullptr ? before : "";

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/podresources/api.grpc.pb.h"
 #include "proto/v1beta1/api.grpc.pb.h"
 #include "proxy/kubelet_side/dra/cdi_spec.h"
 #include "proxy/rpc/grpc_util.h"
@@ -967,9 +968,11 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
       DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
                  {{"vendor.com/gpu", KubeletPath::kBoth}});
   ProxyHarness& h = *harness;
-  h.RestartProxy([](ProxyConfig& c) {
+  const std::string view_socket = dir.Sub("pod-resources.sock");
+  h.RestartProxy([&](ProxyConfig& c) {
     c.reconcile_grace = absl::ZeroDuration();
     c.reconcile_start_grace = absl::Seconds(3);  // as the default: pod lists after a start
+    c.pod_resources_socket = view_socket;
   });
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.36")).ok());
@@ -1024,6 +1027,43 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
                                 << absl::StrJoin(who, ", ");
     }
   };
+  // One view for monitoring: dpproxy's pod-resources lists every running
+  // pod's device the device-plugin way (resource, the plugin's ID),
+  // whichever path served it; the kubelet's lists those of DRA pods only
+  // as dynamic resources.
+  int views = 0, through_dra = 0;
+  auto one_view = [&](const std::string& phase) {
+    auto list = [&](const std::string& socket) {
+      auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + testing::kWait));
+      v1::ListPodResourcesResponse r;
+      EXPECT_TRUE(stub->List(&ctx, v1::ListPodResourcesRequest(), &r).ok()) << socket;
+      std::map<std::string, std::set<std::string>> devices;  // pod -> "resource id"
+      for (const auto& p : r.pod_resources()) {
+        for (const auto& c : p.containers()) {
+          for (const auto& d : c.devices()) {
+            for (const std::string& id : d.device_ids()) {
+              devices[p.name()].insert(d.resource_name() + " " + id);
+            }
+          }
+        }
+      }
+      return devices;
+    };
+    const auto view = list(view_socket);
+    const auto kubelets = list(h.sim().pod_resources_socket());
+    for (const auto& [uid, p] : pods.running()) {
+      EXPECT_EQ(view.count(p.name) ? view.at(p.name) : std::set<std::string>{},
+                std::set<std::string>{"vendor.com/gpu " + p.devices[0]})
+          << phase << ": pod " << p.name;
+      if (!p.claim.empty()) {
+        ++through_dra;
+        EXPECT_EQ(kubelets.count(p.name), 0u) << phase << ": pod " << p.name;
+      }
+    }
+    ++views;
+  };
   auto stream = [&](const std::string& phase, int steps) {
     for (int i = 0; i < steps; ++i, ++step) {
       const bool start = pods.running().size() < 2 || rng() % 3 != 0;
@@ -1059,6 +1099,7 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
       }
       check(phase);
     }
+    one_view(phase);
   };
   auto reload_as = [&](KubeletPath path) {
     ProxyConfig next = h.config();
@@ -1107,6 +1148,8 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
   EXPECT_GT(served["both"]["device-plugin"], 0);
   // The vendor plugin behind dpproxy never saw its stream drop.
   EXPECT_EQ(plugin->Status().list_and_watch_streams(), streams);
+  EXPECT_EQ(views, 5);
+  EXPECT_GT(through_dra, 0);  // the view had pods of both paths to show
   // What pods through DRA got at the kubelet: their claim's CDI device.
   const sim::State last = h.sim().GetState();
   for (const auto& p : last.pods()) {

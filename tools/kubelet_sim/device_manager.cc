@@ -396,6 +396,8 @@ std::string DeviceManager::PodsJson() const {
       if (r.cdi_device_ids_size() > 0 || r.claim_devices_size() > 0) {
         one["cdi_device_ids"] = Strings(r.cdi_device_ids());
         one["claim_devices"] = Strings(r.claim_devices());
+        one["claim_pools"] = Strings(r.claim_pools());
+        one["claim_driver"] = r.claim_driver();
       }
       running.push_back(std::move(one));
     }
@@ -466,6 +468,8 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
               rd->add_cdi_device_ids(id);
             }
             for (const std::string& d : StringsOf(r, "claim_devices")) rd->add_claim_devices(d);
+            for (const std::string& p : StringsOf(r, "claim_pools")) rd->add_claim_pools(p);
+            rd->set_claim_driver(r.value("claim_driver", ""));
           }
         }
         if (p.contains("extended_resource_claim") && p["extended_resource_claim"].is_object()) {

@@ -285,63 +285,104 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
 
   grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
                     v1::ListPodResourcesResponse* resp) override {
-    State st = sim_->GetState();
-    // Topology of each device, as the kubelet reports it per device.
-    std::map<std::pair<std::string, std::string>, const sim::DeviceState*> devices;
-    for (const ResourceState& r : st.resources()) {
-      for (const sim::DeviceState& d : r.devices()) devices[{r.name(), d.id()}] = &d;
-    }
-    std::map<std::string, v1::PodResources*> by_uid;
-    std::set<std::pair<std::string, std::string>> init_containers;  // not listed
+    const State st = sim_->GetState();
     const std::set<std::string> unsynced = sim_->UnsyncedPods();
     for (const PodState& p : st.pods()) {
       // Active pods only; right after a start, not the pods found then
       // until the kubelet has synced them (about a second).
       if (p.phase() != "Running" || unsynced.count(p.uid()) > 0) continue;
-      v1::PodResources* pr = resp->add_pod_resources();
-      pr->set_name(p.name());
-      pr->set_namespace_(p.namespace_());
-      by_uid[p.uid()] = pr;
-      // Every app container of the pod, with or without devices.
-      for (const ContainerRequest& c : p.containers()) {
-        if (c.init()) {
-          init_containers.insert({p.uid(), c.name()});
-          continue;
-        }
-        bool listed = false;
-        for (const auto& existing : pr->containers()) listed |= existing.name() == c.name();
-        if (!listed) pr->add_containers()->set_name(c.name());
+      Fill(st, p, resp->add_pod_resources());
+    }
+    return grpc::Status::OK;
+  }
+
+  // 1.27 behind a gate, on from 1.34: one running pod by namespace and name.
+  grpc::Status Get(grpc::ServerContext*, const v1::GetPodResourcesRequest* req,
+                   v1::GetPodResourcesResponse* resp) override {
+    if (sim_->kubelet().minor < 34) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          "unknown method Get for service v1.PodResourcesLister");
+    }
+    const State st = sim_->GetState();
+    const std::set<std::string> unsynced = sim_->UnsyncedPods();
+    for (const PodState& p : st.pods()) {
+      if (p.phase() != "Running" || unsynced.count(p.uid()) > 0 ||
+          p.name() != req->pod_name() || p.namespace_() != req->pod_namespace()) {
+        continue;
+      }
+      Fill(st, p, resp->mutable_pod_resources());
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("pod ", req->pod_namespace(), "/", req->pod_name(),
+                                     " not found"));
+  }
+
+  grpc::Status GetAllocatableResources(grpc::ServerContext*,
+                                       const v1::AllocatableResourcesRequest*,
+                                       v1::AllocatableResourcesResponse* resp) override {
+    return Allocatable(resp);
+  }
+
+ private:
+  // A pod as pod-resources lists it: every app container, the devices the
+  // device manager gave it, and (1.34+) the devices its claims gave it.
+  void Fill(const State& st, const PodState& p, v1::PodResources* pr) {
+    pr->set_name(p.name());
+    pr->set_namespace_(p.namespace_());
+    auto container = [&](const std::string& name) {
+      for (auto& existing : *pr->mutable_containers()) {
+        if (existing.name() == name) return &existing;
+      }
+      v1::ContainerResources* c = pr->add_containers();
+      c->set_name(name);
+      return c;
+    };
+    std::set<std::string> init_containers;  // not listed
+    for (const ContainerRequest& c : p.containers()) {
+      if (c.init()) {
+        init_containers.insert(c.name());
+      } else {
+        container(c.name());
       }
     }
     for (const ContainerAllocation& a : st.allocations()) {
-      auto it = by_uid.find(a.pod_uid());
-      if (it == by_uid.end() || init_containers.count({a.pod_uid(), a.container()}) > 0) continue;
-      v1::ContainerResources* c = nullptr;
-      for (auto& existing : *it->second->mutable_containers()) {
-        if (existing.name() == a.container()) c = &existing;
-      }
-      if (c == nullptr) {
-        c = it->second->add_containers();
-        c->set_name(a.container());
-      }
+      if (a.pod_uid() != p.uid() || init_containers.count(a.container()) > 0) continue;
+      v1::ContainerResources* c = container(a.container());
       // The real kubelet answers one ContainerDevices per device ID, each
       // with its own topology, not one per container and resource.
       for (const std::string& id : a.device_ids()) {
         v1::ContainerDevices* d = c->add_devices();
         d->set_resource_name(a.resource());
         d->add_device_ids(id);
-        auto dev = devices.find({a.resource(), id});
-        if (dev != devices.end()) {
-          for (int64_t n : dev->second->numa_nodes()) d->mutable_topology()->add_nodes()->set_id(n);
+        for (const ResourceState& r : st.resources()) {
+          if (r.name() != a.resource()) continue;
+          for (const sim::DeviceState& dev : r.devices()) {
+            if (dev.id() != id) continue;
+            for (int64_t n : dev.numa_nodes()) d->mutable_topology()->add_nodes()->set_id(n);
+          }
         }
       }
     }
-    return grpc::Status::OK;
+    if (!p.has_extended_resource_claim() || sim_->kubelet().minor < 34) return;
+    for (const RuntimeDevices& r : p.running()) {
+      if (r.claim_devices().empty()) continue;
+      v1::DynamicResource* dr = container(r.container())->add_dynamic_resources();
+      dr->set_claim_name(p.extended_resource_claim().name());
+      dr->set_claim_namespace(p.extended_resource_claim().namespace_());
+      for (int i = 0; i < r.claim_devices_size(); ++i) {
+        v1::ClaimResource* cr = dr->add_claim_resources();
+        cr->set_driver_name(r.claim_driver());
+        cr->set_pool_name(i < r.claim_pools_size() ? r.claim_pools(i) : "");
+        cr->set_device_name(r.claim_devices(i));
+        // The CDI names of the container's request (the driver's answer
+        // names them per request, not per device).
+        for (const std::string& cdi : r.cdi_device_ids()) cr->add_cdi_devices()->set_name(cdi);
+      }
+    }
   }
 
-  grpc::Status GetAllocatableResources(grpc::ServerContext*,
-                                       const v1::AllocatableResourcesRequest*,
-                                       v1::AllocatableResourcesResponse* resp) override {
+  grpc::Status Allocatable(v1::AllocatableResourcesResponse* resp) {
     State st = sim_->GetState();
     for (const ResourceState& r : st.resources()) {
       for (const sim::DeviceState& d : r.devices()) {
@@ -355,7 +396,6 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
     return grpc::Status::OK;
   }
 
- private:
   KubeletSim* const sim_;
 };
 
@@ -1842,6 +1882,8 @@ absl::StatusOr<std::vector<RuntimeDevices>> KubeletSim::PrepareExtendedResourceC
           d.value("request_names", std::vector<std::string>());
       if (std::find(requests.begin(), requests.end(), m.request()) == requests.end()) continue;
       run.add_claim_devices(d.value("device", ""));
+      run.add_claim_pools(d.value("pool", ""));
+      run.set_claim_driver(e.driver());
       for (const std::string& id : d.value("cdi_device_ids", std::vector<std::string>())) {
         run.add_cdi_device_ids(id);
       }

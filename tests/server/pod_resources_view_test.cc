@@ -1,0 +1,101 @@
+// The pod-resources view's addition: each device a claim of dpproxy's
+// driver gave a container, found in the journal by claim, pool and DRA
+// device name, is listed the device-plugin way (resource, plugin's ID);
+// other drivers' devices, devices no claim allocation holds, and devices
+// the container lists already are left alone. The view served over a
+// socket in front of the kubelet sim runs in tests/proxy/dra_mode_test.cc.
+#include "proxy/server/pod_resources_view.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/events/event_log.h"
+#include "proxy/kubelet_side/dra/device_names.h"
+#include "proxy/state/state_store.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy {
+namespace {
+
+using ::testing::ElementsAre;
+
+constexpr char kDriver[] = "gpu.vendor.com";
+constexpr char kPool[] = "node-1/vendor.com-gpu";
+
+void AddAllocation(state::State* s, uint64_t id, const std::string& device,
+                   const std::string& claim) {
+  state::Allocation* a = s->add_allocations();
+  a->set_id(id);
+  a->set_resource("vendor.com/gpu");
+  a->add_device_ids(device);
+  if (!claim.empty()) {
+    a->mutable_claim()->set_namespace_("default");
+    a->mutable_claim()->set_name(claim);
+    a->mutable_claim()->set_uid("uid-" + claim);
+  }
+}
+
+void AddClaimDevice(v1::ContainerResources* c, const std::string& claim,
+                    const std::string& driver, const std::string& pool,
+                    const std::string& device) {
+  v1::DynamicResource* dr = nullptr;
+  for (auto& existing : *c->mutable_dynamic_resources()) {
+    if (existing.claim_name() == claim) dr = &existing;
+  }
+  if (dr == nullptr) {
+    dr = c->add_dynamic_resources();
+    dr->set_claim_name(claim);
+    dr->set_claim_namespace("default");
+  }
+  v1::ClaimResource* cr = dr->add_claim_resources();
+  cr->set_driver_name(driver);
+  cr->set_pool_name(pool);
+  cr->set_device_name(device);
+}
+
+std::vector<std::string> Devices(const v1::ContainerResources& c) {
+  std::vector<std::string> out;
+  for (const auto& d : c.devices()) {
+    for (const std::string& id : d.device_ids()) out.push_back(d.resource_name() + " " + id);
+  }
+  return out;
+}
+
+TEST(PodResourcesViewTest, ClaimDevicesAreListedAsThePluginsDevices) {
+  testing::ShortTempDir dir;
+  state::State saved;
+  AddAllocation(&saved, 1, "GPU-6F3A", "train");  // not a DNS label: a hashed DRA name
+  AddAllocation(&saved, 2, "gpu-1", "train");
+  AddAllocation(&saved, 3, "gpu-2", "");  // a pod of the extended resource
+  saved.set_next_allocation_id(4);
+  ASSERT_TRUE(FileStateStore(dir.Sub("state.pb")).Save(saved).ok());
+  EventLog events{"test"};
+  StateKeeper keeper(dir.Sub("state.pb"), &events);
+  ASSERT_TRUE(keeper.Load().ok());
+  const ClaimDeviceIndex index = ClaimDeviceIndex::From(keeper, kDriver, "node-1");
+
+  v1::PodResources pod;
+  pod.set_name("train");
+  v1::ContainerResources* main = pod.add_containers();
+  main->set_name("main");
+  AddClaimDevice(main, "train", kDriver, kPool, DraDeviceName("GPU-6F3A"));
+  AddClaimDevice(main, "train", "nic.vendor.com", "node-1/nic", "gpu-1");  // another driver's
+  AddClaimDevice(main, "train", kDriver, "node-2/vendor.com-gpu", "gpu-1");  // another pool
+  v1::ContainerResources* side = pod.add_containers();
+  side->set_name("side");
+  AddClaimDevice(side, "train", kDriver, kPool, "gpu-1");
+  AddClaimDevice(side, "train", kDriver, kPool, "gpu-2");  // held by no claim
+  v1::ContainerDevices* listed = side->add_devices();   // listed already
+  listed->set_resource_name("vendor.com/gpu");
+  listed->add_device_ids("gpu-1");
+
+  EXPECT_EQ(AddClaimDevices(kDriver, index, &pod), 1);
+  EXPECT_THAT(Devices(*main), ElementsAre("vendor.com/gpu GPU-6F3A"));
+  EXPECT_THAT(Devices(*side), ElementsAre("vendor.com/gpu gpu-1"));
+  // The kubelet's entries stay as they were.
+  EXPECT_EQ(main->dynamic_resources(0).claim_resources_size(), 3);
+  // Without a driver (no DRA side), nothing is added.
+  EXPECT_EQ(AddClaimDevices("", index, &pod), 0);
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -136,6 +136,10 @@ expect_exit "dpproxy bad kubelet_api" 2 "$PROXY" --kubelet_api=v2
 expect_contains "dpproxy bad kubelet_api message" "$LAST_OUT" "--kubelet_api=v2 is not auto, v1alpha or v1beta1"
 expect_exit "dpproxy bad compact_ids" 2 "$PROXY" --compact_ids=gpu --kubelet_root="$DIR/kr" --plugin_dir="$DIR/pr"
 expect_contains "dpproxy bad compact_ids message" "$LAST_OUT" "compact IDs: "
+expect_exit "dpproxy: the kubelet's pod-resources socket is not ours to serve" 2 "$PROXY" \
+  --kubelet_root=/k --pod_resources_socket=/k/pod-resources/kubelet.sock --check --state_dir=
+expect_contains "... named, with a path to use instead" "$LAST_OUT" \
+  "is the kubelet's own pod-resources socket; dpproxy reads that one: give another path (e.g. /k/pod-resources/dpproxy.sock)"
 expect_exit "dpproxy bad rename" 2 "$PROXY" --rename=nonsense
 expect_contains "dpproxy bad rename message" "$LAST_OUT" '"nonsense" is not FROM=TO'
 expect_exit "dpproxy plugin_dir = kubelet dir" 2 "$PROXY" --kubelet_root=/tmp/k --plugin_dir=/tmp/k/device-plugins

@@ -175,6 +175,26 @@ TEST(WireGoldenTest, ListPodResourcesResponse) {
                                  0x12, 6, 0x0a, 1, 'r', 0x12, 1, 'd'}));
 }
 
+// A DRA claim's device in a container (1.34+): dynamic_resources is the
+// container's field 5; a DynamicResource starts at field 2 (1 is gone).
+TEST(WireGoldenTest, ContainerDynamicResources) {
+  v1::ContainerResources c;
+  c.set_name("c");                              // 1
+  auto* dr = c.add_dynamic_resources();         // 5
+  dr->set_claim_name("k");                      // 2
+  dr->set_claim_namespace("n");                 // 3
+  auto* cr = dr->add_claim_resources();         // 4
+  cr->add_cdi_devices()->set_name("x");         // 1 -> {1: "x"}
+  cr->set_driver_name("d");                     // 2
+  cr->set_pool_name("p");                       // 3
+  cr->set_device_name("g");                     // 4
+  // ClaimResource = 0a 03 0a 01 78 12 01 64 1a 01 70 22 01 67 (14 bytes)
+  // DynamicResource = 12 01 6b 1a 01 6e 22 0e <14> (22 bytes)
+  EXPECT_EQ(Serialize(c), Bytes({0x0a, 1, 'c', 0x2a, 22, 0x12, 1, 'k', 0x1a, 1, 'n', 0x22, 14,
+                                 0x0a, 3, 0x0a, 1, 'x', 0x12, 1, 'd', 0x1a, 1, 'p', 0x22, 1,
+                                 'g'}));
+}
+
 TEST(WireGoldenTest, AllocatableResourcesResponseWithTopology) {
   v1::AllocatableResourcesResponse r;
   auto* d = r.add_devices();                      // 1
@@ -219,7 +239,8 @@ TEST(WireGoldenTest, ServicePaths) {
   const auto* pr = v1::ListPodResourcesRequest::descriptor()->file();
   EXPECT_THAT(Methods(pr->FindServiceByName("PodResourcesLister")),
               ElementsAre("/v1.PodResourcesLister/List",
-                          "/v1.PodResourcesLister/GetAllocatableResources"));
+                          "/v1.PodResourcesLister/GetAllocatableResources",
+                          "/v1.PodResourcesLister/Get"));
   // The stream flag matters on the wire too.
   EXPECT_TRUE(beta->FindServiceByName("DevicePlugin")
                   ->FindMethodByName("ListAndWatch")

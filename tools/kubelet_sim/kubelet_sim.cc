@@ -286,12 +286,13 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
   grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
                     v1::ListPodResourcesResponse* resp) override {
     const State st = sim_->GetState();
+    const Index index(st);
     const std::set<std::string> unsynced = sim_->UnsyncedPods();
     for (const PodState& p : st.pods()) {
       // Active pods only; right after a start, not the pods found then
       // until the kubelet has synced them (about a second).
       if (p.phase() != "Running" || unsynced.count(p.uid()) > 0) continue;
-      Fill(st, p, resp->add_pod_resources());
+      Fill(index, p, resp->add_pod_resources());
     }
     return grpc::Status::OK;
   }
@@ -310,7 +311,7 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
           p.name() != req->pod_name() || p.namespace_() != req->pod_namespace()) {
         continue;
       }
-      Fill(st, p, resp->mutable_pod_resources());
+      Fill(Index(st), p, resp->mutable_pod_resources());
       return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -325,9 +326,21 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
   }
 
  private:
+  // The state's allocations by pod, and each device's topology.
+  struct Index {
+    explicit Index(const State& st) {
+      for (const ResourceState& r : st.resources()) {
+        for (const sim::DeviceState& d : r.devices()) devices[{r.name(), d.id()}] = &d;
+      }
+      for (const ContainerAllocation& a : st.allocations()) by_pod[a.pod_uid()].push_back(&a);
+    }
+    std::map<std::pair<std::string, std::string>, const sim::DeviceState*> devices;
+    std::map<std::string, std::vector<const ContainerAllocation*>> by_pod;
+  };
+
   // A pod as pod-resources lists it: every app container, the devices the
   // device manager gave it, and (1.34+) the devices its claims gave it.
-  void Fill(const State& st, const PodState& p, v1::PodResources* pr) {
+  void Fill(const Index& index, const PodState& p, v1::PodResources* pr) {
     pr->set_name(p.name());
     pr->set_namespace_(p.namespace_());
     auto container = [&](const std::string& name) {
@@ -346,21 +359,21 @@ class KubeletSim::PodResources final : public v1::PodResourcesLister::Service {
         container(c.name());
       }
     }
-    for (const ContainerAllocation& a : st.allocations()) {
-      if (a.pod_uid() != p.uid() || init_containers.count(a.container()) > 0) continue;
-      v1::ContainerResources* c = container(a.container());
+    auto allocations = index.by_pod.find(p.uid());
+    for (const ContainerAllocation* a :
+         allocations == index.by_pod.end() ? std::vector<const ContainerAllocation*>{}
+                                           : allocations->second) {
+      if (init_containers.count(a->container()) > 0) continue;
+      v1::ContainerResources* c = container(a->container());
       // The real kubelet answers one ContainerDevices per device ID, each
       // with its own topology, not one per container and resource.
-      for (const std::string& id : a.device_ids()) {
+      for (const std::string& id : a->device_ids()) {
         v1::ContainerDevices* d = c->add_devices();
-        d->set_resource_name(a.resource());
+        d->set_resource_name(a->resource());
         d->add_device_ids(id);
-        for (const ResourceState& r : st.resources()) {
-          if (r.name() != a.resource()) continue;
-          for (const sim::DeviceState& dev : r.devices()) {
-            if (dev.id() != id) continue;
-            for (int64_t n : dev.numa_nodes()) d->mutable_topology()->add_nodes()->set_id(n);
-          }
+        auto dev = index.devices.find({a->resource(), id});
+        if (dev != index.devices.end()) {
+          for (int64_t n : dev->second->numa_nodes()) d->mutable_topology()->add_nodes()->set_id(n);
         }
       }
     }

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/podresources/api.grpc.pb.h"
+#include "proto/v1beta1/api.pb.h"
+#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/kubelet_side/dra/device_names.h"
 #include "proxy/kubelet_side/dra/resource_slices.h"
 #include "proxy/rpc/grpc_status.h"
@@ -74,8 +76,35 @@ int AddClaimDevices(const std::string& driver, const ClaimDeviceIndex& index,
   return added;
 }
 
+int AddDraDevices(const DraResources& resources, v1::AllocatableResourcesResponse* resp) {
+  std::set<std::pair<std::string, std::string>> listed;
+  for (const v1::ContainerDevices& d : resp->devices()) {
+    for (const std::string& id : d.device_ids()) listed.insert({d.resource_name(), id});
+  }
+  int added = 0;
+  for (const auto& [resource, list] : resources) {
+    if (list == nullptr) continue;
+    for (int i = 0; i < list->size(); ++i) {
+      const DeviceList::View d = list->device(i);
+      if (d.health != kHealthy || !listed.insert({resource, std::string(d.id)}).second) continue;
+      v1::ContainerDevices* cd = resp->add_devices();
+      cd->set_resource_name(resource);
+      cd->add_device_ids(std::string(d.id));
+      v1beta1::TopologyInfo topology;
+      if (d.has_topology && topology.ParseFromArray(d.topology.data(),
+                                                    static_cast<int>(d.topology.size()))) {
+        for (const v1beta1::NUMANode& n : topology.nodes()) {
+          cd->mutable_topology()->add_nodes()->set_id(n.id());
+        }
+      }
+      ++added;
+    }
+  }
+  return added;
+}
+
 // The three calls: asked of the kubelet, its answer passed on with the
-// claims' devices added.
+// claims' devices (and the devices of resources served through DRA) added.
 class PodResourcesView::Service final : public v1::PodResourcesLister::Service {
  public:
   explicit Service(PodResourcesView* view) : view_(view) {}
@@ -100,7 +129,10 @@ class PodResourcesView::Service final : public v1::PodResourcesLister::Service {
   grpc::Status GetAllocatableResources(grpc::ServerContext* ctx,
                                        const v1::AllocatableResourcesRequest* req,
                                        v1::AllocatableResourcesResponse* resp) override {
-    return Ask(ctx, &v1::PodResourcesLister::Stub::GetAllocatableResources, *req, resp);
+    grpc::Status st = Ask(ctx, &v1::PodResourcesLister::Stub::GetAllocatableResources, *req, resp);
+    if (!st.ok() || !view_->options_.dra_resources) return st;
+    AddDraDevices(view_->options_.dra_resources(), resp);
+    return grpc::Status::OK;
   }
 
  private:

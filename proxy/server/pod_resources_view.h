@@ -10,7 +10,8 @@
 // (per-pod GPU metrics) loses the second kind. This view keeps the
 // kubelet's answer as it is and adds, for each claim device of dpproxy's
 // driver, a ContainerDevices with the resource and the plugin's device ID,
-// read from the journal's claim allocations.
+// read from the journal's claim allocations; and to the node's allocatable
+// devices, those the kubelet does not list of resources served through DRA.
 //
 //   PodResourcesView view({"/var/lib/kubelet/pod-resources/dpproxy.sock",
 //                          kubelet_pod_resources_socket, "gpu.vendor.com", "node-1"},
@@ -21,16 +22,19 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <grpcpp/server.h>
 
 #include "absl/status/status.h"
 #include "proto/podresources/api.pb.h"
+#include "proxy/core/device_list.h"
 #include "proxy/state/state_keeper.h"
 
 namespace dpproxy {
@@ -55,6 +59,17 @@ class ClaimDeviceIndex {
 int AddClaimDevices(const std::string& driver, const ClaimDeviceIndex& index,
                     v1::PodResources* pod);
 
+// The resources dpproxy serves where it runs a DRA side, each with its
+// devices as the plugin reports them (kubelet-facing IDs).
+using DraResources = std::vector<std::pair<std::string, std::shared_ptr<const DeviceList>>>;
+
+// Adds to a GetAllocatableResources answer each Healthy device of
+// `resources` it does not list (one entry per device, with its topology):
+// the kubelet leaves out a resource served through DRA only, and the
+// devices DRA claims hold of any other (Unhealthy to it). Returns how many
+// were added.
+int AddDraDevices(const DraResources& resources, v1::AllocatableResourcesResponse* resp);
+
 class PodResourcesView {
  public:
   struct Options {
@@ -62,6 +77,9 @@ class PodResourcesView {
     std::string kubelet_socket;  // the kubelet's pod-resources socket
     std::string driver;          // dpproxy's DRA driver; "" none (the answer passes as it is)
     std::string node;            // the node's name (pool names)
+    // The resources and their devices where dpproxy runs a DRA side
+    // (empty otherwise); unset: none.
+    std::function<DraResources()> dra_resources;
   };
   PodResourcesView(Options options, StateKeeper* keeper);
   ~PodResourcesView();

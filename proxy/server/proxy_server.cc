@@ -270,7 +270,17 @@ absl::Status ProxyServer::StartServing() {
         PodResourcesView::Options{
             config_.pod_resources_socket,
             JoinPath(JoinPath(config_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock"),
-            ServesDra(config_) ? config_.dra.driver : std::string(), config_.dra.node_name},
+            ServesDra(config_) ? config_.dra.driver : std::string(), config_.dra.node_name,
+            [this] {
+              DraResources out;
+              if (!ServesDra(config_)) return out;
+              // Every resource: one whose path moved to the device plugin
+              // may still have claims holding devices (Unhealthy to it).
+              for (ServedResource* e : table_.All()) {
+                out.emplace_back(e->resource->name(), e->resource->Current().list);
+              }
+              return out;
+            }},
         keeper_.get());
     DPP_RETURN_IF_ERROR(pod_resources_view_->Start());
   }

@@ -1053,6 +1053,25 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
     };
     const auto view = list(view_socket);
     const auto kubelets = list(h.sim().pod_resources_socket());
+    // The node's devices: every one the plugin reports Healthy (all six),
+    // whichever path serves it and whoever holds it.
+    auto allocatable = [&](const std::string& socket) {
+      auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + testing::kWait));
+      v1::AllocatableResourcesResponse r;
+      EXPECT_TRUE(stub->GetAllocatableResources(&ctx, v1::AllocatableResourcesRequest(), &r).ok());
+      std::set<std::string> ids;
+      for (const auto& d : r.devices()) {
+        if (d.resource_name() != "vendor.com/gpu") continue;
+        ids.insert(d.device_ids().begin(), d.device_ids().end());
+      }
+      return ids;
+    };
+    EXPECT_EQ(allocatable(view_socket).size(), 6u) << phase;
+    if (phase == "dra") {  // the kubelet's own lists none of them then
+      EXPECT_THAT(allocatable(h.sim().pod_resources_socket()), ::testing::IsEmpty());
+    }
     for (const auto& [uid, p] : pods.running()) {
       EXPECT_EQ(view.count(p.name) ? view.at(p.name) : std::set<std::string>{},
                 std::set<std::string>{"vendor.com/gpu " + p.devices[0]})

@@ -97,5 +97,39 @@ TEST(PodResourcesViewTest, ClaimDevicesAreListedAsThePluginsDevices) {
   EXPECT_EQ(AddClaimDevices("", index, &pod), 0);
 }
 
+v1beta1::Device Device(const std::string& id, const std::string& health, int numa = -1) {
+  v1beta1::Device d;
+  d.set_id(id);
+  d.set_health(health);
+  if (numa >= 0) d.mutable_topology()->add_nodes()->set_id(numa);
+  return d;
+}
+
+// The node's allocatable devices: a resource served through DRA only is
+// absent from the kubelet's answer, and one served both ways lacks the
+// devices claims hold (Unhealthy to the device manager). Its Healthy
+// devices the answer lacks are added, with their topology; nothing twice.
+TEST(PodResourcesViewTest, DevicesOfResourcesServedThroughDraAreAllocatable) {
+  v1::AllocatableResourcesResponse resp;
+  v1::ContainerDevices* listed = resp.add_devices();
+  listed->set_resource_name("vendor.com/gpu");
+  listed->add_device_ids("gpu-0");
+  DraResources resources = {
+      {"vendor.com/gpu", DeviceList::FromDevices({Device("gpu-0", "Healthy"),
+                                                  Device("gpu-1", "Healthy", 1),
+                                                  Device("gpu-2", "Unhealthy")})},
+      {"vendor.com/fpga", DeviceList::FromDevices({Device("f-0", "Healthy")})},
+      {"vendor.com/nic", nullptr}};
+  EXPECT_EQ(AddDraDevices(resources, &resp), 2);
+  ASSERT_EQ(resp.devices_size(), 3);
+  EXPECT_EQ(resp.devices(1).resource_name(), "vendor.com/gpu");
+  EXPECT_THAT(resp.devices(1).device_ids(), ElementsAre("gpu-1"));
+  ASSERT_EQ(resp.devices(1).topology().nodes_size(), 1);
+  EXPECT_EQ(resp.devices(1).topology().nodes(0).id(), 1);
+  EXPECT_EQ(resp.devices(2).resource_name(), "vendor.com/fpga");
+  EXPECT_FALSE(resp.devices(2).has_topology());
+  EXPECT_EQ(AddDraDevices(resources, &resp), 0);
+}
+
 }  // namespace
 }  // namespace dpproxy

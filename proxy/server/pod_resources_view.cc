@@ -27,21 +27,24 @@ ClaimDeviceIndex ClaimDeviceIndex::From(StateKeeper& keeper, const std::string& 
   ClaimDeviceIndex index;
   if (driver.empty()) return index;
   std::map<std::string, std::string> pools;  // resource -> pool name
-  keeper.ForEachAllocation([&](const state::Allocation& a) {
-    if (!a.has_claim()) return;
-    auto pool = pools.find(a.resource());
-    if (pool == pools.end()) {
-      PoolSpec spec;
-      spec.driver = driver;
-      spec.node = node;
-      spec.resource = a.resource();
-      pool = pools.emplace(a.resource(), PoolName(spec)).first;
+  // The claims' allocations only (the keeper indexes them by claim): the
+  // others are never read.
+  for (const auto& [uid, allocations] : keeper.Claims()) {
+    for (const state::Allocation& a : allocations) {
+      auto pool = pools.find(a.resource());
+      if (pool == pools.end()) {
+        PoolSpec spec;
+        spec.driver = driver;
+        spec.node = node;
+        spec.resource = a.resource();
+        pool = pools.emplace(a.resource(), PoolName(spec)).first;
+      }
+      for (const std::string& id : a.device_ids()) {
+        index.devices_[{a.claim().namespace_(), a.claim().name(), pool->second,
+                        DraDeviceName(id)}] = {a.resource(), id};
+      }
     }
-    for (const std::string& id : a.device_ids()) {
-      index.devices_[{a.claim().namespace_(), a.claim().name(), pool->second, DraDeviceName(id)}] =
-          {a.resource(), id};
-    }
-  });
+  }
   return index;
 }
 

@@ -98,6 +98,28 @@ expect_contains "the kubelet's next prepare of it succeeds" "$(prepare "$CLAIM_B
 expect_exit "dpctl" 0 "$DPCTL" state --state_dir="$STATE"
 expect_contains "both claims are journaled" "$LAST_OUT" "2 allocation(s)"
 
+# A pod of the extended resource the scheduler served through DRA: its
+# container is given its claim's device, and deleting the pod unprepares
+# the claim.
+CLAIM_C="$("$API" claim --server="$URL" --token=node-token --name=pod-x-extended-resources-b2c4d \
+  --driver="$DRIVER" --node=node-1 --count=1 --request=container-0-request-0)"
+expect_exit "kubelet_sim admits a pod served by its claim" 0 "$SIM" allocate --root_dir="$ROOT" \
+  --pod=pod-x --containers=main=example.com/gpu:1 --extended_claim="$CLAIM_C" \
+  --driver="$DRIVER" --request_mappings=main=example.com/gpu:container-0-request-0
+expect_contains "... its container has the claim's device" "$LAST_OUT" \
+  "(claim pod-x-extended-resources-b2c4d)"
+expect_contains "... and its CDI name" "$LAST_OUT" "    cdi $DRIVER/"
+POD_X="$(sed -n 's/^pod uid \(.*\) admitted$/\1/p' <<<"$LAST_OUT")"
+expect_exit "dpctl" 0 "$DPCTL" state --state_dir="$STATE"
+expect_contains "the pod's claim is journaled" "$LAST_OUT" "claim default/pod-x-extended-resources-b2c4d"
+expect_exit "deleting the pod" 0 "$SIM" delete-pod --root_dir="$ROOT" --uid="$POD_X"
+expect_exit "dpctl" 0 "$DPCTL" state --state_dir="$STATE"
+check "its claim was unprepared" bash -c "! grep -q pod-x-extended <<<'$LAST_OUT'"
+expect_exit "a mapping that names no request is refused" 1 "$SIM" allocate --root_dir="$ROOT" \
+  --pod=pod-y --containers=main=example.com/gpu:1 --extended_claim="$CLAIM_C" \
+  --driver="$DRIVER" --request_mappings=main=example.com/gpu
+expect_contains "... named" "$LAST_OUT" 'request mapping "main=example.com/gpu" is not CONTAINER=RESOURCE:REQUEST'
+
 # Unprepared: the journal lets their devices go.
 "$SIM" unprepare --root_dir="$ROOT" --driver="$DRIVER" --claims="$CLAIM_A,$CLAIM_B" >/dev/null
 kill -TERM "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null

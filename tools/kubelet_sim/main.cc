@@ -97,7 +97,13 @@ DEFINE_string(kubeconfig, "",
               "kubelet deletes the node's ResourceSlices, as the real one does.\n"
               "Empty: no API server. [serve]");
 DEFINE_string(node_name, "node-1", "The node's name, for --kubeconfig. [serve]");
-DEFINE_string(driver, "", "DRA driver name. [prepare, unprepare]");
+DEFINE_string(driver, "", "DRA driver name. [prepare, unprepare, allocate with --extended_claim]");
+DEFINE_string(extended_claim, "",
+              "NAMESPACE/NAME/UID of the claim the scheduler made for the pod's extended\n"
+              "resources (1.34+); with --driver and --request_mappings. [allocate]");
+DEFINE_string(request_mappings, "",
+              "With --extended_claim: CONTAINER=RESOURCE:REQUEST,... (the claim's request\n"
+              "for each container and resource it serves). [allocate]");
 DEFINE_string(claims, "",
               "Claims, comma-separated NAMESPACE/NAME/UID. [prepare, unprepare]");
 
@@ -135,6 +141,9 @@ line with "ts", "source", "event" and fields) in the --events file.
 Examples:
   kubelet_sim serve --root_dir=/tmp/k --kubelet=1.24
   kubelet_sim allocate --root_dir=/tmp/k --pod=train --containers=main=vendor.com/gpu:2
+  kubelet_sim allocate --root_dir=/tmp/k --pod=infer --containers=main=vendor.com/gpu:1 \
+      --extended_claim=default/infer-extended-resources-x2b4d/UID --driver=gpu.vendor.com \
+      --request_mappings=main=vendor.com/gpu:container-0-request-0
   kubelet_sim restart --root_dir=/tmp/k --kubelet=1.31
   kubelet_sim state --root_dir=/tmp/k --output=json
 
@@ -260,6 +269,38 @@ absl::StatusOr<AllocateRequest> ParseAllocate() {
       }
     }
   }
+  if (FLAGS_extended_claim.empty() != FLAGS_request_mappings.empty()) {
+    return absl::InvalidArgumentError(
+        "--extended_claim and --request_mappings go together (with --driver)");
+  }
+  if (!FLAGS_extended_claim.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(FLAGS_extended_claim, '/');
+    if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[2].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--extended_claim=", FLAGS_extended_claim, " is not NAMESPACE/NAME/UID"));
+    }
+    if (FLAGS_driver.empty()) {
+      return absl::InvalidArgumentError("--extended_claim needs --driver (the claim's driver)");
+    }
+    ExtendedResourceClaim* e = req.mutable_extended_resource_claim();
+    e->set_namespace_(parts[0]);
+    e->set_name(parts[1]);
+    e->set_uid(parts[2]);
+    e->set_driver(FLAGS_driver);
+    for (absl::string_view spec : absl::StrSplit(FLAGS_request_mappings, ',', absl::SkipEmpty())) {
+      std::vector<absl::string_view> nv = absl::StrSplit(spec, absl::MaxSplits('=', 1));
+      const size_t colon = nv.size() == 2 ? nv[1].rfind(':') : absl::string_view::npos;
+      if (nv.size() != 2 || nv[0].empty() || colon == absl::string_view::npos || colon == 0 ||
+          colon + 1 == nv[1].size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "request mapping \"", spec, "\" is not CONTAINER=RESOURCE:REQUEST"));
+      }
+      auto* m = e->add_request_mappings();
+      m->set_container(std::string(nv[0]));
+      m->set_resource(std::string(nv[1].substr(0, colon)));
+      m->set_request(std::string(nv[1].substr(colon + 1)));
+    }
+  }
   return req;
 }
 
@@ -308,6 +349,12 @@ int RunClient(const std::string& command) {
           for (const auto& c : a.response().cdi_devices()) {
             std::cout << "    cdi " << c.name() << "\n";
           }
+        }
+        for (const RuntimeDevices& r : resp.claim_served()) {
+          std::cout << absl::StrFormat("  container %s: %s %s (claim %s)\n", r.container(),
+                                       r.resource(), absl::StrJoin(r.claim_devices(), ","),
+                                       req->extended_resource_claim().name());
+          for (const std::string& c : r.cdi_device_ids()) std::cout << "    cdi " << c << "\n";
         }
       }
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DRA claims in dpproxy's journal, with real processes: a simulated API
-# server and 1.34 kubelet, a sample plugin whose every Allocate takes 1 s,
+# server and 1.36 kubelet, a sample plugin whose every Allocate takes 1 s,
 # and dpproxy in DRA mode, killed with SIGKILL twice:
 #  - after a claim was prepared: the claim is in the journal (dpctl), the
 #    kubelet's next prepare is answered the same without the plugin, and
@@ -26,7 +26,7 @@ contexts: [{name: node, context: {cluster: sim, user: dpproxy}}]
 clusters: [{name: sim, cluster: {server: "$URL"}}]
 users: [{name: dpproxy, user: {token: node-token}}]
 KC
-"$SIM" serve --root_dir="$ROOT" --kubelet=1.34 --kubeconfig="$DIR/kubeconfig" \
+"$SIM" serve --root_dir="$ROOT" --kubelet=1.36 --kubeconfig="$DIR/kubeconfig" \
   --node_name=node-1 --cdi_dirs="$DIR/cdi" --quiet &
 PIDS+=($!)
 wait_until "the kubelet serves" 200 test -S "$ROOT/device-plugins/kubelet.sock"

@@ -1,7 +1,7 @@
 // A pod whose extended resource the scheduler served through DRA
 // (KEP-5004): the kubelet sim gives its mapped containers their devices
 // from the claim, never from the device plugin. What it refuses, and how:
-// a kubelet older than 1.34, a mapping that names nothing in the pod, and a
+// a kubelet whose DRAExtendedResource gate is off by default (before 1.36), a mapping that names nothing in the pod, and a
 // claim the driver cannot prepare (the pod waits; nothing is recorded and
 // the device plugin is not called). The prepared path runs end to end in
 // tests/proxy/dra_mode_test.cc with dpproxy as the driver.
@@ -62,11 +62,11 @@ class ExtendedResourceClaimTest : public ::testing::Test {
   std::unique_ptr<sample::SamplePlugin> plugin_;
 };
 
-TEST_F(ExtendedResourceClaimTest, AKubeletBefore134HasNoSuchPods) {
-  Start("1.33");
+TEST_F(ExtendedResourceClaimTest, AKubeletWhoseGateIsOffHasNoSuchPods) {
+  Start("1.35");
   absl::Status s = sim_->Allocate(ServedByClaim("main")).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("need kubelet 1.34 or later"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("need kubelet 1.36 or later, where DRAExtendedResource is on"));
   EXPECT_EQ(sim_->GetState().pods_size(), 0);
 }
 

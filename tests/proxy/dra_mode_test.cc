@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <random>
@@ -107,6 +108,40 @@ SamplePlugin* StartNode(ProxyHarness& h, const std::string& release) {
                   h.proxy().Start().ok();
   EXPECT_TRUE(up) << "kubelet " << release << " or dpproxy did not start";
   return up ? h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)) : nullptr;
+}
+
+// A node serving vendor.com/gpu both ways, for the tests that run pods
+// over both paths: reconciliation frees a gone pod's devices at its second
+// pass (after a start grace of 3 s: pod lists are empty just after a
+// start), the kubelet sim as `release`, and a v1beta1 sample plugin with
+// `devices` devices, all published, Healthy at the kubelet, and the driver
+// registered. nullptr (the failure reported) if one did not come up.
+SamplePlugin* StartBothWaysNode(ProxyHarness& h, sim::ApiServerSim& api,
+                                const std::string& release, int devices,
+                                const std::function<void(ProxyConfig&)>& tweak = nullptr) {
+  h.RestartProxy([&](ProxyConfig& c) {
+    c.reconcile_grace = absl::ZeroDuration();
+    c.reconcile_start_grace = absl::Seconds(3);
+    if (tweak) tweak(c);
+  });
+  const bool up = h.sim().Start().ok() &&
+                  h.sim().Restart(*sim::ParseKubeletVersion(release)).ok() &&
+                  h.proxy().Start().ok();
+  EXPECT_TRUE(up) << "kubelet " << release << " or dpproxy did not start";
+  if (!up) return nullptr;
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices = devices;
+  SamplePlugin* plugin = h.StartPlugin(o);
+  const std::string last = absl::StrCat("gpu-", devices - 1);
+  const bool ready =
+      plugin != nullptr && h.WaitFor([&] { return PublishedDevices(api) == devices; }) &&
+      h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", last) == "Healthy"; }) &&
+      h.sim()
+          .events()
+          .WaitForEvent("dra_driver_registered", {{"driver", kDriver}}, testing::kWait)
+          .has_value();
+  EXPECT_TRUE(ready) << "the plugin, its pool or the driver did not come up";
+  return ready ? plugin : nullptr;
 }
 
 Json Claim(const std::string& name, const std::vector<std::string>& devices) {
@@ -577,21 +612,8 @@ TEST(DraModeTest, ARandomMixOfPodsOverBothPathsNeverHoldsADeviceTwice) {
   ProxyHarness& h = *harness;
   // A pod found gone by two reconciliations in a row releases its devices
   // at once.
-  h.RestartProxy([](ProxyConfig& c) {
-    c.reconcile_grace = absl::ZeroDuration();
-    c.reconcile_start_grace = absl::Seconds(3);  // as the default: pod lists after a start
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.34")).ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
-  o.devices = 8;
-  SamplePlugin* plugin = h.StartPlugin(o);
+  SamplePlugin* plugin = StartBothWaysNode(h, api, "1.34", 8);
   ASSERT_NE(plugin, nullptr);
-  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 8; }));
-  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-7") == "Healthy"; }));
-  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
-                                            testing::kWait));
 
   std::mt19937 rng(20261127);
   auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
@@ -957,11 +979,8 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
   std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
   ASSERT_TRUE(client
                   ->Post("/apis/resource.k8s.io/v1/deviceclasses",
-                         {{"metadata", {{"name", "gpu-vendor-com"}}},
-                          {"spec",
-                           {{"selectors",
-                             {{{"cel", {{"expression", R"(device.driver == "gpu.vendor.com")"}}}}}},
-                            {"extendedResourceName", "vendor.com/gpu"}}}})
+                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
+                                                          "vendor.com/gpu"))
                   .ok());
   testing::ShortTempDir dir;
   std::unique_ptr<ProxyHarness> harness =
@@ -969,37 +988,20 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
                  {{"vendor.com/gpu", KubeletPath::kBoth}});
   ProxyHarness& h = *harness;
   const std::string view_socket = dir.Sub("pod-resources.sock");
-  h.RestartProxy([&](ProxyConfig& c) {
-    c.reconcile_grace = absl::ZeroDuration();
-    c.reconcile_start_grace = absl::Seconds(3);  // as the default: pod lists after a start
-    c.pod_resources_socket = view_socket;
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.sim().Restart(*sim::ParseKubeletVersion("1.36")).ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
-  o.devices = 6;
-  SamplePlugin* plugin = h.StartPlugin(o);
+  SamplePlugin* plugin = StartBothWaysNode(
+      h, api, "1.36", 6, [&](ProxyConfig& c) { c.pod_resources_socket = view_socket; });
   ASSERT_NE(plugin, nullptr);
-  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 6; }));
-  ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth("vendor.com/gpu", "gpu-5") == "Healthy"; }));
-  ASSERT_TRUE(h.sim().events().WaitForEvent("dra_driver_registered", {{"driver", kDriver}},
-                                            testing::kWait));
   const int64_t streams = plugin->Status().list_and_watch_streams();
-  auto allocatable = [&] {
+  // The kubelet's record of the resource (empty if it has none).
+  auto kubelet_resource = [&] {
     const sim::State st = h.sim().GetState();
     for (const auto& r : st.resources()) {
-      if (r.name() == "vendor.com/gpu") return r.allocatable();
+      if (r.name() == "vendor.com/gpu") return r;
     }
-    return int64_t{0};
+    return sim::ResourceState();
   };
-  auto plugin_connected = [&] {
-    const sim::State st = h.sim().GetState();
-    for (const auto& r : st.resources()) {
-      if (r.name() == "vendor.com/gpu") return r.connected();
-    }
-    return false;
-  };
+  auto allocatable = [&] { return kubelet_resource().allocatable(); };
+  auto plugin_connected = [&] { return kubelet_resource().connected(); };
 
   sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
   std::mt19937 rng(20261127);

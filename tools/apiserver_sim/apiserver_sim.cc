@@ -52,6 +52,17 @@ void Reply(httplib::Response& res, int code, const Json& body) {
   res.set_content(body.dump(), "application/json");
 }
 
+// A list, as the API server answers one: kind, apiVersion, the
+// resourceVersion it was read at, the items.
+void ReplyList(httplib::Response& res, const std::string& kind, const std::string& api_version,
+               int64_t resource_version, Json items) {
+  Reply(res, 200,
+        {{"kind", kind},
+         {"apiVersion", api_version},
+         {"metadata", {{"resourceVersion", absl::StrCat(resource_version)}}},
+         {"items", std::move(items)}});
+}
+
 // A Kubernetes Status object, as the API server answers errors.
 void Fail(httplib::Response& res, int code, const std::string& reason,
           const std::string& message) {
@@ -314,11 +325,7 @@ void ApiServerSim::Routes() {
                      }
                      if (match) items.push_back(s);
                    }
-                   Reply(res, 200,
-                         {{"kind", "ResourceSliceList"},
-                          {"apiVersion", api_version},
-                          {"metadata", {{"resourceVersion", absl::StrCat(resource_version_)}}},
-                          {"items", items}});
+                   ReplyList(res, "ResourceSliceList", api_version, resource_version_, std::move(items));
                  });
     server_->Post(base + "/resourceslices",
                   [this, v, api_version](const httplib::Request& req, httplib::Response& res) {
@@ -437,11 +444,7 @@ void ApiServerSim::Routes() {
                    Json items = Json::array();
                    absl::MutexLock lock(&mu_);
                    for (const auto& [key, c] : claims_) items.push_back(c);
-                   Reply(res, 200,
-                         {{"kind", "ResourceClaimList"},
-                          {"apiVersion", api_version},
-                          {"metadata", {{"resourceVersion", absl::StrCat(resource_version_)}}},
-                          {"items", items}});
+                   ReplyList(res, "ResourceClaimList", api_version, resource_version_, std::move(items));
                  });
     server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
                  [this](const httplib::Request& req, httplib::Response& res) {
@@ -498,11 +501,7 @@ void ApiServerSim::Routes() {
                    Json items = Json::array();
                    absl::MutexLock lock(&mu_);
                    for (const auto& [name, c] : device_classes_) items.push_back(c);
-                   Reply(res, 200,
-                         {{"kind", "DeviceClassList"},
-                          {"apiVersion", api_version},
-                          {"metadata", {{"resourceVersion", absl::StrCat(resource_version_)}}},
-                          {"items", items}});
+                   ReplyList(res, "DeviceClassList", api_version, resource_version_, std::move(items));
                  });
     server_->Get(base + R"(/deviceclasses/([^/]+))",
                  [this](const httplib::Request& req, httplib::Response& res) {

@@ -116,6 +116,15 @@ absl::StatusOr<std::map<std::string, ClassOf>> ExtendedResourceClasses(
 
 }  // namespace
 
+Json ExtendedResourceDeviceClass(const std::string& name, const std::string& driver,
+                                 const std::string& resource) {
+  return {{"metadata", {{"name", name}}},
+          {"spec",
+           {{"selectors",
+             {{{"cel", {{"expression", absl::StrCat("device.driver == \"", driver, "\"")}}}}}},
+            {"extendedResourceName", resource}}}};
+}
+
 absl::StatusOr<ExtendedResourceRoute> RouteExtendedResource(KubeClient* client,
                                                             const std::string& resource,
                                                             int64_t node_allocatable) {

@@ -52,6 +52,12 @@ absl::StatusOr<nlohmann::json> CreateAllocatedClaim(KubeClient* client, const Cl
 // for the name is above 0, else through DRA where a DeviceClass names the
 // resource as its spec.extendedResourceName, else not on this node.
 enum class ExtendedResourceRoute { kDevicePlugin, kDra, kNone };
+
+// A DeviceClass that selects `driver`'s devices and names `resource` as
+// its extendedResourceName, as deploy/dra-deviceclass.yaml does: the body
+// to POST to .../deviceclasses.
+nlohmann::json ExtendedResourceDeviceClass(const std::string& name, const std::string& driver,
+                                           const std::string& resource);
 absl::StatusOr<ExtendedResourceRoute> RouteExtendedResource(KubeClient* client,
                                                             const std::string& resource,
                                                             int64_t node_allocatable);

@@ -116,12 +116,7 @@ users: [{name: agent, user: {token: bench-token}}]
   std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
   if (!client
            ->Post("/apis/resource.k8s.io/v1/deviceclasses",
-                  {{"metadata", {{"name", "bench-gpu"}}},
-                   {"spec",
-                    {{"selectors",
-                      {{{"cel", {{"expression", absl::StrCat("device.driver == \"", kDriver,
-                                                              "\"")}}}}}},
-                     {"extendedResourceName", kResource}}}})
+                  sim::ExtendedResourceDeviceClass("bench-gpu", kDriver, kResource))
            .ok()) {
     Fail("the DeviceClass was not created");
   }

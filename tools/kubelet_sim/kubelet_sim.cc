@@ -1431,10 +1431,12 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
   AllocateRequest device_manager_part = req;
   if (req.has_extended_resource_claim()) {
     const ExtendedResourceClaim& e = req.extended_resource_claim();
-    if (kubelet().minor < 34) {
+    // DRAExtendedResource: alpha and off by default in 1.34-1.35, beta and
+    // on from 1.36 (dra-facts.md); the simulator plays the defaults.
+    if (kubelet().minor < 36) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "extended resources served through DRA need kubelet 1.34 or later "
-          "(DRAExtendedResource); this kubelet is ",
+          "extended resources served through DRA need kubelet 1.36 or later, where "
+          "DRAExtendedResource is on by default (1.34-1.35: alpha, off); this kubelet is ",
           kubelet().name));
     }
     if (e.name().empty() || e.uid().empty() || e.driver().empty() ||

@@ -1,11 +1,13 @@
 #include "proxy/events/event_log.h"
 
 #include <errno.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "proxy/util/files.h"
 
@@ -43,20 +45,46 @@ void EventLog::SetEcho(bool echo) {
   echo_ = echo;
 }
 
-void EventLog::Emit(const std::string& event, Json fields) {
-  Json e = Json::object();
-  const absl::Time now = absl::Now();
-  e["ts"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone());
-  e["source"] = source_;
-  e["event"] = event;
-  if (fields.is_object()) {
-    for (auto it = fields.begin(); it != fields.end(); ++it) e[it.key()] = it.value();
+namespace {
+
+// RFC 3339 in UTC with milliseconds ("2026-11-27T21:28:19.123Z"). The part
+// up to the second is kept per thread and remade when the second changes.
+std::string EventTimestamp(absl::Time now) {
+  struct Cached {
+    int64_t second = -1;
+    char head[32] = {0};
+  };
+  thread_local Cached cached;
+  const int64_t ms = absl::ToUnixMillis(now);
+  int64_t second = ms / 1000, milli = ms % 1000;
+  if (milli < 0) {
+    milli += 1000;
+    --second;
   }
+  if (second != cached.second) {
+    const time_t t = static_cast<time_t>(second);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(cached.head, sizeof(cached.head), "%Y-%m-%dT%H:%M:%S", &tm);
+    cached.second = second;
+  }
+  return absl::StrFormat("%s.%03dZ", cached.head, static_cast<int>(milli));
+}
+
+}  // namespace
+
+void EventLog::Emit(const std::string& event, Json fields) {
+  // The event is its fields, which win over the names added here.
+  Json e = fields.is_object() ? std::move(fields) : Json::object();
+  const absl::Time now = absl::Now();
+  e.emplace("ts", EventTimestamp(now));
+  e.emplace("source", source_);
+  e.emplace("event", event);
   std::vector<std::shared_ptr<const std::function<void()>>> listeners;
   {
     absl::MutexLock lock(&mu_);
     RecordLocked(std::move(e), now);
-    listeners = listeners_;
+    if (!listeners_.empty()) listeners = listeners_;
   }
   for (const auto& l : listeners) (*l)();
 }
@@ -67,9 +95,22 @@ void EventLog::AddListener(std::function<void()> listener) {
 }
 
 void EventLog::RecordLocked(Json e, absl::Time now) {
-  const std::string& event = e["event"].get_ref<const std::string&>();
+  auto name = e.find("event");
+  const std::string_view event =
+      name != e.end() && name->is_string()
+          ? std::string_view(name->get_ref<const std::string&>())
+          : std::string_view();
   auto res = e.find("resource");
-  ++counts_[{event, res != e.end() && res->is_string() ? res->get<std::string>() : ""}];
+  const std::string_view resource =
+      res != e.end() && res->is_string()
+          ? std::string_view(res->get_ref<const std::string&>())
+          : std::string_view();
+  const std::pair<std::string_view, std::string_view> key(event, resource);
+  if (auto c = counts_.find(key); c != counts_.end()) {
+    ++c->second;
+  } else {
+    counts_.emplace(std::pair<std::string, std::string>(event, resource), 1);
+  }
   if (file_ != nullptr) {
     std::string line = e.dump(-1, ' ', false, Json::error_handler_t::replace);
     line += '\n';
@@ -81,7 +122,7 @@ void EventLog::RecordLocked(Json e, absl::Time now) {
     // (proxy/ops/json_log.h).
     nlohmann::ordered_json j;
     j["ts"] = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-    j["msg"] = event;
+    j["msg"] = std::string(event);
     j["v"] = 1;
     for (auto it = e.begin(); it != e.end(); ++it) {
       if (it.key() != "ts") j[it.key()] = it.value();
@@ -124,7 +165,7 @@ std::vector<Json> EventLog::Snapshot() const {
 
 std::map<std::pair<std::string, std::string>, int64_t> EventLog::Counts() const {
   absl::MutexLock lock(&mu_);
-  return counts_;
+  return {counts_.begin(), counts_.end()};
 }
 
 size_t EventLog::Size() const {

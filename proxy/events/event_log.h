@@ -21,6 +21,7 @@
 #include <utility>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -96,12 +97,24 @@ class EventLog {
   // Counts, writes, echoes and keeps one event.
   void RecordLocked(Json e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // (event, resource) pairs, found by views of them: no key is built to
+  // count an event already counted.
+  struct CountLess {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return std::pair<std::string_view, std::string_view>(a.first, a.second) <
+             std::pair<std::string_view, std::string_view>(b.first, b.second);
+    }
+  };
+
   const std::string source_;
   mutable absl::Mutex mu_;
   size_t history_ ABSL_GUARDED_BY(mu_);
   std::deque<Json> events_ ABSL_GUARDED_BY(mu_);
   size_t dropped_ ABSL_GUARDED_BY(mu_) = 0;  // index of events_.front()
-  std::map<std::pair<std::string, std::string>, int64_t> counts_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, int64_t, CountLess> counts_
+      ABSL_GUARDED_BY(mu_);
   FILE* file_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool echo_ ABSL_GUARDED_BY(mu_) = false;
   bool json_log_ ABSL_GUARDED_BY(mu_) = false;

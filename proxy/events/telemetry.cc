@@ -1,5 +1,7 @@
 #include "proxy/events/telemetry.h"
 
+#include <array>
+
 namespace dpproxy {
 
 namespace {
@@ -41,14 +43,36 @@ void Telemetry::ObserveRpc(absl::string_view side, absl::string_view method,
                            absl::string_view resource, absl::string_view kubelet_api,
                            absl::string_view backend_api, absl::string_view code,
                            absl::Duration d) {
-  rpc_.Add({{"side", std::string(side)},
-            {"method", std::string(method)},
-            {"resource", std::string(resource)},
-            {"kubelet_api", std::string(kubelet_api)},
-            {"backend_api", std::string(backend_api)},
-            {"code", std::string(code)}},
-           RpcBuckets())
-      .Observe(absl::ToDoubleSeconds(d));
+  const std::array<absl::string_view, 6> values = {side,        method,      resource,
+                                                   kubelet_api, backend_api, code};
+  std::string key;
+  size_t size = 0;
+  for (absl::string_view v : values) size += v.size() + 1;
+  key.reserve(size);
+  for (absl::string_view v : values) {
+    key.append(v.data(), v.size());
+    key.push_back('\0');
+  }
+  prometheus::Histogram* h = nullptr;
+  {
+    absl::ReaderMutexLock lock(&rpc_mu_);
+    if (auto it = rpc_by_labels_.find(key); it != rpc_by_labels_.end()) h = it->second;
+  }
+  if (h == nullptr) {
+    absl::MutexLock lock(&rpc_mu_);
+    prometheus::Histogram*& slot = rpc_by_labels_[key];
+    if (slot == nullptr) {
+      slot = &rpc_.Add({{"side", std::string(side)},
+                        {"method", std::string(method)},
+                        {"resource", std::string(resource)},
+                        {"kubelet_api", std::string(kubelet_api)},
+                        {"backend_api", std::string(backend_api)},
+                        {"code", std::string(code)}},
+                       RpcBuckets());
+    }
+    h = slot;
+  }
+  h->Observe(absl::ToDoubleSeconds(d));
 }
 
 void Telemetry::ObserveJournalSync(absl::Duration d) {

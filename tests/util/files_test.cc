@@ -400,6 +400,45 @@ TEST(EventLogTest, WritesJsonLinesAndWaits) {
   EXPECT_FALSE(log.OpenFile("/nonexistent-dir/x.jsonl").ok());
 }
 
+// Each event carries its time as RFC 3339 in UTC with milliseconds, its
+// source and its name; a field of the same name wins. Counts are per event
+// name and "resource" field.
+TEST(EventLogTest, StampsEventsAndCountsThemPerResource) {
+  EventLog log("test");
+  const absl::Time before = absl::Now();
+  log.Emit("allocate", {{"resource", "vendor.com/gpu"}});
+  log.Emit("allocate", {{"resource", "vendor.com/gpu"}});
+  log.Emit("allocate", {{"resource", "vendor.com/nic"}});
+  log.Emit("started");
+  log.Emit("custom", {{"source", "elsewhere"}, {"resource", 7}});
+  const absl::Time after = absl::Now();
+  std::vector<Json> events = log.Snapshot();
+  ASSERT_EQ(events.size(), 5u);
+  for (const Json& e : events) {
+    const std::string ts = e.value("ts", "");
+    ASSERT_EQ(ts.size(), 24u) << ts;
+    EXPECT_EQ(ts[10], 'T');
+    EXPECT_EQ(ts[19], '.');
+    EXPECT_EQ(ts.back(), 'Z');
+    absl::Time t;
+    std::string err;
+    ASSERT_TRUE(absl::ParseTime("%Y-%m-%dT%H:%M:%E3SZ", ts, absl::UTCTimeZone(), &t, &err))
+        << ts << ": " << err;
+    EXPECT_GE(t, absl::FromUnixMillis(absl::ToUnixMillis(before))) << ts;
+    EXPECT_LE(t, after) << ts;
+  }
+  EXPECT_EQ(events[0]["source"], "test");
+  EXPECT_EQ(events[0]["event"], "allocate");
+  EXPECT_EQ(events[4]["source"], "elsewhere");
+  EXPECT_EQ(events[4]["event"], "custom");
+  const auto counts = log.Counts();
+  EXPECT_EQ(counts.size(), 4u);
+  EXPECT_EQ(counts.at({"allocate", "vendor.com/gpu"}), 2);
+  EXPECT_EQ(counts.at({"allocate", "vendor.com/nic"}), 1);
+  EXPECT_EQ(counts.at({"started", ""}), 1);
+  EXPECT_EQ(counts.at({"custom", ""}), 1);  // a resource that is not a string
+}
+
 TEST(EventLogTest, HistoryIsBoundedButIndicesStayAbsolute) {
   testing::ShortTempDir dir;
   EventLog log("test", /*history=*/3);

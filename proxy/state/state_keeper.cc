@@ -450,18 +450,19 @@ std::string StateKeeper::last_write_error() {
 absl::Status StateKeeper::SaveLocked() {
   if (handed_over_) return HandedOverError();
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
-  // Encoded under mu_ (one buffer, no copy of the message graph); written
-  // without it, so Records go on meanwhile. The snapshot covers the journal
+  // Laid out under mu_ (one buffer, no copy of the message graph); its
+  // checksum taken and the file written without it, so Records go on
+  // meanwhile. The snapshot covers the journal
   // through the last applied record; records appended during the write stay
   // in the journal.
-  std::string payload;
-  state_.SerializeToString(&payload);
-  allocations_.AppendAsStateField(&payload);
+  std::string bytes(kStateFileHeaderSize, '\0');  // sealed after the unlock
+  state_.AppendToString(&bytes);
+  allocations_.AppendAsStateField(&bytes);
   {
     // Each saved resource as a `resources` entry of State: its bytes, then
     // its updated_unix_ms (a field appended to a message's bytes is read as
     // part of it).
-    google::protobuf::io::StringOutputStream raw(&payload);
+    google::protobuf::io::StringOutputStream raw(&bytes);
     google::protobuf::io::CodedOutputStream out(&raw);
     using google::protobuf::internal::WireFormatLite;
     for (const SavedResource& saved : resources_) {
@@ -482,11 +483,11 @@ absl::Status StateKeeper::SaveLocked() {
       }
     }
   }
-  const std::string bytes = EncodeStateFilePayload(payload);
   const size_t covered_bytes = journal_applied_bytes_;
   const size_t covered_records = journal_applied_records_;
   const bool journal_ok = journal_ok_;
   mu_.Unlock();
+  SealStateFile(&bytes);
   if (test_hook_) test_hook_("snapshot_write");
   const bool rotated = previous_.Rotate();
   absl::Status s = store_.SaveEncoded(bytes);

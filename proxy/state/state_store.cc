@@ -14,7 +14,7 @@ namespace dpproxy {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'P', 'P', 'S', 'T', 'A', 'T', 'E'};
-constexpr size_t kHeaderSize = 8 + 4 + 8 + 8;
+constexpr size_t kHeaderSize = kStateFileHeaderSize;
 
 // A top-level field of a State's encoding: where it lies, and where an
 // `allocations` entry's own bytes lie.
@@ -117,12 +117,19 @@ std::string EncodeStateFile(const state::State& s) {
 }
 
 std::string EncodeStateFilePayload(const std::string& payload) {
-  std::string out(kMagic, sizeof(kMagic));
-  PutLittleEndian<uint32_t>(&out, kStateFormatVersion);
-  PutLittleEndian<uint64_t>(&out, payload.size());
-  PutLittleEndian<uint64_t>(&out, Fnv64(payload));
+  std::string out(kHeaderSize, '\0');
   out += payload;
+  SealStateFile(&out);
   return out;
+}
+
+void SealStateFile(std::string* file) {
+  const absl::string_view payload = absl::string_view(*file).substr(kHeaderSize);
+  std::string head(kMagic, sizeof(kMagic));
+  PutLittleEndian<uint32_t>(&head, kStateFormatVersion);
+  PutLittleEndian<uint64_t>(&head, payload.size());
+  PutLittleEndian<uint64_t>(&head, Fnv64(payload));
+  file->replace(0, kHeaderSize, head);
 }
 
 absl::StatusOr<state::State> DecodeStateFile(const std::string& bytes,

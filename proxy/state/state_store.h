@@ -37,6 +37,10 @@ std::string EncodeStateFile(const state::State& s);
 // The same from a State already serialized (possibly in parts: protobuf
 // merges concatenated messages, repeated fields appended).
 std::string EncodeStateFilePayload(const std::string& payload);
+// The same in place: `file` holds kStateFileHeaderSize bytes of any value,
+// then the payload; the header is written over them.
+inline constexpr size_t kStateFileHeaderSize = 8 + 4 + 8 + 8;
+void SealStateFile(std::string* file);
 // Takes one `allocations` entry of a State's encoding (its bytes, which
 // outlive the call only as a copy); false if they do not parse.
 using AllocationSink = std::function<bool(absl::string_view wire)>;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <thread>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 
@@ -34,14 +35,14 @@ absl::Status CheckRequest(Resource* r, const v1beta1::AllocateRequest& req) {
       return absl::InvalidArgumentError(absl::StrCat("container request ", i + 1,
                                                      " names no device"));
     }
-    std::unordered_set<std::string> seen;
+    std::unordered_set<std::string_view> seen;
     for (const std::string& id : c.devices_ids()) {
       std::optional<std::string> health = r->DeviceHealth(id);
       if (!health.has_value()) {
         return absl::InvalidArgumentError(
             absl::StrCat("unknown device ID ", GoQuote(id), " for resource ", r->name()));
       }
-      if (!seen.insert(id).second) {
+      if (c.devices_ids_size() > 1 && !seen.insert(id).second) {
         return absl::InvalidArgumentError(absl::StrCat("container request ", i + 1,
                                                        " names device ", GoQuote(id), " twice"));
       }

@@ -193,6 +193,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
         ctx_(ctx),
         kubelet_api_(kubelet_api),
         req_(std::move(req)),
+        containers_(req_.container_requests_size()),
         answer_(std::move(answer)),
         call_(e, "Allocate", kubelet_api),
         timeout_(e->backend_timeout()),
@@ -212,7 +213,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
         break;
     }
     Allocator::Call call;
-    call.request = req_;
+    call.request = std::move(req_);  // served here: the reactor needs it no more
     call.timeout = timeout_;
     call.caller = ctx_;
     call.kubelet_api = std::string(ApiWireVersion(kubelet_api_));
@@ -243,7 +244,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     e_->events()->Emit("allocate",
                        {{"resource", res->name()},
                         {"kubelet_api", std::string(ApiWireVersion(kubelet_api_))},
-                        {"containers", req_.container_requests_size()}});
+                        {"containers", containers_}});
     answer_(std::move(resp));
     End(grpc::Status::OK);
   }
@@ -274,7 +275,8 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   KubeletEndpoint* const e_;
   grpc::CallbackServerContext* const ctx_;
   const ApiVersion kubelet_api_;
-  const v1beta1::AllocateRequest req_;
+  v1beta1::AllocateRequest req_;  // the allocator's once served, else a forwarded call's
+  const int containers_;
   const Answer answer_;
   KubeletCall call_;
   const absl::Duration timeout_;

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <optional>
-#include <thread>
 #include <string_view>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 

@@ -452,9 +452,8 @@ absl::Status StateKeeper::SaveLocked() {
   state_.set_saved_unix_ms(absl::ToUnixMillis(absl::Now()));
   // Laid out under mu_ (one buffer, no copy of the message graph); its
   // checksum taken and the file written without it, so Records go on
-  // meanwhile. The snapshot covers the journal
-  // through the last applied record; records appended during the write stay
-  // in the journal.
+  // meanwhile. The snapshot covers the journal through the last applied
+  // record; records appended during the write stay in the journal.
   std::string bytes(kStateFileHeaderSize, '\0');  // sealed after the unlock
   state_.AppendToString(&bytes);
   allocations_.AppendAsStateField(&bytes);

@@ -278,8 +278,8 @@ int main(int argc, char** argv) {
   dpproxy::InPlaceUpgrade upgrade(started_argv);
   server.SetBeforeFinishHook([] { dpproxy::NotifyMainProcess(); });
   // Events go to the log, the events file and the counts behind the
-  // metrics; the daemon keeps only a short history in memory.
-  server.events().SetHistory(256);
+  // metrics; nothing in the daemon reads a history of them.
+  server.events().SetHistory(0);
   // In JSON mode the events come as lines of their own from -v=1 on: at
   // the default verbosity a happening is one line, its log message.
   server.events().SetJsonLog(FLAGS_log_format == "json" && FLAGS_v >= 1);

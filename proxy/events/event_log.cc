@@ -74,6 +74,23 @@ std::string EventTimestamp(absl::Time now) {
 }  // namespace
 
 void EventLog::Emit(const std::string& event, Json fields) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (history_ == 0 && file_ == nullptr && !echo_ && !json_log_ && listeners_.empty()) {
+      // Nothing takes the event but its count, as RecordLocked counts it
+      // (a field of the same name wins; one that is not a string is "").
+      auto field = [&fields](const char* key, std::string_view absent) {
+        if (!fields.is_object()) return absent;
+        auto f = fields.find(key);
+        if (f == fields.end()) return absent;
+        return f->is_string() ? std::string_view(f->get_ref<const std::string&>())
+                              : std::string_view();
+      };
+      CountLocked(field("event", event), field("resource", std::string_view()));
+      ++dropped_;
+      return;
+    }
+  }
   // The event is its fields, which win over the names added here.
   Json e = fields.is_object() ? std::move(fields) : Json::object();
   const absl::Time now = absl::Now();
@@ -105,12 +122,7 @@ void EventLog::RecordLocked(Json e, absl::Time now) {
       res != e.end() && res->is_string()
           ? std::string_view(res->get_ref<const std::string&>())
           : std::string_view();
-  const std::pair<std::string_view, std::string_view> key(event, resource);
-  if (auto c = counts_.find(key); c != counts_.end()) {
-    ++c->second;
-  } else {
-    counts_.emplace(std::pair<std::string, std::string>(event, resource), 1);
-  }
+  CountLocked(event, resource);
   if (file_ != nullptr) {
     std::string line = e.dump(-1, ' ', false, Json::error_handler_t::replace);
     line += '\n';
@@ -144,6 +156,15 @@ void EventLog::RecordLocked(Json e, absl::Time now) {
   }
 }
 
+void EventLog::CountLocked(std::string_view event, std::string_view resource) {
+  const std::pair<std::string_view, std::string_view> key(event, resource);
+  if (auto c = counts_.find(key); c != counts_.end()) {
+    ++c->second;
+  } else {
+    counts_.emplace(std::pair<std::string, std::string>(event, resource), 1);
+  }
+}
+
 void EventLog::SetJsonLog(bool on) {
   absl::MutexLock lock(&mu_);
   json_log_ = on;
@@ -151,7 +172,7 @@ void EventLog::SetJsonLog(bool on) {
 
 void EventLog::SetHistory(size_t n) {
   absl::MutexLock lock(&mu_);
-  history_ = std::max<size_t>(1, n);
+  history_ = n;
   while (events_.size() > history_) {
     events_.pop_front();
     ++dropped_;

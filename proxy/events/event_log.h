@@ -47,9 +47,10 @@ class EventLog {
 
   // Appends events to `path` from now on (created if missing).
   absl::Status OpenFile(const std::string& path);
-  // Keeps only the last `n` events in memory from now on (at least one).
-  // The in-memory history serves WaitFor (tests, tools); a daemon keeps a
-  // short one.
+  // Keeps only the last `n` events in memory from now on; 0 keeps none.
+  // The in-memory history serves WaitFor (tests, tools); a daemon, where
+  // nothing reads it, keeps none. An event that nothing takes (no history,
+  // file, echo, JSON log or listener) is only counted: no object is made.
   void SetHistory(size_t n);
   // Prints a readable line per event to stdout.
   void SetEcho(bool echo);
@@ -96,6 +97,9 @@ class EventLog {
  private:
   // Counts, writes, echoes and keeps one event.
   void RecordLocked(Json e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts one event of `event` for `resource`.
+  void CountLocked(std::string_view event, std::string_view resource)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // (event, resource) pairs, found by views of them: no key is built to
   // count an event already counted.

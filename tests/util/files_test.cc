@@ -439,6 +439,42 @@ TEST(EventLogTest, StampsEventsAndCountsThemPerResource) {
   EXPECT_EQ(counts.at({"custom", ""}), 1);  // a resource that is not a string
 }
 
+// With no history, an event nothing else takes is only counted, and
+// counted as one that is kept would be; one that goes to a file still
+// goes there whole.
+TEST(EventLogTest, WithoutHistoryEventsAreCountedAndStillWritten) {
+  testing::ShortTempDir dir;
+  EventLog log("test");
+  log.SetHistory(0);
+  log.Emit("allocate", {{"resource", "vendor.com/gpu"}});
+  log.Emit("allocate", {{"resource", "vendor.com/gpu"}, {"containers", 2}});
+  log.Emit("custom", {{"resource", 7}});
+  log.Emit("renamed", {{"event", "other"}});
+  EXPECT_TRUE(log.Snapshot().empty());
+  EXPECT_EQ(log.Size(), 4u);
+  auto counts = log.Counts();
+  EXPECT_EQ(counts.size(), 3u);
+  EXPECT_EQ(counts.at({"allocate", "vendor.com/gpu"}), 2);
+  EXPECT_EQ(counts.at({"custom", ""}), 1);
+  EXPECT_EQ(counts.at({"other", ""}), 1);
+
+  ASSERT_TRUE(log.OpenFile(dir.Sub("events.jsonl")).ok());
+  log.Emit("allocate", {{"resource", "vendor.com/nic"}});
+  EXPECT_TRUE(log.Snapshot().empty());
+  EXPECT_EQ(log.Size(), 5u);
+  EXPECT_EQ(log.Counts().at({"allocate", "vendor.com/nic"}), 1);
+  Json line = Json::parse(*ReadFile(dir.Sub("events.jsonl")));
+  EXPECT_EQ(line["event"], "allocate");
+  EXPECT_EQ(line["resource"], "vendor.com/nic");
+  EXPECT_EQ(line["source"], "test");
+
+  std::atomic<int> heard{0};
+  log.AddListener([&] { ++heard; });
+  log.Emit("started");
+  EXPECT_EQ(heard.load(), 1);
+  EXPECT_EQ(log.Counts().at({"started", ""}), 1);
+}
+
 TEST(EventLogTest, HistoryIsBoundedButIndicesStayAbsolute) {
   testing::ShortTempDir dir;
   EventLog log("test", /*history=*/3);

@@ -76,7 +76,7 @@ std::string EventTimestamp(absl::Time now) {
 void EventLog::Emit(const std::string& event, Json fields) {
   {
     absl::MutexLock lock(&mu_);
-    if (history_ == 0 && file_ == nullptr && !echo_ && !json_log_ && listeners_.empty()) {
+    if (NothingTakesLocked()) {
       // Nothing takes the event but its count, as RecordLocked counts it
       // (a field of the same name wins; one that is not a string is "").
       auto field = [&fields](const char* key, std::string_view absent) {
@@ -154,6 +154,14 @@ void EventLog::RecordLocked(Json e, absl::Time now) {
     events_.pop_front();
     ++dropped_;
   }
+}
+
+bool EventLog::CountIfNothingTakes(std::string_view event, std::string_view resource) {
+  absl::MutexLock lock(&mu_);
+  if (!NothingTakesLocked()) return false;
+  CountLocked(event, resource);
+  ++dropped_;
+  return true;
 }
 
 void EventLog::CountLocked(std::string_view event, std::string_view resource) {

@@ -61,6 +61,15 @@ class EventLog {
 
   // Records one event. Thread-safe; never blocks on anything but the file.
   void Emit(const std::string& event, Json fields = Json::object());
+  // The same for an event emitted per call: `fields()` (a Json object whose
+  // "resource", if any, is `resource`) is made only if something takes the
+  // event beyond its count.
+  template <typename MakeFields>
+  void EmitPerCall(const std::string& event, std::string_view resource,
+                   const MakeFields& fields) {
+    if (CountIfNothingTakes(event, resource)) return;
+    Emit(event, fields());
+  }
 
   // The events still in memory, oldest first.
   std::vector<Json> Snapshot() const;
@@ -97,6 +106,12 @@ class EventLog {
  private:
   // Counts, writes, echoes and keeps one event.
   void RecordLocked(Json e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts the event and returns true if nothing takes it beyond its count
+  // (no history, file, echo, JSON log or listener).
+  bool CountIfNothingTakes(std::string_view event, std::string_view resource);
+  bool NothingTakesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return history_ == 0 && file_ == nullptr && !echo_ && !json_log_ && listeners_.empty();
+  }
   // Counts one event of `event` for `resource`.
   void CountLocked(std::string_view event, std::string_view resource)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -475,6 +475,29 @@ TEST(EventLogTest, WithoutHistoryEventsAreCountedAndStillWritten) {
   EXPECT_EQ(log.Counts().at({"started", ""}), 1);
 }
 
+// A per-call event's fields are made only when something takes the event;
+// it is counted either way.
+TEST(EventLogTest, PerCallEventsAreMadeOnlyWhenTaken) {
+  EventLog log("test");
+  int made = 0;
+  auto fields = [&made] {
+    ++made;
+    return Json{{"resource", "vendor.com/gpu"}, {"containers", 1}};
+  };
+  log.SetHistory(0);
+  log.EmitPerCall("allocate", "vendor.com/gpu", fields);
+  EXPECT_EQ(made, 0);
+  EXPECT_EQ(log.Size(), 1u);
+  log.SetHistory(4);
+  log.EmitPerCall("allocate", "vendor.com/gpu", fields);
+  EXPECT_EQ(made, 1);
+  ASSERT_EQ(log.Snapshot().size(), 1u);
+  EXPECT_EQ(log.Snapshot()[0]["containers"], 1);
+  EXPECT_EQ(log.Snapshot()[0]["event"], "allocate");
+  EXPECT_EQ(log.Size(), 2u);
+  EXPECT_EQ(log.Counts().at({"allocate", "vendor.com/gpu"}), 2);
+}
+
 TEST(EventLogTest, HistoryIsBoundedButIndicesStayAbsolute) {
   testing::ShortTempDir dir;
   EventLog log("test", /*history=*/3);

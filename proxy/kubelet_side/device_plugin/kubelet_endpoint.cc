@@ -241,10 +241,11 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
         (*c.mutable_annotations())[CdiAnnotationKey(res->name())] = absl::StrJoin(names, ",");
       }
     }
-    e_->events()->Emit("allocate",
-                       {{"resource", res->name()},
-                        {"kubelet_api", std::string(ApiWireVersion(kubelet_api_))},
-                        {"containers", containers_}});
+    e_->events()->EmitPerCall("allocate", res->name(), [&] {
+      return Json{{"resource", res->name()},
+                  {"kubelet_api", std::string(ApiWireVersion(kubelet_api_))},
+                  {"containers", containers_}};
+    });
     answer_(std::move(resp));
     End(grpc::Status::OK);
   }

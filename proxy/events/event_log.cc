@@ -1,10 +1,10 @@
 #include "proxy/events/event_log.h"
 
 #include <errno.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,45 +51,37 @@ namespace {
 // up to the second is kept per thread and remade when the second changes.
 std::string EventTimestamp(absl::Time now) {
   struct Cached {
-    int64_t second = -1;
-    char head[32] = {0};
+    int64_t second = std::numeric_limits<int64_t>::min();
+    std::string head;
   };
   thread_local Cached cached;
   const int64_t ms = absl::ToUnixMillis(now);
-  int64_t second = ms / 1000, milli = ms % 1000;
-  if (milli < 0) {
-    milli += 1000;
-    --second;
-  }
+  const int64_t second = ms >= 0 ? ms / 1000 : (ms - 999) / 1000;
   if (second != cached.second) {
-    const time_t t = static_cast<time_t>(second);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(cached.head, sizeof(cached.head), "%Y-%m-%dT%H:%M:%S", &tm);
+    cached.head = absl::FormatTime("%Y-%m-%dT%H:%M:%S", absl::FromUnixSeconds(second),
+                                   absl::UTCTimeZone());
     cached.second = second;
   }
-  return absl::StrFormat("%s.%03dZ", cached.head, static_cast<int>(milli));
+  return absl::StrFormat("%s.%03dZ", cached.head, static_cast<int>(ms - second * 1000));
+}
+
+// What an event is counted under: its field `key` if it is a string, ""
+// if it is something else, `absent` without one.
+std::string_view CountedField(const Json& e, const char* key, std::string_view absent) {
+  if (!e.is_object()) return absent;
+  auto f = e.find(key);
+  if (f == e.end()) return absent;
+  return f->is_string() ? std::string_view(f->get_ref<const std::string&>())
+                        : std::string_view();
 }
 
 }  // namespace
 
 void EventLog::Emit(const std::string& event, Json fields) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (NothingTakesLocked()) {
-      // Nothing takes the event but its count, as RecordLocked counts it
-      // (a field of the same name wins; one that is not a string is "").
-      auto field = [&fields](const char* key, std::string_view absent) {
-        if (!fields.is_object()) return absent;
-        auto f = fields.find(key);
-        if (f == fields.end()) return absent;
-        return f->is_string() ? std::string_view(f->get_ref<const std::string&>())
-                              : std::string_view();
-      };
-      CountLocked(field("event", event), field("resource", std::string_view()));
-      ++dropped_;
-      return;
-    }
+  // Counted as RecordLocked counts it (a field of the same name wins).
+  if (CountIfNothingTakes(CountedField(fields, "event", event),
+                          CountedField(fields, "resource", std::string_view()))) {
+    return;
   }
   // The event is its fields, which win over the names added here.
   Json e = fields.is_object() ? std::move(fields) : Json::object();
@@ -112,17 +104,8 @@ void EventLog::AddListener(std::function<void()> listener) {
 }
 
 void EventLog::RecordLocked(Json e, absl::Time now) {
-  auto name = e.find("event");
-  const std::string_view event =
-      name != e.end() && name->is_string()
-          ? std::string_view(name->get_ref<const std::string&>())
-          : std::string_view();
-  auto res = e.find("resource");
-  const std::string_view resource =
-      res != e.end() && res->is_string()
-          ? std::string_view(res->get_ref<const std::string&>())
-          : std::string_view();
-  CountLocked(event, resource);
+  const std::string_view event = CountedField(e, "event", std::string_view());
+  CountLocked(event, CountedField(e, "resource", std::string_view()));
   if (file_ != nullptr) {
     std::string line = e.dump(-1, ' ', false, Json::error_handler_t::replace);
     line += '\n';

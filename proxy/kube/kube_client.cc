@@ -1,17 +1,12 @@
 #include "proxy/kube/kube_client.h"
 
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509_vfy.h>
-
-#include <httplib.h>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "proxy/kube/https_loader.h"
 #include "proxy/kube/json_shape.h"
 #include "proxy/util/files.h"
 
@@ -79,49 +74,10 @@ absl::StatusOr<ServerUrl> ParseServer(const std::string& server) {
   return u;
 }
 
-// PEM text as OpenSSL objects (owned by the caller or handed on).
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-std::unique_ptr<BIO, BioFree> PemBio(const std::string& pem) {
-  return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-}
-
-// Every certificate of a PEM bundle in a new store; nullptr if none.
-X509_STORE* StoreOf(const std::string& pem) {
-  auto bio = PemBio(pem);
-  X509_STORE* store = X509_STORE_new();
-  int n = 0;
-  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
-    n += X509_STORE_add_cert(store, cert) == 1 ? 1 : 0;
-    X509_free(cert);
-  }
-  if (n == 0) {
-    X509_STORE_free(store);
-    return nullptr;
-  }
-  return store;
-}
-
-std::string TransportError(httplib::Error e, long verify_result) {
-  switch (e) {
-    case httplib::Error::Connection: return "cannot connect";
-    case httplib::Error::ConnectionTimeout: return "no connection within the call's limit";
-    case httplib::Error::Read: return "the connection ended while reading the answer";
-    case httplib::Error::Write: return "the connection ended while sending the request";
-    case httplib::Error::SSLConnection: return "TLS handshake failed";
-    case httplib::Error::SSLLoadingCerts: return "cannot load the CA or client certificate";
-    case httplib::Error::SSLServerVerification:
-      return absl::StrCat("the server's certificate is not trusted: ",
-                          X509_verify_cert_error_string(verify_result));
-    default: return absl::StrCat("transport error ", httplib::to_string(e));
-  }
-}
-
 }  // namespace
 
-KubeClient::KubeClient(KubeConfig config, absl::Duration timeout)
-    : config_(std::move(config)), timeout_(timeout) {}
+KubeClient::KubeClient(KubeConfig config, absl::Duration timeout, const https::Module* https)
+    : config_(std::move(config)), timeout_(timeout), https_(https) {}
 
 absl::StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(KubeConfig config,
                                                                absl::Duration timeout) {
@@ -140,15 +96,13 @@ absl::StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(KubeConfig config
         "a client certificate needs its key and the other way round (", config.source, ")"));
   }
   config.server = std::string(absl::StripSuffix(config.server, "/"));
-  if (!config.ca_data.empty()) {
-    X509_STORE* store = StoreOf(config.ca_data);
-    if (store == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "certificate-authority-data holds no PEM certificate (", config.source, ")"));
-    }
-    X509_STORE_free(store);
+  absl::StatusOr<const https::Module*> module = HttpsModule();
+  if (!module.ok()) return module.status();
+  if (!config.ca_data.empty() && !(*module)->has_certificate(config.ca_data)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "certificate-authority-data holds no PEM certificate (", config.source, ")"));
   }
-  return std::unique_ptr<KubeClient>(new KubeClient(std::move(config), timeout));
+  return std::unique_ptr<KubeClient>(new KubeClient(std::move(config), timeout, *module));
 }
 
 absl::StatusOr<KubeClient::Json> KubeClient::Get(const std::string& path) {
@@ -178,95 +132,47 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
     token = std::string(absl::StripAsciiWhitespace(*t));
   }
   const ServerUrl u = *ParseServer(config_.server);  // checked by Create
-  std::unique_ptr<httplib::ClientImpl> client;
-  httplib::SSLClient* tls = nullptr;
-  if (u.https) {
-    std::unique_ptr<httplib::SSLClient> c;
-    if (!config_.client_cert_data.empty()) {
-      X509* cert = PEM_read_bio_X509(PemBio(config_.client_cert_data).get(), nullptr, nullptr,
-                                     nullptr);
-      EVP_PKEY* key = PEM_read_bio_PrivateKey(PemBio(config_.client_key_data).get(), nullptr,
-                                              nullptr, nullptr);
-      if (cert == nullptr || key == nullptr) {
-        X509_free(cert);
-        EVP_PKEY_free(key);
-        return absl::UnauthenticatedError(absl::StrCat(
-            what, ": the client certificate or key is not PEM (", config_.source, ")"));
-      }
-      c = std::make_unique<httplib::SSLClient>(u.host, u.port, cert, key);
-      X509_free(cert);  // the client's SSL context holds its own references
-      EVP_PKEY_free(key);
-    } else if (!config_.client_cert_file.empty()) {
-      c = std::make_unique<httplib::SSLClient>(u.host, u.port, config_.client_cert_file,
-                                               config_.client_key_file);
-    } else {
-      c = std::make_unique<httplib::SSLClient>(u.host, u.port);
-    }
-    if (!c->is_valid()) {
-      return absl::UnauthenticatedError(absl::StrCat(
-          what, ": cannot load the client certificate and key (", config_.source, ")"));
-    }
-    c->enable_server_certificate_verification(!config_.insecure);
-    if (!config_.insecure && !config_.ca_data.empty()) {
-      c->set_ca_cert_store(StoreOf(config_.ca_data));  // the client owns it
-    } else if (!config_.insecure && !config_.ca_file.empty()) {
-      c->set_ca_cert_path(config_.ca_file);
-    }
-    tls = c.get();
-    client = std::move(c);
-  } else {
-    client = std::make_unique<httplib::ClientImpl>(u.host, u.port);
-  }
-  const absl::Time deadline = absl::Now() + timeout_;
-  const int64_t ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_));
-  client->set_connection_timeout(ms / 1000, (ms % 1000) * 1000);
-  client->set_read_timeout(ms / 1000, (ms % 1000) * 1000);
-  client->set_write_timeout(ms / 1000, (ms % 1000) * 1000);
-  client->set_keep_alive(false);
-  client->set_follow_location(false);
-  httplib::Request req;
+  https::Request req;
+  req.https = u.https;
+  req.host = u.host;
+  req.port = u.port;
   req.method = method;
   req.path = u.prefix + path;
   req.headers = {{"Accept", "application/json"}};
-  if (!token.empty()) req.headers.emplace("Authorization", absl::StrCat("Bearer ", token));
+  if (!token.empty()) req.headers.emplace_back("Authorization", absl::StrCat("Bearer ", token));
   if (body != nullptr) {
     req.body = body->dump();
-    req.headers.emplace("Content-Type", "application/json");
+    req.headers.emplace_back("Content-Type", "application/json");
   }
-  // The answer, up to max_body_bytes_, within the call's limit.
-  std::string response;
-  bool over = false, late = false;
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (response.size() + n > max_body_bytes_) {
-      over = true;
-      return false;
-    }
-    if (absl::Now() > deadline) {
-      late = true;
-      return false;
-    }
-    response.append(data, n);
-    return true;
-  };
-  httplib::Response res;
-  httplib::Error error = httplib::Error::Success;
-  const bool sent = client->send(req, res, error);
-  if (over) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": the API server's answer is over ", max_body_bytes_ >> 20,
-        " MiB (limits.api_body_mib); not read"));
+  req.tls.insecure = config_.insecure;
+  req.tls.ca_data = config_.ca_data;
+  req.tls.ca_file = config_.ca_file;
+  req.tls.cert_data = config_.client_cert_data;
+  req.tls.key_data = config_.client_key_data;
+  req.tls.cert_file = config_.client_cert_file;
+  req.tls.key_file = config_.client_key_file;
+  req.timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_));
+  req.max_body_bytes = max_body_bytes_;
+  https::Answer answer;
+  https_->exchange(req, &answer);
+  switch (answer.outcome) {
+    case https::Answer::Outcome::kAnswered: break;
+    case https::Answer::Outcome::kTooLong:
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": the API server's answer is over ", max_body_bytes_ >> 20,
+          " MiB (limits.api_body_mib); not read"));
+    case https::Answer::Outcome::kLate:
+      return absl::DeadlineExceededError(absl::StrCat(what, " at ", config_.server,
+                                                      ": no whole answer within ",
+                                                      absl::FormatDuration(timeout_)));
+    case https::Answer::Outcome::kBadCredentials:
+      return absl::UnauthenticatedError(
+          absl::StrCat(what, ": ", answer.error, " (", config_.source, ")"));
+    case https::Answer::Outcome::kTransport:
+      return absl::UnavailableError(absl::StrCat(what, " at ", config_.server, ": ", answer.error));
   }
-  if (late) {
-    return absl::DeadlineExceededError(absl::StrCat(what, " at ", config_.server,
-                                                    ": no whole answer within ",
-                                                    absl::FormatDuration(timeout_)));
-  }
-  if (!sent) {
-    return absl::UnavailableError(
-        absl::StrCat(what, " at ", config_.server, ": ",
-                     TransportError(error, tls != nullptr ? tls->get_openssl_verify_result() : 0)));
-  }
-  const int http = res.status;
+  const std::string& response = answer.body;
+  const int http = answer.status;
   Json j = Json::parse(response, nullptr, /*allow_exceptions=*/false);
   if (http >= 200 && http < 300) {
     if (response.empty()) return Json::object();

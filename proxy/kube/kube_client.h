@@ -1,9 +1,8 @@
 // File: kube_client.h
 //
-// A small client of the Kubernetes API over HTTPS (cpp-httplib with OpenSSL:
-// one server, one protocol, none of the libraries libcurl brings): JSON in, JSON
-// out, for the few objects DRA mode touches (ResourceSlices, ResourceClaims,
-// API discovery). Every answer that is not 2xx becomes a Status with the
+// A small client of the Kubernetes API over HTTPS: JSON in, JSON out, for
+// the few objects DRA mode touches (ResourceSlices, ResourceClaims, API
+// discovery). Every answer that is not 2xx becomes a Status with the
 // code Kubernetes meant (404 kNotFound, 409 kAlreadyExists or kAborted on a
 // conflict, 403 kPermissionDenied, 401 kUnauthenticated, 422 and 400
 // kInvalidArgument, 5xx and transport errors kUnavailable) and a message
@@ -12,6 +11,11 @@
 //   auto client = KubeClient::Create(*InClusterConfig());
 //   absl::StatusOr<Json> claim = (*client)->Get(
 //       "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu");
+//
+// The exchanges themselves (cpp-httplib with OpenSSL: one server, one
+// protocol, none of the libraries libcurl brings) are made by the HTTPS
+// module, loaded when the first client is created (https_loader.h), so a
+// process that never makes one never loads TLS libraries.
 //
 // Thread-safe: each call uses a connection of its own.
 #ifndef DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
@@ -24,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proxy/kube/https_module.h"
 #include "proxy/kube/kube_config.h"
 
 namespace dpproxy {
@@ -33,7 +38,9 @@ class KubeClient {
   using Json = nlohmann::json;
 
   // kInvalidArgument if the configuration cannot work (no server, an https
-  // server with neither a CA nor insecure, a key without a certificate).
+  // server with neither a CA nor insecure, a key without a certificate);
+  // kFailedPrecondition if the HTTPS module cannot be loaded (the message
+  // says where it was looked for, or why it was refused).
   static absl::StatusOr<std::unique_ptr<KubeClient>> Create(
       KubeConfig config, absl::Duration timeout = absl::Seconds(30));
 
@@ -49,11 +56,12 @@ class KubeClient {
   void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
 
  private:
-  KubeClient(KubeConfig config, absl::Duration timeout);
+  KubeClient(KubeConfig config, absl::Duration timeout, const https::Module* https);
   absl::StatusOr<Json> Call(const char* method, const std::string& path, const Json* body);
 
   const KubeConfig config_;
   const absl::Duration timeout_;
+  const https::Module* const https_;
   size_t max_body_bytes_ = 16 << 20;
 };
 

@@ -57,13 +57,14 @@ for b in dpproxy dpctl; do
 done
 check "dpproxy's copyright" grep -q "License: Apache-2.0" "$W/root/usr/share/doc/dpproxy/copyright"
 check "the Apache licence text" test -s "$W/root/usr/share/common-licenses/Apache-2.0"
-# Every library in the image came with its package's copyright file.
+# Every library in the image came with its package's copyright file
+# (dpproxy's own HTTPS module with dpproxy's).
 missing=""
 while read -r lib; do
   pkg="$( (dpkg -S "${lib#$W/root}" 2>/dev/null || dpkg -S "$(readlink -f "${lib#$W/root}")" 2>/dev/null || true) |
     head -n 1 | cut -d: -f1)"
   [[ -n "$pkg" && -s "$W/root/usr/share/doc/$pkg/copyright" ]] || missing+=" ${lib#$W/root}"
-done < <(find "$W/root" -name '*.so*' -type f)
+done < <(find "$W/root" -name '*.so*' -type f -not -path '*/usr/local/lib/dpproxy/*')
 check "a copyright file for every library (missing:${missing:- none})" [ -z "$missing" ]
 # Only what an HTTPS client of one API server needs: none of libcurl's
 # other protocols and their libraries.
@@ -84,4 +85,11 @@ check "dpproxy --help runs in the image" grep -q "bridges Kubernetes device-plug
 check "dpctl --help runs in the image" in_image "$W/root" /usr/local/bin/dpctl --help >/dev/null 2>&1
 version="$(in_image --userspec=65534:65534 "$W/root" /usr/local/bin/dpproxy --version 2>&1)"
 check "dpproxy runs as nobody" grep -q "^dpproxy 0\." <<<"$version"
+# The HTTPS module and every library it needs are in the image: the
+# image's own dynamic loader resolves them all.
+check "the HTTPS module in the layer" [ -f "$W/root/usr/local/lib/dpproxy/dpproxy-https.so" ]
+interp="$(readelf -l "$W/root/usr/local/bin/dpproxy" | sed -n 's/.*interpreter: \(.*\)]/\1/p')"
+module_libs="$(in_image "$W/root" "$interp" --list /usr/local/lib/dpproxy/dpproxy-https.so 2>&1)"
+check "its libraries resolve in the image" bash -c "! grep -q 'not found' <<<\"\$1\"" _ "$module_libs"
+check "... OpenSSL among them" grep -q "libssl.so" <<<"$module_libs"
 finish

@@ -147,6 +147,24 @@ expect_exit "dpproxy bad duration" 2 "$PROXY" --backend_timeout=forever
 printf 'kubelet:\n  rot: /x\n' > "$DIR/bad.yaml"
 expect_exit "dpproxy bad config file" 2 "$PROXY" --config="$DIR/bad.yaml"
 expect_contains "bad config file message" "$LAST_OUT" "bad.yaml:2:3: kubelet.rot: unknown key"
+# DRA mode with an API server needs the HTTPS module: a dpproxy copied away
+# from it says so and where it looked.
+mkdir -p "$DIR/lone"
+cp "$PROXY" "$DIR/lone/dpproxy"
+cat >"$DIR/lone/kubeconfig" <<'KC'
+current-context: node
+contexts: [{name: node, context: {cluster: c, user: u}}]
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: u, user: {token: t}}]
+KC
+# (Not in this test's runfiles either: RUNFILES_DIR is where a Bazel-run
+# binary looks last.)
+expect_exit "DRA mode without the HTTPS module" 1 env -u RUNFILES_DIR "$DIR/lone/dpproxy" --kubelet_api=dra \
+  --dra_driver=gpu.example.com --node_name=n --kubeconfig="$DIR/lone/kubeconfig" \
+  --kubelet_root="$DIR/lone/k" --plugin_dir="$DIR/lone/p" --state_dir="$DIR/lone/s" \
+  --status_file="$DIR/lone/status.json" --metrics_address=
+expect_contains "... names the module and where it looked" "$LAST_OUT" \
+  "dpproxy-https.so (the Kubernetes API client's TLS) is not installed; looked at $DIR/lone/dpproxy-https.so, $DIR/lib/dpproxy/dpproxy-https.so"
 
 R2="$DIR/r2"
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
@@ -161,6 +179,10 @@ wait_until "dpproxy registration socket" 100 test -S "$R2/p/kubelet.sock"
 P2=$!; PIDS+=($P2)
 expect_exit "legacy plugin through dpproxy" 0 "$SIM" wait --root_dir="$R2/k" --resource=vendor.com/gpu --min_healthy=2 --timeout=10s
 expect_exit "allocate through dpproxy" 0 "$SIM" allocate --root_dir="$R2/k" --containers=c=vendor.com/gpu:2
+# Without an API server, no TLS library is loaded (the HTTPS module is
+# loaded only by the Kubernetes API client).
+check "no TLS library in a dpproxy without an API server" \
+  bash -c "! grep -E 'libssl|libcrypto|libcpp-httplib|dpproxy-https' /proc/$PROXY_PID/maps"
 wait_until "status file shows the kubelet API" 100 grep -q '"kubelet_api":"v1beta1"' "$R2/status.json"
 expect_exit "dpproxy status" 0 "$PROXY" status --status_file="$R2/status.json"
 expect_contains "status shows the negotiated version" "$LAST_OUT" "vendor.com/gpu"

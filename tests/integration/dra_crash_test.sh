@@ -57,6 +57,8 @@ wait_until "dpproxy serves the plugins" 200 test -S "$PLUGINS/kubelet.sock"
 PIDS+=($!)
 wait_until "the driver is registered and the pool published" 400 serving 1
 wait_until "the pool is in the API server" 200 grep -q dra_pool_published "$DIR/proxy.jsonl"
+check "dpproxy loaded its HTTPS module for the API server" \
+  grep -q "/dpproxy-https.so$" "/proc/$PROXY_PID/maps"
 
 # A claim prepared, then dpproxy killed.
 CLAIM_A="$("$API" claim --server="$URL" --token=node-token --name=first --driver="$DRIVER" \

@@ -28,7 +28,8 @@ else
 fi
 check "architecture" [ "$(field Architecture)" = "$(dpkg --print-architecture)" ]
 depends="$(field Depends)"
-for p in libgrpc++1.51 libprotobuf32 libsystemd0 libuv1; do
+# The HTTPS module's libraries too (cpp-httplib, OpenSSL).
+for p in libgrpc++1.51 libprotobuf32 libsystemd0 libuv1 libcpp-httplib0.11 libssl3; do
   check "depends on $p" grep -q "$p" <<<"$depends"
 done
 
@@ -46,7 +47,8 @@ check "dpctl 0755 root" [ "$(mode /usr/bin/dpctl)" = "755 root:root" ]
 check "unit 0644" [ "$(mode /lib/systemd/system/dpproxy.service)" = "644 root:root" ]
 check "config 0644" [ "$(mode /etc/dpproxy/dpproxy.yaml)" = "644 root:root" ]
 check "state dir 0700, made by postinst" [ "$(mode /var/lib/dpproxy)" = "700 root:root" ]
-check "binaries stripped" bash -c "! readelf -S '$R/usr/bin/dpproxy' '$R/usr/bin/dpctl' | grep -q symtab"
+check "HTTPS module 0644 root" [ "$(mode /usr/lib/dpproxy/dpproxy-https.so)" = "644 root:root" ]
+check "binaries stripped" bash -c "! readelf -S '$R/usr/bin/dpproxy' '$R/usr/bin/dpctl' '$R/usr/lib/dpproxy/dpproxy-https.so' | grep -q symtab"
 check "copyright file" grep -q "^License: Apache-2.0" "$R/usr/share/doc/dpproxy/copyright"
 check "changelog names this version" bash -c "zcat '$R/usr/share/doc/dpproxy/changelog.gz' | head -1 | grep -qF '($VERSION)'"
 for page in dpproxy dpctl; do
@@ -57,6 +59,23 @@ check "unit runs /usr/bin/dpproxy" grep -q '^ExecStart=/usr/bin/dpproxy ' "$R/li
 check "unit is Type=notify with a watchdog" grep -q '^WatchdogSec=' "$R/lib/systemd/system/dpproxy.service"
 check "installed dpproxy runs" grep -q "^dpproxy 0\." <<<"$("$R/usr/bin/dpproxy" --version)"
 check "installed dpctl runs" "$R/usr/bin/dpctl" --help >/dev/null
+# The installed dpproxy finds the installed HTTPS module: a DRA start whose
+# kubeconfig holds a CA that is not a certificate is refused by the module's
+# check of it (not with "the HTTPS module is not installed").
+cat >"$R/kubeconfig" <<'KC'
+current-context: node
+contexts: [{name: node, context: {cluster: c, user: u}}]
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:9", certificate-authority-data: "bm90IGEgY2VydA=="}}]
+users: [{name: u, user: {token: t}}]
+KC
+run="$(mktemp -d /tmp/dpp-deb.XXXXXX)"  # short: sockets are made under it
+dra="$(timeout 60 env -u RUNFILES_DIR "$R/usr/bin/dpproxy" --kubelet_api=dra \
+  --dra_driver=gpu.example.com --node_name=n --kubeconfig="$R/kubeconfig" \
+  --kubelet_root="$run/k" --plugin_dir="$run/p" --state_dir="$run/s" \
+  --status_file="$run/status.json" --metrics_address= 2>&1)"
+rm -rf "$run"
+check "installed dpproxy loads the installed HTTPS module" \
+  grep -q "certificate-authority-data holds no PEM certificate" <<<"$dra"
 
 # systemd-analyze checks the unit; its binary path must exist, so a copy
 # points at the installed one.

@@ -3,10 +3,12 @@
 # (no registry, no container engine) as an OCI image-layout tarball that
 # `podman load`, `ctr image import` and `skopeo copy oci-archive:...` accept.
 #
-#   build_image.sh DPPROXY DPCTL VERSION COPYRIGHT OUT.tar
+#   build_image.sh DPPROXY DPCTL HTTPS_MODULE VERSION COPYRIGHT OUT.tar
 #
-# One layer: /usr/local/bin/{dpproxy,dpctl}, stripped, and exactly the
-# shared libraries they load (ldd's closure, the dynamic loader included);
+# One layer: /usr/local/bin/{dpproxy,dpctl} and
+# /usr/local/lib/dpproxy/dpproxy-https.so (the API client's TLS, loaded on
+# use), stripped, and exactly the shared libraries they load (ldd's
+# closure, the dynamic loader included);
 # the copyright file of every Debian package those libraries come from, and
 # of dpproxy itself (COPYRIGHT), under /usr/share/doc/PACKAGE/, with the
 # licence texts they refer to under /usr/share/common-licenses/;
@@ -21,17 +23,19 @@
 # as anyone.
 set -euo pipefail
 
-dpproxy="$1"; dpctl="$2"; version="$3"; copyright="$4"; out="$5"
+dpproxy="$1"; dpctl="$2"; module="$3"; version="$4"; copyright="$5"; out="$6"
 work="$(mktemp -d "${TMPDIR:-/tmp}/dpproxy-image.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 fs="$work/fs"; blobs="$work/oci/blobs/sha256"
-mkdir -p "$fs/usr/local/bin" "$fs/etc" "$fs/tmp" "$fs/var/lib/dpproxy" "$blobs"
+mkdir -p "$fs/usr/local/bin" "$fs/usr/local/lib/dpproxy" "$fs/etc" "$fs/tmp" "$fs/var/lib/dpproxy" "$blobs"
 chmod 1777 "$fs/tmp"
 install -m 0755 "$dpproxy" "$fs/usr/local/bin/dpproxy"
 install -m 0755 "$dpctl" "$fs/usr/local/bin/dpctl"
-strip --strip-unneeded "$fs/usr/local/bin/dpproxy" "$fs/usr/local/bin/dpctl"
+install -m 0644 "$module" "$fs/usr/local/lib/dpproxy/dpproxy-https.so"
+strip --strip-unneeded "$fs/usr/local/bin/dpproxy" "$fs/usr/local/bin/dpctl" \
+  "$fs/usr/local/lib/dpproxy/dpproxy-https.so"
 install -D -m 0644 "$copyright" "$fs/usr/share/doc/dpproxy/copyright"
-for b in "$dpproxy" "$dpctl"; do
+for b in "$dpproxy" "$dpctl" "$module"; do
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
 done | sort -u >"$work/libs"
 while read -r lib; do

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # tools/package/build_deb.sh: the dpproxy Debian package, built with dpkg-deb.
 #
-#   build_deb.sh DPPROXY DPCTL UNIT CONFIG VERSION CHANGELOG.md COPYRIGHT OUT.deb
+#   build_deb.sh DPPROXY DPCTL HTTPS_MODULE UNIT CONFIG VERSION CHANGELOG.md COPYRIGHT OUT.deb
 #
 # Contents:
 #   /usr/bin/dpproxy, /usr/bin/dpctl                    0755, stripped
+#   /usr/lib/dpproxy/dpproxy-https.so                   0644, stripped: the API
+#                                                       client's TLS, loaded on use
 #   /usr/share/man/man1/dpproxy.1.gz, dpctl.1.gz        from their --help (help2man)
 #   /usr/share/doc/dpproxy/copyright                    machine-readable (DEP-5; tools/package/copyright)
 #   /usr/share/doc/dpproxy/changelog.gz                 this release, from CHANGELOG.md
@@ -16,24 +18,25 @@
 # docs/upgrade.md); postrm has systemd forget the unit, and on purge removes
 # /var/lib/dpproxy.
 # Depends: the Debian packages that own the shared libraries the binaries
-# name (readelf's NEEDED, located with ldd, owners from dpkg -S).
+# and the module name (readelf's NEEDED, located with ldd, owners from dpkg -S).
 # DPPROXY_MAINTAINER overrides the Maintainer field.
 set -euo pipefail
 
-dpproxy="$1"; dpctl="$2"; unit="$3"; config="$4"; version="$5"; changelog="$6"; copyright="$7"
-out="$8"
+dpproxy="$1"; dpctl="$2"; module="$3"; unit="$4"; config="$5"; version="$6"; changelog="$7"
+copyright="$8"; out="$9"
 maintainer="${DPPROXY_MAINTAINER:-dpproxy developers <dpproxy-developers@example.org>}"
 root="$(mktemp -d "${TMPDIR:-/tmp}/dpproxy-deb.XXXXXX")"
 trap 'rm -rf "$root"' EXIT
 chmod 0755 "$root"  # the package's / (mktemp made it 0700)
 
 doc="$root/usr/share/doc/dpproxy"
-install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" \
-  "$root/etc/dpproxy" "$doc" "$root/usr/share/man/man1"
+install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/dpproxy" \
+  "$root/lib/systemd/system" "$root/etc/dpproxy" "$doc" "$root/usr/share/man/man1"
 install -m 0755 "$dpproxy" "$root/usr/bin/dpproxy"
 install -m 0755 "$dpctl" "$root/usr/bin/dpctl"
+install -m 0644 "$module" "$root/usr/lib/dpproxy/dpproxy-https.so"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note \
-  "$root/usr/bin/dpproxy" "$root/usr/bin/dpctl"
+  "$root/usr/bin/dpproxy" "$root/usr/bin/dpctl" "$root/usr/lib/dpproxy/dpproxy-https.so"
 sed 's|/usr/local/bin/dpproxy|/usr/bin/dpproxy|g' "$unit" >"$root/lib/systemd/system/dpproxy.service"
 chmod 0644 "$root/lib/systemd/system/dpproxy.service"
 install -m 0644 "$config" "$root/etc/dpproxy/dpproxy.yaml"
@@ -82,7 +85,7 @@ libs() {
     ldd "$bin" | awk -v so="$so" '$1 == so && $3 ~ /^\// {print $3}'
   done
 }
-depends="$(for b in "$dpproxy" "$dpctl"; do libs "$b"; done | sort -u |
+depends="$(for b in "$dpproxy" "$dpctl" "$module"; do libs "$b"; done | sort -u |
   while read -r lib; do
     dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true
   done | cut -d: -f1 | sort -u | paste -sd, - | sed 's/,/, /g')"

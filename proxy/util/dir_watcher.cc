@@ -62,8 +62,11 @@ bool DirWatcher::TryAddWatch() {
 
 void DirWatcher::Run() {
   const int tick_ms = static_cast<int>(absl::ToInt64Milliseconds(tick_));
-  // A first tick at once lets the owner scan what is already there.
-  absl::Time next_tick = absl::Now();
+  // A first tick at once, before any event, lets the owner scan what is
+  // already there.
+  TryAddWatch();
+  callback_(Event{Event::kTick, ""});
+  absl::Time next_tick = absl::Now() + tick_;
   alignas(struct inotify_event) char buf[8192];
   for (;;) {
     int timeout = static_cast<int>(

@@ -5,7 +5,8 @@
 // results as a fallback (inotify misses events on some file systems and when
 // the directory itself is replaced). The callback runs on the watcher's own
 // thread; it must not call Stop(). A first kTick is delivered as soon as the
-// thread starts, so the owner can scan what is already there.
+// thread starts, before any event, so the owner can scan what is already
+// there.
 //
 //   DirWatcher w(dir, [&](const DirWatcher::Event& e) { CheckKubelet(); });
 //   DPP_RETURN_IF_ERROR(w.Start());

@@ -120,13 +120,9 @@ int PrintStatus() {
 // Whether process `pid` runs a dpproxy binary (its executable's name
 // starts with "dpproxy": a pid from an old status file may be anyone's now).
 bool IsDpproxy(int64_t pid) {
-  char exe[4096];
-  const std::string link = absl::StrCat("/proc/", pid, "/exe");
-  const ssize_t n = ::readlink(link.c_str(), exe, sizeof(exe) - 1);
-  if (n <= 0) return false;
-  std::string path(exe, static_cast<size_t>(n));
-  if (absl::EndsWith(path, " (deleted)")) path.resize(path.size() - 10);  // replaced on disk
-  return absl::StartsWith(path.substr(path.rfind('/') + 1), "dpproxy");
+  const std::optional<std::string> path = dpproxy::ExecutableOf(absl::StrCat(pid));
+  if (!path.has_value()) return false;
+  return absl::StartsWith(path->substr(path->rfind('/') + 1), "dpproxy");
 }
 
 // `dpproxy reload`: SIGHUP to the running dpproxy, without a shell (the

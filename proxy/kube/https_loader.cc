@@ -1,7 +1,6 @@
 #include "proxy/kube/https_loader.h"
 
 #include <dlfcn.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -18,21 +17,16 @@ namespace {
 // mirror it.
 constexpr char kRunfilesPath[] = "dpproxy/proxy/kube";
 
-std::string OwnExecutable() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "";
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 }  // namespace
 
 const char* HttpsModuleAbi() { return https::kHttpsAbi; }
 
 std::vector<std::string> HttpsModuleCandidates() {
   std::vector<std::string> out;
-  const std::string exe = OwnExecutable();
-  if (!exe.empty()) {
+  // Where the executable was started from, even once it was replaced on
+  // disk (an upgrade installs a new one beside a module of its own build).
+  if (const std::optional<std::string> found = ExecutableOf("self"); found.has_value()) {
+    const std::string& exe = *found;
     const std::string dir = DirName(exe);
     out.push_back(JoinPath(dir, kHttpsModuleName));
     out.push_back(JoinPath(DirName(dir), JoinPath("lib/dpproxy", kHttpsModuleName)));

@@ -77,7 +77,22 @@ absl::StatusOr<ServerUrl> ParseServer(const std::string& server) {
 }  // namespace
 
 KubeClient::KubeClient(KubeConfig config, absl::Duration timeout, const https::Module* https)
-    : config_(std::move(config)), timeout_(timeout), https_(https) {}
+    : config_(std::move(config)), timeout_(timeout), https_(https) {
+  // What every call's exchange shares, from the configuration Create checked.
+  const ServerUrl u = *ParseServer(config_.server);
+  base_.https = u.https;
+  base_.host = u.host;
+  base_.port = u.port;
+  base_.path = u.prefix;  // each call's path goes after it
+  base_.tls.insecure = config_.insecure;
+  base_.tls.ca_data = config_.ca_data;
+  base_.tls.ca_file = config_.ca_file;
+  base_.tls.cert_data = config_.client_cert_data;
+  base_.tls.key_data = config_.client_key_data;
+  base_.tls.cert_file = config_.client_cert_file;
+  base_.tls.key_file = config_.client_key_file;
+  base_.timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_));
+}
 
 absl::StatusOr<std::unique_ptr<KubeClient>> KubeClient::Create(KubeConfig config,
                                                                absl::Duration timeout) {
@@ -131,27 +146,15 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
     }
     token = std::string(absl::StripAsciiWhitespace(*t));
   }
-  const ServerUrl u = *ParseServer(config_.server);  // checked by Create
-  https::Request req;
-  req.https = u.https;
-  req.host = u.host;
-  req.port = u.port;
+  https::Request req = base_;
   req.method = method;
-  req.path = u.prefix + path;
+  req.path += path;
   req.headers = {{"Accept", "application/json"}};
   if (!token.empty()) req.headers.emplace_back("Authorization", absl::StrCat("Bearer ", token));
   if (body != nullptr) {
     req.body = body->dump();
     req.headers.emplace_back("Content-Type", "application/json");
   }
-  req.tls.insecure = config_.insecure;
-  req.tls.ca_data = config_.ca_data;
-  req.tls.ca_file = config_.ca_file;
-  req.tls.cert_data = config_.client_cert_data;
-  req.tls.key_data = config_.client_key_data;
-  req.tls.cert_file = config_.client_cert_file;
-  req.tls.key_file = config_.client_key_file;
-  req.timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout_));
   req.max_body_bytes = max_body_bytes_;
   https::Answer answer;
   https_->exchange(req, &answer);

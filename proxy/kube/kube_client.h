@@ -62,6 +62,7 @@ class KubeClient {
   const KubeConfig config_;
   const absl::Duration timeout_;
   const https::Module* const https_;
+  https::Request base_;  // server, TLS and limit: each call adds the rest
   size_t max_body_bytes_ = 16 << 20;
 };
 

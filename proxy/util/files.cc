@@ -387,6 +387,16 @@ absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& d
   return removed;
 }
 
+std::optional<std::string> ExecutableOf(const std::string& proc) {
+  char buf[PATH_MAX];
+  const std::string link = absl::StrCat("/proc/", proc, "/exe");
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return std::nullopt;
+  std::string path(buf, static_cast<size_t>(n));
+  if (absl::EndsWith(path, " (deleted)")) path.resize(path.size() - 10);
+  return path;
+}
+
 absl::StatusOr<std::string> ResolvePath(const std::string& path) {
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat("\"", path, "\" is not an absolute path"));

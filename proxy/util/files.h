@@ -137,6 +137,11 @@ absl::StatusOr<std::vector<std::string>> RemoveStaleSockets(const std::string& d
 // ancestor, with the missing components appended.
 absl::StatusOr<std::string> ResolvePath(const std::string& path);
 
+// The executable file a process runs (`proc`: "self" or a pid), from
+// /proc/PROC/exe, without the " (deleted)" the kernel adds once the file
+// was replaced on disk; nullopt if it cannot be read.
+std::optional<std::string> ExecutableOf(const std::string& proc);
+
 // True if directory `inner` is `outer` or lies below it, compared by
 // identity (device and inode of each ancestor of the resolved `inner`), so
 // "..", symlinks and bind mounts do not hide it. Paths that do not exist

@@ -28,14 +28,12 @@ std::string FoundModule() {
 TEST(HttpsLoaderTest, LooksBesideTheExecutableFirstThenWhereThePackageInstallsIt) {
   const std::vector<std::string> c = HttpsModuleCandidates();
   ASSERT_GE(c.size(), 3u);
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  ASSERT_GT(n, 0);
-  const std::string dir = DirName(std::string(exe, static_cast<size_t>(n)));
+  const std::optional<std::string> exe = ExecutableOf("self");
+  ASSERT_TRUE(exe.has_value());
+  const std::string dir = DirName(*exe);
   EXPECT_EQ(c[0], dir + "/dpproxy-https.so");
   EXPECT_EQ(c[1], DirName(dir) + "/lib/dpproxy/dpproxy-https.so");
-  EXPECT_EQ(c[2], std::string(exe, static_cast<size_t>(n)) +
-                      ".runfiles/dpproxy/proxy/kube/dpproxy-https.so");
+  EXPECT_EQ(c[2], *exe + ".runfiles/dpproxy/proxy/kube/dpproxy-https.so");
 }
 
 TEST(HttpsLoaderTest, LoadsThisBuildsModuleOnce) {

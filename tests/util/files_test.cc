@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proxy/util/child_process.h"
 #include "proxy/util/dir_watcher.h"
 #include "proxy/events/event_log.h"
 #include "tests/testing/temp_dir.h"
@@ -321,6 +322,35 @@ TEST(FilesTest, FileIdChangesWhenFileIsRecreated) {
   ASSERT_TRUE(b.has_value());
   EXPECT_NE(*a, *b);
   EXPECT_FALSE(StatFileId(dir.Sub("missing")).has_value());
+}
+
+// A process's executable, also once the file was replaced on disk (as a
+// package upgrade replaces a running binary).
+TEST(FilesTest, ExecutableOfAProcessEvenOnceItsFileIsGone) {
+  const std::optional<std::string> self = ExecutableOf("self");
+  ASSERT_TRUE(self.has_value());
+  EXPECT_TRUE(absl::EndsWith(*self, "/files_test")) << *self;
+  EXPECT_FALSE(ExecutableOf("0").has_value());  // no such process
+
+  testing::ShortTempDir dir;
+  const std::string copy = dir.Sub("sleeper");
+  absl::StatusOr<std::string> bytes = ReadFile("/bin/sleep");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_TRUE(WriteFileAtomic(copy, *bytes, 0755).ok());
+  ChildSpec spec;
+  spec.argv = {copy, "60"};
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
+  ASSERT_TRUE(child.ok()) << child.status();
+  const std::string pid = absl::StrCat((*child)->pid());
+  // The child runs `copy` once its exec is done.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (ExecutableOf(pid) != copy && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(ExecutableOf(pid), copy);
+  ASSERT_EQ(::unlink(copy.c_str()), 0);
+  EXPECT_EQ(ExecutableOf(pid), copy);  // not "... (deleted)"
+  (*child)->Stop(absl::Seconds(5));
 }
 
 TEST(DirWatcherTest, ReportsCreateAndDeleteAndTicks) {

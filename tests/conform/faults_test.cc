@@ -20,6 +20,7 @@
 #include "proxy/util/child_process.h"
 #include "proxy/util/files.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/conform/conform.h"
 
@@ -59,7 +60,10 @@ ConformOptions Options(const std::string& plugin_flags) {
                                   " --device={device} --health={health} >/dev/null");
   for (const std::string& k : kReleases) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
   o.dial_timeout = absl::Seconds(1);
-  o.timeout = absl::Seconds(6);
+  // Long enough for the sample plugin to encode and send its 4.6 MB list
+  // (huge-list) and for the simulator to refuse it, in an instrumented
+  // build beside other tests: cells that pass end as soon as they do.
+  o.timeout = absl::Seconds(6) * testing::kWorkSlowdown;
   o.settle = absl::Milliseconds(500);
   o.jobs = 4;
   return o;

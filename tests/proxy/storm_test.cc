@@ -25,6 +25,7 @@
 #include "tests/testing/sim_helpers.h"
 #include "tests/testing/process.h"
 #include "tests/testing/raw_clients.h"
+#include "tests/testing/sanitizers.h"
 
 namespace dpproxy {
 namespace {
@@ -51,17 +52,7 @@ int Fds() { return CountEntries("/proc/self/fd"); }
 // Under ASan, malloc is ASan's: freed memory waits in its quarantine
 // (resident, by design) and mallinfo2 counts nothing. Memory is then left
 // to LeakSanitizer, which reports any leak at exit and fails the test.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kMemoryFiguresMeanSomething = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kMemoryFiguresMeanSomething = false;
-#else
-constexpr bool kMemoryFiguresMeanSomething = true;
-#endif
-#else
-constexpr bool kMemoryFiguresMeanSomething = true;
-#endif
+constexpr bool kMemoryFiguresMeanSomething = !testing::kAddressSanitizer;
 
 // Resident memory in KiB, after handing freed memory back to the kernel
 // (so that what malloc keeps cached is not counted as held).

@@ -127,20 +127,27 @@ void AllocationTable::CopyTo(state::State* to) const {
   for (const auto& [id, wire] : by_id_) ParseInto(id, wire, to->add_allocations());
 }
 
-void AllocationTable::AppendAsStateField(std::string* out) const {
-  using google::protobuf::internal::WireFormatLite;
-  using google::protobuf::io::CodedOutputStream;
-  constexpr uint32_t kTag = WireFormatLite::MakeTag(state::State::kAllocationsFieldNumber,
-                                                    WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+namespace {
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedOutputStream;
+constexpr uint32_t kAllocationsTag = WireFormatLite::MakeTag(
+    state::State::kAllocationsFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+}  // namespace
+
+size_t AllocationTable::StateFieldSize() const {
   size_t total = 0;
   for (const auto& [id, wire] : by_id_) {
-    total += CodedOutputStream::VarintSize32(kTag) +
+    total += CodedOutputStream::VarintSize32(kAllocationsTag) +
              CodedOutputStream::VarintSize32(static_cast<uint32_t>(wire.size())) + wire.size();
   }
-  out->reserve(out->size() + total);
+  return total;
+}
+
+void AllocationTable::AppendAsStateField(std::string* out) const {
+  out->reserve(out->size() + StateFieldSize());
   uint8_t head[10];  // two varint32s, 5 bytes at most each
   for (const auto& [id, wire] : by_id_) {
-    uint8_t* end = CodedOutputStream::WriteVarint32ToArray(kTag, head);
+    uint8_t* end = CodedOutputStream::WriteVarint32ToArray(kAllocationsTag, head);
     end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(wire.size()), end);
     out->append(reinterpret_cast<const char*>(head), static_cast<size_t>(end - head));
     out->append(wire);

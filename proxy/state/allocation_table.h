@@ -74,6 +74,8 @@ class AllocationTable {
   // Appends each allocation as an `allocations` entry of a state::State's
   // encoding: what State::SerializeToString would write for them.
   void AppendAsStateField(std::string* out) const;
+  // How many bytes AppendAsStateField appends.
+  size_t StateFieldSize() const;
 
  private:
   absl::btree_map<uint64_t, std::string> by_id_;

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "proxy/util/buffers.h"
 #include "proxy/util/encoding.h"
 #include "proxy/util/files.h"
 #include "proxy/state/state_store.h"
@@ -30,6 +31,22 @@ absl::Status Errno(const std::string& what) {
   std::string msg = absl::StrCat(what, ": ", ErrnoText(err));
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
+}
+
+// `count` zero bytes at `offset`, written from one block of zeros that is
+// never written to, so its pages are the kernel's zero page: a buffer of
+// zeros made for each step was a megabyte of fresh pages every time.
+absl::Status WriteZerosAt(int fd, size_t count, off_t offset, const std::string& path) {
+  static const char kZeros[64 * 1024] = {};
+  while (count > 0) {
+    const size_t n = std::min(count, sizeof(kZeros));
+    if (absl::Status s = WriteAllAt(fd, absl::string_view(kZeros, n), offset, path); !s.ok()) {
+      return s;
+    }
+    offset += static_cast<off_t>(n);
+    count -= n;
+  }
+  return absl::OkStatus();
 }
 
 void AppendRecord(const state::Allocation& a, std::string* out) {
@@ -319,7 +336,7 @@ absl::Status JournalFile::AppendEncoded(const std::string& data, size_t count, D
     // convert them, metadata again) and synced with it. Only ever past the
     // record, and a disk too full for them still takes the record alone.
     const size_t ahead = (end + kPreallocate - 1) / kPreallocate * kPreallocate + kPreallocate;
-    if (WriteAllAt(fd_, std::string(ahead - end, '\0'), static_cast<off_t>(end), path_).ok()) {
+    if (WriteZerosAt(fd_, ahead - end, static_cast<off_t>(end), path_).ok()) {
       allocated_ = ahead;
     } else if (::ftruncate(fd_, static_cast<off_t>(end)) == 0) {
       allocated_ = end;
@@ -352,7 +369,9 @@ absl::StatusOr<std::string> JournalFile::RecordBytes(size_t offset) const {
   // Not size_: appends may move it meanwhile; the bytes before `offset`
   // were written before it was taken.
   if (offset <= sizeof(kMagic)) return std::string();
-  std::string out(offset - sizeof(kMagic), '\0');
+  std::string out;
+  ReserveMapped(&out, offset - sizeof(kMagic));
+  out.resize(offset - sizeof(kMagic));
   ssize_t n = ::pread(fd_, out.data(), out.size(), static_cast<off_t>(sizeof(kMagic)));
   if (n != static_cast<ssize_t>(out.size())) {
     return n < 0 ? Errno(absl::StrCat("read ", path_))
@@ -362,7 +381,9 @@ absl::StatusOr<std::string> JournalFile::RecordBytes(size_t offset) const {
 }
 
 std::string JournalFile::WithHeader(const std::string& record_bytes) {
-  std::string out(kMagic, sizeof(kMagic));
+  std::string out;
+  ReserveMapped(&out, sizeof(kMagic) + record_bytes.size());
+  out.assign(kMagic, sizeof(kMagic));
   out += record_bytes;
   return out;
 }

@@ -1,7 +1,6 @@
 #include "proxy/state/state_keeper.h"
 
 #include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/wire_format_lite.h>
 
 #include <glog/logging.h>
@@ -16,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proxy/state/allocation_response.h"
+#include "proxy/util/buffers.h"
 #include "proxy/util/files.h"
 #include "proxy/util/thread_name.h"
 
@@ -454,34 +454,55 @@ absl::Status StateKeeper::SaveLocked() {
   // checksum taken and the file written without it, so Records go on
   // meanwhile. The snapshot covers the journal through the last applied
   // record; records appended during the write stay in the journal.
-  std::string bytes(kStateFileHeaderSize, '\0');  // sealed after the unlock
+  //
+  // Each saved resource is a `resources` entry of State: its bytes, then
+  // its updated_unix_ms (a field appended to a message's bytes is read as
+  // part of it).
+  using google::protobuf::internal::WireFormatLite;
+  using google::protobuf::io::CodedOutputStream;
+  struct ResourceField {
+    std::string encoded;
+    size_t length;  // with the time field
+  };
+  std::vector<ResourceField> resource_fields;
+  resource_fields.reserve(resources_.size());
+  size_t total = kStateFileHeaderSize + state_.ByteSizeLong() + allocations_.StateFieldSize();
+  for (const SavedResource& saved : resources_) {
+    ResourceField f{saved.Encoded(), 0};
+    f.length = f.encoded.size();
+    if (saved.updated_unix_ms != 0) {
+      f.length += WireFormatLite::TagSize(state::Resource::kUpdatedUnixMsFieldNumber,
+                                          WireFormatLite::TYPE_INT64) +
+                  WireFormatLite::Int64Size(saved.updated_unix_ms);
+    }
+    total += WireFormatLite::TagSize(state::State::kResourcesFieldNumber,
+                                     WireFormatLite::TYPE_MESSAGE) +
+             CodedOutputStream::VarintSize32(static_cast<uint32_t>(f.length)) + f.length;
+    resource_fields.push_back(std::move(f));
+  }
+  // One buffer of the final size, its pages mapped at once: grown as it
+  // is filled, a large state was laid out two and a half times over, each
+  // time in pages faulted in one by one.
+  std::string bytes;
+  ReserveMapped(&bytes, total);
+  bytes.assign(kStateFileHeaderSize, '\0');  // sealed after the unlock
   state_.AppendToString(&bytes);
   allocations_.AppendAsStateField(&bytes);
-  {
-    // Each saved resource as a `resources` entry of State: its bytes, then
-    // its updated_unix_ms (a field appended to a message's bytes is read as
-    // part of it).
-    google::protobuf::io::StringOutputStream raw(&bytes);
-    google::protobuf::io::CodedOutputStream out(&raw);
-    using google::protobuf::internal::WireFormatLite;
-    for (const SavedResource& saved : resources_) {
-      const std::string encoded = saved.Encoded();
-      const size_t time_size =
-          saved.updated_unix_ms == 0
-              ? 0
-              : WireFormatLite::TagSize(state::Resource::kUpdatedUnixMsFieldNumber,
-                                        WireFormatLite::TYPE_INT64) +
-                    WireFormatLite::Int64Size(saved.updated_unix_ms);
-      WireFormatLite::WriteTag(state::State::kResourcesFieldNumber,
-                               WireFormatLite::WIRETYPE_LENGTH_DELIMITED, &out);
-      out.WriteVarint32(static_cast<uint32_t>(encoded.size() + time_size));
-      out.WriteRaw(encoded.data(), static_cast<int>(encoded.size()));
-      if (saved.updated_unix_ms != 0) {
-        WireFormatLite::WriteInt64(state::Resource::kUpdatedUnixMsFieldNumber,
-                                   saved.updated_unix_ms, &out);
-      }
+  for (size_t i = 0; i < resources_.size(); ++i) {
+    const ResourceField& f = resource_fields[i];
+    uint8_t head[20];  // a tag and a varint32; then a tag and a varint64
+    uint8_t* end = WireFormatLite::WriteTagToArray(
+        state::State::kResourcesFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED, head);
+    end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(f.length), end);
+    bytes.append(reinterpret_cast<const char*>(head), static_cast<size_t>(end - head));
+    bytes.append(f.encoded);
+    if (resources_[i].updated_unix_ms != 0) {
+      end = WireFormatLite::WriteInt64ToArray(state::Resource::kUpdatedUnixMsFieldNumber,
+                                              resources_[i].updated_unix_ms, head);
+      bytes.append(reinterpret_cast<const char*>(head), static_cast<size_t>(end - head));
     }
   }
+  DCHECK_EQ(bytes.size(), total);
   const size_t covered_bytes = journal_applied_bytes_;
   const size_t covered_records = journal_applied_records_;
   const bool journal_ok = journal_ok_;

@@ -84,10 +84,14 @@ class Saver {
   std::string written_ ABSL_GUARDED_BY(pass_mu_);
   bool status_failing_ ABSL_GUARDED_BY(pass_mu_) = false;
   absl::Time status_retry_at_ ABSL_GUARDED_BY(pass_mu_);
-  // Freed memory is given back (malloc_trim) at each pass that changed
-  // something, and again at the first pass that finds nothing changed,
+  // Freed memory is given back (malloc_trim) at the first pass that
+  // changed something after a quiet spell, at most every kTrimEvery while
+  // changes keep coming, and at the first pass that finds nothing changed,
   // kTrimAfter or more after the last change.
+  void Trim(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_);
   static constexpr absl::Duration kTrimAfter = absl::Seconds(1);
+  static constexpr absl::Duration kTrimEvery = absl::Seconds(10);
+  absl::Time trimmed_at_ ABSL_GUARDED_BY(pass_mu_);
   bool trim_due_ ABSL_GUARDED_BY(pass_mu_) = false;
   absl::Time changed_at_ ABSL_GUARDED_BY(pass_mu_);
   WaitableCount passes_;

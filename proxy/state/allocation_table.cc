@@ -144,7 +144,6 @@ size_t AllocationTable::StateFieldSize() const {
 }
 
 void AllocationTable::AppendAsStateField(std::string* out) const {
-  out->reserve(out->size() + StateFieldSize());
   uint8_t head[10];  // two varint32s, 5 bytes at most each
   for (const auto& [id, wire] : by_id_) {
     uint8_t* end = CodedOutputStream::WriteVarint32ToArray(kAllocationsTag, head);

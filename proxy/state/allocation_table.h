@@ -72,7 +72,8 @@ class AllocationTable {
   // Appends each allocation, parsed, to `to`'s allocations.
   void CopyTo(state::State* to) const;
   // Appends each allocation as an `allocations` entry of a state::State's
-  // encoding: what State::SerializeToString would write for them.
+  // encoding: what State::SerializeToString would write for them. A caller
+  // writing a large state reserves StateFieldSize() more bytes first.
   void AppendAsStateField(std::string* out) const;
   // How many bytes AppendAsStateField appends.
   size_t StateFieldSize() const;

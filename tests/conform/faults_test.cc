@@ -59,10 +59,13 @@ ConformOptions Options(const std::string& plugin_flags) {
                                   " set-health --control_socket={work_dir}/control.sock"
                                   " --device={device} --health={health} >/dev/null");
   for (const std::string& k : kReleases) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
-  o.dial_timeout = absl::Seconds(1);
-  // Long enough for the sample plugin to encode and send its 4.6 MB list
-  // (huge-list) and for the simulator to refuse it, in an instrumented
-  // build beside other tests: cells that pass end as soon as they do.
+  // Deadlines on work, stretched in an instrumented build beside other
+  // tests: the simulator's dial of a plugin that serves (an ASan sample
+  // plugin on a loaded machine once answered the plugin watcher's dial
+  // after 1 s), and the time for the sample plugin to encode and send its
+  // 4.6 MB list (huge-list) and the simulator to refuse it. Cells that
+  // pass end as soon as they do.
+  o.dial_timeout = absl::Seconds(1) * testing::kWorkSlowdown;
   o.timeout = absl::Seconds(6) * testing::kWorkSlowdown;
   o.settle = absl::Milliseconds(500);
   o.jobs = 4;
@@ -117,6 +120,10 @@ TEST_P(FaultTest, FailsExactlyItsCellWhereItMatters) {
   const FaultCase& f = GetParam();
   const std::string flags = absl::StrCat(f.flags, " --fault=", f.fault);
   ConformOptions o = Options(flags);
+  // A fault is judged at the one-second dial its expectations were set
+  // for: register-before-serve serves its socket right after its Register,
+  // so how long the simulator dials decides whether it is reached.
+  o.dial_timeout = absl::Seconds(1);
   // The default scenarios, and the fault's own if it is opt-in (named).
   bool opt_in = false;
   for (const ScenarioInfo& s : Scenarios()) {

@@ -38,6 +38,7 @@ TEST(AllocationTableTest, EncodesAsTheStatesOwnAllocationsField) {
   std::string got;
   t.AppendAsStateField(&got);
   EXPECT_EQ(got, want.SerializeAsString());
+  EXPECT_EQ(got.size(), t.StateFieldSize());
   state::State back;
   ASSERT_TRUE(back.ParseFromString(got));
   EXPECT_EQ(back.allocations(1).response().size(), 300u);

@@ -7,12 +7,21 @@
 // the state file whole, looked up by id, and read field by field only by
 // the passes that name or release them, so they are kept encoded and parsed
 // when read: a snapshot is their bytes laid end to end.
+//
+// The encodings live end to end in large blocks of the table's own, not in
+// a heap block each. Held for as long as their pods run, a heap block per
+// allocation would sit among the short-lived blocks of every call (gRPC's
+// buffers, messages, the journal's records), and the holes between them
+// make every later malloc and free dearer. A changed or removed allocation
+// leaves its old bytes behind; once those outweigh half of what is held,
+// the held bytes are copied into fresh blocks and the old ones freed.
 #ifndef DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_
 #define DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,17 +34,21 @@ namespace dpproxy {
 
 class AllocationTable {
  public:
+  AllocationTable() = default;
+  AllocationTable(AllocationTable&& other) noexcept { *this = std::move(other); }
+  AllocationTable& operator=(AllocationTable&& other) noexcept;
+  AllocationTable(const AllocationTable&) = delete;
+  AllocationTable& operator=(const AllocationTable&) = delete;
+
   size_t size() const { return by_id_.size(); }
   bool empty() const { return by_id_.empty(); }
-  void clear() { by_id_.clear(); }
+  void clear();
 
   // Adds `a`, or replaces the allocation with its id.
   void Put(const state::Allocation& a);
   // Adds or replaces allocation `id` with `wire`, the encoding of an
   // allocation with that id made by this process (a journal record's).
-  void PutOwnEncoding(uint64_t id, absl::string_view wire) {
-    by_id_[id].assign(wire.data(), wire.size());
-  }
+  void PutOwnEncoding(uint64_t id, absl::string_view wire) { Place(id, wire, {}); }
   // Appends `fields`, encoded fields of state::Allocation, to allocation
   // `id`'s encoding: read back, each replaces the field it names (a message
   // field merges). False if there is no allocation `id`.
@@ -66,6 +79,13 @@ class AllocationTable {
   // into one message reused from call to call.
   void ForEach(absl::FunctionRef<void(const state::Allocation&)> visit) const;
 
+  // Calls `visit` with each allocation's id and encoding, oldest first: for
+  // a caller that parses into messages of its own, or reads a few fields.
+  // The bytes stay valid until the table next changes.
+  void ForEachEncoded(absl::FunctionRef<void(uint64_t, absl::string_view)> visit) const {
+    for (const auto& [id, slot] : by_id_) visit(id, slot.view());
+  }
+
   // Moves every allocation of `from` into the table (and out of `from`); a
   // repeated id is kept aside as in PutEncoded.
   void TakeFrom(state::State* from);
@@ -78,8 +98,36 @@ class AllocationTable {
   // How many bytes AppendAsStateField appends.
   size_t StateFieldSize() const;
 
+  // The bytes of the held allocations' encodings, and the bytes the blocks
+  // hold in all (those and the ones left behind; not the room still free).
+  size_t held_bytes() const { return live_; }
+  size_t stored_bytes() const { return live_ + dead_; }
+  // Blocks are this large; an encoding of more than a quarter of it gets a
+  // block of its own size.
+  static constexpr size_t kBlockSize = 256 * 1024;
+
  private:
-  absl::btree_map<uint64_t, std::string> by_id_;
+  struct Slot {
+    const char* data;
+    size_t size;
+    absl::string_view view() const { return {data, size}; }
+  };
+  // Holds `head` and then `tail` end to end as allocation `id`'s encoding,
+  // in place of the one it had.
+  void Place(uint64_t id, absl::string_view head, absl::string_view tail);
+  // Room for `n` bytes in the blocks.
+  char* Room(size_t n);
+  // Counts a slot's bytes as left behind, and copies what is held into
+  // fresh blocks once those are more than half of it.
+  void Leave(const Slot& s);
+  void CompactIfDue();
+
+  absl::btree_map<uint64_t, Slot> by_id_;
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  char* free_ = nullptr;  // the free room at the end of the last block
+  size_t room_ = 0;
+  size_t live_ = 0;  // bytes of the held encodings
+  size_t dead_ = 0;  // bytes left behind in the blocks
   std::vector<std::string> duplicates_;
 };
 

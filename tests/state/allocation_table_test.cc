@@ -1,5 +1,7 @@
 #include "proxy/state/allocation_table.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -124,6 +126,95 @@ TEST(AllocationTableTest, BytesThatDoNotParseAreRefused) {
   AllocationTable t;
   EXPECT_FALSE(t.PutEncoded(std::string("\x0a\x05gpu", 5)));  // a length past the end
   EXPECT_TRUE(t.empty());
+}
+
+// A stream of Allocates: each reservation is answered (its bytes placed
+// again with the answer after them), and most are released. What is left
+// behind is given back once it outweighs half of what is held, and every
+// held allocation reads back as it was written.
+TEST(AllocationTableTest, BytesLeftBehindAreGivenBackAndNothingHeldIsLost) {
+  AllocationTable t;
+  std::map<uint64_t, std::string> want;  // id -> response
+  size_t most_stored = 0;
+  for (uint64_t id = 1; id <= 20000; ++id) {
+    state::Allocation reserved = Make(id, "gpu-" + std::to_string(id % 8));
+    reserved.set_stage(state::Allocation::RESERVED);
+    t.PutOwnEncoding(id, reserved.SerializeAsString());
+    state::Allocation answer;
+    answer.set_response("response of " + std::to_string(id));
+    ASSERT_TRUE(t.AppendFields(id, answer.SerializeAsString()));
+    want[id] = answer.response();
+    if (id % 4 != 0) {  // three pods of four end
+      want.erase(id);
+      ASSERT_TRUE(t.Erase(id));
+    }
+    most_stored = std::max(most_stored, t.stored_bytes());
+    // Never more than half again of what is held, beyond one block.
+    ASSERT_LE(t.stored_bytes(), t.held_bytes() * 3 / 2 + AllocationTable::kBlockSize)
+        << "after allocation " << id;
+  }
+  EXPECT_GT(most_stored, 2 * AllocationTable::kBlockSize);  // it did fill blocks
+  ASSERT_EQ(t.size(), want.size());
+  size_t read = 0;
+  t.ForEach([&](const state::Allocation& a) {
+    auto w = want.find(a.id());
+    ASSERT_NE(w, want.end()) << a.id();
+    EXPECT_EQ(a.response(), w->second);
+    EXPECT_EQ(a.stage(), state::Allocation::RESERVED);  // WHOLE is not encoded
+    EXPECT_EQ(a.device_ids(0), "gpu-" + std::to_string(a.id() % 8));
+    ++read;
+  });
+  EXPECT_EQ(read, want.size());
+  // A snapshot of them reads back as the same messages.
+  state::State parsed;
+  t.CopyTo(&parsed);
+  std::string laid;
+  t.AppendAsStateField(&laid);
+  EXPECT_EQ(laid.size(), t.StateFieldSize());
+  state::State back;
+  ASSERT_TRUE(back.ParseFromString(laid));
+  EXPECT_TRUE(back.SerializeAsString() == parsed.SerializeAsString());
+}
+
+// An encoding larger than a quarter of a block gets a block of its own, and
+// the block being filled goes on being filled.
+TEST(AllocationTableTest, ALargeEncodingIsHeldWhole) {
+  AllocationTable t;
+  t.Put(Make(1, "small"));
+  t.Put(Make(2, "large", AllocationTable::kBlockSize));
+  t.Put(Make(3, "small-again"));
+  state::Allocation got;
+  ASSERT_TRUE(t.Get(2, &got));
+  EXPECT_EQ(got.response(), std::string(AllocationTable::kBlockSize, 'r'));
+  ASSERT_TRUE(t.Get(3, &got));
+  EXPECT_EQ(got.device_ids(0), "small-again");
+  EXPECT_EQ(t.stored_bytes(), t.held_bytes());
+  ASSERT_TRUE(t.Update(2, [](state::Allocation* a) { a->clear_response(); }));
+  ASSERT_TRUE(t.Get(2, &got));
+  EXPECT_TRUE(got.response().empty());
+  EXPECT_EQ(Ids(t), (std::vector<uint64_t>{1, 2, 3}));
+}
+
+// A table moved from is empty and usable; the one moved to holds the bytes.
+TEST(AllocationTableTest, AMovedTableKeepsItsAllocations) {
+  AllocationTable from;
+  for (uint64_t id = 1; id <= 100; ++id) from.Put(Make(id, "d" + std::to_string(id)));
+  AllocationTable to;
+  to.Put(Make(500, "replaced"));
+  to = std::move(from);
+  EXPECT_EQ(to.size(), 100u);
+  EXPECT_EQ(from.size(), 0u);  // NOLINT(bugprone-use-after-move): moved from is empty
+  EXPECT_EQ(from.stored_bytes(), 0u);
+  from.Put(Make(7, "again"));
+  state::Allocation got;
+  ASSERT_TRUE(from.Get(7, &got));
+  EXPECT_EQ(got.device_ids(0), "again");
+  ASSERT_TRUE(to.Get(100, &got));
+  EXPECT_EQ(got.device_ids(0), "d100");
+  EXPECT_FALSE(to.Get(500));
+  AllocationTable moved(std::move(to));
+  EXPECT_EQ(moved.size(), 100u);
+  EXPECT_EQ(moved.max_id(), 100u);
 }
 
 }  // namespace

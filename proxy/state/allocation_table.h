@@ -13,8 +13,9 @@
 // allocation would sit among the short-lived blocks of every call (gRPC's
 // buffers, messages, the journal's records), and the holes between them
 // make every later malloc and free dearer. A changed or removed allocation
-// leaves its old bytes behind; once those outweigh half of what is held,
-// the held bytes are copied into fresh blocks and the old ones freed.
+// leaves its old bytes behind; once those fill a block and outweigh half of
+// what is held, the held bytes are copied into fresh blocks and the old
+// ones freed.
 #ifndef DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_
 #define DPPROXY_PROXY_STATE_ALLOCATION_TABLE_H_
 
@@ -118,7 +119,7 @@ class AllocationTable {
   // Room for `n` bytes in the blocks.
   char* Room(size_t n);
   // Counts a slot's bytes as left behind, and copies what is held into
-  // fresh blocks once those are more than half of it.
+  // fresh blocks once those fill a block and are half of it or more.
   void Leave(const Slot& s);
   void CompactIfDue();
 

@@ -49,6 +49,11 @@
 DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");
 DEFINE_string(sample_plugin, "", "Path of the sample_plugin binary.");
 DEFINE_string(bare_hop, "", "Path of the bare_hop binary (the forwarding floor).");
+DEFINE_string(compare_dpproxy, "",
+              "Path of another dpproxy build, to compare with --dpproxy in one run: both "
+              "builds are then also run alike (a state directory, the plugin as a static "
+              "backend, a kubelet each) and take turns with the other paths in the "
+              "throughput rounds, as the rows \"this build\" and \"compared build\".");
 DEFINE_int32(iterations, 3000, "Allocate calls per path and plugin version.");
 DEFINE_int32(block, 100, "Calls per block; blocks of the paths alternate.");
 DEFINE_int32(clients, 8, "Concurrent clients for the throughput figure.");
@@ -854,6 +859,36 @@ int Run() {
     std::cerr << "allocate_bench: dpproxy did not start\n";
     return 1;
   }
+  // --compare_dpproxy: this build and the other one, started alike, so that
+  // a change is measured before and after in the same rounds.
+  struct Build {
+    std::string label;
+    std::unique_ptr<sim::KubeletSim> kubelet;
+    Child proxy;
+  };
+  std::vector<Build> builds;
+  if (!FLAGS_compare_dpproxy.empty()) {
+    const std::pair<const char*, std::string> which[] = {{"this build", FLAGS_dpproxy},
+                                                         {"compared build", FLAGS_compare_dpproxy}};
+    for (const auto& [label, binary] : which) {
+      const std::string name = absl::StrCat("build", builds.size());
+      sim::KubeletSimOptions o = so;
+      o.root_dir = absl::StrCat(dir, "/k-", name);
+      Build b{label, std::make_unique<sim::KubeletSim>(o), nullptr};
+      if (!b.kubelet->Start().ok()) return 1;
+      b.proxy = Spawn({binary, "--kubelet_root=" + o.root_dir,
+                       absl::StrCat("--plugin_dir=", dir, "/p-", name), "--status_file=",
+                       absl::StrCat("--state_dir=", dir, "/state-", name), "--metrics_address=",
+                       "--minloglevel=1",
+                       "--static_backend=bench.example.com/v1beta1=" + plugins +
+                           "/bench-v1beta1.sock@v1beta1"});
+      if (!WaitForPath(absl::StrCat(dir, "/p-", name, "/kubelet.sock"), absl::Seconds(10))) {
+        std::cerr << "allocate_bench: " << binary << " did not start\n";
+        return 1;
+      }
+      builds.push_back(std::move(b));
+    }
+  }
   // Re-registration: dpproxy (with a v1beta1 plugin behind it) on the
   // bench's kubelet; the floor is a v1beta1 sample plugin registered
   // directly with a second kubelet of the same personality. Measured while
@@ -985,11 +1020,21 @@ int Run() {
     }
     Measure(calls, &r);
     if (api == "v1beta1") {
-      const std::vector<std::string> labels = {"direct", "bare hop", "dpproxy, no journal",
-                                               "dpproxy"};
+      std::vector<std::string> labels = {"direct", "bare hop", "dpproxy, no journal", "dpproxy"};
+      std::vector<std::string> sockets = {direct_socket, bare_socket, unjournaled, journaled};
+      std::vector<pid_t> middles = {-1, bare->pid(), proxy_nj->pid(), proxy->pid()};
+      for (Build& b : builds) {
+        if (!b.kubelet->WaitForResource(resource, 4, absl::Seconds(10))) {
+          std::cerr << "allocate_bench: " << resource << " did not come up through the "
+                    << b.label << "\n";
+          return 1;
+        }
+        labels.push_back(b.label);
+        sockets.push_back(endpoint(*b.kubelet));
+        middles.push_back(b.proxy->pid());
+      }
       std::vector<Throughput> t =
-          Concurrent({direct_socket, bare_socket, unjournaled, journaled},
-                     {-1, bare->pid(), proxy_nj->pid(), proxy->pid()}, plugin->pid(),
+          Concurrent(sockets, middles, plugin->pid(),
                      [](const std::string& sock, int* e) { return BetaAllocate(sock, e); },
                      FLAGS_clients, FLAGS_concurrent_calls, FLAGS_concurrent_rounds);
       for (size_t p = 0; p < labels.size(); ++p) many.emplace_back(labels[p], std::move(t[p]));
@@ -1000,6 +1045,10 @@ int Run() {
   }
   Stop(proxy_nj);
   kubelet_nj.Stop();
+  for (Build& b : builds) {
+    Stop(b.proxy);
+    b.kubelet->Stop();
+  }
   // dpproxy serves the two Allocate resources and the first round's too.
   if (FLAGS_restarts > 0) measure_rereg(&rereg_many, 3);
   // Start-up, three times each, alternating: with the allocations, and the
@@ -1139,6 +1188,18 @@ int Run() {
             "%.2f of them\n",
             extra, per_sync, per_sync > 0 ? extra / per_sync : 0);
       }
+    }
+    if (many.size() >= 6 && many[4].first == "this build") {
+      const double bare = many[1].second.middle_cpu_us;
+      const double mine = many[4].second.middle_cpu_us, other = many[5].second.middle_cpu_us;
+      std::cout << absl::StrFormat(
+          "this build and the compared one (journal, static backend), CPU per call / the "
+          "bare hop's:\n%.2fx and %.2fx; the compared build's CPU per call is %.2f of this "
+          "build's, its calls/s %.2f of this build's\n",
+          bare > 0 ? mine / bare : 0, bare > 0 ? other / bare : 0, mine > 0 ? other / mine : 0,
+          many[4].second.per_second > 0
+              ? many[5].second.per_second / many[4].second.per_second
+              : 0);
     }
   }
   if (FLAGS_restarts > 0) {

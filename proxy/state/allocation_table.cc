@@ -69,11 +69,22 @@ void AllocationTable::Place(uint64_t id, absl::string_view head, absl::string_vi
   char* at = Room(n);
   if (!head.empty()) std::memcpy(at, head.data(), head.size());
   if (!tail.empty()) std::memcpy(at + head.size(), tail.data(), tail.size());
-  live_ += n;
-  auto [it, added] = by_id_.try_emplace(id, Slot{at, n});
+  Hold(id, Slot{at, n});
+}
+
+void AllocationTable::PlaceMessage(const state::Allocation& a) {
+  const size_t n = a.ByteSizeLong();
+  char* at = Room(n);
+  a.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(at));
+  Hold(a.id(), Slot{at, n});
+}
+
+void AllocationTable::Hold(uint64_t id, Slot slot) {
+  live_ += slot.size;
+  auto [it, added] = by_id_.try_emplace(id, slot);
   if (!added) {
     const Slot was = it->second;
-    it->second = Slot{at, n};
+    it->second = slot;
     Leave(was);
   }
 }
@@ -98,9 +109,7 @@ void AllocationTable::CompactIfDue() {
   }
 }
 
-void AllocationTable::Put(const state::Allocation& a) {
-  Place(a.id(), a.SerializeAsString(), {});
-}
+void AllocationTable::Put(const state::Allocation& a) { PlaceMessage(a); }
 
 bool AllocationTable::PutEncoded(absl::string_view wire) {
   // Only the id is needed, but the whole of it is checked.
@@ -143,7 +152,7 @@ bool AllocationTable::Update(uint64_t id, absl::FunctionRef<void(state::Allocati
   ParseInto(id, it->second.view(), &a);
   change(&a);
   a.set_id(id);
-  Place(id, a.SerializeAsString(), {});
+  PlaceMessage(a);
   return true;
 }
 
@@ -190,11 +199,10 @@ void AllocationTable::ForEach(absl::FunctionRef<void(const state::Allocation&)> 
 
 void AllocationTable::TakeFrom(state::State* from) {
   for (const state::Allocation& a : from->allocations()) {
-    std::string wire = a.SerializeAsString();
     if (by_id_.count(a.id()) > 0) {
-      duplicates_.push_back(std::move(wire));
+      duplicates_.push_back(a.SerializeAsString());
     } else {
-      Place(a.id(), wire, {});
+      PlaceMessage(a);
     }
   }
   from->clear_allocations();

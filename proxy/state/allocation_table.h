@@ -116,6 +116,10 @@ class AllocationTable {
   // Holds `head` and then `tail` end to end as allocation `id`'s encoding,
   // in place of the one it had.
   void Place(uint64_t id, absl::string_view head, absl::string_view tail);
+  // The same with `a`'s encoding, written straight into its room.
+  void PlaceMessage(const state::Allocation& a);
+  // Holds `slot`, filled, as allocation `id`'s, in place of the one it had.
+  void Hold(uint64_t id, Slot slot);
   // Room for `n` bytes in the blocks.
   char* Room(size_t n);
   // Counts a slot's bytes as left behind, and copies what is held into

@@ -986,7 +986,8 @@ int Run() {
                                      : AlphaAllocate(direct_socket, &r.errors));
     // The bare hop forwards v1beta1 unchanged; it has no v1alpha edge.
     const std::string bare_socket = dir + "/bare.sock";
-    Child bare;
+    const std::string durable_socket = dir + "/bare-durable.sock";
+    Child bare, durable;
     if (api == "v1beta1") {
       bare = Spawn({FLAGS_bare_hop, "--listen=" + bare_socket, "--target=" + direct_socket});
       if (!WaitForPath(bare_socket, absl::Seconds(10))) {
@@ -995,6 +996,14 @@ int Run() {
       }
       r.paths.push_back("bare hop");
       calls.push_back(BetaAllocate(bare_socket, &r.errors));
+      // The floor of a forwarder that makes each call durable before it
+      // answers: its file on the state directory's disk.
+      durable = Spawn({FLAGS_bare_hop, "--listen=" + durable_socket, "--target=" + direct_socket,
+                       "--journal=" + dir + "/state/bare-hop.journal"});
+      if (!WaitForPath(durable_socket, absl::Seconds(30))) {
+        std::cerr << "allocate_bench: bare_hop --journal did not start\n";
+        return 1;
+      }
     }
     r.paths.push_back("dpproxy, no journal");
     calls.push_back(BetaAllocate(unjournaled, &r.errors));
@@ -1017,12 +1026,17 @@ int Run() {
                        sync = FdatasyncFloor(dir + "/state/floor-after-call", true, &r.errors)] {
         return allocate() && sync();
       });
+      r.paths.push_back("bare hop, durable");
+      calls.push_back(BetaAllocate(durable_socket, &r.errors));
     }
     Measure(calls, &r);
     if (api == "v1beta1") {
-      std::vector<std::string> labels = {"direct", "bare hop", "dpproxy, no journal", "dpproxy"};
-      std::vector<std::string> sockets = {direct_socket, bare_socket, unjournaled, journaled};
-      std::vector<pid_t> middles = {-1, bare->pid(), proxy_nj->pid(), proxy->pid()};
+      std::vector<std::string> labels = {"direct", "bare hop", "dpproxy, no journal", "dpproxy",
+                                         "bare hop, durable"};
+      std::vector<std::string> sockets = {direct_socket, bare_socket, unjournaled, journaled,
+                                          durable_socket};
+      std::vector<pid_t> middles = {-1, bare->pid(), proxy_nj->pid(), proxy->pid(),
+                                    durable->pid()};
       for (Build& b : builds) {
         if (!b.kubelet->WaitForResource(resource, 4, absl::Seconds(10))) {
           std::cerr << "allocate_bench: " << resource << " did not come up through the "
@@ -1039,6 +1053,7 @@ int Run() {
                      FLAGS_clients, FLAGS_concurrent_calls, FLAGS_concurrent_rounds);
       for (size_t p = 0; p < labels.size(); ++p) many.emplace_back(labels[p], std::move(t[p]));
       Stop(bare);
+      Stop(durable);
     }
     results.push_back(std::move(r));
     Stop(plugin);
@@ -1115,9 +1130,9 @@ int Run() {
     }
     if (r.errors > 0) std::cout << "  errors: " << r.errors << "\n";
   }
-  if (!results.empty() && results[0].us.size() == 7) {
+  if (!results.empty() && results[0].us.size() == 8) {
     // direct, bare hop, no journal, journal, fdatasync preallocated,
-    // appended, no journal + fdatasync
+    // appended, no journal + fdatasync, bare hop durable
     const auto& u = results[0].us;
     std::cout << "\nfdatasync: 200 bytes written and fdatasync'd in the state directory, in the\n"
                  "same rotation: overwritten in a preallocated file (the floor, as dpproxy's\n"
@@ -1133,6 +1148,17 @@ int Run() {
           "(journal - no journal) / fdatasync floor %.2f (goal <= 1.2), / one fdatasync "
           "after each call %.2f\n",
           label, nj / bare, (j - nj) / sync, (j - nj) / after);
+    }
+    std::cout << "The durable bare hop (bare_hop --journal) writes each request to a file and\n"
+                 "fdatasyncs it while the plugin answers, group-committed, before answering: the\n"
+                 "least a forwarder that keeps its calls on the disk does.\n";
+    for (const auto& [label, q] : {std::pair<std::string, double>{"p50", 0.5}, {"p99", 0.99}}) {
+      const double bare = Percentile(u[1], q), nj = Percentile(u[2], q),
+                   j = Percentile(u[3], q), durable = Percentile(u[7], q);
+      std::cout << absl::StrFormat(
+          "v1beta1 %s: dpproxy with journal / durable bare hop %.2fx; the journal's cost "
+          "(journal - no journal) / the durable hop's (durable - bare) %.2f\n",
+          label, durable > 0 ? j / durable : 0, durable > bare ? (j - nj) / (durable - bare) : 0);
     }
   }
 
@@ -1170,6 +1196,12 @@ int Run() {
                                    t.client_cpu_us, t.middle_cpu_us, t.plugin_cpu_us, total,
                                    direct > 0 ? total / direct : 0);
     }
+    auto row = [&](const std::string& label) -> const Throughput* {
+      for (const auto& [path, t] : many) {
+        if (path == label) return &t;
+      }
+      return nullptr;
+    };
     if (many.size() >= 4) {
       const double bare = many[1].second.middle_cpu_us;
       std::cout << absl::StrFormat(
@@ -1189,17 +1221,34 @@ int Run() {
             extra, per_sync, per_sync > 0 ? extra / per_sync : 0);
       }
     }
-    if (!builds.empty() && many.size() >= 6) {  // the two builds are the last rows
+    if (const Throughput *durable = row("bare hop, durable"), *journal = row("dpproxy");
+        many.size() >= 4 && durable != nullptr && journal != nullptr) {
       const double bare = many[1].second.middle_cpu_us;
-      const double mine = many[4].second.middle_cpu_us, other = many[5].second.middle_cpu_us;
+      const double nj = many[2].second.middle_cpu_us;
       std::cout << absl::StrFormat(
-          "this build and the compared one (journal, static backend), CPU per call / the "
-          "bare hop's:\n%.2fx and %.2fx; the compared build's CPU per call is %.2f of this "
-          "build's, its calls/s %.2f of this build's\n",
-          bare > 0 ? mine / bare : 0, bare > 0 ? other / bare : 0, mine > 0 ? other / mine : 0,
-          many[4].second.per_second > 0
-              ? many[5].second.per_second / many[4].second.per_second
+          "the durable bare hop's CPU per call / the bare hop's: %.2fx; dpproxy with its\n"
+          "journal against the durable bare hop: CPU per call %.2fx, calls/s %.2f; the\n"
+          "journal's CPU per call (with - without) / the durable hop's (durable - bare): "
+          "%.2f\n",
+          bare > 0 ? durable->middle_cpu_us / bare : 0,
+          durable->middle_cpu_us > 0 ? journal->middle_cpu_us / durable->middle_cpu_us : 0,
+          durable->per_second > 0 ? journal->per_second / durable->per_second : 0,
+          durable->middle_cpu_us > bare
+              ? (journal->middle_cpu_us - nj) / (durable->middle_cpu_us - bare)
               : 0);
+    }
+    if (builds.size() == 2) {
+      const Throughput *mine = row(builds[0].label), *other = row(builds[1].label);
+      const double bare = many[1].second.middle_cpu_us;
+      if (mine != nullptr && other != nullptr) {
+        std::cout << absl::StrFormat(
+            "this build and the compared one (journal, static backend), CPU per call / the "
+            "bare hop's:\n%.2fx and %.2fx; the compared build's CPU per call is %.2f of this "
+            "build's, its calls/s %.2f of this build's\n",
+            bare > 0 ? mine->middle_cpu_us / bare : 0, bare > 0 ? other->middle_cpu_us / bare : 0,
+            mine->middle_cpu_us > 0 ? other->middle_cpu_us / mine->middle_cpu_us : 0,
+            mine->per_second > 0 ? other->per_second / mine->per_second : 0);
+      }
     }
   }
   if (FLAGS_restarts > 0) {

@@ -1375,8 +1375,9 @@ int Run() {
 int main(int argc, char** argv) {
   if (dpproxy::WantsHelp(argc, argv)) {
     std::cout << "allocate_bench: Allocate through dpproxy beside its floors (direct, a bare\n"
-                 "hop, fdatasync), re-registration, start-up, reconciliation and health flips\n"
-                 "at scale. Run it with tools/dev bench.\n\nFlags:\n"
+                 "hop, the bare hop made durable, fdatasync), re-registration, start-up,\n"
+                 "reconciliation and health flips at scale. Run it with tools/dev bench.\n\n"
+                 "Flags:\n"
               << dpproxy::FlagsHelp({"bench/allocate_bench.cc"});
     return 0;
   }

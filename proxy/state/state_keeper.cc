@@ -103,12 +103,19 @@ void StateKeeper::SyncLoop() {
         mu_.AwaitWithDeadline(absl::Condition(&stopping_), due);
         continue;
       }
-      // Taken like a saver takes it: between two batches.
-      ++savers_waiting_;
-      mu_.Await(absl::Condition(
-          +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
-          this));
-      --savers_waiting_;
+      // A writer at work syncs them itself (WriteQueued syncs a batch once
+      // an answer before it is due), so it is left to go on: taking the
+      // journal from it would leave the calls it was about to answer to
+      // this thread. Taken when free.
+      if (journal_busy_) {
+        mu_.Await(absl::Condition(
+            +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
+              return !k->journal_busy_ || k->unsynced_since_ == absl::InfiniteFuture() ||
+                     k->stopping_;
+            },
+            this));
+        continue;
+      }
       if (!journal_ok_) {
         unsynced_since_ = absl::InfiniteFuture();  // handed over (synced then) or never open
         continue;
@@ -974,6 +981,11 @@ void StateKeeper::WriteQueued() {
       }
     }
     queue_ = std::move(rest);
+    // Answers left unsynced for kAnswerSyncDelay are synced with this
+    // batch, whatever it holds: a writer kept at work by answers alone
+    // keeps the syncer's promise itself.
+    const bool synced = !written_only || (unsynced_since_ != absl::InfiniteFuture() &&
+                                          absl::Now() >= unsynced_since_ + kAnswerSyncDelay);
     std::string data;
     size_t count = 0;
     for (const auto& p : batch) {
@@ -984,9 +996,8 @@ void StateKeeper::WriteQueued() {
     if (test_hook_) test_hook_("journal_write");
     const absl::Time write_start = absl::Now();
     const absl::Status s = journal_.AppendEncoded(
-        data, count,
-        written_only ? JournalFile::Durability::kWritten : JournalFile::Durability::kSynced);
-    if (sync_observer_ && !written_only) sync_observer_(absl::Now() - write_start);
+        data, count, synced ? JournalFile::Durability::kSynced : JournalFile::Durability::kWritten);
+    if (sync_observer_ && synced) sync_observer_(absl::Now() - write_start);
     const size_t journal_size = journal_.size(), journal_count = journal_.records();
     mu_.Lock();
     ++journal_writes_;
@@ -1016,6 +1027,16 @@ void StateKeeper::WriteQueued() {
     // The records are durable in the journal; the snapshot that takes them
     // in is written by the compactor, off this path.
     if (s.ok() && CompactDueLocked() && !compacting_) compact_wanted_ = true;
+    // Answers and withdrawals left unsynced are synced by the next synced
+    // batch (one is usually on its way: the next Allocate's reservation),
+    // by this writer's next batch once they are due, or by the syncer
+    // after kAnswerSyncDelay.
+    if (!synced && s.ok()) {
+      ++answer_writes_;
+      if (unsynced_since_ == absl::InfiniteFuture()) unsynced_since_ = write_start;
+    } else if (s.ok()) {
+      unsynced_since_ = absl::InfiniteFuture();
+    }
     // The answers go out with no lock held (each may finish a kubelet's
     // call); an error refuses every record of the batch: none was recorded.
     mu_.Unlock();
@@ -1023,15 +1044,6 @@ void StateKeeper::WriteQueued() {
       if (p->done) p->done(s);
     }
     mu_.Lock();
-    // Answers and withdrawals left unsynced are synced by the next synced
-    // batch (one is usually on its way: the next Allocate's reservation),
-    // or by the syncer after kAnswerSyncDelay.
-    if (written_only && s.ok()) {
-      ++answer_writes_;
-      if (unsynced_since_ == absl::InfiniteFuture()) unsynced_since_ = absl::Now();
-    } else if (s.ok()) {
-      unsynced_since_ = absl::InfiniteFuture();
-    }
   }
   journal_busy_ = false;
 }

@@ -209,7 +209,8 @@ class StateKeeper : public AllocationJournal {
   // An allocation in two steps (AllocationJournal). Answers and
   // withdrawals are written in batches of their own, ahead of queued
   // reservations, with no sync to wait for; the next synced batch syncs
-  // them, or a thread of the keeper's after kAnswerSyncDelay.
+  // them, or, after kAnswerSyncDelay, the writer at work with its next
+  // batch or (the journal free) a thread of the keeper's.
   Reservation ReserveAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
                            const BackendSide& backend, std::function<void(absl::Status)> durable,
                            bool readmission = false) override;
@@ -512,7 +513,8 @@ class StateKeeper : public AllocationJournal {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool handed_over_ ABSL_GUARDED_BY(mu_) = false;
   std::thread compactor_;
-  // Syncs answers that no synced batch took along within kAnswerSyncDelay.
+  // Syncs answers that no synced batch took along within kAnswerSyncDelay,
+  // once the journal is free (a writer at work syncs them itself).
   std::thread syncer_;
   // When the oldest answer written since the last sync was written
   // (InfiniteFuture: none), and how many answer batches were written.

@@ -1242,6 +1242,63 @@ TEST_F(KeeperWritesTest, RecordsGoOnWhileCompactionWritesTheSnapshot) {
 // so every allocation the kubelet was answered for survives; only the
 // response of one answered within one sync of the loss may not. A dpproxy
 // crash (the page cache survives) keeps the response too.
+// Answers left unsynced are synced by the writer at work once they are
+// due (kAnswerSyncDelay), with its next batch, even a batch of answers
+// alone: the syncer does not take the journal from a busy writer, whose
+// queued calls would then be answered from the syncer's thread.
+TEST_F(KeeperWritesTest, AWriterKeptBusyByAnswersSyncsThemWhenDue) {
+  auto reserve = [&](const char* a, const char* b) {
+    absl::Notification durable;
+    const AllocationJournal::Reservation r = keeper.ReserveAsync(
+        "vendor.com/gpu", TwoContainers(a, b), BackendSide{"v1beta1", "/s", "vendor.com/gpu", nullptr},
+        [&](absl::Status st) {
+          EXPECT_TRUE(st.ok()) << st;
+          durable.Notify();
+        });
+    EXPECT_TRUE(durable.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return r;
+  };
+  const AllocationJournal::Reservation first = reserve("a", "b"), second = reserve("c", "d");
+  // Which threads synced the journal from here on. Shared with the hook,
+  // which the keeper (it outlives this body) may still call after it.
+  struct Syncs {
+    absl::Mutex mu;
+    std::vector<std::thread::id> by;
+  };
+  auto syncs = std::make_shared<Syncs>();
+  keeper.SetTestHook([syncs](const char* where) {
+    if (std::string(where) != "journal_synced") return;
+    absl::MutexLock lock(&syncs->mu);
+    syncs->by.push_back(std::this_thread::get_id());
+  });
+  absl::Notification second_done;
+  std::thread::id second_on;
+  std::thread::id writer;
+  std::thread t([&] {
+    writer = std::this_thread::get_id();
+    // The journal is free: this thread writes the first answer, and is the
+    // writer while its callback runs. The second answer finds the journal
+    // busy and is queued; the first one's caller then keeps the writer
+    // past the first answer's due time, as a slow reply to the kubelet.
+    keeper.AnswerAsync(first, TwoResponses(), [&](absl::Status st) {
+      EXPECT_TRUE(st.ok()) << st;
+      keeper.AnswerAsync(second, TwoResponses(), [&](absl::Status st2) {
+        EXPECT_TRUE(st2.ok()) << st2;
+        second_on = std::this_thread::get_id();
+        second_done.Notify();
+      });
+      absl::SleepFor(StateKeeper::kAnswerSyncDelay + absl::Milliseconds(3));
+    });
+  });
+  t.join();
+  ASSERT_TRUE(second_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(second_on, writer) << "the queued answer was written by another thread";
+  absl::MutexLock lock(&syncs->mu);
+  ASSERT_FALSE(syncs->by.empty()) << "the due answers were not synced with the writer's next batch";
+  EXPECT_EQ(syncs->by.front(), writer) << "the answers were synced by another thread";
+  EXPECT_EQ(syncs->by.size(), 1u);
+}
+
 TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
   // The journal as of the last fdatasync. Shared with the hook, which the
   // keeper (it outlives this body) may still call after it.

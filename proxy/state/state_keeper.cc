@@ -103,10 +103,10 @@ void StateKeeper::SyncLoop() {
         mu_.AwaitWithDeadline(absl::Condition(&stopping_), due);
         continue;
       }
-      // A writer at work syncs them itself (WriteQueued syncs a batch once
-      // an answer before it is due), so it is left to go on: taking the
-      // journal from it would leave the calls it was about to answer to
-      // this thread. Taken when free.
+      // A writer at work syncs them itself (WriteQueued syncs its next
+      // batch once an answer written before it is due), so it is left to
+      // go on: taking the journal from it would leave the calls it was
+      // about to answer to this thread. The journal is taken when free.
       if (journal_busy_) {
         mu_.Await(absl::Condition(
             +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {

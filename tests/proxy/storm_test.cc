@@ -51,14 +51,14 @@ int CountEntries(const char* dir) {
 }
 int Threads() { return CountEntries("/proc/self/task"); }
 
-// The process's threads, counted by name.
-std::map<std::string, int> ThreadNames() {
+// A process's threads (`proc` is "self" or a pid), counted by name.
+std::map<std::string, int> ThreadNames(const std::string& proc = "self") {
+  const std::string dir = absl::StrCat("/proc/", proc, "/task");
   std::map<std::string, int> names;
-  if (DIR* d = opendir("/proc/self/task")) {
+  if (DIR* d = opendir(dir.c_str())) {
     while (struct dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
-      absl::StatusOr<std::string> comm =
-          ReadFile(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
+      absl::StatusOr<std::string> comm = ReadFile(absl::StrCat(dir, "/", e->d_name, "/comm"));
       if (comm.ok()) ++names[std::string(absl::StripTrailingAsciiWhitespace(*comm))];
     }
     closedir(d);
@@ -362,18 +362,15 @@ TEST(StormTest, BackendKillAndRestartCycles) {
 
 int ThreadsOf(pid_t pid) { return CountEntries(absl::StrCat("/proc/", pid, "/task").c_str()); }
 
-// How many of `pid`'s threads have a name starting with `prefix`.
+// How many of `pid`'s threads have a name starting with `prefix`; -1 when
+// the process has none (it is gone).
 int ThreadsNamed(pid_t pid, const std::string& prefix) {
-  const std::string dir = absl::StrCat("/proc/", pid, "/task");
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return -1;
+  const std::map<std::string, int> names = ThreadNames(absl::StrCat(pid));
+  if (names.empty()) return -1;
   int n = 0;
-  while (struct dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    absl::StatusOr<std::string> comm = ReadFile(absl::StrCat(dir, "/", e->d_name, "/comm"));
-    if (comm.ok() && comm->rfind(prefix, 0) == 0) ++n;
+  for (const auto& [name, count] : names) {
+    n += name.rfind(prefix, 0) == 0 ? count : 0;
   }
-  ::closedir(d);
   return n;
 }
 

@@ -1,9 +1,9 @@
 // dpconform against real processes: the sample plugin with each of its
 // faults must fail exactly the scenario the fault breaks, on exactly the
 // kubelet releases where it matters, with every other cell passing (or not
-// applicable, or blocked by that same scenario); dpproxy in front of a
-// v1alpha plugin must pass every generation; and the binary's own
-// interface (exit status, JUnit file, --list) holds.
+// applicable, or blocked by that same scenario); and the binary's own
+// interface (exit status, JUnit file, --list) holds. (dpproxy in front of
+// a plugin: dpproxy_conform_test.)
 #include <sys/wait.h>
 
 #include <map>
@@ -20,8 +20,8 @@
 #include "proxy/util/child_process.h"
 #include "proxy/util/files.h"
 #include "tests/testing/process.h"
-#include "tests/testing/sanitizers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/conform/conform_testing.h"
 #include "tools/conform/conform.h"
 
 namespace dpproxy::conform {
@@ -29,54 +29,10 @@ namespace {
 
 using ::testing::Contains;
 using ::testing::HasSubstr;
-
-// Releases where the faults differ: before GetPreferredAllocation (1.18),
-// asynchronous Register (1.24), synchronous Register (1.25), CDI behind its
-// gate, off by default (1.28), CDI GA (1.31).
-const std::vector<std::string> kReleases = {"1.18", "1.24", "1.25", "1.28", "1.31"};
-
-std::string SamplePlugin() { return testing::Runfile("tools/sample_plugin/sample_plugin"); }
-
-// The kit keeps the directories of cells that fail (by design, for a
-// person to look at), and these tests make cells fail: they go in a
-// directory of this test's own, removed when it ends, not in /tmp.
-const std::string& WorkRoot() {
-  static const testing::ShortTempDir dir;
-  return dir.path();
-}
-
-ConformOptions Options(const std::string& plugin_flags) {
-  ConformOptions o;
-  o.work_root = WorkRoot();
-  o.resources = {"example.com/gpu"};
-  o.plugin_command = absl::StrCat(SamplePlugin(),
-                                  " --quiet --resource=example.com/gpu"
-                                  " --kubelet_socket={kubelet_socket}"
-                                  " --plugins_registry_dir={plugins_registry}"
-                                  " --control_socket={work_dir}/control.sock ",
-                                  plugin_flags);
-  o.health_command = absl::StrCat(SamplePlugin(),
-                                  " set-health --control_socket={work_dir}/control.sock"
-                                  " --device={device} --health={health} >/dev/null");
-  for (const std::string& k : kReleases) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
-  // Deadlines on work, stretched in an instrumented build beside other
-  // tests: the simulator's dial of a plugin that serves (an ASan sample
-  // plugin on a loaded machine once answered the plugin watcher's dial
-  // after 1 s), and the time for the sample plugin to encode and send its
-  // 4.6 MB list (huge-list) and the simulator to refuse it. Cells that
-  // pass end as soon as they do.
-  o.dial_timeout = absl::Seconds(1) * testing::kWorkSlowdown;
-  o.timeout = absl::Seconds(6) * testing::kWorkSlowdown;
-  o.settle = absl::Milliseconds(500);
-  o.jobs = 4;
-  return o;
-}
-
-std::string Describe(const CellResult& c) {
-  return absl::StrCat(c.scenario, " on ", c.kubelet, ": ", OutcomeName(c.outcome),
-                      c.blocked_by.empty() ? "" : absl::StrCat(" by ", c.blocked_by), " (",
-                      c.summary, ") ", c.plugin_did);
-}
+using testing::DescribeCell;
+using testing::SamplePlugin;
+using testing::SamplePluginRun;
+using testing::kFaultReleases;
 
 struct FaultCase {
   const char* fault;
@@ -99,18 +55,18 @@ void ExpectFailsExactly(const std::vector<CellResult>& cells, const std::string&
     const int minor = std::stoi(c.kubelet.substr(2));
     const bool matters = minor >= first_minor && minor <= last_minor;
     if (c.scenario == scenario && matters) {
-      EXPECT_EQ(c.outcome, Outcome::kFail) << Describe(c);
+      EXPECT_EQ(c.outcome, Outcome::kFail) << DescribeCell(c);
       EXPECT_FALSE(c.plugin_did.empty() || c.kubelet_expects.empty() || c.users_see.empty())
-          << Describe(c);
+          << DescribeCell(c);
       ++failed;
     } else if (matters) {
-      EXPECT_NE(c.outcome, Outcome::kFail) << Describe(c);
+      EXPECT_NE(c.outcome, Outcome::kFail) << DescribeCell(c);
       if (c.outcome == Outcome::kBlocked) {
-        EXPECT_EQ(c.blocked_by, scenario) << Describe(c);
+        EXPECT_EQ(c.blocked_by, scenario) << DescribeCell(c);
       }
     } else {
       EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
-          << Describe(c);
+          << DescribeCell(c);
     }
   }
   EXPECT_GT(failed, 0);
@@ -119,7 +75,7 @@ void ExpectFailsExactly(const std::vector<CellResult>& cells, const std::string&
 TEST_P(FaultTest, FailsExactlyItsCellWhereItMatters) {
   const FaultCase& f = GetParam();
   const std::string flags = absl::StrCat(f.flags, " --fault=", f.fault);
-  ConformOptions o = Options(flags);
+  ConformOptions o = SamplePluginRun(flags);
   // A fault is judged at the one-second dial its expectations were set
   // for: register-before-serve serves its socket right after its Register,
   // so how long the simulator dials decides whether it is reached.
@@ -134,11 +90,11 @@ TEST_P(FaultTest, FailsExactlyItsCellWhereItMatters) {
   // A fault that fails on every release here is checked on the oldest and
   // the newest (either side of 1.25's synchronous registration); one with
   // a boundary on every release, to see the boundary.
-  const int oldest = std::stoi(kReleases.front().substr(2));
-  const int newest = std::stoi(kReleases.back().substr(2));
+  const int oldest = std::stoi(kFaultReleases.front().substr(2));
+  const int newest = std::stoi(kFaultReleases.back().substr(2));
   if (f.first_minor <= oldest && f.last_minor >= newest) {
-    o.kubelets = {*sim::ParseKubeletVersion(kReleases.front()),
-                  *sim::ParseKubeletVersion(kReleases.back())};
+    o.kubelets = {*sim::ParseKubeletVersion(kFaultReleases.front()),
+                  *sim::ParseKubeletVersion(kFaultReleases.back())};
   }
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
@@ -181,15 +137,15 @@ TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
                             "--registration=plugin-watcher --preferred",
                             "--fault=slow-reserve --preferred --pre_start_required"}) {
     SCOPED_TRACE(flags);
-    absl::StatusOr<std::vector<CellResult>> cells = RunConformance(Options(flags));
+    absl::StatusOr<std::vector<CellResult>> cells = RunConformance(SamplePluginRun(flags));
     ASSERT_TRUE(cells.ok()) << cells.status();
     std::set<std::string> applied;
     for (const CellResult& c : *cells) {
       EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
-          << Describe(c);
+          << DescribeCell(c);
       if (c.outcome == Outcome::kPass) applied.insert(c.scenario);
       if (c.scenario == "preferred") {
-        EXPECT_EQ(c.outcome == Outcome::kPass, c.kubelet != "1.18") << Describe(c);
+        EXPECT_EQ(c.outcome == Outcome::kPass, c.kubelet != "1.18") << DescribeCell(c);
       }
     }
     const bool watcher = absl::StrContains(flags, "plugin-watcher");
@@ -206,17 +162,17 @@ TEST(ConformTest, TheSamplePluginPassesEveryRelease) {
 // across containers. Only a container handed a device it was not given
 // fails allocate-two (same-device-node, above).
 TEST(ConformTest, AControlNodeEveryContainerGetsIsNotASharedDevice) {
-  ConformOptions o = Options("--control_node=/dev/sample/ctl");
+  ConformOptions o = SamplePluginRun("--control_node=/dev/sample/ctl");
   o.kubelets = {*sim::ParseKubeletVersion("1.15"), *sim::ParseKubeletVersion("1.36")};
   o.scenarios = {"allocate-two"};
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
   ASSERT_EQ(cells->size(), 2u);
   for (const CellResult& c : *cells) {
-    EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+    EXPECT_EQ(c.outcome, Outcome::kPass) << DescribeCell(c);
     EXPECT_THAT(c.notes, Contains(HasSubstr("both also get /dev/sample/ctl, which names no "
                                             "device")))
-        << Describe(c);
+        << DescribeCell(c);
   }
 }
 
@@ -224,17 +180,17 @@ TEST(ConformTest, AControlNodeEveryContainerGetsIsNotASharedDevice) {
 // a running one: those cells are n/a, with the reason, never blocked by a
 // scenario that passed.
 TEST(ConformTest, AOneDevicePluginIsNotApplicableWhereTwoDevicesAreNeeded) {
-  ConformOptions o = Options("--devices=1");
+  ConformOptions o = SamplePluginRun("--devices=1");
   o.kubelets = {*sim::ParseKubeletVersion("1.31")};
   o.scenarios = {"device-list", "plugin-restart", "allocate-two"};
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
   for (const CellResult& c : *cells) {
     if (c.scenario == "device-list") {
-      EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+      EXPECT_EQ(c.outcome, Outcome::kPass) << DescribeCell(c);
     } else {
-      EXPECT_EQ(c.outcome, Outcome::kNotApplicable) << Describe(c);
-      EXPECT_THAT(c.summary, HasSubstr("the plugin lists 1 healthy device")) << Describe(c);
+      EXPECT_EQ(c.outcome, Outcome::kNotApplicable) << DescribeCell(c);
+      EXPECT_THAT(c.summary, HasSubstr("the plugin lists 1 healthy device")) << DescribeCell(c);
     }
   }
 }
@@ -242,17 +198,17 @@ TEST(ConformTest, AOneDevicePluginIsNotApplicableWhereTwoDevicesAreNeeded) {
 // Two resources from one process: each on its own socket passes
 // multi-resource everywhere; one socket for both fails exactly that cell.
 TEST(ConformTest, SeveralResourcesFromOneProcess) {
-  ConformOptions o = Options("--resource=example.com/gpu,example.com/fpga");
+  ConformOptions o = SamplePluginRun("--resource=example.com/gpu,example.com/fpga");
   o.resources = {"example.com/gpu", "example.com/fpga"};
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
   int multi = 0;
   for (const CellResult& c : *cells) {
     EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
-        << Describe(c);
+        << DescribeCell(c);
     multi += c.scenario == "multi-resource" && c.outcome == Outcome::kPass;
   }
-  EXPECT_EQ(multi, static_cast<int>(kReleases.size()));
+  EXPECT_EQ(multi, static_cast<int>(kFaultReleases.size()));
   // Two servers binding one path take it from each other (the second
   // unlinks the first's file; the first, seeing its socket gone, serves
   // again), so single-resource cells see streams end too: only the cells
@@ -268,7 +224,7 @@ TEST(ConformTest, SeveralResourcesFromOneProcess) {
     if (c.scenario == "multi-resource") {
       EXPECT_TRUE(absl::StrContains(c.summary, "share the socket") ||
                   absl::StrContains(c.summary, "Register"))
-          << Describe(c);
+          << DescribeCell(c);
     }
   }
 }
@@ -277,7 +233,7 @@ TEST(ConformTest, SeveralResourcesFromOneProcess) {
 // nowhere else; a v1alpha plugin passes there and fails to register on
 // every later release.
 TEST(ConformTest, ApiVersionsMeetTheirReleases) {
-  ConformOptions o = Options("");
+  ConformOptions o = SamplePluginRun("");
   o.kubelets = {*sim::ParseKubeletVersion("1.9"), *sim::ParseKubeletVersion("1.10")};
   o.scenarios = {"registers", "allocate", "kubelet-restart"};
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
@@ -285,9 +241,9 @@ TEST(ConformTest, ApiVersionsMeetTheirReleases) {
   for (const CellResult& c : *cells) {
     if (c.kubelet == "1.9") {
       EXPECT_EQ(c.outcome, c.scenario == "registers" ? Outcome::kFail : Outcome::kBlocked)
-          << Describe(c);
+          << DescribeCell(c);
     } else {
-      EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+      EXPECT_EQ(c.outcome, Outcome::kPass) << DescribeCell(c);
     }
   }
   EXPECT_THAT((*cells)[0].summary, HasSubstr("/v1beta1.Registration/Register, which kubelet "
@@ -298,77 +254,12 @@ TEST(ConformTest, ApiVersionsMeetTheirReleases) {
   ASSERT_TRUE(cells.ok()) << cells.status();
   for (const CellResult& c : *cells) {
     if (c.kubelet == "1.9") {
-      EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
+      EXPECT_EQ(c.outcome, Outcome::kPass) << DescribeCell(c);
     } else {
       EXPECT_EQ(c.outcome, c.scenario == "registers" ? Outcome::kFail : Outcome::kBlocked)
-          << Describe(c);
+          << DescribeCell(c);
     }
   }
-}
-
-// What dpproxy is for: a v1alpha plugin behind it passes every generation.
-TEST(ConformTest, DpproxyWithALegacyPluginPassesEveryGeneration) {
-  ConformOptions o = Options("");
-  const std::string dpproxy = testing::Runfile("proxy/dpproxy");
-  o.plugin_command = absl::StrCat(
-      dpproxy,
-      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
-      " --status_file={work_dir}/status.json --metrics_address= 2>>{work_dir}/dpproxy.log & ",
-      "exec ", SamplePlugin(),
-      " --quiet --api=v1alpha --resource=example.com/gpu --devices=4"
-      " --kubelet_socket={work_dir}/p/kubelet.sock --control_socket={work_dir}/control.sock");
-  o.kubelets.clear();
-  for (const std::string& k : DefaultKubelets()) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
-  // dpproxy tries v1beta1 first, then v1alpha (slower under sanitizers).
-  o.settle = absl::Seconds(10);
-  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
-  ASSERT_TRUE(cells.ok()) << cells.status();
-  std::map<std::string, int> passed;
-  for (const CellResult& c : *cells) {
-    EXPECT_TRUE(c.outcome == Outcome::kPass || c.outcome == Outcome::kNotApplicable)
-        << Describe(c);
-    passed[c.kubelet] += c.outcome == Outcome::kPass;
-  }
-  // Every default scenario but plugin-watcher, prestart and multi-resource
-  // applies to a v1alpha plugin behind dpproxy; preferred too where the
-  // kubelet calls it (1.19+), since dpproxy answers it for every plugin.
-  for (const std::string& k : DefaultKubelets()) {
-    const int minor = sim::ParseKubeletVersion(k)->minor;
-    EXPECT_EQ(passed[k], minor >= 19 ? 10 : 9) << k;
-  }
-}
-
-// checkpoint-lost is opt-in: a plain plugin fails it on 1.25+ (the kubelet
-// forgets the running pod's device and a new pod gets it); dpproxy with a
-// state directory in front of the same plugin passes it (it steers new
-// pods away from the device and refuses it to them), on those releases and
-// on 1.24, whose re-admission allocates again for the running pod.
-TEST(ConformTest, CheckpointLostFailsAPlainPluginAndPassesBehindDpproxy) {
-  ConformOptions plain = Options("--devices=2");
-  plain.kubelets = {*sim::ParseKubeletVersion("1.31"), *sim::ParseKubeletVersion("1.36")};
-  plain.scenarios = {"checkpoint-lost"};
-  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(plain);
-  ASSERT_TRUE(cells.ok()) << cells.status();
-  ASSERT_EQ(cells->size(), 2u);
-  for (const CellResult& c : *cells) {
-    EXPECT_EQ(c.outcome, Outcome::kFail) << Describe(c);
-    EXPECT_THAT(c.summary, HasSubstr("handed to a new pod")) << Describe(c);
-  }
-
-  ConformOptions behind = plain;
-  behind.plugin_command = absl::StrCat(
-      testing::Runfile("proxy/dpproxy"),
-      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
-      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & exec ",
-      SamplePlugin(),
-      " --quiet --api=v1alpha --resource=example.com/gpu --devices=2"
-      " --kubelet_socket={work_dir}/p/kubelet.sock");
-  behind.settle = absl::Seconds(10);
-  behind.kubelets.push_back(*sim::ParseKubeletVersion("1.24"));
-  cells = RunConformance(behind);
-  ASSERT_TRUE(cells.ok()) << cells.status();
-  ASSERT_EQ(cells->size(), 3u);
-  for (const CellResult& c : *cells) EXPECT_EQ(c.outcome, Outcome::kPass) << Describe(c);
 }
 
 // rolling-update is opt-in: 1.24 stops the replaced client, so a plugin
@@ -390,7 +281,7 @@ TEST(ConformTest, RollingUpdateFollowsHowTheKubeletTracksClients) {
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(absl::StrCat(k.socket_name, k.per_socket ? ", per socket" : ", by name"));
-    ConformOptions o = Options("");
+    ConformOptions o = SamplePluginRun("");
     o.plugin_command = absl::StrCat(SamplePlugin(),
                                     " --quiet --resource=example.com/gpu --devices=2"
                                     " --kubelet_socket={kubelet_socket} --socket_name=",
@@ -408,12 +299,12 @@ TEST(ConformTest, RollingUpdateFollowsHowTheKubeletTracksClients) {
     for (const CellResult& c : *cells) {
       for (const auto& [release, outcome] : k.expected) {
         if (c.kubelet == release) {
-          EXPECT_EQ(c.outcome, outcome) << Describe(c);
+          EXPECT_EQ(c.outcome, outcome) << DescribeCell(c);
         }
       }
       if (c.outcome == Outcome::kFail) {
         EXPECT_THAT(c.kubelet_expects, HasSubstr(k.per_socket ? "#135437" : "#121994"))
-            << Describe(c);
+            << DescribeCell(c);
       }
     }
   }

@@ -1,0 +1,52 @@
+#include "tests/conform/conform_testing.h"
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/process.h"
+#include "tests/testing/sanitizers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dpproxy::testing {
+
+const std::vector<std::string> kFaultReleases = {"1.18", "1.24", "1.25", "1.28", "1.31"};
+
+std::string SamplePlugin() { return Runfile("tools/sample_plugin/sample_plugin"); }
+
+const std::string& ConformWorkRoot() {
+  static const ShortTempDir dir;
+  return dir.path();
+}
+
+conform::ConformOptions SamplePluginRun(const std::string& plugin_flags) {
+  conform::ConformOptions o;
+  o.work_root = ConformWorkRoot();
+  o.resources = {"example.com/gpu"};
+  o.plugin_command = absl::StrCat(SamplePlugin(),
+                                  " --quiet --resource=example.com/gpu"
+                                  " --kubelet_socket={kubelet_socket}"
+                                  " --plugins_registry_dir={plugins_registry}"
+                                  " --control_socket={work_dir}/control.sock ",
+                                  plugin_flags);
+  o.health_command = absl::StrCat(SamplePlugin(),
+                                  " set-health --control_socket={work_dir}/control.sock"
+                                  " --device={device} --health={health} >/dev/null");
+  for (const std::string& k : kFaultReleases) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
+  // Deadlines on work, stretched in an instrumented build beside other
+  // tests: the simulator's dial of a plugin that serves (an ASan sample
+  // plugin on a loaded machine once answered the plugin watcher's dial
+  // after 1 s), and the time for the sample plugin to encode and send its
+  // 4.6 MB list (huge-list) and the simulator to refuse it. Cells that
+  // pass end as soon as they do.
+  o.dial_timeout = absl::Seconds(1) * kWorkSlowdown;
+  o.timeout = absl::Seconds(6) * kWorkSlowdown;
+  o.settle = absl::Milliseconds(500);
+  o.jobs = 4;
+  return o;
+}
+
+std::string DescribeCell(const conform::CellResult& c) {
+  return absl::StrCat(c.scenario, " on ", c.kubelet, ": ", conform::OutcomeName(c.outcome),
+                      c.blocked_by.empty() ? "" : absl::StrCat(" by ", c.blocked_by), " (",
+                      c.summary, ") ", c.plugin_did);
+}
+
+}  // namespace dpproxy::testing

@@ -30,14 +30,17 @@ conform::ConformOptions SamplePluginRun(const std::string& plugin_flags) {
                                   " set-health --control_socket={work_dir}/control.sock"
                                   " --device={device} --health={health} >/dev/null");
   for (const std::string& k : kFaultReleases) o.kubelets.push_back(*sim::ParseKubeletVersion(k));
-  // Deadlines on work, stretched in an instrumented build beside other
-  // tests: the simulator's dial of a plugin that serves (an ASan sample
-  // plugin on a loaded machine once answered the plugin watcher's dial
-  // after 1 s), and the time for the sample plugin to encode and send its
-  // 4.6 MB list (huge-list) and the simulator to refuse it. Cells that
-  // pass end as soon as they do.
+  // Deadlines on work: the simulator's dial of a plugin that serves (an
+  // ASan sample plugin on a loaded machine once answered the plugin
+  // watcher's dial after 1 s), stretched in an instrumented build; and
+  // every wait of a scenario (a registration, a device list, the sample
+  // plugin encoding and sending its 4.6 MB list for huge-list). These run
+  // four cells at once beside other tests and builds, where a wait that
+  // takes 50-110 ms alone once took over 6 s: 18 s in every build. Cells
+  // that pass end as soon as they do; only a fault that shows as silence
+  // waits a deadline out.
   o.dial_timeout = absl::Seconds(1) * kWorkSlowdown;
-  o.timeout = absl::Seconds(6) * kWorkSlowdown;
+  o.timeout = absl::Seconds(18);
   o.settle = absl::Milliseconds(500);
   o.jobs = 4;
   return o;

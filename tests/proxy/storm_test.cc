@@ -146,8 +146,12 @@ struct Level {
 // per storm event. The heap is held to a tight bound; resident memory,
 // which also holds malloc's arenas and cached thread stacks, to a loose one.
 void ExpectBackToLevel(ProxyHarness& h, const Level& before, int64_t kept_kb = 0) {
-  const std::map<ThreadClass, int> thread_slack = {
-      {ThreadClass::kGrpcPool, 12}, {ThreadClass::kSyncServer, 3}, {ThreadClass::kOther, 1}};
+  constexpr int kGrpcPoolSlack = 12;
+  constexpr int kSyncServerSlack = 3;
+  constexpr int kOtherThreadSlack = 1;
+  const std::map<ThreadClass, int> thread_slack = {{ThreadClass::kGrpcPool, kGrpcPoolSlack},
+                                                   {ThreadClass::kSyncServer, kSyncServerSlack},
+                                                   {ThreadClass::kOther, kOtherThreadSlack}};
   constexpr int kFdSlack = 6;
   constexpr int64_t kHeapSlackKb = 2 * 1024;
   constexpr int64_t kRssSlackKb = 24 * 1024;
@@ -163,8 +167,9 @@ void ExpectBackToLevel(ProxyHarness& h, const Level& before, int64_t kept_kb = 0
       },
       absl::Seconds(20)))
       << "threads " << before.threads << " before, " << Threads() << " after ("
-      << ThreadChange(before.thread_names) << "); slack 12 in gRPC's pools, 3 synchronous "
-      << "server pollers, 1 for the rest";
+      << ThreadChange(before.thread_names) << "); slack " << kGrpcPoolSlack
+      << " in gRPC's pools, " << kSyncServerSlack << " synchronous server pollers, "
+      << kOtherThreadSlack << " for the rest";
   EXPECT_TRUE(h.WaitFor([&] { return Fds() <= before.fds + kFdSlack; }, absl::Seconds(20)))
       << "fds " << before.fds << " before, " << Fds() << " after";
   std::cout << "level: threads " << before.threads << " -> " << Threads() << " ("

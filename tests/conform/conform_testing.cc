@@ -1,5 +1,9 @@
 #include "tests/conform/conform_testing.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
 #include "tests/testing/process.h"
 #include "tests/testing/sanitizers.h"
@@ -14,6 +18,24 @@ std::string SamplePlugin() { return Runfile("tools/sample_plugin/sample_plugin")
 const std::string& ConformWorkRoot() {
   static const ShortTempDir dir;
   return dir.path();
+}
+
+void KeepFailedCell(const conform::CellResult& c) {
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  if (outputs == nullptr || c.dir.empty() || c.outcome != conform::Outcome::kFail) return;
+  namespace fs = std::filesystem;
+  const fs::path from(c.dir);
+  // <run>-<cell>-<release>-<scenario>: the run's directory tells runs apart.
+  const fs::path to = fs::path(outputs) / absl::StrCat(from.parent_path().filename().string(), "-",
+                                                        from.filename().string(), "-", c.kubelet,
+                                                        "-", c.scenario);
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(from, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;  // sockets, directories
+    const fs::path target = to / fs::relative(it->path(), from, ec);
+    fs::create_directories(target.parent_path(), ec);
+    fs::copy_file(it->path(), target, fs::copy_options::overwrite_existing, ec);
+  }
 }
 
 conform::ConformOptions SamplePluginRun(const std::string& plugin_flags) {
@@ -43,6 +65,7 @@ conform::ConformOptions SamplePluginRun(const std::string& plugin_flags) {
   o.timeout = absl::Seconds(18);
   o.settle = absl::Milliseconds(500);
   o.jobs = 4;
+  o.on_cell = [](const conform::CellResult& c, size_t, size_t) { KeepFailedCell(c); };
   return o;
 }
 

@@ -26,8 +26,14 @@ std::string SamplePlugin();
 const std::string& ConformWorkRoot();
 
 // A run of the sample plugin with `plugin_flags` against kFaultReleases, its
-// health set through its control socket, with deadlines for a test.
+// health set through its control socket, with deadlines for a test. A cell
+// that fails leaves its files in the test's outputs (KeepFailedCell).
 conform::ConformOptions SamplePluginRun(const std::string& plugin_flags);
+
+// Under Bazel, copies the files of a failed cell's directory (the plugin's
+// output, the kubelet's events, dpproxy's log) into the test's undeclared
+// outputs, which outlive the work root; nothing otherwise.
+void KeepFailedCell(const conform::CellResult& c);
 
 // "scenario on release: outcome (summary) what the plugin did".
 std::string DescribeCell(const conform::CellResult& c);

@@ -39,21 +39,22 @@ using testing::Kill;
 using testing::Runfile;
 using testing::Spawn;
 
-constexpr char kBackendUp[] = "\"event\":\"backend_up\"";
+// dpproxy's event for each device list it takes from a plugin.
+constexpr char kDevicesTaken[] = "\"event\":\"devices\"";
 
-// How many backend_up events an events file holds (dpproxy appends them
-// across its runs; a SIGKILL may tear the last line only).
-int CountBackendUps(const std::string& text) {
+// How many device lists an events file says were taken (dpproxy appends
+// them across its runs; a SIGKILL may tear the last line only).
+int CountListsTaken(const std::string& text) {
   int n = 0;
-  for (size_t at = text.find(kBackendUp); at != std::string::npos;
-       at = text.find(kBackendUp, at + 1)) {
+  for (size_t at = text.find(kDevicesTaken); at != std::string::npos;
+       at = text.find(kDevicesTaken, at + 1)) {
     ++n;
   }
   return n;
 }
-int BackendUps(const std::string& path) {
+int ListsTaken(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
-  return text.ok() ? CountBackendUps(*text) : 0;
+  return text.ok() ? CountListsTaken(*text) : 0;
 }
 
 TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
@@ -86,12 +87,13 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
                                            "--status_file=", "--metrics_address=",
                                            trace != nullptr ? "--minloglevel=0" : "--minloglevel=2"};
     proxy_args.push_back("--events=" + events);
-    const int ups_before = BackendUps(events);
+    const int lists_before = ListsTaken(events);
     std::unique_ptr<ChildProcess> proxy = Spawn(proxy_args);
     auto stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(proxied));
     auto fresh = [&] { stub = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(proxied)); };
     // `first`: the kubelet-facing socket may appear a moment later; the
     // call waits for it (gRPC's wait_for_ready).
+    std::string last_call;  // how the last Allocate ended, for failure messages
     auto allocate = [&](const std::string& id, bool first = false) {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(first ? 15 : 2)));
@@ -100,6 +102,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
       req.add_container_requests()->add_devices_ids(id);
       v1beta1::AllocateResponse resp;
       grpc::Status s = stub->Allocate(&ctx, req, &resp);
+      last_call = s.ok() ? "OK" : DescribeGrpcStatus(s);
       if (trace != nullptr && !s.ok()) {
         std::cout << absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone())
                   << DescribeGrpcStatus(s) << "\n";
@@ -107,16 +110,19 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
       return s.ok() && resp.container_responses_size() == 1 &&
              resp.container_responses(0).envs().at("SAMPLE_GPU_DEVICES") == id;
     };
-    // Allocations go through once the plugin is back: dpproxy says so
-    // (backend_up); the kubelet-facing socket follows at once.
+    // Allocations go through once the plugin is back and dpproxy has its
+    // device list (as a kubelet allocates only devices it was shown; on a
+    // first start dpproxy knows no device before that list); the
+    // kubelet-facing socket follows at once.
     const absl::Time spawned = absl::Now();
     ASSERT_TRUE(testing::WaitForFile(
-        events, [&](const std::string& text) { return CountBackendUps(text) > ups_before; },
+        events, [&](const std::string& text) { return CountListsTaken(text) > lists_before; },
         absl::Seconds(15)))
-        << "round " << round << ": the plugin never came back to dpproxy";
+        << "round " << round << ": the plugin's device list never came back to dpproxy";
     fresh();
     ASSERT_TRUE(allocate("dev-0", /*first=*/true))
-        << "round " << round << ": an allocation after backend_up failed";
+        << "round " << round << ": an allocation after the device list failed (" << last_call
+        << ")";
     ++answered["dev-0"];
     ++total_answered;
     const absl::Duration recovery = absl::Now() - spawned;

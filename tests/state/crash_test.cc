@@ -105,7 +105,7 @@ TEST(CrashTest, EveryAnsweredAllocationSurvivesSigkill) {
       last_call = s.ok() ? "OK" : DescribeGrpcStatus(s);
       if (trace != nullptr && !s.ok()) {
         std::cout << absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::UTCTimeZone())
-                  << DescribeGrpcStatus(s) << "\n";
+                  << last_call << "\n";
       }
       return s.ok() && resp.container_responses_size() == 1 &&
              resp.container_responses(0).envs().at("SAMPLE_GPU_DEVICES") == id;

@@ -29,9 +29,9 @@ absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(
     return std::shared_ptr<Backend>(std::move(backend));
   }
   if (registered.has_value()) {
-    // Options the plugin gave when it registered: a plugin written for
-    // kubelets up to 1.24 may answer nothing sensible to
-    // GetDevicePluginOptions, which those kubelets never call.
+    // Options the plugin registered with: a plugin written for kubelets up
+    // to 1.24 may answer nothing sensible to GetDevicePluginOptions, which
+    // those kubelets never call.
     return std::shared_ptr<Backend>(
         std::make_shared<V1Beta1Backend>(resource, socket_path, channel, *registered));
   }

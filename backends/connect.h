@@ -22,9 +22,10 @@
 namespace dpproxy {
 
 // Dials the plugin (up to `dial_timeout`) and, for v1beta1, takes its
-// options from `registered` (those it sent in its RegisterRequest, as
-// kubelets up to 1.24 read them) or, without them, asks for them
-// (GetDevicePluginOptions, as 1.25+ do). kUnavailable naming the socket if
+// options from `registered` (those it registered with, as kubelets up to
+// 1.24 read them, or remembered from an earlier dpproxy) or, without them,
+// asks for them (GetDevicePluginOptions, as 1.25+ do: a static backend,
+// which never registers). kUnavailable naming the socket if
 // it cannot be reached. Messages from the plugin may be up to
 // `max_receive_bytes`.
 absl::StatusOr<std::shared_ptr<Backend>> ConnectBackend(

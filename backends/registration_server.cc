@@ -252,9 +252,15 @@ absl::Status BackendRegistrationServer::HandleRegister(
   if (s = CheckEndpointPath(socket, endpoint); !s.ok()) return reject("endpoint", s);
 
   if (api == ApiVersion::kV1Beta1) {
-    absl::StatusOr<std::shared_ptr<Backend>> b =
-        ConnectBackend(resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()),
-                       options_.max_list_bytes, registered_options);
+    // A Register without options is taken as the defaults, as kubelets
+    // 1.10-1.24 took it (they read RegisterRequest.options and never call
+    // GetDevicePluginOptions). dpproxy never asks: a plugin written for
+    // those kubelets may die on a call it was never made (a Go handler
+    // answering nil panics its generated server), and it works directly
+    // with them.
+    absl::StatusOr<std::shared_ptr<Backend>> b = ConnectBackend(
+        resource, socket, api, absl::Nanoseconds(dial_timeout_ns_.load()),
+        options_.max_list_bytes, registered_options.value_or(v1beta1::DevicePluginOptions()));
     if (!b.ok()) {
       return reject("dial", absl::UnknownError(
           absl::StrCat("failed to dial device plugin: ", b.status().message())));

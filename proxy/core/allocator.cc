@@ -315,8 +315,8 @@ void Allocator::ObserveBackendCall(const char* method, absl::string_view kubelet
 
 absl::Status Allocator::NoBackend() const {
   return absl::UnavailableError(absl::StrCat(
-      "no backend is connected for resource ", resource_->name(),
-      "; its devices are reported Unhealthy until one registers"));
+      "no backend is connected for resource ", resource_->name(), "; ",
+      resource_->ShownWhileAway()));
 }
 
 void Allocator::Commit(const AllocationJournal::Reservation& r,

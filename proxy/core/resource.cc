@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 
 namespace dpproxy {
@@ -64,6 +65,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
     last_endpoint_ = backend->endpoint();
     last_api_ = std::string(ApiWireVersion(backend->api()));
     v1beta1::DevicePluginOptions opts = backend->options();
+    last_options_ = opts;
     options_changed = opts.SerializeAsString() != options_.SerializeAsString();
     options_ = opts;
     ++changes_;
@@ -571,7 +573,8 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
 }
 
 void Resource::Restore(std::shared_ptr<const DeviceList> devices, absl::Duration trust_for,
-                       const std::string& backend_endpoint, const std::string& backend_api) {
+                       const std::string& backend_endpoint, const std::string& backend_api,
+                       std::optional<v1beta1::DevicePluginOptions> backend_options) {
   ChangeLock lock(this);
   if (connected_) return;  // a backend was faster: its list wins
   PublishBaseLocked(std::move(devices));
@@ -580,7 +583,40 @@ void Resource::Restore(std::shared_ptr<const DeviceList> devices, absl::Duration
   hold_override_ = trust_for;
   last_endpoint_ = backend_endpoint;
   last_api_ = backend_api;
+  last_options_ = backend_options;
+  if (backend_options.has_value()) options_ = *backend_options;
   if (trust_for <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
+}
+
+std::optional<absl::Time> Resource::trusted_until() {
+  absl::MutexLock lock(&mu_);
+  if (connected_ || !lost_at_.has_value() || !hold_override_.has_value() ||
+      *hold_override_ <= absl::ZeroDuration()) {
+    return std::nullopt;
+  }
+  const absl::Time until = *lost_at_ + *hold_override_;
+  if (absl::Now() >= until) return std::nullopt;
+  return until;
+}
+
+std::string Resource::ShownWhileAway() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  auto at = [](absl::Time t) { return absl::FormatTime("%H:%M:%S", t, absl::LocalTimeZone()); };
+  if (keep_health_) return "its devices keep their last health during a handoff";
+  if (lost_at_.has_value() && hold_override_.has_value() &&
+      now < *lost_at_ + *hold_override_) {
+    return absl::StrCat("no plugin has connected since dpproxy started, and its devices are "
+                        "reported at their remembered health until ",
+                        at(*lost_at_ + *hold_override_),
+                        " (restore_hold), then Unhealthy unless one connects");
+  }
+  if (lost_at_.has_value() && !hold_override_.has_value() &&
+      loss_policy_ == LossPolicy::kHold && now < *lost_at_ + hold_) {
+    return absl::StrCat("its devices are held at their last health until ",
+                        at(*lost_at_ + hold_), " (backend_loss.hold), then Unhealthy");
+  }
+  return "its devices are reported Unhealthy until one connects";
 }
 
 std::shared_ptr<const DeviceList> Resource::ReportedDevices() {
@@ -588,9 +624,9 @@ std::shared_ptr<const DeviceList> Resource::ReportedDevices() {
   return reported_;
 }
 
-std::pair<std::string, std::string> Resource::last_backend() {
+Resource::LastBackend Resource::last_backend() {
   absl::MutexLock lock(&mu_);
-  return {last_endpoint_, last_api_};
+  return {last_endpoint_, last_api_, last_options_};
 }
 
 void Resource::KeepHealthOnLoss(bool keep) {

@@ -159,8 +159,19 @@ class Resource {
   // `trust_for` (0: Unhealthy at once), then turn Unhealthy unless a backend
   // has sent a list by then. `backend_endpoint`/`backend_api` describe the
   // backend the list came from.
+  // `backend_options`: the options it was served with, if remembered (the
+  // kubelet is then told them at once, not when the plugin is back).
   void Restore(std::shared_ptr<const DeviceList> devices, absl::Duration trust_for,
-               const std::string& backend_endpoint, const std::string& backend_api);
+               const std::string& backend_endpoint, const std::string& backend_api,
+               std::optional<v1beta1::DevicePluginOptions> backend_options = std::nullopt);
+
+  // Until when the devices are trusted at their remembered health with no
+  // backend connected since a restore (Restore's `trust_for`); nullopt
+  // when a backend has connected since, or the trust is over.
+  std::optional<absl::Time> trusted_until();
+  // What the kubelet is shown of this resource's devices while no backend
+  // is connected, for an error naming it ("its devices are ...").
+  std::string ShownWhileAway();
 
   // The device list as the backend last reported it (or as restored), with
   // the backend's health, not the loss policy's: what the state file keeps,
@@ -170,8 +181,15 @@ class Resource {
   std::shared_ptr<const DeviceList> ReportedDevices();
 
   // The backend that served this resource last (current or gone), for
-  // status and state: endpoint and Register version; empty if none yet.
-  std::pair<std::string, std::string> last_backend();
+  // status and state: endpoint and Register version (empty if none yet),
+  // and the options it was served with (nullopt if unknown: restored from
+  // a state file that did not keep them).
+  struct LastBackend {
+    std::string endpoint;
+    std::string api;
+    std::optional<v1beta1::DevicePluginOptions> options;
+  };
+  LastBackend last_backend();
 
   // Devices the kubelet must see Unhealthy whatever their health: a
   // resource renamed or removed while pods hold its devices, or devices
@@ -283,6 +301,7 @@ class Resource {
   bool keep_health_ ABSL_GUARDED_BY(mu_) = false;  // KeepHealthOnLoss()
   std::string last_endpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_api_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1beta1::DevicePluginOptions> last_options_ ABSL_GUARDED_BY(mu_);
   v1beta1::DevicePluginOptions options_ ABSL_GUARDED_BY(mu_);
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
   // The list before health overrides (what snapshot_ shows without them).

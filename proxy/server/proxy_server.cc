@@ -90,7 +90,9 @@ absl::Status ProxyServer::Start() {
   Wake();
   events_.Emit("proxy_started", {});
   if (taking_over()) {
-    takeover_->StartCompleting({side_.get(), [this] { return stopping(); }, before_finish_hook_});
+    takeover_->StartCompleting(
+        {side_.get(), [this] { return stopping(); }, before_finish_hook_,
+         [this](absl::Duration timeout) { return redialer_->WaitSettled(timeout); }});
   }
   return absl::OkStatus();
 }
@@ -246,6 +248,19 @@ absl::Status ProxyServer::StartServing() {
       reg_options,
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }, &events_);
   DPP_RETURN_IF_ERROR(registration_->Start());
+  // Plugins that served before this start, where they still listen: one
+  // that watches only its own socket never registers again by itself.
+  redialer_ = std::make_unique<Redialer>(
+      Redialer::Options{config_.plugin_dir, config_.dial_timeout,
+                        config_.backend_max_list_bytes},
+      workers_.get(), &events_,
+      [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); },
+      [this](const std::string& name) {
+        ServedResource* e = table_.Find(name);
+        return e != nullptr && e->resource->backend_connected();
+      });
+  redialer_->Start(std::move(remembered_));
+  remembered_.clear();
   for (const StaticBackendConfig& sb : config_.static_backends) {
     const std::string name = table_.ServedName(sb.resource);
     (void)EnsureEntry(name);
@@ -254,7 +269,7 @@ absl::Status ProxyServer::StartServing() {
   DPP_RETURN_IF_ERROR(side_->Start());
   reporter_ = std::make_unique<Reporter>(Reporter::Parts{
       &config_, &table_, statics_.get(), &losses_, side_.get(), registration_.get(),
-      keeper_.get(), reconciler_.get(), quarantine_.get(), dra_});
+      keeper_.get(), reconciler_.get(), quarantine_.get(), dra_, redialer_.get()});
   reload_actions_.SetParts(ReloadActions::Parts{
       &table_, statics_.get(), workers_.get(), registration_.get(), side_.get(), split_, &events_,
       config_.backend_max_list_bytes, [this](const std::string& name) { return EnsureEntry(name); },
@@ -301,6 +316,7 @@ void ProxyServer::Shutdown() {
   housekeeping_.Stop();
   if (saver_) saver_->Stop();
   if (reconciler_) reconciler_->Stop();
+  if (redialer_) redialer_->Stop();
   if (registration_) registration_->Stop();
   retired_ = table_.TakeAll();
   const bool giving_back = taking_over() && !takeover_->finish_sent();
@@ -451,8 +467,17 @@ absl::Status ProxyServer::RestoreState() {
       continue;
     }
     ServedResource* e = EnsureEntry(r.name());
+    std::optional<v1beta1::DevicePluginOptions> options;
+    if (r.backend().has_options()) options = r.backend().options();
     e->resource->Restore(DeviceList::FromDevices({r.devices().begin(), r.devices().end()}), trust,
-                         r.backend().endpoint(), r.backend().api_version());
+                         r.backend().endpoint(), r.backend().api_version(), options);
+    absl::StatusOr<std::optional<ApiVersion>> api =
+        ParseApiVersion(r.backend().api_version(), /*allow_auto=*/false);
+    if (!r.backend().static_backend() && !r.backend().endpoint().empty() && api.ok() &&
+        api->has_value()) {
+      remembered_.push_back({r.name(), plugin.empty() ? r.name() : plugin, r.backend().endpoint(),
+                             **api, options});
+    }
     table_.SetRestored(e, {plugin, r.kubelet_api()});
     if (static_removed) statics_->MarkRemoved(r.name());
     LOG(INFO) << "resource " << r.name() << ": restored " << r.devices_size()
@@ -494,6 +519,7 @@ void ProxyServer::StopWriting() {
   saver_->SaveNow();  // the newest lists, changed or not
   // The plugins' socket is the new one's to serve (and a server that
   // stopped later would unlink it under the new one).
+  if (redialer_) redialer_->Stop();
   if (registration_) registration_->Stop();
   keeper_->HandOver();
   ::close(state_lock_.fd);

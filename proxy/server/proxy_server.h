@@ -56,6 +56,7 @@
 #include "proxy/server/handover.h"
 #include "proxy/server/housekeeping.h"
 #include "proxy/server/quarantine.h"
+#include "proxy/server/redialer.h"
 #include "proxy/server/reconciler.h"
 #include "proxy/server/reload_actions.h"
 #include "proxy/server/reloader.h"
@@ -222,6 +223,10 @@ class ProxyServer : private Handover::Host {
   // Blocking work handed off by housekeeping (Register, static connects).
   std::unique_ptr<WorkQueue> workers_;
   std::unique_ptr<StaticBackends> statics_;
+  // The plugins the state file remembers (RestoreState), dialled again
+  // once the registration socket is served.
+  std::vector<Redialer::Remembered> remembered_;
+  std::unique_ptr<Redialer> redialer_;
   // Stopped (Shutdown) and kept until the side that points at them is
   // gone (the destructor).
   std::map<std::string, std::unique_ptr<ServedResource>> retired_;

@@ -80,7 +80,9 @@ ProxyStatus Reporter::Status(bool with_devices) {
 ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) {
   const Resource::Snapshot snap = e->resource->Current();
   const v1beta1::DevicePluginOptions opts = e->resource->options();
-  const auto [endpoint, backend_api] = e->resource->last_backend();
+  const Resource::LastBackend last = e->resource->last_backend();
+  const std::string& endpoint = last.endpoint;
+  const std::string& backend_api = last.api;
   ResourceStatus r;
   r.resource = e->resource->name();
   const KubeletView kubelet = p_.side->ViewOf(r.resource);
@@ -174,9 +176,10 @@ std::vector<StateKeeper::ResourceToSave> Reporter::SavedResources() {
     r.set_name(e->resource->name());
     const std::string api = p_.side->ViewOf(e->resource->name()).api;
     r.set_kubelet_api(api.empty() ? facts.restored_kubelet_api : api);
-    auto [endpoint, backend_api] = e->resource->last_backend();
-    r.mutable_backend()->set_endpoint(endpoint);
-    r.mutable_backend()->set_api_version(backend_api);
+    const Resource::LastBackend last = e->resource->last_backend();
+    r.mutable_backend()->set_endpoint(last.endpoint);
+    r.mutable_backend()->set_api_version(last.api);
+    if (last.options.has_value()) *r.mutable_backend()->mutable_options() = *last.options;
     r.mutable_backend()->set_backend_resource(facts.backend_resource);
     // A removed one too: the next start knows it is no longer wanted.
     const StaticBackends::Report statics = p_.statics->report(r.name());
@@ -188,6 +191,30 @@ std::vector<StateKeeper::ResourceToSave> Reporter::SavedResources() {
 
 std::vector<HealthCheck> Reporter::Readiness() {
   std::vector<HealthCheck> checks = p_.side->Readiness();
+  // A resource restored from the state file with no plugin connected since:
+  // the kubelet is shown its remembered devices, Healthy where they were,
+  // on trust alone; or its plugin is being dialled again.
+  const std::map<std::string, Redialer::Report> redials =
+      p_.redialer ? p_.redialer->reports() : std::map<std::string, Redialer::Report>();
+  for (ServedResource* e : p_.table->All()) {
+    const std::string& name = e->resource->name();
+    if (e->resource->backend_connected()) continue;
+    auto redial = redials.find(name);
+    const std::optional<absl::Time> trusted = e->resource->trusted_until();
+    if (redial != redials.end() && redial->second.outcome == Redialer::Outcome::kDialling) {
+      checks.push_back({absl::StrCat("backend:", name), false,
+                        absl::StrCat("dialling again the plugin that served it before this "
+                                     "dpproxy started, at ", redial->second.endpoint)});
+    } else if (trusted.has_value()) {
+      std::string why = absl::StrCat(
+          "no plugin has connected since dpproxy started; ", e->resource->ShownWhileAway());
+      if (redial != redials.end() && !redial->second.error.empty()) {
+        absl::StrAppend(&why, " (its plugin at ", redial->second.endpoint,
+                        " was dialled again: ", redial->second.error, ")");
+      }
+      checks.push_back({absl::StrCat("backend:", name), false, std::move(why)});
+    }
+  }
   // A resource whose plugin's last list was refused: named until a list
   // is taken.
   for (ServedResource* e : p_.table->All()) {

@@ -26,6 +26,7 @@
 #include "proxy/kubelet_side/dra/dra_side.h"
 #include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/server/quarantine.h"
+#include "proxy/server/redialer.h"
 #include "proxy/server/reconciler.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/static_backends.h"
@@ -48,6 +49,7 @@ class Reporter {
     Reconciler* reconciler = nullptr;                  // with one, not in DRA mode
     Quarantine* quarantine = nullptr;                  // with a state directory
     DraSide* dra = nullptr;                            // the side, in DRA mode
+    Redialer* redialer = nullptr;                      // once serving
   };
 
   explicit Reporter(Parts parts) : p_(parts) {}

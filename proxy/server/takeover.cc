@@ -101,6 +101,18 @@ void Takeover::Complete(const Parts& parts) {
     return;
   }
   PauseForTest("forwarded");
+  // The predecessor's plugins: a plugin that watches only its own socket
+  // never registers here by itself, and would be connected to nobody once
+  // the predecessor exits.
+  if (parts.plugins_back) {
+    bool back = parts.plugins_back(absl::Seconds(30));
+    while (!back && !parts.stopping()) {
+      LOG(ERROR) << "takeover: a plugin the running dpproxy has connected is not connected here "
+                    "yet (see /readyz); the predecessor keeps running until it is, or is gone";
+      events_->Emit("takeover_waiting", {{"waited_s", 30}, {"for", "plugins"}});
+      back = parts.plugins_back(absl::Seconds(30));
+    }
+  }
   // Registered everywhere, and the kubelet using every socket of this one
   // (a device plugin: it opens ListAndWatch once the new endpoint is its
   // current one, and a 1.10-1.24 kubelet answers Register before it

@@ -6,7 +6,8 @@
 //   AskToRelease   in Start, before the lock: the running dpproxy (the
 //                  predecessor) saves, closes its journal and unlocks;
 //   Complete       once this one serves (its own thread): the predecessor
-//                  forwards the kubelet's Allocates here; the kubelet is
+//                  forwards the kubelet's Allocates here; every plugin the
+//                  predecessor had is connected here too (or gone); the kubelet is
 //                  registered with and streams from this one for every
 //                  resource; 1.25-1.36 kubelets' client entries are emptied
 //                  (client_name_release.h); the predecessor is told to
@@ -61,6 +62,9 @@ class Takeover {
     std::function<bool()> stopping;
     // Just before the predecessor is told to finish (may be empty).
     std::function<void()> before_finish;
+    // Waits up to the given time until every plugin the predecessor had
+    // connected is connected here too, or found gone (may be empty).
+    std::function<bool(absl::Duration)> plugins_back;
   };
   // Runs Complete on a thread of its own.
   void StartCompleting(Parts parts);

@@ -342,7 +342,7 @@ TEST(ResourceTest, AReplacedBackendIsStoppedOnceAndHeardNoMore) {
   EXPECT_EQ(r.Current().list->size(), 3);
   EXPECT_FALSE(r.HasDevice("late-0"));
   EXPECT_TRUE(r.backend_connected());
-  EXPECT_EQ(r.last_backend().first, "/run/new.sock");
+  EXPECT_EQ(r.last_backend().endpoint, "/run/new.sock");
   EXPECT_TRUE(r.options().pre_start_required());
   r.Shutdown();
 }

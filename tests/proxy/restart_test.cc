@@ -13,6 +13,7 @@
 
 #include <grpcpp/client_context.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "proto/v1beta1/api.grpc.pb.h"
@@ -191,6 +192,174 @@ TEST(FieldPluginTest, OptionsOnlyInRegisterAreUsedWithoutAsking) {
     EXPECT_FALSE(plugin->events().WaitForEvent("get_device_plugin_options_failed", {},
                                                absl::ZeroDuration()));
   }
+}
+
+// The plugin serves, is connected, and the state file keeps it (with the
+// options it was served with) before dpproxy goes.
+// Returns the plugin (nullptr after a failure).
+sample::SamplePlugin* UpAndSaved(ProxyHarness& h, const sample::SamplePluginOptions& o) {
+  EXPECT_TRUE(h.sim().Start().ok());
+  EXPECT_TRUE(h.proxy().Start().ok());
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  EXPECT_NE(plugin, nullptr);
+  EXPECT_TRUE(h.sim().WaitForResource("vendor.com/gpu", 4, kWait));
+  const bool saved = h.WaitFor([&] {
+    const state::State s = h.proxy().state()->Snapshot();
+    return s.resources_size() == 1 && s.resources(0).backend().has_options();
+  });
+  EXPECT_TRUE(saved) << "the state file never kept the plugin's options";
+  return saved ? plugin : nullptr;
+}
+
+// dpproxy restarts, and the kubelet has its new registration (the old
+// one's last registration turned the devices Unhealthy).
+bool RestartAndRegister(ProxyHarness& h) {
+  const size_t from = h.sim().events().Size();
+  h.RestartProxy();
+  return h.proxy().Start().ok() &&
+         h.sim().events().WaitForEvent("registered", {{"resource", "vendor.com/gpu"}}, kWait,
+                                       from) &&
+         h.sim().WaitForResource("vendor.com/gpu", 4, kWait);
+}
+
+absl::Status AllocateOne(ProxyHarness& h, const std::string& pod) {
+  return h.sim().Allocate(testing::PodRequest(pod, {{"main", 1}}, "vendor.com/gpu")).status();
+}
+
+// A plugin that notices a kubelet start only by its own socket going (a
+// generic plugin in the field polls it) never registers with a dpproxy that
+// started anew and left its socket in place: the new one dials it where it
+// served, whether the old one stopped, crashed or handed over.
+TEST(FieldPluginTest, APluginWatchingOnlyItsOwnSocketIsDialledAgainAfterARestart) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.restart_signal = sample::RestartSignal::kOwnSocket;
+  UpAndSaved(h, o);
+  ASSERT_TRUE(AllocateOne(h, "before").ok());
+
+  ASSERT_TRUE(RestartAndRegister(h));
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("backend_redialled",
+                                              {{"resource", "vendor.com/gpu"}}, kWait));
+  absl::Status after = AllocateOne(h, "after");
+  EXPECT_TRUE(after.ok()) << after;
+  EXPECT_EQ(h.KubeletHealth("vendor.com/gpu", "gpu-3"), "Healthy");
+}
+
+TEST(FieldPluginTest, APluginWatchingOnlyItsOwnSocketFollowsATakeover) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.restart_signal = sample::RestartSignal::kOwnSocket;
+  UpAndSaved(h, o);
+  ASSERT_TRUE(AllocateOne(h, "before").ok());
+
+  absl::Status took = h.TakeOver();
+  ASSERT_TRUE(took.ok()) << took;
+  // The takeover completed only once the plugin was connected here: the
+  // predecessor is gone, and the plugin serves through the new one.
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("backend_redialled",
+                                              {{"resource", "vendor.com/gpu"}},
+                                              absl::ZeroDuration()));
+  absl::Status after = AllocateOne(h, "after");
+  EXPECT_TRUE(after.ok()) << after;
+}
+
+// A plugin that watches only kubelet.sock restarts its server and registers
+// when the new dpproxy serves it: the registration is the one kept, and
+// the plugin is not dialled on top of it.
+TEST(FieldPluginTest, APluginWatchingOnlyKubeletSockRegistersAgainAfterARestart) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.restart_signal = sample::RestartSignal::kKubeletSocket;
+  sample::SamplePlugin* plugin = UpAndSaved(h, o);
+  ASSERT_NE(plugin, nullptr);
+
+  const size_t from = plugin->events().Size();
+  ASSERT_TRUE(RestartAndRegister(h));
+  EXPECT_TRUE(plugin->events().WaitForEvent("registered", {}, kWait, from));
+  absl::Status after = AllocateOne(h, "after");
+  EXPECT_TRUE(after.ok()) << after;
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("backend_redialled", {}, absl::ZeroDuration()));
+}
+
+// A restored resource whose plugin is gone is trusted for restore_hold:
+// /readyz says so, and an Allocate's error says what the kubelet is shown.
+TEST(FieldPluginTest, ATrustedResourceWithoutItsPluginIsNotReady) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.restore_policy = RestorePolicy::kTrust;
+    c.restore_hold = absl::Minutes(5);
+    c.kubelet.backend_timeout = absl::Seconds(1);
+  });
+  UpAndSaved(h, h.PluginOptions(ApiVersion::kV1Beta1));
+  h.StopPlugins();
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForResource("vendor.com/gpu", 4, kWait));  // trusted
+  std::string reason;
+  ASSERT_TRUE(h.WaitFor([&] {
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == "backend:vendor.com/gpu" && !c.ok) reason = c.reason;
+    }
+    return absl::StrContains(reason, "remembered health until");
+  }));
+  EXPECT_THAT(reason, ::testing::HasSubstr("remembered health until"));
+  absl::Status a = AllocateOne(h, "nobody");
+  EXPECT_FALSE(a.ok());
+  EXPECT_THAT(std::string(a.message()), ::testing::HasSubstr("remembered health until"));
+  EXPECT_THAT(std::string(a.message()), ::testing::Not(::testing::HasSubstr("reported Unhealthy")));
+
+  // Once a plugin is back, the check is gone.
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  EXPECT_TRUE(h.WaitFor([&] {
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == "backend:vendor.com/gpu") return false;
+    }
+    return true;
+  }));
+}
+
+// A plugin that registers without options and dies when asked for them
+// (a Go plugin whose GetDevicePluginOptions answers nil) works through
+// dpproxy in front of every kubelet: it is never asked, directly or after
+// a restart of dpproxy.
+TEST(FieldPluginTest, APluginThatPanicsWhenAskedForOptionsIsNeverAsked) {
+  for (Personality p : {Personality::kV1Alpha, Personality::kV1Beta1Async,
+                        Personality::kV1Beta1Sync}) {
+    SCOPED_TRACE(sim::PersonalityName(p));
+    ProxyHarness h(p, false);
+    sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+    o.panic_on_options = true;
+    o.restart_signal = sample::RestartSignal::kOwnSocket;
+    sample::SamplePlugin* plugin = UpAndSaved(h, o);
+    ASSERT_NE(plugin, nullptr);
+    absl::Status a = AllocateOne(h, "first");
+    EXPECT_TRUE(a.ok()) << a;
+    ASSERT_TRUE(RestartAndRegister(h));
+    EXPECT_TRUE(h.proxy().events().WaitForEvent("backend_redialled", {}, kWait));
+    a = AllocateOne(h, "second");
+    EXPECT_TRUE(a.ok()) << a;
+    EXPECT_FALSE(plugin->events().WaitForEvent("panicked", {}, absl::ZeroDuration()));
+  }
+}
+
+// The options a plugin registered with are kept in the state file: dialled
+// again, it is served with them (its PreStartContainer called) and never
+// asked (it fails GetDevicePluginOptions).
+TEST(FieldPluginTest, ADialledAgainPluginKeepsTheOptionsItRegisteredWith) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.options_only_in_register = true;
+  o.pre_start_required = true;
+  o.restart_signal = sample::RestartSignal::kOwnSocket;
+  sample::SamplePlugin* plugin = UpAndSaved(h, o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(RestartAndRegister(h));
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_redialled", {}, kWait));
+  const int64_t pre_starts = plugin->Status().pre_start_calls();
+  absl::Status a = AllocateOne(h, "after");
+  ASSERT_TRUE(a.ok()) << a;
+  EXPECT_EQ(plugin->Status().pre_start_calls(), pre_starts + 1);
+  EXPECT_FALSE(plugin->events().WaitForEvent("get_device_plugin_options_failed", {},
+                                             absl::ZeroDuration()));
 }
 
 }  // namespace

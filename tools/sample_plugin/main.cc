@@ -70,6 +70,16 @@ DEFINE_string(first_list_delay, "0s", "Hold the first ListAndWatch list back thi
 DEFINE_bool(options_only_in_register, false,
             "Give the options in RegisterRequest only: GetDevicePluginOptions fails, as a\n"
             "plugin written for kubelets up to 1.24 answering nil does.");
+DEFINE_bool(panic_on_options, false,
+            "Register without options and exit with status 2 on GetDevicePluginOptions,\n"
+            "as a Go plugin written for kubelets up to 1.24 whose handler answers nil\n"
+            "does (its generated server panics).");
+DEFINE_string(restart_signal, "either",
+              "What makes the plugin register again after it registered once:\n"
+              "either (its own socket removed, or kubelet.sock created anew),\n"
+              "own-socket (only its own socket removed; it is looked at on every\n"
+              "change of its directory and once a second) or kubelet-socket (only a\n"
+              "new kubelet.sock, which restarts the plugin's server).");
 DEFINE_string(fail_allocate, "",
               "Fault injection: fail every Allocate with INTERNAL and this message.");
 DEFINE_string(device_list_fault, "",
@@ -162,6 +172,19 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.fail_allocate = FLAGS_fail_allocate;
   o.devices_from_list_and_watch = FLAGS_devices_from_list_and_watch;
   o.options_only_in_register = FLAGS_options_only_in_register;
+  o.panic_on_options = FLAGS_panic_on_options;
+  o.exit_on_panic = true;
+  if (FLAGS_restart_signal == "either") {
+    o.restart_signal = RestartSignal::kEither;
+  } else if (FLAGS_restart_signal == "own-socket") {
+    o.restart_signal = RestartSignal::kOwnSocket;
+  } else if (FLAGS_restart_signal == "kubelet-socket") {
+    o.restart_signal = RestartSignal::kKubeletSocket;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--restart_signal=", FLAGS_restart_signal,
+        " is not one of either, own-socket, kubelet-socket"));
+  }
   DPP_ASSIGN_OR_RETURN(o.first_list_delay,
                        ParseFlagDuration("first_list_delay", FLAGS_first_list_delay));
   o.device_list_fault = FLAGS_device_list_fault;

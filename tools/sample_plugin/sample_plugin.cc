@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <functional>
+
 #include <algorithm>
 #include <map>
 
@@ -205,7 +207,10 @@ class SamplePlugin::Impl {
   }
 
   bool options_only_in_register() const { return o_.options_only_in_register; }
+  bool panic_on_options() const { return o_.panic_on_options; }
   EventLog* events() { return events_; }
+  // What panic_on_options does (SamplePlugin::Die); set before serving.
+  std::function<void()> on_panic;
 
   v1beta1::DevicePluginOptions Options() const {
     v1beta1::DevicePluginOptions opts;
@@ -517,6 +522,11 @@ class BetaService final : public v1beta1::DevicePlugin::Service {
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                       v1beta1::DevicePluginOptions* resp) override {
+    if (impl_->panic_on_options()) {
+      impl_->events()->Emit("panicked", {{"call", "GetDevicePluginOptions"}});
+      impl_->on_panic();
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the plugin panicked");
+    }
     if (impl_->options_only_in_register()) {
       impl_->events()->Emit("get_device_plugin_options_failed", {});
       return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -698,6 +708,7 @@ struct SamplePlugin::Services {
 SamplePlugin::SamplePlugin(SamplePluginOptions options)
     : options_(std::move(options)), socket_path_(SocketPathFor(options_)) {
   impl_ = std::make_unique<Impl>(options_, &events_, socket_path_);
+  impl_->on_panic = [this] { Die(); };
   services_ = std::make_unique<Services>();
   std::vector<std::string> served;
   if (options_.api == ApiVersion::kV1Beta1) {
@@ -822,6 +833,7 @@ void SamplePlugin::Stop() {
   }
   if (registrar_.joinable()) registrar_.join();
   if (flipper_.joinable()) flipper_.join();
+  if (death_.joinable()) death_.join();
   {
     absl::MutexLock lock(&server_mu_);
     if (server_) {
@@ -861,6 +873,9 @@ absl::Status SamplePlugin::last_registration() {
 
 bool SamplePlugin::ServeAgainIfRemoved() {
   absl::MutexLock slock(&server_mu_);
+  if (dead_) return false;
+  // This plugin never looks at its own socket.
+  if (options_.restart_signal == RestartSignal::kKubeletSocket) return false;
   if (Faulty("late-wipe-blind")) {
     // The bug: look at our socket only when kubelet.sock changed, so a
     // wipe the kubelet finishes after its new socket appears goes unseen.
@@ -890,6 +905,41 @@ bool SamplePlugin::ServeAgainIfRemoved() {
   events_.Emit("socket_recreated", {{"socket", socket_path_}, {"ok", server_ != nullptr}});
   socket_recreated_ = true;
   return true;
+}
+
+void SamplePlugin::RestartServer() {
+  absl::MutexLock slock(&server_mu_);
+  if (dead_) return;
+  impl_->EndStreams(/*stopping=*/false);
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+  }
+  ServeLocked();
+  events_.Emit("socket_recreated", {{"socket", socket_path_}, {"ok", server_ != nullptr}});
+}
+
+void SamplePlugin::Die() {
+  if (dead_.exchange(true)) return;
+  if (options_.exit_on_panic) {
+    // What a Go program prints and does on an unrecovered panic.
+    static const char kPanic[] =
+        "panic: runtime error: invalid memory address or nil pointer dereference\n";
+    (void)!::write(2, kPanic, sizeof(kPanic) - 1);
+    ::_exit(2);
+  }
+  // Not from the handler's thread: the server waits for its handlers.
+  death_ = std::thread([this] {
+    absl::MutexLock slock(&server_mu_);
+    impl_->EndStreams(/*stopping=*/true);
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now());
+      server_->Wait();
+      server_.reset();
+    }
+    ::unlink(socket_path_.c_str());
+    events_.Emit("died", {{"socket", socket_path_}});
+  });
 }
 
 void SamplePlugin::OnDirEvent() {
@@ -927,10 +977,19 @@ void SamplePlugin::CheckKubelet() {
     registered_kubelet_.reset();
     failed_kubelet_.reset();
   }
-  if (options_.registration != RegistrationMode::kKubelet) return;
+  if (options_.registration != RegistrationMode::kKubelet || dead_) return;
   std::optional<FileId> id = StatFileId(options_.kubelet_socket);
   if (!id.has_value()) return;  // no kubelet yet: wait for it
   if (registered_kubelet_ == id || failed_kubelet_ == id) return;
+  // Registered, and its own socket still there: a new kubelet.sock alone
+  // goes unseen.
+  if (options_.restart_signal == RestartSignal::kOwnSocket && registered_kubelet_.has_value()) {
+    return;
+  }
+  if (options_.restart_signal == RestartSignal::kKubeletSocket &&
+      (registered_kubelet_.has_value() || failed_kubelet_.has_value())) {
+    RestartServer();
+  }
   if (Faulty("no-reregister") && impl_->registrations_ > 0) return;
   if (registered_kubelet_.has_value()) {
     events_.Emit("kubelet_restart_detected", {{"kubelet_socket", options_.kubelet_socket}});
@@ -978,7 +1037,7 @@ absl::Status SamplePlugin::RegisterOnce() {
     req.set_version(version);
     req.set_endpoint(endpoint);
     req.set_resource_name(options_.resource);
-    *req.mutable_options() = impl_->Options();
+    if (!options_.panic_on_options) *req.mutable_options() = impl_->Options();
     v1beta1::Empty resp;
     st = v1beta1::Registration::NewStub(channel)->Register(&ctx, req, &resp);
   } else {

@@ -45,6 +45,24 @@ namespace dpproxy::sample {
 
 enum class RegistrationMode { kKubelet, kPluginWatcher, kNone };
 
+// Which signal makes the plugin register again (RegistrationMode::kKubelet).
+// Plugins in the field watch one or the other; the kubelet's contract is
+// that a kubelet start forgets every plugin, and a plugin may notice it
+// through either.
+enum class RestartSignal {
+  // Both: its own socket removed (served again, then registered), or
+  // kubelet.sock created anew.
+  kEither,
+  // Only its own socket, looked at on every change of its directory and
+  // once a second: once registered, a new kubelet.sock alone goes unseen
+  // (a generic plugin in the field polls its socket's existence).
+  kOwnSocket,
+  // Only kubelet.sock: a new one restarts the plugin's server (its socket
+  // served anew, its streams ended) and registers; its socket removed
+  // alone goes unseen.
+  kKubeletSocket,
+};
+
 struct SamplePluginOptions {
   ApiVersion api = ApiVersion::kV1Beta1;
   std::string resource = "example.com/device";
@@ -88,6 +106,15 @@ struct SamplePluginOptions {
   // kubelets up to 1.24 may: GetDevicePluginOptions then fails the way a Go
   // plugin answering nil does (a kubelet from 1.25 refuses such a plugin).
   bool options_only_in_register = false;
+  // Register without options, and die on GetDevicePluginOptions, as a Go
+  // plugin written for kubelets up to 1.24 does when its handler answers
+  // nil (its generated server panics): the process exits with status 2
+  // when `exit_on_panic` (the binary), else the plugin stops serving at
+  // once, its socket removed (in a test's process).
+  bool panic_on_options = false;
+  bool exit_on_panic = false;
+  // What makes it register again; see RestartSignal.
+  RestartSignal restart_signal = RestartSignal::kEither;
   // Fault injection: send malformed device lists (see kDeviceListFaults):
   // "duplicate-id" repeats the first device, "empty-id" adds a device with
   // an empty ID, "newline-id" adds "bad\nid", "unknown-health" reports the
@@ -184,6 +211,10 @@ class SamplePlugin {
   void RegistrarLoop();
   // Serves the socket again if a kubelet start removed it; true if it did.
   bool ServeAgainIfRemoved();
+  // Ends the streams and serves the socket anew (RestartSignal::kKubeletSocket).
+  void RestartServer();
+  // The panic of panic_on_options: stops serving, from a thread of its own.
+  void Die();
   absl::Status RegisterOnce();
   absl::Status WriteCdiSpec();
   void FlipLoop();
@@ -213,6 +244,8 @@ class SamplePlugin {
   std::optional<FileId> failed_kubelet_ ABSL_GUARDED_BY(check_mu_);
   absl::Status last_registration_ ABSL_GUARDED_BY(check_mu_);
   std::atomic<bool> started_{false};
+  std::atomic<bool> dead_{false};  // panic_on_options fired
+  std::thread death_;
   // late-wipe-blind: the kubelet socket as last seen by ServeAgainIfRemoved.
   std::optional<FileId> blind_kubelet_ ABSL_GUARDED_BY(server_mu_);
   // slow-reserve: when the socket was first seen gone.

@@ -193,6 +193,13 @@ class Allocator::Flow {
   void Answered(absl::StatusOr<v1beta1::AllocateResponse> r) {
     ObserveBackend("Allocate", r.status());
     if (!r.ok()) return BackendDone(r.status());
+    // An answer the kubelet cannot receive fails the pod there: refused
+    // here, before anything of it is journalled or held.
+    if (const size_t bytes = r->ByteSizeLong(); bytes > kKubeletMaxAnswerBytes) {
+      return BackendDone(absl::ResourceExhaustedError(absl::StrCat(
+          "the plugin answered Allocate with ", bytes, " bytes, more than the kubelet receives (",
+          kKubeletMaxAnswerBytes, " bytes); refused, and none of its devices is held")));
+    }
     resp_ = *std::move(r);
     if (call_.pre_start && backend_->options().pre_start_required()) return PreStart(0);
     BackendDone(absl::OkStatus());

@@ -286,18 +286,52 @@ bool NeedsMapping(absl::string_view id) {
   return false;
 }
 
-// Refuses a backend's list with an empty ID or an ID listed twice (a
-// kubelet keeps one device per ID: the list would not mean what it says).
+// Refuses a backend's list with an empty ID.
 absl::Status ValidateBackendDevices(const DeviceList& devices) {
   for (int i = 0; i < devices.size(); ++i) {
-    const absl::string_view id = devices.device(i).id;
-    if (id.empty()) return absl::InvalidArgumentError("a device ID is empty");
-    if (devices.Find(id) != i) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device ID ", GoQuote(id), " is listed twice"));
-    }
+    if (devices.device(i).id.empty()) return absl::InvalidArgumentError("a device ID is empty");
   }
   return absl::OkStatus();
+}
+
+// One device per ID, as the kubelet keeps them (its device manager's
+// genericDeviceUpdateCallback): a device listed more than once is kept at
+// its first place with the last entry's fields (the kubelet's map of
+// devices keeps the last), and Healthy if any entry is (the kubelet puts it
+// in its healthy set then, and allocates it). `*collapsed` is how many
+// entries went; the list itself when none did.
+std::shared_ptr<const DeviceList> CollapseDuplicateIds(std::shared_ptr<const DeviceList> devices,
+                                                       int* collapsed, std::string* first) {
+  *collapsed = 0;
+  const int n = devices->size();
+  std::vector<int> last;        // by first position: the last entry of that ID
+  std::vector<bool> healthy;    // by first position: some entry is Healthy
+  for (int i = 0; i < n; ++i) {
+    const DeviceList::View d = devices->device(i);
+    const int at = *devices->Find(d.id);
+    if (at == i) continue;
+    if (*collapsed == 0) {
+      last.resize(static_cast<size_t>(n), -1);
+      healthy.resize(static_cast<size_t>(n), false);
+      *first = std::string(d.id);
+    }
+    ++*collapsed;
+  }
+  if (*collapsed == 0) return devices;
+  for (int i = 0; i < n; ++i) {
+    const DeviceList::View d = devices->device(i);
+    const int at = *devices->Find(d.id);
+    last[static_cast<size_t>(at)] = i;
+    if (d.health == kHealthy) healthy[static_cast<size_t>(at)] = true;
+  }
+  DeviceList::Builder kept(static_cast<size_t>(n - *collapsed), devices->bytes());
+  for (int i = 0; i < n; ++i) {
+    if (last[static_cast<size_t>(i)] < 0) continue;  // not a first entry
+    DeviceList::View d = devices->device(last[static_cast<size_t>(i)]);
+    if (healthy[static_cast<size_t>(i)]) d.health = kHealthy;
+    kept.Add(d);
+  }
+  return std::move(kept).Build();
 }
 
 }  // namespace
@@ -311,21 +345,46 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
   if (absl::Status s = ValidateBackendDevices(*devices); !s.ok()) {
     // Nothing of a malformed list reaches the kubelet: the previous one stays.
     bool first;
+    bool had_list;
     {
       absl::MutexLock lock(&mu_);
       if (generation == generation_) listed_ = true;
       first = list_refused_ != s.message();
       list_refused_ = std::string(s.message());
+      had_list = !base_->empty();
     }
     if (first) {
       LOG(ERROR) << "resource " << name_ << ": the backend sent a device list dpproxy refuses ("
-                 << s.message() << "); the kubelet keeps the previous list";
+                 << s.message() << "); "
+                 << (had_list ? "the kubelet keeps the list before it"
+                              : "the kubelet is shown no device until a list is taken");
     }
     events_->Emit("device_list_refused", {{"resource", name_},
                                           {"devices", devices->size()},
                                           {"error", std::string(s.message())}});
     if (hooks_.on_change) hooks_.on_change();
     return;
+  }
+  {
+    int collapsed = 0;
+    std::string first;
+    devices = CollapseDuplicateIds(std::move(devices), &collapsed, &first);
+    bool tell;
+    {
+      absl::MutexLock lock(&mu_);
+      tell = collapsed != ids_collapsed_;
+      ids_collapsed_ = collapsed;
+    }
+    if (tell && collapsed > 0) {
+      LOG(WARNING) << "resource " << name_ << ": the plugin lists " << collapsed
+                   << " device entries under an ID listed before (first: " << GoQuote(first)
+                   << "); each ID is one device, Healthy if any of its entries is, as the "
+                      "kubelet keeps them";
+      events_->Emit("device_ids_collapsed", {{"resource", name_},
+                                              {"entries", collapsed},
+                                              {"devices", devices->size()},
+                                              {"first", EchoField(first)}});
+    }
   }
   // The kubelet reads anything but "Healthy" as unhealthy; say so plainly.
   int relabelled = 0;

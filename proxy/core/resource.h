@@ -316,6 +316,8 @@ class Resource {
   // Kubelet ID -> current backend's ID, for the mapped devices it reports.
   absl::flat_hash_map<std::string, std::string> to_backend_ ABSL_GUARDED_BY(mu_);
   std::string list_refused_ ABSL_GUARDED_BY(mu_);
+  // Entries of the last list collapsed into an ID listed before them.
+  int ids_collapsed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t ids_mapped_ ABSL_GUARDED_BY(mu_) = 0;
   // Taken after mu_ is released; held while watchers are called.
   absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);

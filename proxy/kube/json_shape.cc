@@ -1,7 +1,11 @@
 #include "proxy/kube/json_shape.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "proxy/util/json_depth.h"
 
 namespace dpproxy {
 namespace {
@@ -76,25 +80,39 @@ absl::Status Walk(const Json& j, const std::vector<std::string>& parts, size_t i
 
 }  // namespace
 
-void DropNulls(Json* j) {
-  if (j->is_object()) {
-    for (auto it = j->begin(); it != j->end();) {
-      if (it->is_null()) {
-        it = j->erase(it);
-      } else {
-        DropNulls(&*it);
+void DropNulls(Json* root) {
+  // Every container still to clean. A pointer to a kept member or element
+  // stays valid: its parent is never changed again once it was cleaned.
+  std::vector<Json*> todo{root};
+  while (!todo.empty()) {
+    Json* j = todo.back();
+    todo.pop_back();
+    if (j->is_object()) {
+      for (auto it = j->begin(); it != j->end();) {
+        if (it->is_null()) {
+          it = j->erase(it);
+          continue;
+        }
+        if (it->is_structured()) todo.push_back(&*it);
         ++it;
       }
+    } else if (j->is_array()) {
+      Json::array_t& a = j->get_ref<Json::array_t&>();
+      a.erase(std::remove_if(a.begin(), a.end(), [](const Json& e) { return e.is_null(); }),
+              a.end());
+      for (Json& e : a) {
+        if (e.is_structured()) todo.push_back(&e);
+      }
     }
-  } else if (j->is_array()) {
-    Json kept = Json::array();
-    for (Json& e : *j) {
-      if (e.is_null()) continue;
-      DropNulls(&e);
-      kept.push_back(std::move(e));
-    }
-    *j = std::move(kept);
   }
+}
+
+absl::StatusOr<Json> ParseAnswer(absl::string_view body) {
+  if (absl::Status s = CheckJsonDepth(body); !s.ok()) return s;
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("not JSON");
+  DropNulls(&j);
+  return j;
 }
 
 absl::Status CheckShape(const Json& j, const std::string& what,

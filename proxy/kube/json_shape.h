@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include <nlohmann/json.hpp>
 
 namespace dpproxy {
@@ -34,8 +36,15 @@ struct JsonField {
 // Removes null members of objects and null elements of arrays, at every
 // depth: a null means the field is not there (Go encodes nil maps and
 // slices as null), so readers that take a default for an absent field are
-// never handed a null. KubeClient does it to every answer.
+// never handed a null. KubeClient does it to every answer. Iterative: its
+// stack does not grow with the depth of `j`.
 void DropNulls(nlohmann::json* j);
+
+// An answer's body as KubeClient reads it: refused when nested deeper than
+// kMaxJsonDepth (json_depth.h) before any parser sees it, parsed, nulls
+// dropped. kInvalidArgument saying which ("nested more than 64 levels
+// deep ...", "not JSON").
+absl::StatusOr<nlohmann::json> ParseAnswer(absl::string_view body);
 
 // kInvalidArgument naming `what` and the first field (with its indexes)
 // whose type is wrong; also when a parent on the way is not an object or

@@ -176,16 +176,17 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
   }
   const std::string& response = answer.body;
   const int http = answer.status;
-  Json j = Json::parse(response, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<Json> parsed = ParseAnswer(response);
   if (http >= 200 && http < 300) {
     if (response.empty()) return Json::object();
-    if (j.is_discarded()) {
+    if (!parsed.ok()) {
       return absl::InternalError(absl::StrCat(what, ": the API server answered ", http,
-                                              " with a body that is not JSON"));
+                                              " with a body that is ",
+                                              parsed.status().message()));
     }
-    DropNulls(&j);
-    return j;
+    return *std::move(parsed);
   }
+  const Json j = parsed.ok() ? *std::move(parsed) : Json();
   // A Kubernetes Status object says why; a conflict (409 with reason
   // Conflict) is a stale resourceVersion, not an existing object.
   std::string reason, message;

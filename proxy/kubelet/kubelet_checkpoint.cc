@@ -1,5 +1,7 @@
 #include "proxy/kubelet/kubelet_checkpoint.h"
 
+#include "proxy/util/json_depth.h"
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,7 @@ const char* LayoutWriters(KubeletCheckpoint::Layout layout) {
 }
 
 absl::StatusOr<KubeletCheckpoint> ParseKubeletCheckpoint(const std::string& text) {
+  if (absl::Status s = CheckJsonDepth(text); !s.ok()) return Bad(std::string(s.message()));
   Json top = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (top.is_discarded()) return Bad("not JSON");
   if (!top.is_object()) return Bad("not a JSON object");

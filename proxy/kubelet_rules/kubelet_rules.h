@@ -39,6 +39,9 @@ inline constexpr absl::string_view kDevicePluginType = "DevicePlugin";
 // default receive limit; the kubelet sets none): a longer device list fails
 // its stream and the resource shows no devices.
 inline constexpr size_t kKubeletMaxListBytes = 4 << 20;
+// The same limit on any answer the kubelet receives: an AllocateResponse
+// over it fails the pod at the kubelet (ResourceExhausted).
+inline constexpr size_t kKubeletMaxAnswerBytes = 4 << 20;
 
 // How much of an untrusted string errors, logs and events echo.
 inline constexpr size_t kMaxEchoBytes = 256;

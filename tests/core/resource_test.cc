@@ -146,6 +146,44 @@ TEST(ResourceTest, DevicesShownUnhealthyStaySoUntilLifted) {
 }
 
 
+// An ID listed more than once is one device, at its first place, Healthy
+// if any entry is (the kubelet's healthy set holds it then), with the last
+// entry's topology (the kubelet's map keeps the last); the count is told once.
+TEST(ResourceTest, DuplicateIdsCollapseHealthyIfAnyEntryIs) {
+  EventLog events("test");
+  Resource r("vendor.com/kvm", ResourcePolicy(), &events);
+  auto backend = StreamOnlyBackend();
+  r.AttachBackend(backend);
+  std::vector<v1beta1::Device> list = Devices(3, "d-");  // d-0 d-1 d-2, Healthy
+  v1beta1::Device again = list[0];
+  again.set_health("Unhealthy");
+  again.mutable_topology()->add_nodes()->set_id(1);
+  list.push_back(again);  // d-0 again, Unhealthy, on node 1
+  v1beta1::Device sick = list[1];
+  sick.set_health("Unhealthy");
+  list[1] = sick;
+  list.push_back(sick);  // d-1 twice, both Unhealthy
+  backend->callbacks.on_devices(DeviceList::FromDevices(list));
+  const std::vector<v1beta1::Device> shown = r.Current().list->ToDevices();
+  ASSERT_EQ(shown.size(), 3u);
+  EXPECT_EQ(shown[0].id(), "d-0");
+  EXPECT_EQ(shown[0].health(), "Healthy");
+  ASSERT_EQ(shown[0].topology().nodes_size(), 1);
+  EXPECT_EQ(shown[0].topology().nodes(0).id(), 1);
+  EXPECT_EQ(shown[1].id(), "d-1");
+  EXPECT_EQ(shown[1].health(), "Unhealthy");
+  EXPECT_EQ(shown[2].id(), "d-2");
+  EXPECT_TRUE(r.list_refused().empty());
+  EXPECT_TRUE(events.WaitForEvent("device_ids_collapsed", {{"entries", 2}, {"devices", 3}},
+                                  absl::ZeroDuration()));
+  // The same list again is not told again.
+  backend->callbacks.on_devices(DeviceList::FromDevices(list));
+  int told = 0;
+  for (const auto& e : events.Snapshot()) told += e.contains("event") && e["event"] == "device_ids_collapsed";
+  EXPECT_EQ(told, 1);
+  r.Shutdown();
+}
+
 // A resource served both ways: what each path holds is hidden from the
 // other side only. The device-plugin side streams claim-held devices as
 // Unhealthy, the DRA side leaves pod-held ones out of its pool, and the

@@ -1,8 +1,9 @@
 // The readers of the API server's answers (DRA mode) against any bytes:
 // whatever the JSON, they answer or fail with a status, and never throw
 // (an exception from the JSON library would end dpproxy, or escape a gRPC
-// handler). The input is read as the API server's answer, as KubeClient
-// hands it over (nulls dropped), to each reader; and, as text, as the
+// handler), and never run out of stack on a deeply nested answer. The
+// input is read as the API server's answer, as KubeClient hands it over
+// (depth checked, nulls dropped), to each reader; and, as text, as the
 // claim UID, namespace and name a kubelet sends.
 #include <cstdint>
 #include <cstdlib>
@@ -18,9 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     (void)dpproxy::ValidateClaimRef({text, text, text});
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return 0;
-    dpproxy::DropNulls(&j);
+    absl::StatusOr<nlohmann::json> parsed = dpproxy::ParseAnswer(text);
+    if (!parsed.ok()) return 0;
+    nlohmann::json& j = *parsed;
     (void)dpproxy::ServedVersions(j);
     (void)dpproxy::ParseClaim(j);
     absl::StatusOr<std::vector<nlohmann::json>> slices =

@@ -154,3 +154,8 @@ write("kube_answer", "claim.json",
       '"gpu-0"}]}}}}')
 write("kube_answer", "claim_arrays.json", '{"status":{"allocation":{"devices":[]}}}')
 write("kube_answer", "uid_climb", "../../../../tmp/x/victim")
+# Nested past any sane object: just past the limit, and deep enough that a
+# walk recursing on depth runs out of stack (both refused before parsing).
+write("kube_answer", "deep_65.json", '{"items":' + "[" * 64 + "]" * 64 + "}")
+write("kube_answer", "deep_60000.json", '{"a":' * 60000 + "1" + "}" * 60000)
+write("kubelet_checkpoint", "deep_60000.json", '{"Data":' + "[" * 60000 + "]" * 60000 + "}")

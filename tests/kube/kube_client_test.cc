@@ -138,6 +138,41 @@ TEST_F(KubeClientTest, RequestsCarryTheTokenAndAnswersAreJson) {
   EXPECT_EQ(Json::parse(api.last_body()), Json({{"name", "a"}}));
 }
 
+// An answer nested tens of thousands deep (120 KB) once ended dpproxy with
+// SIGSEGV in a recursive walk: it is refused, naming the call and the
+// depth, and an answer at the limit is read with its nulls dropped.
+TEST_F(KubeClientTest, AnAnswerNestedTooDeepIsRefusedNamingIt) {
+  FakeApiServer api(dir_.path());
+  std::string deep;
+  for (int i = 0; i < 60000; ++i) deep += "[";
+  for (int i = 0; i < 60000; ++i) deep += "]";
+  api.http().Get("/deep", [&deep](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"items\":" + deep + "}", "application/json");
+  });
+  // 64 levels: the outer object and 63 arrays, a null at the bottom.
+  std::string fits = "{\"items\":";
+  for (int i = 0; i < 63; ++i) fits += "[";
+  fits += "null,1";
+  for (int i = 0; i < 63; ++i) fits += "]";
+  fits += ",\"gone\":null}";
+  api.http().Get("/fits", [&fits](const httplib::Request&, httplib::Response& res) {
+    res.set_content(fits, "application/json");
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(Config(api.url()));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> v = (*c)->Get("/deep");
+  ASSERT_FALSE(v.ok());
+  EXPECT_THAT(std::string(v.status().message()), ::testing::HasSubstr("/deep"));
+  EXPECT_THAT(std::string(v.status().message()),
+              ::testing::HasSubstr("nested more than 64 levels deep"));
+  absl::StatusOr<Json> f = (*c)->Get("/fits");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_FALSE(f->contains("gone"));
+  const Json* bottom = &(*f)["items"];
+  for (int i = 0; i < 62; ++i) bottom = &(*bottom)[0];
+  EXPECT_EQ(*bottom, Json::array({1}));
+}
+
 TEST_F(KubeClientTest, ATokenFileIsReadAtEveryRequest) {
   FakeApiServer api(dir_.path());
   api.http().Get("/api", [](const httplib::Request&, httplib::Response& res) {

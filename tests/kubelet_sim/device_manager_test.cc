@@ -72,6 +72,19 @@ TEST_F(DeviceManagerTest, ListIsReplacedWholesale) {
   EXPECT_EQ(m_.Find("vendor.com/gpu")->devices.count("g0"), 0u);
 }
 
+// A device listed more than once is one device, Healthy if any of its
+// entries is, as the kubelet's device manager keeps it
+// (genericDeviceUpdateCallback: a map by ID and a healthy set).
+TEST_F(DeviceManagerTest, AnIdListedTwiceIsOneDeviceHealthyIfAnyEntryIs) {
+  ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1,
+                               Devices({{"kvm", "Healthy"}, {"kvm", "Unhealthy"},
+                                        {"tun", "Unhealthy"}, {"tun", "Unhealthy"}})));
+  EXPECT_EQ(m_.Allocatable("vendor.com/gpu"), 1);
+  EXPECT_EQ(m_.Find("vendor.com/gpu")->devices.size(), 2u);
+  EXPECT_EQ(m_.Find("vendor.com/gpu")->devices.at("kvm").health, "Healthy");
+  EXPECT_EQ(m_.Find("vendor.com/gpu")->devices.at("tun").health, "Unhealthy");
+}
+
 TEST_F(DeviceManagerTest, StaleEndpointCannotUpdateOrDisconnectItsSuccessor) {
   m_.RegisterEndpoint("vendor.com/gpu", "/dp/gpu2.sock", "v1beta1", "kubelet.sock", {}, 2);
   EXPECT_FALSE(m_.UpdateDevices("vendor.com/gpu", 1, Devices({{"old", "Healthy"}})));

@@ -61,11 +61,17 @@ bool DeviceManager::UpdateDevices(const std::string& resource, uint64_t generati
   if (it == resources_.end() || it->second.generation != generation) return false;
   ResourceRecord& r = it->second;
   r.devices.clear();
+  // An ID listed more than once is one device: the last entry's fields
+  // (the kubelet's map of devices keeps the last), Healthy if any entry is
+  // (the kubelet's healthy set then holds it, and it is allocated).
   for (const v1beta1::Device& d : devices) {
     DeviceInfo info;
     info.health = d.health();
     for (const auto& n : d.topology().nodes()) info.numa_nodes.push_back(n.id());
-    r.devices[d.id()] = std::move(info);
+    auto [it, fresh] = r.devices.try_emplace(d.id());
+    const bool was_healthy = !fresh && it->second.health == kHealthy;
+    it->second = std::move(info);
+    if (was_healthy) it->second.health = std::string(kHealthy);
   }
   return true;
 }

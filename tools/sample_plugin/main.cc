@@ -80,6 +80,9 @@ DEFINE_string(restart_signal, "either",
               "own-socket (only its own socket removed; it is looked at on every\n"
               "change of its directory and once a second) or kubelet-socket (only a\n"
               "new kubelet.sock, which restarts the plugin's server).");
+DEFINE_uint64(allocate_padding, 0,
+              "Pad every container's Allocate answer with an environment variable of\n"
+              "this many bytes (over 4 MiB, an answer a kubelet cannot receive).");
 DEFINE_string(fail_allocate, "",
               "Fault injection: fail every Allocate with INTERNAL and this message.");
 DEFINE_string(device_list_fault, "",
@@ -170,6 +173,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.single_stream_updates = FLAGS_single_stream_updates;
   DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));
   o.fail_allocate = FLAGS_fail_allocate;
+  o.allocate_padding = FLAGS_allocate_padding;
   o.devices_from_list_and_watch = FLAGS_devices_from_list_and_watch;
   o.options_only_in_register = FLAGS_options_only_in_register;
   o.panic_on_options = FLAGS_panic_on_options;

@@ -465,6 +465,9 @@ class SamplePlugin::Impl {
     for (const auto& ids : requests) {
       absl::StatusOr<v1beta1::ContainerAllocateResponse> r = Respond(ids);
       if (!r.ok()) return ToGrpcStatus(r.status());
+      if (o_.allocate_padding > 0) {
+        (*r->mutable_envs())["SAMPLE_PADDING"] = std::string(o_.allocate_padding, 'p');
+      }
       out->push_back(*std::move(r));
     }
     return grpc::Status::OK;

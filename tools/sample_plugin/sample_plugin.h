@@ -101,6 +101,10 @@ struct SamplePluginOptions {
   // device does not exist" (a kubelet never calls Allocate on a connection
   // before its first list). `first_list_delay` holds that first list back.
   bool devices_from_list_and_watch = false;
+  // Pad every container's Allocate answer with an environment variable
+  // SAMPLE_PADDING of this many bytes (an answer a kubelet cannot receive
+  // once it is over 4 MiB). 0: none.
+  size_t allocate_padding = 0;
   absl::Duration first_list_delay = absl::ZeroDuration();
   // Give the options in RegisterRequest only, as plugins written for
   // kubelets up to 1.24 may: GetDevicePluginOptions then fails the way a Go

@@ -11,6 +11,8 @@
 
 #include <iostream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <gflags/gflags.h>
@@ -356,15 +358,40 @@ int main(int argc, char** argv) {
     LOG(INFO) << "metrics at http://" << host << ":" << ops->port()
               << "/metrics; probes at /livez, /healthz and /readyz";
   }
-  if (absl::Status s = server.Start(); !s.ok()) {
-    LOG(ERROR) << "cannot start: " << s.message();
+  // SIGTERM or SIGINT while Start() runs (in DRA mode it may wait on a
+  // slow API server): its API calls end at once, and the signal is acted
+  // on as soon as it returns.
+  std::atomic<bool> start_returned{false};
+  std::atomic<int> start_signal{0};
+  std::thread start_watch([&] {
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!start_returned.load()) {
+      const int got = ::sigtimedwait(&stops, nullptr, &tick);
+      if (got == SIGTERM || got == SIGINT) {
+        LOG(INFO) << "signal " << got << " received while starting: API calls cancelled";
+        start_signal.store(got);
+        server.CancelStart();
+        return;
+      }
+    }
+  });
+  const absl::Status started = server.Start();
+  start_returned.store(true);
+  start_watch.join();
+  if (!started.ok()) {
+    LOG(ERROR) << "cannot start: " << started.message();
     ops.reset();
-    return 1;
+    return start_signal.load() != 0 ? 0 : 1;
   }
   started_ok = true;
   int sig = 0;
+  int pending = start_signal.load();
   for (;;) {
-    sig = dpproxy::WaitForTerminationSignal();
+    sig = pending != 0 ? std::exchange(pending, 0) : dpproxy::WaitForTerminationSignal();
     if (server.handoff_failed()) break;
     if (server.handed_over()) {
       LOG(INFO) << "handed over to the new dpproxy; exiting";

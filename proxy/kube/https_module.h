@@ -1,7 +1,7 @@
 // File: https_module.h
 //
 // The one HTTP(S) exchange the Kubernetes API client makes, done by a module
-// of its own (dpproxy-https.so: cpp-httplib with OpenSSL) that the client
+// of its own (dpproxy-https.so: Boost.Beast over OpenSSL) that the client
 // loads the first time it is made (https_loader.h). A dpproxy that never
 // talks to an API server (device-plugin mode, DRA mode without one) never
 // loads TLS libraries, and their start-up cost (about 4 MB resident) is
@@ -16,6 +16,7 @@
 #ifndef DPPROXY_PROXY_KUBE_HTTPS_MODULE_H_
 #define DPPROXY_PROXY_KUBE_HTTPS_MODULE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -34,6 +35,11 @@ struct Tls {
   std::string cert_file, key_file;
 };
 
+// What one answer's header (status line and fields) may hold: a server
+// that sends more is not read further, and the exchange fails. An API
+// server sends well under 1 KiB.
+inline constexpr size_t kMaxHeaderBytes = 64 << 10;
+
 struct Request {
   bool https = true;
   std::string host;
@@ -47,6 +53,9 @@ struct Request {
   int64_t timeout_ms = 30000;
   // An answer longer than this is not read further.
   size_t max_body_bytes = 16 << 20;
+  // Once this is true the exchange ends within a second, and one started
+  // after fails at once ("dpproxy is stopping"). May be null.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 struct Answer {
@@ -66,7 +75,9 @@ struct Answer {
 struct Module {
   // Whether `pem` holds at least one certificate.
   bool (*has_certificate)(const std::string& pem);
-  // One exchange on a connection of its own; thread-safe.
+  // One exchange on a connection of its own; thread-safe. However slowly
+  // the server answers, it ends within the request's timeout, or within a
+  // second of its `cancelled` turning true.
   void (*exchange)(const Request& request, Answer* answer);
 };
 

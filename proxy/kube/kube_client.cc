@@ -156,6 +156,7 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
     req.headers.emplace_back("Content-Type", "application/json");
   }
   req.max_body_bytes = max_body_bytes_;
+  req.cancelled = &cancelled_;
   https::Answer answer;
   https_->exchange(req, &answer);
   switch (answer.outcome) {

@@ -21,6 +21,7 @@
 #ifndef DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
 #define DPPROXY_PROXY_KUBE_KUBE_CLIENT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -55,6 +56,11 @@ class KubeClient {
   // being read further. 16 MiB unless set.
   void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
 
+  // Ends every call in flight within a second, and fails every later one
+  // at once (kUnavailable, "dpproxy is stopping"): for a dpproxy that
+  // stops. Thread-safe; there is no undoing it.
+  void Cancel() { cancelled_.store(true); }
+
  private:
   KubeClient(KubeConfig config, absl::Duration timeout, const https::Module* https);
   absl::StatusOr<Json> Call(const char* method, const std::string& path, const Json* body);
@@ -63,6 +69,7 @@ class KubeClient {
   const absl::Duration timeout_;
   const https::Module* const https_;
   https::Request base_;  // server, TLS and limit: each call adds the rest
+  std::atomic<bool> cancelled_{false};
   size_t max_body_bytes_ = 16 << 20;
 };
 

@@ -97,6 +97,11 @@ absl::Status ProxyServer::Start() {
   return absl::OkStatus();
 }
 
+void ProxyServer::CancelStart() {
+  start_cancelled_.store(true);
+  if (DraSide* d = dra_live_.load(); d != nullptr) d->CancelApiCalls();
+}
+
 absl::Status ProxyServer::FailStart(absl::Status s) {
   start_error_ = std::string(s.message());
   Shutdown();
@@ -227,6 +232,8 @@ absl::Status ProxyServer::MakeSide() {
       },
       &events_, &losses_);
   dra_ = dra.get();
+  dra_live_.store(dra_);
+  if (start_cancelled_.load()) dra_->CancelApiCalls();
   if (device_plugins == nullptr) {
     side_ = std::move(dra);
     return absl::OkStatus();

@@ -134,6 +134,12 @@ class ProxyServer : private Handover::Host {
   // The kubelet-facing socket of a resource ("" if unknown).
   std::string KubeletSocketOf(const std::string& resource);
 
+  // A stop was asked for while Start() runs (SIGTERM during a start that
+  // waits on a slow API server): the API calls in flight end within a
+  // second and later ones fail at once, so Start() returns soon. Any
+  // thread; the caller then shuts down as usual.
+  void CancelStart();
+
   // Takes a connected backend (from the registration socket or a static
   // backend) and makes it serve its resource.
   absl::Status AttachBackend(std::shared_ptr<Backend> backend);
@@ -232,6 +238,9 @@ class ProxyServer : private Handover::Host {
   std::map<std::string, std::unique_ptr<ServedResource>> retired_;
   std::unique_ptr<KubeletSide> side_;
   DraSide* dra_ = nullptr;                  // side_'s DRA side, if it has one
+  // CancelStart: asked, and dra_ for another thread once made.
+  std::atomic<bool> start_cancelled_{false};
+  std::atomic<DraSide*> dra_live_{nullptr};
   SplitSide* split_ = nullptr;              // side_, where it has both
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<Quarantine> quarantine_;  // with a state directory only

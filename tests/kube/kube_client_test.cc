@@ -8,10 +8,17 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -171,6 +178,187 @@ TEST_F(KubeClientTest, AnAnswerNestedTooDeepIsRefusedNamingIt) {
   const Json* bottom = &(*f)["items"];
   for (int i = 0; i < 62; ++i) bottom = &(*bottom)[0];
   EXPECT_EQ(*bottom, Json::array({1}));
+}
+
+// A plain-HTTP server on loopback that reads one request and then runs
+// `answer` on the connection: it writes what a hostile API server writes,
+// as slowly as it likes, and stops once the client has gone.
+class RawServer {
+ public:
+  explicit RawServer(std::function<void(int fd)> answer) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(listen_fd_, 4), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this, answer = std::move(answer)] {
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      std::string request;
+      char buf[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n <= 0) break;
+        request.append(buf, static_cast<size_t>(n));
+      }
+      answer(fd);
+      ::close(fd);
+    });
+  }
+  ~RawServer() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    ::close(listen_fd_);
+    thread_.join();
+  }
+  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+
+  // Writes `text`; false once the client has gone.
+  static bool Send(int fd, const std::string& text) {
+    return ::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+  }
+
+ private:
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+KubeConfig PlainConfig(const std::string& url) {
+  KubeConfig c;
+  c.server = url;
+  c.source = "test";
+  return c;
+}
+
+// Endless header lines: the answer is not read past the header cap
+// (64 KiB), and the call fails saying so (endless headers once took
+// dpproxy to GBs).
+TEST(KubeClientLimitsTest, EndlessHeaderLinesAreCutOff) {
+  std::atomic<int> sent{0};
+  RawServer server([&sent](int fd) {
+    if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\n")) return;
+    const std::string line = "X-Pad: " + std::string(1000, 'h') + "\r\n";
+    for (int i = 0; i < 100000 && RawServer::Send(fd, line); ++i) ++sent;
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(PlainConfig(server.url()));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("header is over 64 KiB"));
+  EXPECT_LT(sent.load(), 100000) << "the client read every header line";
+}
+
+// One header line without end: the same cap stops it.
+TEST(KubeClientLimitsTest, AHeaderLineWithoutEndIsCutOff) {
+  std::atomic<size_t> sent{0};
+  RawServer server([&sent](int fd) {
+    if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\nX-Big: ")) return;
+    const std::string chunk(64 << 10, 'h');
+    for (int i = 0; i < 4096 && RawServer::Send(fd, chunk); ++i) sent += chunk.size();
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(PlainConfig(server.url()));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("header is over 64 KiB"));
+  EXPECT_LT(sent.load(), size_t{4096} * (64 << 10)) << "the client read the whole line";
+}
+
+// Header lines dripped slowly: the call's deadline covers the whole
+// exchange, not each read. The server would finish a good answer after
+// 20 lines at 300 ms; the call, with a 1 s deadline, ends before.
+TEST(KubeClientLimitsTest, ADrippedAnswerEndsAtTheCallsDeadline) {
+  RawServer server([](int fd) {
+    if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\n")) return;
+    for (int i = 0; i < 20; ++i) {
+      absl::SleepFor(absl::Milliseconds(300));
+      if (!RawServer::Send(fd, absl::StrCat("X-Drip-", i, ": x\r\n"))) return;
+    }
+    RawServer::Send(fd, "Content-Length: 2\r\n\r\n{}");
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c =
+      KubeClient::Create(PlainConfig(server.url()), absl::Seconds(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  ASSERT_FALSE(v.ok()) << "the whole dripped answer was waited for";
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("no whole answer within 1s"));
+}
+
+// A body over the limit is not read, whether the server gives its length,
+// sends it in chunks, or sends until it closes.
+TEST(KubeClientLimitsTest, ABodyOverTheLimitIsRefusedWhateverItsFraming) {
+  const std::string piece(64 << 10, 'x');
+  const std::vector<std::pair<std::string, std::function<void(int)>>> framings = {
+      {"length",
+       [&](int fd) {
+         if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\nContent-Length: 3145728\r\n\r\n")) return;
+         for (int i = 0; i < 48 && RawServer::Send(fd, piece); ++i) {
+         }
+       }},
+      {"chunked",
+       [&](int fd) {
+         if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")) {
+           return;
+         }
+         for (int i = 0; i < 48 && RawServer::Send(fd, "10000\r\n" + piece + "\r\n"); ++i) {
+         }
+         RawServer::Send(fd, "0\r\n\r\n");
+       }},
+      {"until-close",
+       [&](int fd) {
+         if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")) return;
+         for (int i = 0; i < 48 && RawServer::Send(fd, piece); ++i) {
+         }
+       }},
+  };
+  for (const auto& [name, answer] : framings) {
+    SCOPED_TRACE(name);
+    RawServer server(answer);
+    absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(PlainConfig(server.url()));
+    ASSERT_TRUE(c.ok()) << c.status();
+    (*c)->set_max_body_bytes(1 << 20);
+    absl::StatusOr<Json> v = (*c)->Get("/apis");
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr("over 1 MiB"));
+  }
+}
+
+// A stopping dpproxy cancels its client: a call waiting on a server that
+// answers slowly ends at once, and later calls fail without a connection.
+TEST(KubeClientLimitsTest, CancelEndsACallInFlight) {
+  absl::Notification first_line;
+  absl::Notification done;
+  RawServer server([&](int fd) {
+    if (!RawServer::Send(fd, "HTTP/1.1 200 OK\r\n")) return;
+    first_line.Notify();
+    // Far longer than any test: held until the client goes, or the test ends.
+    while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+      if (!RawServer::Send(fd, "X-Wait: x\r\n")) return;
+    }
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c =
+      KubeClient::Create(PlainConfig(server.url()), absl::Minutes(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::thread cancel([&] {
+    first_line.WaitForNotification();
+    (*c)->Cancel();
+  });
+  absl::StatusOr<Json> v = (*c)->Get("/api");
+  done.Notify();
+  cancel.join();
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("dpproxy is stopping"));
+  absl::StatusOr<Json> later = (*c)->Get("/api");
+  EXPECT_THAT(std::string(later.status().message()), HasSubstr("dpproxy is stopping"));
 }
 
 TEST_F(KubeClientTest, ATokenFileIsReadAtEveryRequest) {

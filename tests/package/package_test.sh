@@ -28,8 +28,8 @@ else
 fi
 check "architecture" [ "$(field Architecture)" = "$(dpkg --print-architecture)" ]
 depends="$(field Depends)"
-# The HTTPS module's libraries too (cpp-httplib, OpenSSL).
-for p in libgrpc++1.51 libprotobuf32 libsystemd0 libuv1 libcpp-httplib0.11 libssl3; do
+# The HTTPS module's library too (OpenSSL).
+for p in libgrpc++1.51 libprotobuf32 libsystemd0 libuv1 libssl3; do
   check "depends on $p" grep -q "$p" <<<"$depends"
 done
 

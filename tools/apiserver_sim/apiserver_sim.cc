@@ -270,7 +270,12 @@ void ApiServerSim::Routes() {
       }
     }
     // The server's own slowness, as a real overloaded one answers late.
-    if (latency > absl::ZeroDuration()) absl::SleepFor(latency);
+    if (latency > absl::ZeroDuration()) {
+      events_.Emit("request_delayed", {{"method", req.method},
+                                       {"path", req.path},
+                                       {"latency_ms", absl::ToInt64Milliseconds(latency)}});
+      absl::SleepFor(latency);
+    }
     if (!fault.has_value()) return httplib::Server::HandlerResponse::Unhandled;
     if (body.has_value()) {
       res.status = *fault;

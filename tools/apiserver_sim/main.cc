@@ -8,6 +8,7 @@
 #include <gflags/gflags.h>
 
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "proxy/cli/cli.h"
 #include "proxy/kube/kube_client.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
@@ -20,6 +21,8 @@ DEFINE_string(token, "", "Bearer token every request must carry. Empty: none req
 DEFINE_string(versions, "v1",
               "resource.k8s.io versions served, newest first, comma-separated (v1, v1beta2,\n"
               "v1beta1): what discovery at /apis/resource.k8s.io answers.");
+DEFINE_string(latency, "0s",
+              "Answer every request this late (an overloaded or hostile API server), e.g. 15s.");
 DEFINE_string(events, "", "Append one JSON line per request to this file. Empty: none.");
 DEFINE_string(server, "", "[claim] The API server's URL (what serve printed).");
 DEFINE_string(ca, "", "[claim] PEM CA of an https server.");
@@ -144,8 +147,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  absl::Duration latency;
+  if (!absl::ParseDuration(FLAGS_latency, &latency) || latency < absl::ZeroDuration()) {
+    std::cerr << "apiserver_sim: --latency=" << FLAGS_latency << " is not a duration\n";
+    return 2;
+  }
   dpproxy::BlockTerminationSignals();
   dpproxy::sim::ApiServerSim api(o);
+  api.SetLatency(latency);
   if (!FLAGS_events.empty()) {
     if (absl::Status s = api.events().OpenFile(FLAGS_events); !s.ok()) {
       std::cerr << "apiserver_sim: " << s.message() << "\n";

@@ -25,6 +25,11 @@ DraSide::DraSide(Options options, Resources resources, EventLog* events, LossCou
 
 DraSide::~DraSide() { Stop(Ending::kForGood); }
 
+void DraSide::CancelApiCalls() {
+  api_cancelled_.store(true);
+  if (KubeClient* k = kube_live_.load(); k != nullptr) k->Cancel();
+}
+
 void DraSide::Stop(Ending ending) {
   {
     absl::MutexLock lock(&mu_);
@@ -32,6 +37,9 @@ void DraSide::Stop(Ending ending) {
     stopped_ = true;
     stop_ = true;
   }
+  // A call waiting on a slow API server would hold the stop for its whole
+  // deadline.
+  CancelApiCalls();
   if (thread_.joinable()) thread_.join();
   if (server_) server_->Stop(/*handed_over=*/ending == Ending::kHandedOver);
 }
@@ -121,6 +129,8 @@ absl::Status DraSide::Start() {
   if (!client.ok()) return client.status();
   kube_ = *std::move(client);
   kube_->set_max_body_bytes(static_cast<size_t>(options_.api_max_body_bytes));
+  kube_live_.store(kube_.get());
+  if (api_cancelled_.load()) kube_->Cancel();
   publisher_ = std::make_unique<SlicePublisher>(kube_.get(), options_.dra.driver,
                                                 options_.dra.node_name);
   // An API server that does not answer yet (a node booting before the

@@ -13,6 +13,7 @@
 #ifndef DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SIDE_H_
 #define DPPROXY_PROXY_KUBELET_SIDE_DRA_DRA_SIDE_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -68,6 +69,10 @@ class DraSide : public KubeletSide {
   // CDI specs a reboot removed, serves the kubelet and starts publishing.
   absl::Status Start() override;
   void Stop(Ending ending) override;
+  // Ends the API calls in flight within a second and fails later ones at
+  // once: a dpproxy stopping (SIGTERM) while a call waits on a slow API
+  // server, Start's included. Thread-safe, from any thread, at any time.
+  void CancelApiCalls();
   // The resources callback lists it from now on: publish soon.
   void AddResource(Allocator* allocator) override;
   // The resources callback lists it no more: its pool is removed soon.
@@ -114,6 +119,9 @@ class DraSide : public KubeletSide {
   EventLog* const events_;
   LossCounter* const losses_;
   std::unique_ptr<KubeClient> kube_;
+  // CancelApiCalls: asked, and the client to tell (kube_ once made).
+  std::atomic<bool> api_cancelled_{false};
+  std::atomic<KubeClient*> kube_live_{nullptr};
   std::unique_ptr<SlicePublisher> publisher_;
   std::unique_ptr<ClaimPreparer> preparer_;
   std::unique_ptr<DraServer> server_;

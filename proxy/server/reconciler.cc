@@ -15,6 +15,13 @@
 #include "proxy/util/thread_name.h"
 
 namespace dpproxy {
+namespace {
+
+// The shortest time between two reads of a kubelet checkpoint that keeps
+// changing (CheckCheckpoint).
+constexpr absl::Duration kCheckpointReadGap = absl::Milliseconds(250);
+
+}  // namespace
 
 state::State Reconciler::DevicePluginAllocations() const {
   state::State st = keeper_->AllocationsSnapshot();
@@ -695,6 +702,11 @@ void Reconciler::CheckCheckpoint() {
   const bool due = options_.interval > absl::ZeroDuration() &&
                    now - last_checkpoint_parse_ >= options_.interval;
   if (!id.has_value() || (id == last_checkpoint_ && !due)) return;
+  // The kubelet rewrites its checkpoint at every device-list update, so at
+  // every health flip of a plugin: a storm of rewrites is read at most
+  // every kCheckpointReadGap, and the last one within a second (this runs
+  // at least once a second).
+  if (!due && now - last_checkpoint_parse_ < kCheckpointReadGap) return;
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return;
   absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
@@ -834,6 +846,7 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
       missing.insert(a.id());
     }
   }
+  const std::set<uint64_t> missing_before = std::move(checkpoint_missing_once_);
   checkpoint_missing_once_ = std::move(missing);
   // The kubelet rewrites its checkpoint after every allocation: naming pod
   // UIDs must not cost a snapshot write each time (only releases save).
@@ -844,6 +857,12 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
   if (!release.empty()) {
     LOG(INFO) << "kubelet checkpoint: released " << release.size()
               << " journal entries no kubelet container holds any more";
+  }
+  // A pass that changed nothing (no release, no name learned, the same
+  // entries missing) says nothing.
+  if (release.empty() && forgotten_gone.empty() && *annotated == 0 &&
+      checkpoint_missing_once_ == missing_before) {
+    return absl::OkStatus();
   }
   events_->Emit("checkpoint_reconciled", {{"entries", ckpt.entries.size()},
                                          {"layout", LayoutWriters(ckpt.layout)},

@@ -405,6 +405,35 @@ TEST(ForgottenStateTest, PodResourcesContradictingTheJournalHoldsTheDevices) {
 // Issue 7.4: without pod-resources (1.9 kubelets, or the API not mounted)
 // the kubelet's checkpoint tells which allocations are live: the journal
 // stays bounded by the pods that hold devices.
+// The kubelet rewrites its checkpoint at every device-list update, so at
+// every health flip: passes over a checkpoint whose entries did not change
+// say nothing (a flip storm once cost an event per flip).
+TEST(CheckpointReleaseTest, HealthFlipsCostNoCheckpointEvents) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
+    c.reconcile_interval = absl::ZeroDuration();
+    c.reconcile_grace = absl::Hours(1);
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePlugin* plugin = h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1));
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("keep", {{"main", 1}})).ok());
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());  // names the holder
+  const size_t from = h.proxy().events().Size();
+  for (int i = 0; i < 20; ++i) {
+    const std::string health = i % 2 == 0 ? "Unhealthy" : "Healthy";
+    ASSERT_TRUE(plugin->SetHealth("gpu-3", health).ok());
+    ASSERT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-3") == health; }));
+  }
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  int told = 0;
+  for (const auto& e : h.proxy().events().Since(from)) {
+    told += e.value("event", "") == "checkpoint_reconciled";
+  }
+  EXPECT_EQ(told, 0);
+}
+
 TEST(CheckpointReleaseTest, JournalIsBoundedWithoutPodResources) {
   ProxyHarness h(
       Personality::kV1Alpha, false,

@@ -899,20 +899,12 @@ bool SamplePlugin::ServeAgainIfRemoved() {
     if (absl::Now() - *gone_since_ < absl::Milliseconds(1500)) return false;
     gone_since_.reset();
   }
-  impl_->EndStreams(/*stopping=*/false);
-  if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-  }
-  ServeLocked();
-  events_.Emit("socket_recreated", {{"socket", socket_path_}, {"ok", server_ != nullptr}});
+  ServeAnewLocked();
   socket_recreated_ = true;
   return true;
 }
 
-void SamplePlugin::RestartServer() {
-  absl::MutexLock slock(&server_mu_);
-  if (dead_) return;
+void SamplePlugin::ServeAnewLocked() {
   impl_->EndStreams(/*stopping=*/false);
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now());
@@ -920,6 +912,11 @@ void SamplePlugin::RestartServer() {
   }
   ServeLocked();
   events_.Emit("socket_recreated", {{"socket", socket_path_}, {"ok", server_ != nullptr}});
+}
+
+void SamplePlugin::RestartServer() {
+  absl::MutexLock slock(&server_mu_);
+  if (!dead_) ServeAnewLocked();
 }
 
 void SamplePlugin::Die() {

@@ -215,7 +215,9 @@ class SamplePlugin {
   void RegistrarLoop();
   // Serves the socket again if a kubelet start removed it; true if it did.
   bool ServeAgainIfRemoved();
-  // Ends the streams and serves the socket anew (RestartSignal::kKubeletSocket).
+  // Ends the streams and serves the socket anew.
+  void ServeAnewLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
+  // ServeAnewLocked, unless the plugin died (RestartSignal::kKubeletSocket).
   void RestartServer();
   // The panic of panic_on_options: stops serving, from a thread of its own.
   void Die();

@@ -8,6 +8,7 @@
 #include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace dpproxy {
@@ -69,12 +70,37 @@ std::string JsonLogLine(int severity, absl::string_view file, int line, absl::Ti
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+namespace {
+
+// A message as one line: control characters (a newline in a name an API
+// server or a plugin sent, say) are escaped, so no message can forge a
+// line of its own. Tabs stay.
+std::string OneLine(absl::string_view message) {
+  std::string out;
+  out.reserve(message.size());
+  for (const char c : message) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if ((u < 0x20 && c != '\t') || u == 0x7f) {
+      absl::StrAppend(&out, absl::StrFormat("\\x%02x", u));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string TextLogLine(int severity, absl::string_view file, int line, absl::Time time,
                         int thread, absl::string_view message) {
   constexpr char kLetters[] = "IWEF";
   return absl::StrFormat("%c%s %7d %s:%d] %s", kLetters[Clamp(severity)],
                          absl::FormatTime("%m%d %H:%M:%E6S", time, absl::LocalTimeZone()),
-                         thread, file, line, message);
+                         thread, file, line, OneLine(message));
 }
 
 void UseJsonLogs() { UseSink(Format::kJson); }

@@ -8,7 +8,8 @@
 //   W1122 17:59:01.123456   12345 resource.cc:367] resource vendor.com/gpu: ...
 //
 // severity letter, month and day, time with microseconds, thread ID (7
-// wide), file:line.
+// wide), file:line. Control characters in the message are escaped (\n,
+// \r, \xNN): every message is one line, whatever names it quotes.
 //
 // `--log_format=json`: klog's JSON format, one object per line:
 //

@@ -327,6 +327,14 @@ absl::StatusOr<int> OpenOwnFileForAppend(const std::string& path, mode_t mode) {
     ::close(fd);
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
   }
+  if (st.st_nlink > 1) {
+    // A hard link planted at `path`: writing (or changing its mode) would
+    // reach the file under its other name.
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " has ", st.st_nlink,
+        " hard links; dpproxy writes only to a file no other name reaches (remove it)"));
+  }
   if ((st.st_mode & 07777) != mode) (void)::fchmod(fd, mode);
   return fd;
 }

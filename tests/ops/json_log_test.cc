@@ -54,6 +54,18 @@ TEST(JsonLogLineTest, IsKlogsJson) {
 // hh:mm:ss.uuuuuu, the thread ID 7 wide, file:line] (no year, unlike glog).
 constexpr char kKlogHeader[] = R"(^[IWEF][01][0-9][0-3][0-9] [0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]{6} +[0-9]+ [^ :]+:[0-9]+\] )";
 
+// A name with a newline (a pool name an API server sent) cannot forge a
+// line of its own: control characters are escaped, tabs stay.
+TEST(TextLogLineTest, ControlCharactersCannotForgeALine) {
+  const absl::Time t = absl::FromUnixSeconds(1764259141);
+  const std::string line = TextLogLine(
+      0, "dra_side.cc", 1, t, 7, "pool \"a\nE1128 00:00:00.000000 1 forged.cc:1] x\"\r\x01\x7f\tend");
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_NE(line.find("pool \"a\\nE1128 00:00:00.000000 1 forged.cc:1] x\"\\r\\x01\\x7f\tend"),
+            std::string::npos)
+      << line;
+}
+
 TEST(TextLogLineTest, IsKlogsHeader) {
   const absl::Time t = absl::FromCivil(absl::CivilSecond(2026, 11, 22, 17, 59, 1),
                                        absl::LocalTimeZone()) +

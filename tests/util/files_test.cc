@@ -309,6 +309,24 @@ TEST(EventLogTest, NeverAppendsThroughAPlantedLinkAndIs0640) {
   EXPECT_EQ(st.st_mode & 07777, 0640u);
 }
 
+// A hard link planted at the events file's name (in the same file system)
+// is refused: neither the other file's contents nor its mode change.
+TEST(EventLogTest, NeverAppendsThroughAPlantedHardLink) {
+  testing::ShortTempDir dir;
+  const std::string victim = dir.Sub("victim");
+  ASSERT_TRUE(WriteFileAtomic(victim, "secret", 0600).ok());
+  ASSERT_EQ(::link(victim.c_str(), dir.Sub("events.jsonl").c_str()), 0);
+  EventLog log("test");
+  absl::Status s = log.OpenFile(dir.Sub("events.jsonl"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("has 2 hard links"));
+  log.Emit("hello");
+  EXPECT_EQ(*ReadFile(victim), "secret");
+  struct stat st;
+  ASSERT_EQ(::stat(victim.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
 TEST(FilesTest, FileIdChangesWhenFileIsRecreated) {
   testing::ShortTempDir dir;
   const std::string path = dir.Sub("kubelet.sock");

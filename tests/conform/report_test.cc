@@ -227,6 +227,19 @@ TEST(ReportTest, HtmlIsOneSelfContainedFileWithEveryFailureLinked) {
   EXPECT_THAT(h, Not(HasSubstr("<script")));
   EXPECT_THAT(h, Not(HasSubstr("src=")));
   EXPECT_THAT(h, Not(HasSubstr("http")));
+  // Line breaks stay line breaks; other control characters are named.
+  EXPECT_THAT(h, Not(HasSubstr("\\x0a")));
+}
+
+// A plugin's text with line breaks and a NUL: the HTML keeps the breaks,
+// and no output carries a raw control character.
+TEST(ReportTest, ControlCharactersAreNamedAndLineBreaksKept) {
+  std::vector<CellResult> cells = Cells();
+  cells[1].summary = std::string("device \"a\0b\" refused\nsecond line", 32);
+  const std::string h = RenderHtml(JUnitOptions(), cells);
+  EXPECT_THAT(h, HasSubstr("device &quot;a\\x00b&quot; refused\nsecond line"));
+  EXPECT_EQ(h.find('\0'), std::string::npos);
+  EXPECT_EQ(Printable(std::string("a\0b\n", 4)), "a\\x00b\\x0a");
 }
 
 // A cell is blocked only by a scenario that failed in the same release;

@@ -235,7 +235,8 @@ int Run() {
       }
       std::cerr << absl::StrFormat("dpconform: [%d/%d] %-7s %-16s kubelet %-6s %5.1fs  %s%s\n",
                                    done, total, OutcomeName(c.outcome), c.scenario, c.kubelet,
-                                   absl::ToDoubleSeconds(c.duration), c.summary, left);
+                                   absl::ToDoubleSeconds(c.duration), Printable(c.summary),
+                                   left);
     };
   }
   absl::StatusOr<std::vector<CellResult>> cells = RunConformance(*o);

@@ -12,7 +12,6 @@
 #include "proxy/version.h"
 
 namespace dpproxy::conform {
-namespace {
 
 // Text for a terminal: control characters (a device ID of one byte, a
 // plugin's message) as \xNN, never raw.
@@ -27,6 +26,8 @@ std::string Printable(absl::string_view text) {
   }
   return out;
 }
+
+namespace {
 
 // The releases and scenarios in the order the cells came.
 std::vector<std::string> Ordered(const std::vector<CellResult>& cells,
@@ -409,17 +410,19 @@ std::string RenderMarkdown(const ConformOptions& options, const std::vector<Cell
 
 namespace {
 
-// Text inside an HTML element or a quoted attribute.
+// Text inside an HTML element or a quoted attribute: line breaks stay
+// (a <pre> and a title show them), other control characters as \xNN.
 std::string HtmlText(absl::string_view text) {
   std::string out;
-  for (char ch : Printable(text)) {
+  for (const char ch : text) {
     switch (ch) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
       case '\'': out += "&#39;"; break;
-      default: out += ch;
+      case '\n': out += '\n'; break;
+      default: out += Printable(absl::string_view(&ch, 1));
     }
   }
   return out;

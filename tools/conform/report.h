@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
+
 #include "tools/conform/conform.h"
 
 namespace dpproxy::conform {
@@ -22,6 +24,10 @@ struct Totals {
   int passed = 0, failed = 0, blocked = 0, not_applicable = 0;
 };
 Totals Count(const std::vector<CellResult>& cells);
+
+// Text for a terminal: control characters (a device ID of one byte, a
+// plugin's message) as \xNN, never raw.
+std::string Printable(absl::string_view text);
 
 std::string RenderTable(const std::vector<CellResult>& cells);
 std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells);

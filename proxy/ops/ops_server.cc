@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -112,6 +113,7 @@ struct OpsServer::Loop {
     bool answered = false;
     bool closing = false;
     int open_handles = 0;
+    uint64_t seq = 0;  // accept order
   };
   struct Write {
     uv_write_t req;
@@ -128,6 +130,11 @@ struct OpsServer::Loop {
   uv_tcp_t listener;
   uv_async_t stop;
   std::set<Conn*> conns;
+  // The connections whose request has not come yet, oldest first: past
+  // max_connections the oldest of them makes room for the new one, so
+  // that clients holding connections open can never keep a probe out.
+  std::map<uint64_t, Conn*> waiting;
+  uint64_t accepted = 0;
 
   static void OnConnection(uv_stream_t* server, int status) {
     Loop* self = static_cast<Loop*>(server->data);
@@ -145,9 +152,15 @@ struct OpsServer::Loop {
       return;
     }
     if (static_cast<int>(self->conns.size()) > self->options.max_connections) {
-      self->Respond(c, 503, "too many connections\n", false);
-      return;
+      if (self->waiting.empty()) {
+        // Every other connection is being answered: it is gone soon.
+        self->Respond(c, 503, "too many connections\n", false);
+        return;
+      }
+      self->Close(self->waiting.begin()->second);
     }
+    c->seq = ++self->accepted;
+    self->waiting.emplace(c->seq, c);
     uv_read_start(reinterpret_cast<uv_stream_t*>(&c->tcp), &Loop::OnAlloc, &Loop::OnRead);
     uv_timer_start(&c->timer, &Loop::OnTimeout,
                    static_cast<uint64_t>(absl::ToInt64Milliseconds(self->options.request_timeout)),
@@ -243,6 +256,7 @@ struct OpsServer::Loop {
                const char* content_type = "text/plain; charset=utf-8") {
     if (c->answered || c->closing) return;
     c->answered = true;
+    waiting.erase(c->seq);
     uv_timer_stop(&c->timer);
     uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
     auto* w = new Write();
@@ -290,6 +304,7 @@ struct OpsServer::Loop {
     if (c->closing) return;
     c->closing = true;
     conns.erase(c);
+    waiting.erase(c->seq);
     auto closed = [](uv_handle_t* h) {
       Conn* conn = static_cast<Conn*>(h->data);
       if (--conn->open_handles == 0) delete conn;

@@ -21,7 +21,10 @@
 // thread: the probes answer at once however many such clients are
 // connected. Each connection must deliver its request within
 // `request_timeout` (else 408 and closed); at most `max_connections` are
-// open at once (one more is answered 503 and closed); a request is at most
+// open at once: one more closes the oldest connection whose request has
+// not come yet (clients that hold connections idle, re-opening each as it
+// times out, never keep a probe out), or, when every other connection is
+// being answered, is answered 503 and closed; a request is at most
 // `max_request_bytes` of request line and headers (else 431). One request
 // per connection (the answer says Connection: close). The checks and the
 // collectables are called on the loop thread and must be quick.

@@ -195,6 +195,18 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
           "state directory ", c.state_dir, " lies inside the kubelet root ",
           c.kubelet.kubelet_root, "; dpproxy keeps its state in a directory of its own"));
     }
+    // The kubelet's own directories by identity too, as for the plugin
+    // directory: a kubelet start wipes device-plugins/, and a journal
+    // there would go with it.
+    for (const char* sub : {"device-plugins", "plugins_registry", "plugins", "pod-resources"}) {
+      const std::string kubelet_dir = JoinPath(c.kubelet.kubelet_root, sub);
+      if (IsSameOrInside(c.state_dir, kubelet_dir) || IsSameOrInside(kubelet_dir, c.state_dir)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "state directory ", c.state_dir, " is, contains or lies inside the kubelet's ",
+            kubelet_dir, " (a bind mount of it?); dpproxy keeps its state in a directory of "
+            "its own (default /var/lib/dpproxy)"));
+      }
+    }
   }
   if (!c.socket_group.empty()) {
     if (absl::StatusOr<gid_t> g = ResolveGroup(c.socket_group); !g.ok()) {

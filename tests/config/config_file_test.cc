@@ -414,6 +414,31 @@ TEST(ConfigValidationTest, ABindMountOfTheKubeletsDirectoryIsRefused) {
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).message();
 }
 
+// The same for the state directory: a journal in the kubelet's
+// device-plugins/ (or plugins_registry/) under another path would be wiped
+// by the kubelet's next start.
+TEST(ConfigValidationTest, AStateDirectoryBindMountedOnTheKubeletsDirectoryIsRefused) {
+  for (const char* sub : {"device-plugins", "plugins_registry"}) {
+    SCOPED_TRACE(sub);
+    testing::ShortTempDir dir;
+    ASSERT_TRUE(MakeDirs(dir.Sub(absl::StrCat("k/", sub))).ok());
+    ASSERT_TRUE(MakeDirs(dir.Sub("s")).ok());
+    ASSERT_EQ(::mount(dir.Sub(absl::StrCat("k/", sub)).c_str(), dir.Sub("s").c_str(), nullptr,
+                      MS_BIND, nullptr),
+              0)
+        << "bind mount: " << std::strerror(errno) << " (these tests run as root)";
+    ProxyConfig c = Base();
+    c.kubelet.kubelet_root = dir.Sub("k");
+    c.state_dir = dir.Sub("s");
+    absl::Status s = ValidateConfig(c);
+    ::umount2(dir.Sub("s").c_str(), MNT_DETACH);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("state directory"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("a bind mount of it?"));
+    EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).message();
+  }
+}
+
 TEST(ApiVersionTest, OneSpellingForPeopleOneForTheWire) {
   for (ApiVersion api : {ApiVersion::kV1Alpha, ApiVersion::kV1Beta1}) {
     EXPECT_EQ(*ParseApiVersion(ApiName(api), false), api);

@@ -1,5 +1,7 @@
 #include "proxy/state/previous_generation.h"
 
+#include <sys/stat.h>
+
 #include <errno.h>
 #include <unistd.h>
 
@@ -61,6 +63,11 @@ absl::Status PreviousGeneration::KeepRecords(const std::string& record_bytes, bo
     contents += record_bytes;
   }
   return WriteFileAtomic(records_path_, contents, 0600);
+}
+
+bool PreviousGeneration::Exists() const {
+  struct stat st;
+  return ::lstat(snapshot_path_.c_str(), &st) == 0 || ::lstat(records_path_.c_str(), &st) == 0;
 }
 
 PreviousGeneration::Fallback PreviousGeneration::Read() const {

@@ -69,6 +69,10 @@ class PreviousGeneration {
     std::string records_problem;           // a records file that is not one
   };
   Fallback Read() const;
+  // Whether either file of the previous generation is there: the state
+  // directory was used, and saved in, before (a snapshot missing beside it
+  // is damage, not a first start).
+  bool Exists() const;
 
  private:
   const std::string dir_;

@@ -20,14 +20,16 @@ absl::StatusOr<state::State> ReadStateDir(const std::string& dir) {
 namespace {
 
 // A damaged snapshot: what the previous generation gives instead.
-void FallBack(const std::string& snap_path, const std::string& why, StateDirReport* r) {
+// `what` says what is wrong with the snapshot and what dpproxy does with
+// it ("is not trusted (...): dpproxy moves it aside and").
+void FallBack(const std::string& snap_path, const std::string& what, StateDirReport* r) {
   const PreviousGeneration prev(snap_path);
   PreviousGeneration::Fallback f = prev.Read();
   if (f.snapshot.has_value()) r->state = *std::move(f.snapshot);
   const int from_snapshot = r->state.allocations_size();
   MergeJournal(f.records, &r->state);
   r->problems.push_back(absl::StrCat(
-      snap_path, " is not trusted (", why, "): dpproxy moves it aside and falls back to ",
+      snap_path, " ", what, " falls back to ",
       f.snapshot.has_value() ? absl::StrCat(prev.snapshot_path(), " (", from_snapshot,
                                             " allocation(s))")
                              : std::string("no previous snapshot"),
@@ -53,8 +55,18 @@ StateDirReport InspectStateDir(const std::string& dir) {
       r.state = *std::move(decoded);
     } else {
       r.untrusted = true;
-      FallBack(snap_path, std::string(decoded.status().message()), &r);
+      FallBack(snap_path,
+               absl::StrCat("is not trusted (", decoded.status().message(),
+                            "): dpproxy moves it aside and"),
+               &r);
     }
+  } else if (snap.status().code() == absl::StatusCode::kNotFound &&
+             PreviousGeneration(snap_path).Exists()) {
+    r.untrusted = true;
+    FallBack(snap_path,
+             "is missing while its previous generation is there (the directory was used "
+             "before: this is damage, not a first start): dpproxy",
+             &r);
   } else if (snap.status().code() != absl::StatusCode::kNotFound) {
     r.refuses_start = true;
     r.problems.push_back(absl::StrCat(snap.status().message(), ": dpproxy refuses to start"));

@@ -290,6 +290,17 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
                                       {"intact_records", replay->records.size()},
                                       {"copy", replay->damaged_copy}});
   }
+  if (s.ok() && s->saved_unix_ms() == 0 && !PathExists(store_.path()) && previous_.Exists()) {
+    // The snapshot is gone and its previous generation is not: the
+    // directory was used before, and the snapshot's allocations are in
+    // that generation and the journal. Never a first start.
+    events_->Emit("state_missing", {{"path", store_.path()},
+                                    {"previous", previous_.snapshot_path()}});
+    s = absl::DataLossError(absl::StrCat(
+        "state file ", store_.path(), " is missing while its previous generation (",
+        previous_.snapshot_path(), ") is there: the directory was used before; falling back "
+        "to that generation and the journal, and learning back from the kubelet"));
+  }
   if (s.ok()) {
     state_ = *std::move(s);
     allocations_ = std::move(loaded);

@@ -161,6 +161,32 @@ TEST_F(DamageTest, ADamagedSnapshotFallsBackToThePreviousGenerationAndLosesNothi
   }
 }
 
+// A snapshot removed while its previous generation stays is damage, not a
+// first start: dpctl verify says so, and a start loads the previous
+// generation and the journal, loses nothing, says so (state_missing) and
+// learns back from the kubelet. A directory never used stays quiet.
+TEST_F(DamageTest, ARemovedSnapshotIsDamageNotAFirstStart) {
+  ASSERT_EQ(::unlink(Path("state.pb").c_str()), 0);
+  const StateDirReport report = InspectStateDir(dir_.path());
+  EXPECT_TRUE(report.untrusted);
+  ASSERT_FALSE(report.problems.empty());
+  EXPECT_THAT(report.problems[0], HasSubstr("is missing while its previous generation is there"));
+  EXPECT_THAT(report.problems[0], HasSubstr("falls back to " + Path("state.pb.prev")));
+  EXPECT_EQ(report.state.allocations_size(), 10);
+  const size_t from = events_.Size();
+  EXPECT_EQ(Load(), Devices(0, 10));
+  EXPECT_TRUE(damaged_);
+  EXPECT_TRUE(events_.WaitForEvent("state_missing", {}, absl::ZeroDuration(), from));
+
+  testing::ShortTempDir fresh;
+  EXPECT_TRUE(InspectStateDir(fresh.path()).problems.empty());
+  EventLog quiet("fresh");
+  StateKeeper k(fresh.Sub("state.pb"), &quiet);
+  ASSERT_TRUE(k.Load().ok());
+  EXPECT_FALSE(k.damaged_at_load());
+  EXPECT_FALSE(quiet.WaitForEvent("state_missing", {}, absl::ZeroDuration()));
+}
+
 TEST_F(DamageTest, BothSnapshotsDamagedKeepEveryJournaledRecord) {
   Write("state.pb", "not a state file");
   Write("state.pb.prev", "not a state file either");

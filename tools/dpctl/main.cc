@@ -114,7 +114,8 @@ void PrintTable(const std::string& path, const state::State& s) {
 
 int Run(const std::string& command) {
   const std::string path = JoinPath(FLAGS_state_dir, "state.pb");
-  if (!PathExists(path) && !PathExists(JoinPath(FLAGS_state_dir, "journal.wal"))) {
+  if (!PathExists(path) && !PathExists(JoinPath(FLAGS_state_dir, "journal.wal")) &&
+      !PathExists(path + ".prev")) {
     std::cerr << "dpctl: no dpproxy state in " << FLAGS_state_dir << " (is --state_dir right?)\n";
     return 1;
   }

@@ -57,6 +57,26 @@ bool ServesDra(const ProxyConfig& config) {
   return false;
 }
 
+namespace {
+
+// kInvalidArgument when `dir` is, contains or lies inside one of the
+// kubelet's own directories under `kubelet_root`, compared by identity
+// (a bind mount of one has its identity, not its path).
+absl::Status ApartFromKubeletDirs(const char* what, const std::string& dir,
+                                  const std::string& kubelet_root, const char* advice) {
+  for (const char* sub : {"device-plugins", "plugins_registry", "plugins", "pod-resources"}) {
+    const std::string kubelet_dir = JoinPath(kubelet_root, sub);
+    if (IsSameOrInside(dir, kubelet_dir) || IsSameOrInside(kubelet_dir, dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", dir, " is, contains or lies inside the kubelet's ", kubelet_dir,
+          " (a bind mount of it?); ", advice));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const ProxyConfig& c) {
   if (!c.metrics_address.empty()) {
     if (absl::StatusOr<HostPort> hp = ParseHostPort(c.metrics_address); !hp.ok()) {
@@ -157,15 +177,10 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
   // The kubelet's own directories, wherever they are mounted too: a bind
   // mount of device-plugins/ at the plugin directory has its identity, not
   // its path.
-  for (const char* sub : {"device-plugins", "plugins_registry", "plugins", "pod-resources"}) {
-    const std::string kubelet_dir = JoinPath(c.kubelet.kubelet_root, sub);
-    if (IsSameOrInside(c.plugin_dir, kubelet_dir) || IsSameOrInside(kubelet_dir, c.plugin_dir)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plugin directory ", c.plugin_dir, " is, contains or lies inside the kubelet's ",
-          kubelet_dir, " (a bind mount of it?); plugins must register with the proxy in a "
-          "directory of its own (default /var/lib/dpproxy/device-plugins)"));
-    }
-  }
+  DPP_RETURN_IF_ERROR(ApartFromKubeletDirs(
+      "plugin directory", c.plugin_dir, c.kubelet.kubelet_root,
+      "plugins must register with the proxy in a directory of its own (default "
+      "/var/lib/dpproxy/device-plugins)"));
   DPP_RETURN_IF_ERROR(ValidateSocketPath(JoinPath(c.plugin_dir, kKubeletSocketName)));
   DPP_RETURN_IF_ERROR(ValidateSocketPath(KubeletSocketPath(c.kubelet)));
   if (c.kubelet.backend_timeout <= absl::ZeroDuration()) {
@@ -198,15 +213,9 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
     // The kubelet's own directories by identity too, as for the plugin
     // directory: a kubelet start wipes device-plugins/, and a journal
     // there would go with it.
-    for (const char* sub : {"device-plugins", "plugins_registry", "plugins", "pod-resources"}) {
-      const std::string kubelet_dir = JoinPath(c.kubelet.kubelet_root, sub);
-      if (IsSameOrInside(c.state_dir, kubelet_dir) || IsSameOrInside(kubelet_dir, c.state_dir)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "state directory ", c.state_dir, " is, contains or lies inside the kubelet's ",
-            kubelet_dir, " (a bind mount of it?); dpproxy keeps its state in a directory of "
-            "its own (default /var/lib/dpproxy)"));
-      }
-    }
+    DPP_RETURN_IF_ERROR(ApartFromKubeletDirs(
+        "state directory", c.state_dir, c.kubelet.kubelet_root,
+        "dpproxy keeps its state in a directory of its own (default /var/lib/dpproxy)"));
   }
   if (!c.socket_group.empty()) {
     if (absl::StatusOr<gid_t> g = ResolveGroup(c.socket_group); !g.ok()) {

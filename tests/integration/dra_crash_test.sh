@@ -16,16 +16,8 @@ PLUGINS="$DIR/dpproxy/device-plugins"
 STATE="$DIR/dpproxy"
 DRIVER=gpu.example.com
 
-"$API" --listen=127.0.0.1:0 --token=node-token >"$DIR/api.out" 2>&1 &
-PIDS+=($!)
-wait_until "the API server serves" 200 grep -q serving "$DIR/api.out"
-URL="$(sed -n 's/^apiserver_sim: serving //p' "$DIR/api.out")"
-cat >"$DIR/kubeconfig" <<KC
-current-context: node
-contexts: [{name: node, context: {cluster: sim, user: dpproxy}}]
-clusters: [{name: sim, cluster: {server: "$URL"}}]
-users: [{name: dpproxy, user: {token: node-token}}]
-KC
+start_apiserver node-token
+URL="$API_URL"
 "$SIM" serve --root_dir="$ROOT" --kubelet=1.36 --kubeconfig="$DIR/kubeconfig" \
   --node_name=node-1 --cdi_dirs="$DIR/cdi" --quiet &
 PIDS+=($!)

@@ -5,21 +5,10 @@
 # SIGTERM. Its API calls end at once and it exits 0 well before the server
 # would have answered; it never has to be killed.
 source "$(dirname "$0")/lib.sh"
-API="$RUNFILES/tools/apiserver_sim/apiserver_sim"
 ROOT="$DIR/kubelet"
 mkdir -p "$ROOT/plugins_registry" "$ROOT/plugins" "$ROOT/device-plugins"
 
-"$API" --listen=127.0.0.1:0 --token=node-token --latency=15s \
-  --events="$DIR/api.jsonl" >"$DIR/api.out" 2>&1 &
-PIDS+=($!)
-wait_until "the API server serves" 200 grep -q serving "$DIR/api.out"
-URL="$(sed -n 's/^apiserver_sim: serving //p' "$DIR/api.out")"
-cat >"$DIR/kubeconfig" <<KC
-current-context: node
-contexts: [{name: node, context: {cluster: sim, user: dpproxy}}]
-clusters: [{name: sim, cluster: {server: "$URL"}}]
-users: [{name: dpproxy, user: {token: node-token}}]
-KC
+start_apiserver node-token --latency=15s --events="$DIR/api.jsonl"
 
 "$PROXY" --kubelet_api=dra --dra_driver=gpu.example.com --node_name=node-1 \
   --kubeconfig="$DIR/kubeconfig" --cdi_dir="$DIR/cdi" --kubelet_root="$ROOT" \

@@ -46,6 +46,23 @@ wait_until() {  # name, tries, command...
   fail "$name: not within $((tries / 20)) s"
   return 1
 }
+# Starts the API-server simulator with `args` (it serves on a free port),
+# waits for it, and writes a kubeconfig for it to $DIR/kubeconfig whose
+# user carries `token`. Sets API_URL.
+start_apiserver() {  # token, args...
+  local token="$1"; shift
+  "$RUNFILES/tools/apiserver_sim/apiserver_sim" --listen=127.0.0.1:0 --token="$token" "$@" \
+    >"$DIR/api.out" 2>&1 &
+  PIDS+=($!)
+  wait_until "the API server serves" 200 grep -q serving "$DIR/api.out"
+  API_URL="$(sed -n 's/^apiserver_sim: serving //p' "$DIR/api.out")"
+  cat >"$DIR/kubeconfig" <<KC
+current-context: node
+contexts: [{name: node, context: {cluster: sim, user: dpproxy}}]
+clusters: [{name: sim, cluster: {server: "$API_URL"}}]
+users: [{name: dpproxy, user: {token: $token}}]
+KC
+}
 expect_exit() {  # name, expected code, command...
   local name="$1" want="$2"; shift 2
   local out; out="$("$@" 2>&1)"; local got=$?

@@ -82,6 +82,7 @@ PreviousGeneration::Fallback PreviousGeneration::Read() const {
     }
   } else if (snap.status().code() != absl::StatusCode::kNotFound) {
     out.snapshot_problem = std::string(snap.status().message());
+    out.unreadable = snap.status();
   }
   absl::StatusOr<std::string> records = ReadOwnFile(records_path_);
   if (records.ok()) {
@@ -93,6 +94,7 @@ PreviousGeneration::Fallback PreviousGeneration::Read() const {
     }
   } else if (records.status().code() != absl::StatusCode::kNotFound) {
     out.records_problem = std::string(records.status().message());
+    if (out.unreadable.ok()) out.unreadable = records.status();
   }
   return out;
 }

@@ -67,6 +67,10 @@ class PreviousGeneration {
     std::string snapshot_problem;          // why not, if there was a file
     std::vector<state::Allocation> records;
     std::string records_problem;           // a records file that is not one
+    // A file that is there and cannot be read (EIO, permissions, a
+    // directory or a link in its place): not proof of damage, so nothing
+    // may be started on without it. OK otherwise.
+    absl::Status unreadable;
   };
   Fallback Read() const;
   // Whether either file of the previous generation is there: the state

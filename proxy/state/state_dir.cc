@@ -25,6 +25,13 @@ namespace {
 void FallBack(const std::string& snap_path, const std::string& what, StateDirReport* r) {
   const PreviousGeneration prev(snap_path);
   PreviousGeneration::Fallback f = prev.Read();
+  if (!f.unreadable.ok()) {
+    r->refuses_start = true;
+    r->problems.push_back(absl::StrCat(
+        snap_path, " needs the previous generation, which cannot be read (",
+        f.unreadable.message(), "): dpproxy refuses to start"));
+    return;
+  }
   if (f.snapshot.has_value()) r->state = *std::move(f.snapshot);
   const int from_snapshot = r->state.allocations_size();
   MergeJournal(f.records, &r->state);

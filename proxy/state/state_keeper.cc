@@ -318,7 +318,7 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
     LOG(ERROR) << s.status().message();
     events_->Emit("state_untrusted", {{"path", store_.path()},
                                       {"error", std::string(s.status().message())}});
-    FallBackLocked(replay->records);
+    if (absl::Status f = FallBackLocked(replay->records); !f.ok()) return f;
   }
   RebuildIndexLocked();
   if (!quarantined_held_.empty()) ++quarantine_version_;
@@ -332,9 +332,16 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   return summary ? SummaryLocked() : FullStateLocked();
 }
 
-void StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) {
+absl::Status StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) {
   damaged_at_load_ = true;
   PreviousGeneration::Fallback prev = previous_.Read();
+  if (!prev.unreadable.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state must fall back to its previous generation, which cannot be read: ",
+        prev.unreadable.message(),
+        "; dpproxy refuses to start rather than run on half its state (fix the file or the "
+        "disk, then start again)"));
+  }
   state_ = prev.snapshot.has_value() ? *std::move(prev.snapshot) : state::State();
   const int from_snapshot = state_.allocations_size();
   // Every record is trusted alone (each has its own checksum): the ones
@@ -365,6 +372,7 @@ void StateKeeper::FallBackLocked(const std::vector<state::Allocation>& journal) 
                                     {"records", prev.records.size()},
                                     {"journal_records", journal.size()},
                                     {"allocations", merged}});
+  return absl::OkStatus();
 }
 
 void StateKeeper::NotePreviousFailed(const absl::Status& s) {

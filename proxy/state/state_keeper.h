@@ -405,8 +405,10 @@ class StateKeeper : public AllocationJournal {
   void TakeAllocationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLoop();
   // The snapshot is proven damaged: the state is the previous
-  // generation's snapshot, the records since it and `journal`.
-  void FallBackLocked(const std::vector<state::Allocation>& journal)
+  // generation's snapshot, the records since it and `journal`. An error,
+  // and nothing loaded, when a file of that generation cannot be read
+  // (an unreadable file is not proof of damage).
+  absl::Status FallBackLocked(const std::vector<state::Allocation>& journal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Released allocations, as WITHDRAWN records (written, not synced): the
   // snapshot saved next drops them, and the previous generation's records

@@ -187,6 +187,26 @@ TEST_F(DamageTest, ARemovedSnapshotIsDamageNotAFirstStart) {
   EXPECT_FALSE(quiet.WaitForEvent("state_missing", {}, absl::ZeroDuration()));
 }
 
+// A previous generation that cannot be read (EIO, permissions, a directory
+// in its place) is not proof of damage: a start that must fall back to it
+// refuses, naming it, rather than run on half the state; dpctl verify says
+// dpproxy refuses to start.
+TEST_F(DamageTest, AnUnreadablePreviousGenerationRefusesTheFallBack) {
+  Write("state.pb", "not a state file");
+  ASSERT_EQ(::unlink(Path("state.pb.prev").c_str()), 0);
+  ASSERT_TRUE(MakeDirs(Path("state.pb.prev")).ok());
+  const StateDirReport report = InspectStateDir(dir_.path());
+  EXPECT_TRUE(report.refuses_start);
+  ASSERT_FALSE(report.problems.empty());
+  EXPECT_THAT(report.problems[0], HasSubstr("needs the previous generation, which cannot be read"));
+  StateKeeper k(Path("state.pb"), &events_);
+  absl::StatusOr<state::State> s = k.Load();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr(Path("state.pb.prev")));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("refuses to start"));
+}
+
 TEST_F(DamageTest, BothSnapshotsDamagedKeepEveryJournaledRecord) {
   Write("state.pb", "not a state file");
   Write("state.pb.prev", "not a state file either");

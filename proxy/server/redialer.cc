@@ -48,23 +48,21 @@ void Redialer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Redialer::settled() {
-  absl::MutexLock lock(&mu_);
+bool Redialer::SettledLocked() const {
   for (const auto& [name, r] : reports_) {
     if (r.outcome == Outcome::kDialling) return false;
   }
   return true;
 }
 
+bool Redialer::settled() {
+  absl::MutexLock lock(&mu_);
+  return SettledLocked();
+}
+
 bool Redialer::WaitSettled(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& [name, r] : reports_) {
-      if (r.outcome == Outcome::kDialling) return false;
-    }
-    return true;
-  };
-  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(this, &Redialer::SettledLocked), timeout);
 }
 
 std::map<std::string, Redialer::Report> Redialer::reports() {

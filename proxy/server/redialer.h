@@ -111,6 +111,7 @@ class Redialer {
   absl::Status CheckEndpoint(const std::string& endpoint) const;
   void Finish(const std::string& resource, Outcome outcome, const std::string& error)
       ABSL_LOCKS_EXCLUDED(mu_);
+  bool SettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   WorkQueue* const workers_;

@@ -183,6 +183,39 @@ TEST_P(ForgottenTest, NoRunningPodKilledAndNoDeviceUsedTwice) {
   EXPECT_THAT(FailedPods(h->sim().GetState()), ::testing::ElementsAre(HasSubstr("d: ")));
 }
 
+// As a real kubelet does: a pod waiting for a device is admitted within
+// half a second of a holder's delete, before the kubelet has removed the
+// holder's pods/<UID> directory and before any reconciliation pass. Every
+// device it offers is forgotten: the deleted holder's, and those of pods
+// that still run. The pod gets the deleted holder's device, whichever
+// order the kubelet offers them in. (Before 1.25 the kubelet allocated
+// again for the running pods at re-admission, and so knows their devices.)
+TEST_P(ForgottenTest, APodAdmittedRightAfterAHoldersDeleteGetsThatHoldersDevice) {
+  std::unique_ptr<ProxyHarness> h = Harness();
+  ASSERT_NO_FATAL_FAILURE(Up(*h));
+  absl::StatusOr<sim::AllocateResponse> a = h->sim().Allocate(Pod("a", {{"main", 2}}));
+  absl::StatusOr<sim::AllocateResponse> b = h->sim().Allocate(Pod("b", {{"main", 1}}));
+  absl::StatusOr<sim::AllocateResponse> c = h->sim().Allocate(Pod("c", {{"main", 1}}));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  Learn(*h);
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(*h));
+  ASSERT_THAT(FailedPods(h->sim().GetState()), IsEmpty());
+  // A pass since the kubelet's start has seen the holders listed: one
+  // missing from a List now is gone, not yet to be listed.
+  Learn(*h);
+
+  // The youngest holder goes: the others' devices come first in the
+  // kubelet's order.
+  ASSERT_TRUE(h->sim().DeletePod(c->pod_uid()).ok());
+  absl::StatusOr<sim::AllocateResponse> n = h->sim().Allocate(Pod("n", {{"main", 1}}));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_THAT(UsedTwice(h->sim().GetState()), IsEmpty());
+  EXPECT_THAT(FailedPods(h->sim().GetState()), IsEmpty());
+  ASSERT_EQ(n->allocations_size(), 1);
+  EXPECT_THAT(n->allocations(0).device_ids(),
+              ::testing::ElementsAreArray(c->allocations(0).device_ids()));
+}
+
 // The kubelet restarts again while pods it forgot still run: its
 // pod-resources List is empty for a moment after the start, and that does
 // not make their holds lapse.

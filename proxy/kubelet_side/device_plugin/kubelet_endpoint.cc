@@ -292,28 +292,35 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
 
 // Answers a GetPreferredAllocation from `picks` (the backend's, per
 // container; empty if it has none) steering around `held` (preferred.h).
-// If the answer must name held devices, their holders are checked first,
-// once, on a thread of its own (it asks pod-resources): one gone since
-// (its pod deleted a moment ago) frees its devices for this answer.
+// If the answer must name held devices, the holders of every held device
+// offered are checked first, once, on a thread of its own (it asks
+// pod-resources): one gone since (its pod deleted a moment ago, before any
+// reconciliation pass) frees its devices, and the answer is chosen again,
+// so that a running holder's device is never named while a freed one is
+// offered.
 void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationRequest* req,
                      v1beta1::PreferredAllocationResponse* resp,
                      grpc::ServerUnaryReactor* reactor, std::shared_ptr<KubeletCall> call,
                      std::vector<std::vector<std::string>> picks,
                      std::shared_ptr<const Resource::Forgotten> held, bool refreshed) {
   std::vector<PreferredChoice> choices;
-  std::vector<std::string> named;
+  bool names_held = false;
   for (int i = 0; i < req->container_requests_size(); ++i) {
     choices.push_back(ChoosePreferred(req->container_requests(i), picks[i], *held));
-    for (const std::string& id : choices.back().ids) {
-      if (held->count(id) > 0) named.push_back(id);
-    }
+    names_held |= choices.back().held_named > 0;
   }
-  if (!named.empty() && !refreshed) {
+  if (names_held && !refreshed) {
+    std::vector<std::string> offered;
+    for (const auto& c : req->container_requests()) {
+      for (const std::string& id : c.available_deviceids()) {
+        if (held->count(id) > 0) offered.push_back(id);
+      }
+    }
     std::thread([e, req, resp, reactor, call = std::move(call), picks = std::move(picks),
-                 held = std::move(held), named = std::move(named)]() mutable {
-      const std::set<std::string> still = e->resource()->StillForgotten(named);
+                 held = std::move(held), offered = std::move(offered)]() mutable {
+      const std::set<std::string> still = e->resource()->StillForgotten(offered);
       auto fresh = std::make_shared<Resource::Forgotten>(*held);
-      for (const std::string& id : named) {
+      for (const std::string& id : offered) {
         if (still.count(id) == 0) fresh->erase(id);
       }
       FinishPreferred(e, req, resp, reactor, std::move(call), std::move(picks),

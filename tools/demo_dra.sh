@@ -24,7 +24,8 @@ source "$(dirname "$0")/demo_lib.sh"
 trap cleanup EXIT
 
 step "1. An API server (resource.k8s.io v1) and a 1.34 kubelet, both simulated"
-"$API" --listen=127.0.0.1:0 --token=node-token --events="$DIR/api.jsonl" >"$DIR/api.out" &
+"$API" --listen=127.0.0.1:0 --token=node-token --nodes=node-1=v1.34.3 --events="$DIR/api.jsonl" \
+  >"$DIR/api.out" &
 PIDS+=($!)
 wait_for grep -q serving "$DIR/api.out"
 URL="$(sed -n 's/^apiserver_sim: serving //p' "$DIR/api.out")"

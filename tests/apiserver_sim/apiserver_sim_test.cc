@@ -23,7 +23,8 @@ TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
   testing::ShortTempDir dir;
   ChildSpec spec;
   spec.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim"), "--listen=127.0.0.1:0",
-               "--token=t", "--versions=v1,v1beta1", "--events=" + dir.Sub("events.jsonl")};
+               "--token=t", "--versions=v1,v1beta1", "--nodes=node-1=v1.33.4",
+               "--events=" + dir.Sub("events.jsonl")};
   spec.output_path = dir.Sub("out.log");
   absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -46,6 +47,11 @@ TEST(ApiServerSimBinaryTest, ServesClaimsTheWayTheSchedulerWritesThem) {
   absl::StatusOr<Json> group = client->Get("/apis/resource.k8s.io");
   ASSERT_TRUE(group.ok()) << group.status();
   EXPECT_EQ((*group)["preferredVersion"]["version"], "v1");
+  // The nodes given answer their kubelet's version; others are not found.
+  absl::StatusOr<Json> node = client->Get("/api/v1/nodes/node-1");
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ((*node)["status"]["nodeInfo"]["kubeletVersion"], "v1.33.4");
+  EXPECT_EQ(client->Get("/api/v1/nodes/node-2").status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<Json> made = client->Post(
       "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
       {{"metadata", {{"name", "gpu"}}}, {"spec", Json::object()}});
@@ -146,7 +152,7 @@ TEST(ApiServerSimBinaryTest, BadFlagsExitTwoNamingTheFlag) {
   testing::ShortTempDir dir;
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--listen=nowhere"}, {"--versions=v1alpha3"},
-        {"--listen=127.0.0.1:x"}}) {
+        {"--listen=127.0.0.1:x"}, {"--nodes=node-1"}}) {
     ChildSpec spec;
     spec.argv = {testing::Runfile("tools/apiserver_sim/apiserver_sim")};
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());

@@ -51,7 +51,8 @@ wait_until() {  # name, tries, command...
 # user carries `token`. Sets API_URL.
 start_apiserver() {  # token, args...
   local token="$1"; shift
-  "$RUNFILES/tools/apiserver_sim/apiserver_sim" --listen=127.0.0.1:0 --token="$token" "$@" \
+  "$RUNFILES/tools/apiserver_sim/apiserver_sim" --listen=127.0.0.1:0 --token="$token" \
+    --nodes=node-1=v1.36.2 "$@" \
     >"$DIR/api.out" 2>&1 &
   PIDS+=($!)
   wait_until "the API server serves" 200 grep -q serving "$DIR/api.out"

@@ -1212,13 +1212,17 @@ class DraTakeoverTest : public ::testing::TestWithParam<const char*> {};
 // when any of its sockets goes (1.32): the new dpproxy serves the driver
 // on the other socket generation, a claim prepared during the takeover is
 // forwarded to it and journaled there, the claims from before are answered
-// the same without a new Allocate, and the kubelet never loses the driver:
-// the predecessor's registration socket goes by a rename, which the
-// kubelet's plugin watcher does not act on, and a kubelet start then
+// the same without a new Allocate, and the kubelet never loses the driver
+// and holds exactly one instance of it: the predecessor's registration
+// socket is deleted where the kubelet forgets instances by endpoint
+// (1.33+), and renamed away, which its plugin watcher does not act on,
+// where a deletion would deregister the driver by name (1.32). dpproxy
+// reads the kubelet's release from the node's status. A kubelet start then
 // registers only the new one.
 TEST_P(DraTakeoverTest, ClaimsAndTheDriversRegistrationOutliveATakeover) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
   ASSERT_TRUE(api.Start().ok());
+  api.PutNode("node-1", absl::StrCat("v", GetParam(), ".4"));
   testing::ShortTempDir dir;
   std::unique_ptr<ProxyHarness> harness =
       DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"));
@@ -1252,6 +1256,11 @@ TEST_P(DraTakeoverTest, ClaimsAndTheDriversRegistrationOutliveATakeover) {
   ASSERT_TRUE(h.sim().dra_driver(kDriver).has_value());
   EXPECT_NE(h.sim().dra_driver(kDriver)->endpoint, old_endpoint);
   EXPECT_EQ(Count(h.sim().events(), "dra_driver_deregistered", from), 0);
+  if (std::string(GetParam()) != "1.32") {
+    ASSERT_TRUE(h.sim().events().WaitForEvent("dra_instance_removed", {{"driver", kDriver}},
+                                              testing::kWait, from));
+  }
+  EXPECT_EQ(h.sim().dra_instances(kDriver), 1);
   EXPECT_TRUE(h.proxy().Status().dra->registered);
   // Both claims are the new one's: answered the same, no new Allocate.
   absl::StatusOr<Json> again = h.sim().PrepareClaims(kDriver, {{"default", "before", before}});

@@ -238,6 +238,15 @@ int ApiServerSim::DeleteSlicesOfNode(const std::string& node) {
   return n;
 }
 
+void ApiServerSim::PutNode(const std::string& name, const std::string& kubelet_version) {
+  absl::MutexLock lock(&mu_);
+  nodes_[name] = {{"kind", "Node"},
+                  {"apiVersion", "v1"},
+                  {"metadata",
+                   {{"name", name}, {"resourceVersion", std::to_string(++resource_version_)}}},
+                  {"status", {{"nodeInfo", {{"kubeletVersion", kubelet_version}}}}}};
+}
+
 void ApiServerSim::Routes() {
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!options_.token.empty() &&
@@ -301,6 +310,16 @@ void ApiServerSim::Routes() {
   });
   server_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     events_.Emit("request", {{"method", req.method}, {"path", req.path}, {"code", res.status}});
+  });
+  server_->Get(R"(/api/v1/nodes/([^/]+))", [this](const httplib::Request& req,
+                                                   httplib::Response& res) {
+    absl::MutexLock lock(&mu_);
+    auto it = nodes_.find(req.matches[1].str());
+    if (it == nodes_.end()) {
+      return Fail(res, 404, "NotFound",
+                  absl::StrCat("nodes \"", req.matches[1].str(), "\" not found"));
+    }
+    Reply(res, 200, it->second);
   });
   server_->Get("/apis/resource.k8s.io", [this](const httplib::Request&, httplib::Response& res) {
     Json versions = Json::array();

@@ -7,7 +7,8 @@
 // update with optimistic concurrency, delete), namespaced ResourceClaims
 // (create, with generateName too; get, status, delete, a list across
 // namespaces; or put in place by tests) and DeviceClasses (create, get,
-// list). A real HTTPS server
+// list), and Nodes (get: the kubelet's version in status.nodeInfo, for
+// nodes a test has put). A real HTTPS server
 // (cpp-httplib) with a bearer token, answering errors as Kubernetes Status
 // objects with the real reasons (NotFound, AlreadyExists, Conflict,
 // Invalid, Unauthorized). It checks what the real server would refuse in a
@@ -87,6 +88,9 @@ class ApiServerSim {
   // A ResourceClaim as the scheduler left it (metadata.namespace and name
   // set; uid and resourceVersion filled in when missing).
   Json PutClaim(Json claim);
+  // A Node as its kubelet reports it: status.nodeInfo.kubeletVersion is
+  // `kubelet_version` (e.g. "v1.33.2").
+  void PutNode(const std::string& name, const std::string& kubelet_version);
   // Every ResourceSlice stored, by name.
   std::map<std::string, Json> Slices();
   // Deletes every slice of a node, as a kubelet does when it starts.
@@ -110,6 +114,7 @@ class ApiServerSim {
   std::map<std::string, Json> slices_ ABSL_GUARDED_BY(mu_);  // by name
   std::map<std::string, Json> claims_ ABSL_GUARDED_BY(mu_);  // by "ns/name"
   std::map<std::string, Json> device_classes_ ABSL_GUARDED_BY(mu_);  // by name
+  std::map<std::string, Json> nodes_ ABSL_GUARDED_BY(mu_);  // by name
   std::vector<Fault> faults_ ABSL_GUARDED_BY(mu_);
   // InjectAnswer's: the fault and the body it is answered with.
   std::vector<std::pair<Fault, std::string>> answers_ ABSL_GUARDED_BY(mu_);

@@ -23,6 +23,9 @@ DEFINE_string(versions, "v1",
               "v1beta1): what discovery at /apis/resource.k8s.io answers.");
 DEFINE_string(latency, "0s",
               "Answer every request this late (an overloaded or hostile API server), e.g. 15s.");
+DEFINE_string(nodes, "",
+              "Nodes served at /api/v1/nodes/NAME, as NAME=KUBELET_VERSION, comma-separated\n"
+              "(e.g. node-1=v1.36.2): their status.nodeInfo.kubeletVersion.");
 DEFINE_string(events, "", "Append one JSON line per request to this file. Empty: none.");
 DEFINE_string(server, "", "[claim] The API server's URL (what serve printed).");
 DEFINE_string(ca, "", "[claim] PEM CA of an https server.");
@@ -152,9 +155,19 @@ int main(int argc, char** argv) {
     std::cerr << "apiserver_sim: --latency=" << FLAGS_latency << " is not a duration\n";
     return 2;
   }
+  std::vector<std::pair<std::string, std::string>> nodes;
+  for (absl::string_view n : absl::StrSplit(FLAGS_nodes, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(n, absl::MaxSplits('=', 1));
+    if (kv.first.empty() || kv.second.empty()) {
+      std::cerr << "apiserver_sim: --nodes: \"" << n << "\" is not NAME=KUBELET_VERSION\n";
+      return 2;
+    }
+    nodes.push_back(std::move(kv));
+  }
   dpproxy::BlockTerminationSignals();
   dpproxy::sim::ApiServerSim api(o);
   api.SetLatency(latency);
+  for (const auto& [name, version] : nodes) api.PutNode(name, version);
   if (!FLAGS_events.empty()) {
     if (absl::Status s = api.events().OpenFile(FLAGS_events); !s.ok()) {
       std::cerr << "apiserver_sim: " << s.message() << "\n";

@@ -2256,6 +2256,13 @@ std::optional<KubeletSim::DraDriver> KubeletSim::dra_driver(const std::string& n
   return it->second;
 }
 
+int KubeletSim::dra_instances(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  if (dra_drivers_.count(name) == 0) return 0;
+  auto older = dra_older_.find(name);
+  return 1 + (older == dra_older_.end() ? 0 : static_cast<int>(older->second.size()));
+}
+
 namespace {
 
 // One DRA call in either package (their messages are the same).

@@ -205,6 +205,9 @@ class KubeletSim {
     std::string registration;  // its socket in plugins_registry/
   };
   std::optional<DraDriver> dra_driver(const std::string& name);
+  // How many instances of a driver the kubelet holds: the one it calls and
+  // (1.33+) those it would fall back to. 0: not registered.
+  int dra_instances(const std::string& name);
   // What a 1.36+ kubelet's health stream (v1alpha1.DRAResourceHealth) last
   // said of each device of a driver, by "pool/device"; empty before the
   // first message or on releases that do not watch (1.32-1.35, where the

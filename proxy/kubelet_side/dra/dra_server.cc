@@ -337,31 +337,45 @@ absl::Status DraServer::Start() {
   return absl::OkStatus();
 }
 
-void DraServer::Stop(bool handed_over) {
+void DraServer::Stop(bool handed_over, Withdrawal how) {
   {
     absl::MutexLock lock(&gate_mu_);
     if (stopping_) return;  // the first one says how (the destructor's does not)
     stopping_ = true;
   }
   health_.Stop();  // the streams end, or Shutdown would wait for them
-  // gRPC deletes a socket file when its server stops: out of its way.
   const std::string reg = registration_socket();
   const std::string away = JoinPath(reg.substr(0, reg.rfind('/')),
                                     absl::StrCat(".", reg.substr(reg.rfind('/') + 1), ".old"));
-  if (handed_over && registration_server_ != nullptr &&
-      ::rename(reg.c_str(), away.c_str()) != 0) {
-    LOG(WARNING) << "DRA driver " << options_.driver << ": cannot rename " << reg << " away ("
-                 << ErrnoText(errno) << "); a 1.32 kubelet deregisters the driver when it goes";
+  const bool rename_away = handed_over && how == Withdrawal::kRename;
+  if (registration_server_ != nullptr) {
+    // The registration socket goes first, while the service still answers:
+    // the kubelet's watcher acts on its deletion and forgets this instance
+    // before its endpoint goes. gRPC deletes a socket file when its server
+    // stops: a renamed one is out of its way.
+    if (rename_away && ::rename(reg.c_str(), away.c_str()) != 0) {
+      LOG(WARNING) << "DRA driver " << options_.driver << ": cannot rename " << reg << " away ("
+                   << ErrnoText(errno) << "); a 1.32 kubelet deregisters the driver when it goes";
+    } else if (!rename_away) {
+      ::unlink(reg.c_str());
+    }
+    if (handed_over) {
+      LOG(INFO) << "DRA driver " << options_.driver << ": this instance's registration "
+                << (rename_away ? "renamed away (the kubelet replaced it with the successor's)"
+                                : "deleted (the kubelet forgets this instance, and keeps the "
+                                  "successor's)");
+      events_->Emit("dra_instance_withdrawn", {{"driver", options_.driver},
+                                               {"registration", reg},
+                                               {"by", rename_away ? "rename" : "deletion"}});
+    }
   }
-  // The registration socket first: the kubelet's watcher sees it go and
-  // deregisters the driver before the service goes.
   for (std::unique_ptr<grpc::Server>* s : {&registration_server_, &service_server_}) {
     if (*s == nullptr) continue;
     (*s)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     (*s)->Wait();
     s->reset();
   }
-  ::unlink(handed_over ? away.c_str() : reg.c_str());
+  ::unlink(rename_away ? away.c_str() : reg.c_str());
   ::unlink(service_socket().c_str());
 }
 

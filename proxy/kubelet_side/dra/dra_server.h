@@ -57,13 +57,26 @@ class DraServer : public KubeletGate {
 
   // Serves both sockets (stale files replaced). Errors name the path.
   absl::Status Start();
-  // Handed over to a successor (`handed_over`), the registration socket is
-  // renamed away first (to a name starting with '.') instead of deleted:
-  // the kubelet's plugin watcher acts on creations and deletions only, and
-  // up to 1.32 it deregisters a driver by name when any of its
-  // registration sockets is deleted, the successor's too. The first call
-  // counts; later ones do nothing.
-  void Stop(bool handed_over = false);
+  // How this instance's registration goes when it hands over to a
+  // successor, whose registration socket has another name. The kubelet's
+  // plugin watcher acts on the creation and the deletion of registration
+  // sockets, never on a rename.
+  enum class Withdrawal {
+    // Deleted: a kubelet from 1.33 keeps each instance of a driver by its
+    // endpoint and forgets this one only (the successor's serves on). A
+    // rename would leave it registered, dead: its health stream retried
+    // every 5 s, and an instance to fall back to that answers nothing.
+    kDelete,
+    // Renamed away (to a name starting with '.'), then deleted: up to
+    // 1.32 a deletion deregisters the driver by name, the successor's
+    // instance with it, while the successor's registration already
+    // replaced this one.
+    kRename,
+  };
+  // Stops serving; `handed_over` to a successor, the registration goes as
+  // `how` says, else it is deleted. The first call counts; later ones do
+  // nothing.
+  void Stop(bool handed_over = false, Withdrawal how = Withdrawal::kRename);
 
   std::string registration_socket() const;
   std::string service_socket() const;

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -41,7 +42,57 @@ void DraSide::Stop(Ending ending) {
   // deadline.
   CancelApiCalls();
   if (thread_.joinable()) thread_.join();
-  if (server_) server_->Stop(/*handed_over=*/ending == Ending::kHandedOver);
+  if (server_) {
+    const bool handed_over = ending == Ending::kHandedOver;
+    server_->Stop(handed_over, handed_over ? WithdrawalForKubelet() : DraServer::Withdrawal::kDelete);
+  }
+}
+
+DraServer::Withdrawal DraSide::WithdrawalForKubelet() {
+  const int minor = kubelet_minor_.load();
+  if (minor >= 33) return DraServer::Withdrawal::kDelete;
+  if (minor == 0) {
+    // A deletion on 1.32 would take the successor's registration with it;
+    // a rename on 1.33+ leaves this instance registered, dead, until the
+    // kubelet restarts. The lesser harm.
+    LOG(WARNING) << "DRA driver " << options_.dra.driver
+                 << ": the kubelet's version is not known (" << kubelet_version_error_
+                 << "); this instance's registration is renamed away, which a 1.33+ kubelet "
+                    "does not notice: it keeps this instance registered until it restarts. "
+                    "Grant dpproxy get on nodes (deploy/dra-rbac.yaml)";
+  }
+  return DraServer::Withdrawal::kRename;
+}
+
+void DraSide::LearnKubeletVersion() {
+  absl::StatusOr<KubeClient::Json> node =
+      kube_->Get(absl::StrCat("/api/v1/nodes/", options_.dra.node_name));
+  std::string version;
+  if (node.ok()) {
+    const KubeClient::Json* at = &*node;
+    for (const char* key : {"status", "nodeInfo", "kubeletVersion"}) {
+      auto it = at->is_object() ? at->find(key) : at->end();
+      at = it == at->end() ? nullptr : &*it;
+      if (at == nullptr) break;
+    }
+    if (at != nullptr && at->is_string()) version = at->get<std::string>();
+  }
+  int major = 0, minor = 0;
+  if (version.empty() || std::sscanf(version.c_str(), "v%d.%d", &major, &minor) != 2 ||
+      major != 1 || minor <= 0) {
+    kubelet_version_error_ =
+        !node.ok() ? absl::StrCat("cannot read node ", options_.dra.node_name, ": ",
+                                  node.status().message())
+                   : absl::StrCat("node ", options_.dra.node_name,
+                                  " reports no kubelet version of the form v1.N (",
+                                  GoQuote(version), ")");
+    return;
+  }
+  kubelet_version_error_.clear();
+  if (kubelet_minor_.exchange(minor) != minor) {
+    LOG(INFO) << "DRA: the kubelet of node " << options_.dra.node_name << " is " << version;
+    events_->Emit("dra_kubelet_version", {{"node", options_.dra.node_name}, {"version", version}});
+  }
 }
 
 std::vector<KubeletGate*> DraSide::Gates() {
@@ -282,6 +333,9 @@ void DraSide::Loop() {
     if (again) full_again_at = absl::InfiniteFuture();
     const bool full = registered || again || now - full_at >= absl::Seconds(30);
     if (full) full_at = now;
+    // At the first pass, each time the kubelet registers the driver (it
+    // may have been upgraded), and every 30 s while it is not known.
+    if (registered || (full && kubelet_minor_.load() == 0)) LearnKubeletVersion();
     const std::vector<Allocator*> serving = resources_();
     if (!held) {
       // A resource no longer served through DRA (its path changed): its

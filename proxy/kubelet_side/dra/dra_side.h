@@ -113,6 +113,11 @@ class DraSide : public KubeletSide {
                      bool connected);
   void Loop();
   void SetApiError(std::string why);
+  // Reads the kubelet's version from this node's status (get on nodes);
+  // kubelet_minor_ stays as it was if the API server does not say.
+  void LearnKubeletVersion();
+  // How the registration goes at a hand-over, for the kubelet's release.
+  DraServer::Withdrawal WithdrawalForKubelet();
 
   const Options options_;
   const Resources resources_;
@@ -126,6 +131,11 @@ class DraSide : public KubeletSide {
   std::unique_ptr<ClaimPreparer> preparer_;
   std::unique_ptr<DraServer> server_;
   std::thread thread_;
+  // The kubelet's minor version (status.nodeInfo.kubeletVersion); 0 until
+  // known. Read when the loop starts and whenever the kubelet registers
+  // the driver again (it may have been upgraded).
+  std::atomic<int> kubelet_minor_{0};
+  std::string kubelet_version_error_;  // the loop's thread only
 
   absl::Mutex mu_;
   std::string api_error_ ABSL_GUARDED_BY(mu_);

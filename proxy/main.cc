@@ -274,7 +274,25 @@ int main(int argc, char** argv) {
   // SIGUSR2: the binary at this path (the new build, once installed) takes
   // over from this process, as its child (docs/upgrade.md, systemd).
   dpproxy::InPlaceUpgrade upgrade(started_argv);
-  server.SetBeforeFinishHook([] { dpproxy::NotifyMainProcess(); });
+  // Taking over, the HTTP listener the running dpproxy shares is accepted
+  // on only once this one is live and ready, or at the latest just before
+  // the running one is told to finish: the probes answer for whichever
+  // process is ready, never for one still starting.
+  absl::Mutex accept_mu;
+  dpproxy::OpsServer* accept_later ABSL_GUARDED_BY(accept_mu) = nullptr;
+  std::atomic<bool> accept_pending{false};
+  auto accept_now = [&accept_mu, &accept_later, &accept_pending](const char* why) {
+    absl::MutexLock lock(&accept_mu);
+    accept_pending = false;
+    if (accept_later == nullptr) return;
+    LOG(INFO) << "takeover: answering on the shared HTTP listener from now on (" << why << ")";
+    accept_later->Accept();
+    accept_later = nullptr;
+  };
+  server.SetBeforeFinishHook([&accept_now] {
+    accept_now("the running dpproxy is told to finish");
+    dpproxy::NotifyMainProcess();
+  });
   // Events go to the log, the events file and the counts behind the
   // metrics; nothing in the daemon reads a history of them.
   server.events().SetHistory(0);
@@ -290,7 +308,20 @@ int main(int argc, char** argv) {
   // systemd (Type=notify): READY=1 once every resource is registered, or
   // after 30 s; WATCHDOG=1 from the housekeeping thread. Nothing without it.
   dpproxy::SystemdNotifier notifier(absl::Seconds(30));
-  server.SetHousekeepingHook([&notifier, &server] { notifier.OnPass(server.Readiness()); });
+  std::atomic<bool> started_ok{false};
+  server.SetHousekeepingHook([&notifier, &server, &started_ok, &accept_pending, &accept_now] {
+    const std::vector<dpproxy::HealthCheck> ready = server.Readiness();
+    notifier.OnPass(ready);
+    if (!started_ok.load() || !accept_pending.load()) return;
+    if (server.WaitForTakeover(absl::ZeroDuration())) {
+      accept_now("the takeover has ended");
+      return;
+    }
+    bool all = true;
+    for (const dpproxy::HealthCheck& c : server.Liveness()) all = all && c.ok;
+    for (const dpproxy::HealthCheck& c : ready) all = all && c.ok;
+    if (all) accept_now("live and ready");
+  });
   // Handed over to a dpproxy started with --takeover: stop as on SIGTERM
   // (the main thread waits for signals; every thread blocks them).
   server.SetHandedOverHook([] { ::kill(::getpid(), SIGTERM); });
@@ -302,7 +333,6 @@ int main(int argc, char** argv) {
   // --takeover asks the running dpproxy to release its state.
   // Until Start() has returned, the probes say so and the metrics hold no
   // resource (the server's parts are made in Start).
-  std::atomic<bool> started_ok{false};
   auto metrics = std::make_shared<dpproxy::ProxyMetrics>(
       [&server, &started_ok] {
         return started_ok.load() ? server.Status(/*with_devices=*/false) : dpproxy::ProxyStatus();
@@ -326,6 +356,7 @@ int main(int argc, char** argv) {
     dpproxy::OpsServer::Options ops_options;
     if (config->takeover && !config->state_dir.empty()) {
       ops_options.listener_fd = ListenerFromPredecessor(config->state_dir);
+      ops_options.accept_later = true;
     }
     absl::StatusOr<std::unique_ptr<dpproxy::OpsServer>> started =
         dpproxy::OpsServer::Start(config->metrics_address, handlers, ops_options);
@@ -346,6 +377,11 @@ int main(int argc, char** argv) {
     }
     ops = *std::move(started);
     server.SetSharedListener(ops->listener_fd());
+    if (!ops->accepting()) {
+      absl::MutexLock lock(&accept_mu);
+      accept_later = ops.get();
+      accept_pending = true;
+    }
     if (!dpproxy::IsLoopbackAddress(config->metrics_address)) {
       LOG(WARNING) << "metrics and probes are served at " << config->metrics_address
                    << ", which is not a loopback address: the endpoint has no authentication, "
@@ -382,9 +418,16 @@ int main(int argc, char** argv) {
   const absl::Status started = server.Start();
   start_returned.store(true);
   start_watch.join();
+  auto close_ops = [&] {
+    {
+      absl::MutexLock lock(&accept_mu);
+      accept_later = nullptr;
+    }
+    ops.reset();
+  };
   if (!started.ok()) {
     LOG(ERROR) << "cannot start: " << started.message();
-    ops.reset();
+    close_ops();
     return start_signal.load() != 0 ? 0 : 1;
   }
   started_ok = true;
@@ -422,7 +465,7 @@ int main(int argc, char** argv) {
   // Handed over: systemd supervises the new main process now; this one's
   // end is not the service's.
   if (!server.handed_over()) notifier.Stopping();
-  ops.reset();
+  close_ops();
   server.Shutdown();
   auto end = [](int code) {
     google::FlushLogFiles(google::GLOG_INFO);

@@ -8,6 +8,8 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include <glog/logging.h>
+
 #include <cstring>
 #include <map>
 #include <set>
@@ -129,6 +131,8 @@ struct OpsServer::Loop {
   uv_loop_t loop;
   uv_tcp_t listener;
   uv_async_t stop;
+  uv_async_t accept;  // Accept(): start taking connections
+  bool listening = false;
   std::set<Conn*> conns;
   // The connections whose request has not come yet, oldest first: past
   // max_connections the oldest of them makes room for the new one, so
@@ -319,6 +323,22 @@ struct OpsServer::Loop {
     for (Conn* c : open) self->Close(c);
     uv_close(reinterpret_cast<uv_handle_t*>(&self->listener), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&self->stop), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&self->accept), nullptr);
+  }
+
+  static void OnAccept(uv_async_t* a) {
+    Loop* self = static_cast<Loop*>(a->data);
+    if (self->listening) return;
+    if (int rc = self->Listen(); rc != 0) {
+      LOG(ERROR) << "the HTTP listener handed over cannot be served: " << UvError(rc);
+    }
+  }
+
+  int Listen() {
+    const int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&listener), SOMAXCONN,
+                             &Loop::OnConnection);
+    listening = rc == 0;
+    return rc;
   }
 
   // Closes what Start opened and runs the loop until it is (on failure,
@@ -384,19 +404,24 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& a
       return unavailable(UvError(bound));
     }
   }
-  if (int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&l->listener), SOMAXCONN,
-                         &Loop::OnConnection);
-      rc != 0) {
+  // A socket handed over listens already (the kernel queues connections
+  // for whichever process accepts): with accept_later this one takes none
+  // until Accept().
+  const bool later = options.accept_later && options.listener_fd >= 0;
+  if (int rc = later ? 0 : l->Listen(); rc != 0) {
     l->Abandon();
     return unavailable(UvError(rc));
   }
   uv_os_fd_t fd = -1;
   uv_fileno(reinterpret_cast<uv_handle_t*>(&l->listener), &fd);
   s->listener_fd_ = fd;
+  s->deferred_ = later;
   absl::StatusOr<HostPort> bound = BoundAddress(fd);
   s->port_ = bound.ok() ? bound->port : 0;
   uv_async_init(&l->loop, &l->stop, &Loop::OnStop);
   l->stop.data = l;
+  uv_async_init(&l->loop, &l->accept, &Loop::OnAccept);
+  l->accept.data = l;
   s->thread_ = std::thread([l] {
     // A client that went away makes a write fail with EPIPE; the signal it
     // raises stays pending on this thread instead of ending the process.
@@ -407,6 +432,11 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& a
     uv_run(&l->loop, UV_RUN_DEFAULT);
   });
   return s;
+}
+
+void OpsServer::Accept() {
+  if (accept_asked_.exchange(true)) return;
+  uv_async_send(&loop_->accept);
 }
 
 OpsServer::~OpsServer() {

@@ -38,6 +38,7 @@
 #ifndef DPPROXY_PROXY_OPS_OPS_SERVER_H_
 #define DPPROXY_PROXY_OPS_OPS_SERVER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,6 +77,11 @@ class OpsServer {
     // the dpproxy this one takes over from); -1: bind one. Start takes it
     // over (closes it on failure too).
     int listener_fd = -1;
+    // With listener_fd: take no connection until Accept() (the dpproxy
+    // that handed it over answers them meanwhile). A dpproxy taking over
+    // accepts once it is live and ready, so that a probe never meets one
+    // that is still starting.
+    bool accept_later = false;
   };
 
   // Listens on `address` (ParseHostPort), or serves `options.listener_fd`
@@ -94,6 +100,12 @@ class OpsServer {
   OpsServer(const OpsServer&) = delete;
   OpsServer& operator=(const OpsServer&) = delete;
 
+  // Starts taking connections (accept_later); at once otherwise, where
+  // it does nothing. Thread-safe; once is enough.
+  void Accept();
+  // Whether connections are taken (or will be: Accept() was called).
+  bool accepting() const { return !deferred_ || accept_asked_.load(); }
+
   // The port it listens on.
   int port() const { return port_; }
   // The listening socket (for ListenerShare); owned by the server.
@@ -107,6 +119,8 @@ class OpsServer {
   std::thread thread_;
   int port_ = 0;
   int listener_fd_ = -1;
+  bool deferred_ = false;  // accept_later with a socket handed over
+  std::atomic<bool> accept_asked_{false};
 };
 
 }  // namespace dpproxy

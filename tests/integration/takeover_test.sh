@@ -4,7 +4,8 @@
 #   - the new dpproxy killed (SIGKILL) right after each step of the handoff
 #     (it stops itself there: DPPROXY_TEST_PAUSE_AT, docs/testing.md);
 #   - a new dpproxy that never registers, stopped with SIGTERM;
-#   - then a takeover that completes.
+#   - then a takeover that completes;
+#   - a takeover during which /livez and /readyz are probed without pause.
 # Throughout, one dpproxy serves: the kubelet keeps every device, the
 # metrics address answers, the Allocate sent meanwhile is answered, and no
 # allocation is lost.
@@ -121,5 +122,38 @@ kill -TERM "$NEW"; wait "$NEW"
 expect_contains "unregistered: it says it handed the state back" "$(cat "$R/new.log")" \
   "the state was handed back and the running dpproxy serves on"
 check_old_serves_on unregistered 1 no
+
+# Probes answered throughout a takeover that completes: /livez and /readyz
+# are asked again and again on the shared address, from before the new
+# dpproxy starts until the old one has exited, and every answer is 200,
+# from whichever process takes the connection.
+start_node probes
+expect_exit "probes: ready before" 0 test "$(http_status "$PORT" /readyz)" = 200
+: >"$R/probes.txt"
+(
+  while [[ ! -e "$R/probes.stop" ]]; do
+    for path in /livez /readyz; do
+      printf '%s %s\n' "$path" "$(http_status "$PORT" "$path")" >>"$R/probes.txt"
+    done
+  done
+) &
+PROBER=$!
+"$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" --state-dir="$R/state" \
+  --metrics-address=127.0.0.1:0 --events="$R/new.jsonl" 2>"$R/new.log" &
+NEW=$!; PIDS+=($NEW)
+wait_until "probes: the takeover completes" 300 grep -q takeover_complete "$R/new.jsonl"
+wait "$OLD"
+# A few more rounds against the new one alone.
+n="$(wc -l <"$R/probes.txt")"
+at_least() { [[ "$(wc -l <"$1")" -ge "$2" ]]; }  # file, lines
+wait_until "probes: answered by the new one alone" 200 at_least "$R/probes.txt" "$((n + 20))"
+touch "$R/probes.stop"; wait "$PROBER"
+total="$(wc -l <"$R/probes.txt")"
+bad="$(grep -vc ' 200$' "$R/probes.txt")"
+[[ $bad -eq 0 && $total -ge 40 ]] && pass "probes: $total answers, all 200" \
+  || fail "probes: $bad of $total answers were not 200: $(grep -v ' 200$' "$R/probes.txt" | sort | uniq -c | tr '\n' ';')"
+expect_contains "probes: the new one answered once it was ready" "$(cat "$R/new.log")" \
+  "answering on the shared HTTP listener from now on"
+kill -TERM "$NEW" "$PLUG" "$SIMP"; wait "$NEW" "$PLUG" "$SIMP"
 
 finish

@@ -329,6 +329,49 @@ TEST(OpsServerHandoverTest, AHandedOverListenerIsServedOnlyForItsAddress) {
               ::testing::HasSubstr(absl::StrCat("listens on 127.0.0.1 port ", port)));
 }
 
+// A dpproxy taking over serves the handed-over listener only once it says
+// so (accept_later, then Accept()): until then every connection is the
+// running one's, and one queued meanwhile is answered once it accepts.
+TEST(OpsServerHandoverTest, AListenerServedLaterTakesNoConnectionUntilAccept) {
+  OpsHandlers running;
+  running.ready = [] { return std::vector<HealthCheck>{{"running-one", true, ""}}; };
+  auto first = OpsServer::Start("127.0.0.1:0", running);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int port = (*first)->port();
+  OpsHandlers starting;
+  starting.ready = [] {
+    return std::vector<HealthCheck>{{"started", false, "dpproxy is starting"}};
+  };
+  OpsServer::Options o;
+  o.listener_fd = ::dup((*first)->listener_fd());
+  o.accept_later = true;
+  auto second = OpsServer::Start(absl::StrCat("127.0.0.1:", port), starting, o);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE((*second)->accepting());
+  for (int i = 0; i < 50; ++i) {
+    const Reply r = Get(port, "/readyz?verbose");
+    ASSERT_EQ(r.status, 200) << "answered by the one not accepting yet: " << r.body;
+    ASSERT_THAT(r.body, ::testing::HasSubstr("[+]running-one ok"));
+  }
+  first->reset();  // the running one exits: a connection waits in the queue
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string req = "GET /readyz HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(::write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  (*second)->Accept();
+  EXPECT_TRUE((*second)->accepting());
+  std::string all;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) all.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  EXPECT_TRUE(absl::StartsWith(all, "HTTP/1.1 500 ")) << all;
+  EXPECT_THAT(all, ::testing::HasSubstr("dpproxy is starting"));
+}
+
 TEST(ParseHostPortTest, AcceptsWhatTheMetricsAddressNamesAndRefusesTheRest) {
   EXPECT_EQ(ParseHostPort("127.0.0.1:9464")->host, "127.0.0.1");
   EXPECT_EQ(ParseHostPort("localhost:9464")->host, "127.0.0.1");

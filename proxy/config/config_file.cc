@@ -105,7 +105,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
                        "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
                        "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
-                       "dra", "paths", "pod_resources_socket"}));
+                       "dra", "paths", "pod_resources_socket", "container_runtime_endpoint"}));
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
     if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
@@ -138,6 +138,10 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root["pod_resources_socket"]) {
     DPP_CFG(r.String(root["pod_resources_socket"], "pod_resources_socket",
                      &c->pod_resources_socket));
+  }
+  if (root["container_runtime_endpoint"]) {
+    DPP_CFG(r.String(root["container_runtime_endpoint"], "container_runtime_endpoint",
+                     &c->container_runtime_endpoint));
   }
   if (root["socket_group"]) {
     DPP_CFG(r.String(root["socket_group"], "socket_group", &c->socket_group));
@@ -286,6 +290,8 @@ std::string ConfigToYaml(const ProxyConfig& c) {
   out << YAML::Key << "status_file" << YAML::Value << c.status_file;
   out << YAML::Key << "state_dir" << YAML::Value << c.state_dir;
   out << YAML::Key << "pod_resources_socket" << YAML::Value << c.pod_resources_socket;
+  out << YAML::Key << "container_runtime_endpoint" << YAML::Value
+      << c.container_runtime_endpoint;
   out << YAML::Key << "socket_group" << YAML::Value << c.socket_group;
   out << YAML::Key << "metrics_address" << YAML::Value << c.metrics_address;
   out << YAML::Key << "restore" << YAML::Value << YAML::BeginMap << YAML::Key << "policy"

@@ -89,6 +89,11 @@ DEFINE_string(pod_resources_socket, "",
               "at this Unix socket, with each device a DRA claim of dpproxy's driver gave a\n"
               "container also listed the device-plugin way (resource name, plugin's device\n"
               "ID), for monitoring agents that read devices by resource. Empty: not served.");
+DEFINE_string(container_runtime_endpoint, "/run/containerd/containerd.sock",
+              "The container runtime's CRI socket (PATH or unix://PATH), asked read-only\n"
+              "(ListContainers) which containers run: the holder of a device the kubelet\n"
+              "forgot holds it only while its container runs. Nothing listening there, or\n"
+              "empty: the kubelet's own sources decide (CRI-O: /var/run/crio/crio.sock).");
 DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
 DEFINE_string(state_dir, "/var/lib/dpproxy",
               "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
@@ -239,6 +244,9 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
   if (set("status_file")) c->status_file = FLAGS_status_file;
   if (set("pod_resources_socket")) c->pod_resources_socket = FLAGS_pod_resources_socket;
+  if (set("container_runtime_endpoint")) {
+    c->container_runtime_endpoint = FLAGS_container_runtime_endpoint;
+  }
   if (set("state_dir")) c->state_dir = FLAGS_state_dir;
   if (set("takeover")) c->takeover = FLAGS_takeover;
   if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;

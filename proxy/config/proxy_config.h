@@ -152,6 +152,10 @@ struct ProxyConfig {
   // Where dpproxy serves the pod-resources API with claims' devices added
   // as device-plugin devices (pod_resources_view.h); empty: not served.
   std::string pod_resources_socket;
+  // The container runtime's CRI endpoint (a Unix socket path, or
+  // unix://PATH), read-only: which containers run. "" or nothing listening
+  // there: not asked (Reconciler::Options::container_runtime_socket).
+  std::string container_runtime_endpoint;
   // Durable state (<state_dir>/state.pb); "" = keep nothing on disk.
   std::string state_dir;
   // How long a start waits for <state_dir>/lock, held by another dpproxy

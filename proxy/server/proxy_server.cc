@@ -185,7 +185,7 @@ absl::Status ProxyServer::OpenState() {
   if (plugin_pods) {
     reconciler_ = std::make_unique<Reconciler>(
         Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
-                            config_.reconcile_start_grace},
+                            config_.reconcile_start_grace, config_.container_runtime_endpoint},
         keeper_.get(), &events_, [this] { Wake(); });
   }
   quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(),

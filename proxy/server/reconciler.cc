@@ -5,9 +5,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "proto/cri/api.grpc.pb.h"
 #include "proto/podresources/api.grpc.pb.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
@@ -146,6 +148,8 @@ absl::Status Reconciler::ReconcileOnce() {
       pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
     }
   }
+  std::optional<RuntimeView> runtime;  // asked once, if a forgotten holder is checked
+  bool runtime_asked = false;
   std::vector<StateKeeper::Holder> annotate;
   std::vector<uint64_t> release, contradicted, forgotten_gone;
   std::vector<std::string> contradicted_pods, forgotten_why;
@@ -161,7 +165,11 @@ absl::Status Reconciler::ReconcileOnce() {
         !a.pod_name().empty() && holdings.HasPod(a.pod_namespace(), a.pod_name());
     if (a.quarantined()) {
       // Forgotten: released as soon as its holder is gone.
-      std::string why = HolderGone(a, &pods, pod_of_uid, now);
+      if (!runtime_asked) {
+        runtime = RunningContainers();
+        runtime_asked = true;
+      }
+      std::string why = HolderGone(a, &pods, runtime ? &*runtime : nullptr, pod_of_uid, now);
       if (!why.empty()) {
         forgotten_gone.push_back(a.id());
         forgotten_why.push_back(std::move(why));
@@ -325,8 +333,58 @@ bool Reconciler::InRestartWindow(absl::Time now) {
   return now - absl::FromUnixNanos(kubelet->ctime_ns) < options_.restart_grace;
 }
 
+bool Reconciler::RuntimeView::Runs(const std::string& uid,
+                                   const std::pair<std::string, std::string>& pod,
+                                   const std::string& container) const {
+  if (!uid.empty()) {
+    return container.empty() ? pod_uids.count(uid) > 0 : by_uid.count({uid, container}) > 0;
+  }
+  return container.empty() ? pods.count(pod) > 0
+                           : by_name.count({pod.first, pod.second, container}) > 0;
+}
+
+std::optional<Reconciler::RuntimeView> Reconciler::RunningContainers() const {
+  std::string socket = options_.container_runtime_socket;
+  if (absl::StartsWith(socket, "unix://")) socket = socket.substr(7);
+  if (socket.empty() || !PathExists(socket)) return std::nullopt;
+  auto stub = runtime::v1::RuntimeService::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  runtime::v1::ListContainersRequest req;
+  req.mutable_filter()->mutable_state()->set_state(runtime::v1::CONTAINER_RUNNING);
+  runtime::v1::ListContainersResponse resp;
+  if (grpc::Status st = stub->ListContainers(&ctx, req, &resp); !st.ok()) {
+    LOG_EVERY_N(WARNING, 20) << "the container runtime at " << socket
+                             << " did not list its containers (" << DescribeGrpcStatus(st)
+                             << "); holders are checked with the kubelet's sources only";
+    return std::nullopt;
+  }
+  RuntimeView view;
+  for (const runtime::v1::Container& c : resp.containers()) {
+    if (c.state() != runtime::v1::CONTAINER_RUNNING) continue;  // a runtime that ignores filters
+    auto label = [&c](const char* key) {
+      auto it = c.labels().find(key);
+      return it == c.labels().end() ? std::string() : it->second;
+    };
+    const std::string uid = label("io.kubernetes.pod.uid");
+    const std::string ns = label("io.kubernetes.pod.namespace");
+    const std::string pod = label("io.kubernetes.pod.name");
+    std::string name = label("io.kubernetes.container.name");
+    if (name.empty()) name = c.metadata().name();
+    if (!uid.empty()) {
+      view.pod_uids.insert(uid);
+      view.by_uid.insert({uid, name});
+    }
+    if (!pod.empty()) {
+      view.pods.insert({ns, pod});
+      view.by_name.insert({ns, pod, name});
+    }
+  }
+  return view;
+}
+
 std::string Reconciler::HolderGone(
-    const state::Allocation& a, const PodList* list,
+    const state::Allocation& a, const PodList* list, const RuntimeView* runtime,
     const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
     absl::Time now) {
   // The kubelet keeps <root>/pods/<UID> while the pod is on the node (and
@@ -340,6 +398,18 @@ std::string Reconciler::HolderGone(
   if (pod.second.empty() && !a.pod_uid().empty()) {
     auto it = pod_of_uid.find(a.pod_uid());
     if (it != pod_of_uid.end()) pod = it->second;
+  }
+  if (runtime != nullptr && (!a.pod_uid().empty() || !pod.second.empty()) &&
+      !runtime->Runs(a.pod_uid(), pod, a.container())) {
+    // Whatever the kubelet lists: a container that never started (its
+    // creation failed) or has ended uses no device. Should it start later,
+    // the kubelet, which forgot its devices, allocates again for it.
+    const std::string who =
+        pod.second.empty() ? absl::StrCat("pod UID ", a.pod_uid())
+                           : absl::StrCat(pod.first, "/", pod.second);
+    return absl::StrCat("the container runtime runs no container ",
+                        a.container().empty() ? std::string("") : absl::StrCat(a.container(), " "),
+                        "of ", who, " (it never started, or has ended)");
   }
   if (!pod.second.empty() && list != nullptr) {
     const bool window = InRestartWindow(now);
@@ -429,11 +499,13 @@ std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
   std::set<std::string> still;
   if (holders.empty()) return still;
   const std::optional<PodList> list = ListPods();
+  const std::optional<RuntimeView> runtime = RunningContainers();
   const absl::Time now = absl::Now();
   std::vector<uint64_t> gone;
   std::vector<std::string> why;
   for (const state::Allocation& a : holders) {
-    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr, pod_of_uid, now);
+    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr,
+                               runtime.has_value() ? &*runtime : nullptr, pod_of_uid, now);
     if (!w.empty()) {
       gone.push_back(a.id());
       why.push_back(std::move(w));
@@ -537,12 +609,14 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
   }
   const std::set<uint64_t> readmitted(gone.begin(), gone.end());
   const std::optional<PodList> list = ListPods();
+  const std::optional<RuntimeView> runtime = RunningContainers();
   for (const state::Allocation& a : holders) {
     if (readmitted.count(a.id()) > 0) continue;
     bool named = false;
     for (const std::string& d : a.device_ids()) named |= wanted.count(d) > 0;
     if (!named) continue;
-    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr, pod_of_uid, now);
+    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr,
+                               runtime.has_value() ? &*runtime : nullptr, pod_of_uid, now);
     if (!w.empty()) {
       gone.push_back(a.id());
       why.push_back(std::move(w));
@@ -829,7 +903,7 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
     // from one whose devices the kubelet lost); the checkpoint only names.
     if (a.quarantined()) {
       if (pod_resources) continue;
-      std::string why = HolderGone(a, nullptr, {}, absl::FromUnixMillis(now_ms));
+      std::string why = HolderGone(a, nullptr, nullptr, {}, absl::FromUnixMillis(now_ms));
       if (!why.empty()) {
         forgotten_gone.push_back(a.id());
         forgotten_why.push_back(std::move(why));

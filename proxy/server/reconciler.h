@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -59,6 +60,12 @@ class Reconciler {
     // long of kubelet.sock's creation a pod missing from it is not taken
     // as gone unless it was listed since.
     absl::Duration restart_grace = absl::Seconds(10);
+    // The container runtime's CRI socket (containerd's, CRI-O's); "" or a
+    // path where nothing listens: not asked. With it, the holder of a
+    // forgotten allocation is checked against what the runtime runs: a
+    // container it does not run (never started, e.g. CreateContainerError,
+    // or ended) uses no device, whatever pod-resources lists.
+    std::string container_runtime_socket;
   };
   // `changed` is called (no locks held) when the quarantine changed.
   Reconciler(Options options, StateKeeper* keeper, EventLog* events,
@@ -185,10 +192,26 @@ class Reconciler {
   };
   // One List now; nullopt if there is no API or it did not answer.
   std::optional<PodList> ListPods() const;
+  // The containers the container runtime runs now, by pod UID and by pod
+  // namespace and name (the kubelet's labels on each container).
+  struct RuntimeView {
+    std::set<std::pair<std::string, std::string>> by_uid;  // (pod UID, container)
+    std::set<std::tuple<std::string, std::string, std::string>> by_name;  // (ns, pod, container)
+    std::set<std::string> pod_uids;
+    std::set<std::pair<std::string, std::string>> pods;
+    // Whether a container of the pod runs (`container` "": any).
+    bool Runs(const std::string& uid, const std::pair<std::string, std::string>& pod,
+              const std::string& container) const;
+  };
+  // One CRI ListContainers (running ones) now; nullopt if no runtime
+  // socket is configured or it did not answer.
+  std::optional<RuntimeView> RunningContainers() const;
   // Why the holder of forgotten allocation `a` is gone, or "" if it may
-  // still run. `list`: a List taken now (null if none). `pod_of_uid`: pod
+  // still run. `list`: a List taken now (null if none). `runtime`: what
+  // the container runtime runs now (null if not known). `pod_of_uid`: pod
   // names learnt for UIDs (an init container's record has only the UID).
   std::string HolderGone(const state::Allocation& a, const PodList* list,
+                         const RuntimeView* runtime,
                          const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
                          absl::Time now);
   // The forgotten allocations of a kubelet resource, oldest first, and the

@@ -40,6 +40,8 @@ check "default: the image is the chart's appVersion" \
   grep -q 'image: "registry.example.com/dpproxy:0.9.0"' "$T/default.yaml"
 check "default: probes on /livez and /readyz" \
   bash -c "grep -q 'path: /livez' '$T/default.yaml' && grep -q 'path: /readyz' '$T/default.yaml'"
+check "default: containerd's directory mounted read-only, its socket in the configuration" \
+  bash -c "grep -q 'path: /run/containerd$' '$T/default.yaml' && grep -q 'readOnly: true' '$T/default.yaml' && grep -q 'container_runtime_endpoint: /run/containerd/containerd.sock' '$T/default.yaml'"
 check "default: the recommended labels" grep -q "app.kubernetes.io/managed-by: Helm" "$T/default.yaml"
 check "default: no capability, no escalation, a read-only root" \
   bash -c "grep -A1 'drop:' '$T/default.yaml' | grep -q -- '- ALL' &&

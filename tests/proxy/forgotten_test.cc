@@ -8,6 +8,7 @@
 // failed by a hold whose holder is gone.
 #include <unistd.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -214,6 +215,47 @@ TEST_P(ForgottenTest, APodAdmittedRightAfterAHoldersDeleteGetsThatHoldersDevice)
   ASSERT_EQ(n->allocations_size(), 1);
   EXPECT_THAT(n->allocations(0).device_ids(),
               ::testing::ElementsAreArray(c->allocations(0).device_ids()));
+}
+
+// At re-admission after a checkpoint loss a kubelet from 1.25 skips the
+// containers that run, and allocates again for those that do not (here a
+// pod whose container never started: CreateContainerError), through
+// GetPreferredAllocation and Allocate. The container runtime says which
+// run: the pod that never started is not a holder, and is given its
+// devices again; the running pod's device is neither named nor refused,
+// and stays held against new pods.
+// (Before 1.25 every container is allocated again: ForgottenTest.)
+class SkipsRunningTest : public ForgottenTest {};
+
+TEST_P(SkipsRunningTest, APodWhoseContainerNeverStartedIsReadmittedOnFreeDevices) {
+  std::unique_ptr<ProxyHarness> h = Harness();
+  ASSERT_NO_FATAL_FAILURE(Up(*h));
+  absl::StatusOr<sim::AllocateResponse> r = h->sim().Allocate(Pod("r", {{"main", 2}}));
+  sim::AllocateRequest never = Pod("x", {{"main", 2}});
+  never.mutable_containers(0)->set_never_starts(true);
+  absl::StatusOr<sim::AllocateResponse> x = h->sim().Allocate(never);
+  ASSERT_TRUE(r.ok() && x.ok());
+  Learn(*h);
+
+  const size_t from = h->sim().events().Size();
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(*h));
+  EXPECT_TRUE(h->sim().events().WaitForEvent("reallocated", {{"pod", "x"}}, absl::ZeroDuration(),
+                                             from))
+      << "the kubelet allocates again for the container that does not run";
+  sim::State st = h->sim().GetState();
+  EXPECT_THAT(FailedPods(st), IsEmpty());
+  // x's devices in the kubelet's records are none of r's, which r uses.
+  std::set<std::string> r_devices(r->allocations(0).device_ids().begin(),
+                                  r->allocations(0).device_ids().end());
+  for (const auto& a : st.allocations()) {
+    if (a.pod_name() != "x") continue;
+    for (const std::string& d : a.device_ids()) EXPECT_EQ(r_devices.count(d), 0u) << d;
+  }
+  EXPECT_THAT(UsedTwice(st), IsEmpty());
+  // r's devices stay held: a new pod is refused rather than given one.
+  absl::StatusOr<sim::AllocateResponse> n = h->sim().Allocate(Pod("n", {{"main", 1}}));
+  EXPECT_FALSE(n.ok());
+  EXPECT_THAT(n.status().message(), HasSubstr("pod default/r"));
 }
 
 // The kubelet restarts again while pods it forgot still run: its
@@ -426,6 +468,14 @@ TEST(KubeletSimTest, UnhealthyDevicesOfRunningPodsGetThemKilledAtReadmission) {
               ::testing::ElementsAre(HasSubstr("Node didn't have enough resource: vendor.com/gpu, "
                                                "requested: 2, used: 0, capacity: 1")));
 }
+
+INSTANTIATE_TEST_SUITE_P(Releases, SkipsRunningTest,
+                         ::testing::Values(Release{"1.36", true, false},
+                                           Release{"1.26", true, false}),
+                         [](const ::testing::TestParamInfo<Release>& info) {
+                           return info.param.kubelet[2] == '3' ? std::string("k1_36")
+                                                               : std::string("k1_26");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(
     Releases, ForgottenTest,

@@ -45,6 +45,8 @@ class ProxyHarness {
     config_.dial_timeout = absl::Seconds(5);
     // Tests of the window after a kubelet start set it themselves.
     config_.reconcile_start_grace = absl::ZeroDuration();
+    // The node's container runtime, as a real node has one.
+    config_.container_runtime_endpoint = sim_->container_runtime_socket();
     if (tweak) tweak(config_);
     NewProxy(config_);
   }

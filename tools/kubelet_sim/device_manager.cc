@@ -392,7 +392,8 @@ std::string DeviceManager::PodsJson() const {
       containers.push_back({{"name", c.name()},
                             {"resource", c.resource()},
                             {"count", c.count()},
-                            {"init", c.init()}});
+                            {"init", c.init()},
+                            {"never_starts", c.never_starts()}});
     }
     Json running = Json::array();
     for (const RuntimeDevices& r : p.running()) {
@@ -461,6 +462,7 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
             cr->set_resource(c.value("resource", ""));
             cr->set_count(c.value("count", 0));
             cr->set_init(c.value("init", false));
+            cr->set_never_starts(c.value("never_starts", false));
           }
         }
         if (p.contains("running") && p["running"].is_array()) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "proto/cri/api.grpc.pb.h"
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
 #include "proto/dra_health/v1alpha1/api.grpc.pb.h"
@@ -490,6 +491,50 @@ class KubeletSim::Control final : public KubeletControl::Service {
   KubeletSim* const sim_;
 };
 
+class KubeletSim::ContainerRuntime final : public runtime::v1::RuntimeService::Service {
+ public:
+  explicit ContainerRuntime(KubeletSim* sim) : sim_(sim) {}
+
+  grpc::Status ListContainers(grpc::ServerContext*, const runtime::v1::ListContainersRequest* req,
+                              runtime::v1::ListContainersResponse* resp) override {
+    const State st = sim_->GetState();
+    const runtime::v1::ContainerFilter& f = req->filter();
+    // Only running containers are kept: any other state asked lists none.
+    if (f.has_state() && f.state().state() != runtime::v1::CONTAINER_RUNNING) {
+      return grpc::Status::OK;
+    }
+    for (const PodState& p : st.pods()) {
+      if (p.phase() != "Running") continue;
+      std::set<std::string> names;
+      for (const RuntimeDevices& r : p.running()) names.insert(r.container());
+      for (const std::string& name : names) {
+        const std::string id = absl::StrCat(p.uid(), "-", name);
+        if (!f.id().empty() && f.id() != id) continue;
+        runtime::v1::Container c;
+        c.set_id(id);
+        c.set_pod_sandbox_id(p.uid());
+        c.mutable_metadata()->set_name(name);
+        c.set_state(runtime::v1::CONTAINER_RUNNING);
+        auto& labels = *c.mutable_labels();
+        labels["io.kubernetes.pod.uid"] = p.uid();
+        labels["io.kubernetes.pod.name"] = p.name();
+        labels["io.kubernetes.pod.namespace"] = p.namespace_();
+        labels["io.kubernetes.container.name"] = name;
+        bool selected = f.pod_sandbox_id().empty() || f.pod_sandbox_id() == p.uid();
+        for (const auto& [k, v] : f.label_selector()) {
+          auto it = labels.find(k);
+          selected = selected && it != labels.end() && it->second == v;
+        }
+        if (selected) *resp->add_containers() = std::move(c);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  KubeletSim* const sim_;
+};
+
 // --- KubeletSim -----------------------------------------------------------------
 
 KubeletSim::KubeletSim(KubeletSimOptions options)
@@ -505,6 +550,11 @@ void KubeletSim::SetLateWipe(absl::Duration late_wipe) {
 KubeletSim::~KubeletSim() {
   StopControl();
   Stop();
+  if (runtime_server_) {
+    runtime_server_->Shutdown(std::chrono::system_clock::now());
+    runtime_server_->Wait();
+    runtime_server_.reset();
+  }
 }
 
 std::string KubeletSim::device_plugin_dir() const {
@@ -518,6 +568,9 @@ std::string KubeletSim::plugins_registry_dir() const {
 }
 std::string KubeletSim::pod_resources_socket() const {
   return JoinPath(JoinPath(options_.root_dir, "pod-resources"), "kubelet.sock");
+}
+std::string KubeletSim::container_runtime_socket() const {
+  return JoinPath(JoinPath(options_.root_dir, "containerd"), "containerd.sock");
 }
 std::string KubeletSim::pods_path() const { return JoinPath(options_.root_dir, kPodsFileName); }
 
@@ -646,6 +699,21 @@ absl::Status KubeletSim::Start() {
       Stop();
       return absl::UnavailableError(
           absl::StrCat("cannot listen on ", pod_resources_socket()));
+    }
+  }
+  if (options_.container_runtime && runtime_server_ == nullptr) {
+    DPP_RETURN_IF_ERROR(MakeDirs(JoinPath(options_.root_dir, "containerd")));
+    ::unlink(container_runtime_socket().c_str());
+    runtime_service_ = std::make_unique<ContainerRuntime>(this);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(UnixAddress(container_runtime_socket()),
+                             grpc::InsecureServerCredentials());
+    builder.RegisterService(runtime_service_.get());
+    runtime_server_ = builder.BuildAndStart();
+    if (runtime_server_ == nullptr) {
+      Stop();
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", container_runtime_socket()));
     }
   }
   {
@@ -874,7 +942,14 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
     std::string error;
     std::set<std::string> taken;
     for (const ContainerRequest& c : r.forgotten) {
-      if (kubelet.minor >= 25) {
+      bool runs = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (const PodState* p = state_.FindPod(r.pod_uid); p != nullptr) {
+          for (const RuntimeDevices& run : p->running()) runs |= run.container() == c.name();
+        }
+      }
+      if (kubelet.minor >= 25 && runs) {
         // kubernetes#118635: a container the runtime reports running is
         // left alone; its devices stay unknown to the kubelet.
         events_.Emit("container_running", {{"pod", r.pod_name},
@@ -885,7 +960,8 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
         continue;
       }
       // Before 1.25 the kubelet allocates again for a container it holds
-      // nothing for, running or not.
+      // nothing for, running or not; from 1.25 for one that does not run
+      // (a container that never started: protocol-facts §10).
       absl::StatusOr<std::vector<std::string>> ids = PickDevices(c, taken);
       absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> resp =
           ids.ok() ? CallAllocate(c.resource(), {*ids}, nullptr)
@@ -1770,7 +1846,9 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
       spec->set_resource(p.request->resource());
       spec->set_count(static_cast<int32_t>(p.ids.size()));
       spec->set_init(p.request->init());
+      spec->set_never_starts(p.request->never_starts());
       if (p.request->init()) continue;  // ran to completion
+      if (p.request->never_starts()) continue;  // its creation fails
       // The container runtime starts it with these devices.
       RuntimeDevices* run = pod.add_running();
       run->set_container(p.request->name());

@@ -149,6 +149,13 @@ struct KubeletSimOptions {
   // How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real
   // node: the kubelet's housekeeping removes it).
   absl::Duration pod_dir_linger = absl::Seconds(2);
+  // Serve the container runtime's CRI (runtime.v1.RuntimeService, only
+  // ListContainers) at <root_dir>/containerd/containerd.sock: every
+  // container that runs (PodState.running), labelled with its pod's UID,
+  // namespace and name and its own name, as the kubelet labels them. Like
+  // containerd, it serves from the first Start() on, kubelet restarts
+  // included, until the simulator is destroyed.
+  bool container_runtime = true;
 };
 
 class KubeletSim {
@@ -258,6 +265,8 @@ class KubeletSim {
   std::string kubelet_socket() const;
   std::string plugins_registry_dir() const;
   std::string pod_resources_socket() const;
+  // The container runtime's CRI socket (KubeletSimOptions::container_runtime).
+  std::string container_runtime_socket() const;
   std::string checkpoint_path() const;
   // The simulator's own record of its pods (beside the checkpoint).
   std::string pods_path() const;
@@ -273,6 +282,7 @@ class KubeletSim {
   class RegistrationV1Beta1;
   class RegistrationV1Alpha;
   class PodResources;
+  class ContainerRuntime;
   class Control;
 
   absl::Duration Grace() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -408,6 +418,8 @@ class KubeletSim {
 
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<grpc::Server> pod_resources_server_;
+  std::unique_ptr<grpc::Service> runtime_service_;  // the CRI: outlives kubelet restarts
+  std::unique_ptr<grpc::Server> runtime_server_;
   std::unique_ptr<grpc::Server> control_server_;
   std::unique_ptr<grpc::Service> registration_service_;
   std::unique_ptr<grpc::Service> pod_resources_service_;

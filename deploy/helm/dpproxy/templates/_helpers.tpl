@@ -41,7 +41,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* dpproxy's configuration file: what the chart must set (paths inside the
 pod, the metrics address the probes use, DRA mode) over .Values.config. */}}
 {{- define "dpproxy.config" -}}
-{{- $set := dict "kubelet" (dict "root" .Values.kubeletRoot) "plugin_dir" (printf "%s/device-plugins" .Values.hostDir) "state_dir" .Values.hostDir "metrics_address" (printf "0.0.0.0:%d" (int .Values.metrics.port)) -}}
+{{- $set := dict "kubelet" (dict "root" .Values.kubeletRoot) "plugin_dir" (printf "%s/device-plugins" .Values.hostDir) "state_dir" .Values.hostDir "metrics_address" (printf "0.0.0.0:%d" (int .Values.metrics.port)) "container_runtime_endpoint" (.Values.containerRuntimeSocket | default "") -}}
 {{- if .Values.dra.enabled -}}
 {{- $_ := set $set.kubelet "api" "dra" -}}
 {{- $_ := set $set "dra" (dict "driver" (required "dra.driver is required when dra.enabled (a DNS subdomain, e.g. gpu.vendor.com)" .Values.dra.driver) "cdi_dir" .Values.dra.cdiDir) -}}

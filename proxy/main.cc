@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
   // the running one is told to finish: the probes answer for whichever
   // process is ready, never for one still starting.
   absl::Mutex accept_mu;
-  dpproxy::OpsServer* accept_later ABSL_GUARDED_BY(accept_mu) = nullptr;
+  dpproxy::OpsServer* accept_later = nullptr;  // guarded by accept_mu
   std::atomic<bool> accept_pending{false};
   auto accept_now = [&accept_mu, &accept_later, &accept_pending](const char* why) {
     absl::MutexLock lock(&accept_mu);

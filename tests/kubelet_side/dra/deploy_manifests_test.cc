@@ -22,9 +22,12 @@ TEST(DeployManifestsTest, RbacGrantsWhatDraModeDoes) {
     const std::string kind = d["kind"].as<std::string>();
     if (kind == "ClusterRole") {
       for (const YAML::Node& rule : d["rules"]) {
-        ASSERT_EQ(rule["apiGroups"][0].as<std::string>(), "resource.k8s.io");
+        const std::string group = rule["apiGroups"][0].as<std::string>();
+        ASSERT_TRUE(group == "resource.k8s.io" || group == "") << group;
         for (const YAML::Node& r : rule["resources"]) {
-          for (const YAML::Node& v : rule["verbs"]) verbs[r.as<std::string>()].insert(v.as<std::string>());
+          const std::string name = group.empty() ? r.as<std::string>()
+                                                 : r.as<std::string>() + "." + group;
+          for (const YAML::Node& v : rule["verbs"]) verbs[name].insert(v.as<std::string>());
         }
       }
     }
@@ -34,10 +37,15 @@ TEST(DeployManifestsTest, RbacGrantsWhatDraModeDoes) {
     }
   }
   EXPECT_TRUE(bound);
-  EXPECT_TRUE(verbs["resourceclaims"].count("get"));  // ClaimPreparer
+  EXPECT_TRUE(verbs["resourceclaims.resource.k8s.io"].count("get"));  // ClaimPreparer
   for (const char* v : {"list", "create", "update", "delete"}) {  // SlicePublisher
-    EXPECT_TRUE(verbs["resourceslices"].count(v)) << v;
+    EXPECT_TRUE(verbs["resourceslices.resource.k8s.io"].count(v)) << v;
   }
+  // DraSide: the kubelet's release, from the node's status.
+  EXPECT_TRUE(verbs["nodes"].count("get"));
+  // Nothing else: no write outside the resource group, no other object.
+  EXPECT_EQ(verbs.size(), 3u);
+  EXPECT_EQ(verbs["nodes"].size(), 1u);
 }
 
 TEST(DeployManifestsTest, TheDeviceClassSelectsTheDriverAndServesTheExtendedResource) {

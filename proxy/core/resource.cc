@@ -180,9 +180,11 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   }
   snapshot_.list = std::move(shown);
   snapshot_.to_device_plugins = snapshot_.list;
-  if (!held_by_claims_.empty()) {
-    const absl::flat_hash_set<absl::string_view> claimed(held_by_claims_.begin(),
-                                                         held_by_claims_.end());
+  if (held_by_claims_.size() > held_by_pod_claims_.size()) {
+    absl::flat_hash_set<absl::string_view> claimed;
+    for (const std::string& d : held_by_claims_) {
+      if (held_by_pod_claims_.count(d) == 0) claimed.insert(d);
+    }
     snapshot_.to_device_plugins =
         snapshot_.list->WithHealth([&claimed](const DeviceList::View& d) -> absl::string_view {
           return claimed.contains(d.id) ? kUnhealthy : absl::string_view();
@@ -223,11 +225,19 @@ void Resource::SetShownUnhealthy(std::set<std::string> ids) {
 }
 
 void Resource::SetHeldAcrossPaths(std::set<std::string> by_claims,
+                                  std::set<std::string> by_pod_claims,
                                   std::set<std::string> by_pods) {
   {
     ChangeLock lock(this);
-    if (by_claims == held_by_claims_ && by_pods == *snapshot_.left_out_of_pool) return;
+    if (by_claims == held_by_claims_ && by_pod_claims == held_by_pod_claims_ &&
+        by_pods == *snapshot_.left_out_of_pool) {
+      return;
+    }
     held_by_claims_ = std::move(by_claims);
+    if (by_pod_claims != held_by_pod_claims_) {
+      held_by_pod_claims_ = std::move(by_pod_claims);
+      UpdateSteerAroundLocked();
+    }
     snapshot_.left_out_of_pool = std::make_shared<const std::set<std::string>>(std::move(by_pods));
     PublishBaseLocked(base_);
   }
@@ -238,6 +248,24 @@ void Resource::SetForgotten(Forgotten held) {
   absl::MutexLock lock(&mu_);
   if (held == *forgotten_) return;
   forgotten_ = std::make_shared<const Forgotten>(std::move(held));
+  UpdateSteerAroundLocked();
+}
+
+void Resource::UpdateSteerAroundLocked() {
+  if (held_by_pod_claims_.empty()) {
+    steer_around_ = forgotten_;
+    return;
+  }
+  auto merged = std::make_shared<Forgotten>(*forgotten_);
+  for (const std::string& d : held_by_pod_claims_) {
+    merged->emplace(d, "a DRA claim the scheduler made for a pod of the extended resource");
+  }
+  steer_around_ = std::move(merged);
+}
+
+std::shared_ptr<const Resource::Forgotten> Resource::steer_around() {
+  absl::MutexLock lock(&mu_);
+  return steer_around_;
 }
 
 std::shared_ptr<const Resource::Forgotten> Resource::forgotten() {

@@ -203,7 +203,18 @@ class Resource {
   // allocatable drops), and the devices pods of the extended resource hold
   // are left out of the DRA side's pool only. Each side keeps the real
   // health of its own holders' devices. Publishes if anything changed.
-  void SetHeldAcrossPaths(std::set<std::string> by_claims, std::set<std::string> by_pods);
+  //
+  // Of the claims' devices, those in `by_pod_claims` (claims the scheduler
+  // made for pods' extended-resource requests) keep their health: the
+  // scheduler already counts such a pod's request against the node's
+  // allocatable, and a drop would count the device twice. New pods are
+  // steered away from them instead (steer_around()), and an Allocate
+  // naming one is refused as any device of the other path.
+  void SetHeldAcrossPaths(std::set<std::string> by_claims, std::set<std::string> by_pod_claims,
+                          std::set<std::string> by_pods);
+  // What a GetPreferredAllocation answer avoids: the forgotten devices and
+  // those extended-resource claims hold, with their holders. Never null.
+  std::shared_ptr<const std::map<std::string, std::string>> steer_around();
 
   // Devices held by running containers the kubelet has forgotten (it
   // restarted without its checkpoint), by kubelet ID, with who holds them
@@ -308,8 +319,13 @@ class Resource {
   std::shared_ptr<const DeviceList> base_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
   std::set<std::string> shown_unhealthy_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_claims_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> held_by_pod_claims_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Forgotten> forgotten_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const Forgotten>();
+  // forgotten_ and held_by_pod_claims_ together (steer_around()).
+  std::shared_ptr<const Forgotten> steer_around_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const Forgotten>();
+  void UpdateSteerAroundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool over_kubelet_limit_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> changes_{0};
   std::shared_ptr<const DeviceList> reported_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();

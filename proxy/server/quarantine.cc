@@ -33,7 +33,9 @@ void Quarantine::ApplyHeldAcrossPaths() {
   for (ServedResource* e : table_->All()) {
     auto h = held.find(e->resource->name());
     if (h == held.end()) continue;
-    e->resource->SetHeldAcrossPaths(std::move(h->second.by_claims), std::move(h->second.by_pods));
+    e->resource->SetHeldAcrossPaths(std::move(h->second.by_claims),
+                                    std::move(h->second.by_pod_claims),
+                                    std::move(h->second.by_pods));
   }
 }
 

@@ -646,8 +646,9 @@ std::map<std::string, StateKeeper::HeldAcross> StateKeeper::HeldAcrossPaths() {
   for (const auto& [resource, devices] : both_held_) {
     HeldAcross& h = out[resource];
     for (const auto& [device, counts] : devices) {
-      if (counts.first > 0) h.by_claims.insert(device);
-      if (counts.second > 0) h.by_pods.insert(device);
+      if (counts.claims > 0) h.by_claims.insert(device);
+      if (counts.pod_claims > 0) h.by_pod_claims.insert(device);
+      if (counts.others > 0) h.by_pods.insert(device);
     }
   }
   return out;
@@ -1256,8 +1257,9 @@ void StateKeeper::IndexLocked(const state::Allocation& a) {
   if (one_holder_) {
     auto& devices = both_held_[a.resource()];
     for (const std::string& d : a.device_ids()) {
-      auto& counts = devices[d];
-      (a.has_claim() ? counts.first : counts.second) += 1;
+      HeldCounts& counts = devices[d];
+      (a.has_claim() ? counts.claims : counts.others) += 1;
+      if (a.has_claim() && a.claim().extended_resource()) ++counts.pod_claims;
     }
     HeldAcrossChangedLocked();
   }
@@ -1271,8 +1273,9 @@ void StateKeeper::UnindexLocked(const state::Allocation& a) {
     for (const std::string& d : a.device_ids()) {
       auto c = r->second.find(d);
       if (c == r->second.end()) continue;
-      (a.has_claim() ? c->second.first : c->second.second) -= 1;
-      if (c->second.first <= 0 && c->second.second <= 0) r->second.erase(c);
+      (a.has_claim() ? c->second.claims : c->second.others) -= 1;
+      if (a.has_claim() && a.claim().extended_resource()) --c->second.pod_claims;
+      if (c->second.claims <= 0 && c->second.others <= 0) r->second.erase(c);
     }
     HeldAcrossChangedLocked();
   }

@@ -147,12 +147,13 @@ class StateKeeper : public AllocationJournal {
   absl::Status CheckOtherPath(const std::string& resource, const v1beta1::AllocateRequest& req,
                               bool claim) override;
   // With one holder across paths, each resource with allocations: the
-  // devices DRA claims hold, and those allocations without a claim hold
-  // (recorded ones). What the other side must not offer
-  // (Resource::SetHeldAcrossPaths). A resource stays listed, with nothing
-  // held, once its last allocation goes.
+  // devices DRA claims hold (by_claims; by_pod_claims those of claims the
+  // scheduler made for pods' extended-resource requests, a subset), and
+  // those allocations without a claim hold (recorded ones). What the other
+  // side must not offer (Resource::SetHeldAcrossPaths). A resource stays
+  // listed, with nothing held, once its last allocation goes.
   struct HeldAcross {
-    std::set<std::string> by_claims, by_pods;
+    std::set<std::string> by_claims, by_pod_claims, by_pods;
   };
   std::map<std::string, HeldAcross> HeldAcrossPaths();
   // Grows whenever HeldAcrossPaths() changes; `changed` is called then,
@@ -489,10 +490,12 @@ class StateKeeper : public AllocationJournal {
   // held_'s count: the rest are allocations without a claim).
   std::unordered_map<std::string, std::set<uint64_t>> claim_held_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
-  // With one holder across paths: resource -> device -> (claims, other
-  // allocations) naming it.
-  std::map<std::string, std::map<std::string, std::pair<int, int>>> both_held_
-      ABSL_GUARDED_BY(mu_);
+  // With one holder across paths: resource -> device -> how many claims
+  // (and of those, extended-resource claims) and other allocations name it.
+  struct HeldCounts {
+    int claims = 0, pod_claims = 0, others = 0;
+  };
+  std::map<std::string, std::map<std::string, HeldCounts>> both_held_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> held_across_version_{0};
   std::function<void()> held_across_observer_;
   void HeldAcrossChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

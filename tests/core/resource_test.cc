@@ -202,7 +202,7 @@ TEST(ResourceTest, DevicesHeldOnOnePathAreHiddenFromTheOtherSideOnly) {
     for (const auto& d : list.ToDevices()) out[d.id()] = d.health();
     return out;
   };
-  r.SetHeldAcrossPaths({"gpu-1"}, {"gpu-2"});
+  r.SetHeldAcrossPaths({"gpu-1"}, {}, {"gpu-2"});
   ASSERT_EQ(published.size(), 1u);
   const Resource::Snapshot s = r.Current();
   EXPECT_EQ(health(*s.list), (std::map<std::string, std::string>{{"gpu-0", "Healthy"},
@@ -217,14 +217,31 @@ TEST(ResourceTest, DevicesHeldOnOnePathAreHiddenFromTheOtherSideOnly) {
   EXPECT_EQ(*s.left_out_of_pool, (std::set<std::string>{"gpu-2"}));
   EXPECT_EQ(r.DeviceHealth("gpu-1"), "Healthy");
   // The same again publishes nothing; a new list from the plugin keeps it.
-  r.SetHeldAcrossPaths({"gpu-1"}, {"gpu-2"});
+  r.SetHeldAcrossPaths({"gpu-1"}, {}, {"gpu-2"});
   EXPECT_EQ(published.size(), 1u);
   backend->callbacks.on_devices(DeviceList::FromDevices(Devices(4, "gpu-")));
   EXPECT_EQ(health(*r.Current().to_device_plugins)["gpu-1"], "Unhealthy");
   // Released: the device-plugin side streams the list itself again.
-  r.SetHeldAcrossPaths({}, {});
+  r.SetHeldAcrossPaths({}, {}, {});
   EXPECT_EQ(r.Current().to_device_plugins, r.Current().list);
   EXPECT_TRUE(r.Current().left_out_of_pool->empty());
+  // A claim the scheduler made for a pod of the extended resource: the
+  // scheduler counts that pod's request itself, so its device keeps its
+  // health toward the kubelet, and answers steer around it instead.
+  r.SetForgotten({{"gpu-3", "default/old/main"}});
+  r.SetHeldAcrossPaths({"gpu-0", "gpu-1"}, {"gpu-1"}, {});
+  EXPECT_EQ(health(*r.Current().to_device_plugins),
+            (std::map<std::string, std::string>{{"gpu-0", "Unhealthy"},
+                                                {"gpu-1", "Healthy"},
+                                                {"gpu-2", "Healthy"},
+                                                {"gpu-3", "Healthy"}}));
+  std::shared_ptr<const Resource::Forgotten> steer = r.steer_around();
+  EXPECT_EQ(steer->size(), 2u);
+  EXPECT_EQ(steer->count("gpu-1"), 1u);
+  EXPECT_EQ(steer->at("gpu-3"), "default/old/main");
+  EXPECT_EQ(r.forgotten()->size(), 1u);
+  r.SetHeldAcrossPaths({}, {}, {});
+  EXPECT_EQ(*r.steer_around(), *r.forgotten());
   r.RemoveWatcher(watcher);
   r.Shutdown();
 }

@@ -1188,6 +1188,75 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
   EXPECT_GT(through_dra, 0);  // the view had pods of both paths to show
 }
 
+// Under `both`, capacity is counted once: the scheduler subtracts every
+// pod's request of the extended resource from the node's allocatable,
+// those a claim serves included, so the device plugin's count must not
+// drop for the devices of those claims too. Two pods served through DRA
+// hold two of four devices; under `both` the next two pods start on the
+// two free devices (through the device plugin, steered away from the
+// claims' devices), and only a fifth waits.
+TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  KubeConfig kc;
+  kc.server = api.url();
+  kc.token = "node-token";
+  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
+  ASSERT_TRUE(client
+                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
+                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
+                                                          "vendor.com/gpu"))
+                  .ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kBoth}});
+  ProxyHarness& h = *harness;
+  ASSERT_NE(StartBothWaysNode(h, api, "1.36", 4), nullptr);
+  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  auto allocatable = [&] {
+    const sim::State st = h.sim().GetState();
+    for (const auto& r : st.resources()) {
+      if (r.name() == "vendor.com/gpu") return r.allocatable();
+    }
+    return int64_t{0};
+  };
+  auto reload_as = [&](KubeletPath path) {
+    ProxyConfig next = h.config();
+    next.paths = {{"vendor.com/gpu", path}};
+    ASSERT_THAT(h.proxy().Reload(next).applied, ::testing::SizeIs(1));
+  };
+  // Under `dra` the node's allocatable is 0: both pods go through DRA.
+  reload_as(KubeletPath::kDra);
+  ASSERT_TRUE(h.WaitFor([&] { return allocatable() == 0; }));
+  std::set<std::string> claimed;
+  for (const char* name : {"dra-1", "dra-2"}) {
+    absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->route, sim::ExtendedResourceRoute::kDra);
+    claimed.insert(p->devices.begin(), p->devices.end());
+  }
+  reload_as(KubeletPath::kBoth);
+  // The device plugin's count: the four devices, as the scheduler
+  // subtracts the two pods' requests itself.
+  ASSERT_TRUE(h.WaitFor([&] { return allocatable() == 4; })) << "allocatable " << allocatable();
+  std::set<std::string> used = claimed;
+  for (const char* name : {"dp-1", "dp-2"}) {
+    absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
+    ASSERT_TRUE(p.ok()) << name << " waits with a device free: " << p.status();
+    EXPECT_EQ(p->route, sim::ExtendedResourceRoute::kDevicePlugin);
+    ASSERT_EQ(p->devices.size(), 1u);
+    EXPECT_TRUE(used.insert(p->devices[0]).second) << p->devices[0] << " is used twice";
+  }
+  EXPECT_EQ(used.size(), 4u);
+  absl::StatusOr<sim::ExtendedResourcePods::Pod> full = pods.Start("dp-3", 1);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  const sim::State st = h.sim().GetState();
+  for (const auto& p : st.pods()) {
+    EXPECT_EQ(p.phase(), "Running") << p.name() << ": " << p.message();
+  }
+}
+
 std::vector<std::string> ListFiles(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;

@@ -19,11 +19,17 @@ absl::StatusOr<ExtendedResourcePods::Pod> ExtendedResourcePods::Start(const std:
   for (const ResourceState& r : st.resources()) {
     if (r.name() == resource_) allocatable = r.allocatable();
   }
+  // Every running pod's request of the resource counts, as the real
+  // scheduler counts it: those the device plugin serves and those a claim
+  // serves alike (the pod's spec asks for the extended resource either way).
   int64_t requested = 0;
   for (const PodState& p : st.pods()) {
     if (p.phase() != "Running") continue;
     for (const ContainerRequest& c : p.containers()) {
       if (c.resource() == resource_ && !c.init()) requested += c.count();
+    }
+    for (const RuntimeDevices& r : p.running()) {
+      if (r.resource() == resource_) requested += r.claim_devices_size();
     }
   }
   absl::StatusOr<ExtendedResourceRoute> route = RouteExtendedResource(api_, resource_, allocatable);

@@ -310,23 +310,28 @@ void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationReque
     names_held |= choices.back().held_named > 0;
   }
   if (names_held && !refreshed) {
+    // Only holds of forgotten containers can have ended unseen (a claim's
+    // ends with its unprepare).
+    const std::shared_ptr<const Resource::Forgotten> forgotten = e->resource()->forgotten();
     std::vector<std::string> offered;
     for (const auto& c : req->container_requests()) {
       for (const std::string& id : c.available_deviceids()) {
-        if (held->count(id) > 0) offered.push_back(id);
+        if (forgotten->count(id) > 0) offered.push_back(id);
       }
     }
-    std::thread([e, req, resp, reactor, call = std::move(call), picks = std::move(picks),
-                 held = std::move(held), offered = std::move(offered)]() mutable {
-      const std::set<std::string> still = e->resource()->StillForgotten(offered);
-      auto fresh = std::make_shared<Resource::Forgotten>(*held);
-      for (const std::string& id : offered) {
-        if (still.count(id) == 0) fresh->erase(id);
-      }
-      FinishPreferred(e, req, resp, reactor, std::move(call), std::move(picks),
-                      std::move(fresh), /*refreshed=*/true);
-    }).detach();
-    return;  // the call is not finished before the thread answers: req, resp live
+    if (!offered.empty()) {
+      std::thread([e, req, resp, reactor, call = std::move(call), picks = std::move(picks),
+                   held = std::move(held), offered = std::move(offered)]() mutable {
+        const std::set<std::string> still = e->resource()->StillForgotten(offered);
+        auto fresh = std::make_shared<Resource::Forgotten>(*held);
+        for (const std::string& id : offered) {
+          if (still.count(id) == 0) fresh->erase(id);
+        }
+        FinishPreferred(e, req, resp, reactor, std::move(call), std::move(picks),
+                        std::move(fresh), /*refreshed=*/true);
+      }).detach();
+      return;  // the call is not finished before the thread answers: req, resp live
+    }
   }
   for (PreferredChoice& choice : choices) {
     e->NoteSteering(choice);
@@ -386,8 +391,7 @@ class KubeletEndpoint::Services {
           std::make_shared<KubeletCall>(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
       KubeletEndpoint* e = e_;
       Resource* res = e->resource();
-      std::shared_ptr<const Resource::Forgotten> held = res->forgotten();
-      if (!held->empty() && e->kubelet_may_reallocate_running()) {
+      if (!res->forgotten()->empty() && e->kubelet_may_reallocate_running()) {
         // A kubelet before 1.25 re-admitting a running container it forgot
         // allocates again: its own devices are the ones to name.
         bool all = true;
@@ -409,6 +413,9 @@ class KubeletEndpoint::Services {
           return reactor;
         }
       }
+      // Steered around: devices the kubelet forgot, and those claims made
+      // for pods of the extended resource hold.
+      std::shared_ptr<const Resource::Forgotten> held = res->steer_around();
       if (!res->backend_offers_preferred()) {
         FinishPreferred(e, req, resp, reactor, call,
                         std::vector<std::vector<std::string>>(req->container_requests_size()),
@@ -624,8 +631,9 @@ void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
     held_named_ += choice.held_named;
     LOG(WARNING) << "resource " << resource_->name() << ": a GetPreferredAllocation had to name "
                  << choice.held_named
-                 << " device(s) held by containers the kubelet forgot (too few others are "
-                    "available); an Allocate naming them is refused while their holders run";
+                 << " device(s) held by containers the kubelet forgot or by claims of pods of the "
+                    "extended resource (too few others are available); an Allocate naming them "
+                    "is refused while their holders run";
   }
 }
 

@@ -122,7 +122,13 @@ absl::StatusOr<ClaimFromApi> ParseClaim(const Json& claim) {
        {"status.allocation.devices.results[].device", JsonKind::kString},
        {"status.allocation.devices.results[].request", JsonKind::kString}}));
   ClaimFromApi out;
-  if (claim.contains("metadata")) out.uid = claim["metadata"].value("uid", "");
+  if (claim.contains("metadata")) {
+    out.uid = claim["metadata"].value("uid", "");
+    const Json annotations = claim["metadata"].value("annotations", Json::object());
+    out.extended_resource =
+        annotations.is_object() &&
+        annotations.value("resource.kubernetes.io/extended-resource-claim", Json()) == "true";
+  }
   const Json results = claim.value("/status/allocation/devices/results"_json_pointer, Json());
   out.allocated = results.is_array();
   if (!out.allocated) return out;
@@ -405,6 +411,7 @@ absl::StatusOr<std::vector<ClaimPreparer::PoolPart>> ClaimPreparer::PlanParts(
         dc.set_name(c.name);
         dc.set_request(r->request);
         dc.set_pool(pool);
+        dc.set_extended_resource(claim.extended_resource);
         part.claims.push_back(std::move(dc));
       }
       part.request.mutable_container_requests(static_cast<int>(it->second))->add_devices_ids(id);

@@ -64,6 +64,10 @@ struct ClaimFromApi {
     std::string request, driver, pool, device;
   };
   std::string uid;
+  // Made by the scheduler for a pod's extended-resource request
+  // (metadata.annotations["resource.kubernetes.io/extended-resource-claim"]
+  // is "true").
+  bool extended_resource = false;
   bool allocated = false;  // status.allocation.devices.results is there
   std::vector<Result> results;
 };

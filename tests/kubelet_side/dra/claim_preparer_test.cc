@@ -486,5 +486,37 @@ TEST_F(ClaimPreparerTest, AClaimOfTheWrongShapeFailsNamingTheField) {
   EXPECT_THAT(s.message(), HasSubstr("status.allocation.devices is an array, not an object"));
 }
 
+// A claim the scheduler made for a pod's extended-resource request is
+// known by its annotation (only "true" counts), and an ordinary one is not.
+TEST(ParseClaimTest, TellsAnExtendedResourceClaimByItsAnnotation) {
+  auto claim = [](nlohmann::json annotations) {
+    nlohmann::json c = {{"metadata", {{"uid", "u-1"}}},
+                        {"status",
+                         {{"allocation",
+                           {{"devices",
+                             {{"results",
+                               {{{"request", "container-0-request-0"},
+                                 {"driver", "gpu.vendor.com"},
+                                 {"pool", "node-1/vendor.com-gpu"},
+                                 {"device", "gpu-0"}}}}}}}}}}};
+    if (!annotations.is_null()) c["metadata"]["annotations"] = annotations;
+    return c;
+  };
+  absl::StatusOr<ClaimFromApi> pod = ParseClaim(
+      claim({{"resource.kubernetes.io/extended-resource-claim", "true"}}));
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  EXPECT_TRUE(pod->extended_resource);
+  ASSERT_EQ(pod->results.size(), 1u);
+  for (const nlohmann::json& a :
+       {nlohmann::json(), nlohmann::json::object(),
+        nlohmann::json{{"resource.kubernetes.io/extended-resource-claim", "false"}},
+        nlohmann::json{{"resource.kubernetes.io/extended-resource-claim", true}},
+        nlohmann::json::array()}) {
+    absl::StatusOr<ClaimFromApi> plain = ParseClaim(claim(a));
+    ASSERT_TRUE(plain.ok()) << a.dump() << ": " << plain.status();
+    EXPECT_FALSE(plain->extended_resource) << a.dump();
+  }
+}
+
 }  // namespace
 }  // namespace dpproxy

@@ -180,7 +180,10 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   }
   snapshot_.list = std::move(shown);
   snapshot_.to_device_plugins = snapshot_.list;
-  if (held_by_claims_.size() > held_by_pod_claims_.size()) {
+  if (withdrawn_from_device_plugins_) {
+    snapshot_.to_device_plugins = snapshot_.list->WithHealth(
+        [](const DeviceList::View&) -> absl::string_view { return kUnhealthy; });
+  } else if (held_by_claims_.size() > held_by_pod_claims_.size()) {
     absl::flat_hash_set<absl::string_view> claimed;
     for (const std::string& d : held_by_claims_) {
       if (held_by_pod_claims_.count(d) == 0) claimed.insert(d);
@@ -239,6 +242,16 @@ void Resource::SetHeldAcrossPaths(std::set<std::string> by_claims,
       UpdateSteerAroundLocked();
     }
     snapshot_.left_out_of_pool = std::make_shared<const std::set<std::string>>(std::move(by_pods));
+    PublishBaseLocked(base_);
+  }
+  if (hooks_.on_change) hooks_.on_change();
+}
+
+void Resource::SetWithdrawnFromDevicePlugins(bool withdrawn) {
+  {
+    ChangeLock lock(this);
+    if (withdrawn == withdrawn_from_device_plugins_) return;
+    withdrawn_from_device_plugins_ = withdrawn;
     PublishBaseLocked(base_);
   }
   if (hooks_.on_change) hooks_.on_change();

@@ -212,6 +212,9 @@ class Resource {
   // naming one is refused as any device of the other path.
   void SetHeldAcrossPaths(std::set<std::string> by_claims, std::set<std::string> by_pod_claims,
                           std::set<std::string> by_pods);
+  // Withdrawn from the device-plugin side (KubeletSide::Withdraw): it
+  // streams every device Unhealthy. Publishes if anything changed.
+  void SetWithdrawnFromDevicePlugins(bool withdrawn);
   // What a GetPreferredAllocation answer avoids: the forgotten devices and
   // those extended-resource claims hold, with their holders. Never null.
   std::shared_ptr<const std::map<std::string, std::string>> steer_around();
@@ -320,6 +323,7 @@ class Resource {
   std::set<std::string> shown_unhealthy_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_claims_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_pod_claims_ ABSL_GUARDED_BY(mu_);
+  bool withdrawn_from_device_plugins_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const Forgotten> forgotten_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const Forgotten>();
   // forgotten_ and held_by_pod_claims_ together (steer_around()).

@@ -104,6 +104,14 @@ class KubeletSide {
   // later AddResource serves it again. Pods that hold its devices keep
   // them.
   virtual void RemoveResource(const std::string& resource) = 0;
+  // Serves `allocator`'s resource with none of its devices usable: its
+  // endpoint is (or stays) registered, every device shown Unhealthy, so
+  // that a kubelet that holds devices of it for running pods keeps finding
+  // it, while nothing new is admitted onto it. AddResource serves it fully
+  // again, RemoveResource ends it. A side without endpoints does nothing.
+  virtual void Withdraw(Allocator* allocator) {}
+  // The resources served withdrawn now.
+  virtual std::vector<std::string> Withdrawn() { return {}; }
   // Something about a resource changed (devices, health, a backend).
   virtual void Wake() = 0;
   // On the housekeeping thread, at least once a second: serves what a

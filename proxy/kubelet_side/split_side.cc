@@ -3,15 +3,19 @@
 #include <algorithm>
 #include <utility>
 
+#include <glog/logging.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace dpproxy {
 
 SplitSide::SplitSide(std::unique_ptr<KubeletSide> device_plugins,
-                     std::unique_ptr<KubeletSide> dra, PathOfResource path_of)
+                     std::unique_ptr<KubeletSide> dra, PathOfResource path_of,
+                     PluginPodsHold plugin_pods_hold)
     : device_plugins_(std::move(device_plugins)),
       dra_(std::move(dra)),
-      path_of_(std::move(path_of)) {}
+      path_of_(std::move(path_of)),
+      plugin_pods_hold_(std::move(plugin_pods_hold)) {}
 
 absl::Status SplitSide::Start() {
   if (absl::Status s = device_plugins_->Start(); !s.ok()) return s;
@@ -28,8 +32,13 @@ void SplitSide::Stop(Ending ending) {
 }
 
 void SplitSide::AddResource(Allocator* allocator) {
-  const KubeletPath path = path_of_(allocator->resource()->name());
-  if (path != KubeletPath::kDra) device_plugins_->AddResource(allocator);
+  const std::string& name = allocator->resource()->name();
+  const KubeletPath path = path_of_(name);
+  if (path != KubeletPath::kDra) {
+    device_plugins_->AddResource(allocator);
+  } else if (PodsHold(name)) {
+    device_plugins_->Withdraw(allocator);
+  }
   if (path != KubeletPath::kDevicePlugin) dra_->AddResource(allocator);
 }
 
@@ -44,7 +53,13 @@ void SplitSide::Reroute(Allocator* allocator, KubeletPath from, KubeletPath to) 
   const bool dra_before = from != KubeletPath::kDevicePlugin;
   const bool dra_after = to != KubeletPath::kDevicePlugin;
   if (plugin_after && !plugin_before) device_plugins_->AddResource(allocator);
-  if (plugin_before && !plugin_after) device_plugins_->RemoveResource(name);
+  if (plugin_before && !plugin_after) {
+    if (PodsHold(name)) {
+      device_plugins_->Withdraw(allocator);
+    } else {
+      device_plugins_->RemoveResource(name);
+    }
+  }
   if (dra_after && !dra_before) dra_->AddResource(allocator);
   if (dra_before && !dra_after) dra_->RemoveResource(name);
 }
@@ -55,6 +70,15 @@ void SplitSide::Wake() {
 }
 
 KubeletSide::PassResult SplitSide::Pass(absl::Time now) {
+  // A withdrawn resource goes once no pod of the device plugin holds its
+  // devices.
+  for (const std::string& name : device_plugins_->Withdrawn()) {
+    if (path_of_(name) == KubeletPath::kDra && !PodsHold(name)) {
+      LOG(INFO) << "resource " << name << ": no pod of the device plugin holds its devices any "
+                << "more; its device-plugin endpoint stops";
+      device_plugins_->RemoveResource(name);
+    }
+  }
   PassResult a = device_plugins_->Pass(now);
   const PassResult b = dra_->Pass(now);
   if (!a.kubelet_restarted) a.kubelet_restarted = b.kubelet_restarted;

@@ -27,11 +27,22 @@ namespace dpproxy {
 class SplitSide : public KubeletSide {
  public:
   using PathOfResource = std::function<KubeletPath(const std::string& resource)>;
+  // Whether pods of the device plugin hold devices of the resource (the
+  // journal's allocations without a claim).
+  using PluginPodsHold = std::function<bool(const std::string& resource)>;
 
-  // `device_plugins` and `dra` are both set; `path_of` is called on any
-  // thread.
+  // `device_plugins` and `dra` are both set; `path_of` and `plugin_pods_hold`
+  // are called on any thread (the latter may be empty: never).
+  //
+  // A resource served through DRA only while pods of the device plugin
+  // still hold its devices (a move to `dra` without a drain) stays
+  // withdrawn on the device-plugin side (KubeletSide::Withdraw) until the
+  // last of them ends: a kubelet (1.34-1.36) looks the resource's endpoint
+  // up at every container start of the resource while any pod holds
+  // devices of it, claim-served pods included, and fails the start once it
+  // dropped the endpoint (5 minutes after it stopped).
   SplitSide(std::unique_ptr<KubeletSide> device_plugins, std::unique_ptr<KubeletSide> dra,
-            PathOfResource path_of);
+            PathOfResource path_of, PluginPodsHold plugin_pods_hold = nullptr);
 
   // The device-plugin side first; if the DRA side cannot start, the first
   // is stopped again and the error returned.
@@ -59,6 +70,10 @@ class SplitSide : public KubeletSide {
   const std::unique_ptr<KubeletSide> device_plugins_;
   const std::unique_ptr<KubeletSide> dra_;
   const PathOfResource path_of_;
+  const PluginPodsHold plugin_pods_hold_;
+  bool PodsHold(const std::string& resource) const {
+    return plugin_pods_hold_ && plugin_pods_hold_(resource);
+  }
 };
 
 }  // namespace dpproxy

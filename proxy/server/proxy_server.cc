@@ -240,7 +240,14 @@ absl::Status ProxyServer::MakeSide() {
   }
   auto split = std::make_unique<SplitSide>(
       std::move(device_plugins), std::move(dra),
-      [this](const std::string& resource) { return table_.PathOf(resource); });
+      [this](const std::string& resource) { return table_.PathOf(resource); },
+      [this](const std::string& resource) {
+        bool held = false;
+        keeper_->ForEachAllocation([&](const state::Allocation& a) {
+          held |= !a.has_claim() && a.resource() == resource;
+        });
+        return held;
+      });
   split_ = split.get();
   side_ = std::move(split);
   return absl::OkStatus();

@@ -77,10 +77,12 @@ users: [{name: agent, user: {token: node-token}}]
 // node's slices at each start.
 // Its waits look again at each request the API server answers too.
 // `paths` set: DRA for those resources only (ProxyConfig::paths).
-std::unique_ptr<ProxyHarness> DraHarness(sim::ApiServerSim& api, const std::string& kubeconfig,
-                                         const std::string& cdi,
-                                         Personality personality = Personality::kV1Beta1Sync,
-                                         std::map<std::string, KubeletPath> paths = {}) {
+// `sim_tweak` changes the simulated kubelet's options last.
+std::unique_ptr<ProxyHarness> DraHarness(
+    sim::ApiServerSim& api, const std::string& kubeconfig, const std::string& cdi,
+    Personality personality = Personality::kV1Beta1Sync,
+    std::map<std::string, KubeletPath> paths = {},
+    std::function<void(sim::KubeletSimOptions&)> sim_tweak = nullptr) {
   auto h = std::make_unique<ProxyHarness>(
       personality, false,
       [&](ProxyConfig& c) {
@@ -95,6 +97,7 @@ std::unique_ptr<ProxyHarness> DraHarness(sim::ApiServerSim& api, const std::stri
         so.cdi_dirs = {cdi};
         so.kubeconfig = kubeconfig;
         so.node_name = "node-1";
+        if (sim_tweak) sim_tweak(so);
       });
   h->Watch(api.events());
   return h;
@@ -1255,6 +1258,79 @@ TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
   for (const auto& p : st.pods()) {
     EXPECT_EQ(p.phase(), "Running") << p.name() << ": " << p.message();
   }
+}
+
+// A move to `dra` without a drain: pods of the device plugin run on, and
+// the kubelet (1.34-1.36) looks the resource's endpoint up at every
+// container start of the resource while any pod holds devices of it,
+// claim-served pods included; once it has dropped the endpoint
+// (endpointStopGracePeriod, 0 here instead of 5 minutes) such a start
+// fails. dpproxy keeps the endpoint registered with every device Unhealthy
+// (the node's allocatable is 0, so the scheduler routes through DRA) until
+// the last pod of the device plugin ends, then stops it.
+TEST(DraModeTest, AMoveToDraKeepsTheEndpointWhilePodsOfTheDevicePluginRun) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  KubeConfig kc;
+  kc.server = api.url();
+  kc.token = "node-token";
+  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
+  ASSERT_TRUE(client
+                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
+                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
+                                                          "vendor.com/gpu"))
+                  .ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness = DraHarness(
+      api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+      {{"vendor.com/gpu", KubeletPath::kBoth}},
+      [](sim::KubeletSimOptions& so) { so.endpoint_grace = absl::ZeroDuration(); });
+  ProxyHarness& h = *harness;
+  ASSERT_NE(StartBothWaysNode(h, api, "1.36", 4), nullptr);
+  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  auto resource = [&] {
+    const sim::State st = h.sim().GetState();
+    for (const auto& r : st.resources()) {
+      if (r.name() == "vendor.com/gpu") return std::optional<sim::ResourceState>(r);
+    }
+    return std::optional<sim::ResourceState>();
+  };
+  absl::StatusOr<sim::ExtendedResourcePods::Pod> legacy = pods.Start("legacy", 1);
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  ASSERT_EQ(legacy->route, sim::ExtendedResourceRoute::kDevicePlugin);
+
+  const size_t from = h.proxy().events().Size();
+  ProxyConfig next = h.config();
+  next.paths = {{"vendor.com/gpu", KubeletPath::kDra}};
+  ASSERT_THAT(h.proxy().Reload(next).applied, ::testing::SizeIs(1));
+  // The node's allocatable drops to 0 (or the kubelet drops the resource).
+  ASSERT_TRUE(h.WaitFor([&] { return !resource().has_value() || resource()->allocatable() == 0; }));
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(absl::StrCat("dra-", i), 1);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->route, sim::ExtendedResourceRoute::kDra);
+    ASSERT_TRUE(pods.End(p->uid).ok());
+  }
+  // The endpoint stayed in the kubelet's cache, withdrawn.
+  ASSERT_TRUE(resource().has_value());
+  EXPECT_TRUE(resource()->connected());
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("device_plugin_withdrawn",
+                                              {{"resource", "vendor.com/gpu"}},
+                                              absl::ZeroDuration(), from));
+
+  // The last pod of the device plugin ends: the endpoint stops, and the
+  // kubelet drops the resource; pods through DRA start as before.
+  const size_t sim_from = h.sim().events().Size();
+  ASSERT_TRUE(pods.End(legacy->uid).ok());
+  ASSERT_TRUE(h.WaitFor([&] {
+    (void)h.proxy().ReconcileOnce();
+    return !resource().has_value();
+  }));
+  EXPECT_TRUE(h.sim().events().WaitForEvent("resource_removed", {{"resource", "vendor.com/gpu"}},
+                                            testing::kWait, sim_from));
+  absl::StatusOr<sim::ExtendedResourcePods::Pod> after = pods.Start("dra-after", 1);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->route, sim::ExtendedResourceRoute::kDra);
 }
 
 std::vector<std::string> ListFiles(const std::string& dir) {

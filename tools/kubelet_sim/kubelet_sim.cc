@@ -1555,6 +1555,36 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
     absl::StatusOr<std::vector<RuntimeDevices>> served = PrepareExtendedResourceClaim(req);
     if (!served.ok()) return served.status();
     claim_served = *std::move(served);
+    // Starting the containers: the device manager's run options
+    // (GetDeviceRunContainerOptions) take every resource of the container
+    // that any pod holds devices of as a device-plugin resource, whether a
+    // claim serves this one or not, and look up its endpoint. One the
+    // kubelet dropped (endpointStopGracePeriod after it stopped) fails the
+    // start (kubelet 1.36.2; protocol-facts §10).
+    std::string missing;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const RuntimeDevices& r : claim_served) {
+        if (state_.Find(r.resource()) != nullptr) continue;
+        for (const ContainerAllocation& a : state_.allocations()) {
+          const PodState* p = state_.FindPod(a.pod_uid());
+          if (a.resource() == r.resource() && p != nullptr && p->phase() == "Running") {
+            missing = r.resource();
+          }
+        }
+      }
+    }
+    if (!missing.empty()) {
+      const ExtendedResourceClaim& e = req.extended_resource_claim();
+      (void)UnprepareClaims(e.driver(), {{e.namespace_(), e.name(), e.uid()}});
+      const std::string message =
+          absl::StrCat("endpoint not found in cache for a registered resource: ", missing);
+      events_.Emit("container_start_failed", {{"pod", req.pod_name()},
+                                              {"pod_uid", req.pod_uid()},
+                                              {"reason", "CreateContainerConfigError"},
+                                              {"message", message}});
+      return absl::FailedPreconditionError(absl::StrCat("CreateContainerConfigError: ", message));
+    }
   }
   absl::Status s = absl::OkStatus();
   if (!device_manager_part.containers().empty()) {

@@ -90,7 +90,14 @@ void DevicePluginSide::AddResource(Allocator* allocator) {
   {
     absl::MutexLock lock(&mu_);
     std::unique_ptr<KubeletEndpoint>& e = endpoints_[resource->name()];
-    if (e != nullptr) return;  // served already
+    if (e != nullptr) {  // served already; fully again if it was withdrawn
+      if (withdrawn_.erase(resource->name()) > 0) {
+        resource->SetWithdrawnFromDevicePlugins(false);
+        LOG(INFO) << "resource " << resource->name()
+                  << ": served to the kubelet's device manager again";
+      }
+      return;
+    }
     e = std::make_unique<KubeletEndpoint>(resource, kubelet_, parts_.losses, parts_.events,
                                           allocator, parts_.telemetry);
     e->SetCallSettings(backend_timeout_, cdi_annotations_);
@@ -99,6 +106,26 @@ void DevicePluginSide::AddResource(Allocator* allocator) {
   registrar_.Add(resource, raw);
   LOG(INFO) << "resource " << resource->name() << ": kubelet-facing socket "
             << raw->socket_path();
+}
+
+void DevicePluginSide::Withdraw(Allocator* allocator) {
+  Resource* resource = allocator->resource();
+  AddResource(allocator);  // registered, if it was not
+  {
+    absl::MutexLock lock(&mu_);
+    if (!withdrawn_.insert(resource->name()).second) return;
+  }
+  resource->SetWithdrawnFromDevicePlugins(true);
+  LOG(INFO) << "resource " << resource->name()
+            << ": withdrawn from the kubelet's device manager: its endpoint stays registered "
+               "with every device Unhealthy while pods of the device plugin hold its devices "
+               "(the kubelet looks it up at every container start of the resource)";
+  parts_.events->Emit("device_plugin_withdrawn", {{"resource", resource->name()}});
+}
+
+std::vector<std::string> DevicePluginSide::Withdrawn() {
+  absl::MutexLock lock(&mu_);
+  return {withdrawn_.begin(), withdrawn_.end()};
 }
 
 void DevicePluginSide::RemoveResource(const std::string& resource) {
@@ -110,6 +137,7 @@ void DevicePluginSide::RemoveResource(const std::string& resource) {
     raw = it->second.get();
     removed_.push_back(std::move(it->second));
     endpoints_.erase(it);
+    if (withdrawn_.erase(resource) > 0) raw->resource()->SetWithdrawnFromDevicePlugins(false);
   }
   registrar_.Remove(raw);
   // As at a stop for good: a kubelet that no longer lists it by name hears

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ class DevicePluginSide : public KubeletSide {
   // kubelet counts its devices unhealthy (allocatable 0) while its pods run
   // on. Kept until the side goes (calls in flight may still use it).
   void RemoveResource(const std::string& resource) override;
+  void Withdraw(Allocator* allocator) override;
+  std::vector<std::string> Withdrawn() override;
   void Wake() override {}
   PassResult Pass(absl::Time now) override;
   void SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) override;
@@ -78,6 +81,7 @@ class DevicePluginSide : public KubeletSide {
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<KubeletEndpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<KubeletEndpoint>> removed_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> withdrawn_ ABSL_GUARDED_BY(mu_);
   // As the last SIGHUP left them.
   absl::Duration backend_timeout_ ABSL_GUARDED_BY(mu_);
   bool cdi_annotations_ ABSL_GUARDED_BY(mu_);

@@ -184,8 +184,19 @@ absl::Status ProxyServer::OpenState() {
   // kubelet's to end, with NodeUnprepareResources.
   if (plugin_pods) {
     reconciler_ = std::make_unique<Reconciler>(
-        Reconciler::Options{config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
-                            config_.reconcile_start_grace, config_.container_runtime_endpoint},
+        Reconciler::Options{
+            config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
+            config_.reconcile_start_grace, config_.container_runtime_endpoint,
+            // A resource served through DRA whose pool lacks devices pods
+            // of the device plugin hold: claims may wait for them.
+            [this] {
+              for (const auto& [resource, held] : keeper_->HeldAcrossPaths()) {
+                if (!held.by_pods.empty() && table_.PathOf(resource) != KubeletPath::kDevicePlugin) {
+                  return true;
+                }
+              }
+              return false;
+            }},
         keeper_.get(), &events_, [this] { Wake(); });
   }
   quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(),

@@ -88,6 +88,7 @@ void Reconciler::Loop() {
     absl::Status s = ReconcileOnce();
     if (!s.ok()) VLOG(1) << "reconciliation skipped: " << s.message();
     wait = options_.interval;
+    if (options_.hurry && options_.hurry()) wait = std::min(wait, options_.hurried_interval);
   }
 }
 
@@ -177,6 +178,20 @@ absl::Status Reconciler::ReconcileOnce() {
       continue;
     }
     if (window && !pod_listed) continue;
+    if (!pod_listed && !a.pod_name().empty()) {
+      // Listed before, not now, and the container runtime runs nothing of
+      // it: gone, released at once (its device may be what a claim, or the
+      // next pod, waits for).
+      if (!runtime_asked) {
+        runtime = RunningContainers();
+        runtime_asked = true;
+      }
+      if (runtime.has_value() &&
+          !runtime->Runs(a.pod_uid(), {a.pod_namespace(), a.pod_name()}, "")) {
+        release.push_back(a.id());
+        continue;
+      }
+    }
     const bool old_enough =
         now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(options_.grace);
     if (!old_enough && !pod_listed) continue;

@@ -66,6 +66,13 @@ class Reconciler {
     // container it does not run (never started, e.g. CreateContainerError,
     // or ended) uses no device, whatever pod-resources lists.
     std::string container_runtime_socket;
+    // Whether someone waits on what a pass releases (a device that pods
+    // of the device plugin hold while the resource is served through DRA
+    // too: its pool lacks it until then): passes come every
+    // `hurried_interval` then, not every `interval`. Called on the
+    // reconciler's thread; empty: never.
+    std::function<bool()> hurry;
+    absl::Duration hurried_interval = absl::Seconds(10);
   };
   // `changed` is called (no locks held) when the quarantine changed.
   Reconciler(Options options, StateKeeper* keeper, EventLog* events,

@@ -1333,6 +1333,49 @@ TEST(DraModeTest, AMoveToDraKeepsTheEndpointWhilePodsOfTheDevicePluginRun) {
   EXPECT_EQ(after->route, sim::ExtendedResourceRoute::kDra);
 }
 
+// A pod of the device plugin that ends gives its device back to the DRA
+// pool at the next pass, not after the reconciliation grace (5 minutes
+// from its allocation, here an hour): the kubelet listed it before and no
+// longer does, and the container runtime runs nothing of it.
+TEST(DraModeTest, AnEndedDevicePluginPodsDeviceReturnsToThePoolAtTheNextPass) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  KubeConfig kc;
+  kc.server = api.url();
+  kc.token = "node-token";
+  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
+  ASSERT_TRUE(client
+                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
+                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
+                                                          "vendor.com/gpu"))
+                  .ok());
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                 {{"vendor.com/gpu", KubeletPath::kBoth}});
+  ProxyHarness& h = *harness;
+  ASSERT_NE(StartBothWaysNode(h, api, "1.36", 4,
+                              [](ProxyConfig& c) {
+                                c.reconcile_grace = absl::Hours(1);
+                                c.reconcile_start_grace = absl::ZeroDuration();
+                              }),
+            nullptr);
+  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  absl::StatusOr<sim::ExtendedResourcePods::Pod> legacy = pods.Start("legacy", 1);
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  ASSERT_EQ(legacy->route, sim::ExtendedResourceRoute::kDevicePlugin);
+  // A pass names it; its device leaves the pool.
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 3; }));
+  ASSERT_TRUE(pods.End(legacy->uid).ok());
+  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+  EXPECT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }))
+      << PublishedDevices(api) << " devices in the pool";
+  bool held = false;
+  h.proxy().state()->ForEachAllocation([&](const state::Allocation& a) { held |= !a.has_claim(); });
+  EXPECT_FALSE(held);
+}
+
 std::vector<std::string> ListFiles(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;

@@ -232,43 +232,52 @@ TEST(StateTest, TrustIsBoundedByTheRestoreHold) {
   EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
 }
 
+// Pods are named; a pod that goes is released once the kubelet no longer
+// lists it: at the next pass where the container runtime confirms none of
+// its containers runs, after two passes that do not see it without one.
 TEST(ReconcileTest, PodsAreNamedAndGonePodsReleased) {
-  ProxyHarness h(Personality::kV1Beta1Sync, false, [](ProxyConfig& c) {
-    c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
-    c.reconcile_grace = absl::ZeroDuration();
-  });
-  ASSERT_TRUE(h.sim().Start().ok());
-  ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("train", {{"t", 2}, {"s", 1}}));
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(h.sim().Allocate(Pod("keep", {{"main", 1}})).ok());
+  for (const bool runtime : {true, false}) {
+    SCOPED_TRACE(runtime ? "with the container runtime" : "without a container runtime");
+    ProxyHarness h(Personality::kV1Beta1Sync, false, [runtime](ProxyConfig& c) {
+      c.reconcile_interval = absl::ZeroDuration();  // passes run by hand
+      c.reconcile_grace = absl::ZeroDuration();
+      if (!runtime) c.container_runtime_endpoint = "";
+    });
+    ASSERT_TRUE(h.sim().Start().ok());
+    ASSERT_TRUE(h.proxy().Start().ok());
+    ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Alpha)), nullptr);
+    ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+    absl::StatusOr<sim::AllocateResponse> a =
+        h.sim().Allocate(Pod("train", {{"t", 2}, {"s", 1}}));
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(h.sim().Allocate(Pod("keep", {{"main", 1}})).ok());
 
-  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  std::map<std::string, std::string> holder;  // devices -> ns/pod/container
-  const state::State snapshot = h.proxy().state()->Snapshot();
-  for (const auto& e : snapshot.allocations()) {
-    holder[absl::StrJoin(e.device_ids(), ",")] =
-        absl::StrCat(e.pod_namespace(), "/", e.pod_name(), "/", e.container());
+    ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+    std::map<std::string, std::string> holder;  // devices -> ns/pod/container
+    const state::State snapshot = h.proxy().state()->Snapshot();
+    for (const auto& e : snapshot.allocations()) {
+      holder[absl::StrJoin(e.device_ids(), ",")] =
+          absl::StrCat(e.pod_namespace(), "/", e.pod_name(), "/", e.container());
+    }
+    EXPECT_EQ(holder[absl::StrJoin(a->allocations(0).device_ids(), ",")], "default/train/t");
+    EXPECT_EQ(holder[absl::StrJoin(a->allocations(1).device_ids(), ",")], "default/train/s");
+    EXPECT_EQ(holder.size(), 3u);
+
+    ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
+    ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+    if (!runtime) {
+      EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 3);  // not on one sighting
+      ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
+    }
+    state::State st = h.proxy().state()->Snapshot();
+    ASSERT_EQ(st.allocations_size(), 1);
+    EXPECT_EQ(st.allocations(0).pod_name(), "keep");
+
+    // Without an answer from the kubelet nothing is released.
+    h.sim().Stop();
+    EXPECT_EQ(h.proxy().ReconcileOnce().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 1);
   }
-  EXPECT_EQ(holder[absl::StrJoin(a->allocations(0).device_ids(), ",")], "default/train/t");
-  EXPECT_EQ(holder[absl::StrJoin(a->allocations(1).device_ids(), ",")], "default/train/s");
-  EXPECT_EQ(holder.size(), 3u);
-
-  // The pod goes away: released after two passes that do not see it.
-  ASSERT_TRUE(h.sim().DeletePod(a->pod_uid()).ok());
-  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 3);  // not on one sighting
-  ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
-  state::State st = h.proxy().state()->Snapshot();
-  ASSERT_EQ(st.allocations_size(), 1);
-  EXPECT_EQ(st.allocations(0).pod_name(), "keep");
-
-  // Without an answer from the kubelet nothing is released.
-  h.sim().Stop();
-  EXPECT_EQ(h.proxy().ReconcileOnce().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(h.proxy().state()->Snapshot().allocations_size(), 1);
 }
 
 // Issue 7.1: a real kubelet's pod-resources List has one ContainerDevices

@@ -30,7 +30,7 @@ void Resource::SetIdPolicy(std::map<std::string, std::string> id_map, bool compa
 
 bool Resource::maps_ids() {
   absl::MutexLock lock(&mu_);
-  return !ids_->id_map.empty() || ids_->compact_ids || ids_mapped_ > 0;
+  return !ids_->id_map.empty() || ids_->compact_ids;
 }
 
 Resource::~Resource() { Shutdown(); }
@@ -316,11 +316,11 @@ void Resource::MarkAllLocked(const std::string& health) {
 
 namespace {
 
-// Whether `id` cannot be shown to the kubelet as it is, and is mapped to
-// its compact ID whatever the policy: control characters (a kubelet
-// accepts them, but they would travel raw into logs, status tables and
-// pod-resources answers).
-bool NeedsMapping(absl::string_view id) {
+// Whether `id` has control characters. A kubelet accepts them end to end
+// (observed on 1.36), and a node may run pods under them already: they are
+// served as they are, unless the resource's IDs are compact; dpproxy's own
+// logs, events and tables escape them.
+bool HasControlCharacters(absl::string_view id) {
   for (unsigned char c : id) {
     if (c < 0x20 || c == 0x7f) return true;
   }
@@ -484,13 +484,28 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
                                  "off (see dpproxy status)";
     }
   }
-  int mapped = 0;  // IDs NeedsMapping, mapped whatever the policy
+  // IDs with control characters: shown compact under compact_ids, else as
+  // they are.
+  int mapped = 0;
   std::string first_mapped;
-  bool any_unshowable = false;
-  for (int i = 0; i < devices->size() && !any_unshowable; ++i) {
-    any_unshowable = NeedsMapping(devices->device(i).id);
+  if (!ids->compact_ids) {
+    int raw = 0;
+    std::string first_raw;
+    for (int i = 0; i < devices->size(); ++i) {
+      if (HasControlCharacters(devices->device(i).id) && raw++ == 0) {
+        first_raw = std::string(devices->device(i).id);
+      }
+    }
+    if (raw > 0 && !warned_raw_control_.exchange(true)) {
+      LOG(WARNING) << "resource " << name_ << ": " << raw
+                   << " device ID(s) contain control characters (first: " << GoQuote(first_raw)
+                   << "); they are served to the kubelet as they are, which it accepts (logs, "
+                      "events and dpproxy's tables escape them; compact_ids would rename them)";
+      events_->Emit("device_ids_control_characters",
+                    {{"resource", name_}, {"devices", raw}, {"first", EchoField(first_raw)}});
+    }
   }
-  if (!ids->id_map.empty() || ids->compact_ids || any_unshowable) {
+  if (!ids->id_map.empty() || ids->compact_ids) {
     if (ids->compact_ids) to_backend.reserve(static_cast<size_t>(devices->size()));
     // The kubelet-side IDs given so far (views into `renamed` or `devices`).
     absl::flat_hash_set<std::string> taken;
@@ -503,8 +518,8 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
       if (m != ids->id_map.end()) {
         kubelet_id = m->second;
         to_backend[kubelet_id] = std::string(d.id);
-      } else if (ids->compact_ids || NeedsMapping(d.id)) {
-        if (!ids->compact_ids && mapped++ == 0) first_mapped = std::string(d.id);
+      } else if (ids->compact_ids) {
+        if (HasControlCharacters(d.id) && mapped++ == 0) first_mapped = std::string(d.id);
         std::string compact = CompactDeviceId(d.id);
         if (to_backend.count(compact) == 0 && taken.count(compact) == 0 &&
             !devices->Contains(compact)) {
@@ -631,7 +646,7 @@ std::string Resource::ToKubeletId(const std::string& backend_id) {
   absl::MutexLock lock(&mu_);
   auto m = ids_->id_map.find(backend_id);
   if (m != ids_->id_map.end()) return m->second;
-  if (!ids_->compact_ids && !NeedsMapping(backend_id)) return backend_id;
+  if (!ids_->compact_ids) return backend_id;
   std::string compact = CompactDeviceId(backend_id);
   // Another device's compact ID (one in 10^9 at 100,000 devices): it keeps
   // its own. Known before the first list under compact IDs arrives.

@@ -149,8 +149,8 @@ class Resource {
 
   // Device IDs between the kubelet's names and the current backend's (see
   // ResourcePolicy::id_map). Unknown IDs pass through.
-  // Device IDs with control characters are always mapped to their compact
-  // IDs (the same in every run), whatever the policy.
+  // Device IDs with control characters pass as they are unless the
+  // resource's IDs are compact (a kubelet accepts them).
   std::string ToBackendId(const std::string& kubelet_id);
   std::string ToKubeletId(const std::string& backend_id);
 
@@ -250,7 +250,7 @@ class Resource {
   // twice; the kubelet keeps the list before it), or "" once one is taken.
   std::string list_refused();
   // How many IDs of the last list taken contain control characters and are
-  // shown to the kubelet as their compact IDs.
+  // shown to the kubelet as their compact IDs (compact_ids).
   int64_t ids_mapped();
 
   // Applies the hold expiry of the loss policy; call about once a second.
@@ -339,6 +339,7 @@ class Resource {
   // Entries of the last list collapsed into an ID listed before them.
   int ids_collapsed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t ids_mapped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> warned_raw_control_{false};  // logged once per resource
   // Taken after mu_ is released; held while watchers are called.
   absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<uint64_t, std::function<void(const Snapshot&)>> watchers_ ABSL_GUARDED_BY(watch_mu_);

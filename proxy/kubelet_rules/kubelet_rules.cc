@@ -171,6 +171,13 @@ absl::Status ValidateEndpointName(absl::string_view endpoint) {
   return absl::OkStatus();
 }
 
+std::string PrintableId(absl::string_view id) {
+  for (unsigned char c : id) {
+    if (c < 0x20 || c == 0x7f) return GoQuote(id);
+  }
+  return std::string(id);
+}
+
 absl::Status ValidateDeviceId(absl::string_view id) {
   if (id.empty()) return absl::InvalidArgumentError("a device ID is empty");
   for (unsigned char c : id) {

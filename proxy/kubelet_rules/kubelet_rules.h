@@ -61,6 +61,11 @@ std::string GoQuote(absl::string_view s);
 // JSON value), whose encoding escapes what needs it.
 std::string EchoField(absl::string_view s);
 
+// An ID for a table or a line of text: as it is, or GoQuote'd if it has a
+// control character (a device ID a plugin names "\x00" is served as it is;
+// a terminal must not be given it raw).
+std::string PrintableId(absl::string_view id);
+
 // Go's %v of a []string: "[a b c]"; items longer than kMaxEchoBytes are
 // cut, and at most 16 items are shown.
 std::string GoStringSlice(const std::vector<std::string>& v);

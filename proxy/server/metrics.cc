@@ -224,7 +224,7 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       MetricType::Gauge);
   MetricFamily mapped = Family(
       "dpproxy_device_ids_mapped",
-      "Device IDs with control characters, shown to the kubelet as their compact IDs.",
+      "Device IDs with control characters, shown to the kubelet as their compact IDs (compact_ids).",
       MetricType::Gauge);
   MetricFamily dial_failures = Family(
       "dpproxy_static_backend_dial_failures",

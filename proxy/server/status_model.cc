@@ -271,7 +271,9 @@ std::string StatusTable(const ProxyStatus& st) {
       } else if (!q.container.empty()) {
         absl::StrAppend(&holder, "/", q.container);
       }
-      absl::StrAppend(&out, "  ", q.resource, " ", absl::StrJoin(q.devices, ","), " held by ",
+      std::vector<std::string> shown;
+      for (const std::string& d : q.devices) shown.push_back(PrintableId(d));
+      absl::StrAppend(&out, "  ", q.resource, " ", absl::StrJoin(shown, ","), " held by ",
                       holder, ": ", q.reason, "\n");
     }
   }

@@ -439,12 +439,14 @@ TEST_F(ProxyTest, DuplicateDeviceIdsCollapseAsTheKubeletCollapsesThem) {
   EXPECT_TRUE(a.ok()) << a.status();
 }
 
-// Issue 32: a plugin in the field names its devices with one control
-// character each ("\x00", "\x01", ...), which a kubelet accepts. dpproxy
-// serves the list: the kubelet sees their compact IDs (the same in every
-// run, so allocations survive restarts), the plugin gets its own IDs back,
-// and the status and a metric say how many were mapped.
-TEST_F(ProxyTest, ControlCharacterDeviceIdsAreMappedAndServed) {
+// A plugin in the field names its devices with one control character each
+// ("\x00", "\x01", ...), which a kubelet accepts end to end, and a node may
+// run pods under those IDs already (the plugin registered directly before
+// dpproxy). dpproxy serves them as they are, so that putting it in front
+// renames nothing the kubelet's checkpoint holds; the plugin gets its own
+// IDs back, a restart keeps them, and the warning escapes them. Under
+// compact_ids they are shown compact instead, and counted.
+TEST_F(ProxyTest, ControlCharacterDeviceIdsAreServedAsTheyAre) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   Start(h);
   sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
@@ -452,19 +454,21 @@ TEST_F(ProxyTest, ControlCharacterDeviceIdsAreMappedAndServed) {
   sample::SamplePlugin* plugin = h.StartPlugin(o);
   ASSERT_NE(plugin, nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId(std::string(1, '\0'))), "Healthy");
-  EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId("\x03")), "Healthy");
-  EXPECT_TRUE(h.proxy().events().WaitForEvent("device_ids_mapped", {{"devices", 4}}, kWait));
-  EXPECT_EQ(h.proxy().Status().resources.at(0).device_ids_mapped, 4);
-  EXPECT_THAT(h.MetricsText(),
-              HasSubstr(absl::StrCat("dpproxy_device_ids_mapped{resource=\"", kGpu, "\"} 4")));
+  EXPECT_EQ(h.KubeletHealth(kGpu, std::string(1, '\0')), "Healthy");
+  EXPECT_EQ(h.KubeletHealth(kGpu, "\x03"), "Healthy");
+  EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId("\x03")), "");  // never renamed
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("device_ids_control_characters",
+                                              {{"devices", 4}}, kWait));
+  EXPECT_EQ(h.proxy().Status().resources.at(0).device_ids_mapped, 0);
   // The plugin checks the IDs it is asked for against its own.
   absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("p1", 1));
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(plugin->Status().allocate_calls(), 1);
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
-  // dpproxy restarts: the same IDs, and the pod from before keeps its device.
   const std::string held = testing::DeviceIdsOf(a->allocations(0)).at(0);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_LT(static_cast<unsigned char>(held[0]), 0x20);
+  // dpproxy restarts: the same IDs, and the pod from before keeps its device.
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
@@ -472,6 +476,25 @@ TEST_F(ProxyTest, ControlCharacterDeviceIdsAreMappedAndServed) {
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
   absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("p2", 1));
   ASSERT_TRUE(b.ok()) << b.status();
+}
+
+TEST_F(ProxyTest, UnderCompactIdsControlCharacterIdsAreShownCompact) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false,
+                 [](ProxyConfig& c) { c.compact_ids.insert(kGpu); });
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.id_pattern = "{ctrl}";
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId(std::string(1, '\0'))), "Healthy");
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("device_ids_mapped", {{"devices", 4}}, kWait));
+  EXPECT_EQ(h.proxy().Status().resources.at(0).device_ids_mapped, 4);
+  EXPECT_THAT(h.MetricsText(),
+              HasSubstr(absl::StrCat("dpproxy_device_ids_mapped{resource=\"", kGpu, "\"} 4")));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("p1", 1));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(plugin->Status().allocate_calls(), 1);
 }
 
 // A plugin with no devices (yet): the kubelet is sent the empty list, a

@@ -106,7 +106,10 @@ void PrintTable(const std::string& path, const state::State& s) {
     // Held while the plugin is called; the kubelet has no answer yet.
     if (a.stage() == state::Allocation::RESERVED) absl::StrAppend(&holder, " [reserved]");
     std::cout << absl::StrFormat("%-6d %-24s %-30s %-14s %-32s %-9s %s\n", a.id(), a.resource(),
-                                 absl::StrJoin(a.device_ids(), ","),
+                                 absl::StrJoin(a.device_ids(), ",",
+                                               [](std::string* out, const std::string& d) {
+                                                 out->append(PrintableId(d));
+                                               }),
                                  a.has_claim() ? "dra" : "device-plugin", holder,
                                  a.backend_api(), Age(a.allocated_unix_ms()));
   }

@@ -963,6 +963,61 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
 }
 
 
+// A node whose extended resource vendor.com/gpu dpproxy serves both ways
+// (`paths`), as a cluster with DRAExtendedResource has it: the API server
+// with a DeviceClass naming the resource, a client of it, the simulated
+// 1.36 kubelet, dpproxy and a plugin of `devices`. `tweak` changes
+// dpproxy's configuration (the node's directory at hand), `sim_tweak` the
+// kubelet's options. nullptr, with the failure reported, if a part did
+// not come up.
+struct BothWaysNode {
+  sim::ApiServerSim api{sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}}};
+  std::unique_ptr<KubeClient> client;
+  testing::ShortTempDir dir;
+  std::unique_ptr<ProxyHarness> harness;
+  SamplePlugin* plugin = nullptr;
+};
+
+std::unique_ptr<BothWaysNode> StartExtendedResourceNode(
+    int devices, const std::function<void(ProxyConfig&, BothWaysNode&)>& tweak = nullptr,
+    std::function<void(sim::KubeletSimOptions&)> sim_tweak = nullptr) {
+  auto node = std::make_unique<BothWaysNode>();
+  if (absl::Status s = node->api.Start(); !s.ok()) {
+    ADD_FAILURE() << "the API server did not start: " << s;
+    return nullptr;
+  }
+  KubeConfig kc;
+  kc.server = node->api.url();
+  kc.token = "node-token";
+  node->client = *KubeClient::Create(kc);
+  absl::StatusOr<Json> made = node->client->Post(
+      "/apis/resource.k8s.io/v1/deviceclasses",
+      sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver, "vendor.com/gpu"));
+  if (!made.ok()) {
+    ADD_FAILURE() << "the DeviceClass was not made: " << made.status();
+    return nullptr;
+  }
+  node->harness = DraHarness(node->api, WriteKubeconfig(node->dir, node->api),
+                             node->dir.Sub("cdi"), Personality::kV1Beta1Sync,
+                             {{"vendor.com/gpu", KubeletPath::kBoth}}, std::move(sim_tweak));
+  BothWaysNode* raw = node.get();
+  node->plugin = StartBothWaysNode(*node->harness, node->api, "1.36", devices,
+                                   [&](ProxyConfig& c) {
+                                     if (tweak) tweak(c, *raw);
+                                   });
+  if (node->plugin == nullptr) return nullptr;
+  return node;
+}
+
+// The kubelet's allocatable for vendor.com/gpu (0 if it has no record).
+int64_t GpuAllocatable(ProxyHarness& h) {
+  const sim::State st = h.sim().GetState();
+  for (const auto& r : st.resources()) {
+    if (r.name() == "vendor.com/gpu") return r.allocatable();
+  }
+  return 0;
+}
+
 // The names in `dir`, sorted.
 // Pods asking for the extended resource (`vendor.com/gpu: 1`) arrive and
 // end all along while the resource moves both -> DRA -> both -> device
@@ -974,26 +1029,17 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
 // plugin's stream never drops, and each pod's container has its device
 // whichever path served it.
 TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTakes) {
-  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
-  ASSERT_TRUE(api.Start().ok());
-  KubeConfig kc;
-  kc.server = api.url();
-  kc.token = "node-token";
-  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
-  ASSERT_TRUE(client
-                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
-                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
-                                                          "vendor.com/gpu"))
-                  .ok());
-  testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> harness =
-      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
-                 {{"vendor.com/gpu", KubeletPath::kBoth}});
-  ProxyHarness& h = *harness;
-  const std::string view_socket = dir.Sub("pod-resources.sock");
-  SamplePlugin* plugin = StartBothWaysNode(
-      h, api, "1.36", 6, [&](ProxyConfig& c) { c.pod_resources_socket = view_socket; });
-  ASSERT_NE(plugin, nullptr);
+  std::string view_socket;
+  std::unique_ptr<BothWaysNode> node =
+      StartExtendedResourceNode(6, [&](ProxyConfig& c, BothWaysNode& n) {
+        view_socket = n.dir.Sub("pod-resources.sock");
+        c.pod_resources_socket = view_socket;
+      });
+  ASSERT_NE(node, nullptr);
+  ProxyHarness& h = *node->harness;
+  sim::ApiServerSim& api = node->api;
+  KubeClient* client = node->client.get();
+  SamplePlugin* plugin = node->plugin;
   const int64_t streams = plugin->Status().list_and_watch_streams();
   // The kubelet's record of the resource (empty if it has none).
   auto kubelet_resource = [&] {
@@ -1006,7 +1052,7 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
   auto allocatable = [&] { return kubelet_resource().allocatable(); };
   auto plugin_connected = [&] { return kubelet_resource().connected(); };
 
-  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  sim::ExtendedResourcePods pods(&h.sim(), client, "vendor.com/gpu", "node-1");
   std::mt19937 rng(20261127);
   std::map<std::string, std::map<std::string, int>> served;  // phase -> route -> pods
   int failed = 0, pending = 0, step = 0;
@@ -1199,31 +1245,11 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
 // two free devices (through the device plugin, steered away from the
 // claims' devices), and only a fifth waits.
 TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
-  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
-  ASSERT_TRUE(api.Start().ok());
-  KubeConfig kc;
-  kc.server = api.url();
-  kc.token = "node-token";
-  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
-  ASSERT_TRUE(client
-                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
-                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
-                                                          "vendor.com/gpu"))
-                  .ok());
-  testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> harness =
-      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
-                 {{"vendor.com/gpu", KubeletPath::kBoth}});
-  ProxyHarness& h = *harness;
-  ASSERT_NE(StartBothWaysNode(h, api, "1.36", 4), nullptr);
-  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
-  auto allocatable = [&] {
-    const sim::State st = h.sim().GetState();
-    for (const auto& r : st.resources()) {
-      if (r.name() == "vendor.com/gpu") return r.allocatable();
-    }
-    return int64_t{0};
-  };
+  std::unique_ptr<BothWaysNode> node = StartExtendedResourceNode(4);
+  ASSERT_NE(node, nullptr);
+  ProxyHarness& h = *node->harness;
+  sim::ExtendedResourcePods pods(&h.sim(), node->client.get(), "vendor.com/gpu", "node-1");
+  auto allocatable = [&] { return GpuAllocatable(h); };
   auto reload_as = [&](KubeletPath path) {
     ProxyConfig next = h.config();
     next.paths = {{"vendor.com/gpu", path}};
@@ -1269,25 +1295,12 @@ TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
 // (the node's allocatable is 0, so the scheduler routes through DRA) until
 // the last pod of the device plugin ends, then stops it.
 TEST(DraModeTest, AMoveToDraKeepsTheEndpointWhilePodsOfTheDevicePluginRun) {
-  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
-  ASSERT_TRUE(api.Start().ok());
-  KubeConfig kc;
-  kc.server = api.url();
-  kc.token = "node-token";
-  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
-  ASSERT_TRUE(client
-                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
-                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
-                                                          "vendor.com/gpu"))
-                  .ok());
-  testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> harness = DraHarness(
-      api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
-      {{"vendor.com/gpu", KubeletPath::kBoth}},
+  std::unique_ptr<BothWaysNode> node = StartExtendedResourceNode(
+      4, nullptr,
       [](sim::KubeletSimOptions& so) { so.endpoint_grace = absl::ZeroDuration(); });
-  ProxyHarness& h = *harness;
-  ASSERT_NE(StartBothWaysNode(h, api, "1.36", 4), nullptr);
-  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  ASSERT_NE(node, nullptr);
+  ProxyHarness& h = *node->harness;
+  sim::ExtendedResourcePods pods(&h.sim(), node->client.get(), "vendor.com/gpu", "node-1");
   auto resource = [&] {
     const sim::State st = h.sim().GetState();
     for (const auto& r : st.resources()) {
@@ -1338,29 +1351,15 @@ TEST(DraModeTest, AMoveToDraKeepsTheEndpointWhilePodsOfTheDevicePluginRun) {
 // from its allocation, here an hour): the kubelet listed it before and no
 // longer does, and the container runtime runs nothing of it.
 TEST(DraModeTest, AnEndedDevicePluginPodsDeviceReturnsToThePoolAtTheNextPass) {
-  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
-  ASSERT_TRUE(api.Start().ok());
-  KubeConfig kc;
-  kc.server = api.url();
-  kc.token = "node-token";
-  std::unique_ptr<KubeClient> client = *KubeClient::Create(kc);
-  ASSERT_TRUE(client
-                  ->Post("/apis/resource.k8s.io/v1/deviceclasses",
-                         sim::ExtendedResourceDeviceClass("gpu-vendor-com", kDriver,
-                                                          "vendor.com/gpu"))
-                  .ok());
-  testing::ShortTempDir dir;
-  std::unique_ptr<ProxyHarness> harness =
-      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync,
-                 {{"vendor.com/gpu", KubeletPath::kBoth}});
-  ProxyHarness& h = *harness;
-  ASSERT_NE(StartBothWaysNode(h, api, "1.36", 4,
-                              [](ProxyConfig& c) {
-                                c.reconcile_grace = absl::Hours(1);
-                                c.reconcile_start_grace = absl::ZeroDuration();
-                              }),
-            nullptr);
-  sim::ExtendedResourcePods pods(&h.sim(), client.get(), "vendor.com/gpu", "node-1");
+  std::unique_ptr<BothWaysNode> node =
+      StartExtendedResourceNode(4, [](ProxyConfig& c, BothWaysNode&) {
+        c.reconcile_grace = absl::Hours(1);
+        c.reconcile_start_grace = absl::ZeroDuration();
+      });
+  ASSERT_NE(node, nullptr);
+  ProxyHarness& h = *node->harness;
+  sim::ApiServerSim& api = node->api;
+  sim::ExtendedResourcePods pods(&h.sim(), node->client.get(), "vendor.com/gpu", "node-1");
   absl::StatusOr<sim::ExtendedResourcePods::Pod> legacy = pods.Start("legacy", 1);
   ASSERT_TRUE(legacy.ok()) << legacy.status();
   ASSERT_EQ(legacy->route, sim::ExtendedResourceRoute::kDevicePlugin);

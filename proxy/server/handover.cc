@@ -1,8 +1,11 @@
 #include "proxy/server/handover.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <glog/logging.h>
 
@@ -85,6 +88,14 @@ absl::StatusOr<int> Handover::Release(int64_t peer_pid) {
   // new one does. Its sockets stay served until Finish, with every
   // Allocate held, then forwarded.
   host_->StopWriting();
+  if (const char* die = std::getenv("DPPROXY_TEST_DIE_AT");
+      die != nullptr && std::string(die) == "release") {
+    // Tests only: this dpproxy dies in the middle of the handoff, its
+    // answer never sent.
+    LOG(WARNING) << "handoff: DPPROXY_TEST_DIE_AT=release: killing this process";
+    google::FlushLogFiles(google::GLOG_INFO);
+    ::raise(SIGKILL);
+  }
   released_at_ns_ = absl::ToUnixNanos(absl::Now());
   // Watched from now on: if it exits before it finished, the state comes
   // back here (CheckProgress).

@@ -120,7 +120,20 @@ absl::Status ProxyServer::LockState() {
     // Held: the running dpproxy hands the state over, then unlocks.
     takeover_ = std::make_unique<Takeover>(
         config_.state_dir, config_.kubelet.backend_timeout + absl::Seconds(10), &events_);
-    DPP_RETURN_IF_ERROR(takeover_->AskToRelease());
+    if (absl::Status asked = takeover_->AskToRelease(); !asked.ok()) {
+      // The running dpproxy may have died while it was asked (the kernel
+      // freed its lock): then this is a start after a crash, and the node
+      // must not be left without a dpproxy.
+      absl::StatusOr<int> free = LockFile(lock_path, absl::ZeroDuration());
+      if (!free.ok()) return asked;
+      LOG(WARNING) << "takeover: " << asked.message()
+                   << "; the running dpproxy is gone (its lock is free): starting as after a "
+                      "crash";
+      events_.Emit("takeover_predecessor_gone", {{"error", std::string(asked.message())}});
+      takeover_.reset();
+      state_lock_.fd = *free;
+      return absl::OkStatus();
+    }
     socket_generation_ = takeover_->socket_generation();
     fd = LockFile(lock_path, config_.state_lock_wait);
   }

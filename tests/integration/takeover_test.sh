@@ -5,6 +5,7 @@
 #     (it stops itself there: DPPROXY_TEST_PAUSE_AT, docs/testing.md);
 #   - a new dpproxy that never registers, stopped with SIGTERM;
 #   - then a takeover that completes;
+#   - the running dpproxy killed while it hands over: the new one starts;
 #   - a takeover during which /livez and /readyz are probed without pause.
 # Throughout, one dpproxy serves: the kubelet keeps every device, the
 # metrics address answers, the Allocate sent meanwhile is answered, and no
@@ -122,6 +123,40 @@ kill -TERM "$NEW"; wait "$NEW"
 expect_contains "unregistered: it says it handed the state back" "$(cat "$R/new.log")" \
   "the state was handed back and the running dpproxy serves on"
 check_old_serves_on unregistered 1 no
+
+# The running dpproxy dies in the middle of the handoff (SIGKILL while it
+# releases the state, before it answers): the new one finds the lock free
+# and starts as after a crash, so the node is never left without one.
+R="$DIR/dies"; mkdir -p "$R"
+"$SIM" serve --root-dir="$R/k" --kubelet=1.31 --quiet &
+SIMP=$!; PIDS+=($SIMP)
+wait_until "dies: kubelet up" 100 test -S "$R/k/kubelet_sim.sock"
+DPPROXY_TEST_DIE_AT=release "$PROXY" --kubelet-root="$R/k" --plugin-dir="$R/p" \
+  --state-dir="$R/state" --events="$R/old.jsonl" 2>"$R/old.log" &
+OLD=$!; PIDS+=($OLD)
+wait_until "dies: dpproxy up" 100 grep -q proxy_started "$R/old.jsonl"
+"$PLUGIN" --resource=vendor.com/gpu --devices=4 --kubelet-socket="$R/p/kubelet.sock" --quiet &
+PLUG=$!; PIDS+=($PLUG)
+expect_exit "dies: four devices" 0 "$SIM" wait --root_dir="$R/k" --resource=vendor.com/gpu \
+  --min_healthy=4 --timeout=10s
+expect_exit "dies: a pod before" 0 "$SIM" allocate --root_dir="$R/k" --pod=p1 \
+  --containers=c=vendor.com/gpu:1
+"$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" --state-dir="$R/state" \
+  --events="$R/new.jsonl" 2>"$R/new.log" &
+NEW=$!; PIDS+=($NEW)
+wait "$OLD"; rc=$?
+[[ $rc -eq 137 ]] && pass "dies: the old one was killed during the handoff" \
+  || fail "dies: old exit $rc"
+wait_until "dies: the new one starts as after a crash" 200 grep -q proxy_started "$R/new.jsonl"
+grep -q '"event":"takeover_predecessor_gone"' "$R/new.jsonl" \
+  && pass "dies: it says the running one was gone" || fail "dies: no takeover_predecessor_gone"
+kill -0 "$NEW" 2>/dev/null && pass "dies: the new one runs" || fail "dies: the new one exited"
+expect_exit "dies: the kubelet has all four devices" 0 "$SIM" wait --root_dir="$R/k" \
+  --resource=vendor.com/gpu --min_healthy=4 --timeout=20s
+expect_exit "dies: a pod after" 0 "$SIM" allocate --root_dir="$R/k" --pod=p2 \
+  --containers=c=vendor.com/gpu:1
+wait_until "dies: both allocations kept" 200 test "$(allocations "$R/state")" = 2
+kill -TERM "$NEW" "$PLUG" "$SIMP"; wait "$NEW" "$PLUG" "$SIMP"
 
 # Probes answered throughout a takeover that completes: /livez and /readyz
 # are asked again and again on the shared address, from before the new

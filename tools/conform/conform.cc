@@ -60,8 +60,11 @@ CellResult Fail(std::string summary, std::string did, std::string expects, std::
 std::string AdmissionOwner(const std::string& message) {
   if (absl::StrContains(message, "PreStartContainer")) return "prestart";
   if (absl::StrContains(message, "GetPreferredAllocation")) return "preferred";
+  // The kubelet's own refusals, before any Allocate reaches the plugin:
+  // what its device list showed at that moment.
   if (absl::StrContains(message, "has been stopped") ||
-      absl::StrContains(message, "unavailable for")) {
+      absl::StrContains(message, "unavailable for") ||
+      absl::StrContains(message, "no healthy devices present")) {
     return "device-list";
   }
   return "allocate";
@@ -85,7 +88,14 @@ absl::StatusOr<sim::AllocateResponse> Admit(
     const std::string msg(r.status().message());
     problem->owner = AdmissionOwner(msg);
     problem->summary = absl::StrCat("pod admission failed: ", msg);
-    if (problem->owner == "prestart") {
+    if (problem->owner == "device-list") {
+      problem->summary = absl::StrCat(
+          "the kubelet refused the pod before any Allocate reached the plugin: ", msg);
+      problem->plugin_did = "received no Allocate: the kubelet's device list had too few healthy "
+                            "devices at that moment";
+      problem->kubelet_expects = "the devices the plugin lists stay Healthy while they are";
+      problem->users_see = absl::StrCat("the pod fails with UnexpectedAdmissionError: ", msg);
+    } else if (problem->owner == "prestart") {
       problem->plugin_did = "failed PreStartContainer";
       problem->kubelet_expects = "PreStartContainer succeeds (30 s deadline) when the plugin "
                                  "asks for it with pre_start_required";
@@ -382,11 +392,12 @@ CellResult Allocate(Cell& c) {
 
 CellResult AllocateTwo(Cell& c) {
   if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("allocate-two", *p);
-  int healthy = 0;
-  for (const sim::DeviceState& d : c.Devices(c.resource())) healthy += d.health() == "Healthy";
-  if (healthy < 2) {
-    return NotApplicable(absl::StrCat("the plugin lists ", healthy,
-                                      " healthy device; two containers need two"));
+  // Devices the plugin lists, whatever their health at this instant (one
+  // Unhealthy for a moment does not make the scenario inapplicable).
+  const size_t devices = c.Devices(c.resource()).size();
+  if (devices < 2) {
+    return NotApplicable(absl::StrCat("the plugin lists ", devices,
+                                      " device; two containers need two"));
   }
   const size_t from = c.events().Size();
   Problem problem;
@@ -583,11 +594,10 @@ CellResult KubeletCrash(Cell& c) {
 
 CellResult PluginRestart(Cell& c) {
   if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("plugin-restart", *p);
-  int healthy = 0;
-  for (const sim::DeviceState& d : c.Devices(c.resource())) healthy += d.health() == "Healthy";
-  if (healthy < 2) {
-    return NotApplicable(absl::StrCat("the plugin lists ", healthy,
-                                      " healthy device; the running pod and a new pod after the "
+  const size_t devices = c.Devices(c.resource()).size();
+  if (devices < 2) {
+    return NotApplicable(absl::StrCat("the plugin lists ", devices,
+                                      " device; the running pod and a new pod after the "
                                       "restart need two"));
   }
   Problem problem;

@@ -1006,8 +1006,8 @@ void StateKeeper::WriteQueued() {
     // keeps the syncer's promise itself.
     const bool synced = !written_only || (unsynced_since_ != absl::InfiniteFuture() &&
                                           absl::Now() >= unsynced_since_ + kAnswerSyncDelay);
-    std::string data;
-    size_t count = 0;
+    std::string data = unwritten_withdrawals_;  // a failed write's withdrawals first
+    size_t count = unwritten_withdrawal_records_;
     for (const auto& p : batch) {
       data += p->encoded;
       count += p->records.size();
@@ -1015,14 +1015,36 @@ void StateKeeper::WriteQueued() {
     mu_.Unlock();
     if (test_hook_) test_hook_("journal_write");
     const absl::Time write_start = absl::Now();
-    const absl::Status s = journal_.AppendEncoded(
-        data, count, synced ? JournalFile::Durability::kSynced : JournalFile::Durability::kWritten);
+    const absl::Status fault = write_fault_ ? write_fault_() : absl::OkStatus();
+    const absl::Status s =
+        !fault.ok() ? fault
+                    : journal_.AppendEncoded(data, count,
+                                             synced ? JournalFile::Durability::kSynced
+                                                    : JournalFile::Durability::kWritten);
     if (sync_observer_ && synced) sync_observer_(absl::Now() - write_start);
     const size_t journal_size = journal_.size(), journal_count = journal_.records();
     mu_.Lock();
     ++journal_writes_;
     NoteWrite(s);
     for (const auto& p : batch) EndInFlightLocked(*p);
+    if (s.ok()) {
+      unwritten_withdrawals_.clear();
+      unwritten_withdrawal_records_ = 0;
+    } else {
+      // Withdrawals and releases are gone from memory already: written
+      // with the next batch, so that no reservation they end is left in
+      // the journal once the disk takes writes again.
+      for (const auto& p : batch) {
+        if (!p->written_only) continue;
+        const bool withdrawals =
+            std::all_of(p->records.begin(), p->records.end(), [](const state::Allocation& a) {
+              return a.stage() == state::Allocation::WITHDRAWN;
+            });
+        if (!withdrawals) continue;
+        unwritten_withdrawals_ += p->encoded;
+        unwritten_withdrawal_records_ += p->records.size();
+      }
+    }
     if (!s.ok()) {
       LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
       events_->Emit("state_save_failed", {{"path", journal_.path()},

@@ -333,6 +333,11 @@ class StateKeeper : public AllocationJournal {
     test_hook_ = std::move(hook);
     journal_.SetSyncHook([this] { test_hook_("journal_synced"); });
   }
+  // For tests: consulted right before each journal write; an error makes
+  // that write fail with it, as a full disk would, writing nothing.
+  void SetWriteFaultForTest(std::function<absl::Status()> fault) {
+    write_fault_ = std::move(fault);
+  }
   // Whether `n` Records are queued for the journal (including one being
   // written) within `timeout`.
   bool WaitForQueued(size_t n, absl::Duration timeout);
@@ -527,6 +532,13 @@ class StateKeeper : public AllocationJournal {
   uint64_t answer_writes_ ABSL_GUARDED_BY(mu_) = 0;
   void SyncLoop();
   std::function<void(const char*)> test_hook_;
+  std::function<absl::Status()> write_fault_;
+  // Withdrawals and releases whose journal write failed (a full disk): the
+  // allocations are gone from memory, and their reservations would stay
+  // in the journal until the next start. Written again, encoded, ahead of
+  // the next batch, until one write takes them.
+  std::string unwritten_withdrawals_ ABSL_GUARDED_BY(mu_);
+  size_t unwritten_withdrawal_records_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dpproxy

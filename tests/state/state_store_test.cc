@@ -1299,6 +1299,49 @@ TEST_F(KeeperWritesTest, AWriterKeptBusyByAnswersSyncsThemWhenDue) {
   EXPECT_EQ(syncs->by.size(), 1u);
 }
 
+// An Allocate refused because its answer could not be written (a full
+// disk) is withdrawn; that withdrawal cannot be written either at first.
+// Once the disk takes writes again, the next write carries it, so its
+// reservation is not left in the journal (nor loaded as held at the next
+// start).
+TEST_F(KeeperWritesTest, AWithdrawalAFullDiskRefusedIsWrittenOnceItTakesWritesAgain) {
+  auto load = [&] {
+    absl::StatusOr<state::State> st = ReadStateDir(dir.path());
+    EXPECT_TRUE(st.ok()) << st.status();
+    std::set<std::string> held;
+    if (st.ok()) {
+      for (const auto& a : st->allocations()) held.insert(a.device_ids(0));
+    }
+    return held;
+  };
+  absl::Notification durable;
+  const AllocationJournal::Reservation r = keeper.ReserveAsync(
+      "vendor.com/gpu", TwoContainers("a", "b"),
+      BackendSide{"v1beta1", "/s", "vendor.com/gpu", nullptr}, [&](absl::Status s) {
+        EXPECT_TRUE(s.ok()) << s;
+        durable.Notify();
+      });
+  ASSERT_TRUE(durable.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::atomic<bool> full{true};
+  keeper.SetWriteFaultForTest([&full] {
+    return full.load() ? absl::ResourceExhaustedError("No space left on device")
+                       : absl::OkStatus();
+  });
+  absl::Notification answered;
+  keeper.AnswerAsync(r, TwoResponses(), [&](absl::Status s) {
+    EXPECT_FALSE(s.ok());
+    answered.Notify();
+  });
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  keeper.Withdraw(r);  // as the allocator does with a refused answer
+  EXPECT_FALSE(keeper.HoldsDevice("vendor.com/gpu", "a"));
+  EXPECT_EQ(load(), (std::set<std::string>{"a", "b"}));  // the reservation, still on disk
+
+  full = false;
+  ASSERT_TRUE(RecordTwo(keeper, "c", "d").ok());
+  EXPECT_EQ(load(), (std::set<std::string>{"c", "d"}));
+}
+
 TEST_F(KeeperWritesTest, APowerLossKeepsEveryAnsweredAllocation) {
   // The journal as of the last fdatasync. Shared with the hook, which the
   // keeper (it outlives this body) may still call after it.

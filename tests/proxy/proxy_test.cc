@@ -439,6 +439,23 @@ TEST_F(ProxyTest, DuplicateDeviceIdsCollapseAsTheKubeletCollapsesThem) {
   EXPECT_TRUE(a.ok()) << a.status();
 }
 
+// dpproxy and a v1beta1 plugin of 4 devices named "\x00".."\x03", seen by
+// the kubelet; nullptr (the failure reported) if not.
+sample::SamplePlugin* StartControlCharacterPlugin(ProxyHarness& h) {
+  if (!h.sim().Start().ok() || !h.proxy().Start().ok()) {
+    ADD_FAILURE() << "the kubelet or dpproxy did not start";
+    return nullptr;
+  }
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.id_pattern = "{ctrl}";
+  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  if (plugin == nullptr || !h.sim().WaitForResource(kGpu, 4, kWait)) {
+    ADD_FAILURE() << "the plugin's 4 devices did not reach the kubelet";
+    return nullptr;
+  }
+  return plugin;
+}
+
 // A plugin in the field names its devices with one control character each
 // ("\x00", "\x01", ...), which a kubelet accepts end to end, and a node may
 // run pods under those IDs already (the plugin registered directly before
@@ -448,12 +465,8 @@ TEST_F(ProxyTest, DuplicateDeviceIdsCollapseAsTheKubeletCollapsesThem) {
 // compact_ids they are shown compact instead, and counted.
 TEST_F(ProxyTest, ControlCharacterDeviceIdsAreServedAsTheyAre) {
   ProxyHarness h(Personality::kV1Beta1Sync, false);
-  Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
-  o.id_pattern = "{ctrl}";
-  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  sample::SamplePlugin* plugin = StartControlCharacterPlugin(h);
   ASSERT_NE(plugin, nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_EQ(h.KubeletHealth(kGpu, std::string(1, '\0')), "Healthy");
   EXPECT_EQ(h.KubeletHealth(kGpu, "\x03"), "Healthy");
   EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId("\x03")), "");  // never renamed
@@ -481,12 +494,8 @@ TEST_F(ProxyTest, ControlCharacterDeviceIdsAreServedAsTheyAre) {
 TEST_F(ProxyTest, UnderCompactIdsControlCharacterIdsAreShownCompact) {
   ProxyHarness h(Personality::kV1Beta1Sync, false,
                  [](ProxyConfig& c) { c.compact_ids.insert(kGpu); });
-  Start(h);
-  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
-  o.id_pattern = "{ctrl}";
-  sample::SamplePlugin* plugin = h.StartPlugin(o);
+  sample::SamplePlugin* plugin = StartControlCharacterPlugin(h);
   ASSERT_NE(plugin, nullptr);
-  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_EQ(h.KubeletHealth(kGpu, CompactDeviceId(std::string(1, '\0'))), "Healthy");
   EXPECT_TRUE(h.proxy().events().WaitForEvent("device_ids_mapped", {{"devices", 4}}, kWait));
   EXPECT_EQ(h.proxy().Status().resources.at(0).device_ids_mapped, 4);

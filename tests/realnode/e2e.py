@@ -1,0 +1,483 @@
+#!/usr/bin/env python3
+"""dpproxy on a real Kubernetes node (tools/realnode): scenarios that assert.
+
+    e2e.py --release=1.37 --dpproxy=PATH --sample_plugin=PATH --logs=DIR [--scenarios=a,b]
+
+Brings a real node up (tools/realnode/realnode.py), runs each scenario with
+the given dpproxy binary (the shipped one) and sample_plugin as the vendor
+plugin, and prints one line per scenario: "PASSED <release> <name>" or
+"FAILED <release> <name>: <why>". A failed scenario keeps the kubelet's,
+containerd's, dpproxy's and the plugins' logs under DIR/<release>/<name>/.
+The node is torn down at the end whatever happened. Exit status 0 only if
+every scenario passed; a node that cannot come up fails every scenario,
+naming the part.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "realnode"))
+import realnode  # noqa: E402
+
+RESOURCE = "example.com/gpu"
+DEVICES = 4
+CDI_DIR = "/var/run/cdi"
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Failure(msg)
+
+
+def wait_until(what, fn, timeout=60):
+    """Polls fn() until it returns a true value, which it returns; fails
+    naming `what` and the last value seen at the deadline."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except realnode.NodeError as e:
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.2)
+    raise Failure("%s: not after %d s (last: %r)" % (what, timeout, last))
+
+
+class Proc:
+    """A process of the scenario's (dpproxy or a plugin), logged to a file."""
+
+    def __init__(self, name, args, logdir):
+        self.name, self.args = name, args
+        self.log = os.path.join(logdir, name + ".log")
+        self.p = None
+
+    def start(self):
+        with open(self.log, "ab") as out:
+            self.p = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        return self
+
+    def kill(self, sig=signal.SIGTERM, timeout=20):
+        if self.p is None or self.p.poll() is not None:
+            return
+        self.p.send_signal(sig)
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+    def alive(self):
+        return self.p is not None and self.p.poll() is None
+
+
+class Scenario:
+    """What each scenario gets: the node, a work directory, and helpers to
+    run dpproxy and the sample plugin and to make pods."""
+
+    def __init__(self, node, args, name):
+        self.node, self.args, self.name = node, args, name
+        self.work = tempfile.mkdtemp(prefix="dpproxy-e2e-%s." % name)
+        self.procs = []
+        self.pods = []
+        self.host_paths = []
+
+    # -- processes
+
+    def dpproxy(self, *extra, name="dpproxy"):
+        state = os.path.join(self.work, "state")
+        args = [self.args.dpproxy, "--kubelet_root=" + realnode.KUBELET_ROOT,
+                "--plugin_dir=" + self.plugin_dir(), "--state_dir=" + state,
+                "--status_file=" + os.path.join(self.work, "status.json"),
+                "--events=" + os.path.join(self.work, "events.jsonl"),
+                "--metrics_address=", "--container_runtime_endpoint="
+                + realnode.CONTAINERD_SOCKET] + list(extra)
+        p = Proc(name, args, self.work).start()
+        self.procs.append(p)
+        return p
+
+    def plugin_dir(self):
+        return os.path.join(self.work, "device-plugins")
+
+    def plugin(self, api, *extra, name="plugin"):
+        self.device_nodes()
+        if api == "v1beta1":
+            # Its answers name CDI devices: the spec behind them, or the
+            # runtime refuses to create the container.
+            extra = ("--cdi_dir=" + CDI_DIR,) + extra
+            self.host_paths.append(CDI_DIR + "/sample-plugin-example.com-gpu.json")
+        args = [self.args.sample_plugin, "--api=" + api, "--resource=" + RESOURCE,
+                "--devices=%d" % DEVICES, "--id_pattern=gpu-{i}",
+                "--kubelet_socket=" + os.path.join(self.plugin_dir(), "kubelet.sock"),
+                "--quiet"] + list(extra)
+        p = Proc(name, args, self.work).start()
+        self.procs.append(p)
+        return p
+
+    def device_nodes(self):
+        """The host paths the sample plugin's answers name: a file per
+        device to mount, and device nodes (copies of /dev/null's numbers),
+        as a real driver would have made them."""
+        for i in range(DEVICES):
+            dev_id = "gpu-%d" % i
+            f = "/run/sample-plugin/gpu/" + dev_id
+            os.makedirs(os.path.dirname(f), exist_ok=True)
+            with open(f, "w") as out:
+                out.write("device %s\n" % dev_id)
+            for d in ("/dev/sample/", "/dev/sample-cdi/"):
+                os.makedirs(d, exist_ok=True)
+                if not os.path.exists(d + dev_id):
+                    os.mknod(d + dev_id, 0o666 | 0o020000, os.makedev(1, 3))
+        for p in ("/run/sample-plugin", "/dev/sample", "/dev/sample-cdi"):
+            if p not in self.host_paths:
+                self.host_paths.append(p)
+
+    # -- the node's view
+
+    def allocatable(self):
+        node = self.node.get_json("node", realnode.NODE_NAME)
+        return int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
+
+    def wait_allocatable(self, n, timeout=60):
+        wait_until("the node's allocatable %s == %d" % (RESOURCE, n),
+                   lambda: self.allocatable() == n or None, timeout)
+
+    def pod(self, name, count, script="sleep 3600"):
+        """Creates a host-network pod of one busybox container asking for
+        `count` devices; returns its name."""
+        manifest = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "hostNetwork": True, "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{
+                    "name": "c", "image": realnode.BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", script],
+                    "resources": {"limits": {RESOURCE: str(count)}},
+                }],
+            },
+        }
+        self.node.kubectl("apply", "-f", "-", input=json.dumps(manifest).encode())
+        self.pods.append(name)
+        return name
+
+    def pod_json(self, name):
+        return self.node.get_json("pod", name, "-n", "default")
+
+    def wait_running(self, name, timeout=90):
+        def running():
+            p = self.pod_json(name)
+            phase = p["status"].get("phase")
+            if phase == "Failed":
+                raise Failure("pod %s failed: %s" % (name, p["status"].get("message") or
+                                                     p["status"].get("reason")))
+            return p if phase == "Running" else None
+        return wait_until("pod %s Running" % name, running, timeout)
+
+    def container_id(self, name):
+        st = self.pod_json(name)["status"].get("containerStatuses", [])
+        return st[0].get("containerID") if st else None
+
+    def log_of(self, name):
+        """The container's standard output, read from the kubelet's log
+        files."""
+        uid = self.pod_json(name)["metadata"]["uid"]
+        d = "/var/log/pods/default_%s_%s/c" % (name, uid)
+        text = ""
+        if os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                with open(os.path.join(d, f), errors="replace") as fh:
+                    for line in fh:
+                        # CRI log lines: TIME STREAM TAG TEXT
+                        parts = line.rstrip("\n").split(" ", 3)
+                        if len(parts) == 4 and parts[1] == "stdout":
+                            text += parts[3] + "\n"
+        return text
+
+    def wait_log(self, name, needle, timeout=30):
+        return wait_until("%r in pod %s's output" % (needle, name),
+                          lambda: needle in self.log_of(name) and self.log_of(name), timeout)
+
+    def devices_of(self, name):
+        """The device IDs the container's environment names (the plugin's
+        Allocate answer, as the runtime applied it)."""
+        for line in self.log_of(name).splitlines():
+            if line.startswith("SAMPLE_GPU_DEVICES="):
+                return sorted(line.split("=", 1)[1].split(","))
+        return []
+
+    # -- end
+
+    def finish(self, failed, logs):
+        if failed:
+            dest = os.path.join(logs, self.node.release, self.name)
+            os.makedirs(dest, exist_ok=True)
+            for f in os.listdir(self.work):
+                src = os.path.join(self.work, f)
+                if os.path.isfile(src):
+                    shutil.copy(src, dest)
+            for f in ("kubelet.log", "containerd.log", "kube-apiserver.log",
+                      "kube-scheduler.log"):
+                src = os.path.join(self.node.logs, f)
+                if os.path.exists(src):
+                    shutil.copy(src, dest)
+            for pod in self.pods:
+                try:
+                    with open(os.path.join(dest, "pod-%s.json" % pod), "w") as out:
+                        out.write(self.node.kubectl("get", "pod", pod, "-o", "json",
+                                                    check=False))
+                except Exception:  # noqa: BLE001 - best effort on a failing node
+                    pass
+        for pod in self.pods:
+            self.node.kubectl("delete", "pod", pod, "--grace-period=0", "--force",
+                              "--wait=false", check=False)
+        if self.pods:
+            try:
+                wait_until("the scenario's pods gone", lambda: not json.loads(
+                    self.node.kubectl("get", "pods", "-o", "json"))["items"], 60)
+            except Failure as e:
+                print("e2e: %s: %s" % (self.name, e), file=sys.stderr)
+        for p in reversed(self.procs):
+            p.kill()
+        # The next scenario waits for the devices to appear: it must not
+        # see this one's in a node status the kubelet has not updated yet.
+        try:
+            self.wait_allocatable(0, 40)
+        except (Failure, realnode.NodeError) as e:
+            print("e2e: %s: after the scenario: %s" % (self.name, e), file=sys.stderr)
+        for path in self.host_paths:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                os.remove(path)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+SCRIPT = ("env | grep ^SAMPLE_; echo '== dev'; ls /dev/sample; echo '== mounts'; "
+          "cat /run/sample/*; echo '== cdi'; ls /dev/sample-cdi; echo READY; sleep 3600")
+
+
+def sections(text):
+    """The container's output by section of SCRIPT: env, dev, mounts, cdi."""
+    out, cur = {"env": []}, "env"
+    for line in text.splitlines():
+        if line.startswith("== "):
+            cur = line[3:]
+            out[cur] = []
+        elif line != "READY":
+            out[cur].append(line)
+    return out
+
+
+def check_inside(s, pod, api, count, cdi=False):
+    """The plugin's answer, seen from inside the running container: its env,
+    a mount and a device node per device, and (cdi) the device nodes of the
+    CDI devices it named, which containerd resolved."""
+    text = s.wait_log(pod, "READY")
+    devs = s.devices_of(pod)
+    got = sections(text)
+    check(len(devs) == count, "%s: the container's SAMPLE_GPU_DEVICES names %d devices, "
+          "not %d:\n%s" % (pod, len(devs), count, text))
+    check("SAMPLE_PLUGIN_API=%s" % api in got["env"], "%s: the plugin's env var "
+          "SAMPLE_PLUGIN_API=%s is not in the container:\n%s" % (pod, api, text))
+    check(sorted(got.get("mounts", [])) == ["device %s" % d for d in devs],
+          "%s: the container's mounts under /run/sample are not those of %s:\n%s"
+          % (pod, devs, text))
+    check(sorted(got.get("dev", [])) == devs, "%s: the device nodes under /dev/sample are "
+          "not those of %s:\n%s" % (pod, devs, text))
+    if cdi:
+        check(sorted(got.get("cdi", [])) == devs, "%s: the CDI devices' nodes under "
+              "/dev/sample-cdi are not those of %s:\n%s" % (pod, devs, text))
+    return devs
+
+
+def scenario_registration_kubelet_sock(s):
+    """A v1beta1 plugin behind dpproxy registered through kubelet.sock: the
+    node shows its devices and a pod gets them."""
+    s.dpproxy()
+    s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 2, SCRIPT)
+    s.wait_running("p1")
+    check_inside(s, "p1", "v1beta1", 2, cdi=True)
+
+
+def scenario_registration_plugin_watcher(s):
+    """dpproxy registered through the kubelet's plugin watcher."""
+    s.dpproxy("--kubelet_registration=plugin-watcher")
+    s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 1, SCRIPT)
+    s.wait_running("p1")
+    check_inside(s, "p1", "v1beta1", 1)
+
+
+def scenario_v1alpha_plugin(s):
+    """A v1alpha plugin (Kubernetes 1.9's API) behind dpproxy on this
+    release: its env, mounts and device nodes inside the container."""
+    s.dpproxy()
+    s.plugin("v1alpha")
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 2, SCRIPT)
+    s.wait_running("p1")
+    check_inside(s, "p1", "v1alpha", 2)
+
+
+def _two_pods_disjoint(s, a, b):
+    da, db = set(s.devices_of(a)), set(s.devices_of(b))
+    check(not (da & db), "device used twice: %s has %s, %s has %s" % (a, sorted(da), b,
+                                                                      sorted(db)))
+
+
+def scenario_kubelet_restart(s):
+    """The kubelet restarts: the running pod keeps its container, dpproxy
+    registers again, and the next pod gets other devices."""
+    s.dpproxy()
+    s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 2, SCRIPT)
+    s.wait_running("p1")
+    check_inside(s, "p1", "v1beta1", 2)
+    before = s.container_id("p1")
+    s.node.restart_kubelet()
+    s.wait_allocatable(DEVICES, 90)
+    s.pod("p2", 2, SCRIPT)
+    s.wait_running("p2")
+    check_inside(s, "p2", "v1beta1", 2)
+    p1 = s.pod_json("p1")
+    check(p1["status"]["phase"] == "Running" and s.container_id("p1") == before,
+          "p1 did not keep its container through the kubelet restart: %s" %
+          json.dumps(p1["status"], indent=1))
+    _two_pods_disjoint(s, "p1", "p2")
+
+
+def scenario_plugin_restart(s):
+    """The vendor plugin restarts behind dpproxy: the running pod stays, the
+    next pod is admitted."""
+    s.dpproxy()
+    plugin = s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 1, SCRIPT)
+    s.wait_running("p1")
+    plugin.kill()
+    s.plugin("v1beta1", name="plugin2")
+    s.wait_allocatable(DEVICES)
+    s.pod("p2", 1, SCRIPT)
+    s.wait_running("p2")
+    check_inside(s, "p2", "v1beta1", 1)
+    check(s.pod_json("p1")["status"]["phase"] == "Running", "p1 stopped running")
+    _two_pods_disjoint(s, "p1", "p2")
+
+
+def scenario_dpproxy_sigkill(s, restart_signal):
+    """dpproxy is killed with SIGKILL and started again: nothing it answered
+    is lost, the plugin is connected again (whether it watches only its own
+    socket or only kubelet.sock), and no device is used twice."""
+    proxy = s.dpproxy()
+    s.plugin("v1beta1", "--restart_signal=" + restart_signal)
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 2, SCRIPT)
+    s.wait_running("p1")
+    check_inside(s, "p1", "v1beta1", 2)
+    proxy.kill(signal.SIGKILL)
+    s.dpproxy(name="dpproxy2")
+    s.wait_allocatable(DEVICES, 60)
+    s.pod("p2", 2, SCRIPT)
+    s.wait_running("p2")
+    check_inside(s, "p2", "v1beta1", 2)
+    check(s.pod_json("p1")["status"]["phase"] == "Running", "p1 stopped running")
+    _two_pods_disjoint(s, "p1", "p2")
+
+
+SCENARIOS = [
+    ("registration-kubelet-sock", scenario_registration_kubelet_sock),
+    ("registration-plugin-watcher", scenario_registration_plugin_watcher),
+    ("v1alpha-plugin", scenario_v1alpha_plugin),
+    ("kubelet-restart", scenario_kubelet_restart),
+    ("plugin-restart", scenario_plugin_restart),
+    ("dpproxy-sigkill-own-socket-plugin",
+     lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
+    ("dpproxy-sigkill-kubelet-socket-plugin",
+     lambda s: scenario_dpproxy_sigkill(s, "kubelet-socket")),
+]
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--release", default=None)
+    ap.add_argument("--dpproxy", required=True)
+    ap.add_argument("--sample_plugin", required=True)
+    ap.add_argument("--logs", required=True)
+    ap.add_argument("--scenarios", default="")
+    ap.add_argument("--node_dir", default=realnode.DEFAULT_DIR)
+    args = ap.parse_args(argv)
+    wanted = [n for n, _ in SCENARIOS]
+    if args.scenarios:
+        wanted = args.scenarios.split(",")
+        unknown = set(wanted) - {n for n, _ in SCENARIOS}
+        if unknown:
+            print("e2e: unknown scenarios: %s" % ", ".join(sorted(unknown)), file=sys.stderr)
+            return 2
+    node = realnode.Node(args.node_dir, args.release)
+    passed = failed = 0
+    try:
+        try:
+            node.up()
+        except realnode.NodeError as e:
+            for n in wanted:
+                print("FAILED %s %s: the node did not come up: %s" % (
+                    args.release or "newest", n, e), flush=True)
+            return 1
+        print("e2e: on Kubernetes %s (the kubelet says %s)" % (
+            node.release, realnode.run([node.kube_bin("kubelet"), "--version"]).strip()),
+            flush=True)
+        for name, fn in SCENARIOS:
+            if name not in wanted:
+                continue
+            s = Scenario(node, args, name)
+            t0 = time.monotonic()
+            ok, why = True, ""
+            try:
+                fn(s)
+            except Failure as e:
+                ok, why = False, str(e)
+            except Exception as e:  # noqa: BLE001 - reported as the scenario's failure
+                ok, why = False, "%s\n%s" % (e, traceback.format_exc())
+            s.finish(not ok, args.logs)
+            if ok:
+                passed += 1
+                print("PASSED %s %s (%.0f s)" % (node.release, name, time.monotonic() - t0),
+                      flush=True)
+            else:
+                failed += 1
+                print("FAILED %s %s: %s\n  logs: %s" % (
+                    node.release, name, why, os.path.join(args.logs, node.release, name)),
+                    flush=True)
+    finally:
+        try:
+            node.down()
+        except realnode.NodeError as e:
+            print("FAILED %s teardown: %s" % (node.release, e), flush=True)
+            failed += 1
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

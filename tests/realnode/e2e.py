@@ -20,7 +20,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import re
 import tempfile
+import threading
 import time
 import traceback
 
@@ -96,6 +98,7 @@ class Scenario:
         self.procs = []
         self.pods = []
         self.host_paths = []
+        self.resources = {RESOURCE}
 
     # -- processes
 
@@ -114,28 +117,35 @@ class Scenario:
     def plugin_dir(self):
         return os.path.join(self.work, "device-plugins")
 
-    def plugin(self, api, *extra, name="plugin"):
-        self.device_nodes()
+    def plugin(self, api, *extra, name="plugin", resource=RESOURCE, devices=DEVICES,
+               kubelet_socket=None):
+        """The sample plugin serving `resource` (devices <name>-0...), through
+        dpproxy unless kubelet_socket names the kubelet's own."""
+        short = resource.split("/")[1]
+        self.resources.add(resource)
+        self.device_nodes(short, devices)
         if api == "v1beta1":
             # Its answers name CDI devices: the spec behind them, or the
             # runtime refuses to create the container.
             extra = ("--cdi_dir=" + CDI_DIR,) + extra
-            self.host_paths.append(CDI_DIR + "/sample-plugin-example.com-gpu.json")
-        args = [self.args.sample_plugin, "--api=" + api, "--resource=" + RESOURCE,
-                "--devices=%d" % DEVICES, "--id_pattern=gpu-{i}",
-                "--kubelet_socket=" + os.path.join(self.plugin_dir(), "kubelet.sock"),
+            self.host_paths.append("%s/sample-plugin-%s.json" % (CDI_DIR, resource.replace("/", "-")))
+        args = [self.args.sample_plugin, "--api=" + api, "--resource=" + resource,
+                "--devices=%d" % devices, "--id_pattern=%s-{i}" % short,
+                "--kubelet_socket=" + (kubelet_socket or
+                                       os.path.join(self.plugin_dir(), "kubelet.sock")),
+                "--socket_name=sample-%s-%s.sock" % (short, name),
                 "--quiet"] + list(extra)
         p = Proc(name, args, self.work).start()
         self.procs.append(p)
         return p
 
-    def device_nodes(self):
+    def device_nodes(self, short, devices):
         """The host paths the sample plugin's answers name: a file per
         device to mount, and device nodes (copies of /dev/null's numbers),
         as a real driver would have made them."""
-        for i in range(DEVICES):
-            dev_id = "gpu-%d" % i
-            f = "/run/sample-plugin/gpu/" + dev_id
+        for i in range(devices):
+            dev_id = "%s-%d" % (short, i)
+            f = "/run/sample-plugin/%s/%s" % (short, dev_id)
             os.makedirs(os.path.dirname(f), exist_ok=True)
             with open(f, "w") as out:
                 out.write("device %s\n" % dev_id)
@@ -149,15 +159,15 @@ class Scenario:
 
     # -- the node's view
 
-    def allocatable(self):
+    def allocatable(self, resource=RESOURCE):
         node = self.node.get_json("node", realnode.NODE_NAME)
-        return int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
+        return int(node["status"].get("allocatable", {}).get(resource, "0"))
 
-    def wait_allocatable(self, n, timeout=60):
-        wait_until("the node's allocatable %s == %d" % (RESOURCE, n),
-                   lambda: self.allocatable() == n or None, timeout)
+    def wait_allocatable(self, n, timeout=60, resource=RESOURCE):
+        wait_until("the node's allocatable %s == %d" % (resource, n),
+                   lambda: self.allocatable(resource) == n or None, timeout)
 
-    def pod(self, name, count, script="sleep 3600"):
+    def pod(self, name, count, script="sleep 3600", resource=RESOURCE):
         """Creates a host-network pod of one busybox container asking for
         `count` devices; returns its name."""
         manifest = {
@@ -170,7 +180,7 @@ class Scenario:
                 "containers": [{
                     "name": "c", "image": realnode.BUSYBOX_IMAGE,
                     "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", script],
-                    "resources": {"limits": {RESOURCE: str(count)}},
+                    "resources": {"limits": {resource: str(count)}},
                 }],
             },
         }
@@ -215,11 +225,12 @@ class Scenario:
         return wait_until("%r in pod %s's output" % (needle, name),
                           lambda: needle in self.log_of(name) and self.log_of(name), timeout)
 
-    def devices_of(self, name):
+    def devices_of(self, name, resource=RESOURCE):
         """The device IDs the container's environment names (the plugin's
         Allocate answer, as the runtime applied it)."""
+        var = "SAMPLE_%s_DEVICES=" % resource.split("/")[1].upper()
         for line in self.log_of(name).splitlines():
-            if line.startswith("SAMPLE_GPU_DEVICES="):
+            if line.startswith(var):
                 return sorted(line.split("=", 1)[1].split(","))
         return []
 
@@ -256,10 +267,14 @@ class Scenario:
                 print("e2e: %s: %s" % (self.name, e), file=sys.stderr)
         for p in reversed(self.procs):
             p.kill()
+        # A dpproxy started by another (SIGUSR2) is no child of ours.
+        for pid in realnode.pids_of_exe(self.args.dpproxy):
+            realnode.kill_and_wait(pid, signal.SIGTERM, 20)
         # The next scenario waits for the devices to appear: it must not
         # see this one's in a node status the kubelet has not updated yet.
         try:
-            self.wait_allocatable(0, 40)
+            for resource in self.resources:
+                self.wait_allocatable(0, 40, resource)
         except (Failure, realnode.NodeError) as e:
             print("e2e: %s: after the scenario: %s" % (self.name, e), file=sys.stderr)
         for path in self.host_paths:
@@ -406,12 +421,172 @@ def scenario_dpproxy_sigkill(s, restart_signal):
     _two_pods_disjoint(s, "p1", "p2")
 
 
+def _running_with(s, pod, container):
+    p = s.pod_json(pod)
+    return p["status"].get("phase") == "Running" and s.container_id(pod) == container
+
+
+def scenario_checkpoint_loss(s):
+    """The kubelet restarts without its device checkpoint, beside a plugin
+    registered with it directly: no running pod is killed, the next pod gets
+    the free device and not one a running pod holds, and once a holder is
+    deleted the pod after it is admitted with that holder's devices."""
+    s.dpproxy()
+    s.plugin("v1beta1")
+    s.plugin("v1beta1", name="direct", resource="example.com/direct", devices=2,
+             kubelet_socket=os.path.join(realnode.KUBELET_ROOT, "device-plugins",
+                                         "kubelet.sock"))
+    s.wait_allocatable(DEVICES)
+    s.wait_allocatable(2, resource="example.com/direct")
+    s.pod("p1", 2, SCRIPT)
+    s.pod("p2", 1, SCRIPT)
+    s.pod("d1", 1, "env; echo READY; sleep 3600", resource="example.com/direct")
+    running = {}
+    for pod in ("p1", "p2", "d1"):
+        s.wait_running(pod)
+        s.wait_log(pod, "READY")
+        running[pod] = s.container_id(pod)
+    held = set(s.devices_of("p1")) | set(s.devices_of("p2"))
+    check(len(held) == 3, "p1 and p2 hold %s, not three devices" % sorted(held))
+
+    checkpoint = os.path.join(realnode.KUBELET_ROOT, "device-plugins",
+                              "kubelet_internal_checkpoint")
+    s.node.stop_process("kubelet")
+    check(os.path.exists(checkpoint), "the kubelet wrote no checkpoint at %s" % checkpoint)
+    os.remove(checkpoint)
+    s.node.start_kubelet()
+
+    def registered_again():
+        with open(checkpoint) as f:
+            return RESOURCE in json.load(f)["Data"].get("RegisteredDevices", {})
+    wait_until("the restarted kubelet's checkpoint lists %s" % RESOURCE,
+               lambda: os.path.exists(checkpoint) and registered_again(), 60)
+    s.pod("p3", 1, SCRIPT)
+    s.wait_running("p3")
+    p3 = check_inside(s, "p3", "v1beta1", 1)
+    check(not (set(p3) & held), "p3 was given %s, which a running pod holds (%s)"
+          % (p3, sorted(held)))
+    for pod, container in running.items():
+        check(_running_with(s, pod, container), "%s did not keep its container through "
+              "the checkpoint loss: %s" % (pod, json.dumps(s.pod_json(pod)["status"])))
+
+    freed = s.devices_of("p1")
+    s.node.kubectl("delete", "pod", "p1", "--wait=false")
+    s.pod("p4", 2, SCRIPT)
+    s.wait_running("p4", 120)
+    p4 = check_inside(s, "p4", "v1beta1", 2)
+    check(sorted(p4) == sorted(freed), "p4 got %s, not the deleted holder's %s"
+          % (p4, freed))
+    for a, b in (("p2", "p3"), ("p2", "p4"), ("p3", "p4")):
+        _two_pods_disjoint(s, a, b)
+    for pod in ("p2", "d1"):
+        check(_running_with(s, pod, running[pod]), "%s stopped running" % pod)
+
+
+class PodStream:
+    """Pods of one device each, created one after another while a test does
+    something else: each is deleted once Running. Records every pod that
+    failed or did not run within its deadline."""
+
+    def __init__(self, s, prefix):
+        self.s, self.prefix = s, prefix
+        self.stop = threading.Event()
+        self.ran, self.failed = [], []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        i = 0
+        while not self.stop.is_set():
+            name = "%s%d" % (self.prefix, i)
+            i += 1
+            try:
+                self.s.pod(name, 1, "echo READY; sleep 3600")
+                self.s.wait_running(name, 60)
+                self.ran.append(name)
+            except (Failure, realnode.NodeError) as e:
+                self.failed.append("%s: %s" % (name, e))
+            self.s.node.kubectl("delete", "pod", name, "--wait=false", check=False)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(120)
+
+
+def _kubelet_log_from(node, offset):
+    with open(os.path.join(node.logs, "kubelet.log"), errors="replace") as f:
+        f.seek(offset)
+        return f.read()
+
+
+def _check_never_unhealthy(s, offset, what):
+    """The kubelet's own log since `offset`: its healthy count of RESOURCE
+    never fell below DEVICES and it never marked the resource Unhealthy."""
+    low, counts = [], 0
+    for line in _kubelet_log_from(s.node, offset).splitlines():
+        if ('resourceName="%s"' % RESOURCE) not in line:
+            continue
+        if "Mark all resources Unhealthy" in line:
+            low.append(line)
+        m = re.search(r"healthyCount=(\d+)", line)
+        if m:
+            counts += 1
+            if int(m.group(1)) < DEVICES:
+                low.append(line)
+    # Each new registration's device list is counted (the kubelet logs it
+    # at --v=4): none seen means the log says nothing either way.
+    check(counts > 0, "the kubelet logged no device count for %s during %s"
+          % (RESOURCE, what))
+    check(not low, "during %s the kubelet saw fewer than %d healthy devices:\n%s"
+          % (what, DEVICES, "\n".join(low[:5])))
+
+
+def scenario_takeover_under_pods(s):
+    """Three --takeover upgrades and one SIGUSR2 in-place upgrade on the same
+    metrics address while pods keep coming: no pod fails, and the kubelet's
+    healthy count never drops."""
+    metrics = "--metrics_address=127.0.0.1:19101"
+    old = s.dpproxy(metrics)
+    s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES)
+    offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
+    with PodStream(s, "b") as stream:
+        wait_until("the first pod of the stream", lambda: stream.ran or stream.failed, 60)
+        for i in range(3):
+            new = s.dpproxy(metrics, "--takeover", name="dpproxy-takeover%d" % i)
+            wait_until("dpproxy handing over to takeover %d" % i,
+                       lambda: not old.alive(), 60)
+            check(old.p.returncode == 0, "the dpproxy taken over exited with %d"
+                  % old.p.returncode)
+            check(new.alive(), "takeover %d exited with %s" % (i, new.p.returncode))
+            seen = len(stream.ran) + len(stream.failed)
+            wait_until("a pod of the stream after takeover %d" % i,
+                       lambda: len(stream.ran) + len(stream.failed) > seen, 60)
+            old = new
+        old.p.send_signal(signal.SIGUSR2)
+        wait_until("dpproxy handing over to its SIGUSR2 child", lambda: not old.alive(), 60)
+        check(old.p.returncode == 0, "the dpproxy upgraded in place exited with %d"
+              % old.p.returncode)
+        seen = len(stream.ran) + len(stream.failed)
+        wait_until("a pod of the stream after the in-place upgrade",
+                   lambda: len(stream.ran) + len(stream.failed) > seen + 1, 60)
+    check(not stream.failed, "pods failed during the upgrades:\n%s"
+          % "\n".join(stream.failed))
+    check(len(stream.ran) >= 5, "only %d pods ran during the upgrades" % len(stream.ran))
+    _check_never_unhealthy(s, offset, "the upgrades")
+
+
 SCENARIOS = [
     ("registration-kubelet-sock", scenario_registration_kubelet_sock),
     ("registration-plugin-watcher", scenario_registration_plugin_watcher),
     ("v1alpha-plugin", scenario_v1alpha_plugin),
     ("kubelet-restart", scenario_kubelet_restart),
     ("plugin-restart", scenario_plugin_restart),
+    ("checkpoint-loss", scenario_checkpoint_loss),
+    ("takeover-under-pods", scenario_takeover_under_pods),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",

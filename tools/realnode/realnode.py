@@ -359,7 +359,7 @@ class Node:
         pid = state["pids"].get(name) if state else None
         if not pid:
             return
-        _kill_and_wait(pid, sig, timeout)
+        kill_and_wait(pid, sig, timeout)
         state["pids"].pop(name, None)
         self._save_state(state)
 
@@ -635,7 +635,7 @@ state = "{state}"
         for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
             pid = state["pids"].get(name)
             if pid:
-                _kill_and_wait(pid, signal.SIGTERM, 20)
+                kill_and_wait(pid, signal.SIGTERM, 20)
         # Every container, then the shims, then containerd.
         runc = self.part_bin("runc", "runc")
         runc_root = os.path.join(CONTAINERD_STATE, "runc", "k8s.io")
@@ -652,18 +652,18 @@ state = "{state}"
                 subprocess.run([runc, "--root", runc_root, "delete", "--force", c["id"]],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shim = self.part_bin("containerd", "containerd-shim-runc-v2")
-        for pid in _pids_of_exe(shim):
-            _kill_and_wait(pid, signal.SIGKILL, 10)
+        for pid in pids_of_exe(shim):
+            kill_and_wait(pid, signal.SIGKILL, 10)
         for name in ("containerd", "kube-apiserver", "etcd"):
             pid = state["pids"].get(name)
             if pid:
-                _kill_and_wait(pid, signal.SIGTERM, 20)
+                kill_and_wait(pid, signal.SIGTERM, 20)
         # Whatever else still runs from our binaries (a part that forked).
         for d in [bin_dir("kubernetes", self.release)] + [
                 os.path.dirname(self.part_bin(p, "x"))
                 for p in ("containerd", "runc", "cni", "etcd")]:
             for pid in _pids_under(d):
-                _kill_and_wait(pid, signal.SIGKILL, 10)
+                kill_and_wait(pid, signal.SIGKILL, 10)
         # Mounts under the node's paths, deepest first.
         roots = [self.dir, KUBELET_ROOT, CONTAINERD_STATE]
         for mnt in sorted(_mounts_under(roots), key=len, reverse=True):
@@ -709,7 +709,7 @@ def _pid_alive(pid):
         return False
 
 
-def _kill_and_wait(pid, sig, timeout):
+def kill_and_wait(pid, sig, timeout):
     """Signals a process (and its session) and waits for it to go; SIGKILL
     at the deadline."""
     for s in (sig, signal.SIGKILL):
@@ -740,7 +740,7 @@ def _exe_of(pid):
         return ""
 
 
-def _pids_of_exe(path):
+def pids_of_exe(path):
     real = os.path.realpath(path)
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and _exe_of(p) == real]
 

@@ -99,6 +99,7 @@ class Scenario:
         self.pods = []
         self.host_paths = []
         self.resources = {RESOURCE}
+        self.manifests = []
 
     # -- processes
 
@@ -188,6 +189,17 @@ class Scenario:
         self.pods.append(name)
         return name
 
+    def apply(self, path):
+        """Applies a manifest file; its objects are deleted at the end."""
+        self.node.kubectl("apply", "-f", path)
+        self.manifests.append(path)
+
+    def apply_json(self, obj):
+        path = os.path.join(self.work, "object-%d.json" % len(self.manifests))
+        with open(path, "w") as f:
+            json.dump(obj, f)
+        self.apply(path)
+
     def pod_json(self, name):
         return self.node.get_json("pod", name, "-n", "default")
 
@@ -265,8 +277,14 @@ class Scenario:
                     self.node.kubectl("get", "pods", "-o", "json"))["items"], 60)
             except Failure as e:
                 print("e2e: %s: %s" % (self.name, e), file=sys.stderr)
+        for path in reversed(self.manifests):
+            self.node.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", path,
+                              check=False)
         for p in reversed(self.procs):
             p.kill()
+        # dpproxy leaves its slices published when it stops (docs/dra.md).
+        self.node.kubectl("delete", "resourceslices", "--field-selector",
+                          "spec.driver=" + DRIVER, "--wait=false", check=False)
         # A dpproxy started by another (SIGUSR2) is no child of ours.
         for pid in realnode.pids_of_exe(self.args.dpproxy):
             realnode.kill_and_wait(pid, signal.SIGTERM, 20)
@@ -579,6 +597,123 @@ def scenario_takeover_under_pods(s):
     _check_never_unhealthy(s, offset, "the upgrades")
 
 
+DRIVER = "gpu.example.com"
+DEVICE_CLASS = "gpu-example-com"
+
+
+def dra_dpproxy(s, *extra, name="dpproxy"):
+    """dpproxy in DRA mode as the driver DRIVER, with the identity
+    deploy/dra-rbac.yaml gives it (a token of its service account)."""
+    token = s.node.kubectl("create", "token", "dpproxy", "-n", "kube-system",
+                           "--duration=2h").strip()
+    kc = os.path.join(s.work, "dpproxy.kubeconfig")
+    with open(kc, "w") as f:
+        f.write("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n"
+                "    server: https://127.0.0.1:%d\n    certificate-authority: %s/ca.crt\n"
+                "users:\n- name: u\n  user:\n    token: %s\ncontexts:\n- name: c\n"
+                "  context: {cluster: c, user: u}\ncurrent-context: c\n"
+                % (realnode.PORTS["apiserver"], s.node.pki, token))
+    return s.dpproxy("--kubelet_api=dra", "--dra_driver=" + DRIVER,
+                     "--node_name=" + realnode.NODE_NAME, "--kubeconfig=" + kc,
+                     "--cdi_dir=" + CDI_DIR, *extra, name=name)
+
+
+def dra_setup(s):
+    """The shipped RBAC and a DeviceClass of the driver serving the
+    extended resource RESOURCE."""
+    s.apply(os.path.join(ROOT, "deploy", "dra-rbac.yaml"))
+    s.apply_json({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "%s"' % DRIVER}}],
+                 "extendedResourceName": RESOURCE}})
+    s.apply_json({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "count": 1}}]}}}})
+
+
+def slice_devices(s):
+    """The devices the node's ResourceSlices of DRIVER publish."""
+    names = []
+    for sl in s.node.get_json("resourceslices")["items"]:
+        spec = sl["spec"]
+        if spec.get("driver") == DRIVER and spec.get("nodeName") == realnode.NODE_NAME:
+            names += [d["name"] for d in spec.get("devices", [])]
+    return sorted(names)
+
+
+def claim_pod(s, name):
+    """A pod whose container uses one device through a claim made from the
+    template one-gpu."""
+    s.apply_json({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "hostNetwork": True, "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [{
+                "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", SCRIPT],
+                "resources": {"claims": [{"name": "gpu"}]}}]}})
+    s.pods.append(name)
+    return name
+
+
+def scenario_dra(s):
+    """DRA mode on the real node: the plugin's devices published in
+    ResourceSlices, a claim prepared with its CDI spec and the plugin's env,
+    mounts, device nodes and CDI devices inside the container, a pod of the
+    extended resource served through DRA, then a kubelet restart, a
+    --takeover and a dpproxy SIGKILL, each followed by a pod that starts,
+    with no device in two running pods."""
+    dra_setup(s)
+    proxy = dra_dpproxy(s)
+    s.plugin("v1beta1")
+    wait_until("the node's slices of %s list %d devices" % (DRIVER, DEVICES),
+               lambda: len(slice_devices(s)) == DEVICES, 60)
+    claim_pod(s, "c1")
+    s.wait_running("c1")
+    check_inside(s, "c1", "v1beta1", 1, cdi=True)
+    s.pod("x1", 1, SCRIPT)  # the extended resource, served by a claim
+    s.wait_running("x1")
+    check_inside(s, "x1", "v1beta1", 1, cdi=True)
+    _two_pods_disjoint(s, "c1", "x1")
+    running = {p: s.container_id(p) for p in ("c1", "x1")}
+
+    s.node.restart_kubelet()
+    claim_pod(s, "c2")
+    s.wait_running("c2", 120)
+    check_inside(s, "c2", "v1beta1", 1, cdi=True)
+
+    new = dra_dpproxy(s, "--takeover", name="dpproxy-takeover")
+    wait_until("dpproxy handing over to the takeover", lambda: not proxy.alive(), 60)
+    check(proxy.p.returncode == 0, "the dpproxy taken over exited with %d"
+          % proxy.p.returncode)
+    s.node.kubectl("delete", "pod", "c2", "--wait=false")
+    claim_pod(s, "c3")
+    s.wait_running("c3", 120)
+    check_inside(s, "c3", "v1beta1", 1, cdi=True)
+
+    new.kill(signal.SIGKILL)
+    dra_dpproxy(s, name="dpproxy-after-kill")
+    wait_until("c2 gone", lambda: "c2" not in [
+        p["metadata"]["name"] for p in s.node.get_json("pods")["items"]], 60)
+    claim_pod(s, "c4")
+    s.wait_running("c4", 120)
+    check_inside(s, "c4", "v1beta1", 1, cdi=True)
+    for pod, container in running.items():
+        check(_running_with(s, pod, container), "%s did not keep its container: %s"
+              % (pod, json.dumps(s.pod_json(pod)["status"])))
+    live = ["c1", "x1", "c3", "c4"]
+    for i, a in enumerate(live):
+        for b in live[i + 1:]:
+            _two_pods_disjoint(s, a, b)
+
+
 SCENARIOS = [
     ("registration-kubelet-sock", scenario_registration_kubelet_sock),
     ("registration-plugin-watcher", scenario_registration_plugin_watcher),
@@ -587,6 +722,7 @@ SCENARIOS = [
     ("plugin-restart", scenario_plugin_restart),
     ("checkpoint-loss", scenario_checkpoint_loss),
     ("takeover-under-pods", scenario_takeover_under_pods),
+    ("dra", scenario_dra),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",

@@ -733,13 +733,14 @@ absl::Status KubeletSim::Start() {
     });
   }
   if (kubelet.plugin_watcher) {
+    // Events only record deletions; Housekeeping reconciles at each
+    // watcher_period, as the kubelet's plugin manager does.
     watcher_ = std::make_unique<DirWatcher>(
         plugins_registry_dir(), [this](const DirWatcher::Event& e) {
           if (e.kind == DirWatcher::Event::kDeleted) {
             absl::MutexLock lock(&mu_);
             deleted_.insert(JoinPath(plugins_registry_dir(), e.name));
           }
-          ReconcileWatcher();
         });
     DPP_RETURN_IF_ERROR(watcher_->Start());
   }
@@ -868,10 +869,12 @@ void KubeletSim::LateWipe() {
 }
 
 void KubeletSim::Housekeeping() {
+  // The plugin watcher's first pass comes one period after the start.
+  absl::Time watcher_due = absl::Now() + options_.watcher_period;
   for (;;) {
-    // Once a second, and when the re-admission of the pods found at start
-    // is due.
-    absl::Duration wait = absl::Seconds(1);
+    // Once a second, when the re-admission of the pods found at start is
+    // due, and at each pass of the plugin watcher.
+    absl::Duration wait = std::min(absl::Seconds(1), watcher_due - absl::Now());
     int64_t start = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -895,6 +898,15 @@ void KubeletSim::Housekeeping() {
               absl::Now() >= started_at_ + options_.readmit_delay;
       }
       if (due) ReadmitAfterStart(start);
+    }
+    if (absl::Now() >= watcher_due) {
+      watcher_due = absl::Now() + options_.watcher_period;
+      bool watching = false;
+      {
+        absl::MutexLock lock(&mu_);
+        watching = running_ && kubelet_.plugin_watcher;
+      }
+      if (watching) ReconcileWatcher();
     }
     absl::MutexLock lock(&mu_);
     if (!running_) continue;

@@ -149,6 +149,12 @@ struct KubeletSimOptions {
   // How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real
   // node: the kubelet's housekeeping removes it).
   absl::Duration pod_dir_linger = absl::Seconds(2);
+  // How often the plugin watcher acts on what it saw in plugins_registry/.
+  // The kubelet's plugin manager records each socket's creation and
+  // deletion at once, and registers or deregisters at its reconciler's
+  // next pass, once a second: a DRA driver or plugin is registered up to
+  // a second after its socket appears (about 1 s on a real 1.37 node).
+  absl::Duration watcher_period = absl::Seconds(1);
   // Serve the container runtime's CRI (runtime.v1.RuntimeService, only
   // ListContainers) at <root_dir>/containerd/containerd.sock: every
   // container that runs (PodState.running), labelled with its pod's UID,

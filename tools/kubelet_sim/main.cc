@@ -59,6 +59,9 @@ DEFINE_string(late_wipe, "0s",
 DEFINE_string(readmit_delay, "1s",
               "How long after a start the kubelet re-admits the pods it found (a real\n"
               "1.36 kubelet: about 1 s); pod-resources lists them only from then on. [serve]");
+DEFINE_string(watcher_period, "1s",
+              "How often the plugin watcher registers and deregisters what it saw in\n"
+              "plugins_registry/ (the kubelet's plugin manager: once a second). [serve]");
 DEFINE_string(pod_dir_linger, "2s",
               "How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real node). "
               "[serve]");
@@ -525,6 +528,13 @@ int Serve() {
   absl::StatusOr<absl::Duration> readmit = ParseFlagDuration("readmit_delay", FLAGS_readmit_delay);
   if (!readmit.ok()) return Fail(std::string(readmit.status().message()));
   options.readmit_delay = *readmit;
+  absl::StatusOr<absl::Duration> watcher_period =
+      ParseFlagDuration("watcher_period", FLAGS_watcher_period);
+  if (!watcher_period.ok()) return Fail(std::string(watcher_period.status().message()));
+  if (*watcher_period <= absl::ZeroDuration()) {
+    return Fail("--watcher_period must be positive");
+  }
+  options.watcher_period = *watcher_period;
   absl::StatusOr<absl::Duration> linger =
       ParseFlagDuration("pod_dir_linger", FLAGS_pod_dir_linger);
   if (!linger.ok()) return Fail(std::string(linger.status().message()));

@@ -163,6 +163,34 @@ HealthCheck Check(ProxyServer& proxy, const std::string& name) {
   return HealthCheck{};
 }
 
+// The scheduler places a claim on a node as soon as the node's slices list
+// its devices, and the kubelet prepares it at once. A pool published
+// before the kubelet registered the driver (its plugin watcher registers
+// up to a second after the socket appears) has that prepare fail with
+// "DRA driver ... is not registered", which a real kubelet retries only at
+// the pod's next resync, about a minute later. The devices are published
+// once the kubelet has registered the driver.
+TEST(DraModeTest, APodScheduledOnTheFirstSlicesIsPreparedAtOnce) {
+  sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
+  ASSERT_TRUE(api.Start().ok());
+  testing::ShortTempDir dir;
+  // A slow plugin watcher, so that the order does not depend on where in
+  // its second the registration socket appeared.
+  std::unique_ptr<ProxyHarness> harness =
+      DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"), Personality::kV1Beta1Sync, {},
+                 [](sim::KubeletSimOptions& so) { so.watcher_period = absl::Seconds(3); });
+  ProxyHarness& h = *harness;
+  ASSERT_NE(StartNode(h, "1.36"), nullptr);
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }));
+  const std::string uid = api.PutClaim(Claim("first", {"gpu-1"}))["metadata"]["uid"];
+  absl::StatusOr<Json> prepared = h.sim().PrepareClaims(kDriver, {{"default", "first", uid}});
+  ASSERT_TRUE(prepared.ok()) << "the pool was published before the kubelet registered the "
+                                "driver: "
+                             << prepared.status();
+  EXPECT_EQ((*prepared)[uid]["error"], "");
+  EXPECT_EQ((*prepared)[uid]["devices"].size(), 1u);
+}
+
 TEST(DraModeTest, APluginsDevicesArePublishedAndItsClaimsPrepared) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1", "v1beta1"}});
   ASSERT_TRUE(api.Start().ok());

@@ -313,6 +313,7 @@ void DraSide::Loop() {
   };
   std::map<std::string, Retry> retry;
   absl::Time full_at = absl::InfinitePast();
+  bool waiting_logged = false;  // for the registration, logged once
   absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
   for (;;) {
     bool registered = false;
@@ -376,6 +377,20 @@ void DraSide::Loop() {
         health_sent[name] = changes;
       }
       if (held) continue;  // the successor publishes
+      // Not before the kubelet has registered the driver: the scheduler
+      // places claims on the node as soon as its slices appear, and the
+      // kubelet fails the prepare of a driver it has not registered yet
+      // (its plugin watcher registers up to a second after the socket
+      // appears), retrying only at the pod's next resync, about a minute
+      // later. on_registered publishes everything at once.
+      if (!server_->registered()) {
+        if (!waiting_logged) {
+          LOG(INFO) << "DRA: the devices are published once the kubelet has registered driver "
+                    << options_.dra.driver;
+          waiting_logged = true;
+        }
+        continue;
+      }
       Retry& r = retry[name];
       if (absl::Now() < r.next) continue;
       std::vector<SliceDevice> devices;

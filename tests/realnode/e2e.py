@@ -6,7 +6,8 @@
 Brings a real node up (tools/realnode/realnode.py), runs each scenario with
 the given dpproxy binary (the shipped one) and sample_plugin as the vendor
 plugin, and prints one line per scenario: "PASSED <release> <name>" or
-"FAILED <release> <name>: <why>". A failed scenario keeps the kubelet's,
+"FAILED <release> <name>: <why>", or "N/A <release> <name>: <why>" for
+one the release cannot have (DRA mode before 1.32). A failed scenario keeps the kubelet's,
 containerd's, dpproxy's and the plugins' logs under DIR/<release>/<name>/.
 The node is torn down at the end whatever happened. Exit status 0 only if
 every scenario passed; a node that cannot come up fails every scenario,
@@ -30,7 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tools", "realnode"))
 import realnode  # noqa: E402
 
-RESOURCE = "example.com/gpu"
+# Each scenario serves a resource of its own (example.com/gpu<N>): the node's
+# status, updated every 10 s, may still show the one before's devices.
+RESOURCE_PREFIX = "example.com/gpu"
 DEVICES = 4
 CDI_DIR = "/var/run/cdi"
 
@@ -46,8 +49,10 @@ def check(cond, msg):
 
 def wait_until(what, fn, timeout=60):
     """Polls fn() until it returns a true value, which it returns; fails
-    naming `what` and the last value seen at the deadline."""
-    deadline = time.monotonic() + timeout
+    naming `what` and the last value seen at the deadline. Logs how long
+    each wait took to stderr."""
+    start = time.monotonic()
+    deadline = start + timeout
     last = None
     while time.monotonic() < deadline:
         try:
@@ -55,6 +60,8 @@ def wait_until(what, fn, timeout=60):
         except realnode.NodeError as e:
             last = e
         if last and not isinstance(last, Exception):
+            print("e2e: %.1f s: %s" % (time.monotonic() - start, what), file=sys.stderr,
+                  flush=True)
             return last
         time.sleep(0.2)
     raise Failure("%s: not after %d s (last: %r)" % (what, timeout, last))
@@ -89,8 +96,11 @@ class Proc:
 
 
 class Scenario:
-    """What each scenario gets: the node, a work directory, and helpers to
-    run dpproxy and the sample plugin and to make pods."""
+    """What each scenario gets: the node, a work directory, a resource name
+    of its own, and helpers to run dpproxy and the sample plugin and to make
+    pods."""
+
+    count = 0
 
     def __init__(self, node, args, name):
         self.node, self.args, self.name = node, args, name
@@ -98,7 +108,9 @@ class Scenario:
         self.procs = []
         self.pods = []
         self.host_paths = []
-        self.resources = {RESOURCE}
+        self.minor = realnode.minor_of(node.release)
+        Scenario.count += 1
+        self.resource = "%s%d" % (RESOURCE_PREFIX, Scenario.count)
         self.manifests = []
 
     # -- processes
@@ -118,12 +130,12 @@ class Scenario:
     def plugin_dir(self):
         return os.path.join(self.work, "device-plugins")
 
-    def plugin(self, api, *extra, name="plugin", resource=RESOURCE, devices=DEVICES,
+    def plugin(self, api, *extra, name="plugin", resource=None, devices=DEVICES,
                kubelet_socket=None):
         """The sample plugin serving `resource` (devices <name>-0...), through
         dpproxy unless kubelet_socket names the kubelet's own."""
+        resource = resource or self.resource
         short = resource.split("/")[1]
-        self.resources.add(resource)
         self.device_nodes(short, devices)
         if api == "v1beta1":
             # Its answers name CDI devices: the spec behind them, or the
@@ -160,15 +172,16 @@ class Scenario:
 
     # -- the node's view
 
-    def allocatable(self, resource=RESOURCE):
+    def allocatable(self, resource=None):
         node = self.node.get_json("node", realnode.NODE_NAME)
-        return int(node["status"].get("allocatable", {}).get(resource, "0"))
+        return int(node["status"].get("allocatable", {}).get(resource or self.resource, "0"))
 
-    def wait_allocatable(self, n, timeout=60, resource=RESOURCE):
+    def wait_allocatable(self, n, timeout=60, resource=None):
+        resource = resource or self.resource
         wait_until("the node's allocatable %s == %d" % (resource, n),
                    lambda: self.allocatable(resource) == n or None, timeout)
 
-    def pod(self, name, count, script="sleep 3600", resource=RESOURCE):
+    def pod(self, name, count, script="sleep 3600", resource=None):
         """Creates a host-network pod of one busybox container asking for
         `count` devices; returns its name."""
         manifest = {
@@ -181,7 +194,7 @@ class Scenario:
                 "containers": [{
                     "name": "c", "image": realnode.BUSYBOX_IMAGE,
                     "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", script],
-                    "resources": {"limits": {resource: str(count)}},
+                    "resources": {"limits": {resource or self.resource: str(count)}},
                 }],
             },
         }
@@ -237,10 +250,10 @@ class Scenario:
         return wait_until("%r in pod %s's output" % (needle, name),
                           lambda: needle in self.log_of(name) and self.log_of(name), timeout)
 
-    def devices_of(self, name, resource=RESOURCE):
+    def devices_of(self, name, resource=None):
         """The device IDs the container's environment names (the plugin's
         Allocate answer, as the runtime applied it)."""
-        var = "SAMPLE_%s_DEVICES=" % resource.split("/")[1].upper()
+        var = "SAMPLE_%s_DEVICES=" % (resource or self.resource).split("/")[1].upper()
         for line in self.log_of(name).splitlines():
             if line.startswith(var):
                 return sorted(line.split("=", 1)[1].split(","))
@@ -288,13 +301,6 @@ class Scenario:
         # A dpproxy started by another (SIGUSR2) is no child of ours.
         for pid in realnode.pids_of_exe(self.args.dpproxy):
             realnode.kill_and_wait(pid, signal.SIGTERM, 20)
-        # The next scenario waits for the devices to appear: it must not
-        # see this one's in a node status the kubelet has not updated yet.
-        try:
-            for resource in self.resources:
-                self.wait_allocatable(0, 40, resource)
-        except (Failure, realnode.NodeError) as e:
-            print("e2e: %s: after the scenario: %s" % (self.name, e), file=sys.stderr)
         for path in self.host_paths:
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -326,7 +332,7 @@ def check_inside(s, pod, api, count, cdi=False):
     text = s.wait_log(pod, "READY")
     devs = s.devices_of(pod)
     got = sections(text)
-    check(len(devs) == count, "%s: the container's SAMPLE_GPU_DEVICES names %d devices, "
+    check(len(devs) == count, "%s: the container's SAMPLE_<resource>_DEVICES names %d devices, "
           "not %d:\n%s" % (pod, len(devs), count, text))
     check("SAMPLE_PLUGIN_API=%s" % api in got["env"], "%s: the plugin's env var "
           "SAMPLE_PLUGIN_API=%s is not in the container:\n%s" % (pod, api, text))
@@ -336,8 +342,12 @@ def check_inside(s, pod, api, count, cdi=False):
     check(sorted(got.get("dev", [])) == devs, "%s: the device nodes under /dev/sample are "
           "not those of %s:\n%s" % (pod, devs, text))
     if cdi:
-        check(sorted(got.get("cdi", [])) == devs, "%s: the CDI devices' nodes under "
-              "/dev/sample-cdi are not those of %s:\n%s" % (pod, devs, text))
+        # The kubelet reads the answer's cdi_devices from 1.29 on (beta,
+        # on by default; GA in 1.31); before, it drops them.
+        want = devs if s.minor >= 29 else []
+        check(sorted(got.get("cdi", [])) == want, "%s: the CDI devices' nodes under "
+              "/dev/sample-cdi are not %s on Kubernetes %s:\n%s"
+              % (pod, want, s.node.release, text))
     return devs
 
 
@@ -476,8 +486,8 @@ def scenario_checkpoint_loss(s):
 
     def registered_again():
         with open(checkpoint) as f:
-            return RESOURCE in json.load(f)["Data"].get("RegisteredDevices", {})
-    wait_until("the restarted kubelet's checkpoint lists %s" % RESOURCE,
+            return s.resource in json.load(f)["Data"].get("RegisteredDevices", {})
+    wait_until("the restarted kubelet's checkpoint lists %s" % s.resource,
                lambda: os.path.exists(checkpoint) and registered_again(), 60)
     s.pod("p3", 1, SCRIPT)
     s.wait_running("p3")
@@ -541,11 +551,12 @@ def _kubelet_log_from(node, offset):
 
 
 def _check_never_unhealthy(s, offset, what):
-    """The kubelet's own log since `offset`: its healthy count of RESOURCE
-    never fell below DEVICES and it never marked the resource Unhealthy."""
+    """The kubelet's own log since `offset`: its healthy count of the
+    scenario's resource never fell below DEVICES and it never marked the
+    resource Unhealthy."""
     low, counts = [], 0
     for line in _kubelet_log_from(s.node, offset).splitlines():
-        if ('resourceName="%s"' % RESOURCE) not in line:
+        if ('resourceName="%s"' % s.resource) not in line:
             continue
         if "Mark all resources Unhealthy" in line:
             low.append(line)
@@ -557,7 +568,7 @@ def _check_never_unhealthy(s, offset, what):
     # Each new registration's device list is counted (the kubelet logs it
     # at --v=4): none seen means the log says nothing either way.
     check(counts > 0, "the kubelet logged no device count for %s during %s"
-          % (RESOURCE, what))
+          % (s.resource, what))
     check(not low, "during %s the kubelet saw fewer than %d healthy devices:\n%s"
           % (what, DEVICES, "\n".join(low[:5])))
 
@@ -619,19 +630,27 @@ def dra_dpproxy(s, *extra, name="dpproxy"):
 
 
 def dra_setup(s):
-    """The shipped RBAC and a DeviceClass of the driver serving the
-    extended resource RESOURCE."""
+    """The shipped RBAC, a DeviceClass of the driver (serving the extended
+    resource of the scenario where the release has them: on by default
+    from 1.36) and a claim template of one device, in resource.k8s.io/v1
+    from 1.34 and v1beta1 on 1.32 and 1.33."""
     s.apply(os.path.join(ROOT, "deploy", "dra-rbac.yaml"))
+    v1 = s.minor >= 34
+    group = "resource.k8s.io/v1" if v1 else "resource.k8s.io/v1beta1"
+    spec = {"selectors": [{"cel": {"expression": 'device.driver == "%s"' % DRIVER}}]}
+    if s.minor >= 36:
+        spec["extendedResourceName"] = s.resource
+    s.apply_json({"apiVersion": group, "kind": "DeviceClass",
+                  "metadata": {"name": DEVICE_CLASS}, "spec": spec})
+    request = {"name": "gpu"}
+    if v1:
+        request["exactly"] = {"deviceClassName": DEVICE_CLASS, "count": 1}
+    else:
+        request.update({"deviceClassName": DEVICE_CLASS, "count": 1})
     s.apply_json({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "%s"' % DRIVER}}],
-                 "extendedResourceName": RESOURCE}})
-    s.apply_json({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "apiVersion": group, "kind": "ResourceClaimTemplate",
         "metadata": {"name": "one-gpu", "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "count": 1}}]}}}})
+        "spec": {"spec": {"devices": {"requests": [request]}}}})
 
 
 def slice_devices(s):
@@ -678,11 +697,14 @@ def scenario_dra(s):
     claim_pod(s, "c1")
     s.wait_running("c1")
     check_inside(s, "c1", "v1beta1", 1, cdi=True)
-    s.pod("x1", 1, SCRIPT)  # the extended resource, served by a claim
-    s.wait_running("x1")
-    check_inside(s, "x1", "v1beta1", 1, cdi=True)
-    _two_pods_disjoint(s, "c1", "x1")
-    running = {p: s.container_id(p) for p in ("c1", "x1")}
+    live = ["c1"]
+    if s.minor >= 36:
+        s.pod("x1", 1, SCRIPT)  # the extended resource, served by a claim
+        s.wait_running("x1")
+        check_inside(s, "x1", "v1beta1", 1, cdi=True)
+        _two_pods_disjoint(s, "c1", "x1")
+        live.append("x1")
+    running = {p: s.container_id(p) for p in live}
 
     s.node.restart_kubelet()
     claim_pod(s, "c2")
@@ -708,10 +730,71 @@ def scenario_dra(s):
     for pod, container in running.items():
         check(_running_with(s, pod, container), "%s did not keep its container: %s"
               % (pod, json.dumps(s.pod_json(pod)["status"])))
-    live = ["c1", "x1", "c3", "c4"]
+    live += ["c3", "c4"]
     for i, a in enumerate(live):
         for b in live[i + 1:]:
             _two_pods_disjoint(s, a, b)
+
+
+K8S_SAMPLE_RESOURCE = "example.com/resource"
+
+
+def k8s_sample_plugin(s, name="k8s-sample-plugin"):
+    """Kubernetes' own e2e sample device plugin, built from this release's
+    k8s.io/kubernetes. It registers only at the kubelet's own path,
+    /var/lib/kubelet/device-plugins/kubelet.sock, as many field plugins
+    do: it runs in a mount namespace of its own where dpproxy's plugin
+    directory is bind-mounted over that path, as a DaemonSet pod would
+    mount it."""
+    binary = s.node.kube_bin("sample-device-plugin")
+    check(os.access(binary, os.X_OK), "%s is not built (tools/realnode/build)" % binary)
+    for dev in ("Dev-1", "Dev-2"):  # the files its Allocate creates and mounts
+        s.host_paths.append("/tmp/" + dev)
+    s.host_paths.append(CDI_DIR + "/example.com.json")  # its CDI spec, in a directory
+    os.makedirs(CDI_DIR, exist_ok=True)                 # it expects to exist
+    os.makedirs(s.plugin_dir(), exist_ok=True)
+    target = os.path.join(realnode.KUBELET_ROOT, "device-plugins")
+    p = Proc(name, ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                    # (Its 1.26 build has no default for PLUGIN_SOCK_DIR.)
+                    'mount --bind "$1" "$2" && '
+                    'exec env CDI_ENABLED=1 PLUGIN_SOCK_DIR="$2" "$3" --v=4',
+                    "sh", s.plugin_dir(), target, binary], s.work).start()
+    s.procs.append(p)
+    return p
+
+
+def scenario_k8s_sample_device_plugin(s):
+    """Kubernetes' e2e sample device plugin behind dpproxy (a v1beta1 plugin
+    that hard-codes the kubelet's socket path): its mount in the container,
+    and its CDI device from 1.29 on; after dpproxy is killed with SIGKILL
+    and started again the plugin is connected again and the next pod gets
+    the other device."""
+    proxy = s.dpproxy()
+    k8s_sample_plugin(s)
+    s.wait_allocatable(2, resource=K8S_SAMPLE_RESOURCE)
+    script = "ls /tmp; env | grep ^CDI_DEVICE; echo READY; sleep 3600"
+    s.pod("k1", 1, script, resource=K8S_SAMPLE_RESOURCE)
+    s.wait_running("k1")
+
+    def device_of(pod):
+        text = s.wait_log(pod, "READY")
+        devs = [line for line in text.splitlines() if line in ("Dev-1", "Dev-2")]
+        check(len(devs) == 1, "%s: the plugin's mount /tmp/Dev-N is not in the container "
+              "once:\n%s" % (pod, text))
+        if s.minor >= 29:
+            check("CDI_DEVICE=CDI-%s" % devs[0] in text, "%s: the plugin's CDI device "
+                  "CDI-%s did not reach the container:\n%s" % (pod, devs[0], text))
+        return devs[0]
+
+    first = device_of("k1")
+    before = s.container_id("k1")
+    proxy.kill(signal.SIGKILL)
+    s.dpproxy(name="dpproxy2")
+    s.pod("k2", 1, script, resource=K8S_SAMPLE_RESOURCE)
+    s.wait_running("k2", 90)
+    second = device_of("k2")
+    check(second != first, "k2 was given %s, which k1 holds" % first)
+    check(_running_with(s, "k1", before), "k1 did not keep its container")
 
 
 SCENARIOS = [
@@ -722,7 +805,8 @@ SCENARIOS = [
     ("plugin-restart", scenario_plugin_restart),
     ("checkpoint-loss", scenario_checkpoint_loss),
     ("takeover-under-pods", scenario_takeover_under_pods),
-    ("dra", scenario_dra),
+    ("dra", scenario_dra, 32),
+    ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",
@@ -738,11 +822,13 @@ def main(argv):
     ap.add_argument("--logs", required=True)
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--node_dir", default=realnode.DEFAULT_DIR)
+    ap.add_argument("--keep_logs", action="store_true",
+                    help="keep every scenario's logs, not only a failed one's")
     args = ap.parse_args(argv)
-    wanted = [n for n, _ in SCENARIOS]
+    wanted = [e[0] for e in SCENARIOS]
     if args.scenarios:
         wanted = args.scenarios.split(",")
-        unknown = set(wanted) - {n for n, _ in SCENARIOS}
+        unknown = set(wanted) - {e[0] for e in SCENARIOS}
         if unknown:
             print("e2e: unknown scenarios: %s" % ", ".join(sorted(unknown)), file=sys.stderr)
             return 2
@@ -759,8 +845,13 @@ def main(argv):
         print("e2e: on Kubernetes %s (the kubelet says %s)" % (
             node.release, realnode.run([node.kube_bin("kubelet"), "--version"]).strip()),
             flush=True)
-        for name, fn in SCENARIOS:
+        for entry in SCENARIOS:
+            name, fn = entry[0], entry[1]
             if name not in wanted:
+                continue
+            if len(entry) > 2 and realnode.minor_of(node.release) < entry[2]:
+                print("N/A %s %s: needs Kubernetes 1.%d or later" % (node.release, name, entry[2]),
+                      flush=True)
                 continue
             s = Scenario(node, args, name)
             t0 = time.monotonic()
@@ -771,7 +862,7 @@ def main(argv):
                 ok, why = False, str(e)
             except Exception as e:  # noqa: BLE001 - reported as the scenario's failure
                 ok, why = False, "%s\n%s" % (e, traceback.format_exc())
-            s.finish(not ok, args.logs)
+            s.finish(not ok or args.keep_logs, args.logs)
             if ok:
                 passed += 1
                 print("PASSED %s %s (%.0f s)" % (node.release, name, time.monotonic() - t0),

@@ -6,7 +6,9 @@ RN_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$RN_HERE/versions.env"
 
 RN_CACHE="${DPPROXY_REALNODE_CACHE:-$HOME/.cache/dpproxy-realnode}"
-RN_KUBERNETES_COMMANDS="kubelet kube-apiserver kube-scheduler kube-controller-manager kubectl"
+# The packages of k8s.io/kubernetes each release builds: the node's parts,
+# and the e2e tests' sample device plugin (a real third-party peer).
+RN_KUBERNETES_COMMANDS="cmd/kubelet cmd/kube-apiserver cmd/kube-scheduler cmd/kube-controller-manager cmd/kubectl test/images/sample-device-plugin"
 
 rn_log() { printf '%s\n' "realnode: $*" >&2; }
 rn_die() { printf '%s\n' "realnode: error: $*" >&2; exit 1; }
@@ -36,6 +38,16 @@ rn_release_of() {
     if [[ "$r" == "$want" || "$(rn_minor "$r")" == "$want" ]]; then echo "$r"; return 0; fi
   done
   rn_die "Kubernetes $want is not pinned in tools/realnode/versions.env (pinned: $KUBERNETES_RELEASES)"
+}
+
+# The commands release $1 builds (KUBERNETES_COMMANDS_BY_RELEASE, else all).
+rn_kubernetes_commands() {
+  local minor pair
+  minor="$(rn_minor "$1")"
+  for pair in ${KUBERNETES_COMMANDS_BY_RELEASE:-}; do
+    if [[ "${pair%%=*}" == "$minor" ]]; then echo "${pair#*=}" | tr , ' '; return 0; fi
+  done
+  echo "$RN_KUBERNETES_COMMANDS"
 }
 
 # The Go toolchain a release builds with: "local" unless versions.env names

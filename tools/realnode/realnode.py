@@ -446,12 +446,22 @@ class Node:
                   "--authentication-kubeconfig=" + self.admin_kubeconfig,
                   "--authorization-kubeconfig=" + self.admin_kubeconfig,
                   "--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false"]
-        self._start("kube-controller-manager", [
-            self.kube_bin("kube-controller-manager")] + common + [
-            "--secure-port=%d" % PORTS["controller_manager"],
-            "--service-account-private-key-file=%s/sa.key" % p, "--root-ca-file=%s/ca.crt" % p,
-            "--use-service-account-credentials=false", "--v=1"] +
-            self._feature_gate_flags())
+        if os.access(self.kube_bin("kube-controller-manager"), os.X_OK):
+            self._start("kube-controller-manager", [
+                self.kube_bin("kube-controller-manager")] + common + [
+                "--secure-port=%d" % PORTS["controller_manager"],
+                "--service-account-private-key-file=%s/sa.key" % p,
+                "--root-ca-file=%s/ca.crt" % p,
+                "--use-service-account-credentials=false", "--v=1"] +
+                self._feature_gate_flags())
+        else:
+            # A release built without it (versions.env says why): the pods'
+            # service account is what the node needs of it.
+            log("kubernetes %s has no controller-manager; creating the default service "
+                "account by hand" % self.release)
+            wait_for("the default namespace", lambda: self.kubectl(
+                "get", "namespace", "default", check=False, timeout=10).strip(), 60)
+            self.kubectl("create", "serviceaccount", "default", "-n", "default")
         self._start("kube-scheduler", [self.kube_bin("kube-scheduler")] + common + [
             "--secure-port=%d" % PORTS["scheduler"], "--v=1"] + self._feature_gate_flags())
 
@@ -486,21 +496,16 @@ class Node:
                                               for k, v in sorted(gates.items()))]
 
     def _feature_gates(self):
-        minor = minor_of(self.release)
-        # DRA is on by default from 1.34; before that it is a beta (1.32,
-        # 1.33) or alpha gate.
-        if 26 <= minor < 34:
+        # DRA is on by default from 1.34; on 1.32 and 1.33 it is a beta
+        # that is off. dpproxy's DRA mode needs 1.32 or later.
+        if minor_of(self.release) in (32, 33):
             return {"DynamicResourceAllocation": True}
         return {}
 
     def _apiserver_release_flags(self):
-        minor = minor_of(self.release)
         flags = self._feature_gate_flags()
-        if minor in (32, 33):
+        if minor_of(self.release) in (32, 33):
             flags.append("--runtime-config=resource.k8s.io/v1beta1=true")
-        elif 26 <= minor < 32:
-            flags.append("--runtime-config=resource.k8s.io/v1alpha%d=true"
-                         % (2 if minor < 31 else 3))
         return flags
 
     def _api_ready(self):

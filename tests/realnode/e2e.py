@@ -67,6 +67,23 @@ def wait_until(what, fn, timeout=60):
     raise Failure("%s: not after %d s (last: %r)" % (what, timeout, last))
 
 
+def pod_manifest(name, script, resources):
+    """A host-network pod in namespace default of one busybox container
+    "c" running `script`, with `resources` (limits or claims)."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "hostNetwork": True, "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script], "resources": resources}],
+        },
+    }
+
+
 class Proc:
     """A process of the scenario's (dpproxy or a plugin), logged to a file."""
 
@@ -184,20 +201,8 @@ class Scenario:
     def pod(self, name, count, script="sleep 3600", resource=None):
         """Creates a host-network pod of one busybox container asking for
         `count` devices; returns its name."""
-        manifest = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "hostNetwork": True, "automountServiceAccountToken": False,
-                "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [{
-                    "name": "c", "image": realnode.BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", script],
-                    "resources": {"limits": {resource or self.resource: str(count)}},
-                }],
-            },
-        }
+        manifest = pod_manifest(name, script,
+                                {"limits": {resource or self.resource: str(count)}})
         self.node.kubectl("apply", "-f", "-", input=json.dumps(manifest).encode())
         self.pods.append(name)
         return name
@@ -351,36 +356,34 @@ def check_inside(s, pod, api, count, cdi=False):
     return devs
 
 
+def first_pod(s, api="v1beta1", count=2, proxy_flags=(), plugin_flags=(), cdi=False):
+    """dpproxy, the sample plugin of `api` behind it, and pod p1 of `count`
+    devices running with them (checked from inside); returns dpproxy and
+    the plugin."""
+    proxy = s.dpproxy(*proxy_flags)
+    plugin = s.plugin(api, *plugin_flags)
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", count, SCRIPT)
+    s.wait_running("p1")
+    check_inside(s, "p1", api, count, cdi=cdi)
+    return proxy, plugin
+
+
 def scenario_registration_kubelet_sock(s):
     """A v1beta1 plugin behind dpproxy registered through kubelet.sock: the
-    node shows its devices and a pod gets them."""
-    s.dpproxy()
-    s.plugin("v1beta1")
-    s.wait_allocatable(DEVICES)
-    s.pod("p1", 2, SCRIPT)
-    s.wait_running("p1")
-    check_inside(s, "p1", "v1beta1", 2, cdi=True)
+    node shows its devices and a pod gets them, CDI devices included."""
+    first_pod(s, cdi=True)
 
 
 def scenario_registration_plugin_watcher(s):
     """dpproxy registered through the kubelet's plugin watcher."""
-    s.dpproxy("--kubelet_registration=plugin-watcher")
-    s.plugin("v1beta1")
-    s.wait_allocatable(DEVICES)
-    s.pod("p1", 1, SCRIPT)
-    s.wait_running("p1")
-    check_inside(s, "p1", "v1beta1", 1)
+    first_pod(s, count=1, proxy_flags=("--kubelet_registration=plugin-watcher",))
 
 
 def scenario_v1alpha_plugin(s):
     """A v1alpha plugin (Kubernetes 1.9's API) behind dpproxy on this
     release: its env, mounts and device nodes inside the container."""
-    s.dpproxy()
-    s.plugin("v1alpha")
-    s.wait_allocatable(DEVICES)
-    s.pod("p1", 2, SCRIPT)
-    s.wait_running("p1")
-    check_inside(s, "p1", "v1alpha", 2)
+    first_pod(s, api="v1alpha")
 
 
 def _two_pods_disjoint(s, a, b):
@@ -392,12 +395,7 @@ def _two_pods_disjoint(s, a, b):
 def scenario_kubelet_restart(s):
     """The kubelet restarts: the running pod keeps its container, dpproxy
     registers again, and the next pod gets other devices."""
-    s.dpproxy()
-    s.plugin("v1beta1")
-    s.wait_allocatable(DEVICES)
-    s.pod("p1", 2, SCRIPT)
-    s.wait_running("p1")
-    check_inside(s, "p1", "v1beta1", 2)
+    first_pod(s)
     before = s.container_id("p1")
     s.node.restart_kubelet()
     s.wait_allocatable(DEVICES, 90)
@@ -414,11 +412,7 @@ def scenario_kubelet_restart(s):
 def scenario_plugin_restart(s):
     """The vendor plugin restarts behind dpproxy: the running pod stays, the
     next pod is admitted."""
-    s.dpproxy()
-    plugin = s.plugin("v1beta1")
-    s.wait_allocatable(DEVICES)
-    s.pod("p1", 1, SCRIPT)
-    s.wait_running("p1")
+    _, plugin = first_pod(s, count=1)
     plugin.kill()
     s.plugin("v1beta1", name="plugin2")
     s.wait_allocatable(DEVICES)
@@ -433,12 +427,7 @@ def scenario_dpproxy_sigkill(s, restart_signal):
     """dpproxy is killed with SIGKILL and started again: nothing it answered
     is lost, the plugin is connected again (whether it watches only its own
     socket or only kubelet.sock), and no device is used twice."""
-    proxy = s.dpproxy()
-    s.plugin("v1beta1", "--restart_signal=" + restart_signal)
-    s.wait_allocatable(DEVICES)
-    s.pod("p1", 2, SCRIPT)
-    s.wait_running("p1")
-    check_inside(s, "p1", "v1beta1", 2)
+    proxy, _ = first_pod(s, plugin_flags=("--restart_signal=" + restart_signal,))
     proxy.kill(signal.SIGKILL)
     s.dpproxy(name="dpproxy2")
     s.wait_allocatable(DEVICES, 60)
@@ -666,18 +655,10 @@ def slice_devices(s):
 def claim_pod(s, name):
     """A pod whose container uses one device through a claim made from the
     template one-gpu."""
-    s.apply_json({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "hostNetwork": True, "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-            "containers": [{
-                "name": "c", "image": realnode.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", SCRIPT],
-                "resources": {"claims": [{"name": "gpu"}]}}]}})
+    manifest = pod_manifest(name, SCRIPT, {"claims": [{"name": "gpu"}]})
+    manifest["spec"]["resourceClaims"] = [{"name": "gpu",
+                                           "resourceClaimTemplateName": "one-gpu"}]
+    s.apply_json(manifest)
     s.pods.append(name)
     return name
 

@@ -50,17 +50,6 @@ rn_kubernetes_commands() {
   echo "$RN_KUBERNETES_COMMANDS"
 }
 
-# The Go toolchain a release builds with: "local" unless versions.env names
-# an older one (fetched from the module proxy's golang.org/toolchain).
-rn_kubernetes_toolchain() {
-  local minor pair
-  minor="$(rn_minor "$1")"
-  for pair in ${KUBERNETES_TOOLCHAINS:-}; do
-    if [[ "${pair%%=*}" == "$minor" ]]; then echo "${pair#*=}"; return 0; fi
-  done
-  echo local
-}
-
 rn_part_version() {
   case "$1" in
     containerd) echo "$CONTAINERD_VERSION" ;;

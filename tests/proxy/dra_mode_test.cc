@@ -1369,6 +1369,14 @@ TEST(DraModeTest, AMoveToDraKeepsTheEndpointWhilePodsOfTheDevicePluginRun) {
   }));
   EXPECT_TRUE(h.sim().events().WaitForEvent("resource_removed", {{"resource", "vendor.com/gpu"}},
                                             testing::kWait, sim_from));
+  // On its way out the endpoint never showed a Healthy device: a kubelet
+  // that saw one would count it allocatable and admit a pod onto an
+  // endpoint about to go ("no healthy devices present").
+  for (const Json& e : h.sim().events().Since(sim_from)) {
+    if (e["event"] == "devices" && e["resource"] == "vendor.com/gpu") {
+      EXPECT_EQ(e["allocatable"], 0) << e.dump();
+    }
+  }
   absl::StatusOr<sim::ExtendedResourcePods::Pod> after = pods.Start("dra-after", 1);
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->route, sim::ExtendedResourceRoute::kDra);

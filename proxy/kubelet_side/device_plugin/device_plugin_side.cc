@@ -130,6 +130,7 @@ std::vector<std::string> DevicePluginSide::Withdrawn() {
 
 void DevicePluginSide::RemoveResource(const std::string& resource) {
   KubeletEndpoint* raw = nullptr;
+  bool was_withdrawn = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = endpoints_.find(resource);
@@ -137,13 +138,18 @@ void DevicePluginSide::RemoveResource(const std::string& resource) {
     raw = it->second.get();
     removed_.push_back(std::move(it->second));
     endpoints_.erase(it);
-    if (withdrawn_.erase(resource) > 0) raw->resource()->SetWithdrawnFromDevicePlugins(false);
+    was_withdrawn = withdrawn_.erase(resource) > 0;
   }
   registrar_.Remove(raw);
   // As at a stop for good: a kubelet that no longer lists it by name hears
   // of it once more, so that its end turns the devices unhealthy.
   raw->RelistBeforeStop();
   raw->Stop();
+  // Only once its stream has ended: lifted earlier, the plugin's health
+  // would reach the kubelet on the way out, and a kubelet that counted
+  // those devices allocatable would admit a pod onto an endpoint that is
+  // gone ("no healthy devices present").
+  if (was_withdrawn) raw->resource()->SetWithdrawnFromDevicePlugins(false);
   LOG(INFO) << "resource " << resource << ": no longer served to the kubelet's device manager";
 }
 

@@ -124,11 +124,12 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     }
   }
   if (const YAML::Node d = root["dra"]) {
-    DPP_CFG(r.CheckKeys(d, "dra", {"driver", "node_name", "kubeconfig", "cdi_dir"}));
+    DPP_CFG(r.CheckKeys(d, "dra", {"driver", "node_name", "kubeconfig", "cdi_dir", "move_fence"}));
     if (d["driver"]) DPP_CFG(r.String(d["driver"], "dra.driver", &c->dra.driver));
     if (d["node_name"]) DPP_CFG(r.String(d["node_name"], "dra.node_name", &c->dra.node_name));
     if (d["kubeconfig"]) DPP_CFG(r.String(d["kubeconfig"], "dra.kubeconfig", &c->dra.kubeconfig));
     if (d["cdi_dir"]) DPP_CFG(r.String(d["cdi_dir"], "dra.cdi_dir", &c->dra.cdi_dir));
+    if (d["move_fence"]) DPP_CFG(r.Bool(d["move_fence"], "dra.move_fence", &c->dra.move_fence));
   }
   if (root["plugin_dir"]) DPP_CFG(r.String(root["plugin_dir"], "plugin_dir", &c->plugin_dir));
   if (root["status_file"]) {
@@ -285,7 +286,8 @@ std::string ConfigToYaml(const ProxyConfig& c) {
   out << YAML::Key << "dra" << YAML::Value << YAML::BeginMap << YAML::Key << "driver"
       << YAML::Value << c.dra.driver << YAML::Key << "node_name" << YAML::Value
       << c.dra.node_name << YAML::Key << "kubeconfig" << YAML::Value << c.dra.kubeconfig
-      << YAML::Key << "cdi_dir" << YAML::Value << c.dra.cdi_dir << YAML::EndMap;
+      << YAML::Key << "cdi_dir" << YAML::Value << c.dra.cdi_dir << YAML::Key << "move_fence"
+      << YAML::Value << c.dra.move_fence << YAML::EndMap;
   out << YAML::Key << "plugin_dir" << YAML::Value << c.plugin_dir;
   out << YAML::Key << "status_file" << YAML::Value << c.status_file;
   out << YAML::Key << "state_dir" << YAML::Value << c.state_dir;

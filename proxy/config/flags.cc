@@ -33,6 +33,11 @@ DEFINE_string(kubeconfig, "",
               "service account (in-cluster).");
 DEFINE_string(cdi_dir, "/var/run/cdi",
               "With --kubelet_api=dra: where the claims' CDI specs are written.");
+DEFINE_bool(dra_move_fence, true,
+            "With DRA on: a resource moved from the device plugin to DRA by a reload is\n"
+            "withdrawn behind a NoSchedule taint on the node (dpproxy/moving), lowered once\n"
+            "the node's status shows the move, so that no pod routed by the stale status\n"
+            "fails. Needs update on nodes; without it the move is made at once.");
 DEFINE_string(kubelet_registration, "kubelet",
               "How to register with the kubelet: kubelet (Register at kubelet.sock) or\n"
               "plugin-watcher (a socket in <kubelet_root>/plugins_registry/).");
@@ -165,6 +170,7 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   if (set("node_name")) c->dra.node_name = FLAGS_node_name;
   if (set("kubeconfig")) c->dra.kubeconfig = FLAGS_kubeconfig;
   if (set("cdi_dir")) c->dra.cdi_dir = FLAGS_cdi_dir;
+  if (set("dra_move_fence")) c->dra.move_fence = FLAGS_dra_move_fence;
   if (set("kubelet_registration")) {
     if (FLAGS_kubelet_registration == "kubelet") {
       c->kubelet.registration = KubeletRegistration::kKubeletSocket;

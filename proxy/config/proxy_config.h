@@ -111,6 +111,11 @@ struct DraOptions {
   std::string node_name;  // the node's name in the API
   std::string kubeconfig;  // "" = in-cluster (service account)
   std::string cdi_dir = "/var/run/cdi";
+  // A resource that leaves the device manager for DRA (a reload of
+  // `paths`) is withdrawn behind a NoSchedule taint on the node, lowered
+  // once the node's status shows the move (move_fence.h): no pod routed by
+  // the stale status is refused. Needs `update` on nodes.
+  bool move_fence = true;
 };
 
 // How the kubelet is served one resource: as a device plugin (an

@@ -23,9 +23,24 @@ Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
       ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})) {}
 
 void Resource::SetIdPolicy(std::map<std::string, std::string> id_map, bool compact_ids) {
-  auto ids = std::make_shared<const IdPolicy>(IdPolicy{std::move(id_map), compact_ids});
   absl::MutexLock lock(&mu_);
-  ids_ = std::move(ids);
+  const bool by_itself = ids_->compact_by_itself;
+  ids_ = std::make_shared<const IdPolicy>(
+      IdPolicy{std::move(id_map), compact_ids || by_itself, by_itself && !compact_ids});
+}
+
+void Resource::KeepCompactIds() {
+  absl::MutexLock lock(&mu_);
+  if (ids_->compact_ids) return;
+  auto next = std::make_shared<IdPolicy>(*ids_);
+  next->compact_ids = next->compact_by_itself = true;
+  ids_ = std::move(next);
+}
+
+std::string Resource::compact_ids_mode() {
+  absl::MutexLock lock(&mu_);
+  if (!ids_->compact_ids) return "";
+  return ids_->compact_by_itself ? "on by itself" : "configured";
 }
 
 bool Resource::maps_ids() {
@@ -461,7 +476,7 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
     }
     if (!held) {
       auto next = std::make_shared<IdPolicy>(*ids);
-      next->compact_ids = true;
+      next->compact_ids = next->compact_by_itself = true;
       {
         absl::MutexLock lock(&mu_);
         ids_ = next;
@@ -472,7 +487,7 @@ void Resource::OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> 
                    << " devices), more than the kubelet accepts in one message ("
                    << kKubeletMaxListBytes
                    << "), and no pod holds its devices: compact device IDs are on for it from "
-                      "now on (name it in compact_ids to keep them across changes)";
+                      "now on, across restarts (kept in the state)";
       events_->Emit("compact_ids_on", {{"resource", name_},
                                        {"bytes", devices->bytes()},
                                        {"devices", devices->size()}});

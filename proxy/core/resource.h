@@ -108,7 +108,16 @@ class Resource {
   // shown keeps its IDs until the backend's next list: the caller dials the
   // backend again for one. Devices an allocation holds under their old IDs
   // stay listed, Unhealthy, as any device the backend stops reporting.
+  // Compact IDs that went on by themselves (a list over the kubelet's
+  // limit) stay on whatever `compact_ids` says: the kubelet knows the
+  // devices by them.
   void SetIdPolicy(std::map<std::string, std::string> id_map, bool compact_ids);
+  // Compact IDs on, as they went on by themselves before a restart (the
+  // state file says so): from now on, before any list.
+  void KeepCompactIds();
+  // "" (off), "configured" (compact_ids), or "on by itself" (a list over
+  // the kubelet's limit turned them on; kept in the state).
+  std::string compact_ids_mode();
   // Whether kubelet IDs may differ from the backend's (an ID map or compact IDs).
   bool maps_ids();
 
@@ -290,7 +299,8 @@ class Resource {
 
   struct IdPolicy {
     std::map<std::string, std::string> id_map;
-    bool compact_ids = false;
+    bool compact_ids = false;  // configured, or on by itself
+    bool compact_by_itself = false;
   };
 
   const std::string name_;

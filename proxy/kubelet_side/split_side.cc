@@ -11,11 +11,12 @@ namespace dpproxy {
 
 SplitSide::SplitSide(std::unique_ptr<KubeletSide> device_plugins,
                      std::unique_ptr<KubeletSide> dra, PathOfResource path_of,
-                     PluginPodsHold plugin_pods_hold)
+                     PluginPodsHold plugin_pods_hold, Fence fence)
     : device_plugins_(std::move(device_plugins)),
       dra_(std::move(dra)),
       path_of_(std::move(path_of)),
-      plugin_pods_hold_(std::move(plugin_pods_hold)) {}
+      plugin_pods_hold_(std::move(plugin_pods_hold)),
+      fence_(std::move(fence)) {}
 
 absl::Status SplitSide::Start() {
   if (absl::Status s = device_plugins_->Start(); !s.ok()) return s;
@@ -52,16 +53,32 @@ void SplitSide::Reroute(Allocator* allocator, KubeletPath from, KubeletPath to) 
   const bool plugin_before = from != KubeletPath::kDra, plugin_after = to != KubeletPath::kDra;
   const bool dra_before = from != KubeletPath::kDevicePlugin;
   const bool dra_after = to != KubeletPath::kDevicePlugin;
-  if (plugin_after && !plugin_before) device_plugins_->AddResource(allocator);
-  if (plugin_before && !plugin_after) {
-    if (PodsHold(name)) {
-      device_plugins_->Withdraw(allocator);
-    } else {
-      device_plugins_->RemoveResource(name);
-    }
+  if (plugin_after && !plugin_before) {
+    if (fence_.cancel) fence_.cancel(name);  // a move to `dra` not withdrawn yet stays undone
+    device_plugins_->AddResource(allocator);
   }
   if (dra_after && !dra_before) dra_->AddResource(allocator);
+  if (plugin_before && !plugin_after) {
+    if (fence_.fence) {
+      // Served in full, by both paths, until the fence lets it go.
+      fence_.fence(name, [this, allocator, name] {
+        if (path_of_(name) == KubeletPath::kDra) LeaveDevicePlugins(allocator);
+      });
+      dra_->Wake();
+    } else {
+      LeaveDevicePlugins(allocator);
+    }
+  }
   if (dra_before && !dra_after) dra_->RemoveResource(name);
+}
+
+void SplitSide::LeaveDevicePlugins(Allocator* allocator) {
+  const std::string& name = allocator->resource()->name();
+  if (PodsHold(name)) {
+    device_plugins_->Withdraw(allocator);
+  } else {
+    device_plugins_->RemoveResource(name);
+  }
 }
 
 void SplitSide::Wake() {

@@ -30,6 +30,15 @@ class SplitSide : public KubeletSide {
   // Whether pods of the device plugin hold devices of the resource (the
   // journal's allocations without a claim).
   using PluginPodsHold = std::function<bool(const std::string& resource)>;
+  // Where a resource that leaves the device manager for DRA by a reload is
+  // withdrawn once no pod can be routed to it on a stale node status
+  // (dra/move_fence.h): `fence` runs `withdraw` when that is so, `cancel`
+  // drops a withdrawal not run yet (the resource moves back). Unset: at
+  // once.
+  struct Fence {
+    std::function<void(const std::string& resource, std::function<void()> withdraw)> fence;
+    std::function<void(const std::string& resource)> cancel;
+  };
 
   // `device_plugins` and `dra` are both set; `path_of` and `plugin_pods_hold`
   // are called on any thread (the latter may be empty: never).
@@ -42,7 +51,8 @@ class SplitSide : public KubeletSide {
   // devices of it, claim-served pods included, and fails the start once it
   // dropped the endpoint (5 minutes after it stopped).
   SplitSide(std::unique_ptr<KubeletSide> device_plugins, std::unique_ptr<KubeletSide> dra,
-            PathOfResource path_of, PluginPodsHold plugin_pods_hold = nullptr);
+            PathOfResource path_of, PluginPodsHold plugin_pods_hold = nullptr,
+            Fence fence = Fence());
 
   // The device-plugin side first; if the DRA side cannot start, the first
   // is stopped again and the error returned.
@@ -71,6 +81,11 @@ class SplitSide : public KubeletSide {
   const std::unique_ptr<KubeletSide> dra_;
   const PathOfResource path_of_;
   const PluginPodsHold plugin_pods_hold_;
+  const Fence fence_;
+  // The device-plugin side serves `allocator`'s resource no more (its path
+  // is `dra` now): withdrawn while pods of the device plugin hold its
+  // devices, else removed.
+  void LeaveDevicePlugins(Allocator* allocator);
   bool PodsHold(const std::string& resource) const {
     return plugin_pods_hold_ && plugin_pods_hold_(resource);
   }

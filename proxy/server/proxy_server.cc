@@ -262,6 +262,13 @@ absl::Status ProxyServer::MakeSide() {
     side_ = std::move(dra);
     return absl::OkStatus();
   }
+  SplitSide::Fence fence;
+  if (MoveFence* f = dra_->move_fence(); f != nullptr) {
+    fence.fence = [f](const std::string& resource, std::function<void()> withdraw) {
+      f->Fence(resource, std::move(withdraw));
+    };
+    fence.cancel = [f](const std::string& resource) { f->Cancel(resource); };
+  }
   auto split = std::make_unique<SplitSide>(
       std::move(device_plugins), std::move(dra),
       [this](const std::string& resource) { return table_.PathOf(resource); },
@@ -271,7 +278,8 @@ absl::Status ProxyServer::MakeSide() {
           held |= !a.has_claim() && a.resource() == resource;
         });
         return held;
-      });
+      },
+      std::move(fence));
   split_ = split.get();
   side_ = std::move(split);
   return absl::OkStatus();
@@ -507,6 +515,7 @@ absl::Status ProxyServer::RestoreState() {
     ServedResource* e = EnsureEntry(r.name());
     std::optional<v1beta1::DevicePluginOptions> options;
     if (r.backend().has_options()) options = r.backend().options();
+    if (r.compact_ids()) e->resource->KeepCompactIds();
     e->resource->Restore(DeviceList::FromDevices({r.devices().begin(), r.devices().end()}), trust,
                          r.backend().endpoint(), r.backend().api_version(), options);
     absl::StatusOr<std::optional<ApiVersion>> api =

@@ -106,6 +106,7 @@ ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) 
   r.device_list_too_large = snap.list->bytes() > kKubeletMaxListBytes;
   r.device_list_refused = e->resource->list_refused();
   r.device_ids_mapped = e->resource->ids_mapped();
+  r.compact_ids = e->resource->compact_ids_mode();
   r.forgotten_avoided = kubelet.forgotten_avoided;
   r.forgotten_named = kubelet.forgotten_named;
   r.forgotten_refused = e->allocator->refused_held();
@@ -176,6 +177,7 @@ std::vector<StateKeeper::ResourceToSave> Reporter::SavedResources() {
     r.set_name(e->resource->name());
     const std::string api = p_.side->ViewOf(e->resource->name()).api;
     r.set_kubelet_api(api.empty() ? facts.restored_kubelet_api : api);
+    r.set_compact_ids(e->resource->compact_ids_mode() == "on by itself");
     const Resource::LastBackend last = e->resource->last_backend();
     r.mutable_backend()->set_endpoint(last.endpoint);
     r.mutable_backend()->set_api_version(last.api);

@@ -16,7 +16,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubele
                                                 get_preferred_allocation_available,
                                                 devices_total, devices_healthy,
                                                 device_list_bytes, device_list_too_large,
-                                                device_list_refused, device_ids_mapped,
+                                                device_list_refused, device_ids_mapped, compact_ids,
                                                 now_served_as, removed, forgotten_avoided,
                                                 forgotten_named, forgotten_refused, path,
                                                 devices_held_by_claims, devices_held_by_pods,
@@ -219,6 +219,11 @@ std::string StatusTable(const ProxyStatus& st) {
     if (!r.device_list_refused.empty()) {
       absl::StrAppend(&out, "  ^ DEVICE LIST REFUSED: ", r.device_list_refused,
                       "; the kubelet keeps the list before it\n");
+    }
+    if (r.compact_ids == "on by itself") {
+      absl::StrAppend(&out, "  ^ compact device IDs are on by themselves (a list was over the "
+                            "kubelet's limit); they stay on, as the kubelet knows the devices "
+                            "by them\n");
     }
     if (r.device_ids_mapped > 0) {
       absl::StrAppend(&out, "  ^ ", r.device_ids_mapped,

@@ -61,6 +61,9 @@ struct ResourceStatus {
   // Device IDs with control characters, shown to the kubelet as their
   // compact IDs.
   int64_t device_ids_mapped = 0;
+  // "" (off), "configured" (compact_ids) or "on by itself" (a list over the
+  // kubelet's limit turned them on; they stay on across restarts).
+  std::string compact_ids;
   // A name its plugin's resource is no longer served as (`renames`
   // changed): the name it is served as now. Its devices are shown
   // Unhealthy, so no new pod gets them under the old name.

@@ -1006,6 +1006,44 @@ struct BothWaysNode {
   SamplePlugin* plugin = nullptr;
 };
 
+// The node as the scheduler sees it: vendor.com/gpu's allocatable in the
+// Node's status (0 if it shows none), and its taints.
+int64_t NodeAllocatable(sim::ApiServerSim& api) {
+  const Json n = api.Node("node-1");
+  const Json a = n.value("/status/allocatable/vendor.com~1gpu"_json_pointer, Json("0"));
+  return std::stoll(a.get<std::string>());
+}
+bool NodeTainted(sim::ApiServerSim& api) {
+  return !api.Node("node-1").value("/spec/taints"_json_pointer, Json::array()).empty();
+}
+// The node's status caught up with the kubelet (`allocatable`), and no
+// taint keeps pods away: the scheduler routes pods by what is true.
+bool NodeSettled(ProxyHarness& h, sim::ApiServerSim& api, int64_t allocatable) {
+  return h.WaitFor([&] { return NodeAllocatable(api) == allocatable && !NodeTainted(api); },
+                   absl::Seconds(30));
+}
+
+// Starts pod `name` (1 device) as the scheduler would: tried at once, and
+// while it fits nowhere (pending) again whenever the node as the scheduler
+// sees it changes, up to 30 s. Whatever else ends it is the answer.
+absl::StatusOr<sim::ExtendedResourcePods::Pod> Schedule(ProxyHarness& h, sim::ApiServerSim& api,
+                                                        sim::ExtendedResourcePods& pods,
+                                                        const std::string& name) {
+  absl::StatusOr<sim::ExtendedResourcePods::Pod> p =
+      absl::ResourceExhaustedError("never scheduled");
+  std::string seen;
+  h.WaitFor(
+      [&] {
+        std::string now = absl::StrCat(api.Node("node-1").dump(), pods.running().size());
+        if (now == seen) return false;  // nothing the scheduler looks at changed
+        seen = std::move(now);
+        p = pods.Start(name, 1);
+        return p.status().code() != absl::StatusCode::kResourceExhausted;
+      },
+      absl::Seconds(30));
+  return p;
+}
+
 std::unique_ptr<BothWaysNode> StartExtendedResourceNode(
     int devices, const std::function<void(ProxyConfig&, BothWaysNode&)>& tweak = nullptr,
     std::function<void(sim::KubeletSimOptions&)> sim_tweak = nullptr) {
@@ -1025,15 +1063,31 @@ std::unique_ptr<BothWaysNode> StartExtendedResourceNode(
     ADD_FAILURE() << "the DeviceClass was not made: " << made.status();
     return nullptr;
   }
-  node->harness = DraHarness(node->api, WriteKubeconfig(node->dir, node->api),
-                             node->dir.Sub("cdi"), Personality::kV1Beta1Sync,
-                             {{"vendor.com/gpu", KubeletPath::kBoth}}, std::move(sim_tweak));
+  // The kubelet writes the node's status every 2 s (10 s on a real node),
+  // into the Node the scheduler reads.
+  sim::ApiServerSim* api = &node->api;
+  node->harness = DraHarness(
+      node->api, WriteKubeconfig(node->dir, node->api), node->dir.Sub("cdi"),
+      Personality::kV1Beta1Sync, {{"vendor.com/gpu", KubeletPath::kBoth}},
+      [api, sim_tweak = std::move(sim_tweak)](sim::KubeletSimOptions& so) {
+        so.node_status_period = absl::Seconds(2);
+        so.on_node_status = [api](const std::map<std::string, int64_t>& allocatable) {
+          api->SetNodeAllocatable("node-1", allocatable);
+        };
+        if (sim_tweak) sim_tweak(so);
+      });
   BothWaysNode* raw = node.get();
   node->plugin = StartBothWaysNode(*node->harness, node->api, "1.36", devices,
                                    [&](ProxyConfig& c) {
                                      if (tweak) tweak(c, *raw);
                                    });
   if (node->plugin == nullptr) return nullptr;
+  // The scheduler sees the devices only once the kubelet's status shows them.
+  if (!NodeSettled(*node->harness, node->api, devices)) {
+    ADD_FAILURE() << "the node's status never showed " << devices << " devices: "
+                  << node->api.Node("node-1").dump();
+    return nullptr;
+  }
   return node;
 }
 
@@ -1222,8 +1276,10 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
 
   stream("both", 20);
   reload_as(KubeletPath::kDra);
-  // The device manager loses the resource: the node's allocatable drops to 0.
+  // The device manager loses the resource, and the node's status shows it
+  // (the scheduler is kept off the node until then).
   ASSERT_TRUE(h.WaitFor([&] { return allocatable() == 0; }));
+  ASSERT_TRUE(NodeSettled(h, api, 0));
   stream("dra", 20);
   // The kubelet restarts: its pods run on, those served by claims with
   // their devices.
@@ -1265,6 +1321,48 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
   EXPECT_GT(through_dra, 0);  // the view had pods of both paths to show
 }
 
+// A move to `dra` fails no pod the scheduler routed on the node's status
+// as it was. The kubelet's device manager loses the devices the moment
+// dpproxy withdraws them, while the node's status, which the scheduler
+// reads, shows it only at the kubelet's next status update (every 2 s
+// here, 10 s on a real node): a pod created in between goes to the device
+// plugin and would be refused ("no healthy devices present") for good.
+// Pods created from the moment of the move on all start, each on a device
+// of its own, by whichever path the scheduler chose.
+TEST(DraModeTest, PodsCreatedRightAfterAMoveToDraAreNotFailed) {
+  std::unique_ptr<BothWaysNode> node = StartExtendedResourceNode(4);
+  ASSERT_NE(node, nullptr);
+  ProxyHarness& h = *node->harness;
+  sim::ApiServerSim& api = node->api;
+  sim::ExtendedResourcePods pods(&h.sim(), node->client.get(), "vendor.com/gpu", "node-1");
+  auto reload_as = [&](KubeletPath path) {
+    ProxyConfig next = h.config();
+    next.paths = {{"vendor.com/gpu", path}};
+    ASSERT_THAT(h.proxy().Reload(next).applied, ::testing::SizeIs(1));
+  };
+  ASSERT_TRUE(NodeSettled(h, api, 4));
+  reload_as(KubeletPath::kDra);
+  std::set<std::string> used;
+  std::map<std::string, int> routes;
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = absl::StrCat("right-after-", i);
+    absl::StatusOr<sim::ExtendedResourcePods::Pod> p = Schedule(h, api, pods, name);
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status();
+    ASSERT_EQ(p->devices.size(), 1u);
+    EXPECT_TRUE(used.insert(p->devices[0]).second) << p->devices[0] << " is used twice";
+    ++routes[p->route == sim::ExtendedResourceRoute::kDra ? "dra" : "device-plugin"];
+  }
+  std::cout << "routes: device-plugin " << routes["device-plugin"] << ", dra " << routes["dra"]
+            << "\n";
+  const sim::State st = h.sim().GetState();
+  for (const auto& p : st.pods()) {
+    EXPECT_EQ(p.phase(), "Running") << p.name() << ": " << p.message();
+  }
+  // The move completes: the node's status shows 0, nothing keeps pods
+  // away, and the next pods go through DRA.
+  ASSERT_TRUE(NodeSettled(h, api, 0));
+}
+
 // Under `both`, capacity is counted once: the scheduler subtracts every
 // pod's request of the extended resource from the node's allocatable,
 // those a claim serves included, so the device plugin's count must not
@@ -1285,7 +1383,7 @@ TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
   };
   // Under `dra` the node's allocatable is 0: both pods go through DRA.
   reload_as(KubeletPath::kDra);
-  ASSERT_TRUE(h.WaitFor([&] { return allocatable() == 0; }));
+  ASSERT_TRUE(NodeSettled(h, node->api, 0));
   std::set<std::string> claimed;
   for (const char* name : {"dra-1", "dra-2"}) {
     absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
@@ -1297,6 +1395,7 @@ TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
   // The device plugin's count: the four devices, as the scheduler
   // subtracts the two pods' requests itself.
   ASSERT_TRUE(h.WaitFor([&] { return allocatable() == 4; })) << "allocatable " << allocatable();
+  ASSERT_TRUE(NodeSettled(h, node->api, 4));
   std::set<std::string> used = claimed;
   for (const char* name : {"dp-1", "dp-2"}) {
     absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
@@ -1344,8 +1443,10 @@ TEST(DraModeTest, AMoveToDraKeepsTheEndpointWhilePodsOfTheDevicePluginRun) {
   ProxyConfig next = h.config();
   next.paths = {{"vendor.com/gpu", KubeletPath::kDra}};
   ASSERT_THAT(h.proxy().Reload(next).applied, ::testing::SizeIs(1));
-  // The node's allocatable drops to 0 (or the kubelet drops the resource).
+  // The node's allocatable drops to 0 (or the kubelet drops the resource),
+  // and the node's status shows it.
   ASSERT_TRUE(h.WaitFor([&] { return !resource().has_value() || resource()->allocatable() == 0; }));
+  ASSERT_TRUE(NodeSettled(h, node->api, 0));
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(absl::StrCat("dra-", i), 1);
     ASSERT_TRUE(p.ok()) << p.status();

@@ -1278,6 +1278,57 @@ TEST_F(ProxyTest, DeviceListsOver4MiBGetCompactIdsByThemselves) {
   }
 }
 
+// Compact IDs that went on by themselves are part of the state: after a
+// restart the kubelet is shown the same IDs from the start, a pod's devices
+// are never taken for devices "held under another name or ID", and the IDs
+// stay compact even once the plugin's list fits the kubelet's limit again
+// (the kubelet's checkpoint holds the compact ones).
+TEST_F(ProxyTest, CompactIdsThatWentOnByThemselvesOutliveARestart) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.devices = 100000;
+  o.id_pattern = "MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-{i}";
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("compact_ids_on", {{"resource", kGpu}}, kWait));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 100000, absl::Seconds(30)));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("trainer", 2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<std::string> held = testing::DeviceIdsOf(a->allocations(0));
+  ASSERT_EQ(held.size(), 2u);
+  ASSERT_EQ(held[0].size(), 14u) << held[0];  // compact
+  ASSERT_TRUE(h.proxy().WaitForSavePasses(h.proxy().save_passes() + 2, kWait));
+
+  // The plugin now lists 1,000 devices, well under the limit, and dpproxy
+  // restarts before it is back.
+  h.StopPlugins();
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  o.devices = 1000;
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 1000, absl::Seconds(30)));
+  ASSERT_TRUE(h.proxy().WaitForSavePasses(h.proxy().save_passes() + 2, kWait));
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_held_elsewhere", {},
+                                               absl::ZeroDuration()));
+  const sim::State st = h.sim().GetState();
+  const auto* r = h.Resource(st, kGpu);
+  ASSERT_NE(r, nullptr);
+  std::set<std::string> shown;
+  for (const auto& d : r->devices()) {
+    if (d.health() == "Healthy") shown.insert(d.id());
+  }
+  EXPECT_EQ(shown.count(CompactDeviceId("MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-7")), 1u);
+  EXPECT_EQ(shown.count("MIG-5a8c8e1c-2f06-4b9d-9d6c-1f2e3d4c5b6a-slice-7"), 0u);
+  const Json status = StatusToJson(h.proxy().Status());
+  EXPECT_EQ(status["resources"][0]["compact_ids"], "on by itself") << status.dump(1);
+  // The next pod gets free devices, none of the trainer's.
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("next", 2));
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (const std::string& id : testing::DeviceIdsOf(b->allocations(0))) {
+    EXPECT_TRUE(std::find(held.begin(), held.end(), id) == held.end()) << id;
+  }
+}
+
 // The same 100,000 long IDs with compact IDs on: the kubelet sees every
 // device, an allocation reaches the plugin with the plugin's own IDs, and
 // dpproxy and kubelet restarts keep the IDs the kubelet knows.

@@ -247,6 +247,30 @@ void ApiServerSim::PutNode(const std::string& name, const std::string& kubelet_v
                   {"status", {{"nodeInfo", {{"kubeletVersion", kubelet_version}}}}}};
 }
 
+void ApiServerSim::SetNodeAllocatable(const std::string& name,
+                                      const std::map<std::string, int64_t>& allocatable) {
+  absl::MutexLock lock(&mu_);
+  Json& n = nodes_[name];
+  if (n.is_null()) {
+    n = {{"kind", "Node"},
+         {"apiVersion", "v1"},
+         {"metadata", {{"name", name}}},
+         {"status", Json::object()}};
+  }
+  Json a = Json::object();
+  for (const auto& [resource, count] : allocatable) a[resource] = std::to_string(count);
+  if (n["status"].value("allocatable", Json::object()) == a) return;
+  n["status"]["allocatable"] = a;
+  n["status"]["capacity"] = a;
+  n["metadata"]["resourceVersion"] = std::to_string(++resource_version_);
+}
+
+ApiServerSim::Json ApiServerSim::Node(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(name);
+  return it == nodes_.end() ? Json() : it->second;
+}
+
 void ApiServerSim::Routes() {
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!options_.token.empty() &&
@@ -297,6 +321,11 @@ void ApiServerSim::Routes() {
              "Operation cannot be fulfilled: the object has been modified; please apply your "
              "changes to the latest version and try again");
         break;
+      case 403:
+        Fail(res, 403, "Forbidden",
+             absl::StrCat("the caller cannot ", req.method, " ", req.path,
+                          " (a role without that verb)"));
+        break;
       case 429:
         Fail(res, 429, "TooManyRequests", "the server has received too many requests");
         break;
@@ -320,6 +349,38 @@ void ApiServerSim::Routes() {
                   absl::StrCat("nodes \"", req.matches[1].str(), "\" not found"));
     }
     Reply(res, 200, it->second);
+  });
+  // An update of the node's metadata and spec (taints, say), refused on a
+  // stale resourceVersion; the status stays as the kubelet wrote it (the
+  // API server takes status only through /status).
+  server_->Put(R"(/api/v1/nodes/([^/]+))", [this](const httplib::Request& req,
+                                                   httplib::Response& res) {
+    const std::string name = req.matches[1].str();
+    Json n = Json::parse(req.body, nullptr, false);
+    if (n.is_discarded() || !n.is_object() || !n.contains("metadata") ||
+        !n["metadata"].is_object()) {
+      return Fail(res, 400, "BadRequest", "the body is not a Node");
+    }
+    if (n["metadata"].value("name", "") != name) {
+      return Fail(res, 400, "BadRequest",
+                  "the name of the object does not match the name on the URL");
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = nodes_.find(name);
+    if (it == nodes_.end()) {
+      return Fail(res, 404, "NotFound", absl::StrCat("nodes \"", name, "\" not found"));
+    }
+    if (n["metadata"].value("resourceVersion", "") !=
+        it->second["metadata"].value("resourceVersion", "")) {
+      return Fail(res, 409, "Conflict",
+                  absl::StrCat("Operation cannot be fulfilled on nodes \"", name,
+                               "\": the object has been modified; please apply your changes "
+                               "to the latest version and try again"));
+    }
+    n["status"] = it->second.value("status", Json::object());
+    n["metadata"]["resourceVersion"] = std::to_string(++resource_version_);
+    it->second = n;
+    Reply(res, 200, n);
   });
   server_->Get("/apis/resource.k8s.io", [this](const httplib::Request&, httplib::Response& res) {
     Json versions = Json::array();

@@ -7,8 +7,10 @@
 // update with optimistic concurrency, delete), namespaced ResourceClaims
 // (create, with generateName too; get, status, delete, a list across
 // namespaces; or put in place by tests) and DeviceClasses (create, get,
-// list), and Nodes (get: the kubelet's version in status.nodeInfo, for
-// nodes a test has put). A real HTTPS server
+// list), and Nodes (get, and update of metadata and spec such as taints
+// with optimistic concurrency, the status kept as its kubelet wrote it:
+// the kubelet's version in status.nodeInfo and the allocatable of its
+// extended resources, for nodes a test has put). A real HTTPS server
 // (cpp-httplib) with a bearer token, answering errors as Kubernetes Status
 // objects with the real reasons (NotFound, AlreadyExists, Conflict,
 // Invalid, Unauthorized). It checks what the real server would refuse in a
@@ -65,8 +67,9 @@ class ApiServerSim {
 
   // Faults of a real control plane. The next `times` requests whose method
   // is `method` ("" any) and whose path starts with `path_prefix` are
-  // answered `code` with the API server's Status and reason (409 Conflict,
-  // 429 TooManyRequests, 500 InternalError, 503 ServiceUnavailable) and
+  // answered `code` with the API server's Status and reason (403 Forbidden,
+  // 409 Conflict, 429 TooManyRequests, 500 InternalError, 503
+  // ServiceUnavailable) and
   // change nothing.
   struct Fault {
     std::string method;
@@ -91,6 +94,13 @@ class ApiServerSim {
   // A Node as its kubelet reports it: status.nodeInfo.kubeletVersion is
   // `kubelet_version` (e.g. "v1.33.2").
   void PutNode(const std::string& name, const std::string& kubelet_version);
+  // The node's status.allocatable for extended resources, as its kubelet
+  // writes it at each node status update (quantities as strings: "4").
+  // A node not put yet is put with no version.
+  void SetNodeAllocatable(const std::string& name,
+                          const std::map<std::string, int64_t>& allocatable);
+  // The node as stored (null if there is none).
+  Json Node(const std::string& name);
   // Every ResourceSlice stored, by name.
   std::map<std::string, Json> Slices();
   // Deletes every slice of a node, as a kubelet does when it starts.

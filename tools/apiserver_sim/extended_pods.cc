@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace dpproxy::sim {
@@ -13,11 +14,37 @@ ExtendedResourcePods::ExtendedResourcePods(KubeletSim* kubelet, KubeClient* api,
 absl::StatusOr<ExtendedResourcePods::Pod> ExtendedResourcePods::Start(const std::string& name,
                                                                       int count) {
   // The node as the scheduler sees it: its allocatable for the resource
-  // (the device plugin's healthy devices) and what its pods request.
+  // as the node's status shows it (the device plugin's healthy devices at
+  // the kubelet's last status update, not now), its taints, and what its
+  // pods request. The Node in the API server where it has one, else the
+  // kubelet's own status.
   const State st = kubelet_->GetState();
   int64_t allocatable = 0;
   for (const ResourceState& r : st.resources()) {
-    if (r.name() == resource_) allocatable = r.allocatable();
+    if (r.name() == resource_) allocatable = r.status_allocatable();
+  }
+  absl::StatusOr<nlohmann::json> node = api_->Get(absl::StrCat("/api/v1/nodes/", node_));
+  if (node.ok()) {
+    const nlohmann::json& a = node->value("/status/allocatable"_json_pointer,
+                                          nlohmann::json::object());
+    int64_t n = 0;
+    if (a.contains(resource_) && a[resource_].is_string() &&
+        !absl::SimpleAtoi(a[resource_].get<std::string>(), &n)) {
+      n = 0;
+    }
+    allocatable = n;
+    // A NoSchedule taint the pod does not tolerate (it tolerates none):
+    // the node is not considered.
+    for (const nlohmann::json& t :
+         node->value("/spec/taints"_json_pointer, nlohmann::json::array())) {
+      if (t.value("effect", "") == "NoSchedule" || t.value("effect", "") == "NoExecute") {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "pod ", name, " is pending: 0/1 nodes are available: 1 node(s) had untolerated "
+            "taint {", t.value("key", ""), ": ", t.value("value", ""), "}"));
+      }
+    }
+  } else if (node.status().code() != absl::StatusCode::kNotFound) {
+    return node.status();
   }
   // Every running pod's request of the resource counts, as the real
   // scheduler counts it: those the device plugin serves and those a claim

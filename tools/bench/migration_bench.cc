@@ -44,7 +44,10 @@
 DEFINE_string(dpproxy, "", "Path of the dpproxy binary.");
 DEFINE_string(sample_plugin, "", "Path of the sample_plugin binary.");
 DEFINE_int32(devices, 16, "Devices of the resource moved.");
-DEFINE_int32(steps, 100, "Pod steps (a pod started or ended) after each move has taken effect.");
+DEFINE_int32(steps, 300, "Pod steps (a pod started or ended) after each move has taken effect.");
+DEFINE_bool(move_fence, true,
+            "dpproxy's dra.move_fence: the node tainted while a resource leaves the device "
+            "manager. false shows what a move costs without it.");
 DEFINE_double(steps_per_second, 20, "Pace of the pod stream (a load generator's rate).");
 
 namespace dpproxy {
@@ -127,6 +130,12 @@ users: [{name: agent, user: {token: bench-token}}]
   so.node_name = "node-1";
   so.cdi_dirs = {dir + "/cdi"};
   so.kubelet = *sim::ParseKubeletVersion("1.36");
+  // The node's status, which the scheduler routes by, as the kubelet
+  // writes it: every 10 s, into the Node.
+  api.PutNode("node-1", "v1.36.2");
+  so.on_node_status = [&api](const std::map<std::string, int64_t>& allocatable) {
+    api.SetNodeAllocatable("node-1", allocatable);
+  };
   sim::KubeletSim kubelet(so);
   if (!kubelet.Start().ok()) Fail("the kubelet sim did not start");
 
@@ -135,7 +144,8 @@ users: [{name: agent, user: {token: bench-token}}]
     (void)WriteFileAtomic(config, absl::StrCat("kubelet: {root: ", so.root_dir, ", api: dra}\n",
                                                "dra: {driver: ", kDriver,
                                                ", node_name: node-1, kubeconfig: ", kubeconfig,
-                                               ", cdi_dir: ", dir, "/cdi}\n", "paths: {",
+                                               ", cdi_dir: ", dir, "/cdi, move_fence: ",
+                                               FLAGS_move_fence ? "true" : "false", "}\n", "paths: {",
                                                kResource, ": ", path, "}\n"));
   };
   write_config("device-plugin");

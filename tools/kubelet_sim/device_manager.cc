@@ -603,6 +603,12 @@ int64_t DeviceManager::Allocatable(const std::string& resource) const {
   return n;
 }
 
+std::map<std::string, int64_t> DeviceManager::AllAllocatable() const {
+  std::map<std::string, int64_t> out;
+  for (const auto& [name, r] : resources_) out[name] = Allocatable(name);
+  return out;
+}
+
 void DeviceManager::FillState(absl::Time now, State* out) const {
   std::map<std::string, std::string> holder;  // resource + '\0' + id -> holder
   for (const ContainerAllocation& a : allocations_) {

@@ -158,6 +158,8 @@ class DeviceManager {
 
   int64_t Capacity(const std::string& resource) const;
   int64_t Allocatable(const std::string& resource) const;
+  // Allocatable() of every resource it has a record of, by name.
+  std::map<std::string, int64_t> AllAllocatable() const;
   // Resources, devices (with their holders), pods and allocations.
   void FillState(absl::Time now, State* out) const;
 

@@ -649,6 +649,7 @@ absl::Status KubeletSim::Start() {
     running_ = true;
     ++starts_;
     started_at_ = absl::Now();
+    status_due_ = started_at_;  // a starting kubelet writes the node's status at once
     pods_synced_ = false;
     unsynced_pods_.clear();
     for (const auto& [uid, pod] : state_.pods()) unsynced_pods_.insert(uid);
@@ -878,6 +879,9 @@ void KubeletSim::Housekeeping() {
     int64_t start = 0;
     {
       absl::MutexLock lock(&mu_);
+      if (running_ && options_.node_status_period > absl::ZeroDuration()) {
+        wait = std::min(wait, status_due_ - absl::Now());
+      }
       if (running_ && !pods_synced_) {
         wait = std::min(wait, started_at_ + options_.readmit_delay - absl::Now());
         start = starts_;
@@ -899,6 +903,7 @@ void KubeletSim::Housekeeping() {
       }
       if (due) ReadmitAfterStart(start);
     }
+    UpdateNodeStatus();
     if (absl::Now() >= watcher_due) {
       watcher_due = absl::Now() + options_.watcher_period;
       bool watching = false;
@@ -1956,6 +1961,23 @@ absl::Status KubeletSim::AdmitPod(const AllocateRequest& req, AllocateResponse* 
   return absl::OkStatus();
 }
 
+void KubeletSim::UpdateNodeStatus() {
+  std::map<std::string, int64_t> status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_ || absl::Now() < status_due_) return;
+    status_due_ = absl::Now() + options_.node_status_period;
+    status = state_.AllAllocatable();
+    if (status != status_allocatable_) {
+      nlohmann::json shown = nlohmann::json::object();
+      for (const auto& [name, n] : status) shown[name] = n;
+      events_.Emit("node_status_updated", {{"allocatable", shown}});
+    }
+    status_allocatable_ = status;
+  }
+  if (options_.on_node_status) options_.on_node_status(status);
+}
+
 State KubeletSim::GetState() {
   State st;
   absl::MutexLock lock(&mu_);
@@ -1966,6 +1988,14 @@ State KubeletSim::GetState() {
   st.set_root_dir(options_.root_dir);
   st.set_pods_synced(pods_synced_);
   state_.FillState(absl::Now(), &st);
+  for (ResourceState& r : *st.mutable_resources()) {
+    if (options_.node_status_period <= absl::ZeroDuration()) {
+      r.set_status_allocatable(r.allocatable());
+    } else {
+      auto it = status_allocatable_.find(r.name());
+      r.set_status_allocatable(it == status_allocatable_.end() ? 0 : it->second);
+    }
+  }
   return st;
 }
 

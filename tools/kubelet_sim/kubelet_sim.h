@@ -23,6 +23,7 @@
 #define DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -155,6 +156,16 @@ struct KubeletSimOptions {
   // next pass, once a second: a DRA driver or plugin is registered up to
   // a second after its socket appears (about 1 s on a real 1.37 node).
   absl::Duration watcher_period = absl::Seconds(1);
+  // How often the kubelet writes the node's status, whose allocatable the
+  // scheduler routes pods by (nodeStatusUpdateFrequency, 10 s by default):
+  // the device manager's count changes at once, the status at the next
+  // update (1.3-9.2 s later on a real 1.36 node). State shows it as
+  // ResourceState.status_allocatable; zero: the status follows at once.
+  absl::Duration node_status_period = absl::Seconds(10);
+  // Called with the node's allocatable of every device-plugin resource at
+  // each status update, as the kubelet writes it to the API server (a
+  // test hands it to its simulated API server's Node). May be empty.
+  std::function<void(const std::map<std::string, int64_t>&)> on_node_status;
   // Serve the container runtime's CRI (runtime.v1.RuntimeService, only
   // ListContainers) at <root_dir>/containerd/containerd.sock: every
   // container that runs (PodState.running), labelled with its pod's UID,
@@ -337,6 +348,9 @@ class KubeletSim {
   // while the container goes on with the devices it was started with. From
   // then on pod-resources lists those pods.
   void ReadmitAfterStart(int64_t start);
+  // The kubelet's node status update, when due: status_allocatable_
+  // becomes the device manager's count, and on_node_status hears it.
+  void UpdateNodeStatus();
 
   const KubeletSimOptions options_;
   EventLog events_{"kubelet_sim"};
@@ -358,6 +372,10 @@ class KubeletSim {
   std::map<std::string, absl::Time> pod_dirs_gone_at_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   DeviceManager state_ ABSL_GUARDED_BY(mu_);
+  // The allocatable the node's status shows (node_status_period), and when
+  // the kubelet writes it next.
+  std::map<std::string, int64_t> status_allocatable_ ABSL_GUARDED_BY(mu_);
+  absl::Time status_due_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The client entered under each resource name (the registration
   // handler's map: looked up when a stream ends).
   std::map<std::string, std::shared_ptr<PluginClient>> clients_ ABSL_GUARDED_BY(mu_);

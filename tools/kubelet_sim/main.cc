@@ -62,6 +62,10 @@ DEFINE_string(readmit_delay, "1s",
 DEFINE_string(watcher_period, "1s",
               "How often the plugin watcher registers and deregisters what it saw in\n"
               "plugins_registry/ (the kubelet's plugin manager: once a second). [serve]");
+DEFINE_string(node_status_period, "10s",
+              "How often the kubelet writes the node's status, whose allocatable the\n"
+              "scheduler routes by (nodeStatusUpdateFrequency); `state` shows it as\n"
+              "status_allocatable. 0s: the status follows the device manager at once. [serve]");
 DEFINE_string(pod_dir_linger, "2s",
               "How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real node). "
               "[serve]");
@@ -206,12 +210,14 @@ void PrintState(const State& st) {
   if (st.resources().empty()) std::cout << "no resources registered\n";
   for (const ResourceState& r : st.resources()) {
     std::cout << absl::StrFormat(
-        "\nresource %s  api %s via %s  %s  capacity %d  allocatable %d\n  endpoint %s%s%s\n",
+        "\nresource %s  api %s via %s  %s  capacity %d  allocatable %d (node status: %d)\n"
+        "  endpoint %s%s%s\n",
         r.name(), r.api_version().empty() ? "-" : r.api_version(),
         r.registered_via().empty() ? "checkpoint" : r.registered_via(),
         r.connected() ? "connected"
                       : absl::StrCat("disconnected for ", r.disconnected_ms() / 1000, "s"),
-        r.capacity(), r.allocatable(), r.endpoint().empty() ? "-" : r.endpoint(),
+        r.capacity(), r.allocatable(), r.status_allocatable(),
+        r.endpoint().empty() ? "-" : r.endpoint(),
         r.pre_start_required() ? "  [PreStart required]" : "",
         r.get_preferred_allocation_available() ? "  [preferred allocation]" : "");
     for (const DeviceState& d : r.devices()) {
@@ -535,6 +541,11 @@ int Serve() {
     return Fail("--watcher_period must be positive");
   }
   options.watcher_period = *watcher_period;
+  absl::StatusOr<absl::Duration> status_period =
+      ParseFlagDuration("node_status_period", FLAGS_node_status_period);
+  if (!status_period.ok()) return Fail(std::string(status_period.status().message()));
+  if (*status_period < absl::ZeroDuration()) return Fail("--node_status_period must not be negative");
+  options.node_status_period = *status_period;
   absl::StatusOr<absl::Duration> linger =
       ParseFlagDuration("pod_dir_linger", FLAGS_pod_dir_linger);
   if (!linger.ok()) return Fail(std::string(linger.status().message()));

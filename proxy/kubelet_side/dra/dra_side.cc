@@ -22,7 +22,11 @@ DraSide::DraSide(Options options, Resources resources, EventLog* events, LossCou
     : options_(std::move(options)),
       resources_(std::move(resources)),
       events_(events),
-      losses_(losses) {}
+      losses_(losses) {
+  if (options_.dra.move_fence) {
+    fence_ = std::make_unique<MoveFence>(options_.dra.node_name, events_);
+  }
+}
 
 DraSide::~DraSide() { Stop(Ending::kForGood); }
 
@@ -42,6 +46,13 @@ void DraSide::Stop(Ending ending) {
   // deadline.
   CancelApiCalls();
   if (thread_.joinable()) thread_.join();
+  if (fence_ != nullptr && kube_ != nullptr) {
+    // The taint of a move under way goes, through a client of its own (the
+    // side's calls are cancelled), within a few seconds at most.
+    absl::StatusOr<std::unique_ptr<KubeClient>> last =
+        KubeClient::Create(kube_->config(), absl::Seconds(5));
+    fence_->Stop(last.ok() ? last->get() : nullptr);
+  }
   if (server_) {
     const bool handed_over = ending == Ending::kHandedOver;
     server_->Stop(handed_over, handed_over ? WithdrawalForKubelet() : DraServer::Withdrawal::kDelete);
@@ -182,6 +193,7 @@ absl::Status DraSide::Start() {
   kube_->set_max_body_bytes(static_cast<size_t>(options_.api_max_body_bytes));
   kube_live_.store(kube_.get());
   if (api_cancelled_.load()) kube_->Cancel();
+  if (fence_ != nullptr) fence_->set_client(kube_.get());
   publisher_ = std::make_unique<SlicePublisher>(kube_.get(), options_.dra.driver,
                                                 options_.dra.node_name);
   // An API server that does not answer yet (a node booting before the
@@ -432,6 +444,9 @@ void DraSide::Loop() {
         events_->Emit("dra_pool_published", {{"resource", name}, {"devices", devices.size()}});
       }
     }
+    // A resource leaving the device manager (move_fence.h); a successor
+    // that took the node over fences its own moves.
+    if (fence_ != nullptr && !held) fence_->Step(absl::Now());
   }
 }
 

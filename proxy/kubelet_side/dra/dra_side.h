@@ -31,6 +31,7 @@
 #include "proxy/core/resource.h"
 #include "proxy/kubelet_side/dra/claim_preparer.h"
 #include "proxy/kubelet_side/dra/dra_server.h"
+#include "proxy/kubelet_side/dra/move_fence.h"
 #include "proxy/kubelet_side/dra/slice_publisher.h"
 #include "proxy/events/event_log.h"
 #include "proxy/kube/kube_client.h"
@@ -106,6 +107,11 @@ class DraSide : public KubeletSide {
   std::string api_error();
   int prepared_claims();
 
+  // The fence a resource leaving the device manager for DRA goes through
+  // (move_fence.h), stepped on this side's thread; nullptr when
+  // dra.move_fence is off.
+  MoveFence* move_fence() { return fence_.get(); }
+
  private:
   std::optional<BridgedResource> ResourceOfPool(const std::string& pool);
   // The health stream's view of one resource's devices.
@@ -130,6 +136,7 @@ class DraSide : public KubeletSide {
   std::unique_ptr<SlicePublisher> publisher_;
   std::unique_ptr<ClaimPreparer> preparer_;
   std::unique_ptr<DraServer> server_;
+  std::unique_ptr<MoveFence> fence_;
   std::thread thread_;
   // The kubelet's minor version (status.nodeInfo.kubeletVersion); 0 until
   // known. Read when the loop starts and whenever the kubelet registers

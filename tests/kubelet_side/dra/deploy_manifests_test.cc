@@ -41,11 +41,14 @@ TEST(DeployManifestsTest, RbacGrantsWhatDraModeDoes) {
   for (const char* v : {"list", "create", "update", "delete"}) {  // SlicePublisher
     EXPECT_TRUE(verbs["resourceslices.resource.k8s.io"].count(v)) << v;
   }
-  // DraSide: the kubelet's release, from the node's status.
+  // DraSide: the kubelet's release, from the node's status; MoveFence: the
+  // node's taint while a resource moves to DRA (read, then updated).
   EXPECT_TRUE(verbs["nodes"].count("get"));
-  // Nothing else: no write outside the resource group, no other object.
+  EXPECT_TRUE(verbs["nodes"].count("update"));
+  // Nothing else: no other object, and the node is never patched, listed
+  // or deleted.
   EXPECT_EQ(verbs.size(), 3u);
-  EXPECT_EQ(verbs["nodes"].size(), 1u);
+  EXPECT_EQ(verbs["nodes"].size(), 2u);
 }
 
 TEST(DeployManifestsTest, TheDeviceClassSelectsTheDriverAndServesTheExtendedResource) {

@@ -198,11 +198,15 @@ class Scenario:
         wait_until("the node's allocatable %s == %d" % (resource, n),
                    lambda: self.allocatable(resource) == n or None, timeout)
 
-    def pod(self, name, count, script="sleep 3600", resource=None):
+    def pod(self, name, count, script="sleep 3600", resource=None, tolerate=True):
         """Creates a host-network pod of one busybox container asking for
-        `count` devices; returns its name."""
+        `count` devices; returns its name. `tolerate`: it tolerates every
+        taint (a kubelet restart's not-ready ones); without, it is an
+        ordinary workload's pod."""
         manifest = pod_manifest(name, script,
                                 {"limits": {resource or self.resource: str(count)}})
+        if not tolerate:
+            del manifest["spec"]["tolerations"]
         self.node.kubectl("apply", "-f", "-", input=json.dumps(manifest).encode())
         self.pods.append(name)
         return name
@@ -717,6 +721,61 @@ def scenario_dra(s):
             _two_pods_disjoint(s, a, b)
 
 
+def _events(s, name):
+    """dpproxy's events named `name`, from the scenario's events file."""
+    out = []
+    path = os.path.join(s.work, "events.jsonl")
+    if os.path.exists(path):
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if e.get("event") == name:
+                    out.append(e)
+    return out
+
+
+def scenario_move_to_dra(s, fence=True):
+    """A resource served both ways moved to DRA by a reload while pods of
+    the extended resource are created from that moment on (issue 59.1). The
+    scheduler routes each by the node's status, which the kubelet writes
+    every 10 s: without dpproxy's fence a pod routed to the device plugin
+    on the stale status is refused by the kubelet ("no healthy devices
+    present") and fails for good. Every pod must start, the node's taint
+    must come and go, and the node's status must end at 0."""
+    dra_setup(s)
+    config = os.path.join(s.work, "dpproxy.yaml")
+
+    def write_config(path):
+        with open(config, "w") as f:
+            f.write("paths: {%s: %s}\n" % (s.resource, path))
+            if not fence:
+                f.write("dra: {move_fence: false}\n")
+    write_config("both")
+    proxy = dra_dpproxy(s, "--config=" + config)
+    s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES, 60)
+    wait_until("the node's slices of %s list %d devices" % (DRIVER, DEVICES),
+               lambda: len(slice_devices(s)) == DEVICES, 60)
+    write_config("dra")
+    proxy.p.send_signal(signal.SIGHUP)
+    pods = [s.pod("m%d" % i, 1, SCRIPT, tolerate=False) for i in range(DEVICES)]
+    for p in pods:
+        s.wait_running(p, 120)
+    for i, a in enumerate(pods):
+        for b in pods[i + 1:]:
+            _two_pods_disjoint(s, a, b)
+    if fence:
+        check(_events(s, "move_fence_raised"), "dpproxy never tainted the node")
+        wait_until("the node's taint lowered", lambda: bool(_events(s, "move_fence_lowered")), 60)
+        taints = s.node.get_json("node", realnode.NODE_NAME)["spec"].get("taints", [])
+        check(not [t for t in taints if t.get("key") == "dpproxy/moving"],
+              "the node keeps dpproxy's taint: %s" % json.dumps(taints))
+    s.wait_allocatable(0, 60)
+
+
 K8S_SAMPLE_RESOURCE = "example.com/resource"
 
 
@@ -787,6 +846,8 @@ SCENARIOS = [
     ("checkpoint-loss", scenario_checkpoint_loss),
     ("takeover-under-pods", scenario_takeover_under_pods),
     ("dra", scenario_dra, 32),
+    # Pods of the extended resource through DRA: on by default from 1.36.
+    ("move-to-dra", scenario_move_to_dra, 36),
     ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),

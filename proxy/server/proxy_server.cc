@@ -1,3 +1,4 @@
+#include "proxy/state/state_dir.h"
 #include "proxy/server/proxy_server.h"
 
 #include <unistd.h>
@@ -87,6 +88,14 @@ absl::Status ProxyServer::Start() {
     }
   }
   if (absl::Status s = StartServing(); !s.ok()) return FailStart(s);
+  if (!config_.state_dir.empty()) {
+    if (absl::Status s = NoteStateDirInUse(config_.plugin_dir, config_.state_dir); !s.ok()) {
+      LOG(WARNING) << "cannot note the state directory in " << config_.plugin_dir
+                   << " (were every state file lost, the next start would take it for a "
+                      "first start): "
+                   << s.message();
+    }
+  }
   Wake();
   events_.Emit("proxy_started", {});
   if (taking_over()) {
@@ -157,8 +166,25 @@ absl::Status ProxyServer::OpenState() {
   DPP_RETURN_IF_ERROR(LockState());
   keeper_ = std::make_unique<StateKeeper>(JoinPath(config_.state_dir, "state.pb"), &events_);
   keeper_->SetSyncObserver([this](absl::Duration d) { telemetry_.ObserveJournalSync(d); });
+  // Not one state file, while the plugin directory's note names this state
+  // directory: its files were lost (removed, a wiped volume), which is not
+  // a first start.
+  std::optional<std::string> lost_since;
+  if (StateDirEmpty(config_.state_dir)) {
+    lost_since = StateDirNotedSince(config_.plugin_dir, config_.state_dir);
+  }
   DPP_RETURN_IF_ERROR(MakeSide());
   DPP_RETURN_IF_ERROR(RestoreState());
+  if (lost_since.has_value()) {
+    keeper_->MarkDamagedAtLoad();
+    LOG(ERROR) << "state directory " << config_.state_dir << " has none of its files, and "
+               << JoinPath(config_.plugin_dir, kStateNoteName) << " says dpproxy has used it "
+               << "since " << *lost_since << ": the state was lost, this is not a first start; "
+               << "dpproxy learns back from the kubelet the allocations it lists";
+    events_.Emit("state_lost", {{"path", config_.state_dir},
+                                {"in_use_since", *lost_since},
+                                {"note", JoinPath(config_.plugin_dir, kStateNoteName)}});
+  }
   // Pods of the extended resource and DRA claims may both hold devices:
   // both sides serve, or the journal holds the other path's allocations (a
   // path changed while pods ran). Each device then has one holder, and

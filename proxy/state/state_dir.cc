@@ -1,6 +1,13 @@
 #include "proxy/state/state_dir.h"
 
+#include <limits.h>
+#include <stdlib.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/previous_generation.h"
 #include "proxy/state/state_store.h"
@@ -110,6 +117,66 @@ StateDirReport InspectStateDir(const std::string& dir) {
         "since the snapshot are gone from dpproxy's copy; it learns them back from the kubelet"));
   }
   return r;
+}
+
+}  // namespace dpproxy
+
+namespace dpproxy {
+namespace {
+
+// The state directory as one name: its canonical path where it exists.
+std::string CanonicalDir(const std::string& dir) {
+  char buf[PATH_MAX];
+  return ::realpath(dir.c_str(), buf) != nullptr ? std::string(buf) : dir;
+}
+
+// The note's "state_dir" and "since" lines.
+struct StateNote {
+  std::string state_dir;
+  std::string since;
+};
+
+std::optional<StateNote> ReadStateNote(const std::string& plugin_dir) {
+  absl::StatusOr<std::string> text = ReadFileUpTo(JoinPath(plugin_dir, kStateNoteName), 64 << 10);
+  if (!text.ok()) return std::nullopt;
+  StateNote note;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (absl::ConsumePrefix(&line, "state_dir: ")) note.state_dir = std::string(line);
+    if (absl::ConsumePrefix(&line, "since: ")) note.since = std::string(line);
+  }
+  if (note.state_dir.empty()) return std::nullopt;
+  return note;
+}
+
+}  // namespace
+
+bool StateDirEmpty(const std::string& dir) {
+  for (const char* name : {"state.pb", "journal.wal"}) {
+    const std::string path = JoinPath(dir, name);
+    if (PathExists(path) || PathExists(path + ".prev")) return false;
+  }
+  return true;
+}
+
+absl::Status NoteStateDirInUse(const std::string& plugin_dir, const std::string& state_dir) {
+  const std::string dir = CanonicalDir(state_dir);
+  std::optional<StateNote> note = ReadStateNote(plugin_dir);
+  if (note.has_value() && note->state_dir == dir) return absl::OkStatus();
+  return WriteFileAtomic(
+      JoinPath(plugin_dir, kStateNoteName),
+      absl::StrCat("# dpproxy: the state directory this plugin directory's dpproxy uses. If\n"
+                   "# that directory is found without its files, they were lost (not a first\n"
+                   "# start), and dpproxy learns back from the kubelet.\n",
+                   "state_dir: ", dir, "\n", "since: ",
+                   absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()), "\n"),
+      0644);
+}
+
+std::optional<std::string> StateDirNotedSince(const std::string& plugin_dir,
+                                              const std::string& state_dir) {
+  std::optional<StateNote> note = ReadStateNote(plugin_dir);
+  if (!note.has_value() || note->state_dir != CanonicalDir(state_dir)) return std::nullopt;
+  return note->since.empty() ? std::string("an unknown time") : note->since;
 }
 
 }  // namespace dpproxy

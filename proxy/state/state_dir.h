@@ -8,6 +8,7 @@
 #ifndef DPPROXY_PROXY_STATE_STATE_DIR_H_
 #define DPPROXY_PROXY_STATE_STATE_DIR_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,25 @@ struct StateDirReport {
   bool untrusted = false;
 };
 StateDirReport InspectStateDir(const std::string& dir);
+
+// A state directory with none of its files (state.pb, journal.wal, and
+// their previous generation) is new, or lost them all. To tell the two
+// apart dpproxy keeps a note in its other directory, the plugin directory,
+// naming the state directory it loaded (written at every start): a state
+// directory found without files while the note names it lost them (damage:
+// dpproxy says so and learns back from the kubelet); otherwise it is new
+// (a first start, quiet).
+inline constexpr char kStateNoteName[] = ".dpproxy-state";
+// No state file at all in `dir` (a missing directory included).
+bool StateDirEmpty(const std::string& dir);
+// Writes the note (durably) naming `state_dir`, keeping the time of a note
+// that names it already.
+absl::Status NoteStateDirInUse(const std::string& plugin_dir, const std::string& state_dir);
+// When the note in `plugin_dir` says `state_dir` came into use (RFC 3339),
+// if it names that directory; nullopt if there is no note or it names
+// another.
+std::optional<std::string> StateDirNotedSince(const std::string& plugin_dir,
+                                              const std::string& state_dir);
 
 }  // namespace dpproxy
 

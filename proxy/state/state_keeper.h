@@ -286,6 +286,9 @@ class StateKeeper : public AllocationJournal {
   // Load() found the state damaged (a file moved aside, or journal
   // records lost): allocations it held may be missing.
   bool damaged_at_load() const { return damaged_at_load_.load(); }
+  // What Load() found lacks what it should hold, for a reason it cannot
+  // see itself (the state directory lost every file): as damaged_at_load.
+  void MarkDamagedAtLoad() { damaged_at_load_ = true; }
   // Cheap, for status and metrics.
   int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.

@@ -252,9 +252,21 @@ expect_contains "dpctl json" "$LAST_OUT" '"backend_api": "v1alpha2"'
 expect_contains "dpctl json shows the plugin's answer as a message" "$LAST_OUT" \
   '"SAMPLE_PLUGIN_API": "v1alpha"'
 help="$("$DPCTL" --help)"
-for flag in state_dir output; do
+for flag in state_dir output plugin_dir; do
   expect_contains "dpctl --help lists --$flag" "$help" "--$flag ("
 done
+# Every state file gone: damage, since dpproxy's note in its plugin
+# directory names the state directory; a directory nobody used is new.
+mkdir -p "$DIR/lost.saved"; cp -a "$R2/state/." "$DIR/lost.saved"
+find "$R2/state" -maxdepth 1 -type f -delete
+expect_exit "dpctl verify every file gone" 1 "$DPCTL" verify --state_dir="$R2/state" \
+  --plugin_dir="$R2/p"
+expect_contains "dpctl calls it a loss" "$LAST_OUT" "every state file is gone, and dpproxy has used"
+mkdir -p "$DIR/never-used"
+expect_exit "dpctl verify a new directory" 1 "$DPCTL" verify --state_dir="$DIR/never-used" \
+  --plugin_dir="$R2/p"
+expect_contains "dpctl calls it a first start" "$LAST_OUT" "would start as on a first start"
+cp -a "$DIR/lost.saved/." "$R2/state/"
 # A torn journal tail is reported (dpproxy cuts it at start).
 cp "$R2/state/journal.wal" "$DIR/journal.saved"
 printf 'torn' >> "$R2/state/journal.wal"

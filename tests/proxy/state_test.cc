@@ -3,6 +3,7 @@
 // simulator's re-admission rule.
 #include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -801,6 +802,51 @@ TEST(LearnBackTest, AnEmptiedJournalIsLearnedBackFromTheCheckpoint) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // the plugin is back
   EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());
   ASSERT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
+}
+
+// Every state file removed while dpproxy was stopped (the directory itself
+// kept, or gone too): the plugin directory's note says the state directory
+// was in use, so this is a loss, not a first start. dpproxy says so
+// (state_lost) and learns back from the kubelet's checkpoint what it
+// lists. A first start, or a note naming another directory, stays quiet.
+TEST(LearnBackTest, EveryStateFileRemovedIsALossNotAFirstStart) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  UpWithPlugin(h, ApiVersion::kV1Beta1);
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("state_lost", {}, absl::ZeroDuration()));
+  ASSERT_TRUE(PathExists(h.dir("p/") + kStateNoteName));
+  ASSERT_TRUE(h.sim().Allocate(Pod("a", {{"x", 1}})).ok());
+  ASSERT_TRUE(h.sim().Allocate(Pod("b", {{"y", 1}, {"z", 1}})).ok());
+  const std::multiset<std::string> before = Keys(h.proxy().state()->Snapshot());
+  ASSERT_EQ(before.size(), 3u);
+  h.StopProxy();
+  std::error_code ec;
+  std::filesystem::remove_all(h.dir("state"), ec);
+  ASSERT_FALSE(ec) << ec.message();
+
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  std::optional<Json> lost = h.proxy().events().WaitForEvent("state_lost", {}, kWait);
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ((*lost)["path"], h.dir("state"));
+  ASSERT_TRUE(h.proxy()
+                  .events()
+                  .WaitForEvent("allocations_recovered",
+                                {{"from", "kubelet checkpoint"}, {"recovered", 3}}, kWait)
+                  .has_value());
+  EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());  // held again
+  EXPECT_TRUE(h.sim().Allocate(Pod("d", {{"w", 1}})).ok());
+
+  // The note names another state directory: a new one here is a first start.
+  h.StopProxy();
+  ASSERT_TRUE(NoteStateDirInUse(h.dir("p"), h.dir("elsewhere")).ok());
+  std::filesystem::remove_all(h.dir("state"), ec);
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("proxy_started", {}, kWait).has_value());
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("state_lost", {}, absl::ZeroDuration()));
+  EXPECT_EQ(StateDirNotedSince(h.dir("p"), h.dir("state")).has_value(), true);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // dpctl: inspect dpproxy's durable state. Reads the state file directly and
 // never changes it, so it works while dpproxy is stopped (upgrade windows).
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include <gflags/gflags.h>
@@ -20,6 +21,9 @@
 
 DEFINE_string(state_dir, "/var/lib/dpproxy", "dpproxy's --state_dir; the file is state.pb in it.");
 DEFINE_string(output, "table", "table or json.");
+DEFINE_string(plugin_dir, "/var/lib/dpproxy/device-plugins",
+              "dpproxy's --plugin_dir: its note there tells a state directory that lost\n"
+              "every file (damage) from a new one (a first start).");
 
 namespace dpproxy {
 namespace {
@@ -50,7 +54,7 @@ constexpr char kUsage[] = R"(dpctl: inspect dpproxy's durable state.
 
 Usage:
   dpctl state  [--state_dir=DIR] [--output=table|json]   resources, devices, allocations
-  dpctl verify [--state_dir=DIR]                         exit 0 if the state is intact
+  dpctl verify [--state_dir=DIR] [--plugin_dir=DIR]      exit 0 if the state is intact
 
 The state (state.pb, the journal beside it, and their previous generation
 state.pb.prev and journal.wal.prev) is read, never written. verify lists
@@ -59,7 +63,10 @@ directory or a link in place of one) or repair at its next start (a snapshot
 proven corrupt is moved aside and the previous generation loaded instead; a
 torn journal tail is cut; damage in the journal, its header included, is
 copied aside and the intact records kept; a journal missing beside a saved
-snapshot is learned back from the kubelet) and exits 1 if there is any.
+snapshot is learned back from the kubelet) and exits 1 if there is any. A
+state directory without any of its files is a first start if nothing says
+it was used, and damage if dpproxy's note in the plugin directory names it
+(dpproxy then learns back from the kubelet); both exit 1, saying which.
 state prints what dpproxy would load, with the same conditions as warnings.
 
 Flags:
@@ -117,9 +124,18 @@ void PrintTable(const std::string& path, const state::State& s) {
 
 int Run(const std::string& command) {
   const std::string path = JoinPath(FLAGS_state_dir, "state.pb");
-  if (!PathExists(path) && !PathExists(JoinPath(FLAGS_state_dir, "journal.wal")) &&
-      !PathExists(path + ".prev")) {
-    std::cerr << "dpctl: no dpproxy state in " << FLAGS_state_dir << " (is --state_dir right?)\n";
+  if (StateDirEmpty(FLAGS_state_dir)) {
+    const std::string note = JoinPath(FLAGS_plugin_dir, kStateNoteName);
+    if (std::optional<std::string> since = StateDirNotedSince(FLAGS_plugin_dir, FLAGS_state_dir)) {
+      std::cout << FLAGS_state_dir << ": not intact: every state file is gone, and dpproxy has "
+                << "used this directory since " << *since << " (" << note
+                << " names it): the state was lost; at its next start dpproxy says so and "
+                << "learns back from the kubelet the allocations it lists\n";
+      return 1;
+    }
+    std::cerr << "dpctl: no dpproxy state in " << FLAGS_state_dir << ", and " << note
+              << " does not name it: dpproxy would start as on a first start (is --state_dir "
+              << "right?)\n";
     return 1;
   }
   // The same inspection dpproxy's start-up makes, without changing anything.

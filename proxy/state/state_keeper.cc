@@ -322,11 +322,16 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   }
   RebuildIndexLocked();
   if (!quarantined_held_.empty()) ++quarantine_version_;
-  // Fold what the journal held into a fresh snapshot.
+  // Fold what the journal held into a fresh snapshot. A disk that takes no
+  // write (full) does not stop the start: the records stay in the journal
+  // (a failed save drops none), what was loaded is served, Allocates are
+  // refused while nothing can be written, and a later save folds them.
   if (!replay->records.empty()) {
     if (absl::Status save = SaveLocked(); !save.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot write the state after loading it: ", save.message()));
+      LOG(ERROR) << "cannot fold the journal into a new snapshot at start (" << save.message()
+                 << "): dpproxy starts on the " << allocations_.size()
+                 << " allocation(s) it loaded, the journal keeps their records, and new "
+                    "Allocates are refused until the state directory takes writes again";
     }
   }
   return summary ? SummaryLocked() : FullStateLocked();

@@ -55,12 +55,15 @@ void Fill(const std::string& path) {
 
 // The harness with its state directory on a 256 KiB tmpfs, a plugin, and
 // the kubelet seeing its devices.
-void UpWithStateOnTmpfs(ProxyHarness& h) {
+// `padding`: bytes the plugin adds to each Allocate answer.
+void UpWithStateOnTmpfs(ProxyHarness& h, size_t padding = 0) {
   ASSERT_TRUE(MakeDirs(h.dir("state")).ok());
   MountTmpfs(h.dir("state"), "size=256k,mode=0755");
   ASSERT_TRUE(h.sim().Start().ok());
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.allocate_padding = padding;
+  ASSERT_NE(h.StartPlugin(o), nullptr);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
 }
 
@@ -102,6 +105,62 @@ TEST(DiskFaultTest, FullDiskRefusesAllocateCountsItAndRecovers) {
   absl::StatusOr<state::State> st = ReadStateDir(h.dir("state"));
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->allocations_size(), acknowledged);
+  ASSERT_EQ(::umount2(h.dir("state").c_str(), MNT_DETACH), 0);
+}
+
+// A start on a full disk (a crash left journal records to fold into a
+// snapshot, and nothing can be written): dpproxy starts on what it loaded,
+// serves the kubelet and keeps the held devices held, refuses new
+// Allocates naming the full disk, and takes them again once space returns.
+TEST(DiskFaultTest, AStartOnAFullDiskServesWhatItLoadedAndRecovers) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  // Answers of 16 KiB: the snapshot that folds the journal in needs more
+  // pages than the previous generation it replaces frees.
+  UpWithStateOnTmpfs(h, 16 << 10);
+  absl::StatusOr<sim::AllocateResponse> kept = h.sim().Allocate(Pod("kept"));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const std::string held = kept->allocations(0).device_ids(0);
+  // What a crash leaves: the journal holding the allocation (a clean stop
+  // folds it into the snapshot), which the next start folds.
+  const std::string image = h.dir("crash-image");
+  ASSERT_TRUE(MakeDirs(image).ok());
+  for (const char* f : {"state.pb", "journal.wal"}) {
+    absl::StatusOr<std::string> bytes = ReadFile(h.dir("state/") + f);
+    ASSERT_TRUE(bytes.ok()) << f << ": " << bytes.status();
+    ASSERT_TRUE(WriteFileAtomic(JoinPath(image, f), *bytes).ok());
+  }
+  h.RestartProxy();
+  for (const char* f : {"state.pb", "journal.wal"}) {
+    ASSERT_TRUE(WriteFileAtomic(h.dir("state/") + f, *ReadFile(JoinPath(image, f))).ok());
+  }
+  ASSERT_TRUE(ReadStateDir(h.dir("state")).ok());
+  // Full to the last byte: no page is left for anything new.
+  Fill(h.dir("state/filler"));
+  Fill(h.dir("state/filler2"));
+  absl::Status started = h.proxy().Start();
+  ASSERT_TRUE(started.ok()) << started;
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
+  Json status = StatusToJson(h.proxy().Status());
+  EXPECT_FALSE(status["state"]["writable"].get<bool>());
+  EXPECT_THAT(status["state"]["last_write_error"].get<std::string>(), HasSubstr("space"));
+  EXPECT_TRUE(h.proxy().events().WaitForEvent("state_save_failed", {}, absl::ZeroDuration()));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // the plugin is back
+  absl::StatusOr<sim::AllocateResponse> refused = h.sim().Allocate(Pod("refused"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("cannot persist"));
+  // Space again: Allocates are taken, and the held device stays held.
+  ASSERT_EQ(::unlink(h.dir("state/filler").c_str()), 0);
+  ASSERT_EQ(::unlink(h.dir("state/filler2").c_str()), 0);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<sim::AllocateResponse> after = h.sim().Allocate(Pod(absl::StrCat("after", i)));
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_NE(after->allocations(0).device_ids(0), held);
+  }
+  EXPECT_TRUE(h.proxy().Status().state->writable);
+  h.RestartProxy();
+  absl::StatusOr<state::State> st = ReadStateDir(h.dir("state"));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->allocations_size(), 4);
   ASSERT_EQ(::umount2(h.dir("state").c_str(), MNT_DETACH), 0);
 }
 

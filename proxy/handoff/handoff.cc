@@ -1,14 +1,25 @@
 #include "proxy/handoff/handoff.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <functional>
+#include <optional>
+#include <thread>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_builder.h>
+#include <grpcpp/server_posix.h>
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +29,7 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "proxy/util/job_threads.h"
+#include "proxy/util/thread_name.h"
 #include "proxy/version.h"
 
 namespace dpproxy {
@@ -48,6 +60,17 @@ absl::Status CheckText(const char* call, const char* field, const std::string& v
   return absl::OkStatus();
 }
 
+// The real user ID of process `pid` (/proc/PID/status), or nullopt.
+std::optional<uid_t> UidOf(int64_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    unsigned long uid = 0;
+    if (std::sscanf(line.c_str(), "Uid: %lu", &uid) == 1) return static_cast<uid_t>(uid);
+  }
+  return std::nullopt;
+}
+
 absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
   if (req.pid() <= 0 || req.pid() > INT32_MAX) {
     return absl::InvalidArgumentError(
@@ -56,6 +79,14 @@ absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
   if (::kill(static_cast<pid_t>(req.pid()), 0) != 0 && errno == ESRCH) {
     return absl::InvalidArgumentError(
         absl::StrCat("Release: pid ", req.pid(), " is not a running process"));
+  }
+  // The state goes to a process of this dpproxy's own user, never another's.
+  const std::optional<uid_t> uid = UidOf(req.pid());
+  if (!uid.has_value() || *uid != ::geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "Release: pid ", req.pid(),
+        uid.has_value() ? absl::StrCat(" runs as uid ", *uid) : std::string(" has no readable uid"),
+        ", not as this dpproxy's user (uid ", ::geteuid(), ")"));
   }
   return CheckText("Release", "version", req.version(), kMaxVersionBytes);
 }
@@ -245,20 +276,120 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
   int64_t peer_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Accepts the handoff socket's connections itself, so that each caller's
+// credentials are known (SO_PEERCRED, which gRPC does not expose): a
+// process of this dpproxy's user, or root, is handed to the gRPC server; any
+// other is refused, logged, and closed. One thread, woken by an eventfd to
+// stop.
+class HandoffServer::Acceptor {
+ public:
+  static absl::StatusOr<std::unique_ptr<Acceptor>> Listen(const std::string& path,
+                                                          grpc::Server* server) {
+    auto a = std::unique_ptr<Acceptor>(new Acceptor(path, server));
+    if (absl::Status s = a->Open(); !s.ok()) return s;
+    a->thread_ = std::thread([raw = a.get()] { raw->Loop(); });
+    return a;
+  }
+  ~Acceptor() {
+    if (thread_.joinable()) {
+      const uint64_t one = 1;
+      (void)!::write(wake_, &one, sizeof(one));
+      thread_.join();
+    }
+    if (listen_ >= 0) {
+      ::close(listen_);
+      ::unlink(path_.c_str());
+    }
+    if (wake_ >= 0) ::close(wake_);
+  }
+
+ private:
+  Acceptor(std::string path, grpc::Server* server) : path_(std::move(path)), server_(server) {}
+
+  absl::Status Open() {
+    wake_ = ::eventfd(0, EFD_CLOEXEC);
+    if (wake_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", ErrnoText(errno)));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path_.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path_));
+    }
+    std::memcpy(addr.sun_path, path_.data(), path_.size());
+    // A stale socket of a dpproxy that died is replaced; anything else is not.
+    struct stat st;
+    if (::lstat(path_.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(path_, " exists and is not a socket; it is left alone"));
+      }
+      ::unlink(path_.c_str());
+    }
+    listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (listen_ < 0) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listen_, 16) != 0) {
+      const int err = errno;
+      ::close(listen_);
+      listen_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve the handoff socket ", path_, ": ", ErrnoText(err)));
+    }
+    return SetMode(path_, 0600);
+  }
+
+  void Loop() {
+    NameThisThread("dpp-handoff-acc");
+    for (;;) {
+      pollfd fds[2] = {{listen_, POLLIN, 0}, {wake_, POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        LOG(ERROR) << "handoff socket " << path_ << ": poll: " << ErrnoText(errno);
+        return;
+      }
+      if (fds[1].revents != 0) return;
+      const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) continue;  // EAGAIN, a connection that went away, EMFILE (logged by none)
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        LOG(WARNING) << "handoff socket " << path_ << ": a connection whose credentials "
+                     << "cannot be read (" << ErrnoText(errno) << ") is refused";
+        ::close(fd);
+        continue;
+      }
+      if (cred.uid != ::geteuid() && cred.uid != 0) {
+        LOG(WARNING) << "handoff socket " << path_ << ": refused a connection from pid "
+                     << cred.pid << " (uid " << cred.uid << "): only this dpproxy's user (uid "
+                     << ::geteuid() << ") or root may take over";
+        ::close(fd);
+        continue;
+      }
+      grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns it from here
+    }
+  }
+
+  const std::string path_;
+  grpc::Server* const server_;
+  int listen_ = -1;
+  int wake_ = -1;
+  std::thread thread_;
+};
+
 absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& socket,
                                                                     Hooks hooks) {
   std::unique_ptr<HandoffServer> s(new HandoffServer());
   s->socket_ = socket;
   s->service_ = std::make_unique<Service>(std::move(hooks));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(UnixAddress(socket), grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve the handoff socket ", socket));
   }
-  if (absl::Status m = SetMode(socket, 0600); !m.ok()) return m;
+  absl::StatusOr<std::unique_ptr<Acceptor>> acceptor = Acceptor::Listen(socket, s->server_.get());
+  if (!acceptor.ok()) return acceptor.status();
+  s->acceptor_ = *std::move(acceptor);
   return s;
 }
 
@@ -267,6 +398,7 @@ HandoffServer::~HandoffServer() { Stop(); }
 void HandoffServer::Reopen() { service_->Reopen(); }
 
 void HandoffServer::Stop() {
+  acceptor_.reset();  // no new connection; the socket goes
   if (server_ == nullptr) return;
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   // The calls in progress end when their work does.

@@ -55,7 +55,10 @@ class HandoffServer {
     std::function<absl::Status(const std::string& reason)> hand_back;
   };
 
-  // Serves `socket` (mode 0600; a stale file there is replaced).
+  // Serves `socket` (mode 0600; a stale file there is replaced). Every
+  // connection's credentials are checked as it is accepted (SO_PEERCRED):
+  // only a process of this dpproxy's user (or root) is served; another is
+  // refused and logged. Release names a process of the same user.
   static absl::StatusOr<std::unique_ptr<HandoffServer>> Start(const std::string& socket,
                                                               Hooks hooks);
   ~HandoffServer();
@@ -66,10 +69,12 @@ class HandoffServer {
 
  private:
   class Service;
+  class Acceptor;
   HandoffServer() = default;
   std::string socket_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Acceptor> acceptor_;
 };
 
 class HandoffClient {

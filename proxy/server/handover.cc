@@ -1,7 +1,9 @@
 #include "proxy/server/handover.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -131,6 +133,26 @@ void Handover::CheckProgress(absl::Time now) {
     }
   }
   if (forwarded_.load()) return;
+  if (!lock_seen_ && now - absl::FromUnixNanos(at) >= kLockGrace) {
+    // A takeover locks the state directory right after its Release; a
+    // process that never does is no takeover (a stray or hostile call
+    // naming some process), or one stuck before it: the state comes back
+    // now, not at the handoff timeout with every Allocate held until then.
+    if (StateLockFree()) {
+      const std::string why = absl::StrCat("pid ", peer_pid_, " was given the state and never "
+                                           "took the state directory's lock within ",
+                                           absl::FormatDuration(kLockGrace));
+      absl::Status s = TakeBack(why);
+      if (s.ok()) {
+        if (server_) server_->Reopen();
+        return;
+      }
+      LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: "
+                 << s.message() << "; trying again";
+    } else {
+      lock_seen_ = true;
+    }
+  }
   if (now - absl::FromUnixNanos(at) < options_.handoff_timeout) return;
   // The new dpproxy released this one and never came to serve (it died, or
   // hangs). This one holds the kubelet's Allocates and can write nothing:
@@ -143,6 +165,15 @@ void Handover::CheckProgress(absl::Time now) {
   events_->Emit("handoff_abandoned",
                 {{"waited_seconds", absl::ToInt64Seconds(options_.handoff_timeout)}});
   if (on_done_) on_done_();
+}
+
+bool Handover::StateLockFree() {
+  const std::string path = JoinPath(options_.state_dir, "lock");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;  // gone or unreadable: not known to be free
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);  // (releases it again)
+  return free;
 }
 
 absl::StatusOr<int64_t> Handover::Forward(const std::map<std::string, std::string>& sockets) {
@@ -185,6 +216,7 @@ absl::Status Handover::TakeBack(const std::string& why) {
   released_at_ns_ = 0;
   forwarded_ = false;
   released_ = false;
+  lock_seen_ = false;
   LOG(WARNING) << "handoff: " << why << "; this dpproxy took the state directory back with "
                << *allocations << " allocations and serves on";
   events_->Emit("handoff_taken_back",

@@ -90,8 +90,16 @@ class Handover {
   // Released to a new dpproxy that never served (handoff_abandoned).
   bool failed() const { return failed_.load(); }
 
+  // How long after a Release the process it named must hold the state
+  // directory's lock: one that does not by then is no takeover, and the
+  // state comes back (handoff_taken_back).
+  static constexpr absl::Duration kLockGrace = absl::Seconds(5);
+
  private:
   absl::StatusOr<int> Release(int64_t peer_pid);
+  // Nobody holds the state directory's lock (a try that takes it and lets
+  // it go at once).
+  bool StateLockFree();
   absl::StatusOr<int64_t> Forward(const std::map<std::string, std::string>& sockets);
   void Finish();
   absl::Status TakeBack(const std::string& why);
@@ -113,6 +121,8 @@ class Handover {
   std::atomic<int64_t> released_at_ns_{0};
   std::atomic<bool> forwarded_{false};
   std::atomic<bool> failed_{false};
+  // The lock was seen held since the Release (CheckProgress's thread only).
+  bool lock_seen_ = false;
 };
 
 }  // namespace dpproxy

@@ -1,11 +1,16 @@
 // A dpproxy upgraded beside the running one (--takeover): the state is
 // handed over, the kubelet's Allocates go on throughout, and the kubelet's
 // view of the devices never has a gap (issue 10).
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -21,6 +26,7 @@
 #include "absl/synchronization/notification.h"
 #include "proxy/handoff/handoff.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proxy/server/handover.h"
 #include "tests/proxy/proxy_harness.h"
 #include "tests/testing/sim_helpers.h"
 
@@ -370,6 +376,109 @@ TEST(HandoffTakenBackTest, ANewDpproxyKilledAfterTheReleaseLeavesTheOldOneServin
   absl::Status took = h.TakeOver();
   ASSERT_TRUE(took.ok()) << took.message();
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+}
+
+// A Release naming a live process of dpproxy's user that never takes the
+// state directory's lock (no takeover follows: a stray or hostile call):
+// the running dpproxy takes the state back once the lock grace has passed,
+// and answers the Allocate it held meanwhile, rather than holding every
+// Allocate for the handoff timeout (a minute) and then stopping.
+TEST(HandoffTakenBackTest, AReleaseToAProcessThatNeverLocksIsTakenBackAtOnce) {
+  // Forked before dpproxy starts: a child forked later would inherit its
+  // lock's open file and hold the lock.
+  const pid_t named = ::fork();
+  ASSERT_GE(named, 0);
+  if (named == 0) {
+    for (;;) ::pause();  // alive, and never a dpproxy
+  }
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(h.dir("state/handoff.0.sock")));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  handoff::v1::ReleaseRequest release;
+  release.set_pid(named);
+  handoff::v1::ReleaseReply released;
+  grpc::Status s = stub->Release(&ctx, release, &released);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const absl::Time at = absl::Now();
+  absl::StatusOr<sim::AllocateResponse> during =
+      h.sim().Allocate(testing::PodRequest("during", {{"main", 1}}, kGpu));
+  EXPECT_TRUE(during.ok()) << during.status();
+  std::optional<Json> back = h.proxy().events().WaitForEvent(
+      "handoff_taken_back", {}, Handover::kLockGrace + absl::Seconds(10));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_THAT(back->value("reason", ""), ::testing::HasSubstr("never took the state directory"));
+  EXPECT_LT(absl::Now() - at, Handover::kLockGrace + absl::Seconds(10));
+  EXPECT_FALSE(h.proxy().handoff_failed());
+  EXPECT_EQ(h.proxy().state()->AllocationCount(), 1);
+  ::kill(named, SIGKILL);
+  ::waitpid(named, nullptr, 0);
+  absl::Status took = h.TakeOver();
+  ASSERT_TRUE(took.ok()) << took.message();
+}
+
+// The handoff socket serves dpproxy's own user only: a connection from
+// another user is closed as it is accepted (here with the socket's mode
+// opened up, as a careless chmod would), and a Release may not name
+// another user's process.
+TEST(HandoffProtocolTest, AnotherUsersProcessIsRefused) {
+  ASSERT_EQ(::geteuid(), 0u) << "needs root, as dpproxy does, to act as another user";
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  const std::string socket = h.dir("state/handoff.0.sock");
+  ASSERT_EQ(::chmod(h.dir("").c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(h.dir("state").c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(socket.c_str(), 0666), 0);
+  const pid_t other = ::fork();
+  ASSERT_GE(other, 0);
+  if (other == 0) {
+    // Only async-signal-safe calls here. Exit 0: the server closed the
+    // connection; 1: it could not connect; 2: it was kept open.
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, socket.data(), socket.size());
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) ::_exit(1);
+    pollfd p = {fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) ::_exit(2);
+    char c;
+    ::_exit(::read(fd, &c, 1) == 0 ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(other, &status, 0), other);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: no connection; 2: the connection was kept";
+
+  const pid_t nobody = ::fork();
+  ASSERT_GE(nobody, 0);
+  if (nobody == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    for (;;) ::pause();
+  }
+  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(socket));
+  // Until the child has dropped to its user, it is still root's.
+  ASSERT_TRUE(h.WaitFor([&] {
+    std::ifstream st(absl::StrCat("/proc/", nobody, "/status"));
+    std::string line;
+    while (std::getline(st, line)) {
+      if (absl::StartsWith(line, "Uid:")) return absl::StrContains(line, "65534");
+    }
+    return false;
+  }));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  handoff::v1::ReleaseRequest release;
+  release.set_pid(nobody);
+  handoff::v1::ReleaseReply released;
+  grpc::Status s = stub->Release(&ctx, release, &released);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("runs as uid 65534"));
+  ::kill(nobody, SIGKILL);
+  ::waitpid(nobody, nullptr, 0);
+  EXPECT_FALSE(h.proxy().handed_over());
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu)).ok());
 }
 
 // The handoff socket takes a takeover's calls in order, once each, from a

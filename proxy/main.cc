@@ -54,6 +54,15 @@ Usage:
                                   names, or to PID 1 in a container where that
                                   is dpproxy and there is no status file);
                                   exits 1 when there is no dpproxy to tell
+  dpproxy wait [--plugin_dir=D] [--wait_timeout=60s]
+                                  wait until a dpproxy serves plugin
+                                  registrations at <plugin_dir>/kubelet.sock;
+                                  exits 0 then, 1 at the timeout. Start a
+                                  vendor plugin after it (an init container,
+                                  or `dpproxy ... & dpproxy wait && exec
+                                  plugin`): a plugin that watches kubelet.sock
+                                  and starts before it is created may restart
+                                  itself on the creation it saw
   dpproxy version                 print the version and the commit
 
 Toward the kubelet, dpproxy registers one device plugin per resource in
@@ -117,6 +126,29 @@ int PrintStatus() {
   std::cout << (FLAGS_output == "json" ? json.dump(2) + "\n" : StatusTable(*st));
   // As /readyz: a script can wait for dpproxy with `dpproxy status`.
   return st->not_ready.empty() ? 0 : kExitNotReady;
+}
+
+// `dpproxy wait`: until a process listens at <plugin_dir>/kubelet.sock.
+int WaitForRegistrationSocket() {
+  absl::StatusOr<absl::Duration> timeout = ParseFlagDuration("wait_timeout", FLAGS_wait_timeout);
+  if (!timeout.ok()) {
+    std::cerr << "dpproxy: " << timeout.status().message() << "\n";
+    return 2;
+  }
+  const std::string socket = JoinPath(FLAGS_plugin_dir, "kubelet.sock");
+  const absl::Time deadline = absl::Now() + *timeout;
+  for (;;) {
+    if (SomeoneListens(socket)) {
+      std::cout << "dpproxy: plugins can register at " << socket << "\n";
+      return 0;
+    }
+    if (absl::Now() >= deadline) break;
+    // A poll of a path, with nothing to be woken by: 50 ms apart.
+    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+  }
+  std::cerr << "dpproxy: nothing serves plugin registrations at " << socket << " after "
+            << absl::FormatDuration(*timeout) << " (is dpproxy running with this --plugin_dir?)\n";
+  return 1;
 }
 
 // Whether process `pid` runs a dpproxy binary (its executable's name
@@ -226,7 +258,8 @@ int main(int argc, char** argv) {
               << ")\n";
     return 0;
   }
-  if (command != "run" && command != "status" && command != "reload" && command != "help") {
+  if (command != "run" && command != "status" && command != "reload" && command != "wait" &&
+      command != "help") {
     std::cerr << "dpproxy: unknown subcommand \"" << command << "\"; see dpproxy --help\n";
     return 2;
   }
@@ -237,6 +270,7 @@ int main(int argc, char** argv) {
   if (!dpproxy::ParseFlags("dpproxy", &argc, &argv)) return 2;
   if (command == "status") return dpproxy::PrintStatus();
   if (command == "reload") return dpproxy::Reload();
+  if (command == "wait") return dpproxy::WaitForRegistrationSocket();
   if (FLAGS_log_format != "text" && FLAGS_log_format != "json") {
     std::cerr << "dpproxy: --log_format=" << FLAGS_log_format << " is not text or json\n";
     return 2;

@@ -190,13 +190,14 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     }
   }
   if (const YAML::Node b = root["backend_loss"]) {
-    DPP_CFG(r.CheckKeys(b, "backend_loss", {"policy", "hold"}));
+    DPP_CFG(r.CheckKeys(b, "backend_loss", {"policy", "hold", "grace"}));
     if (b["policy"]) {
       std::string v;
       DPP_CFG(r.OneOf(b["policy"], "backend_loss.policy", {"unhealthy", "hold"}, &v));
       c->policy.loss_policy = v == "hold" ? LossPolicy::kHold : LossPolicy::kUnhealthy;
     }
     if (b["hold"]) DPP_CFG(r.Duration(b["hold"], "backend_loss.hold", &c->policy.hold));
+    if (b["grace"]) DPP_CFG(r.Duration(b["grace"], "backend_loss.grace", &c->policy.grace));
   }
   if (root["cdi_annotations"]) {
     DPP_CFG(r.Bool(root["cdi_annotations"], "cdi_annotations", &c->kubelet.cdi_annotations));
@@ -311,7 +312,8 @@ std::string ConfigToYaml(const ProxyConfig& c) {
       << "api_body_mib" << YAML::Value << (c.api_max_body_bytes >> 20) << YAML::EndMap;
   out << YAML::Key << "backend_loss" << YAML::Value << YAML::BeginMap << YAML::Key << "policy"
       << YAML::Value << (c.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy")
-      << YAML::Key << "hold" << YAML::Value << duration(c.policy.hold) << YAML::EndMap;
+      << YAML::Key << "hold" << YAML::Value << duration(c.policy.hold) << YAML::Key << "grace"
+      << YAML::Value << duration(c.policy.grace) << YAML::EndMap;
   out << YAML::Key << "cdi_annotations" << YAML::Value << c.kubelet.cdi_annotations;
   out << YAML::Key << "renames" << YAML::Value << YAML::BeginMap;
   for (const auto& [from, to] : c.renames) out << YAML::Key << from << YAML::Value << to;

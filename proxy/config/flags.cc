@@ -53,8 +53,13 @@ DEFINE_int32(api_max_body_mib, 16,
              "a larger one fails that call.");
 DEFINE_string(backend_loss_policy, "unhealthy",
               "What the kubelet sees while a backend is away: unhealthy (every device\n"
-              "Unhealthy at once) or hold (last known health for --backend_hold, then\n"
-              "Unhealthy). Device IDs never change because a backend went away.");
+              "Unhealthy once it has been away --backend_loss_grace) or hold (last known\n"
+              "health for --backend_hold, then Unhealthy). Device IDs never change because\n"
+              "a backend went away.");
+DEFINE_string(backend_loss_grace, "1s",
+              "With --backend_loss_policy=unhealthy: how long a lost backend's devices keep\n"
+              "their health before they are reported Unhealthy, so that a plugin restarting\n"
+              "itself is no flap to the kubelet. 0s: at once.");
 DEFINE_string(backend_hold, "30s", "Hold time for --backend_loss_policy=hold.");
 DEFINE_string(rename, "",
               "Serve backend resources under other names, comma-separated FROM=TO, e.g.\n"
@@ -100,6 +105,8 @@ DEFINE_string(container_runtime_endpoint, "/run/containerd/containerd.sock",
               "forgot holds it only while its container runs. Nothing listening there, or\n"
               "empty: the kubelet's own sources decide (CRI-O: /var/run/crio/crio.sock).");
 DEFINE_string(output, "table", "For `dpproxy status`: table or json.");
+DEFINE_string(wait_timeout, "60s",
+              "For `dpproxy wait`: how long to wait for <plugin_dir>/kubelet.sock.");
 DEFINE_string(state_dir, "/var/lib/dpproxy",
               "Durable state (<state_dir>/state.pb): negotiated versions, backends, last\n"
               "device lists and every allocation the kubelet was answered. Must not be a\n"
@@ -215,6 +222,10 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   }
   if (set("backend_hold")) {
     DPP_ASSIGN_OR_RETURN(c->policy.hold, ParseFlagDuration("backend_hold", FLAGS_backend_hold));
+  }
+  if (set("backend_loss_grace")) {
+    DPP_ASSIGN_OR_RETURN(c->policy.grace,
+                         ParseFlagDuration("backend_loss_grace", FLAGS_backend_loss_grace));
   }
   for (absl::string_view item : absl::StrSplit(FLAGS_rename, ',', absl::SkipEmpty())) {
     std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));

@@ -19,6 +19,8 @@ DECLARE_string(events);
 DECLARE_string(log_format);
 DECLARE_string(after_handoff);
 DECLARE_bool(check);
+DECLARE_string(plugin_dir);
+DECLARE_string(wait_timeout);
 
 namespace dpproxy {
 

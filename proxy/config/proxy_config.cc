@@ -228,6 +228,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
   if (c.policy.hold < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("backend hold time must not be negative");
   }
+  if (c.policy.grace < absl::ZeroDuration() || c.policy.grace > absl::Minutes(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend_loss.grace ", absl::FormatDuration(c.policy.grace),
+        " is not between 0s and 1m (for longer, use backend_loss.policy: hold)"));
+  }
   for (const auto& [from, to] : c.renames) {
     if (absl::Status s = ValidateResourceName(to); !s.ok()) {
       return absl::InvalidArgumentError(

@@ -52,8 +52,10 @@ std::string DevicePluginDir(const KubeletSideOptions& o);
 std::string KubeletSocketPath(const KubeletSideOptions& o);
 
 enum class LossPolicy {
-  // Report every device Unhealthy as soon as the backend is lost: no new pod
-  // gets a device nobody answers for. The default.
+  // Report every device Unhealthy once the backend has been lost for
+  // `grace` (1 s by default): no new pod gets a device nobody answers for,
+  // and a plugin that restarts itself within the grace (on a kubelet.sock
+  // it saw created, say) is no flap in the kubelet's view. The default.
   kUnhealthy,
   // Keep reporting the last known health for `hold`, then Unhealthy: rides
   // out a quick plugin restart without the kubelet seeing a flap.
@@ -63,6 +65,8 @@ enum class LossPolicy {
 struct ResourcePolicy {
   LossPolicy loss_policy = LossPolicy::kUnhealthy;
   absl::Duration hold = absl::ZeroDuration();
+  // kUnhealthy's grace (backend_loss.grace); 0: Unhealthy at once.
+  absl::Duration grace = absl::Seconds(1);
   // Backend device ID -> the ID the kubelet sees, for a backend that names
   // devices differently from its predecessor (indexes vs UUIDs). IDs not in
   // the map pass through unchanged.

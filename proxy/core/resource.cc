@@ -20,6 +20,7 @@ Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
                    ResourceHooks hooks)
     : name_(std::move(name)), policy_(std::move(policy)), events_(events),
       hooks_(std::move(hooks)), loss_policy_(policy_.loss_policy), hold_(policy_.hold),
+      grace_(policy_.grace),
       ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})) {}
 
 void Resource::SetIdPolicy(std::map<std::string, std::string> id_map, bool compact_ids) {
@@ -50,15 +51,16 @@ bool Resource::maps_ids() {
 
 Resource::~Resource() { Shutdown(); }
 
-void Resource::SetLossPolicy(LossPolicy policy, absl::Duration hold) {
+void Resource::SetLossPolicy(LossPolicy policy, absl::Duration hold, absl::Duration grace) {
   {
     ChangeLock lock(this);
     loss_policy_ = policy;
     hold_ = hold;
+    grace_ = grace;
     // A backend lost and held now: Unhealthy at once if the new policy
     // would have marked it by now (Tick sees to a longer hold).
     if (!connected_ && lost_at_.has_value() && !hold_override_.has_value() && !keep_health_ &&
-        (policy == LossPolicy::kUnhealthy || absl::Now() - *lost_at_ >= hold)) {
+        absl::Now() - *lost_at_ >= LossHoldLocked()) {
       MarkAllLocked(std::string(kUnhealthy));
     }
   }
@@ -690,16 +692,17 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
   LOG(WARNING) << "resource " << name_ << ": backend "
                << (backend_ ? backend_->endpoint() : std::string("?")) << " lost (" << why
                << "); devices "
-               << (loss_policy_ == LossPolicy::kUnhealthy
-                       ? "reported Unhealthy"
+               << (LossHoldLocked() <= absl::ZeroDuration()
+                       ? std::string("reported Unhealthy")
+                   : loss_policy_ == LossPolicy::kUnhealthy
+                       ? "reported Unhealthy unless it is back within " +
+                             absl::FormatDuration(grace_)
                        : "held at their last health for " + absl::FormatDuration(hold_));
   events_->Emit("backend_down", {{"resource", name_},
                                  {"endpoint", backend_ ? backend_->endpoint() : ""},
                                  {"reason", why}});
   if (keep_health_) return;
-  if (loss_policy_ == LossPolicy::kUnhealthy || hold_ <= absl::ZeroDuration()) {
-    MarkAllLocked(std::string(kUnhealthy));
-  }
+  if (LossHoldLocked() <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
 }
 
 void Resource::Restore(std::shared_ptr<const DeviceList> devices, absl::Duration trust_for,
@@ -742,9 +745,12 @@ std::string Resource::ShownWhileAway() {
                         " (restore_hold), then Unhealthy unless one connects");
   }
   if (lost_at_.has_value() && !hold_override_.has_value() &&
-      loss_policy_ == LossPolicy::kHold && now < *lost_at_ + hold_) {
+      now < *lost_at_ + LossHoldLocked()) {
     return absl::StrCat("its devices are held at their last health until ",
-                        at(*lost_at_ + hold_), " (backend_loss.hold), then Unhealthy");
+                        at(*lost_at_ + LossHoldLocked()),
+                        loss_policy_ == LossPolicy::kHold ? " (backend_loss.hold)"
+                                                          : " (backend_loss.grace)",
+                        ", then Unhealthy");
   }
   return "its devices are reported Unhealthy until one connects";
 }
@@ -765,7 +771,7 @@ void Resource::KeepHealthOnLoss(bool keep) {
   // Back to the loss policy (a handoff given back): a backend lost
   // meanwhile is marked now if the policy would have marked it by now.
   if (!keep && !connected_ && lost_at_.has_value() && !hold_override_.has_value() &&
-      (loss_policy_ == LossPolicy::kUnhealthy || absl::Now() - *lost_at_ >= hold_)) {
+      absl::Now() - *lost_at_ >= LossHoldLocked()) {
     MarkAllLocked(std::string(kUnhealthy));
   }
 }
@@ -776,10 +782,8 @@ void Resource::Tick(absl::Time now) {
   absl::Duration hold;
   if (hold_override_.has_value()) {
     hold = *hold_override_;
-  } else if (loss_policy_ == LossPolicy::kHold) {
-    hold = hold_;
   } else {
-    return;  // marked Unhealthy when the backend was lost (or the policy changed)
+    hold = LossHoldLocked();  // the hold, or the grace of `unhealthy`
   }
   if (now - *lost_at_ < hold) return;
   const uint64_t before = snapshot_.version;

@@ -100,7 +100,7 @@ class Resource {
   // What a backend's loss does from now on (a configuration reload). A
   // backend lost and held now is marked Unhealthy at once if the new
   // policy would have done so by now.
-  void SetLossPolicy(LossPolicy policy, absl::Duration hold);
+  void SetLossPolicy(LossPolicy policy, absl::Duration hold, absl::Duration grace);
 
   const std::string& name() const { return name_; }
 
@@ -311,6 +311,12 @@ class Resource {
   absl::Mutex mu_;
   LossPolicy loss_policy_ ABSL_GUARDED_BY(mu_);
   absl::Duration hold_ ABSL_GUARDED_BY(mu_);
+  absl::Duration grace_ ABSL_GUARDED_BY(mu_);
+  // How long a lost backend's devices keep their health: the hold, or
+  // kUnhealthy's grace.
+  absl::Duration LossHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return loss_policy_ == LossPolicy::kHold ? hold_ : grace_;
+  }
   // policy_'s id_map and compact_ids as a reload left them.
   std::shared_ptr<const IdPolicy> ids_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Backend> backend_ ABSL_GUARDED_BY(mu_);

@@ -421,6 +421,7 @@ std::unique_ptr<ServedResource> ProxyServer::MakeEntry(const std::string& name) 
   ResourcePolicy policy = config_.policy;
   policy.loss_policy = live.policy.loss_policy;
   policy.hold = live.policy.hold;
+  policy.grace = live.policy.grace;
   auto m = live.id_maps.find(name);
   if (m != live.id_maps.end()) policy.id_map = m->second;
   policy.compact_ids = live.compact_ids.count(name) > 0;

@@ -14,9 +14,10 @@ void ReloadActions::ApplyLossPolicy(const ProxyConfig& next) {
   p_.table->UpdateLive([&next](ProxyConfig& live) {
     live.policy.loss_policy = next.policy.loss_policy;
     live.policy.hold = next.policy.hold;
+    live.policy.grace = next.policy.grace;
   });
   for (ServedResource* e : p_.table->All()) {
-    e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold);
+    e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold, next.policy.grace);
   }
 }
 

@@ -56,7 +56,8 @@ Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig&
     events_->Emit("config_applied",
                   {{"setting", "backend_loss"},
                    {"policy", next.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy"},
-                   {"hold", absl::FormatDuration(next.policy.hold)}});
+                   {"hold", absl::FormatDuration(next.policy.hold)},
+                   {"grace", absl::FormatDuration(next.policy.grace)}});
   }
   if (calls) {
     // From the next call on; calls under way keep the limit they began with.

@@ -73,7 +73,8 @@ TEST(ConformTest, CheckpointLostFailsAPlainPluginAndPassesBehindDpproxy) {
   behind.plugin_command = absl::StrCat(
       testing::Runfile("proxy/dpproxy"),
       " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
-      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & exec ",
+      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & ",
+      testing::Runfile("proxy/dpproxy"), " wait --plugin_dir={work_dir}/p && exec ",
       SamplePlugin(),
       " --quiet --api=v1alpha --resource=example.com/gpu --devices=2"
       " --kubelet_socket={work_dir}/p/kubelet.sock");

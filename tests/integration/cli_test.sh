@@ -167,6 +167,12 @@ expect_contains "... names the module and where it looked" "$LAST_OUT" \
   "dpproxy-https.so (the Kubernetes API client's TLS) is not installed; looked at $DIR/lone/dpproxy-https.so, $DIR/lib/dpproxy/dpproxy-https.so"
 
 R2="$DIR/r2"
+# `dpproxy wait`: nothing serves there yet, then a dpproxy does.
+expect_exit "dpproxy wait without a dpproxy" 1 "$PROXY" wait --plugin_dir="$R2/p" \
+  --wait_timeout=200ms
+expect_contains "dpproxy wait says what it waited for" "$LAST_OUT" \
+  "nothing serves plugin registrations at $R2/p/kubelet.sock after 200ms"
+expect_exit "dpproxy wait with a bad timeout" 2 "$PROXY" wait --wait_timeout=soon
 "$SIM" serve --root-dir="$R2/k" --personality=v1beta1-sync --quiet &
 SIM2=$!; PIDS+=($SIM2)
 wait_until "kubelet socket" 100 test -S "$R2/k/device-plugins/kubelet.sock"
@@ -174,7 +180,8 @@ wait_until "kubelet socket" 100 test -S "$R2/k/device-plugins/kubelet.sock"
   --status-file="$R2/status.json" --state-dir="$R2/state" --metrics-address=127.0.0.1:0 \
   2>"$R2/proxy.log" &
 PROXY_PID=$!; PIDS+=($PROXY_PID)
-wait_until "dpproxy registration socket" 100 test -S "$R2/p/kubelet.sock"
+expect_exit "dpproxy wait until the registration socket serves" 0 "$PROXY" wait \
+  --plugin_dir="$R2/p" --wait_timeout=10s
 "$PLUGIN" --api=v1alpha --resource=vendor.com/gpu --devices=2 --kubelet_socket="$R2/p/kubelet.sock" --quiet &
 P2=$!; PIDS+=($P2)
 expect_exit "legacy plugin through dpproxy" 0 "$SIM" wait --root_dir="$R2/k" --resource=vendor.com/gpu --min_healthy=2 --timeout=10s

@@ -1229,6 +1229,38 @@ TEST_F(ProxyTest, CdiDevicesCanAlsoTravelAsAnAnnotation) {
   EXPECT_EQ(r.annotations().at("cdi.k8s.io/dpproxy_vendor.com_gpu"), expected);
 }
 
+// A plugin that restarts itself within backend_loss.grace (1 s by
+// default: one that saw kubelet.sock created, say) is no flap to the
+// kubelet: its devices stay Healthy in the kubelet's view throughout. One
+// that stays away longer has them reported Unhealthy once the grace ends.
+TEST_F(ProxyTest, APluginRestartingItselfWithinTheGraceIsNoFlap) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  const sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  const size_t from = h.sim().events().Size();
+  const size_t proxy_from = h.proxy().events().Size();
+  h.StopPlugins();
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_up", {{"resource", kGpu}}, kWait,
+                                              proxy_from));
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_down", {{"resource", kGpu}},
+                                              absl::ZeroDuration(), proxy_from))
+      << "the plugin's restart was never seen";
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  for (const Json& e : h.sim().events().Since(from)) {
+    if (e["event"] == "devices" && e["resource"] == kGpu) {
+      EXPECT_EQ(e["allocatable"], 4) << e.dump();
+    }
+  }
+  // Gone for good: Unhealthy once the grace has passed.
+  const absl::Time gone = absl::Now();
+  h.StopPlugins();
+  EXPECT_TRUE(h.WaitFor([&] { return h.KubeletHealth(kGpu, "gpu-0") == "Unhealthy"; }));
+  EXPECT_GE(absl::Now() - gone, ResourcePolicy().grace);
+}
+
 TEST_F(ProxyTest, OneStreamPerBackendSoSingleStreamPluginsLoseNoUpdate) {
   // This plugin hands each update to only one ListAndWatch stream, as the
   // kubelet's stub plugin does: a proxy with two streams would lose some.

@@ -433,9 +433,12 @@ TEST_F(ClaimPreparerTest, EveryFailureNamesTheClaimAndWhy) {
   EXPECT_CALL(*backend_, Allocate(_, _, _))
       .WillOnce(Return(absl::UnavailableError("backend /run/mock.sock is gone")));
   EXPECT_THAT(message(c), HasSubstr("backend /run/mock.sock is gone"));
-  // The plugin gone: its devices are Unhealthy, and not prepared.
+  // The plugin gone: within the loss grace nothing is prepared without
+  // it; after the grace its devices are Unhealthy, and not prepared.
   p->SetBackendTimeout(absl::Milliseconds(100));
   resource_->DetachBackend("the plugin went away");
+  EXPECT_THAT(message(c), HasSubstr("no backend is connected for resource vendor.com/gpu"));
+  resource_->Tick(absl::Now() + ResourcePolicy().grace);
   EXPECT_THAT(message(c), HasSubstr("\"gpu-0\" of resource vendor.com/gpu is Unhealthy"));
   // Nothing was written for any of them.
   EXPECT_FALSE(PathExists(ClaimCdiSpecPath(dir_.Sub("cdi"), kDriver, c.uid)));

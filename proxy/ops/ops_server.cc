@@ -132,6 +132,12 @@ struct OpsServer::Loop {
   uv_tcp_t listener;
   uv_async_t stop;
   uv_async_t accept;  // Accept(): start taking connections
+  // Stopping: the connections already accepted are answered first (their
+  // request may still be on its way), for at most kDrain.
+  uv_timer_t drain;
+  bool stopping = false;
+  bool finished = false;
+  static constexpr uint64_t kDrainMs = 1000;
   bool listening = false;
   std::set<Conn*> conns;
   // The connections whose request has not come yet, oldest first: past
@@ -315,15 +321,39 @@ struct OpsServer::Loop {
     };
     uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&c->timer), closed);
+    if (stopping && conns.empty()) Finish();
   }
 
+  // No new connection from here on; those accepted are answered (a probe
+  // this process took just before a handover stopped it gets its answer,
+  // and the successor, which shares the listener, takes the next ones).
+  // Whatever has not sent its request within kDrainMs is closed.
   static void OnStop(uv_async_t* a) {
     Loop* self = static_cast<Loop*>(a->data);
-    const std::set<Conn*> open = self->conns;
-    for (Conn* c : open) self->Close(c);
+    if (self->stopping) return;
+    self->stopping = true;
     uv_close(reinterpret_cast<uv_handle_t*>(&self->listener), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&self->stop), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&self->accept), nullptr);
+    if (self->conns.empty()) {
+      self->Finish();
+      return;
+    }
+    uv_timer_start(&self->drain, &Loop::OnDrained, kDrainMs, 0);
+  }
+
+  static void OnDrained(uv_timer_t* t) {
+    Loop* self = static_cast<Loop*>(t->data);
+    const std::set<Conn*> open = self->conns;
+    for (Conn* c : open) self->Close(c);  // the last one finishes
+  }
+
+  // The loop's own handles go: uv_run returns once every connection has.
+  void Finish() {
+    if (finished) return;
+    finished = true;
+    uv_timer_stop(&drain);
+    uv_close(reinterpret_cast<uv_handle_t*>(&drain), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&stop), nullptr);
   }
 
   static void OnAccept(uv_async_t* a) {
@@ -422,6 +452,8 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& a
   l->stop.data = l;
   uv_async_init(&l->loop, &l->accept, &Loop::OnAccept);
   l->accept.data = l;
+  uv_timer_init(&l->loop, &l->drain);
+  l->drain.data = l;
   s->thread_ = std::thread([l] {
     // A client that went away makes a write fail with EPIPE; the signal it
     // raises stays pending on this thread instead of ending the process.

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -370,6 +371,46 @@ TEST(OpsServerHandoverTest, AListenerServedLaterTakesNoConnectionUntilAccept) {
   ::close(fd);
   EXPECT_TRUE(absl::StartsWith(all, "HTTP/1.1 500 ")) << all;
   EXPECT_THAT(all, ::testing::HasSubstr("dpproxy is starting"));
+}
+
+// A stop (the old dpproxy exiting after a handover, both having served
+// the shared listener) answers the connections it accepted before it,
+// even one whose request is still on its way: a probe there is answered,
+// never cut off ("closed without a response"). New ones are not accepted.
+TEST(OpsServerHandoverTest, AStopAnswersTheConnectionsItHadAccepted) {
+  OpsHandlers h;
+  h.live = [] { return std::vector<HealthCheck>{{"housekeeping", true, ""}}; };
+  auto s = OpsServer::Start("127.0.0.1:0", std::move(h));
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int port = (*s)->port();
+  const int fd = Connect(port);
+  const std::string head = "GET /livez HTTP/1.0\r\n";
+  ASSERT_EQ(::write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+  // Answered after it: the server has accepted the first one too (it takes
+  // every queued connection in turn).
+  ASSERT_EQ(Get(port, "/livez").status, 200);
+  std::thread stop([&] { s->reset(); });
+  // The stop has begun once the listener refuses connections (polled with
+  // a deadline): only then does the rest of the request go out.
+  bool refused = false;
+  for (const absl::Time until = absl::Now() + absl::Seconds(10); !refused && absl::Now() < until;) {
+    const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    refused = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+              errno == ECONNREFUSED;
+    ::close(probe);
+    if (!refused) ::poll(nullptr, 0, 5);
+  }
+  ASSERT_TRUE(refused) << "the server never stopped listening";
+  const std::string rest = "\r\n";
+  ASSERT_EQ(::write(fd, rest.data(), rest.size()), static_cast<ssize_t>(rest.size()));
+  const std::string answer = ReadToEnd(fd, absl::Seconds(10));
+  ::close(fd);
+  stop.join();
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 200 ")) << "[" << answer << "]";
 }
 
 TEST(ParseHostPortTest, AcceptsWhatTheMetricsAddressNamesAndRefusesTheRest) {

@@ -15,6 +15,7 @@ naming the part.
 """
 
 import argparse
+import http.client
 import json
 import os
 import shutil
@@ -537,6 +538,42 @@ class PodStream:
         self.thread.join(120)
 
 
+class Prober:
+    """/livez and /readyz of the metrics address, asked one after the other
+    without pause on a connection each, as a kubelet's probes and a
+    monitoring system would: records every answer that is not 200 and
+    every connection refused."""
+
+    def __init__(self, port):
+        self.port = port
+        self.stop = threading.Event()
+        self.asked, self.bad = 0, []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.is_set():
+            for path in ("/livez", "/readyz"):
+                self.asked += 1
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                    c.request("GET", path)
+                    r = c.getresponse()
+                    body = r.read(200)
+                    c.close()
+                    if r.status != 200:
+                        self.bad.append("%s %d %r" % (path, r.status, body))
+                except OSError as e:
+                    self.bad.append("%s: %s" % (path, e))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+
+
 def _kubelet_log_from(node, offset):
     with open(os.path.join(node.logs, "kubelet.log"), errors="replace") as f:
         f.seek(offset)
@@ -574,8 +611,17 @@ def scenario_takeover_under_pods(s):
     old = s.dpproxy(metrics)
     s.plugin("v1beta1")
     s.wait_allocatable(DEVICES)
+
+    def ready():
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", 19101, timeout=5)
+            c.request("GET", "/readyz")
+            return c.getresponse().status == 200
+        except OSError:
+            return False
+    wait_until("dpproxy ready at its metrics address", ready, 30)
     offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
-    with PodStream(s, "b") as stream:
+    with PodStream(s, "b") as stream, Prober(19101) as probes:
         wait_until("the first pod of the stream", lambda: stream.ran or stream.failed, 60)
         for i in range(3):
             new = s.dpproxy(metrics, "--takeover", name="dpproxy-takeover%d" % i)
@@ -597,6 +643,10 @@ def scenario_takeover_under_pods(s):
                    lambda: len(stream.ran) + len(stream.failed) > seen + 1, 60)
     check(not stream.failed, "pods failed during the upgrades:\n%s"
           % "\n".join(stream.failed))
+    # Issue 52.4: whichever process answers, the probes stay 200.
+    check(probes.asked > 100, "only %d probes were asked" % probes.asked)
+    check(not probes.bad, "%d of %d probes were not answered 200 during the upgrades:\n%s"
+          % (len(probes.bad), probes.asked, "\n".join(probes.bad[:10])))
     check(len(stream.ran) >= 5, "only %d pods ran during the upgrades" % len(stream.ran))
     _check_never_unhealthy(s, offset, "the upgrades")
 
@@ -696,10 +746,23 @@ def scenario_dra(s):
     s.wait_running("c2", 120)
     check_inside(s, "c2", "v1beta1", 1, cdi=True)
 
+    log_offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
     new = dra_dpproxy(s, "--takeover", name="dpproxy-takeover")
     wait_until("dpproxy handing over to the takeover", lambda: not proxy.alive(), 60)
     check(proxy.p.returncode == 0, "the dpproxy taken over exited with %d"
           % proxy.p.returncode)
+    if s.minor >= 33:
+        # Issue 52.3: the kubelet forgets the old instance (its registration
+        # socket deleted) and keeps the new one: one live instance.
+        reg = os.path.join(realnode.KUBELET_ROOT, "plugins_registry", DRIVER + "-reg")
+
+        def unregistered(name):
+            return [line for line in _kubelet_log_from(s.node, log_offset).splitlines()
+                    if "UnregisterPlugin started" in line and '"%s"' % name in line]
+        wait_until("the kubelet unregistering the old instance",
+                   lambda: unregistered(reg + ".sock"), 30)
+        check(not unregistered(reg + "-1.sock"),
+              "the kubelet unregistered the new instance: %s" % unregistered(reg + "-1.sock"))
     s.node.kubectl("delete", "pod", "c2", "--wait=false")
     claim_pod(s, "c3")
     s.wait_running("c3", 120)

@@ -505,6 +505,63 @@ def scenario_checkpoint_loss(s):
         check(_running_with(s, pod, running[pod]), "%s stopped running" % pod)
 
 
+def scenario_never_started_container(s):
+    """Issue 52.2 on the real node: a pod whose container never starts (its
+    image is not there and is never pulled) holds devices when the kubelet
+    restarts without its device checkpoint. The kubelet admits it again,
+    with new devices; dpproxy must not refuse that as "held by a running
+    container" (none of that pod ever ran, the container runtime says so).
+    The pod stays waiting for its image, never Failed; the running pod keeps
+    its container and devices; and once the waiting pod is deleted its
+    devices serve the next pod."""
+    s.dpproxy()
+    s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES)
+    s.pod("run", 2, SCRIPT)
+    s.wait_running("run")
+    s.wait_log("run", "READY")
+    container = s.container_id("run")
+    held = set(s.devices_of("run"))
+    manifest = pod_manifest("waits", "true", {"limits": {s.resource: "2"}})
+    manifest["spec"]["containers"][0]["image"] = "dpproxy.invalid/never-pulled:1"
+    s.apply_json(manifest)
+    s.pods.append("waits")
+
+    def waiting_for_image():
+        st = s.pod_json("waits")["status"]
+        if st.get("phase") == "Failed":
+            raise Failure("waits failed: %s" % json.dumps(st))
+        for c in st.get("containerStatuses", []):
+            if c.get("state", {}).get("waiting", {}).get("reason") == "ErrImageNeverPull":
+                return True
+        return None
+    wait_until("waits held back by its image", waiting_for_image, 60)
+
+    checkpoint = os.path.join(realnode.KUBELET_ROOT, "device-plugins",
+                              "kubelet_internal_checkpoint")
+    allocates = len(_events(s, "allocate"))
+    s.node.stop_process("kubelet")
+    os.remove(checkpoint)
+    log_offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
+    s.node.start_kubelet()
+    # Re-admitted: the kubelet allocates for "waits" again (its container
+    # does not run), which dpproxy answers, and never fails it.
+    wait_until("the kubelet allocating for waits again",
+               lambda: len(_events(s, "allocate")) > allocates, 60)
+    wait_until("waits held back by its image after the restart", waiting_for_image, 60)
+    log = _kubelet_log_from(s.node, log_offset)
+    check("UnexpectedAdmissionError" not in log,
+          "the kubelet refused a pod at re-admission: %s" % "\n".join(
+              line for line in log.splitlines() if "UnexpectedAdmissionError" in line)[:2000])
+    check(_running_with(s, "run", container), "run did not keep its container: %s"
+          % json.dumps(s.pod_json("run")["status"]))
+    check(set(s.devices_of("run")) == held, "run's devices changed")
+    s.node.kubectl("delete", "pod", "waits", "--wait=false")
+    s.pod("next", 2, SCRIPT)
+    s.wait_running("next", 120)
+    _two_pods_disjoint(s, "run", "next")
+
+
 class PodStream:
     """Pods of one device each, created one after another while a test does
     something else: each is deleted once Running. Records every pod that
@@ -907,6 +964,7 @@ SCENARIOS = [
     ("kubelet-restart", scenario_kubelet_restart),
     ("plugin-restart", scenario_plugin_restart),
     ("checkpoint-loss", scenario_checkpoint_loss),
+    ("never-started-container", scenario_never_started_container),
     ("takeover-under-pods", scenario_takeover_under_pods),
     ("dra", scenario_dra, 32),
     # Pods of the extended resource through DRA: on by default from 1.36.

@@ -9,10 +9,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <mutex>
 #include <vector>
 
 #include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
@@ -34,7 +38,29 @@
 
 namespace dpproxy {
 
-void KeepGrpcForProcess() { grpc_init(); }
+void KeepGrpcForProcess() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    grpc_init();
+    // gRPC 1.51's callback API, without a background poller, runs every
+    // callback server's and channel's completions on one shared queue and
+    // its "nexting" threads, torn down when its last user goes. When that
+    // last user is let go inside a callback, on one of those very threads
+    // (a stream's reactor dropping the last reference to its channel as
+    // dpproxy stops, everything else stopped already), the queue is
+    // destroyed under the thread, which then unrefs it: `assertion failed:
+    // prior > 0` in ref_counted.h and an abort (seen on SIGTERM after a
+    // large list, and after a handover with --after_handoff=wait). A
+    // server with a callback service, started here and kept for the
+    // process's life (reachable from these statics), holds the queue from
+    // the start, so its last user is never one of the others.
+    static grpc::CallbackGenericService* const service = new grpc::CallbackGenericService();
+    grpc::ServerBuilder builder;
+    builder.RegisterCallbackGenericService(service);
+    static grpc::Server* const anchor = builder.BuildAndStart().release();
+    (void)anchor;
+  });
+}
 
 void EndProcess(int code) {
   std::fflush(nullptr);

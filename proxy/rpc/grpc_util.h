@@ -47,7 +47,9 @@ class GoStyleUnknownHandler : public grpc::CallbackGenericService {
 // reading, such as a list over the kubelet's 4 MiB): a stop that should
 // take milliseconds takes seconds. gRPC's threads then live until the
 // end: such a binary ends with EndProcess once it has stopped, so that no
-// static destructor runs beside them.
+// static destructor runs beside them. It also keeps gRPC's shared queue of
+// callback completions alive for the process's life (grpc_util.cc says
+// why). Once per process; later calls do nothing.
 void KeepGrpcForProcess();
 
 // Ends a process that called KeepGrpcForProcess, once it has stopped

@@ -1,3 +1,4 @@
+#include "proxy/rpc/grpc_util.h"
 #include "proxy/state/state_dir.h"
 #include "proxy/server/proxy_server.h"
 
@@ -62,6 +63,7 @@ std::vector<HealthCheck> ProxyServer::Readiness() {
 
 absl::Status ProxyServer::Start() {
   DPP_RETURN_IF_ERROR(ValidateConfig(config_));
+  KeepGrpcForProcess();  // (once per process; main has called it already)
   {
     absl::MutexLock lock(&mu_);
     if (running_) return absl::OkStatus();

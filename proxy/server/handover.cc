@@ -121,15 +121,10 @@ void Handover::CheckProgress(absl::Time now) {
     if (::poll(&p, 1, 0) > 0) {
       // The new dpproxy exited (a crash, a kill) before it finished: the
       // kernel released its lock; the state is this one's again.
-      const std::string why =
-          absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished");
-      absl::Status s = TakeBack(why);
-      if (s.ok()) {
-        if (server_) server_->Reopen();
+      if (TakeBackAndReopen(
+              absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished"))) {
         return;
       }
-      LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: "
-                 << s.message() << "; trying again";
     }
   }
   if (forwarded_.load()) return;
@@ -139,16 +134,11 @@ void Handover::CheckProgress(absl::Time now) {
     // naming some process), or one stuck before it: the state comes back
     // now, not at the handoff timeout with every Allocate held until then.
     if (StateLockFree()) {
-      const std::string why = absl::StrCat("pid ", peer_pid_, " was given the state and never "
-                                           "took the state directory's lock within ",
-                                           absl::FormatDuration(kLockGrace));
-      absl::Status s = TakeBack(why);
-      if (s.ok()) {
-        if (server_) server_->Reopen();
+      if (TakeBackAndReopen(absl::StrCat("pid ", peer_pid_, " was given the state and never "
+                                         "took the state directory's lock within ",
+                                         absl::FormatDuration(kLockGrace)))) {
         return;
       }
-      LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: "
-                 << s.message() << "; trying again";
     } else {
       lock_seen_ = true;
     }
@@ -165,6 +155,17 @@ void Handover::CheckProgress(absl::Time now) {
   events_->Emit("handoff_abandoned",
                 {{"waited_seconds", absl::ToInt64Seconds(options_.handoff_timeout)}});
   if (on_done_) on_done_();
+}
+
+bool Handover::TakeBackAndReopen(const std::string& why) {
+  absl::Status s = TakeBack(why);
+  if (!s.ok()) {
+    LOG(ERROR) << "handoff: " << why << ", and the state cannot be taken back: " << s.message()
+               << "; trying again";
+    return false;
+  }
+  if (server_) server_->Reopen();  // a new takeover may begin with Release again
+  return true;
 }
 
 bool Handover::StateLockFree() {

@@ -103,6 +103,10 @@ class Handover {
   absl::StatusOr<int64_t> Forward(const std::map<std::string, std::string>& sockets);
   void Finish();
   absl::Status TakeBack(const std::string& why);
+  // CheckProgress's take-back (`why`): the handoff socket serves a new
+  // Release again. False, logged, if the state could not be taken back
+  // (tried again at the next pass).
+  bool TakeBackAndReopen(const std::string& why);
 
   const Options options_;
   Host* const host_;

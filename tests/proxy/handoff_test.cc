@@ -330,6 +330,18 @@ TEST(HandoffTakenBackTest, ANewDpproxyStoppedBeforeItIsRegisteredHandsTheStateBa
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 3);
 }
 
+// Release on the running dpproxy's handoff socket naming `pid`, as a new
+// dpproxy's first step would.
+grpc::Status ReleaseTo(ProxyHarness& h, pid_t pid) {
+  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(h.dir("state/handoff.0.sock")));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  handoff::v1::ReleaseRequest release;
+  release.set_pid(pid);
+  handoff::v1::ReleaseReply released;
+  return stub->Release(&ctx, release, &released);
+}
+
 // A new dpproxy killed right after the release (a real process, SIGKILL):
 // the old one sees it gone, takes the state back, and answers the Allocate
 // it held meanwhile.
@@ -342,13 +354,7 @@ TEST(HandoffTakenBackTest, ANewDpproxyKilledAfterTheReleaseLeavesTheOldOneServin
   if (successor == 0) {
     for (;;) ::pause();  // until killed
   }
-  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(h.dir("state/handoff.0.sock")));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
-  handoff::v1::ReleaseRequest release;
-  release.set_pid(successor);
-  handoff::v1::ReleaseReply released;
-  grpc::Status s = stub->Release(&ctx, release, &released);
+  grpc::Status s = ReleaseTo(h, successor);
   ASSERT_TRUE(s.ok()) << s.error_message();
   absl::Notification answered;
   absl::Status held;
@@ -393,13 +399,7 @@ TEST(HandoffTakenBackTest, AReleaseToAProcessThatNeverLocksIsTakenBackAtOnce) {
   }
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   ASSERT_NO_FATAL_FAILURE(Serve(h));
-  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(h.dir("state/handoff.0.sock")));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
-  handoff::v1::ReleaseRequest release;
-  release.set_pid(named);
-  handoff::v1::ReleaseReply released;
-  grpc::Status s = stub->Release(&ctx, release, &released);
+  grpc::Status s = ReleaseTo(h, named);
   ASSERT_TRUE(s.ok()) << s.error_message();
   const absl::Time at = absl::Now();
   absl::StatusOr<sim::AllocateResponse> during =
@@ -457,7 +457,6 @@ TEST(HandoffProtocolTest, AnotherUsersProcessIsRefused) {
     if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
     for (;;) ::pause();
   }
-  auto stub = handoff::v1::Handoff::NewStub(MakeUnixChannel(socket));
   // Until the child has dropped to its user, it is still root's.
   ASSERT_TRUE(h.WaitFor([&] {
     std::ifstream st(absl::StrCat("/proc/", nobody, "/status"));
@@ -467,12 +466,7 @@ TEST(HandoffProtocolTest, AnotherUsersProcessIsRefused) {
     }
     return false;
   }));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
-  handoff::v1::ReleaseRequest release;
-  release.set_pid(nobody);
-  handoff::v1::ReleaseReply released;
-  grpc::Status s = stub->Release(&ctx, release, &released);
+  grpc::Status s = ReleaseTo(h, nobody);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   EXPECT_THAT(s.error_message(), ::testing::HasSubstr("runs as uid 65534"));
   ::kill(nobody, SIGKILL);

@@ -678,6 +678,15 @@ void DamageEveryStateFile(ProxyHarness& h) {
   }
 }
 
+// dpproxy reports `n` allocations learned back from the kubelet's checkpoint.
+bool LearnedBackFromCheckpoint(ProxyHarness& h, int n) {
+  return h.proxy()
+      .events()
+      .WaitForEvent("allocations_recovered", {{"from", "kubelet checkpoint"}, {"recovered", n}},
+                    kWait)
+      .has_value();
+}
+
 // dpproxy's state damaged while pods hold devices (every file overwritten
 // while it was stopped): the kubelet's checkpoint still lists what the
 // pods hold, and dpproxy learns it back within a checkpoint pass of the
@@ -696,11 +705,7 @@ TEST(LearnBackTest, AllocationsADamagedStateLostAreLearnedBackFromTheKubeletsChe
   const size_t sim_mark = h.sim().events().Size();
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
-  ASSERT_TRUE(h.proxy()
-                  .events()
-                  .WaitForEvent("allocations_recovered",
-                                {{"from", "kubelet checkpoint"}, {"recovered", 3}}, kWait)
-                  .has_value());
+  ASSERT_TRUE(LearnedBackFromCheckpoint(h, 3));
   EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
   EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), Keys(h.sim().GetState()));
   EXPECT_THAT(h.MetricsText(),
@@ -791,12 +796,7 @@ TEST(LearnBackTest, AnEmptiedJournalIsLearnedBackFromTheCheckpoint) {
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   ASSERT_TRUE(h.proxy().events().WaitForEvent("journal_missing", {}, kWait).has_value());
-  ASSERT_TRUE(h.proxy()
-                  .events()
-                  .WaitForEvent("allocations_recovered",
-                                {{"from", "kubelet checkpoint"}, {"recovered", journal_only}},
-                                kWait)
-                  .has_value());
+  ASSERT_TRUE(LearnedBackFromCheckpoint(h, journal_only));
   EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
   // Held again: the one free device is all a new pod can get.
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));  // the plugin is back
@@ -828,11 +828,7 @@ TEST(LearnBackTest, EveryStateFileRemovedIsALossNotAFirstStart) {
   std::optional<Json> lost = h.proxy().events().WaitForEvent("state_lost", {}, kWait);
   ASSERT_TRUE(lost.has_value());
   EXPECT_EQ((*lost)["path"], h.dir("state"));
-  ASSERT_TRUE(h.proxy()
-                  .events()
-                  .WaitForEvent("allocations_recovered",
-                                {{"from", "kubelet checkpoint"}, {"recovered", 3}}, kWait)
-                  .has_value());
+  ASSERT_TRUE(LearnedBackFromCheckpoint(h, 3));
   EXPECT_EQ(Keys(h.proxy().state()->Snapshot()), before);
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
   EXPECT_FALSE(h.sim().Allocate(Pod("c", {{"w", 2}})).ok());  // held again

@@ -260,8 +260,7 @@ void ApiServerSim::SetNodeAllocatable(const std::string& name,
   Json a = Json::object();
   for (const auto& [resource, count] : allocatable) a[resource] = std::to_string(count);
   if (n["status"].value("allocatable", Json::object()) == a) return;
-  n["status"]["allocatable"] = a;
-  n["status"]["capacity"] = a;
+  n["status"]["allocatable"] = a;  // (capacity also counts Unhealthy devices: not played)
   n["metadata"]["resourceVersion"] = std::to_string(++resource_version_);
 }
 

@@ -198,7 +198,13 @@ absl::Status ProxyServer::OpenState() {
     keeper_->SetOneHolderAcrossPaths(true);
     // The other side stops offering what one path took: soon, not at the
     // next second's pass.
-    keeper_->SetHeldAcrossObserver([this] { housekeeping_.Wake(); });
+    // And a reconciliation pass names a new pod of the device plugin while
+    // it runs, so that its end returns its device to the pool at the pass
+    // after (Reconciler::Nudge).
+    keeper_->SetHeldAcrossObserver([this] {
+      housekeeping_.Wake();
+      if (Reconciler* r = reconciler_.get()) r->Nudge();
+    });
     if (config_.reconcile_start_grace < absl::Seconds(2)) {
       LOG(WARNING) << "reconcile.start_grace is "
                    << absl::FormatDuration(config_.reconcile_start_grace)

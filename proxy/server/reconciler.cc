@@ -75,20 +75,40 @@ std::string Reconciler::CheckpointPath() const {
   return JoinPath(DevicePluginDir(options_.kubelet), kKubeletCheckpointName);
 }
 
+void Reconciler::Nudge() {
+  absl::MutexLock lock(&stop_mu_);
+  nudged_ = true;
+}
+
 void Reconciler::Loop() {
   // First pass soon after start (the kubelet may be starting too), then
-  // every interval.
-  absl::Duration wait = std::min(absl::Seconds(10), options_.interval);
+  // every interval, sooner when nudged while someone waits.
+  absl::Time next = absl::Now() + std::min(absl::Seconds(10), options_.interval);
   for (;;) {
+    bool nudged = false;
     {
       absl::MutexLock lock(&stop_mu_);
-      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) -> bool { return stop_; };
-      if (stop_mu_.AwaitWithTimeout(absl::Condition(&stopping), wait)) return;
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(stop_mu_) -> bool {
+        return stop_ || nudged_;
+      };
+      stop_mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+      if (stop_) return;
+      nudged = nudged_;
+      nudged_ = false;
+    }
+    const absl::Time now = absl::Now();
+    if (now < next) {
+      // Nudged: `hurry` is asked here, with no lock of the caller's held.
+      if (nudged && options_.hurry && options_.hurry()) {
+        next = std::min(next, now + options_.nudge_delay);
+      }
+      continue;
     }
     absl::Status s = ReconcileOnce();
     if (!s.ok()) VLOG(1) << "reconciliation skipped: " << s.message();
-    wait = options_.interval;
+    absl::Duration wait = options_.interval;
     if (options_.hurry && options_.hurry()) wait = std::min(wait, options_.hurried_interval);
+    next = absl::Now() + wait;
   }
 }
 

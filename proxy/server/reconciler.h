@@ -73,6 +73,10 @@ class Reconciler {
     // reconciler's thread; empty: never.
     std::function<bool()> hurry;
     absl::Duration hurried_interval = absl::Seconds(10);
+    // How soon after a Nudge the pass comes (while `hurry` holds): the
+    // kubelet lists a pod in pod-resources once its admission, which the
+    // Allocate is part of, is done.
+    absl::Duration nudge_delay = absl::Seconds(1);
   };
   // `changed` is called (no locks held) when the quarantine changed.
   Reconciler(Options options, StateKeeper* keeper, EventLog* events,
@@ -85,6 +89,15 @@ class Reconciler {
   // Starts the periodic pod-resources passes (first one 10 s after start).
   void Start();
   void Stop();
+
+  // A device-plugin allocation was made (or a holder changed): if `hurry`
+  // holds, a pass comes `nudge_delay` from now, not at the next interval.
+  // It names the new allocation's pod while the pod runs, so that the pass
+  // after its end (`hurried_interval` later at most) releases its devices
+  // to the claims that wait for them; a pod no pass ever listed keeps them
+  // for the whole grace. Cheap and lock-free for the caller's purposes: it
+  // may be called under the state keeper's lock.
+  void Nudge();
 
   // One pod-resources pass now. kUnavailable if the API did not answer
   // (nothing is released then).
@@ -250,6 +263,7 @@ class Reconciler {
 
   absl::Mutex stop_mu_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
+  bool nudged_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::thread thread_;
 
   // Allocation ids missing from the last successful List (reconciler

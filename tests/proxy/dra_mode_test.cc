@@ -1414,7 +1414,7 @@ TEST(DraModeTest, UnderBothEveryFreeDeviceServesTheNextPod) {
 }
 
 // A move to `dra` without a drain: pods of the device plugin run on, and
-// the kubelet (1.34-1.36) looks the resource's endpoint up at every
+// the kubelet (1.34-1.37) looks the resource's endpoint up at every
 // container start of the resource while any pod holds devices of it,
 // claim-served pods included; once it has dropped the endpoint
 // (endpointStopGracePeriod, 0 here instead of 5 minutes) such a start
@@ -1506,6 +1506,46 @@ TEST(DraModeTest, AnEndedDevicePluginPodsDeviceReturnsToThePoolAtTheNextPass) {
   ASSERT_TRUE(pods.End(legacy->uid).ok());
   ASSERT_TRUE(h.proxy().ReconcileOnce().ok());
   EXPECT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }))
+      << PublishedDevices(api) << " devices in the pool";
+  bool held = false;
+  h.proxy().state()->ForEachAllocation([&](const state::Allocation& a) { held |= !a.has_claim(); });
+  EXPECT_FALSE(held);
+}
+
+// The same with no pass called by the test, as on a real node: a pod of
+// the device plugin that lives a few seconds and ends (the next pass a
+// minute away) gives its device back to the pool within the hurried
+// interval. dpproxy's pass right after the Allocate names the pod while it
+// runs; without it no pass ever lists the pod, and the device waits out
+// the reconciliation grace (here an hour) while a claim waits for it.
+TEST(DraModeTest, AShortLivedDevicePluginPodsDeviceReturnsToThePoolWithoutAGrace) {
+  std::unique_ptr<BothWaysNode> node =
+      StartExtendedResourceNode(4, [](ProxyConfig& c, BothWaysNode&) {
+        c.reconcile_grace = absl::Hours(1);
+        c.reconcile_interval = absl::Minutes(1);
+      });
+  ASSERT_NE(node, nullptr);
+  ProxyHarness& h = *node->harness;
+  sim::ApiServerSim& api = node->api;
+  sim::ExtendedResourcePods pods(&h.sim(), node->client.get(), "vendor.com/gpu", "node-1");
+  // dpproxy has run a while: its first pass (10 s after its start) is
+  // done, with nothing to hurry for, so the next is a minute away.
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("reconciled", {}, absl::Seconds(20)).has_value());
+  const size_t from = h.proxy().events().Size();
+  absl::StatusOr<sim::ExtendedResourcePods::Pod> brief = pods.Start("brief", 1);
+  ASSERT_TRUE(brief.ok()) << brief.status();
+  ASSERT_EQ(brief->route, sim::ExtendedResourceRoute::kDevicePlugin);
+  ASSERT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 3; }));
+  // A pass names it while it runs.
+  std::optional<Json> named;
+  ASSERT_TRUE(h.WaitFor([&] {
+    for (const Json& e : h.proxy().events().Since(from)) {
+      if (e.value("event", "") == "reconciled" && e.value("annotated", 0) > 0) named = e;
+    }
+    return named.has_value();
+  }, absl::Seconds(20)));
+  ASSERT_TRUE(pods.End(brief->uid).ok());
+  EXPECT_TRUE(h.WaitFor([&] { return PublishedDevices(api) == 4; }, absl::Seconds(30)))
       << PublishedDevices(api) << " devices in the pool";
   bool held = false;
   h.proxy().state()->ForEachAllocation([&](const state::Allocation& a) { held |= !a.has_claim(); });

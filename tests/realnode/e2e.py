@@ -896,6 +896,124 @@ def scenario_move_to_dra(s, fence=True):
     s.wait_allocatable(0, 60)
 
 
+def _both_ways_node(s, path, devices=DEVICES):
+    """dpproxy serving the scenario's resource through `path` (both, dra),
+    its configuration file, and the sample plugin of `devices` devices."""
+    dra_setup(s)
+    config = os.path.join(s.work, "dpproxy.yaml")
+
+    def write_config(p):
+        with open(config, "w") as f:
+            f.write("paths: {%s: %s}\n" % (s.resource, p))
+    write_config(path)
+    proxy = dra_dpproxy(s, "--config=" + config)
+    s.plugin("v1beta1", devices=devices)
+    s.wait_allocatable(devices, 60)
+    wait_until("the node's slices of %s list %d devices" % (DRIVER, devices),
+               lambda: len(slice_devices(s)) == devices, 60)
+    return proxy, write_config
+
+
+def _through_claim(s, pod):
+    """Whether the scheduler served the pod's extended resource by a claim
+    of its own (the DRA route), from the pod's status."""
+    return bool(s.pod_json(pod)["status"].get("extendedResourceClaimStatus"))
+
+
+def _unschedulable(s, pod):
+    """The scheduler's FailedScheduling events of the pod, as text."""
+    out = s.node.kubectl("get", "events", "-n", "default", "-o", "json", "--field-selector",
+                         "involvedObject.name=%s,reason=FailedScheduling" % pod)
+    return ["%s: %s" % (e.get("lastTimestamp"), e.get("message"))
+            for e in json.loads(out)["items"]]
+
+
+# The kubelet drops a stopped device plugin's endpoint this long after it
+# stopped (endpointStopGracePeriod, pkg/kubelet/cm/devicemanager/types.go),
+# at its next GetCapacity (each node-status update, every 10 s).
+ENDPOINT_STOP_GRACE = 5 * 60
+NODE_STATUS_PERIOD = 10
+
+
+def scenario_dra_after_endpoint_grace(s):
+    """Issue 59.2: a resource moved to DRA while a pod of its device plugin
+    runs. More than the kubelet's endpoint grace later, a new pod of the
+    extended resource (served by a claim) starts: the kubelet looks the
+    resource's endpoint up at every container start while any pod holds
+    its devices through the device plugin (GetDeviceRunContainerOptions),
+    so dpproxy keeps it registered, withdrawn, until that pod ends. Then
+    the endpoint goes and the next pod starts as well."""
+    proxy, write_config = _both_ways_node(s, "both")
+    s.pod("legacy", 1, SCRIPT, tolerate=False)
+    s.wait_running("legacy")
+    check(not _through_claim(s, "legacy"), "legacy was served by a claim, not the device plugin")
+    legacy = s.container_id("legacy")
+    write_config("dra")
+    proxy.p.send_signal(signal.SIGHUP)
+    moved = time.monotonic()
+    s.wait_allocatable(0, 60)
+    wait_until("the node's taint lowered", lambda: bool(_events(s, "move_fence_lowered")), 60)
+    check(_events(s, "device_plugin_withdrawn"), "dpproxy did not keep the endpoint withdrawn")
+    # What the scenario is about is the kubelet's own timer, which nothing
+    # outside it shows: the pod is created once the grace and a status
+    # period have passed. Meanwhile the device plugin's pod runs on.
+    wait_until("the endpoint grace passed since the move, legacy running",
+               lambda: (check(_running_with(s, "legacy", legacy), "legacy stopped running")
+                        or time.monotonic() - moved > ENDPOINT_STOP_GRACE + 2 * NODE_STATUS_PERIOD),
+               ENDPOINT_STOP_GRACE + 3 * NODE_STATUS_PERIOD + 30)
+    s.pod("x1", 1, SCRIPT, tolerate=False)
+    s.wait_running("x1", 120)
+    check(_through_claim(s, "x1"), "x1 was not served by a claim")
+    check_inside(s, "x1", "v1beta1", 1, cdi=True)
+    _two_pods_disjoint(s, "legacy", "x1")
+    # The last pod of the device plugin ends: the endpoint stops, and a new
+    # pod still starts.
+    s.node.kubectl("delete", "pod", "legacy", "--wait=true", "--timeout=60s")
+    s.pod("x2", 1, SCRIPT, tolerate=False)
+    s.wait_running("x2", 120)
+    check(_through_claim(s, "x2"), "x2 was not served by a claim")
+    _two_pods_disjoint(s, "x1", "x2")
+
+
+def scenario_both_one_device_free(s):
+    """Issue 59.3 and 59.4: one resource of two devices served both ways.
+    With exactly one device free the next pod runs, whichever way it comes:
+    a pod of the extended resource beside a claim's pod (capacity counted
+    once), the same after the claim's pod ends, and a claim's pod after a
+    pod of the device plugin ends (its device back in the pool at the next
+    pass, not after the reconciliation grace). None is ever refused by the
+    scheduler while a device is free."""
+    _both_ways_node(s, "both", devices=2)
+    claim_pod(s, "c1")
+    s.wait_running("c1")
+    # The claim's device Unhealthy to the device manager: one left.
+    s.wait_allocatable(1, 60)
+    s.pod("x1", 1, SCRIPT, tolerate=False)
+    s.wait_running("x1", 60)
+    check(not _through_claim(s, "x1"), "x1 was served by a claim, not the device plugin")
+    _two_pods_disjoint(s, "c1", "x1")
+
+    s.node.kubectl("delete", "pod", "c1", "--wait=true", "--timeout=60s")
+    # The kubelet writes the returned device into the node's status (every
+    # 10 s); the scheduler counts x1's request against it: one free.
+    s.wait_allocatable(2, 60)
+    s.pod("x2", 1, SCRIPT, tolerate=False)
+    s.wait_running("x2", 60)
+    _two_pods_disjoint(s, "x1", "x2")
+
+    # x1's device goes back to the pool once dpproxy sees x1 gone from the
+    # kubelet (at its next pass), well inside the reconciliation grace (5
+    # minutes from x1's allocation) that alone would let it wait.
+    s.node.kubectl("delete", "pod", "x1", "--wait=true", "--timeout=60s")
+    claim_pod(s, "c2")
+    s.wait_running("c2", 120)
+    _two_pods_disjoint(s, "x2", "c2")
+    for p in ("x1", "x2"):
+        bad = _unschedulable(s, p)
+        check(not bad, "the scheduler refused %s while a device was free:\n%s"
+              % (p, "\n".join(bad)))
+
+
 K8S_SAMPLE_RESOURCE = "example.com/resource"
 
 
@@ -969,6 +1087,9 @@ SCENARIOS = [
     ("dra", scenario_dra, 32),
     # Pods of the extended resource through DRA: on by default from 1.36.
     ("move-to-dra", scenario_move_to_dra, 36),
+    ("both-one-device-free", scenario_both_one_device_free, 36),
+    # Waits out the kubelet's 5-minute endpoint grace.
+    ("dra-after-endpoint-grace", scenario_dra_after_endpoint_grace, 36),
     ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),

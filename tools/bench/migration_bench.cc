@@ -8,14 +8,19 @@
 // sends each pod through the device plugin while the node's allocatable
 // is above 0, else through DRA. It prints how long each move took to be in
 // effect and what the pods saw beside the floor a drain-free move is held
-// to: no pod failed, no running pod lost, no device held twice, no drop of
-// the plugin's stream. A benchmark that prints figures; nothing here has a
-// time limit.
+// to: no pod failed, none stuck, none kept waiting while a device was
+// free, no running pod lost, no device held twice, no drop of the plugin's
+// stream. One pod of the device plugin runs from the first phase to the
+// last, so every pod through DRA starts beside it after the kubelet's
+// endpoint grace (played at 0), and each `both` phase ends with a pod
+// started when exactly one device is free. A benchmark that prints
+// figures; nothing here has a time limit.
 #include <signal.h>
 #include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -28,6 +33,7 @@
 #include <gflags/gflags.h>
 #include <grpcpp/client_context.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -49,6 +55,10 @@ DEFINE_bool(move_fence, true,
             "dpproxy's dra.move_fence: the node tainted while a resource leaves the device "
             "manager. false shows what a move costs without it.");
 DEFINE_double(steps_per_second, 20, "Pace of the pod stream (a load generator's rate).");
+DEFINE_int32(endpoint_grace_seconds, 0,
+             "The kubelet's endpointStopGracePeriod (300 on a real kubelet): how long it "
+             "keeps a stopped device plugin's endpoint. 0 starts every pod as one started "
+             "after it.");
 
 namespace dpproxy {
 namespace {
@@ -90,7 +100,17 @@ struct Move {
   double ms = -1;  // until in effect; -1: not within 60 s
   std::map<std::string, int> served;  // by route, while and after it took effect
   int pending = 0, failed = 0;
+  std::set<std::string> fenced;  // pods that found the node tainted (and waited)
+  std::set<std::string> idle;    // pods refused while a device had been free
+  int beside_legacy = 0;         // pods through DRA started beside the pinned one
+  std::string one_free = "-";    // a `both` phase's pod with exactly one device free
 };
+
+// A device free this long (a reconciliation pass and a slice update) and
+// a pod refused anyway: the pod waits while a device idles.
+constexpr absl::Duration kIdleGrace = absl::Seconds(3);
+// A pod waiting this long is stuck.
+constexpr absl::Duration kStuck = absl::Seconds(60);
 
 int Run() {
   if (FLAGS_steps_per_second <= 0) {
@@ -130,6 +150,7 @@ users: [{name: agent, user: {token: bench-token}}]
   so.node_name = "node-1";
   so.cdi_dirs = {dir + "/cdi"};
   so.kubelet = *sim::ParseKubeletVersion("1.36");
+  so.endpoint_grace = absl::Seconds(FLAGS_endpoint_grace_seconds);
   // The node's status, which the scheduler routes by, as the kubelet
   // writes it: every 10 s, into the Node.
   api.PutNode("node-1", "v1.36.2");
@@ -179,8 +200,15 @@ users: [{name: agent, user: {token: bench-token}}]
   sim::ExtendedResourcePods pods(&kubelet, client.get(), kResource, "node-1");
   std::mt19937 rng(20261127);
   std::vector<Move> moves;
-  int step = 0, killed = 0, held_twice = 0, started = 0;
+  int step = 0, killed = 0, held_twice = 0, started = 0, stuck = 0;
   std::set<std::string> twice;  // devices seen with two holders
+  // The devices pods hold now, and since when one has been free.
+  auto held = [&] {
+    int n = 0;
+    for (const auto& [uid, p] : pods.running()) n += static_cast<int>(p.devices.size());
+    return n;
+  };
+  absl::Time free_since = absl::InfiniteFuture();
   auto check = [&] {
     const sim::State st = kubelet.GetState();
     std::set<std::string> running;
@@ -199,9 +227,58 @@ users: [{name: agent, user: {token: bench-token}}]
     for (const auto& [d, n] : holders) {
       if (n > 1 && twice.insert(d).second) ++held_twice;
     }
+    if (held() >= FLAGS_devices) {
+      free_since = absl::InfiniteFuture();
+    } else if (free_since == absl::InfiniteFuture()) {
+      free_since = absl::Now();
+    }
   };
-  // One step of the stream: a pod of one device starts (three times in
-  // five) or a running one ends.
+  // The pod of the device plugin that runs from the first phase to the
+  // last ("" until it has started).
+  std::string legacy;
+  bool legacy_pinned = true;
+  // Pods the scheduler left pending, retried in order, as it retries them.
+  struct Waiting {
+    std::string name;
+    absl::Time since;
+    bool stuck = false;
+  };
+  std::deque<Waiting> waiting;
+  // Starts pod `name`: true when it runs; false when it is pending.
+  auto try_start = [&](const std::string& name, Move& m) {
+    absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
+    if (p.ok()) {
+      const bool dra = p->route == sim::ExtendedResourceRoute::kDra;
+      ++m.served[dra ? "dra" : "device-plugin"];
+      if (dra && !legacy.empty() && pods.running().count(legacy) > 0) ++m.beside_legacy;
+      if (!dra && legacy.empty()) legacy = p->uid;
+      return true;
+    }
+    if (p.status().code() == absl::StatusCode::kResourceExhausted) {
+      if (absl::StrContains(p.status().message(), "taint")) {
+        m.fenced.insert(name);
+      } else if (absl::Now() - free_since > kIdleGrace) {
+        m.idle.insert(name);
+      }
+    } else {
+      ++m.failed;
+      std::cerr << "migration_bench: " << p.status() << "\n";
+    }
+    return false;
+  };
+  auto end_one = [&] {
+    std::vector<std::string> uids;
+    for (const auto& [uid, p] : pods.running()) {
+      if (!(legacy_pinned && uid == legacy)) uids.push_back(uid);
+    }
+    if (uids.empty()) return false;
+    if (absl::Status s = pods.End(uids[rng() % uids.size()]); !s.ok()) {
+      std::cerr << "migration_bench: ending a pod: " << s << "\n";
+    }
+    return true;
+  };
+  // One step of the stream: a pod starts (three times in five; the first
+  // pending one, else a new one) or a running one ends.
   const absl::Duration tick = absl::Seconds(1 / FLAGS_steps_per_second);
   absl::Time next_step = absl::Now();
   auto one_step = [&](Move& m) {
@@ -209,25 +286,65 @@ users: [{name: agent, user: {token: bench-token}}]
     // one took.
     next_step = std::max(next_step + tick, absl::Now());
     ++step;
-    if (pods.running().empty() || rng() % 5 < 3) {
-      ++started;
-      absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(absl::StrCat("pod-", step), 1);
-      if (p.ok()) {
-        ++m.served[p->route == sim::ExtendedResourceRoute::kDra ? "dra" : "device-plugin"];
-      } else if (p.status().code() == absl::StatusCode::kResourceExhausted) {
-        ++m.pending;
+    if (pods.running().size() <= 1 || rng() % 5 < 3) {
+      if (!waiting.empty()) {
+        Waiting& w = waiting.front();
+        if (try_start(w.name, m)) {
+          waiting.pop_front();
+        } else if (!w.stuck && absl::Now() - w.since > kStuck) {
+          w.stuck = true;
+          ++stuck;
+        }
       } else {
-        ++m.failed;
-        std::cerr << "migration_bench: " << p.status() << "\n";
+        ++started;
+        const std::string name = absl::StrCat("pod-", step);
+        if (!try_start(name, m)) {
+          ++m.pending;
+          waiting.push_back({name, absl::Now()});
+        }
       }
     } else {
-      auto it = pods.running().begin();
-      std::advance(it, rng() % pods.running().size());
-      const std::string uid = it->first;
-      if (absl::Status s = pods.End(uid); !s.ok()) {
-        std::cerr << "migration_bench: ending a pod: " << s << "\n";
+      end_one();
+    }
+    check();
+  };
+  // Polls `start` until it holds (true) or 10 s pass.
+  auto keep_trying = [&](const std::function<bool()>& start) {
+    return Until(start, [] { absl::SleepFor(absl::Milliseconds(20)); }, absl::Seconds(10));
+  };
+  // A `both` phase's probe: the pods waiting are started (ending others to
+  // make room), the node is brought to exactly one free device, and a pod
+  // asks for it. It must run at once, whichever path the scheduler picks.
+  auto one_free_probe = [&](Move& m) {
+    while (!waiting.empty()) {
+      if (held() >= FLAGS_devices) end_one();
+      if (!keep_trying([&] { return try_start(waiting.front().name, m); })) {
+        m.one_free = absl::StrCat("a pending pod did not start");
+        return;
+      }
+      waiting.pop_front();
+    }
+    while (held() > FLAGS_devices - 1 && end_one()) {
+    }
+    while (held() < FLAGS_devices - 1) {
+      const std::string name = absl::StrCat("fill-", ++step);
+      ++started;
+      if (!keep_trying([&] { return try_start(name, m); })) {
+        m.one_free = "the node could not be filled";
+        return;
       }
     }
+    check();
+    const std::string name = absl::StrCat("one-free-", ++step);
+    ++started;
+    absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
+    if (!p.ok()) {
+      m.one_free = std::string(p.status().message());
+      m.idle.insert(name);
+      return;
+    }
+    ++m.served[p->route == sim::ExtendedResourceRoute::kDra ? "dra" : "device-plugin"];
+    m.one_free = p->route == sim::ExtendedResourceRoute::kDra ? "ran, via DRA" : "ran, via plugin";
     check();
   };
   auto kubelet_resource = [&](const std::function<bool(const sim::ResourceState&)>& pred) {
@@ -249,9 +366,20 @@ users: [{name: agent, user: {token: bench-token}}]
   const std::vector<std::string> path = {"device-plugin", "both", "dra", "both", "device-plugin"};
   const auto t0 = std::chrono::steady_clock::now();
   double first_move_at_ms = -1;
+  // The stream starts once the node's status shows the devices (the
+  // kubelet's first status update after the plugin registered).
+  if (!Until([&] {
+        const Json a = api.Node("node-1").value("/status/allocatable"_json_pointer, Json::object());
+        return a.value(kResource, "") == absl::StrCat(FLAGS_devices);
+      },
+             [] { absl::SleepFor(absl::Milliseconds(20)); }, absl::Seconds(30))) {
+    Fail("the node's status never showed the devices");
+  }
   for (size_t i = 0; i < path.size(); ++i) {
     Move m;
     m.to = path[i];
+    // The last phase lets the pinned pod of the device plugin end.
+    if (i + 1 == path.size()) legacy_pinned = false;
     if (i > 0) {
       m.from = path[i - 1];
       write_config(m.to);
@@ -277,7 +405,20 @@ users: [{name: agent, user: {token: bench-token}}]
       absl::SleepFor(next_step - absl::Now());
       one_step(m);
     }
+    if (m.to == "both") one_free_probe(m);
     moves.push_back(m);
+  }
+  // The pods still waiting start as others end; any that cannot is stuck.
+  while (!waiting.empty()) {
+    if (held() >= FLAGS_devices) end_one();
+    if (!Until([&] { return try_start(waiting.front().name, moves.back()); },
+               [] { absl::SleepFor(absl::Milliseconds(20)); }, kStuck)) {
+      break;
+    }
+    waiting.pop_front();
+  }
+  for (const Waiting& w : waiting) {
+    if (!w.stuck) ++stuck;
   }
   const double total_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
@@ -287,30 +428,37 @@ users: [{name: agent, user: {token: bench-token}}]
   std::cout << absl::StrFormat(
       "Moving a %d-device resource between paths by reloads under a pod stream\n"
       "(one dpproxy serving both sides; pods of 1 device, a pod started or ended %.0f times\n"
-      "a second, %d steps after each move; the scheduler's route: device plugin while\n"
-      "allocatable > 0, else DRA; reconciliation every second frees ended pods' devices)\n",
-      FLAGS_devices, FLAGS_steps_per_second, FLAGS_steps);
-  std::cout << absl::StrFormat("%-28s %12s %14s %10s %9s %8s\n", "move", "in effect", "via plugin",
-                               "via DRA", "pending", "failed");
-  int failed = 0;
+      "a second, %d steps after each move, pending pods retried first; the scheduler's\n"
+      "route: device plugin while allocatable > 0, else DRA; reconciliation every second\n"
+      "frees ended pods' devices; one pod of the device plugin runs until the last phase,\n"
+      "the kubelet's endpoint grace is %d s)\n",
+      FLAGS_devices, FLAGS_steps_per_second, FLAGS_steps, FLAGS_endpoint_grace_seconds);
+  std::cout << absl::StrFormat("%-24s %10s %11s %8s %8s %7s %5s %7s  %s\n", "move", "in effect",
+                               "via plugin", "via DRA", "pending", "fenced", "idle", "failed",
+                               "exactly one device free");
+  int failed = 0, idle = 0, beside_legacy = 0;
   for (const Move& m : moves) {
     failed += m.failed;
+    idle += static_cast<int>(m.idle.size());
+    beside_legacy += m.beside_legacy;
     const std::string label = m.from.empty() ? absl::StrCat("(start: ", m.to, ")")
                                              : absl::StrCat(m.from, " -> ", m.to);
-    std::cout << absl::StrFormat("%-28s %12s %14d %10d %9d %8d\n", label,
-                                 m.from.empty() ? "-"
-                                 : m.ms < 0     ? "not in 60 s"
-                                                : absl::StrFormat("%.0fms", m.ms),
-                                 m.served.count("device-plugin") ? m.served.at("device-plugin") : 0,
-                                 m.served.count("dra") ? m.served.at("dra") : 0, m.pending,
-                                 m.failed);
+    std::cout << absl::StrFormat(
+        "%-24s %10s %11d %8d %8d %7d %5d %7d  %s\n", label,
+        m.from.empty() ? "-" : m.ms < 0 ? "not in 60s" : absl::StrFormat("%.0fms", m.ms),
+        m.served.count("device-plugin") ? m.served.at("device-plugin") : 0,
+        m.served.count("dra") ? m.served.at("dra") : 0, m.pending,
+        static_cast<int>(m.fenced.size()),
+        static_cast<int>(m.idle.size()), m.failed, m.one_free);
   }
   std::cout << absl::StrFormat(
-      "%d pods started in %d steps: %d failed, %d running pods lost, %d devices held twice, "
-      "%d plugin stream drops (floor: 0 each); the moves took %.1f s from the first reload to "
-      "the end of the stream\n",
-      started, step, failed, killed, held_twice,
-      static_cast<int>(streams_after - streams_before), total_s);
+      "%d pods started in %d steps: %d failed, %d stuck (waiting over %ds), %d refused while a "
+      "device had been free over %ds, %d running pods lost, %d devices held twice, %d plugin "
+      "stream drops (floor: 0 each); %d pods through DRA started beside a pod of the device "
+      "plugin; the moves took %.1f s from the first reload to the end of the stream\n",
+      started, step, failed, stuck, static_cast<int>(absl::ToInt64Seconds(kStuck)), idle,
+      static_cast<int>(absl::ToInt64Seconds(kIdleGrace)), killed, held_twice,
+      static_cast<int>(streams_after - streams_before), beside_legacy, total_s);
 
   plugin->Stop(absl::Seconds(10));
   proxy->Stop(absl::Seconds(10));

@@ -340,7 +340,8 @@ TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {
         << name;
   }
   EXPECT_THAT(DefaultKubelets(),
-              ::testing::ElementsAre("1.9", "1.15", "1.18", "1.24", "1.27", "1.30", "1.36"));
+              ::testing::ElementsAre("1.9", "1.15", "1.18", "1.24", "1.27", "1.30", "1.36",
+                                     "1.37"));
 }
 
 }  // namespace

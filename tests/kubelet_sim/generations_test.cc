@@ -77,11 +77,11 @@ TEST(KubeletVersionTest, PersonalitiesAreAliases) {
 }
 
 TEST(KubeletVersionTest, BadNamesAreRefusedWithWhatIsAccepted) {
-  for (const char* bad : {"1.8", "1.37", "2.0", "1.", "1.x", "1.2x", "v1beta2", ""}) {
+  for (const char* bad : {"1.8", "1.38", "2.0", "1.", "1.x", "1.2x", "v1beta2", ""}) {
     absl::StatusOr<KubeletVersion> k = ParseKubeletVersion(bad);
     EXPECT_FALSE(k.ok()) << bad;
   }
-  EXPECT_THAT(ParseKubeletVersion("1.8").status().message(), HasSubstr("1.9 to 1.36"));
+  EXPECT_THAT(ParseKubeletVersion("1.8").status().message(), HasSubstr("1.9 to 1.37"));
   EXPECT_THAT(ParseKubeletVersion("v1beta2").status().message(),
               HasSubstr("e.g. 1.24"));
   EXPECT_THAT(ParseKubeletVersion("1.27", true).status().message(),

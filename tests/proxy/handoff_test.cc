@@ -252,6 +252,58 @@ TEST(HandoffByNameTest, ATakeoverLeavesAKubeletThatDisconnectsByNameNothingToDis
                   .has_value());
 }
 
+// After a takeover the new dpproxy's client is "unlisted" on a 1.25-1.36
+// kubelet; stopped for good, it still has the kubelet hear the devices go.
+// It never registers again at its own socket while the kubelet streams
+// from it: a 1.37 kubelet refuses that ("device plugin already connected")
+// and then keeps that socket's endpoint for good, refusing every later
+// registration there (the next takeover's) and making a dead endpoint the
+// resource's once another disconnects. Seen on a real 1.37.2 node. Then a
+// dpproxy started again, and another takeover: every registration is
+// accepted and every pod admitted.
+class HandoffThenStopTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HandoffThenStopTest, AStopAfterATakeoverLeavesTheKubeletNothingStale) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet(GetParam()));
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  const size_t start = h.sim().events().Size();
+  ASSERT_TRUE(h.TakeOver().ok());
+  const size_t stop = h.sim().events().Size();
+  h.StopProxy();
+  EXPECT_TRUE(h.sim()
+                  .events()
+                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, stop)
+                  .has_value())
+      << "the kubelet kept counting the devices of a dpproxy that stopped";
+  h.RestartProxy();
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("after-restart", {{"main", 1}}, kGpu)).ok());
+  absl::Status took = h.TakeOver();
+  ASSERT_TRUE(took.ok()) << took;
+  absl::StatusOr<sim::AllocateResponse> a =
+      h.sim().Allocate(testing::PodRequest("after-takeover", {{"main", 1}}, kGpu));
+  EXPECT_TRUE(a.ok()) << a.status();
+  // (The takeovers' refused registrations of the release socket are
+  // dpproxy's own, and expected.)
+  for (const nlohmann::json& e : h.sim().events().Since(start)) {
+    if (e["event"] == "registration_rejected") {
+      EXPECT_FALSE(absl::StrContains(e.value("error", ""), "already connected")) << e.dump();
+    }
+  }
+  const size_t last = h.sim().events().Size();
+  h.StopProxy();
+  EXPECT_TRUE(h.sim()
+                  .events()
+                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, last)
+                  .has_value());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kubelets, HandoffThenStopTest, ::testing::Values("1.31", "1.37"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "1.31" ? "by_name" : "per_socket";
+                         });
+
 // A new dpproxy that takes the state over and then never serves (it died):
 // the old one, which can write nothing any more, gives up and stops, and
 // a dpproxy started again on the directory serves with every allocation.
@@ -382,6 +434,43 @@ TEST(HandoffTakenBackTest, ANewDpproxyKilledAfterTheReleaseLeavesTheOldOneServin
   absl::Status took = h.TakeOver();
   ASSERT_TRUE(took.ok()) << took.message();
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 2);
+}
+
+// The same on a 1.37 kubelet, which keeps each socket's client: taking the
+// state back, dpproxy registers nothing again at a socket the kubelet
+// still streams from (refused there, "device plugin already connected",
+// and that socket then never disconnected). The kubelet kept its devices
+// all along; a takeover after it is accepted, and a stop still takes the
+// devices off the node.
+TEST(HandoffTakenBackTest, ATakeBackOnAKubeletOfPerSocketClientsRegistersNothingTwice) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet("1.37"));
+  ASSERT_NO_FATAL_FAILURE(Serve(h));
+  const size_t start = h.sim().events().Size();
+  const pid_t successor = ::fork();
+  ASSERT_GE(successor, 0);
+  if (successor == 0) {
+    for (;;) ::pause();  // until killed
+  }
+  grpc::Status s = ReleaseTo(h, successor);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ::kill(successor, SIGKILL);
+  ::waitpid(successor, nullptr, 0);
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("handoff_taken_back", {}, kWait).has_value());
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, kGpu)).ok());
+  absl::Status took = h.TakeOver();
+  ASSERT_TRUE(took.ok()) << took.message();
+  ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("after-takeover", {{"main", 1}}, kGpu)).ok());
+  for (const nlohmann::json& e : h.sim().events().Since(start)) {
+    if (e["event"] == "registration_rejected") {
+      EXPECT_FALSE(absl::StrContains(e.value("error", ""), "already connected")) << e.dump();
+    }
+  }
+  const size_t last = h.sim().events().Size();
+  h.StopProxy();
+  EXPECT_TRUE(h.sim()
+                  .events()
+                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, last)
+                  .has_value());
 }
 
 // A Release naming a live process of dpproxy's user that never takes the

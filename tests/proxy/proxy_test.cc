@@ -14,6 +14,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -1013,6 +1014,53 @@ TEST_F(ProxyTest, SwappingAV1AlphaBackendForAV1Beta1OneKeepsTheKubeletStream) {
   for (const auto& res : r.results()) EXPECT_TRUE(res.admitted()) << res.message();
   EXPECT_FALSE(h.sim().events().WaitForEvent("resource_removed", {}, absl::ZeroDuration(), mark));
 }
+
+// A backend replaced by one whose options differ (it now asks for
+// PreStartContainer) on a kubelet that reads the options when it dials
+// (1.25+). A 1.37 kubelet refuses a registration at a socket it is still
+// connected to ("device plugin already connected") and then keeps that
+// socket's endpoint for good: dpproxy does not register again there, and
+// calls the backend's PreStartContainer itself right after each Allocate,
+// as the kubelet, told no, never will. The resource never leaves the
+// kubelet, and the next pod's container gets its PreStartContainer.
+class NewOptionsTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(NewOptionsTest, ABackendWithNewOptionsIsServedWithoutRegisteringAgain) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [](sim::KubeletSimOptions& so) {
+    so.kubelet = *sim::ParseKubeletVersion(GetParam());
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("before", 1)).ok());
+  const size_t mark = h.sim().events().Size(), proxy_mark = h.proxy().events().Size();
+  h.StopPlugins();
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  o.pre_start_required = true;
+  SamplePlugin* p = h.StartPlugin(o);
+  ASSERT_NE(p, nullptr);
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("backend_up", {{"resource", kGpu}}, kWait,
+                                              proxy_mark));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("after", 1));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(p->Status().pre_start_calls(), 1);
+  EXPECT_FALSE(h.sim().events().WaitForEvent("registration_rejected", {}, absl::ZeroDuration(),
+                                             mark));
+  EXPECT_FALSE(h.sim().events().WaitForEvent("plugin_lost", {}, absl::ZeroDuration(), mark));
+  // Its end, as dpproxy stops, still tells the kubelet the devices are
+  // gone: the kubelet never kept an endpoint that no longer answers.
+  const size_t stop_mark = h.sim().events().Size();
+  h.StopProxy();
+  EXPECT_TRUE(h.sim().events().WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait,
+                                            stop_mark));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kubelets, NewOptionsTest, ::testing::Values("1.31", "1.37"),
+                         [](const auto& info) {
+                           return absl::StrReplaceAll(info.param, {{".", "_"}});
+                         });
 
 // A vendor plugin's DaemonSet rolled with maxSurge behind dpproxy: the new
 // instance registers at dpproxy while the old one runs, then the old one

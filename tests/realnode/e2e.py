@@ -443,6 +443,80 @@ def scenario_dpproxy_sigkill(s, restart_signal):
     _two_pods_disjoint(s, "p1", "p2")
 
 
+def scenario_plugin_options_change(s):
+    """The vendor plugin is replaced by one whose options differ (it asks
+    for PreStartContainer now). A 1.25+ kubelet keeps the options it read
+    when it dialled, and a 1.37 one refuses a registration at a socket it
+    still streams from ("device plugin already connected"), then keeps
+    that socket for good: dpproxy registers nothing again and serves the
+    difference itself. The running pod keeps its devices, the next pod
+    runs, the kubelet refused nothing, and a stop of dpproxy still takes
+    the devices off the node."""
+    proxy, _ = first_pod(s, count=1)
+    before = s.container_id("p1")
+    offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
+    ups = len(_events(s, "backend_up"))
+    s.procs[-1].kill()
+    s.plugin("v1beta1", "--pre_start_required", name="plugin2")
+    wait_until("dpproxy serving the new plugin",
+               lambda: len(_events(s, "backend_up")) > ups, 60)
+    s.pod("p2", 1, SCRIPT)
+    s.wait_running("p2", 90)
+    check(_running_with(s, "p1", before), "p1 did not keep its container")
+    _two_pods_disjoint(s, "p1", "p2")
+    s.wait_allocatable(DEVICES, 30)
+    proxy.kill(signal.SIGTERM)
+    s.wait_allocatable(0, 60)
+    refused = [line for line in _kubelet_log_from(s.node, offset).splitlines()
+               if "already connected" in line]
+    check(not refused, "the kubelet refused a registration:\n%s" % "\n".join(refused[:5]))
+
+
+def scenario_restarts_after_takeover(s):
+    """A --takeover, then plain stops and starts of dpproxy and another
+    takeover, a pod after each: the kubelet must never keep a dpproxy
+    that has gone as the resource's endpoint, nor refuse a registration.
+    A 1.37 kubelet tracks a resource's clients per socket, and refuses a
+    registration at a socket it still streams from ("device plugin
+    already connected"), after which it no longer disconnects that
+    socket's client when its stream ends."""
+    proxy, _ = first_pod(s, count=1)
+    offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
+
+    def takeover(old, name):
+        new = s.dpproxy("--takeover", name=name)
+        wait_until("%s handing over" % old.name, lambda: not old.alive(), 60)
+        check(old.p.returncode == 0, "%s exited with %d" % (old.name, old.p.returncode))
+        return new
+
+    def stop(p):
+        p.kill(signal.SIGTERM)
+        check(p.p.returncode == 0, "%s exited with %d" % (p.name, p.p.returncode))
+
+    b = takeover(proxy, "dpproxy-b")
+    s.pod("p2", 1, SCRIPT)
+    s.wait_running("p2")
+    stop(b)
+    c = s.dpproxy(name="dpproxy-c")
+    s.pod("p3", 1, SCRIPT)
+    s.wait_running("p3", 90)
+    d = takeover(c, "dpproxy-d")
+    s.pod("p4", 1, SCRIPT)
+    s.wait_running("p4", 90)
+    stop(d)
+    s.dpproxy(name="dpproxy-e")
+    s.node.kubectl("delete", "pod", "p2", "--wait=true", "--timeout=60s")
+    s.pod("p5", 1, SCRIPT)
+    s.wait_running("p5", 90)
+    refused = [line for line in _kubelet_log_from(s.node, offset).splitlines()
+               if "already connected" in line]
+    check(not refused, "the kubelet refused a registration:\n%s" % "\n".join(refused[:5]))
+    live = ["p1", "p3", "p4", "p5"]
+    for i, a in enumerate(live):
+        for b2 in live[i + 1:]:
+            _two_pods_disjoint(s, a, b2)
+
+
 def _running_with(s, pod, container):
     p = s.pod_json(pod)
     return p["status"].get("phase") == "Running" and s.container_id(pod) == container
@@ -1081,9 +1155,11 @@ SCENARIOS = [
     ("v1alpha-plugin", scenario_v1alpha_plugin),
     ("kubelet-restart", scenario_kubelet_restart),
     ("plugin-restart", scenario_plugin_restart),
+    ("plugin-options-change", scenario_plugin_options_change),
     ("checkpoint-loss", scenario_checkpoint_loss),
     ("never-started-container", scenario_never_started_container),
     ("takeover-under-pods", scenario_takeover_under_pods),
+    ("restarts-after-takeover", scenario_restarts_after_takeover),
     ("dra", scenario_dra, 32),
     # Pods of the extended resource through DRA: on by default from 1.36.
     ("move-to-dra", scenario_move_to_dra, 36),

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -154,8 +155,10 @@ users: [{name: agent, user: {token: bench-token}}]
   // The node's status, which the scheduler routes by, as the kubelet
   // writes it: every 10 s, into the Node.
   api.PutNode("node-1", "v1.36.2");
-  so.on_node_status = [&api](const std::map<std::string, int64_t>& allocatable) {
+  std::atomic<int> status_writes{0};
+  so.on_node_status = [&api, &status_writes](const std::map<std::string, int64_t>& allocatable) {
     api.SetNodeAllocatable("node-1", allocatable);
+    ++status_writes;
   };
   sim::KubeletSim kubelet(so);
   if (!kubelet.Start().ok()) Fail("the kubelet sim did not start");
@@ -244,7 +247,9 @@ users: [{name: agent, user: {token: bench-token}}]
     bool stuck = false;
   };
   std::deque<Waiting> waiting;
-  // Starts pod `name`: true when it runs; false when it is pending.
+  // Starts pod `name`: kOk when it runs, kResourceExhausted when it is
+  // pending, another code when it failed (for good: the scheduler does
+  // not try it again).
   auto try_start = [&](const std::string& name, Move& m) {
     absl::StatusOr<sim::ExtendedResourcePods::Pod> p = pods.Start(name, 1);
     if (p.ok()) {
@@ -252,7 +257,7 @@ users: [{name: agent, user: {token: bench-token}}]
       ++m.served[dra ? "dra" : "device-plugin"];
       if (dra && !legacy.empty() && pods.running().count(legacy) > 0) ++m.beside_legacy;
       if (!dra && legacy.empty()) legacy = p->uid;
-      return true;
+      return absl::StatusCode::kOk;
     }
     if (p.status().code() == absl::StatusCode::kResourceExhausted) {
       if (absl::StrContains(p.status().message(), "taint")) {
@@ -264,7 +269,7 @@ users: [{name: agent, user: {token: bench-token}}]
       ++m.failed;
       std::cerr << "migration_bench: " << p.status() << "\n";
     }
-    return false;
+    return p.status().code();
   };
   auto end_one = [&] {
     std::vector<std::string> uids;
@@ -289,8 +294,8 @@ users: [{name: agent, user: {token: bench-token}}]
     if (pods.running().size() <= 1 || rng() % 5 < 3) {
       if (!waiting.empty()) {
         Waiting& w = waiting.front();
-        if (try_start(w.name, m)) {
-          waiting.pop_front();
+        if (try_start(w.name, m) != absl::StatusCode::kResourceExhausted) {
+          waiting.pop_front();  // running, or failed for good
         } else if (!w.stuck && absl::Now() - w.since > kStuck) {
           w.stuck = true;
           ++stuck;
@@ -298,7 +303,7 @@ users: [{name: agent, user: {token: bench-token}}]
       } else {
         ++started;
         const std::string name = absl::StrCat("pod-", step);
-        if (!try_start(name, m)) {
+        if (try_start(name, m) == absl::StatusCode::kResourceExhausted) {
           ++m.pending;
           waiting.push_back({name, absl::Now()});
         }
@@ -318,7 +323,9 @@ users: [{name: agent, user: {token: bench-token}}]
   auto one_free_probe = [&](Move& m) {
     while (!waiting.empty()) {
       if (held() >= FLAGS_devices) end_one();
-      if (!keep_trying([&] { return try_start(waiting.front().name, m); })) {
+      if (!keep_trying([&] {
+            return try_start(waiting.front().name, m) != absl::StatusCode::kResourceExhausted;
+          })) {
         m.one_free = absl::StrCat("a pending pod did not start");
         return;
       }
@@ -329,7 +336,7 @@ users: [{name: agent, user: {token: bench-token}}]
     while (held() < FLAGS_devices - 1) {
       const std::string name = absl::StrCat("fill-", ++step);
       ++started;
-      if (!keep_trying([&] { return try_start(name, m); })) {
+      if (!keep_trying([&] { return try_start(name, m) != absl::StatusCode::kResourceExhausted; })) {
         m.one_free = "the node could not be filled";
         return;
       }
@@ -378,24 +385,29 @@ users: [{name: agent, user: {token: bench-token}}]
   for (size_t i = 0; i < path.size(); ++i) {
     Move m;
     m.to = path[i];
+    // Looked at every 2 ms; the stream goes on at its pace meanwhile.
+    auto meanwhile = [&] {
+      if (absl::Now() >= next_step) {
+        one_step(m);
+      } else {
+        absl::SleepFor(std::min(next_step - absl::Now(), absl::Milliseconds(2)));
+      }
+    };
     // The last phase lets the pinned pod of the device plugin end.
     if (i + 1 == path.size()) legacy_pinned = false;
     if (i > 0) {
       m.from = path[i - 1];
+      // Each move right after the kubelet wrote the node's status: the
+      // scheduler routes on the status from before the move for a whole
+      // period, the worst case. The stream goes on meanwhile.
+      const int writes = status_writes.load();
+      (void)Until([&] { return status_writes.load() > writes; }, meanwhile, absl::Seconds(15));
       write_config(m.to);
       const auto sent = std::chrono::steady_clock::now();
       if (first_move_at_ms < 0) {
         first_move_at_ms = std::chrono::duration<double, std::milli>(sent - t0).count();
       }
       kill(proxy->pid(), SIGHUP);
-      // Looked at every 2 ms; the stream goes on at its pace meanwhile.
-      auto meanwhile = [&] {
-        if (absl::Now() >= next_step) {
-          one_step(m);
-        } else {
-          absl::SleepFor(std::min(next_step - absl::Now(), absl::Milliseconds(2)));
-        }
-      };
       if (Until(in_effect.at(m.to), meanwhile, absl::Seconds(60))) {
         m.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent)
                    .count();
@@ -411,7 +423,10 @@ users: [{name: agent, user: {token: bench-token}}]
   // The pods still waiting start as others end; any that cannot is stuck.
   while (!waiting.empty()) {
     if (held() >= FLAGS_devices) end_one();
-    if (!Until([&] { return try_start(waiting.front().name, moves.back()); },
+    if (!Until([&] {
+          return try_start(waiting.front().name, moves.back()) !=
+                 absl::StatusCode::kResourceExhausted;
+        },
                [] { absl::SleepFor(absl::Milliseconds(20)); }, kStuck)) {
       break;
     }
@@ -431,7 +446,7 @@ users: [{name: agent, user: {token: bench-token}}]
       "a second, %d steps after each move, pending pods retried first; the scheduler's\n"
       "route: device plugin while allocatable > 0, else DRA; reconciliation every second\n"
       "frees ended pods' devices; one pod of the device plugin runs until the last phase,\n"
-      "the kubelet's endpoint grace is %d s)\n",
+      "the kubelet's endpoint grace is %d s; each move right after a node-status write)\n",
       FLAGS_devices, FLAGS_steps_per_second, FLAGS_steps, FLAGS_endpoint_grace_seconds);
   std::cout << absl::StrFormat("%-24s %10s %11s %8s %8s %7s %5s %7s  %s\n", "move", "in effect",
                                "via plugin", "via DRA", "pending", "fenced", "idle", "failed",

@@ -37,7 +37,7 @@ DEFINE_string(resource, "",
               "vendor.com/gpu. The first is the one single-resource scenarios use;\n"
               "two or more also run multi-resource. Required.");
 DEFINE_string(kubelets, "",
-              "Kubelet releases to play, comma-separated: 1.9 to 1.36, the aliases\n"
+              "Kubelet releases to play, comma-separated: 1.9 to 1.37, the aliases\n"
               "v1alpha, v1beta1-async, v1beta1-sync, plugin-watcher, or \"all\" (every\n"
               "minor). Empty: the newest minor of each generation (see --list).");
 DEFINE_string(cdi_gate, "",

@@ -146,7 +146,11 @@ const std::vector<KubeletGeneration>& KubeletGenerations() {
       {28, 30,
        "as 1.25-1.27, and cdi_devices read only with the DevicePluginCDIDevices feature gate "
        "(alpha in 1.28: off by default; beta in 1.29-1.30: on by default)"},
-      {31, kNewestKubeletMinor, "as 1.28-1.30 with the CDI gate GA: cdi_devices always read"},
+      {31, 36, "as 1.28-1.30 with the CDI gate GA: cdi_devices always read"},
+      {37, kNewestKubeletMinor,
+       "as 1.31-1.36, with a resource's clients kept per socket: a stream's end disconnects "
+       "only its own socket, and a registration at a socket already connected is refused "
+       "(\"device plugin already connected\")"},
   };
   return *kGenerations;
 }
@@ -771,6 +775,8 @@ void KubeletSim::Stop() {
     clients.swap(all_clients_);
     clients_.clear();
     endpoints_.clear();
+    socket_clients_.clear();
+    endpoint_store_.clear();
     watched_.clear();
     deleted_.clear();
     // Drivers register again through the plugin watcher after a start.
@@ -1049,6 +1055,14 @@ void KubeletSim::InstallClient(std::shared_ptr<PluginClient> client) {
   }
   state_.RegisterEndpoint(client->resource, client->socket_path, client->api_version,
                           client->via, client->options, client->generation);
+  if (kubelet_.TracksClientsPerSocket()) {
+    // Joins the resource's other clients and becomes its endpoint.
+    socket_clients_[client->resource][client->socket_path] = client;
+    endpoint_store_[client->resource][client->socket_path] = client;
+    clients_[client->resource] = client;
+    endpoints_[client->resource] = client;
+    return;
+  }
   auto it = clients_.find(client->resource);
   if (it != clients_.end() && it->second != client) {
     // 1.9 stops the replaced endpoint. From 1.10 the new one simply takes
@@ -1150,6 +1164,19 @@ void KubeletSim::ForgetClientAfterFailedConnect(const std::string& resource,
   // With clients tracked per socket, only an entry at the failed socket
   // goes.
   absl::MutexLock lock(&mu_);
+  if (kubelet_.TracksClientsPerSocket()) {
+    // Every entry of the failed socket goes, a connected client there too.
+    auto clients = socket_clients_.find(resource);
+    if (clients == socket_clients_.end()) return;
+    auto c = clients->second.find(socket_path);
+    if (c == clients->second.end()) return;
+    events_.Emit("client_forgotten", {{"resource", resource},
+                                      {"endpoint", socket_path},
+                                      {"failed_endpoint", socket_path}});
+    clients->second.erase(c);
+    if (clients->second.empty()) socket_clients_.erase(clients);
+    return;
+  }
   auto it = clients_.find(resource);
   if (it == clients_.end()) return;
   if (kubelet_.per_socket_clients && it->second->socket_path != socket_path) return;
@@ -1192,6 +1219,13 @@ absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::TryConnect
   }
   absl::MutexLock lock(&mu_);
   if (!running_) return absl::UnavailableError("kubelet is stopping");
+  if (kubelet_.TracksClientsPerSocket()) {
+    auto store = endpoint_store_.find(resource);
+    if (store != endpoint_store_.end() && store->second.count(socket_path) > 0) {
+      return absl::UnknownError(
+          absl::StrCat("device plugin already connected: ", socket_path));
+    }
+  }
   client->generation = next_generation_++;
   InstallClient(client);
   all_clients_.push_back(client);
@@ -1296,6 +1330,7 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
                               const std::string& why) {
   absl::MutexLock lock(&mu_);
   if (!running_) return;
+  if (kubelet_.TracksClientsPerSocket()) return OnSocketClientLostLocked(client, why);
   auto it = clients_.find(client->resource);
   if (it == clients_.end()) {
     // A client no longer listed under its name (a failed registration
@@ -1340,6 +1375,59 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
   WriteCheckpointLocked();
 }
 
+void KubeletSim::OnSocketClientLostLocked(const std::shared_ptr<PluginClient>& client,
+                                          const std::string& why) {
+  auto clients = socket_clients_.find(client->resource);
+  if (clients == socket_clients_.end() || clients->second.count(client->socket_path) == 0 ||
+      clients->second.at(client->socket_path) != client) {
+    // Not in the handler's list (a refused registration at its socket
+    // deleted it): its end disconnects nothing, and the device manager
+    // keeps its endpoint.
+    events_.Emit("unlisted_client_ended",
+                 {{"resource", client->resource}, {"endpoint", client->socket_path}});
+    return;
+  }
+  clients->second.erase(client->socket_path);
+  if (clients->second.empty()) socket_clients_.erase(clients);
+  if (auto c = clients_.find(client->resource); c != clients_.end() && c->second == client) {
+    clients_.erase(c);
+  }
+  DisconnectSocketLocked(client->resource, client->socket_path, why);
+}
+
+void KubeletSim::DisconnectSocketLocked(const std::string& resource,
+                                        const std::string& socket_path,
+                                        const std::string& why) {
+  // PluginDisconnected: this socket's endpoint leaves the store; the last
+  // one marks the resource unhealthy, else a remaining one, whichever,
+  // becomes the endpoint (even one whose client has ended).
+  auto store = endpoint_store_.find(resource);
+  if (store == endpoint_store_.end() || store->second.count(socket_path) == 0) return;
+  std::shared_ptr<PluginClient> lost = store->second.at(socket_path);
+  store->second.erase(socket_path);
+  if (!store->second.empty()) {
+    std::shared_ptr<PluginClient> next = store->second.begin()->second;
+    endpoints_[resource] = next;
+    state_.RegisterEndpoint(resource, next->socket_path, next->api_version, next->via,
+                            next->options, next->generation);
+    events_.Emit("endpoint_promoted", {{"resource", resource},
+                                       {"lost_endpoint", socket_path},
+                                       {"endpoint", next->socket_path}});
+    return;
+  }
+  endpoint_store_.erase(store);
+  StopEndpoint(lost);
+  if (!state_.EndpointLost(resource, lost->generation, absl::Now())) return;
+  events_.Emit("plugin_lost", {{"resource", resource},
+                               {"endpoint", socket_path},
+                               {"reason", why},
+                               {"grace_seconds", absl::ToInt64Seconds(Grace())}});
+  for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
+    events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
+  }
+  WriteCheckpointLocked();
+}
+
 void KubeletSim::ReconcileWatcher() {
   const std::vector<std::string> present = ListSockets(plugins_registry_dir());
   std::vector<std::string> to_register;
@@ -1367,6 +1455,25 @@ void KubeletSim::ReconcileWatcher() {
         // its devices are unhealthy already); the watcher reports it anyway.
         events_.Emit("plugin_deregistered",
                      {{"resource", it->second.resource}, {"socket", path}});
+        if (kubelet_.TracksClientsPerSocket()) {
+          // DeRegisterPlugin: the client of that registration, by socket.
+          auto clients = socket_clients_.find(it->second.resource);
+          std::shared_ptr<PluginClient> client;
+          if (clients != socket_clients_.end()) {
+            for (const auto& [socket, c] : clients->second) {
+              if (c->watch_socket == path) client = c;
+            }
+          }
+          if (client != nullptr) {
+            clients->second.erase(client->socket_path);
+            if (clients->second.empty()) socket_clients_.erase(clients);
+            client->Cancel();
+            DisconnectSocketLocked(client->resource, client->socket_path,
+                                   "its registration socket was removed");
+          }
+          it = watched_.erase(it);
+          continue;
+        }
         auto c = clients_.find(it->second.resource);
         if (c != clients_.end() && c->second->watch_socket == path) {
           std::shared_ptr<PluginClient> client = c->second;

@@ -84,6 +84,18 @@ struct KubeletVersion {
   // (kubernetes#121994). With per_socket_clients, only when the new
   // instance uses the old one's socket name.
   bool TearsDownByName() const { return minor >= 25 && minor <= 36; }
+  // 1.37+ keep every client of a resource, one per socket, in the
+  // registration handler and in the device manager (endpointStore): a new
+  // registration joins the others and becomes the resource's endpoint; a
+  // stream's end disconnects only its own socket, and the last one marks
+  // the resource unhealthy, else a remaining endpoint takes over. A
+  // registration at a socket already connected is refused ("device plugin
+  // already connected"), and the refusal deletes every entry of that
+  // socket from the handler's list, the connected one included, so that
+  // its end later disconnects nothing and the device manager keeps it
+  // (pkg/kubelet/cm/devicemanager: plugin/v1beta1/handler.go, manager.go
+  // PluginConnected/PluginDisconnected, 1.37.2).
+  bool TracksClientsPerSocket() const { return minor >= 37; }
   // The kubelet's generation, e.g. "1.19-1.24" for 1.21.
   std::string GenerationName() const;
 };
@@ -94,9 +106,9 @@ inline constexpr int kControlMaxMessageBytes = 256 << 20;
 
 // The oldest and newest kubelet minor releases the simulator knows.
 inline constexpr int kOldestKubeletMinor = 9;
-inline constexpr int kNewestKubeletMinor = 36;
+inline constexpr int kNewestKubeletMinor = 37;
 
-// "1.N" (9 <= N <= 36) or a personality name (an alias: v1alpha is 1.9,
+// "1.N" (9 <= N <= 37) or a personality name (an alias: v1alpha is 1.9,
 // v1beta1-async 1.24, v1beta1-sync 1.31, plugin-watcher 1.31 with the
 // plugin watcher). `cdi_gate` overrides the feature gate's default where
 // the release has the gate (1.28-1.30). Errors name what is accepted.
@@ -307,6 +319,11 @@ class KubeletSim {
   void OnDevices(const std::shared_ptr<PluginClient>& client,
                  const std::vector<v1beta1::Device>& devices);
   void OnClientLost(const std::shared_ptr<PluginClient>& client, const std::string& why);
+  // OnClientLost on a 1.37+ kubelet (TracksClientsPerSocket).
+  void OnSocketClientLostLocked(const std::shared_ptr<PluginClient>& client,
+                                const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DisconnectSocketLocked(const std::string& resource, const std::string& socket_path,
+                              const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<PluginClient>> ConnectSync(
       const std::string& resource, const std::string& socket_path,
       const std::string& via, const std::string& watch_socket);
@@ -383,6 +400,11 @@ class KubeletSim {
   // a connected registration, gone when it is disconnected). Differs from
   // clients_ once a failed registration deleted the name's entry.
   std::map<std::string, std::shared_ptr<PluginClient>> endpoints_ ABSL_GUARDED_BY(mu_);
+  // 1.37+ (KubeletVersion::TracksClientsPerSocket): the handler's clients
+  // and the device manager's endpointStore, by resource and socket path.
+  using BySocket = std::map<std::string, std::shared_ptr<PluginClient>>;
+  std::map<std::string, BySocket> socket_clients_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, BySocket> endpoint_store_ ABSL_GUARDED_BY(mu_);
   // Every client whose thread may still run (current and replaced).
   std::vector<std::shared_ptr<PluginClient>> all_clients_ ABSL_GUARDED_BY(mu_);
   // plugins_registry socket path -> (inode, resource) of registered plugins,

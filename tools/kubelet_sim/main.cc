@@ -33,7 +33,7 @@ DEFINE_string(root_dir, "/var/lib/kubelet",
               "<root>/device-plugins/kubelet.sock, watches <root>/plugins_registry/\n"
               "(plugin-watcher) and serves <root>/pod-resources/kubelet.sock.");
 DEFINE_string(kubelet, "",
-              "Which kubelet release to behave like, 1.9 to 1.36 (e.g. 1.24): how it\n"
+              "Which kubelet release to behave like, 1.9 to 1.37 (e.g. 1.24): how it\n"
               "registers plugins and what of the API it reads (see `kubelet_sim\n"
               "generations`). Wins over --personality. [serve, restart]");
 DEFINE_string(cdi_gate, "",

@@ -37,6 +37,113 @@ class RefusingPlugin final : public v1beta1::DevicePlugin::CallbackService {
 
 }  // namespace
 
+// Answers the options, streams the list once and holds the stream open
+// until the kubelet or the server ends it; refuses the rest.
+class Relist::Plugin final : public v1beta1::DevicePlugin::CallbackService {
+ public:
+  Plugin(v1beta1::DevicePluginOptions options, v1beta1::ListAndWatchResponse devices)
+      : options_(std::move(options)), devices_(std::move(devices)) {}
+
+  grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
+                                                   const v1beta1::Empty*,
+                                                   v1beta1::DevicePluginOptions* resp) override {
+    *resp = options_;
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* ListAndWatch(
+      grpc::CallbackServerContext*, const v1beta1::Empty*) override {
+    return new Stream(&devices_);
+  }
+
+  grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
+                                     const v1beta1::AllocateRequest*,
+                                     v1beta1::AllocateResponse*) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "dpproxy is stopping: this resource is not served now"));
+    return reactor;
+  }
+
+ private:
+  class Stream final : public grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse> {
+   public:
+    explicit Stream(const v1beta1::ListAndWatchResponse* devices) { StartWrite(devices); }
+    void OnWriteDone(bool ok) override {
+      if (!ok) End();  // else open until cancelled
+    }
+    void OnCancel() override { End(); }
+    void OnDone() override { delete this; }
+
+   private:
+    void End() {
+      if (!finished_.exchange(true)) Finish(grpc::Status::CANCELLED);
+    }
+    std::atomic<bool> finished_{false};
+  };
+
+  const v1beta1::DevicePluginOptions options_;
+  const v1beta1::ListAndWatchResponse devices_;
+};
+
+std::string RelistSocketName(const std::string& endpoint_socket_name) {
+  absl::string_view stem = endpoint_socket_name;
+  if (absl::EndsWith(stem, ".sock")) stem.remove_suffix(5);
+  return absl::StrCat(stem, ".relist.sock");
+}
+
+absl::StatusOr<std::unique_ptr<Relist>> Relist::Register(
+    const KubeletSideOptions& kubelet, const std::string& resource,
+    const std::string& endpoint_socket_name, const v1beta1::DevicePluginOptions& options,
+    v1beta1::ListAndWatchResponse devices, absl::Duration timeout) {
+  const std::string name = RelistSocketName(endpoint_socket_name);
+  const std::string path = JoinPath(DevicePluginDir(kubelet), name);
+  if (absl::Status s = ValidateSocketPath(path); !s.ok()) return s;
+  for (v1beta1::Device& d : *devices.mutable_devices()) d.set_health(std::string(kUnhealthy));
+  std::unique_ptr<Relist> r(new Relist());
+  r->plugin_ = std::make_unique<Plugin>(options, std::move(devices));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(path), grpc::InsecureServerCredentials());
+  builder.RegisterService(r->plugin_.get());
+  r->server_ = builder.BuildAndStart();
+  if (r->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+  }
+  (void)SetMode(path, 0700);  // only the kubelet (root) may connect
+
+  const std::string kubelet_sock = KubeletSocketPath(kubelet);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialUnixChannel(kubelet_sock, std::min(timeout, absl::Seconds(2)));
+  if (!channel.ok()) {
+    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet_sock,
+                                               " is not answering"));
+  }
+  v1beta1::RegisterRequest req;
+  req.set_version(std::string(kV1Beta1Version));
+  req.set_endpoint(name);
+  req.set_resource_name(resource);
+  *req.mutable_options() = options;
+  v1beta1::Empty resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const grpc::Status st = v1beta1::Registration::NewStub(*channel)->Register(&ctx, req, &resp);
+  if (!st.ok()) {
+    return absl::UnavailableError(absl::StrCat("the kubelet refused the registration of ", name,
+                                               ": ", GoRpcError(st)));
+  }
+  return r;
+}
+
+Relist::~Relist() {
+  if (server_ == nullptr) return;
+  // gRPC removes the socket file as the server shuts down; the stream's
+  // cancellation ends it.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  server_->Wait();
+}
+
 std::string ReleaseSocketName(const std::string& endpoint_socket_name) {
   absl::string_view stem = endpoint_socket_name;
   if (absl::EndsWith(stem, ".sock")) stem.remove_suffix(5);

@@ -20,10 +20,15 @@
 #ifndef DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_CLIENT_NAME_RELEASE_H_
 #define DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_CLIENT_NAME_RELEASE_H_
 
+#include <memory>
 #include <string>
 
+#include <grpcpp/server.h>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/v1beta1/api.pb.h"
 #include "proxy/config/proxy_config.h"
 
 namespace dpproxy {
@@ -43,6 +48,40 @@ std::string ReleaseSocketName(const std::string& endpoint_socket_name);
 absl::Status ReleaseClientName(const KubeletSideOptions& kubelet, const std::string& resource,
                                const std::string& endpoint_socket_name,
                                absl::Duration timeout);
+
+// The socket a stopping endpoint registers so that its end is seen:
+// ".relist" before ".sock" ("dpproxy-a.sock" -> "dpproxy-a.relist.sock").
+std::string RelistSocketName(const std::string& endpoint_socket_name);
+
+// Makes the kubelet disconnect a resource whose record ReleaseClientName
+// cleared when dpproxy's endpoint stops: a device plugin at
+// RelistSocketName(endpoint_socket_name) that answers
+// GetDevicePluginOptions with `options` and streams `devices` (the
+// resource's list, sent all Unhealthy: what the kubelet is to see once the
+// endpoint is gone), registered for `resource`. A 1.25-1.36 kubelet enters
+// it under the resource's name, so the endpoint's end disconnects it; a
+// 1.37+ one keeps it beside the endpoint, and disconnects each as it ends.
+// Never a registration at the endpoint's own socket while the kubelet
+// streams from it: a 1.37 kubelet refuses that ("device plugin already
+// connected") and then never disconnects that socket. Serves until
+// destroyed; destroy it after the endpoint has stopped.
+class Relist {
+ public:
+  static absl::StatusOr<std::unique_ptr<Relist>> Register(
+      const KubeletSideOptions& kubelet, const std::string& resource,
+      const std::string& endpoint_socket_name, const v1beta1::DevicePluginOptions& options,
+      v1beta1::ListAndWatchResponse devices, absl::Duration timeout);
+  ~Relist();
+
+  Relist(const Relist&) = delete;
+  Relist& operator=(const Relist&) = delete;
+
+ private:
+  class Plugin;
+  Relist() = default;
+  std::unique_ptr<Plugin> plugin_;
+  std::unique_ptr<grpc::Server> server_;
+};
 
 }  // namespace dpproxy
 

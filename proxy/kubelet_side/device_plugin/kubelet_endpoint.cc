@@ -217,9 +217,13 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     call.timeout = timeout_;
     call.caller = ctx_;
     call.kubelet_api = std::string(ApiWireVersion(kubelet_api_));
-    // A 1.9 kubelet never calls PreStartContainer: the allocator does,
-    // right after Allocate, within the same deadline.
-    call.pre_start = kubelet_api_ == ApiVersion::kV1Alpha;
+    // A 1.9 kubelet never calls PreStartContainer, nor one told it need
+    // not (the backend was swapped for one that needs it, and a 1.25+
+    // kubelet keeps the options it read when it dialled): the allocator
+    // calls it, right after Allocate, within the same deadline, if the
+    // backend asks for it.
+    call.pre_start = kubelet_api_ == ApiVersion::kV1Alpha ||
+                     e_->kubelet_calls_pre_start() == std::optional<bool>(false);
     call.readmission_possible = e_->kubelet_may_reallocate_running();
     // The last touch of this reactor here: the answer may arrive, and the
     // reactor end, on another thread before this call returns.
@@ -364,6 +368,7 @@ class KubeletEndpoint::Services {
       KubeletCall call(e_, "GetDevicePluginOptions", ApiVersion::kV1Beta1);
       e_->NoteOptionsAsked();
       *resp = e_->resource()->options();
+      e_->NoteOptionsTold(*resp);
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
       reactor->Finish(call.Done(grpc::Status::OK));
       return reactor;
@@ -494,6 +499,9 @@ class KubeletEndpoint::Services {
       e->allocator()->WithBackend(ctx, e->backend_timeout(), [e, ctx, req, reactor, call](std::shared_ptr<Backend> b) {
         if (b == nullptr) return reactor->Finish(call->Done(ToGrpcStatus(e->allocator()->NoBackend())));
         call->set_backend(b.get());
+        // A backend that does not ask for it (the kubelet was told so for
+        // the one before) has nothing to do here.
+        if (!b->options().pre_start_required()) return reactor->Finish(call->Done(grpc::Status::OK));
         v1beta1::PreStartContainerRequest breq = *req;
         for (auto& id : *breq.mutable_devices_ids()) id = e->resource()->ToBackendId(id);
         const absl::Time start = absl::Now();
@@ -708,11 +716,17 @@ absl::Status KubeletEndpoint::ReleaseClientName(absl::Duration timeout) {
 
 void KubeletEndpoint::RelistBeforeStop() {
   if (!unlisted_.load() || !kubelet_streaming()) return;
-  if (absl::Status s = Register(); !s.ok()) {
+  absl::StatusOr<std::unique_ptr<Relist>> r =
+      Relist::Register(options_, resource_->name(), socket_name_, resource_->options(),
+                       resource_->Current().to_device_plugins->ToMessage(), absl::Seconds(5));
+  if (!r.ok()) {
     LOG(WARNING) << "resource " << resource_->name() << ": could not register once more before "
-                 << "stopping (" << s.message() << "); the kubelet may count the devices "
-                 << "healthy until it restarts";
+                 << "stopping (" << r.status().message() << "); the kubelet may count the "
+                 << "devices healthy until it restarts";
+    return;
   }
+  absl::MutexLock lock(&mu_);
+  relist_ = *std::move(r);
 }
 
 absl::Status KubeletEndpoint::Register() {
@@ -764,6 +778,8 @@ absl::Status KubeletEndpoint::Register() {
       req.set_endpoint(socket_name_);
       req.set_resource_name(resource_->name());
       *req.mutable_options() = resource_->options();
+      // A kubelet before 1.25 reads them here (a later one asks for them).
+      NoteOptionsTold(req.options());
       v1beta1::Empty resp;
       st = v1beta1::Registration::NewStub(channel)->Register(&ctx, req, &resp);
     } else {
@@ -954,6 +970,7 @@ void KubeletEndpoint::Stop() {
     server_.reset();
     ::unlink(socket_path_.c_str());
   }
+  relist_.reset();
 }
 
 }  // namespace dpproxy

@@ -34,6 +34,7 @@
 #include "proxy/core/preferred.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
+#include "proxy/kubelet_side/device_plugin/client_name_release.h"
 #include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/translate/translate.h"
 
@@ -137,8 +138,21 @@ class KubeletEndpoint : public KubeletGate {
   // that the devices are gone, so a dpproxy that stops for good registers
   // once more first (RelistBeforeStop).
   absl::Status ReleaseClientName(absl::Duration timeout);
-  // If unlisted: registers again, so that this endpoint's end is seen.
+  // If unlisted: registers a stand-in at another socket (Relist in
+  // client_name_release.h), so that this endpoint's end is seen; never
+  // this endpoint's own socket again while the kubelet streams from it.
   void RelistBeforeStop();
+  // Whether the kubelet calls PreStartContainer itself: what this endpoint
+  // last told it (in GetDevicePluginOptions, or in the RegisterRequest
+  // before 1.25), which a later backend's options do not change.
+  // nullopt: not told yet.
+  std::optional<bool> kubelet_calls_pre_start() const {
+    const int v = kubelet_pre_start_.load();
+    return v < 0 ? std::nullopt : std::optional<bool>(v == 1);
+  }
+  void NoteOptionsTold(const v1beta1::DevicePluginOptions& options) {
+    kubelet_pre_start_ = options.pre_start_required() ? 1 : 0;
+  }
   void NoteOptionsAsked();
   struct SteeringCounts {
     int64_t avoided = 0, held_named = 0, refused = 0;
@@ -196,6 +210,8 @@ class KubeletEndpoint : public KubeletGate {
   std::atomic<int> kubelet_sync_{-1};  // 1: asked for options in Register, 0: not, -1: unknown
   absl::Mutex mu_;
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Relist> relist_ ABSL_GUARDED_BY(mu_);  // stopped after server_
+  std::atomic<int> kubelet_pre_start_{-1};
   std::optional<FileId> served_id_ ABSL_GUARDED_BY(mu_);
   // The Register call in flight, cancelled by Stop(); a lock of its own,
   // apart from mu_, which Serve() holds while the old server finishes.

@@ -3,6 +3,8 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <set>
+#include <vector>
 
 #include "absl/time/clock.h"
 
@@ -164,9 +166,23 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
       }
       if (held_ || e->registering) continue;
       served = e->served;
+      bool options_changed = false;
       if (e->registered_with == kubelet && !e->dropped) {
         if (e->registered_options == options) continue;
-        LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+        if (e->endpoint->kubelet_registers_synchronously()) {
+          // A 1.25+ kubelet read the options when it dialled and keeps
+          // them; registering again at this socket while it streams from
+          // it is refused by a 1.37 kubelet, which then never disconnects
+          // the socket. The endpoint follows what the kubelet was told
+          // (PreStartContainer: kubelet_endpoint.h).
+          LOG(INFO) << "resource " << e->resource->name() << ": the backend's options changed; "
+                    << "the kubelet keeps the ones it read (PreStartContainer "
+                    << (e->endpoint->kubelet_calls_pre_start().value_or(false) ? "" : "not ")
+                    << "called by it), and dpproxy serves the difference";
+          e->registered_options = std::move(options);
+          continue;
+        }
+        options_changed = true;
       } else if (e->registered_with == kubelet) {
         // Dropped by this kubelet, which still runs (OnStreamDropped): it
         // disconnected this resource's client.
@@ -187,6 +203,9 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
         next_retry_ = std::min(next_retry_, e->retry_at);
         continue;
       }
+      if (options_changed) {
+        LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+      }
       e->registering = true;
     }
     if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options), served]() mutable {
@@ -199,6 +218,32 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
   absl::MutexLock lock(&mu_);
   result.next_retry = next_retry_;
   return result;
+}
+
+void Registrar::Resume() {
+  std::vector<KubeletEndpoint*> endpoints;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& slot : slots_) endpoints.push_back(slot->endpoint);
+  }
+  std::set<KubeletEndpoint*> still_streamed;
+  for (KubeletEndpoint* e : endpoints) {
+    if (e->kubelet_registers_synchronously() && e->kubelet_streaming()) still_streamed.insert(e);
+  }
+  absl::MutexLock lock(&mu_);
+  held_ = false;
+  for (auto& slot : slots_) {
+    if (still_streamed.count(slot->endpoint) > 0) {
+      LOG(INFO) << "resource " << slot->resource->name() << ": taken back while the kubelet "
+                << "still streams from " << slot->endpoint->socket_path()
+                << "; not registered again there";
+      continue;
+    }
+    slot->registered_with.reset();
+    slot->dropped = false;
+    slot->backoff = absl::ZeroDuration();
+    slot->retry_at = absl::InfinitePast();
+  }
 }
 
 void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, uint64_t served) {

@@ -85,16 +85,15 @@ class Registrar {
   // Registers again, every resource, as soon as Pass() runs: this dpproxy
   // took its state back from a new one that may have registered (the
   // kubelet then serves from the new one's sockets).
-  void Resume() {
-    absl::MutexLock lock(&mu_);
-    held_ = false;
-    for (auto& slot : slots_) {
-      slot->registered_with.reset();
-      slot->dropped = false;
-      slot->backoff = absl::ZeroDuration();
-      slot->retry_at = absl::InfinitePast();
-    }
-  }
+  //
+  // Except a resource a 1.25+ kubelet still streams from: a 1.37 kubelet
+  // keeps that socket's client whatever the new one registered, and
+  // refuses a registration there ("device plugin already connected"),
+  // after which it never disconnects the socket. (A 1.25-1.36 kubelet also
+  // still lists it, unless the new one registered before it failed: then
+  // the new one's exit has the kubelet drop it, and it registers again as
+  // after any drop.)
+  void Resume();
 
   // For `window` from now, a stream the kubelet ends is answered with a
   // new registration at once, not after the settle time that tells a

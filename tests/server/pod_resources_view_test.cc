@@ -6,10 +6,15 @@
 // socket in front of the kubelet sim runs in tests/proxy/dra_mode_test.cc.
 #include "proxy/server/pod_resources_view.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/events/event_log.h"
 #include "proxy/kubelet_side/dra/device_names.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/util/files.h"
 #include "proxy/state/state_store.h"
 #include "tests/testing/temp_dir.h"
 
@@ -129,6 +134,105 @@ TEST(PodResourcesViewTest, DevicesOfResourcesServedThroughDraAreAllocatable) {
   EXPECT_EQ(resp.devices(2).resource_name(), "vendor.com/fpga");
   EXPECT_FALSE(resp.devices(2).has_topology());
   EXPECT_EQ(AddDraDevices(resources, &resp), 0);
+}
+
+// A 1.37 kubelet's pod-resources service, answering one pod with pod-level
+// exclusive CPUs and memory (PodResources fields 4 and 5) and containers
+// with their own, and allocatable memory.
+class PodLevelKubelet final : public v1::PodResourcesLister::Service {
+ public:
+  static v1::PodResources Pod() {
+    v1::PodResources pod;
+    pod.set_name("train");
+    pod.set_namespace_("default");
+    pod.add_cpu_ids(2);
+    pod.add_cpu_ids(3);
+    v1::ContainerMemory* m = pod.add_memory();
+    m->set_memory_type("hugepages-1Gi");
+    m->set_size(2ull << 30);
+    m->mutable_topology()->add_nodes()->set_id(1);
+    v1::ContainerResources* c = pod.add_containers();
+    c->set_name("main");
+    c->add_cpu_ids(2);
+    v1::ContainerMemory* cm = c->add_memory();
+    cm->set_memory_type("memory");
+    cm->set_size(1ull << 30);
+    return pod;
+  }
+  grpc::Status List(grpc::ServerContext*, const v1::ListPodResourcesRequest*,
+                    v1::ListPodResourcesResponse* resp) override {
+    *resp->add_pod_resources() = Pod();
+    return grpc::Status::OK;
+  }
+  grpc::Status Get(grpc::ServerContext*, const v1::GetPodResourcesRequest*,
+                   v1::GetPodResourcesResponse* resp) override {
+    *resp->mutable_pod_resources() = Pod();
+    return grpc::Status::OK;
+  }
+  grpc::Status GetAllocatableResources(grpc::ServerContext*,
+                                       const v1::AllocatableResourcesRequest*,
+                                       v1::AllocatableResourcesResponse* resp) override {
+    resp->add_cpu_ids(2);
+    resp->add_cpu_ids(3);
+    v1::ContainerMemory* m = resp->add_memory();
+    m->set_memory_type("memory");
+    m->set_size(8ull << 30);
+    return grpc::Status::OK;
+  }
+};
+
+// The view passes a 1.37 kubelet's pod-level exclusive CPUs and memory on
+// unchanged, as it does the containers' own and the node's allocatable
+// memory, over real sockets, whether or not it has a DRA driver to add
+// devices for.
+TEST(PodResourcesViewTest, PodLevelCpusAndMemoryPassUnchanged) {
+  for (const std::string driver : {"", kDriver}) {
+    testing::ShortTempDir dir;
+    EventLog events{"test"};
+    StateKeeper keeper(dir.Sub("state.pb"), &events);
+    ASSERT_TRUE(keeper.Load().ok());
+    PodLevelKubelet kubelet;
+    grpc::ServerBuilder b;
+    b.AddListeningPort(UnixAddress(dir.Sub("kubelet.sock")), grpc::InsecureServerCredentials());
+    b.RegisterService(&kubelet);
+    std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    PodResourcesView view({dir.Sub("view.sock"), dir.Sub("kubelet.sock"), driver, "node-1", {}},
+                          &keeper);
+    ASSERT_TRUE(view.Start().ok());
+    auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(dir.Sub("view.sock")));
+    const std::string want = PodLevelKubelet::Pod().SerializeAsString();
+    {
+      grpc::ClientContext ctx;
+      v1::ListPodResourcesResponse resp;
+      ASSERT_TRUE(stub->List(&ctx, v1::ListPodResourcesRequest(), &resp).ok());
+      ASSERT_EQ(resp.pod_resources_size(), 1);
+      EXPECT_EQ(resp.pod_resources(0).SerializeAsString(), want) << resp.DebugString();
+      EXPECT_THAT(resp.pod_resources(0).cpu_ids(), ElementsAre(2, 3));
+      ASSERT_EQ(resp.pod_resources(0).memory_size(), 1);
+      EXPECT_EQ(resp.pod_resources(0).memory(0).memory_type(), "hugepages-1Gi");
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::GetPodResourcesRequest req;
+      req.set_pod_name("train");
+      req.set_pod_namespace("default");
+      v1::GetPodResourcesResponse resp;
+      ASSERT_TRUE(stub->Get(&ctx, req, &resp).ok());
+      EXPECT_EQ(resp.pod_resources().SerializeAsString(), want) << resp.DebugString();
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::AllocatableResourcesResponse resp;
+      ASSERT_TRUE(
+          stub->GetAllocatableResources(&ctx, v1::AllocatableResourcesRequest(), &resp).ok());
+      EXPECT_THAT(resp.cpu_ids(), ElementsAre(2, 3));
+      ASSERT_EQ(resp.memory_size(), 1);
+      EXPECT_EQ(resp.memory(0).size(), 8ull << 30);
+    }
+    view.Stop();
+    server->Shutdown();
+  }
 }
 
 }  // namespace

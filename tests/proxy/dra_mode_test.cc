@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -947,16 +948,26 @@ TEST(DraModeTest, AFailingOrSlowApiServerAndAPluginRestartLoseNothing) {
 }
 
 // A 1.36 kubelet watches every DRA driver's device health
-// (v1alpha1.DRAResourceHealth, for pods' status): dpproxy streams the
-// plugin's health, with Unknown while no plugin is connected.
-TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
+// (v1alpha1.DRAResourceHealth, for pods' status); a 1.37 one watches a
+// driver that lists a health service, in v1 where it is listed: dpproxy
+// lists and serves both from one state, and streams the plugin's health,
+// with Unknown while no plugin is connected.
+class DraHealthTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DraHealthTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
   sim::ApiServerSim api(sim::ApiServerSim::Options{"", "", "node-token", {"v1"}});
   ASSERT_TRUE(api.Start().ok());
   testing::ShortTempDir dir;
   std::unique_ptr<ProxyHarness> h = DraHarness(api, WriteKubeconfig(dir, api), dir.Sub("cdi"));
   ASSERT_TRUE(h->sim().Start().ok());
-  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion("1.36")).ok());
+  const size_t started = h->sim().events().Size();
+  ASSERT_TRUE(h->sim().Restart(*sim::ParseKubeletVersion(GetParam())).ok());
   ASSERT_TRUE(h->proxy().Start().ok());
+  const std::string service = std::string(GetParam()) == "1.37" ? "v1.DRAResourceHealth"
+                                                               : "v1alpha1.DRAResourceHealth";
+  ASSERT_TRUE(h->sim().events().WaitForEvent(
+      "dra_driver_registered", {{"driver", kDriver}, {"health_service", service}},
+      testing::kWait, started));
   sample::SamplePlugin* plugin = h->StartPlugin(h->PluginOptions(ApiVersion::kV1Beta1));
   ASSERT_NE(plugin, nullptr);
   auto health = [&](const std::string& device) {
@@ -964,8 +975,8 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
     auto it = all.find(absl::StrCat(kPool, "/", device));
     return it == all.end() ? std::string() : it->second.health;
   };
-  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_health", {{"driver", kDriver}, {"devices", 4}},
-                                             testing::kWait));
+  ASSERT_TRUE(h->sim().events().WaitForEvent(
+      "dra_health", {{"driver", kDriver}, {"devices", 4}, {"service", service}}, testing::kWait));
   EXPECT_TRUE(h->WaitFor([&] { return health("gpu-1") == "HEALTHY"; }));
   EXPECT_EQ(h->sim().DraHealth(kDriver).size(), 4u);
   size_t from = h->sim().events().Size();
@@ -989,6 +1000,11 @@ TEST(DraModeTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
                                              testing::kWait, from));
   EXPECT_TRUE(h->sim().DraHealth(kDriver).empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(Kubelets, DraHealthTest, ::testing::Values("1.36", "1.37"),
+                         [](const auto& info) {
+                           return absl::StrReplaceAll(info.param, {{".", "_"}});
+                         });
 
 
 // A node whose extended resource vendor.com/gpu dpproxy serves both ways

@@ -18,6 +18,7 @@
 #include "proto/cri/api.grpc.pb.h"
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
+#include "proto/dra_health/v1/api.grpc.pb.h"
 #include "proto/dra_health/v1alpha1/api.grpc.pb.h"
 #include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/podresources/api.grpc.pb.h"
@@ -2341,9 +2342,8 @@ void KubeletSim::DeregisterDraSocketLocked(const std::string& path, const std::s
                                          {"socket", path},
                                          {"endpoint", current->second.endpoint}});
     stop_health();
-    if (kubelet_.minor >= 36) {
-      stops->push_back(StartHealthWatchLocked(driver, current->second.endpoint));
-    }
+    stops->push_back(StartHealthWatchLocked(driver, current->second.endpoint,
+                                            current->second.health));
     return;
   }
   // The last instance, or (up to 1.32) any socket of the driver: by name.
@@ -2354,13 +2354,19 @@ void KubeletSim::DeregisterDraSocketLocked(const std::string& path, const std::s
 }
 
 std::unique_ptr<KubeletSim::HealthWatch> KubeletSim::StartHealthWatchLocked(
-    const std::string& driver, const std::string& endpoint) {
+    const std::string& driver, const std::string& endpoint, const std::string& service) {
+  std::unique_ptr<HealthWatch> replaced;
+  if (auto it = health_watches_.find(driver); it != health_watches_.end()) {
+    replaced = std::move(it->second);
+    health_watches_.erase(it);
+  }
+  dra_health_.erase(driver);
+  if (service.empty()) return replaced;
   std::unique_ptr<HealthWatch>& w = health_watches_[driver];
-  std::unique_ptr<HealthWatch> replaced = std::move(w);
   w = std::make_unique<HealthWatch>();
   HealthWatch* raw = w.get();
-  dra_health_.erase(driver);
-  raw->thread = std::thread([this, raw, driver, endpoint] { WatchDraHealth(driver, endpoint, raw); });
+  raw->thread = std::thread(
+      [this, raw, driver, endpoint, service] { WatchDraHealth(driver, endpoint, service, raw); });
   return replaced;
 }
 
@@ -2401,12 +2407,26 @@ std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& 
                                            {"endpoint", endpoint},
                                            {"kept", kubelet.minor >= 33}});
     }
-    dra_drivers_[info.name()] = DraDriver{endpoint, chosen, socket_path};
-    events_.Emit("dra_driver_registered",
-                 {{"driver", info.name()}, {"endpoint", endpoint}, {"service", chosen}});
     // 1.36 turns ResourceHealthStatus on: the kubelet watches every
-    // driver's health, whether it offers the service or not.
-    if (kubelet.minor >= 36) replaced = StartHealthWatchLocked(info.name(), endpoint);
+    // driver's health (v1alpha1), whether it offers the service or not.
+    // 1.37 only a driver that lists a health service, v1 first.
+    std::string health;
+    if (kubelet.minor == 36) health = "v1alpha1.DRAResourceHealth";
+    if (kubelet.minor >= 37) {
+      for (const char* h : {"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}) {
+        if (health.empty() && std::find(info.supported_versions().begin(),
+                                        info.supported_versions().end(),
+                                        h) != info.supported_versions().end()) {
+          health = h;
+        }
+      }
+    }
+    dra_drivers_[info.name()] = DraDriver{endpoint, chosen, socket_path, health};
+    events_.Emit("dra_driver_registered", {{"driver", info.name()},
+                                           {"endpoint", endpoint},
+                                           {"service", chosen},
+                                           {"health_service", health}});
+    if (kubelet.minor >= 36) replaced = StartHealthWatchLocked(info.name(), endpoint, health);
   }
   StopHealthWatch(std::move(replaced));
   return "";
@@ -2422,8 +2442,40 @@ void KubeletSim::StopHealthWatch(std::unique_ptr<HealthWatch> w) {
   if (w->thread.joinable()) w->thread.join();
 }
 
+namespace {
+
+// One NodeWatchResources stream of either package (the same messages):
+// each state read is handed to `read` as the v1alpha1 message.
+template <typename Api>
+grpc::Status ReadHealth(const std::string& endpoint, grpc::ClientContext* ctx,
+                        const std::function<void(const ::v1alpha1::NodeWatchResourcesResponse&)>&
+                            read) {
+  auto stub = Api::DRAResourceHealth::NewStub(MakeUnixChannel(endpoint));
+  auto reader = stub->NodeWatchResources(ctx, typename Api::NodeWatchResourcesRequest());
+  typename Api::NodeWatchResourcesResponse m;
+  while (reader->Read(&m)) {
+    ::v1alpha1::NodeWatchResourcesResponse same;
+    same.ParseFromString(m.SerializeAsString());
+    read(same);
+  }
+  return reader->Finish();
+}
+
+struct HealthApiV1 {
+  using DRAResourceHealth = ::v1::DRAResourceHealth;
+  using NodeWatchResourcesRequest = ::v1::NodeWatchResourcesRequest;
+  using NodeWatchResourcesResponse = ::v1::NodeWatchResourcesResponse;
+};
+struct HealthApiV1Alpha1 {
+  using DRAResourceHealth = ::v1alpha1::DRAResourceHealth;
+  using NodeWatchResourcesRequest = ::v1alpha1::NodeWatchResourcesRequest;
+  using NodeWatchResourcesResponse = ::v1alpha1::NodeWatchResourcesResponse;
+};
+
+}  // namespace
+
 void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& endpoint,
-                                HealthWatch* w) {
+                                const std::string& service, HealthWatch* w) {
   namespace health = ::v1alpha1;
   for (;;) {
     grpc::ClientContext ctx;
@@ -2432,11 +2484,7 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
       if (w->stop) return;
       w->ctx = &ctx;
     }
-    auto stub = health::DRAResourceHealth::NewStub(MakeUnixChannel(endpoint));
-    std::unique_ptr<grpc::ClientReader<health::NodeWatchResourcesResponse>> reader =
-        stub->NodeWatchResources(&ctx, health::NodeWatchResourcesRequest());
-    health::NodeWatchResourcesResponse m;
-    while (reader->Read(&m)) {
+    auto read = [&](const health::NodeWatchResourcesResponse& m) {
       std::map<std::string, DraDeviceHealth> now;
       int unhealthy = 0, unknown = 0;
       for (const auto& d : m.devices()) {
@@ -2451,17 +2499,27 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
       absl::MutexLock lock(&mu_);
       dra_health_[driver] = std::move(now);
       events_.Emit("dra_health", {{"driver", driver},
+                                  {"service", service},
                                   {"devices", m.devices_size()},
                                   {"unhealthy", unhealthy},
                                   {"unknown", unknown}});
+    };
+    const grpc::Status st = service == "v1.DRAResourceHealth"
+                                ? ReadHealth<HealthApiV1>(endpoint, &ctx, read)
+                                : ReadHealth<HealthApiV1Alpha1>(endpoint, &ctx, read);
+    bool minor37;
+    {
+      absl::MutexLock lock(&mu_);
+      minor37 = kubelet_.minor >= 37;
     }
-    const grpc::Status st = reader->Finish();
     absl::MutexLock lock(&w->mu);
     w->ctx = nullptr;
     if (w->stop) return;
-    events_.Emit(st.error_code() == grpc::StatusCode::UNIMPLEMENTED ? "dra_health_unsupported"
-                                                                     : "dra_health_ended",
-                 {{"driver", driver}, {"error", GoRpcError(st)}});
+    const bool unsupported = st.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+    events_.Emit(unsupported ? "dra_health_unsupported" : "dra_health_ended",
+                 {{"driver", driver}, {"service", service}, {"error", GoRpcError(st)}});
+    // 1.37 takes Unimplemented as the answer; 1.36 tries again every 5 s.
+    if (unsupported && minor37) return;
     // The kubelet's fixed retry; a stop ends the wait.
     w->mu.AwaitWithTimeout(absl::Condition(&w->stop), absl::Seconds(5));
     if (w->stop) return;

@@ -239,6 +239,10 @@ class KubeletSim {
     std::string endpoint;
     std::string service;       // "v1.DRAPlugin" or "v1beta1.DRAPlugin"
     std::string registration;  // its socket in plugins_registry/
+    // The health service the kubelet watches: "v1alpha1.DRAResourceHealth"
+    // on 1.36 whatever the driver lists; on 1.37+ v1 if listed, else
+    // v1alpha1 if listed, else "" (not watched).
+    std::string health;
   };
   std::optional<DraDriver> dra_driver(const std::string& name);
   // How many instances of a driver the kubelet holds: the one it calls and
@@ -437,7 +441,8 @@ class KubeletSim {
   };
   std::map<std::string, std::unique_ptr<HealthWatch>> health_watches_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::map<std::string, DraDeviceHealth>> dra_health_ ABSL_GUARDED_BY(mu_);
-  void WatchDraHealth(const std::string& driver, const std::string& endpoint, HealthWatch* w);
+  void WatchDraHealth(const std::string& driver, const std::string& endpoint,
+                      const std::string& service, HealthWatch* w);
   // Stops and joins; call without mu_ held.
   static void StopHealthWatch(std::unique_ptr<HealthWatch> w);
   // A registration socket of a DRA driver went away (`path`, the driver's
@@ -448,8 +453,11 @@ class KubeletSim {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // 1.36+: watches `driver`'s health at `endpoint`; returns the watch it
   // replaces (to be stopped outside mu_).
+  // `service`: DraDriver::health; "" watches nothing (returns the
+  // replaced watch all the same).
   std::unique_ptr<HealthWatch> StartHealthWatchLocked(const std::string& driver,
-                                                      const std::string& endpoint)
+                                                      const std::string& endpoint,
+                                                      const std::string& service)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The DRA branch of RegisterWatcherPlugin (`socket_path`, the plugin's
   // socket in plugins_registry/): "" or why it was refused.

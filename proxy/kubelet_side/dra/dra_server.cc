@@ -182,6 +182,9 @@ class DraServer::Services {
       info->add_supported_versions("v1.DRAPlugin");
       info->add_supported_versions("v1beta1.DRAPlugin");
       // Last: the kubelet takes its DRAPlugin service from the first ones.
+      // Health in both versions: a 1.37 kubelet prefers v1 and opens the
+      // stream only when one is listed; 1.34-1.36 know v1alpha1 only.
+      info->add_supported_versions("v1.DRAResourceHealth");
       info->add_supported_versions("v1alpha1.DRAResourceHealth");
       return grpc::Status::OK;
     }
@@ -305,11 +308,11 @@ absl::Status DraServer::Start() {
     b.AddListeningPort(UnixAddress(service_socket()), grpc::InsecureServerCredentials());
     b.RegisterService(&services_->v1);
     b.RegisterService(&services_->v1beta1);
-    b.RegisterService(health_.service());
+    for (grpc::Service* health : health_.services()) b.RegisterService(health);
     services_->unknown_service = std::make_unique<GoStyleUnknownHandler>(
         std::vector<std::string>{"k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
                                  "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
-                                 "v1alpha1.DRAResourceHealth"});
+                                 "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"});
     b.RegisterCallbackGenericService(services_->unknown_service.get());
     service_server_ = b.BuildAndStart();
   }

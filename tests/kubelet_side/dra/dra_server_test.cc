@@ -118,7 +118,8 @@ TEST_F(DraServerTest, RegistersThroughThePluginWatcherNewestServiceFirst) {
   EXPECT_EQ(info.name(), kDriver);
   EXPECT_EQ(info.endpoint(), dir_.Sub("k/plugins/gpu.vendor.com/dra.sock"));
   EXPECT_THAT(info.supported_versions(),
-              ElementsAre("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"));
+              ElementsAre("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                          "v1alpha1.DRAResourceHealth"));
   EXPECT_FALSE(server_->registered());
   grpc::ClientContext ctx2;
   pluginregistration::RegistrationStatus st;

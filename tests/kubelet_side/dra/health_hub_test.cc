@@ -1,7 +1,8 @@
 // HealthHub over a real Unix socket, as the kubelet reads it: the full
 // state at once, the newest after each change (an unchanged state sends
 // nothing), a device's last_updated_time kept until its health changes,
-// and every stream ended when the hub stops.
+// and every stream ended when the hub stops; a v1 stream (1.37) carries
+// the same state as a v1alpha1 one.
 #include "proxy/kubelet_side/dra/health_hub.h"
 
 #include <grpcpp/client_context.h>
@@ -9,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/dra_health/v1/api.grpc.pb.h"
 #include "proto/dra_health/v1alpha1/api.grpc.pb.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
@@ -33,7 +35,7 @@ TEST(HealthHubTest, StreamsTheWholeStateAtOnceAndAfterEachChange) {
   HealthHub hub;
   grpc::ServerBuilder b;
   b.AddListeningPort(UnixAddress(dir.Sub("dra.sock")), grpc::InsecureServerCredentials());
-  b.RegisterService(hub.service());
+  for (grpc::Service* service : hub.services()) b.RegisterService(service);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   ASSERT_NE(server, nullptr);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
@@ -67,17 +69,21 @@ TEST(HealthHubTest, StreamsTheWholeStateAtOnceAndAfterEachChange) {
   EXPECT_EQ(m.devices_size(), 3);
   EXPECT_EQ(Summary(m)["node-1/b.com-y/y-0"], health::UNKNOWN);
 
-  // A second stream gets the current state at once.
+  // A second stream, of the v1 service, gets the current state at once,
+  // the same bytes.
+  auto stub_v1 = ::v1::DRAResourceHealth::NewStub(MakeUnixChannel(dir.Sub("dra.sock")));
   grpc::ClientContext ctx2;
-  auto reader2 = stub->NodeWatchResources(&ctx2, health::NodeWatchResourcesRequest());
-  ASSERT_TRUE(reader2->Read(&m));
-  EXPECT_EQ(m.devices_size(), 3);
+  auto reader2 = stub_v1->NodeWatchResources(&ctx2, ::v1::NodeWatchResourcesRequest());
+  ::v1::NodeWatchResourcesResponse m1;
+  ASSERT_TRUE(reader2->Read(&m1));
+  EXPECT_EQ(m1.devices_size(), 3);
+  EXPECT_EQ(m1.SerializeAsString(), m.SerializeAsString());
 
   // Stopping ends both, OK.
   hub.Stop();
   EXPECT_FALSE(reader->Read(&m));
   EXPECT_TRUE(reader->Finish().ok());
-  EXPECT_FALSE(reader2->Read(&m));
+  EXPECT_FALSE(reader2->Read(&m1));
   EXPECT_TRUE(reader2->Finish().ok());
   server->Shutdown();
   EXPECT_EQ(hub.streams(), 0);

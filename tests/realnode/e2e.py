@@ -1088,6 +1088,45 @@ def scenario_both_one_device_free(s):
               % (p, "\n".join(bad)))
 
 
+def _status_health(s, pod, name):
+    """The healths the pod's allocatedResourcesStatus entry `name` lists
+    (the resource's name, or "claim:<request>" for a claim's devices,
+    whose resourceID is the CDI device)."""
+    out = []
+    for c in s.pod_json(pod)["status"].get("containerStatuses", []):
+        for r in c.get("allocatedResourcesStatus") or []:
+            if r.get("name") == name:
+                out += [d.get("health", "") for d in r.get("resources") or []]
+    return out
+
+
+def scenario_health_in_pod_status(s):
+    """A device the plugin turns Unhealthy shows so in the status of the
+    pod that holds it, on both paths: a pod of the device plugin (the
+    device manager's health) and a claim's pod (the DRA health stream
+    dpproxy serves: v1 to a 1.37 kubelet, v1alpha1 to 1.36)."""
+    dra_setup(s)
+    config = os.path.join(s.work, "dpproxy.yaml")
+    with open(config, "w") as f:
+        f.write("paths: {%s: both}\n" % s.resource)
+    dra_dpproxy(s, "--config=" + config)
+    control = os.path.join(s.work, "plugin.ctl")
+    s.plugin("v1beta1", "--control_socket=" + control)
+    s.wait_allocatable(DEVICES, 60)
+    s.pod("d1", 1, SCRIPT, tolerate=False)
+    claim_pod(s, "c1")
+    s.wait_running("d1")
+    s.wait_running("c1")
+    for pod, name in (("d1", s.resource), ("c1", "claim:gpu")):
+        (device,) = s.devices_of(pod)
+        wait_until("%s's status showing %s Healthy" % (pod, device),
+                   lambda: _status_health(s, pod, name) == ["Healthy"], 60)
+        realnode.run([s.args.sample_plugin, "set-health", "--control_socket=" + control,
+                      "--device=" + device, "--health=Unhealthy"])
+        wait_until("%s's status showing %s Unhealthy" % (pod, device),
+                   lambda: _status_health(s, pod, name) == ["Unhealthy"], 90)
+
+
 K8S_SAMPLE_RESOURCE = "example.com/resource"
 
 
@@ -1164,6 +1203,7 @@ SCENARIOS = [
     # Pods of the extended resource through DRA: on by default from 1.36.
     ("move-to-dra", scenario_move_to_dra, 36),
     ("both-one-device-free", scenario_both_one_device_free, 36),
+    ("health-in-pod-status", scenario_health_in_pod_status, 36),
     # Waits out the kubelet's 5-minute endpoint grace.
     ("dra-after-endpoint-grace", scenario_dra_after_endpoint_grace, 36),
     ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),

@@ -48,6 +48,9 @@ TEST(ResourceSlicesTest, APoolOfHealthyDevicesWithIdsAndNumaNodes) {
   EXPECT_EQ(d[1]["attributes"]["deviceID"]["string"], "GPU-6f3a9c1e");  // the ID kept
   EXPECT_EQ(d[2]["name"], "gpu-3");
   EXPECT_FALSE(d[2]["attributes"].contains(kNumaNodeAttribute));  // no topology: none
+  // An Unhealthy device is left out, never published with a device taint
+  // (docs/dra.md, "Device taints"): no device carries one.
+  for (const Json& dev : d) EXPECT_FALSE(dev.contains("taints")) << dev.dump();
   const std::string name = s["metadata"]["name"];
   EXPECT_TRUE(absl::StartsWith(name, "node-1-gpu.vendor.com-")) << name;
   EXPECT_TRUE(absl::EndsWith(name, "-0")) << name;

@@ -566,7 +566,7 @@ const std::vector<Placeholder>& DraPlaceholders() {
   return *kPlaceholders;
 }
 
-std::vector<std::string> DefaultDraKubelets() { return {"1.32", "1.34"}; }
+std::vector<std::string> DefaultDraKubelets() { return {"1.32", "1.34", "1.37"}; }
 
 absl::Status ValidateDraOptions(const ConformOptions& o) {
   if (o.plugin_command.empty()) {

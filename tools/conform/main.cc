@@ -88,7 +88,7 @@ constexpr char kUsage[] = R"(dpconform: test a device plugin against every kubel
 
 Usage:
   dpconform --plugin='CMD' --resource=vendor.com/gpu [--kubelets=1.9,1.24,1.31] [flags]
-  dpconform --plugin='CMD' --dra_driver=gpu.vendor.com [--kubelets=1.32,1.34] [flags]
+  dpconform --plugin='CMD' --dra_driver=gpu.vendor.com [--kubelets=1.32,1.34,1.37] [flags]
   dpconform --list
 
 Each cell runs a fresh simulated kubelet of one release in its own directory

@@ -37,7 +37,7 @@ for k in ClusterRole Service ServiceMonitor PodMonitor; do
 done
 check "default: the node-critical priority" grep -q "priorityClassName: system-node-critical" "$T/default.yaml"
 check "default: the image is the chart's appVersion" \
-  grep -q 'image: "registry.example.com/dpproxy:0.12.0"' "$T/default.yaml"
+  grep -q 'image: "registry.example.com/dpproxy:0.13.0"' "$T/default.yaml"
 check "default: probes on /livez and /readyz" \
   bash -c "grep -q 'path: /livez' '$T/default.yaml' && grep -q 'path: /readyz' '$T/default.yaml'"
 check "default: containerd's directory mounted read-only, its socket in the configuration" \

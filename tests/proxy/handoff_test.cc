@@ -128,6 +128,24 @@ void Serve(ProxyHarness& h) {
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
 }
 
+// No registration since event `from` was refused at a socket the kubelet
+// still streamed from ("already connected": the takeovers' refused
+// registrations of the release socket are dpproxy's own, and expected),
+// and a stop of dpproxy still has the kubelet see the devices go.
+void ExpectNothingStaleThenStop(ProxyHarness& h, size_t from) {
+  for (const nlohmann::json& e : h.sim().events().Since(from)) {
+    if (e["event"] == "registration_rejected") {
+      EXPECT_FALSE(absl::StrContains(e.value("error", ""), "already connected")) << e.dump();
+    }
+  }
+  const size_t last = h.sim().events().Size();
+  h.StopProxy();
+  EXPECT_TRUE(h.sim()
+                  .events()
+                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, last)
+                  .has_value());
+}
+
 class HandoffTest : public ::testing::TestWithParam<const char*> {};
 
 // 20 upgrades in a row under a stream of pods: no Allocate fails, the
@@ -284,19 +302,7 @@ TEST_P(HandoffThenStopTest, AStopAfterATakeoverLeavesTheKubeletNothingStale) {
   absl::StatusOr<sim::AllocateResponse> a =
       h.sim().Allocate(testing::PodRequest("after-takeover", {{"main", 1}}, kGpu));
   EXPECT_TRUE(a.ok()) << a.status();
-  // (The takeovers' refused registrations of the release socket are
-  // dpproxy's own, and expected.)
-  for (const nlohmann::json& e : h.sim().events().Since(start)) {
-    if (e["event"] == "registration_rejected") {
-      EXPECT_FALSE(absl::StrContains(e.value("error", ""), "already connected")) << e.dump();
-    }
-  }
-  const size_t last = h.sim().events().Size();
-  h.StopProxy();
-  EXPECT_TRUE(h.sim()
-                  .events()
-                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, last)
-                  .has_value());
+  ExpectNothingStaleThenStop(h, start);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kubelets, HandoffThenStopTest, ::testing::Values("1.31", "1.37"),
@@ -394,6 +400,18 @@ grpc::Status ReleaseTo(ProxyHarness& h, pid_t pid) {
   return stub->Release(&ctx, release, &released);
 }
 
+// Releases the state to a child process that only pauses (a successor
+// that will never take over), in `*child`.
+void ReleaseToAPausedChild(ProxyHarness& h, pid_t* child) {
+  *child = ::fork();
+  ASSERT_GE(*child, 0);
+  if (*child == 0) {
+    for (;;) ::pause();  // until killed
+  }
+  grpc::Status s = ReleaseTo(h, *child);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
 // A new dpproxy killed right after the release (a real process, SIGKILL):
 // the old one sees it gone, takes the state back, and answers the Allocate
 // it held meanwhile.
@@ -401,13 +419,8 @@ TEST(HandoffTakenBackTest, ANewDpproxyKilledAfterTheReleaseLeavesTheOldOneServin
   ProxyHarness h(Personality::kV1Beta1Sync, false);
   ASSERT_NO_FATAL_FAILURE(Serve(h));
   ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("before", {{"main", 1}}, kGpu)).ok());
-  const pid_t successor = ::fork();
-  ASSERT_GE(successor, 0);
-  if (successor == 0) {
-    for (;;) ::pause();  // until killed
-  }
-  grpc::Status s = ReleaseTo(h, successor);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  pid_t successor = -1;
+  ASSERT_NO_FATAL_FAILURE(ReleaseToAPausedChild(h, &successor));
   absl::Notification answered;
   absl::Status held;
   const size_t from = h.sim().events().Size();
@@ -446,13 +459,8 @@ TEST(HandoffTakenBackTest, ATakeBackOnAKubeletOfPerSocketClientsRegistersNothing
   ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, Kubelet("1.37"));
   ASSERT_NO_FATAL_FAILURE(Serve(h));
   const size_t start = h.sim().events().Size();
-  const pid_t successor = ::fork();
-  ASSERT_GE(successor, 0);
-  if (successor == 0) {
-    for (;;) ::pause();  // until killed
-  }
-  grpc::Status s = ReleaseTo(h, successor);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  pid_t successor = -1;
+  ASSERT_NO_FATAL_FAILURE(ReleaseToAPausedChild(h, &successor));
   ::kill(successor, SIGKILL);
   ::waitpid(successor, nullptr, 0);
   ASSERT_TRUE(h.proxy().events().WaitForEvent("handoff_taken_back", {}, kWait).has_value());
@@ -460,17 +468,7 @@ TEST(HandoffTakenBackTest, ATakeBackOnAKubeletOfPerSocketClientsRegistersNothing
   absl::Status took = h.TakeOver();
   ASSERT_TRUE(took.ok()) << took.message();
   ASSERT_TRUE(h.sim().Allocate(testing::PodRequest("after-takeover", {{"main", 1}}, kGpu)).ok());
-  for (const nlohmann::json& e : h.sim().events().Since(start)) {
-    if (e["event"] == "registration_rejected") {
-      EXPECT_FALSE(absl::StrContains(e.value("error", ""), "already connected")) << e.dump();
-    }
-  }
-  const size_t last = h.sim().events().Size();
-  h.StopProxy();
-  EXPECT_TRUE(h.sim()
-                  .events()
-                  .WaitForEvent("plugin_lost", {{"resource", kGpu}}, kWait, last)
-                  .has_value());
+  ExpectNothingStaleThenStop(h, start);
 }
 
 // A Release naming a live process of dpproxy's user that never takes the

@@ -2444,33 +2444,18 @@ void KubeletSim::StopHealthWatch(std::unique_ptr<HealthWatch> w) {
 
 namespace {
 
-// One NodeWatchResources stream of either package (the same messages):
-// each state read is handed to `read` as the v1alpha1 message.
-template <typename Api>
+// One NodeWatchResources stream of either package (`Generated`, the
+// generated service; the same messages).
+template <typename Generated>
 grpc::Status ReadHealth(const std::string& endpoint, grpc::ClientContext* ctx,
                         const std::function<void(const ::v1alpha1::NodeWatchResourcesResponse&)>&
                             read) {
-  auto stub = Api::DRAResourceHealth::NewStub(MakeUnixChannel(endpoint));
-  auto reader = stub->NodeWatchResources(ctx, typename Api::NodeWatchResourcesRequest());
-  typename Api::NodeWatchResourcesResponse m;
-  while (reader->Read(&m)) {
-    ::v1alpha1::NodeWatchResourcesResponse same;
-    same.ParseFromString(m.SerializeAsString());
-    read(same);
-  }
+  auto stub = Generated::NewStub(MakeUnixChannel(endpoint));
+  auto reader = stub->NodeWatchResources(ctx, ::v1alpha1::NodeWatchResourcesRequest());
+  ::v1alpha1::NodeWatchResourcesResponse m;
+  while (reader->Read(&m)) read(m);
   return reader->Finish();
 }
-
-struct HealthApiV1 {
-  using DRAResourceHealth = ::v1::DRAResourceHealth;
-  using NodeWatchResourcesRequest = ::v1::NodeWatchResourcesRequest;
-  using NodeWatchResourcesResponse = ::v1::NodeWatchResourcesResponse;
-};
-struct HealthApiV1Alpha1 {
-  using DRAResourceHealth = ::v1alpha1::DRAResourceHealth;
-  using NodeWatchResourcesRequest = ::v1alpha1::NodeWatchResourcesRequest;
-  using NodeWatchResourcesResponse = ::v1alpha1::NodeWatchResourcesResponse;
-};
 
 }  // namespace
 
@@ -2505,8 +2490,8 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
                                   {"unknown", unknown}});
     };
     const grpc::Status st = service == "v1.DRAResourceHealth"
-                                ? ReadHealth<HealthApiV1>(endpoint, &ctx, read)
-                                : ReadHealth<HealthApiV1Alpha1>(endpoint, &ctx, read);
+                                ? ReadHealth<::v1::DRAResourceHealth>(endpoint, &ctx, read)
+                                : ReadHealth<::v1alpha1::DRAResourceHealth>(endpoint, &ctx, read);
     bool minor37;
     {
       absl::MutexLock lock(&mu_);

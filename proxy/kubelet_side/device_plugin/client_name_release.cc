@@ -35,6 +35,46 @@ class RefusingPlugin final : public v1beta1::DevicePlugin::CallbackService {
   std::atomic<int> asked_{0};
 };
 
+// Serves `service` at `name` in the kubelet's device-plugin directory
+// (mode 0700: only the kubelet, root, may connect).
+absl::StatusOr<std::unique_ptr<grpc::Server>> ServeAt(const KubeletSideOptions& kubelet,
+                                                      const std::string& name,
+                                                      grpc::Service* service) {
+  const std::string path = JoinPath(DevicePluginDir(kubelet), name);
+  if (absl::Status s = ValidateSocketPath(path); !s.ok()) return s;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(UnixAddress(path), grpc::InsecureServerCredentials());
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+  (void)SetMode(path, 0700);
+  return server;
+}
+
+// Registers `resource` at `name` with the kubelet (v1beta1): the
+// kubelet's answer, or kUnavailable if its socket does not answer.
+absl::StatusOr<grpc::Status> RegisterAt(const KubeletSideOptions& kubelet,
+                                        const std::string& resource, const std::string& name,
+                                        const v1beta1::DevicePluginOptions& options,
+                                        absl::Duration timeout) {
+  const std::string kubelet_sock = KubeletSocketPath(kubelet);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      DialUnixChannel(kubelet_sock, std::min(timeout, absl::Seconds(2)));
+  if (!channel.ok()) {
+    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet_sock,
+                                               " is not answering"));
+  }
+  v1beta1::RegisterRequest req;
+  req.set_version(std::string(kV1Beta1Version));
+  req.set_endpoint(name);
+  req.set_resource_name(resource);
+  *req.mutable_options() = options;
+  v1beta1::Empty resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return v1beta1::Registration::NewStub(*channel)->Register(&ctx, req, &resp);
+}
+
 }  // namespace
 
 // Answers the options, streams the list once and holds the stream open
@@ -99,39 +139,17 @@ absl::StatusOr<std::unique_ptr<Relist>> Relist::Register(
     const std::string& endpoint_socket_name, const v1beta1::DevicePluginOptions& options,
     v1beta1::ListAndWatchResponse devices, absl::Duration timeout) {
   const std::string name = RelistSocketName(endpoint_socket_name);
-  const std::string path = JoinPath(DevicePluginDir(kubelet), name);
-  if (absl::Status s = ValidateSocketPath(path); !s.ok()) return s;
   for (v1beta1::Device& d : *devices.mutable_devices()) d.set_health(std::string(kUnhealthy));
   std::unique_ptr<Relist> r(new Relist());
   r->plugin_ = std::make_unique<Plugin>(options, std::move(devices));
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(UnixAddress(path), grpc::InsecureServerCredentials());
-  builder.RegisterService(r->plugin_.get());
-  r->server_ = builder.BuildAndStart();
-  if (r->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
-  }
-  (void)SetMode(path, 0700);  // only the kubelet (root) may connect
-
-  const std::string kubelet_sock = KubeletSocketPath(kubelet);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      DialUnixChannel(kubelet_sock, std::min(timeout, absl::Seconds(2)));
-  if (!channel.ok()) {
-    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet_sock,
-                                               " is not answering"));
-  }
-  v1beta1::RegisterRequest req;
-  req.set_version(std::string(kV1Beta1Version));
-  req.set_endpoint(name);
-  req.set_resource_name(resource);
-  *req.mutable_options() = options;
-  v1beta1::Empty resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  const grpc::Status st = v1beta1::Registration::NewStub(*channel)->Register(&ctx, req, &resp);
-  if (!st.ok()) {
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = ServeAt(kubelet, name, r->plugin_.get());
+  if (!server.ok()) return server.status();
+  r->server_ = *std::move(server);
+  absl::StatusOr<grpc::Status> st = RegisterAt(kubelet, resource, name, options, timeout);
+  if (!st.ok()) return st.status();
+  if (!st->ok()) {
     return absl::UnavailableError(absl::StrCat("the kubelet refused the registration of ", name,
-                                               ": ", GoRpcError(st)));
+                                               ": ", GoRpcError(*st)));
   }
   return r;
 }
@@ -154,14 +172,10 @@ absl::Status ReleaseClientName(const KubeletSideOptions& kubelet, const std::str
                                const std::string& endpoint_socket_name,
                                absl::Duration timeout) {
   const std::string name = ReleaseSocketName(endpoint_socket_name);
-  const std::string path = JoinPath(DevicePluginDir(kubelet), name);
-  if (absl::Status s = ValidateSocketPath(path); !s.ok()) return s;
   RefusingPlugin plugin;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(UnixAddress(path), grpc::InsecureServerCredentials());
-  builder.RegisterService(&plugin);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) return absl::UnavailableError(absl::StrCat("cannot listen on ", path));
+  absl::StatusOr<std::unique_ptr<grpc::Server>> served = ServeAt(kubelet, name, &plugin);
+  if (!served.ok()) return served.status();
+  std::unique_ptr<grpc::Server> server = *std::move(served);
   struct Stop {
     grpc::Server* server;
     ~Stop() {
@@ -170,23 +184,10 @@ absl::Status ReleaseClientName(const KubeletSideOptions& kubelet, const std::str
       server->Wait();
     }
   } stop{server.get()};
-  (void)SetMode(path, 0700);  // only the kubelet (root) may connect
-
-  const std::string kubelet_sock = KubeletSocketPath(kubelet);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      DialUnixChannel(kubelet_sock, std::min(timeout, absl::Seconds(2)));
-  if (!channel.ok()) {
-    return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet_sock,
-                                               " is not answering"));
-  }
-  v1beta1::RegisterRequest req;
-  req.set_version(std::string(kV1Beta1Version));
-  req.set_endpoint(name);
-  req.set_resource_name(resource);
-  v1beta1::Empty resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  const grpc::Status st = v1beta1::Registration::NewStub(*channel)->Register(&ctx, req, &resp);
+  absl::StatusOr<grpc::Status> registered =
+      RegisterAt(kubelet, resource, name, v1beta1::DevicePluginOptions(), timeout);
+  if (!registered.ok()) return registered.status();
+  const grpc::Status& st = *registered;
   if (st.ok()) {
     return absl::FailedPreconditionError(
         "the kubelet accepted a registration it had not asked the options of: it dials after "

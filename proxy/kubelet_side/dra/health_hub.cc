@@ -1,7 +1,5 @@
 #include "proxy/kubelet_side/dra/health_hub.h"
 
-#include <type_traits>
-
 #include "proto/dra_health/v1/api.grpc.pb.h"
 #include "proto/dra_health/v1alpha1/api.grpc.pb.h"
 #include "proxy/rpc/newest_writer.h"
@@ -12,20 +10,9 @@ namespace health = ::v1alpha1;
 
 // One NodeWatchResources stream of either version (NewestWriter: the
 // newest state, one write in flight).
-template <typename Msg>
-class HealthHub::Stream final : public NewestWriter<Msg>, public HealthHub::Watcher {
+class HealthHub::Stream final : public NewestWriter<HealthHub::Message> {
  public:
   explicit Stream(HealthHub* hub) : hub_(hub) { hub_->Add(this); }
-
-  void Tell(uint64_t version, const std::shared_ptr<const Message>& alpha,
-            const std::shared_ptr<const MessageV1>& v1) override {
-    if constexpr (std::is_same_v<Msg, MessageV1>) {
-      this->Publish(version, [v1] { return v1; });
-    } else {
-      this->Publish(version, [alpha] { return alpha; });
-    }
-  }
-  void FinishNow() override { NewestWriter<Msg>::FinishNow(); }
 
  private:
   void OnFinished() override { hub_->Remove(this); }  // no Publish runs after this
@@ -33,36 +20,24 @@ class HealthHub::Stream final : public NewestWriter<Msg>, public HealthHub::Watc
   HealthHub* const hub_;
 };
 
-// DRAResourceHealth of package v1 (`Api` = ::v1) or v1alpha1.
-template <typename Api>
-class HealthHub::Service final : public Api::DRAResourceHealth::CallbackService {
+// DRAResourceHealth of package v1 or v1alpha1 (`Generated`, the generated
+// service): the same messages.
+template <typename Generated>
+class HealthHub::Service final : public Generated::CallbackService {
  public:
-  using Msg = typename Api::NodeWatchResourcesResponse;
   explicit Service(HealthHub* hub) : hub_(hub) {}
-  grpc::ServerWriteReactor<Msg>* NodeWatchResources(
-      grpc::CallbackServerContext*, const typename Api::NodeWatchResourcesRequest*) override {
-    return new Stream<Msg>(hub_);
+  grpc::ServerWriteReactor<Message>* NodeWatchResources(
+      grpc::CallbackServerContext*, const health::NodeWatchResourcesRequest*) override {
+    return new Stream(hub_);
   }
 
  private:
   HealthHub* const hub_;
 };
 
-// The namespaces of the generated code, as template arguments.
-struct HealthV1 {
-  using DRAResourceHealth = ::v1::DRAResourceHealth;
-  using NodeWatchResourcesRequest = ::v1::NodeWatchResourcesRequest;
-  using NodeWatchResourcesResponse = ::v1::NodeWatchResourcesResponse;
-};
-struct HealthV1Alpha1 {
-  using DRAResourceHealth = ::v1alpha1::DRAResourceHealth;
-  using NodeWatchResourcesRequest = ::v1alpha1::NodeWatchResourcesRequest;
-  using NodeWatchResourcesResponse = ::v1alpha1::NodeWatchResourcesResponse;
-};
-
 HealthHub::HealthHub()
-    : service_v1_(std::make_unique<Service<HealthV1>>(this)),
-      service_v1alpha1_(std::make_unique<Service<HealthV1Alpha1>>(this)) {}
+    : service_v1_(std::make_unique<Service<::v1::DRAResourceHealth>>(this)),
+      service_v1alpha1_(std::make_unique<Service<health::DRAResourceHealth>>(this)) {}
 
 HealthHub::~HealthHub() { Stop(); }
 
@@ -75,14 +50,16 @@ int HealthHub::streams() {
   return static_cast<int>(streams_.size());
 }
 
-HealthHub::State HealthHub::Current() {
+std::pair<std::shared_ptr<const HealthHub::Message>, uint64_t> HealthHub::Current() {
   absl::MutexLock lock(&mu_);
-  return {current_, current_v1_, version_};
+  return {current_, version_};
 }
 
-void HealthHub::Add(Watcher* s) {
+void HealthHub::Add(Stream* s) {
   absl::MutexLock notify(&notify_mu_);
-  const State state = Current();
+  const std::pair<std::shared_ptr<const Message>, uint64_t> current = Current();
+  const std::shared_ptr<const Message>& state = current.first;
+  const uint64_t version = current.second;
   bool stopped;
   {
     absl::MutexLock lock(&mu_);
@@ -91,12 +68,12 @@ void HealthHub::Add(Watcher* s) {
   }
   if (stopped) {
     s->FinishNow();
-  } else if (state.alpha != nullptr) {
-    s->Tell(state.version, state.alpha, state.v1);
+  } else if (state != nullptr) {
+    s->Publish(version, [state] { return state; });
   }
 }
 
-void HealthHub::Remove(Watcher* s) {
+void HealthHub::Remove(Stream* s) {
   absl::MutexLock notify(&notify_mu_);
   absl::MutexLock lock(&mu_);
   streams_.erase(s);
@@ -106,8 +83,9 @@ void HealthHub::SetPool(const std::string& pool, const std::vector<DeviceHealthE
                         absl::Time now) {
   // Held across the notification: a stream is removed only between two.
   absl::MutexLock notify_lock(&notify_mu_);
-  std::vector<Watcher*> notify;
-  State state;
+  std::vector<Stream*> notify;
+  std::shared_ptr<const Message> state;
+  uint64_t version;
   {
     absl::MutexLock lock(&mu_);
     std::map<std::string, Known>& known = pools_[pool];
@@ -139,26 +117,23 @@ void HealthHub::SetPool(const std::string& pool, const std::vector<DeviceHealthE
         h->set_message(k.entry.message);
       }
     }
-    // The same bytes, as the v1 message: the two versions are one wire.
-    auto v1 = std::make_shared<MessageV1>();
-    v1->ParseFromString(msg->SerializeAsString());
     current_ = std::move(msg);
-    current_v1_ = std::move(v1);
-    state = {current_, current_v1_, ++version_};
+    state = current_;
+    version = ++version_;
     notify.assign(streams_.begin(), streams_.end());
   }
-  for (Watcher* s : notify) s->Tell(state.version, state.alpha, state.v1);
+  for (Stream* s : notify) s->Publish(version, [state] { return state; });
 }
 
 void HealthHub::Stop() {
   absl::MutexLock notify_lock(&notify_mu_);
-  std::vector<Watcher*> open;
+  std::vector<Stream*> open;
   {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
     open.assign(streams_.begin(), streams_.end());
   }
-  for (Watcher* s : open) s->FinishNow();
+  for (Stream* s : open) s->FinishNow();
 }
 
 }  // namespace dpproxy

@@ -1,10 +1,10 @@
 // File: health_hub.h
 //
 // The DRA health stream (DRAResourceHealth.NodeWatchResources, in package
-// v1 for 1.37+ kubelets and v1alpha1 for 1.34-1.36, the same messages;
-// kubernetes/kubelet pkg/apis/dra-health) of dpproxy's devices: the device
-// plugins' health as the kubelet reads it for pods' status. Both services
-// serve one state. The owner sets each
+// v1 for 1.37+ kubelets and v1alpha1 for 1.34-1.36, over the same
+// messages; kubernetes/kubelet pkg/apis/dra-health) of dpproxy's devices:
+// the device plugins' health as the kubelet reads it for pods' status.
+// Both services serve one state. The owner sets each
 // pool's devices as they change; every open stream is sent the full state
 // at once and again after each change. At most one write per stream is in
 // flight and states that arrive meanwhile fold into the newest: a stream
@@ -24,7 +24,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/dra_health/v1/api.pb.h"
 #include "proto/dra_health/v1alpha1/api.pb.h"
 
 namespace dpproxy {
@@ -55,30 +54,16 @@ class HealthHub {
   int streams();  // open now
 
   using Message = ::v1alpha1::NodeWatchResourcesResponse;
-  using MessageV1 = ::v1::NodeWatchResourcesResponse;
 
  private:
-  template <typename Api>
+  template <typename Generated>
   class Service;
-  template <typename Msg>
   class Stream;
-  // A stream of either version, as the hub tells it of states.
-  class Watcher {
-   public:
-    virtual ~Watcher() = default;
-    virtual void Tell(uint64_t version, const std::shared_ptr<const Message>& alpha,
-                      const std::shared_ptr<const MessageV1>& v1) = 0;
-    virtual void FinishNow() = 0;
-  };
-  struct State {
-    std::shared_ptr<const Message> alpha;  // nullptr before any SetPool
-    std::shared_ptr<const MessageV1> v1;
-    uint64_t version = 0;
-  };
-  State Current();
+  // The current state and its version; nullptr before any SetPool.
+  std::pair<std::shared_ptr<const Message>, uint64_t> Current();
   // A stream is told the current state when added, and no more once removed.
-  void Add(Watcher* s);
-  void Remove(Watcher* s);
+  void Add(Stream* s);
+  void Remove(Stream* s);
 
   std::unique_ptr<grpc::Service> service_v1_;
   std::unique_ptr<grpc::Service> service_v1alpha1_;
@@ -93,9 +78,8 @@ class HealthHub {
   };
   std::map<std::string, std::map<std::string, Known>> pools_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Message> current_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const MessageV1> current_v1_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<Watcher*> streams_ ABSL_GUARDED_BY(mu_);
+  std::set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -4,6 +4,7 @@
 #include "gtest/gtest.h"
 #include "proto/dra/v1/api.grpc.pb.h"
 #include "proto/dra/v1beta1/api.grpc.pb.h"
+#include "proto/dra_health/v1/api.grpc.pb.h"
 #include "proto/dra_health/v1alpha1/api.grpc.pb.h"
 
 namespace dpproxy {
@@ -53,11 +54,20 @@ TEST(DraProtoTest, FieldNumbersMatchTheFacts) {
   EXPECT_EQ(all.SerializeAsString(), std::string("\x0a\x08\x0a\x01u\x12\x03\x12\x01" "e", 10));
 }
 
-// The health stream: the method path a 1.36 kubelet calls, and
-// DeviceHealth's numbers as the facts give them.
+// The health stream: the method paths a 1.36 kubelet (v1alpha1) and a
+// 1.37 one (v1) call, over the same messages, and DeviceHealth's numbers
+// as the facts give them.
 TEST(DraProtoTest, TheHealthStreamIsWhereAndWhatTheKubeletReads) {
   namespace health = ::v1alpha1;
   EXPECT_STREQ(health::DRAResourceHealth::service_full_name(), "v1alpha1.DRAResourceHealth");
+  EXPECT_STREQ(::v1::DRAResourceHealth::service_full_name(), "v1.DRAResourceHealth");
+  const auto* v1s = google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+      "v1.DRAResourceHealth");
+  ASSERT_NE(v1s, nullptr);
+  ASSERT_EQ(v1s->method_count(), 1);
+  EXPECT_EQ(v1s->method(0)->name(), "NodeWatchResources");
+  EXPECT_TRUE(v1s->method(0)->server_streaming());
+  EXPECT_EQ(v1s->method(0)->output_type(), health::NodeWatchResourcesResponse::descriptor());
   const auto* s = health::DeviceHealth::descriptor()->file()->FindServiceByName(
       "DRAResourceHealth");
   ASSERT_NE(s, nullptr);

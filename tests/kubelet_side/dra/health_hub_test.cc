@@ -73,8 +73,8 @@ TEST(HealthHubTest, StreamsTheWholeStateAtOnceAndAfterEachChange) {
   // the same bytes.
   auto stub_v1 = ::v1::DRAResourceHealth::NewStub(MakeUnixChannel(dir.Sub("dra.sock")));
   grpc::ClientContext ctx2;
-  auto reader2 = stub_v1->NodeWatchResources(&ctx2, ::v1::NodeWatchResourcesRequest());
-  ::v1::NodeWatchResourcesResponse m1;
+  auto reader2 = stub_v1->NodeWatchResources(&ctx2, health::NodeWatchResourcesRequest());
+  health::NodeWatchResourcesResponse m1;
   ASSERT_TRUE(reader2->Read(&m1));
   EXPECT_EQ(m1.devices_size(), 3);
   EXPECT_EQ(m1.SerializeAsString(), m.SerializeAsString());

@@ -636,16 +636,39 @@ def scenario_never_started_container(s):
     _two_pods_disjoint(s, "run", "next")
 
 
-class PodStream:
+class Background:
+    """Work a test runs beside what it does (`with`): _run() on a thread of
+    its own until the block ends and `stop` is set."""
+
+    join_seconds = 30
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(self.join_seconds)
+
+
+class PodStream(Background):
     """Pods of one device each, created one after another while a test does
     something else: each is deleted once Running. Records every pod that
     failed or did not run within its deadline."""
 
+    join_seconds = 120  # a pod's wait
+
     def __init__(self, s, prefix):
         self.s, self.prefix = s, prefix
-        self.stop = threading.Event()
         self.ran, self.failed = [], []
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _run(self):
         i = 0
@@ -660,16 +683,8 @@ class PodStream:
                 self.failed.append("%s: %s" % (name, e))
             self.s.node.kubectl("delete", "pod", name, "--wait=false", check=False)
 
-    def __enter__(self):
-        self.thread.start()
-        return self
 
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(120)
-
-
-class Prober:
+class Prober(Background):
     """/livez and /readyz of the metrics address, asked one after the other
     without pause on a connection each, as a kubelet's probes and a
     monitoring system would: records every answer that is not 200 and
@@ -677,9 +692,8 @@ class Prober:
 
     def __init__(self, port):
         self.port = port
-        self.stop = threading.Event()
         self.asked, self.bad = 0, []
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _run(self):
         while not self.stop.is_set():
@@ -695,14 +709,6 @@ class Prober:
                         self.bad.append("%s %d %r" % (path, r.status, body))
                 except OSError as e:
                     self.bad.append("%s: %s" % (path, e))
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(30)
 
 
 def _kubelet_log_from(node, offset):
@@ -939,20 +945,7 @@ def scenario_move_to_dra(s, fence=True):
     on the stale status is refused by the kubelet ("no healthy devices
     present") and fails for good. Every pod must start, the node's taint
     must come and go, and the node's status must end at 0."""
-    dra_setup(s)
-    config = os.path.join(s.work, "dpproxy.yaml")
-
-    def write_config(path):
-        with open(config, "w") as f:
-            f.write("paths: {%s: %s}\n" % (s.resource, path))
-            if not fence:
-                f.write("dra: {move_fence: false}\n")
-    write_config("both")
-    proxy = dra_dpproxy(s, "--config=" + config)
-    s.plugin("v1beta1")
-    s.wait_allocatable(DEVICES, 60)
-    wait_until("the node's slices of %s list %d devices" % (DRIVER, DEVICES),
-               lambda: len(slice_devices(s)) == DEVICES, 60)
+    proxy, write_config = _both_ways_node(s, "both", fence=fence)
     write_config("dra")
     proxy.p.send_signal(signal.SIGHUP)
     pods = [s.pod("m%d" % i, 1, SCRIPT, tolerate=False) for i in range(DEVICES)]
@@ -970,18 +963,22 @@ def scenario_move_to_dra(s, fence=True):
     s.wait_allocatable(0, 60)
 
 
-def _both_ways_node(s, path, devices=DEVICES):
+def _both_ways_node(s, path, devices=DEVICES, fence=True, plugin_flags=()):
     """dpproxy serving the scenario's resource through `path` (both, dra),
-    its configuration file, and the sample plugin of `devices` devices."""
+    with dra.move_fence `fence`, the sample plugin of `devices` devices,
+    the node's allocatable and the pool showing them; returns dpproxy and
+    a function that rewrites its configuration with another path."""
     dra_setup(s)
     config = os.path.join(s.work, "dpproxy.yaml")
 
     def write_config(p):
         with open(config, "w") as f:
             f.write("paths: {%s: %s}\n" % (s.resource, p))
+            if not fence:
+                f.write("dra: {move_fence: false}\n")
     write_config(path)
     proxy = dra_dpproxy(s, "--config=" + config)
-    s.plugin("v1beta1", devices=devices)
+    s.plugin("v1beta1", *plugin_flags, devices=devices)
     s.wait_allocatable(devices, 60)
     wait_until("the node's slices of %s list %d devices" % (DRIVER, devices),
                lambda: len(slice_devices(s)) == devices, 60)
@@ -1105,14 +1102,8 @@ def scenario_health_in_pod_status(s):
     pod that holds it, on both paths: a pod of the device plugin (the
     device manager's health) and a claim's pod (the DRA health stream
     dpproxy serves: v1 to a 1.37 kubelet, v1alpha1 to 1.36)."""
-    dra_setup(s)
-    config = os.path.join(s.work, "dpproxy.yaml")
-    with open(config, "w") as f:
-        f.write("paths: {%s: both}\n" % s.resource)
-    dra_dpproxy(s, "--config=" + config)
     control = os.path.join(s.work, "plugin.ctl")
-    s.plugin("v1beta1", "--control_socket=" + control)
-    s.wait_allocatable(DEVICES, 60)
+    _both_ways_node(s, "both", plugin_flags=("--control_socket=" + control,))
     s.pod("d1", 1, SCRIPT, tolerate=False)
     claim_pod(s, "c1")
     s.wait_running("d1")

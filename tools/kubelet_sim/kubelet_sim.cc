@@ -1364,6 +1364,11 @@ void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,
     lost->Cancel();
   }
   clients_.erase(it);
+  LoseEndpointLocked(lost, reason);
+}
+
+void KubeletSim::LoseEndpointLocked(const std::shared_ptr<PluginClient>& lost,
+                                    const std::string& reason) {
   StopEndpoint(lost);
   if (!state_.EndpointLost(lost->resource, lost->generation, absl::Now())) return;
   events_.Emit("plugin_lost", {{"resource", lost->resource},
@@ -1417,16 +1422,7 @@ void KubeletSim::DisconnectSocketLocked(const std::string& resource,
     return;
   }
   endpoint_store_.erase(store);
-  StopEndpoint(lost);
-  if (!state_.EndpointLost(resource, lost->generation, absl::Now())) return;
-  events_.Emit("plugin_lost", {{"resource", resource},
-                               {"endpoint", socket_path},
-                               {"reason", why},
-                               {"grace_seconds", absl::ToInt64Seconds(Grace())}});
-  for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
-    events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
-  }
-  WriteCheckpointLocked();
+  LoseEndpointLocked(lost, why);
 }
 
 void KubeletSim::ReconcileWatcher() {

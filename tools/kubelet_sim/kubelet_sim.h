@@ -323,6 +323,10 @@ class KubeletSim {
   void OnDevices(const std::shared_ptr<PluginClient>& client,
                  const std::vector<v1beta1::Device>& devices);
   void OnClientLost(const std::shared_ptr<PluginClient>& client, const std::string& why);
+  // The resource's endpoint `lost` is gone: its devices turn unhealthy
+  // and its grace starts (plugin_lost), unless it is no longer current.
+  void LoseEndpointLocked(const std::shared_ptr<PluginClient>& lost, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OnClientLost on a 1.37+ kubelet (TracksClientsPerSocket).
   void OnSocketClientLostLocked(const std::shared_ptr<PluginClient>& client,
                                 const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

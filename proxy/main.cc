@@ -213,11 +213,7 @@ int ListenerFromPredecessor(const std::string& state_dir) {
   for (int generation : {0, 1}) {
     absl::StatusOr<int> fd = dpproxy::ReceiveListener(
         dpproxy::HandoffListenerSocket(state_dir, generation), absl::Seconds(2));
-    if (fd.ok()) {
-      LOG(INFO) << "takeover: serving the metrics address on the listener the running dpproxy "
-                   "handed over";
-      return *fd;
-    }
+    if (fd.ok()) return *fd;
     if (fd.status().code() != absl::StatusCode::kNotFound) {
       LOG(WARNING) << "takeover: " << fd.status().message();
     }
@@ -394,8 +390,17 @@ int main(int argc, char** argv) {
     }
     absl::StatusOr<std::unique_ptr<dpproxy::OpsServer>> started =
         dpproxy::OpsServer::Start(config->metrics_address, handlers, ops_options);
-    if (!started.ok() && ops_options.listener_fd >= 0) {
-      LOG(WARNING) << started.status().message() << "; binding the address instead";
+    if (started.ok() && ops_options.listener_fd >= 0) {
+      LOG(INFO) << "takeover: serving the metrics address on the listener the running dpproxy "
+                   "handed over";
+    } else if (!started.ok() && ops_options.listener_fd >= 0) {
+      // Another pod's listener is expected (each pod has an address of
+      // its own); anything else is worth a warning.
+      if (absl::IsFailedPrecondition(started.status())) {
+        LOG(INFO) << "takeover: " << started.status().message() << ": binding it";
+      } else {
+        LOG(WARNING) << started.status().message() << "; binding the address instead";
+      }
       ops_options.listener_fd = -1;
       started = dpproxy::OpsServer::Start(config->metrics_address, handlers, ops_options);
     }

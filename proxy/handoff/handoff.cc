@@ -14,15 +14,20 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_posix.h>
 #include <glog/logging.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
@@ -71,22 +76,57 @@ std::optional<uid_t> UidOf(int64_t pid) {
   return std::nullopt;
 }
 
-absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req) {
+// The pid process `pid` (of this PID namespace) has in its own, innermost
+// PID namespace (/proc/PID/status, NSpid), or nullopt.
+std::optional<int64_t> InnermostPidOf(int64_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "NSpid:")) continue;
+    std::vector<absl::string_view> pids =
+        absl::StrSplit(rest, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t innermost = 0;
+    if (pids.empty() || !absl::SimpleAtoi(pids.back(), &innermost)) return std::nullopt;
+    return innermost;
+  }
+  return std::nullopt;
+}
+
+// The process a Release from a connection of `connected` (the kernel's
+// pid of the caller here: 0 if this namespace cannot see it; nullopt if not
+// known) naming `named` hands the state to, numbered here: the caller
+// itself when it named itself from a PID namespace of its own (a pod's),
+// 0 when that namespace is hidden from this one; else the process named.
+int64_t ReleasedTo(int64_t named, std::optional<int64_t> connected) {
+  if (!connected.has_value() || *connected == named) return named;
+  if (*connected == 0) return 0;
+  return InnermostPidOf(*connected) == named ? *connected : named;
+}
+
+// `here`: the process released to, numbered here (ReleasedTo; 0: in a
+// namespace this one cannot see, whose connection passed the user check).
+absl::Status CheckRelease(const handoff::v1::ReleaseRequest& req, int64_t here) {
   if (req.pid() <= 0 || req.pid() > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("Release: pid ", req.pid(), " is not a process ID"));
   }
-  if (::kill(static_cast<pid_t>(req.pid()), 0) != 0 && errno == ESRCH) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Release: pid ", req.pid(), " is not a running process"));
-  }
-  // The state goes to a process of this dpproxy's own user, never another's.
-  const std::optional<uid_t> uid = UidOf(req.pid());
-  if (!uid.has_value() || *uid != ::geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "Release: pid ", req.pid(),
-        uid.has_value() ? absl::StrCat(" runs as uid ", *uid) : std::string(" has no readable uid"),
-        ", not as this dpproxy's user (uid ", ::geteuid(), ")"));
+  if (here > 0) {
+    if (::kill(static_cast<pid_t>(here), 0) != 0 && errno == ESRCH) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Release: pid ", here, " is not a running process"));
+    }
+    // The state goes to a process of this dpproxy's own user, never
+    // another's (one this namespace cannot see passed the same check on
+    // its connection).
+    const std::optional<uid_t> uid = UidOf(here);
+    if (!uid.has_value() || *uid != ::geteuid()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "Release: pid ", here,
+          uid.has_value() ? absl::StrCat(" runs as uid ", *uid)
+                          : std::string(" has no readable uid"),
+          ", not as this dpproxy's user (uid ", ::geteuid(), ")"));
+    }
   }
   return CheckText("Release", "version", req.version(), kMaxVersionBytes);
 }
@@ -114,6 +154,31 @@ absl::Status CheckHandBack(const handoff::v1::HandBackRequest& req) {
 
 }  // namespace
 
+// The pid of each accepted connection's peer as the kernel gave it
+// (SO_PEERCRED: numbered in this process's PID namespace, 0 for a process
+// this namespace cannot see), by descriptor: gRPC names a connection made
+// from a descriptor "fd:N" (ServerContext::peer).
+class HandoffServer::PeerPids {
+ public:
+  void Note(int fd, int64_t pid) {
+    absl::MutexLock lock(&mu_);
+    by_fd_[fd] = pid;
+  }
+  // The pid of connection `peer` ("fd:N"), or nullopt if not known.
+  std::optional<int64_t> Of(absl::string_view peer) {
+    int fd = -1;
+    if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) return std::nullopt;
+    absl::MutexLock lock(&mu_);
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<int, int64_t> by_fd_ ABSL_GUARDED_BY(mu_);
+};
+
 // Served with gRPC's callback API: a synchronous service would keep a
 // thread of its own polling gRPC's completion queues for the whole life of
 // the process, waking for other servers' work too (measured: about a tenth
@@ -122,13 +187,14 @@ absl::Status CheckHandBack(const handoff::v1::HandBackRequest& req) {
 // on a thread of its own, never on gRPC's.
 class HandoffServer::Service final : public handoff::v1::Handoff::CallbackService {
  public:
-  explicit Service(Hooks hooks) : hooks_(std::move(hooks)) {}
+  Service(Hooks hooks, PeerPids* peers) : hooks_(std::move(hooks)), peers_(peers) {}
   ~Service() override { JoinWorkers(); }
 
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
                                     const handoff::v1::ReleaseRequest* req,
                                     handoff::v1::ReleaseReply* reply) override {
-    return Run(ctx, [this, req, reply] { return DoRelease(req, reply); });
+    const std::optional<int64_t> here = peers_->Of(ctx->peer());
+    return Run(ctx, [this, req, reply, here] { return DoRelease(req, here, reply); });
   }
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx,
                                     const handoff::v1::ForwardRequest* req,
@@ -158,9 +224,11 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
     return reactor;
   }
 
-  grpc::Status DoRelease(const handoff::v1::ReleaseRequest* req,
+  // `seen`: the caller's pid here, as the kernel gave it (ReleasedTo).
+  grpc::Status DoRelease(const handoff::v1::ReleaseRequest* req, std::optional<int64_t> seen,
                          handoff::v1::ReleaseReply* reply) {
-    if (absl::Status s = CheckRelease(*req); !s.ok()) return Refuse(s);
+    const int64_t here = ReleasedTo(req->pid(), seen);
+    if (absl::Status s = CheckRelease(*req, here); !s.ok()) return Refuse(s);
     {
       absl::MutexLock lock(&mu_);
       if (stage_ != Stage::kServing) {
@@ -170,8 +238,11 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
       stage_ = Stage::kReleasing;  // one Release at a time
     }
     LOG(INFO) << "handoff: dpproxy " << req->version() << " (pid " << req->pid()
+              << (here == req->pid() ? std::string()
+                  : here > 0         ? absl::StrCat(" in its PID namespace, ", here, " here")
+                                     : std::string(" in a PID namespace this one cannot see"))
               << ") asks to take the state directory over";
-    absl::StatusOr<int> generation = hooks_.release(req->pid());
+    absl::StatusOr<int> generation = hooks_.release(here);
     {
       absl::MutexLock lock(&mu_);
       stage_ = generation.ok() ? Stage::kReleased : Stage::kServing;
@@ -270,6 +341,7 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
 
   enum class Stage { kServing, kReleasing, kReleased, kForwarding, kFinished };
   const Hooks hooks_;
+  PeerPids* const peers_;
   JobThreads workers_;  // each call's work, joined as later calls come
   absl::Mutex mu_;
   Stage stage_ ABSL_GUARDED_BY(mu_) = Stage::kServing;
@@ -284,8 +356,9 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
 class HandoffServer::Acceptor {
  public:
   static absl::StatusOr<std::unique_ptr<Acceptor>> Listen(const std::string& path,
-                                                          grpc::Server* server) {
-    auto a = std::unique_ptr<Acceptor>(new Acceptor(path, server));
+                                                          grpc::Server* server,
+                                                          PeerPids* peers) {
+    auto a = std::unique_ptr<Acceptor>(new Acceptor(path, server, peers));
     if (absl::Status s = a->Open(); !s.ok()) return s;
     a->thread_ = std::thread([raw = a.get()] { raw->Loop(); });
     return a;
@@ -304,7 +377,8 @@ class HandoffServer::Acceptor {
   }
 
  private:
-  Acceptor(std::string path, grpc::Server* server) : path_(std::move(path)), server_(server) {}
+  Acceptor(std::string path, grpc::Server* server, PeerPids* peers)
+      : path_(std::move(path)), server_(server), peers_(peers) {}
 
   absl::Status Open() {
     wake_ = ::eventfd(0, EFD_CLOEXEC);
@@ -364,12 +438,14 @@ class HandoffServer::Acceptor {
         ::close(fd);
         continue;
       }
+      peers_->Note(fd, cred.pid);
       grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns it from here
     }
   }
 
   const std::string path_;
   grpc::Server* const server_;
+  PeerPids* const peers_;
   int listen_ = -1;
   int wake_ = -1;
   std::thread thread_;
@@ -379,7 +455,8 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
                                                                     Hooks hooks) {
   std::unique_ptr<HandoffServer> s(new HandoffServer());
   s->socket_ = socket;
-  s->service_ = std::make_unique<Service>(std::move(hooks));
+  s->peer_pids_ = std::make_unique<PeerPids>();
+  s->service_ = std::make_unique<Service>(std::move(hooks), s->peer_pids_.get());
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.RegisterService(s->service_.get());
@@ -387,7 +464,8 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
   if (s->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve the handoff socket ", socket));
   }
-  absl::StatusOr<std::unique_ptr<Acceptor>> acceptor = Acceptor::Listen(socket, s->server_.get());
+  absl::StatusOr<std::unique_ptr<Acceptor>> acceptor =
+      Acceptor::Listen(socket, s->server_.get(), s->peer_pids_.get());
   if (!acceptor.ok()) return acceptor.status();
   s->acceptor_ = *std::move(acceptor);
   return s;

@@ -42,7 +42,9 @@ class HandoffServer {
     // Hold new Allocates, finish those in progress, save, close the
     // journal, unlock the state directory. Returns the socket generation
     // served to the kubelet. An error keeps (or puts back) everything as
-    // it was.
+    // it was. `peer_pid`: the new dpproxy's process as this one's PID
+    // namespace numbers it (the kernel's word, SO_PEERCRED), or 0 when it
+    // runs in a namespace this one cannot see (another pod's).
     std::function<absl::StatusOr<int>(int64_t peer_pid)> release;
     // Send the held and later Allocates on to these sockets (resource ->
     // socket). Returns how many were held.
@@ -58,7 +60,9 @@ class HandoffServer {
   // Serves `socket` (mode 0600; a stale file there is replaced). Every
   // connection's credentials are checked as it is accepted (SO_PEERCRED):
   // only a process of this dpproxy's user (or root) is served; another is
-  // refused and logged. Release names a process of the same user.
+  // refused and logged. Release names a process of the same user; the
+  // process watched is the connection's (the pid a Release names is
+  // numbered in the caller's own PID namespace, which may not be this one's).
   static absl::StatusOr<std::unique_ptr<HandoffServer>> Start(const std::string& socket,
                                                               Hooks hooks);
   ~HandoffServer();
@@ -70,8 +74,10 @@ class HandoffServer {
  private:
   class Service;
   class Acceptor;
+  class PeerPids;
   HandoffServer() = default;
   std::string socket_;
+  std::unique_ptr<PeerPids> peer_pids_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Acceptor> acceptor_;

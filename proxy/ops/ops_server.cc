@@ -1,6 +1,7 @@
 #include "proxy/ops/ops_server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -68,6 +69,25 @@ absl::StatusOr<HostPort> BoundAddress(int fd) {
   }
   hp.host = host;
   return hp;
+}
+
+// Whether the address listening socket `fd` is bound to is held in this
+// process's network namespace: binding it here fails with EADDRINUSE only
+// if so. A socket handed over by a dpproxy in another namespace (another
+// pod of the DaemonSet) listens where connections to this pod's address
+// never arrive; its address is free here.
+bool BoundInThisNetworkNamespace(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
+  const int probe = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return false;
+  const int one = 1;
+  ::setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool held = ::bind(probe, reinterpret_cast<const sockaddr*>(&ss), len) != 0 &&
+                    errno == EADDRINUSE;
+  ::close(probe);
+  return held;
 }
 
 // Whether two IP literals name the same address ("::1" and "0:0::1").
@@ -411,6 +431,12 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& a
     } else if (!SameHost(bound->host, hp->host) || (hp->port != 0 && bound->port != hp->port)) {
       why = absl::StrCat("the socket handed over listens on ", bound->host, " port ",
                          bound->port, ", not on this address");
+    } else if (!BoundInThisNetworkNamespace(options.listener_fd)) {
+      ::close(options.listener_fd);
+      l->Abandon();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the HTTP listener handed over is in another network namespace (the running "
+          "dpproxy is in another pod), where ", address, " of this one is free"));
     } else if (int rc = uv_tcp_open(&l->listener, options.listener_fd); rc != 0) {
       why = UvError(rc);
     }

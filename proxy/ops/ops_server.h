@@ -87,7 +87,8 @@ class OpsServer {
   // Listens on `address` (ParseHostPort), or serves `options.listener_fd`
   // after checking that it listens on that address. kUnavailable naming
   // the address if it cannot, kInvalidArgument for an address that is not
-  // one.
+  // one, kFailedPrecondition for a listener_fd of another network
+  // namespace (the address is free here: bind it).
   static absl::StatusOr<std::unique_ptr<OpsServer>> Start(const std::string& address,
                                                           OpsHandlers handlers,
                                                           const Options& options);

@@ -101,15 +101,20 @@ absl::StatusOr<int> Handover::Release(int64_t peer_pid) {
   released_at_ns_ = absl::ToUnixNanos(absl::Now());
   // Watched from now on: if it exits before it finished, the state comes
   // back here (CheckProgress).
+  // (0: in a PID namespace this one cannot see, as another pod's; then
+  // only its lock tells.)
   peer_pid_ = peer_pid;
-  peer_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer_pid), 0));
-  if (peer_pidfd_ < 0) {
+  peer_pidfd_ = peer_pid <= 0 ? -1
+                              : static_cast<int>(::syscall(SYS_pidfd_open,
+                                                           static_cast<pid_t>(peer_pid), 0));
+  if (peer_pid > 0 && peer_pidfd_ < 0) {
     LOG(WARNING) << "handoff: cannot watch pid " << peer_pid << " (" << ErrnoText(errno)
-                 << "); if it dies, this dpproxy stops after "
-                 << absl::FormatDuration(options_.handoff_timeout);
+                 << "); if it dies, the state directory's lock says so";
   }
-  LOG(INFO) << "handoff: state directory " << options_.state_dir << " released to pid "
-            << peer_pid << "; the kubelet's Allocates are held until it serves";
+  LOG(INFO) << "handoff: state directory " << options_.state_dir << " released to "
+            << (peer_pid > 0 ? absl::StrCat("pid ", peer_pid)
+                             : std::string("a dpproxy in another PID namespace"))
+            << "; the kubelet's Allocates are held until it serves";
   return options_.socket_generation;
 }
 
@@ -127,22 +132,30 @@ void Handover::CheckProgress(absl::Time now) {
       }
     }
   }
-  if (forwarded_.load()) return;
-  if (!lock_seen_ && now - absl::FromUnixNanos(at) >= kLockGrace) {
-    // A takeover locks the state directory right after its Release; a
-    // process that never does is no takeover (a stray or hostile call
-    // naming some process), or one stuck before it: the state comes back
-    // now, not at the handoff timeout with every Allocate held until then.
-    if (StateLockFree()) {
-      if (TakeBackAndReopen(absl::StrCat("pid ", peer_pid_, " was given the state and never "
-                                         "took the state directory's lock within ",
-                                         absl::FormatDuration(kLockGrace)))) {
-        return;
-      }
-    } else {
-      lock_seen_ = true;
+  // The new dpproxy locks the state directory right after its Release and
+  // holds the lock for as long as it lives, wherever it runs (a pod's PID
+  // namespace hides its process from this one, never its lock). A pass
+  // that takes the lock for a moment makes the new one's try wait 50 ms.
+  if (!StateLockFree()) {
+    lock_seen_ = true;
+  } else if (lock_seen_) {
+    // The kernel let it go: the new one exited before it finished.
+    if (TakeBackAndReopen("the new dpproxy let the state directory's lock go before it "
+                          "finished: it exited")) {
+      return;
+    }
+  } else if (now - absl::FromUnixNanos(at) >= kLockGrace) {
+    // A process that never locks it is no takeover (a stray or hostile
+    // call naming some process), or one stuck before it: the state comes
+    // back now, not at the handoff timeout with every Allocate held until
+    // then.
+    if (TakeBackAndReopen(absl::StrCat("pid ", peer_pid_, " was given the state and never "
+                                       "took the state directory's lock within ",
+                                       absl::FormatDuration(kLockGrace)))) {
+      return;
     }
   }
+  if (forwarded_.load()) return;
   if (now - absl::FromUnixNanos(at) < options_.handoff_timeout) return;
   // The new dpproxy released this one and never came to serve (it died, or
   // hangs). This one holds the kubelet's Allocates and can write nothing:

@@ -19,12 +19,20 @@ namespace {
 
 // DPPROXY_TEST_PAUSE_AT=STEP (tests only): the taking-over dpproxy stops
 // itself (SIGSTOP) right after STEP, "released" or "forwarded", for the
-// test to kill it there.
+// test to kill it there. As PID 1 of a PID namespace (a container's) it
+// cannot: the kernel ignores a SIGSTOP init sends itself. It stops its
+// takeover there instead, for good.
 void PauseForTest(const char* step) {
   const char* at = std::getenv("DPPROXY_TEST_PAUSE_AT");
   if (at == nullptr || std::strcmp(at, step) != 0) return;
-  LOG(WARNING) << "takeover: DPPROXY_TEST_PAUSE_AT=" << step << ": stopping this process";
-  ::raise(SIGSTOP);
+  LOG(WARNING) << "takeover: DPPROXY_TEST_PAUSE_AT=" << step << ": stopping "
+               << (::getpid() == 1 ? "the takeover (PID 1 cannot stop itself)" : "this process");
+  google::FlushLogFiles(google::GLOG_INFO);
+  if (::getpid() != 1) {
+    ::raise(SIGSTOP);
+    return;
+  }
+  for (;;) ::pause();
 }
 
 }  // namespace

@@ -6,12 +6,16 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <atomic>
 #include <iostream>
 #include <string>
@@ -328,6 +332,52 @@ TEST(OpsServerHandoverTest, AHandedOverListenerIsServedOnlyForItsAddress) {
   ASSERT_FALSE(elsewhere.ok());
   EXPECT_THAT(std::string(elsewhere.status().message()),
               ::testing::HasSubstr(absl::StrCat("listens on 127.0.0.1 port ", port)));
+}
+
+// A listener handed over by a dpproxy in another pod listens in that
+// pod's network namespace: connections to this one's address never reach
+// it. It is refused (kFailedPrecondition, naming why), and the address,
+// free in this namespace, is bound here. (The other namespace is made on a
+// thread of its own: unshare(CLONE_NEWNET) moves only the calling thread.)
+TEST(OpsServerHandoverTest, AListenerOfAnotherNetworkNamespaceIsRefusedAndTheAddressBoundHere) {
+  OpsHandlers h;
+  h.live = [] { return std::vector<HealthCheck>{{"housekeeping", true, ""}}; };
+  // A port free here, to bind there as well.
+  auto probe = OpsServer::Start("127.0.0.1:0", h);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const int port = (*probe)->port();
+  probe->reset();
+  int theirs = -1;
+  std::string error;
+  std::thread([&] {
+    if (::unshare(CLONE_NEWNET) != 0) {
+      error = absl::StrCat("unshare(CLONE_NEWNET): ", std::strerror(errno),
+                           " (the test needs CAP_SYS_ADMIN: run it as root)");
+      return;
+    }
+    theirs = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (::bind(theirs, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(theirs, 4) != 0) {
+      error = absl::StrCat("bind in the new namespace: ", std::strerror(errno));
+    }
+  }).join();
+  ASSERT_TRUE(error.empty()) << error;
+  const std::string address = absl::StrCat("0.0.0.0:", port);
+  OpsServer::Options o;
+  o.listener_fd = theirs;
+  auto handed = OpsServer::Start(address, h, o);
+  ASSERT_FALSE(handed.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(handed.status())) << handed.status();
+  EXPECT_THAT(std::string(handed.status().message()),
+              ::testing::HasSubstr("in another network namespace"));
+  EXPECT_EQ(::fcntl(theirs, F_GETFD), -1) << "the refused listener was not closed";
+  auto own = OpsServer::Start(address, h);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(Get(port, "/livez").status, 200);
 }
 
 // A dpproxy taking over serves the handed-over listener only once it says

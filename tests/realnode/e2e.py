@@ -43,6 +43,11 @@ class Failure(Exception):
     pass
 
 
+class NotApplicable(Exception):
+    """The node cannot have what the scenario needs (printed N/A, counted
+    as neither passed nor failed)."""
+
+
 def check(cond, msg):
     if not cond:
         raise Failure(msg)
@@ -83,6 +88,23 @@ def pod_manifest(name, script, resources):
                 "command": ["/bin/sh", "-c", script], "resources": resources}],
         },
     }
+
+
+def container_log(pod, container, streams=("stdout", "stderr")):
+    """What a pod's container wrote to `streams`, read from the kubelet's
+    log files (every restart of it, oldest first)."""
+    meta = pod["metadata"]
+    d = "/var/log/pods/%s_%s_%s/%s" % (meta["namespace"], meta["name"], meta["uid"], container)
+    text = ""
+    if os.path.isdir(d):
+        for f in sorted(os.listdir(d)):
+            with open(os.path.join(d, f), errors="replace") as fh:
+                for line in fh:
+                    # CRI log lines: TIME STREAM TAG TEXT
+                    parts = line.rstrip("\n").split(" ", 3)
+                    if len(parts) == 4 and parts[1] in streams:
+                        text += parts[3] + "\n"
+    return text
 
 
 class Proc:
@@ -130,6 +152,8 @@ class Scenario:
         Scenario.count += 1
         self.resource = "%s%d" % (RESOURCE_PREFIX, Scenario.count)
         self.manifests = []
+        # Called first at the end, newest first (a Helm release to uninstall).
+        self.at_end = []
 
     # -- processes
 
@@ -243,18 +267,7 @@ class Scenario:
     def log_of(self, name):
         """The container's standard output, read from the kubelet's log
         files."""
-        uid = self.pod_json(name)["metadata"]["uid"]
-        d = "/var/log/pods/default_%s_%s/c" % (name, uid)
-        text = ""
-        if os.path.isdir(d):
-            for f in sorted(os.listdir(d)):
-                with open(os.path.join(d, f), errors="replace") as fh:
-                    for line in fh:
-                        # CRI log lines: TIME STREAM TAG TEXT
-                        parts = line.rstrip("\n").split(" ", 3)
-                        if len(parts) == 4 and parts[1] == "stdout":
-                            text += parts[3] + "\n"
-        return text
+        return container_log(self.pod_json(name), "c", ("stdout",))
 
     def wait_log(self, name, needle, timeout=30):
         return wait_until("%r in pod %s's output" % (needle, name),
@@ -272,6 +285,11 @@ class Scenario:
     # -- end
 
     def finish(self, failed, logs):
+        for fn in reversed(self.at_end):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - the rest of the clean-up still runs
+                print("e2e: %s: clean-up: %s" % (self.name, e), file=sys.stderr)
         if failed:
             dest = os.path.join(logs, self.node.release, self.name)
             os.makedirs(dest, exist_ok=True)
@@ -963,9 +981,10 @@ def scenario_move_to_dra(s, fence=True):
     s.wait_allocatable(0, 60)
 
 
-def _both_ways_node(s, path, devices=DEVICES, fence=True, plugin_flags=()):
-    """dpproxy serving the scenario's resource through `path` (both, dra),
-    with dra.move_fence `fence`, the sample plugin of `devices` devices,
+def _both_ways_node(s, path, devices=DEVICES, fence=True, plugin_flags=(), proxy_flags=()):
+    """dpproxy (with `proxy_flags`) serving the scenario's resource through
+    `path` (both, dra), with dra.move_fence `fence`, the sample plugin of
+    `devices` devices,
     the node's allocatable and the pool showing them; returns dpproxy and
     a function that rewrites its configuration with another path."""
     dra_setup(s)
@@ -977,7 +996,7 @@ def _both_ways_node(s, path, devices=DEVICES, fence=True, plugin_flags=()):
             if not fence:
                 f.write("dra: {move_fence: false}\n")
     write_config(path)
-    proxy = dra_dpproxy(s, "--config=" + config)
+    proxy = dra_dpproxy(s, "--config=" + config, *proxy_flags)
     s.plugin("v1beta1", *plugin_flags, devices=devices)
     s.wait_allocatable(devices, 60)
     wait_until("the node's slices of %s list %d devices" % (DRIVER, devices),
@@ -1085,6 +1104,81 @@ def scenario_both_one_device_free(s):
               % (p, "\n".join(bad)))
 
 
+def podresources(s, socket, what):
+    """A real client's answer (our client of the API k8s.io/kubelet
+    generates, tools/realnode/modules/podresources) from a pod-resources
+    socket: what = list or allocatable, as parsed JSON."""
+    return json.loads(realnode.run([s.node.part_bin("podresources", "podresources"),
+                                    "--socket=" + socket, what], timeout=30))
+
+
+def _listed(answer, resource, pod=None):
+    """The device IDs a pod-resources answer lists the device-plugin way
+    under `resource`: of pod `pod`'s containers (List), or allocatable."""
+    ids = []
+    if pod is None:
+        devices = answer.get("devices") or []
+    else:
+        devices = [d for p in answer.get("pod_resources") or []
+                   if p.get("name") == pod and p.get("namespace") == "default"
+                   for c in p.get("containers") or [] for d in c.get("devices") or []]
+    for d in devices:
+        if d.get("resource_name") == resource:
+            ids += d.get("device_ids") or []
+    return sorted(ids)
+
+
+KUBELET_POD_RESOURCES = os.path.join(realnode.KUBELET_ROOT, "pod-resources", "kubelet.sock")
+
+
+def scenario_pod_resources_real_client(s):
+    """dpproxy's pod-resources view (--pod_resources_socket) read by a real
+    client (the one Kubernetes generates, as monitoring agents use it):
+    a pod of the device plugin is listed with the devices inside its
+    container, as the kubelet's own socket lists it, and allocatable lists
+    every device. From 1.36, with the resource served both ways, a claim's
+    pod is listed the device-plugin way too (resource name and the plugin's
+    device ID, which the kubelet lists only as a claim), and allocatable
+    still lists the device the claim holds, which the kubelet's leaves out."""
+    view = "--pod_resources_socket=" + os.path.join(s.work, "pod-resources.sock")
+    both = s.minor >= 36
+    if both:
+        _both_ways_node(s, "both", proxy_flags=(view,))
+    else:
+        s.dpproxy(view)
+        s.plugin("v1beta1")
+        s.wait_allocatable(DEVICES)
+    view = view.split("=", 1)[1]
+    wait_until("dpproxy's pod-resources socket", lambda: os.path.exists(view), 30)
+    s.pod("p1", 2, SCRIPT)
+    s.wait_running("p1")
+    devs = check_inside(s, "p1", "v1beta1", 2)
+    ours = podresources(s, view, "list")
+    theirs = podresources(s, KUBELET_POD_RESOURCES, "list")
+    check(_listed(ours, s.resource, "p1") == devs, "dpproxy's view lists p1 with %s, not its "
+          "devices %s:\n%s" % (_listed(ours, s.resource, "p1"), devs, json.dumps(ours)))
+    check(_listed(theirs, s.resource, "p1") == devs, "the kubelet lists p1 with %s, not %s"
+          % (_listed(theirs, s.resource, "p1"), devs))
+    every = sorted("%s-%d" % (s.resource.split("/")[1], i) for i in range(DEVICES))
+    got = _listed(podresources(s, view, "allocatable"), s.resource)
+    check(got == every, "dpproxy's view lists %s allocatable, not %s" % (got, every))
+    if not both:
+        return
+    claim_pod(s, "c1")
+    s.wait_running("c1")
+    held = check_inside(s, "c1", "v1beta1", 1)
+    ours = podresources(s, view, "list")
+    check(_listed(ours, s.resource, "c1") == held, "dpproxy's view lists the claim's pod c1 "
+          "with %s under %s, not its device %s:\n%s"
+          % (_listed(ours, s.resource, "c1"), s.resource, held, json.dumps(ours)))
+    theirs = podresources(s, KUBELET_POD_RESOURCES, "list")
+    check(_listed(theirs, s.resource, "c1") == [], "the kubelet lists c1 the device-plugin "
+          "way itself: %s" % _listed(theirs, s.resource, "c1"))
+    got = _listed(podresources(s, view, "allocatable"), s.resource)
+    check(got == every, "with a claim held, dpproxy's view lists %s allocatable, not %s"
+          % (got, every))
+
+
 def _status_health(s, pod, name):
     """The healths the pod's allocatedResourcesStatus entry `name` lists
     (the resource's name, or "claim:<request>" for a claim's devices,
@@ -1179,6 +1273,99 @@ def scenario_k8s_sample_device_plugin(s):
     check(_running_with(s, "k1", before), "k1 did not keep its container")
 
 
+CHART = os.path.join(ROOT, "deploy", "helm", "dpproxy")
+
+
+def helm(s, *args, timeout=300):
+    """Real Helm (tools/realnode/build's) against the node's API server."""
+    return realnode.run([s.node.part_bin("helm", "helm"), "--kubeconfig",
+                         s.node.admin_kubeconfig] + list(args), timeout=timeout)
+
+
+def import_image(s):
+    """Our image (--image) imported into the node's containerd; returns its
+    repository and tag, as the image names itself."""
+    check(s.args.image, "--image is not given (the OCI archive tools/image builds)")
+    out = s.node.ctr("images", "import", s.args.image)
+    m = re.search(r"(localhost/dpproxy):(\S+)", out + "\n" + s.node.ctr("images", "ls", "-q"))
+    check(m, "containerd did not name the imported image localhost/dpproxy:<version>:\n" + out)
+    return m.group(1), m.group(2)
+
+
+def chart_pods(s):
+    """The DaemonSet's pods, oldest first."""
+    pods = s.node.get_json("pods", "-n", "kube-system", "-l",
+                           "app.kubernetes.io/name=dpproxy")["items"]
+    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+
+
+def _ready(pod):
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod["status"].get("conditions", []))
+
+
+def scenario_helm_chart(s):
+    """The chart installed with real Helm into the real API server: dpproxy
+    runs from our image as a DaemonSet pod (a network and PID namespace of
+    its own, the kubelet probing its address), serves the sample plugin's
+    resource to a pod, and a rollout to a new image takes over without a
+    gap: no pod of a stream fails, the kubelet's healthy count never drops,
+    the running pod keeps its container, and the new pod is Ready in the
+    old one's place."""
+    if not os.access(s.node.kube_bin("kube-controller-manager"), os.X_OK):
+        raise NotApplicable("this node has no controller-manager, so no DaemonSet "
+                            "controller (tools/realnode/versions.env says why)")
+    repo, tag = import_image(s)
+    s.node.ctr("images", "tag", "%s:%s" % (repo, tag), "%s:%s-rollout" % (repo, tag))
+    host = os.path.join(s.work, "host")
+
+    def save_logs():
+        for pod in chart_pods(s):
+            name = pod["metadata"]["name"]
+            with open(os.path.join(s.work, "pod-%s.log" % name), "w") as f:
+                f.write(container_log(pod, "dpproxy"))
+        helm(s, "uninstall", "dpproxy", "-n", "kube-system", "--wait", "--timeout", "2m")
+    s.at_end.append(save_logs)
+    helm(s, "install", "dpproxy", CHART, "-n", "kube-system",
+         "--set", "image.repository=" + repo, "--set", "image.tag=" + tag,
+         "--set", "image.pullPolicy=Never", "--set", "hostDir=" + host,
+         "--set", "containerRuntimeSocket=" + realnode.CONTAINERD_SOCKET,
+         "--wait", "--timeout", "3m")
+    first = chart_pods(s)
+    check(len(first) == 1 and _ready(first[0]), "helm install --wait ended without one Ready "
+          "dpproxy pod: %s" % [p["metadata"]["name"] for p in first])
+    check(not first[0]["spec"].get("hostNetwork") and first[0]["status"].get("podIP"),
+          "the chart's pod is meant to run on the pod network: %s"
+          % json.dumps(first[0]["status"].get("podIPs")))
+    s.plugin("v1beta1", kubelet_socket=os.path.join(host, "device-plugins", "kubelet.sock"))
+    s.wait_allocatable(DEVICES)
+    s.pod("p1", 2, SCRIPT)
+    s.wait_running("p1")
+    held = check_inside(s, "p1", "v1beta1", 2, cdi=True)
+    container = s.container_id("p1")
+    offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
+    with PodStream(s, "h") as stream:
+        wait_until("the first pod of the stream", lambda: stream.ran or stream.failed, 60)
+        helm(s, "upgrade", "dpproxy", CHART, "-n", "kube-system", "--reuse-values",
+             "--set", "image.tag=%s-rollout" % tag, "--wait", "--timeout", "3m")
+        seen = len(stream.ran) + len(stream.failed)
+        wait_until("a pod of the stream after the rollout",
+                   lambda: len(stream.ran) + len(stream.failed) > seen, 60)
+    pods = chart_pods(s)
+    check(len(pods) == 1 and _ready(pods[0]) and
+          pods[0]["spec"]["containers"][0]["image"].endswith(":%s-rollout" % tag),
+          "after the rollout: not one Ready pod of the new image: %s"
+          % [(p["metadata"]["name"], p["spec"]["containers"][0]["image"], _ready(p))
+             for p in pods])
+    new_log = container_log(pods[0], "dpproxy")
+    check("took over" in new_log or "takeover" in new_log,
+          "the new pod's dpproxy did not take over:\n%s" % new_log[-3000:])
+    check(not stream.failed, "pods failed during the rollout:\n%s" % "\n".join(stream.failed))
+    check(_running_with(s, "p1", container), "p1 did not keep its container")
+    check(set(s.devices_of("p1")) == set(held), "p1's devices changed")
+    _check_never_unhealthy(s, offset, "the chart's rollout")
+
+
 SCENARIOS = [
     ("registration-kubelet-sock", scenario_registration_kubelet_sock),
     ("registration-plugin-watcher", scenario_registration_plugin_watcher),
@@ -1198,6 +1385,8 @@ SCENARIOS = [
     # Waits out the kubelet's 5-minute endpoint grace.
     ("dra-after-endpoint-grace", scenario_dra_after_endpoint_grace, 36),
     ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),
+    ("helm-chart", scenario_helm_chart),
+    ("pod-resources-real-client", scenario_pod_resources_real_client),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",
@@ -1211,6 +1400,8 @@ def main(argv):
     ap.add_argument("--dpproxy", required=True)
     ap.add_argument("--sample_plugin", required=True)
     ap.add_argument("--logs", required=True)
+    ap.add_argument("--image", default="",
+                    help="dpproxy's OCI image (tools/image); the helm-chart scenario needs it")
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--node_dir", default=realnode.DEFAULT_DIR)
     ap.add_argument("--keep_logs", action="store_true",
@@ -1247,14 +1438,19 @@ def main(argv):
             s = Scenario(node, args, name)
             t0 = time.monotonic()
             ok, why = True, ""
+            na = None
             try:
                 fn(s)
+            except NotApplicable as e:
+                na = str(e)
             except Failure as e:
                 ok, why = False, str(e)
             except Exception as e:  # noqa: BLE001 - reported as the scenario's failure
                 ok, why = False, "%s\n%s" % (e, traceback.format_exc())
             s.finish(not ok or args.keep_logs, args.logs)
-            if ok:
+            if na is not None:
+                print("N/A %s %s: %s" % (node.release, name, na), flush=True)
+            elif ok:
                 passed += 1
                 print("PASSED %s %s (%.0f s)" % (node.release, name, time.monotonic() - t0),
                       flush=True)

@@ -57,6 +57,7 @@ rn_part_version() {
     cni) echo "$CNI_PLUGINS_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
+    podresources) echo "$PODRESOURCES_API_VERSION" ;;
     *) rn_die "unknown part: $1" ;;
   esac
 }
@@ -68,6 +69,7 @@ rn_part_module() {
     cni) echo github.com/containernetworking/plugins ;;
     etcd) echo go.etcd.io/etcd/server/v3 ;;
     helm) echo helm.sh/helm/v3 ;;
+    podresources) echo k8s.io/kubelet ;;
     *) rn_die "unknown part: $1" ;;
   esac
 }
@@ -79,9 +81,14 @@ rn_part_packages() {
            github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
            github.com/containerd/containerd/v2/cmd/ctr ;;
     runc) echo github.com/opencontainers/runc ;;
-    cni) echo github.com/containernetworking/plugins/plugins/main/loopback ;;
+    cni) echo github.com/containernetworking/plugins/plugins/main/loopback \
+              github.com/containernetworking/plugins/plugins/main/bridge \
+              github.com/containernetworking/plugins/plugins/ipam/host-local ;;
     etcd) echo go.etcd.io/etcd/server/v3 ;;
     helm) echo helm.sh/helm/v3/cmd/helm ;;
+    # Our own client (tools/realnode/modules/podresources/main.go) of the
+    # API package k8s.io/kubelet generates.
+    podresources) echo k8s.io/kubelet/pkg/apis/podresources/v1 ;;
     *) rn_die "unknown part: $1" ;;
   esac
 }

@@ -6,10 +6,13 @@
     realnode.py kubectl [--dir=DIR] ARGS...         kubectl against it
 
 The parts: etcd; the API server with a PKI made at start; the scheduler and the
-controller-manager; containerd with runc and the loopback CNI plugin; the
-kubelet. Images are built here (busybox from Debian's busybox-static, and a
-pause image of our own) and imported into containerd: nothing is pulled. Pods
-use the host network.
+controller-manager; containerd with runc and the CNI plugins; the kubelet.
+Images are built here (busybox from Debian's busybox-static, and a pause image
+of our own) and imported into containerd: nothing is pulled. Pods use the host
+network, or a host-only bridge (POD_BRIDGE, POD_SUBNET) that nothing outside
+this machine reaches: the node adds the bridge with the gateway's address, and
+CNI's bridge plugin only attaches pods to it (no forwarding, no masquerade, no
+firewall rule), so the kubelet reaches a pod's own address as on any node.
 
 The kubelet keeps its device-plugin sockets under /var/lib/kubelet whatever
 its root directory is, and containerd its shim sockets under /run/containerd,
@@ -46,11 +49,17 @@ CONTAINERD_STATE = "/run/containerd"
 CONTAINERD_SOCKET = CONTAINERD_STATE + "/containerd.sock"
 # Paths outside DIR the node may create; `down` removes those it created.
 OUTSIDE_PATHS = [KUBELET_ROOT, CONTAINERD_STATE, "/var/log/pods", "/var/log/containers",
-                 "/etc/cdi", "/var/run/cdi"]
+                 "/etc/cdi", "/var/run/cdi",
+                 # libcni's cache of each pod's network result (not configurable)
+                 "/var/lib/cni"]
 # Below the kernel's ephemeral range (32768 on), so that no outgoing
 # connection holds one of them when its part starts.
 PORTS = {"etcd": 12379, "etcd_peer": 12380, "apiserver": 16443, "kubelet": 11250,
          "kubelet_healthz": 11248, "scheduler": 11259, "controller_manager": 11257}
+# The pods' network: a bridge only this machine is on.
+POD_BRIDGE = "dpprn0"
+POD_SUBNET = "10.251.0.0/24"
+POD_GATEWAY = "10.251.0.1"
 BUSYBOX_IMAGE = "registry.invalid/realnode/busybox:1"
 PAUSE_IMAGE = "registry.invalid/realnode/pause:1"
 
@@ -323,7 +332,7 @@ class Node:
     def part_bin(self, part, name):
         key = {"containerd": "CONTAINERD_VERSION", "runc": "RUNC_VERSION",
                "cni": "CNI_PLUGINS_VERSION", "etcd": "ETCD_VERSION",
-               "helm": "HELM_VERSION"}[part]
+               "helm": "HELM_VERSION", "podresources": "PODRESOURCES_API_VERSION"}[part]
         return os.path.join(bin_dir(part, self.versions[key]), name)
 
     def kubectl(self, *args, check=True, timeout=60, input=None):
@@ -372,6 +381,8 @@ class Node:
                            ("containerd", self.part_bin("containerd", "containerd")),
                            ("runc", self.part_bin("runc", "runc")),
                            ("cni", self.part_bin("cni", "loopback")),
+                           ("cni", self.part_bin("cni", "bridge")),
+                           ("cni", self.part_bin("cni", "host-local")),
                            ("etcd", self.part_bin("etcd", "etcd"))]:
             if not os.access(path, os.X_OK):
                 raise NodeError("%s: not built (%s missing; run tools/realnode/build)" % (part, path))
@@ -390,6 +401,14 @@ class Node:
                                 % (name, port, low))
             if not port_free(port):
                 raise NodeError("%s: port 127.0.0.1:%d is taken" % (name, port))
+        if os.path.exists("/sys/class/net/" + POD_BRIDGE):
+            raise NodeError("pod network: the interface %s exists and is not this node's"
+                            % POD_BRIDGE)
+        routes = run(["ip", "-4", "route", "show", "match", POD_SUBNET]).split("\n")
+        taken = [r for r in routes if r.strip() and not r.startswith("default")]
+        if taken:
+            raise NodeError("pod network: %s is routed on this machine already (%s)"
+                            % (POD_SUBNET, taken[0].strip()))
         os.makedirs(self.dir, exist_ok=True)
         created = [p for p in OUTSIDE_PATHS if not os.path.exists(p)]
         self._save_state({"release": self.release, "pids": {}, "created": created})
@@ -464,7 +483,8 @@ class Node:
         self._start("kube-scheduler", [self.kube_bin("kube-scheduler")] + common + [
             "--secure-port=%d" % PORTS["scheduler"], "--v=1"] + self._feature_gate_flags())
 
-        # containerd, with our images
+        # The pods' bridge, then containerd with our images.
+        self._pod_bridge_up()
         build_images(self.dir)
         cfg = self._containerd_config()
         containerd_path = os.pathsep.join([os.path.dirname(self.part_bin("containerd", "ctr")),
@@ -473,11 +493,11 @@ class Node:
         ctrd, ctrd_log = self._start("containerd", [
             self.part_bin("containerd", "containerd"), "--config", cfg],
             env={"PATH": containerd_path})
-        wait_for("containerd", lambda: os.path.exists(CONTAINERD_SOCKET) and self._ctr("version"),
+        wait_for("containerd", lambda: os.path.exists(CONTAINERD_SOCKET) and self.ctr("version"),
                  60, ctrd, ctrd_log)
         for image in ("pause.tar", "busybox.tar"):
             try:
-                self._ctr("images", "import", os.path.join(self.dir, image))
+                self.ctr("images", "import", os.path.join(self.dir, image))
             except NodeError as e:
                 raise NodeError("containerd: importing %s: %s" % (image, e))
 
@@ -514,16 +534,35 @@ class Node:
         v = json.loads(self.kubectl("get", "--raw", "/version"))
         return v["gitVersion"]
 
-    def _ctr(self, *args):
+    def ctr(self, *args):
         return run([self.part_bin("containerd", "ctr"), "--address", CONTAINERD_SOCKET,
                     "--namespace", "k8s.io"] + list(args))
+
+    def _pod_bridge_up(self):
+        state = self._load_state()
+        state["bridge"] = POD_BRIDGE
+        self._save_state(state)
+        try:
+            run(["ip", "link", "add", POD_BRIDGE, "type", "bridge"])
+            run(["ip", "addr", "add", POD_GATEWAY + "/" + POD_SUBNET.split("/")[1],
+                 "dev", POD_BRIDGE])
+            run(["ip", "link", "set", POD_BRIDGE, "up"])
+        except NodeError as e:
+            raise NodeError("pod network: cannot add the bridge %s: %s" % (POD_BRIDGE, e))
 
     def _containerd_config(self):
         c = os.path.join(self.dir, "containerd")
         os.makedirs(os.path.join(self.dir, "cni", "net.d"), exist_ok=True)
-        with open(os.path.join(self.dir, "cni", "net.d", "10-loopback.conflist"), "w") as f:
-            json.dump({"cniVersion": "1.0.0", "name": "realnode-lo",
-                       "plugins": [{"type": "loopback"}]}, f)
+        # containerd adds the loopback interface itself; this is the pods'
+        # network. The bridge exists with its address: the plugin attaches
+        # veths to it and touches nothing else of the host.
+        with open(os.path.join(self.dir, "cni", "net.d", "10-realnode.conflist"), "w") as f:
+            json.dump({"cniVersion": "1.0.0", "name": "realnode-pods", "plugins": [{
+                "type": "bridge", "bridge": POD_BRIDGE, "isGateway": False,
+                "ipMasq": False, "hairpinMode": False,
+                "ipam": {"type": "host-local", "ranges": [[{
+                    "subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                    "dataDir": os.path.join(self.dir, "cni", "ipam")}}]}, f)
         cfg = os.path.join(self.dir, "containerd.toml")
         with open(cfg, "w") as f:
             f.write("""version = 3
@@ -542,6 +581,9 @@ state = "{state}"
     sandbox = "{pause}"
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = true
+  # The pods' network namespaces under containerd's state, which `down`
+  # unmounts and removes, not under /var/run/netns.
+  netns_mounts_under_state_dir = true
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
   # This machine lacks CAP_SYS_RESOURCE: containers may only raise their
   # OOM score.
@@ -674,6 +716,10 @@ state = "{state}"
             if subprocess.run(["umount", mnt], stderr=subprocess.DEVNULL).returncode != 0:
                 if subprocess.run(["umount", "-l", mnt]).returncode != 0:
                     problems.append("could not unmount %s" % mnt)
+        # The pods' bridge (their veths went with their network namespaces).
+        if state.get("bridge") and os.path.exists("/sys/class/net/" + state["bridge"]):
+            if subprocess.run(["ip", "link", "del", state["bridge"]]).returncode != 0:
+                problems.append("could not remove the bridge %s" % state["bridge"])
         # The pods' cgroups.
         for cg in _kubepods_cgroups():
             try:

@@ -1304,6 +1304,216 @@ def _ready(pod):
                for c in pod["status"].get("conditions", []))
 
 
+def _rendered(s, *args):
+    """`helm template` of the chart (release dpproxy in kube-system unless
+    args say otherwise): (exit status, output and errors)."""
+    p = subprocess.run([s.node.part_bin("helm", "helm"), "template"] +
+                       (list(args) if args and not args[0].startswith("-") else
+                        ["dpproxy", CHART, "-n", "kube-system"] + list(args)),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def render_ok(s, name, *args):
+    """The chart rendered with `args`, saved as <work>/<name>.yaml; fails
+    naming Helm's error."""
+    rc, out = _rendered(s, *args)
+    check(rc == 0, "helm template %s: %s" % (" ".join(args), out[-2000:]))
+    with open(os.path.join(s.work, name + ".yaml"), "w") as f:
+        f.write(out)
+    return out
+
+
+def render_refused(s, needle, *args):
+    """The chart refused with `args`, Helm's message naming `needle`."""
+    rc, out = _rendered(s, *args)
+    check(rc != 0, "helm template %s rendered: nothing refused it" % " ".join(args))
+    check(needle in out, "helm template %s: the error does not say %r:\n%s"
+          % (" ".join(args), needle, out[-2000:]))
+
+
+def kinds(rendered):
+    """kind -> how many the rendered manifests have."""
+    n = {}
+    for k in re.findall(r"(?m)^kind: (\S+)$", rendered):
+        n[k] = n.get(k, 0) + 1
+    return n
+
+
+def server_dry_run(s, name, rendered):
+    """The API server's strict validation of the rendered objects
+    (apply --dry-run=server --validate=strict), those of the Prometheus
+    Operator left out (no CRDs here): (exit status, kubectl's output)."""
+    docs = [d for d in rendered.split("\n---\n")
+            if not re.search(r"(?m)^kind: (ServiceMonitor|PodMonitor)$", d)]
+    path = os.path.join(s.work, name + ".server.yaml")
+    with open(path, "w") as f:
+        f.write("\n---\n".join(docs))
+    p = subprocess.run([s.node.kube_bin("kubectl"), "--kubeconfig", s.node.admin_kubeconfig,
+                        "apply", "--dry-run=server", "--validate=strict", "-f", path],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+def server_accepts(s, name, rendered):
+    rc, out = server_dry_run(s, name, rendered)
+    check(rc == 0, "%s: the API server refused the chart's objects:\n%s" % (name, out[-3000:]))
+
+
+def chart_config(s, rendered, name):
+    """dpproxy.yaml of the rendered ConfigMap `name`, through kubectl."""
+    docs = [d for d in rendered.split("\n---\n")
+            if re.search(r"(?m)^kind: ConfigMap$", d) and
+            re.search(r"(?m)^  name: %s$" % re.escape(name), d)]
+    check(len(docs) == 1, "no ConfigMap %s rendered" % name)
+    path = os.path.join(s.work, "configmap-%s.yaml" % name)
+    with open(path, "w") as f:
+        f.write(docs[0])
+    return s.node.kubectl("create", "--dry-run=client", "-o",
+                          "jsonpath={.data.dpproxy\\.yaml}", "-f", path)
+
+
+def dpproxy_accepts(s, config, env=None):
+    """dpproxy --check of a configuration: what it says it runs with."""
+    path = os.path.join(s.work, "chart-config.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    p = subprocess.run([s.args.dpproxy, "--config=" + path, "--check"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       env=dict(os.environ, **(env or {})))
+    out = p.stdout.decode(errors="replace")
+    check(p.returncode == 0, "dpproxy refused the configuration the chart writes:\n%s\n%s"
+          % (out, config))
+    return out
+
+
+def scenario_helm_chart_render(s):
+    """The chart as real Helm renders it (helm lint --strict, helm template
+    with the default values, every `helm install` the docs give, and a
+    second values file), each rendering accepted by the real API server's
+    strict validation (apply --dry-run=server) and its configuration by
+    dpproxy --check; mistakes refused naming them: by the chart's own
+    checks, by the values' schema (in Helm's words), by the API server
+    (a quantity, a toleration, a misspelt field in a template)."""
+    helm(s, "lint", "--strict", CHART)
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        app_version = re.search(r'(?m)^appVersion: "?([^"\n]+)"?$', f.read()).group(1)
+
+    # The default values.
+    out = render_ok(s, "default")
+    n = kinds(out)
+    for k in ("ConfigMap", "DaemonSet", "ServiceAccount"):
+        check(n.get(k) == 1, "default: %d %s, not one" % (n.get(k, 0), k))
+    for k in ("ClusterRole", "Service", "ServiceMonitor", "PodMonitor", "DeviceClass"):
+        check(k not in n, "default: a %s rendered" % k)
+    for needle, what in [
+            ("priorityClassName: system-node-critical", "the node-critical priority"),
+            ('image: "registry.example.com/dpproxy:%s"' % app_version,
+             "the image of the chart's appVersion"),
+            ("path: /livez", "the liveness probe"), ("path: /readyz", "the readiness probe"),
+            ("path: /run/containerd\n", "containerd's directory"),
+            ("app.kubernetes.io/managed-by: Helm", "the recommended labels"),
+            ("allowPrivilegeEscalation: false", "no escalation"),
+            ("readOnlyRootFilesystem: true", "a read-only root"),
+            ("maxSurge: 1", "the new pod beside the old"), ("maxUnavailable: 0", "none unavailable"),
+            ("- --takeover", "the takeover"), ("- --after_handoff=wait", "the old pod waiting")]:
+        check(needle in out, "default: %s (%r) is not in the rendering" % (what, needle))
+    server_accepts(s, "default", out)
+    said = dpproxy_accepts(s, chart_config(s, out, "dpproxy"))
+    for needle in ("plugin_dir: /var/lib/dpproxy/device-plugins",
+                   "container_runtime_endpoint: /run/containerd/containerd.sock"):
+        check(needle in said, "default: dpproxy --check does not say %r:\n%s" % (needle, said))
+
+    # Every `helm install` the docs give, as written.
+    commands = []
+    for doc in (os.path.join(ROOT, "docs", "operations.md"), os.path.join(CHART, "README.md")):
+        with open(doc) as f:
+            text = re.sub(r"\\\n\s*", " ", f.read())
+        commands += re.findall(r"(?m)^helm install .*$", text)
+    check(len(commands) >= 3, "the docs have %d helm install commands" % len(commands))
+    for i, cmd in enumerate(commands):
+        sets = []
+        for kv in re.findall(r"--set (\S+)", cmd):
+            sets += ["--set", kv]
+        out = render_ok(s, "docs-%d" % i, *sets)
+        server_accepts(s, "docs-%d" % i, out)
+        if "dra.enabled=true" in cmd:
+            check(kinds(out).get("DeviceClass") == 1 and
+                  'device.driver == \\"gpu.vendor.com\\"' in out,
+                  "%s: no DeviceClass selecting its driver" % cmd)
+            check("- --takeover" in out and "maxSurge: 1" in out,
+                  "%s: no upgrade without a gap" % cmd)
+
+    # DRA mode, monitoring, another kubelet root, a release elsewhere.
+    s.apply_json({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-agents"}})
+    values = os.path.join(ROOT, "tests", "deploy", "helm-values-dra.yaml")
+    out = render_ok(s, "dra", "gpu", CHART, "-n", "node-agents", "-f", values)
+    n = kinds(out)
+    for k in ("ClusterRole", "ClusterRoleBinding", "Service", "ServiceMonitor", "DeviceClass"):
+        check(n.get(k) == 1, "dra: %d %s, not one" % (n.get(k, 0), k))
+    check("PodMonitor" not in n, "dra: a PodMonitor beside the ServiceMonitor")
+    for needle in ("name: gpu-dpproxy\n", "serviceAccountName: gpu-bridge",
+                   "namespace: node-agents", 'image: "registry.internal:5000/infra/dpproxy:0.7.0-rc1"',
+                   "mountPath: /data/kubelet/plugins\n", "mountPath: /var/run/cdi",
+                   '- "--v=1"', "cpu: 10m"):
+        check(needle in out, "dra: %r is not in the rendering" % needle)
+    check("--takeover" not in out, "dra: takeover where the values turn it off")
+    server_accepts(s, "dra", out)
+    said = dpproxy_accepts(s, chart_config(s, out, "gpu-dpproxy"), env={"NODE_NAME": "node-1"})
+    for needle in ("api: dra", "driver: gpu.vendor.com", "policy: hold", "root: /data/kubelet"):
+        check(needle in said, "dra: dpproxy --check does not say %r:\n%s" % (needle, said))
+    out = render_ok(s, "dc", "--set", "dra.enabled=true", "--set", "dra.driver=gpu.vendor.com",
+                    "--set", "dra.deviceClass.extendedResourceName=vendor.com/gpu")
+    check('extendedResourceName: "vendor.com/gpu"' in out, "the DeviceClass without the "
+          "extended resource asked for")
+    server_accepts(s, "dc", out)
+    out = render_ok(s, "nodc", "--set", "dra.enabled=true", "--set", "dra.driver=gpu.vendor.com",
+                    "--set", "dra.deviceClass.create=false")
+    check("DeviceClass" not in kinds(out), "a DeviceClass where create is false")
+    out = render_ok(s, "podmonitor", "--set", "metrics.podMonitor.enabled=true")
+    check(kinds(out).get("PodMonitor") == 1 and "ServiceMonitor" not in kinds(out),
+          "a PodMonitor alone did not render alone")
+
+    # Mistakes, each named.
+    render_refused(s, "needs takeover.enabled", "--set", "takeover.enabled=false")
+    render_refused(s, "needs config.kubelet.registration kubelet",
+                   "--set", "config.kubelet.registration=plugin-watcher")
+    render_refused(s, "dra.driver is required", "--set", "dra.enabled=true")
+    render_refused(s, "serviceMonitor and metrics.podMonitor are both enabled",
+                   "--set", "metrics.podMonitor.enabled=true",
+                   "--set", "metrics.serviceMonitor.enabled=true")
+    for needle in ["values don't meet the specifications of the schema(s)",
+                   "at '/takeover': additional properties 'enable' not allowed",
+                   "at '/logFormat': value must be one of 'text', 'json'",
+                   "at '/dra/enabled': got string, want boolean",
+                   "at '/metrics/port': maximum"]:
+        render_refused(s, needle, "--set", "metrics.port=70000", "--set", "logFormat=xml",
+                       "--set", "dra.enabled=yes", "--set", "takeover.enable=true")
+    # (The API server names the first mistake of an object it cannot
+    # decode: one mistake a rendering.)
+    for name, args, needle in [
+            ("quantity", ["--set", "resources.requests.memory=lots"],
+             "quantities must match the regular expression"),
+            ("toleration", ["--set", "tolerations[0].operator=Sometimes"],
+             'tolerations[0].operator: Unsupported value: "Sometimes"')]:
+        out = render_ok(s, name, *args)
+        rc, said = server_dry_run(s, name, out)
+        check(rc != 0 and needle in said, "%s: the API server does not refuse %s naming %r:\n%s"
+              % (name, " ".join(args), needle, said[-2000:]))
+    chart = os.path.join(s.work, "chart")
+    shutil.copytree(CHART, chart)
+    path = os.path.join(chart, "templates", "daemonset.yaml")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace("volumeMounts:", "volumeMount:"))
+    rc, rendered = _rendered(s, "dpproxy", chart, "-n", "kube-system")
+    check(rc == 0, "the chart with a misspelt field did not render: " + rendered[-1000:])
+    rc, said = server_dry_run(s, "typo", rendered)
+    check(rc != 0 and 'unknown field "spec.template.spec.containers[0].volumeMount"' in said,
+          "a misspelt field in a template is not refused by name:\n%s" % said[-2000:])
+
+
 def scenario_helm_chart(s):
     """The chart installed with real Helm into the real API server: dpproxy
     runs from our image as a DaemonSet pod (a network and PID namespace of
@@ -1385,6 +1595,7 @@ SCENARIOS = [
     # Waits out the kubelet's 5-minute endpoint grace.
     ("dra-after-endpoint-grace", scenario_dra_after_endpoint_grace, 36),
     ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),
+    ("helm-chart-render", scenario_helm_chart_render),
     ("helm-chart", scenario_helm_chart),
     ("pod-resources-real-client", scenario_pod_resources_real_client),
     ("dpproxy-sigkill-own-socket-plugin",

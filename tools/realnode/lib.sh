@@ -21,8 +21,8 @@ rn_require_go() {
       rn_die "go: no Go toolchain (the real node is built with Go >= 1.26 from /usr/local/go or PATH)"
     fi
   fi
-  # Debian's golang-go (for tools/helm_render) may come first on PATH; the
-  # Kubernetes releases need the newer toolchain.
+  # Another Go (Debian's golang-go) may come first on PATH; the
+  # Kubernetes releases need this one.
   if [[ -x /usr/local/go/bin/go ]]; then export PATH="/usr/local/go/bin:$PATH"; fi
 }
 

@@ -54,7 +54,7 @@ class DraCell {
       : o_(o),
         version_(k),
         dir_(std::move(dir)),
-        api_(sim::ApiServerSim::Options{"", "", kToken, {"v1", "v1beta1"}}) {}
+        api_(sim::ApiServerSim::Options{CertFile(), KeyFile(), kToken, {"v1", "v1beta1"}}) {}
   ~DraCell() {
     StopDriver();
     if (kubelet_) kubelet_->Stop();
@@ -62,21 +62,28 @@ class DraCell {
   }
 
   absl::Status Start() {
+    // HTTPS, as a real API server: client-go (every Go driver) sends a
+    // kubeconfig's credentials only over TLS.
+    if (absl::Status s = MakeServingCertificate(); !s.ok()) return s;
     if (absl::Status s = api_.Start(); !s.ok()) return s;
+    // The node, as its kubelet registered it: a driver built on upstream's
+    // kubelet-plugin helper reads it (its slices name the node as owner).
+    api_.PutNode(kNode, absl::StrCat("v", version_.name, ".0"));
     kubeconfig_ = JoinPath(dir_, "kubeconfig");
     if (absl::Status s = WriteFileAtomic(
             kubeconfig_,
             absl::StrCat("current-context: node\n"
                          "contexts: [{name: node, context: {cluster: sim, user: driver}}]\n"
                          "clusters: [{name: sim, cluster: {server: \"",
-                         api_.url(), "\"}}]\nusers: [{name: driver, user: {token: ", kToken,
-                         "}}]\n"));
+                         api_.url(), "\", certificate-authority: \"", CertFile(),
+                         "\"}}]\nusers: [{name: driver, user: {token: ", kToken, "}}]\n"));
         !s.ok()) {
       return s;
     }
     KubeConfig kc;
     kc.server = api_.url();
     kc.token = kToken;
+    kc.ca_file = CertFile();
     absl::StatusOr<std::unique_ptr<KubeClient>> client = KubeClient::Create(kc);
     if (!client.ok()) return client.status();
     client_ = *std::move(client);
@@ -119,6 +126,31 @@ class DraCell {
   }
 
   std::string CdiDir() const { return JoinPath(dir_, "cdi"); }
+  // The API server's certificate for 127.0.0.1, its own CA (the
+  // kubeconfig's certificate-authority), and its key.
+  std::string CertFile() const { return JoinPath(dir_, "apiserver.crt"); }
+  std::string KeyFile() const { return JoinPath(dir_, "apiserver.key"); }
+
+  absl::Status MakeServingCertificate() const {
+    ChildSpec spec;
+    spec.argv = {"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                 "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
+                 "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
+                 KeyFile(), "-out", CertFile()};
+    spec.output_path = JoinPath(dir_, "openssl.log");
+    absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(spec);
+    if (!p.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the API server's certificate: cannot run openssl (", p.status().message(), ")"));
+    }
+    std::optional<int> status = (*p)->Wait(absl::Seconds(30));
+    if (!status.has_value() || *status != 0) {
+      absl::StatusOr<std::string> out = ReadFile(spec.output_path);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the API server's certificate: openssl failed: ", out.ok() ? *out : ""));
+    }
+    return absl::OkStatus();
+  }
   sim::KubeletSim& kubelet() { return *kubelet_; }
   sim::ApiServerSim& api() { return api_; }
   KubeClient* client() { return client_.get(); }
@@ -461,11 +493,17 @@ CellResult UnknownClaim(DraCell& c) {
   absl::StatusOr<Json> r =
       c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", "absent", "no-such-uid"}});
   if (!r.ok()) {
-    return Failed("a claim the API server does not have failed the whole call",
-                  std::string(r.status().message()),
-                  "an error in that claim's entry, the call itself succeeding (the other "
-                  "claims of the call are prepared)",
-                  "one bad claim keeps every pod prepared in the same call from starting");
+    // The kubelet prepares one pod's claims of a driver per call and gives
+    // the pod up at any error, of an entry or of the call
+    // (pkg/kubelet/cm/dra/manager.go, prepareResources): either way only
+    // that pod waits. Upstream's kubelet-plugin helper fails the call.
+    const std::string said(r.status().message());
+    if (said.find("absent") == std::string::npos) {
+      return Failed("a claim the API server does not have failed the call without naming it",
+                    said, "an error naming the claim, in its entry or as the call's error",
+                    "the pod's events say its prepare failed, not which claim is wrong");
+    }
+    return Result(Outcome::kPass, absl::StrCat("refused as the call's error: ", said));
   }
   const std::string error = r->value("no-such-uid", Json::object()).value("error", "");
   if (error.empty()) {
@@ -506,7 +544,8 @@ const std::vector<DraEntry>& DraEntries() {
         "before is answered the same and unprepared"},
        DriverRestart},
       {{"dra-unknown-claim", "unknown claim",
-        "a claim the API server does not have is an error in its own entry, not a failed call"},
+        "a claim the API server does not have is an error naming it, in its entry or as the "
+        "call's (the kubelet gives the pod up at either)"},
        UnknownClaim},
   };
   return *kEntries;
@@ -556,7 +595,7 @@ const std::vector<Placeholder>& DraPlaceholders() {
                        "<kubelet_root>/plugins_registry, the service socket conventionally in "
                        "<kubelet_root>/plugins/<driver>"},
       {"plugins_registry", "<kubelet_root>/plugins_registry"},
-      {"kubeconfig", "a kubeconfig for the cell's API server (a bearer token over HTTP)"},
+      {"kubeconfig", "a kubeconfig for the cell's API server (HTTPS with its CA, a bearer token)"},
       {"node_name", "the node's name (node-1), as NODE_NAME from the downward API"},
       {"cdi_dir", "the CDI spec directory the cell's runtime reads (for /var/run/cdi)"},
       {"driver", "--dra_driver"},

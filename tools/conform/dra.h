@@ -20,8 +20,8 @@
 //                        and a repeated prepare answers the same
 //   dra-driver-restart   the driver restarts: it registers again and a
 //                        claim prepared before is answered the same
-//   dra-unknown-claim    a claim the API server does not have is that
-//                        claim's error, not a failed call
+//   dra-unknown-claim    a claim the API server does not have is an error
+//                        naming it, in its entry or as the call's
 #ifndef DPPROXY_TOOLS_CONFORM_DRA_H_
 #define DPPROXY_TOOLS_CONFORM_DRA_H_
 

@@ -133,26 +133,36 @@ void Handover::CheckProgress(absl::Time now) {
     }
   }
   // The new dpproxy locks the state directory right after its Release and
-  // holds the lock for as long as it lives, wherever it runs (a pod's PID
-  // namespace hides its process from this one, never its lock). A pass
-  // that takes the lock for a moment makes the new one's try wait 50 ms.
-  if (!StateLockFree()) {
-    lock_seen_ = true;
-  } else if (lock_seen_) {
-    // The kernel let it go: the new one exited before it finished.
-    if (TakeBackAndReopen("the new dpproxy let the state directory's lock go before it "
-                          "finished: it exited")) {
-      return;
-    }
-  } else if (now - absl::FromUnixNanos(at) >= kLockGrace) {
-    // A process that never locks it is no takeover (a stray or hostile
-    // call naming some process), or one stuck before it: the state comes
-    // back now, not at the handoff timeout with every Allocate held until
-    // then.
-    if (TakeBackAndReopen(absl::StrCat("pid ", peer_pid_, " was given the state and never "
-                                       "took the state directory's lock within ",
-                                       absl::FormatDuration(kLockGrace)))) {
-      return;
+  // holds the lock for as long as it lives. Where its process is hidden
+  // (another pod's PID namespace) the lock is the only sign of it, and is
+  // looked at on every pass; a look takes the lock for a moment, making
+  // the new one's try wait 50 ms. Where its process is watched, the lock
+  // is looked at only once the grace has passed, until it is seen held.
+  const bool hidden = peer_pidfd_ < 0;
+  const bool past_grace = now - absl::FromUnixNanos(at) >= kLockGrace;
+  if (hidden || (!lock_seen_ && !forwarded_.load() && past_grace)) {
+    if (!StateLockFree()) {
+      lock_seen_ = true;
+    } else if (lock_seen_) {
+      // The kernel let it go: the new one exited before it finished. The
+      // state comes back at the pass after, once its exit has closed what
+      // else it had open (the lock goes as its files close, its sockets
+      // to the kubelet perhaps after).
+      if (++lock_free_passes_ >= 2 &&
+          TakeBackAndReopen("the new dpproxy let the state directory's lock go before it "
+                            "finished: it exited")) {
+        return;
+      }
+    } else if (past_grace) {
+      // A process that never locks it is no takeover (a stray or hostile
+      // call naming some process), or one stuck before it: the state comes
+      // back now, not at the handoff timeout with every Allocate held
+      // until then.
+      if (TakeBackAndReopen(absl::StrCat("pid ", peer_pid_, " was given the state and never "
+                                         "took the state directory's lock within ",
+                                         absl::FormatDuration(kLockGrace)))) {
+        return;
+      }
     }
   }
   if (forwarded_.load()) return;
@@ -231,6 +241,7 @@ absl::Status Handover::TakeBack(const std::string& why) {
   forwarded_ = false;
   released_ = false;
   lock_seen_ = false;
+  lock_free_passes_ = 0;
   LOG(WARNING) << "handoff: " << why << "; this dpproxy took the state directory back with "
                << *allocations << " allocations and serves on";
   events_->Emit("handoff_taken_back",

@@ -127,6 +127,8 @@ class Handover {
   std::atomic<bool> failed_{false};
   // The lock was seen held since the Release (CheckProgress's thread only).
   bool lock_seen_ = false;
+  // Passes that found it free again since (CheckProgress's thread only).
+  int lock_free_passes_ = 0;
 };
 
 }  // namespace dpproxy

@@ -35,6 +35,22 @@ expect_contains() {  # name, haystack, needle
 sim_allocatable() {  # root, count
   "$SIM" state --root_dir="$1" --output=json | grep -q "\"allocatable\": \"$2\""
 }
+# The sample plugin of vendor.com/gpu (four devices) behind the dpproxy
+# whose node directory is $2 (kubelet root $2/k, plugin directory $2/p),
+# the kubelet seeing all four, and pod p1 of one device. Sets PLUG.
+plugin_and_a_pod() {  # check name prefix, node directory
+  "$PLUGIN" --resource=vendor.com/gpu --devices=4 --kubelet-socket="$2/p/kubelet.sock" --quiet &
+  PLUG=$!; PIDS+=($PLUG)
+  expect_exit "$1four devices through dpproxy" 0 "$SIM" wait --root_dir="$2/k" \
+    --resource=vendor.com/gpu --min_healthy=4 --timeout=10s
+  expect_exit "$1a pod before the upgrade" 0 "$SIM" allocate --root_dir="$2/k" --pod=p1 \
+    --uid=p1 --containers=c=vendor.com/gpu:1
+}
+# How many allocations the status file of state directory $1 shows.
+allocations() {  # state dir
+  "$PROXY" status --state_dir="$1" --output=json 2>/dev/null | grep -o '"allocations": *[0-9]*' |
+    grep -o '[0-9]*$'
+}
 # Polls `command` every 50 ms until it succeeds (pass) or `tries` run out
 # (fail): a deadline, never a bare wait.
 wait_until() {  # name, tries, command...

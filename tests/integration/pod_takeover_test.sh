@@ -44,10 +44,6 @@ status_in() {  # pid, path
     head -n 1 <&3 | cut -d" " -f2' sh "$2" 2>/dev/null
 }
 live_in() { [[ "$(status_in "$1" /livez)" == 200 ]]; }
-allocations() {  # state dir
-  "$PROXY" status --state_dir="$1" --output=json 2>/dev/null | grep -o '"allocations": *[0-9]*' |
-    grep -o '[0-9]*$'
-}
 in_log() { grep -q "$2" "$R/$1.log"; }
 
 R="$DIR/node"; mkdir -p "$R"
@@ -60,12 +56,7 @@ start_pod old "${COMMON[@]}" --events="$R/old.jsonl"
 OLD=$POD
 wait_until "old: serves" 200 grep -q proxy_started "$R/old.jsonl"
 wait_until "old: its probes answer in its pod" 200 live_in "$OLD"
-"$PLUGIN" --resource=vendor.com/gpu --devices=4 --kubelet-socket="$R/p/kubelet.sock" --quiet &
-PLUG=$!; PIDS+=($PLUG)
-expect_exit "four devices through dpproxy" 0 "$SIM" wait --root_dir="$R/k" \
-  --resource=vendor.com/gpu --min_healthy=4 --timeout=10s
-expect_exit "a pod before the upgrade" 0 "$SIM" allocate --root_dir="$R/k" --pod=p1 \
-  --uid=p1 --containers=c=vendor.com/gpu:1
+plugin_and_a_pod "" "$R"
 
 # The new pod dies once it has the state and the Allocates are forwarded
 # to it (it stops itself there; then SIGKILL).

@@ -27,11 +27,6 @@ http_status() {  # port, path
   printf '%s' "$reply" | cut -d' ' -f2
 }
 probe_ok() { [[ "$(http_status "$1" /livez)" == "200" ]]; }
-# How many allocations the status file shows.
-allocations() {  # state dir
-  "$PROXY" status --state_dir="$1" --output=json 2>/dev/null | grep -o '"allocations": *[0-9]*' |
-    grep -o '[0-9]*$'
-}
 
 # One node: a kubelet, the running dpproxy on 127.0.0.1:0, four devices,
 # one pod. Sets R, SIMP, OLD, PLUG, PORT.
@@ -45,12 +40,7 @@ start_node() {  # name
   OLD=$!; PIDS+=($OLD)
   wait_until "$1: dpproxy up" 100 grep -q proxy_started "$R/old.jsonl"
   PORT="$(grep -o 'metrics at http://127.0.0.1:[0-9]*' "$R/old.log" | grep -o '[0-9]*$')"
-  "$PLUGIN" --resource=vendor.com/gpu --devices=4 --kubelet-socket="$R/p/kubelet.sock" --quiet &
-  PLUG=$!; PIDS+=($PLUG)
-  expect_exit "$1: four devices through dpproxy" 0 "$SIM" wait --root_dir="$R/k" \
-    --resource=vendor.com/gpu --min_healthy=4 --timeout=10s
-  expect_exit "$1: a pod before the upgrade" 0 "$SIM" allocate --root_dir="$R/k" --pod=p1 \
-    --uid=p1 --containers=c=vendor.com/gpu:1
+  plugin_and_a_pod "$1: " "$R"
 }
 
 # After the new dpproxy is gone: the old one took the state back, serves
@@ -132,7 +122,7 @@ R="$DIR/dies"; mkdir -p "$R"
 SIMP=$!; PIDS+=($SIMP)
 wait_until "dies: kubelet up" 100 test -S "$R/k/kubelet_sim.sock"
 DPPROXY_TEST_DIE_AT=release "$PROXY" --kubelet-root="$R/k" --plugin-dir="$R/p" \
-  --state-dir="$R/state" --events="$R/old.jsonl" 2>"$R/old.log" &
+  --state-dir="$R/state" --metrics-address=127.0.0.1:0 --events="$R/old.jsonl" 2>"$R/old.log" &
 OLD=$!; PIDS+=($OLD)
 wait_until "dies: dpproxy up" 100 grep -q proxy_started "$R/old.jsonl"
 "$PLUGIN" --resource=vendor.com/gpu --devices=4 --kubelet-socket="$R/p/kubelet.sock" --quiet &
@@ -142,7 +132,7 @@ expect_exit "dies: four devices" 0 "$SIM" wait --root_dir="$R/k" --resource=vend
 expect_exit "dies: a pod before" 0 "$SIM" allocate --root_dir="$R/k" --pod=p1 \
   --containers=c=vendor.com/gpu:1
 "$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" --state-dir="$R/state" \
-  --events="$R/new.jsonl" 2>"$R/new.log" &
+  --metrics-address=127.0.0.1:0 --events="$R/new.jsonl" 2>"$R/new.log" &
 NEW=$!; PIDS+=($NEW)
 wait "$OLD"; rc=$?
 [[ $rc -eq 137 ]] && pass "dies: the old one was killed during the handoff" \

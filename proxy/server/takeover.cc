@@ -18,10 +18,11 @@ namespace dpproxy {
 namespace {
 
 // DPPROXY_TEST_PAUSE_AT=STEP (tests only): the taking-over dpproxy stops
-// itself (SIGSTOP) right after STEP, "released" or "forwarded", for the
-// test to kill it there. As PID 1 of a PID namespace (a container's) it
-// cannot: the kernel ignores a SIGSTOP init sends itself. It stops its
-// takeover there instead, for good.
+// itself (SIGSTOP) right after STEP, for the test to kill it there:
+// "released", "forwarded", or "registered" (with the kubelet for every
+// resource, before the running one is told to finish). As PID 1 of a PID
+// namespace (a container's) it cannot: the kernel ignores a SIGSTOP init
+// sends itself. It stops its takeover there instead, for good.
 void PauseForTest(const char* step) {
   const char* at = std::getenv("DPPROXY_TEST_PAUSE_AT");
   if (at == nullptr || std::strcmp(at, step) != 0) return;
@@ -149,6 +150,7 @@ void Takeover::Complete(const Parts& parts) {
     done_.Notify();
     return;
   }
+  PauseForTest("registered");
   parts.side->BeforePredecessorExits();
   if (parts.before_finish) parts.before_finish();
   finish_sent_ = true;

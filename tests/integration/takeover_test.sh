@@ -2,7 +2,8 @@
 # Upgrades beside a running dpproxy (--takeover) with real processes, as
 # the documented upgrade runs them, both on one metrics address:
 #   - the new dpproxy killed (SIGKILL) right after each step of the handoff
-#     (it stops itself there: DPPROXY_TEST_PAUSE_AT, docs/testing.md);
+#     (it stops itself there: DPPROXY_TEST_PAUSE_AT, docs/testing.md),
+#     the last once it is registered with the kubelet;
 #   - a new dpproxy that never registers, stopped with SIGTERM;
 #   - then a takeover that completes;
 #   - the running dpproxy killed while it hands over: the new one starts;
@@ -30,9 +31,9 @@ probe_ok() { [[ "$(http_status "$1" /livez)" == "200" ]]; }
 
 # One node: a kubelet, the running dpproxy on 127.0.0.1:0, four devices,
 # one pod. Sets R, SIMP, OLD, PLUG, PORT.
-start_node() {  # name
+start_node() {  # name [kubelet release, 1.31 by default]
   R="$DIR/$1"; mkdir -p "$R"
-  "$SIM" serve --root-dir="$R/k" --kubelet=1.31 --quiet &
+  "$SIM" serve --root-dir="$R/k" --kubelet="${2:-1.31}" --quiet &
   SIMP=$!; PIDS+=($SIMP)
   wait_until "$1: kubelet up" 100 test -S "$R/k/kubelet_sim.sock"
   "$PROXY" --kubelet-root="$R/k" --plugin-dir="$R/p" --state-dir="$R/state" \
@@ -74,10 +75,19 @@ check_old_serves_on() {  # name, allocations expected, registered
   kill -TERM "$last" "$PLUG" "$SIMP"; wait "$last" "$PLUG" "$SIMP"
 }
 
-# Killed right after each step.
-for step in released forwarded; do
-  start_node "$step"
-  DPPROXY_TEST_PAUSE_AT=$step "$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" \
+# Killed right after each step. After "registered" the kubelet's client for
+# the resource is the new one's (a 1.31 kubelet's, by name), and its exit
+# leaves the resource without one: the old one, whose socket the kubelet
+# still streams from, sees the kubelet list none of its devices and
+# registers again. A 1.37 kubelet keeps a client per socket and makes the
+# old one's the resource's again: nothing is registered twice there (it
+# would refuse it, "already connected"). (After "forwarded" the new one
+# may or may not have registered yet.)
+for step in released forwarded registered registered-1.37; do
+  kubelet=1.31
+  [[ $step == *-1.37 ]] && kubelet=1.37
+  start_node "$step" "$kubelet"
+  DPPROXY_TEST_PAUSE_AT=${step%-1.37} "$PROXY" --takeover --kubelet-root="$R/k" --plugin-dir="$R/p" \
     --state-dir="$R/state" --metrics-address=127.0.0.1:0 --events="$R/new.jsonl" \
     2>"$R/new.log" &
   NEW=$!; PIDS+=($NEW)
@@ -99,6 +109,9 @@ for step in released forwarded; do
       || fail "$step: held Allocate exit $rc: $(cat "$R/held.out")"
   fi
   check_old_serves_on "$step" "$want" "$([[ $step == released ]] && echo no || echo maybe)"
+  refused="$(grep -h 'already connected' "$R/k/"*.jsonl 2>/dev/null | head -n 1)"
+  [[ -z "$refused" ]] && pass "$step: the kubelet refused no registration" \
+    || fail "$step: the kubelet refused one: $refused"
 done
 
 # A new dpproxy that never registers (its kubelet root has no kubelet),
@@ -153,7 +166,8 @@ kill -TERM "$NEW" "$PLUG" "$SIMP"; wait "$NEW" "$PLUG" "$SIMP"
 # dpproxy starts until the old one has exited, and every answer is 200,
 # from whichever process takes the connection.
 start_node probes
-expect_exit "probes: ready before" 0 test "$(http_status "$PORT" /readyz)" = 200
+ready_at() { [[ "$(http_status "$1" /readyz)" == 200 ]]; }
+wait_until "probes: ready before" 200 ready_at "$PORT"
 : >"$R/probes.txt"
 (
   while [[ ! -e "$R/probes.stop" ]]; do

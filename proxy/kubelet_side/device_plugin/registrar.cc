@@ -1,12 +1,16 @@
 #include "proxy/kubelet_side/device_plugin/registrar.h"
 
+#include <grpcpp/client_context.h>
 #include <glog/logging.h>
 
 #include <algorithm>
 #include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/rpc/grpc_util.h"
 
 namespace dpproxy {
 
@@ -115,6 +119,77 @@ void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
   }
 }
 
+absl::StatusOr<std::set<std::string>> Registrar::AllocatableResources() {
+  const std::string socket =
+      JoinPath(JoinPath(kubelet_.kubelet_root, "pod-resources"), "kubelet.sock");
+  if (!PathExists(socket)) {
+    return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
+  }
+  auto stub = ::v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  ::v1::AllocatableResourcesRequest req;
+  ::v1::AllocatableResourcesResponse resp;
+  const grpc::Status st = stub->GetAllocatableResources(&ctx, req, &resp);
+  if (!st.ok()) {
+    return absl::UnavailableError(absl::StrCat("GetAllocatableResources at ", socket, ": ",
+                                               st.error_message()));
+  }
+  std::set<std::string> listed;
+  for (const auto& d : resp.devices()) {
+    if (d.device_ids_size() > 0) listed.insert(d.resource_name());
+  }
+  return listed;
+}
+
+void Registrar::VerifyStillListed(const std::vector<Slot*>& slots, absl::Time now) {
+  std::vector<Slot*> due;
+  {
+    absl::MutexLock lock(&mu_);
+    if (held_) return;
+    for (Slot* e : slots) {
+      if (e->verify_until > now && !e->registering) due.push_back(e);
+    }
+  }
+  if (due.empty()) return;
+  absl::StatusOr<std::set<std::string>> listed = AllocatableResources();
+  absl::MutexLock lock(&mu_);
+  for (Slot* e : due) {
+    if (!listed.ok()) {
+      // A kubelet without the API (before 1.23, or turned off) is left as
+      // the take-back found it.
+      LOG(WARNING) << "resource " << e->resource->name() << ": cannot ask whether the kubelet "
+                   << "still lists its devices (" << listed.status().message()
+                   << "); left registered as it was";
+      e->verify_until = absl::InfinitePast();
+      continue;
+    }
+    const bool streams_healthy = e->resource->Current().to_device_plugins->healthy() > 0;
+    if (listed->count(e->resource->name()) > 0 || !streams_healthy) {
+      e->unlisted_passes = 0;
+      next_retry_ = std::min(next_retry_, now + absl::Seconds(1));
+      continue;
+    }
+    if (++e->unlisted_passes < 2) {
+      next_retry_ = std::min(next_retry_, now + absl::Seconds(1));
+      continue;
+    }
+    // The kubelet streams from our socket and lists none of the devices
+    // we stream Healthy: a 1.25-1.36 kubelet whose client for the resource
+    // was the failed new dpproxy's. Registering again there replaces it.
+    LOG(WARNING) << "resource " << e->resource->name() << ": the kubelet lists none of its "
+                 << "devices although it streams from " << e->endpoint->socket_path()
+                 << " (the failed new dpproxy's registration replaced ours); registering again";
+    events_->Emit("kubelet_endpoint_reclaimed", {{"resource", e->resource->name()}});
+    e->verify_until = absl::InfinitePast();
+    e->unlisted_passes = 0;
+    e->registered_with.reset();
+    e->dropped = false;
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::InfinitePast();
+  }
+}
+
 Registrar::PassResult Registrar::Pass(absl::Time now) {
   PassResult result;
   std::vector<Slot*> slots;
@@ -124,6 +199,7 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
     next_retry_ = absl::InfiniteFuture();
   }
   ServeRemoved(slots);
+  VerifyStillListed(slots, now);
   const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(kubelet_));
   if (kubelet.has_value() && last_kubelet_.has_value() && kubelet != last_kubelet_) {
     result.kubelet_restarted = kubelet;
@@ -236,7 +312,9 @@ void Registrar::Resume() {
     if (still_streamed.count(slot->endpoint) > 0) {
       LOG(INFO) << "resource " << slot->resource->name() << ": taken back while the kubelet "
                 << "still streams from " << slot->endpoint->socket_path()
-                << "; not registered again there";
+                << "; not registered again there while the kubelet lists its devices";
+      slot->verify_until = absl::Now() + kVerifyWindow;
+      slot->unlisted_passes = 0;
       continue;
     }
     slot->registered_with.reset();

@@ -22,10 +22,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proxy/config/proxy_config.h"
@@ -89,11 +91,17 @@ class Registrar {
   // Except a resource a 1.25+ kubelet still streams from: a 1.37 kubelet
   // keeps that socket's client whatever the new one registered, and
   // refuses a registration there ("device plugin already connected"),
-  // after which it never disconnects the socket. (A 1.25-1.36 kubelet also
-  // still lists it, unless the new one registered before it failed: then
-  // the new one's exit has the kubelet drop it, and it registers again as
-  // after any drop.)
+  // after which it never disconnects the socket. A 1.25-1.36 kubelet
+  // keeps streaming from it too, but if the new one had registered, that
+  // registration replaced ours by name and the new one's exit left the
+  // resource without a plugin. So for kVerifyWindow each pass asks the
+  // kubelet's pod-resources API (GetAllocatableResources): a resource of
+  // which it lists no device on two passes in a row, while dpproxy streams
+  // Healthy ones, is registered again. (A 1.37 kubelet makes the
+  // remaining client the resource's as the new one goes, and keeps
+  // listing its devices.)
   void Resume();
+  static constexpr absl::Duration kVerifyWindow = absl::Seconds(30);
 
   // For `window` from now, a stream the kubelet ends is answered with a
   // new registration at once, not after the settle time that tells a
@@ -129,7 +137,18 @@ class Registrar {
     absl::Time last_drop = absl::InfinitePast();
     // The reason for the drops (a list over the kubelet's limit) was logged.
     bool too_large_said = false;
+    // Taken back while the kubelet streamed from it (Resume): until then,
+    // whether the kubelet still lists its devices is checked each pass.
+    absl::Time verify_until = absl::InfinitePast();
+    // Passes in a row that found none of its devices allocatable.
+    int unlisted_passes = 0;
   };
+
+  // The resources of which the kubelet's pod-resources API lists at least
+  // one allocatable (Healthy) device; an error if it cannot be asked.
+  absl::StatusOr<std::set<std::string>> AllocatableResources();
+  // Resume's check (kVerifyWindow), for the slots still in it.
+  void VerifyStillListed(const std::vector<Slot*>& slots, absl::Time now);
 
   void OnStreamDropped(Slot* slot);
 

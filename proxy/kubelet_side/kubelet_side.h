@@ -130,9 +130,11 @@ class KubeletSide {
   // Every socket the kubelet calls this process on.
   virtual std::vector<KubeletGate*> Gates() = 0;
   // The running side, released: registers and publishes nothing more (the
-  // successor does). Resume(): it serves on after all.
+  // successor does). Resume(): it serves on after all;
+  // `successor_registered`: the successor had registered with the kubelet
+  // before it failed (its marker in the state directory said so).
   virtual void Hold() = 0;
-  virtual void Resume() = 0;
+  virtual void Resume(bool successor_registered) = 0;
   // The successor, registered: the predecessor is about to exit; whatever
   // the kubelet would do at that exit to this side's registration is
   // undone or expected.

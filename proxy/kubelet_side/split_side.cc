@@ -139,9 +139,9 @@ void SplitSide::Hold() {
   dra_->Hold();
 }
 
-void SplitSide::Resume() {
-  device_plugins_->Resume();
-  dra_->Resume();
+void SplitSide::Resume(bool successor_registered) {
+  device_plugins_->Resume(successor_registered);
+  dra_->Resume(successor_registered);
 }
 
 void SplitSide::BeforePredecessorExits() {

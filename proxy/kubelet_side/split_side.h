@@ -73,7 +73,7 @@ class SplitSide : public KubeletSide {
   std::vector<HealthCheck> Readiness() override;
   std::vector<KubeletGate*> Gates() override;
   void Hold() override;
-  void Resume() override;
+  void Resume(bool successor_registered) override;
   void BeforePredecessorExits() override;
 
  private:

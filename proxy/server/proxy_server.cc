@@ -161,7 +161,26 @@ absl::Status ProxyServer::LockState() {
         fd.status().message(), "; dpproxy needs its state directory writable"));
   }
   state_lock_.fd = *fd;
+  // A marker left by an earlier takeover says nothing about this one.
+  ::unlink(SuccessorRegisteredMarker().c_str());
   return absl::OkStatus();
+}
+
+std::string ProxyServer::SuccessorRegisteredMarker() const {
+  return JoinPath(config_.state_dir, "handoff.registered");
+}
+
+void ProxyServer::NoteRegisteredWhileTakingOver() {
+  // Once, and only while the takeover runs: a running dpproxy that takes
+  // the state back reads it (ResumeWriting).
+  if (!taking_over() || takeover_->finish_sent() || marked_registered_.exchange(true)) return;
+  if (absl::Status s = WriteFileAtomic(SuccessorRegisteredMarker(),
+                                       absl::StrCat(::getpid(), "\n"));
+      !s.ok()) {
+    LOG(WARNING) << "takeover: cannot note in the state directory that this dpproxy has "
+                 << "registered (" << s.message() << "); should it fail, the running one "
+                 << "would not know to register again";
+  }
 }
 
 absl::Status ProxyServer::OpenState() {
@@ -265,9 +284,13 @@ absl::Status ProxyServer::MakeSide() {
   if (ServesDevicePlugins(config_)) {
     KubeletSideOptions kubelet = table_.live().kubelet;  // as a reload left it
     kubelet.socket_generation = socket_generation_;
-    device_plugins = std::make_unique<DevicePluginSide>(
+    auto side = std::make_unique<DevicePluginSide>(
         kubelet, DevicePluginSide::Parts{&events_, &losses_, &telemetry_, workers_.get(),
                                          [this] { Wake(); }});
+    if (!config_.state_dir.empty()) {
+      side->SetRegisteredHook([this] { NoteRegisteredWhileTakingOver(); });
+    }
+    device_plugins = std::move(side);
   }
   if (!ServesDra(config_)) {
     side_ = std::move(device_plugins);
@@ -632,8 +655,12 @@ absl::StatusOr<int> ProxyServer::ResumeWriting() {
   for (ServedResource* e : table_.All()) e->resource->KeepHealthOnLoss(false);
   if (reconciler_) reconciler_->Start();
   // The kubelet may have switched to the new one's sockets: every
-  // resource registers again.
-  side_->Resume();
+  // resource registers again (Registrar::Resume: how, depends on whether
+  // the new one had registered).
+  const std::string marker = SuccessorRegisteredMarker();
+  const bool successor_registered = PathExists(marker);
+  ::unlink(marker.c_str());
+  side_->Resume(successor_registered);
   saver_->Forget();
   Wake();
   return loaded->allocations_size();

@@ -53,7 +53,7 @@ class DeviceManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     m_.RegisterEndpoint("vendor.com/gpu", "/dp/gpu.sock", "v1beta1", "kubelet.sock", {}, 1);
-    ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1,
+    ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1, false,
                                  Devices({{"g0", "Healthy"}, {"g1", "Healthy"},
                                           {"g2", "Unhealthy"}})));
   }
@@ -67,7 +67,7 @@ TEST_F(DeviceManagerTest, CapacityCountsAllAllocatableCountsHealthy) {
 }
 
 TEST_F(DeviceManagerTest, ListIsReplacedWholesale) {
-  ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1, Devices({{"g9", "Healthy"}})));
+  ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1, false, Devices({{"g9", "Healthy"}})));
   EXPECT_EQ(m_.Capacity("vendor.com/gpu"), 1);
   EXPECT_EQ(m_.Find("vendor.com/gpu")->devices.count("g0"), 0u);
 }
@@ -76,7 +76,7 @@ TEST_F(DeviceManagerTest, ListIsReplacedWholesale) {
 // entries is, as the kubelet's device manager keeps it
 // (genericDeviceUpdateCallback: a map by ID and a healthy set).
 TEST_F(DeviceManagerTest, AnIdListedTwiceIsOneDeviceHealthyIfAnyEntryIs) {
-  ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1,
+  ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1, false,
                                Devices({{"kvm", "Healthy"}, {"kvm", "Unhealthy"},
                                         {"tun", "Unhealthy"}, {"tun", "Unhealthy"}})));
   EXPECT_EQ(m_.Allocatable("vendor.com/gpu"), 1);
@@ -87,11 +87,22 @@ TEST_F(DeviceManagerTest, AnIdListedTwiceIsOneDeviceHealthyIfAnyEntryIs) {
 
 TEST_F(DeviceManagerTest, StaleEndpointCannotUpdateOrDisconnectItsSuccessor) {
   m_.RegisterEndpoint("vendor.com/gpu", "/dp/gpu2.sock", "v1beta1", "kubelet.sock", {}, 2);
-  EXPECT_FALSE(m_.UpdateDevices("vendor.com/gpu", 1, Devices({{"old", "Healthy"}})));
+  EXPECT_FALSE(m_.UpdateDevices("vendor.com/gpu", 1, false, Devices({{"old", "Healthy"}})));
   EXPECT_FALSE(m_.EndpointLost("vendor.com/gpu", 1, kT0));
   EXPECT_TRUE(m_.Find("vendor.com/gpu")->connected);
   // Devices are kept until the new endpoint's first list.
   EXPECT_EQ(m_.Capacity("vendor.com/gpu"), 3);
+}
+
+// A kubelet that takes lists by name (1.10 on) takes a replaced client's
+// too, even after the resource's endpoint was lost: the devices turn
+// Healthy while the endpoint stays stopped.
+TEST_F(DeviceManagerTest, AListByNameFromAReplacedClientReachesAStoppedEndpointsDevices) {
+  m_.RegisterEndpoint("vendor.com/gpu", "/dp/gpu2.sock", "v1beta1", "kubelet.sock", {}, 2);
+  ASSERT_TRUE(m_.EndpointLost("vendor.com/gpu", 2, kT0));
+  ASSERT_TRUE(m_.UpdateDevices("vendor.com/gpu", 1, true, Devices({{"g0", "Healthy"}})));
+  EXPECT_EQ(m_.Find("vendor.com/gpu")->devices.at("g0").health, "Healthy");
+  EXPECT_FALSE(m_.Find("vendor.com/gpu")->connected);
 }
 
 TEST_F(DeviceManagerTest, LostPluginMakesDevicesUnhealthyThenGraceRemovesResource) {
@@ -237,7 +248,7 @@ TEST_F(DeviceManagerTest, CheckpointKeysDevicesByNumaNode) {
   d.set_health("Healthy");
   d.mutable_topology()->add_nodes()->set_id(1);
   m_.RegisterEndpoint("vendor.com/tpu", "/dp/tpu.sock", "v1beta1", "kubelet.sock", {}, 7);
-  ASSERT_TRUE(m_.UpdateDevices("vendor.com/tpu", 7, {d}));
+  ASSERT_TRUE(m_.UpdateDevices("vendor.com/tpu", 7, false, {d}));
   AddRunningPod(m_, "u1");
   m_.AddAllocation(Alloc("u1", "main", "vendor.com/tpu", {"t0"}));
   nlohmann::json j = nlohmann::json::parse(m_.CheckpointJson(31));

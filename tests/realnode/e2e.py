@@ -110,16 +110,21 @@ def container_log(pod, container, streams=("stdout", "stderr")):
 class Proc:
     """A process of the scenario's (dpproxy or a plugin), logged to a file."""
 
-    def __init__(self, name, args, logdir):
+    def __init__(self, name, args, logdir, env=None):
         self.name, self.args = name, args
         self.log = os.path.join(logdir, name + ".log")
+        self.env = dict(os.environ, **env) if env else None
         self.p = None
 
     def start(self):
         with open(self.log, "ab") as out:
             self.p = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+                                      start_new_session=True, env=self.env)
         return self
+
+    def output(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
 
     def kill(self, sig=signal.SIGTERM, timeout=20):
         if self.p is None or self.p.poll() is not None:
@@ -157,7 +162,7 @@ class Scenario:
 
     # -- processes
 
-    def dpproxy(self, *extra, name="dpproxy"):
+    def dpproxy(self, *extra, name="dpproxy", env=None):
         state = os.path.join(self.work, "state")
         args = [self.args.dpproxy, "--kubelet_root=" + realnode.KUBELET_ROOT,
                 "--plugin_dir=" + self.plugin_dir(), "--state_dir=" + state,
@@ -165,7 +170,7 @@ class Scenario:
                 "--events=" + os.path.join(self.work, "events.jsonl"),
                 "--metrics_address=", "--container_runtime_endpoint="
                 + realnode.CONTAINERD_SOCKET] + list(extra)
-        p = Proc(name, args, self.work).start()
+        p = Proc(name, args, self.work, env).start()
         self.procs.append(p)
         return p
 
@@ -533,6 +538,39 @@ def scenario_restarts_after_takeover(s):
     for i, a in enumerate(live):
         for b2 in live[i + 1:]:
             _two_pods_disjoint(s, a, b2)
+
+
+def scenario_takeover_new_dies_registered(s):
+    """A --takeover whose new dpproxy is killed (SIGKILL) once it has
+    registered with the kubelet, before the old one is told to finish (it
+    stops there: DPPROXY_TEST_PAUSE_AT=registered). The old one takes the
+    state back, ends its stream to the kubelet and registers the resource
+    again once the kubelet has let it go (kubelet_endpoint_reclaimed): a
+    1.25-1.36 kubelet dropped the resource by name when the new one died,
+    yet kept taking the old stream's device lists (its devices Healthy,
+    every Allocate failing on the stopped endpoint). No registration is
+    refused (a 1.37 kubelet refuses one at a socket it streams from), the
+    running pod keeps its container, and the next pod runs on another
+    device."""
+    proxy, _ = first_pod(s, count=1)
+    container = s.container_id("p1")
+    offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
+    new = s.dpproxy("--takeover", name="dpproxy-dies", env={"DPPROXY_TEST_PAUSE_AT": "registered"})
+    wait_until("the new dpproxy registered (and stopped there)",
+               lambda: "PAUSE_AT=registered" in new.output(), 60)
+    new.kill(signal.SIGKILL)
+    wait_until("the old dpproxy took the state back",
+               lambda: len(_events(s, "handoff_taken_back")) > 0, 30)
+    wait_until("the old dpproxy registering the resource again",
+               lambda: len(_events(s, "kubelet_endpoint_reclaimed")) > 0, 30)
+    s.pod("p2", 1, SCRIPT)
+    s.wait_running("p2", 90)
+    check(proxy.alive(), "the old dpproxy exited (%s)" % proxy.p.returncode)
+    refused = [line for line in _kubelet_log_from(s.node, offset).splitlines()
+               if "already connected" in line]
+    check(not refused, "the kubelet refused a registration:\n%s" % "\n".join(refused[:5]))
+    check(_running_with(s, "p1", container), "p1 did not keep its container")
+    _two_pods_disjoint(s, "p1", "p2")
 
 
 def _running_with(s, pod, container):
@@ -1587,6 +1625,7 @@ SCENARIOS = [
     ("never-started-container", scenario_never_started_container),
     ("takeover-under-pods", scenario_takeover_under_pods),
     ("restarts-after-takeover", scenario_restarts_after_takeover),
+    ("takeover-new-dies-registered", scenario_takeover_new_dies_registered),
     ("dra", scenario_dra, 32),
     # Pods of the extended resource through DRA: on by default from 1.36.
     ("move-to-dra", scenario_move_to_dra, 36),

@@ -56,9 +56,9 @@ void DeviceManager::RegisterEndpoint(const std::string& resource,
 }
 
 bool DeviceManager::UpdateDevices(const std::string& resource, uint64_t generation,
-                                const std::vector<v1beta1::Device>& devices) {
+                                  bool by_name, const std::vector<v1beta1::Device>& devices) {
   auto it = resources_.find(resource);
-  if (it == resources_.end() || it->second.generation != generation) return false;
+  if (it == resources_.end() || (!by_name && it->second.generation != generation)) return false;
   ResourceRecord& r = it->second;
   r.devices.clear();
   // An ID listed more than once is one device: the last entry's fields

@@ -55,8 +55,11 @@ class DeviceManager {
                         uint64_t generation);
 
   // A ListAndWatch update: replaces the device list wholesale. Returns false
-  // (and changes nothing) if `generation` is not the current endpoint.
-  bool UpdateDevices(const std::string& resource, uint64_t generation,
+  // (and changes nothing) if `generation` is not the current endpoint,
+  // unless `by_name`: the kubelet's device manager takes every client's
+  // lists by resource name (genericDeviceUpdateCallback), a replaced
+  // client's too, even once the resource's endpoint has stopped.
+  bool UpdateDevices(const std::string& resource, uint64_t generation, bool by_name,
                      const std::vector<v1beta1::Device>& devices);
 
   // The endpoint's stream ended: every device becomes Unhealthy and the

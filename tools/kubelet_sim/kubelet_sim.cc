@@ -1319,7 +1319,13 @@ void KubeletSim::OnDevices(const std::shared_ptr<PluginClient>& client,
     for (v1beta1::Device& d : without_topology) d.clear_topology();
     read = &without_topology;
   }
-  if (!state_.UpdateDevices(client->resource, client->generation, *read)) return;
+  // From 1.10 a replaced client keeps running (InstallClient), and its
+  // lists reach the device manager by the resource's name (on a real
+  // 1.36.3 node a list from the old dpproxy's stream, after the new one's
+  // client had died, turned the devices Healthy again while every
+  // Allocate failed on the stopped endpoint).
+  const bool by_name = kubelet_.minor >= 10;
+  if (!state_.UpdateDevices(client->resource, client->generation, by_name, *read)) return;
   events_.Emit("devices", {{"resource", client->resource},
                            {"devices", DevicesJson(*read)},
                            {"capacity", state_.Capacity(client->resource)},

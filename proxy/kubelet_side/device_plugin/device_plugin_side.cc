@@ -221,7 +221,7 @@ void DevicePluginSide::BeforePredecessorExits() {
                  << s.message() << "); if the kubelet drops it when the running dpproxy "
                  << "exits, it is registered again at once";
     // Whatever the kubelet accepted is replaced.
-    if (absl::IsFailedPrecondition(s)) registrar_.Resume();
+    if (absl::IsFailedPrecondition(s)) registrar_.Resume(/*successor_registered=*/false);
   }
   // The predecessor's streams end as it exits. Where a 1.25-1.36 kubelet's
   // entry could not be emptied, it then drops this one's client by name,

@@ -64,7 +64,13 @@ class DevicePluginSide : public KubeletSide {
   std::vector<HealthCheck> Readiness() override;
   std::vector<KubeletGate*> Gates() override;
   void Hold() override { registrar_.Hold(); }
-  void Resume() override { registrar_.Resume(); }
+  void Resume(bool successor_registered) override {
+    registrar_.Resume(successor_registered);
+  }
+  // Called after each registration with the kubelet that succeeded.
+  void SetRegisteredHook(std::function<void()> hook) {
+    registrar_.SetRegisteredHook(std::move(hook));
+  }
   void BeforePredecessorExits() override;
 
  private:

@@ -176,6 +176,10 @@ class KubeletEndpoint : public KubeletGate {
   // Waits up to `timeout` until the kubelet has no stream open here; true
   // if none is.
   bool WaitForKubeletGone(absl::Duration timeout) override;
+  // Ends the kubelet's ListAndWatch streams here (dpproxy's side), as a
+  // plugin that restarts would: the kubelet lets this socket's client go
+  // (Registrar::Resume). Not reported as a drop.
+  void EndKubeletStreams() { FinishStreams(); }
   void AddStream(StreamHandle* s);
   // `by_kubelet`: the kubelet ended the stream (it went away, or dropped
   // this endpoint), not dpproxy.

@@ -142,51 +142,34 @@ absl::StatusOr<std::set<std::string>> Registrar::AllocatableResources() {
   return listed;
 }
 
-void Registrar::VerifyStillListed(const std::vector<Slot*>& slots, absl::Time now) {
+void Registrar::CheckReclaims(const std::vector<Slot*>& slots, absl::Time now) {
   std::vector<Slot*> due;
   {
     absl::MutexLock lock(&mu_);
     if (held_) return;
     for (Slot* e : slots) {
-      if (e->verify_until > now && !e->registering) due.push_back(e);
+      if (e->reclaim_at != absl::InfinitePast()) due.push_back(e);
     }
   }
   if (due.empty()) return;
   absl::StatusOr<std::set<std::string>> listed = AllocatableResources();
   absl::MutexLock lock(&mu_);
   for (Slot* e : due) {
-    if (!listed.ok()) {
-      // A kubelet without the API (before 1.23, or turned off) is left as
-      // the take-back found it.
-      LOG(WARNING) << "resource " << e->resource->name() << ": cannot ask whether the kubelet "
-                   << "still lists its devices (" << listed.status().message()
-                   << "); left registered as it was";
-      e->verify_until = absl::InfinitePast();
+    const bool let_go = listed.ok() && listed->count(e->resource->name()) == 0;
+    if (!let_go && now < e->reclaim_at) {
+      // Looked at again soon: the kubelet lets a stream go in milliseconds.
+      next_retry_ = std::min(next_retry_, now + absl::Milliseconds(100));
       continue;
     }
-    const bool streams_healthy = e->resource->Current().to_device_plugins->healthy() > 0;
-    if (listed->count(e->resource->name()) > 0 || !streams_healthy) {
-      e->unlisted_passes = 0;
-      next_retry_ = std::min(next_retry_, now + absl::Seconds(1));
-      continue;
-    }
-    if (++e->unlisted_passes < 2) {
-      next_retry_ = std::min(next_retry_, now + absl::Seconds(1));
-      continue;
-    }
-    // The kubelet streams from our socket and lists none of the devices
-    // we stream Healthy: a 1.25-1.36 kubelet whose client for the resource
-    // was the failed new dpproxy's. Registering again there replaces it.
-    LOG(WARNING) << "resource " << e->resource->name() << ": the kubelet lists none of its "
-                 << "devices although it streams from " << e->endpoint->socket_path()
-                 << " (the failed new dpproxy's registration replaced ours); registering again";
-    events_->Emit("kubelet_endpoint_reclaimed", {{"resource", e->resource->name()}});
-    e->verify_until = absl::InfinitePast();
-    e->unlisted_passes = 0;
-    e->registered_with.reset();
-    e->dropped = false;
-    e->backoff = absl::ZeroDuration();
-    e->retry_at = absl::InfinitePast();
+    LOG(INFO) << "resource " << e->resource->name() << ": "
+              << (let_go ? "the kubelet lists none of its devices"
+                         : absl::StrCat("registering after ", absl::FormatDuration(kReclaimWait),
+                                        listed.ok() ? "" : absl::StrCat(
+                                            " (", listed.status().message(), ")")))
+              << "; registering again";
+    events_->Emit("kubelet_endpoint_reclaimed",
+                  {{"resource", e->resource->name()}, {"seen_let_go", let_go}});
+    e->reclaim_at = absl::InfinitePast();
   }
 }
 
@@ -199,7 +182,7 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
     next_retry_ = absl::InfiniteFuture();
   }
   ServeRemoved(slots);
-  VerifyStillListed(slots, now);
+  CheckReclaims(slots, now);
   const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(kubelet_));
   if (kubelet.has_value() && last_kubelet_.has_value() && kubelet != last_kubelet_) {
     result.kubelet_restarted = kubelet;
@@ -241,6 +224,7 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
         dropped_by_live_kubelet = true;
       }
       if (held_ || e->registering) continue;
+      if (e->reclaim_at != absl::InfinitePast()) continue;  // CheckReclaims
       served = e->served;
       bool options_changed = false;
       if (e->registered_with == kubelet && !e->dropped) {
@@ -296,7 +280,7 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
   return result;
 }
 
-void Registrar::Resume() {
+void Registrar::Resume(bool successor_registered) {
   std::vector<KubeletEndpoint*> endpoints;
   {
     absl::MutexLock lock(&mu_);
@@ -304,18 +288,28 @@ void Registrar::Resume() {
   }
   std::set<KubeletEndpoint*> still_streamed;
   for (KubeletEndpoint* e : endpoints) {
-    if (e->kubelet_registers_synchronously() && e->kubelet_streaming()) still_streamed.insert(e);
+    if (e->kubelet_registers_synchronously() && e->kubelet_streaming()) {
+      still_streamed.insert(e);
+      if (successor_registered) e->EndKubeletStreams();
+    }
   }
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   held_ = false;
   for (auto& slot : slots_) {
     if (still_streamed.count(slot->endpoint) > 0) {
+      if (!successor_registered) {
+        LOG(INFO) << "resource " << slot->resource->name() << ": taken back while the kubelet "
+                  << "still streams from " << slot->endpoint->socket_path() << ", and the new "
+                  << "dpproxy never registered: left as it is";
+        continue;
+      }
       LOG(INFO) << "resource " << slot->resource->name() << ": taken back while the kubelet "
-                << "still streams from " << slot->endpoint->socket_path()
-                << "; not registered again there while the kubelet lists its devices";
-      slot->verify_until = absl::Now() + kVerifyWindow;
-      slot->unlisted_passes = 0;
-      continue;
+                << "streamed from " << slot->endpoint->socket_path() << ", after the new "
+                << "dpproxy had registered: that stream was ended, and the resource is "
+                << "registered again once the kubelet has let it go";
+      slot->reclaim_at = now + kReclaimWait;
+      next_retry_ = std::min(next_retry_, now);
     }
     slot->registered_with.reset();
     slot->dropped = false;
@@ -399,6 +393,7 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
                      {"error", std::string(s.message())}});
     }
   }
+  if (s.ok() && registered_hook_) registered_hook_();
   wake_();
 }
 

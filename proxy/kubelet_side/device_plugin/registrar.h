@@ -88,20 +88,27 @@ class Registrar {
   // took its state back from a new one that may have registered (the
   // kubelet then serves from the new one's sockets).
   //
-  // Except a resource a 1.25+ kubelet still streams from: a 1.37 kubelet
-  // keeps that socket's client whatever the new one registered, and
-  // refuses a registration there ("device plugin already connected"),
-  // after which it never disconnects the socket. A 1.25-1.36 kubelet
-  // keeps streaming from it too, but if the new one had registered, that
-  // registration replaced ours by name and the new one's exit left the
-  // resource without a plugin. So for kVerifyWindow each pass asks the
-  // kubelet's pod-resources API (GetAllocatableResources): a resource of
-  // which it lists no device on two passes in a row, while dpproxy streams
-  // Healthy ones, is registered again. (A 1.37 kubelet makes the
-  // remaining client the resource's as the new one goes, and keeps
-  // listing its devices.)
-  void Resume();
-  static constexpr absl::Duration kVerifyWindow = absl::Seconds(30);
+  // A resource a 1.25+ kubelet still streams from needs care: a 1.37
+  // kubelet refuses a registration at a socket it streams from ("device
+  // plugin already connected"), after which it never disconnects the
+  // socket. If the new one never registered (`successor_registered`
+  // false), the kubelet's client is still this one's, and it is left as
+  // it is. If it had, a 1.25-1.36 kubelet dropped the resource by name
+  // when the new one died, and keeps the old stream open, whose device
+  // lists still reach it by name (its devices look Healthy while every
+  // Allocate fails on the stopped endpoint); a 1.37 kubelet made the old
+  // socket's client the resource's again. Either way dpproxy ends its
+  // streams there, as a plugin that restarts does, and registers once the
+  // kubelet's pod-resources API lists none of the resource's devices (a
+  // 1.37 kubelet marks them Unhealthy as it lets the socket go), or after
+  // kReclaimWait (a 1.25-1.36 kubelet lets it go without a word, and
+  // accepts the registration whenever it comes).
+  void Resume(bool successor_registered);
+  static constexpr absl::Duration kReclaimWait = absl::Seconds(3);
+
+  // Called (on a worker, no lock held) after each registration with the
+  // kubelet that succeeded. Set before Add().
+  void SetRegisteredHook(std::function<void()> hook) { registered_hook_ = std::move(hook); }
 
   // For `window` from now, a stream the kubelet ends is answered with a
   // new registration at once, not after the settle time that tells a
@@ -137,18 +144,16 @@ class Registrar {
     absl::Time last_drop = absl::InfinitePast();
     // The reason for the drops (a list over the kubelet's limit) was logged.
     bool too_large_said = false;
-    // Taken back while the kubelet streamed from it (Resume): until then,
-    // whether the kubelet still lists its devices is checked each pass.
-    absl::Time verify_until = absl::InfinitePast();
-    // Passes in a row that found none of its devices allocatable.
-    int unlisted_passes = 0;
+    // Taken back while the kubelet streamed from it (Resume): registered
+    // again once the kubelet lists none of its devices, or at this time.
+    absl::Time reclaim_at = absl::InfinitePast();
   };
 
   // The resources of which the kubelet's pod-resources API lists at least
   // one allocatable (Healthy) device; an error if it cannot be asked.
   absl::StatusOr<std::set<std::string>> AllocatableResources();
-  // Resume's check (kVerifyWindow), for the slots still in it.
-  void VerifyStillListed(const std::vector<Slot*>& slots, absl::Time now);
+  // Resume's wait (kReclaimWait), for the slots still in it.
+  void CheckReclaims(const std::vector<Slot*>& slots, absl::Time now);
 
   void OnStreamDropped(Slot* slot);
 
@@ -157,6 +162,7 @@ class Registrar {
 
   const KubeletSideOptions kubelet_;
   EventLog* const events_;
+  std::function<void()> registered_hook_;
   WorkQueue* const workers_;
   const std::function<void()> wake_;
   const absl::Time started_ = absl::Now();

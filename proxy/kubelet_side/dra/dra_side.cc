@@ -116,7 +116,7 @@ void DraSide::Hold() {
   held_ = true;
 }
 
-void DraSide::Resume() {
+void DraSide::Resume(bool /*successor_registered*/) {
   absl::MutexLock lock(&mu_);
   held_ = false;
   full_ = true;

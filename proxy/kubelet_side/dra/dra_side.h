@@ -94,7 +94,7 @@ class DraSide : public KubeletSide {
   std::vector<KubeletGate*> Gates() override;
   // Released to a successor: publishes nothing more (it does).
   void Hold() override;
-  void Resume() override;
+  void Resume(bool successor_registered) override;
   // Nothing: the predecessor's registration socket goes without a
   // deletion the kubelet acts on (DraServer::Stop).
   void BeforePredecessorExits() override {}

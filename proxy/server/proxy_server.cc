@@ -170,15 +170,17 @@ std::string ProxyServer::SuccessorRegisteredMarker() const {
   return JoinPath(config_.state_dir, "handoff.registered");
 }
 
-void ProxyServer::NoteRegisteredWhileTakingOver() {
-  // Once, and only while the takeover runs: a running dpproxy that takes
-  // the state back reads it (ResumeWriting).
+void ProxyServer::NoteRegisteringWhileTakingOver() {
+  // Once, and only while the takeover runs, before the first registration
+  // is sent (a process stopped right after the kubelet accepted one would
+  // leave no note): a running dpproxy that takes the state back reads it
+  // (ResumeWriting).
   if (!taking_over() || takeover_->finish_sent() || marked_registered_.exchange(true)) return;
   if (absl::Status s = WriteFileAtomic(SuccessorRegisteredMarker(),
                                        absl::StrCat(::getpid(), "\n"));
       !s.ok()) {
-    LOG(WARNING) << "takeover: cannot note in the state directory that this dpproxy has "
-                 << "registered (" << s.message() << "); should it fail, the running one "
+    LOG(WARNING) << "takeover: cannot note in the state directory that this dpproxy "
+                 << "registers (" << s.message() << "); should it fail, the running one "
                  << "would not know to register again";
   }
 }
@@ -288,7 +290,7 @@ absl::Status ProxyServer::MakeSide() {
         kubelet, DevicePluginSide::Parts{&events_, &losses_, &telemetry_, workers_.get(),
                                          [this] { Wake(); }});
     if (!config_.state_dir.empty()) {
-      side->SetRegisteredHook([this] { NoteRegisteredWhileTakingOver(); });
+      side->SetBeforeRegisterHook([this] { NoteRegisteringWhileTakingOver(); });
     }
     device_plugins = std::move(side);
   }

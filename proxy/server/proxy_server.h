@@ -208,11 +208,11 @@ class ProxyServer : private Handover::Host {
   void GiveStateBack(const std::string& why);
   // Started with --takeover, and the predecessor released.
   bool taking_over() const { return takeover_ != nullptr && takeover_->released(); }
-  // <state_dir>/handoff.registered: written by a dpproxy taking over once
-  // it has registered with the kubelet, read by the running one if it
-  // takes the state back (Registrar::Resume).
+  // <state_dir>/handoff.registered: written by a dpproxy taking over
+  // before it first registers with the kubelet, read by the running one
+  // if it takes the state back (Registrar::Resume).
   std::string SuccessorRegisteredMarker() const;
-  void NoteRegisteredWhileTakingOver();
+  void NoteRegisteringWhileTakingOver();
   // Shutdown() has begun.
   bool stopping() const { return stopping_.load(); }
 
@@ -261,7 +261,7 @@ class ProxyServer : private Handover::Host {
 
   Housekeeping housekeeping_;
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> marked_registered_{false};  // NoteRegisteredWhileTakingOver
+  std::atomic<bool> marked_registered_{false};  // NoteRegisteringWhileTakingOver
   std::function<void()> housekeeping_hook_;  // set before Start()
 
   // Handoff: the running side (with a state directory),

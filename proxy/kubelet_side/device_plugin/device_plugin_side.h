@@ -67,9 +67,9 @@ class DevicePluginSide : public KubeletSide {
   void Resume(bool successor_registered) override {
     registrar_.Resume(successor_registered);
   }
-  // Called after each registration with the kubelet that succeeded.
-  void SetRegisteredHook(std::function<void()> hook) {
-    registrar_.SetRegisteredHook(std::move(hook));
+  // Called before each registration is sent to the kubelet.
+  void SetBeforeRegisterHook(std::function<void()> hook) {
+    registrar_.SetBeforeRegisterHook(std::move(hook));
   }
   void BeforePredecessorExits() override;
 

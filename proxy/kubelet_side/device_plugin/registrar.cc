@@ -328,6 +328,7 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
     s = absl::UnavailableError("our socket is not serving");
     not_serving = true;
   } else {
+    if (before_register_hook_) before_register_hook_();
     s = e->endpoint->Register();
   }
   // A registration that failed because its kubelet went away says nothing
@@ -393,7 +394,6 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
                      {"error", std::string(s.message())}});
     }
   }
-  if (s.ok() && registered_hook_) registered_hook_();
   wake_();
 }
 

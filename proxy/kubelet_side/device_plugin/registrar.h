@@ -106,9 +106,12 @@ class Registrar {
   void Resume(bool successor_registered);
   static constexpr absl::Duration kReclaimWait = absl::Seconds(3);
 
-  // Called (on a worker, no lock held) after each registration with the
-  // kubelet that succeeded. Set before Add().
-  void SetRegisteredHook(std::function<void()> hook) { registered_hook_ = std::move(hook); }
+  // Called (on a worker, no lock held) before each registration is sent
+  // to the kubelet: once it returns, the kubelet may hold that
+  // registration whatever becomes of this process. Set before Add().
+  void SetBeforeRegisterHook(std::function<void()> hook) {
+    before_register_hook_ = std::move(hook);
+  }
 
   // For `window` from now, a stream the kubelet ends is answered with a
   // new registration at once, not after the settle time that tells a
@@ -162,7 +165,7 @@ class Registrar {
 
   const KubeletSideOptions kubelet_;
   EventLog* const events_;
-  std::function<void()> registered_hook_;
+  std::function<void()> before_register_hook_;
   WorkQueue* const workers_;
   const std::function<void()> wake_;
   const absl::Time started_ = absl::Now();

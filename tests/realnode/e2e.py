@@ -1599,12 +1599,19 @@ def scenario_helm_chart(s):
         seen = len(stream.ran) + len(stream.failed)
         wait_until("a pod of the stream after the rollout",
                    lambda: len(stream.ran) + len(stream.failed) > seen, 60)
-    pods = chart_pods(s)
-    check(len(pods) == 1 and _ready(pods[0]) and
-          pods[0]["spec"]["containers"][0]["image"].endswith(":%s-rollout" % tag),
-          "after the rollout: not one Ready pod of the new image: %s"
-          % [(p["metadata"]["name"], p["spec"]["containers"][0]["image"], _ready(p))
-             for p in pods])
+    # helm --wait waits for the new pod to be Ready; the old one (handed
+    # over, waiting to be deleted) goes once the DaemonSet deletes it.
+    def one_new_pod():
+        pods = chart_pods(s)
+        done = (len(pods) == 1 and _ready(pods[0]) and
+                pods[0]["spec"]["containers"][0]["image"].endswith(":%s-rollout" % tag))
+        return pods if done else None
+    try:
+        pods = wait_until("one Ready pod of the new image, the old one gone", one_new_pod, 60)
+    except Failure:
+        raise Failure("after the rollout: not one Ready pod of the new image: %s"
+                      % [(p["metadata"]["name"], p["spec"]["containers"][0]["image"], _ready(p))
+                         for p in chart_pods(s)])
     new_log = container_log(pods[0], "dpproxy")
     check("took over" in new_log or "takeover" in new_log,
           "the new pod's dpproxy did not take over:\n%s" % new_log[-3000:])

@@ -1342,29 +1342,33 @@ def _ready(pod):
                for c in pod["status"].get("conditions", []))
 
 
-def _rendered(s, *args):
+def _rendered(s, *args, cluster=False):
     """`helm template` of the chart (release dpproxy in kube-system unless
-    args say otherwise): (exit status, output and errors)."""
-    p = subprocess.run([s.node.part_bin("helm", "helm"), "template"] +
+    args say otherwise): (exit status, output and errors). `cluster`: with
+    the node's API versions and Helm's own validation against it
+    (--validate), as `helm install` renders; else offline, as a GitOps
+    pipeline does."""
+    extra = ["--validate", "--kubeconfig", s.node.admin_kubeconfig] if cluster else []
+    p = subprocess.run([s.node.part_bin("helm", "helm"), "template"] + extra +
                        (list(args) if args and not args[0].startswith("-") else
                         ["dpproxy", CHART, "-n", "kube-system"] + list(args)),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return p.returncode, p.stdout.decode(errors="replace")
 
 
-def render_ok(s, name, *args):
+def render_ok(s, name, *args, cluster=False):
     """The chart rendered with `args`, saved as <work>/<name>.yaml; fails
     naming Helm's error."""
-    rc, out = _rendered(s, *args)
+    rc, out = _rendered(s, *args, cluster=cluster)
     check(rc == 0, "helm template %s: %s" % (" ".join(args), out[-2000:]))
     with open(os.path.join(s.work, name + ".yaml"), "w") as f:
         f.write(out)
     return out
 
 
-def render_refused(s, needle, *args):
+def render_refused(s, needle, *args, cluster=False):
     """The chart refused with `args`, Helm's message naming `needle`."""
-    rc, out = _rendered(s, *args)
+    rc, out = _rendered(s, *args, cluster=cluster)
     check(rc != 0, "helm template %s rendered: nothing refused it" % " ".join(args))
     check(needle in out, "helm template %s: the error does not say %r:\n%s"
           % (" ".join(args), needle, out[-2000:]))
@@ -1469,11 +1473,15 @@ def scenario_helm_chart_render(s):
             text = re.sub(r"\\\n\s*", " ", f.read())
         commands += re.findall(r"(?m)^helm install .*$", text)
     check(len(commands) >= 3, "the docs have %d helm install commands" % len(commands))
+    dra_api = s.minor >= 32  # resource.k8s.io v1beta1 from 1.32, v1 from 1.34
     for i, cmd in enumerate(commands):
         sets = []
         for kv in re.findall(r"--set (\S+)", cmd):
             sets += ["--set", kv]
-        out = render_ok(s, "docs-%d" % i, *sets)
+        if "dra.enabled=true" in cmd and not dra_api:
+            render_refused(s, "DRA mode needs Kubernetes 1.32 or later", *sets, cluster=True)
+            continue
+        out = render_ok(s, "docs-%d" % i, *sets, cluster=True)
         server_accepts(s, "docs-%d" % i, out)
         if "dra.enabled=true" in cmd:
             check(kinds(out).get("DeviceClass") == 1 and
@@ -1486,6 +1494,14 @@ def scenario_helm_chart_render(s):
     s.apply_json({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-agents"}})
     values = os.path.join(ROOT, "tests", "deploy", "helm-values-dra.yaml")
     out = render_ok(s, "dra", "gpu", CHART, "-n", "node-agents", "-f", values)
+    if dra_api:
+        # As `helm install` renders it here (the ServiceMonitor off: no CRD).
+        server_accepts(s, "dra-cluster", render_ok(
+            s, "dra-cluster", "gpu", CHART, "-n", "node-agents", "-f", values,
+            "--set", "metrics.serviceMonitor.enabled=false", cluster=True))
+    else:
+        render_refused(s, "DRA mode needs Kubernetes 1.32 or later", "gpu", CHART, "-n",
+                       "node-agents", "-f", values, cluster=True)
     n = kinds(out)
     for k in ("ClusterRole", "ClusterRoleBinding", "Service", "ServiceMonitor", "DeviceClass"):
         check(n.get(k) == 1, "dra: %d %s, not one" % (n.get(k, 0), k))
@@ -1496,15 +1512,18 @@ def scenario_helm_chart_render(s):
                    '- "--v=1"', "cpu: 10m"):
         check(needle in out, "dra: %r is not in the rendering" % needle)
     check("--takeover" not in out, "dra: takeover where the values turn it off")
-    server_accepts(s, "dra", out)
     said = dpproxy_accepts(s, chart_config(s, out, "gpu-dpproxy"), env={"NODE_NAME": "node-1"})
     for needle in ("api: dra", "driver: gpu.vendor.com", "policy: hold", "root: /data/kubelet"):
         check(needle in said, "dra: dpproxy --check does not say %r:\n%s" % (needle, said))
-    out = render_ok(s, "dc", "--set", "dra.enabled=true", "--set", "dra.driver=gpu.vendor.com",
-                    "--set", "dra.deviceClass.extendedResourceName=vendor.com/gpu")
-    check('extendedResourceName: "vendor.com/gpu"' in out, "the DeviceClass without the "
-          "extended resource asked for")
-    server_accepts(s, "dc", out)
+    dc = ["--set", "dra.enabled=true", "--set", "dra.driver=gpu.vendor.com",
+          "--set", "dra.deviceClass.extendedResourceName=vendor.com/gpu"]
+    if s.minor >= 34:
+        out = render_ok(s, "dc", *dc, cluster=True)
+        check('extendedResourceName: "vendor.com/gpu"' in out, "the DeviceClass without the "
+              "extended resource asked for")
+        server_accepts(s, "dc", out)
+    else:
+        render_refused(s, "needs Kubernetes 1.3", *dc, cluster=True)
     out = render_ok(s, "nodc", "--set", "dra.enabled=true", "--set", "dra.driver=gpu.vendor.com",
                     "--set", "dra.deviceClass.create=false")
     check("DeviceClass" not in kinds(out), "a DeviceClass where create is false")

@@ -162,8 +162,9 @@ void Registrar::CheckReclaims(const std::vector<Slot*>& slots, absl::Time now) {
       continue;
     }
     LOG(INFO) << "resource " << e->resource->name() << ": "
-              << (let_go ? "the kubelet lists none of its devices"
-                         : absl::StrCat("registering after ", absl::FormatDuration(kReclaimWait),
+              << (let_go ? std::string("the kubelet lists none of its devices")
+                         : absl::StrCat("no sign from the kubelet within ",
+                                        absl::FormatDuration(kReclaimWait),
                                         listed.ok() ? "" : absl::StrCat(
                                             " (", listed.status().message(), ")")))
               << "; registering again";

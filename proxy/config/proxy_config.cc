@@ -22,6 +22,10 @@ std::string KubeletSocketPath(const KubeletSideOptions& o) {
   return JoinPath(DevicePluginDir(o), kKubeletSocketName);
 }
 
+std::string KubeletPodResourcesSocket(const KubeletSideOptions& o) {
+  return JoinPath(JoinPath(o.kubelet_root, "pod-resources"), "kubelet.sock");
+}
+
 std::string KubeletResourceName(const ProxyConfig& config, const std::string& backend_resource) {
   auto it = config.renames.find(backend_resource);
   return it == config.renames.end() ? backend_resource : it->second;
@@ -85,8 +89,7 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
   }
   if (!c.pod_resources_socket.empty()) {
     const std::string& p = c.pod_resources_socket;
-    const std::string kubelet_pod_resources =
-        JoinPath(JoinPath(c.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+    const std::string kubelet_pod_resources = KubeletPodResourcesSocket(c.kubelet);
     if (p[0] != '/') {
       return absl::InvalidArgumentError(
           absl::StrCat("--pod_resources_socket=", p, " is not an absolute path"));

@@ -50,6 +50,8 @@ struct KubeletSideOptions {
 // <kubelet_root>/device-plugins and the kubelet.sock in it.
 std::string DevicePluginDir(const KubeletSideOptions& o);
 std::string KubeletSocketPath(const KubeletSideOptions& o);
+// The kubelet's pod-resources API: <kubelet_root>/pod-resources/kubelet.sock.
+std::string KubeletPodResourcesSocket(const KubeletSideOptions& o);
 
 enum class LossPolicy {
   // Report every device Unhealthy once the backend has been lost for

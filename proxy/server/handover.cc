@@ -158,9 +158,10 @@ void Handover::CheckProgress(absl::Time now) {
       // call naming some process), or one stuck before it: the state comes
       // back now, not at the handoff timeout with every Allocate held
       // until then.
-      if (TakeBackAndReopen(absl::StrCat("pid ", peer_pid_, " was given the state and never "
-                                         "took the state directory's lock within ",
-                                         absl::FormatDuration(kLockGrace)))) {
+      if (TakeBackAndReopen(absl::StrCat(
+              peer_pid_ > 0 ? absl::StrCat("pid ", peer_pid_) : std::string("the new dpproxy"),
+              " was given the state and never took the state directory's lock within ",
+              absl::FormatDuration(kLockGrace)))) {
         return;
       }
     }

@@ -389,7 +389,7 @@ absl::Status ProxyServer::StartServing() {
     pod_resources_view_ = std::make_unique<PodResourcesView>(
         PodResourcesView::Options{
             config_.pod_resources_socket,
-            JoinPath(JoinPath(config_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock"),
+            KubeletPodResourcesSocket(config_.kubelet),
             ServesDra(config_) ? config_.dra.driver : std::string(), config_.dra.node_name,
             [this] {
               DraResources out;

@@ -68,7 +68,7 @@ void Reconciler::Stop() {
 }
 
 std::string Reconciler::PodResourcesSocket() const {
-  return JoinPath(JoinPath(options_.kubelet.kubelet_root, "pod-resources"), "kubelet.sock");
+  return KubeletPodResourcesSocket(options_.kubelet);
 }
 
 std::string Reconciler::CheckpointPath() const {

@@ -120,8 +120,7 @@ void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
 }
 
 absl::StatusOr<std::set<std::string>> Registrar::AllocatableResources() {
-  const std::string socket =
-      JoinPath(JoinPath(kubelet_.kubelet_root, "pod-resources"), "kubelet.sock");
+  const std::string socket = KubeletPodResourcesSocket(kubelet_);
   if (!PathExists(socket)) {
     return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
   }

@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "proxy/version.h"
+#include "proxy/version/version.h"
 
 namespace dpproxy {
 

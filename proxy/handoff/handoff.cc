@@ -35,7 +35,7 @@
 #include "proxy/util/files.h"
 #include "proxy/util/job_threads.h"
 #include "proxy/util/thread_name.h"
-#include "proxy/version.h"
+#include "proxy/version/version.h"
 
 namespace dpproxy {
 

@@ -48,7 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "prometheus/collectable.h"
-#include "proxy/server/status_model.h"
+#include "proxy/util/health_check.h"
 #include "proxy/util/host_port.h"
 
 namespace dpproxy {

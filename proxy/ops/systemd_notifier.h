@@ -24,7 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proxy/server/status_model.h"
+#include "proxy/util/health_check.h"
 
 namespace dpproxy {
 

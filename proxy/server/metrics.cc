@@ -15,7 +15,7 @@
 
 #include <prometheus/text_serializer.h>
 
-#include "proxy/version.h"
+#include "proxy/version/version.h"
 
 
 namespace dpproxy {

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "proxy/events/event_log.h"
 #include "proxy/util/files.h"
-#include "proxy/version.h"
+#include "proxy/version/version.h"
 #include "tests/testing/process.h"
 #include "tools/conform/conform.h"
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "proxy/events/event_log.h"
-#include "proxy/version.h"
+#include "proxy/version/version.h"
 
 namespace dpproxy::conform {
 

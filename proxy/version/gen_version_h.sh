@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# proxy/gen_version_h.sh VERSION OUT: writes proxy/version.h from the
+# proxy/version/gen_version_h.sh VERSION OUT: writes proxy/version/version.h from the
 # repository's VERSION file (one line, MAJOR.MINOR.PATCH[-SUFFIX]).
 set -euo pipefail
 version="$(tr -d '[:space:]' <"$1")"
@@ -8,7 +8,7 @@ if [[ ! "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$ ]]; then
   exit 1
 fi
 cat >"$2" <<HEADER
-// File: version.h (generated from VERSION by proxy/gen_version_h.sh)
+// File: version.h (generated from VERSION by proxy/version/gen_version_h.sh)
 //
 // dpproxy's version, and the commit it was built from when the build says
 // so (-DDPPROXY_COMMIT="...", which \`tools/dev package\` and \`tools/dev

@@ -5,7 +5,8 @@
 // restarted without its checkpoint, and counts their devices free). The
 // kubelet treats the answer as advice: what it names of the available
 // devices is used as given, and a short answer is topped up from any
-// available device, held ones included (protocol-facts §10). So the answer
+// available device, held ones included (observed on a 1.36.2 node; the
+// kubelet's devicemanager/manager.go, devicesToAllocate). So the answer
 // always has exactly `allocation_size` devices (or every available one if
 // fewer), chosen in this order:
 //

@@ -10,7 +10,9 @@
 #include "proxy/util/files.h"
 #include "proxy/version/version.h"
 #include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
 #include "tools/conform/conform.h"
+#include "tools/conform/real.h"
 
 namespace dpproxy::conform {
 namespace {
@@ -319,6 +321,82 @@ TEST(ValidateTest, NamesTheFlagAtFault) {
   c = o;
   c.jobs = 0;
   EXPECT_THAT(message(c), HasSubstr("--jobs=0"));
+}
+
+TEST(RealKubeletTest, NamesParseAsRealOrNot) {
+  EXPECT_EQ(**ParseRealKubelet("real:1.37"), "1.37");
+  EXPECT_EQ(**ParseRealKubelet("real"), "");
+  EXPECT_FALSE(ParseRealKubelet("1.37")->has_value());
+  for (const char* bad : {"real:", "real:37", "real:2.1", "real:1.x", "real:latest"}) {
+    absl::StatusOr<std::optional<std::string>> r = ParseRealKubelet(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("real:1.MINOR")) << bad;
+  }
+}
+
+TEST(RealKubeletTest, OptionsNameWhatTheNodeNeeds) {
+  ConformOptions o;
+  o.plugin_command = "p";
+  o.resources = {"example.com/gpu"};
+  o.real_kubelets = {"1.37"};
+  o.real.kubeconfig = "/etc/kubeconfig";
+  o.real.pod_image = "busybox";
+  EXPECT_TRUE(ValidateOptions(o).ok()) << ValidateOptions(o);
+  auto message = [](ConformOptions c) { return std::string(ValidateOptions(c).message()); };
+  ConformOptions c = o;
+  c.real.kubeconfig = "";
+  EXPECT_THAT(message(c), HasSubstr("--kubeconfig"));
+  c = o;
+  c.real.pod_image = "";
+  EXPECT_THAT(message(c), HasSubstr("--pod_image"));
+  c = o;
+  c.scenarios = {"kubelet-restart"};
+  EXPECT_THAT(message(c), HasSubstr("--restart_kubelet"));
+  c.real.restart_kubelet = "systemctl restart kubelet";
+  EXPECT_TRUE(ValidateOptions(c).ok());
+  c = o;
+  c.scenarios = {"serves-first", "prestart"};
+  EXPECT_THAT(message(c), HasSubstr("none of them can be judged on a real kubelet"));
+  // Beside simulated kubelets, a scenario only they judge is fine.
+  c.kubelets = {*sim::ParseKubeletVersion("1.31")};
+  c.scenarios = {"serves-first", "allocate"};
+  EXPECT_TRUE(ValidateOptions(c).ok());
+  c = o;
+  c.dra_driver = "gpu.example.com";
+  EXPECT_THAT(message(c), HasSubstr("simulated kubelets only"));
+  // Every scenario a real kubelet judges is one of the simulated ones.
+  for (const std::string& name : RealScenarios()) {
+    EXPECT_TRUE(std::any_of(Scenarios().begin(), Scenarios().end(),
+                            [&](const ScenarioInfo& s) { return name == s.name; }))
+        << name;
+  }
+}
+
+TEST(RealKubeletTest, AnUnreachableNodeIsNamedBeforeAnyCellRuns) {
+  testing::ShortTempDir dir;
+  const std::string kubeconfig = JoinPath(dir.path(), "kubeconfig");
+  ASSERT_TRUE(WriteFileAtomic(kubeconfig, R"(apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+)").ok());
+  ConformOptions o;
+  o.plugin_command = "exit 1";
+  o.resources = {"example.com/gpu"};
+  o.real_kubelets = {"1.37"};
+  o.kubelets = {*sim::ParseKubeletVersion("1.31")};
+  o.real.kubeconfig = kubeconfig;
+  o.real.pod_image = "busybox";
+  o.work_root = dir.path();
+  int cells = 0;
+  o.on_cell = [&](const CellResult&, size_t, size_t) { ++cells; };
+  absl::StatusOr<std::vector<CellResult>> r = RunConformance(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("the real node: "));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("127.0.0.1:1"));
+  EXPECT_EQ(cells, 0);
 }
 
 TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {

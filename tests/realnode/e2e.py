@@ -199,12 +199,13 @@ class Scenario:
         self.procs.append(p)
         return p
 
-    def device_nodes(self, short, devices):
+    def device_nodes(self, short, devices, prefix=None):
         """The host paths the sample plugin's answers name: a file per
         device to mount, and device nodes (copies of /dev/null's numbers),
-        as a real driver would have made them."""
+        as a real driver would have made them. Device IDs are
+        <prefix>-<i> (prefix: short)."""
         for i in range(devices):
-            dev_id = "%s-%d" % (short, i)
+            dev_id = "%s-%d" % (prefix or short, i)
             f = "/run/sample-plugin/%s/%s" % (short, dev_id)
             os.makedirs(os.path.dirname(f), exist_ok=True)
             with open(f, "w") as out:
@@ -1311,6 +1312,83 @@ def scenario_k8s_sample_device_plugin(s):
     check(_running_with(s, "k1", before), "k1 did not keep its container")
 
 
+def dpconform_real(s, plugin_flags, *flags):
+    """dpconform (--dpconform) on this node's real kubelet with the sample
+    plugin registered at the kubelet's own socket; its exit status and
+    JSON report."""
+    check(s.args.dpconform, "--dpconform (the dpconform binary) is not given")
+    resource = "example.com/conform"
+    s.device_nodes("conform", DEVICES, prefix="dev")  # the plugin's default IDs
+    s.host_paths.append("%s/sample-plugin-%s.json" % (CDI_DIR, resource.replace("/", "-")))
+    plugin = " ".join([s.args.sample_plugin, "--api=v1beta1", "--resource=" + resource,
+                       "--devices=%d" % DEVICES, "--kubelet_socket={kubelet_socket}",
+                       "--socket_name=dpconform-sample.sock", "--cdi_dir=" + CDI_DIR,
+                       "--control_socket={work_dir}/control.sock", "--quiet"]
+                      + list(plugin_flags))
+    health = (s.args.sample_plugin + " set-health --control_socket={work_dir}/control.sock"
+              " --device={device} --health={health}")
+    restart = "%s %s restart-kubelet --dir=%s" % (
+        sys.executable, os.path.join(ROOT, "tools", "realnode", "realnode.py"), s.node.dir)
+    work = tempfile.mkdtemp(prefix="dpc.", dir="/tmp")
+    s.at_end.append(lambda: shutil.rmtree(work, ignore_errors=True))
+    args = [s.args.dpconform, "--kubelets=real:%s" % s.node.release.rsplit(".", 1)[0],
+            "--resource=" + resource, "--plugin=" + plugin, "--health_command=" + health,
+            "--restart_kubelet=" + restart, "--kubeconfig=" + s.node.admin_kubeconfig,
+            "--pod_image=" + realnode.BUSYBOX_IMAGE, "--timeout=30s", "--output=json",
+            "--work_dir=" + work, "--quiet"] + list(flags)
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=900)
+    with open(os.path.join(s.work, "dpconform-%s.log" % "-".join(flags or ["all"]).replace(
+            "/", "_").replace("=", "_")), "wb") as f:
+        f.write(p.stdout + b"\n" + p.stderr)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        raise Failure("dpconform (exit %d) wrote no JSON report: %s" % (
+            p.returncode, p.stderr.decode()[-2000:]))
+    return p.returncode, report
+
+
+def _cells(report):
+    return {c["scenario"]: c for c in report["cells"]}
+
+
+def scenario_dpconform_real(s):
+    """dpconform on the real kubelet: the sample plugin, registered at the
+    kubelet's own socket, passes every scenario a real kubelet can judge,
+    and the report names the kubelet's version; the same plugin made not to
+    register again after a kubelet restart fails kubelet-restart there, and
+    one whose Allocate fails fails allocate with the kubelet's own error."""
+    rc, report = dpconform_real(s, [])
+    cells = _cells(report)
+    want = ["registers", "device-list", "health", "allocate", "allocate-two",
+            "kubelet-restart", "plugin-restart"]
+    check(sorted(cells) == sorted(want), "dpconform ran %s on the real kubelet, not %s"
+          % (sorted(cells), sorted(want)))
+    bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
+           if c["outcome"] != "pass"]
+    check(not bad and rc == 0, "the sample plugin did not pass on the real kubelet (exit %d):\n%s"
+          % (rc, "\n".join(bad)))
+    version = realnode.run([s.node.kube_bin("kubelet"), "--version"]).split()[-1]
+    check(all(c["generation"] == "real kubelet " + version for c in cells.values()),
+          "the report does not name the real kubelet %s: %s" % (
+              version, sorted({c["generation"] for c in cells.values()})))
+
+    rc, report = dpconform_real(s, ["--fault=no-reregister"], "--scenarios=kubelet-restart")
+    cell = _cells(report).get("kubelet-restart", {})
+    check(rc == 1 and cell.get("outcome") == "fail" and "after the kubelet restart"
+          in cell.get("summary", ""),
+          "a plugin that does not register again was not failed on kubelet-restart "
+          "(exit %d): %s" % (rc, cell))
+
+    rc, report = dpconform_real(s, ["--fail_allocate=dpconform-e2e-refused"],
+                                "--scenarios=allocate")
+    cell = _cells(report).get("allocate", {})
+    check(rc == 1 and cell.get("outcome") == "fail" and "dpconform-e2e-refused"
+          in cell.get("users_see", ""),
+          "a plugin whose Allocate fails was not failed on allocate with the kubelet's "
+          "error (exit %d): %s" % (rc, cell))
+
+
 CHART = os.path.join(ROOT, "deploy", "helm", "dpproxy")
 
 
@@ -1663,6 +1741,7 @@ SCENARIOS = [
     ("helm-chart-render", scenario_helm_chart_render),
     ("helm-chart", scenario_helm_chart),
     ("pod-resources-real-client", scenario_pod_resources_real_client),
+    ("dpconform-real", scenario_dpconform_real),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",
@@ -1678,6 +1757,8 @@ def main(argv):
     ap.add_argument("--logs", required=True)
     ap.add_argument("--image", default="",
                     help="dpproxy's OCI image (tools/image); the helm-chart scenario needs it")
+    ap.add_argument("--dpconform", default="",
+                    help="dpconform (tools/conform); the dpconform-real scenario needs it")
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--node_dir", default=realnode.DEFAULT_DIR)
     ap.add_argument("--keep_logs", action="store_true",

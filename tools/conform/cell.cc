@@ -142,28 +142,9 @@ std::string Cell::PluginOutputTail(int lines) const {
 }
 
 absl::Status Cell::SetHealth(const std::string& device, const std::string& health) {
-  absl::StatusOr<std::string> command =
-      Expand(options_.health_command, Values({{"device", device}, {"health", health}}));
-  if (!command.ok()) return command.status();
-  ChildSpec spec;
-  spec.argv = {"/bin/sh", "-c", *command};
-  const std::string log = JoinPath(dir_, "health_command.log");
-  spec.output_path = log;
-  spec.env = options_.env;
-  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
-  if (!child.ok()) return child.status();
-  std::optional<int> status = (*child)->Wait(options_.timeout);
-  if (!status.has_value()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("--health_command did not end within ", absl::FormatDuration(options_.timeout)));
-  }
-  if (*status != 0) {
-    absl::StatusOr<std::string> out = ReadFile(log);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--health_command ", ChildProcess::DescribeExit(*status), ": ",
-        out.ok() ? *out : std::string("(no output)")));
-  }
-  return absl::OkStatus();
+  return RunCommandToEnd(options_, "health_command", options_.health_command,
+                         Values({{"device", device}, {"health", health}}),
+                         JoinPath(dir_, "health_command.log"), options_.timeout);
 }
 
 std::vector<sim::DeviceState> Cell::Devices(const std::string& resource) {

@@ -31,6 +31,17 @@ struct Problem {
   std::string users_see;
 };
 
+// A cell's result: passed (with notes worth knowing), not applicable (why),
+// or failed (what the plugin did, what the kubelet expects, what users see).
+CellResult Pass(std::string summary, std::vector<std::string> notes = {});
+CellResult NotApplicable(std::string why);
+CellResult Fail(std::string summary, std::string did, std::string expects, std::string users);
+
+// Whose check a kubelet's admission error (its message) belongs to:
+// "prestart", "preferred", "device-list" (the kubelet refused before any
+// Allocate reached the plugin) or "allocate".
+std::string AdmissionOwner(const std::string& message);
+
 // The result for `scenario` of running into `p`: its own failure, or
 // blocked by the scenario that owns it.
 CellResult FromProblem(const std::string& scenario, const Problem& p);

@@ -23,6 +23,7 @@
 #include "proxy/util/files.h"
 #include "tools/conform/cell.h"
 #include "tools/conform/dra.h"
+#include "tools/conform/real.h"
 
 namespace dpproxy::conform {
 namespace {
@@ -30,45 +31,6 @@ namespace {
 constexpr int64_t kKubeletReceiveLimit = 4 * 1024 * 1024;
 
 std::string Ms(absl::Duration d) { return absl::StrCat(absl::ToInt64Milliseconds(d), " ms"); }
-
-CellResult Pass(std::string summary, std::vector<std::string> notes = {}) {
-  CellResult r;
-  r.outcome = Outcome::kPass;
-  r.summary = std::move(summary);
-  r.notes = std::move(notes);
-  return r;
-}
-
-CellResult NotApplicable(std::string why) {
-  CellResult r;
-  r.outcome = Outcome::kNotApplicable;
-  r.summary = std::move(why);
-  return r;
-}
-
-CellResult Fail(std::string summary, std::string did, std::string expects, std::string users) {
-  CellResult r;
-  r.outcome = Outcome::kFail;
-  r.summary = std::move(summary);
-  r.plugin_did = std::move(did);
-  r.kubelet_expects = std::move(expects);
-  r.users_see = std::move(users);
-  return r;
-}
-
-// Whose check an admission error belongs to.
-std::string AdmissionOwner(const std::string& message) {
-  if (absl::StrContains(message, "PreStartContainer")) return "prestart";
-  if (absl::StrContains(message, "GetPreferredAllocation")) return "preferred";
-  // The kubelet's own refusals, before any Allocate reaches the plugin:
-  // what its device list showed at that moment.
-  if (absl::StrContains(message, "has been stopped") ||
-      absl::StrContains(message, "unavailable for") ||
-      absl::StrContains(message, "no healthy devices present")) {
-    return "device-list";
-  }
-  return "allocate";
-}
 
 // Admits a pod with one container per entry of `containers` (resource,
 // count); a Problem owned by the scenario the failure belongs to.
@@ -656,7 +618,8 @@ CellResult PluginRestart(Cell& c) {
 }
 
 // A kubelet that starts without its checkpoint (deleted, corrupt, or
-// written by a release it cannot read: protocol-facts §4.1, 4.2) forgets
+// written by a release it cannot read: the kubelet's checkpoint/checkpoint.go
+// across releases) forgets
 // which devices its running pods hold and offers them to new pods
 // (kubernetes#102880, #116125), while it re-admits the running pods
 // against allocatable. The cell passes when the running pod survives
@@ -688,7 +651,7 @@ CellResult CheckpointLost(Cell& c) {
   }
   // The kubelet re-admits its running pods about a second after it starts,
   // against allocatable: a held device reported Unhealthy then gets the
-  // running pod denied and killed (protocol-facts §10).
+  // running pod denied and killed (observed on a 1.36.2 node).
   if (!c.kubelet().WaitForPodsSynced(c.options().timeout)) {
     return Fail("the kubelet did not re-admit its pods within the timeout", "", "", "");
   }
@@ -756,7 +719,7 @@ CellResult CheckpointLost(Cell& c) {
 // while the old one runs, then the old one exits. 1.9-1.24 stop the
 // replaced client at once, so its end changes nothing; 1.25-1.36 keep it and,
 // when its stream ends, disconnect whatever client holds the resource name
-// (protocol-facts §3.2, kubernetes#121994): allocatable drops to 0. A
+// (kubernetes#121994): allocatable drops to 0. A
 // kubelet that tracks clients per socket (#135437, --per_socket_clients)
 // disconnects only a client at the ended one's socket: unique socket names
 // per instance keep the registration.
@@ -1007,6 +970,66 @@ CellResult RunCell(const ConformOptions& o, const sim::KubeletVersion& k,
 
 }  // namespace
 
+CellResult Pass(std::string summary, std::vector<std::string> notes) {
+  CellResult r;
+  r.outcome = Outcome::kPass;
+  r.summary = std::move(summary);
+  r.notes = std::move(notes);
+  return r;
+}
+
+CellResult NotApplicable(std::string why) {
+  CellResult r;
+  r.outcome = Outcome::kNotApplicable;
+  r.summary = std::move(why);
+  return r;
+}
+
+CellResult Fail(std::string summary, std::string did, std::string expects, std::string users) {
+  CellResult r;
+  r.outcome = Outcome::kFail;
+  r.summary = std::move(summary);
+  r.plugin_did = std::move(did);
+  r.kubelet_expects = std::move(expects);
+  r.users_see = std::move(users);
+  return r;
+}
+
+std::string AdmissionOwner(const std::string& message) {
+  if (absl::StrContains(message, "PreStartContainer")) return "prestart";
+  if (absl::StrContains(message, "GetPreferredAllocation")) return "preferred";
+  // The kubelet's own refusals, before any Allocate reaches the plugin:
+  // what its device list showed at that moment.
+  if (absl::StrContains(message, "has been stopped") ||
+      absl::StrContains(message, "unavailable for") ||
+      absl::StrContains(message, "no healthy devices present")) {
+    return "device-list";
+  }
+  return "allocate";
+}
+
+absl::Status RunCommandToEnd(const ConformOptions& o, const std::string& flag,
+                             const std::string& command,
+                             const std::vector<std::pair<std::string, std::string>>& values,
+                             const std::string& output_path, absl::Duration timeout) {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+      StartCommand(o, command, values, output_path);
+  if (!child.ok()) return child.status();
+  std::optional<int> status = (*child)->Wait(timeout);
+  if (!status.has_value()) {
+    (*child)->Stop(o.stop_grace);
+    return absl::DeadlineExceededError(absl::StrCat("--", flag, " did not end within ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  if (*status != 0) {
+    absl::StatusOr<std::string> out = ReadFile(output_path);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--", flag, " ", ChildProcess::DescribeExit(*status), ": ",
+        out.ok() && !out->empty() ? *out : std::string("(no output)")));
+  }
+  return absl::OkStatus();
+}
+
 const char* OutcomeName(Outcome o) {
   switch (o) {
     case Outcome::kPass: return "pass";
@@ -1087,6 +1110,7 @@ std::vector<std::string> DefaultKubelets() {
 }
 
 absl::Status ValidateOptions(const ConformOptions& o) {
+  if (absl::Status s = ValidateRealOptions(o); !s.ok()) return s;
   if (!o.dra_driver.empty()) return ValidateDraOptions(o);
   if (o.plugin_command.empty()) {
     return absl::InvalidArgumentError("--plugin: the plugin's command line is required");
@@ -1116,7 +1140,9 @@ absl::Status ValidateOptions(const ConformOptions& o) {
                                                      "\"; known: ", absl::StrJoin(names, ", ")));
     }
   }
-  if (o.kubelets.empty()) return absl::InvalidArgumentError("--kubelets: no kubelet release");
+  if (o.kubelets.empty() && o.real_kubelets.empty()) {
+    return absl::InvalidArgumentError("--kubelets: no kubelet release");
+  }
   if (o.jobs < 1 || o.jobs > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--jobs=", o.jobs, " must be 1 to 64"));
   }
@@ -1237,15 +1263,22 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
   } else {
     for (const std::string& s : o.scenarios) scenarios.push_back(FindScenario(s));
   }
+  // The real node first: a node that cannot be used says so before the
+  // simulated cells take their time.
+  absl::StatusOr<std::vector<CellResult>> real = RunRealConformance(o);
+  if (!real.ok()) return real.status();
   std::vector<std::pair<const sim::KubeletVersion*, const ScenarioEntry*>> jobs;
   for (const sim::KubeletVersion& k : o.kubelets) {
     for (const ScenarioEntry* s : scenarios) jobs.emplace_back(&k, s);
   }
   absl::StatusOr<std::vector<CellResult>> results =
-      RunCells(o, jobs.size(), [&](size_t i, const std::string& dir) {
-        return RunCell(o, *jobs[i].first, *jobs[i].second, dir);
-      });
-  if (results.ok()) SettleBlocked(&*results);
+      jobs.empty() ? std::vector<CellResult>{}
+                   : RunCells(o, jobs.size(), [&](size_t i, const std::string& dir) {
+                       return RunCell(o, *jobs[i].first, *jobs[i].second, dir);
+                     });
+  if (!results.ok()) return results;
+  results->insert(results->end(), real->begin(), real->end());
+  SettleBlocked(&*results);
   return results;
 }
 

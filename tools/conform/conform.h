@@ -56,6 +56,25 @@ struct CellResult {
   std::string dir;
 };
 
+// A real node for cells on a real kubelet (real.h). The node is the
+// user's: dpconform makes only its own labelled pods there and deletes
+// them, and never writes in the kubelet's directories.
+struct RealNodeOptions {
+  // A kubeconfig that may read the node and make pods in `namespace_`.
+  std::string kubeconfig;
+  // The node whose kubelet runs here; "": the cluster's only node.
+  std::string node;
+  // The kubelet's --root-dir.
+  std::string kubelet_root = "/var/lib/kubelet";
+  // An image already on the node with /bin/sh and sleep (busybox): the
+  // pods' containers (never pulled).
+  std::string pod_image;
+  std::string namespace_ = "default";
+  // Restarts the node's kubelet and ends (/bin/sh -c); "": the
+  // kubelet-restart scenario is not run on the real node.
+  std::string restart_kubelet;
+};
+
 struct ConformOptions {
   // The plugin's command line, run by /bin/sh -c, with placeholders (see
   // kPlaceholders) replaced for each cell.
@@ -64,6 +83,11 @@ struct ConformOptions {
   // single-resource scenarios use.
   std::vector<std::string> resources;
   std::vector<sim::KubeletVersion> kubelets;
+  // Real kubelets (--kubelets=real:1.37): the release each must report, ""
+  // for whichever the node runs. Their cells run one at a time, after the
+  // simulated ones, on the node `real` names.
+  std::vector<std::string> real_kubelets;
+  RealNodeOptions real;
   // Scenario names, in the order to run; empty: all.
   std::vector<std::string> scenarios;
   // Sets one device's health: run by /bin/sh -c with {device} and {health}
@@ -147,6 +171,14 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartCommand(
     const ConformOptions& options, const std::string& command,
     const std::vector<std::pair<std::string, std::string>>& values,
     const std::string& output_path);
+
+// Runs `command` as StartCommand does and waits up to `timeout` for it to
+// end. kDeadlineExceeded (the command stopped) or kFailedPrecondition with
+// its exit and output, each naming --`flag`.
+absl::Status RunCommandToEnd(const ConformOptions& options, const std::string& flag,
+                             const std::string& command,
+                             const std::vector<std::pair<std::string, std::string>>& values,
+                             const std::string& output_path, absl::Duration timeout);
 
 // Runs `n` cells on options.jobs workers, each in a fresh directory of a
 // run directory under options.work_root (removed unless kept: --keep, or

@@ -2,7 +2,9 @@
 // cell is and docs/conformance.md for the scenarios and a CI setup.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "proxy/util/files.h"
 #include "tools/conform/conform.h"
 #include "tools/conform/dra.h"
+#include "tools/conform/real.h"
 #include "tools/conform/report.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
@@ -39,7 +42,25 @@ DEFINE_string(resource, "",
 DEFINE_string(kubelets, "",
               "Kubelet releases to play, comma-separated: 1.9 to 1.37, the aliases\n"
               "v1alpha, v1beta1-async, v1beta1-sync, plugin-watcher, or \"all\" (every\n"
-              "minor). Empty: the newest minor of each generation (see --list).");
+              "minor). Empty: the newest minor of each generation (see --list).\n"
+              "real:1.37 (or real, for whichever release it runs) adds the real kubelet\n"
+              "of this machine's node: the scenarios it can judge, one cell at a time,\n"
+              "with --kubeconfig and --pod_image (see \"On a real kubelet\" below).");
+DEFINE_string(kubeconfig, "",
+              "Real kubelets: a kubeconfig for the node's API server that may read nodes\n"
+              "and make and delete pods in --namespace. Empty: $KUBECONFIG.");
+DEFINE_string(node, "", "Real kubelets: the node whose kubelet runs here. Empty: the only node.");
+DEFINE_string(kubelet_root, "/var/lib/kubelet", "Real kubelets: the kubelet's --root-dir.");
+DEFINE_string(pod_image, "",
+              "Real kubelets: an image already on the node with /bin/sh and sleep\n"
+              "(busybox), for the pods the scenarios make (never pulled).");
+DEFINE_string(namespace, "default",
+              "Real kubelets: where the scenarios' pods go (labelled\n"
+              "app.kubernetes.io/managed-by=dpconform; deleted at the end of each cell).");
+DEFINE_string(restart_kubelet, "",
+              "Real kubelets: a command (/bin/sh -c) that restarts the node's kubelet and\n"
+              "ends when it is back, e.g. 'systemctl restart kubelet'. Empty:\n"
+              "kubelet-restart is not run on the real kubelet.");
 DEFINE_string(cdi_gate, "",
               "The DevicePluginCDIDevices gate of 1.28-1.30 kubelets: on or off. Empty:\n"
               "each release's default (off in 1.28, on in 1.29-1.30).");
@@ -97,6 +118,14 @@ kubelet or a node does (admits pods, restarts, crashes, restarts the plugin)
 and checks the plugin's part. Every failure says what the plugin did, what
 that kubelet release expects and what users would see on a node.
 
+On a real kubelet (--kubelets=real:1.37): the plugin runs against this
+machine's kubelet, one cell at a time, for the scenarios a real kubelet can
+judge: registers, device-list, health, allocate, allocate-two,
+kubelet-restart (with --restart_kubelet) and plugin-restart. Each check reads
+the kubelet's pod-resources socket, the node's allocatable and pods bound to
+the node; the report names the kubelet's version in that column. Nothing
+else on the node may serve --resource.
+
 Outcomes: pass; FAIL; blocked (the plugin failed another scenario's check on
 the way; that cell fails); n/a (the release never makes the call, or the
 plugin does not offer the feature).
@@ -136,6 +165,9 @@ void PrintList() {
     std::cout << absl::StrFormat("  %-16s %s\n", s.name, s.title);
     std::cout << "                   " << s.checks << "\n";
   }
+  std::cout << "\nOn a real kubelet (--kubelets=real:1.MINOR), the scenarios it can judge: "
+            << absl::StrJoin(RealScenarios(), ", ")
+            << "\n(kubelet-restart with --restart_kubelet).\n";
   std::cout << "\nPlaceholders in --plugin (and DPCONFORM_<NAME> in its environment):\n";
   for (const Placeholder& p : Placeholders()) {
     std::cout << absl::StrFormat("  {%s}  %s\n", p.name, p.meaning);
@@ -162,6 +194,15 @@ absl::StatusOr<ConformOptions> OptionsFromFlags() {
   o.jobs = FLAGS_jobs;
   o.work_root = FLAGS_work_dir;
   o.keep = FLAGS_keep;
+  o.real.kubeconfig = FLAGS_kubeconfig;
+  if (o.real.kubeconfig.empty() && ::getenv("KUBECONFIG") != nullptr) {
+    o.real.kubeconfig = ::getenv("KUBECONFIG");
+  }
+  o.real.node = FLAGS_node;
+  o.real.kubelet_root = FLAGS_kubelet_root;
+  o.real.pod_image = FLAGS_pod_image;
+  o.real.namespace_ = FLAGS_namespace;
+  o.real.restart_kubelet = FLAGS_restart_kubelet;
   absl::StatusOr<absl::Duration> d = ParseFlagDuration("timeout", FLAGS_timeout);
   if (!d.ok()) return d.status();
   o.timeout = *d;
@@ -189,6 +230,12 @@ absl::StatusOr<ConformOptions> OptionsFromFlags() {
     }
   }
   for (const std::string& n : names) {
+    absl::StatusOr<std::optional<std::string>> real = ParseRealKubelet(n);
+    if (!real.ok()) return absl::InvalidArgumentError(absl::StrCat("--kubelets: ", real.status().message()));
+    if (real->has_value()) {
+      o.real_kubelets.push_back(**real);
+      continue;
+    }
     absl::StatusOr<sim::KubeletVersion> k = sim::ParseKubeletVersion(n, gate);
     if (!k.ok()) return absl::InvalidArgumentError(absl::StrCat("--kubelets: ", k.status().message()));
     k->per_socket_clients = FLAGS_per_socket_clients;

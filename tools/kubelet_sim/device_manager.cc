@@ -219,7 +219,7 @@ std::vector<DeviceManager::RefitResult> DeviceManager::RefitRunningPods() {
       // A resource the device manager does not know (no checkpoint, no
       // plugin yet) is not a device-plugin resource to it: the node keeps
       // the allocatable it last published, and the pod is not checked
-      // against the device manager's count (protocol-facts §4.2, #116125).
+      // against the device manager's count (kubernetes#116125).
       if (Find(res) == nullptr) continue;
       int64_t allocatable = Allocatable(res);
       // The kubelet raises allocatable to what it holds allocated when the
@@ -526,7 +526,7 @@ absl::Status DeviceManager::Restore(const std::string& checkpoint_json,
     data_ptr = &top["Data"];
   }
   const Json& data = *data_ptr;
-  // Which DeviceIDs layouts this release decodes (protocol-facts §4.1).
+  // Which DeviceIDs layouts this release decodes (its checkpoint.go).
   const bool reads_list = minor <= 19 || (minor >= 22 && minor <= 30);
   const bool reads_map = minor >= 20;
   if (data.contains("PodDeviceEntries") && data["PodDeviceEntries"].is_array()) {

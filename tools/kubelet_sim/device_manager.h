@@ -102,14 +102,15 @@ class DeviceManager {
   const std::vector<ContainerAllocation>& allocations() const { return allocations_; }
   const std::map<std::string, PodState>& pods() const { return pods_; }
 
-  // The kubelet's re-admission check for every running pod (protocol-facts
-  // §4.2): resource registered, at least one healthy device, every
-  // previously allocated device healthy. Pods that fail are marked Failed
-  // with reason UnexpectedAdmissionError and their devices freed.
+  // The kubelet's re-admission check for every running pod (devicemanager's
+  // manager.go, devicesToAllocate): resource registered, at least one
+  // healthy device, every previously allocated device healthy. Pods that
+  // fail are marked Failed with reason UnexpectedAdmissionError and their
+  // devices freed.
   std::vector<ReadmitResult> Readmit();
 
   // The admission check a restarted kubelet runs for every pod it finds
-  // bound to the node, in creation order (protocol-facts §10): each pod's
+  // bound to the node, in creation order (observed on a 1.36.2 node): each pod's
   // requests against the resource's allocatable (its healthy devices; for
   // a pod the kubelet holds devices for, at least as many as it holds)
   // minus the requests of the pods admitted before it. A pod that does not
@@ -129,7 +130,7 @@ class DeviceManager {
   // --- Persistence ------------------------------------------------------------
 
   // The device-manager checkpoint as kubelet 1.`minor` writes it
-  // (protocol-facts §4.1):
+  // (devicemanager/checkpoint/checkpoint.go of each release):
   //   1.9-1.10   {"PodDeviceEntries":[...],"RegisteredDevices":{...}},
   //              DeviceIDs a list, no checksum;
   //   1.11-1.19  {"Data":{...},"Checksum":N}, DeviceIDs a list;
@@ -145,7 +146,7 @@ class DeviceManager {
   // Replaces the state with what kubelet 1.`minor` rebuilds at start:
   // allocations from the checkpoint, and for every checkpointed resource a
   // stopped endpoint with no devices (capacity 0) whose grace period starts
-  // at `now`. Each release reads only what it can (protocol-facts §4.1):
+  // at `now`. Each release reads only what it can (its checkpoint.go):
   // 1.11+ need the checksummed wrapper; 1.11-1.19 read only list
   // DeviceIDs; 1.20-1.21 only the NUMA map (kubernetes#102880, as the
   // minors' first releases, before the back-ported fix); 1.22-1.30 the map

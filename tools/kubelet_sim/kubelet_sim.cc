@@ -985,7 +985,7 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
       }
       // Before 1.25 the kubelet allocates again for a container it holds
       // nothing for, running or not; from 1.25 for one that does not run
-      // (a container that never started: protocol-facts §10).
+      // (a container that never started: observed on a 1.36.2 node).
       absl::StatusOr<std::vector<std::string>> ids = PickDevices(c, taken);
       absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> resp =
           ids.ok() ? CallAllocate(c.resource(), {*ids}, nullptr)
@@ -1687,7 +1687,7 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
     // that any pod holds devices of as a device-plugin resource, whether a
     // claim serves this one or not, and look up its endpoint. One the
     // kubelet dropped (endpointStopGracePeriod after it stopped) fails the
-    // start (kubelet 1.36.2; protocol-facts §10).
+    // start (observed on a 1.36.2 node).
     std::string missing;
     {
       absl::MutexLock lock(&mu_);

@@ -157,7 +157,7 @@ struct KubeletSimOptions {
   std::string kubeconfig;
   std::string node_name = "node-1";
   // When a started kubelet re-admits the pods it found (about 1 s on a
-  // real 1.36 node, protocol-facts §10).
+  // real 1.36.2 node).
   absl::Duration readmit_delay = absl::Seconds(1);
   // How long <root>/pods/<UID> outlives a deleted pod (2-4 s on a real
   // node: the kubelet's housekeeping removes it).

@@ -4,6 +4,8 @@
     realnode.py up   [--release=1.37] [--dir=DIR]   start it (built by tools/realnode/build)
     realnode.py down [--dir=DIR]                    stop it and remove everything it made
     realnode.py kubectl [--dir=DIR] ARGS...         kubectl against it
+    realnode.py restart-kubelet [--dir=DIR]         stop the kubelet (SIGTERM), start it
+                                                    again, and end once it is healthy
 
 The parts: etcd; the API server with a PKI made at start; the scheduler and the
 controller-manager; containerd with runc and the CNI plugins; the kubelet.
@@ -828,7 +830,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("command", choices=["up", "down", "kubectl"])
+    ap.add_argument("command", choices=["up", "down", "kubectl", "restart-kubelet"])
     ap.add_argument("--release", default=None, help="Kubernetes release (default: newest pinned)")
     ap.add_argument("--dir", default=DEFAULT_DIR, help="the node's directory (default %(default)s)")
     args, rest = ap.parse_known_args(argv)
@@ -838,6 +840,12 @@ def main(argv):
             node.up()
         elif args.command == "down":
             node.down()
+        elif args.command == "restart-kubelet":
+            state = node._load_state()
+            if not state:
+                raise NodeError("no node is up in %s" % args.dir)
+            node.release = state["release"]
+            node.restart_kubelet()
         else:
             state = node._load_state()
             if not state:

@@ -65,9 +65,13 @@ std::string GoQuote(absl::string_view s) {
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
+      case '\a': out += "\\a"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
       case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
       case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\v': out += "\\v"; break;
       default:
         if (c < 0x20 || c == 0x7f) {
           out += absl::StrFormat("\\x%02x", c);

@@ -63,6 +63,8 @@ TEST(KubeletRulesTest, ErrorTextsAreTheKubeletsOwn) {
 
 TEST(KubeletRulesTest, GoQuoteEscapes) {
   EXPECT_EQ(GoQuote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\x01\"");
+  // The escapes Go gives names of their own, as the kubelet writes them.
+  EXPECT_EQ(GoQuote("\a\b\f\t\v\x1b"), "\"\\a\\b\\f\\t\\v\\x1b\"");
   EXPECT_EQ(GoStringSlice({}), "[]");
 }
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proxy/util/encoding.h"
-#include "proxy/kubelet_rules/kubelet_rules.h"
+#include "tools/kubelet_sim/kubelet_texts.h"
 
 namespace dpproxy::sim {
 namespace {

@@ -28,11 +28,11 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/kube/kube_client.h"
 #include "proxy/kube/kube_config.h"
-#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/util/status_macros.h"
 #include "tools/kubelet_sim/cdi_registry.h"
 #include "tools/kubelet_sim/control.grpc.pb.h"
+#include "tools/kubelet_sim/kubelet_texts.h"
 
 namespace dpproxy::sim {
 namespace {
@@ -1112,10 +1112,10 @@ absl::Status KubeletSim::HandleRegister(const std::string& api_version,
                   {"error", std::string(s.message())}});
     return s;
   };
-  absl::Status s = api_version == kV1AlphaVersion ? ValidateV1AlphaVersion(version)
-                                                  : ValidateV1Beta1Version(version);
+  absl::Status s = api_version == kV1AlphaVersion ? CheckV1AlphaVersion(version)
+                                                  : CheckV1Beta1Version(version);
   if (!s.ok()) return reject(s);
-  if (s = ValidateResourceName(resource); !s.ok()) return reject(s);
+  if (s = CheckResourceName(resource); !s.ok()) return reject(s);
   const std::string socket_path = JoinPath(device_plugin_dir(), endpoint);
 
   const bool sync = personality == Personality::kV1Beta1Sync ||
@@ -1570,8 +1570,8 @@ void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
   } else {
     std::vector<std::string> versions(info.supported_versions().begin(),
                                       info.supported_versions().end());
-    absl::Status s = ValidateWatcherVersions(versions);
-    if (s.ok()) s = ValidateResourceName(info.name());
+    absl::Status s = CheckWatcherVersions(versions);
+    if (s.ok()) s = CheckResourceName(info.name());
     if (!s.ok()) error = std::string(s.message());
   }
   const std::string endpoint = info.endpoint().empty() ? socket_path : info.endpoint();

@@ -127,15 +127,16 @@ bool IsLoopbackAddress(const std::string& host_port) {
   return false;
 }
 
-std::vector<MetricFamily> ProxyMetrics::Collect() const {
-  std::vector<MetricFamily> out;
-  const ProxyStatus status = status_();
-  // Counters kept by the event log, each a family of its own, labelled only
-  // with resources dpproxy serves (a name from a refused registration never
-  // becomes a label).
+namespace {
+
+// Counters kept by the event log, each a family of its own, labelled only
+// with resources dpproxy serves (a name from a refused registration never
+// becomes a label).
+void AppendEventCounters(const ProxyStatus& status,
+                         const std::map<std::pair<std::string, std::string>, int64_t>& counts,
+                         std::vector<MetricFamily>* out) {
   std::set<std::string> served;
   for (const ResourceStatus& r : status.resources) served.insert(r.resource);
-  const std::map<std::pair<std::string, std::string>, int64_t> counts = events_->Counts();
   struct Named {
     const char* event;
     const char* family;
@@ -173,94 +174,113 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       AddCounter(&it->second, std::move(labels), v);
     }
   }
-  for (auto& [name, f] : families) out.push_back(std::move(f));
+  for (auto& [name, f] : families) out->push_back(std::move(f));
+}
+
+// dpproxy_build_info.
+void AppendBuildInfo(std::vector<MetricFamily>* out) {
   MetricFamily build = Family("dpproxy_build_info",
                               "1, labelled with dpproxy's version and the commit it was built "
                               "from.",
                               MetricType::Gauge);
   AddGauge(&build, {{"version", kDpproxyVersion}, {"commit", kDpproxyCommit}}, 1);
-  out.push_back(std::move(build));
-  if (status.dra.has_value()) {
-    MetricFamily registered = Family(
-        "dpproxy_dra_registered", "DRA mode: 1 once the kubelet registered the driver.",
-        MetricType::Gauge);
-    AddGauge(&registered, {{"driver", status.dra->driver}}, status.dra->registered ? 1 : 0);
-    out.push_back(std::move(registered));
-    MetricFamily api = Family("dpproxy_dra_api_server_ok",
-                              "DRA mode: 1 while the API server answers and every pool is "
-                              "written; 0 with the reason in /readyz?verbose and the status.",
-                              MetricType::Gauge);
-    AddGauge(&api, {{"driver", status.dra->driver}}, status.dra->api_error.empty() ? 1 : 0);
-    out.push_back(std::move(api));
-    MetricFamily claims = Family("dpproxy_dra_claims_prepared",
-                                 "DRA mode: claims prepared and not yet unprepared.",
-                                 MetricType::Gauge);
-    AddGauge(&claims, {{"driver", status.dra->driver}},
-             static_cast<double>(status.dra->claims_prepared));
-    out.push_back(std::move(claims));
+  out->push_back(std::move(build));
+}
+
+// DRA mode's driver: registered, the API server answering, claims prepared.
+void AppendDraFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
+  if (!status.dra.has_value()) return;
+  MetricFamily registered = Family(
+      "dpproxy_dra_registered", "DRA mode: 1 once the kubelet registered the driver.",
+      MetricType::Gauge);
+  AddGauge(&registered, {{"driver", status.dra->driver}}, status.dra->registered ? 1 : 0);
+  out->push_back(std::move(registered));
+  MetricFamily api = Family("dpproxy_dra_api_server_ok",
+                            "DRA mode: 1 while the API server answers and every pool is "
+                            "written; 0 with the reason in /readyz?verbose and the status.",
+                            MetricType::Gauge);
+  AddGauge(&api, {{"driver", status.dra->driver}}, status.dra->api_error.empty() ? 1 : 0);
+  out->push_back(std::move(api));
+  MetricFamily claims = Family("dpproxy_dra_claims_prepared",
+                               "DRA mode: claims prepared and not yet unprepared.",
+                               MetricType::Gauge);
+  AddGauge(&claims, {{"driver", status.dra->driver}},
+           static_cast<double>(status.dra->claims_prepared));
+  out->push_back(std::move(claims));
+}
+
+// The families with a sample per resource served, from its status.
+struct PerResourceFamily {
+  const char* name;
+  const char* help;
+  void (*add)(MetricFamily* f, const ResourceStatus& r);
+};
+
+constexpr PerResourceFamily kPerResource[] = {
+    {"dpproxy_device_list_bytes",
+     "Size of the device list sent to the kubelet; the kubelet accepts at most 4194304.",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f, {{"resource", r.resource}}, static_cast<double>(r.device_list_bytes));
+     }},
+    {"dpproxy_device_list_refused",
+     "1 while the plugin's last device list is refused (an empty ID, an ID listed twice): "
+     "the kubelet keeps the list before it.",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f, {{"resource", r.resource}}, r.device_list_refused.empty() ? 0 : 1);
+     }},
+    {"dpproxy_static_backend_dial_failures",
+     "Failed attempts in a row to dial a static backend (0 once it is reached); dpproxy "
+     "tries every second.",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       if (r.static_backend) {
+         AddGauge(f, {{"resource", r.resource}}, static_cast<double>(r.backend_dial_failures));
+       }
+     }},
+    {"dpproxy_device_ids_mapped",
+     "Device IDs with control characters, shown to the kubelet as their compact IDs "
+     "(compact_ids).",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f, {{"resource", r.resource}}, static_cast<double>(r.device_ids_mapped));
+     }},
+    {"dpproxy_devices", "Devices reported to the kubelet, by health.",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f, {{"resource", r.resource}, {"health", "healthy"}},
+                static_cast<double>(r.devices_healthy));
+       AddGauge(f, {{"resource", r.resource}, {"health", "unhealthy"}},
+                static_cast<double>(r.devices_total - r.devices_healthy));
+     }},
+    {"dpproxy_backend_connected", "1 while a backend serves the resource.",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f, {{"resource", r.resource}}, r.backend_connected ? 1 : 0);
+     }},
+    {"dpproxy_kubelet_registered",
+     "1 while registered with the kubelet that runs now (its /readyz check passes); 0 once "
+     "the kubelet is away.",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f, {{"resource", r.resource}}, r.kubelet_registered ? 1 : 0);
+     }},
+    {"dpproxy_resource_info",
+     "1, labelled with the kubelet API the resource was last registered in and its "
+     "backend's API (\"\" if none yet).",
+     [](MetricFamily* f, const ResourceStatus& r) {
+       AddGauge(f,
+                {{"resource", r.resource},
+                 {"kubelet_api", r.kubelet_api},
+                 {"backend_api", r.backend_api}},
+                1);
+     }},
+};
+
+void AppendResourceFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
+  for (const PerResourceFamily& pf : kPerResource) {
+    MetricFamily f = Family(pf.name, pf.help, MetricType::Gauge);
+    for (const ResourceStatus& r : status.resources) pf.add(&f, r);
+    out->push_back(std::move(f));
   }
+}
 
-
-  MetricFamily devices = Family("dpproxy_devices", "Devices reported to the kubelet, by health.",
-                                MetricType::Gauge);
-  MetricFamily backend = Family("dpproxy_backend_connected",
-                                "1 while a backend serves the resource.", MetricType::Gauge);
-  MetricFamily kubelet = Family("dpproxy_kubelet_registered",
-                                "1 while registered with the kubelet that runs now (its /readyz "
-                                "check passes); 0 once the kubelet is away.",
-                                MetricType::Gauge);
-  MetricFamily info = Family("dpproxy_resource_info",
-                             "1, labelled with the kubelet API the resource was last registered "
-                             "in and its backend's API (\"\" if none yet).",
-                             MetricType::Gauge);
-  MetricFamily list_bytes = Family(
-      "dpproxy_device_list_bytes",
-      "Size of the device list sent to the kubelet; the kubelet accepts at most 4194304.",
-      MetricType::Gauge);
-  MetricFamily list_refused = Family(
-      "dpproxy_device_list_refused",
-      "1 while the plugin's last device list is refused (an empty ID, an ID listed twice): "
-      "the kubelet keeps the list before it.",
-      MetricType::Gauge);
-  MetricFamily mapped = Family(
-      "dpproxy_device_ids_mapped",
-      "Device IDs with control characters, shown to the kubelet as their compact IDs (compact_ids).",
-      MetricType::Gauge);
-  MetricFamily dial_failures = Family(
-      "dpproxy_static_backend_dial_failures",
-      "Failed attempts in a row to dial a static backend (0 once it is reached); dpproxy "
-      "tries every second.",
-      MetricType::Gauge);
-  for (const ResourceStatus& r : status.resources) {
-    if (r.static_backend) {
-      AddGauge(&dial_failures, {{"resource", r.resource}},
-               static_cast<double>(r.backend_dial_failures));
-    }
-    AddGauge(&list_refused, {{"resource", r.resource}}, r.device_list_refused.empty() ? 0 : 1);
-    AddGauge(&mapped, {{"resource", r.resource}}, static_cast<double>(r.device_ids_mapped));
-    AddGauge(&devices, {{"resource", r.resource}, {"health", "healthy"}},
-             static_cast<double>(r.devices_healthy));
-    AddGauge(&devices, {{"resource", r.resource}, {"health", "unhealthy"}},
-             static_cast<double>(r.devices_total - r.devices_healthy));
-    AddGauge(&backend, {{"resource", r.resource}}, r.backend_connected ? 1 : 0);
-    AddGauge(&kubelet, {{"resource", r.resource}}, r.kubelet_registered ? 1 : 0);
-    AddGauge(&info,
-             {{"resource", r.resource},
-              {"kubelet_api", r.kubelet_api},
-              {"backend_api", r.backend_api}},
-             1);
-    AddGauge(&list_bytes, {{"resource", r.resource}}, static_cast<double>(r.device_list_bytes));
-  }
-  out.push_back(std::move(list_bytes));
-  out.push_back(std::move(list_refused));
-  out.push_back(std::move(dial_failures));
-  out.push_back(std::move(mapped));
-  out.push_back(std::move(devices));
-  out.push_back(std::move(backend));
-  out.push_back(std::move(kubelet));
-  out.push_back(std::move(info));
-  AppendProcessFamilies(&out);
-
+// Devices the kubelet forgot, and what dpproxy did about them.
+void AppendForgottenFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
   MetricFamily forgotten = Family(
       "dpproxy_forgotten_devices",
       "Devices still in use by containers the kubelet lost track of (it restarted without its "
@@ -271,7 +291,7 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   for (const auto& [res, n] : per_resource) {
     AddGauge(&forgotten, {{"resource", res}}, static_cast<double>(n));
   }
-  out.push_back(std::move(forgotten));
+  out->push_back(std::move(forgotten));
   MetricFamily steered = Family(
       "dpproxy_forgotten_devices_steered_total",
       "Forgotten devices a GetPreferredAllocation answer left out (avoided) or had to name "
@@ -289,14 +309,19 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
                static_cast<double>(r.forgotten_named));
     AddCounter(&refused, {{"resource", r.resource}}, static_cast<double>(r.forgotten_refused));
   }
-  out.push_back(std::move(steered));
-  out.push_back(std::move(refused));
+  out->push_back(std::move(steered));
+  out->push_back(std::move(refused));
   MetricFamily released = Family("dpproxy_forgotten_released_total",
                                  "Forgotten allocations released because their container was "
                                  "found gone.",
                                  MetricType::Counter);
   AddCounter(&released, {}, static_cast<double>(status.forgotten_released));
-  out.push_back(std::move(released));
+  out->push_back(std::move(released));
+}
+
+// Allocations learned back after a start on a damaged state, and devices
+// held under another name or twice.
+void AppendRecoveryFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
   MetricFamily recovered = Family("dpproxy_allocations_recovered_total",
                                   "Allocations learned back from the kubelet (its checkpoint "
                                   "or its pod-resources API) after a start on a damaged state.",
@@ -307,14 +332,14 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
                static_cast<double>(
                    it == status.allocations_recovered_by_source.end() ? 0 : it->second));
   }
-  out.push_back(std::move(recovered));
+  out->push_back(std::move(recovered));
   MetricFamily unrecoverable = Family(
       "dpproxy_allocations_unrecoverable_total",
       "Allocations the kubelet lists that a damaged state lost and that could not be learned "
       "back (some of their devices are journaled under another allocation).",
       MetricType::Counter);
   AddCounter(&unrecoverable, {}, static_cast<double>(status.allocations_unrecoverable));
-  out.push_back(std::move(unrecoverable));
+  out->push_back(std::move(unrecoverable));
   MetricFamily elsewhere = Family(
       "dpproxy_devices_held_elsewhere",
       "Devices reported Unhealthy because a pod holds them under another resource name or "
@@ -325,14 +350,17 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   for (const auto& [res, n] : held_per_resource) {
     AddGauge(&elsewhere, {{"resource", res}}, static_cast<double>(n));
   }
-  out.push_back(std::move(elsewhere));
+  out->push_back(std::move(elsewhere));
   MetricFamily twice = Family("dpproxy_devices_held_twice_total",
                               "Devices found allocated to a second pod while a pod the "
                               "kubelet lost track of held them.",
                               MetricType::Counter);
   AddCounter(&twice, {}, static_cast<double>(status.devices_held_twice));
-  out.push_back(std::move(twice));
+  out->push_back(std::move(twice));
+}
 
+// Fields lost in translation and backend registrations refused.
+void AppendTranslationFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
   MetricFamily losses = Family("dpproxy_lossy_translations_total",
                                "Fields dropped because the other side's API has no place for "
                                "them, by resource and kind.",
@@ -342,7 +370,7 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
       AddCounter(&losses, {{"resource", res}, {"kind", kind}}, static_cast<double>(n));
     }
   }
-  out.push_back(std::move(losses));
+  out->push_back(std::move(losses));
 
   MetricFamily rejected = Family("dpproxy_backend_registrations_rejected_total",
                                  "Backend registrations refused, by reason (version, "
@@ -351,45 +379,63 @@ std::vector<MetricFamily> ProxyMetrics::Collect() const {
   for (const auto& [reason, n] : status.registrations_rejected) {
     AddCounter(&rejected, {{"reason", reason}}, static_cast<double>(n));
   }
-  out.push_back(std::move(rejected));
+  out->push_back(std::move(rejected));
+}
 
-  if (status.state) {
-    const StateStatus& s = *status.state;
-    MetricFamily failures = Family("dpproxy_state_save_failures_total",
-                                   "Failed writes of the state file or journal.",
-                                   MetricType::Counter);
-    AddCounter(&failures, {}, static_cast<double>(s.save_failures));
-    out.push_back(std::move(failures));
-    MetricFamily journal = Family("dpproxy_journal_allocations",
-                                  "Allocations in dpproxy's durable state.", MetricType::Gauge);
-    AddGauge(&journal, {}, static_cast<double>(s.allocations));
-    MetricFamily writes = Family(
-        "dpproxy_journal_writes_total",
-        "Journal writes, each one fdatasync; fewer than records when concurrent Allocates "
-        "share one (group commit).",
-        MetricType::Counter);
-    AddCounter(&writes, {}, static_cast<double>(s.journal_writes));
-    MetricFamily records = Family("dpproxy_journal_records_total",
-                                  "Allocation records written to the journal.",
-                                  MetricType::Counter);
-    AddCounter(&records, {}, static_cast<double>(s.journal_records));
-    MetricFamily compactions = Family(
-        "dpproxy_state_compactions_total",
-        "Snapshots written to take in the journal (on their own thread, off Allocate's path).",
-        MetricType::Counter);
-    AddCounter(&compactions, {}, static_cast<double>(s.compactions));
-    MetricFamily bytes = Family("dpproxy_state_bytes",
-                                "Size of the durable state: the journal's records and the "
-                                "snapshot as last written.",
-                                MetricType::Gauge);
-    AddGauge(&bytes, {{"file", "journal"}}, static_cast<double>(s.journal_bytes));
-    AddGauge(&bytes, {{"file", "snapshot"}}, static_cast<double>(s.snapshot_bytes));
-    out.push_back(std::move(bytes));
-    out.push_back(std::move(journal));
-    out.push_back(std::move(writes));
-    out.push_back(std::move(records));
-    out.push_back(std::move(compactions));
-  }
+// The durable state: failed saves, the journal and the snapshot.
+void AppendStateFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
+  if (!status.state) return;
+  const StateStatus& s = *status.state;
+  MetricFamily failures = Family("dpproxy_state_save_failures_total",
+                                 "Failed writes of the state file or journal.",
+                                 MetricType::Counter);
+  AddCounter(&failures, {}, static_cast<double>(s.save_failures));
+  out->push_back(std::move(failures));
+  MetricFamily journal = Family("dpproxy_journal_allocations",
+                                "Allocations in dpproxy's durable state.", MetricType::Gauge);
+  AddGauge(&journal, {}, static_cast<double>(s.allocations));
+  MetricFamily writes = Family(
+      "dpproxy_journal_writes_total",
+      "Journal writes, each one fdatasync; fewer than records when concurrent Allocates "
+      "share one (group commit).",
+      MetricType::Counter);
+  AddCounter(&writes, {}, static_cast<double>(s.journal_writes));
+  MetricFamily records = Family("dpproxy_journal_records_total",
+                                "Allocation records written to the journal.",
+                                MetricType::Counter);
+  AddCounter(&records, {}, static_cast<double>(s.journal_records));
+  MetricFamily compactions = Family(
+      "dpproxy_state_compactions_total",
+      "Snapshots written to take in the journal (on their own thread, off Allocate's path).",
+      MetricType::Counter);
+  AddCounter(&compactions, {}, static_cast<double>(s.compactions));
+  MetricFamily bytes = Family("dpproxy_state_bytes",
+                              "Size of the durable state: the journal's records and the "
+                              "snapshot as last written.",
+                              MetricType::Gauge);
+  AddGauge(&bytes, {{"file", "journal"}}, static_cast<double>(s.journal_bytes));
+  AddGauge(&bytes, {{"file", "snapshot"}}, static_cast<double>(s.snapshot_bytes));
+  out->push_back(std::move(bytes));
+  out->push_back(std::move(journal));
+  out->push_back(std::move(writes));
+  out->push_back(std::move(records));
+  out->push_back(std::move(compactions));
+}
+
+}  // namespace
+
+std::vector<MetricFamily> ProxyMetrics::Collect() const {
+  std::vector<MetricFamily> out;
+  const ProxyStatus status = status_();
+  AppendEventCounters(status, events_->Counts(), &out);
+  AppendBuildInfo(&out);
+  AppendDraFamilies(status, &out);
+  AppendResourceFamilies(status, &out);
+  AppendProcessFamilies(&out);
+  AppendForgottenFamilies(status, &out);
+  AppendRecoveryFamilies(status, &out);
+  AppendTranslationFamilies(status, &out);
+  AppendStateFamilies(status, &out);
   return out;
 }
 

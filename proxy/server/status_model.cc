@@ -161,9 +161,13 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
   return s;
 }
 
-std::string StatusTable(const ProxyStatus& st) {
-  std::string out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
-                                 ", plugins register at ", st.plugin_socket, "\n");
+namespace {
+
+// Who runs, where plugins register, whether it is ready, and DRA's driver.
+std::string StatusHeader(const ProxyStatus& st) {
+  std::string out;
+  out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
+                     ", plugins register at ", st.plugin_socket, "\n");
   if (st.not_ready.empty()) {
     out += "ready\n";
   } else {
@@ -187,6 +191,57 @@ std::string StatusTable(const ProxyStatus& st) {
       absl::StrAppend(&out, "API server: ", st.dra->api_error, "\n");
     }
   }
+  return out;
+}
+
+// The lines under a resource's row that say what is wrong or unusual.
+std::string ResourceNotes(const ResourceStatus& r) {
+  std::string out;
+  if (r.devices_held_by_claims > 0 || r.devices_held_by_pods > 0) {
+    absl::StrAppend(&out, "  ^ held through DRA claims: ", r.devices_held_by_claims,
+                    " device(s), Unhealthy to the device manager; by pods of the extended "
+                    "resource: ",
+                    r.devices_held_by_pods, ", out of the DRA pool\n");
+  }
+  if (!r.backend_error.empty()) {
+    absl::StrAppend(&out, "  ^ STATIC BACKEND CANNOT BE DIALLED (", r.backend_dial_failures,
+                    " attempt(s)): ", r.backend_error, "\n");
+  }
+  if (r.device_list_too_large) {
+    absl::StrAppendFormat(
+        &out,
+        "  ^ DEVICE LIST TOO LARGE for the kubelet: %d bytes, the kubelet accepts %d; it "
+        "sees no devices of this resource\n",
+        r.device_list_bytes, kKubeletMaxListBytes);
+  }
+  if (!r.device_list_refused.empty()) {
+    absl::StrAppend(&out, "  ^ DEVICE LIST REFUSED: ", r.device_list_refused,
+                    "; the kubelet keeps the list before it\n");
+  }
+  if (r.compact_ids == "on by itself") {
+    absl::StrAppend(&out, "  ^ compact device IDs are on by themselves (a list was over the "
+                          "kubelet's limit); they stay on, as the kubelet knows the devices "
+                          "by them\n");
+  }
+  if (r.device_ids_mapped > 0) {
+    absl::StrAppend(&out, "  ^ ", r.device_ids_mapped,
+                    " device ID(s) with control characters are shown to the kubelet as "
+                    "compact IDs\n");
+  }
+  if (!r.now_served_as.empty()) {
+    absl::StrAppend(&out, "  ^ RENAMED: served as ", r.now_served_as,
+                    " now; its devices are shown Unhealthy under this name\n");
+  }
+  if (r.removed) {
+    absl::StrAppend(&out, "  ^ REMOVED from the configuration: its devices are shown "
+                          "Unhealthy; left out at the next start once no pod holds them\n");
+  }
+  return out;
+}
+
+// The resources, a row each.
+std::string ResourceRows(const ProxyStatus& st) {
+  std::string out;
   out += "\n";
   absl::StrAppendFormat(&out, "%-28s %-26s %-9s %-40s %s\n", "RESOURCE", "KUBELET API",
                         "BACKEND", "BACKEND ENDPOINT", "DEVICES");
@@ -199,46 +254,14 @@ std::string StatusTable(const ProxyStatus& st) {
         r.backend_connected ? r.backend_api : "down",
         r.backend_endpoint.empty() ? "-" : r.backend_endpoint, r.devices_healthy,
         r.devices_total);
-    if (r.devices_held_by_claims > 0 || r.devices_held_by_pods > 0) {
-      absl::StrAppend(&out, "  ^ held through DRA claims: ", r.devices_held_by_claims,
-                      " device(s), Unhealthy to the device manager; by pods of the extended "
-                      "resource: ",
-                      r.devices_held_by_pods, ", out of the DRA pool\n");
-    }
-    if (!r.backend_error.empty()) {
-      absl::StrAppend(&out, "  ^ STATIC BACKEND CANNOT BE DIALLED (", r.backend_dial_failures,
-                      " attempt(s)): ", r.backend_error, "\n");
-    }
-    if (r.device_list_too_large) {
-      absl::StrAppendFormat(
-          &out,
-          "  ^ DEVICE LIST TOO LARGE for the kubelet: %d bytes, the kubelet accepts %d; it "
-          "sees no devices of this resource\n",
-          r.device_list_bytes, kKubeletMaxListBytes);
-    }
-    if (!r.device_list_refused.empty()) {
-      absl::StrAppend(&out, "  ^ DEVICE LIST REFUSED: ", r.device_list_refused,
-                      "; the kubelet keeps the list before it\n");
-    }
-    if (r.compact_ids == "on by itself") {
-      absl::StrAppend(&out, "  ^ compact device IDs are on by themselves (a list was over the "
-                            "kubelet's limit); they stay on, as the kubelet knows the devices "
-                            "by them\n");
-    }
-    if (r.device_ids_mapped > 0) {
-      absl::StrAppend(&out, "  ^ ", r.device_ids_mapped,
-                      " device ID(s) with control characters are shown to the kubelet as "
-                      "compact IDs\n");
-    }
-    if (!r.now_served_as.empty()) {
-      absl::StrAppend(&out, "  ^ RENAMED: served as ", r.now_served_as,
-                      " now; its devices are shown Unhealthy under this name\n");
-    }
-    if (r.removed) {
-      absl::StrAppend(&out, "  ^ REMOVED from the configuration: its devices are shown "
-                            "Unhealthy; left out at the next start once no pod holds them\n");
-    }
+    out += ResourceNotes(r);
   }
+  return out;
+}
+
+// The durable state, and allocations learned back after damage.
+std::string StateLines(const ProxyStatus& st) {
+  std::string out;
   if (st.state) {
     absl::StrAppend(&out, "\nstate ", st.state->path, ": ", st.state->allocations,
                     " allocation(s), ");
@@ -264,6 +287,13 @@ std::string StatusTable(const ProxyStatus& st) {
       absl::StrAppend(&out, "\n");
     }
   }
+  return out;
+}
+
+// Devices the kubelet forgot or that are held under another name, and what
+// was lost in translation.
+std::string HeldDevices(const ProxyStatus& st) {
+  std::string out;
   if (!st.forgotten.empty()) {
     absl::StrAppend(&out,
                     "\nFORGOTTEN BY THE KUBELET (still in use; new pods are steered away and "
@@ -302,6 +332,12 @@ std::string StatusTable(const ProxyStatus& st) {
     absl::StrAppend(&out, "\nlossy translations: ", Json(st.lossy_translations).dump(), "\n");
   }
   return out;
+}
+
+}  // namespace
+
+std::string StatusTable(const ProxyStatus& st) {
+  return absl::StrCat(StatusHeader(st), ResourceRows(st), StateLines(st), HeldDevices(st));
 }
 
 }  // namespace dpproxy

@@ -165,9 +165,8 @@ namespace {
 
 // Who runs, where plugins register, whether it is ready, and DRA's driver.
 std::string StatusHeader(const ProxyStatus& st) {
-  std::string out;
-  out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
-                     ", plugins register at ", st.plugin_socket, "\n");
+  std::string out = absl::StrCat("dpproxy pid ", st.pid, ", kubelet root ", st.kubelet_root,
+                                 ", plugins register at ", st.plugin_socket, "\n");
   if (st.not_ready.empty()) {
     out += "ready\n";
   } else {

@@ -81,7 +81,11 @@ absl::Status ApartFromKubeletDirs(const char* what, const std::string& dir,
 
 }  // namespace
 
-absl::Status ValidateConfig(const ProxyConfig& c) {
+namespace {
+
+// The metrics address, and a pod-resources socket of dpproxy's own that is
+// neither the kubelet's nor in a directory a kubelet or dpproxy empties.
+absl::Status CheckAddresses(const ProxyConfig& c) {
   if (!c.metrics_address.empty()) {
     if (absl::StatusOr<HostPort> hp = ParseHostPort(c.metrics_address); !hp.ok()) {
       return hp.status();
@@ -112,6 +116,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// A takeover hands a state directory over, through kubelet.sock.
+absl::Status CheckTakeover(const ProxyConfig& c) {
   if (c.takeover && c.state_dir.empty()) {
     return absl::InvalidArgumentError(
         "--takeover hands a state directory over: it needs --state_dir");
@@ -123,6 +132,12 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
         "through the plugin watcher, the kubelet deregisters a resource by name when the old "
         "dpproxy's socket goes, which would drop the new one's registration");
   }
+  return absl::OkStatus();
+}
+
+// The resources served through DRA, and what DRA mode needs: a driver name
+// that is a DNS subdomain, the node's name and an absolute CDI directory.
+absl::Status CheckDra(const ProxyConfig& c) {
   for (const auto& [resource, path] : c.paths) {
     if (resource.empty()) return absl::InvalidArgumentError("paths: a resource name is empty");
     if (path != KubeletPath::kDevicePlugin && !c.dra.enabled && c.dra.driver.empty()) {
@@ -158,6 +173,13 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
           absl::StrCat("dra cdi_dir \"", c.dra.cdi_dir, "\" is not an absolute path"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The kubelet root and dpproxy's plugin directory: absolute, apart from
+// each other by identity, and their sockets within the length a path may
+// have.
+absl::Status CheckPluginDirectory(const ProxyConfig& c) {
   if (c.kubelet.kubelet_root.empty() || c.kubelet.kubelet_root[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(
         "kubelet root directory \"", c.kubelet.kubelet_root, "\" must be an absolute path"));
@@ -186,6 +208,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
       "/var/lib/dpproxy/device-plugins)"));
   DPP_RETURN_IF_ERROR(ValidateSocketPath(JoinPath(c.plugin_dir, kKubeletSocketName)));
   DPP_RETURN_IF_ERROR(ValidateSocketPath(KubeletSocketPath(c.kubelet)));
+  return absl::OkStatus();
+}
+
+// Timeouts, and the largest device list accepted from a plugin.
+absl::Status CheckLimits(const ProxyConfig& c) {
   if (c.kubelet.backend_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("backend timeout must be positive");
   }
@@ -197,6 +224,12 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
         "the largest device list accepted from a plugin must be 4 to 2047 MiB (gRPC's limit); "
         "got ", c.backend_max_list_bytes / (1 << 20), " MiB"));
   }
+  return absl::OkStatus();
+}
+
+// The state directory: absolute, and apart from the plugin directory and
+// every kubelet directory.
+absl::Status CheckStateDirectory(const ProxyConfig& c) {
   if (!c.state_dir.empty()) {
     if (c.state_dir[0] != '/') {
       return absl::InvalidArgumentError(
@@ -220,6 +253,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
         "state directory", c.state_dir, c.kubelet.kubelet_root,
         "dpproxy keeps its state in a directory of its own (default /var/lib/dpproxy)"));
   }
+  return absl::OkStatus();
+}
+
+// The sockets' group, the holds and the backend-loss grace.
+absl::Status CheckPolicy(const ProxyConfig& c) {
   if (!c.socket_group.empty()) {
     if (absl::StatusOr<gid_t> g = ResolveGroup(c.socket_group); !g.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("socket group: ", g.status().message()));
@@ -236,6 +274,12 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
         "backend_loss.grace ", absl::FormatDuration(c.policy.grace),
         " is not between 0s and 1m (for longer, use backend_loss.policy: hold)"));
   }
+  return absl::OkStatus();
+}
+
+// Renames, device-ID maps and compact IDs: valid resource names, and no
+// two backend devices mapped to one ID.
+absl::Status CheckRenamesAndIds(const ProxyConfig& c) {
   for (const auto& [from, to] : c.renames) {
     if (absl::Status s = ValidateResourceName(to); !s.ok()) {
       return absl::InvalidArgumentError(
@@ -263,6 +307,11 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
       return absl::InvalidArgumentError(absl::StrCat("compact IDs: ", s.message()));
     }
   }
+  return absl::OkStatus();
+}
+
+// Static backends: a valid resource name and an absolute socket path.
+absl::Status CheckStaticBackends(const ProxyConfig& c) {
   for (const StaticBackendConfig& b : c.static_backends) {
     if (absl::Status s = ValidateResourceName(b.resource); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("static backend: ", s.message()));
@@ -273,6 +322,18 @@ absl::Status ValidateConfig(const ProxyConfig& c) {
           "\" must be an absolute socket path"));
     }
     DPP_RETURN_IF_ERROR(ValidateSocketPath(b.endpoint));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const ProxyConfig& c) {
+  // In this order: the first problem found is the one reported.
+  for (absl::Status (*check)(const ProxyConfig&) :
+       {CheckAddresses, CheckTakeover, CheckDra, CheckPluginDirectory, CheckLimits,
+        CheckStateDirectory, CheckPolicy, CheckRenamesAndIds, CheckStaticBackends}) {
+    DPP_RETURN_IF_ERROR(check(c));
   }
   return absl::OkStatus();
 }

@@ -99,13 +99,8 @@ class Reader {
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
 
-absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
-  if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
-  DPP_CFG(r.CheckKeys(root, "",
-                      {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
-                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
-                       "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
-                       "dra", "paths", "pod_resources_socket", "container_runtime_endpoint"}));
+// kubelet: its root, the API and how to register.
+absl::Status ApplyKubelet(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node k = root["kubelet"]) {
     DPP_CFG(r.CheckKeys(k, "kubelet", {"root", "api", "registration"}));
     if (k["root"]) DPP_CFG(r.String(k["root"], "kubelet.root", &c->kubelet.kubelet_root));
@@ -123,6 +118,11 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
                                                : KubeletRegistration::kPluginWatcher;
     }
   }
+  return absl::OkStatus();
+}
+
+// dra: the driver, the node, the kubeconfig, CDI and the move fence.
+absl::Status ApplyDra(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node d = root["dra"]) {
     DPP_CFG(r.CheckKeys(d, "dra", {"driver", "node_name", "kubeconfig", "cdi_dir", "move_fence"}));
     if (d["driver"]) DPP_CFG(r.String(d["driver"], "dra.driver", &c->dra.driver));
@@ -131,6 +131,11 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
     if (d["cdi_dir"]) DPP_CFG(r.String(d["cdi_dir"], "dra.cdi_dir", &c->dra.cdi_dir));
     if (d["move_fence"]) DPP_CFG(r.Bool(d["move_fence"], "dra.move_fence", &c->dra.move_fence));
   }
+  return absl::OkStatus();
+}
+
+// dpproxy's own paths and addresses.
+absl::Status ApplyPathsAndAddresses(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root["plugin_dir"]) DPP_CFG(r.String(root["plugin_dir"], "plugin_dir", &c->plugin_dir));
   if (root["status_file"]) {
     DPP_CFG(r.String(root["status_file"], "status_file", &c->status_file));
@@ -150,6 +155,11 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root["metrics_address"]) {
     DPP_CFG(r.String(root["metrics_address"], "metrics_address", &c->metrics_address));
   }
+  return absl::OkStatus();
+}
+
+// restore and reconcile.
+absl::Status ApplyRestoreAndReconcile(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node rs = root["restore"]) {
     DPP_CFG(r.CheckKeys(rs, "restore", {"policy", "hold"}));
     if (rs["policy"]) {
@@ -169,6 +179,11 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       DPP_CFG(r.Duration(rc["start_grace"], "reconcile.start_grace", &c->reconcile_start_grace));
     }
   }
+  return absl::OkStatus();
+}
+
+// timeouts, limits, backend_loss and cdi_annotations.
+absl::Status ApplyLimitsAndPolicy(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node t = root["timeouts"]) {
     DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));
     if (t["backend"]) {
@@ -202,6 +217,11 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (root["cdi_annotations"]) {
     DPP_CFG(r.Bool(root["cdi_annotations"], "cdi_annotations", &c->kubelet.cdi_annotations));
   }
+  return absl::OkStatus();
+}
+
+// renames, paths (device plugin, DRA or both), compact_ids and id_maps.
+absl::Status ApplyResourceMaps(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node m = root["renames"]) {
     if (!m.IsMap()) return r.Error(m, "renames", "must be a mapping FROM: TO");
     for (const auto& kv : m) {
@@ -246,6 +266,11 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// backends: the plugins that never register.
+absl::Status ApplyStaticBackends(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node list = root["backends"]) {
     if (!list.IsSequence()) return r.Error(list, "backends", "must be a list");
     for (size_t i = 0; i < list.size(); ++i) {
@@ -264,6 +289,22 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
       }
       c->static_backends.push_back(sb);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
+  if (root.IsNull()) return absl::OkStatus();  // an empty file changes nothing
+  DPP_CFG(r.CheckKeys(root, "",
+                      {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
+                       "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
+                       "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
+                       "dra", "paths", "pod_resources_socket", "container_runtime_endpoint"}));
+  // Section by section, in this order: the first problem found is reported.
+  for (absl::Status (*apply)(Reader&, const YAML::Node&, ProxyConfig*) :
+       {ApplyKubelet, ApplyDra, ApplyPathsAndAddresses, ApplyRestoreAndReconcile,
+        ApplyLimitsAndPolicy, ApplyResourceMaps, ApplyStaticBackends}) {
+    DPP_CFG(apply(r, root, c));
   }
   return absl::OkStatus();
 }

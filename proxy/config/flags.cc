@@ -2,6 +2,7 @@
 
 #include <gflags/gflags.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -150,14 +151,83 @@ DEFINE_string(reconcile_start_grace, "10s",
 namespace dpproxy {
 namespace {
 
-// Applies the flags to `c`: every flag, or only those given on the command
+// Whether a flag applies: every flag, or only those given on the command
 // line (so that they override a configuration file).
-absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
-  auto set = [&](const char* name) {
-    return !only_explicit || !gflags::GetCommandLineFlagInfoOrDie(name).is_default;
+using FlagFilter = std::function<bool(const char* name)>;
+
+// The flags copied as given, each to its setting.
+template <typename T>
+struct PlainFlag {
+  const char* name;
+  const T& value;
+  T& (*setting)(ProxyConfig& c);
+};
+
+void ApplyPlainFlags(const FlagFilter& set, ProxyConfig* c) {
+  const PlainFlag<std::string> strings[] = {
+      {"kubelet_root", FLAGS_kubelet_root,
+       [](ProxyConfig& c) -> auto& { return c.kubelet.kubelet_root; }},
+      {"plugin_dir", FLAGS_plugin_dir, [](ProxyConfig& c) -> auto& { return c.plugin_dir; }},
+      {"dra_driver", FLAGS_dra_driver, [](ProxyConfig& c) -> auto& { return c.dra.driver; }},
+      {"node_name", FLAGS_node_name, [](ProxyConfig& c) -> auto& { return c.dra.node_name; }},
+      {"kubeconfig", FLAGS_kubeconfig, [](ProxyConfig& c) -> auto& { return c.dra.kubeconfig; }},
+      {"cdi_dir", FLAGS_cdi_dir, [](ProxyConfig& c) -> auto& { return c.dra.cdi_dir; }},
+      {"status_file", FLAGS_status_file, [](ProxyConfig& c) -> auto& { return c.status_file; }},
+      {"pod_resources_socket", FLAGS_pod_resources_socket,
+       [](ProxyConfig& c) -> auto& { return c.pod_resources_socket; }},
+      {"container_runtime_endpoint", FLAGS_container_runtime_endpoint,
+       [](ProxyConfig& c) -> auto& { return c.container_runtime_endpoint; }},
+      {"state_dir", FLAGS_state_dir, [](ProxyConfig& c) -> auto& { return c.state_dir; }},
+      {"metrics_address", FLAGS_metrics_address,
+       [](ProxyConfig& c) -> auto& { return c.metrics_address; }},
+      {"socket_group", FLAGS_socket_group, [](ProxyConfig& c) -> auto& { return c.socket_group; }},
   };
-  if (set("kubelet_root")) c->kubelet.kubelet_root = FLAGS_kubelet_root;
-  if (set("plugin_dir")) c->plugin_dir = FLAGS_plugin_dir;
+  for (const PlainFlag<std::string>& f : strings) {
+    if (set(f.name)) f.setting(*c) = f.value;
+  }
+  const PlainFlag<bool> bools[] = {
+      {"dra_move_fence", FLAGS_dra_move_fence,
+       [](ProxyConfig& c) -> auto& { return c.dra.move_fence; }},
+      {"cdi_annotations", FLAGS_cdi_annotations,
+       [](ProxyConfig& c) -> auto& { return c.kubelet.cdi_annotations; }},
+      {"takeover", FLAGS_takeover, [](ProxyConfig& c) -> auto& { return c.takeover; }},
+  };
+  for (const PlainFlag<bool>& f : bools) {
+    if (set(f.name)) f.setting(*c) = f.value;
+  }
+}
+
+// The duration flags, each parsed into its setting.
+absl::Status ApplyDurationFlags(const FlagFilter& set, ProxyConfig* c) {
+  struct DurationFlag {
+    const char* name;
+    const std::string& value;
+    absl::Duration& (*setting)(ProxyConfig& c);
+  };
+  const DurationFlag flags[] = {
+      {"backend_timeout", FLAGS_backend_timeout,
+       [](ProxyConfig& c) -> auto& { return c.kubelet.backend_timeout; }},
+      {"dial_timeout", FLAGS_dial_timeout, [](ProxyConfig& c) -> auto& { return c.dial_timeout; }},
+      {"backend_hold", FLAGS_backend_hold, [](ProxyConfig& c) -> auto& { return c.policy.hold; }},
+      {"backend_loss_grace", FLAGS_backend_loss_grace,
+       [](ProxyConfig& c) -> auto& { return c.policy.grace; }},
+      {"reconcile_interval", FLAGS_reconcile_interval,
+       [](ProxyConfig& c) -> auto& { return c.reconcile_interval; }},
+      {"reconcile_grace", FLAGS_reconcile_grace,
+       [](ProxyConfig& c) -> auto& { return c.reconcile_grace; }},
+      {"reconcile_start_grace", FLAGS_reconcile_start_grace,
+       [](ProxyConfig& c) -> auto& { return c.reconcile_start_grace; }},
+      {"restore_hold", FLAGS_restore_hold, [](ProxyConfig& c) -> auto& { return c.restore_hold; }},
+  };
+  for (const DurationFlag& f : flags) {
+    if (!set(f.name)) continue;
+    DPP_ASSIGN_OR_RETURN(f.setting(*c), ParseFlagDuration(f.name, f.value));
+  }
+  return absl::OkStatus();
+}
+
+// The kubelet's API and how to register with it.
+absl::Status ApplyKubeletFlags(const FlagFilter& set, ProxyConfig* c) {
   if (set("kubelet_api")) {
     if (FLAGS_kubelet_api == "dra") {
       c->dra.enabled = true;
@@ -173,11 +243,6 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
       c->dra.enabled = false;
     }
   }
-  if (set("dra_driver")) c->dra.driver = FLAGS_dra_driver;
-  if (set("node_name")) c->dra.node_name = FLAGS_node_name;
-  if (set("kubeconfig")) c->dra.kubeconfig = FLAGS_kubeconfig;
-  if (set("cdi_dir")) c->dra.cdi_dir = FLAGS_cdi_dir;
-  if (set("dra_move_fence")) c->dra.move_fence = FLAGS_dra_move_fence;
   if (set("kubelet_registration")) {
     if (FLAGS_kubelet_registration == "kubelet") {
       c->kubelet.registration = KubeletRegistration::kKubeletSocket;
@@ -189,10 +254,11 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
           " is not kubelet or plugin-watcher"));
     }
   }
-  if (set("backend_timeout")) {
-    DPP_ASSIGN_OR_RETURN(c->kubelet.backend_timeout,
-                         ParseFlagDuration("backend_timeout", FLAGS_backend_timeout));
-  }
+  return absl::OkStatus();
+}
+
+// The size limits, and what to do when a backend goes or a state is damaged.
+absl::Status ApplyLimitAndPolicyFlags(const FlagFilter& set, ProxyConfig* c) {
   if (set("backend_max_list_mib")) {
     if (FLAGS_backend_max_list_mib < 4 || FLAGS_backend_max_list_mib > 2047) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -207,9 +273,6 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
     }
     c->api_max_body_bytes = FLAGS_api_max_body_mib << 20;
   }
-  if (set("dial_timeout")) {
-    DPP_ASSIGN_OR_RETURN(c->dial_timeout, ParseFlagDuration("dial_timeout", FLAGS_dial_timeout));
-  }
   if (set("backend_loss_policy")) {
     if (FLAGS_backend_loss_policy == "unhealthy") {
       c->policy.loss_policy = LossPolicy::kUnhealthy;
@@ -220,13 +283,22 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
           "--backend_loss_policy=", FLAGS_backend_loss_policy, " is not unhealthy or hold"));
     }
   }
-  if (set("backend_hold")) {
-    DPP_ASSIGN_OR_RETURN(c->policy.hold, ParseFlagDuration("backend_hold", FLAGS_backend_hold));
+  if (set("restore_policy")) {
+    if (FLAGS_restore_policy == "trust") {
+      c->restore_policy = RestorePolicy::kTrust;
+    } else if (FLAGS_restore_policy == "unhealthy") {
+      c->restore_policy = RestorePolicy::kUnhealthy;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--restore_policy=", FLAGS_restore_policy, " is not trust or unhealthy"));
+    }
   }
-  if (set("backend_loss_grace")) {
-    DPP_ASSIGN_OR_RETURN(c->policy.grace,
-                         ParseFlagDuration("backend_loss_grace", FLAGS_backend_loss_grace));
-  }
+  return absl::OkStatus();
+}
+
+// The lists: renames, static backends and compact IDs (always applied:
+// empty unless given).
+absl::Status ApplyListFlags(ProxyConfig* c) {
   for (absl::string_view item : absl::StrSplit(FLAGS_rename, ',', absl::SkipEmpty())) {
     std::vector<std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || kv[0].empty() || kv[1].empty()) {
@@ -258,42 +330,20 @@ absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
   for (absl::string_view item : absl::StrSplit(FLAGS_compact_ids, ',', absl::SkipEmpty())) {
     c->compact_ids.insert(std::string(item));
   }
-  if (set("cdi_annotations")) c->kubelet.cdi_annotations = FLAGS_cdi_annotations;
-  if (set("status_file")) c->status_file = FLAGS_status_file;
-  if (set("pod_resources_socket")) c->pod_resources_socket = FLAGS_pod_resources_socket;
-  if (set("container_runtime_endpoint")) {
-    c->container_runtime_endpoint = FLAGS_container_runtime_endpoint;
-  }
-  if (set("state_dir")) c->state_dir = FLAGS_state_dir;
-  if (set("takeover")) c->takeover = FLAGS_takeover;
-  if (set("metrics_address")) c->metrics_address = FLAGS_metrics_address;
-  if (set("socket_group")) c->socket_group = FLAGS_socket_group;
-  if (set("restore_policy")) {
-    if (FLAGS_restore_policy == "trust") {
-      c->restore_policy = RestorePolicy::kTrust;
-    } else if (FLAGS_restore_policy == "unhealthy") {
-      c->restore_policy = RestorePolicy::kUnhealthy;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--restore_policy=", FLAGS_restore_policy, " is not trust or unhealthy"));
-    }
-  }
-  if (set("reconcile_interval")) {
-    DPP_ASSIGN_OR_RETURN(c->reconcile_interval,
-                         ParseFlagDuration("reconcile_interval", FLAGS_reconcile_interval));
-  }
-  if (set("reconcile_grace")) {
-    DPP_ASSIGN_OR_RETURN(c->reconcile_grace,
-                         ParseFlagDuration("reconcile_grace", FLAGS_reconcile_grace));
-  }
-  if (set("reconcile_start_grace")) {
-    DPP_ASSIGN_OR_RETURN(c->reconcile_start_grace,
-                         ParseFlagDuration("reconcile_start_grace", FLAGS_reconcile_start_grace));
-  }
-  if (set("restore_hold")) {
-    DPP_ASSIGN_OR_RETURN(c->restore_hold, ParseFlagDuration("restore_hold", FLAGS_restore_hold));
-  }
   return absl::OkStatus();
+}
+
+// Applies the flags to `c`: every flag, or only those given on the command
+// line (so that they override a configuration file).
+absl::Status ApplyFlags(bool only_explicit, ProxyConfig* c) {
+  const FlagFilter set = [only_explicit](const char* name) {
+    return !only_explicit || !gflags::GetCommandLineFlagInfoOrDie(name).is_default;
+  };
+  ApplyPlainFlags(set, c);
+  DPP_RETURN_IF_ERROR(ApplyKubeletFlags(set, c));
+  DPP_RETURN_IF_ERROR(ApplyDurationFlags(set, c));
+  DPP_RETURN_IF_ERROR(ApplyLimitAndPolicyFlags(set, c));
+  return ApplyListFlags(c);
 }
 
 }  // namespace

@@ -231,7 +231,9 @@ absl::StatusOr<ConformOptions> OptionsFromFlags() {
   }
   for (const std::string& n : names) {
     absl::StatusOr<std::optional<std::string>> real = ParseRealKubelet(n);
-    if (!real.ok()) return absl::InvalidArgumentError(absl::StrCat("--kubelets: ", real.status().message()));
+    if (!real.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kubelets: ", real.status().message()));
+    }
     if (real->has_value()) {
       o.real_kubelets.push_back(**real);
       continue;

@@ -92,10 +92,9 @@ std::string StatusFilePath() {
              : FLAGS_status_file;
 }
 
-}  // namespace
-}  // namespace dpproxy
-
-int main(int argc, char** argv) {
+// The process's memory and locking settings, before anything allocates
+// much or takes a lock.
+void TuneProcess() {
   // glibc gives threads arenas of their own (up to 8 per core), and memory
   // freed in one is not reused by another: device lists built on gRPC's
   // threads and dropped on ours left RSS 20 MB higher at 8 x 10,000
@@ -113,6 +112,61 @@ int main(int argc, char** argv) {
   // on every Allocate's path. The tests keep it on, where it finds lock-
   // order bugs; the daemon does not pay for it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
+
+// Logging as --log_format asks (klog's text or JSON, json_log.h), to
+// stderr; false (said on stderr) for a value it does not know.
+bool StartLogging(const char* argv0) {
+  if (FLAGS_log_format != "text" && FLAGS_log_format != "json") {
+    std::cerr << "dpproxy: --log_format=" << FLAGS_log_format << " is not text or json\n";
+    return false;
+  }
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv0);
+  if (FLAGS_log_format == "json") {
+    UseJsonLogs();
+  } else {
+    UseTextLogs();
+  }
+  return true;
+}
+
+// Runs the daemon with the configuration the flags and the --config file
+// give, or prints it (--check). The process's exit status.
+int RunFromFlags(std::vector<std::string> started_argv) {
+  if (FLAGS_after_handoff != "exit" && FLAGS_after_handoff != "wait") {
+    std::cerr << "dpproxy: --after_handoff=" << FLAGS_after_handoff << " is not exit or wait\n";
+    return 2;
+  }
+  // Nothing dpproxy creates is readable or writable by others unless it
+  // says so (sockets and files also get explicit modes, whatever the umask).
+  ::umask(077);
+  absl::StatusOr<ProxyConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    std::cerr << "dpproxy: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (FLAGS_check) {
+    std::cout << "# the configuration is valid; every setting in effect:\n"
+              << ConfigToYaml(*config);
+    return 0;
+  }
+  DaemonOptions options;
+  options.argv = std::move(started_argv);
+  options.events_file = FLAGS_events;
+  // In JSON mode the events come as lines of their own from -v=1 on: at
+  // the default verbosity a happening is one line, its log message.
+  options.json_event_lines = FLAGS_log_format == "json" && FLAGS_v >= 1;
+  options.wait_after_handoff = FLAGS_after_handoff == "wait";
+  options.reread_config = [] { return ConfigFromFlags(); };
+  return RunDaemon(*config, options);
+}
+
+}  // namespace
+}  // namespace dpproxy
+
+int main(int argc, char** argv) {
+  dpproxy::TuneProcess();
   // The command line as given, for an in-place upgrade (SIGUSR2).
   std::vector<std::string> started_argv(argv, argv + argc);
   started_argv[0] = dpproxy::AbsoluteProgramPath(started_argv[0]);
@@ -141,42 +195,6 @@ int main(int argc, char** argv) {
   if (command == "wait") {
     return dpproxy::WaitForRegistrationSocket(FLAGS_plugin_dir, FLAGS_wait_timeout);
   }
-  if (FLAGS_log_format != "text" && FLAGS_log_format != "json") {
-    std::cerr << "dpproxy: --log_format=" << FLAGS_log_format << " is not text or json\n";
-    return 2;
-  }
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
-  if (FLAGS_after_handoff != "exit" && FLAGS_after_handoff != "wait") {
-    std::cerr << "dpproxy: --after_handoff=" << FLAGS_after_handoff << " is not exit or wait\n";
-    return 2;
-  }
-  // klog's formats (json_log.h), whichever is asked for.
-  if (FLAGS_log_format == "json") {
-    dpproxy::UseJsonLogs();
-  } else {
-    dpproxy::UseTextLogs();
-  }
-  // Nothing dpproxy creates is readable or writable by others unless it
-  // says so (sockets and files also get explicit modes, whatever the umask).
-  ::umask(077);
-  absl::StatusOr<dpproxy::ProxyConfig> config = dpproxy::ConfigFromFlags();
-  if (!config.ok()) {
-    std::cerr << "dpproxy: " << config.status().message() << "\n";
-    return 2;
-  }
-  if (FLAGS_check) {
-    std::cout << "# the configuration is valid; every setting in effect:\n"
-              << dpproxy::ConfigToYaml(*config);
-    return 0;
-  }
-  dpproxy::DaemonOptions options;
-  options.argv = std::move(started_argv);
-  options.events_file = FLAGS_events;
-  // In JSON mode the events come as lines of their own from -v=1 on: at
-  // the default verbosity a happening is one line, its log message.
-  options.json_event_lines = FLAGS_log_format == "json" && FLAGS_v >= 1;
-  options.wait_after_handoff = FLAGS_after_handoff == "wait";
-  options.reread_config = [] { return dpproxy::ConfigFromFlags(); };
-  return dpproxy::RunDaemon(*config, options);
+  if (!dpproxy::StartLogging(argv[0])) return 2;
+  return dpproxy::RunFromFlags(std::move(started_argv));
 }

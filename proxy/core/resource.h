@@ -303,6 +303,44 @@ class Resource {
     bool compact_by_itself = false;
   };
 
+  // A backend's list on its way to the kubelet (OnDevices), step by step.
+  // A list dpproxy refuses (empty or repeated IDs): logged and counted;
+  // true if refused.
+  bool RefuseMalformed(uint64_t generation, const DeviceList& devices);
+  // Entries under an ID listed before: one device, Healthy if any is.
+  std::shared_ptr<const DeviceList> CollapseDuplicates(std::shared_ptr<const DeviceList> devices);
+  // Health other than Healthy or Unhealthy: Unhealthy, as the kubelet reads it.
+  std::shared_ptr<const DeviceList> RelabelUnknownHealth(
+      std::shared_ptr<const DeviceList> devices);
+  // The ID policy for this list: compact IDs go on by themselves, for good,
+  // for a list over the kubelet's limit whose devices no allocation holds.
+  std::shared_ptr<const IdPolicy> IdPolicyFor(const DeviceList& devices);
+  // IDs with control characters served as they are: said once.
+  void WarnOfControlCharacters(const IdPolicy& ids, const DeviceList& devices);
+  // The list under the kubelet's IDs (the ID map, or compact IDs) and the
+  // way back to the backend's.
+  struct Renamed {
+    std::shared_ptr<const DeviceList> list;
+    absl::flat_hash_map<std::string, std::string> to_backend;
+    int mapped = 0;  // IDs with control characters shown compact
+    std::string first_mapped;
+  };
+  Renamed ApplyIdPolicy(const IdPolicy& ids, std::shared_ptr<const DeviceList> devices);
+  // Of the devices in `before` that `now` does not list, those an
+  // allocation holds (their positions in `before`, and IDs) and the rest.
+  // Asks is_allocated: call without mu_.
+  struct Vanished {
+    std::vector<int> keep_at;
+    std::vector<std::string> kept, dropped;
+  };
+  Vanished FindVanished(const DeviceList& before, const DeviceList& now);
+  // Logs and tells that `r` shows IDs with control characters compact.
+  void TellMapped(const Renamed& r);
+  // Shows `r` to the kubelet, with the devices it no longer lists that an
+  // allocation holds kept as Unhealthy. False if the backend was replaced
+  // meanwhile.
+  bool Publish(uint64_t generation, Renamed r);
+
   const std::string name_;
   const ResourcePolicy policy_;  // its loss policy and hold: the two below
   EventLog* const events_;

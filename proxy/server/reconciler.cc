@@ -112,8 +112,7 @@ void Reconciler::Loop() {
   }
 }
 
-absl::Status Reconciler::ReconcileOnce() {
-  const absl::Time start = absl::Now();
+absl::StatusOr<v1::ListPodResourcesResponse> Reconciler::ListPodResources() const {
   const std::string socket = PodResourcesSocket();
   if (!PathExists(socket)) {
     return absl::UnavailableError(absl::StrCat("no pod-resources API at ", socket));
@@ -127,42 +126,50 @@ absl::Status Reconciler::ReconcileOnce() {
     return absl::UnavailableError(
         absl::StrCat("pod-resources List failed: ", DescribeGrpcStatus(st)));
   }
-  absl::MutexLock pass(&pass_mu_);
-  {
-    std::vector<Listed> listed;
-    for (const auto& pod : list.pod_resources()) {
-      for (const auto& c : pod.containers()) {
-        for (const auto& d : c.devices()) {
-          listed.push_back({d.resource_name(), {d.device_ids().begin(), d.device_ids().end()},
-                            absl::StrCat(pod.namespace_(), "/", pod.name(), " container ",
-                                         c.name())});
-        }
+  return list;
+}
+
+void Reconciler::LearnFromList(const v1::ListPodResourcesResponse& list) {
+  std::vector<Listed> listed;
+  for (const auto& pod : list.pod_resources()) {
+    for (const auto& c : pod.containers()) {
+      for (const auto& d : c.devices()) {
+        listed.push_back({d.resource_name(), {d.device_ids().begin(), d.device_ids().end()},
+                          absl::StrCat(pod.namespace_(), "/", pod.name(), " container ",
+                                       c.name())});
       }
     }
-    Learn(listed, /*from_checkpoint=*/false);
   }
-  Holdings holdings;
-  PodList pods;
+  Learn(listed, /*from_checkpoint=*/false);
+}
+
+void Reconciler::ViewsOfList(const v1::ListPodResourcesResponse& list, Holdings* holdings,
+                             PodList* pods) {
   for (const auto& pod : list.pod_resources()) {
-    holdings.AddPod(pod.namespace_(), pod.name());
-    std::set<std::string>& containers = pods.containers[{pod.namespace_(), pod.name()}];
+    holdings->AddPod(pod.namespace_(), pod.name());
+    std::set<std::string>& containers = pods->containers[{pod.namespace_(), pod.name()}];
     for (const auto& c : pod.containers()) {
       containers.insert(c.name());
-      const size_t index = holdings.AddHolder({pod.namespace_(), pod.name(), c.name(), ""});
+      const size_t index = holdings->AddHolder({pod.namespace_(), pod.name(), c.name(), ""});
       for (const auto& d : c.devices()) {
         for (const std::string& id : d.device_ids()) {
-          holdings.AddDevice(index, d.resource_name(), id);
+          holdings->AddDevice(index, d.resource_name(), id);
         }
       }
     }
   }
-  const state::State st_now = DevicePluginAllocations();
+}
+
+Reconciler::Verdicts Reconciler::Classify(const state::State& st_now, const Holdings& holdings,
+                                          PodList* pods) {
+  Verdicts v;
   const std::map<uint64_t, size_t> matched = holdings.Match(st_now);
   const absl::Time now = absl::Now();
   const int64_t now_ms = absl::ToUnixMillis(now);
   // Right after a kubelet start its List is empty or incomplete: a pod
   // missing from it then is not taken as gone.
-  const bool window = InRestartWindow(now);
+  v.kubelet_starting = InRestartWindow(now);
+  const bool window = v.kubelet_starting;
   std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
   for (const state::Allocation& a : st_now.allocations()) {
     if (!a.pod_uid().empty() && !a.pod_name().empty()) {
@@ -171,15 +178,11 @@ absl::Status Reconciler::ReconcileOnce() {
   }
   std::optional<RuntimeView> runtime;  // asked once, if a forgotten holder is checked
   bool runtime_asked = false;
-  std::vector<StateKeeper::Holder> annotate;
-  std::vector<uint64_t> release, contradicted, forgotten_gone;
-  std::vector<std::string> contradicted_pods, forgotten_why;
-  std::set<uint64_t> missing;
   for (const state::Allocation& a : st_now.allocations()) {
     auto m = matched.find(a.id());
     if (m != matched.end()) {
       const PodHolder& h = holdings.holder(m->second);
-      annotate.push_back({a.id(), h.pod_namespace, h.pod_name, h.container, ""});
+      v.annotate.push_back({a.id(), h.pod_namespace, h.pod_name, h.container, ""});
       continue;
     }
     const bool pod_listed =
@@ -190,10 +193,10 @@ absl::Status Reconciler::ReconcileOnce() {
         runtime = RunningContainers();
         runtime_asked = true;
       }
-      std::string why = HolderGone(a, &pods, runtime ? &*runtime : nullptr, pod_of_uid, now);
+      std::string why = HolderGone(a, pods, runtime ? &*runtime : nullptr, pod_of_uid, now);
       if (!why.empty()) {
-        forgotten_gone.push_back(a.id());
-        forgotten_why.push_back(std::move(why));
+        v.forgotten_gone.push_back(a.id());
+        v.forgotten_why.push_back(std::move(why));
       }
       continue;
     }
@@ -208,7 +211,7 @@ absl::Status Reconciler::ReconcileOnce() {
       }
       if (runtime.has_value() &&
           !runtime->Runs(a.pod_uid(), {a.pod_namespace(), a.pod_name()}, "")) {
-        release.push_back(a.id());
+        v.release.push_back(a.id());
         continue;
       }
     }
@@ -216,38 +219,51 @@ absl::Status Reconciler::ReconcileOnce() {
         now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(options_.grace);
     if (!old_enough && !pod_listed) continue;
     if (missing_once_.count(a.id()) == 0) {
-      missing.insert(a.id());
+      v.missing.insert(a.id());
       continue;
     }
     if (pod_listed) {
       // The kubelet lists the pod as running but no longer these devices:
       // it lost track of them (e.g. it restarted without its checkpoint).
-      contradicted.push_back(a.id());
-      contradicted_pods.push_back(absl::StrCat(a.pod_namespace(), "/", a.pod_name()));
+      v.contradicted.push_back(a.id());
+      v.contradicted_pods.push_back(absl::StrCat(a.pod_namespace(), "/", a.pod_name()));
     } else {
-      release.push_back(a.id());
+      v.release.push_back(a.id());
     }
   }
-  missing_once_ = std::move(missing);
-  if (!release.empty()) {
-    LOG(INFO) << "reconciliation: releasing " << release.size()
+  return v;
+}
+
+absl::Status Reconciler::ReconcileOnce() {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::ListPodResourcesResponse> list = ListPodResources();
+  if (!list.ok()) return list.status();
+  absl::MutexLock pass(&pass_mu_);
+  LearnFromList(*list);
+  Holdings holdings;
+  PodList pods;
+  ViewsOfList(*list, &holdings, &pods);
+  const Verdicts v = Classify(DevicePluginAllocations(), holdings, &pods);
+  missing_once_ = v.missing;
+  if (!v.release.empty()) {
+    LOG(INFO) << "reconciliation: releasing " << v.release.size()
               << " journal entries whose pods are gone";
   }
-  absl::StatusOr<int> annotated = keeper_->Reconcile(annotate, release);
+  absl::StatusOr<int> annotated = keeper_->Reconcile(v.annotate, v.release);
   if (!annotated.ok()) return annotated.status();
-  if (!forgotten_gone.empty()) ReleaseForgotten(forgotten_gone, forgotten_why);
-  if (!contradicted.empty()) {
-    Quarantine(contradicted,
-                          absl::StrCat("the kubelet's pod-resources API lists ",
-                                       absl::StrJoin(contradicted_pods, ", "),
-                                       " without the devices dpproxy allocated to it"));
+  if (!v.forgotten_gone.empty()) ReleaseForgotten(v.forgotten_gone, v.forgotten_why);
+  if (!v.contradicted.empty()) {
+    Quarantine(v.contradicted,
+               absl::StrCat("the kubelet's pod-resources API lists ",
+                            absl::StrJoin(v.contradicted_pods, ", "),
+                            " without the devices dpproxy allocated to it"));
   }
-  events_->Emit("reconciled", {{"pods", list.pod_resources_size()},
+  events_->Emit("reconciled", {{"pods", list->pod_resources_size()},
                               {"annotated", *annotated},
-                              {"released", release.size()},
-                              {"forgotten_released", forgotten_gone.size()},
-                              {"contradicted", contradicted.size()},
-                              {"kubelet_starting", window},
+                              {"released", v.release.size()},
+                              {"forgotten_released", v.forgotten_gone.size()},
+                              {"contradicted", v.contradicted.size()},
+                              {"kubelet_starting", v.kubelet_starting},
                               {"missing_once", missing_once_.size()},
                               {"duration_ms", absl::ToDoubleMilliseconds(absl::Now() - start)}});
   return absl::OkStatus();

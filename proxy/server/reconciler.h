@@ -37,8 +37,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/podresources/api.pb.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"
 #include "proxy/kubelet/kubelet_checkpoint.h"
@@ -212,6 +214,25 @@ class Reconciler {
   };
   // One List now; nullopt if there is no API or it did not answer.
   std::optional<PodList> ListPods() const;
+  // A reconciliation pass (ReconcileOnce), step by step: the kubelet's
+  // List; what it holds that the journal lacks, learned back; the pods and
+  // holders it names; each allocation's verdict.
+  absl::StatusOr<v1::ListPodResourcesResponse> ListPodResources() const;
+  void LearnFromList(const v1::ListPodResourcesResponse& list);
+  static void ViewsOfList(const v1::ListPodResourcesResponse& list, Holdings* holdings,
+                          PodList* pods);
+  struct Verdicts {
+    std::vector<StateKeeper::Holder> annotate;  // listed: its holder's names
+    std::vector<uint64_t> release;              // its pod is gone
+    std::vector<uint64_t> contradicted;  // its pod is listed without its devices
+    std::vector<std::string> contradicted_pods;
+    std::vector<uint64_t> forgotten_gone;  // forgotten, and its holder is gone
+    std::vector<std::string> forgotten_why;
+    std::set<uint64_t> missing;  // missing from this List, once
+    bool kubelet_starting = false;
+  };
+  Verdicts Classify(const state::State& st_now, const Holdings& holdings, PodList* pods)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_);
   // The containers the container runtime runs now, by pod UID and by pod
   // namespace and name (the kubelet's labels on each container).
   struct RuntimeView {

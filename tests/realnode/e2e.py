@@ -1375,7 +1375,7 @@ def scenario_dpconform_real(s):
 
     rc, report = dpconform_real(s, ["--fault=no-reregister"], "--scenarios=kubelet-restart")
     cell = _cells(report).get("kubelet-restart", {})
-    check(rc == 1 and cell.get("outcome") == "fail" and "after the kubelet restart"
+    check(rc == 1 and cell.get("outcome") == "fail" and "after the kubelet's restart"
           in cell.get("summary", ""),
           "a plugin that does not register again was not failed on kubelet-restart "
           "(exit %d): %s" % (rc, cell))

@@ -1,0 +1,891 @@
+#include "tools/conform/real.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+#include <variant>
+
+#include <grpcpp/client_context.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/kube/kube_config.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/util/files.h"
+#include "tools/conform/cell.h"
+
+namespace dpproxy::conform {
+namespace {
+
+using Json = nlohmann::json;
+
+// How often a wait looks again at the kubelet or the API server.
+constexpr absl::Duration kPoll = absl::Milliseconds(200);
+// The longest --restart_kubelet may take before the cell fails.
+constexpr absl::Duration kRestartLimit = absl::Minutes(3);
+constexpr char kManagedBy[] = "dpconform";
+// The pods' containers: ended at once by the SIGTERM of a deletion.
+constexpr char kPodScript[] = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+std::string Ms(absl::Duration d) { return absl::StrCat(absl::ToInt64Milliseconds(d), " ms"); }
+
+// What the kubelet does with a pod.
+struct PodOutcome {
+  enum Kind { kRunning, kRefused, kContainerError, kImage, kTimeout } kind = kTimeout;
+  std::string reason;   // the kubelet's or the runtime's word
+  std::string message;  // its text
+  Json pod;
+};
+
+// The node, its kubelet's pod-resources socket and the API server.
+class RealNode {
+ public:
+  static absl::StatusOr<std::unique_ptr<RealNode>> Connect(const ConformOptions& o) {
+    absl::StatusOr<KubeConfig> config = LoadKubeconfig(o.real.kubeconfig);
+    if (!config.ok()) return config.status();
+    absl::StatusOr<std::unique_ptr<KubeClient>> api = KubeClient::Create(*config);
+    if (!api.ok()) return api.status();
+    auto node = std::unique_ptr<RealNode>(new RealNode(o, *std::move(api)));
+    if (absl::Status s = node->FindNode(); !s.ok()) return s;
+    return node;
+  }
+
+  const std::string& name() const { return name_; }
+  // "v1.37.2", as the node reports its kubelet.
+  const std::string& kubelet_version() const { return kubelet_version_; }
+  // "1.37".
+  std::string minor() const {
+    const size_t second = kubelet_version_.find('.', kubelet_version_.find('.') + 1);
+    return kubelet_version_.substr(1, second == std::string::npos ? std::string::npos : second - 1);
+  }
+  const std::string& pod_resources_socket() const { return pod_resources_; }
+
+  // The IDs of `resource`'s devices the kubelet lists as allocatable.
+  absl::StatusOr<std::set<std::string>> Allocatable(const std::string& resource) {
+    v1::AllocatableResourcesResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status st = stub_->GetAllocatableResources(&ctx, {}, &resp);
+    if (!st.ok()) return Unreachable("GetAllocatableResources", st);
+    std::set<std::string> ids;
+    for (const v1::ContainerDevices& d : resp.devices()) {
+      if (d.resource_name() == resource) ids.insert(d.device_ids().begin(), d.device_ids().end());
+    }
+    return ids;
+  }
+
+  // The IDs of `resource` the kubelet lists for each container of a pod.
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> ContainerDevices(
+      const std::string& pod, const std::string& resource) {
+    v1::ListPodResourcesResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status st = stub_->List(&ctx, {}, &resp);
+    if (!st.ok()) return Unreachable("List", st);
+    std::map<std::string, std::vector<std::string>> out;
+    for (const v1::PodResources& p : resp.pod_resources()) {
+      if (p.name() != pod || p.namespace_() != namespace_) continue;
+      for (const v1::ContainerResources& c : p.containers()) {
+        std::vector<std::string>& ids = out[c.name()];
+        for (const v1::ContainerDevices& d : c.devices()) {
+          if (d.resource_name() != resource) continue;
+          ids.insert(ids.end(), d.device_ids().begin(), d.device_ids().end());
+        }
+      }
+    }
+    return out;
+  }
+
+  // The node's allocatable count of `resource` as the API server has it.
+  absl::StatusOr<int64_t> NodeAllocatable(const std::string& resource) {
+    absl::StatusOr<Json> node = api_->Get(absl::StrCat("/api/v1/nodes/", name_));
+    if (!node.ok()) return node.status();
+    const Json& a = (*node)["status"].value("allocatable", Json::object());
+    int64_t n = 0;
+    if (a.contains(resource) && a[resource].is_string() &&
+        !absl::SimpleAtoi(a[resource].get<std::string>(), &n)) {
+      return absl::InternalError(absl::StrCat("the node's allocatable ", resource, " is ",
+                                              a[resource].dump()));
+    }
+    return n;
+  }
+
+  // Makes a pod bound to this node, one container c0, c1, ... per entry of
+  // `counts` asking for that many devices of `resource`.
+  absl::Status CreatePod(const std::string& pod, const std::string& resource,
+                         const std::vector<int>& counts) {
+    Json containers = Json::array();
+    for (size_t i = 0; i < counts.size(); ++i) {
+      containers.push_back(
+          {{"name", absl::StrCat("c", i)},
+           {"image", o_.real.pod_image},
+           {"imagePullPolicy", "Never"},
+           {"command", {"/bin/sh", "-c", kPodScript}},
+           {"resources", {{"limits", {{resource, absl::StrCat(counts[i])}}}}}});
+    }
+    Json manifest = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata",
+         {{"name", pod},
+          {"namespace", namespace_},
+          {"labels", {{"app.kubernetes.io/managed-by", kManagedBy}}}}},
+        {"spec",
+         {{"nodeName", name_},
+          {"hostNetwork", true},
+          // It needs no API access, and a cluster may have no service
+          // account or CA config map in the namespace yet.
+          {"automountServiceAccountToken", false},
+          {"restartPolicy", "Never"},
+          {"terminationGracePeriodSeconds", 5},
+          {"tolerations", {{{"operator", "Exists"}}}},
+          {"containers", containers}}}};
+    return api_->Post(PodsPath(), manifest).status();
+  }
+
+  absl::StatusOr<Json> GetPod(const std::string& pod) {
+    return api_->Get(absl::StrCat(PodsPath(), "/", pod));
+  }
+
+  // Waits up to `timeout` until the pod runs, the kubelet refuses it, its
+  // container cannot be made, or it ended.
+  PodOutcome WaitPod(const std::string& pod, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    PodOutcome out;
+    while (true) {
+      absl::StatusOr<Json> p = GetPod(pod);
+      if (p.ok()) {
+        out.pod = *p;
+        const Json& status = (*p).value("status", Json::object());
+        const std::string phase = status.value("phase", "");
+        if (phase == "Failed" || phase == "Succeeded") {
+          out.kind = PodOutcome::kRefused;
+          out.reason = status.value("reason", phase);
+          out.message = status.value("message", "");
+          if (out.message.empty()) out.message = TerminatedText(status);
+          return out;
+        }
+        bool all_running = phase == "Running";
+        for (const Json& c : status.value("containerStatuses", Json::array())) {
+          const Json& state = c.value("state", Json::object());
+          if (!state.contains("running")) all_running = false;
+          if (!state.contains("waiting")) continue;
+          const std::string why = state["waiting"].value("reason", "");
+          if (why == "ErrImageNeverPull" || why == "ErrImagePull" ||
+              why == "ImagePullBackOff" || why == "InvalidImageName") {
+            out.kind = PodOutcome::kImage;
+          } else if (why == "CreateContainerError" || why == "CreateContainerConfigError" ||
+                     why == "RunContainerError" || why == "StartError") {
+            out.kind = PodOutcome::kContainerError;
+          } else {
+            continue;
+          }
+          out.reason = why;
+          out.message = state["waiting"].value("message", "");
+          return out;
+        }
+        if (all_running) {
+          out.kind = PodOutcome::kRunning;
+          return out;
+        }
+        out.reason = phase;
+      } else {
+        out.reason = std::string(p.status().message());
+      }
+      if (absl::Now() >= deadline) {
+        out.kind = PodOutcome::kTimeout;
+        if (std::string warning = LatestWarning(pod); !warning.empty()) {
+          absl::StrAppend(&out.reason, "; the latest warning: ", warning);
+        }
+        return out;
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  // The newest Warning event about the pod ("FailedMount: ..."), or "".
+  std::string LatestWarning(const std::string& pod) {
+    absl::StatusOr<Json> events = api_->Get(absl::StrCat(
+        "/api/v1/namespaces/", namespace_, "/events?fieldSelector=involvedObject.name%3D", pod));
+    if (!events.ok()) return "";
+    std::string newest, text;
+    for (const Json& e : (*events).value("items", Json::array())) {
+      if (e.value("type", "") != "Warning") continue;
+      const std::string at = e.value("lastTimestamp", e.value("eventTime", ""));
+      if (!text.empty() && at < newest) continue;
+      newest = at;
+      text = absl::StrCat(e.value("reason", ""), ": ", e.value("message", ""));
+    }
+    return text;
+  }
+
+  // Deletes the pod and waits until it is gone (its containers stopped), up
+  // to `timeout`.
+  absl::Status DeletePod(const std::string& pod, absl::Duration timeout) {
+    absl::StatusOr<Json> d = api_->Delete(absl::StrCat(PodsPath(), "/", pod));
+    if (!d.ok() && !absl::IsNotFound(d.status())) return d.status();
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::StatusOr<Json> p = GetPod(pod);
+      if (absl::IsNotFound(p.status())) return absl::OkStatus();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "pod ", namespace_, "/", pod, " was not gone ", absl::FormatDuration(timeout),
+            " after its deletion"));
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  // Deletes every pod dpconform made in the namespace (a run stopped half
+  // way leaves some).
+  absl::Status DeleteOurPods(absl::Duration timeout) {
+    absl::StatusOr<Json> list = api_->Get(absl::StrCat(
+        PodsPath(), "?labelSelector=app.kubernetes.io%2Fmanaged-by%3D", kManagedBy));
+    if (!list.ok()) return list.status();
+    for (const Json& p : (*list).value("items", Json::array())) {
+      if (absl::Status s = DeletePod(p["metadata"].value("name", ""), timeout); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  RealNode(const ConformOptions& o, std::unique_ptr<KubeClient> api)
+      : o_(o),
+        api_(std::move(api)),
+        namespace_(o.real.namespace_),
+        pod_resources_(JoinPath(o.real.kubelet_root, "pod-resources/kubelet.sock")),
+        stub_(v1::PodResourcesLister::NewStub(MakeUnixChannel(pod_resources_, 64 << 20))) {}
+
+  std::string PodsPath() const { return absl::StrCat("/api/v1/namespaces/", namespace_, "/pods"); }
+
+  absl::Status FindNode() {
+    name_ = o_.real.node;
+    if (name_.empty()) {
+      absl::StatusOr<Json> nodes = api_->Get("/api/v1/nodes");
+      if (!nodes.ok()) return nodes.status();
+      std::vector<std::string> names;
+      for (const Json& n : (*nodes).value("items", Json::array())) {
+        names.push_back(n["metadata"].value("name", ""));
+      }
+      if (names.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--node: the cluster has ", names.size(), " nodes (", absl::StrJoin(names, ", "),
+            "); name the one whose kubelet runs here"));
+      }
+      name_ = names[0];
+    }
+    absl::StatusOr<Json> node = api_->Get(absl::StrCat("/api/v1/nodes/", name_));
+    if (!node.ok()) return node.status();
+    kubelet_version_ = (*node)["status"]["nodeInfo"].value("kubeletVersion", "");
+    if (kubelet_version_.size() < 4 || kubelet_version_[0] != 'v') {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", name_, " reports no kubelet version (\"", kubelet_version_, "\")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Unreachable(const char* call, const grpc::Status& st) const {
+    return absl::UnavailableError(absl::StrCat("the kubelet's pod-resources socket ",
+                                               pod_resources_, " did not answer ", call, ": ",
+                                               st.error_message()));
+  }
+
+  static std::string TerminatedText(const Json& status) {
+    for (const Json& c : status.value("containerStatuses", Json::array())) {
+      const Json& t = c.value("state", Json::object()).value("terminated", Json::object());
+      if (!t.empty()) {
+        return absl::StrCat("container ", c.value("name", ""), " ended: ",
+                            t.value("reason", ""), " (exit ", t.value("exitCode", -1), ")");
+      }
+    }
+    return "";
+  }
+
+  const ConformOptions& o_;
+  std::unique_ptr<KubeClient> api_;
+  const std::string namespace_;
+  const std::string pod_resources_;
+  std::unique_ptr<v1::PodResourcesLister::Stub> stub_;
+  std::string name_;
+  std::string kubelet_version_;
+};
+
+// One cell on the real node: the plugin's process and the pods it made.
+class RealCell {
+ public:
+  // `pod_prefix`: the names of the cell's pods begin with it (unique to
+  // the run and the cell: a pod of an earlier cell may still be going).
+  RealCell(const ConformOptions& o, RealNode& node, std::string dir, std::string pod_prefix)
+      : o_(o), node_(node), dir_(std::move(dir)), pod_prefix_(std::move(pod_prefix)) {}
+
+  ~RealCell() {
+    for (const std::string& p : pods_) node_.DeletePod(p, o_.timeout).IgnoreError();
+    StopPlugin();
+  }
+
+  RealNode& node() { return node_; }
+  const ConformOptions& options() const { return o_; }
+  const std::string& resource() const { return o_.resources.front(); }
+  const std::string& dir() const { return dir_; }
+
+  std::vector<std::pair<std::string, std::string>> Values(
+      std::vector<std::pair<std::string, std::string>> extra = {}) const {
+    const std::string& root = o_.real.kubelet_root;
+    std::vector<std::pair<std::string, std::string>> v = {
+        {"kubelet_socket", JoinPath(root, "device-plugins/kubelet.sock")},
+        {"plugin_dir", JoinPath(root, "device-plugins")},
+        {"kubelet_root", root},
+        {"plugins_registry", JoinPath(root, "plugins_registry")},
+        {"work_dir", JoinPath(dir_, "w")},
+        {"resource", resource()},
+        {"kubelet_version", node_.minor()},
+        {"instance", "1"},
+    };
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  }
+
+  absl::Status StartPlugin() {
+    if (absl::Status s = MakeDirs(JoinPath(dir_, "w")); !s.ok()) return s;
+    absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+        StartCommand(o_, o_.plugin_command, Values(), JoinPath(dir_, "plugin.log"));
+    if (!child.ok()) return child.status();
+    plugin_ = *std::move(child);
+    return absl::OkStatus();
+  }
+
+  std::string StopPlugin() {
+    if (plugin_ == nullptr) return ended_;
+    ended_ = ChildProcess::DescribeExit(plugin_->Stop(o_.stop_grace));
+    plugin_.reset();
+    return ended_;
+  }
+
+  // nullopt while it runs; how it ended otherwise.
+  std::optional<std::string> PluginEnded() {
+    if (plugin_ == nullptr) return ended_;
+    if (plugin_->Running()) return std::nullopt;
+    ended_ = ChildProcess::DescribeExit(*plugin_->Wait(absl::ZeroDuration()));
+    return ended_;
+  }
+
+  std::string PluginOutputTail(int lines = 5) const {
+    absl::StatusOr<std::string> out = ReadFile(JoinPath(dir_, "plugin.log"));
+    if (!out.ok() || out->empty()) return "(no output)";
+    std::vector<std::string> all = absl::StrSplit(*out, '\n', absl::SkipEmpty());
+    const size_t first = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
+    return absl::StrJoin(all.begin() + static_cast<long>(first), all.end(), " | ");
+  }
+
+  absl::Status SetHealth(const std::string& device, const std::string& health) {
+    return RunCommandToEnd(o_, "health_command", o_.health_command,
+                           Values({{"device", device}, {"health", health}}),
+                           JoinPath(dir_, "health_command.log"), o_.timeout);
+  }
+
+  absl::Status RestartKubelet() {
+    return RunCommandToEnd(o_, "restart_kubelet", o_.real.restart_kubelet, Values(),
+                           JoinPath(dir_, "restart_kubelet.log"), kRestartLimit);
+  }
+
+  // Waits until the kubelet lists allocatable devices of the resource; the
+  // IDs, or a Problem of `owner`'s (registers, or a scenario whose own
+  // step is to come back) saying what was seen.
+  std::variant<std::set<std::string>, Problem> Registered(const std::string& owner,
+                                                          const std::string& after) {
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + o_.timeout;
+    absl::Status last = absl::OkStatus();
+    while (true) {
+      absl::StatusOr<std::set<std::string>> ids = node_.Allocatable(resource());
+      if (ids.ok() && !ids->empty()) {
+        registered_after_ = absl::Now() - start;
+        return *ids;
+      }
+      last = ids.status();
+      if (std::optional<std::string> ended = PluginEnded()) {
+        return Problem{owner,
+                       absl::StrCat("the plugin ", *ended,
+                                    " before the kubelet listed its devices"),
+                       absl::StrCat(*ended, " ", after, "; its output: ", PluginOutputTail()),
+                       ExpectedRegistration(),
+                       absl::StrCat("the node shows no allocatable ", resource())};
+      }
+      if (absl::Now() >= deadline) {
+        return Problem{
+            owner,
+            absl::StrCat("the kubelet listed no allocatable ", resource(), " within ",
+                         absl::FormatDuration(o_.timeout), " ", after),
+            absl::StrCat("ran, but the kubelet's pod-resources socket lists no healthy ",
+                         resource(), last.ok() ? "" : absl::StrCat(" (", last.message(), ")"),
+                         "; its output: ", PluginOutputTail()),
+            ExpectedRegistration(),
+            absl::StrCat("the node's allocatable ", resource(), " stays 0: pods asking for it "
+                         "are not scheduled, or fail UnexpectedAdmissionError on the node")};
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  absl::Duration registered_after() const { return registered_after_; }
+
+  // Makes a pod (named for the cell) and waits for the kubelet's verdict.
+  PodOutcome Pod(const std::vector<int>& counts, std::string* name) {
+    *name = absl::StrCat(pod_prefix_, "-", pods_made_++);
+    PodOutcome out;
+    if (absl::Status s = node_.CreatePod(*name, resource(), counts); !s.ok()) {
+      out.kind = PodOutcome::kImage;  // the harness's problem, not the plugin's
+      out.reason = "not created";
+      out.message = std::string(s.message());
+      return out;
+    }
+    pods_.push_back(*name);
+    return node_.WaitPod(*name, o_.timeout);
+  }
+
+  // A pod outcome that is not kRunning, as the Problem of `owner` (or the
+  // harness's, or the device list's, by what the kubelet said).
+  Problem PodProblem(const std::string& owner, const std::string& pod, const PodOutcome& out) {
+    Problem p;
+    p.owner = owner;
+    switch (out.kind) {
+      case PodOutcome::kRefused:
+        p.owner = AdmissionOwner(out.message) == "device-list" ? "registers" : owner;
+        p.summary = absl::StrCat("the kubelet refused pod ", pod, ": ", out.reason, ": ",
+                                 out.message);
+        p.plugin_did = p.owner == "registers"
+                           ? "had too few healthy devices registered when the pod came"
+                           : "answered so that the kubelet failed the pod (Allocate, "
+                             "GetPreferredAllocation or PreStartContainer)";
+        p.kubelet_expects = "an answer for every container it asks about, within its deadline";
+        p.users_see = absl::StrCat("pods fail with ", out.reason, ": ", out.message);
+        break;
+      case PodOutcome::kContainerError:
+        p.summary = absl::StrCat("pod ", pod, "'s container could not be made: ", out.reason,
+                                 ": ", out.message);
+        p.plugin_did = "answered Allocate with something the container runtime refused "
+                       "(a host path or device node that does not exist, a CDI device "
+                       "without a spec)";
+        p.kubelet_expects = "mounts, device nodes and CDI devices that exist on the node";
+        p.users_see = absl::StrCat("pods stuck in ", out.reason);
+        break;
+      case PodOutcome::kImage:
+        p.owner = owner;
+        p.summary = absl::StrCat("dpconform could not run pod ", pod, ": ", out.reason, ": ",
+                                 out.message);
+        p.plugin_did = "(the test harness, not the plugin: --pod_image must be on the node, "
+                       "and --kubeconfig may make pods in --namespace)";
+        p.kubelet_expects = "an image it need not pull";
+        p.users_see = "nothing: fix the flags";
+        break;
+      case PodOutcome::kTimeout:
+      case PodOutcome::kRunning:
+        p.summary = absl::StrCat("pod ", pod, " was not running after ",
+                                 absl::FormatDuration(o_.timeout), " (", out.reason, ")");
+        p.plugin_did = "the kubelet neither ran the pod nor refused it in time: a slow "
+                       "Allocate (the kubelet waits 30 s for it), or a slow runtime";
+        p.kubelet_expects = "an Allocate answer well within its 30 s deadline";
+        p.users_see = "pods stay Pending, then fail";
+        break;
+    }
+    return p;
+  }
+
+  // The devices the kubelet lists for each container of `pod`.
+  std::map<std::string, std::vector<std::string>> DevicesOf(const std::string& pod) {
+    absl::StatusOr<std::map<std::string, std::vector<std::string>>> d =
+        node_.ContainerDevices(pod, resource());
+    return d.ok() ? *d : std::map<std::string, std::vector<std::string>>{};
+  }
+
+  // The ID of the pod's first container as it runs, "" if it does not.
+  std::string ContainerId(const std::string& pod) {
+    absl::StatusOr<Json> p = node_.GetPod(pod);
+    if (!p.ok()) return "";
+    for (const Json& c : (*p)["status"].value("containerStatuses", Json::array())) {
+      if (c.value("state", Json::object()).contains("running")) return c.value("containerID", "");
+    }
+    return "";
+  }
+
+ private:
+  std::string ExpectedRegistration() const {
+    return absl::StrCat("a Register call on ", o_.real.kubelet_root,
+                        "/device-plugins/kubelet.sock (or a socket in plugins_registry/), "
+                        "then a ListAndWatch list with healthy devices");
+  }
+
+  const ConformOptions& o_;
+  RealNode& node_;
+  const std::string dir_;
+  const std::string pod_prefix_;
+  std::unique_ptr<ChildProcess> plugin_;
+  std::string ended_;
+  std::vector<std::string> pods_;
+  int pods_made_ = 0;
+  absl::Duration registered_after_;
+};
+
+// --- Scenarios ----------------------------------------------------------------------
+
+using Registration = std::variant<std::set<std::string>, Problem>;
+
+CellResult RealRegisters(RealCell& c) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("registers", *p);
+  const auto& ids = std::get<std::set<std::string>>(r);
+  return Pass(absl::StrCat("the kubelet lists ", ids.size(), " allocatable ", c.resource()),
+              {absl::StrCat("listed ", Ms(c.registered_after()), " after the plugin started")});
+}
+
+CellResult RealDeviceList(RealCell& c) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("device-list", *p);
+  const int64_t want = static_cast<int64_t>(std::get<std::set<std::string>>(r).size());
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + c.options().timeout;
+  absl::StatusOr<int64_t> seen = int64_t{0};
+  while ((seen = c.node().NodeAllocatable(c.resource())).ok() ? *seen != want : true) {
+    if (absl::Now() >= deadline) {
+      return Fail(absl::StrCat("the node's allocatable ", c.resource(), " is ",
+                               seen.ok() ? absl::StrCat(*seen)
+                                         : std::string(seen.status().message()),
+                               ", not the ", want, " the kubelet lists, after ",
+                               absl::FormatDuration(c.options().timeout)),
+                  "listed devices the kubelet holds but does not report to the API server",
+                  "the node status shows the healthy devices at its next update (10 s)",
+                  "the scheduler places pods by a count the node does not have");
+    }
+    absl::SleepFor(kPoll);
+  }
+  return Pass(absl::StrCat("the node's allocatable ", c.resource(), " is ", want),
+              {absl::StrCat("the API server showed it ", Ms(absl::Now() - start),
+                            " after the kubelet listed it")});
+}
+
+CellResult RealHealth(RealCell& c) {
+  if (c.options().health_command.empty()) {
+    return NotApplicable("no --health_command: dpconform cannot make a device unhealthy");
+  }
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("health", *p);
+  const std::string device = *std::get<std::set<std::string>>(r).begin();
+  std::vector<std::string> notes;
+  for (const char* health : {"Unhealthy", "Healthy"}) {
+    const bool listed_when_done = health == std::string("Healthy");
+    const absl::Time start = absl::Now();
+    if (absl::Status s = c.SetHealth(device, health); !s.ok()) {
+      return Fail(absl::StrCat("the health command failed: ", s.message()),
+                  "(the test harness, not the plugin: --health_command failed)",
+                  "a way to change a device's health", "nothing: fix --health_command");
+    }
+    while (true) {
+      absl::StatusOr<std::set<std::string>> ids = c.node().Allocatable(c.resource());
+      if (ids.ok() && (ids->count(device) > 0) == listed_when_done) break;
+      if (absl::Now() >= start + c.options().timeout) {
+        return Fail(absl::StrCat("the change to ", health, " never reached the kubelet"),
+                    absl::StrCat("was told to make ", device, " ", health, "; the kubelet ",
+                                 listed_when_done ? "still lists it as not allocatable"
+                                                  : "still lists it as allocatable",
+                                 " after ", absl::FormatDuration(c.options().timeout)),
+                    "a new full list on the open ListAndWatch stream at every change",
+                    listed_when_done ? "a repaired device stays out of use"
+                                     : "the kubelet keeps handing out a broken device");
+      }
+      absl::SleepFor(kPoll);
+    }
+    notes.push_back(absl::StrCat(device, " ", health, " seen after ", Ms(absl::Now() - start)));
+  }
+  return Pass("a device's health change reached the kubelet, both ways", notes);
+}
+
+CellResult RealAllocate(RealCell& c) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("allocate", *p);
+  const auto& ids = std::get<std::set<std::string>>(r);
+  std::string pod;
+  PodOutcome out = c.Pod({1}, &pod);
+  if (out.kind != PodOutcome::kRunning) {
+    return FromProblem("allocate", c.PodProblem("allocate", pod, out));
+  }
+  const std::vector<std::string> got = c.DevicesOf(pod)["c0"];
+  if (got.size() != 1 || ids.count(got[0]) == 0) {
+    return Fail(absl::StrCat("pod ", pod, " runs, but the kubelet lists ", got.size(),
+                             " devices for it (", absl::StrJoin(got, ","), ")"),
+                "(the kubelet's own account: the plugin's IDs are not what it holds)",
+                "one of the listed devices for a container asking for one",
+                "monitoring agents see the wrong devices for the pod");
+  }
+  return Pass(absl::StrCat("a pod was admitted and runs with ", got[0]));
+}
+
+CellResult RealAllocateTwo(RealCell& c) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("allocate-two", *p);
+  if (std::get<std::set<std::string>>(r).size() < 2) {
+    return NotApplicable("the plugin lists one device: two containers cannot each have one");
+  }
+  std::string pod;
+  PodOutcome out = c.Pod({1, 1}, &pod);
+  if (out.kind != PodOutcome::kRunning) {
+    return FromProblem("allocate-two", c.PodProblem("allocate-two", pod, out));
+  }
+  std::map<std::string, std::vector<std::string>> got = c.DevicesOf(pod);
+  if (got["c0"].size() != 1 || got["c1"].size() != 1 || got["c0"] == got["c1"]) {
+    return Fail(absl::StrCat("pod ", pod, "'s containers are listed with ",
+                             absl::StrJoin(got["c0"], ","), " and ",
+                             absl::StrJoin(got["c1"], ",")),
+                "(the kubelet's own account of the two Allocates)",
+                "one distinct device for each container",
+                "two containers share a device");
+  }
+  return Pass(absl::StrCat("both containers run, with ", got["c0"][0], " and ", got["c1"][0]));
+}
+
+// With a pod running, `disrupt` happens; the plugin must come back, the pod
+// keep its container and device, and a new pod be admitted.
+CellResult SurvivesDisruption(RealCell& c, const std::string& scenario, const std::string& what,
+                              const std::function<absl::Status()>& disrupt,
+                              const std::string& expects, const std::string& users_see) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem(scenario, *p);
+  std::string first;
+  PodOutcome out = c.Pod({1}, &first);
+  if (out.kind != PodOutcome::kRunning) {
+    return FromProblem(scenario, c.PodProblem("allocate", first, out));
+  }
+  const std::string container = c.ContainerId(first);
+  const std::vector<std::string> held = c.DevicesOf(first)["c0"];
+  if (absl::Status s = disrupt(); !s.ok()) {
+    return Fail(absl::StrCat(what, " failed: ", s.message()),
+                "(the test harness, not the plugin)", "", "nothing: fix the command");
+  }
+  const absl::Time back = absl::Now();
+  Registration again = c.Registered(scenario, absl::StrCat("after ", what));
+  if (auto* p = std::get_if<Problem>(&again)) {
+    p->kubelet_expects = expects;
+    p->users_see = users_see;
+    return FromProblem(scenario, *p);
+  }
+  std::vector<std::string> notes = {
+      absl::StrCat("devices listed again ", Ms(absl::Now() - back), " after ", what)};
+  absl::StatusOr<Json> pod = c.node().GetPod(first);
+  const std::string now = c.ContainerId(first);
+  if (now.empty() || now != container) {
+    return Fail(absl::StrCat("pod ", first, ", running before ", what, ", lost its container: ",
+                             pod.ok() ? (*pod)["status"].value("message",
+                                                               (*pod)["status"].value("phase", ""))
+                                      : std::string(pod.status().message())),
+                absl::StrCat("came back ", notes[0]),
+                "running pods keep their containers and devices", 
+                "running pods killed by a restart");
+  }
+  std::string second;
+  out = c.Pod({1}, &second);
+  if (out.kind != PodOutcome::kRunning) {
+    return FromProblem(scenario, c.PodProblem(scenario, second, out));
+  }
+  const std::vector<std::string> given = c.DevicesOf(second)["c0"];
+  if (!held.empty() && given == held) {
+    return Fail(absl::StrCat("the new pod was given ", absl::StrJoin(given, ","), ", which ",
+                             first, " holds"),
+                "(the kubelet's own account)", "a device in use goes to nobody else",
+                "two pods share a device");
+  }
+  notes.push_back(absl::StrCat(first, " kept ", absl::StrJoin(held, ","), "; ", second,
+                               " got ", absl::StrJoin(given, ",")));
+  return Pass(absl::StrCat("registered again after ", what, "; the running pod kept its "
+                           "container and a new pod was admitted"),
+              notes);
+}
+
+CellResult RealKubeletRestart(RealCell& c) {
+  return SurvivesDisruption(
+      c, "kubelet-restart", "the kubelet's restart",
+      [&] { return c.RestartKubelet(); },
+      "a new Register whenever kubelet.sock is made again: the kubelet removes every socket "
+      "in device-plugins/ when it starts",
+      absl::StrCat("after a kubelet restart the node's allocatable ", c.resource(),
+                   " stays 0 and new pods fail UnexpectedAdmissionError"));
+}
+
+CellResult RealPluginRestart(RealCell& c) {
+  return SurvivesDisruption(
+      c, "plugin-restart", "its own restart (SIGTERM, then started again)",
+      [&] {
+        c.StopPlugin();
+        return c.StartPlugin();
+      },
+      "a new Register each time the plugin starts",
+      absl::StrCat("after the plugin's restart the node's allocatable ", c.resource(),
+                   " stays 0"));
+}
+
+struct RealEntry {
+  const char* name;
+  CellResult (*run)(RealCell&);
+};
+
+const std::vector<RealEntry>& RealEntries() {
+  static const auto* const kEntries = new std::vector<RealEntry>{
+      {"registers", RealRegisters},     {"device-list", RealDeviceList},
+      {"health", RealHealth},           {"allocate", RealAllocate},
+      {"allocate-two", RealAllocateTwo}, {"kubelet-restart", RealKubeletRestart},
+      {"plugin-restart", RealPluginRestart},
+  };
+  return *kEntries;
+}
+
+// Waits until no device of the resource is allocatable (the last cell's
+// plugin is gone, and no other serves it).
+absl::Status WaitIdle(RealNode& node, const ConformOptions& o) {
+  const absl::Time deadline = absl::Now() + o.timeout;
+  while (true) {
+    absl::StatusOr<std::set<std::string>> ids = node.Allocatable(o.resources.front());
+    if (ids.ok() && ids->empty()) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      if (!ids.ok()) return ids.status();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the kubelet of node ", node.name(), " lists ", ids->size(), " allocatable ",
+          o.resources.front(), " (", absl::StrJoin(*ids, ","),
+          ") while dpconform's plugin is not running: another plugin serves it; stop it, or "
+          "test under another --resource"));
+    }
+    absl::SleepFor(kPoll);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<std::string>> ParseRealKubelet(const std::string& name) {
+  if (name == "real") return std::optional<std::string>("");
+  if (!absl::StartsWith(name, "real:")) return std::optional<std::string>();
+  const std::string release = name.substr(5);
+  const size_t dot = release.find('.');
+  int major = 0, minor = 0;
+  if (dot == std::string::npos || !absl::SimpleAtoi(release.substr(0, dot), &major) ||
+      !absl::SimpleAtoi(release.substr(dot + 1), &minor) || major != 1 || minor < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", name, "\": a real kubelet is \"real\" or \"real:1.MINOR\", e.g. real:1.37"));
+  }
+  return std::optional<std::string>(release);
+}
+
+const std::vector<std::string>& RealScenarios() {
+  static const auto* const kNames = [] {
+    auto* v = new std::vector<std::string>;
+    for (const RealEntry& e : RealEntries()) v->push_back(e.name);
+    return v;
+  }();
+  return *kNames;
+}
+
+absl::Status ValidateRealOptions(const ConformOptions& o) {
+  if (o.real_kubelets.empty()) return absl::OkStatus();
+  if (!o.dra_driver.empty()) {
+    return absl::InvalidArgumentError(
+        "--kubelets: a DRA driver (--dra_driver) runs on simulated kubelets only");
+  }
+  if (o.real.kubeconfig.empty()) {
+    return absl::InvalidArgumentError(
+        "--kubeconfig: a real kubelet needs the API server of its node (or set KUBECONFIG)");
+  }
+  if (o.real.pod_image.empty()) {
+    return absl::InvalidArgumentError(
+        "--pod_image: a real kubelet needs an image already on the node, with /bin/sh and "
+        "sleep (busybox), for the pods it admits");
+  }
+  bool any = o.scenarios.empty();
+  for (const std::string& s : o.scenarios) {
+    any = any || std::find(RealScenarios().begin(), RealScenarios().end(), s) !=
+                     RealScenarios().end();
+    if (s == "kubelet-restart" && o.real.restart_kubelet.empty()) {
+      return absl::InvalidArgumentError(
+          "--restart_kubelet: kubelet-restart on a real kubelet needs the command that "
+          "restarts it");
+    }
+  }
+  if (!any) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--scenarios: none of them can be judged on a real kubelet; these can: ",
+        absl::StrJoin(RealScenarios(), ", ")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions& o) {
+  if (o.real_kubelets.empty()) return std::vector<CellResult>{};
+  if (absl::Status s = ValidateRealOptions(o); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<RealNode>> node = RealNode::Connect(o);
+  if (!node.ok()) {
+    return absl::Status(node.status().code(),
+                        absl::StrCat("the real node: ", node.status().message()));
+  }
+  RealNode& n = **node;
+  for (const std::string& want : o.real_kubelets) {
+    if (!want.empty() && n.minor() != want) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--kubelets=real:", want, ": node ", n.name(), "'s kubelet is ", n.kubelet_version()));
+    }
+  }
+  if (absl::Status s = n.Allocatable(o.resources.front()).status(); !s.ok()) return s;
+  if (absl::Status s = n.DeleteOurPods(o.timeout); !s.ok()) return s;
+  if (absl::Status s = WaitIdle(n, o); !s.ok()) return s;
+
+  std::vector<const RealEntry*> scenarios;
+  for (const RealEntry& e : RealEntries()) {
+    const bool selected = o.scenarios.empty()
+                              ? (std::string(e.name) != "kubelet-restart" ||
+                                 !o.real.restart_kubelet.empty())
+                              : std::find(o.scenarios.begin(), o.scenarios.end(), e.name) !=
+                                    o.scenarios.end();
+    if (selected) scenarios.push_back(&e);
+  }
+  std::vector<std::pair<const std::string*, const RealEntry*>> jobs;
+  for (const std::string& k : o.real_kubelets) {
+    for (const RealEntry* e : scenarios) jobs.emplace_back(&k, e);
+  }
+  ConformOptions serial = o;
+  serial.jobs = 1;  // one kubelet
+  // Pod names of this run: dpconform-<run>-<cell>-<n>.
+  const std::string run = absl::StrCat(
+      absl::Hex((static_cast<uint64_t>(::getpid()) << 20 ^ absl::ToUnixMillis(absl::Now())) &
+                0xffffff));
+  return RunCells(serial, jobs.size(), [&](size_t i, const std::string& dir) {
+    const absl::Time start = absl::Now();
+    CellResult result;
+    if (absl::Status s = WaitIdle(n, o); !s.ok()) {
+      result = Fail(std::string(s.message()), "(not the plugin under test)", "", "");
+    } else {
+      RealCell cell(o, n, dir, absl::StrCat("dpconform-", run, "-", i));
+      if (absl::Status s = cell.StartPlugin(); !s.ok()) {
+        result = Fail(absl::StrCat("could not start the plugin command: ", s.message()), "", "",
+                      "");
+      } else {
+        result = jobs[i].second->run(cell);
+      }
+    }
+    result.kubelet = jobs[i].first->empty() ? "real" : absl::StrCat("real:", *jobs[i].first);
+    result.generation = absl::StrCat("real kubelet ", n.kubelet_version());
+    result.scenario = jobs[i].second->name;
+    result.duration = absl::Now() - start;
+    result.dir = dir;
+    return result;
+  });
+}
+
+}  // namespace dpproxy::conform

@@ -309,141 +309,136 @@ void DraSide::PublishHealth(const std::string& resource, const Resource::Snapsho
       PoolName(PoolSpec{options_.dra.driver, options_.dra.node_name, resource}), health);
 }
 
+bool DraSide::WaitForPass(bool* registered, bool* held) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
+  if (stop_) return false;
+  wake_ = false;
+  *held = held_;
+  *registered = full_ && !held_;
+  if (!held_) full_ = false;
+  return true;
+}
+
+void DraSide::RemoveUnservedPools(LoopState* st, const std::vector<Allocator*>& serving) {
+  std::set<std::string> names;
+  for (Allocator* alloc : serving) names.insert(alloc->resource()->name());
+  for (auto it = st->published.begin(); it != st->published.end();) {
+    if (names.count(it->first) > 0) {
+      ++it;
+      continue;
+    }
+    if (absl::Status s = publisher_->Unpublish(it->first); !s.ok()) {
+      LOG(WARNING) << "DRA: cannot remove the pool of " << it->first
+                   << ", no longer served through DRA (retried): " << s.message();
+      ++it;
+      continue;
+    }
+    LOG(INFO) << "DRA: " << it->first << " is no longer served through DRA; its pool is "
+              << "removed";
+    events_->Emit("dra_pool_removed", {{"resource", it->first}});
+    st->retry.erase(it->first);
+    it = st->published.erase(it);
+  }
+}
+
+std::vector<SliceDevice> DraSide::SliceDevicesOf(const Resource::Snapshot& snap, bool connected) {
+  std::vector<SliceDevice> devices;
+  devices.reserve(static_cast<size_t>(snap.list->size()));
+  for (int i = 0; i < snap.list->size(); ++i) {
+    const DeviceList::View d = snap.list->device(i);
+    SliceDevice sd;
+    sd.id = std::string(d.id);
+    // A device a pod of the extended resource holds is not offered
+    // (Resource::SetHeldAcrossPaths).
+    sd.healthy = d.health == kHealthy && connected && snap.left_out_of_pool->count(sd.id) == 0;
+    if (d.has_topology) {
+      v1beta1::TopologyInfo t;
+      if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {
+        for (const auto& n : t.nodes()) sd.numa_nodes.push_back(n.id());
+      }
+    }
+    devices.push_back(std::move(sd));
+  }
+  return devices;
+}
+
+void DraSide::PublishPool(LoopState* st, Resource* res, bool full, bool held) {
+  const std::string name = res->name();
+  const uint64_t changes = res->changes();
+  auto it = st->published.find(name);
+  if (!full && it != st->published.end() && it->second == changes) return;
+  const Resource::Snapshot snap = res->Current();
+  const bool connected = res->backend_connected();
+  // The health stream first, once per change: it needs no API server,
+  // and a pool waiting out an API backoff is not recomputed each pass.
+  auto sent = st->health_sent.find(name);
+  if (sent == st->health_sent.end() || sent->second != changes) {
+    PublishHealth(name, snap, connected);
+    st->health_sent[name] = changes;
+  }
+  if (held) return;  // the successor publishes
+  // Not before the kubelet has registered the driver: the scheduler
+  // places claims on the node as soon as its slices appear, and the
+  // kubelet fails the prepare of a driver it has not registered yet
+  // (its plugin watcher registers up to a second after the socket
+  // appears), retrying only at the pod's next resync, about a minute
+  // later. on_registered publishes everything at once.
+  if (!server_->registered()) {
+    if (!st->waiting_logged) {
+      LOG(INFO) << "DRA: the devices are published once the kubelet has registered driver "
+                << options_.dra.driver;
+      st->waiting_logged = true;
+    }
+    return;
+  }
+  LoopState::Retry& r = st->retry[name];
+  if (absl::Now() < r.next) return;
+  const std::vector<SliceDevice> devices = SliceDevicesOf(snap, connected);
+  const int writes = publisher_->writes();
+  absl::Status s = publisher_->Publish(name, devices);
+  if (!s.ok()) {
+    r.backoff = std::min(absl::Minutes(1), std::max(absl::Seconds(1), r.backoff * 2));
+    r.next = absl::Now() + r.backoff;
+    if (std::string(s.message()) != r.error) {
+      r.error = std::string(s.message());
+      LOG(WARNING) << "DRA: cannot publish " << name << "'s devices (retried, "
+                   << "up to every minute): " << s.message();
+    }
+    events_->Emit("dra_publish_failed", {{"resource", name}, {"error", r.error}});
+    SetApiError(absl::StrCat("cannot publish ", name, "'s devices: ", r.error));
+    return;
+  }
+  if (!r.error.empty()) LOG(INFO) << "DRA: " << name << "'s devices published again";
+  SetApiError("");
+  r = LoopState::Retry();
+  st->published[name] = changes;
+  if (publisher_->writes() != writes) {
+    events_->Emit("dra_pool_published", {{"resource", name}, {"devices", devices.size()}});
+  }
+}
+
 void DraSide::Loop() {
-  // What each resource's pool was last published from (its change count):
-  // a pass publishes the pools that changed, and every 30 s all of them
-  // (the publisher writes nothing when the API server already agrees, and
-  // repairs what a kubelet start deleted).
-  std::map<std::string, uint64_t> published;
-  std::map<std::string, uint64_t> health_sent;  // the same, for the health stream
-  // A pool that failed to publish waits before the next try, 1 s doubling
-  // to 1 min, and its error is logged when it first appears or changes.
-  struct Retry {
-    absl::Time next = absl::InfinitePast();
-    absl::Duration backoff = absl::ZeroDuration();
-    std::string error;
-  };
-  std::map<std::string, Retry> retry;
-  absl::Time full_at = absl::InfinitePast();
-  bool waiting_logged = false;  // for the registration, logged once
-  absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
+  LoopState st;
   for (;;) {
     bool registered = false;
     bool held = false;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(1));
-      if (stop_) return;
-      wake_ = false;
-      held = held_;
-      registered = full_ && !held;
-      if (!held) full_ = false;
-    }
+    if (!WaitForPass(&registered, &held)) return;
     const absl::Time now = absl::Now();
-    if (registered) full_again_at = now + absl::Seconds(5);
-    const bool again = now >= full_again_at;
-    if (again) full_again_at = absl::InfiniteFuture();
-    const bool full = registered || again || now - full_at >= absl::Seconds(30);
-    if (full) full_at = now;
+    if (registered) st.full_again_at = now + absl::Seconds(5);
+    const bool again = now >= st.full_again_at;
+    if (again) st.full_again_at = absl::InfiniteFuture();
+    const bool full = registered || again || now - st.full_at >= absl::Seconds(30);
+    if (full) st.full_at = now;
     // At the first pass, each time the kubelet registers the driver (it
     // may have been upgraded), and every 30 s while it is not known.
     if (registered || (full && kubelet_minor_.load() == 0)) LearnKubeletVersion();
     const std::vector<Allocator*> serving = resources_();
-    if (!held) {
-      // A resource no longer served through DRA (its path changed): its
-      // pool goes, so that no claim is allocated from it.
-      std::set<std::string> names;
-      for (Allocator* alloc : serving) names.insert(alloc->resource()->name());
-      for (auto it = published.begin(); it != published.end();) {
-        if (names.count(it->first) > 0) {
-          ++it;
-          continue;
-        }
-        if (absl::Status s = publisher_->Unpublish(it->first); !s.ok()) {
-          LOG(WARNING) << "DRA: cannot remove the pool of " << it->first
-                       << ", no longer served through DRA (retried): " << s.message();
-          ++it;
-          continue;
-        }
-        LOG(INFO) << "DRA: " << it->first << " is no longer served through DRA; its pool is "
-                  << "removed";
-        events_->Emit("dra_pool_removed", {{"resource", it->first}});
-        retry.erase(it->first);
-        it = published.erase(it);
-      }
-    }
-    for (Allocator* alloc : serving) {
-      Resource* res = alloc->resource();
-      const std::string name = res->name();
-      const uint64_t changes = res->changes();
-      auto it = published.find(name);
-      if (!full && it != published.end() && it->second == changes) continue;
-      const Resource::Snapshot snap = res->Current();
-      const bool connected = res->backend_connected();
-      // The health stream first, once per change: it needs no API server,
-      // and a pool waiting out an API backoff is not recomputed each pass.
-      auto sent = health_sent.find(name);
-      if (sent == health_sent.end() || sent->second != changes) {
-        PublishHealth(name, snap, connected);
-        health_sent[name] = changes;
-      }
-      if (held) continue;  // the successor publishes
-      // Not before the kubelet has registered the driver: the scheduler
-      // places claims on the node as soon as its slices appear, and the
-      // kubelet fails the prepare of a driver it has not registered yet
-      // (its plugin watcher registers up to a second after the socket
-      // appears), retrying only at the pod's next resync, about a minute
-      // later. on_registered publishes everything at once.
-      if (!server_->registered()) {
-        if (!waiting_logged) {
-          LOG(INFO) << "DRA: the devices are published once the kubelet has registered driver "
-                    << options_.dra.driver;
-          waiting_logged = true;
-        }
-        continue;
-      }
-      Retry& r = retry[name];
-      if (absl::Now() < r.next) continue;
-      std::vector<SliceDevice> devices;
-      devices.reserve(static_cast<size_t>(snap.list->size()));
-      for (int i = 0; i < snap.list->size(); ++i) {
-        const DeviceList::View d = snap.list->device(i);
-        SliceDevice sd;
-        sd.id = std::string(d.id);
-        // A device a pod of the extended resource holds is not offered
-        // (Resource::SetHeldAcrossPaths).
-        sd.healthy = d.health == kHealthy && connected && snap.left_out_of_pool->count(sd.id) == 0;
-        if (d.has_topology) {
-          v1beta1::TopologyInfo t;
-          if (t.ParseFromArray(d.topology.data(), static_cast<int>(d.topology.size()))) {
-            for (const auto& n : t.nodes()) sd.numa_nodes.push_back(n.id());
-          }
-        }
-        devices.push_back(std::move(sd));
-      }
-      const int writes = publisher_->writes();
-      absl::Status s = publisher_->Publish(name, devices);
-      if (!s.ok()) {
-        r.backoff = std::min(absl::Minutes(1), std::max(absl::Seconds(1), r.backoff * 2));
-        r.next = absl::Now() + r.backoff;
-        if (std::string(s.message()) != r.error) {
-          r.error = std::string(s.message());
-          LOG(WARNING) << "DRA: cannot publish " << name << "'s devices (retried, "
-                       << "up to every minute): " << s.message();
-        }
-        events_->Emit("dra_publish_failed", {{"resource", name}, {"error", r.error}});
-        SetApiError(absl::StrCat("cannot publish ", name, "'s devices: ", r.error));
-        continue;
-      }
-      if (!r.error.empty()) LOG(INFO) << "DRA: " << name << "'s devices published again";
-      SetApiError("");
-      r = Retry();
-      published[name] = changes;
-      if (publisher_->writes() != writes) {
-        events_->Emit("dra_pool_published", {{"resource", name}, {"devices", devices.size()}});
-      }
-    }
+    // A resource no longer served through DRA (its path changed): its pool
+    // goes, so that no claim is allocated from it.
+    if (!held) RemoveUnservedPools(&st, serving);
+    for (Allocator* alloc : serving) PublishPool(&st, alloc->resource(), full, held);
     // A resource leaving the device manager (move_fence.h); a successor
     // that took the node over fences its own moves.
     if (fence_ != nullptr && !held) fence_->Step(absl::Now());

@@ -117,7 +117,38 @@ class DraSide : public KubeletSide {
   // The health stream's view of one resource's devices.
   void PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
                      bool connected);
+  // The publishing thread: each pass publishes the pools that changed, and
+  // every 30 s all of them (the publisher writes nothing when the API
+  // server already agrees, and repairs what a kubelet start deleted).
   void Loop();
+  // The loop thread's own record.
+  struct LoopState {
+    // What each resource's pool was last published from (its change count).
+    std::map<std::string, uint64_t> published;
+    std::map<std::string, uint64_t> health_sent;  // the same, for the health stream
+    // A pool that failed to publish waits before the next try, 1 s
+    // doubling to 1 min, and its error is logged when it first appears or
+    // changes.
+    struct Retry {
+      absl::Time next = absl::InfinitePast();
+      absl::Duration backoff = absl::ZeroDuration();
+      std::string error;
+    };
+    std::map<std::string, Retry> retry;
+    absl::Time full_at = absl::InfinitePast();
+    bool waiting_logged = false;  // for the registration, logged once
+    absl::Time full_again_at = absl::InfiniteFuture();  // after a kubelet registered us
+  };
+  // Until woken or a second has passed: false once stopping. `registered`:
+  // a kubelet registered the driver since; `held`: a successor holds the
+  // node.
+  bool WaitForPass(bool* registered, bool* held);
+  // The pools of resources no longer served through DRA are removed.
+  void RemoveUnservedPools(LoopState* st, const std::vector<Allocator*>& serving);
+  // One resource's health stream and pool, if it changed (or `full`).
+  void PublishPool(LoopState* st, Resource* res, bool full, bool held);
+  static std::vector<SliceDevice> SliceDevicesOf(const Resource::Snapshot& snap,
+                                                 bool connected);
   void SetApiError(std::string why);
   // Reads the kubelet's version from this node's status (get on nodes);
   // kubelet_minor_ stays as it was if the API server does not say.

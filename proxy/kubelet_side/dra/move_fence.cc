@@ -103,101 +103,93 @@ absl::StatusOr<int64_t> MoveFence::StatusAllocatable(KubeClient* client,
   return n;
 }
 
-void MoveFence::Step(absl::Time now) {
-  absl::MutexLock step(&step_mu_);
-  KubeClient* client;
-  std::vector<std::string> fresh, settled, withdrawn;
-  {
-    absl::MutexLock lock(&mu_);
-    client = client_;
-    for (const auto& [name, m] : moves_) {
-      if (m.stage == Move::kNew) fresh.push_back(name);
-      if (m.stage == Move::kSettling && now - m.since >= kSettle) settled.push_back(name);
-      if (m.stage == Move::kWithdrawn) withdrawn.push_back(name);
-    }
-  }
-  if (client != nullptr && !checked_stale_) {
-    // A taint no move of this process put there: an earlier dpproxy
-    // stopped in the middle of a move. Lowered below once nothing is under
-    // way here.
-    absl::StatusOr<KubeClient::Json> node = client->Get(absl::StrCat("/api/v1/nodes/", node_));
-    if (node.ok() || node.status().code() == absl::StatusCode::kNotFound) {
-      checked_stale_ = true;
-      if (node.ok() && node->is_object()) {
-        const KubeClient::Json taints =
-            node->value("/spec/taints"_json_pointer, KubeClient::Json::array());
-        for (const KubeClient::Json& t : taints.is_array() ? taints : KubeClient::Json::array()) {
-          if (t.is_object() && t.value("key", "") == kMoveTaintKey) {
-            LOG(WARNING) << "DRA: node " << node_ << " has the taint " << kMoveTaintKey
-                         << " of a move an earlier dpproxy did not finish; it is lowered once no "
-                            "move of this one is under way";
-            raised_ = true;
-          }
+void MoveFence::CheckStaleTaint(KubeClient* client) {
+  // A taint no move of this process put there: an earlier dpproxy
+  // stopped in the middle of a move. LowerWhenIdle lowers it once nothing
+  // is under way here.
+  absl::StatusOr<KubeClient::Json> node = client->Get(absl::StrCat("/api/v1/nodes/", node_));
+  if (node.ok() || node.status().code() == absl::StatusCode::kNotFound) {
+    checked_stale_ = true;
+    if (node.ok() && node->is_object()) {
+      const KubeClient::Json taints =
+          node->value("/spec/taints"_json_pointer, KubeClient::Json::array());
+      for (const KubeClient::Json& t : taints.is_array() ? taints : KubeClient::Json::array()) {
+        if (t.is_object() && t.value("key", "") == kMoveTaintKey) {
+          LOG(WARNING) << "DRA: node " << node_ << " has the taint " << kMoveTaintKey
+                       << " of a move an earlier dpproxy did not finish; it is lowered once no "
+                          "move of this one is under way";
+          raised_ = true;
         }
       }
     }
   }
-  if (!fresh.empty() && !raised_) {
-    absl::Status fenced = client == nullptr
-                              ? absl::UnavailableError("the API server has not answered yet")
-                              : SetTaint(client, true).status();
-    if (fenced.ok()) {
-      raised_ = true;
-      last_error_.clear();
-      LOG(INFO) << "DRA: node " << node_ << " tainted " << kMoveTaintKey
-                << ":NoSchedule while " << absl::StrJoin(fresh, ", ")
-                << " leave(s) the device manager: no new pod is scheduled to it until its "
-                   "status shows the move";
-      events_->Emit("move_fence_raised", {{"node", node_}, {"resources", fresh}});
-    } else {
-      // Not fenced: withdrawn at once, as without a fence.
-      const std::string why(fenced.message());
-      if (why != last_error_) {
-        const char* hint =
-            fenced.code() == absl::StatusCode::kPermissionDenied
-                ? " (give dpproxy `update` on nodes, as deploy/dra-rbac.yaml does)"
-            : fenced.code() == absl::StatusCode::kNotFound
-                ? " (the API server has no node of that name: check dra.node_name)"
-                : "";
-        LOG(WARNING) << "DRA: cannot taint node " << node_ << " while "
-                     << absl::StrJoin(fresh, ", ") << " leave(s) the device manager (" << why
-                     << "); withdrawn at once: a pod the scheduler routes to the device plugin "
-                        "before the node's status shows it is refused by the kubelet"
-                     << hint;
-        last_error_ = why;
-      }
-      events_->Emit("move_fence_failed", {{"node", node_}, {"resources", fresh}, {"error", why}});
-      absl::MutexLock lock(&mu_);
-      for (const std::string& name : fresh) {
-        auto it = moves_.find(name);
-        if (it == moves_.end() || it->second.stage != Move::kNew) continue;
-        it->second.withdraw();
-        moves_.erase(it);
-      }
-      fresh.clear();
+}
+
+void MoveFence::Raise(KubeClient* client, std::vector<std::string>* fresh) {
+  absl::Status fenced = client == nullptr
+                            ? absl::UnavailableError("the API server has not answered yet")
+                            : SetTaint(client, true).status();
+  if (fenced.ok()) {
+    raised_ = true;
+    last_error_.clear();
+    LOG(INFO) << "DRA: node " << node_ << " tainted " << kMoveTaintKey
+              << ":NoSchedule while " << absl::StrJoin(*fresh, ", ")
+              << " leave(s) the device manager: no new pod is scheduled to it until its "
+                 "status shows the move";
+    events_->Emit("move_fence_raised", {{"node", node_}, {"resources", *fresh}});
+  } else {
+    // Not fenced: withdrawn at once, as without a fence.
+    const std::string why(fenced.message());
+    if (why != last_error_) {
+      const char* hint =
+          fenced.code() == absl::StatusCode::kPermissionDenied
+              ? " (give dpproxy `update` on nodes, as deploy/dra-rbac.yaml does)"
+          : fenced.code() == absl::StatusCode::kNotFound
+              ? " (the API server has no node of that name: check dra.node_name)"
+              : "";
+      LOG(WARNING) << "DRA: cannot taint node " << node_ << " while "
+                   << absl::StrJoin(*fresh, ", ") << " leave(s) the device manager (" << why
+                   << "); withdrawn at once: a pod the scheduler routes to the device plugin "
+                      "before the node's status shows it is refused by the kubelet"
+                   << hint;
+      last_error_ = why;
     }
-  }
-  {
+    events_->Emit("move_fence_failed", {{"node", node_}, {"resources", *fresh}, {"error", why}});
     absl::MutexLock lock(&mu_);
-    for (const std::string& name : fresh) {
+    for (const std::string& name : *fresh) {
       auto it = moves_.find(name);
       if (it == moves_.end() || it->second.stage != Move::kNew) continue;
-      it->second.stage = Move::kSettling;
-      it->second.since = now;
-    }
-    // Under mu_: a Cancel (the resource moving back) either comes first
-    // and the withdrawal never runs, or comes after it and serves it again.
-    for (const std::string& name : settled) {
-      auto it = moves_.find(name);
-      if (it == moves_.end() || it->second.stage != Move::kSettling) continue;
       it->second.withdraw();
-      it->second.withdraw = nullptr;
-      it->second.stage = Move::kWithdrawn;
-      it->second.since = now;
+      moves_.erase(it);
     }
+    fresh->clear();
   }
+}
+
+void MoveFence::Advance(absl::Time now, const std::vector<std::string>& fresh,
+                        const std::vector<std::string>& settled) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& name : fresh) {
+    auto it = moves_.find(name);
+    if (it == moves_.end() || it->second.stage != Move::kNew) continue;
+    it->second.stage = Move::kSettling;
+    it->second.since = now;
+  }
+  // Under mu_: a Cancel (the resource moving back) either comes first
+  // and the withdrawal never runs, or comes after it and serves it again.
+  for (const std::string& name : settled) {
+    auto it = moves_.find(name);
+    if (it == moves_.end() || it->second.stage != Move::kSettling) continue;
+    it->second.withdraw();
+    it->second.withdraw = nullptr;
+    it->second.stage = Move::kWithdrawn;
+    it->second.since = now;
+  }
+}
+
+void MoveFence::FinishWithdrawn(KubeClient* client, absl::Time now,
+                                const std::vector<std::string>& withdrawn) {
   for (const std::string& name : withdrawn) {
-    if (client == nullptr) break;
     absl::StatusOr<int64_t> shown = StatusAllocatable(client, name);
     bool done = false;
     absl::Time since;
@@ -225,6 +217,9 @@ void MoveFence::Step(absl::Time now) {
       if (it != moves_.end() && it->second.stage == Move::kWithdrawn) moves_.erase(it);
     }
   }
+}
+
+void MoveFence::LowerWhenIdle(KubeClient* client) {
   bool idle;
   {
     absl::MutexLock lock(&mu_);
@@ -243,6 +238,26 @@ void MoveFence::Step(absl::Time now) {
                    << " (retried each second): " << last_error_;
     }
   }
+}
+
+void MoveFence::Step(absl::Time now) {
+  absl::MutexLock step(&step_mu_);
+  KubeClient* client;
+  std::vector<std::string> fresh, settled, withdrawn;
+  {
+    absl::MutexLock lock(&mu_);
+    client = client_;
+    for (const auto& [name, m] : moves_) {
+      if (m.stage == Move::kNew) fresh.push_back(name);
+      if (m.stage == Move::kSettling && now - m.since >= kSettle) settled.push_back(name);
+      if (m.stage == Move::kWithdrawn) withdrawn.push_back(name);
+    }
+  }
+  if (client != nullptr && !checked_stale_) CheckStaleTaint(client);
+  if (!fresh.empty() && !raised_) Raise(client, &fresh);
+  Advance(now, fresh, settled);
+  if (client != nullptr) FinishWithdrawn(client, now, withdrawn);
+  LowerWhenIdle(client);
 }
 
 void MoveFence::Stop(KubeClient* client) {

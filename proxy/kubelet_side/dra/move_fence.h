@@ -100,6 +100,21 @@ class MoveFence {
   // Adds or removes the taint with a read and an update at the node's
   // resourceVersion, read again after a conflict. True if it changed.
   absl::StatusOr<bool> SetTaint(KubeClient* client, bool on);
+  // Step's parts, in order. A taint an earlier dpproxy left (raised_ then).
+  void CheckStaleTaint(KubeClient* client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Taints the node for the `fresh` moves; if it cannot, withdraws them at
+  // once, unfenced, and empties `fresh`.
+  void Raise(KubeClient* client, std::vector<std::string>* fresh)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Fresh moves settle; settled ones are withdrawn from the device manager.
+  void Advance(absl::Time now, const std::vector<std::string>& fresh,
+               const std::vector<std::string>& settled);
+  // Withdrawn moves end once the node's status shows them (or after
+  // kStatusLimit).
+  void FinishWithdrawn(KubeClient* client, absl::Time now,
+                       const std::vector<std::string>& withdrawn);
+  // With no move under way, the taint goes.
+  void LowerWhenIdle(KubeClient* client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // The resource's allocatable in the node's status (0 when absent).
   absl::StatusOr<int64_t> StatusAllocatable(KubeClient* client, const std::string& resource);
 

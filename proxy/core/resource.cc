@@ -582,6 +582,23 @@ Resource::Vanished Resource::FindVanished(const DeviceList& before, const Device
   return out;
 }
 
+namespace {
+
+// `list`, then the devices of `before` at `keep_at`, Unhealthy.
+std::shared_ptr<const DeviceList> WithKept(const DeviceList& list, const DeviceList& before,
+                                           const std::vector<int>& keep_at) {
+  DeviceList::Builder with_kept(static_cast<size_t>(list.size()) + keep_at.size(), list.bytes());
+  for (int i = 0; i < list.size(); ++i) with_kept.Add(list.device(i));
+  for (int i : keep_at) {
+    DeviceList::View d = before.device(i);
+    d.health = kUnhealthy;
+    with_kept.Add(d);
+  }
+  return std::move(with_kept).Build();
+}
+
+}  // namespace
+
 void Resource::TellMapped(const Renamed& r) {
   LOG(WARNING) << "resource " << name_ << ": " << r.mapped
                << " device ID(s) contain control characters (first: " << GoQuote(r.first_mapped)
@@ -624,17 +641,7 @@ bool Resource::Publish(uint64_t generation, Renamed r) {
                        {"first_kept", gone.kept.empty() ? "" : gone.kept[0]},
                        {"first_dropped", gone.dropped.empty() ? "" : gone.dropped[0]}});
       }
-      if (!gone.keep_at.empty()) {
-        DeviceList::Builder with_kept(static_cast<size_t>(r.list->size()) + gone.keep_at.size(),
-                                      r.list->bytes());
-        for (int i = 0; i < r.list->size(); ++i) with_kept.Add(r.list->device(i));
-        for (int i : gone.keep_at) {
-          DeviceList::View d = before->device(i);
-          d.health = kUnhealthy;
-          with_kept.Add(d);
-        }
-        shown = std::move(with_kept).Build();
-      }
+      if (!gone.keep_at.empty()) shown = WithKept(*r.list, *before, gone.keep_at);
       to_backend_ = std::move(r.to_backend);
       listed_ = true;
       list_refused_.clear();

@@ -118,20 +118,7 @@ absl::StatusOr<int> Handover::Release(int64_t peer_pid) {
   return options_.socket_generation;
 }
 
-void Handover::CheckProgress(absl::Time now) {
-  const int64_t at = released_at_ns_.load();
-  if (at == 0 || handed_over_.load() || failed_.load()) return;
-  if (peer_pidfd_ >= 0) {
-    pollfd p = {peer_pidfd_, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) {
-      // The new dpproxy exited (a crash, a kill) before it finished: the
-      // kernel released its lock; the state is this one's again.
-      if (TakeBackAndReopen(
-              absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished"))) {
-        return;
-      }
-    }
-  }
+bool Handover::WatchLock(absl::Time now, int64_t at) {
   // The new dpproxy locks the state directory right after its Release and
   // holds the lock for as long as it lives. Where its process is hidden
   // (another pod's PID namespace) the lock is the only sign of it, and is
@@ -151,7 +138,7 @@ void Handover::CheckProgress(absl::Time now) {
       if (++lock_free_passes_ >= 2 &&
           TakeBackAndReopen("the new dpproxy let the state directory's lock go before it "
                             "finished: it exited")) {
-        return;
+        return true;
       }
     } else if (past_grace) {
       // A process that never locks it is no takeover (a stray or hostile
@@ -162,10 +149,28 @@ void Handover::CheckProgress(absl::Time now) {
               peer_pid_ > 0 ? absl::StrCat("pid ", peer_pid_) : std::string("the new dpproxy"),
               " was given the state and never took the state directory's lock within ",
               absl::FormatDuration(kLockGrace)))) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+void Handover::CheckProgress(absl::Time now) {
+  const int64_t at = released_at_ns_.load();
+  if (at == 0 || handed_over_.load() || failed_.load()) return;
+  if (peer_pidfd_ >= 0) {
+    pollfd p = {peer_pidfd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) {
+      // The new dpproxy exited (a crash, a kill) before it finished: the
+      // kernel released its lock; the state is this one's again.
+      if (TakeBackAndReopen(
+              absl::StrCat("the new dpproxy (pid ", peer_pid_, ") exited before it finished"))) {
         return;
       }
     }
   }
+  if (WatchLock(now, at)) return;
   if (forwarded_.load()) return;
   if (now - absl::FromUnixNanos(at) < options_.handoff_timeout) return;
   // The new dpproxy released this one and never came to serve (it died, or

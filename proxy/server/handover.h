@@ -107,6 +107,9 @@ class Handover {
   // Release again. False, logged, if the state could not be taken back
   // (tried again at the next pass).
   bool TakeBackAndReopen(const std::string& why);
+  // CheckProgress's look at the state directory's lock, which the new
+  // dpproxy holds while it lives: true if the state was taken back.
+  bool WatchLock(absl::Time now, int64_t released_at_ns);
 
   const Options options_;
   Host* const host_;

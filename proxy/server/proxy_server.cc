@@ -280,6 +280,47 @@ absl::Status ProxyServer::OpenState() {
   return absl::OkStatus();
 }
 
+std::unique_ptr<DraSide> ProxyServer::MakeDraSide() {
+  return std::make_unique<DraSide>(
+      DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
+                       keeper_.get(), config_.kubelet.backend_timeout,
+                       config_.api_max_body_bytes, socket_generation_},
+      [this] {
+        // The resources whose path goes through DRA, as the last reload
+        // left them.
+        std::vector<Allocator*> out;
+        for (ServedResource* e : table_.All()) {
+          if (table_.PathOf(e->resource->name()) != KubeletPath::kDevicePlugin) {
+            out.push_back(e->allocator.get());
+          }
+        }
+        return out;
+      },
+      &events_, &losses_);
+}
+
+std::unique_ptr<SplitSide> ProxyServer::MakeSplitSide(std::unique_ptr<KubeletSide> device_plugins,
+                                                      std::unique_ptr<DraSide> dra) {
+  SplitSide::Fence fence;
+  if (MoveFence* f = dra->move_fence(); f != nullptr) {
+    fence.fence = [f](const std::string& resource, std::function<void()> withdraw) {
+      f->Fence(resource, std::move(withdraw));
+    };
+    fence.cancel = [f](const std::string& resource) { f->Cancel(resource); };
+  }
+  return std::make_unique<SplitSide>(
+      std::move(device_plugins), std::move(dra),
+      [this](const std::string& resource) { return table_.PathOf(resource); },
+      [this](const std::string& resource) {
+        bool held = false;
+        keeper_->ForEachAllocation([&](const state::Allocation& a) {
+          held |= !a.has_claim() && a.resource() == resource;
+        });
+        return held;
+      },
+      std::move(fence));
+}
+
 absl::Status ProxyServer::MakeSide() {
   if (side_) return absl::OkStatus();
   std::unique_ptr<KubeletSide> device_plugins;
@@ -298,22 +339,7 @@ absl::Status ProxyServer::MakeSide() {
     side_ = std::move(device_plugins);
     return absl::OkStatus();
   }
-  auto dra = std::make_unique<DraSide>(
-      DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
-                       keeper_.get(), config_.kubelet.backend_timeout,
-                       config_.api_max_body_bytes, socket_generation_},
-      [this] {
-        // The resources whose path goes through DRA, as the last reload
-        // left them.
-        std::vector<Allocator*> out;
-        for (ServedResource* e : table_.All()) {
-          if (table_.PathOf(e->resource->name()) != KubeletPath::kDevicePlugin) {
-            out.push_back(e->allocator.get());
-          }
-        }
-        return out;
-      },
-      &events_, &losses_);
+  std::unique_ptr<DraSide> dra = MakeDraSide();
   dra_ = dra.get();
   dra_live_.store(dra_);
   if (start_cancelled_.load()) dra_->CancelApiCalls();
@@ -321,31 +347,13 @@ absl::Status ProxyServer::MakeSide() {
     side_ = std::move(dra);
     return absl::OkStatus();
   }
-  SplitSide::Fence fence;
-  if (MoveFence* f = dra_->move_fence(); f != nullptr) {
-    fence.fence = [f](const std::string& resource, std::function<void()> withdraw) {
-      f->Fence(resource, std::move(withdraw));
-    };
-    fence.cancel = [f](const std::string& resource) { f->Cancel(resource); };
-  }
-  auto split = std::make_unique<SplitSide>(
-      std::move(device_plugins), std::move(dra),
-      [this](const std::string& resource) { return table_.PathOf(resource); },
-      [this](const std::string& resource) {
-        bool held = false;
-        keeper_->ForEachAllocation([&](const state::Allocation& a) {
-          held |= !a.has_claim() && a.resource() == resource;
-        });
-        return held;
-      },
-      std::move(fence));
+  std::unique_ptr<SplitSide> split = MakeSplitSide(std::move(device_plugins), std::move(dra));
   split_ = split.get();
   side_ = std::move(split);
   return absl::OkStatus();
 }
 
-absl::Status ProxyServer::StartServing() {
-  DPP_RETURN_IF_ERROR(MakeSide());
+absl::Status ProxyServer::StartPluginRegistrations() {
   BackendRegistrationServer::Options reg_options{config_.plugin_dir, config_.dial_timeout,
                                                  config_.backend_max_list_bytes};
   if (!config_.socket_group.empty()) reg_options.socket_gid = *ResolveGroup(config_.socket_group);
@@ -371,6 +379,33 @@ absl::Status ProxyServer::StartServing() {
     (void)EnsureEntry(name);
     statics_->Dial(name, sb);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ProxyServer::StartPodResourcesView() {
+  if (config_.pod_resources_socket.empty()) return absl::OkStatus();
+  pod_resources_view_ = std::make_unique<PodResourcesView>(
+      PodResourcesView::Options{
+          config_.pod_resources_socket,
+          KubeletPodResourcesSocket(config_.kubelet),
+          ServesDra(config_) ? config_.dra.driver : std::string(), config_.dra.node_name,
+          [this] {
+            DraResources out;
+            if (!ServesDra(config_)) return out;
+            // Every resource: one whose path moved to the device plugin
+            // may still have claims holding devices (Unhealthy to it).
+            for (ServedResource* e : table_.All()) {
+              out.emplace_back(e->resource->name(), e->resource->Current().list);
+            }
+            return out;
+          }},
+      keeper_.get());
+  return pod_resources_view_->Start();
+}
+
+absl::Status ProxyServer::StartServing() {
+  DPP_RETURN_IF_ERROR(MakeSide());
+  DPP_RETURN_IF_ERROR(StartPluginRegistrations());
   DPP_RETURN_IF_ERROR(side_->Start());
   reporter_ = std::make_unique<Reporter>(Reporter::Parts{
       &config_, &table_, statics_.get(), &losses_, side_.get(), registration_.get(),
@@ -385,26 +420,7 @@ absl::Status ProxyServer::StartServing() {
                        reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
   saver_->Start();
   if (reconciler_) reconciler_->Start();
-  if (!config_.pod_resources_socket.empty()) {
-    pod_resources_view_ = std::make_unique<PodResourcesView>(
-        PodResourcesView::Options{
-            config_.pod_resources_socket,
-            KubeletPodResourcesSocket(config_.kubelet),
-            ServesDra(config_) ? config_.dra.driver : std::string(), config_.dra.node_name,
-            [this] {
-              DraResources out;
-              if (!ServesDra(config_)) return out;
-              // Every resource: one whose path moved to the device plugin
-              // may still have claims holding devices (Unhealthy to it).
-              for (ServedResource* e : table_.All()) {
-                out.emplace_back(e->resource->name(), e->resource->Current().list);
-              }
-              return out;
-            }},
-        keeper_.get());
-    DPP_RETURN_IF_ERROR(pod_resources_view_->Start());
-  }
-  return absl::OkStatus();
+  return StartPodResourcesView();
 }
 
 void ProxyServer::Shutdown() {

@@ -187,8 +187,17 @@ class ProxyServer : private Handover::Host {
   absl::Status OpenState();
   absl::Status LockState();
   absl::Status StartServing();
-  // The kubelet-facing side, made once the socket generation is known.
+  // StartServing's parts: where plugins register (and the plugins that
+  // served before this start, and the static ones), and dpproxy's own
+  // pod-resources socket (--pod_resources_socket).
+  absl::Status StartPluginRegistrations();
+  absl::Status StartPodResourcesView();
+  // The kubelet-facing side, made once the socket generation is known: the
+  // device plugins', DRA's, or both split by each resource's path.
   absl::Status MakeSide();
+  std::unique_ptr<DraSide> MakeDraSide();
+  std::unique_ptr<SplitSide> MakeSplitSide(std::unique_ptr<KubeletSide> device_plugins,
+                                           std::unique_ptr<DraSide> dra);
   // Start failed: why is kept for a predecessor taking its state back.
   absl::Status FailStart(absl::Status s);
   absl::Status RestoreState();

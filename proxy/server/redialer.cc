@@ -92,6 +92,37 @@ absl::Status Redialer::CheckEndpoint(const std::string& endpoint) const {
   return absl::OkStatus();
 }
 
+bool Redialer::StartRound(const std::vector<Remembered>& round, bool last) {
+  for (const Remembered& r : round) {
+    if (has_backend_(r.resource)) {
+      // It registered by itself (it watches kubelet.sock).
+      Finish(r.resource, Outcome::kBack, "");
+      continue;
+    }
+    if (absl::Status s = CheckEndpoint(r.endpoint); !s.ok()) {
+      Finish(r.resource, Outcome::kGone, std::string(s.message()));
+      continue;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++in_flight_;
+    }
+    const bool queued = workers_->Submit([this, r, last] {
+      Dial(r);
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+      Report& report = reports_[r.resource];
+      if (last && report.outcome == Outcome::kDialling) report.outcome = Outcome::kGone;
+    });
+    if (!queued) {
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+      return false;  // stopping
+    }
+  }
+  return true;
+}
+
 void Redialer::Run() {
   {
     absl::MutexLock lock(&mu_);
@@ -108,33 +139,7 @@ void Redialer::Run() {
     }
     if (round.empty()) return;
     const bool last = attempt == options_.attempts;
-    for (const Remembered& r : round) {
-      if (has_backend_(r.resource)) {
-        // It registered by itself (it watches kubelet.sock).
-        Finish(r.resource, Outcome::kBack, "");
-        continue;
-      }
-      if (absl::Status s = CheckEndpoint(r.endpoint); !s.ok()) {
-        Finish(r.resource, Outcome::kGone, std::string(s.message()));
-        continue;
-      }
-      {
-        absl::MutexLock lock(&mu_);
-        ++in_flight_;
-      }
-      const bool queued = workers_->Submit([this, r, last] {
-        Dial(r);
-        absl::MutexLock lock(&mu_);
-        --in_flight_;
-        Report& report = reports_[r.resource];
-        if (last && report.outcome == Outcome::kDialling) report.outcome = Outcome::kGone;
-      });
-      if (!queued) {
-        absl::MutexLock lock(&mu_);
-        --in_flight_;
-        return;  // stopping
-      }
-    }
+    if (!StartRound(round, last)) return;
     absl::MutexLock lock(&mu_);
     auto round_over = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stopping_ || in_flight_ == 0;

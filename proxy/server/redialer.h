@@ -105,6 +105,9 @@ class Redialer {
 
  private:
   void Run();
+  // One round's dials of `round`, on the worker pool (a plugin that came
+  // back, or whose socket is gone, is settled at once). False if stopping.
+  bool StartRound(const std::vector<Remembered>& round, bool last);
   // One attempt at `resource`; on a worker.
   void Dial(const Remembered& r);
   // Whether `endpoint` may be dialled: a socket inside the plugin directory.

@@ -311,16 +311,51 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
 
 }  // namespace
 
+namespace {
+
+std::string ApiOrAuto(const std::optional<ApiVersion>& a) {
+  return a.has_value() ? std::string(ApiName(*a)) : std::string("auto");
+}
+
+// The per-resource settings: renames, paths, compact IDs, ID maps and
+// static backends.
+void EmitResourceMaps(const ProxyConfig& c, YAML::Emitter* out) {
+  *out << YAML::Key << "renames" << YAML::Value << YAML::BeginMap;
+  for (const auto& [from, to] : c.renames) *out << YAML::Key << from << YAML::Value << to;
+  *out << YAML::EndMap;
+  *out << YAML::Key << "paths" << YAML::Value << YAML::BeginMap;
+  for (const auto& [resource, path] : c.paths) {
+    *out << YAML::Key << resource << YAML::Value << KubeletPathName(path);
+  }
+  *out << YAML::EndMap;
+  *out << YAML::Key << "compact_ids" << YAML::Value << YAML::BeginSeq;
+  for (const std::string& r : c.compact_ids) *out << r;
+  *out << YAML::EndSeq;
+  *out << YAML::Key << "id_maps" << YAML::Value << YAML::BeginMap;
+  for (const auto& [resource, ids] : c.id_maps) {
+    *out << YAML::Key << resource << YAML::Value << YAML::BeginMap;
+    for (const auto& [from, to] : ids) *out << YAML::Key << from << YAML::Value << to;
+    *out << YAML::EndMap;
+  }
+  *out << YAML::EndMap;
+  *out << YAML::Key << "backends" << YAML::Value << YAML::BeginSeq;
+  for (const StaticBackendConfig& b : c.static_backends) {
+    *out << YAML::BeginMap << YAML::Key << "resource" << YAML::Value << b.resource << YAML::Key
+        << "endpoint" << YAML::Value << b.endpoint << YAML::Key << "api" << YAML::Value
+        << ApiOrAuto(b.api) << YAML::EndMap;
+  }
+  *out << YAML::EndSeq;
+}
+
+}  // namespace
+
 std::string ConfigToYaml(const ProxyConfig& c) {
   auto duration = [](absl::Duration d) { return absl::FormatDuration(d); };
-  auto api = [](const std::optional<ApiVersion>& a) {
-    return a.has_value() ? std::string(ApiName(*a)) : std::string("auto");
-  };
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "kubelet" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "root" << YAML::Value << c.kubelet.kubelet_root;
-  out << YAML::Key << "api" << YAML::Value << (c.dra.enabled ? "dra" : api(c.kubelet.api));
+  out << YAML::Key << "api" << YAML::Value << (c.dra.enabled ? "dra" : ApiOrAuto(c.kubelet.api));
   out << YAML::Key << "registration" << YAML::Value
       << (c.kubelet.registration == KubeletRegistration::kKubeletSocket ? "kubelet"
                                                                         : "plugin-watcher");
@@ -356,31 +391,7 @@ std::string ConfigToYaml(const ProxyConfig& c) {
       << YAML::Key << "hold" << YAML::Value << duration(c.policy.hold) << YAML::Key << "grace"
       << YAML::Value << duration(c.policy.grace) << YAML::EndMap;
   out << YAML::Key << "cdi_annotations" << YAML::Value << c.kubelet.cdi_annotations;
-  out << YAML::Key << "renames" << YAML::Value << YAML::BeginMap;
-  for (const auto& [from, to] : c.renames) out << YAML::Key << from << YAML::Value << to;
-  out << YAML::EndMap;
-  out << YAML::Key << "paths" << YAML::Value << YAML::BeginMap;
-  for (const auto& [resource, path] : c.paths) {
-    out << YAML::Key << resource << YAML::Value << KubeletPathName(path);
-  }
-  out << YAML::EndMap;
-  out << YAML::Key << "compact_ids" << YAML::Value << YAML::BeginSeq;
-  for (const std::string& r : c.compact_ids) out << r;
-  out << YAML::EndSeq;
-  out << YAML::Key << "id_maps" << YAML::Value << YAML::BeginMap;
-  for (const auto& [resource, ids] : c.id_maps) {
-    out << YAML::Key << resource << YAML::Value << YAML::BeginMap;
-    for (const auto& [from, to] : ids) out << YAML::Key << from << YAML::Value << to;
-    out << YAML::EndMap;
-  }
-  out << YAML::EndMap;
-  out << YAML::Key << "backends" << YAML::Value << YAML::BeginSeq;
-  for (const StaticBackendConfig& b : c.static_backends) {
-    out << YAML::BeginMap << YAML::Key << "resource" << YAML::Value << b.resource << YAML::Key
-        << "endpoint" << YAML::Value << b.endpoint << YAML::Key << "api" << YAML::Value
-        << api(b.api) << YAML::EndMap;
-  }
-  out << YAML::EndSeq;
+  EmitResourceMaps(c, &out);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -1,5 +1,7 @@
 #include "proxy/kube/kube_config.h"
 
+#include <functional>
+
 #include <cstdlib>
 
 #include <yaml-cpp/yaml.h>
@@ -62,6 +64,39 @@ absl::StatusOr<KubeConfig> InClusterConfig(
   return c;
 }
 
+namespace {
+
+// The user `user_name` of a kubeconfig's users: a token (or its file) or a
+// client certificate and key (files or data). `file` resolves a path
+// against the kubeconfig's directory; `data` decodes a base64 field.
+absl::Status ApplyUser(
+    const YAML::Node& root, const std::string& path, const std::string& user_name,
+    const std::function<std::string(const std::string&)>& file,
+    const std::function<absl::Status(const YAML::Node&, const char*, std::string*)>& data,
+    KubeConfig* c) {
+  const YAML::Node user_entry = Named(root["users"], user_name);
+  if (!user_entry || !user_entry["user"]) {
+    return Bad(path, absl::StrCat("no user \"", user_name, "\""));
+  }
+  const YAML::Node user = user_entry["user"];
+  if (user["exec"] || user["auth-provider"]) {
+    return Bad(path, absl::StrCat("user \"", user_name,
+                                  "\" needs an exec or auth-provider plugin, which dpproxy "
+                                  "does not run; give it a token or a client certificate"));
+  }
+  c->token = Str(user, "token");
+  c->token_file = file(Str(user, "tokenFile"));
+  c->client_cert_file = file(Str(user, "client-certificate"));
+  c->client_key_file = file(Str(user, "client-key"));
+  if (absl::Status s = data(user, "client-certificate-data", &c->client_cert_data); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = data(user, "client-key-data", &c->client_key_data); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<KubeConfig> LoadKubeconfig(const std::string& path, const std::string& context) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return Bad(path, std::string(text.status().message()));
@@ -103,24 +138,7 @@ absl::StatusOr<KubeConfig> LoadKubeconfig(const std::string& path, const std::st
   if (absl::Status s = data(cluster, "certificate-authority-data", &c.ca_data); !s.ok()) return s;
   c.insecure = Str(cluster, "insecure-skip-tls-verify") == "true";
   if (!user_name.empty()) {
-    const YAML::Node user_entry = Named(root["users"], user_name);
-    if (!user_entry || !user_entry["user"]) {
-      return Bad(path, absl::StrCat("no user \"", user_name, "\""));
-    }
-    const YAML::Node user = user_entry["user"];
-    if (user["exec"] || user["auth-provider"]) {
-      return Bad(path, absl::StrCat("user \"", user_name,
-                                    "\" needs an exec or auth-provider plugin, which dpproxy "
-                                    "does not run; give it a token or a client certificate"));
-    }
-    c.token = Str(user, "token");
-    c.token_file = file(Str(user, "tokenFile"));
-    c.client_cert_file = file(Str(user, "client-certificate"));
-    c.client_key_file = file(Str(user, "client-key"));
-    if (absl::Status s = data(user, "client-certificate-data", &c.client_cert_data); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = data(user, "client-key-data", &c.client_key_data); !s.ok()) return s;
+    if (absl::Status s = ApplyUser(root, path, user_name, file, data, &c); !s.ok()) return s;
   }
   c.source = absl::StrCat(path, " (context ", ctx_name, ")");
   return c;

@@ -93,35 +93,21 @@ bool Takeover::WaitForEvery(const Parts& parts, const std::function<bool(Kubelet
   }
 }
 
-void Takeover::Complete(const Parts& parts) {
-  // The predecessor forwards to sockets that listen: housekeeping serves
-  // them right after Start.
-  if (!WaitForEvery(parts, [](KubeletGate* g) { return g->SocketPresent(); },
-                    absl::Seconds(10))) {
-    LOG(WARNING) << "takeover: a kubelet-facing socket is not served yet; forwarding anyway";
-  }
-  std::map<std::string, std::string> sockets;
-  for (KubeletGate* g : parts.side->Gates()) sockets[g->gate_name()] = g->socket_path();
-  absl::StatusOr<int64_t> held = predecessor_->Forward(sockets, absl::Seconds(10));
-  if (!held.ok()) {
-    LOG(ERROR) << "takeover: " << held.status().message();
-    events_->Emit("takeover_failed", {{"error", std::string(held.status().message())}});
-    done_.Notify();
-    return;
-  }
-  PauseForTest("forwarded");
+void Takeover::WaitForPluginsBack(const Parts& parts) {
   // The predecessor's plugins: a plugin that watches only its own socket
   // never registers here by itself, and would be connected to nobody once
   // the predecessor exits.
-  if (parts.plugins_back) {
-    bool back = parts.plugins_back(absl::Seconds(30));
-    while (!back && !parts.stopping()) {
-      LOG(ERROR) << "takeover: a plugin the running dpproxy has connected is not connected here "
-                    "yet (see /readyz); the predecessor keeps running until it is, or is gone";
-      events_->Emit("takeover_waiting", {{"waited_s", 30}, {"for", "plugins"}});
-      back = parts.plugins_back(absl::Seconds(30));
-    }
+  if (!parts.plugins_back) return;
+  bool back = parts.plugins_back(absl::Seconds(30));
+  while (!back && !parts.stopping()) {
+    LOG(ERROR) << "takeover: a plugin the running dpproxy has connected is not connected here "
+                  "yet (see /readyz); the predecessor keeps running until it is, or is gone";
+    events_->Emit("takeover_waiting", {{"waited_s", 30}, {"for", "plugins"}});
+    back = parts.plugins_back(absl::Seconds(30));
   }
+}
+
+bool Takeover::WaitUntilRegistered(const Parts& parts) {
   // Registered everywhere, and the kubelet using every socket of this one
   // (a device plugin: it opens ListAndWatch once the new endpoint is its
   // current one, and a 1.10-1.24 kubelet answers Register before it
@@ -141,6 +127,28 @@ void Takeover::Complete(const Parts& parts) {
     events_->Emit("takeover_waiting", {{"waited_s", 60}});
     registered = WaitForEvery(parts, registered_everywhere, absl::Minutes(1));
   }
+  return registered;
+}
+
+void Takeover::Complete(const Parts& parts) {
+  // The predecessor forwards to sockets that listen: housekeeping serves
+  // them right after Start.
+  if (!WaitForEvery(parts, [](KubeletGate* g) { return g->SocketPresent(); },
+                    absl::Seconds(10))) {
+    LOG(WARNING) << "takeover: a kubelet-facing socket is not served yet; forwarding anyway";
+  }
+  std::map<std::string, std::string> sockets;
+  for (KubeletGate* g : parts.side->Gates()) sockets[g->gate_name()] = g->socket_path();
+  absl::StatusOr<int64_t> held = predecessor_->Forward(sockets, absl::Seconds(10));
+  if (!held.ok()) {
+    LOG(ERROR) << "takeover: " << held.status().message();
+    events_->Emit("takeover_failed", {{"error", std::string(held.status().message())}});
+    done_.Notify();
+    return;
+  }
+  PauseForTest("forwarded");
+  WaitForPluginsBack(parts);
+  const bool registered = WaitUntilRegistered(parts);
   if (!registered) {
     // Stopping before it was registered: the predecessor is not told to
     // finish; Shutdown hands it the state back and it serves on.

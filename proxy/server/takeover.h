@@ -84,6 +84,11 @@ class Takeover {
 
  private:
   void Complete(const Parts& parts);
+  // Complete's waits: for the predecessor's plugins to be connected here,
+  // and to be registered with the kubelet for every resource (false if
+  // stopping first).
+  void WaitForPluginsBack(const Parts& parts);
+  bool WaitUntilRegistered(const Parts& parts);
   // Whether `done` holds for every gate within `timeout`, checked
   // every 10 ms (a takeover's one-off waits: a socket served, a
   // registration, the kubelet's stream, each a few milliseconds); false if

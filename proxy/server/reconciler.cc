@@ -434,6 +434,35 @@ std::optional<Reconciler::RuntimeView> Reconciler::RunningContainers() const {
   return view;
 }
 
+std::string Reconciler::GoneFromList(const state::Allocation& a,
+                                     const std::pair<std::string, std::string>& pod,
+                                     const PodList& list, absl::Time now) {
+  const bool window = InRestartWindow(now);
+  auto listed = list.containers.find(pod);
+  if (listed != list.containers.end()) {
+    {
+      absl::MutexLock lock(&window_mu_);
+      named_since_restart_.insert(a.id());
+    }
+    // pod-resources lists every app container of a running pod: one it
+    // does not list is an init container that has ended.
+    if (!a.container().empty() && !listed->second.empty() &&
+        listed->second.count(a.container()) == 0) {
+      return absl::StrCat("container ", a.container(), " of ", pod.first, "/", pod.second,
+                          " is not one the kubelet runs (an init container that ended)");
+    }
+    return "";
+  }
+  bool named_since;
+  {
+    absl::MutexLock lock(&window_mu_);
+    named_since = named_since_restart_.count(a.id()) > 0;
+  }
+  if (window && !named_since) return "";  // the List may not be complete yet
+  return absl::StrCat("pod ", pod.first, "/", pod.second,
+                      " is no longer listed by the kubelet's pod-resources API");
+}
+
 std::string Reconciler::HolderGone(
     const state::Allocation& a, const PodList* list, const RuntimeView* runtime,
     const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
@@ -462,32 +491,7 @@ std::string Reconciler::HolderGone(
                         a.container().empty() ? std::string("") : absl::StrCat(a.container(), " "),
                         "of ", who, " (it never started, or has ended)");
   }
-  if (!pod.second.empty() && list != nullptr) {
-    const bool window = InRestartWindow(now);
-    auto listed = list->containers.find(pod);
-    if (listed != list->containers.end()) {
-      {
-        absl::MutexLock lock(&window_mu_);
-        named_since_restart_.insert(a.id());
-      }
-      // pod-resources lists every app container of a running pod: one it
-      // does not list is an init container that has ended.
-      if (!a.container().empty() && !listed->second.empty() &&
-          listed->second.count(a.container()) == 0) {
-        return absl::StrCat("container ", a.container(), " of ", pod.first, "/", pod.second,
-                            " is not one the kubelet runs (an init container that ended)");
-      }
-      return "";
-    }
-    bool named_since;
-    {
-      absl::MutexLock lock(&window_mu_);
-      named_since = named_since_restart_.count(a.id()) > 0;
-    }
-    if (window && !named_since) return "";  // the List may not be complete yet
-    return absl::StrCat("pod ", pod.first, "/", pod.second,
-                        " is no longer listed by the kubelet's pod-resources API");
-  }
+  if (!pod.second.empty() && list != nullptr) return GoneFromList(a, pod, *list, now);
   if (pod.second.empty() &&
       now - absl::FromUnixMillis(a.quarantined_unix_ms()) >= options_.grace) {
     // Never named: an Allocate whose pod then failed admission, or an init
@@ -919,33 +923,17 @@ void Reconciler::Learn(const std::vector<Listed>& listed, bool from_checkpoint) 
                 {{"from", from}, {"recovered", recovered}, {"unrecoverable", unrecoverable}});
 }
 
-absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
-  {
-    std::vector<Listed> listed;
-    for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
-      listed.push_back({e.resource, e.device_ids,
-                        absl::StrCat("pod ", e.pod_uid, " container ", e.container)});
-    }
-    Learn(listed, /*from_checkpoint=*/true);
-  }
-  const state::State st = DevicePluginAllocations();
-  const Holdings holdings = CheckpointHoldings(ckpt);
+Reconciler::Verdicts Reconciler::ClassifyByCheckpoint(const state::State& st,
+                                                      const Holdings& holdings,
+                                                      int64_t now_ms, bool pod_resources) {
+  Verdicts v;
   const std::map<uint64_t, size_t> matched = holdings.Match(st);
-  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-  const bool pod_resources = PathExists(PodResourcesSocket());
-  checkpoint_seen_ = true;
-  checkpoint_read_ms_ = now_ms;
-  checkpoint_live_.clear();
-  std::vector<StateKeeper::Holder> annotate;
-  std::vector<uint64_t> release, forgotten_gone;
-  std::vector<std::string> forgotten_why;
-  std::set<uint64_t> missing;
   for (const state::Allocation& a : st.allocations()) {
     auto m = matched.find(a.id());
     if (m != matched.end()) {
       checkpoint_live_.insert(a.id());
       const PodHolder& h = holdings.holder(m->second);
-      annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
+      v.annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
       continue;
     }
     // Forgotten: absent from the checkpoint is the symptom, not proof;
@@ -956,8 +944,8 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
       if (pod_resources) continue;
       std::string why = HolderGone(a, nullptr, nullptr, {}, absl::FromUnixMillis(now_ms));
       if (!why.empty()) {
-        forgotten_gone.push_back(a.id());
-        forgotten_why.push_back(std::move(why));
+        v.forgotten_gone.push_back(a.id());
+        v.forgotten_why.push_back(std::move(why));
       }
       continue;
     }
@@ -966,32 +954,50 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
       continue;
     }
     if (checkpoint_missing_once_.count(a.id()) > 0) {
-      release.push_back(a.id());
+      v.release.push_back(a.id());
     } else {
-      missing.insert(a.id());
+      v.missing.insert(a.id());
     }
   }
+  return v;
+}
+
+absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
+  {
+    std::vector<Listed> listed;
+    for (const KubeletCheckpoint::Entry& e : ckpt.entries) {
+      listed.push_back({e.resource, e.device_ids,
+                        absl::StrCat("pod ", e.pod_uid, " container ", e.container)});
+    }
+    Learn(listed, /*from_checkpoint=*/true);
+  }
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  checkpoint_seen_ = true;
+  checkpoint_read_ms_ = now_ms;
+  checkpoint_live_.clear();
+  const Verdicts v = ClassifyByCheckpoint(DevicePluginAllocations(), CheckpointHoldings(ckpt),
+                                          now_ms, PathExists(PodResourcesSocket()));
   const std::set<uint64_t> missing_before = std::move(checkpoint_missing_once_);
-  checkpoint_missing_once_ = std::move(missing);
+  checkpoint_missing_once_ = v.missing;
   // The kubelet rewrites its checkpoint after every allocation: naming pod
   // UIDs must not cost a snapshot write each time (only releases save).
   absl::StatusOr<int> annotated =
-      keeper_->Reconcile(annotate, release, /*persist_names=*/false);
+      keeper_->Reconcile(v.annotate, v.release, /*persist_names=*/false);
   if (!annotated.ok()) return annotated.status();
-  if (!forgotten_gone.empty()) ReleaseForgotten(forgotten_gone, forgotten_why);
-  if (!release.empty()) {
-    LOG(INFO) << "kubelet checkpoint: released " << release.size()
+  if (!v.forgotten_gone.empty()) ReleaseForgotten(v.forgotten_gone, v.forgotten_why);
+  if (!v.release.empty()) {
+    LOG(INFO) << "kubelet checkpoint: released " << v.release.size()
               << " journal entries no kubelet container holds any more";
   }
   // A pass that changed nothing (no release, no name learned, the same
   // entries missing) says nothing.
-  if (release.empty() && forgotten_gone.empty() && *annotated == 0 &&
+  if (v.release.empty() && v.forgotten_gone.empty() && *annotated == 0 &&
       checkpoint_missing_once_ == missing_before) {
     return absl::OkStatus();
   }
   events_->Emit("checkpoint_reconciled", {{"entries", ckpt.entries.size()},
                                          {"layout", LayoutWriters(ckpt.layout)},
-                                         {"released", release.size()},
+                                         {"released", v.release.size()},
                                          {"missing_once", checkpoint_missing_once_.size()}});
   return absl::OkStatus();
 }

@@ -255,6 +255,10 @@ class Reconciler {
                          const RuntimeView* runtime,
                          const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
                          absl::Time now);
+  // HolderGone's answer from a List that names `pod`'s namespace and name.
+  std::string GoneFromList(const state::Allocation& a,
+                           const std::pair<std::string, std::string>& pod, const PodList& list,
+                           absl::Time now);
   // The forgotten allocations of a kubelet resource, oldest first, and the
   // pod names learnt for UIDs (from every allocation). One pass over the
   // journal.
@@ -273,6 +277,11 @@ class Reconciler {
   bool InRestartWindow(absl::Time now);
   absl::Status CheckpointPass(const KubeletCheckpoint& ckpt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
+  // Each allocation's verdict from the kubelet's checkpoint (`holdings`);
+  // where the pod-resources API exists it decides what is gone, and the
+  // checkpoint only names holders.
+  Verdicts ClassifyByCheckpoint(const state::State& st, const Holdings& holdings, int64_t now_ms,
+                                bool pod_resources) ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // Marks allocations quarantined, logs and reports each (and any device
   // the kubelet has handed out again meanwhile).
   void Quarantine(const std::vector<uint64_t>& ids, const std::string& reason);

@@ -125,21 +125,25 @@ void StateKeeper::SyncLoop() {
         ReleaseJournalLocked();  // writes what queued while savers waited
         continue;
       }
-      unsynced_since_ = absl::InfiniteFuture();
-      mu_.Unlock();
-      const absl::Status synced = journal_.Sync();
-      mu_.Lock();
-      if (!synced.ok()) {
-        NoteWrite(synced);
-        LOG(ERROR) << "cannot sync answers in the journal " << journal_.path() << ": "
-                   << synced.message();
-        events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                            {"error", std::string(synced.message())},
-                                            {"failures", write_failures_.load()}});
-      }
-      ReleaseJournalLocked();
+      SyncAnswersLocked();
     }
   }
+}
+
+void StateKeeper::SyncAnswersLocked() {
+  unsynced_since_ = absl::InfiniteFuture();
+  mu_.Unlock();
+  const absl::Status synced = journal_.Sync();
+  mu_.Lock();
+  if (!synced.ok()) {
+    NoteWrite(synced);
+    LOG(ERROR) << "cannot sync answers in the journal " << journal_.path() << ": "
+               << synced.message();
+    events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                        {"error", std::string(synced.message())},
+                                        {"failures", write_failures_.load()}});
+  }
+  ReleaseJournalLocked();
 }
 
 namespace {

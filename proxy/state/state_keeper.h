@@ -534,6 +534,9 @@ class StateKeeper : public AllocationJournal {
   absl::Time unsynced_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint64_t answer_writes_ ABSL_GUARDED_BY(mu_) = 0;
   void SyncLoop();
+  // SyncLoop's sync of the answers written and left unsynced, with the
+  // journal taken (journal_busy_); mu_ is let go around the fdatasync.
+  void SyncAnswersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::function<void(const char*)> test_hook_;
   std::function<absl::Status()> write_fault_;
   // Withdrawals and releases whose journal write failed (a full disk): the

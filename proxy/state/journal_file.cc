@@ -236,6 +236,37 @@ absl::Status JournalFile::Sync() {
   return absl::OkStatus();
 }
 
+absl::Status JournalFile::Create(Replay* replay) {
+  std::string magic(kMagic, sizeof(kMagic));
+  if (absl::Status s = WriteAll(fd_, magic, path_); !s.ok()) return s;
+  if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
+  // The new file's directory entry must be durable too.
+  const size_t slash = path_.rfind('/');
+  if (absl::Status s = SyncDir(slash == std::string::npos ? "." : path_.substr(0, slash));
+      !s.ok()) {
+    return s;
+  }
+  size_ = allocated_ = synced_ = magic.size();
+  records_ = 0;
+  replay->created = true;
+  return absl::OkStatus();
+}
+
+absl::Status JournalFile::RewriteIntact(const std::string& bytes, Replay* replay) {
+  replay->damaged_copy = absl::StrCat(path_, ".damaged-", ::time(nullptr));
+  if (absl::Status w = WriteFileAtomic(replay->damaged_copy, bytes, 0600); !w.ok()) return w;
+  std::string clean(kMagic, sizeof(kMagic));
+  for (const state::Allocation& a : replay->records) AppendRecord(a, &clean);
+  if (absl::Status w = WriteFileAtomic(path_, clean, 0600); !w.ok()) return w;
+  ::close(fd_);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd_ < 0) return Errno(absl::StrCat("open ", path_));
+  size_ = allocated_ = synced_ = clean.size();
+  records_ = replay->records.size();
+  replay->cut_bytes = 0;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -254,18 +285,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   }
   Replay replay;
   if (bytes->empty()) {
-    std::string magic(kMagic, sizeof(kMagic));
-    if (absl::Status s = WriteAll(fd_, magic, path_); !s.ok()) return s;
-    if (::fdatasync(fd_) != 0) return Errno(absl::StrCat("fdatasync ", path_));
-    // The new file's directory entry must be durable too.
-    const size_t slash = path_.rfind('/');
-    if (absl::Status s = SyncDir(slash == std::string::npos ? "." : path_.substr(0, slash));
-        !s.ok()) {
-      return s;
-    }
-    size_ = allocated_ = synced_ = magic.size();
-    records_ = 0;
-    replay.created = true;
+    if (absl::Status s = Create(&replay); !s.ok()) return s;
     return replay;
   }
   absl::StatusOr<JournalContents> contents = ParseJournal(*bytes);
@@ -280,17 +300,7 @@ absl::StatusOr<JournalFile::Replay> JournalFile::Open() {
   if (replay.damaged_bytes > 0) {
     // Keep the damaged file for inspection, then rewrite the journal with
     // the intact records only, so appends never follow bad bytes.
-    replay.damaged_copy = absl::StrCat(path_, ".damaged-", ::time(nullptr));
-    if (absl::Status w = WriteFileAtomic(replay.damaged_copy, *bytes, 0600); !w.ok()) return w;
-    std::string clean(kMagic, sizeof(kMagic));
-    for (const state::Allocation& a : replay.records) AppendRecord(a, &clean);
-    if (absl::Status w = WriteFileAtomic(path_, clean, 0600); !w.ok()) return w;
-    ::close(fd_);
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd_ < 0) return Errno(absl::StrCat("open ", path_));
-    size_ = allocated_ = synced_ = clean.size();
-    records_ = replay.records.size();
-    replay.cut_bytes = 0;
+    if (absl::Status s = RewriteIntact(*bytes, &replay); !s.ok()) return s;
     return replay;
   }
   const size_t pos = contents->valid_bytes;

@@ -140,6 +140,11 @@ class JournalFile {
   const std::string& path() const { return path_; }
 
  private:
+  // Open's two ways besides a plain replay: a new file (the magic, synced
+  // with its directory entry), and a damaged one kept aside as
+  // <path>.damaged-<time> and rewritten with its intact records.
+  absl::Status Create(Replay* replay);
+  absl::Status RewriteIntact(const std::string& bytes, Replay* replay);
   const std::string path_;
   int fd_ = -1;
   size_t size_ = 0;       // through the last record

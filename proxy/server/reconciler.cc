@@ -160,6 +160,22 @@ void Reconciler::ViewsOfList(const v1::ListPodResourcesResponse& list, Holdings*
   }
 }
 
+namespace {
+
+// The pod names learnt for UIDs (an init container's record has only the
+// UID).
+std::map<std::string, std::pair<std::string, std::string>> PodsOfUids(const state::State& st) {
+  std::map<std::string, std::pair<std::string, std::string>> out;
+  for (const state::Allocation& a : st.allocations()) {
+    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
+      out[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Reconciler::Verdicts Reconciler::Classify(const state::State& st_now, const Holdings& holdings,
                                           PodList* pods) {
   Verdicts v;
@@ -169,15 +185,13 @@ Reconciler::Verdicts Reconciler::Classify(const state::State& st_now, const Hold
   // Right after a kubelet start its List is empty or incomplete: a pod
   // missing from it then is not taken as gone.
   v.kubelet_starting = InRestartWindow(now);
-  const bool window = v.kubelet_starting;
-  std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
-  for (const state::Allocation& a : st_now.allocations()) {
-    if (!a.pod_uid().empty() && !a.pod_name().empty()) {
-      pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
-    }
-  }
-  std::optional<RuntimeView> runtime;  // asked once, if a forgotten holder is checked
-  bool runtime_asked = false;
+  const auto pod_of_uid = PodsOfUids(st_now);
+  // The container runtime, asked once, when an allocation's holder needs it.
+  std::optional<std::optional<RuntimeView>> asked;
+  auto runtime = [&]() -> const RuntimeView* {
+    if (!asked.has_value()) asked = RunningContainers();
+    return asked->has_value() ? &**asked : nullptr;
+  };
   for (const state::Allocation& a : st_now.allocations()) {
     auto m = matched.find(a.id());
     if (m != matched.end()) {
@@ -189,49 +203,46 @@ Reconciler::Verdicts Reconciler::Classify(const state::State& st_now, const Hold
         !a.pod_name().empty() && holdings.HasPod(a.pod_namespace(), a.pod_name());
     if (a.quarantined()) {
       // Forgotten: released as soon as its holder is gone.
-      if (!runtime_asked) {
-        runtime = RunningContainers();
-        runtime_asked = true;
-      }
-      std::string why = HolderGone(a, pods, runtime ? &*runtime : nullptr, pod_of_uid, now);
+      std::string why = HolderGone(a, pods, runtime(), pod_of_uid, now);
       if (!why.empty()) {
         v.forgotten_gone.push_back(a.id());
         v.forgotten_why.push_back(std::move(why));
       }
       continue;
     }
-    if (window && !pod_listed) continue;
+    if (v.kubelet_starting && !pod_listed) continue;
     if (!pod_listed && !a.pod_name().empty()) {
       // Listed before, not now, and the container runtime runs nothing of
       // it: gone, released at once (its device may be what a claim, or the
       // next pod, waits for).
-      if (!runtime_asked) {
-        runtime = RunningContainers();
-        runtime_asked = true;
-      }
-      if (runtime.has_value() &&
-          !runtime->Runs(a.pod_uid(), {a.pod_namespace(), a.pod_name()}, "")) {
+      if (const RuntimeView* r = runtime();
+          r != nullptr && !r->Runs(a.pod_uid(), {a.pod_namespace(), a.pod_name()}, "")) {
         v.release.push_back(a.id());
         continue;
       }
     }
-    const bool old_enough =
-        now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(options_.grace);
-    if (!old_enough && !pod_listed) continue;
-    if (missing_once_.count(a.id()) == 0) {
-      v.missing.insert(a.id());
-      continue;
-    }
-    if (pod_listed) {
-      // The kubelet lists the pod as running but no longer these devices:
-      // it lost track of them (e.g. it restarted without its checkpoint).
-      v.contradicted.push_back(a.id());
-      v.contradicted_pods.push_back(absl::StrCat(a.pod_namespace(), "/", a.pod_name()));
-    } else {
-      v.release.push_back(a.id());
-    }
+    ClassifyMissing(a, pod_listed, now_ms, &v);
   }
   return v;
+}
+
+void Reconciler::ClassifyMissing(const state::Allocation& a, bool pod_listed, int64_t now_ms,
+                                 Verdicts* v) {
+  const bool old_enough =
+      now_ms - a.allocated_unix_ms() >= absl::ToInt64Milliseconds(options_.grace);
+  if (!old_enough && !pod_listed) return;
+  if (missing_once_.count(a.id()) == 0) {
+    v->missing.insert(a.id());
+    return;
+  }
+  if (pod_listed) {
+    // The kubelet lists the pod as running but no longer these devices:
+    // it lost track of them (e.g. it restarted without its checkpoint).
+    v->contradicted.push_back(a.id());
+    v->contradicted_pods.push_back(absl::StrCat(a.pod_namespace(), "/", a.pod_name()));
+  } else {
+    v->release.push_back(a.id());
+  }
 }
 
 absl::Status Reconciler::ReconcileOnce() {
@@ -769,6 +780,49 @@ void Reconciler::OnKubeletRestart(const RestartSeen& seen) {
   restart_check_ = std::move(check);  // checked (and reported) even if none is live
 }
 
+void Reconciler::FinishRestartCheck(const RestartCheck& check, const std::string& path,
+                                    const std::optional<FileId>& id) {
+  std::string why;
+  absl::StatusOr<KubeletCheckpoint> ckpt = absl::NotFoundError("missing");
+  if (!id.has_value()) {
+    why = absl::StrCat("the kubelet restarted and has no checkpoint at ", path);
+  } else if (absl::StatusOr<std::string> text = ReadFile(path); !text.ok()) {
+    why = absl::StrCat("the kubelet restarted and its checkpoint cannot be read: ",
+                       text.status().message());
+  } else if (ckpt = ParseKubeletCheckpoint(*text); !ckpt.ok()) {
+    why = absl::StrCat("the kubelet restarted with an unreadable checkpoint (",
+                       ckpt.status().message(), ")");
+  }
+  std::vector<uint64_t> lost;
+  const state::State st = DevicePluginAllocations();
+  std::map<uint64_t, size_t> matched;
+  if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
+  int kept = 0;
+  for (const state::Allocation& a : st.allocations()) {
+    if (check.live.count(a.id()) == 0 || a.quarantined()) continue;
+    if (ckpt.ok() && matched.count(a.id()) > 0) {
+      ++kept;
+      continue;
+    }
+    lost.push_back(a.id());
+  }
+  // A kubelet reads its checkpoint whole or discards it whole: if it still
+  // lists any allocation that was live before the restart, it kept them,
+  // and those missing are pods that ended meanwhile (released as usual).
+  if (kept > 0 && !lost.empty()) {
+    LOG(INFO) << "the restarted kubelet kept its checkpoint; " << lost.size()
+              << " allocation(s) it no longer lists belong to pods that ended";
+    lost.clear();
+  }
+  if (why.empty()) {
+    why = "the kubelet restarted and its checkpoint no longer lists these devices (it lost "
+          "them: deleted, corrupt, or written by a release it cannot read)";
+  }
+  if (!lost.empty()) Quarantine(lost, why);
+  events_->Emit("kubelet_checkpoint_checked", {{"lost", lost.size()},
+                                              {"live", check.live.size()}});
+}
+
 void Reconciler::CheckCheckpoint() {
   const std::string path = CheckpointPath();
   const std::optional<FileId> id = StatFileId(path);
@@ -779,45 +833,7 @@ void Reconciler::CheckCheckpoint() {
     if (id == restart_check_->checkpoint_before && now < restart_check_->deadline) return;
     RestartCheck check = *std::move(restart_check_);
     restart_check_.reset();
-    std::string why;
-    absl::StatusOr<KubeletCheckpoint> ckpt = absl::NotFoundError("missing");
-    if (!id.has_value()) {
-      why = absl::StrCat("the kubelet restarted and has no checkpoint at ", path);
-    } else if (absl::StatusOr<std::string> text = ReadFile(path); !text.ok()) {
-      why = absl::StrCat("the kubelet restarted and its checkpoint cannot be read: ",
-                         text.status().message());
-    } else if (ckpt = ParseKubeletCheckpoint(*text); !ckpt.ok()) {
-      why = absl::StrCat("the kubelet restarted with an unreadable checkpoint (",
-                         ckpt.status().message(), ")");
-    }
-    std::vector<uint64_t> lost;
-    const state::State st = DevicePluginAllocations();
-    std::map<uint64_t, size_t> matched;
-    if (ckpt.ok()) matched = CheckpointHoldings(*ckpt).Match(st);
-    int kept = 0;
-    for (const state::Allocation& a : st.allocations()) {
-      if (check.live.count(a.id()) == 0 || a.quarantined()) continue;
-      if (ckpt.ok() && matched.count(a.id()) > 0) {
-        ++kept;
-        continue;
-      }
-      lost.push_back(a.id());
-    }
-    // A kubelet reads its checkpoint whole or discards it whole: if it still
-    // lists any allocation that was live before the restart, it kept them,
-    // and those missing are pods that ended meanwhile (released as usual).
-    if (kept > 0 && !lost.empty()) {
-      LOG(INFO) << "the restarted kubelet kept its checkpoint; " << lost.size()
-                << " allocation(s) it no longer lists belong to pods that ended";
-      lost.clear();
-    }
-    if (why.empty()) {
-      why = "the kubelet restarted and its checkpoint no longer lists these devices (it lost "
-            "them: deleted, corrupt, or written by a release it cannot read)";
-    }
-    if (!lost.empty()) Quarantine(lost, why);
-    events_->Emit("kubelet_checkpoint_checked", {{"lost", lost.size()},
-                                                {"live", check.live.size()}});
+    FinishRestartCheck(check, path, id);
     last_checkpoint_ = id;
     return;
   }

@@ -233,6 +233,11 @@ class Reconciler {
   };
   Verdicts Classify(const state::State& st_now, const Holdings& holdings, PodList* pods)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_);
+  // The verdict on an allocation the List does not name with its devices:
+  // missing once (told at the next pass), its pod gone, or its pod listed
+  // without them (the kubelet lost them).
+  void ClassifyMissing(const state::Allocation& a, bool pod_listed, int64_t now_ms,
+                       Verdicts* v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_);
   // The containers the container runtime runs now, by pod UID and by pod
   // namespace and name (the kubelet's labels on each container).
   struct RuntimeView {
@@ -317,6 +322,11 @@ class Reconciler {
     absl::Time deadline;
   };
   std::optional<RestartCheck> restart_check_;
+  // The check after a kubelet restart, once its checkpoint is written (or
+  // the deadline passed): the allocations live before that it no longer
+  // lists are forgotten ones, unless it kept its checkpoint at all.
+  void FinishRestartCheck(const RestartCheck& check, const std::string& path,
+                          const std::optional<FileId>& id);
   std::optional<FileId> last_checkpoint_;
   absl::Time last_checkpoint_parse_ = absl::InfinitePast();
 

@@ -133,6 +133,35 @@ absl::StatusOr<KubeClient::Json> KubeClient::Delete(const std::string& path) {
   return Call("DELETE", path, nullptr);
 }
 
+absl::StatusOr<KubeClient::Json> KubeClient::FromAnswer(const std::string& what,
+                                                        const https::Answer& answer) {
+  const std::string& response = answer.body;
+  const int http = answer.status;
+  absl::StatusOr<Json> parsed = ParseAnswer(response);
+  if (http >= 200 && http < 300) {
+    if (response.empty()) return Json::object();
+    if (!parsed.ok()) {
+      return absl::InternalError(absl::StrCat(what, ": the API server answered ", http,
+                                              " with a body that is ",
+                                              parsed.status().message()));
+    }
+    return *std::move(parsed);
+  }
+  const Json j = parsed.ok() ? *std::move(parsed) : Json();
+  // A Kubernetes Status object says why; a conflict (409 with reason
+  // Conflict) is a stale resourceVersion, not an existing object.
+  std::string reason, message;
+  if (j.is_object()) {
+    if (j.contains("reason") && j["reason"].is_string()) reason = j["reason"];
+    if (j.contains("message") && j["message"].is_string()) message = j["message"];
+  }
+  absl::StatusCode code = CodeFor(http);
+  if (http == 409 && reason == "Conflict") code = absl::StatusCode::kAborted;
+  return absl::Status(code, absl::StrCat(what, ": HTTP ", http,
+                                         reason.empty() ? "" : absl::StrCat(" ", reason),
+                                         message.empty() ? "" : absl::StrCat(": ", message)));
+}
+
 absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std::string& path,
                                                   const Json* body) {
   const std::string what = absl::StrCat(method, " ", path);
@@ -175,31 +204,7 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
     case https::Answer::Outcome::kTransport:
       return absl::UnavailableError(absl::StrCat(what, " at ", config_.server, ": ", answer.error));
   }
-  const std::string& response = answer.body;
-  const int http = answer.status;
-  absl::StatusOr<Json> parsed = ParseAnswer(response);
-  if (http >= 200 && http < 300) {
-    if (response.empty()) return Json::object();
-    if (!parsed.ok()) {
-      return absl::InternalError(absl::StrCat(what, ": the API server answered ", http,
-                                              " with a body that is ",
-                                              parsed.status().message()));
-    }
-    return *std::move(parsed);
-  }
-  const Json j = parsed.ok() ? *std::move(parsed) : Json();
-  // A Kubernetes Status object says why; a conflict (409 with reason
-  // Conflict) is a stale resourceVersion, not an existing object.
-  std::string reason, message;
-  if (j.is_object()) {
-    if (j.contains("reason") && j["reason"].is_string()) reason = j["reason"];
-    if (j.contains("message") && j["message"].is_string()) message = j["message"];
-  }
-  absl::StatusCode code = CodeFor(http);
-  if (http == 409 && reason == "Conflict") code = absl::StatusCode::kAborted;
-  return absl::Status(code, absl::StrCat(what, ": HTTP ", http,
-                                         reason.empty() ? "" : absl::StrCat(" ", reason),
-                                         message.empty() ? "" : absl::StrCat(": ", message)));
+  return FromAnswer(what, answer);
 }
 
 }  // namespace dpproxy

@@ -64,6 +64,9 @@ class KubeClient {
  private:
   KubeClient(KubeConfig config, absl::Duration timeout, const https::Module* https);
   absl::StatusOr<Json> Call(const char* method, const std::string& path, const Json* body);
+  // An answer the API server gave (`what`: the method and path): its JSON
+  // for a 2xx, else a Status with the code Kubernetes meant and its reason.
+  static absl::StatusOr<Json> FromAnswer(const std::string& what, const https::Answer& answer);
 
   const KubeConfig config_;
   const absl::Duration timeout_;

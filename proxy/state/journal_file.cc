@@ -139,29 +139,34 @@ void MergeJournal(const std::vector<state::Allocation>& records, state::State* s
   st->set_next_allocation_id(last_id);
 }
 
+namespace {
+
+// What the journal wrote of an allocation: what a snapshot adds later (its
+// response, annotations, a quarantine) is not part of it.
+std::string JournalIdentity(const state::Allocation& a) {
+  state::Allocation c = a;
+  c.clear_response();
+  c.clear_stage();
+  c.clear_pod_namespace();
+  c.clear_pod_name();
+  c.clear_container();
+  c.clear_pod_uid();
+  c.clear_quarantined();
+  c.clear_quarantine_reason();
+  c.clear_quarantined_unix_ms();
+  // A DRA claim's CDI names and spec come with its answer.
+  if (c.has_claim()) {
+    c.mutable_claim()->clear_cdi_ids();
+    c.mutable_claim()->clear_cdi_spec();
+  }
+  return c.SerializeAsString();
+}
+
+}  // namespace
+
 void MergeJournal(const std::vector<state::Allocation>& records, AllocationTable* held,
                   uint64_t* last_id) {
   uint64_t max_id = std::max(*last_id, held->max_id());
-  // id -> what the journal wrote of the allocation: what a snapshot adds
-  // later (its response, annotations, a quarantine) is not part of it.
-  auto identity = [](const state::Allocation& a) {
-    state::Allocation c = a;
-    c.clear_response();
-    c.clear_stage();
-    c.clear_pod_namespace();
-    c.clear_pod_name();
-    c.clear_container();
-    c.clear_pod_uid();
-    c.clear_quarantined();
-    c.clear_quarantine_reason();
-    c.clear_quarantined_unix_ms();
-    // A DRA claim's CDI names and spec come with its answer.
-    if (c.has_claim()) {
-      c.mutable_claim()->clear_cdi_ids();
-      c.mutable_claim()->clear_cdi_spec();
-    }
-    return c.SerializeAsString();
-  };
   // Only the held allocations a record may repeat are compared: a start
   // with a large state and a short journal encodes none of the rest.
   std::map<uint64_t, std::string> known;
@@ -171,7 +176,7 @@ void MergeJournal(const std::vector<state::Allocation>& records, AllocationTable
       continue;
     }
     if (state::Allocation h; known.count(a.id()) == 0 && held->Get(a.id(), &h)) {
-      known[a.id()] = identity(h);
+      known[a.id()] = JournalIdentity(h);
     }
   }
   // Ids this merge gave a record that collided, for its answer or
@@ -202,15 +207,15 @@ void MergeJournal(const std::vector<state::Allocation>& records, AllocationTable
       // Saved into a snapshot before a crash could reset the journal: keep
       // one. A different allocation under the same id is never dropped: it
       // gets a fresh id.
-      if (it->second == identity(a)) continue;
+      if (it->second == JournalIdentity(a)) continue;
       state::Allocation moved = a;
       moved.set_id(++max_id);
       renumbered[a.id()] = moved.id();
-      known[moved.id()] = identity(moved);
+      known[moved.id()] = JournalIdentity(moved);
       held->Put(moved);
       continue;
     }
-    known[a.id()] = identity(a);
+    known[a.id()] = JournalIdentity(a);
     held->Put(a);
   }
   *last_id = max_id;

@@ -400,6 +400,59 @@ struct OpsServer::Loop {
   }
 };
 
+absl::Status OpsServer::AdoptListener(Loop* l, const HostPort& hp, const std::string& address,
+                                      const Options& options) {
+  // Handed over: it must be a listening TCP socket on this very address.
+  int listening = 0;
+  socklen_t len = sizeof(listening);
+  absl::StatusOr<HostPort> bound = BoundAddress(options.listener_fd);
+  std::string why;
+  if (::getsockopt(options.listener_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+      !listening) {
+    why = "the socket handed over does not listen";
+  } else if (!bound.ok()) {
+    why = absl::StrCat("the socket handed over: ", bound.status().message());
+  } else if (!SameHost(bound->host, hp.host) || (hp.port != 0 && bound->port != hp.port)) {
+    why = absl::StrCat("the socket handed over listens on ", bound->host, " port ",
+                       bound->port, ", not on this address");
+  } else if (!BoundInThisNetworkNamespace(options.listener_fd)) {
+    ::close(options.listener_fd);
+    l->Abandon();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the HTTP listener handed over is in another network namespace (the running "
+        "dpproxy is in another pod), where ", address, " of this one is free"));
+  } else if (int rc = uv_tcp_open(&l->listener, options.listener_fd); rc != 0) {
+    why = UvError(rc);
+  }
+  if (!why.empty()) {
+    ::close(options.listener_fd);
+    l->Abandon();
+    return Unavailable(address, why);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpsServer::BindListener(Loop* l, const HostPort& hp, const std::string& address) {
+  sockaddr_storage addr{};
+  const bool v6 = hp.host.find(':') != std::string::npos;
+  const int rc = v6 ? uv_ip6_addr(hp.host.c_str(), hp.port,
+                                  reinterpret_cast<sockaddr_in6*>(&addr))
+                    : uv_ip4_addr(hp.host.c_str(), hp.port,
+                                  reinterpret_cast<sockaddr_in*>(&addr));
+  const int bound = rc != 0 ? rc
+                            : uv_tcp_bind(&l->listener, reinterpret_cast<sockaddr*>(&addr),
+                                          v6 ? UV_TCP_IPV6ONLY : 0);
+  if (bound != 0) {
+    l->Abandon();
+    return Unavailable(address, UvError(bound));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpsServer::Unavailable(const std::string& address, absl::string_view why) {
+  return absl::UnavailableError(absl::StrCat("cannot serve HTTP at ", address, ": ", why));
+}
+
 absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& address,
                                                             OpsHandlers handlers,
                                                             const Options& options) {
@@ -408,57 +461,16 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& a
     if (options.listener_fd >= 0) ::close(options.listener_fd);
     return hp.status();
   }
-  auto unavailable = [&address](absl::string_view why) {
-    return absl::UnavailableError(absl::StrCat("cannot serve HTTP at ", address, ": ", why));
-  };
   std::unique_ptr<OpsServer> s(new OpsServer());
   s->loop_ = std::make_unique<Loop>(std::move(handlers), options);
   Loop* l = s->loop_.get();
   uv_loop_init(&l->loop);
   uv_tcp_init(&l->loop, &l->listener);
   l->listener.data = l;
-  if (options.listener_fd >= 0) {
-    // Handed over: it must be a listening TCP socket on this very address.
-    int listening = 0;
-    socklen_t len = sizeof(listening);
-    absl::StatusOr<HostPort> bound = BoundAddress(options.listener_fd);
-    std::string why;
-    if (::getsockopt(options.listener_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
-        !listening) {
-      why = "the socket handed over does not listen";
-    } else if (!bound.ok()) {
-      why = absl::StrCat("the socket handed over: ", bound.status().message());
-    } else if (!SameHost(bound->host, hp->host) || (hp->port != 0 && bound->port != hp->port)) {
-      why = absl::StrCat("the socket handed over listens on ", bound->host, " port ",
-                         bound->port, ", not on this address");
-    } else if (!BoundInThisNetworkNamespace(options.listener_fd)) {
-      ::close(options.listener_fd);
-      l->Abandon();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the HTTP listener handed over is in another network namespace (the running "
-          "dpproxy is in another pod), where ", address, " of this one is free"));
-    } else if (int rc = uv_tcp_open(&l->listener, options.listener_fd); rc != 0) {
-      why = UvError(rc);
-    }
-    if (!why.empty()) {
-      ::close(options.listener_fd);
-      l->Abandon();
-      return unavailable(why);
-    }
-  } else {
-    sockaddr_storage addr{};
-    const bool v6 = hp->host.find(':') != std::string::npos;
-    const int rc = v6 ? uv_ip6_addr(hp->host.c_str(), hp->port,
-                                    reinterpret_cast<sockaddr_in6*>(&addr))
-                      : uv_ip4_addr(hp->host.c_str(), hp->port,
-                                    reinterpret_cast<sockaddr_in*>(&addr));
-    const int bound = rc != 0 ? rc
-                              : uv_tcp_bind(&l->listener, reinterpret_cast<sockaddr*>(&addr),
-                                            v6 ? UV_TCP_IPV6ONLY : 0);
-    if (bound != 0) {
-      l->Abandon();
-      return unavailable(UvError(bound));
-    }
+  if (absl::Status st = options.listener_fd >= 0 ? AdoptListener(l, *hp, address, options)
+                                                 : BindListener(l, *hp, address);
+      !st.ok()) {
+    return st;
   }
   // A socket handed over listens already (the kernel queues connections
   // for whichever process accepts): with accept_later this one takes none
@@ -466,7 +478,7 @@ absl::StatusOr<std::unique_ptr<OpsServer>> OpsServer::Start(const std::string& a
   const bool later = options.accept_later && options.listener_fd >= 0;
   if (int rc = later ? 0 : l->Listen(); rc != 0) {
     l->Abandon();
-    return unavailable(UvError(rc));
+    return Unavailable(address, UvError(rc));
   }
   uv_os_fd_t fd = -1;
   uv_fileno(reinterpret_cast<uv_handle_t*>(&l->listener), &fd);

@@ -114,6 +114,13 @@ class OpsServer {
 
  private:
   struct Loop;
+  // Start's two ways to a listener: the one a running dpproxy handed over
+  // (a listening TCP socket on this address, in this network namespace),
+  // or one bound here.
+  static absl::Status AdoptListener(Loop* l, const HostPort& hp, const std::string& address,
+                                    const Options& options);
+  static absl::Status BindListener(Loop* l, const HostPort& hp, const std::string& address);
+  static absl::Status Unavailable(const std::string& address, absl::string_view why);
   OpsServer() = default;
 
   std::unique_ptr<Loop> loop_;

@@ -318,6 +318,46 @@ void Registrar::Resume(bool successor_registered) {
   }
 }
 
+void Registrar::ScheduleRetryLocked(Slot* e, const absl::Status& s, bool kubelet_replaced,
+                                    bool not_serving) {
+  // Retried soon, with backoff: not only at the next kubelet restart.
+  const absl::Duration cap = s.code() == absl::StatusCode::kUnavailable ||
+                                     s.code() == absl::StatusCode::kDeadlineExceeded
+                                 ? absl::Seconds(5)
+                                 : absl::Seconds(30);
+  if (kubelet_replaced) {
+    // The kubelet restarted while this registration was on its way
+    // (the pass that saw the new kubelet left this one alone while it
+    // ran): register with the new kubelet at once, as the others are.
+    // Waiting out the backoff here was a 100 ms tail of re-registration.
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::Now();
+  } else if (not_serving && e->backoff == absl::ZeroDuration()) {
+    // The wipe of a kubelet that just started, seen between this
+    // registration's queueing and its start: the pass this wakes serves
+    // the socket again and registers at once (a 100 ms wait here was
+    // most of the slowest re-registrations). Only once in a row: a
+    // socket that keeps going goes back to the backoff below.
+    e->backoff = absl::Milliseconds(1);
+    e->retry_at = absl::Now();
+  } else {
+    e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
+    e->retry_at = absl::Now() + e->backoff;
+  }
+  next_retry_ = std::min(next_retry_, e->retry_at);
+  LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
+            << s.message() << "); retrying in "
+            << absl::FormatDuration(absl::Ceil(
+                   std::max(absl::ZeroDuration(), e->retry_at - absl::Now()),
+                   absl::Milliseconds(1)));
+  events_->Emit("kubelet_registration_retry",
+                {{"resource", e->resource->name()},
+                 {"retry_in_ms", absl::ToInt64Milliseconds(
+                                     std::max(absl::ZeroDuration(), e->retry_at - absl::Now()))},
+                 {"kubelet_replaced", kubelet_replaced},
+                 {"error", std::string(s.message())}});
+}
+
 void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, uint64_t served) {
   absl::Status s;
   bool not_serving = false;
@@ -356,42 +396,7 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
       e->backoff = absl::ZeroDuration();
       e->retry_at = absl::InfinitePast();
     } else {
-      // Retried soon, with backoff: not only at the next kubelet restart.
-      const absl::Duration cap = s.code() == absl::StatusCode::kUnavailable ||
-                                         s.code() == absl::StatusCode::kDeadlineExceeded
-                                     ? absl::Seconds(5)
-                                     : absl::Seconds(30);
-      if (kubelet_replaced) {
-        // The kubelet restarted while this registration was on its way
-        // (the pass that saw the new kubelet left this one alone while it
-        // ran): register with the new kubelet at once, as the others are.
-        // Waiting out the backoff here was a 100 ms tail of re-registration.
-        e->backoff = absl::ZeroDuration();
-        e->retry_at = absl::Now();
-      } else if (not_serving && e->backoff == absl::ZeroDuration()) {
-        // The wipe of a kubelet that just started, seen between this
-        // registration's queueing and its start: the pass this wakes serves
-        // the socket again and registers at once (a 100 ms wait here was
-        // most of the slowest re-registrations). Only once in a row: a
-        // socket that keeps going goes back to the backoff below.
-        e->backoff = absl::Milliseconds(1);
-        e->retry_at = absl::Now();
-      } else {
-        e->backoff = std::min(cap, std::max(absl::Milliseconds(100), e->backoff * 2));
-        e->retry_at = absl::Now() + e->backoff;
-      }
-      next_retry_ = std::min(next_retry_, e->retry_at);
-      LOG(INFO) << "resource " << e->resource->name() << ": registration failed ("
-                << s.message() << "); retrying in "
-                << absl::FormatDuration(absl::Ceil(
-                       std::max(absl::ZeroDuration(), e->retry_at - absl::Now()),
-                       absl::Milliseconds(1)));
-      events_->Emit("kubelet_registration_retry",
-                    {{"resource", e->resource->name()},
-                     {"retry_in_ms", absl::ToInt64Milliseconds(
-                                         std::max(absl::ZeroDuration(), e->retry_at - absl::Now()))},
-                     {"kubelet_replaced", kubelet_replaced},
-                     {"error", std::string(s.message())}});
+      ScheduleRetryLocked(e, s, kubelet_replaced, not_serving);
     }
   }
   wake_();

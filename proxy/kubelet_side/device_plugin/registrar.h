@@ -162,6 +162,12 @@ class Registrar {
 
   void ServeRemoved(const std::vector<Slot*>& slots);
   void RegisterOnWorker(Slot* slot, FileId kubelet, std::string options, uint64_t served);
+  // After a failed registration (`s`): when to try again. At once if the
+  // kubelet was replaced meanwhile, or once when the socket was found not
+  // serving; else with backoff (100 ms doubling, to 5 s for a kubelet that
+  // is away, 30 s for a refusal).
+  void ScheduleRetryLocked(Slot* e, const absl::Status& s, bool kubelet_replaced,
+                           bool not_serving) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const KubeletSideOptions kubelet_;
   EventLog* const events_;

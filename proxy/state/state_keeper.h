@@ -346,6 +346,12 @@ class StateKeeper : public AllocationJournal {
   bool WaitForQueued(size_t n, absl::Duration timeout);
 
  private:
+  // The key of a device in the hold index: resource, NUL, device ID.
+  static std::string HeldKey(const std::string& resource, const std::string& id);
+  // Who holds an allocation, as a refusal names it.
+  static std::string HolderOf(const state::Allocation& a);
+  // What every write returns once the state was handed over.
+  static absl::Status HandedOverError();
   // One Record (or reservation, answer, withdrawal) waiting for the
   // journal.
   struct Pending {

@@ -1,0 +1,402 @@
+// StateKeeper's write path (state_keeper.h): each Allocate's reservation
+// and answer queued, written in group commits by whichever caller takes
+// the journal, and synced before the kubelet is answered.
+#include "proxy/state/state_keeper.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include <glog/logging.h>
+
+#include <stdio.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "proxy/state/allocation_response.h"
+#include "proxy/util/buffers.h"
+#include "proxy/util/files.h"
+#include "proxy/util/thread_name.h"
+
+namespace dpproxy {
+namespace {
+
+// Allocation.stage set to WHOLE (0), encoded: appended to a reservation's
+// bytes, it ends the reservation.
+const std::string& StageWhole() {
+  static const std::string* const kBytes = [] {
+    using google::protobuf::internal::WireFormatLite;
+    static_assert(state::Allocation::WHOLE == 0, "the default stage");
+    uint8_t bytes[6];
+    uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
+        WireFormatLite::MakeTag(state::Allocation::kStageFieldNumber,
+                                WireFormatLite::WIRETYPE_VARINT),
+        bytes);
+    *end++ = 0;
+    return new std::string(reinterpret_cast<const char*>(bytes),
+                           static_cast<size_t>(end - bytes));
+  }();
+  return *kBytes;
+}
+
+}  // namespace
+
+absl::Status StateKeeper::Record(const std::string& resource,
+                                 const v1beta1::AllocateRequest& req,
+                                 const v1beta1::AllocateResponse& resp,
+                                 const BackendSide& backend) {
+  absl::Notification recorded;
+  absl::Status result;
+  RecordAsync(resource, req, resp, backend, [&](absl::Status s) {
+    result = std::move(s);
+    recorded.Notify();
+  });
+  recorded.WaitForNotification();
+  return result;
+}
+
+std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
+    const std::string& resource, const v1beta1::AllocateRequest& req,
+    const v1beta1::AllocateResponse* resp, const BackendSide& backend) {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  std::vector<state::Allocation> records;
+  records.reserve(req.container_requests_size());
+  uint64_t next = state_.next_allocation_id();
+  for (int i = 0; i < req.container_requests_size(); ++i) {
+    state::Allocation a;
+    a.set_id(++next);
+    a.set_resource(resource);
+    for (const std::string& id : req.container_requests(i).devices_ids()) {
+      a.add_device_ids(id);
+    }
+    if (resp == nullptr) {
+      a.set_stage(state::Allocation::RESERVED);
+    } else if (i < resp->container_responses_size()) {
+      SetResponse(&a, resp->container_responses(i));
+    }
+    a.set_backend_api(backend.api);
+    a.set_backend_endpoint(backend.endpoint);
+    a.set_backend_resource(backend.resource);
+    if (backend.request != nullptr && i < backend.request->container_requests_size()) {
+      const auto& ids = backend.request->container_requests(i).devices_ids();
+      if (!std::equal(ids.begin(), ids.end(), a.device_ids().begin(), a.device_ids().end())) {
+        *a.mutable_backend_device_ids() = ids;
+      }
+    }
+    if (backend.claims != nullptr && i < static_cast<int>(backend.claims->size())) {
+      *a.mutable_claim() = (*backend.claims)[static_cast<size_t>(i)];
+    }
+    a.set_allocated_unix_ms(now);
+    records.push_back(std::move(a));
+  }
+  state_.set_next_allocation_id(next);
+  return records;
+}
+
+void StateKeeper::AddInFlightLocked(Pending* p) {
+  for (const state::Allocation& a : p->records) {
+    p->in_flight = true;
+    for (const std::string& d : a.device_ids()) {
+      InFlight& f = in_flight_[HeldKey(a.resource(), d)];
+      if (a.has_claim()) {
+        ++f.claims;
+        f.claim_holder = HolderOf(a);
+      } else {
+        ++f.others;
+      }
+    }
+  }
+}
+
+void StateKeeper::EndInFlightLocked(const Pending& p) {
+  if (!p.in_flight) return;
+  for (const state::Allocation& a : p.records) {
+    for (const std::string& d : a.device_ids()) {
+      auto f = in_flight_.find(HeldKey(a.resource(), d));
+      if (f == in_flight_.end()) continue;
+      (a.has_claim() ? f->second.claims : f->second.others) -= 1;
+      if (f->second.claims <= 0 && f->second.others <= 0) in_flight_.erase(f);
+    }
+  }
+}
+
+bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
+  if (!p->written_only && one_holder_) AddInFlightLocked(p.get());
+  p->encoded = JournalFile::Encode(p->records);
+  queue_.push_back(std::move(p));
+  ++queued_;
+  // The writer at work takes this record with its next batch.
+  if (journal_busy_) return false;
+  journal_busy_ = true;
+  return true;
+}
+
+void StateKeeper::Submit(const std::function<absl::Status(Pending*)>& build,
+                         std::function<void(absl::Status)> done) {
+  absl::Status refused;
+  bool write = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto me = std::make_unique<Pending>();
+    refused = build(me.get());
+    if (refused.ok()) {
+      me->done = std::move(done);
+      write = EnqueueLocked(std::move(me));
+    }
+  }
+  if (!refused.ok()) {
+    if (done) done(std::move(refused));
+    return;
+  }
+  if (write) WriteQueued();
+}
+
+void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
+                              const v1beta1::AllocateResponse& resp, const BackendSide& backend,
+                              std::function<void(absl::Status)> done) {
+  Submit(
+      [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        absl::Status refused =
+            CheckRecordableLocked(resource, req, backend.claims != nullptr);
+        if (refused.ok()) me->records = NewRecordsLocked(resource, req, &resp, backend);
+        return refused;
+      },
+      std::move(done));
+}
+
+AllocationJournal::Reservation StateKeeper::ReserveAsync(
+    const std::string& resource, const v1beta1::AllocateRequest& req, const BackendSide& backend,
+    std::function<void(absl::Status)> durable, bool readmission) {
+  Reservation r;
+  Submit(
+      [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        absl::Status refused =
+            CheckRecordableLocked(resource, req, backend.claims != nullptr, readmission);
+        if (!refused.ok()) return refused;
+        me->records = NewRecordsLocked(resource, req, nullptr, backend);
+        r.count = static_cast<int>(me->records.size());
+        r.first_id = r.count > 0 ? me->records.front().id() : 0;
+        return absl::OkStatus();
+      },
+      std::move(durable));
+  return r;
+}
+
+void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
+                              std::function<void(absl::Status)> done,
+                              const std::vector<state::DraClaim>* claims) {
+  Submit(
+      [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (handed_over_) return HandedOverError();
+        if (!journal_ok_) {
+          return absl::FailedPreconditionError("the allocation journal is not open");
+        }
+        me->written_only = true;
+        for (int i = 0; i < r.count; ++i) {
+          state::Allocation a;
+          a.set_id(r.first_id + static_cast<uint64_t>(i));
+          a.set_stage(state::Allocation::ANSWERED);
+          if (i < resp.container_responses_size()) {
+            SetResponse(&a, resp.container_responses(i));
+          }
+          if (claims != nullptr && i < static_cast<int>(claims->size())) {
+            *a.mutable_claim() = (*claims)[static_cast<size_t>(i)];
+          }
+          // In memory at once: a snapshot taken before the record is
+          // written holds the response, and the record replays onto it
+          // unchanged.
+          if (!a.has_claim()) {
+            // The reservation has no response: the answer's fields appended
+            // to its bytes set it, and stage, set to WHOLE, ends the
+            // reservation's.
+            state::Allocation answer;
+            answer.set_response(a.response());
+            std::string fields = answer.SerializeAsString();
+            fields += StageWhole();
+            allocations_.AppendFields(a.id(), fields);
+          } else {
+            std::string was;  // the claim the reservation named
+            if (allocations_.Update(a.id(), [&](state::Allocation* held) {
+                  if (held->has_claim()) was = held->claim().uid();
+                  *held->mutable_response() = a.response();
+                  *held->mutable_claim() = a.claim();
+                  held->clear_stage();
+                }) &&
+                was != a.claim().uid()) {
+              if (auto c = by_claim_.find(was); c != by_claim_.end()) {
+                c->second.erase(a.id());
+                if (c->second.empty()) by_claim_.erase(c);
+              }
+              by_claim_[a.claim().uid()].insert(a.id());
+            }
+          }
+          me->records.push_back(std::move(a));
+        }
+        return absl::OkStatus();
+      },
+      std::move(done));
+}
+
+void StateKeeper::Withdraw(const Reservation& r) {
+  bool write = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::vector<state::Allocation> gone =
+        allocations_.EraseRange(r.first_id, r.first_id + static_cast<uint64_t>(r.count));
+    if (gone.empty()) return;  // never written, or released already
+    for (const state::Allocation& a : gone) UnindexLocked(a);
+    allocation_count_ = static_cast<int>(allocations_.size());
+    ++released_version_;
+    if (handed_over_ || !journal_ok_) return;  // the next start replays it as held
+    auto me = std::make_unique<Pending>();
+    me->written_only = true;
+    for (int i = 0; i < r.count; ++i) {
+      state::Allocation a;
+      a.set_id(r.first_id + static_cast<uint64_t>(i));
+      a.set_stage(state::Allocation::WITHDRAWN);
+      me->records.push_back(std::move(a));
+    }
+    write = EnqueueLocked(std::move(me));
+  }
+  if (write) WriteQueued();
+}
+
+void StateKeeper::JournalReleasedLocked(const std::vector<uint64_t>& ids) {
+  if (ids.empty() || handed_over_ || !journal_ok_) return;
+  auto me = std::make_unique<Pending>();
+  me->written_only = true;
+  for (uint64_t id : ids) {
+    state::Allocation a;
+    a.set_id(id);
+    a.set_stage(state::Allocation::WITHDRAWN);
+    me->records.push_back(std::move(a));
+  }
+  if (!EnqueueLocked(std::move(me))) return;  // the writer at work takes them
+  mu_.Unlock();
+  WriteQueued();
+  mu_.Lock();
+}
+
+void StateKeeper::ReleaseJournalLocked() {
+  if (queue_.empty()) {
+    journal_busy_ = false;
+    return;
+  }
+  mu_.Unlock();
+  WriteQueued();  // still busy: this thread is the writer now
+  mu_.Lock();
+}
+
+void StateKeeper::WriteQueued() {
+  std::vector<std::unique_ptr<Pending>> batch;
+  absl::MutexLock lock(&mu_);
+  while (!queue_.empty() && savers_waiting_ == 0) {
+    // One write and one fdatasync for every reservation and whole record
+    // queued; answers and withdrawals first, in a write of their own that
+    // nobody waits to sync (their reservations are on the disk already).
+    batch.clear();
+    const bool written_only =
+        std::any_of(queue_.begin(), queue_.end(), [](const auto& p) { return p->written_only; });
+    std::deque<std::unique_ptr<Pending>> rest;
+    for (auto& p : queue_) {
+      if (!written_only || p->written_only) {
+        batch.push_back(std::move(p));
+      } else {
+        rest.push_back(std::move(p));
+      }
+    }
+    queue_ = std::move(rest);
+    // Answers left unsynced for kAnswerSyncDelay are synced with this
+    // batch, whatever it holds: a writer kept at work by answers alone
+    // keeps the syncer's promise itself.
+    const bool synced = !written_only || (unsynced_since_ != absl::InfiniteFuture() &&
+                                          absl::Now() >= unsynced_since_ + kAnswerSyncDelay);
+    std::string data = unwritten_withdrawals_;  // a failed write's withdrawals first
+    size_t count = unwritten_withdrawal_records_;
+    for (const auto& p : batch) {
+      data += p->encoded;
+      count += p->records.size();
+    }
+    mu_.Unlock();
+    if (test_hook_) test_hook_("journal_write");
+    const absl::Time write_start = absl::Now();
+    const absl::Status fault = write_fault_ ? write_fault_() : absl::OkStatus();
+    const absl::Status s =
+        !fault.ok() ? fault
+                    : journal_.AppendEncoded(data, count,
+                                             synced ? JournalFile::Durability::kSynced
+                                                    : JournalFile::Durability::kWritten);
+    if (sync_observer_ && synced) sync_observer_(absl::Now() - write_start);
+    const size_t journal_size = journal_.size(), journal_count = journal_.records();
+    mu_.Lock();
+    ++journal_writes_;
+    NoteWrite(s);
+    for (const auto& p : batch) EndInFlightLocked(*p);
+    if (s.ok()) {
+      unwritten_withdrawals_.clear();
+      unwritten_withdrawal_records_ = 0;
+    } else {
+      // Withdrawals and releases are gone from memory already: written
+      // with the next batch, so that no reservation they end is left in
+      // the journal once the disk takes writes again.
+      for (const auto& p : batch) {
+        if (!p->written_only) continue;
+        const bool withdrawals =
+            std::all_of(p->records.begin(), p->records.end(), [](const state::Allocation& a) {
+              return a.stage() == state::Allocation::WITHDRAWN;
+            });
+        if (!withdrawals) continue;
+        unwritten_withdrawals_ += p->encoded;
+        unwritten_withdrawal_records_ += p->records.size();
+      }
+    }
+    if (!s.ok()) {
+      LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
+      events_->Emit("state_save_failed", {{"path", journal_.path()},
+                                          {"error", std::string(s.message())},
+                                          {"failures", write_failures_.load()},
+                                          {"allocations_refused", count}});
+    } else {
+      journal_records_ += static_cast<int64_t>(count);
+      journal_applied_bytes_ = journal_size;
+      journal_applied_records_ = journal_count;
+      for (auto& p : batch) {
+        if (p->written_only) continue;  // applied when it was queued
+        size_t pos = 0;  // each record's encoding, as the journal holds it
+        for (const state::Allocation& a : p->records) {
+          IndexLocked(a);
+          allocations_.PutOwnEncoding(a.id(), JournalFile::EncodedPayload(p->encoded, &pos));
+        }
+      }
+    }
+    allocation_count_ = static_cast<int>(allocations_.size());
+    queued_ -= batch.size();
+    // The records are durable in the journal; the snapshot that takes them
+    // in is written by the compactor, off this path.
+    if (s.ok() && CompactDueLocked() && !compacting_) compact_wanted_ = true;
+    // Answers and withdrawals left unsynced are synced by the next synced
+    // batch (one is usually on its way: the next Allocate's reservation),
+    // by this writer's next batch once they are due, or by the syncer
+    // after kAnswerSyncDelay.
+    if (!synced && s.ok()) {
+      ++answer_writes_;
+      if (unsynced_since_ == absl::InfiniteFuture()) unsynced_since_ = write_start;
+    } else if (s.ok()) {
+      unsynced_since_ = absl::InfiniteFuture();
+    }
+    // The answers go out with no lock held (each may finish a kubelet's
+    // call); an error refuses every record of the batch: none was recorded.
+    mu_.Unlock();
+    for (auto& p : batch) {
+      if (p->done) p->done(s);
+    }
+    mu_.Lock();
+  }
+  journal_busy_ = false;
+}
+
+}  // namespace dpproxy

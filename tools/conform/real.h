@@ -26,6 +26,7 @@
 #ifndef DPPROXY_TOOLS_CONFORM_REAL_H_
 #define DPPROXY_TOOLS_CONFORM_REAL_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -45,7 +45,7 @@ DEFINE_string(kubelets, "",
               "minor). Empty: the newest minor of each generation (see --list).\n"
               "real:1.37 (or real, for whichever release it runs) adds the real kubelet\n"
               "of this machine's node: the scenarios it can judge, one cell at a time,\n"
-              "with --kubeconfig and --pod_image (see \"On a real kubelet\" below).");
+              "with --kubeconfig and --pod_image (see \"On a real kubelet\" above).");
 DEFINE_string(kubeconfig, "",
               "Real kubelets: a kubeconfig for the node's API server that may read nodes\n"
               "and make and delete pods in --namespace. Empty: $KUBECONFIG.");

@@ -298,6 +298,25 @@ std::vector<state::Allocation> Reconciler::Naming(const std::vector<state::Alloc
   return out;
 }
 
+namespace {
+
+template <typename T>
+const T* OrNull(const std::optional<T>& v) {
+  return v.has_value() ? &*v : nullptr;
+}
+
+// Adds allocation `id` and why its holder is gone (`why_gone`, "" if it
+// is not) to the ones to release; whether it was gone.
+bool NoteGone(uint64_t id, std::string why_gone, std::vector<uint64_t>* gone,
+              std::vector<std::string>* why) {
+  if (why_gone.empty()) return false;
+  gone->push_back(id);
+  why->push_back(std::move(why_gone));
+  return true;
+}
+
+}  // namespace
+
 std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
                                                  const std::vector<std::string>& ids) {
   const std::set<std::string> wanted(ids.begin(), ids.end());
@@ -312,11 +331,8 @@ std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
   std::vector<uint64_t> gone;
   std::vector<std::string> why;
   for (const state::Allocation& a : holders) {
-    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr,
-                               runtime.has_value() ? &*runtime : nullptr, pod_of_uid, now);
-    if (!w.empty()) {
-      gone.push_back(a.id());
-      why.push_back(std::move(w));
+    if (NoteGone(a.id(), HolderGone(a, OrNull(list), OrNull(runtime), pod_of_uid, now), &gone,
+                 &why)) {
       continue;
     }
     for (const std::string& d : a.device_ids()) {
@@ -423,11 +439,8 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
     bool named = false;
     for (const std::string& d : a.device_ids()) named |= wanted.count(d) > 0;
     if (!named) continue;
-    std::string w = HolderGone(a, list.has_value() ? &*list : nullptr,
-                               runtime.has_value() ? &*runtime : nullptr, pod_of_uid, now);
-    if (!w.empty()) {
-      gone.push_back(a.id());
-      why.push_back(std::move(w));
+    if (NoteGone(a.id(), HolderGone(a, OrNull(list), OrNull(runtime), pod_of_uid, now), &gone,
+                 &why)) {
       continue;
     }
     std::vector<std::string> devices;

@@ -332,13 +332,13 @@ void Reconciler::OnKubeletRestart(const RestartSeen& seen) {
     }
   } else {
     // (The last read is fresh: the checkpoint is read whenever it
-    // changes. Allocations since then count only if the file cannot be
-    // read now, i.e. the kubelet lost it.)
+    // changes. Allocations newer than any it listed count only if the file
+    // cannot be read now, i.e. the kubelet lost it.)
     absl::MutexLock lock(&checkpoint_mu_);
     for (const state::Allocation& a : st.allocations()) {
       if (a.quarantined()) continue;
       if (!checkpoint_seen_ || checkpoint_live_.count(a.id()) > 0 ||
-          (!current.has_value() && a.allocated_unix_ms() >= checkpoint_read_ms_)) {
+          (!current.has_value() && a.id() > checkpoint_newest_listed_)) {
         check.live.insert(a.id());
       }
     }
@@ -514,6 +514,7 @@ Reconciler::Verdicts Reconciler::ClassifyByCheckpoint(const state::State& st,
     auto m = matched.find(a.id());
     if (m != matched.end()) {
       checkpoint_live_.insert(a.id());
+      checkpoint_newest_listed_ = std::max(checkpoint_newest_listed_, a.id());
       const PodHolder& h = holdings.holder(m->second);
       v.annotate.push_back({a.id(), "", "", h.container, h.pod_uid});
       continue;
@@ -555,7 +556,6 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
   }
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   checkpoint_seen_ = true;
-  checkpoint_read_ms_ = now_ms;
   checkpoint_live_.clear();
   const Verdicts v = ClassifyByCheckpoint(DevicePluginAllocations(), CheckpointHoldings(ckpt),
                                           now_ms, PathExists(PodResourcesSocket()));

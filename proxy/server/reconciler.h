@@ -284,7 +284,8 @@ class Reconciler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // Each allocation's verdict from the kubelet's checkpoint (`holdings`);
   // where the pod-resources API exists it decides what is gone, and the
-  // checkpoint only names holders.
+  // checkpoint only names holders. Notes which allocations it lists
+  // (checkpoint_live_, checkpoint_newest_listed_).
   Verdicts ClassifyByCheckpoint(const state::State& st, const Holdings& holdings, int64_t now_ms,
                                 bool pod_resources) ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // Marks allocations quarantined, logs and reports each (and any device
@@ -308,11 +309,17 @@ class Reconciler {
 
   absl::Mutex checkpoint_mu_;  // one checkpoint pass at a time
   std::set<uint64_t> checkpoint_missing_once_ ABSL_GUARDED_BY(checkpoint_mu_);
-  // What the kubelet's checkpoint listed at the last pass, and when: at a
-  // kubelet restart only those (and anything newer) were live for it.
+  // What the kubelet's checkpoint listed at the last pass, and the newest
+  // allocation any pass has listed. At a kubelet restart the former were
+  // live for it, and so were those newer than the latter: the kubelet
+  // writes a container's devices into its checkpoint after the plugin has
+  // answered and before it admits the next container, so a read may come
+  // before the newest allocations are written, never before older ones.
+  // An older allocation the checkpoint does not list belongs to a pod that
+  // ended.
   bool checkpoint_seen_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   std::set<uint64_t> checkpoint_live_ ABSL_GUARDED_BY(checkpoint_mu_);
-  int64_t checkpoint_read_ms_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
+  uint64_t checkpoint_newest_listed_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
 
   // Checkpoint thread only: the check pending after a kubelet restart, and
   // the checkpoint last parsed.

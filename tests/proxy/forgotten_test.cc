@@ -287,6 +287,38 @@ TEST(ForgottenHoldTest, AKubeletRestartDuringRecoveryKeepsTheHolds) {
   EXPECT_EQ(h.proxy().Status().forgotten.size(), 2u);
 }
 
+// The kubelet writes its checkpoint after the plugin's Allocate answers.
+// dpproxy read the checkpoint in between, so the last read does not list
+// pod a, which runs. The kubelet then restarts without its checkpoint: a's
+// devices are forgotten like b's, and no new pod is given one.
+TEST(ForgottenHoldTest, AnAllocationTheLastCheckpointReadMissedIsStillHeld) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, ByHand());
+  ASSERT_NO_FATAL_FAILURE(Up(h));
+  absl::StatusOr<sim::AllocateResponse> b = h.sim().Allocate(Pod("b", {{"main", 1}}));
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());
+  h.sim().HoldCheckpointWrites(true);
+  absl::StatusOr<sim::AllocateResponse> a = h.sim().Allocate(Pod("a", {{"main", 2}}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(h.proxy().ReconcileCheckpointOnce().ok());  // lists b, not yet a
+  h.sim().HoldCheckpointWrites(false);
+  ASSERT_NO_FATAL_FAILURE(LoseCheckpointAndResync(h));
+
+  std::vector<std::string> forgotten;
+  for (const auto& f : h.proxy().Status().forgotten) {
+    forgotten.insert(forgotten.end(), f.devices.begin(), f.devices.end());
+  }
+  std::vector<std::string> held(a->allocations(0).device_ids().begin(),
+                                a->allocations(0).device_ids().end());
+  held.push_back(b->allocations(0).device_ids(0));
+  EXPECT_THAT(forgotten, ::testing::UnorderedElementsAreArray(held));
+  absl::StatusOr<sim::AllocateResponse> n = h.sim().Allocate(Pod("n", {{"main", 1}}));
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_THAT(held, Not(::testing::Contains(n->allocations(0).device_ids(0))));
+  EXPECT_THAT(UsedTwice(h.sim().GetState()), IsEmpty());
+  EXPECT_THAT(FailedPods(h.sim().GetState()), IsEmpty());
+}
+
 // A hold whose pod dpproxy knows only by UID (no reconciliation pass named
 // it before the loss) lifts once the kubelet removes the pod's directory.
 TEST(ForgottenHoldTest, AHoldKnownOnlyByPodUidLiftsWhenItsDirectoryGoes) {

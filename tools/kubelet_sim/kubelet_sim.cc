@@ -552,6 +552,11 @@ void KubeletSim::SetLateWipe(absl::Duration late_wipe) {
   late_wipe_delay_ = late_wipe;
 }
 
+void KubeletSim::HoldCheckpointWrites(bool hold) {
+  absl::MutexLock lock(&mu_);
+  checkpoint_writes_held_ = hold;
+}
+
 KubeletSim::~KubeletSim() {
   StopControl();
   Stop();
@@ -1037,7 +1042,9 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
 }
 
 void KubeletSim::WriteCheckpointLocked() {
-  absl::Status s = WriteFileAtomic(checkpoint_path(), state_.CheckpointJson(kubelet_.minor));
+  absl::Status s = checkpoint_writes_held_
+                       ? absl::OkStatus()
+                       : WriteFileAtomic(checkpoint_path(), state_.CheckpointJson(kubelet_.minor));
   if (s.ok()) {
     s = WriteFileAtomic(JoinPath(options_.root_dir, kPodsFileName), state_.PodsJson());
   }

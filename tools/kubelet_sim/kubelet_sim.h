@@ -209,6 +209,13 @@ class KubeletSim {
   // The late wipe (KubeletSimOptions::late_wipe) for the starts from now on.
   void SetLateWipe(absl::Duration late_wipe);
 
+  // Holds the device manager's checkpoint writes (true) or lets them go on
+  // (false). A real kubelet writes its checkpoint after a plugin's Allocate
+  // has answered; while held, the node is in that window: the plugin has
+  // answered, the pod runs, the checkpoint does not list it yet. The
+  // simulator's own record of its pods is written as usual.
+  void HoldCheckpointWrites(bool hold);
+
   // Serves the control API on `socket_path` (outlives kubelet restarts).
   absl::Status StartControl(const std::string& socket_path);
   void StopControl();
@@ -386,6 +393,7 @@ class KubeletSim {
   absl::Mutex mu_;
   KubeletVersion kubelet_ ABSL_GUARDED_BY(mu_);
   absl::Duration late_wipe_delay_ ABSL_GUARDED_BY(mu_);
+  bool checkpoint_writes_held_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_at_ ABSL_GUARDED_BY(mu_);

@@ -10,16 +10,33 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
+#include "tools/apiserver_sim/apiserver_sim_reply.h"
+#include "tools/apiserver_sim/k8s_protobuf.h"
 
 namespace dpproxy::sim {
+
+void Reply(httplib::Response& res, int code, const nlohmann::json& body) {
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+// A Kubernetes Status object, as the API server answers errors.
+void Fail(httplib::Response& res, int code, const std::string& reason,
+          const std::string& message) {
+  Reply(res, code,
+        {{"kind", "Status"},
+         {"apiVersion", "v1"},
+         {"metadata", nlohmann::json::object()},
+         {"status", "Failure"},
+         {"reason", reason},
+         {"message", message},
+         {"code", code}});
+}
+
 namespace {
 
 using Json = nlohmann::json;
 constexpr char kGroup[] = "resource.k8s.io";
-
-void Reply(httplib::Response& res, int code, const Json& body);
-void Fail(httplib::Response& res, int code, const std::string& reason,
-          const std::string& message);
 
 // The claim `ns/name` of `claims`, or a 404 answered.
 template <typename Map>
@@ -47,11 +64,6 @@ typename Map::iterator FindSlice(Map& slices, const httplib::Request& req,
   return it;
 }
 
-void Reply(httplib::Response& res, int code, const Json& body) {
-  res.status = code;
-  res.set_content(body.dump(), "application/json");
-}
-
 // A list, as the API server answers one: kind, apiVersion, the
 // resourceVersion it was read at, the items.
 void ReplyList(httplib::Response& res, const std::string& kind, const std::string& api_version,
@@ -61,19 +73,6 @@ void ReplyList(httplib::Response& res, const std::string& kind, const std::strin
          {"apiVersion", api_version},
          {"metadata", {{"resourceVersion", absl::StrCat(resource_version)}}},
          {"items", std::move(items)}});
-}
-
-// A Kubernetes Status object, as the API server answers errors.
-void Fail(httplib::Response& res, int code, const std::string& reason,
-          const std::string& message) {
-  Reply(res, code,
-        {{"kind", "Status"},
-         {"apiVersion", "v1"},
-         {"metadata", Json::object()},
-         {"status", "Failure"},
-         {"reason", reason},
-         {"message", message},
-         {"code", code}});
 }
 
 // What the real API server refuses in a ResourceSlice; "" if nothing.
@@ -118,8 +117,30 @@ std::string InvalidSlice(const Json& s, const std::string& version) {
   return "";
 }
 
-// "spec.nodeName=a,spec.driver=b" -> {{"spec.nodeName","a"}, ...}.
-std::map<std::string, std::string> FieldSelector(const std::string& s) {
+// The request's object, in JSON or in Kubernetes protobuf (client-go's
+// generated clientset sends built-in types so); nullopt with the error
+// answered: 400 for a body that is neither, 415 for protobuf the simulator
+// does not read whole.
+std::optional<Json> ReadBody(const httplib::Request& req, httplib::Response& res) {
+  if (absl::StartsWith(req.get_header_value("Content-Type"), kKubernetesProtobuf)) {
+    absl::StatusOr<Json> j = KubernetesProtobufToJson(req.body);
+    if (!j.ok()) {
+      Fail(res, 415, "UnsupportedMediaType", std::string(j.status().message()));
+      return std::nullopt;
+    }
+    return *std::move(j);
+  }
+  Json j = Json::parse(req.body, nullptr, false);
+  if (j.is_discarded()) {
+    Fail(res, 400, "BadRequest", "the body is not JSON");
+    return std::nullopt;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ApiServerSim::ParseFieldSelector(const std::string& s) {
   std::map<std::string, std::string> out;
   for (absl::string_view term : absl::StrSplit(s, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(term, absl::MaxSplits('=', 1));
@@ -128,7 +149,14 @@ std::map<std::string, std::string> FieldSelector(const std::string& s) {
   return out;
 }
 
-}  // namespace
+bool ApiServerSim::SliceMatches(const Json& slice,
+                                const std::map<std::string, std::string>& selector) {
+  for (const auto& [field, value] : selector) {
+    const std::string key = field.substr(field.find('.') + 1);
+    if (slice["spec"].value(key, "") != value) return false;
+  }
+  return true;
+}
 
 ApiServerSim::ApiServerSim(Options options) : options_(std::move(options)) {}
 
@@ -155,6 +183,10 @@ absl::Status ApiServerSim::Start() {
     }
     server_ = std::move(tls);
   }
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = false;
+  }
   Routes();
   // Started before: the same port, so that clients find it again.
   const int want = port_ > 0 ? port_ : options_.port;
@@ -176,6 +208,10 @@ absl::Status ApiServerSim::Start() {
 
 void ApiServerSim::Stop() {
   if (server_ == nullptr) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;  // watch streams end; their threads are joined below
+  }
   server_->stop();
   if (thread_.joinable()) thread_.join();
   server_.reset();
@@ -229,6 +265,7 @@ int ApiServerSim::DeleteSlicesOfNode(const std::string& node) {
   int n = 0;
   for (auto it = slices_.begin(); it != slices_.end();) {
     if (it->second["spec"].value("nodeName", "") == node) {
+      NoteSlice("DELETED", it->second);
       it = slices_.erase(it);
       ++n;
     } else {
@@ -240,10 +277,13 @@ int ApiServerSim::DeleteSlicesOfNode(const std::string& node) {
 
 void ApiServerSim::PutNode(const std::string& name, const std::string& kubelet_version) {
   absl::MutexLock lock(&mu_);
+  const std::string uid = absl::StrFormat("00000000-0000-4000-b000-%012d", ++resource_version_);
   nodes_[name] = {{"kind", "Node"},
                   {"apiVersion", "v1"},
                   {"metadata",
-                   {{"name", name}, {"resourceVersion", std::to_string(++resource_version_)}}},
+                   {{"name", name},
+                    {"uid", uid},
+                    {"resourceVersion", std::to_string(++resource_version_)}}},
                   {"status", {{"nodeInfo", {{"kubeletVersion", kubelet_version}}}}}};
 }
 
@@ -254,7 +294,9 @@ void ApiServerSim::SetNodeAllocatable(const std::string& name,
   if (n.is_null()) {
     n = {{"kind", "Node"},
          {"apiVersion", "v1"},
-         {"metadata", {{"name", name}}},
+         {"metadata",
+          {{"name", name},
+           {"uid", absl::StrFormat("00000000-0000-4000-b000-%012d", ++resource_version_)}}},
          {"status", Json::object()}};
   }
   Json a = Json::object();
@@ -396,76 +438,7 @@ void ApiServerSim::Routes() {
   for (const std::string& v : options_.versions) {
     const std::string base = absl::StrCat("/apis/", kGroup, "/", v);
     const std::string api_version = absl::StrCat(kGroup, "/", v);
-    server_->Get(base + "/resourceslices",
-                 [this, api_version](const httplib::Request& req, httplib::Response& res) {
-                   const auto selector = FieldSelector(req.get_param_value("fieldSelector"));
-                   Json items = Json::array();
-                   absl::MutexLock lock(&mu_);
-                   for (const auto& [name, s] : slices_) {
-                     bool match = true;
-                     for (const auto& [field, value] : selector) {
-                       const std::string key = field.substr(field.find('.') + 1);
-                       if (s["spec"].value(key, "") != value) match = false;
-                     }
-                     if (match) items.push_back(s);
-                   }
-                   ReplyList(res, "ResourceSliceList", api_version, resource_version_, std::move(items));
-                 });
-    server_->Post(base + "/resourceslices",
-                  [this, v, api_version](const httplib::Request& req, httplib::Response& res) {
-                    Json s = Json::parse(req.body, nullptr, false);
-                    const std::string bad = s.is_discarded() ? "not JSON" : InvalidSlice(s, v);
-                    if (!bad.empty()) return Fail(res, 422, "Invalid", bad);
-                    const std::string name = s["metadata"].value("name", "");
-                    if (name.empty()) return Fail(res, 422, "Invalid", "metadata.name: Required value");
-                    absl::MutexLock lock(&mu_);
-                    if (slices_.count(name) > 0) {
-                      return Fail(res, 409, "AlreadyExists",
-                                  absl::StrCat("resourceslices.resource.k8s.io \"", name,
-                                               "\" already exists"));
-                    }
-                    s["apiVersion"] = api_version;
-                    s["metadata"]["uid"] =
-                        absl::StrFormat("00000000-0000-4000-9000-%012d", ++resource_version_);
-                    s["metadata"]["resourceVersion"] = absl::StrCat(resource_version_);
-                    slices_[name] = s;
-                    Reply(res, 201, s);
-                  });
-    const std::string one = base + R"(/resourceslices/([^/]+))";
-    server_->Get(one, [this](const httplib::Request& req, httplib::Response& res) {
-      absl::MutexLock lock(&mu_);
-      auto it = FindSlice(slices_, req, res);
-      if (it != slices_.end()) Reply(res, 200, it->second);
-    });
-    server_->Put(one, [this, v, api_version](const httplib::Request& req, httplib::Response& res) {
-      const std::string name = req.matches[1];
-      Json s = Json::parse(req.body, nullptr, false);
-      const std::string bad = s.is_discarded() ? "not JSON" : InvalidSlice(s, v);
-      if (!bad.empty()) return Fail(res, 422, "Invalid", bad);
-      absl::MutexLock lock(&mu_);
-      auto it = FindSlice(slices_, req, res);
-      if (it == slices_.end()) return;
-      if (s["metadata"].value("resourceVersion", "") !=
-          it->second["metadata"].value("resourceVersion", "")) {
-        return Fail(res, 409, "Conflict",
-                    absl::StrCat("Operation cannot be fulfilled on resourceslices.resource.k8s.io "
-                                 "\"", name, "\": the object has been modified; please apply "
-                                 "your changes to the latest version and try again"));
-      }
-      s["apiVersion"] = api_version;
-      s["metadata"]["uid"] = it->second["metadata"]["uid"];
-      s["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
-      it->second = s;
-      Reply(res, 200, s);
-    });
-    server_->Delete(one, [this](const httplib::Request& req, httplib::Response& res) {
-      absl::MutexLock lock(&mu_);
-      auto it = FindSlice(slices_, req, res);
-      if (it == slices_.end()) return;
-      Json gone = it->second;
-      slices_.erase(it);
-      Reply(res, 200, gone);
-    });
+    SliceRoutes(v);
     // Claims: created as the API does (a uid and resourceVersion given);
     // the scheduler's allocation written to status with PUT .../status.
     server_->Post(base + R"(/namespaces/([^/]+)/resourceclaims)",
@@ -599,6 +572,100 @@ void ApiServerSim::Routes() {
                    Reply(res, 200, it->second);
                  });
   }
+}
+
+void ApiServerSim::SliceRoutes(const std::string& version) {
+  const std::string base = absl::StrCat("/apis/", kGroup, "/", version);
+  const std::string api_version = absl::StrCat(kGroup, "/", version);
+  server_->Get(base + "/resourceslices",
+               [this, api_version](const httplib::Request& req, httplib::Response& res) {
+                 const std::string watch = req.get_param_value("watch");
+                 if (watch == "true" || watch == "1") {
+                   return ServeSliceWatch(req, res, api_version);
+                 }
+                 const auto selector = ParseFieldSelector(req.get_param_value("fieldSelector"));
+                 Json items = Json::array();
+                 absl::MutexLock lock(&mu_);
+                 for (const auto& [name, s] : slices_) {
+                   if (SliceMatches(s, selector)) items.push_back(s);
+                 }
+                 ReplyList(res, "ResourceSliceList", api_version, resource_version_,
+                           std::move(items));
+               });
+  server_->Post(base + "/resourceslices", [this, version, api_version](
+                                              const httplib::Request& req,
+                                              httplib::Response& res) {
+    std::optional<Json> s = ReadBody(req, res);
+    if (!s.has_value()) return;
+    if (const std::string bad = InvalidSlice(*s, version); !bad.empty()) {
+      return Fail(res, 422, "Invalid", bad);
+    }
+    Json& meta = (*s)["metadata"];
+    if (!meta.is_object()) meta = Json::object();
+    if (meta.value("name", "").empty()) {
+      // generateName, as the resourceslice controller names its slices.
+      const std::string prefix = meta.value("generateName", "");
+      if (prefix.empty()) {
+        return Fail(res, 422, "Invalid",
+                    "metadata.name: Required value: name or generateName is required");
+      }
+      meta["name"] = absl::StrCat(prefix, GeneratedSuffix());
+    }
+    const std::string name = meta["name"];
+    absl::MutexLock lock(&mu_);
+    if (slices_.count(name) > 0) {
+      return Fail(res, 409, "AlreadyExists",
+                  absl::StrCat("resourceslices.resource.k8s.io \"", name, "\" already exists"));
+    }
+    (*s)["apiVersion"] = api_version;
+    (*s)["kind"] = "ResourceSlice";
+    meta["uid"] = absl::StrFormat("00000000-0000-4000-9000-%012d", ++resource_version_);
+    meta["resourceVersion"] = absl::StrCat(resource_version_);
+    slices_[name] = *s;
+    NoteSlice("ADDED", *s);
+    Reply(res, 201, *s);
+  });
+  const std::string one = base + R"(/resourceslices/([^/]+))";
+  server_->Get(one, [this](const httplib::Request& req, httplib::Response& res) {
+    absl::MutexLock lock(&mu_);
+    auto it = FindSlice(slices_, req, res);
+    if (it != slices_.end()) Reply(res, 200, it->second);
+  });
+  server_->Put(one, [this, version, api_version](const httplib::Request& req,
+                                                 httplib::Response& res) {
+    const std::string name = req.matches[1];
+    std::optional<Json> s = ReadBody(req, res);
+    if (!s.has_value()) return;
+    if (const std::string bad = InvalidSlice(*s, version); !bad.empty()) {
+      return Fail(res, 422, "Invalid", bad);
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = FindSlice(slices_, req, res);
+    if (it == slices_.end()) return;
+    if ((*s)["metadata"].value("resourceVersion", "") !=
+        it->second["metadata"].value("resourceVersion", "")) {
+      return Fail(res, 409, "Conflict",
+                  absl::StrCat("Operation cannot be fulfilled on resourceslices.resource.k8s.io "
+                               "\"", name, "\": the object has been modified; please apply "
+                               "your changes to the latest version and try again"));
+    }
+    (*s)["apiVersion"] = api_version;
+    (*s)["kind"] = "ResourceSlice";
+    (*s)["metadata"]["uid"] = it->second["metadata"]["uid"];
+    (*s)["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
+    it->second = *s;
+    NoteSlice("MODIFIED", *s);
+    Reply(res, 200, *s);
+  });
+  server_->Delete(one, [this](const httplib::Request& req, httplib::Response& res) {
+    absl::MutexLock lock(&mu_);
+    auto it = FindSlice(slices_, req, res);
+    if (it == slices_.end()) return;
+    Json gone = it->second;
+    slices_.erase(it);
+    NoteSlice("DELETED", gone);
+    Reply(res, 200, gone);
+  });
 }
 
 }  // namespace dpproxy::sim

@@ -3,8 +3,10 @@
 // A stand-in for the Kubernetes API server, as far as DRA mode uses it
 // (resource.k8s.io, KEP-4381): the resource.k8s.io group with the versions asked for
 // (discovery at /apis/resource.k8s.io), cluster-scoped ResourceSlices
-// (list with a fieldSelector on spec.nodeName and spec.driver, create, get,
-// update with optimistic concurrency, delete), namespaced ResourceClaims
+// (list and watch with a fieldSelector on spec.nodeName and spec.driver,
+// create, with generateName too; get, update with optimistic concurrency,
+// delete; bodies in JSON or, as client-go's generated clientset sends them,
+// Kubernetes protobuf: k8s_protobuf.h), namespaced ResourceClaims
 // (create, with generateName too; get, status, delete, a list across
 // namespaces; or put in place by tests) and DeviceClasses (create, get,
 // list), and Nodes (get, and update of metadata and spec such as taints
@@ -23,6 +25,7 @@
 #ifndef DPPROXY_TOOLS_APISERVER_SIM_APISERVER_SIM_H_
 #define DPPROXY_TOOLS_APISERVER_SIM_APISERVER_SIM_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +42,8 @@
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace dpproxy::sim {
@@ -109,7 +114,29 @@ class ApiServerSim {
   EventLog& events() { return events_; }
 
  private:
+  // A change of a ResourceSlice, for watchers: ADDED, MODIFIED or DELETED,
+  // the object as it became (as it was, for DELETED), at resourceVersion rv.
+  struct SliceEvent {
+    int64_t rv;
+    std::string type;
+    Json object;
+  };
+
   void Routes();
+  void SliceRoutes(const std::string& version);
+  // "spec.nodeName=a,spec.driver=b" -> {{"spec.nodeName", "a"}, ...}, and
+  // whether a slice has every field so.
+  static std::map<std::string, std::string> ParseFieldSelector(const std::string& s);
+  static bool SliceMatches(const Json& slice, const std::map<std::string, std::string>& selector);
+  // Records a change of a slice for watchers (apiserver_sim_watch.cc).
+  void NoteSlice(const std::string& type, const Json& slice) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GET .../resourceslices?watch=true: streams the changes of the slices
+  // the fieldSelector picks, from the resourceVersion asked (410 Gone if
+  // older than the history kept), or after the current ones as ADDED with
+  // sendInitialEvents=true and a BOOKMARK marking their end, as the
+  // reflector's watch-list asks; until timeoutSeconds or Stop().
+  void ServeSliceWatch(const httplib::Request& req, httplib::Response& res,
+                       const std::string& api_version);
   // Five characters for a generateName, as the API server's.
   std::string GeneratedSuffix();
 
@@ -122,6 +149,8 @@ class ApiServerSim {
   absl::Mutex mu_;
   int64_t resource_version_ ABSL_GUARDED_BY(mu_) = 1000;
   std::map<std::string, Json> slices_ ABSL_GUARDED_BY(mu_);  // by name
+  std::deque<SliceEvent> slice_events_ ABSL_GUARDED_BY(mu_);  // the newest, oldest first
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // watchers end their streams
   std::map<std::string, Json> claims_ ABSL_GUARDED_BY(mu_);  // by "ns/name"
   std::map<std::string, Json> device_classes_ ABSL_GUARDED_BY(mu_);  // by name
   std::map<std::string, Json> nodes_ ABSL_GUARDED_BY(mu_);  // by name

@@ -39,6 +39,16 @@ CellResult Failed(std::string summary, std::string did, std::string expects, std
   return r;
 }
 
+// The resource.k8s.io versions a cluster of this release serves, newest
+// first, as it is set up to use DRA: 1.32 v1beta1 and 1.33 v1beta2 as well
+// (betas switched on with --runtime-config), v1 from 1.34, where the betas
+// are off by default.
+std::vector<std::string> ResourceApiVersions(const sim::KubeletVersion& k) {
+  if (k.minor <= 32) return {"v1beta1"};
+  if (k.minor == 33) return {"v1beta2", "v1beta1"};
+  return {"v1"};
+}
+
 // A check failed on the way to another scenario's: that cell is blocked.
 CellResult Blocked(const std::string& by, const CellResult& why) {
   CellResult r = Result(Outcome::kBlocked, why.summary);
@@ -54,7 +64,7 @@ class DraCell {
       : o_(o),
         version_(k),
         dir_(std::move(dir)),
-        api_(sim::ApiServerSim::Options{CertFile(), KeyFile(), kToken, {"v1", "v1beta1"}}) {}
+        api_(sim::ApiServerSim::Options{CertFile(), KeyFile(), kToken, ResourceApiVersions(k)}) {}
   ~DraCell() {
     StopDriver();
     if (kubelet_) kubelet_->Stop();

@@ -47,6 +47,19 @@ TEST(KubeletTextsTest, ExtendedResourceNames) {
   EXPECT_EQ(s.message(), "the ResourceName \"gpu\" is invalid");
 }
 
+TEST(KubeletTextsTest, Dns1123Labels) {
+  EXPECT_TRUE(IsDns1123Label("gpu-0"));
+  EXPECT_TRUE(IsDns1123Label("0"));
+  EXPECT_TRUE(IsDns1123Label(std::string(63, 'a')));
+  EXPECT_FALSE(IsDns1123Label(std::string(64, 'a')));
+  EXPECT_FALSE(IsDns1123Label(""));
+  EXPECT_FALSE(IsDns1123Label("GPU-0"));
+  EXPECT_FALSE(IsDns1123Label("gpu.0"));  // a subdomain, not a label
+  EXPECT_FALSE(IsDns1123Label("-gpu"));
+  EXPECT_FALSE(IsDns1123Label("gpu-"));
+  EXPECT_FALSE(IsDns1123Label("gpu_0"));
+}
+
 TEST(KubeletTextsTest, VersionErrorsAreTheKubeletsOwn) {
   EXPECT_TRUE(CheckV1Beta1Version("v1beta1").ok());
   EXPECT_EQ(CheckV1Beta1Version("v1").message(),

@@ -1389,6 +1389,66 @@ def scenario_dpconform_real(s):
           "error (exit %d): %s" % (rc, cell))
 
 
+TEST_DRIVER = "test-driver.cdi.k8s.io"
+
+
+def dpconform_dra_driver(s, driver_flags, *flags):
+    """dpconform --dra_driver on its simulated DRA releases with Kubernetes'
+    own DRA test driver of this release (a real driver on upstream's
+    kubelet-plugin helper, speaking Kubernetes protobuf to the API server);
+    its exit status and JSON report."""
+    check(s.args.dpconform, "--dpconform (the dpconform binary) is not given")
+    driver = s.node.kube_bin("test-driver")
+    plugin = ("mkdir -p {kubelet_root}/plugins/{driver} && exec %s --kubeconfig={kubeconfig} "
+              "%s kubelet-plugin --node-name={node_name} --cdi-dir={cdi_dir} "
+              "--plugin-registration-path={plugins_registry} --datadir={kubelet_root}/plugins"
+              % (driver, " ".join(driver_flags)))
+    work = tempfile.mkdtemp(prefix="dpc.", dir="/tmp")
+    s.at_end.append(lambda: shutil.rmtree(work, ignore_errors=True))
+    args = [s.args.dpconform, "--dra_driver=" + TEST_DRIVER, "--plugin=" + plugin,
+            "--output=json", "--work_dir=" + work, "--quiet"] + list(flags)
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=900)
+    with open(os.path.join(s.work, "dpconform-dra%s.log" % "-".join(
+            f.strip("-").replace("=", "_") for f in driver_flags)), "wb") as f:
+        f.write(p.stdout + b"\n" + p.stderr)
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        raise Failure("dpconform (exit %d) wrote no JSON report: %s" % (
+            p.returncode, p.stderr.decode()[-2000:]))
+    return p.returncode, report
+
+
+def scenario_dpconform_dra_test_driver(s):
+    """dpconform --dra_driver judges a real DRA driver: Kubernetes' own test
+    driver passes every DRA scenario on the oldest and newest DRA releases
+    dpconform plays (resource.k8s.io v1beta1 and v1; its ResourceSlices come
+    as Kubernetes protobuf, and it follows them with the informer's watch);
+    the same driver registering under another name fails dra-registers, and
+    the scenarios after it are blocked."""
+    rc, report = dpconform_dra_driver(s, [], "--kubelets=1.32,1.37")
+    cells = report["cells"]
+    want = ["dra-registers", "dra-publishes", "dra-prepare", "dra-kubelet-restart",
+            "dra-driver-restart", "dra-unknown-claim"]
+    check(sorted({c["scenario"] for c in cells}) == sorted(want),
+          "dpconform ran %s, not %s" % (sorted({c["scenario"] for c in cells}), sorted(want)))
+    bad = ["%s on %s: %s %s" % (c["scenario"], c["kubelet"], c["outcome"], c["summary"])
+           for c in cells if c["outcome"] != "pass"]
+    check(not bad and rc == 0, "the test driver did not pass (exit %d):\n%s"
+          % (rc, "\n".join(bad)))
+
+    rc, report = dpconform_dra_driver(s, ["--drivername=other.example.com"], "--kubelets=1.37",
+                                      "--scenarios=dra-registers,dra-prepare", "--timeout=10s")
+    by = {(c["scenario"], c["kubelet"]): c for c in report["cells"]}
+    registers = [c for (n, _), c in by.items() if n == "dra-registers"]
+    check(rc == 1 and registers and all(c["outcome"] == "fail" for c in registers),
+          "a driver registering as other.example.com was not failed on dra-registers "
+          "(exit %d): %s" % (rc, registers))
+    prepare = [c for (n, _), c in by.items() if n == "dra-prepare"]
+    check(prepare and all(c["outcome"] == "blocked" for c in prepare),
+          "dra-prepare was not blocked behind the failed registration: %s" % prepare)
+
+
 CHART = os.path.join(ROOT, "deploy", "helm", "dpproxy")
 
 
@@ -1742,6 +1802,8 @@ SCENARIOS = [
     ("helm-chart", scenario_helm_chart),
     ("pod-resources-real-client", scenario_pod_resources_real_client),
     ("dpconform-real", scenario_dpconform_real),
+    # Kubernetes' DRA test driver is built for the newest release only.
+    ("dpconform-dra-test-driver", scenario_dpconform_dra_test_driver, 37),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",
@@ -1758,7 +1820,7 @@ def main(argv):
     ap.add_argument("--image", default="",
                     help="dpproxy's OCI image (tools/image); the helm-chart scenario needs it")
     ap.add_argument("--dpconform", default="",
-                    help="dpconform (tools/conform); the dpconform-real scenario needs it")
+                    help="dpconform (tools/conform); the dpconform-* scenarios need it")
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--node_dir", default=realnode.DEFAULT_DIR)
     ap.add_argument("--keep_logs", action="store_true",

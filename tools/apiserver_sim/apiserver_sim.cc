@@ -9,9 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "proxy/kubelet_rules/kubelet_rules.h"
 #include "tools/apiserver_sim/apiserver_sim_reply.h"
 #include "tools/apiserver_sim/k8s_protobuf.h"
+#include "tools/kubelet_sim/kubelet_texts.h"
 
 namespace dpproxy::sim {
 
@@ -102,7 +102,7 @@ std::string InvalidSlice(const Json& s, const std::string& version) {
   for (size_t i = 0; i < spec["devices"].size(); ++i) {
     const Json& d = spec["devices"][i];
     const std::string name = d.value("name", "");
-    if (!IsDnsLabel(name)) {
+    if (!IsDns1123Label(name)) {
       return absl::StrCat("spec.devices[", i, "].name: Invalid value: \"", name,
                           "\": a lowercase RFC 1123 label must consist of lower case "
                           "alphanumeric characters or '-'");

@@ -49,9 +49,11 @@ apiserver_sim claim --server=URL --name=N --driver=D --pool=P --devices=A,B [--t
 apiserver_sim claim --server=URL --name=N --driver=D --count=K [--pool=P] [--node=X]
 
 A stand-in for the Kubernetes API server, as far as a DRA driver uses it:
-discovery of resource.k8s.io, ResourceSlices (list with fieldSelector on
-spec.nodeName and spec.driver, create, get, update with resourceVersion,
-delete), ResourceClaims (create, also with generateName; get, delete, PUT
+discovery of resource.k8s.io, ResourceSlices (list and watch with
+fieldSelector on spec.nodeName and spec.driver, create, also with
+generateName; get, update with resourceVersion, delete; in JSON or in the
+Kubernetes protobuf client-go sends), ResourceClaims (create, also with
+generateName; get, delete, PUT
 .../status) and DeviceClasses (create, get, list), answering errors as
 Kubernetes Status objects, and refusing the slices the real server would
 (more than 128 devices, names that are not DNS labels, a pool without name,

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,10 @@ CellResult Failed(std::string summary, std::string did, std::string expects, std
   r.users_see = std::move(users);
   return r;
 }
+
+// How long upstream's kubelet-plugin helper waits after a change of its
+// slices before it syncs the pool again (see KubeletRestart).
+constexpr absl::Duration kHelperSyncDelay = absl::Seconds(30);
 
 // The resource.k8s.io versions a cluster of this release serves, newest
 // first, as it is set up to use DRA: 1.32 v1beta1 and 1.33 v1beta2 as well
@@ -271,8 +276,11 @@ bool WaitForApi(DraCell& c, const std::function<bool()>& pred, absl::Duration ti
   }
 }
 
-// At least one device published for the node, in whole pools.
-std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vector<std::string>>* out) {
+// At least one device published for the node, in whole pools, within
+// `wait` (default --timeout).
+std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vector<std::string>>* out,
+                                    std::optional<absl::Duration> wait = std::nullopt) {
+  const absl::Duration within = wait.value_or(c.options().timeout);
   std::string problem;
   const bool seen = WaitForApi(
       c,
@@ -285,13 +293,13 @@ std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vecto
         *out = std::move(pools);
         return true;
       },
-      c.options().timeout);
+      within);
   if (seen) return std::nullopt;
   return Failed("no devices of the driver were published for the node",
                 problem.empty()
                     ? absl::StrCat("no ResourceSlice of driver ", c.options().dra_driver,
                                    " with spec.nodeName ", kNode, " and a device appeared within ",
-                                   absl::FormatDuration(c.options().timeout))
+                                   absl::FormatDuration(within))
                     : problem,
                 "a node-local driver publishes its devices as ResourceSlices (spec.nodeName "
                 "set, every slice of a pool at one generation, resourceSliceCount of them)",
@@ -456,7 +464,12 @@ CellResult KubeletRestart(DraCell& c) {
   }
   const absl::Duration registered = absl::Now() - restart;
   std::map<std::string, std::vector<std::string>> pools;
-  if (auto f = Published(c, &pools)) {
+  // The kubelet deleted the node's slices as it started. Upstream's
+  // kubelet-plugin helper syncs a pool 30 s after the last change it saw
+  // (DefaultSyncDelay, k8s.io/dynamic-resource-allocation/resourceslice),
+  // so a driver built on it publishes again that long after the restart:
+  // the wait allows that on top of --timeout, and the note says how long.
+  if (auto f = Published(c, &pools, c.options().timeout + kHelperSyncDelay)) {
     f->summary = "the node's slices, deleted by the kubelet's start, were not published again";
     f->users_see = "the scheduler no longer sees the node's devices until the driver restarts";
     return *f;

@@ -104,6 +104,11 @@ std::string GoQuote(absl::string_view s) {
   return out + "\"";
 }
 
+bool IsDns1123Label(absl::string_view s) {
+  static const std::regex kLabel("[a-z0-9]([-a-z0-9]*[a-z0-9])?");
+  return !s.empty() && s.size() <= 63 && std::regex_match(s.begin(), s.end(), kLabel);
+}
+
 bool IsExtendedResourceName(absl::string_view name) {
   // IsNativeResource: no domain, or a kubernetes.io one.
   if (!absl::StrContains(name, "/") || absl::StrContains(name, "kubernetes.io/")) return false;

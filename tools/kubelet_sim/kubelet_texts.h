@@ -45,6 +45,11 @@ std::string GoQuote(absl::string_view s);
 // qualified name).
 bool IsExtendedResourceName(absl::string_view name);
 
+// Kubernetes' IsDNS1123Label (k8s.io/apimachinery validation): 1 to 63
+// characters of [a-z0-9-], starting and ending alphanumeric. The API
+// server's rule for the names of devices in a ResourceSlice.
+bool IsDns1123Label(absl::string_view s);
+
 // Register's checks, each the kubelet's error (gRPC UNKNOWN, as a Go error
 // returned from a handler arrives) or OK:
 //   the ResourceName "x" is invalid

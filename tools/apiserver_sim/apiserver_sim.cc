@@ -312,75 +312,103 @@ ApiServerSim::Json ApiServerSim::Node(const std::string& name) {
   return it == nodes_.end() ? Json() : it->second;
 }
 
+// Every request first: the bearer token, then an injected fault or answer,
+// then the latency set. Whether it answered; if not, the route does.
+bool ApiServerSim::PreRoute(const httplib::Request& req, httplib::Response& res) {
+  if (!options_.token.empty() &&
+      req.get_header_value("Authorization") != absl::StrCat("Bearer ", options_.token)) {
+    Fail(res, 401, "Unauthorized", "Unauthorized");
+    return true;
+  }
+  absl::Duration latency;
+  std::optional<int> fault;
+  std::optional<std::string> body;
+  {
+    absl::MutexLock lock(&mu_);
+    latency = latency_;
+    for (auto it = answers_.begin(); it != answers_.end() && !fault.has_value(); ++it) {
+      if ((it->first.method.empty() || it->first.method == req.method) &&
+          absl::StartsWith(req.path, it->first.path_prefix)) {
+        fault = it->first.code;
+        body = std::move(it->second);
+        answers_.erase(it);
+        break;
+      }
+    }
+    for (auto it = faults_.begin(); it != faults_.end() && !fault.has_value(); ++it) {
+      if ((it->method.empty() || it->method == req.method) &&
+          absl::StartsWith(req.path, it->path_prefix)) {
+        fault = it->code;
+        if (--it->times <= 0) faults_.erase(it);
+        break;
+      }
+    }
+  }
+  // The server's own slowness, as a real overloaded one answers late.
+  if (latency > absl::ZeroDuration()) {
+    events_.Emit("request_delayed", {{"method", req.method},
+                                     {"path", req.path},
+                                     {"latency_ms", absl::ToInt64Milliseconds(latency)}});
+    absl::SleepFor(latency);
+  }
+  if (!fault.has_value()) return false;
+  if (body.has_value()) {
+    res.status = *fault;
+    res.set_content(*body, "application/json");
+    return true;
+  }
+  switch (*fault) {
+    case 409:
+      Fail(res, 409, "Conflict",
+           "Operation cannot be fulfilled: the object has been modified; please apply your "
+           "changes to the latest version and try again");
+      break;
+    case 403:
+      Fail(res, 403, "Forbidden",
+           absl::StrCat("the caller cannot ", req.method, " ", req.path,
+                        " (a role without that verb)"));
+      break;
+    case 429:
+      Fail(res, 429, "TooManyRequests", "the server has received too many requests");
+      break;
+    case 503:
+      Fail(res, 503, "ServiceUnavailable", "the server is currently unable to handle the request");
+      break;
+    default:
+      Fail(res, *fault, "InternalError", "an error on the server has prevented the request");
+  }
+  return true;
+}
+
 void ApiServerSim::Routes() {
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!options_.token.empty() &&
-        req.get_header_value("Authorization") != absl::StrCat("Bearer ", options_.token)) {
-      Fail(res, 401, "Unauthorized", "Unauthorized");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    absl::Duration latency;
-    std::optional<int> fault;
-    std::optional<std::string> body;
-    {
-      absl::MutexLock lock(&mu_);
-      latency = latency_;
-      for (auto it = answers_.begin(); it != answers_.end() && !fault.has_value(); ++it) {
-        if ((it->first.method.empty() || it->first.method == req.method) &&
-            absl::StartsWith(req.path, it->first.path_prefix)) {
-          fault = it->first.code;
-          body = std::move(it->second);
-          answers_.erase(it);
-          break;
-        }
-      }
-      for (auto it = faults_.begin(); it != faults_.end() && !fault.has_value(); ++it) {
-        if ((it->method.empty() || it->method == req.method) &&
-            absl::StartsWith(req.path, it->path_prefix)) {
-          fault = it->code;
-          if (--it->times <= 0) faults_.erase(it);
-          break;
-        }
-      }
-    }
-    // The server's own slowness, as a real overloaded one answers late.
-    if (latency > absl::ZeroDuration()) {
-      events_.Emit("request_delayed", {{"method", req.method},
-                                       {"path", req.path},
-                                       {"latency_ms", absl::ToInt64Milliseconds(latency)}});
-      absl::SleepFor(latency);
-    }
-    if (!fault.has_value()) return httplib::Server::HandlerResponse::Unhandled;
-    if (body.has_value()) {
-      res.status = *fault;
-      res.set_content(*body, "application/json");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    switch (*fault) {
-      case 409:
-        Fail(res, 409, "Conflict",
-             "Operation cannot be fulfilled: the object has been modified; please apply your "
-             "changes to the latest version and try again");
-        break;
-      case 403:
-        Fail(res, 403, "Forbidden",
-             absl::StrCat("the caller cannot ", req.method, " ", req.path,
-                          " (a role without that verb)"));
-        break;
-      case 429:
-        Fail(res, 429, "TooManyRequests", "the server has received too many requests");
-        break;
-      case 503:
-        Fail(res, 503, "ServiceUnavailable", "the server is currently unable to handle the request");
-        break;
-      default:
-        Fail(res, *fault, "InternalError", "an error on the server has prevented the request");
-    }
-    return httplib::Server::HandlerResponse::Handled;
+    return PreRoute(req, res) ? httplib::Server::HandlerResponse::Handled
+                              : httplib::Server::HandlerResponse::Unhandled;
   });
   server_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     events_.Emit("request", {{"method", req.method}, {"path", req.path}, {"code", res.status}});
   });
+  NodeRoutes();
+  server_->Get("/apis/resource.k8s.io", [this](const httplib::Request&, httplib::Response& res) {
+    Json versions = Json::array();
+    for (const std::string& v : options_.versions) {
+      versions.push_back({{"groupVersion", absl::StrCat(kGroup, "/", v)}, {"version", v}});
+    }
+    Reply(res, 200,
+          {{"kind", "APIGroup"},
+           {"apiVersion", "v1"},
+           {"name", kGroup},
+           {"versions", versions},
+           {"preferredVersion", versions.empty() ? Json::object() : versions[0]}});
+  });
+  for (const std::string& v : options_.versions) {
+    SliceRoutes(v);
+    ClaimRoutes(v);
+    DeviceClassRoutes(v);
+  }
+}
+
+void ApiServerSim::NodeRoutes() {
   server_->Get(R"(/api/v1/nodes/([^/]+))", [this](const httplib::Request& req,
                                                    httplib::Response& res) {
     absl::MutexLock lock(&mu_);
@@ -423,155 +451,148 @@ void ApiServerSim::Routes() {
     it->second = n;
     Reply(res, 200, n);
   });
-  server_->Get("/apis/resource.k8s.io", [this](const httplib::Request&, httplib::Response& res) {
-    Json versions = Json::array();
-    for (const std::string& v : options_.versions) {
-      versions.push_back({{"groupVersion", absl::StrCat(kGroup, "/", v)}, {"version", v}});
-    }
-    Reply(res, 200,
-          {{"kind", "APIGroup"},
-           {"apiVersion", "v1"},
-           {"name", kGroup},
-           {"versions", versions},
-           {"preferredVersion", versions.empty() ? Json::object() : versions[0]}});
-  });
-  for (const std::string& v : options_.versions) {
-    const std::string base = absl::StrCat("/apis/", kGroup, "/", v);
-    const std::string api_version = absl::StrCat(kGroup, "/", v);
-    SliceRoutes(v);
-    // Claims: created as the API does (a uid and resourceVersion given);
-    // the scheduler's allocation written to status with PUT .../status.
-    server_->Post(base + R"(/namespaces/([^/]+)/resourceclaims)",
-                  [this, api_version](const httplib::Request& req, httplib::Response& res) {
-                    Json c = Json::parse(req.body, nullptr, false);
-                    if (c.is_discarded() || !c.is_object() || !c.contains("metadata") ||
-                        !c["metadata"].is_object()) {
-                      return Fail(res, 422, "Invalid", "metadata.name: Required value");
+}
+
+void ApiServerSim::ClaimRoutes(const std::string& version) {
+  const std::string base = absl::StrCat("/apis/", kGroup, "/", version);
+  const std::string api_version = absl::StrCat(kGroup, "/", version);
+  // Claims: created as the API does (a uid and resourceVersion given);
+  // the scheduler's allocation written to status with PUT .../status.
+  server_->Post(base + R"(/namespaces/([^/]+)/resourceclaims)",
+                [this, api_version](const httplib::Request& req, httplib::Response& res) {
+                  Json c = Json::parse(req.body, nullptr, false);
+                  if (c.is_discarded() || !c.is_object() || !c.contains("metadata") ||
+                      !c["metadata"].is_object()) {
+                    return Fail(res, 422, "Invalid", "metadata.name: Required value");
+                  }
+                  if (c["metadata"].value("name", "").empty()) {
+                    // generateName: the prefix and five random characters,
+                    // from the API server's alphabet (no vowels).
+                    const std::string prefix = c["metadata"].value("generateName", "");
+                    if (prefix.empty()) {
+                      return Fail(res, 422, "Invalid",
+                                  "metadata.name: Required value: name or generateName is "
+                                  "required");
                     }
-                    if (c["metadata"].value("name", "").empty()) {
-                      // generateName: the prefix and five random characters,
-                      // from the API server's alphabet (no vowels).
-                      const std::string prefix = c["metadata"].value("generateName", "");
-                      if (prefix.empty()) {
-                        return Fail(res, 422, "Invalid",
-                                    "metadata.name: Required value: name or generateName is "
-                                    "required");
-                      }
-                      c["metadata"]["name"] = absl::StrCat(prefix, GeneratedSuffix());
-                    }
-                    const std::string ns = req.matches[1];
-                    const std::string key = absl::StrCat(ns, "/", c["metadata"]["name"].get<std::string>());
-                    {
-                      absl::MutexLock lock(&mu_);
-                      if (claims_.count(key) > 0) {
-                        return Fail(res, 409, "AlreadyExists",
-                                    absl::StrCat("resourceclaims.resource.k8s.io \"",
-                                                 c["metadata"]["name"].get<std::string>(),
-                                                 "\" already exists"));
-                      }
-                    }
-                    c["apiVersion"] = api_version;
-                    c["kind"] = "ResourceClaim";
-                    c["metadata"]["namespace"] = ns;
-                    c["metadata"].erase("uid");
-                    Reply(res, 201, PutClaim(c));
-                  });
-    server_->Put(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+)/status)",
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   Json c = Json::parse(req.body, nullptr, false);
-                   absl::MutexLock lock(&mu_);
-                   auto it = FindClaim(claims_, req, res);
-                   if (it == claims_.end()) return;
-                   if (c.is_discarded() || !c.contains("status")) {
-                     return Fail(res, 422, "Invalid", "status: Required value");
-                   }
-                   if (c["metadata"].value("resourceVersion", "") !=
-                       it->second["metadata"].value("resourceVersion", "")) {
-                     return Fail(res, 409, "Conflict",
-                                 "the object has been modified; please apply your changes to "
-                                 "the latest version and try again");
-                   }
-                   it->second["status"] = c["status"];
-                   it->second["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
-                   Reply(res, 200, it->second);
-                 });
-    // Every claim of every namespace (the scheduler's view).
-    server_->Get(base + "/resourceclaims",
-                 [this, api_version](const httplib::Request&, httplib::Response& res) {
-                   Json items = Json::array();
-                   absl::MutexLock lock(&mu_);
-                   for (const auto& [key, c] : claims_) items.push_back(c);
-                   ReplyList(res, "ResourceClaimList", api_version, resource_version_, std::move(items));
-                 });
-    server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   absl::MutexLock lock(&mu_);
-                   auto it = FindClaim(claims_, req, res);
-                   if (it != claims_.end()) Reply(res, 200, it->second);
-                 });
-    // As the claim controller deletes a pod's generated claim when the pod
-    // is gone: its devices are free for the scheduler again.
-    server_->Delete(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
-                    [this](const httplib::Request& req, httplib::Response& res) {
-                      absl::MutexLock lock(&mu_);
-                      auto it = FindClaim(claims_, req, res);
-                      if (it == claims_.end()) return;
-                      Json gone = it->second;
-                      claims_.erase(it);
-                      Reply(res, 200, gone);
-                    });
-    // DeviceClasses (cluster-scoped): created, listed, read.
-    server_->Post(base + "/deviceclasses",
-                  [this, api_version](const httplib::Request& req, httplib::Response& res) {
-                    Json c = Json::parse(req.body, nullptr, false);
-                    if (c.is_discarded() || !c.is_object() || !c.contains("metadata") ||
-                        !c["metadata"].is_object() ||
-                        c["metadata"].value("name", "").empty()) {
-                      return Fail(res, 422, "Invalid", "metadata.name: Required value");
-                    }
-                    const std::string name = c["metadata"]["name"];
-                    if (c.contains("spec") && c["spec"].is_object() &&
-                        c["spec"].contains("extendedResourceName")) {
-                      const Json& e = c["spec"]["extendedResourceName"];
-                      if (!e.is_string() || !IsExtendedResourceName(e.get<std::string>())) {
-                        return Fail(res, 422, "Invalid",
-                                    absl::StrCat("spec.extendedResourceName: Invalid value: ",
-                                                 e.dump(), ": must be an extended resource name"));
-                      }
-                    }
+                    c["metadata"]["name"] = absl::StrCat(prefix, GeneratedSuffix());
+                  }
+                  const std::string ns = req.matches[1];
+                  const std::string key = absl::StrCat(ns, "/", c["metadata"]["name"].get<std::string>());
+                  {
                     absl::MutexLock lock(&mu_);
-                    if (device_classes_.count(name) > 0) {
+                    if (claims_.count(key) > 0) {
                       return Fail(res, 409, "AlreadyExists",
-                                  absl::StrCat("deviceclasses.resource.k8s.io \"", name,
+                                  absl::StrCat("resourceclaims.resource.k8s.io \"",
+                                               c["metadata"]["name"].get<std::string>(),
                                                "\" already exists"));
                     }
-                    c["apiVersion"] = api_version;
-                    c["kind"] = "DeviceClass";
-                    c["metadata"]["uid"] =
-                        absl::StrFormat("00000000-0000-4000-a000-%012d", ++resource_version_);
-                    c["metadata"]["resourceVersion"] = absl::StrCat(resource_version_);
-                    device_classes_[name] = c;
-                    Reply(res, 201, c);
+                  }
+                  c["apiVersion"] = api_version;
+                  c["kind"] = "ResourceClaim";
+                  c["metadata"]["namespace"] = ns;
+                  c["metadata"].erase("uid");
+                  Reply(res, 201, PutClaim(c));
+                });
+  server_->Put(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+)/status)",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 Json c = Json::parse(req.body, nullptr, false);
+                 absl::MutexLock lock(&mu_);
+                 auto it = FindClaim(claims_, req, res);
+                 if (it == claims_.end()) return;
+                 if (c.is_discarded() || !c.contains("status")) {
+                   return Fail(res, 422, "Invalid", "status: Required value");
+                 }
+                 if (c["metadata"].value("resourceVersion", "") !=
+                     it->second["metadata"].value("resourceVersion", "")) {
+                   return Fail(res, 409, "Conflict",
+                               "the object has been modified; please apply your changes to "
+                               "the latest version and try again");
+                 }
+                 it->second["status"] = c["status"];
+                 it->second["metadata"]["resourceVersion"] = absl::StrCat(++resource_version_);
+                 Reply(res, 200, it->second);
+               });
+  // Every claim of every namespace (the scheduler's view).
+  server_->Get(base + "/resourceclaims",
+               [this, api_version](const httplib::Request&, httplib::Response& res) {
+                 Json items = Json::array();
+                 absl::MutexLock lock(&mu_);
+                 for (const auto& [key, c] : claims_) items.push_back(c);
+                 ReplyList(res, "ResourceClaimList", api_version, resource_version_, std::move(items));
+               });
+  server_->Get(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 absl::MutexLock lock(&mu_);
+                 auto it = FindClaim(claims_, req, res);
+                 if (it != claims_.end()) Reply(res, 200, it->second);
+               });
+  // As the claim controller deletes a pod's generated claim when the pod
+  // is gone: its devices are free for the scheduler again.
+  server_->Delete(base + R"(/namespaces/([^/]+)/resourceclaims/([^/]+))",
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    absl::MutexLock lock(&mu_);
+                    auto it = FindClaim(claims_, req, res);
+                    if (it == claims_.end()) return;
+                    Json gone = it->second;
+                    claims_.erase(it);
+                    Reply(res, 200, gone);
                   });
-    server_->Get(base + "/deviceclasses",
-                 [this, api_version](const httplib::Request&, httplib::Response& res) {
-                   Json items = Json::array();
-                   absl::MutexLock lock(&mu_);
-                   for (const auto& [name, c] : device_classes_) items.push_back(c);
-                   ReplyList(res, "DeviceClassList", api_version, resource_version_, std::move(items));
-                 });
-    server_->Get(base + R"(/deviceclasses/([^/]+))",
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   absl::MutexLock lock(&mu_);
-                   auto it = device_classes_.find(req.matches[1].str());
-                   if (it == device_classes_.end()) {
-                     return Fail(res, 404, "NotFound",
-                                 absl::StrCat("deviceclasses.resource.k8s.io \"",
-                                              req.matches[1].str(), "\" not found"));
-                   }
-                   Reply(res, 200, it->second);
-                 });
-  }
+}
+
+void ApiServerSim::DeviceClassRoutes(const std::string& version) {
+  const std::string base = absl::StrCat("/apis/", kGroup, "/", version);
+  const std::string api_version = absl::StrCat(kGroup, "/", version);
+  // DeviceClasses (cluster-scoped): created, listed, read.
+  server_->Post(base + "/deviceclasses",
+                [this, api_version](const httplib::Request& req, httplib::Response& res) {
+                  Json c = Json::parse(req.body, nullptr, false);
+                  if (c.is_discarded() || !c.is_object() || !c.contains("metadata") ||
+                      !c["metadata"].is_object() ||
+                      c["metadata"].value("name", "").empty()) {
+                    return Fail(res, 422, "Invalid", "metadata.name: Required value");
+                  }
+                  const std::string name = c["metadata"]["name"];
+                  if (c.contains("spec") && c["spec"].is_object() &&
+                      c["spec"].contains("extendedResourceName")) {
+                    const Json& e = c["spec"]["extendedResourceName"];
+                    if (!e.is_string() || !IsExtendedResourceName(e.get<std::string>())) {
+                      return Fail(res, 422, "Invalid",
+                                  absl::StrCat("spec.extendedResourceName: Invalid value: ",
+                                               e.dump(), ": must be an extended resource name"));
+                    }
+                  }
+                  absl::MutexLock lock(&mu_);
+                  if (device_classes_.count(name) > 0) {
+                    return Fail(res, 409, "AlreadyExists",
+                                absl::StrCat("deviceclasses.resource.k8s.io \"", name,
+                                             "\" already exists"));
+                  }
+                  c["apiVersion"] = api_version;
+                  c["kind"] = "DeviceClass";
+                  c["metadata"]["uid"] =
+                      absl::StrFormat("00000000-0000-4000-a000-%012d", ++resource_version_);
+                  c["metadata"]["resourceVersion"] = absl::StrCat(resource_version_);
+                  device_classes_[name] = c;
+                  Reply(res, 201, c);
+                });
+  server_->Get(base + "/deviceclasses",
+               [this, api_version](const httplib::Request&, httplib::Response& res) {
+                 Json items = Json::array();
+                 absl::MutexLock lock(&mu_);
+                 for (const auto& [name, c] : device_classes_) items.push_back(c);
+                 ReplyList(res, "DeviceClassList", api_version, resource_version_, std::move(items));
+               });
+  server_->Get(base + R"(/deviceclasses/([^/]+))",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 absl::MutexLock lock(&mu_);
+                 auto it = device_classes_.find(req.matches[1].str());
+                 if (it == device_classes_.end()) {
+                   return Fail(res, 404, "NotFound",
+                               absl::StrCat("deviceclasses.resource.k8s.io \"",
+                                            req.matches[1].str(), "\" not found"));
+                 }
+                 Reply(res, 200, it->second);
+               });
 }
 
 void ApiServerSim::SliceRoutes(const std::string& version) {

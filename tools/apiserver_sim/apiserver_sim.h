@@ -122,8 +122,14 @@ class ApiServerSim {
     Json object;
   };
 
+  // Auth, injected faults and latency; true if it answered the request.
+  bool PreRoute(const httplib::Request& req, httplib::Response& res);
   void Routes();
+  void NodeRoutes();
+  // The routes of one resource.k8s.io version ("v1").
   void SliceRoutes(const std::string& version);
+  void ClaimRoutes(const std::string& version);
+  void DeviceClassRoutes(const std::string& version);
   // "spec.nodeName=a,spec.driver=b" -> {{"spec.nodeName", "a"}, ...}, and
   // whether a slice has every field so.
   static std::map<std::string, std::string> ParseFieldSelector(const std::string& s);

@@ -1336,9 +1336,16 @@ def dpconform_real(s, plugin_flags, *flags):
             "--restart_kubelet=" + restart, "--kubeconfig=" + s.node.admin_kubeconfig,
             "--pod_image=" + realnode.BUSYBOX_IMAGE, "--timeout=30s", "--output=json",
             "--work_dir=" + work, "--quiet"] + list(flags)
+    return run_dpconform(s, args, "-".join(flags or ["all"]))
+
+
+def run_dpconform(s, args, label):
+    """Runs dpconform with `args` (it writes its report as JSON), keeps its
+    output under the scenario's logs as dpconform-<label>.log; its exit
+    status and report."""
     p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=900)
-    with open(os.path.join(s.work, "dpconform-%s.log" % "-".join(flags or ["all"]).replace(
-            "/", "_").replace("=", "_")), "wb") as f:
+    with open(os.path.join(s.work, "dpconform-%s.log" % label.replace("/", "_").replace(
+            "=", "_")), "wb") as f:
         f.write(p.stdout + b"\n" + p.stderr)
     try:
         report = json.loads(p.stdout)
@@ -1407,16 +1414,7 @@ def dpconform_dra_driver(s, driver_flags, *flags):
     s.at_end.append(lambda: shutil.rmtree(work, ignore_errors=True))
     args = [s.args.dpconform, "--dra_driver=" + TEST_DRIVER, "--plugin=" + plugin,
             "--output=json", "--work_dir=" + work, "--quiet"] + list(flags)
-    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=900)
-    with open(os.path.join(s.work, "dpconform-dra%s.log" % "-".join(
-            f.strip("-").replace("=", "_") for f in driver_flags)), "wb") as f:
-        f.write(p.stdout + b"\n" + p.stderr)
-    try:
-        report = json.loads(p.stdout)
-    except ValueError:
-        raise Failure("dpconform (exit %d) wrote no JSON report: %s" % (
-            p.returncode, p.stderr.decode()[-2000:]))
-    return p.returncode, report
+    return run_dpconform(s, args, "-".join(["dra"] + [f.strip("-") for f in driver_flags]))
 
 
 def scenario_dpconform_dra_test_driver(s):

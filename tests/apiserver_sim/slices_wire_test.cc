@@ -39,13 +39,19 @@ Json Slice(const std::string& name, const std::string& node, int devices = 1) {
             {"devices", d}}}};
 }
 
-// A v1 slice in Kubernetes protobuf, as client-go's clientset sends one.
-std::string ProtobufSlice(const std::string& api_version, const k8s::ResourceSlice& slice) {
+// An object in Kubernetes protobuf, as client-go's clientset sends one: the
+// magic, then the envelope naming its apiVersion and kind around it.
+std::string Protobuf(const std::string& api_version, const std::string& kind,
+                     const google::protobuf::Message& object) {
   k8s::Unknown envelope;
   envelope.mutable_typemeta()->set_apiversion(api_version);
-  envelope.mutable_typemeta()->set_kind("ResourceSlice");
-  envelope.set_raw(slice.SerializeAsString());
+  envelope.mutable_typemeta()->set_kind(kind);
+  envelope.set_raw(object.SerializeAsString());
   return std::string("k8s\0", 4) + envelope.SerializeAsString();
+}
+
+std::string ProtobufSlice(const std::string& api_version, const google::protobuf::Message& slice) {
+  return Protobuf(api_version, "ResourceSlice", slice);
 }
 
 class SlicesWireTest : public ::testing::Test {
@@ -249,12 +255,8 @@ TEST_F(SlicesWireTest, AV1beta1ProtobufSliceKeepsItsDevicesUnderBasic) {
   k8s::DeviceV1beta1* d = s.mutable_spec()->add_devices();
   d->set_name("gpu-0");
   (*d->mutable_basic()->mutable_attributes())["index"].set_int_(0);
-  k8s::Unknown envelope;
-  envelope.mutable_typemeta()->set_apiversion("resource.k8s.io/v1beta1");
-  envelope.mutable_typemeta()->set_kind("ResourceSlice");
-  envelope.set_raw(s.SerializeAsString());
   httplib::Result r = client_->Post("/apis/resource.k8s.io/v1beta1/resourceslices",
-                                    std::string("k8s\0", 4) + envelope.SerializeAsString(),
+                                    ProtobufSlice("resource.k8s.io/v1beta1", s),
                                     kKubernetesProtobuf);
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 201) << r->body;
@@ -280,12 +282,9 @@ TEST_F(SlicesWireTest, AProtobufFieldTheSimulatorCannotReadIsRefusedByNumber) {
 TEST(KubernetesProtobufTest, NamesWhatItCannotRead) {
   EXPECT_THAT(KubernetesProtobufToJson("{\"kind\":\"ResourceSlice\"}").status().message(),
               HasSubstr("magic"));
-  k8s::Unknown envelope;
-  envelope.mutable_typemeta()->set_apiversion("v1");
-  envelope.mutable_typemeta()->set_kind("Pod");
-  absl::StatusOr<Json> pod =
-      KubernetesProtobufToJson(std::string("k8s\0", 4) + envelope.SerializeAsString());
+  absl::StatusOr<Json> pod = KubernetesProtobufToJson(Protobuf("v1", "Pod", k8s::ObjectMeta()));
   EXPECT_THAT(pod.status().message(), HasSubstr("no Pod of v1"));
+  k8s::Unknown envelope;
   envelope.mutable_typemeta()->set_apiversion("resource.k8s.io/v1");
   envelope.mutable_typemeta()->set_kind("ResourceSlice");
   envelope.set_contentencoding("gzip");

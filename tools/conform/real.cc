@@ -26,9 +26,12 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tools/conform/cell.h"
+#include "tools/conform/grid_scenarios.h"
 
 namespace dpproxy::conform {
 namespace {
+
+using grid::Ms;
 
 using Json = nlohmann::json;
 
@@ -39,8 +42,6 @@ constexpr absl::Duration kRestartLimit = absl::Minutes(3);
 constexpr char kManagedBy[] = "dpconform";
 // The pods' containers: ended at once by the SIGTERM of a deletion.
 constexpr char kPodScript[] = "trap 'exit 0' TERM; sleep 3600 & wait";
-
-std::string Ms(absl::Duration d) { return absl::StrCat(absl::ToInt64Milliseconds(d), " ms"); }
 
 // What the kubelet does with a pod.
 struct PodOutcome {

@@ -76,6 +76,10 @@ grep handoff_taken_back "$R/old.jsonl" | grep -q "let the state directory's lock
   && pass "old: because the lock went" \
   || fail "old: taken back for another reason: $(grep handoff_taken_back "$R/old.jsonl")"
 live_in "$OLD" && pass "old: its probes still answer" || fail "old: its probes are silent"
+# The new one may have registered before it was killed: the kubelet then
+# saw its stream end, as a real one does, until the old one registered again.
+expect_exit "old: the kubelet has all four devices again" 0 "$SIM" wait --root_dir="$R/k" \
+  --resource=vendor.com/gpu --min_healthy=4 --timeout=10s
 expect_exit "a pod after the failed upgrade" 0 "$SIM" allocate --root_dir="$R/k" --pod=p2 \
   --containers=c=vendor.com/gpu:1
 

@@ -8,7 +8,7 @@
 //   1. the request names only devices the resource lists, each Healthy and
 //      once per container, and, where dpproxy serves the kubelet both as
 //      device plugins and through DRA, none the other path holds (asked
-//      before the plugin is: StateKeeper::SetOneHolderAcrossPaths);
+//      before the plugin is: AllocationJournal::CheckOtherPath, hold_index.h);
 //   2. a device held by a container the kubelet forgot is asked about once
 //      (its holder may be gone by now), and refused with the holder named
 //      if not (Resource::CheckForgotten);
@@ -53,7 +53,7 @@
 #include "proxy/core/backend.h"
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
-#include "proxy/state/state_keeper.h"
+#include "proxy/state/allocation_journal.h"
 #include "proxy/util/job_threads.h"
 
 namespace dpproxy {

@@ -121,13 +121,6 @@ void StateKeeper::SyncAnswersLocked() {
   ReleaseJournalLocked();
 }
 
-std::string StateKeeper::HeldKey(const std::string& resource, const std::string& id) {
-  std::string k = resource;
-  k.push_back('\0');
-  k += id;
-  return k;
-}
-
 absl::Status StateKeeper::HandedOverError() {
   return absl::FailedPreconditionError(
       "the state directory was handed over to a new dpproxy; this one writes nothing more");
@@ -478,7 +471,7 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   }
   allocation_count_ = static_cast<int>(allocations_.size());
   if (lifted) {
-    RebuildQuarantineIndexLocked();
+    holds_.RebuildQuarantined(allocations_);
     ++quarantine_version_;
   }
   ++released_version_;
@@ -524,7 +517,7 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
     released.push_back(id);
   }
   if (lifted) {
-    RebuildQuarantineIndexLocked();
+    holds_.RebuildQuarantined(allocations_);
     ++quarantine_version_;
   }
   if (!released.empty()) {
@@ -556,7 +549,7 @@ absl::StatusOr<int> StateKeeper::Quarantine(const std::vector<uint64_t>& ids,
   }
   if (added == 0) return 0;
   ++quarantine_version_;
-  RebuildQuarantineIndexLocked();
+  holds_.RebuildQuarantined(allocations_);
   // Kept in memory even if the save fails: the devices stay away from new
   // pods in this run either way.
   if (absl::Status s = SaveLocked(); !s.ok()) return s;

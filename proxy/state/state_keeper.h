@@ -38,88 +38,16 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/events/event_log.h"
+#include "proxy/state/allocation_journal.h"
 #include "proxy/state/allocation_table.h"
+#include "proxy/state/hold_index.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/previous_generation.h"
 #include "proxy/state/state_store.h"
 
 namespace dpproxy {
 
-// Where the kubelet side reports answered allocations.
-// The plugin's side of an allocation, as the journal keeps it.
-struct BackendSide {
-  std::string api;       // the version it was called in ("v1beta1", ...)
-  std::string endpoint;  // its socket
-  std::string resource;  // its resource name ("": not known)
-  // The request as the plugin got it, if its device IDs differ from the
-  // kubelet's (an ID map, compact IDs); nullptr: the same IDs.
-  const v1beta1::AllocateRequest* request = nullptr;
-  // DRA mode: the claim of each container request (same order); nullptr
-  // outside DRA mode.
-  const std::vector<state::DraClaim>* claims = nullptr;
-};
-
-class AllocationJournal {
- public:
-  virtual ~AllocationJournal() = default;
-  // Persists one record per container request before the kubelet is
-  // answered: `done` runs once the records are durable, or with why they
-  // are not (then nothing was recorded). It runs on the calling thread or
-  // on the thread that wrote the records' batch, with no lock held, and
-  // must not block. kFailedPrecondition (and a `device_held_twice` event)
-  // if a device is held by a quarantined allocation: a second live holder
-  // is never journaled.
-  virtual void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
-                           const v1beta1::AllocateResponse& resp, const BackendSide& backend,
-                           std::function<void(absl::Status)> done) = 0;
-
-  // The same in two steps, so that the sync overlaps the plugin's call:
-  //
-  //   ReserveAsync  while the plugin is called: one RESERVED record per
-  //                 container (everything but the response). `durable` runs
-  //                 once they are synced (from then on they hold their
-  //                 devices like any allocation), or with why not (nothing
-  //                 was recorded; the refusals of RecordAsync).
-  //   AnswerAsync   once the plugin answered and `durable` ran OK: the
-  //                 response (ANSWERED records), and with `claims` (one
-  //                 per container, may be null) the DRA claims, which then
-  //                 replace the reserved records' (what only the whole
-  //                 answer tells: their CDI names and spec). `done` runs once they are
-  //                 written, before their sync: a dpproxy crash keeps them,
-  //                 and the next sync (their own, or the next append's)
-  //                 makes them durable.
-  //   Withdraw      instead, if the plugin or the kubelet refused: the
-  //                 allocation is forgotten at once and a WITHDRAWN record
-  //                 is written (not waited for).
-  //
-  // What holds a device is never answered before it is durable; only a
-  // response can be lost, to a power loss within one sync of its answer.
-  struct Reservation {
-    uint64_t first_id = 0;  // the containers' allocations: ids first_id...
-    int count = 0;          // ...first_id + count - 1
-  };
-  // `readmission`: a restarted kubelet re-admitting a running container it
-  // forgot (before 1.25 it allocates again for one): the request may name
-  // devices of forgotten (quarantined) allocations, which keep holding them.
-  virtual Reservation ReserveAsync(const std::string& resource,
-                                   const v1beta1::AllocateRequest& req,
-                                   const BackendSide& backend,
-                                   std::function<void(absl::Status)> durable,
-                                   bool readmission = false) = 0;
-  virtual void AnswerAsync(const Reservation& r, const v1beta1::AllocateResponse& resp,
-                           std::function<void(absl::Status)> done,
-                           const std::vector<state::DraClaim>* claims = nullptr) = 0;
-  virtual void Withdraw(const Reservation& r) = 0;
-  // Why a device of `req` may not be had on this path (`claim`: a DRA
-  // claim's request) because the other one holds it (SetOneHolderAcrossPaths),
-  // or OK. Asked before the plugin is; the reservation asks again.
-  virtual absl::Status CheckOtherPath(const std::string& resource,
-                                      const v1beta1::AllocateRequest& req, bool claim) {
-    return absl::OkStatus();
-  }
-};
-
-class StateKeeper : public AllocationJournal {
+class StateKeeper : public ClaimJournal {
  public:
   // `path` is the snapshot (<state_dir>/state.pb); the journal is
   // journal.wal beside it.
@@ -152,9 +80,7 @@ class StateKeeper : public AllocationJournal {
   // those allocations without a claim hold (recorded ones). What the other
   // side must not offer (Resource::SetHeldAcrossPaths). A resource stays
   // listed, with nothing held, once its last allocation goes.
-  struct HeldAcross {
-    std::set<std::string> by_claims, by_pod_claims, by_pods;
-  };
+  using HeldAcross = HoldIndex::HeldAcross;
   std::map<std::string, HeldAcross> HeldAcrossPaths();
   // Grows whenever HeldAcrossPaths() changes; `changed` is called then,
   // under the keeper's lock: it may only wake someone up.
@@ -206,7 +132,7 @@ class StateKeeper : public AllocationJournal {
                    std::function<void(absl::Status)> done) override;
   // The same, waiting for the outcome.
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
-                      const v1beta1::AllocateResponse& resp, const BackendSide& backend);
+                      const v1beta1::AllocateResponse& resp, const BackendSide& backend) override;
   // An allocation in two steps (AllocationJournal). Answers and
   // withdrawals are written in batches of their own, ahead of queued
   // reservations, with no sync to wait for; the next synced batch syncs
@@ -243,7 +169,7 @@ class StateKeeper : public AllocationJournal {
   absl::Status SetResourcesToSave(std::vector<ResourceToSave> resources);
 
   // Forgets allocations (their pods are gone). Saves.
-  absl::Status Release(const std::vector<uint64_t>& ids);
+  absl::Status Release(const std::vector<uint64_t>& ids) override;
   // One reconciliation pass: names the holders of some allocations and
   // forgets others, with one save if anything changed (`persist_names`
   // false: names alone are kept in memory and go to disk with the next
@@ -279,10 +205,10 @@ class StateKeeper : public AllocationJournal {
   void ForEachAllocation(const std::function<void(const state::Allocation&)>& visit);
   // DRA mode: the allocations of one claim, oldest first (with their
   // responses).
-  std::vector<state::Allocation> ClaimAllocations(const std::string& claim_uid);
+  std::vector<state::Allocation> ClaimAllocations(const std::string& claim_uid) override;
   // DRA mode: every claim with allocations, each with its allocations
   // (oldest first).
-  std::map<std::string, std::vector<state::Allocation>> Claims();
+  std::map<std::string, std::vector<state::Allocation>> Claims() override;
   // Load() found the state damaged (a file moved aside, or journal
   // records lost): allocations it held may be missing.
   bool damaged_at_load() const { return damaged_at_load_.load(); }
@@ -346,10 +272,6 @@ class StateKeeper : public AllocationJournal {
   bool WaitForQueued(size_t n, absl::Duration timeout);
 
  private:
-  // The key of a device in the hold index: resource, NUL, device ID.
-  static std::string HeldKey(const std::string& resource, const std::string& id);
-  // Who holds an allocation, as a refusal names it.
-  static std::string HolderOf(const state::Allocation& a);
   // What every write returns once the state was handed over.
   static absl::Status HandedOverError();
   // One Record (or reservation, answer, withdrawal) waiting for the
@@ -364,13 +286,8 @@ class StateKeeper : public AllocationJournal {
     // Its records are counted in in_flight_ until written.
     bool in_flight = false;
   };
-  // Records queued and not yet written, with one holder across paths: a
-  // holder already for CheckOtherPathLocked, so two paths asking for one
-  // device at the same instant cannot both be recorded.
-  struct InFlight {
-    int claims = 0, others = 0;
-    std::string claim_holder;  // the latest claim's, as a refusal names it
-  };
+  // Records queued and not yet written, with one holder across paths,
+  // hold their devices in the index already (HoldIndex::StartInFlight).
   void AddInFlightLocked(Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndInFlightLocked(const Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records of `req` (ids taken now; a failed write leaves a gap, never a
@@ -395,9 +312,15 @@ class StateKeeper : public AllocationJournal {
                                      const v1beta1::AllocateRequest& req, bool claim,
                                      bool readmission = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SetOneHolderAcrossPaths' rule for one device; OK if it may be recorded.
-  absl::Status CheckOtherPathLocked(const std::string& resource, const std::string& device,
-                                    bool claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SetOneHolderAcrossPaths' rule for the devices of `req`; OK if they may
+  // be recorded, else the refusal, reported as a `device_held_twice` event.
+  absl::Status CheckOtherPathLocked(const std::string& resource,
+                                    const v1beta1::AllocateRequest& req, bool claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refusal of the hold index, as an event and a status.
+  absl::Status Refuse(const std::string& resource, const std::string& device,
+                      const HoldIndex::Refusal& r, bool claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the queue, batch after batch, until it is empty or a saver wants
   // the journal; then frees it. The caller has set journal_busy_; mu_ not
   // held.
@@ -410,11 +333,9 @@ class StateKeeper : public AllocationJournal {
   // covers. Releases mu_ during the I/O; save_mu_ keeps other savers out.
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_, mu_);
   void NoteWrite(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // held_, quarantined_held_ and by_claim_ from every allocation.
+  // The hold index from every allocation.
   void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // quarantined_held_ alone (the quarantined allocations changed).
-  void RebuildQuarantineIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // held_ and by_claim_ without `a`, removed from allocations_.
+  // The hold index without `a`, removed from allocations_.
   void UnindexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves state_'s allocations into allocations_.
   void TakeAllocationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -492,30 +413,14 @@ class StateKeeper : public AllocationJournal {
   void AddSavedResourcesLocked(state::State* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves state_'s resources into resources_.
   void TakeResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "resource\0device" -> how many live allocations name it (HoldsDevice
-  // in O(1)); added to by Record, taken from by removals.
-  std::unordered_map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
-  // The same, for quarantined allocations only: Record refuses them.
-  std::unordered_map<std::string, uint64_t> quarantined_held_ ABSL_GUARDED_BY(mu_);
-  // DRA mode: claim UID -> the ids of its allocations, so a claim's
-  // allocations are read without parsing every other one.
-  std::map<std::string, std::set<uint64_t>> by_claim_ ABSL_GUARDED_BY(mu_);
-  // "resource\0device" -> the claim allocations that name it (a subset of
-  // held_'s count: the rest are allocations without a claim).
-  std::unordered_map<std::string, std::set<uint64_t>> claim_held_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<std::string, InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
-  // With one holder across paths: resource -> device -> how many claims
-  // (and of those, extended-resource claims) and other allocations name it.
-  struct HeldCounts {
-    int claims = 0, pod_claims = 0, others = 0;
-  };
-  std::map<std::string, std::map<std::string, HeldCounts>> both_held_ ABSL_GUARDED_BY(mu_);
+  // Who holds which device, of allocations_ and of the records queued:
+  // added to as records join allocations_, taken from by removals.
+  HoldIndex holds_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> held_across_version_{0};
   std::function<void()> held_across_observer_;
   void HeldAcrossChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool one_holder_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<bool> one_holder_set_{false};  // the same, read without the lock
-  // held_ and by_claim_ with `a`, added to allocations_.
+  std::atomic<bool> one_holder_set_{false};  // holds_'s rule, read without the lock
+  // The hold index with `a`, added to allocations_.
   void IndexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::atomic<int> allocation_count_{0};
   std::atomic<bool> damaged_at_load_{false};

@@ -100,32 +100,17 @@ std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
 void StateKeeper::AddInFlightLocked(Pending* p) {
   for (const state::Allocation& a : p->records) {
     p->in_flight = true;
-    for (const std::string& d : a.device_ids()) {
-      InFlight& f = in_flight_[HeldKey(a.resource(), d)];
-      if (a.has_claim()) {
-        ++f.claims;
-        f.claim_holder = HolderOf(a);
-      } else {
-        ++f.others;
-      }
-    }
+    holds_.StartInFlight(a);
   }
 }
 
 void StateKeeper::EndInFlightLocked(const Pending& p) {
   if (!p.in_flight) return;
-  for (const state::Allocation& a : p.records) {
-    for (const std::string& d : a.device_ids()) {
-      auto f = in_flight_.find(HeldKey(a.resource(), d));
-      if (f == in_flight_.end()) continue;
-      (a.has_claim() ? f->second.claims : f->second.others) -= 1;
-      if (f->second.claims <= 0 && f->second.others <= 0) in_flight_.erase(f);
-    }
-  }
+  for (const state::Allocation& a : p.records) holds_.EndInFlight(a);
 }
 
 bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
-  if (!p->written_only && one_holder_) AddInFlightLocked(p.get());
+  if (!p->written_only && holds_.one_holder_across_paths()) AddInFlightLocked(p.get());
   p->encoded = JournalFile::Encode(p->records);
   queue_.push_back(std::move(p));
   ++queued_;
@@ -227,11 +212,7 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
                   held->clear_stage();
                 }) &&
                 was != a.claim().uid()) {
-              if (auto c = by_claim_.find(was); c != by_claim_.end()) {
-                c->second.erase(a.id());
-                if (c->second.empty()) by_claim_.erase(c);
-              }
-              by_claim_[a.claim().uid()].insert(a.id());
+              holds_.MoveClaim(a.id(), was, a.claim().uid());
             }
           }
           me->records.push_back(std::move(a));

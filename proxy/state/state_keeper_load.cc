@@ -121,7 +121,7 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
     if (absl::Status f = FallBackLocked(replay->records); !f.ok()) return f;
   }
   RebuildIndexLocked();
-  if (!quarantined_held_.empty()) ++quarantine_version_;
+  if (holds_.AnyQuarantined()) ++quarantine_version_;
   // Fold what the journal held into a fresh snapshot. A disk that takes no
   // write (full) does not stop the start: the records stay in the journal
   // (a failed save drops none), what was loaded is served, Allocates are

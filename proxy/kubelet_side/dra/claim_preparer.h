@@ -13,7 +13,7 @@
 //   4. write the claim's CDI spec (one CDI device per request, cdi_spec.h)
 //      and answer each device with its CDI names.
 //
-// Prepared claims are journaled (state_keeper.h) before the answer, as
+// Prepared claims are journaled (allocation_journal.h) before the answer, as
 // allocations that carry the claim (state.proto DraClaim): one per claim
 // request and resource, with what the kubelet was answered and the claim's
 // CDI spec. A repeated prepare (after a kubelet or dpproxy restart) answers
@@ -40,7 +40,7 @@
 #include "proxy/core/allocator.h"
 #include "proxy/core/backend.h"
 #include "proxy/kube/kube_client.h"
-#include "proxy/state/state_keeper.h"
+#include "proxy/state/allocation_journal.h"
 #include "proxy/translate/translate.h"
 
 namespace dpproxy {
@@ -105,7 +105,7 @@ class ClaimPreparer {
     };
     std::string cdi_dir = "/var/run/cdi";
     // Prepared claims are journaled here (nullptr: kept in memory only).
-    StateKeeper* journal = nullptr;
+    ClaimJournal* journal = nullptr;
     // Where a dpproxy before the journal kept one file per prepared claim
     // (<state_dir>/dra-claims/<uid>.json): MigrateClaimFiles moves them in.
     std::string claim_files_dir;

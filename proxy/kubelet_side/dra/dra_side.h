@@ -48,7 +48,7 @@ class DraSide : public KubeletSide {
     // Prepared claims are journaled here (nullptr: kept in memory only);
     // files of claims under <state_dir>/dra-claims are moved into it.
     std::string state_dir;
-    StateKeeper* journal = nullptr;
+    ClaimJournal* journal = nullptr;
     absl::Duration backend_timeout = absl::Seconds(30);
     int64_t api_max_body_bytes = 16 << 20;
     // Names the kubelet-facing sockets (dra_server.h): the other one than

@@ -1,7 +1,7 @@
 // File: allocator.h
 //
 // The one Allocate of a resource, whichever way the kubelet asks for it: a
-// device-plugin socket in v1alpha or v1beta1 (kubelet/kubelet_endpoint.h)
+// device-plugin socket in v1alpha or v1beta1 (kubelet_side/device_plugin/device_plugin_server.h)
 // or a DRA claim (dra/claim_preparer.h). Every allocation dpproxy makes
 // goes through here, and so obeys the same rules:
 //

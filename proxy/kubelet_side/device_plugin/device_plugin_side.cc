@@ -30,7 +30,7 @@ DevicePluginSide::DevicePluginSide(KubeletSideOptions kubelet, Parts parts)
 
 DevicePluginSide::~DevicePluginSide() {
   if (watcher_) watcher_->Stop();
-  for (KubeletEndpoint* e : Endpoints()) e->Stop();
+  for (DevicePluginServer* e : Endpoints()) e->Stop();
   // The registrar's jobs may still hold a removed endpoint: they end with
   // its Stop, before it goes.
 }
@@ -48,14 +48,14 @@ absl::Status DevicePluginSide::Start() {
 void DevicePluginSide::Stop(Ending ending) {
   if (watcher_) watcher_->Stop();
   if (ending == Ending::kHandedOver) DrainAfterHandoff();
-  const std::vector<KubeletEndpoint*> endpoints = Endpoints();
+  const std::vector<DevicePluginServer*> endpoints = Endpoints();
   if (ending == Ending::kForGood) {
     // Stopping for good: an endpoint the kubelet no longer lists by name
     // registers once more, so that its end turns the devices unhealthy.
-    for (KubeletEndpoint* e : endpoints) e->RelistBeforeStop();
+    for (DevicePluginServer* e : endpoints) e->RelistBeforeStop();
   }
   // Cancels Register calls in flight; the workers' jobs then end.
-  for (KubeletEndpoint* e : endpoints) e->Stop();
+  for (DevicePluginServer* e : endpoints) e->Stop();
 }
 
 void DevicePluginSide::DrainAfterHandoff() {
@@ -65,9 +65,9 @@ void DevicePluginSide::DrainAfterHandoff() {
   // keep it until the plugin ends it, so at most kHandoffQuiet), then until
   // the Allocates forwarded to the new dpproxy have their answers, and
   // only then close the sockets.
-  const std::vector<KubeletEndpoint*> endpoints = Endpoints();
+  const std::vector<DevicePluginServer*> endpoints = Endpoints();
   const absl::Time quiet_by = absl::Now() + kHandoffQuiet;
-  for (KubeletEndpoint* e : endpoints) {
+  for (DevicePluginServer* e : endpoints) {
     (void)e->WaitForKubeletGone(std::max(absl::ZeroDuration(), quiet_by - absl::Now()));
   }
   absl::Duration wait;
@@ -75,7 +75,7 @@ void DevicePluginSide::DrainAfterHandoff() {
     absl::MutexLock lock(&mu_);
     wait = backend_timeout_ + absl::Seconds(1);
   }
-  for (KubeletEndpoint* e : endpoints) {
+  for (DevicePluginServer* e : endpoints) {
     if (!e->WaitForAllocatesServed(wait)) {
       LOG(WARNING) << "resource " << e->resource()->name()
                    << ": a forwarded Allocate is still in progress after "
@@ -86,10 +86,10 @@ void DevicePluginSide::DrainAfterHandoff() {
 
 void DevicePluginSide::AddResource(Allocator* allocator) {
   Resource* resource = allocator->resource();
-  KubeletEndpoint* raw = nullptr;
+  DevicePluginServer* raw = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    std::unique_ptr<KubeletEndpoint>& e = endpoints_[resource->name()];
+    std::unique_ptr<DevicePluginServer>& e = endpoints_[resource->name()];
     if (e != nullptr) {  // served already; fully again if it was withdrawn
       if (withdrawn_.erase(resource->name()) > 0) {
         resource->SetWithdrawnFromDevicePlugins(false);
@@ -98,8 +98,8 @@ void DevicePluginSide::AddResource(Allocator* allocator) {
       }
       return;
     }
-    e = std::make_unique<KubeletEndpoint>(resource, kubelet_, parts_.losses, parts_.events,
-                                          allocator, parts_.telemetry);
+    e = std::make_unique<DevicePluginServer>(resource, kubelet_, parts_.losses, parts_.events,
+                                             allocator, parts_.telemetry);
     e->SetCallSettings(backend_timeout_, cdi_annotations_);
     raw = e.get();
   }
@@ -129,7 +129,7 @@ std::vector<std::string> DevicePluginSide::Withdrawn() {
 }
 
 void DevicePluginSide::RemoveResource(const std::string& resource) {
-  KubeletEndpoint* raw = nullptr;
+  DevicePluginServer* raw = nullptr;
   bool was_withdrawn = false;
   {
     absl::MutexLock lock(&mu_);
@@ -169,7 +169,7 @@ void DevicePluginSide::SetCallSettings(absl::Duration backend_timeout, bool cdi_
 }
 
 KubeletView DevicePluginSide::ViewOf(const std::string& resource) {
-  KubeletEndpoint* e = nullptr;
+  DevicePluginServer* e = nullptr;
   {
     absl::MutexLock lock(&mu_);
     auto it = endpoints_.find(resource);
@@ -179,7 +179,7 @@ KubeletView DevicePluginSide::ViewOf(const std::string& resource) {
   if (e == nullptr) return v;  // endpoints live until the side does
   v.api = e->negotiated();
   v.socket = e->socket_path();
-  const KubeletEndpoint::SteeringCounts s = e->steering();
+  const DevicePluginServer::SteeringCounts s = e->steering();
   v.forgotten_avoided = s.avoided;
   v.forgotten_named = s.held_named;
   return v;
@@ -187,8 +187,8 @@ KubeletView DevicePluginSide::ViewOf(const std::string& resource) {
 
 std::vector<HealthCheck> DevicePluginSide::Readiness() { return registrar_.RegistrationChecks(); }
 
-std::vector<KubeletEndpoint*> DevicePluginSide::Endpoints() {
-  std::vector<KubeletEndpoint*> out;
+std::vector<DevicePluginServer*> DevicePluginSide::Endpoints() {
+  std::vector<DevicePluginServer*> out;
   absl::MutexLock lock(&mu_);
   out.reserve(endpoints_.size());
   for (auto& [name, e] : endpoints_) out.push_back(e.get());
@@ -197,7 +197,7 @@ std::vector<KubeletEndpoint*> DevicePluginSide::Endpoints() {
 
 std::vector<KubeletGate*> DevicePluginSide::Gates() {
   std::vector<KubeletGate*> out;
-  for (KubeletEndpoint* e : Endpoints()) out.push_back(e);
+  for (DevicePluginServer* e : Endpoints()) out.push_back(e);
   return out;
 }
 
@@ -207,7 +207,7 @@ void DevicePluginSide::BeforePredecessorExits() {
   // devices would turn unhealthy until this one registered again, and pods
   // admitted meanwhile fail. Emptying that entry first (the kubelet keeps
   // streaming from this endpoint) makes the predecessor's end a no-op.
-  for (KubeletEndpoint* e : Endpoints()) {
+  for (DevicePluginServer* e : Endpoints()) {
     if (!e->kubelet_registers_synchronously()) continue;
     absl::Status s = e->ReleaseClientName(absl::Seconds(10));
     if (s.ok()) {

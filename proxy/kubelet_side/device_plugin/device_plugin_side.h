@@ -1,8 +1,8 @@
 // File: device_plugin_side.h
 //
 // dpproxy toward a kubelet that speaks the device-plugin API: one device
-// plugin per resource, each a KubeletEndpoint on a socket of its own
-// (kubelet_endpoint.h), kept served and registered by the Registrar
+// plugin per resource, each a DevicePluginServer on a socket of its own
+// (device_plugin_server.h), kept served and registered by the Registrar
 // (registrar.h), with a watch on the kubelet's directory (device-plugins/,
 // or plugins_registry/ with the plugin watcher) so that a kubelet start is
 // seen at once.
@@ -21,7 +21,7 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"
 #include "proxy/events/telemetry.h"
-#include "proxy/kubelet_side/device_plugin/kubelet_endpoint.h"
+#include "proxy/kubelet_side/device_plugin/device_plugin_server.h"
 #include "proxy/kubelet_side/device_plugin/registrar.h"
 #include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/translate/translate.h"
@@ -74,7 +74,7 @@ class DevicePluginSide : public KubeletSide {
   void BeforePredecessorExits() override;
 
  private:
-  std::vector<KubeletEndpoint*> Endpoints();
+  std::vector<DevicePluginServer*> Endpoints();
   // Handed over: the calls the kubelet sent here just before it moved to
   // the successor are answered before the sockets close.
   void DrainAfterHandoff();
@@ -85,8 +85,8 @@ class DevicePluginSide : public KubeletSide {
   std::unique_ptr<DirWatcher> watcher_;
 
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<KubeletEndpoint>> endpoints_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<KubeletEndpoint>> removed_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<DevicePluginServer>> endpoints_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<DevicePluginServer>> removed_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> withdrawn_ ABSL_GUARDED_BY(mu_);
   // As the last SIGHUP left them.
   absl::Duration backend_timeout_ ABSL_GUARDED_BY(mu_);

@@ -23,7 +23,7 @@ Registrar::Registrar(KubeletSideOptions kubelet, EventLog* events, WorkQueue* wo
                      std::function<void()> wake)
     : kubelet_(std::move(kubelet)), events_(events), workers_(workers), wake_(std::move(wake)) {}
 
-void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
+void Registrar::Add(Resource* resource, DevicePluginServer* endpoint) {
   auto slot = std::make_unique<Slot>();
   slot->resource = resource;
   slot->endpoint = endpoint;
@@ -33,7 +33,7 @@ void Registrar::Add(Resource* resource, KubeletEndpoint* endpoint) {
   slots_.push_back(std::move(slot));
 }
 
-void Registrar::Remove(KubeletEndpoint* endpoint) {
+void Registrar::Remove(DevicePluginServer* endpoint) {
   absl::MutexLock lock(&mu_);
   for (auto it = slots_.begin(); it != slots_.end(); ++it) {
     if ((*it)->endpoint != endpoint) continue;
@@ -234,7 +234,7 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
           // them; registering again at this socket while it streams from
           // it is refused by a 1.37 kubelet, which then never disconnects
           // the socket. The endpoint follows what the kubelet was told
-          // (PreStartContainer: kubelet_endpoint.h).
+          // (PreStartContainer: device_plugin_server.h).
           LOG(INFO) << "resource " << e->resource->name() << ": the backend's options changed; "
                     << "the kubelet keeps the ones it read (PreStartContainer "
                     << (e->endpoint->kubelet_calls_pre_start().value_or(false) ? "" : "not ")
@@ -281,13 +281,13 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
 }
 
 void Registrar::Resume(bool successor_registered) {
-  std::vector<KubeletEndpoint*> endpoints;
+  std::vector<DevicePluginServer*> endpoints;
   {
     absl::MutexLock lock(&mu_);
     for (auto& slot : slots_) endpoints.push_back(slot->endpoint);
   }
-  std::set<KubeletEndpoint*> still_streamed;
-  for (KubeletEndpoint* e : endpoints) {
+  std::set<DevicePluginServer*> still_streamed;
+  for (DevicePluginServer* e : endpoints) {
     if (e->kubelet_registers_synchronously() && e->kubelet_streaming()) {
       still_streamed.insert(e);
       if (successor_registered) e->EndKubeletStreams();

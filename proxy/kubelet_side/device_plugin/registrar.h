@@ -34,7 +34,7 @@
 #include "proxy/core/resource.h"
 #include "proxy/events/event_log.h"
 #include "proxy/events/telemetry.h"
-#include "proxy/kubelet_side/device_plugin/kubelet_endpoint.h"
+#include "proxy/kubelet_side/device_plugin/device_plugin_server.h"
 #include "proxy/util/health_check.h"
 #include "proxy/util/files.h"
 #include "proxy/util/work_queue.h"
@@ -61,10 +61,10 @@ class Registrar {
 
   // Starts keeping `endpoint` (of `resource`) served and registered. Both
   // outlive the registrar's workers. Any thread.
-  void Add(Resource* resource, KubeletEndpoint* endpoint);
+  void Add(Resource* resource, DevicePluginServer* endpoint);
   // Keeps it registered no more (its resource's path changed). The slot is
   // kept: a registration in flight may still end on it.
-  void Remove(KubeletEndpoint* endpoint);
+  void Remove(DevicePluginServer* endpoint);
 
   struct PassResult {
     // A kubelet.sock other than the one seen at the last pass.
@@ -130,7 +130,7 @@ class Registrar {
  private:
   struct Slot {
     Resource* resource = nullptr;
-    KubeletEndpoint* endpoint = nullptr;
+    DevicePluginServer* endpoint = nullptr;
     std::optional<FileId> registered_with;  // kubelet.sock it registered at
     // Options sent in that registration (serialized).
     std::string registered_options;

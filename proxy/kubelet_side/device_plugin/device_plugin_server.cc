@@ -1,7 +1,7 @@
-// KubeletEndpoint's registration with the kubelet, the hold and hand-over of
+// DevicePluginServer's registration with the kubelet, the hold and hand-over of
 // its calls during a takeover, and its streams' bookkeeping. The services
-// and the server are in kubelet_endpoint_services.cc.
-#include "proxy/kubelet_side/device_plugin/kubelet_endpoint.h"
+// and the server are in device_plugin_server_services.cc.
+#include "proxy/kubelet_side/device_plugin/device_plugin_server.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -32,7 +32,7 @@
 
 namespace dpproxy {
 
-void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
+void DevicePluginServer::NoteSteering(const PreferredChoice& choice) {
   if (choice.avoided > 0) avoided_ += choice.avoided;
   if (choice.held_named > 0) {
     held_named_ += choice.held_named;
@@ -45,24 +45,26 @@ void KubeletEndpoint::NoteSteering(const PreferredChoice& choice) {
 }
 
 
-void KubeletEndpoint::NoteOptionsAsked() {
+void DevicePluginServer::NoteOptionsAsked() {
   if (registering_.load()) options_asked_ = true;
 }
 
-bool KubeletEndpoint::kubelet_may_reallocate_running() const { return kubelet_sync_.load() == 0; }
+bool DevicePluginServer::kubelet_may_reallocate_running() const {
+  return kubelet_sync_.load() == 0;
+}
 
-void KubeletEndpoint::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
+void DevicePluginServer::SetCallSettings(absl::Duration backend_timeout, bool cdi_annotations) {
   backend_timeout_ns_ = absl::ToInt64Nanoseconds(backend_timeout);
   cdi_annotations_ = cdi_annotations;
 }
 
-bool KubeletEndpoint::SocketPresent() {
+bool DevicePluginServer::SocketPresent() {
   absl::MutexLock lock(&mu_);
   return server_ != nullptr && served_id_.has_value() && StatFileId(socket_path_) == served_id_;
 }
 
 
-absl::Status KubeletEndpoint::ReleaseClientName(absl::Duration timeout) {
+absl::Status DevicePluginServer::ReleaseClientName(absl::Duration timeout) {
   absl::MutexLock serial(&register_serial_mu_);
   if (stopping_) return absl::CancelledError("stopping");
   absl::Status s = dpproxy::ReleaseClientName(options_, resource_->name(), socket_name_, timeout);
@@ -74,7 +76,7 @@ absl::Status KubeletEndpoint::ReleaseClientName(absl::Duration timeout) {
   return s;
 }
 
-void KubeletEndpoint::RelistBeforeStop() {
+void DevicePluginServer::RelistBeforeStop() {
   if (!unlisted_.load() || !kubelet_streaming()) return;
   absl::StatusOr<std::unique_ptr<Relist>> r =
       Relist::Register(options_, resource_->name(), socket_name_, resource_->options(),
@@ -89,7 +91,7 @@ void KubeletEndpoint::RelistBeforeStop() {
   relist_ = *std::move(r);
 }
 
-absl::Status KubeletEndpoint::Register() {
+absl::Status DevicePluginServer::Register() {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
   absl::MutexLock serial(&register_serial_mu_);
   const std::string kubelet = KubeletSocketPath(options_);
@@ -121,7 +123,7 @@ absl::Status KubeletEndpoint::Register() {
       register_ctx_ = &ctx;
     }
     struct Clear {
-      KubeletEndpoint* e;
+      DevicePluginServer* e;
       ~Clear() {
         absl::MutexLock lock(&e->register_mu_);
         e->register_ctx_ = nullptr;
@@ -187,12 +189,12 @@ absl::Status KubeletEndpoint::Register() {
       absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
 }
 
-void KubeletEndpoint::HoldAllocates() {
+void DevicePluginServer::HoldAllocates() {
   absl::MutexLock lock(&gate_mu_);
   allocate_mode_ = AllocateMode::kHold;
 }
 
-bool KubeletEndpoint::WaitForAllocatesServed(absl::Duration timeout) {
+bool DevicePluginServer::WaitForAllocatesServed(absl::Duration timeout) {
   absl::MutexLock lock(&gate_mu_);
   return gate_mu_.AwaitWithTimeout(
       absl::Condition(
@@ -200,7 +202,7 @@ bool KubeletEndpoint::WaitForAllocatesServed(absl::Duration timeout) {
       timeout);
 }
 
-size_t KubeletEndpoint::ForwardAllocates(const std::string& socket) {
+size_t DevicePluginServer::ForwardAllocates(const std::string& socket) {
   std::map<const void*, std::function<void()>> held;
   {
     absl::MutexLock lock(&gate_mu_);
@@ -214,7 +216,7 @@ size_t KubeletEndpoint::ForwardAllocates(const std::string& socket) {
   return held.size();
 }
 
-void KubeletEndpoint::ServeAllocates() {
+void DevicePluginServer::ServeAllocates() {
   std::map<const void*, std::function<void()>> held;
   {
     absl::MutexLock lock(&gate_mu_);
@@ -225,7 +227,7 @@ void KubeletEndpoint::ServeAllocates() {
   for (auto& [key, resume] : held) resume();
 }
 
-KubeletEndpoint::AllocateMode KubeletEndpoint::AdmitAllocate(
+DevicePluginServer::AllocateMode DevicePluginServer::AdmitAllocate(
     const void* key, std::function<void()> resume,
     std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to) {
   absl::MutexLock lock(&gate_mu_);
@@ -244,33 +246,33 @@ KubeletEndpoint::AllocateMode KubeletEndpoint::AdmitAllocate(
   return allocate_mode_;
 }
 
-bool KubeletEndpoint::Unhold(const void* key) {
+bool DevicePluginServer::Unhold(const void* key) {
   absl::MutexLock lock(&gate_mu_);
   return held_.erase(key) > 0;
 }
 
-void KubeletEndpoint::AllocateServed() {
+void DevicePluginServer::AllocateServed() {
   absl::MutexLock lock(&gate_mu_);
   --allocates_in_progress_;
 }
 
-bool KubeletEndpoint::kubelet_streaming() {
+bool DevicePluginServer::kubelet_streaming() {
   absl::MutexLock lock(&streams_mu_);
   return !streams_.empty();
 }
 
-bool KubeletEndpoint::WaitForKubeletGone(absl::Duration timeout) {
+bool DevicePluginServer::WaitForKubeletGone(absl::Duration timeout) {
   absl::MutexLock lock(&streams_mu_);
   auto gone = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_) { return streams_.empty(); };
   return streams_mu_.AwaitWithTimeout(absl::Condition(&gone), timeout);
 }
 
-void KubeletEndpoint::AddStream(StreamHandle* s) {
+void DevicePluginServer::AddStream(StreamHandle* s) {
   absl::MutexLock lock(&streams_mu_);
   streams_.insert(s);
 }
 
-void KubeletEndpoint::RemoveStream(StreamHandle* s, bool by_kubelet) {
+void DevicePluginServer::RemoveStream(StreamHandle* s, bool by_kubelet) {
   bool dropped;
   {
     absl::MutexLock lock(&streams_mu_);
@@ -280,19 +282,19 @@ void KubeletEndpoint::RemoveStream(StreamHandle* s, bool by_kubelet) {
   if (dropped && stream_dropped_) stream_dropped_();
 }
 
-void KubeletEndpoint::FinishStreams() {
+void DevicePluginServer::FinishStreams() {
   // Under streams_mu_: a stream leaves the set (in OnDone) only after its
   // finish, and is deleted after that, so none is finished after deletion.
   absl::MutexLock lock(&streams_mu_);
   for (StreamHandle* s : streams_) s->FinishNow();
 }
 
-std::string KubeletEndpoint::negotiated() {
+std::string DevicePluginServer::negotiated() {
   absl::MutexLock lock(&negotiated_mu_);
   return negotiated_;
 }
 
-void KubeletEndpoint::SetNegotiated(const std::string& v) {
+void DevicePluginServer::SetNegotiated(const std::string& v) {
   absl::MutexLock lock(&negotiated_mu_);
   if (negotiated_ != v) {
     negotiated_ = v;
@@ -306,7 +308,7 @@ void KubeletEndpoint::SetNegotiated(const std::string& v) {
   }
 }
 
-void KubeletEndpoint::NoteLoss(const Loss& loss) {
+void DevicePluginServer::NoteLoss(const Loss& loss) {
   for (const std::string& kind : losses_->Add(resource_->name(), loss)) {
     LOG(WARNING) << "resource " << resource_->name() << ": the kubelet's API (v1alpha) has no "
                  << kind << "; dropping them (logged once per resource, counted)";
@@ -316,7 +318,7 @@ void KubeletEndpoint::NoteLoss(const Loss& loss) {
   }
 }
 
-void KubeletEndpoint::Stop() {
+void DevicePluginServer::Stop() {
   {
     absl::MutexLock lock(&register_mu_);
     stopping_ = true;

@@ -1,9 +1,9 @@
-// KubeletEndpoint's gRPC side: the services the kubelet calls (ListAndWatch
+// DevicePluginServer's gRPC side: the services the kubelet calls (ListAndWatch
 // streams, the Allocate reactor, GetPreferredAllocation, PreStartContainer,
 // the plugin watcher's GetInfo), the server that serves them, and the
 // endpoint's construction. Registration and the hand-over of calls are in
-// kubelet_endpoint.cc.
-#include "proxy/kubelet_side/device_plugin/kubelet_endpoint.h"
+// device_plugin_server.cc.
+#include "proxy/kubelet_side/device_plugin/device_plugin_server.h"
 
 #include <errno.h>
 #include <unistd.h>
@@ -86,15 +86,15 @@ std::shared_ptr<const grpc::ByteBuffer> WireBuffer(std::shared_ptr<const std::st
 // whenever the resource publishes one, translated only when its write
 // starts (the kubelet only ever needs the latest list). Ends when the
 // kubelet goes away, the server is replaced or the proxy stops
-// (KubeletEndpoint::FinishStreams), and deletes itself when gRPC is done.
+// (DevicePluginServer::FinishStreams), and deletes itself when gRPC is done.
 template <typename Msg>
-class ListAndWatchStream final : public NewestWriter<Msg>, public KubeletEndpoint::StreamHandle {
+class ListAndWatchStream final : public NewestWriter<Msg>, public DevicePluginServer::StreamHandle {
  public:
   // Makes the message for a published list (the version the kubelet
   // speaks).
   using Translate = std::function<std::shared_ptr<const Msg>(const Resource::Snapshot&)>;
 
-  ListAndWatchStream(KubeletEndpoint* e, Translate translate)
+  ListAndWatchStream(DevicePluginServer* e, Translate translate)
       : e_(e), translate_(std::move(translate)) {
     e_->AddStream(this);
     watcher_ = e_->resource()->AddWatcher([this](const Resource::Snapshot& s) { Publish(s); });
@@ -112,7 +112,7 @@ class ListAndWatchStream final : public NewestWriter<Msg>, public KubeletEndpoin
     e_->RemoveStream(this, this->ended_by_client());
   }
 
-  KubeletEndpoint* const e_;
+  DevicePluginServer* const e_;
   const Translate translate_;
   uint64_t watcher_ = 0;
 };
@@ -123,7 +123,7 @@ class ListAndWatchStream final : public NewestWriter<Msg>, public KubeletEndpoin
 // answer's status through.
 class KubeletCall {
  public:
-  KubeletCall(KubeletEndpoint* e, const char* method, ApiVersion kubelet_api)
+  KubeletCall(DevicePluginServer* e, const char* method, ApiVersion kubelet_api)
       : e_(e), method_(method), kubelet_api_(kubelet_api), start_(absl::Now()) {}
   // The backend that served it, for the backend_api label.
   void set_backend(const Backend* b) { backend_api_ = b->api(); }
@@ -144,7 +144,7 @@ class KubeletCall {
   }
 
  private:
-  KubeletEndpoint* const e_;
+  DevicePluginServer* const e_;
   const char* const method_;
   const ApiVersion kubelet_api_;
   const absl::Time start_;
@@ -167,7 +167,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   using Answer = std::function<void(v1beta1::AllocateResponse)>;
 
   // Starts serving `req`; the reactor is gRPC's from then on.
-  static grpc::ServerUnaryReactor* Start(KubeletEndpoint* e, grpc::CallbackServerContext* ctx,
+  static grpc::ServerUnaryReactor* Start(DevicePluginServer* e, grpc::CallbackServerContext* ctx,
                                          ApiVersion kubelet_api, v1beta1::AllocateRequest req,
                                          Answer answer) {
     auto* r = new AllocateReactor(e, ctx, kubelet_api, std::move(req), std::move(answer));
@@ -192,7 +192,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
   bool InternalInlineable() override { return true; }
 
  private:
-  AllocateReactor(KubeletEndpoint* e, grpc::CallbackServerContext* ctx, ApiVersion kubelet_api,
+  AllocateReactor(DevicePluginServer* e, grpc::CallbackServerContext* ctx, ApiVersion kubelet_api,
                   v1beta1::AllocateRequest req, Answer answer)
       : e_(e),
         ctx_(ctx),
@@ -208,12 +208,12 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     // A handoff may hold the call, or send it on to the new dpproxy.
     std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_to;
     switch (e_->AdmitAllocate(this, [this] { Begin(); }, &forward_to)) {
-      case KubeletEndpoint::AllocateMode::kHold:
+      case DevicePluginServer::AllocateMode::kHold:
         return;  // Begin() runs again when the handoff moves on
-      case KubeletEndpoint::AllocateMode::kForward:
+      case DevicePluginServer::AllocateMode::kForward:
         counted_ = true;
         return Forward(std::move(forward_to));
-      case KubeletEndpoint::AllocateMode::kServe:
+      case DevicePluginServer::AllocateMode::kServe:
         counted_ = true;
         break;
     }
@@ -282,7 +282,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
     Finish(call_.Done(s));
   }
 
-  KubeletEndpoint* const e_;
+  DevicePluginServer* const e_;
   grpc::CallbackServerContext* const ctx_;
   const ApiVersion kubelet_api_;
   v1beta1::AllocateRequest req_;  // the allocator's once served, else a forwarded call's
@@ -307,7 +307,7 @@ class AllocateReactor final : public grpc::ServerUnaryReactor {
 // reconciliation pass) frees its devices, and the answer is chosen again,
 // so that a running holder's device is never named while a freed one is
 // offered.
-void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationRequest* req,
+void FinishPreferred(DevicePluginServer* e, const v1beta1::PreferredAllocationRequest* req,
                      v1beta1::PreferredAllocationResponse* resp,
                      grpc::ServerUnaryReactor* reactor, std::shared_ptr<KubeletCall> call,
                      std::vector<std::vector<std::string>> picks,
@@ -352,7 +352,7 @@ void FinishPreferred(KubeletEndpoint* e, const v1beta1::PreferredAllocationReque
 
 // --- Services ---------------------------------------------------------------------
 
-class KubeletEndpoint::Services {
+class DevicePluginServer::Services {
  public:
   // Every method is served with gRPC's callback API, so that no server
   // has a pool of synchronous threads of its own (two per resource).
@@ -364,7 +364,7 @@ class KubeletEndpoint::Services {
                         v1beta1::DevicePlugin::WithCallbackMethod_GetDevicePluginOptions<
                             v1beta1::DevicePlugin::Service>>>>> {
    public:
-    explicit Beta(KubeletEndpoint* e) : e_(e) {}
+    explicit Beta(DevicePluginServer* e) : e_(e) {}
 
     // From memory, at once.
     grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* ctx,
@@ -399,7 +399,7 @@ class KubeletEndpoint::Services {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
       auto call =
           std::make_shared<KubeletCall>(e_, "GetPreferredAllocation", ApiVersion::kV1Beta1);
-      KubeletEndpoint* e = e_;
+      DevicePluginServer* e = e_;
       Resource* res = e->resource();
       if (!res->forgotten()->empty() && e->kubelet_may_reallocate_running()) {
         // A kubelet before 1.25 re-admitting a running container it forgot
@@ -500,7 +500,7 @@ class KubeletEndpoint::Services {
                                                 v1beta1::PreStartContainerResponse*) override {
       grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
       auto call = std::make_shared<KubeletCall>(e_, "PreStartContainer", ApiVersion::kV1Beta1);
-      KubeletEndpoint* e = e_;
+      DevicePluginServer* e = e_;
       e->allocator()->WithBackend(ctx, e->backend_timeout(), [e, ctx, req, reactor, call](std::shared_ptr<Backend> b) {
         if (b == nullptr) return reactor->Finish(call->Done(ToGrpcStatus(e->allocator()->NoBackend())));
         call->set_backend(b.get());
@@ -523,18 +523,18 @@ class KubeletEndpoint::Services {
     }
 
    private:
-    KubeletEndpoint* const e_;
+    DevicePluginServer* const e_;
   };
 
   class Alpha final : public deviceplugin::DevicePlugin::WithCallbackMethod_ListAndWatch<
                           deviceplugin::DevicePlugin::WithCallbackMethod_Allocate<
                               deviceplugin::DevicePlugin::Service>> {
    public:
-    explicit Alpha(KubeletEndpoint* e) : e_(e) {}
+    explicit Alpha(DevicePluginServer* e) : e_(e) {}
 
     grpc::ServerWriteReactor<deviceplugin::ListAndWatchResponse>* ListAndWatch(
         grpc::CallbackServerContext*, const deviceplugin::Empty*) override {
-      KubeletEndpoint* e = e_;
+      DevicePluginServer* e = e_;
       return new ListAndWatchStream<deviceplugin::ListAndWatchResponse>(
           e, [e](const Resource::Snapshot& s) {
             Loss loss;
@@ -549,7 +549,7 @@ class KubeletEndpoint::Services {
     grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* ctx,
                                        const deviceplugin::AllocateRequest* req,
                                        deviceplugin::AllocateResponse* resp) override {
-      KubeletEndpoint* e = e_;
+      DevicePluginServer* e = e_;
       return AllocateReactor::Start(e, ctx, ApiVersion::kV1Alpha, FromV1AlphaAllocate(*req),
                                     [e, resp](v1beta1::AllocateResponse r) {
                                       Loss loss;
@@ -559,14 +559,14 @@ class KubeletEndpoint::Services {
     }
 
    private:
-    KubeletEndpoint* const e_;
+    DevicePluginServer* const e_;
   };
 
   class Watcher final : public pluginregistration::Registration::WithCallbackMethod_GetInfo<
                             pluginregistration::Registration::WithCallbackMethod_NotifyRegistrationStatus<
                                 pluginregistration::Registration::Service>> {
    public:
-    explicit Watcher(KubeletEndpoint* e) : e_(e) {}
+    explicit Watcher(DevicePluginServer* e) : e_(e) {}
     grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
                                       const pluginregistration::InfoRequest*,
                                       pluginregistration::PluginInfo* info) override {
@@ -606,10 +606,10 @@ class KubeletEndpoint::Services {
       return grpc::Status::OK;
     }
 
-    KubeletEndpoint* const e_;
+    DevicePluginServer* const e_;
   };
 
-  explicit Services(KubeletEndpoint* e) : beta(e), alpha(e), watcher(e) {}
+  explicit Services(DevicePluginServer* e) : beta(e), alpha(e), watcher(e) {}
   Beta beta;
   Alpha alpha;
   Watcher watcher;
@@ -619,9 +619,9 @@ class KubeletEndpoint::Services {
 
 // --- Construction and the server ------------------------------------------------
 
-KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& options,
-                                 LossCounter* losses, EventLog* events,
-                                 Allocator* allocator, Telemetry* telemetry)
+DevicePluginServer::DevicePluginServer(Resource* resource, const KubeletSideOptions& options,
+                                       LossCounter* losses, EventLog* events,
+                                       Allocator* allocator, Telemetry* telemetry)
     : resource_(resource),
       options_(options),
       backend_timeout_ns_(absl::ToInt64Nanoseconds(options.backend_timeout)),
@@ -636,9 +636,9 @@ KubeletEndpoint::KubeletEndpoint(Resource* resource, const KubeletSideOptions& o
                        : JoinPath(DevicePluginDir(options), socket_name_)),
       services_(std::make_unique<Services>(this)) {}
 
-KubeletEndpoint::~KubeletEndpoint() { Stop(); }
+DevicePluginServer::~DevicePluginServer() { Stop(); }
 
-absl::Status KubeletEndpoint::Serve() {
+absl::Status DevicePluginServer::Serve() {
   DPP_RETURN_IF_ERROR(ValidateSocketPath(socket_path_));
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::CancelledError("stopping");

@@ -1,4 +1,4 @@
-// File: kubelet_endpoint.h
+// File: device_plugin_server.h
 //
 // The proxy as one device plugin toward the kubelet, for one resource: a
 // socket serving both deviceplugin.DevicePlugin (v1alpha kubelets) and
@@ -8,8 +8,8 @@
 // watcher. Options are the same in the RegisterRequest and in
 // GetDevicePluginOptions (kubelets up to 1.24 read the first, 1.25+ the
 // second), and GetDevicePluginOptions answers from memory at once.
-#ifndef DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_KUBELET_ENDPOINT_H_
-#define DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_KUBELET_ENDPOINT_H_
+#ifndef DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_DEVICE_PLUGIN_SERVER_H_
+#define DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_DEVICE_PLUGIN_SERVER_H_
 
 #include <atomic>
 #include <functional>
@@ -40,21 +40,21 @@
 
 namespace dpproxy {
 
-class KubeletEndpoint : public KubeletGate {
+class DevicePluginServer : public KubeletGate {
  public:
   // `allocator` serves every Allocate (allocator.h); it outlives this.
   // `telemetry` (may be null) times every call, on both sides.
-  KubeletEndpoint(Resource* resource, const KubeletSideOptions& options, LossCounter* losses,
-                  EventLog* events, Allocator* allocator, Telemetry* telemetry = nullptr);
-  ~KubeletEndpoint() override;
+  DevicePluginServer(Resource* resource, const KubeletSideOptions& options, LossCounter* losses,
+                     EventLog* events, Allocator* allocator, Telemetry* telemetry = nullptr);
+  ~DevicePluginServer() override;
 
-  KubeletEndpoint(const KubeletEndpoint&) = delete;
-  KubeletEndpoint& operator=(const KubeletEndpoint&) = delete;
+  DevicePluginServer(const DevicePluginServer&) = delete;
+  DevicePluginServer& operator=(const DevicePluginServer&) = delete;
 
   // "dpproxy-vendor.com_gpu.sock"
   const std::string& socket_name() const { return socket_name_; }
   std::string socket_path() override { return socket_path_; }
-  // True if this endpoint serves and the file at socket_path() is the one it
+  // True if this server serves and the file at socket_path() is the one it
   // created (a kubelet start removes it; a crashed predecessor leaves a
   // stale one that is not ours).
   bool SocketPresent() override;
@@ -133,16 +133,16 @@ class KubeletEndpoint : public KubeletGate {
   // Empties a 1.25-1.36 kubelet's entry for this resource's client
   // (client_name_release.h), so that the end of a replaced endpoint's
   // stream (a takeover's predecessor exiting) disconnects nothing. The
-  // kubelet keeps using this endpoint. Until this endpoint registers again
+  // kubelet keeps using this server. Until this server registers again
   // it is "unlisted": the end of its own stream would not tell the kubelet
   // that the devices are gone, so a dpproxy that stops for good registers
   // once more first (RelistBeforeStop).
   absl::Status ReleaseClientName(absl::Duration timeout);
   // If unlisted: registers a stand-in at another socket (Relist in
-  // client_name_release.h), so that this endpoint's end is seen; never
-  // this endpoint's own socket again while the kubelet streams from it.
+  // client_name_release.h), so that this server's end is seen; never
+  // this server's own socket again while the kubelet streams from it.
   void RelistBeforeStop();
-  // Whether the kubelet calls PreStartContainer itself: what this endpoint
+  // Whether the kubelet calls PreStartContainer itself: what this server
   // last told it (in GetDevicePluginOptions, or in the RegisterRequest
   // before 1.25), which a later backend's options do not change.
   // nullopt: not told yet.
@@ -182,11 +182,11 @@ class KubeletEndpoint : public KubeletGate {
   void EndKubeletStreams() { FinishStreams(); }
   void AddStream(StreamHandle* s);
   // `by_kubelet`: the kubelet ended the stream (it went away, or dropped
-  // this endpoint), not dpproxy.
+  // this server), not dpproxy.
   void RemoveStream(StreamHandle* s, bool by_kubelet);
   // Called (on a gRPC thread, no lock held) when the kubelet ends the last
   // ListAndWatch stream here while dpproxy is not stopping: it restarted,
-  // or it dropped this endpoint (1.25-1.36 disconnect a resource's client
+  // or it dropped this server (1.25-1.36 disconnect a resource's client
   // by name when a replaced client of it ends, kubernetes#121994). Set
   // before Serve().
   void SetStreamDroppedHook(std::function<void()> hook) { stream_dropped_ = std::move(hook); }
@@ -236,4 +236,4 @@ class KubeletEndpoint : public KubeletGate {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_KUBELET_ENDPOINT_H_
+#endif  // DPPROXY_PROXY_KUBELET_SIDE_DEVICE_PLUGIN_DEVICE_PLUGIN_SERVER_H_

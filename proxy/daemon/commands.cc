@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proxy/cli/cli.h"
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {

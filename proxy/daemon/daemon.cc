@@ -20,7 +20,7 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/server/metrics.h"
 #include "proxy/server/proxy_server.h"
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 #include "proxy/util/files.h"
 
 namespace dpproxy {

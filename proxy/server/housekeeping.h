@@ -35,11 +35,11 @@
 #include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/quarantine.h"
-#include "proxy/server/reconciler.h"
+#include "proxy/holders/reconciler.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/saver.h"
 #include "proxy/server/static_backends.h"
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 #include "proxy/util/waitable_count.h"
 
 namespace dpproxy {

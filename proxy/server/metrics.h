@@ -30,7 +30,7 @@
 #include <functional>
 
 #include "proxy/events/event_log.h"
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 
 namespace dpproxy {
 

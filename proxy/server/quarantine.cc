@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "proxy/server/held_elsewhere.h"
+#include "proxy/holders/held_elsewhere.h"
 
 namespace dpproxy {
 

@@ -30,10 +30,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proxy/events/event_log.h"
-#include "proxy/server/reconciler.h"
+#include "proxy/holders/reconciler.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/static_backends.h"
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 #include "proxy/state/state_keeper.h"
 
 namespace dpproxy {

@@ -1,6 +1,6 @@
 // The status model: one structure behind the status file, `dpproxy status`
 // and the metrics.
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "proxy/server/status_model.h"
+#include "proxy/status/status_model.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

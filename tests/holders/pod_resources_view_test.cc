@@ -4,7 +4,7 @@
 // other drivers' devices, devices no claim allocation holds, and devices
 // the container lists already are left alone. The view served over a
 // socket in front of the kubelet sim runs in tests/proxy/dra_mode_test.cc.
-#include "proxy/server/pod_resources_view.h"
+#include "proxy/holders/pod_resources_view.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -44,8 +44,8 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"
 #include "proxy/kubelet/kubelet_checkpoint.h"
-#include "proxy/server/holdings.h"
-#include "proxy/server/status_model.h"
+#include "proxy/holders/holdings.h"
+#include "proxy/status/status_model.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/util/files.h"
 

@@ -1,4 +1,4 @@
-#include "proxy/server/held_elsewhere.h"
+#include "proxy/holders/held_elsewhere.h"
 
 #include "absl/strings/str_cat.h"
 

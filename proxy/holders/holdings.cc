@@ -1,4 +1,4 @@
-#include "proxy/server/holdings.h"
+#include "proxy/holders/holdings.h"
 
 #include <algorithm>
 #include <iterator>

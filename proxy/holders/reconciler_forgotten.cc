@@ -2,7 +2,7 @@
 // the kubelet lost them, steered around and refused to new pods, and
 // released once their holder is gone (by the kubelet's List, its pod
 // directories, or the container runtime).
-#include "proxy/server/reconciler.h"
+#include "proxy/holders/reconciler.h"
 
 #include <grpcpp/client_context.h>
 #include <glog/logging.h>

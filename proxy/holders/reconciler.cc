@@ -1,4 +1,4 @@
-#include "proxy/server/reconciler.h"
+#include "proxy/holders/reconciler.h"
 
 #include <grpcpp/client_context.h>
 #include <glog/logging.h>

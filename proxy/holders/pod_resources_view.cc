@@ -1,4 +1,4 @@
-#include "proxy/server/pod_resources_view.h"
+#include "proxy/holders/pod_resources_view.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

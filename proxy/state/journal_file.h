@@ -135,6 +135,8 @@ class JournalFile {
   // OK (what a power loss would leave is the file as it is then).
   void SetSyncHook(std::function<void()> hook) { sync_hook_ = std::move(hook); }
 
+  // Whether Open succeeded and Close has not been called since.
+  bool is_open() const { return fd_ >= 0; }
   size_t records() const { return records_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }

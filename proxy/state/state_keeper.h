@@ -43,6 +43,7 @@
 #include "proxy/state/hold_index.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/previous_generation.h"
+#include "proxy/state/state_loader.h"
 #include "proxy/state/state_store.h"
 
 namespace dpproxy {
@@ -106,14 +107,10 @@ class StateKeeper : public ClaimJournal {
   // its own.
   static constexpr absl::Duration kAnswerSyncDelay = absl::Milliseconds(2);
 
-  // Loads the snapshot and the journal. A missing file is a fresh start; one
-  // proven corrupt is moved aside, logged and reported as an event (the
-  // journal's intact records are still loaded). Damage in the middle of the
-  // journal keeps every intact record, copies the file aside and is
-  // reported. Anything else that keeps the state from being read or the
-  // journal from being opened for writing (EIO, EACCES, a read-only
-  // filesystem, a directory or a link in place of a file) is an error: the
-  // caller must not run on half the state.
+  // Loads the snapshot and the journal (StateLoader: what a missing,
+  // damaged or unreadable file does), then folds the journal's records
+  // into a fresh snapshot. An error means the caller must not run on half
+  // the state.
   //
   // Returns the state loaded: in full, or with `summary` the resources and,
   // of each allocation, its id and resource only (a start needs no more,
@@ -337,15 +334,7 @@ class StateKeeper : public ClaimJournal {
   void RebuildIndexLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The hold index without `a`, removed from allocations_.
   void UnindexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves state_'s allocations into allocations_.
-  void TakeAllocationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLoop();
-  // The snapshot is proven damaged: the state is the previous
-  // generation's snapshot, the records since it and `journal`. An error,
-  // and nothing loaded, when a file of that generation cannot be read
-  // (an unreadable file is not proof of damage).
-  absl::Status FallBackLocked(const std::vector<state::Allocation>& journal)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Released allocations, as WITHDRAWN records (written, not synced): the
   // snapshot saved next drops them, and the previous generation's records
   // carry the release, so a fallback does not bring them back. Called with

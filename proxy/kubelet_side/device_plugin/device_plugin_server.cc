@@ -189,72 +189,43 @@ absl::Status DevicePluginServer::Register() {
       absl::StrCat("the kubelet at ", kubelet, " refused every version tried: ", why));
 }
 
-void DevicePluginServer::HoldAllocates() {
-  absl::MutexLock lock(&gate_mu_);
-  allocate_mode_ = AllocateMode::kHold;
-}
+void DevicePluginServer::HoldAllocates() { gate_.Hold(); }
 
 bool DevicePluginServer::WaitForAllocatesServed(absl::Duration timeout) {
-  absl::MutexLock lock(&gate_mu_);
-  return gate_mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](int* n) { return *n == 0; }, &allocates_in_progress_),
-      timeout);
+  return gate_.WaitForServed(timeout);
 }
 
 size_t DevicePluginServer::ForwardAllocates(const std::string& socket) {
-  std::map<const void*, std::function<void()>> held;
   {
-    absl::MutexLock lock(&gate_mu_);
-    allocate_mode_ = AllocateMode::kForward;
-    forward_stub_ = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(socket));
-    held.swap(held_);
+    absl::MutexLock lock(&forward_mu_);
+    if (forward_stub_ == nullptr || forward_socket_ != socket) {
+      forward_socket_ = socket;
+      forward_stub_ = v1beta1::DevicePlugin::NewStub(MakeUnixChannel(socket));
+    }
   }
+  const size_t held = gate_.Forward(socket);
   LOG(INFO) << "resource " << resource_->name() << ": Allocates go on to " << socket << " ("
-            << held.size() << " held)";
-  for (auto& [key, resume] : held) resume();
-  return held.size();
+            << held << " held)";
+  return held;
 }
 
-void DevicePluginServer::ServeAllocates() {
-  std::map<const void*, std::function<void()>> held;
-  {
-    absl::MutexLock lock(&gate_mu_);
-    allocate_mode_ = AllocateMode::kServe;
-    forward_stub_.reset();
-    held.swap(held_);
-  }
-  for (auto& [key, resume] : held) resume();
-}
+void DevicePluginServer::ServeAllocates() { gate_.Serve(); }
 
 DevicePluginServer::AllocateMode DevicePluginServer::AdmitAllocate(
     const void* key, std::function<void()> resume,
     std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to) {
-  absl::MutexLock lock(&gate_mu_);
-  switch (allocate_mode_) {
-    case AllocateMode::kServe:
-      ++allocates_in_progress_;
-      break;
-    case AllocateMode::kHold:
-      held_.emplace(key, std::move(resume));
-      break;
-    case AllocateMode::kForward:
-      ++allocates_in_progress_;
-      *forward_to = forward_stub_;
-      break;
+  std::string socket;
+  const AllocateMode mode = gate_.Admit(key, std::move(resume), &socket);
+  if (mode == AllocateMode::kForward) {
+    absl::MutexLock lock(&forward_mu_);
+    *forward_to = forward_stub_;
   }
-  return allocate_mode_;
+  return mode;
 }
 
-bool DevicePluginServer::Unhold(const void* key) {
-  absl::MutexLock lock(&gate_mu_);
-  return held_.erase(key) > 0;
-}
+bool DevicePluginServer::Unhold(const void* key) { return gate_.Unhold(key); }
 
-void DevicePluginServer::AllocateServed() {
-  absl::MutexLock lock(&gate_mu_);
-  --allocates_in_progress_;
-}
+void DevicePluginServer::AllocateServed() { gate_.Done(); }
 
 bool DevicePluginServer::kubelet_streaming() {
   absl::MutexLock lock(&streams_mu_);

@@ -35,6 +35,7 @@
 #include "proxy/core/resource.h"
 #include "proxy/events/telemetry.h"
 #include "proxy/kubelet_side/device_plugin/client_name_release.h"
+#include "proxy/kubelet_side/call_gate.h"
 #include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/translate/translate.h"
 
@@ -106,10 +107,11 @@ class DevicePluginServer : public KubeletGate {
   }
   size_t ForwardCalls(const std::string& socket) override { return ForwardAllocates(socket); }
   void ServeCalls() override { ServeAllocates(); }
-  // Implementation, for the Allocate reactor. Admit: kServe or kForward
-  // (*forward_to set), counted until AllocateServed(); or kHold (`resume`
-  // runs once the mode changes, unless Unhold(key) took it back first).
-  enum class AllocateMode { kServe, kHold, kForward };
+  // Implementation, for the Allocate reactor, through the call gate
+  // (call_gate.h): kServe or kForward (*forward_to set), counted until
+  // AllocateServed(); or kHold (`resume` runs once the mode changes, unless
+  // Unhold(key) took it back first).
+  using AllocateMode = CallGate::Mode;
   AllocateMode AdmitAllocate(const void* key, std::function<void()> resume,
                              std::shared_ptr<v1beta1::DevicePlugin::Stub>* forward_to);
   bool Unhold(const void* key);
@@ -225,11 +227,13 @@ class DevicePluginServer : public KubeletGate {
   absl::Mutex streams_mu_;
   std::set<StreamHandle*> streams_ ABSL_GUARDED_BY(streams_mu_);
   std::function<void()> stream_dropped_;
-  absl::Mutex gate_mu_;
-  AllocateMode allocate_mode_ ABSL_GUARDED_BY(gate_mu_) = AllocateMode::kServe;
-  int allocates_in_progress_ ABSL_GUARDED_BY(gate_mu_) = 0;
-  std::map<const void*, std::function<void()>> held_ ABSL_GUARDED_BY(gate_mu_);
-  std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_ ABSL_GUARDED_BY(gate_mu_);
+  CallGate gate_;
+  // The successor's socket Allocates are forwarded to, and a stub on it:
+  // set before the gate forwards, kept until a later handoff names
+  // another socket.
+  absl::Mutex forward_mu_;
+  std::string forward_socket_ ABSL_GUARDED_BY(forward_mu_);
+  std::shared_ptr<v1beta1::DevicePlugin::Stub> forward_stub_ ABSL_GUARDED_BY(forward_mu_);
   absl::Mutex negotiated_mu_;
   std::string negotiated_ ABSL_GUARDED_BY(negotiated_mu_);
 };

@@ -132,17 +132,17 @@ class DraService final : public Api::DRAPlugin::Service {
                      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
                      const Request& req, Response* resp, const Serve& serve) {
     std::string to;
-    switch (s_->Admit(ctx, &to)) {
-      case DraServer::Admission::kForward:
-        return ForwardCall<typename Api::DRAPlugin>(to, method, ctx, req, resp);
-      case DraServer::Admission::kRefuse:
-        return Refused();
-      case DraServer::Admission::kServe:
-        break;
+    const CallGate::Admission admitted = s_->gate().AdmitWaiting(
+        [ctx] { return ctx->IsCancelled(); }, absl::FromChrono(ctx->deadline()), &to);
+    if (admitted == CallGate::Admission::kRefuse) return Refused();
+    grpc::Status status = grpc::Status::OK;
+    if (admitted == CallGate::Admission::kForward) {
+      status = ForwardCall<typename Api::DRAPlugin>(to, method, ctx, req, resp);
+    } else {
+      serve();
     }
-    serve();
-    s_->CallDone();
-    return grpc::Status::OK;
+    s_->gate().Done();
+    return status;
   }
 
   DraServer* const s_;
@@ -240,60 +240,20 @@ bool DraServer::SocketPresent() {
          S_ISSOCK(st.st_mode);
 }
 
-DraServer::Admission DraServer::Admit(grpc::ServerContext* ctx, std::string* forward_to) {
-  absl::MutexLock lock(&gate_mu_);
-  ++held_;
-  // Held (a successor is taking over): until forwarded, served here again,
-  // or the kubelet gives up. A wait with a deadline, woken by the change.
-  while (mode_ == Mode::kHold && !stopping_ && !ctx->IsCancelled() &&
-         absl::FromChrono(ctx->deadline()) > absl::Now()) {
-    gate_mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](DraServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->gate_mu_) {
-              return s->mode_ != Mode::kHold || s->stopping_;
-            },
-            this),
-        absl::Milliseconds(100));
-  }
-  --held_;
-  if (stopping_ || mode_ == Mode::kHold) return Admission::kRefuse;
-  if (mode_ == Mode::kForward) {
-    *forward_to = forward_to_;
-    return Admission::kForward;
-  }
-  ++in_progress_;
-  return Admission::kServe;
-}
-
-void DraServer::CallDone() {
-  absl::MutexLock lock(&gate_mu_);
-  --in_progress_;
-}
-
-void DraServer::HoldCalls() {
-  absl::MutexLock lock(&gate_mu_);
-  mode_ = Mode::kHold;
-}
+void DraServer::HoldCalls() { gate_.Hold(); }
 
 bool DraServer::WaitForCallsServed(absl::Duration timeout) {
-  absl::MutexLock lock(&gate_mu_);
-  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) { return in_progress_ == 0; };
-  return gate_mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+  return gate_.WaitForServed(timeout);
 }
 
 size_t DraServer::ForwardCalls(const std::string& socket) {
-  absl::MutexLock lock(&gate_mu_);
-  mode_ = Mode::kForward;
-  forward_to_ = socket;
+  const size_t held = gate_.Forward(socket);
   LOG(INFO) << "DRA driver " << options_.driver << ": the kubelet's calls go on to " << socket
-            << " (" << held_ << " held)";
-  return static_cast<size_t>(held_);
+            << " (" << held << " held)";
+  return held;
 }
 
-void DraServer::ServeCalls() {
-  absl::MutexLock lock(&gate_mu_);
-  mode_ = Mode::kServe;
-}
+void DraServer::ServeCalls() { gate_.Serve(); }
 
 absl::Status DraServer::Start() {
   services_ = std::make_unique<Services>(this, preparer_, events_);
@@ -341,11 +301,7 @@ absl::Status DraServer::Start() {
 }
 
 void DraServer::Stop(bool handed_over, Withdrawal how) {
-  {
-    absl::MutexLock lock(&gate_mu_);
-    if (stopping_) return;  // the first one says how (the destructor's does not)
-    stopping_ = true;
-  }
+  if (!gate_.Stop()) return;  // the first one says how (the destructor's does not)
   health_.Stop();  // the streams end, or Shutdown would wait for them
   const std::string reg = registration_socket();
   const std::string away = JoinPath(reg.substr(0, reg.rfind('/')),

@@ -37,6 +37,7 @@
 #include "proxy/kubelet_side/dra/claim_preparer.h"
 #include "proxy/kubelet_side/dra/health_hub.h"
 #include "proxy/events/event_log.h"
+#include "proxy/kubelet_side/call_gate.h"
 #include "proxy/kubelet_side/kubelet_side.h"
 
 namespace dpproxy {
@@ -93,12 +94,9 @@ class DraServer : public KubeletGate {
   // The kubelet picks the instance for each call: nothing to wait for.
   bool WaitForKubeletGone(absl::Duration) override { return true; }
 
-  // Implementation, for the services: whether a call is served here
-  // (counted until CallDone()), forwarded (to *forward_to) or refused
-  // (stopping, or the kubelet gave up while it was held).
-  enum class Admission { kServe, kForward, kRefuse };
-  Admission Admit(grpc::ServerContext* ctx, std::string* forward_to);
-  void CallDone();
+  // Implementation, for the services: the kubelet's calls go through it
+  // (served here, forwarded or refused; each admitted one until Done()).
+  CallGate& gate() { return gate_; }
   // Whether the kubelet said it registered us (NotifyRegistrationStatus).
   bool registered() const { return registered_.load(); }
   // The devices' health stream (DRAResourceHealth) served on the service
@@ -117,13 +115,7 @@ class DraServer : public KubeletGate {
   std::atomic<bool> registered_{false};
   HealthHub health_;
 
-  enum class Mode { kServe, kHold, kForward };
-  absl::Mutex gate_mu_;
-  Mode mode_ ABSL_GUARDED_BY(gate_mu_) = Mode::kServe;
-  std::string forward_to_ ABSL_GUARDED_BY(gate_mu_);
-  int in_progress_ ABSL_GUARDED_BY(gate_mu_) = 0;
-  int held_ ABSL_GUARDED_BY(gate_mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(gate_mu_) = false;
+  CallGate gate_;
 };
 
 }  // namespace dpproxy

@@ -1,6 +1,6 @@
 // A dpproxy upgraded beside the running one (--takeover): the state is
 // handed over, the kubelet's Allocates go on throughout, and the kubelet's
-// view of the devices never has a gap (issue 10).
+// view of the devices never has a gap.
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-// Kubelet restarts as real kubelets do them (issue 7, item 2): the wipe of
+// Kubelet restarts as real kubelets do them: the wipe of
 // device-plugins/ can be seen after the new kubelet.sock appears, so a
 // registration may ask the kubelet to dial a socket that was just removed,
 // and a 1.25+ kubelet's dial waits up to 10 s. dpproxy must serve the socket

@@ -623,7 +623,7 @@ INSTANTIATE_TEST_SUITE_P(To, KubeletUpgradeTest,
 
 // A node upgraded from a 1.9 kubelet (v1alpha) to 1.31: dpproxy
 // renegotiates the API, but the new kubelet cannot read the old checkpoint
-// (no checksummed wrapper; protocol-facts §4.1) and starts without the
+// (no checksummed wrapper before 1.20) and starts without the
 // running pods' allocations, as kubernetes#102880 did between 1.19 and
 // 1.20. dpproxy sees its answered allocations missing from the new
 // checkpoint and keeps new pods off their devices, which keep their health

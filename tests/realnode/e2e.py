@@ -996,7 +996,7 @@ def _events(s, name):
 
 def scenario_move_to_dra(s, fence=True):
     """A resource served both ways moved to DRA by a reload while pods of
-    the extended resource are created from that moment on (issue 59.1). The
+    the extended resource are created from that moment on. The
     scheduler routes each by the node's status, which the kubelet writes
     every 10 s: without dpproxy's fence a pod routed to the device plugin
     on the stale status is refused by the kubelet ("no healthy devices

@@ -421,7 +421,7 @@ TEST(StateKeeperTest, FailedJournalWriteRecordsNothing) {
   EXPECT_EQ(keeper.Snapshot().allocations_size(), 2);  // nothing half-recorded
   EXPECT_EQ(*ReadFile(dir.Sub("journal.wal")), before);  // cut back
   EXPECT_TRUE(events.WaitForEvent("state_save_failed", {}, absl::Seconds(1)).has_value());
-  // Counted and visible (issue 7.9): a refused Allocate is a failed write.
+  // Counted and visible: a refused Allocate is a failed write.
   EXPECT_EQ(keeper.save_failures(), 1);
   EXPECT_FALSE(keeper.writable());
   EXPECT_THAT(keeper.last_write_error(), HasSubstr("journal.wal"));

@@ -201,62 +201,16 @@ void StateKeeper::WaitForCompaction() {
       this));
 }
 
-namespace {
-
-// Appends the devices of a ListAndWatchResponse's bytes (field 1, each
-// length-delimited) as state::Resource's `devices` (field 4): the same
-// entries under another tag, of the same one-byte size. Anything else in
-// the bytes is not a device and is left out.
-void AppendListAsDevices(absl::string_view wire, std::string* out) {
-  using google::protobuf::internal::WireFormatLite;
-  constexpr uint8_t kListDevices = (1 << 3) | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-  constexpr uint8_t kResourceDevices =
-      (state::Resource::kDevicesFieldNumber << 3) | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-  static_assert(state::Resource::kDevicesFieldNumber < 16, "a one-byte tag");
-  out->reserve(out->size() + wire.size());
-  size_t pos = 0;
-  while (pos < wire.size()) {
-    const uint8_t tag = static_cast<uint8_t>(wire[pos]);
-    uint64_t len = 0;
-    size_t at = pos + 1;
-    for (int shift = 0; at < wire.size() && shift < 64; shift += 7) {
-      const uint8_t b = static_cast<uint8_t>(wire[at++]);
-      len |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) break;
-    }
-    if (tag != kListDevices || len > wire.size() - at) return;  // not a list's bytes
-    out->push_back(static_cast<char>(kResourceDevices));
-    out->append(wire.data() + pos + 1, at - pos - 1 + len);
-    pos = at + len;
-  }
-}
-
-}  // namespace
-
-std::string StateKeeper::SavedResource::Encoded() const {
-  std::string out = bytes;
-  if (list_wire != nullptr) AppendListAsDevices(*list_wire, &out);
-  return out;
-}
-
-void StateKeeper::AddSavedResourcesLocked(state::State* out) const {
-  for (const SavedResource& saved : resources_) {
-    state::Resource* r = out->add_resources();
-    r->ParseFromString(saved.Encoded());
-    r->set_updated_unix_ms(saved.updated_unix_ms);
-  }
-}
-
 state::State StateKeeper::FullStateLocked() const {
   state::State out = state_;
   allocations_.CopyTo(&out);
-  AddSavedResourcesLocked(&out);
+  resources_.AppendTo(&out);
   return out;
 }
 
 state::State StateKeeper::SummaryLocked() const {
   state::State out = AllocationsLocked(/*all_but_response=*/false);
-  AddSavedResourcesLocked(&out);
+  resources_.AppendTo(&out);
   return out;
 }
 
@@ -283,31 +237,10 @@ absl::Status StateKeeper::SaveLocked() {
   // meanwhile. The snapshot covers the journal through the last applied
   // record; records appended during the write stay in the journal.
   //
-  // Each saved resource is a `resources` entry of State: its bytes, then
-  // its updated_unix_ms (a field appended to a message's bytes is read as
-  // part of it).
-  using google::protobuf::internal::WireFormatLite;
-  using google::protobuf::io::CodedOutputStream;
-  struct ResourceField {
-    std::string encoded;
-    size_t length;  // with the time field
-  };
-  std::vector<ResourceField> resource_fields;
-  resource_fields.reserve(resources_.size());
-  size_t total = kStateFileHeaderSize + state_.ByteSizeLong() + allocations_.StateFieldSize();
-  for (const SavedResource& saved : resources_) {
-    ResourceField f{saved.Encoded(), 0};
-    f.length = f.encoded.size();
-    if (saved.updated_unix_ms != 0) {
-      f.length += WireFormatLite::TagSize(state::Resource::kUpdatedUnixMsFieldNumber,
-                                          WireFormatLite::TYPE_INT64) +
-                  WireFormatLite::Int64Size(saved.updated_unix_ms);
-    }
-    total += WireFormatLite::TagSize(state::State::kResourcesFieldNumber,
-                                     WireFormatLite::TYPE_MESSAGE) +
-             CodedOutputStream::VarintSize32(static_cast<uint32_t>(f.length)) + f.length;
-    resource_fields.push_back(std::move(f));
-  }
+  // Each saved resource is a `resources` entry of State (SavedResources).
+  const SavedResources::Fields resource_fields = resources_.EncodeFields();
+  const size_t total = kStateFileHeaderSize + state_.ByteSizeLong() +
+                       allocations_.StateFieldSize() + resource_fields.size;
   // One buffer of the final size, its pages mapped at once: grown as it
   // is filled, a large state was laid out two and a half times over, each
   // time in pages faulted in one by one.
@@ -316,20 +249,7 @@ absl::Status StateKeeper::SaveLocked() {
   bytes.assign(kStateFileHeaderSize, '\0');  // sealed after the unlock
   state_.AppendToString(&bytes);
   allocations_.AppendAsStateField(&bytes);
-  for (size_t i = 0; i < resources_.size(); ++i) {
-    const ResourceField& f = resource_fields[i];
-    uint8_t head[20];  // a tag and a varint32; then a tag and a varint64
-    uint8_t* end = WireFormatLite::WriteTagToArray(
-        state::State::kResourcesFieldNumber, WireFormatLite::WIRETYPE_LENGTH_DELIMITED, head);
-    end = CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(f.length), end);
-    bytes.append(reinterpret_cast<const char*>(head), static_cast<size_t>(end - head));
-    bytes.append(f.encoded);
-    if (resources_[i].updated_unix_ms != 0) {
-      end = WireFormatLite::WriteInt64ToArray(state::Resource::kUpdatedUnixMsFieldNumber,
-                                              resources_[i].updated_unix_ms, head);
-      bytes.append(reinterpret_cast<const char*>(head), static_cast<size_t>(end - head));
-    }
-  }
+  resources_.AppendFields(resource_fields, &bytes);
   DCHECK_EQ(bytes.size(), total);
   const size_t covered_bytes = journal_applied_bytes_;
   const size_t covered_records = journal_applied_records_;
@@ -407,52 +327,25 @@ absl::Status StateKeeper::SetResources(std::vector<state::Resource> resources) {
 }
 
 absl::Status StateKeeper::SetResourcesToSave(std::vector<ResourceToSave> to_save) {
-  // Compared without the timestamps: only real changes are saved. The
-  // same list's bytes are the same pointer; otherwise (another list, or a
-  // resource as loaded from the file, whole) the encodings are compared.
-  auto same = [](const ResourceToSave& next, const SavedResource& held) {
-    if (next.list_wire != nullptr && held.list_wire != nullptr) {
-      return next.head == held.bytes &&
-             (next.list_wire == held.list_wire || *next.list_wire == *held.list_wire);
-    }
-    return SavedResource{next.head, next.list_wire, 0}.Encoded() == held.Encoded();
-  };
-  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (to_save.size() != resources_.size()) return true;
-    for (size_t i = 0; i < to_save.size(); ++i) {
-      if (!same(to_save[i], resources_[i])) return true;
-    }
-    return false;
-  };
-  // Unchanged: nothing is saved, but the keeper holds the published lists'
-  // bytes from now on instead of a copy of its own (a start loads them).
-  auto adopt = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (size_t i = 0; i < to_save.size(); ++i) {
-      if (resources_[i].list_wire == to_save[i].list_wire) continue;
-      resources_[i].bytes = std::move(to_save[i].head);
-      resources_[i].list_wire = std::move(to_save[i].list_wire);
-    }
-  };
+  // Compared without the timestamps: only real changes are saved.
   {
     // The common case (nothing changed) never waits for a writer's
     // fdatasync.
     absl::MutexLock lock(&mu_);
-    if (!changed()) {
-      adopt();
+    if (resources_.Same(to_save)) {
+      // Nothing is saved, but the keeper holds the published lists' bytes
+      // from now on instead of a copy of its own (a start loads them).
+      resources_.Adopt(std::move(to_save));
       return absl::OkStatus();
     }
   }
   absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
-  if (!changed()) {
-    adopt();
+  if (resources_.Same(to_save)) {
+    resources_.Adopt(std::move(to_save));
     return absl::OkStatus();
   }
-  const int64_t now = absl::ToUnixMillis(absl::Now());
-  resources_.clear();
-  for (ResourceToSave& r : to_save) {
-    resources_.push_back({std::move(r.head), std::move(r.list_wire), now});
-  }
+  resources_.Replace(std::move(to_save), absl::ToUnixMillis(absl::Now()));
   return SaveLocked();
 }
 

@@ -43,6 +43,7 @@
 #include "proxy/state/hold_index.h"
 #include "proxy/state/journal_file.h"
 #include "proxy/state/previous_generation.h"
+#include "proxy/state/saved_resources.h"
 #include "proxy/state/state_loader.h"
 #include "proxy/state/state_store.h"
 
@@ -153,15 +154,10 @@ class StateKeeper : public ClaimJournal {
 
   // Replaces the saved resource snapshots; saves if they changed.
   absl::Status SetResources(std::vector<state::Resource> resources);
-  // One resource to save, as the saver has it: a state::Resource
-  // serialized without devices or updated_unix_ms, and its devices as the
-  // bytes of a v1beta1 ListAndWatchResponse (a published device list's;
-  // null: none). The keeper holds those bytes shared, never a copy: they
-  // are written as the resource's `devices` when a snapshot is saved.
-  struct ResourceToSave {
-    std::string head;
-    std::shared_ptr<const std::string> list_wire;
-  };
+  // One resource to save, as the saver has it (saved_resources.h). The
+  // keeper holds the list's bytes shared, never a copy: they are written
+  // as the resource's `devices` when a snapshot is saved.
+  using ResourceToSave = SavedResources::ToSave;
   // The same as SetResources, in order of name.
   absl::Status SetResourcesToSave(std::vector<ResourceToSave> resources);
 
@@ -375,21 +371,11 @@ class StateKeeper : public ClaimJournal {
            std::max(kCompactAfter, allocations_.size());
   }
   // Everything but the resources and the allocations, which are kept
-  // serialized: the saved device lists (a device costs some 30 bytes there
-  // instead of a message's 150) are only ever written, compared and, at
-  // start, read back; the allocations are in allocations_.
+  // serialized: the resources in resources_ (saved_resources.h), the
+  // allocations in allocations_.
   state::State state_ ABSL_GUARDED_BY(mu_);
   AllocationTable allocations_ ABSL_GUARDED_BY(mu_);
-  struct SavedResource {
-    // A state::Resource without updated_unix_ms: `bytes`, then the devices
-    // of `list_wire` (if any) as its `devices` field.
-    std::string bytes;
-    std::shared_ptr<const std::string> list_wire;
-    int64_t updated_unix_ms = 0;
-    // The whole state::Resource without updated_unix_ms.
-    std::string Encoded() const;
-  };
-  std::vector<SavedResource> resources_ ABSL_GUARDED_BY(mu_);
+  SavedResources resources_ ABSL_GUARDED_BY(mu_);
   // state_ and resources_ as one State.
   state::State FullStateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The resources, and each allocation's id and resource.
@@ -398,10 +384,6 @@ class StateKeeper : public ClaimJournal {
   // or with `all_but_response` every field but the response.
   state::State AllocationsLocked(bool all_but_response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The saved resources, parsed, appended to `out`.
-  void AddSavedResourcesLocked(state::State* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves state_'s resources into resources_.
-  void TakeResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Who holds which device, of allocations_ and of the records queued:
   // added to as records join allocations_, taken from by removals.
   HoldIndex holds_ ABSL_GUARDED_BY(mu_);

@@ -20,7 +20,7 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   journal_applied_records_ = journal_.records();
   state_ = std::move(loaded->state);
   allocations_ = std::move(loaded->allocations);
-  TakeResourcesLocked();
+  resources_.TakeFrom(&state_);
   RebuildIndexLocked();
   if (holds_.AnyQuarantined()) ++quarantine_version_;
   // Fold what the journal held into a fresh snapshot. A disk that takes no
@@ -44,18 +44,6 @@ void StateKeeper::NotePreviousFailed(const absl::Status& s) {
                << "; the journal keeps those records until the next save";
 }
 
-void StateKeeper::TakeResourcesLocked() {
-  resources_.clear();
-  resources_.reserve(static_cast<size_t>(state_.resources_size()));
-  for (state::Resource& r : *state_.mutable_resources()) {
-    SavedResource saved;
-    saved.updated_unix_ms = r.updated_unix_ms();
-    r.clear_updated_unix_ms();
-    r.SerializeToString(&saved.bytes);
-    resources_.push_back(std::move(saved));
-  }
-  state_.clear_resources();
-}
 
 
 }  // namespace dpproxy

@@ -1311,6 +1311,16 @@ TEST(DraModeTest, PodsOfTheExtendedResourceAreServedOnWhicheverPathTheResourceTa
   stream("both again", 20);
   reload_as(KubeletPath::kDevicePlugin);
   ASSERT_TRUE(h.WaitFor([&] { return api.Slices().empty(); }));
+  // The pods claims serve end first. Until they do, the scheduler counts
+  // their devices twice (their pods' requests, and the device plugin's
+  // allocatable, which leaves them out) and may find no room however long
+  // the phase lasts; then the node offers all six again.
+  std::vector<std::string> claim_pods;
+  for (const auto& [uid, p] : pods.running()) {
+    if (!p.claim.empty()) claim_pods.push_back(uid);
+  }
+  for (const std::string& uid : claim_pods) ASSERT_TRUE(pods.End(uid).ok());
+  ASSERT_TRUE(NodeSettled(h, api, 6)) << claim_pods.size() << " claims' pods ended";
   stream("device-plugin", 20);
   reload_as(KubeletPath::kBoth);
   // The pool is back (with the devices no pod holds, maybe none yet).

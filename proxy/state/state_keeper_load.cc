@@ -9,10 +9,13 @@
 namespace dpproxy {
 
 absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
+  // Read with save_mu_ alone: no save writes the files meanwhile, while
+  // readers of the state (status, probes) wait only for it to be taken in.
+  // No record touches the journal before journal_ok_ is set below.
   absl::MutexLock save(&save_mu_);
-  absl::MutexLock lock(&mu_);
   absl::StatusOr<StateLoader::Loaded> loaded =
       StateLoader(&store_, &journal_, &previous_, events_).Load();
+  absl::MutexLock lock(&mu_);
   journal_ok_ = journal_.is_open();
   if (!loaded.ok()) return loaded.status();
   if (loaded->damaged) damaged_at_load_ = true;

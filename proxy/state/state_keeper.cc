@@ -32,14 +32,11 @@ std::string JournalPathFor(const std::string& snapshot) {
 }  // namespace
 
 StateKeeper::StateKeeper(std::string path, EventLog* events)
-    : store_(path), previous_(path), events_(events), journal_(JournalPathFor(path)) {
+    : store_(path), previous_(path), events_(events),
+      writer_(JournalPathFor(path), &mu_, this) {
   compactor_ = std::thread([this] {
     NameThisThread("dpp-compact");
     CompactLoop();
-  });
-  syncer_ = std::thread([this] {
-    NameThisThread("dpp-syncer");
-    SyncLoop();
   });
 }
 
@@ -49,76 +46,6 @@ StateKeeper::~StateKeeper() {
     stopping_ = true;
   }
   compactor_.join();
-  syncer_.join();
-}
-
-void StateKeeper::SyncLoop() {
-  absl::MutexLock lock(&mu_);
-  for (;;) {
-    // Asleep until an answer is written and left unsynced.
-    mu_.Await(absl::Condition(
-        +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
-          return k->unsynced_since_ != absl::InfiniteFuture() || k->stopping_;
-        },
-        this));
-    // Then woken by the clock alone, not by each answer or sync: at the
-    // oldest unsynced answer's due time, or every kAnswerSyncDelay while
-    // answers keep being written and synced by the batches after them.
-    // Asleep again once a delay passes with no answer written.
-    for (;;) {
-      if (stopping_) return;
-      if (unsynced_since_ == absl::InfiniteFuture()) {
-        const uint64_t seen = answer_writes_;
-        mu_.AwaitWithTimeout(absl::Condition(&stopping_), kAnswerSyncDelay);
-        if (answer_writes_ == seen && unsynced_since_ == absl::InfiniteFuture()) break;
-        continue;
-      }
-      const absl::Time due = unsynced_since_ + kAnswerSyncDelay;
-      if (absl::Now() < due) {
-        mu_.AwaitWithDeadline(absl::Condition(&stopping_), due);
-        continue;
-      }
-      // A writer at work syncs them itself (WriteQueued syncs its next
-      // batch once an answer written before it is due), so it is left to
-      // go on: taking the journal from it would leave the calls it was
-      // about to answer to this thread. The journal is taken when free.
-      if (journal_busy_) {
-        mu_.Await(absl::Condition(
-            +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
-              return !k->journal_busy_ || k->unsynced_since_ == absl::InfiniteFuture() ||
-                     k->stopping_;
-            },
-            this));
-        continue;
-      }
-      if (!journal_ok_) {
-        unsynced_since_ = absl::InfiniteFuture();  // handed over (synced then) or never open
-        continue;
-      }
-      journal_busy_ = true;
-      if (unsynced_since_ == absl::InfiniteFuture()) {  // a batch synced them meanwhile
-        ReleaseJournalLocked();  // writes what queued while savers waited
-        continue;
-      }
-      SyncAnswersLocked();
-    }
-  }
-}
-
-void StateKeeper::SyncAnswersLocked() {
-  unsynced_since_ = absl::InfiniteFuture();
-  mu_.Unlock();
-  const absl::Status synced = journal_.Sync();
-  mu_.Lock();
-  if (!synced.ok()) {
-    NoteWrite(synced);
-    LOG(ERROR) << "cannot sync answers in the journal " << journal_.path() << ": "
-               << synced.message();
-    events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                        {"error", std::string(synced.message())},
-                                        {"failures", write_failures_.load()}});
-  }
-  ReleaseJournalLocked();
 }
 
 absl::Status StateKeeper::HandedOverError() {
@@ -143,44 +70,20 @@ void StateKeeper::CompactLoop() {
     absl::MutexLock lock(&mu_);
     // Another save may have taken the journal in meanwhile. A failed
     // compaction is logged and counted, and tried again at the next record.
-    if (journal_ok_ && CompactDueLocked() && SaveLocked().ok()) {
+    if (writer_.open() && CompactDueLocked() && SaveLocked().ok()) {
       ++compactions_;
     }
     compacting_ = false;
   }
 }
 
-bool StateKeeper::WaitForQueued(size_t n, absl::Duration timeout) {
-  struct Want {
-    StateKeeper* k;
-    size_t n;
-  } want{this, n};
-  absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](Want* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->k->mu_) {
-            return w->k->queued_ >= w->n;
-          },
-          &want),
-      timeout);
-}
-
 void StateKeeper::HandOver() {
   absl::MutexLock save(&save_mu_);  // after any compaction or save
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) {
-        return !k->journal_busy_ && k->queue_.empty();
-      },
-      this));
+  writer_.CloseLocked();
   handed_over_ = true;
-  journal_ok_ = false;
   compact_wanted_ = false;
-  if (absl::Status s = journal_.Sync(); !s.ok()) {
-    LOG(ERROR) << "cannot sync the journal before handing it over: " << s.message();
-  }
-  journal_.Close();
-  LOG(INFO) << "state handed over: journal " << journal_.path() << " closed; nothing more is "
+  LOG(INFO) << "state handed over: journal " << writer_.path() << " closed; nothing more is "
             << "written to " << store_.path();
 }
 
@@ -253,7 +156,7 @@ absl::Status StateKeeper::SaveLocked() {
   DCHECK_EQ(bytes.size(), total);
   const size_t covered_bytes = journal_applied_bytes_;
   const size_t covered_records = journal_applied_records_;
-  const bool journal_ok = journal_ok_;
+  const bool journal_ok = writer_.open();
   mu_.Unlock();
   SealStateFile(&bytes);
   if (test_hook_) test_hook_("snapshot_write");
@@ -267,7 +170,7 @@ absl::Status StateKeeper::SaveLocked() {
   // so Allocates go on meanwhile.
   absl::Status k = absl::OkStatus();
   if (s.ok() && journal_ok && covered_records > 0) {
-    absl::StatusOr<std::string> taken_in = journal_.RecordBytes(covered_bytes);
+    absl::StatusOr<std::string> taken_in = writer_.file()->RecordBytes(covered_bytes);
     k = taken_in.ok() ? previous_.KeepRecords(*taken_in, rotated) : taken_in.status();
   } else if (s.ok() && rotated) {
     // Nothing taken in since the snapshot that is the previous one now.
@@ -277,23 +180,19 @@ absl::Status StateKeeper::SaveLocked() {
   if (!k.ok()) NotePreviousFailed(k);
   // Records the previous generation could not keep stay in the journal
   // until the next save.
-  if (s.ok() && k.ok() && journal_ok_ && covered_records > 0) {
+  if (s.ok() && k.ok() && writer_.open() && covered_records > 0) {
     // Exclusive use of the journal: no append is in flight.
     // A writer with records still queued hands the journal over between
     // two batches, and this saver writes what is left when it is done.
-    ++savers_waiting_;
-    mu_.Await(absl::Condition(
-        +[](StateKeeper* k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(k->mu_) { return !k->journal_busy_; },
-        this));
-    --savers_waiting_;
-    journal_busy_ = true;
+    writer_.AcquireLocked();
     mu_.Unlock();
     // A crash before this completes replays records the snapshot also holds;
     // Load() keeps one of each.
-    const absl::Status r = journal_.DropFront(covered_bytes, covered_records);
-    const size_t size = journal_.size(), records = journal_.records();
+    JournalFile* journal = writer_.file();
+    const absl::Status r = journal->DropFront(covered_bytes, covered_records);
+    const size_t size = journal->size(), records = journal->records();
     mu_.Lock();
-    ReleaseJournalLocked();
+    writer_.ReleaseLocked();
     if (r.ok()) {
       journal_applied_bytes_ = size;
       journal_applied_records_ = records;

@@ -5,9 +5,10 @@
 // answered only after its record is synced, so every allocation the kubelet
 // received an answer for survives a crash.
 //
-// Group commit: concurrent Records queue up; the first in the queue (the
-// leader) writes every queued record with one write and one fdatasync, then
-// wakes the others with the result. No lock is held across the disk I/O.
+// Group commit (journal_writer.h): concurrent Records queue up; whoever
+// finds the journal free writes every queued record with one write and one
+// fdatasync, then tells the others the result. No lock is held across the
+// disk I/O.
 //
 // Snapshots (state_store.h) take in the journal: the state is encoded under
 // the lock, written without it while records keep arriving, and then only
@@ -22,7 +23,6 @@
 #include <atomic>
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,6 +42,7 @@
 #include "proxy/state/allocation_table.h"
 #include "proxy/state/hold_index.h"
 #include "proxy/state/journal_file.h"
+#include "proxy/state/journal_writer.h"
 #include "proxy/state/previous_generation.h"
 #include "proxy/state/saved_resources.h"
 #include "proxy/state/state_loader.h"
@@ -49,7 +50,7 @@
 
 namespace dpproxy {
 
-class StateKeeper : public ClaimJournal {
+class StateKeeper : public ClaimJournal, private JournalWriter::Owner {
  public:
   // `path` is the snapshot (<state_dir>/state.pb); the journal is
   // journal.wal beside it.
@@ -94,7 +95,7 @@ class StateKeeper : public ClaimJournal {
   // Called with the duration of each journal write and its fdatasync (on
   // the writing thread, no lock held). Set before the first Record.
   void SetSyncObserver(std::function<void(absl::Duration)> observe) {
-    sync_observer_ = std::move(observe);
+    writer_.SetSyncObserver(std::move(observe));
   }
 
   // Journal records that start a compaction: this many, or as many as
@@ -104,9 +105,8 @@ class StateKeeper : public ClaimJournal {
   // records than the snapshot holds.
   static constexpr size_t kCompactAfter = 1000;
   // How long an answer written to the journal may wait for the next synced
-  // batch (usually the next Allocate's reservation) before it is synced on
-  // its own.
-  static constexpr absl::Duration kAnswerSyncDelay = absl::Milliseconds(2);
+  // batch before it is synced on its own.
+  static constexpr absl::Duration kAnswerSyncDelay = JournalWriter::kAnswerSyncDelay;
 
   // Loads the snapshot and the journal (StateLoader: what a missing,
   // damaged or unreadable file does), then folds the journal's records
@@ -118,13 +118,10 @@ class StateKeeper : public ClaimJournal {
   // and a full copy of every allocation doubles the memory at its peak).
   absl::StatusOr<state::State> Load(bool summary = false);
 
-  // Group commit: a record that finds the journal free is written at once
-  // by its caller's thread, which then goes on writing whatever queued
-  // meanwhile, in batches (one write and one fdatasync each), until none
-  // is left; a record that finds the journal busy is queued and its caller
-  // returns at once. No thread waits its turn, no lock is held across the
-  // disk I/O, and a snapshot saver that wants the journal gets it between
-  // two batches.
+  // Group commit (JournalWriter): a record that finds the journal free is
+  // written at once by its caller's thread, which then goes on writing
+  // whatever queued meanwhile, in batches, until none is left; a record
+  // that finds the journal busy is queued and its caller returns at once.
   void RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
                    const v1beta1::AllocateResponse& resp, const BackendSide& backend,
                    std::function<void(absl::Status)> done) override;
@@ -132,10 +129,7 @@ class StateKeeper : public ClaimJournal {
   absl::Status Record(const std::string& resource, const v1beta1::AllocateRequest& req,
                       const v1beta1::AllocateResponse& resp, const BackendSide& backend) override;
   // An allocation in two steps (AllocationJournal). Answers and
-  // withdrawals are written in batches of their own, ahead of queued
-  // reservations, with no sync to wait for; the next synced batch syncs
-  // them, or, after kAnswerSyncDelay, the writer at work with its next
-  // batch or (the journal free) a thread of the keeper's.
+  // withdrawals are written with no sync to wait for (journal_writer.h).
   Reservation ReserveAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
                            const BackendSide& backend, std::function<void(absl::Status)> durable,
                            bool readmission = false) override;
@@ -222,7 +216,7 @@ class StateKeeper : public ClaimJournal {
   // How many journal writes (each one fdatasync) and records there were,
   // and how many snapshots compaction wrote: batching shows as
   // journal_records() > journal_writes().
-  int64_t journal_writes() const { return journal_writes_.load(); }
+  int64_t journal_writes() const { return writer_.writes(); }
   // The journal's records in bytes (the space written ahead of them not
   // counted), and the snapshot's size as last written (0 until this
   // process writes one). O(1).
@@ -231,7 +225,7 @@ class StateKeeper : public ClaimJournal {
     return static_cast<int64_t>(journal_applied_bytes_);
   }
   int64_t snapshot_bytes() const { return snapshot_bytes_.load(); }
-  int64_t journal_records() const { return journal_records_.load(); }
+  int64_t journal_records() const { return writer_.records(); }
   int64_t compactions() const { return compactions_.load(); }
   // Stops writing for good, for a new dpproxy that takes the state
   // directory over (proxy/handoff): waits for a compaction or save in
@@ -252,33 +246,24 @@ class StateKeeper : public ClaimJournal {
   // fdatasync returned ("journal_synced"), and before a snapshot write
   // ("snapshot_write"). Set before any Record.
   void SetTestHook(std::function<void(const char* where)> hook) {
-    test_hook_ = std::move(hook);
-    journal_.SetSyncHook([this] { test_hook_("journal_synced"); });
+    test_hook_ = hook;
+    writer_.SetTestHook(std::move(hook));
   }
   // For tests: consulted right before each journal write; an error makes
   // that write fail with it, as a full disk would, writing nothing.
   void SetWriteFaultForTest(std::function<absl::Status()> fault) {
-    write_fault_ = std::move(fault);
+    writer_.SetWriteFaultForTest(std::move(fault));
   }
   // Whether `n` Records are queued for the journal (including one being
   // written) within `timeout`.
-  bool WaitForQueued(size_t n, absl::Duration timeout);
+  bool WaitForQueued(size_t n, absl::Duration timeout) {
+    return writer_.WaitForQueued(n, timeout);
+  }
 
  private:
   // What every write returns once the state was handed over.
   static absl::Status HandedOverError();
-  // One Record (or reservation, answer, withdrawal) waiting for the
-  // journal.
-  struct Pending {
-    std::vector<state::Allocation> records;
-    std::string encoded;
-    std::function<void(absl::Status)> done;  // may be empty
-    // An answer or a withdrawal: applied to state_ already, acknowledged
-    // once written. Otherwise the records join state_ once synced.
-    bool written_only = false;
-    // Its records are counted in in_flight_ until written.
-    bool in_flight = false;
-  };
+  using Pending = JournalWriter::Entry;
   // Records queued and not yet written, with one holder across paths,
   // hold their devices in the index already (HoldIndex::StartInFlight).
   void AddInFlightLocked(Pending* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -295,8 +280,15 @@ class StateKeeper : public ClaimJournal {
   // `done` gets the refusal.
   void Submit(const std::function<absl::Status(Pending*)>& build,
               std::function<void(absl::Status)> done) ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues `p`; true if the caller is to write the queue (WriteQueued).
+  // Queues `p` (JournalWriter::EnqueueLocked), its records holding their
+  // devices meanwhile; true if the caller is to write the queue.
   bool EnqueueLocked(std::unique_ptr<Pending> p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JournalWriter::Owner: a batch applied to the allocations once written,
+  // or its failure reported.
+  void BatchWrittenLocked(const JournalWriter::Batch& batch,
+                          const JournalWriter::Written& written) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncFailedLocked(const absl::Status& s) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Why a Record of `req` may not be journaled (the journal is not open, a
   // device is quarantined), or OK.
@@ -314,14 +306,6 @@ class StateKeeper : public ClaimJournal {
   absl::Status Refuse(const std::string& resource, const std::string& device,
                       const HoldIndex::Refusal& r, bool claim)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the queue, batch after batch, until it is empty or a saver wants
-  // the journal; then frees it. The caller has set journal_busy_; mu_ not
-  // held.
-  void WriteQueued() ABSL_LOCKS_EXCLUDED(mu_);
-  // Frees the journal (a saver is done with it), or writes what queued
-  // while it was busy.
-  void ReleaseJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // Writes a snapshot of the state and drops the journal records it
   // covers. Releases mu_ during the I/O; save_mu_ keeps other savers out.
   absl::Status SaveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_, mu_);
@@ -348,23 +332,11 @@ class StateKeeper : public ClaimJournal {
   // never takes it.
   absl::Mutex save_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
-  // Used only by the holder of journal_busy_ (a group-commit leader, or a
-  // saver dropping covered records), with mu_ released; by Load() alone.
-  JournalFile journal_;
-  bool journal_busy_ ABSL_GUARDED_BY(mu_) = false;
-  bool journal_ok_ ABSL_GUARDED_BY(mu_) = false;
-  // Records waiting for the journal, oldest first, and how many Records
-  // are queued or being written.
-  std::deque<std::unique_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);
-  size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
-  // Snapshot savers waiting for the journal: the writer hands it over.
-  int savers_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   // The journal's size and record count through the last record applied
   // to state_: what a snapshot encoded now covers.
   size_t journal_applied_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> snapshot_bytes_{0};
   size_t journal_applied_records_ ABSL_GUARDED_BY(mu_) = 0;
-  std::function<void(absl::Duration)> sync_observer_;  // set before use
   // Whether the journal holds enough records for a compaction.
   bool CompactDueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return journal_applied_records_ >=
@@ -399,8 +371,6 @@ class StateKeeper : public ClaimJournal {
   std::atomic<uint64_t> quarantine_version_{0};
   std::atomic<uint64_t> released_version_{0};
   std::atomic<bool> writable_{true};
-  std::atomic<int64_t> journal_writes_{0};
-  std::atomic<int64_t> journal_records_{0};
   std::atomic<int64_t> compactions_{0};
   std::string last_write_error_ ABSL_GUARDED_BY(mu_);
   bool compact_wanted_ ABSL_GUARDED_BY(mu_) = false;
@@ -408,25 +378,10 @@ class StateKeeper : public ClaimJournal {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool handed_over_ ABSL_GUARDED_BY(mu_) = false;
   std::thread compactor_;
-  // Syncs answers that no synced batch took along within kAnswerSyncDelay,
-  // once the journal is free (a writer at work syncs them itself).
-  std::thread syncer_;
-  // When the oldest answer written since the last sync was written
-  // (InfiniteFuture: none), and how many answer batches were written.
-  absl::Time unsynced_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  uint64_t answer_writes_ ABSL_GUARDED_BY(mu_) = 0;
-  void SyncLoop();
-  // SyncLoop's sync of the answers written and left unsynced, with the
-  // journal taken (journal_busy_); mu_ is let go around the fdatasync.
-  void SyncAnswersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::function<void(const char*)> test_hook_;
-  std::function<absl::Status()> write_fault_;
-  // Withdrawals and releases whose journal write failed (a full disk): the
-  // allocations are gone from memory, and their reservations would stay
-  // in the journal until the next start. Written again, encoded, ahead of
-  // the next batch, until one write takes them.
-  std::string unwritten_withdrawals_ ABSL_GUARDED_BY(mu_);
-  size_t unwritten_withdrawal_records_ ABSL_GUARDED_BY(mu_) = 0;
+  // Last, so that its syncer thread, which may call back into the keeper,
+  // stops first.
+  JournalWriter writer_;
 };
 
 }  // namespace dpproxy

@@ -71,7 +71,7 @@ absl::Status StateKeeper::CheckRecordableLocked(const std::string& resource,
                                                 const v1beta1::AllocateRequest& req, bool claim,
                                                 bool readmission) {
   if (handed_over_) return HandedOverError();
-  if (!journal_ok_) return absl::FailedPreconditionError("the allocation journal is not open");
+  if (!writer_.open()) return absl::FailedPreconditionError("the allocation journal is not open");
   if (absl::Status s = CheckOtherPathLocked(resource, req, claim); !s.ok()) return s;
   if (readmission) return absl::OkStatus();
   // A pod the kubelet lost track of may still hold these devices.

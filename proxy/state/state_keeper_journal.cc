@@ -1,6 +1,7 @@
 // StateKeeper's write path (state_keeper.h): each Allocate's reservation
-// and answer queued, written in group commits by whichever caller takes
-// the journal, and synced before the kubelet is answered.
+// and answer made into journal records and queued (journal_writer.h writes
+// them in group commits), and each written batch applied to the
+// allocations before the kubelet is answered.
 #include "proxy/state/state_keeper.h"
 
 #include <google/protobuf/io/coded_stream.h>
@@ -111,13 +112,7 @@ void StateKeeper::EndInFlightLocked(const Pending& p) {
 
 bool StateKeeper::EnqueueLocked(std::unique_ptr<Pending> p) {
   if (!p->written_only && holds_.one_holder_across_paths()) AddInFlightLocked(p.get());
-  p->encoded = JournalFile::Encode(p->records);
-  queue_.push_back(std::move(p));
-  ++queued_;
-  // The writer at work takes this record with its next batch.
-  if (journal_busy_) return false;
-  journal_busy_ = true;
-  return true;
+  return writer_.EnqueueLocked(std::move(p));
 }
 
 void StateKeeper::Submit(const std::function<absl::Status(Pending*)>& build,
@@ -137,7 +132,7 @@ void StateKeeper::Submit(const std::function<absl::Status(Pending*)>& build,
     if (done) done(std::move(refused));
     return;
   }
-  if (write) WriteQueued();
+  if (write) writer_.WriteQueued();
 }
 
 void StateKeeper::RecordAsync(const std::string& resource, const v1beta1::AllocateRequest& req,
@@ -177,7 +172,7 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
   Submit(
       [&](Pending* me) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         if (handed_over_) return HandedOverError();
-        if (!journal_ok_) {
+        if (!writer_.open()) {
           return absl::FailedPreconditionError("the allocation journal is not open");
         }
         me->written_only = true;
@@ -232,7 +227,7 @@ void StateKeeper::Withdraw(const Reservation& r) {
     for (const state::Allocation& a : gone) UnindexLocked(a);
     allocation_count_ = static_cast<int>(allocations_.size());
     ++released_version_;
-    if (handed_over_ || !journal_ok_) return;  // the next start replays it as held
+    if (handed_over_ || !writer_.open()) return;  // the next start replays it as held
     auto me = std::make_unique<Pending>();
     me->written_only = true;
     for (int i = 0; i < r.count; ++i) {
@@ -243,11 +238,11 @@ void StateKeeper::Withdraw(const Reservation& r) {
     }
     write = EnqueueLocked(std::move(me));
   }
-  if (write) WriteQueued();
+  if (write) writer_.WriteQueued();
 }
 
 void StateKeeper::JournalReleasedLocked(const std::vector<uint64_t>& ids) {
-  if (ids.empty() || handed_over_ || !journal_ok_) return;
+  if (ids.empty() || handed_over_ || !writer_.open()) return;
   auto me = std::make_unique<Pending>();
   me->written_only = true;
   for (uint64_t id : ids) {
@@ -258,126 +253,44 @@ void StateKeeper::JournalReleasedLocked(const std::vector<uint64_t>& ids) {
   }
   if (!EnqueueLocked(std::move(me))) return;  // the writer at work takes them
   mu_.Unlock();
-  WriteQueued();
+  writer_.WriteQueued();
   mu_.Lock();
 }
 
-void StateKeeper::ReleaseJournalLocked() {
-  if (queue_.empty()) {
-    journal_busy_ = false;
+void StateKeeper::BatchWrittenLocked(const JournalWriter::Batch& batch,
+                                     const JournalWriter::Written& w) {
+  NoteWrite(w.status);
+  for (const auto& p : batch) EndInFlightLocked(*p);
+  if (!w.status.ok()) {
+    LOG(ERROR) << "cannot append to the journal " << writer_.path() << ": "
+               << w.status.message();
+    events_->Emit("state_save_failed", {{"path", writer_.path()},
+                                        {"error", std::string(w.status.message())},
+                                        {"failures", write_failures_.load()},
+                                        {"allocations_refused", w.records}});
     return;
   }
-  mu_.Unlock();
-  WriteQueued();  // still busy: this thread is the writer now
-  mu_.Lock();
+  journal_applied_bytes_ = w.journal_bytes;
+  journal_applied_records_ = w.journal_records;
+  for (const auto& p : batch) {
+    if (p->written_only) continue;  // applied when it was queued
+    size_t pos = 0;  // each record's encoding, as the journal holds it
+    for (const state::Allocation& a : p->records) {
+      IndexLocked(a);
+      allocations_.PutOwnEncoding(a.id(), JournalFile::EncodedPayload(p->encoded, &pos));
+    }
+  }
+  allocation_count_ = static_cast<int>(allocations_.size());
+  // The records are durable in the journal; the snapshot that takes them
+  // in is written by the compactor, off this path.
+  if (CompactDueLocked() && !compacting_) compact_wanted_ = true;
 }
 
-void StateKeeper::WriteQueued() {
-  std::vector<std::unique_ptr<Pending>> batch;
-  absl::MutexLock lock(&mu_);
-  while (!queue_.empty() && savers_waiting_ == 0) {
-    // One write and one fdatasync for every reservation and whole record
-    // queued; answers and withdrawals first, in a write of their own that
-    // nobody waits to sync (their reservations are on the disk already).
-    batch.clear();
-    const bool written_only =
-        std::any_of(queue_.begin(), queue_.end(), [](const auto& p) { return p->written_only; });
-    std::deque<std::unique_ptr<Pending>> rest;
-    for (auto& p : queue_) {
-      if (!written_only || p->written_only) {
-        batch.push_back(std::move(p));
-      } else {
-        rest.push_back(std::move(p));
-      }
-    }
-    queue_ = std::move(rest);
-    // Answers left unsynced for kAnswerSyncDelay are synced with this
-    // batch, whatever it holds: a writer kept at work by answers alone
-    // keeps the syncer's promise itself.
-    const bool synced = !written_only || (unsynced_since_ != absl::InfiniteFuture() &&
-                                          absl::Now() >= unsynced_since_ + kAnswerSyncDelay);
-    std::string data = unwritten_withdrawals_;  // a failed write's withdrawals first
-    size_t count = unwritten_withdrawal_records_;
-    for (const auto& p : batch) {
-      data += p->encoded;
-      count += p->records.size();
-    }
-    mu_.Unlock();
-    if (test_hook_) test_hook_("journal_write");
-    const absl::Time write_start = absl::Now();
-    const absl::Status fault = write_fault_ ? write_fault_() : absl::OkStatus();
-    const absl::Status s =
-        !fault.ok() ? fault
-                    : journal_.AppendEncoded(data, count,
-                                             synced ? JournalFile::Durability::kSynced
-                                                    : JournalFile::Durability::kWritten);
-    if (sync_observer_ && synced) sync_observer_(absl::Now() - write_start);
-    const size_t journal_size = journal_.size(), journal_count = journal_.records();
-    mu_.Lock();
-    ++journal_writes_;
-    NoteWrite(s);
-    for (const auto& p : batch) EndInFlightLocked(*p);
-    if (s.ok()) {
-      unwritten_withdrawals_.clear();
-      unwritten_withdrawal_records_ = 0;
-    } else {
-      // Withdrawals and releases are gone from memory already: written
-      // with the next batch, so that no reservation they end is left in
-      // the journal once the disk takes writes again.
-      for (const auto& p : batch) {
-        if (!p->written_only) continue;
-        const bool withdrawals =
-            std::all_of(p->records.begin(), p->records.end(), [](const state::Allocation& a) {
-              return a.stage() == state::Allocation::WITHDRAWN;
-            });
-        if (!withdrawals) continue;
-        unwritten_withdrawals_ += p->encoded;
-        unwritten_withdrawal_records_ += p->records.size();
-      }
-    }
-    if (!s.ok()) {
-      LOG(ERROR) << "cannot append to the journal " << journal_.path() << ": " << s.message();
-      events_->Emit("state_save_failed", {{"path", journal_.path()},
-                                          {"error", std::string(s.message())},
-                                          {"failures", write_failures_.load()},
-                                          {"allocations_refused", count}});
-    } else {
-      journal_records_ += static_cast<int64_t>(count);
-      journal_applied_bytes_ = journal_size;
-      journal_applied_records_ = journal_count;
-      for (auto& p : batch) {
-        if (p->written_only) continue;  // applied when it was queued
-        size_t pos = 0;  // each record's encoding, as the journal holds it
-        for (const state::Allocation& a : p->records) {
-          IndexLocked(a);
-          allocations_.PutOwnEncoding(a.id(), JournalFile::EncodedPayload(p->encoded, &pos));
-        }
-      }
-    }
-    allocation_count_ = static_cast<int>(allocations_.size());
-    queued_ -= batch.size();
-    // The records are durable in the journal; the snapshot that takes them
-    // in is written by the compactor, off this path.
-    if (s.ok() && CompactDueLocked() && !compacting_) compact_wanted_ = true;
-    // Answers and withdrawals left unsynced are synced by the next synced
-    // batch (one is usually on its way: the next Allocate's reservation),
-    // by this writer's next batch once they are due, or by the syncer
-    // after kAnswerSyncDelay.
-    if (!synced && s.ok()) {
-      ++answer_writes_;
-      if (unsynced_since_ == absl::InfiniteFuture()) unsynced_since_ = write_start;
-    } else if (s.ok()) {
-      unsynced_since_ = absl::InfiniteFuture();
-    }
-    // The answers go out with no lock held (each may finish a kubelet's
-    // call); an error refuses every record of the batch: none was recorded.
-    mu_.Unlock();
-    for (auto& p : batch) {
-      if (p->done) p->done(s);
-    }
-    mu_.Lock();
-  }
-  journal_busy_ = false;
+void StateKeeper::SyncFailedLocked(const absl::Status& s) {
+  NoteWrite(s);
+  events_->Emit("state_save_failed", {{"path", writer_.path()},
+                                      {"error", std::string(s.message())},
+                                      {"failures", write_failures_.load()}});
 }
 
 }  // namespace dpproxy

@@ -11,16 +11,17 @@ namespace dpproxy {
 absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   // Read with save_mu_ alone: no save writes the files meanwhile, while
   // readers of the state (status, probes) wait only for it to be taken in.
-  // No record touches the journal before journal_ok_ is set below.
+  // No record touches the journal before it is marked open below.
   absl::MutexLock save(&save_mu_);
+  JournalFile* journal = writer_.file();
   absl::StatusOr<StateLoader::Loaded> loaded =
-      StateLoader(&store_, &journal_, &previous_, events_).Load();
+      StateLoader(&store_, journal, &previous_, events_).Load();
   absl::MutexLock lock(&mu_);
-  journal_ok_ = journal_.is_open();
+  writer_.SetOpenLocked(journal->is_open());
   if (!loaded.ok()) return loaded.status();
   if (loaded->damaged) damaged_at_load_ = true;
-  journal_applied_bytes_ = journal_.size();
-  journal_applied_records_ = journal_.records();
+  journal_applied_bytes_ = journal->size();
+  journal_applied_records_ = journal->records();
   state_ = std::move(loaded->state);
   allocations_ = std::move(loaded->allocations);
   resources_.TakeFrom(&state_);

@@ -1,8 +1,5 @@
 #include "proxy/state/state_keeper.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/wire_format_lite.h>
-
 #include <glog/logging.h>
 
 #include <stdio.h>

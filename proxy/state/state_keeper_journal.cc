@@ -4,47 +4,13 @@
 // allocations before the kubelet is answered.
 #include "proxy/state/state_keeper.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/wire_format_lite.h>
-
 #include <glog/logging.h>
 
-#include <stdio.h>
-
-#include <algorithm>
-#include <map>
-#include <set>
-
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "proxy/state/allocation_response.h"
-#include "proxy/util/buffers.h"
-#include "proxy/util/files.h"
-#include "proxy/util/thread_name.h"
+#include "proxy/state/journal_records.h"
 
 namespace dpproxy {
-namespace {
-
-// Allocation.stage set to WHOLE (0), encoded: appended to a reservation's
-// bytes, it ends the reservation.
-const std::string& StageWhole() {
-  static const std::string* const kBytes = [] {
-    using google::protobuf::internal::WireFormatLite;
-    static_assert(state::Allocation::WHOLE == 0, "the default stage");
-    uint8_t bytes[6];
-    uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
-        WireFormatLite::MakeTag(state::Allocation::kStageFieldNumber,
-                                WireFormatLite::WIRETYPE_VARINT),
-        bytes);
-    *end++ = 0;
-    return new std::string(reinterpret_cast<const char*>(bytes),
-                           static_cast<size_t>(end - bytes));
-  }();
-  return *kBytes;
-}
-
-}  // namespace
 
 absl::Status StateKeeper::Record(const std::string& resource,
                                  const v1beta1::AllocateRequest& req,
@@ -63,38 +29,10 @@ absl::Status StateKeeper::Record(const std::string& resource,
 std::vector<state::Allocation> StateKeeper::NewRecordsLocked(
     const std::string& resource, const v1beta1::AllocateRequest& req,
     const v1beta1::AllocateResponse* resp, const BackendSide& backend) {
-  const int64_t now = absl::ToUnixMillis(absl::Now());
-  std::vector<state::Allocation> records;
-  records.reserve(req.container_requests_size());
-  uint64_t next = state_.next_allocation_id();
-  for (int i = 0; i < req.container_requests_size(); ++i) {
-    state::Allocation a;
-    a.set_id(++next);
-    a.set_resource(resource);
-    for (const std::string& id : req.container_requests(i).devices_ids()) {
-      a.add_device_ids(id);
-    }
-    if (resp == nullptr) {
-      a.set_stage(state::Allocation::RESERVED);
-    } else if (i < resp->container_responses_size()) {
-      SetResponse(&a, resp->container_responses(i));
-    }
-    a.set_backend_api(backend.api);
-    a.set_backend_endpoint(backend.endpoint);
-    a.set_backend_resource(backend.resource);
-    if (backend.request != nullptr && i < backend.request->container_requests_size()) {
-      const auto& ids = backend.request->container_requests(i).devices_ids();
-      if (!std::equal(ids.begin(), ids.end(), a.device_ids().begin(), a.device_ids().end())) {
-        *a.mutable_backend_device_ids() = ids;
-      }
-    }
-    if (backend.claims != nullptr && i < static_cast<int>(backend.claims->size())) {
-      *a.mutable_claim() = (*backend.claims)[static_cast<size_t>(i)];
-    }
-    a.set_allocated_unix_ms(now);
-    records.push_back(std::move(a));
-  }
-  state_.set_next_allocation_id(next);
+  std::vector<state::Allocation> records =
+      AllocationRecords(resource, req, resp, backend, state_.next_allocation_id() + 1,
+                        absl::ToUnixMillis(absl::Now()));
+  state_.set_next_allocation_id(state_.next_allocation_id() + records.size());
   return records;
 }
 
@@ -176,41 +114,27 @@ void StateKeeper::AnswerAsync(const Reservation& r, const v1beta1::AllocateRespo
           return absl::FailedPreconditionError("the allocation journal is not open");
         }
         me->written_only = true;
-        for (int i = 0; i < r.count; ++i) {
-          state::Allocation a;
-          a.set_id(r.first_id + static_cast<uint64_t>(i));
-          a.set_stage(state::Allocation::ANSWERED);
-          if (i < resp.container_responses_size()) {
-            SetResponse(&a, resp.container_responses(i));
-          }
-          if (claims != nullptr && i < static_cast<int>(claims->size())) {
-            *a.mutable_claim() = (*claims)[static_cast<size_t>(i)];
-          }
-          // In memory at once: a snapshot taken before the record is
-          // written holds the response, and the record replays onto it
-          // unchanged.
+        me->records = AnswerRecords(r, resp, claims);
+        // In memory at once: a snapshot taken before the records are
+        // written holds the responses, and the records replay onto them
+        // unchanged.
+        for (const state::Allocation& a : me->records) {
           if (!a.has_claim()) {
-            // The reservation has no response: the answer's fields appended
-            // to its bytes set it, and stage, set to WHOLE, ends the
-            // reservation's.
-            state::Allocation answer;
-            answer.set_response(a.response());
-            std::string fields = answer.SerializeAsString();
-            fields += StageWhole();
-            allocations_.AppendFields(a.id(), fields);
-          } else {
-            std::string was;  // the claim the reservation named
-            if (allocations_.Update(a.id(), [&](state::Allocation* held) {
-                  if (held->has_claim()) was = held->claim().uid();
-                  *held->mutable_response() = a.response();
-                  *held->mutable_claim() = a.claim();
-                  held->clear_stage();
-                }) &&
-                was != a.claim().uid()) {
-              holds_.MoveClaim(a.id(), was, a.claim().uid());
-            }
+            // The reservation has no response: appended to its bytes,
+            // these fields set it and end the reservation.
+            allocations_.AppendFields(a.id(), AnswerFields(a));
+            continue;
           }
-          me->records.push_back(std::move(a));
+          std::string was;  // the claim the reservation named
+          if (allocations_.Update(a.id(), [&](state::Allocation* held) {
+                if (held->has_claim()) was = held->claim().uid();
+                *held->mutable_response() = a.response();
+                *held->mutable_claim() = a.claim();
+                held->clear_stage();
+              }) &&
+              was != a.claim().uid()) {
+            holds_.MoveClaim(a.id(), was, a.claim().uid());
+          }
         }
         return absl::OkStatus();
       },
@@ -230,12 +154,7 @@ void StateKeeper::Withdraw(const Reservation& r) {
     if (handed_over_ || !writer_.open()) return;  // the next start replays it as held
     auto me = std::make_unique<Pending>();
     me->written_only = true;
-    for (int i = 0; i < r.count; ++i) {
-      state::Allocation a;
-      a.set_id(r.first_id + static_cast<uint64_t>(i));
-      a.set_stage(state::Allocation::WITHDRAWN);
-      me->records.push_back(std::move(a));
-    }
+    me->records = WithdrawalRecords(r);
     write = EnqueueLocked(std::move(me));
   }
   if (write) writer_.WriteQueued();
@@ -245,12 +164,7 @@ void StateKeeper::JournalReleasedLocked(const std::vector<uint64_t>& ids) {
   if (ids.empty() || handed_over_ || !writer_.open()) return;
   auto me = std::make_unique<Pending>();
   me->written_only = true;
-  for (uint64_t id : ids) {
-    state::Allocation a;
-    a.set_id(id);
-    a.set_stage(state::Allocation::WITHDRAWN);
-    me->records.push_back(std::move(a));
-  }
+  me->records = WithdrawalRecords(ids);
   if (!EnqueueLocked(std::move(me))) return;  // the writer at work takes them
   mu_.Unlock();
   writer_.WriteQueued();

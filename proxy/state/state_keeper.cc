@@ -29,7 +29,7 @@ std::string JournalPathFor(const std::string& snapshot) {
 }  // namespace
 
 StateKeeper::StateKeeper(std::string path, EventLog* events)
-    : store_(path), previous_(path), events_(events),
+    : files_(path), events_(events),
       writer_(JournalPathFor(path), &mu_, this) {
   compactor_ = std::thread([this] {
     NameThisThread("dpp-compact");
@@ -81,7 +81,7 @@ void StateKeeper::HandOver() {
   handed_over_ = true;
   compact_wanted_ = false;
   LOG(INFO) << "state handed over: journal " << writer_.path() << " closed; nothing more is "
-            << "written to " << store_.path();
+            << "written to " << files_.path();
 }
 
 absl::StatusOr<state::State> StateKeeper::TakeBack() {
@@ -155,29 +155,15 @@ absl::Status StateKeeper::SaveLocked() {
   const size_t covered_records = journal_applied_records_;
   const bool journal_ok = writer_.open();
   mu_.Unlock();
-  SealStateFile(&bytes);
   if (test_hook_) test_hook_("snapshot_write");
-  const bool rotated = previous_.Rotate();
-  absl::Status s = store_.SaveEncoded(bytes);
+  const SnapshotFiles::Saved saved =
+      files_.Write(&bytes, journal_ok ? writer_.file() : nullptr, covered_bytes, covered_records);
+  const absl::Status& s = saved.snapshot;
   if (s.ok()) snapshot_bytes_ = static_cast<int64_t>(bytes.size());
-  // The records the snapshot took in stay in the previous generation
-  // (previous_generation.h), kept before the journal drops them. They lie
-  // before `covered_bytes`, which appends never rewrite (only DropFront
-  // does, below, under save_mu_): read and written without the journal,
-  // so Allocates go on meanwhile.
-  absl::Status k = absl::OkStatus();
-  if (s.ok() && journal_ok && covered_records > 0) {
-    absl::StatusOr<std::string> taken_in = writer_.file()->RecordBytes(covered_bytes);
-    k = taken_in.ok() ? previous_.KeepRecords(*taken_in, rotated) : taken_in.status();
-  } else if (s.ok() && rotated) {
-    // Nothing taken in since the snapshot that is the previous one now.
-    k = previous_.KeepRecords("", true);
-  }
   mu_.Lock();
-  if (!k.ok()) NotePreviousFailed(k);
   // Records the previous generation could not keep stay in the journal
   // until the next save.
-  if (s.ok() && k.ok() && writer_.open() && covered_records > 0) {
+  if (saved.ok() && writer_.open() && covered_records > 0) {
     // Exclusive use of the journal: no append is in flight.
     // A writer with records still queued hands the journal over between
     // two batches, and this saver writes what is left when it is done.
@@ -201,9 +187,9 @@ absl::Status StateKeeper::SaveLocked() {
   }
   NoteWrite(s);
   if (!s.ok()) {
-    LOG(ERROR) << "cannot save state to " << store_.path() << " (the previous file is intact): "
+    LOG(ERROR) << "cannot save state to " << files_.path() << " (the previous file is intact): "
                << s.message();
-    events_->Emit("state_save_failed", {{"path", store_.path()},
+    events_->Emit("state_save_failed", {{"path", files_.path()},
                                         {"error", std::string(s.message())},
                                         {"failures", write_failures_.load()}});
   }
@@ -249,23 +235,29 @@ absl::Status StateKeeper::Release(const std::vector<uint64_t>& ids) {
   if (ids.empty()) return absl::OkStatus();
   absl::MutexLock save(&save_mu_);
   absl::MutexLock lock(&mu_);
+  ForgetLocked(ids);
+  return SaveLocked();
+}
+
+bool StateKeeper::ForgetLocked(const std::vector<uint64_t>& ids) {
   bool lifted = false;
   std::vector<uint64_t> released;
+  state::Allocation a;
   for (uint64_t id : std::set<uint64_t>(ids.begin(), ids.end())) {
-    state::Allocation x;
-    if (!allocations_.Erase(id, &x)) continue;
-    UnindexLocked(x);
-    lifted = lifted || x.quarantined();
+    if (!allocations_.Erase(id, &a)) continue;
+    UnindexLocked(a);
+    lifted = lifted || a.quarantined();
     released.push_back(id);
   }
-  allocation_count_ = static_cast<int>(allocations_.size());
   if (lifted) {
     holds_.RebuildQuarantined(allocations_);
     ++quarantine_version_;
   }
+  if (released.empty()) return false;
+  allocation_count_ = static_cast<int>(allocations_.size());
   ++released_version_;
   JournalReleasedLocked(released);
-  return SaveLocked();
+  return true;
 }
 
 absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
@@ -297,24 +289,8 @@ absl::StatusOr<int> StateKeeper::Reconcile(const std::vector<Holder>& holders,
     allocations_.Put(a);
     ++changed;
   }
-  bool lifted = false;
-  std::vector<uint64_t> released;
-  for (uint64_t id : std::set<uint64_t>(release.begin(), release.end())) {
-    if (!allocations_.Erase(id, &a)) continue;
-    UnindexLocked(a);
-    lifted = lifted || a.quarantined();
-    released.push_back(id);
-  }
-  if (lifted) {
-    holds_.RebuildQuarantined(allocations_);
-    ++quarantine_version_;
-  }
-  if (!released.empty()) {
-    allocation_count_ = static_cast<int>(allocations_.size());
-    ++released_version_;
-    JournalReleasedLocked(released);
-  }
-  if (released.empty() && (changed == 0 || !persist_names)) return changed;
+  const bool released = ForgetLocked(release);
+  if (!released && (changed == 0 || !persist_names)) return changed;
   if (absl::Status s = SaveLocked(); !s.ok()) return s;
   return changed;
 }

@@ -45,6 +45,7 @@
 #include "proxy/state/journal_writer.h"
 #include "proxy/state/previous_generation.h"
 #include "proxy/state/saved_resources.h"
+#include "proxy/state/snapshot_files.h"
 #include "proxy/state/state_loader.h"
 #include "proxy/state/state_store.h"
 
@@ -206,7 +207,7 @@ class StateKeeper : public ClaimJournal, private JournalWriter::Owner {
   int AllocationCount();
   // Whether an allocation of `resource` in the journal names device `id`.
   bool HoldsDevice(const std::string& resource, const std::string& id);
-  const std::string& path() const { return store_.path(); }
+  const std::string& path() const { return files_.path(); }
   // Failed writes of either kind: journal appends (each refused an
   // Allocate) and snapshot saves.
   int64_t save_failures() const { return write_failures_.load(); }
@@ -315,18 +316,19 @@ class StateKeeper : public ClaimJournal, private JournalWriter::Owner {
   // The hold index without `a`, removed from allocations_.
   void UnindexLocked(const state::Allocation& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompactLoop();
+  // Forgets the allocations of `ids` (those it holds): out of the index,
+  // quarantine lifted with them, WITHDRAWN records queued
+  // (JournalReleasedLocked). Whether any was held. The caller saves.
+  bool ForgetLocked(const std::vector<uint64_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(save_mu_, mu_);
   // Released allocations, as WITHDRAWN records (written, not synced): the
   // snapshot saved next drops them, and the previous generation's records
   // carry the release, so a fallback does not bring them back. Called with
   // save_mu_ held, before the snapshot is encoded; may release mu_ to write.
   void JournalReleasedLocked(const std::vector<uint64_t>& ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The previous generation could not keep the records a save took in.
-  void NotePreviousFailed(const absl::Status& s);
 
-  FileStateStore store_;
-  // The snapshot before the newest and the records since it.
-  PreviousGeneration previous_;
+  // The snapshot, the one before it and the records since that one.
+  SnapshotFiles files_;
   EventLog* const events_;
   // Held by snapshot savers, before mu_, across the snapshot's I/O. Record
   // never takes it.

@@ -15,7 +15,7 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   absl::MutexLock save(&save_mu_);
   JournalFile* journal = writer_.file();
   absl::StatusOr<StateLoader::Loaded> loaded =
-      StateLoader(&store_, journal, &previous_, events_).Load();
+      StateLoader(files_.store(), journal, files_.previous(), events_).Load();
   absl::MutexLock lock(&mu_);
   writer_.SetOpenLocked(journal->is_open());
   if (!loaded.ok()) return loaded.status();
@@ -41,13 +41,5 @@ absl::StatusOr<state::State> StateKeeper::Load(bool summary) {
   }
   return summary ? SummaryLocked() : FullStateLocked();
 }
-
-void StateKeeper::NotePreviousFailed(const absl::Status& s) {
-  LOG(WARNING) << "cannot keep the previous generation of the state ("
-               << previous_.records_path() << "): " << s.message()
-               << "; the journal keeps those records until the next save";
-}
-
-
 
 }  // namespace dpproxy

@@ -305,19 +305,19 @@ std::shared_ptr<const Resource::Forgotten> Resource::forgotten() {
 
 absl::StatusOr<bool> Resource::CheckForgotten(
     const std::vector<std::vector<std::string>>& per_container, bool readmission) {
-  if (!hooks_.check_forgotten) return false;
-  return hooks_.check_forgotten(per_container, readmission);
+  if (hooks_.forgotten == nullptr) return false;
+  return hooks_.forgotten->CheckForgotten(name_, per_container, readmission);
 }
 
 std::set<std::string> Resource::StillForgotten(const std::vector<std::string>& ids) {
-  if (!hooks_.still_forgotten) return {ids.begin(), ids.end()};
-  return hooks_.still_forgotten(ids);
+  if (hooks_.forgotten == nullptr) return {ids.begin(), ids.end()};
+  return hooks_.forgotten->StillForgotten(name_, ids);
 }
 
 std::vector<std::string> Resource::ReadmissionPick(int size,
                                                    const std::set<std::string>& available) {
-  return hooks_.readmission_pick ? hooks_.readmission_pick(size, available)
-                                 : std::vector<std::string>();
+  if (hooks_.forgotten == nullptr) return {};
+  return hooks_.forgotten->ReadmissionPick(name_, size, available);
 }
 
 bool Resource::backend_offers_preferred() {

@@ -32,6 +32,7 @@
 #include "proxy/core/backend.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/device_list.h"
+#include "proxy/core/forgotten_devices.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proto/v1beta1/api.pb.h"
 #include "proxy/events/event_log.h"
@@ -44,27 +45,10 @@ struct ResourceHooks {
   // Whether a device is held by an allocation in the journal: a device the
   // backend stops reporting stays listed (Unhealthy) while it is.
   std::function<bool(const std::string& id)> is_allocated;
-  // Whether an Allocate may have these kubelet IDs, some of which are
-  // forgotten devices (SetForgotten): OK, or an error naming who holds
-  // them. Blocking (it may ask the kubelet's pod-resources API); called
-  // off gRPC's threads. Unset: always OK.
-  // `per_container`: the kubelet IDs of each container request.
-  // `readmission`: the kubelet may be re-admitting its running pods (one
-  // before 1.25 allocates again for a running container it forgot).
-  // OK(true): allowed as a running container's re-admission although it
-  // names devices other forgotten containers still hold (they keep them).
-  std::function<absl::StatusOr<bool>(
-      const std::vector<std::vector<std::string>>& per_container, bool readmission)>
-      check_forgotten;
-  // Of these kubelet IDs of forgotten devices, those whose holders may
-  // still run (holders found gone are released). Blocking. Unset: all.
-  std::function<std::set<std::string>(const std::vector<std::string>& ids)> still_forgotten;
-  // Right after a kubelet start, for a kubelet that may allocate again for
-  // its running containers: the devices of the oldest forgotten container
-  // of exactly `size` devices, all in `available`, not picked before in
-  // this start; empty if none. Unset: never.
-  std::function<std::vector<std::string>(int size, const std::set<std::string>& available)>
-      readmission_pick;
+  // Asked about the devices the kubelet forgot (SetForgotten): whether
+  // an Allocate may have them, which still have running holders, what a
+  // re-admission gets. Outlives the resource; null: nothing is forgotten.
+  ForgottenDevices* forgotten = nullptr;
 };
 
 // The short ID the kubelet is shown for `backend_id` under
@@ -234,16 +218,15 @@ class Resource {
   // restarted kubelet re-admits its running pods against allocatable and
   // would kill them if it dropped; instead new pods are steered away from
   // them (GetPreferredAllocation) and an Allocate naming one is checked
-  // (ResourceHooks::check_forgotten). Never null.
+  // (ForgottenDevices::CheckForgotten). Never null.
   using Forgotten = std::map<std::string, std::string>;
   void SetForgotten(Forgotten held);
   std::shared_ptr<const Forgotten> forgotten();
-  // ResourceHooks::check_forgotten, or OK without one. Blocking.
+  // ForgottenDevices' answers for this resource (ResourceHooks::forgotten):
+  // OK(false), all of `ids` and empty without one. Blocking.
   absl::StatusOr<bool> CheckForgotten(
       const std::vector<std::vector<std::string>>& per_container, bool readmission);
-  // ResourceHooks::still_forgotten, or all of `ids` without one.
   std::set<std::string> StillForgotten(const std::vector<std::string>& ids);
-  // ResourceHooks::readmission_pick, or empty without one.
   std::vector<std::string> ReadmissionPick(int size, const std::set<std::string>& available);
 
   // Whether the backend answers GetPreferredAllocation itself. Toward the

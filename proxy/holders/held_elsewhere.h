@@ -7,8 +7,8 @@
 // old name and ID only, and would hand the same device out again under the
 // new one. Pure functions, no I/O; the server shows what they find as
 // Unhealthy until the allocation is released (its pod is gone).
-#ifndef DPPROXY_PROXY_SERVER_HELD_ELSEWHERE_H_
-#define DPPROXY_PROXY_SERVER_HELD_ELSEWHERE_H_
+#ifndef DPPROXY_PROXY_HOLDERS_HELD_ELSEWHERE_H_
+#define DPPROXY_PROXY_HOLDERS_HELD_ELSEWHERE_H_
 
 #include <cstdint>
 #include <functional>
@@ -59,4 +59,4 @@ class HeldElsewhereFinder {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_HELD_ELSEWHERE_H_
+#endif  // DPPROXY_PROXY_HOLDERS_HELD_ELSEWHERE_H_

@@ -10,8 +10,8 @@
 // resource has every device of it. When a device was allocated several
 // times, the newest allocation is the one a container holds; older ones
 // naming any of its devices are superseded.
-#ifndef DPPROXY_PROXY_SERVER_HOLDINGS_H_
-#define DPPROXY_PROXY_SERVER_HOLDINGS_H_
+#ifndef DPPROXY_PROXY_HOLDERS_HOLDINGS_H_
+#define DPPROXY_PROXY_HOLDERS_HOLDINGS_H_
 
 #include <cstdint>
 #include <map>
@@ -51,4 +51,4 @@ class Holdings {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_HOLDINGS_H_
+#endif  // DPPROXY_PROXY_HOLDERS_HOLDINGS_H_

@@ -17,8 +17,8 @@
 //                          kubelet_pod_resources_socket, "gpu.vendor.com", "node-1"},
 //                         keeper);
 //   DPP_RETURN_IF_ERROR(view.Start());  // serves until Stop()
-#ifndef DPPROXY_PROXY_SERVER_POD_RESOURCES_VIEW_H_
-#define DPPROXY_PROXY_SERVER_POD_RESOURCES_VIEW_H_
+#ifndef DPPROXY_PROXY_HOLDERS_POD_RESOURCES_VIEW_H_
+#define DPPROXY_PROXY_HOLDERS_POD_RESOURCES_VIEW_H_
 
 #include <sys/types.h>
 
@@ -101,4 +101,4 @@ class PodResourcesView {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_POD_RESOURCES_VIEW_H_
+#endif  // DPPROXY_PROXY_HOLDERS_POD_RESOURCES_VIEW_H_

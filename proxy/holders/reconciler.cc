@@ -43,7 +43,10 @@ state::State Reconciler::DevicePluginAllocations() const {
 Reconciler::Reconciler(Options options, StateKeeper* keeper, EventLog* events,
                        std::function<void()> changed)
     : options_(std::move(options)), keeper_(keeper), events_(events),
-      changed_(std::move(changed)) {}
+      changed_(std::move(changed)),
+      forgotten_({options_.kubelet, options_.grace, options_.restart_grace,
+                  options_.container_runtime_socket},
+                 keeper, events, changed_) {}
 
 Reconciler::~Reconciler() { Stop(); }
 
@@ -184,12 +187,12 @@ Reconciler::Verdicts Reconciler::Classify(const state::State& st_now, const Hold
   const int64_t now_ms = absl::ToUnixMillis(now);
   // Right after a kubelet start its List is empty or incomplete: a pod
   // missing from it then is not taken as gone.
-  v.kubelet_starting = InRestartWindow(now);
+  v.kubelet_starting = forgotten_.InRestartWindow(now);
   const auto pod_of_uid = PodsOfUids(st_now);
   // The container runtime, asked once, when an allocation's holder needs it.
   std::optional<std::optional<RuntimeView>> asked;
   auto runtime = [&]() -> const RuntimeView* {
-    if (!asked.has_value()) asked = RunningContainers();
+    if (!asked.has_value()) asked = forgotten_.RunningContainers();
     return asked->has_value() ? &**asked : nullptr;
   };
   for (const state::Allocation& a : st_now.allocations()) {
@@ -203,7 +206,7 @@ Reconciler::Verdicts Reconciler::Classify(const state::State& st_now, const Hold
         !a.pod_name().empty() && holdings.HasPod(a.pod_namespace(), a.pod_name());
     if (a.quarantined()) {
       // Forgotten: released as soon as its holder is gone.
-      std::string why = HolderGone(a, pods, runtime(), pod_of_uid, now);
+      std::string why = forgotten_.HolderGone(a, pods, runtime(), pod_of_uid, now);
       if (!why.empty()) {
         v.forgotten_gone.push_back(a.id());
         v.forgotten_why.push_back(std::move(why));
@@ -262,9 +265,9 @@ absl::Status Reconciler::ReconcileOnce() {
   }
   absl::StatusOr<int> annotated = keeper_->Reconcile(v.annotate, v.release);
   if (!annotated.ok()) return annotated.status();
-  if (!v.forgotten_gone.empty()) ReleaseForgotten(v.forgotten_gone, v.forgotten_why);
+  if (!v.forgotten_gone.empty()) forgotten_.Release(v.forgotten_gone, v.forgotten_why);
   if (!v.contradicted.empty()) {
-    Quarantine(v.contradicted,
+    forgotten_.Mark(v.contradicted,
                absl::StrCat("the kubelet's pod-resources API lists ",
                             absl::StrJoin(v.contradicted_pods, ", "),
                             " without the devices dpproxy allocated to it"));
@@ -278,11 +281,6 @@ absl::Status Reconciler::ReconcileOnce() {
                               {"missing_once", missing_once_.size()},
                               {"duration_ms", absl::ToDoubleMilliseconds(absl::Now() - start)}});
   return absl::OkStatus();
-}
-
-int64_t Reconciler::devices_held_twice() const {
-  absl::MutexLock lock(&held_twice_mu_);
-  return devices_held_twice_;
 }
 
 Reconciler::RestartSeen Reconciler::NoteKubeletRestart(const FileId& kubelet) const {
@@ -384,7 +382,7 @@ void Reconciler::FinishRestartCheck(const RestartCheck& check, const std::string
     why = "the kubelet restarted and its checkpoint no longer lists these devices (it lost "
           "them: deleted, corrupt, or written by a release it cannot read)";
   }
-  if (!lost.empty()) Quarantine(lost, why);
+  if (!lost.empty()) forgotten_.Mark(lost, why);
   events_->Emit("kubelet_checkpoint_checked", {{"lost", lost.size()},
                                               {"live", check.live.size()}});
 }
@@ -525,7 +523,8 @@ Reconciler::Verdicts Reconciler::ClassifyByCheckpoint(const state::State& st,
     // from one whose devices the kubelet lost); the checkpoint only names.
     if (a.quarantined()) {
       if (pod_resources) continue;
-      std::string why = HolderGone(a, nullptr, nullptr, {}, absl::FromUnixMillis(now_ms));
+      std::string why =
+          forgotten_.HolderGone(a, nullptr, nullptr, {}, absl::FromUnixMillis(now_ms));
       if (!why.empty()) {
         v.forgotten_gone.push_back(a.id());
         v.forgotten_why.push_back(std::move(why));
@@ -566,7 +565,7 @@ absl::Status Reconciler::CheckpointPass(const KubeletCheckpoint& ckpt) {
   absl::StatusOr<int> annotated =
       keeper_->Reconcile(v.annotate, v.release, /*persist_names=*/false);
   if (!annotated.ok()) return annotated.status();
-  if (!v.forgotten_gone.empty()) ReleaseForgotten(v.forgotten_gone, v.forgotten_why);
+  if (!v.forgotten_gone.empty()) forgotten_.Release(v.forgotten_gone, v.forgotten_why);
   if (!v.release.empty()) {
     LOG(INFO) << "kubelet checkpoint: released " << v.release.size()
               << " journal entries no kubelet container holds any more";

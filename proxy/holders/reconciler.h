@@ -12,17 +12,14 @@
 //  - after a kubelet restart: once the new kubelet has written its
 //    checkpoint, allocations that were live before and that it no longer
 //    lists are marked forgotten (it lost them; it counts their devices
-//    free although their containers still run), and a device handed out
-//    again meanwhile is reported as held twice. Forgotten devices keep
-//    their health (a restarted kubelet re-admits running pods against
-//    allocatable); new pods are steered away from them, an Allocate naming
-//    one is refused while its holder runs (CheckForgotten), and the hold
-//    ends as soon as the holder's containers are gone (HolderGone).
+//    free although their containers still run). What follows for them is
+//    forgotten_allocations.h's; each pass releases those whose holder is
+//    gone.
 //
 // Owns its thread (the periodic pod-resources pass); the checkpoint checks
 // run on the caller's (the server's checkpoint thread).
-#ifndef DPPROXY_PROXY_SERVER_RECONCILER_H_
-#define DPPROXY_PROXY_SERVER_RECONCILER_H_
+#ifndef DPPROXY_PROXY_HOLDERS_RECONCILER_H_
+#define DPPROXY_PROXY_HOLDERS_RECONCILER_H_
 
 #include <cstdint>
 #include <atomic>
@@ -44,8 +41,8 @@
 #include "proxy/config/proxy_config.h"
 #include "proxy/events/event_log.h"
 #include "proxy/kubelet/kubelet_checkpoint.h"
+#include "proxy/holders/forgotten_allocations.h"
 #include "proxy/holders/holdings.h"
-#include "proxy/status/status_model.h"
 #include "proxy/state/state_keeper.h"
 #include "proxy/util/files.h"
 
@@ -128,47 +125,9 @@ class Reconciler {
   // own, so that detecting and serving a kubelet restart never waits for it.
   void CheckCheckpoint();
 
-  // Bumped whenever the set of forgotten allocations changes.
-  uint64_t quarantine_version() const { return keeper_->quarantine_version(); }
-  // Forgotten devices by kubelet resource (kubelet ID -> holder), and
-  // their rows for the status.
-  std::map<std::string, std::map<std::string, std::string>> ForgottenDevices(
-      std::vector<ForgottenStatus>* rows) const;
-  int64_t devices_held_twice() const;
-
-  // Whether an Allocate of `resource` may have `ids`, some held by
-  // containers the kubelet forgot: asks pod-resources (once) whether each
-  // holder is gone, releases those that are, and refuses (kFailedPrecondition,
-  // naming the holder) if any still runs. Blocking; any thread.
-  //
-  // `readmission`: the kubelet may be re-admitting its running pods (before
-  // 1.25 it allocates again for a running container it forgot). Within the
-  // window after its start, a container request naming exactly the devices
-  // of one forgotten container is then that container's re-admission: the
-  // kubelet learns its devices again, and the forgotten record is released
-  // for the new one.
-  // The kubelet re-admits in creation order, so a request naming forgotten
-  // devices is taken as the re-admission of the oldest forgotten container
-  // not yet re-admitted when it asks for as many devices. A kubelet before
-  // 1.19 picks them itself and may name another container's: allowed too
-  // (OK(true)), and the forgotten records keep holding what their
-  // containers use.
-  absl::StatusOr<bool> CheckForgotten(const std::string& resource,
-                                      const std::vector<std::vector<std::string>>& per_container,
-                                      bool readmission);
-  // Of `ids` (kubelet IDs of `resource`), those still held by forgotten
-  // containers that may run; holders found gone are released first (one
-  // pod-resources List). Blocking; any thread.
-  std::set<std::string> StillForgotten(const std::string& resource,
-                                       const std::vector<std::string>& ids);
-  // For a kubelet that may be re-admitting (above), within the window
-  // after its start: the devices of the oldest forgotten container of
-  // `resource` not picked before in this start, if it has exactly `size`
-  // devices, all in `available`; empty otherwise.
-  std::vector<std::string> ReadmissionPick(const std::string& resource, int size,
-                                           const std::set<std::string>& available);
-  // Holds released because their holder was gone when checked.
-  int64_t forgotten_released() const { return forgotten_released_.load(); }
+  // The allocations the kubelet forgot: what the core asks of them, their
+  // status and counts.
+  ForgottenAllocations* forgotten() { return &forgotten_; }
 
   // For `window` from now, each checkpoint pass and each pod-resources
   // pass journals the allocations the kubelet lists for a resource `serves`
@@ -205,15 +164,6 @@ class Reconciler {
   void Loop();
   static Holdings CheckpointHoldings(const KubeletCheckpoint& ckpt);
 
-  // What one pod-resources List said: pods and their containers.
-  struct PodList {
-    std::map<std::pair<std::string, std::string>, std::set<std::string>> containers;
-    bool HasPod(const std::string& ns, const std::string& name) const {
-      return containers.count({ns, name}) > 0;
-    }
-  };
-  // One List now; nullopt if there is no API or it did not answer.
-  std::optional<PodList> ListPods() const;
   // A reconciliation pass (ReconcileOnce), step by step: the kubelet's
   // List; what it holds that the journal lacks, learned back; the pods and
   // holders it names; each allocation's verdict.
@@ -238,48 +188,6 @@ class Reconciler {
   // without them (the kubelet lost them).
   void ClassifyMissing(const state::Allocation& a, bool pod_listed, int64_t now_ms,
                        Verdicts* v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pass_mu_);
-  // The containers the container runtime runs now, by pod UID and by pod
-  // namespace and name (the kubelet's labels on each container).
-  struct RuntimeView {
-    std::set<std::pair<std::string, std::string>> by_uid;  // (pod UID, container)
-    std::set<std::tuple<std::string, std::string, std::string>> by_name;  // (ns, pod, container)
-    std::set<std::string> pod_uids;
-    std::set<std::pair<std::string, std::string>> pods;
-    // Whether a container of the pod runs (`container` "": any).
-    bool Runs(const std::string& uid, const std::pair<std::string, std::string>& pod,
-              const std::string& container) const;
-  };
-  // One CRI ListContainers (running ones) now; nullopt if no runtime
-  // socket is configured or it did not answer.
-  std::optional<RuntimeView> RunningContainers() const;
-  // Why the holder of forgotten allocation `a` is gone, or "" if it may
-  // still run. `list`: a List taken now (null if none). `runtime`: what
-  // the container runtime runs now (null if not known). `pod_of_uid`: pod
-  // names learnt for UIDs (an init container's record has only the UID).
-  std::string HolderGone(const state::Allocation& a, const PodList* list,
-                         const RuntimeView* runtime,
-                         const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
-                         absl::Time now);
-  // HolderGone's answer from a List that names `pod`'s namespace and name.
-  std::string GoneFromList(const state::Allocation& a,
-                           const std::pair<std::string, std::string>& pod, const PodList& list,
-                           absl::Time now);
-  // The forgotten allocations of a kubelet resource, oldest first, and the
-  // pod names learnt for UIDs (from every allocation). One pass over the
-  // journal.
-  struct ForgottenView {
-    std::vector<state::Allocation> all;
-    std::map<std::string, std::pair<std::string, std::string>> pod_of_uid;
-  };
-  ForgottenView ForgottenOf(const std::string& resource) const;
-  // Those of `all` that name any of `ids`.
-  static std::vector<state::Allocation> Naming(const std::vector<state::Allocation>& all,
-                                               const std::set<std::string>& ids);
-  // Releases forgotten allocations whose holder is gone, saying why.
-  void ReleaseForgotten(const std::vector<uint64_t>& ids, const std::vector<std::string>& why);
-  // Whether `now` is within options_.restart_grace of the kubelet's start
-  // (kubelet.sock's creation); keeps named_since_restart_ for that start.
-  bool InRestartWindow(absl::Time now);
   absl::Status CheckpointPass(const KubeletCheckpoint& ckpt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
   // Each allocation's verdict from the kubelet's checkpoint (`holdings`);
@@ -288,10 +196,6 @@ class Reconciler {
   // (checkpoint_live_, checkpoint_newest_listed_).
   Verdicts ClassifyByCheckpoint(const state::State& st, const Holdings& holdings, int64_t now_ms,
                                 bool pod_resources) ABSL_EXCLUSIVE_LOCKS_REQUIRED(checkpoint_mu_);
-  // Marks allocations quarantined, logs and reports each (and any device
-  // the kubelet has handed out again meanwhile).
-  void Quarantine(const std::vector<uint64_t>& ids, const std::string& reason);
-
   const Options options_;
   StateKeeper* const keeper_;
   EventLog* const events_;
@@ -337,17 +241,7 @@ class Reconciler {
   std::optional<FileId> last_checkpoint_;
   absl::Time last_checkpoint_parse_ = absl::InfinitePast();
 
-  mutable absl::Mutex held_twice_mu_;
-  int64_t devices_held_twice_ ABSL_GUARDED_BY(held_twice_mu_) = 0;
-
-  // Forgotten allocations whose pod a List has named since the kubelet's
-  // last start (the window in InRestartWindow).
-  absl::Mutex window_mu_;
-  std::optional<FileId> window_kubelet_ ABSL_GUARDED_BY(window_mu_);
-  std::set<uint64_t> named_since_restart_ ABSL_GUARDED_BY(window_mu_);
-  std::set<uint64_t> picked_since_restart_ ABSL_GUARDED_BY(window_mu_);
-  std::set<uint64_t> readmitted_since_restart_ ABSL_GUARDED_BY(window_mu_);
-  std::atomic<int64_t> forgotten_released_{0};
+  ForgottenAllocations forgotten_;
   // LearnBack: until when, and which resources. Held across a learning
   // pass, so the two sources never journal one allocation twice.
   absl::Mutex learn_mu_ ABSL_ACQUIRED_AFTER(checkpoint_mu_, pass_mu_);
@@ -372,4 +266,4 @@ class Reconciler {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_RECONCILER_H_
+#endif  // DPPROXY_PROXY_HOLDERS_RECONCILER_H_

@@ -480,20 +480,7 @@ std::unique_ptr<ServedResource> ProxyServer::MakeEntry(const std::string& name) 
   hooks.is_allocated = [keeper, name](const std::string& id) {
     return keeper != nullptr && keeper->HoldsDevice(name, id);
   };
-  if (reconciler_) {
-    Reconciler* reconciler = reconciler_.get();
-    hooks.check_forgotten = [reconciler, name](
-                                const std::vector<std::vector<std::string>>& per_container,
-                                bool readmission) {
-      return reconciler->CheckForgotten(name, per_container, readmission);
-    };
-    hooks.still_forgotten = [reconciler, name](const std::vector<std::string>& ids) {
-      return reconciler->StillForgotten(name, ids);
-    };
-    hooks.readmission_pick = [reconciler, name](int size, const std::set<std::string>& available) {
-      return reconciler->ReadmissionPick(name, size, available);
-    };
-  }
+  if (reconciler_) hooks.forgotten = reconciler_->forgotten();
   auto e = std::make_unique<ServedResource>();
   e->resource = std::make_unique<Resource>(name, policy, &events_, std::move(hooks));
   e->allocator = std::make_unique<Allocator>(e->resource.get(), keeper_.get(), &telemetry_);

@@ -9,7 +9,7 @@
 namespace dpproxy {
 
 bool Quarantine::Changed() {
-  const uint64_t version = reconciler_ ? reconciler_->quarantine_version() : 0;
+  const uint64_t version = reconciler_ ? reconciler_->forgotten()->version() : 0;
   const uint64_t released = keeper_->released_version();
   const uint64_t served = table_->served_version();
   if (version == applied_quarantine_ && released == applied_released_ &&
@@ -46,7 +46,7 @@ void Quarantine::Apply() {
   Rows rows;
   // Held by containers the kubelet forgot: real health, steered around.
   const std::map<std::string, std::map<std::string, std::string>> forgotten =
-      reconciler_ ? reconciler_->ForgottenDevices(&rows.forgotten)
+      reconciler_ ? reconciler_->forgotten()->Devices(&rows.forgotten)
                   : std::map<std::string, std::map<std::string, std::string>>();
   // A renamed or re-mapped resource while pods held its devices: the
   // kubelet knows those allocations by their old name and ID only.

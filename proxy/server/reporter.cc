@@ -56,8 +56,8 @@ ProxyStatus Reporter::Status(bool with_devices) {
     }
   }
   if (p_.reconciler) {
-    st.devices_held_twice = p_.reconciler->devices_held_twice();
-    st.forgotten_released = p_.reconciler->forgotten_released();
+    st.devices_held_twice = p_.reconciler->forgotten()->devices_held_twice();
+    st.forgotten_released = p_.reconciler->forgotten()->released();
     st.allocations_recovered = p_.reconciler->allocations_recovered();
     st.allocations_recovered_by_source = p_.reconciler->allocations_recovered_by_source();
     st.allocations_unrecoverable = p_.reconciler->allocations_unrecoverable();
@@ -143,8 +143,8 @@ std::string Reporter::Fingerprint() {
   // as last applied: the status is written again once they are.
   if (p_.quarantine) absl::StrAppend(&fp, p_.quarantine->rows_version(), "|");
   if (p_.reconciler) {
-    absl::StrAppend(&fp, p_.reconciler->devices_held_twice(), "|",
-                    p_.reconciler->forgotten_released(), "|",
+    absl::StrAppend(&fp, p_.reconciler->forgotten()->devices_held_twice(), "|",
+                    p_.reconciler->forgotten()->released(), "|",
                     p_.reconciler->allocations_recovered(), "|",
                     p_.reconciler->allocations_unrecoverable(), "|");
   }

@@ -8,8 +8,8 @@
 //   ProxyStatus st = server.Status(/*with_devices=*/false);
 //   for (const ResourceStatus& r : st.resources) ... r.devices_healthy ...
 //   std::cout << StatusTable(st);
-#ifndef DPPROXY_PROXY_SERVER_STATUS_MODEL_H_
-#define DPPROXY_PROXY_SERVER_STATUS_MODEL_H_
+#ifndef DPPROXY_PROXY_STATUS_STATUS_MODEL_H_
+#define DPPROXY_PROXY_STATUS_STATUS_MODEL_H_
 
 #include <cstdint>
 #include <map>
@@ -185,4 +185,4 @@ std::string StatusTable(const ProxyStatus& status);
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_STATUS_MODEL_H_
+#endif  // DPPROXY_PROXY_STATUS_STATUS_MODEL_H_

@@ -1,8 +1,4 @@
-// The Reconciler's devices the kubelet forgot (reconciler.h): marked when
-// the kubelet lost them, steered around and refused to new pods, and
-// released once their holder is gone (by the kubelet's List, its pod
-// directories, or the container runtime).
-#include "proxy/holders/reconciler.h"
+#include "proxy/holders/forgotten_allocations.h"
 
 #include <grpcpp/client_context.h>
 #include <glog/logging.h>
@@ -18,23 +14,61 @@
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/rpc/grpc_util.h"
-#include "proxy/util/thread_name.h"
 
 namespace dpproxy {
+namespace {
 
-void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
-                                        const std::string& reason) {
+template <typename T>
+const T* OrNull(const std::optional<T>& v) {
+  return v.has_value() ? &*v : nullptr;
+}
+
+// Adds allocation `id` and why its holder is gone (`why_gone`, "" if it
+// is not) to the ones to release; whether it was gone.
+bool NoteGone(uint64_t id, std::string why_gone, std::vector<uint64_t>* gone,
+              std::vector<std::string>* why) {
+  if (why_gone.empty()) return false;
+  gone->push_back(id);
+  why->push_back(std::move(why_gone));
+  return true;
+}
+
+// Those of `all` that name any of `ids`.
+std::vector<state::Allocation> Naming(const std::vector<state::Allocation>& all,
+                                      const std::set<std::string>& ids) {
+  std::vector<state::Allocation> out;
+  for (const state::Allocation& a : all) {
+    for (const std::string& d : a.device_ids()) {
+      if (ids.count(d) > 0) {
+        out.push_back(a);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+ForgottenAllocations::ForgottenAllocations(Options options, StateKeeper* keeper,
+                                           EventLog* events, std::function<void()> changed)
+    : options_(std::move(options)), keeper_(keeper), events_(events),
+      changed_(std::move(changed)) {}
+
+void ForgottenAllocations::Mark(const std::vector<uint64_t>& ids, const std::string& reason) {
   absl::StatusOr<int> added = keeper_->Quarantine(ids, reason);
   if (!added.ok()) {
     LOG(ERROR) << "cannot persist the quarantine of " << ids.size()
                << " allocation(s) (kept in memory): " << added.status().message();
   }
   if (added.ok() && *added == 0) return;
-  const state::State st = DevicePluginAllocations();
+  const state::State st = keeper_->AllocationsSnapshot();
   const std::set<uint64_t> wanted(ids.begin(), ids.end());
-  // Which live allocations hold each device, to report a device held twice.
+  // Which live allocations hold each device, to report a device held twice
+  // (DRA claims' are the kubelet's to end, never forgotten).
   std::map<std::pair<std::string, std::string>, std::vector<const state::Allocation*>> by_device;
   for (const state::Allocation& a : st.allocations()) {
+    if (a.has_claim()) continue;
     for (const std::string& d : a.device_ids()) by_device[{a.resource(), d}].push_back(&a);
   }
   auto who = [](const state::Allocation& a) {
@@ -45,7 +79,7 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
                : absl::StrCat(a.pod_namespace(), "/", a.pod_name(), "/", a.container());
   };
   for (const state::Allocation& a : st.allocations()) {
-    if (wanted.count(a.id()) == 0) continue;
+    if (wanted.count(a.id()) == 0 || a.has_claim()) continue;
     LOG(ERROR) << "resource " << a.resource() << ": devices "
                << absl::StrJoin(a.device_ids(), ",") << " of " << who(a)
                << " are forgotten by the kubelet, which counts them free: new pods are "
@@ -62,10 +96,7 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
     for (const std::string& d : a.device_ids()) {
       for (const state::Allocation* other : by_device[{a.resource(), d}]) {
         if (other->id() <= a.id() || other->quarantined()) continue;
-        {
-          absl::MutexLock lock(&held_twice_mu_);
-          ++devices_held_twice_;
-        }
+        ++devices_held_twice_;
         LOG(ERROR) << "resource " << a.resource() << ": device " << d
                    << " is held twice: by " << who(a) << " and, allocated since, by "
                    << who(*other) << " (the kubelet handed it out again)";
@@ -79,7 +110,7 @@ void Reconciler::Quarantine(const std::vector<uint64_t>& ids,
   changed_();
 }
 
-std::map<std::string, std::map<std::string, std::string>> Reconciler::ForgottenDevices(
+std::map<std::string, std::map<std::string, std::string>> ForgottenAllocations::Devices(
     std::vector<ForgottenStatus>* rows) const {
   std::map<std::string, std::map<std::string, std::string>> devices;
   // Read in place: a copy of every allocation for the few forgotten.
@@ -108,8 +139,8 @@ std::map<std::string, std::map<std::string, std::string>> Reconciler::ForgottenD
   return devices;
 }
 
-std::optional<Reconciler::PodList> Reconciler::ListPods() const {
-  const std::string socket = PodResourcesSocket();
+std::optional<PodList> ForgottenAllocations::ListPods() const {
+  const std::string socket = KubeletPodResourcesSocket(options_.kubelet);
   if (!PathExists(socket)) return std::nullopt;
   auto stub = v1::PodResourcesLister::NewStub(MakeUnixChannel(socket));
   grpc::ClientContext ctx;
@@ -124,7 +155,7 @@ std::optional<Reconciler::PodList> Reconciler::ListPods() const {
   return pods;
 }
 
-bool Reconciler::InRestartWindow(absl::Time now) {
+bool ForgottenAllocations::InRestartWindow(absl::Time now) {
   const std::optional<FileId> kubelet = StatFileId(KubeletSocketPath(options_.kubelet));
   absl::MutexLock lock(&window_mu_);
   if (kubelet != window_kubelet_) {
@@ -137,8 +168,7 @@ bool Reconciler::InRestartWindow(absl::Time now) {
   return now - absl::FromUnixNanos(kubelet->ctime_ns) < options_.restart_grace;
 }
 
-bool Reconciler::RuntimeView::Runs(const std::string& uid,
-                                   const std::pair<std::string, std::string>& pod,
+bool RuntimeView::Runs(const std::string& uid, const std::pair<std::string, std::string>& pod,
                                    const std::string& container) const {
   if (!uid.empty()) {
     return container.empty() ? pod_uids.count(uid) > 0 : by_uid.count({uid, container}) > 0;
@@ -147,7 +177,7 @@ bool Reconciler::RuntimeView::Runs(const std::string& uid,
                            : by_name.count({pod.first, pod.second, container}) > 0;
 }
 
-std::optional<Reconciler::RuntimeView> Reconciler::RunningContainers() const {
+std::optional<RuntimeView> ForgottenAllocations::RunningContainers() const {
   std::string socket = options_.container_runtime_socket;
   if (absl::StartsWith(socket, "unix://")) socket = socket.substr(7);
   if (socket.empty() || !PathExists(socket)) return std::nullopt;
@@ -187,9 +217,9 @@ std::optional<Reconciler::RuntimeView> Reconciler::RunningContainers() const {
   return view;
 }
 
-std::string Reconciler::GoneFromList(const state::Allocation& a,
-                                     const std::pair<std::string, std::string>& pod,
-                                     const PodList& list, absl::Time now) {
+std::string ForgottenAllocations::GoneFromList(const state::Allocation& a,
+                                               const std::pair<std::string, std::string>& pod,
+                                               const PodList& list, absl::Time now) {
   const bool window = InRestartWindow(now);
   auto listed = list.containers.find(pod);
   if (listed != list.containers.end()) {
@@ -216,7 +246,7 @@ std::string Reconciler::GoneFromList(const state::Allocation& a,
                       " is no longer listed by the kubelet's pod-resources API");
 }
 
-std::string Reconciler::HolderGone(
+std::string ForgottenAllocations::HolderGone(
     const state::Allocation& a, const PodList* list, const RuntimeView* runtime,
     const std::map<std::string, std::pair<std::string, std::string>>& pod_of_uid,
     absl::Time now) {
@@ -255,15 +285,15 @@ std::string Reconciler::HolderGone(
   return "";
 }
 
-void Reconciler::ReleaseForgotten(const std::vector<uint64_t>& ids,
-                                  const std::vector<std::string>& why) {
+void ForgottenAllocations::Release(const std::vector<uint64_t>& ids,
+                                   const std::vector<std::string>& why) {
   absl::StatusOr<int> done = keeper_->Reconcile({}, ids);
   if (!done.ok()) {
     LOG(ERROR) << "cannot release " << ids.size()
                << " forgotten allocation(s): " << done.status().message();
     return;
   }
-  forgotten_released_ += static_cast<int64_t>(ids.size());
+  released_ += static_cast<int64_t>(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     LOG(INFO) << "allocation " << ids[i] << " released: its holder is gone (" << why[i] << ")";
     events_->Emit("forgotten_released", {{"allocation", ids[i]}, {"why", why[i]}});
@@ -271,8 +301,8 @@ void Reconciler::ReleaseForgotten(const std::vector<uint64_t>& ids,
   changed_();
 }
 
-Reconciler::ForgottenView Reconciler::ForgottenOf(const std::string& resource) const {
-  ForgottenView view;
+ForgottenAllocations::View ForgottenAllocations::Of(const std::string& resource) const {
+  View view;
   keeper_->ForEachAllocation([&](const state::Allocation& a) {
     if (!a.pod_uid().empty() && !a.pod_name().empty()) {
       view.pod_of_uid[a.pod_uid()] = {a.pod_namespace(), a.pod_name()};
@@ -284,43 +314,10 @@ Reconciler::ForgottenView Reconciler::ForgottenOf(const std::string& resource) c
   return view;
 }
 
-std::vector<state::Allocation> Reconciler::Naming(const std::vector<state::Allocation>& all,
-                                                  const std::set<std::string>& ids) {
-  std::vector<state::Allocation> out;
-  for (const state::Allocation& a : all) {
-    for (const std::string& d : a.device_ids()) {
-      if (ids.count(d) > 0) {
-        out.push_back(a);
-        break;
-      }
-    }
-  }
-  return out;
-}
-
-namespace {
-
-template <typename T>
-const T* OrNull(const std::optional<T>& v) {
-  return v.has_value() ? &*v : nullptr;
-}
-
-// Adds allocation `id` and why its holder is gone (`why_gone`, "" if it
-// is not) to the ones to release; whether it was gone.
-bool NoteGone(uint64_t id, std::string why_gone, std::vector<uint64_t>* gone,
-              std::vector<std::string>* why) {
-  if (why_gone.empty()) return false;
-  gone->push_back(id);
-  why->push_back(std::move(why_gone));
-  return true;
-}
-
-}  // namespace
-
-std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
-                                                 const std::vector<std::string>& ids) {
+std::set<std::string> ForgottenAllocations::StillForgotten(const std::string& resource,
+                                                           const std::vector<std::string>& ids) {
   const std::set<std::string> wanted(ids.begin(), ids.end());
-  const ForgottenView view = ForgottenOf(resource);
+  const View view = Of(resource);
   const std::vector<state::Allocation> holders = Naming(view.all, wanted);
   const auto& pod_of_uid = view.pod_of_uid;
   std::set<std::string> still;
@@ -339,16 +336,16 @@ std::set<std::string> Reconciler::StillForgotten(const std::string& resource,
       if (wanted.count(d) > 0) still.insert(d);
     }
   }
-  if (!gone.empty()) ReleaseForgotten(gone, why);
+  if (!gone.empty()) Release(gone, why);
   return still;
 }
 
-std::vector<std::string> Reconciler::ReadmissionPick(const std::string& resource, int size,
-                                                     const std::set<std::string>& available) {
+std::vector<std::string> ForgottenAllocations::ReadmissionPick(
+    const std::string& resource, int size, const std::set<std::string>& available) {
   if (size <= 0 || !InRestartWindow(absl::Now())) return {};
   // Re-admission goes in creation order: the oldest forgotten container
   // not picked yet is the one being re-admitted.
-  const ForgottenView view = ForgottenOf(resource);
+  const View view = Of(resource);
   absl::MutexLock lock(&window_mu_);
   for (const state::Allocation& a : view.all) {
     const uint64_t id = a.id();
@@ -366,19 +363,63 @@ std::vector<std::string> Reconciler::ReadmissionPick(const std::string& resource
   return {};
 }
 
-absl::StatusOr<bool> Reconciler::CheckForgotten(
+bool ForgottenAllocations::MatchReadmissions(
+    const std::string& resource, const std::vector<std::vector<std::string>>& per_container,
+    const View& view, std::set<std::string>* wanted, std::vector<uint64_t>* gone,
+    std::vector<std::string>* why) {
+  // A kubelet re-admitting running containers it forgot, oldest first: a
+  // request of the size of the oldest one not yet re-admitted is its
+  // re-admission. With exactly its own devices the kubelet knows them
+  // again (that record goes, the new one takes its place); with others (a
+  // kubelet before 1.19 picks them itself) the records stay, since they
+  // hold what the containers use, and the new one is kept beside.
+  std::set<std::string> forgotten_devices;
+  for (const state::Allocation& a : view.all) {
+    forgotten_devices.insert(a.device_ids().begin(), a.device_ids().end());
+  }
+  bool inexact = false;
+  absl::MutexLock lock(&window_mu_);
+  for (const auto& c : per_container) {
+    const std::set<std::string> asked(c.begin(), c.end());
+    bool names_forgotten = false;
+    for (const std::string& d : asked) names_forgotten |= forgotten_devices.count(d) > 0;
+    if (!names_forgotten) continue;
+    const state::Allocation* next = nullptr;
+    for (const state::Allocation& a : view.all) {  // oldest first
+      if (readmitted_since_restart_.count(a.id()) == 0) {
+        next = &a;
+        break;
+      }
+    }
+    const bool same_size =
+        next != nullptr && static_cast<size_t>(next->device_ids_size()) == asked.size();
+    const bool exact = same_size && std::set<std::string>(next->device_ids().begin(),
+                                                          next->device_ids().end()) == asked;
+    if (exact) {
+      readmitted_since_restart_.insert(next->id());
+      gone->push_back(next->id());
+      why->push_back("re-admitted: the restarted kubelet allocated its own devices again");
+    } else if (same_size) {
+      readmitted_since_restart_.insert(next->id());
+      inexact = true;
+      events_->Emit("readmitted_elsewhere",
+                    {{"resource", resource},
+                     {"allocation", next->id()},
+                     {"devices", std::vector<std::string>(c.begin(), c.end())}});
+    } else {
+      wanted->insert(c.begin(), c.end());  // checked as any Allocate
+    }
+  }
+  return inexact;
+}
+
+absl::StatusOr<bool> ForgottenAllocations::CheckForgotten(
     const std::string& resource, const std::vector<std::vector<std::string>>& per_container,
     bool readmission) {
   std::set<std::string> wanted;
   for (const auto& c : per_container) wanted.insert(c.begin(), c.end());
-  const ForgottenView view = ForgottenOf(resource);
-  const std::vector<state::Allocation>& everyone = view.all;  // oldest first
-  const auto& pod_of_uid = view.pod_of_uid;
-  std::set<std::string> forgotten_devices;
-  for (const state::Allocation& a : everyone) {
-    forgotten_devices.insert(a.device_ids().begin(), a.device_ids().end());
-  }
-  const std::vector<state::Allocation> holders = Naming(everyone, wanted);
+  const View view = Of(resource);
+  const std::vector<state::Allocation> holders = Naming(view.all, wanted);
   if (holders.empty()) {
     changed_();  // the caller's view is stale
     return false;
@@ -388,48 +429,8 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
   std::vector<std::string> why, running;
   bool inexact = false;
   if (readmission && InRestartWindow(now)) {
-    // A kubelet re-admitting running containers it forgot, oldest first:
-    // a request of the size of the oldest one not yet re-admitted is its
-    // re-admission. With exactly its own devices the kubelet knows them
-    // again (that record goes, the new one takes its place); with others
-    // (a kubelet before 1.19 picks them itself) the records stay, since
-    // they hold what the containers use, and the new one is kept beside.
     wanted.clear();
-    absl::MutexLock lock(&window_mu_);
-    for (const auto& c : per_container) {
-      const std::set<std::string> asked(c.begin(), c.end());
-      bool names_forgotten = false;
-      for (const std::string& d : asked) names_forgotten |= forgotten_devices.count(d) > 0;
-      if (!names_forgotten) continue;
-      // The kubelet re-admits pods in creation order: this is the oldest
-      // forgotten container not yet re-admitted, if it asks for as many.
-      const state::Allocation* next = nullptr;
-      for (const state::Allocation& a : everyone) {
-        if (readmitted_since_restart_.count(a.id()) == 0) {
-          next = &a;
-          break;
-        }
-      }
-      const bool same_size = next != nullptr && static_cast<size_t>(next->device_ids_size()) ==
-                                                    asked.size();
-      const bool exact =
-          same_size && std::set<std::string>(next->device_ids().begin(),
-                                             next->device_ids().end()) == asked;
-      if (exact) {
-        readmitted_since_restart_.insert(next->id());
-        gone.push_back(next->id());
-        why.push_back("re-admitted: the restarted kubelet allocated its own devices again");
-      } else if (same_size) {
-        readmitted_since_restart_.insert(next->id());
-        inexact = true;
-        events_->Emit("readmitted_elsewhere",
-                      {{"resource", resource},
-                       {"allocation", next->id()},
-                       {"devices", std::vector<std::string>(c.begin(), c.end())}});
-      } else {
-        wanted.insert(c.begin(), c.end());  // checked below as any Allocate
-      }
-    }
+    inexact = MatchReadmissions(resource, per_container, view, &wanted, &gone, &why);
   }
   const std::set<uint64_t> readmitted(gone.begin(), gone.end());
   const std::optional<PodList> list = ListPods();
@@ -439,8 +440,8 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
     bool named = false;
     for (const std::string& d : a.device_ids()) named |= wanted.count(d) > 0;
     if (!named) continue;
-    if (NoteGone(a.id(), HolderGone(a, OrNull(list), OrNull(runtime), pod_of_uid, now), &gone,
-                 &why)) {
+    if (NoteGone(a.id(), HolderGone(a, OrNull(list), OrNull(runtime), view.pod_of_uid, now),
+                 &gone, &why)) {
       continue;
     }
     std::vector<std::string> devices;
@@ -457,7 +458,7 @@ absl::StatusOr<bool> Reconciler::CheckForgotten(
                            a.container()),
         ")"));
   }
-  if (!gone.empty()) ReleaseForgotten(gone, why);
+  if (!gone.empty()) Release(gone, why);
   if (running.empty()) return inexact;
   const std::string message = absl::StrCat(
       "device(s) ", absl::StrJoin(running, "; "), " of ", resource,

@@ -65,7 +65,7 @@ void Housekeeping::Loop() {
     p_.statics->Tick(served);
     // Before a new resource is registered: its first list already shows
     // what it must not hand out.
-    if (p_.quarantine) p_.quarantine->Apply();
+    if (p_.withheld) p_.withheld->Apply();
     const KubeletSide::PassResult pass = p_.side->Pass(now);
     next_retry_ = pass.next_retry;
     std::optional<Reconciler::RestartSeen> seen;

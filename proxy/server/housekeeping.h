@@ -6,7 +6,7 @@
 //                 device-plugins/) or once a second, sooner when a
 //                 registration is due for a retry, and then runs the
 //                 resources' timers, dials static backends that are away,
-//                 applies the quarantine, lets the registrar serve and
+//                 applies what is withheld, lets the registrar serve and
 //                 register, and watches a handoff's progress. It never
 //                 waits on the disk: the saver is woken after each pass.
 //   checkpoint    reads the kubelet's checkpoint after each pass (with a
@@ -19,7 +19,7 @@
 // Wake() may be called before Start() and from any thread.
 //
 //   Housekeeping hk;
-//   hk.Start({&table, &statics, quarantine, &registrar, reconciler, handover, &saver});
+//   hk.Start({&table, &statics, withheld, &registrar, reconciler, handover, &saver});
 //   hk.Wake();
 #ifndef DPPROXY_PROXY_SERVER_HOUSEKEEPING_H_
 #define DPPROXY_PROXY_SERVER_HOUSEKEEPING_H_
@@ -34,7 +34,7 @@
 #include "absl/time/time.h"
 #include "proxy/kubelet_side/kubelet_side.h"
 #include "proxy/server/handover.h"
-#include "proxy/server/quarantine.h"
+#include "proxy/server/withheld.h"
 #include "proxy/holders/reconciler.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/saver.h"
@@ -49,7 +49,7 @@ class Housekeeping {
   struct Parts {
     ResourceTable* table = nullptr;
     StaticBackends* statics = nullptr;
-    Quarantine* quarantine = nullptr;  // with a state directory
+    Withheld* withheld = nullptr;  // with a state directory
     KubeletSide* side = nullptr;
     Reconciler* reconciler = nullptr;  // with a state directory, not in DRA mode
     Handover* handover = nullptr;      // the same

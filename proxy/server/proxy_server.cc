@@ -267,7 +267,7 @@ absl::Status ProxyServer::OpenState() {
             }},
         keeper_.get(), &events_, [this] { Wake(); });
   }
-  quarantine_ = std::make_unique<Quarantine>(&table_, statics_.get(), keeper_.get(),
+  withheld_ = std::make_unique<Withheld>(&table_, statics_.get(), keeper_.get(),
                                              reconciler_.get(), &events_);
   if (reconciler_ && keeper_->damaged_at_load()) {
     // The kubelet's checkpoint still lists what the damaged state lost:
@@ -409,14 +409,14 @@ absl::Status ProxyServer::StartServing() {
   DPP_RETURN_IF_ERROR(side_->Start());
   reporter_ = std::make_unique<Reporter>(Reporter::Parts{
       &config_, &table_, statics_.get(), &losses_, side_.get(), registration_.get(),
-      keeper_.get(), reconciler_.get(), quarantine_.get(), dra_, redialer_.get()});
+      keeper_.get(), reconciler_.get(), withheld_.get(), dra_, redialer_.get()});
   reload_actions_.SetParts(ReloadActions::Parts{
       &table_, statics_.get(), workers_.get(), registration_.get(), side_.get(), split_, &events_,
       config_.backend_max_list_bytes, [this](const std::string& name) { return EnsureEntry(name); },
       [this](std::shared_ptr<Backend> b) { return AttachBackend(std::move(b)); }});
   saver_ = std::make_unique<Saver>(Saver::Options{config_.status_file}, keeper_.get(),
                                    reporter_.get(), &events_, [this] { return released(); });
-  housekeeping_.Start({&table_, statics_.get(), quarantine_.get(), side_.get(),
+  housekeeping_.Start({&table_, statics_.get(), withheld_.get(), side_.get(),
                        reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
   saver_->Start();
   if (reconciler_) reconciler_->Start();
@@ -498,7 +498,7 @@ ServedResource* ProxyServer::EnsureEntry(const std::string& name, std::shared_pt
   if (made || attach) table_.NoteServedChange();
   if (attach) {
     // What it must not show free is known before its first list.
-    ApplyQuarantine();
+    ApplyWithheld();
     (void)e->resource->AttachBackend(std::move(attach));
   }
   if (!made) return e;

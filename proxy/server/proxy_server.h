@@ -15,7 +15,7 @@
 //                              of both where resources' paths differ
 //                              (kubelet_side/, ProxyConfig::paths)
 //   Reconciler                 keeps the journal in step with the kubelet
-//   Quarantine                 what a resource must not hand out
+//   Withheld                   what a resource must not hand out
 //   StateKeeper                the durable state (state/)
 //   Reporter, Saver            what dpproxy reports (status_model.h), and
 //                              the thread that saves and writes it
@@ -25,7 +25,7 @@
 //
 // The housekeeping thread wakes on a change (a device list, a backend, a
 // file in device-plugins/) or once a second, and then: runs the resources'
-// timers, dials static backends that are away, applies the quarantine and
+// timers, dials static backends that are away, applies what is withheld and
 // lets the kubelet side serve and register. It never waits on the disk or on
 // the kubelet's checkpoint: after each pass the saver thread saves what
 // changed, and the checkpoint thread reads the checkpoint.
@@ -55,7 +55,7 @@
 #include "proxy/kubelet_side/split_side.h"
 #include "proxy/server/handover.h"
 #include "proxy/server/housekeeping.h"
-#include "proxy/server/quarantine.h"
+#include "proxy/server/withheld.h"
 #include "proxy/server/redialer.h"
 #include "proxy/holders/reconciler.h"
 #include "proxy/server/reload_actions.h"
@@ -201,8 +201,8 @@ class ProxyServer : private Handover::Host {
   // Start failed: why is kept for a predecessor taking its state back.
   absl::Status FailStart(absl::Status s);
   absl::Status RestoreState();
-  void ApplyQuarantine() {
-    if (quarantine_) quarantine_->Apply();
+  void ApplyWithheld() {
+    if (withheld_) withheld_->Apply();
   }
   void Wake();
   // The handoff's running side (handover.h) on this dpproxy's parts.
@@ -257,7 +257,7 @@ class ProxyServer : private Handover::Host {
   std::atomic<DraSide*> dra_live_{nullptr};
   SplitSide* split_ = nullptr;              // side_, where it has both
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
-  std::unique_ptr<Quarantine> quarantine_;  // with a state directory only
+  std::unique_ptr<Withheld> withheld_;  // with a state directory only
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
   std::unique_ptr<PodResourcesView> pod_resources_view_;  // --pod_resources_socket

@@ -35,7 +35,7 @@ void ReloadActions::RemoveStaticBackend(const StaticBackendConfig& b) {
   const std::string name = p_.table->ServedName(b.resource);
   ServedResource* e = p_.statics->Remove(name, b) ? p_.table->Find(name) : nullptr;
   // Not used any more: its connection ends now, and its devices are
-  // shown Unhealthy (the quarantine) unless it is added back.
+  // shown Unhealthy (withheld.h) unless it is added back.
   std::shared_ptr<Backend> open = e ? e->resource->attached_backend() : nullptr;
   if (open != nullptr && open->endpoint() == b.endpoint) {
     e->resource->DetachBackend("static backend removed from the configuration");

@@ -46,8 +46,8 @@ ProxyStatus Reporter::Status(bool with_devices) {
   }
   st.lossy_translations = p_.losses->Snapshot();
   if (p_.keeper) st.state = StateStatusOf();
-  if (p_.quarantine) {
-    Quarantine::Rows rows = p_.quarantine->rows();
+  if (p_.withheld) {
+    Withheld::Rows rows = p_.withheld->rows();
     st.forgotten = std::move(rows.forgotten);
     st.held_elsewhere = std::move(rows.held_elsewhere);
     for (ResourceStatus& r : st.resources) {
@@ -91,7 +91,7 @@ ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) 
   r.backend_connected = e->resource->backend_connected();
   r.backend_api = backend_api;
   r.backend_endpoint = endpoint;
-  // From the static backends, not from the last quarantine pass: a reload
+  // From the static backends, not from the last withheld pass: a reload
   // that removed one shows at once.
   const StaticBackends::Report statics = p_.statics->report(r.resource);
   r.static_backend = statics.dialled;
@@ -141,7 +141,7 @@ std::string Reporter::Fingerprint() {
   p_.statics->AppendFingerprint(&fp);
   // The rows derived from the keeper's state (forgotten, held elsewhere),
   // as last applied: the status is written again once they are.
-  if (p_.quarantine) absl::StrAppend(&fp, p_.quarantine->rows_version(), "|");
+  if (p_.withheld) absl::StrAppend(&fp, p_.withheld->rows_version(), "|");
   if (p_.reconciler) {
     absl::StrAppend(&fp, p_.reconciler->forgotten()->devices_held_twice(), "|",
                     p_.reconciler->forgotten()->released(), "|",

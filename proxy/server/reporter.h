@@ -25,7 +25,7 @@
 #include "proxy/events/event_log.h"
 #include "proxy/kubelet_side/dra/dra_side.h"
 #include "proxy/kubelet_side/kubelet_side.h"
-#include "proxy/server/quarantine.h"
+#include "proxy/server/withheld.h"
 #include "proxy/server/redialer.h"
 #include "proxy/holders/reconciler.h"
 #include "proxy/server/resource_table.h"
@@ -47,7 +47,7 @@ class Reporter {
     BackendRegistrationServer* registration = nullptr;
     StateKeeper* keeper = nullptr;                     // with a state directory
     Reconciler* reconciler = nullptr;                  // with one, not in DRA mode
-    Quarantine* quarantine = nullptr;                  // with a state directory
+    Withheld* withheld = nullptr;                  // with a state directory
     DraSide* dra = nullptr;                            // the side, in DRA mode
     Redialer* redialer = nullptr;                      // once serving
   };

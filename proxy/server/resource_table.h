@@ -2,7 +2,7 @@
 //
 // Every resource dpproxy serves, by the name the kubelet knows it by, and
 // the configuration as the reloads since the start left it. The parts of
-// the server (static backends, quarantine, reporting, saving) read it; only
+// the server (static backends, what is withheld, reporting, saving) read it; only
 // ProxyServer adds to it.
 //
 // An entry's parts live as long as the table (until TakeAll at shutdown),
@@ -81,7 +81,7 @@ class ResourceTable {
   // reload left them.
   std::string ServedName(const std::string& backend_resource) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Grows when what the quarantine reads changes other than through the
+  // Grows when what Withheld reads changes other than through the
   // state keeper: a backend attached, a reload of names, IDs or static
   // backends.
   void NoteServedChange() { ++served_version_; }

@@ -1,4 +1,4 @@
-#include "proxy/server/quarantine.h"
+#include "proxy/server/withheld.h"
 
 #include <glog/logging.h>
 
@@ -8,21 +8,21 @@
 
 namespace dpproxy {
 
-bool Quarantine::Changed() {
+bool Withheld::Changed() {
   const uint64_t version = reconciler_ ? reconciler_->forgotten()->version() : 0;
   const uint64_t released = keeper_->released_version();
   const uint64_t served = table_->served_version();
-  if (version == applied_quarantine_ && released == applied_released_ &&
+  if (version == applied_forgotten_ && released == applied_released_ &&
       served == applied_served_) {
     return false;
   }
-  applied_quarantine_ = version;
+  applied_forgotten_ = version;
   applied_released_ = released;
   applied_served_ = served;
   return true;
 }
 
-void Quarantine::ApplyHeldAcrossPaths() {
+void Withheld::ApplyHeldAcrossPaths() {
   const uint64_t version = keeper_->held_across_version();
   const uint64_t served = table_->served_version();
   if (version == applied_across_ && served == applied_across_served_) return;
@@ -39,7 +39,7 @@ void Quarantine::ApplyHeldAcrossPaths() {
   }
 }
 
-void Quarantine::Apply() {
+void Withheld::Apply() {
   absl::MutexLock guard(&apply_mu_);
   ApplyHeldAcrossPaths();
   if (!Changed()) return;
@@ -96,7 +96,7 @@ void Quarantine::Apply() {
   ++rows_version_;  // the status shows them: written again
 }
 
-void Quarantine::SetOnResources(
+void Withheld::SetOnResources(
     const std::map<std::string, std::set<std::string>>& held,
     const std::map<std::string, std::map<std::string, std::string>>& forgotten,
     const std::set<std::string>& not_served) {
@@ -118,7 +118,7 @@ void Quarantine::SetOnResources(
   }
 }
 
-Quarantine::Rows Quarantine::rows() {
+Withheld::Rows Withheld::rows() {
   absl::MutexLock lock(&rows_mu_);
   return rows_;
 }

@@ -1,8 +1,10 @@
-// File: quarantine.h
+// File: withheld.h
 //
-// What a resource must not hand out although its plugin lists it healthy,
-// applied to every resource after anything it depends on changed:
-//   - devices held by containers the kubelet forgot (reconciler.h): kept at
+// The devices withheld from new pods: what a resource must not hand out
+// although its plugin lists it healthy, applied to every resource after
+// anything it depends on changed:
+//   - devices held by containers the kubelet forgot
+//     (forgotten_allocations.h): kept at
 //     their real health, and steered around;
 //   - devices held under another kubelet name or ID (held_elsewhere.h), by
 //     renames, ID maps or compact IDs changed while pods held them: shown
@@ -14,13 +16,13 @@
 //     (Resource::SetHeldAcrossPaths), at each change of the holdings.
 // It keeps the rows status reports of them. Apply() costs one pass over the
 // journal's allocations, read in place, and nothing when the journal's
-// releases, the reconciler's quarantine and the served names are as they
+// releases, the forgotten allocations and the served names are as they
 // were at the last pass.
 //
-//   Quarantine q(&table, &statics, keeper, reconciler, &events);
-//   q.Apply();  // each housekeeping pass, and before a backend attaches
-#ifndef DPPROXY_PROXY_SERVER_QUARANTINE_H_
-#define DPPROXY_PROXY_SERVER_QUARANTINE_H_
+//   Withheld w(&table, &statics, keeper, reconciler, &events);
+//   w.Apply();  // each housekeeping pass, and before a backend attaches
+#ifndef DPPROXY_PROXY_SERVER_WITHHELD_H_
+#define DPPROXY_PROXY_SERVER_WITHHELD_H_
 
 #include <atomic>
 #include <map>
@@ -38,16 +40,16 @@
 
 namespace dpproxy {
 
-class Quarantine {
+class Withheld {
  public:
   // `reconciler` is null in DRA mode (nothing forgotten there).
-  Quarantine(ResourceTable* table, StaticBackends* statics, StateKeeper* keeper,
+  Withheld(ResourceTable* table, StaticBackends* statics, StateKeeper* keeper,
              Reconciler* reconciler, EventLog* events)
       : table_(table), statics_(statics), keeper_(keeper), reconciler_(reconciler),
         events_(events) {}
 
-  Quarantine(const Quarantine&) = delete;
-  Quarantine& operator=(const Quarantine&) = delete;
+  Withheld(const Withheld&) = delete;
+  Withheld& operator=(const Withheld&) = delete;
 
   void Apply() ABSL_LOCKS_EXCLUDED(apply_mu_, rows_mu_);
 
@@ -76,7 +78,7 @@ class Quarantine {
   EventLog* const events_;
 
   absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(rows_mu_);
-  uint64_t applied_quarantine_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  uint64_t applied_forgotten_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_released_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_served_ ABSL_GUARDED_BY(apply_mu_) = 0;
   // What each side must not offer because the other path holds it
@@ -91,4 +93,4 @@ class Quarantine {
 
 }  // namespace dpproxy
 
-#endif  // DPPROXY_PROXY_SERVER_QUARANTINE_H_
+#endif  // DPPROXY_PROXY_SERVER_WITHHELD_H_

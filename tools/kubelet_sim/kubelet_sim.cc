@@ -295,7 +295,8 @@ class KubeletSim::ContainerRuntime final : public runtime::v1::RuntimeService::S
 KubeletSim::KubeletSim(KubeletSimOptions options)
     : options_(std::move(options)),
       kubelet_(options_.kubelet.value_or(KubeletVersionOf(options_.personality))),
-      late_wipe_delay_(options_.late_wipe) {}
+      late_wipe_delay_(options_.late_wipe),
+      dra_({options_.cdi_dirs, options_.kubeconfig, options_.node_name}, &events_) {}
 
 void KubeletSim::SetLateWipe(absl::Duration late_wipe) {
   absl::MutexLock lock(&mu_);
@@ -390,7 +391,8 @@ absl::Status KubeletSim::Start() {
     restored_resources = state_.ResourceNames().size();
   }
 
-  if (kubelet.minor >= 32 && !options_.kubeconfig.empty()) DeleteNodeSlices();
+  dra_.SetKubelet(kubelet.minor, kubelet.name);
+  if (kubelet.minor >= 32 && !options_.kubeconfig.empty()) dra_.DeleteNodeSlices();
 
   // Remove every non-directory entry but the checkpoint: plugins see their
   // sockets vanish and know the kubelet restarted.
@@ -523,7 +525,6 @@ absl::Status KubeletSim::Start() {
 
 void KubeletSim::Stop() {
   std::vector<std::shared_ptr<PluginClient>> clients;
-  std::map<std::string, std::unique_ptr<HealthWatch>> health;
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -535,16 +536,8 @@ void KubeletSim::Stop() {
     endpoint_store_.clear();
     watched_.clear();
     deleted_.clear();
-    // Drivers register again through the plugin watcher after a start.
-    dra_drivers_.clear();
-    dra_older_.clear();
-    health.swap(health_watches_);
   }
-  for (auto& [driver, w] : health) StopHealthWatch(std::move(w));
-  {
-    absl::MutexLock lock(&mu_);
-    dra_health_.clear();  // a kubelet's memory, once no stream writes it
-  }
+  dra_.Clear();  // drivers register again through the plugin watcher
   if (watcher_) {
     watcher_->Stop();
     watcher_.reset();

@@ -46,6 +46,7 @@
 #include "proto/pluginregistration/api.pb.h"
 #include "tools/kubelet_sim/control.pb.h"
 #include "tools/kubelet_sim/device_manager.h"
+#include "tools/kubelet_sim/dra_manager.h"
 
 namespace dpproxy::sim {
 
@@ -230,59 +231,26 @@ class KubeletSim {
   State GetState();
   ReadmitResponse Readmit();
 
-  // DRA (1.32+): a driver registered through the plugin watcher (GetInfo
-  // type "DRAPlugin"), by name, and the service the release chose from its
-  // supported_versions (1.34+ take v1.DRAPlugin where offered, 1.32-1.33
-  // know only v1beta1.DRAPlugin). nullopt: not registered.
-  //
-  // Two instances of one driver (a rolling update, a takeover): from 1.33
-  // the kubelet keeps both and calls the one registered last; when that
-  // one's registration socket goes, it falls back to the other (events
-  // dra_driver_replaced, dra_driver_fallback, dra_instance_removed). Up to
-  // 1.32 a registration replaces the driver, and the removal of any of its
-  // registration sockets deregisters it by name, whichever instance now
-  // serves (kubernetes#129832 changed both in 1.33).
-  struct DraDriver {
-    std::string endpoint;
-    std::string service;       // "v1.DRAPlugin" or "v1beta1.DRAPlugin"
-    std::string registration;  // its socket in plugins_registry/
-    // The health service the kubelet watches: "v1alpha1.DRAResourceHealth"
-    // on 1.36 whatever the driver lists; on 1.37+ v1 if listed, else
-    // v1alpha1 if listed, else "" (not watched).
-    std::string health;
-  };
-  std::optional<DraDriver> dra_driver(const std::string& name);
-  // How many instances of a driver the kubelet holds: the one it calls and
-  // (1.33+) those it would fall back to. 0: not registered.
-  int dra_instances(const std::string& name);
-  // What a 1.36+ kubelet's health stream (v1alpha1.DRAResourceHealth) last
-  // said of each device of a driver, by "pool/device"; empty before the
-  // first message or on releases that do not watch (1.32-1.35, where the
-  // ResourceHealthStatus gate is off by default). Events: dra_health per
-  // message (devices, unhealthy, unknown), dra_health_unsupported or
-  // dra_health_ended when a stream ends (a new one 5 s later).
-  struct DraDeviceHealth {
-    std::string health;  // "HEALTHY", "UNHEALTHY", "UNKNOWN"
-    std::string message;
-    int64_t last_updated_time = 0;
-  };
-  std::map<std::string, DraDeviceHealth> DraHealth(const std::string& driver);
-  // NodePrepareResources / NodeUnprepareResources for claims (namespace,
-  // name, uid), in the chosen package, as the kubelet calls them when a pod
-  // with those claims starts or ends (45 s deadline). The answer's claims
-  // as JSON: {uid: {"devices": [{"pool", "device", "cdi_device_ids",
-  // "request_names"}], "error"}}. kFailedPrecondition if the driver is not
-  // registered. With cdi_dirs, each prepared device also gets "runtime":
-  // {"edits": {env, deviceNodes, mounts}, "errors": [...]}, what a
-  // container given its CDI names would get (cdi_registry.h), and an
-  // unresolvable name is the event "cdi_unresolved".
-  struct DraClaim {
-    std::string namespace_, name, uid;
-  };
+  // DRA (1.32+): the drivers registered through the plugin watcher (GetInfo
+  // type "DRAPlugin"), their health streams, and claims prepared and
+  // unprepared as the kubelet calls them when a pod with those claims
+  // starts or ends (dra_manager.h says how each release behaves).
+  using DraDriver = DraManager::Driver;
+  using DraDeviceHealth = DraManager::DeviceHealth;
+  using DraClaim = DraManager::Claim;
+  std::optional<DraDriver> dra_driver(const std::string& name) { return dra_.driver(name); }
+  int dra_instances(const std::string& name) { return dra_.instances(name); }
+  std::map<std::string, DraDeviceHealth> DraHealth(const std::string& driver) {
+    return dra_.Health(driver);
+  }
   absl::StatusOr<nlohmann::json> PrepareClaims(const std::string& driver,
-                                               const std::vector<DraClaim>& claims);
+                                               const std::vector<DraClaim>& claims) {
+    return dra_.Prepare(driver, claims);
+  }
   absl::StatusOr<nlohmann::json> UnprepareClaims(const std::string& driver,
-                                                 const std::vector<DraClaim>& claims);
+                                                 const std::vector<DraClaim>& claims) {
+    return dra_.Unprepare(driver, claims);
+  }
   // Deletes a pod: its extended-resource claim is unprepared first; if the
   // driver fails that, the pod stays (kUnavailable naming the claim).
   absl::Status DeletePod(const std::string& uid);
@@ -437,50 +405,11 @@ class KubeletSim {
   // away) stays registered until a file at its path is created or deleted
   // again, or the kubelet restarts.
   std::set<std::string> deleted_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, DraDriver> dra_drivers_ ABSL_GUARDED_BY(mu_);
-  // 1.33+: the instances registered before the current one, oldest first.
-  std::map<std::string, std::vector<DraDriver>> dra_older_ ABSL_GUARDED_BY(mu_);
-  // At start: deletes the node's ResourceSlices (options_.kubeconfig).
-  void DeleteNodeSlices();
-  // A 1.36+ kubelet's health stream to one DRA driver (on a thread, until
-  // stopped): what it last said per "pool/device", and a new stream 5 s
-  // after one ends (the kubelet's fixed retry).
-  struct HealthWatch {
-    std::thread thread;
-    absl::Mutex mu;
-    bool stop ABSL_GUARDED_BY(mu) = false;
-    grpc::ClientContext* ctx ABSL_GUARDED_BY(mu) = nullptr;
-  };
-  std::map<std::string, std::unique_ptr<HealthWatch>> health_watches_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::map<std::string, DraDeviceHealth>> dra_health_ ABSL_GUARDED_BY(mu_);
-  void WatchDraHealth(const std::string& driver, const std::string& endpoint,
-                      const std::string& service, HealthWatch* w);
-  // Stops and joins; call without mu_ held.
-  static void StopHealthWatch(std::unique_ptr<HealthWatch> w);
-  // A registration socket of a DRA driver went away (`path`, the driver's
-  // name): the driver as the release deregisters it. A health watch to
-  // stop is put in `stops`.
-  void DeregisterDraSocketLocked(const std::string& path, const std::string& driver,
-                                 std::vector<std::unique_ptr<HealthWatch>>* stops)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // 1.36+: watches `driver`'s health at `endpoint`; returns the watch it
-  // replaces (to be stopped outside mu_).
-  // `service`: DraDriver::health; "" watches nothing (returns the
-  // replaced watch all the same).
-  std::unique_ptr<HealthWatch> StartHealthWatchLocked(const std::string& driver,
-                                                      const std::string& endpoint,
-                                                      const std::string& service)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The DRA branch of RegisterWatcherPlugin (`socket_path`, the plugin's
-  // socket in plugins_registry/): "" or why it was refused.
-  std::string RegisterDraDriver(const pluginregistration::PluginInfo& info,
-                                const std::string& endpoint, const std::string& socket_path);
+  DraManager dra_;
   // Prepares the pod's extended-resource claim: what each mapped container
   // is given.
   absl::StatusOr<std::vector<RuntimeDevices>> PrepareExtendedResourceClaim(
       const AllocateRequest& req);
-  absl::StatusOr<nlohmann::json> DraClaims(const std::string& driver,
-                                           const std::vector<DraClaim>& claims, bool prepare);
 
   std::unique_ptr<grpc::Server> registration_server_;
   std::unique_ptr<grpc::Server> pod_resources_server_;

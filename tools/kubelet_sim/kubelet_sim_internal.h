@@ -3,8 +3,9 @@
 // What the files of KubeletSim share (kubelet_sim.cc: start, stop and the
 // gRPC services; kubelet_sim_plugins.cc: registration and the plugin
 // streams; kubelet_sim_admission.cc: admission, re-admission and the
-// checkpoint; kubelet_sim_pods.cc: pods and state; kubelet_sim_dra.cc: the
-// DRA manager): one registered plugin's connection, and small helpers.
+// checkpoint; kubelet_sim_pods.cc: pods and state; the DRA manager is a
+// class of its own, dra_manager.h): one registered plugin's connection, and
+// small helpers.
 // Not for users of the simulator: include kubelet_sim.h.
 #ifndef DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_INTERNAL_H_
 #define DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_INTERNAL_H_

@@ -399,7 +399,6 @@ void KubeletSim::DisconnectSocketLocked(const std::string& resource,
 void KubeletSim::ReconcileWatcher() {
   const std::vector<std::string> present = ListSockets(plugins_registry_dir());
   std::vector<std::string> to_register;
-  std::vector<std::unique_ptr<HealthWatch>> health_stops;  // joined outside mu_
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -416,8 +415,8 @@ void KubeletSim::ReconcileWatcher() {
         ++it;
         continue;
       }
-      if (it->second.registered && dra_drivers_.count(it->second.resource) > 0) {
-        DeregisterDraSocketLocked(path, it->second.resource, &health_stops);
+      if (it->second.registered && dra_.Serves(it->second.resource)) {
+        dra_.SocketRemoved(path, it->second.resource);
       } else if (it->second.registered) {
         // Deregistration. The plugin's stream may already have ended (then
         // its devices are unhealthy already); the watcher reports it anyway.
@@ -462,7 +461,6 @@ void KubeletSim::ReconcileWatcher() {
       if (watched_.count(path) == 0) to_register.push_back(path);
     }
   }
-  for (auto& w : health_stops) StopHealthWatch(std::move(w));
   for (const std::string& path : to_register) RegisterWatcherPlugin(path);
 }
 
@@ -518,7 +516,7 @@ void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
     minor = kubelet_.minor;
   }
   if (info.type() == "DRAPlugin" && minor >= 32) {
-    error = RegisterDraDriver(info, endpoint_of_info, socket_path);
+    error = dra_.Register(info, endpoint_of_info, socket_path);
     remember(info.name(), error.empty());
     notify(error.empty(), error);
     if (!error.empty()) {

@@ -1,82 +1,122 @@
-// KubeletSim's DRA manager: drivers registered through the plugin watcher,
-// their health streams, the node's slices deleted at start, and claims
-// prepared and unprepared.
-#include "tools/kubelet_sim/kubelet_sim_internal.h"
+#include "tools/kubelet_sim/dra_manager.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "proto/dra/v1/api.grpc.pb.h"
+#include "proto/dra/v1beta1/api.grpc.pb.h"
+#include "proto/dra_health/v1/api.grpc.pb.h"
+#include "proto/dra_health/v1alpha1/api.grpc.pb.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/kube/kube_config.h"
+#include "proxy/rpc/grpc_util.h"
+#include "tools/kubelet_sim/cdi_registry.h"
 
 namespace dpproxy::sim {
-
-// --- DRA ---------------------------------------------------------------------------
 
 namespace drav1 = ::k8s::io::kubelet::pkg::apis::dra::v1;
 namespace drav1beta1 = ::k8s::io::kubelet::pkg::apis::dra::v1beta1;
 
-void KubeletSim::DeregisterDraSocketLocked(const std::string& path, const std::string& driver,
-                                           std::vector<std::unique_ptr<HealthWatch>>* stops) {
-  auto current = dra_drivers_.find(driver);
-  std::vector<DraDriver>& older = dra_older_[driver];
-  if (kubelet_.minor >= 33 && current->second.registration != path) {
-    // An instance registered before the current one: forgotten.
-    older.erase(std::remove_if(older.begin(), older.end(),
-                               [&path](const DraDriver& d) { return d.registration == path; }),
-                older.end());
-    events_.Emit("dra_instance_removed", {{"driver", driver}, {"socket", path}});
-    return;
-  }
-  auto stop_health = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto h = health_watches_.find(driver);
-    if (h != health_watches_.end()) {
-      stops->push_back(std::move(h->second));
-      health_watches_.erase(h);
-    }
-    dra_health_.erase(driver);
-  };
-  if (kubelet_.minor >= 33 && !older.empty()) {
-    // The current instance went: the one registered before it serves.
-    current->second = older.back();
-    older.pop_back();
-    events_.Emit("dra_driver_fallback", {{"driver", driver},
-                                         {"socket", path},
-                                         {"endpoint", current->second.endpoint}});
-    stop_health();
-    stops->push_back(StartHealthWatchLocked(driver, current->second.endpoint,
-                                            current->second.health));
-    return;
-  }
-  // The last instance, or (up to 1.32) any socket of the driver: by name.
-  dra_drivers_.erase(current);
-  dra_older_.erase(driver);
-  events_.Emit("dra_driver_deregistered", {{"driver", driver}, {"socket", path}});
-  stop_health();
+DraManager::DraManager(Options options, EventLog* events)
+    : options_(std::move(options)), events_(events) {}
+
+DraManager::~DraManager() { Clear(); }
+
+void DraManager::SetKubelet(int minor, const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  minor_ = minor;
+  kubelet_name_ = name;
 }
 
-std::unique_ptr<KubeletSim::HealthWatch> KubeletSim::StartHealthWatchLocked(
-    const std::string& driver, const std::string& endpoint, const std::string& service) {
-  std::unique_ptr<HealthWatch> replaced;
-  if (auto it = health_watches_.find(driver); it != health_watches_.end()) {
-    replaced = std::move(it->second);
-    health_watches_.erase(it);
+bool DraManager::Serves(const std::string& driver) {
+  absl::MutexLock lock(&mu_);
+  return drivers_.count(driver) > 0;
+}
+
+void DraManager::Clear() {
+  Stops stops;
+  {
+    absl::MutexLock lock(&mu_);
+    drivers_.clear();
+    older_.clear();
+    for (auto& [driver, w] : watches_) stops.push_back(std::move(w));
+    watches_.clear();
   }
-  dra_health_.erase(driver);
-  if (service.empty()) return replaced;
-  std::unique_ptr<HealthWatch>& w = health_watches_[driver];
+  Join(std::move(stops));
+  absl::MutexLock lock(&mu_);
+  health_.clear();  // a kubelet's memory, once no stream writes it
+}
+
+void DraManager::StopHealthLocked(const std::string& driver, Stops* stops) {
+  auto h = watches_.find(driver);
+  if (h != watches_.end()) {
+    stops->push_back(std::move(h->second));
+    watches_.erase(h);
+  }
+  health_.erase(driver);
+}
+
+void DraManager::SocketRemoved(const std::string& path, const std::string& driver) {
+  Stops stops;
+  {
+    absl::MutexLock lock(&mu_);
+    auto current = drivers_.find(driver);
+    if (current == drivers_.end()) return;
+    std::vector<Driver>& older = older_[driver];
+    if (minor_ >= 33 && current->second.registration != path) {
+      // An instance registered before the current one: forgotten.
+      older.erase(std::remove_if(older.begin(), older.end(),
+                                 [&path](const Driver& d) { return d.registration == path; }),
+                  older.end());
+      events_->Emit("dra_instance_removed", {{"driver", driver}, {"socket", path}});
+      return;
+    }
+    if (minor_ >= 33 && !older.empty()) {
+      // The current instance went: the one registered before it serves.
+      current->second = older.back();
+      older.pop_back();
+      events_->Emit("dra_driver_fallback", {{"driver", driver},
+                                            {"socket", path},
+                                            {"endpoint", current->second.endpoint}});
+      StopHealthLocked(driver, &stops);
+      StartHealthWatchLocked(driver, current->second.endpoint, current->second.health, &stops);
+    } else {
+      // The last instance, or (up to 1.32) any socket of the driver: by name.
+      drivers_.erase(current);
+      older_.erase(driver);
+      events_->Emit("dra_driver_deregistered", {{"driver", driver}, {"socket", path}});
+      StopHealthLocked(driver, &stops);
+    }
+  }
+  Join(std::move(stops));
+}
+
+void DraManager::StartHealthWatchLocked(const std::string& driver, const std::string& endpoint,
+                                        const std::string& service, Stops* stops) {
+  StopHealthLocked(driver, stops);
+  if (service.empty()) return;
+  std::unique_ptr<HealthWatch>& w = watches_[driver];
   w = std::make_unique<HealthWatch>();
   HealthWatch* raw = w.get();
   raw->thread = std::thread(
-      [this, raw, driver, endpoint, service] { WatchDraHealth(driver, endpoint, service, raw); });
-  return replaced;
+      [this, raw, driver, endpoint, service] { WatchHealth(driver, endpoint, service, raw); });
 }
 
-std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& info,
-                                          const std::string& endpoint,
-                                          const std::string& socket_path) {
-  KubeletVersion kubelet;
+std::string DraManager::Register(const pluginregistration::PluginInfo& info,
+                                 const std::string& endpoint, const std::string& socket_path) {
+  int minor;
+  std::string kubelet_name;
   {
     absl::MutexLock lock(&mu_);
-    kubelet = kubelet_;
+    minor = minor_;
+    kubelet_name = kubelet_name_;
   }
   // The first service in the plugin's order that this release knows.
   std::vector<std::string> known = {"v1beta1.DRAPlugin"};
-  if (kubelet.minor >= 34) known.insert(known.begin(), "v1.DRAPlugin");
+  if (minor >= 34) known.insert(known.begin(), "v1.DRAPlugin");
   std::string chosen;
   for (const std::string& v : info.supported_versions()) {
     if (std::find(known.begin(), known.end(), v) != known.end()) {
@@ -87,28 +127,28 @@ std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& 
   if (chosen.empty()) {
     return absl::StrCat("none of the versions supported by DRA plugin ", info.name(), " (",
                         absl::StrJoin(info.supported_versions(), ", "),
-                        ") is supported by kubelet ", kubelet.name, " (",
+                        ") is supported by kubelet ", kubelet_name, " (",
                         absl::StrJoin(known, ", "), ")");
   }
-  std::unique_ptr<HealthWatch> replaced;
+  Stops stops;
   {
     absl::MutexLock lock(&mu_);
-    auto current = dra_drivers_.find(info.name());
-    if (current != dra_drivers_.end() && current->second.registration != socket_path) {
+    auto current = drivers_.find(info.name());
+    if (current != drivers_.end() && current->second.registration != socket_path) {
       // Another instance of the driver: 1.33+ keep the one it replaces to
       // fall back to; earlier releases forget it.
-      if (kubelet.minor >= 33) dra_older_[info.name()].push_back(current->second);
-      events_.Emit("dra_driver_replaced", {{"driver", info.name()},
+      if (minor >= 33) older_[info.name()].push_back(current->second);
+      events_->Emit("dra_driver_replaced", {{"driver", info.name()},
                                            {"old_endpoint", current->second.endpoint},
                                            {"endpoint", endpoint},
-                                           {"kept", kubelet.minor >= 33}});
+                                           {"kept", minor >= 33}});
     }
     // 1.36 turns ResourceHealthStatus on: the kubelet watches every
     // driver's health (v1alpha1), whether it offers the service or not.
     // 1.37 only a driver that lists a health service, v1 first.
     std::string health;
-    if (kubelet.minor == 36) health = "v1alpha1.DRAResourceHealth";
-    if (kubelet.minor >= 37) {
+    if (minor == 36) health = "v1alpha1.DRAResourceHealth";
+    if (minor >= 37) {
       for (const char* h : {"v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"}) {
         if (health.empty() && std::find(info.supported_versions().begin(),
                                         info.supported_versions().end(),
@@ -117,25 +157,27 @@ std::string KubeletSim::RegisterDraDriver(const pluginregistration::PluginInfo& 
         }
       }
     }
-    dra_drivers_[info.name()] = DraDriver{endpoint, chosen, socket_path, health};
-    events_.Emit("dra_driver_registered", {{"driver", info.name()},
+    drivers_[info.name()] = Driver{endpoint, chosen, socket_path, health};
+    events_->Emit("dra_driver_registered", {{"driver", info.name()},
                                            {"endpoint", endpoint},
                                            {"service", chosen},
                                            {"health_service", health}});
-    if (kubelet.minor >= 36) replaced = StartHealthWatchLocked(info.name(), endpoint, health);
+    if (minor >= 36) StartHealthWatchLocked(info.name(), endpoint, health, &stops);
   }
-  StopHealthWatch(std::move(replaced));
+  Join(std::move(stops));
   return "";
 }
 
-void KubeletSim::StopHealthWatch(std::unique_ptr<HealthWatch> w) {
-  if (w == nullptr) return;
-  {
-    absl::MutexLock lock(&w->mu);
-    w->stop = true;
-    if (w->ctx != nullptr) w->ctx->TryCancel();
+void DraManager::Join(Stops stops) {
+  for (std::unique_ptr<HealthWatch>& w : stops) {
+    if (w == nullptr) continue;
+    {
+      absl::MutexLock lock(&w->mu);
+      w->stop = true;
+      if (w->ctx != nullptr) w->ctx->TryCancel();
+    }
+    if (w->thread.joinable()) w->thread.join();
   }
-  if (w->thread.joinable()) w->thread.join();
 }
 
 namespace {
@@ -155,8 +197,8 @@ grpc::Status ReadHealth(const std::string& endpoint, grpc::ClientContext* ctx,
 
 }  // namespace
 
-void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& endpoint,
-                                const std::string& service, HealthWatch* w) {
+void DraManager::WatchHealth(const std::string& driver, const std::string& endpoint,
+                             const std::string& service, HealthWatch* w) {
   namespace health = ::v1alpha1;
   for (;;) {
     grpc::ClientContext ctx;
@@ -166,10 +208,10 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
       w->ctx = &ctx;
     }
     auto read = [&](const health::NodeWatchResourcesResponse& m) {
-      std::map<std::string, DraDeviceHealth> now;
+      std::map<std::string, DeviceHealth> now;
       int unhealthy = 0, unknown = 0;
       for (const auto& d : m.devices()) {
-        DraDeviceHealth h;
+        DeviceHealth h;
         h.health = health::HealthStatus_Name(d.health());
         h.message = d.message();
         h.last_updated_time = d.last_updated_time();
@@ -178,8 +220,8 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
         now[absl::StrCat(d.device().pool_name(), "/", d.device().device_name())] = std::move(h);
       }
       absl::MutexLock lock(&mu_);
-      dra_health_[driver] = std::move(now);
-      events_.Emit("dra_health", {{"driver", driver},
+      health_[driver] = std::move(now);
+      events_->Emit("dra_health", {{"driver", driver},
                                   {"service", service},
                                   {"devices", m.devices_size()},
                                   {"unhealthy", unhealthy},
@@ -191,13 +233,13 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
     bool minor37;
     {
       absl::MutexLock lock(&mu_);
-      minor37 = kubelet_.minor >= 37;
+      minor37 = minor_ >= 37;
     }
     absl::MutexLock lock(&w->mu);
     w->ctx = nullptr;
     if (w->stop) return;
     const bool unsupported = st.error_code() == grpc::StatusCode::UNIMPLEMENTED;
-    events_.Emit(unsupported ? "dra_health_unsupported" : "dra_health_ended",
+    events_->Emit(unsupported ? "dra_health_unsupported" : "dra_health_ended",
                  {{"driver", driver}, {"service", service}, {"error", GoRpcError(st)}});
     // 1.37 takes Unimplemented as the answer; 1.36 tries again every 5 s.
     if (unsupported && minor37) return;
@@ -207,18 +249,17 @@ void KubeletSim::WatchDraHealth(const std::string& driver, const std::string& en
   }
 }
 
-std::map<std::string, KubeletSim::DraDeviceHealth> KubeletSim::DraHealth(
-    const std::string& driver) {
+std::map<std::string, DraManager::DeviceHealth> DraManager::Health(const std::string& driver) {
   absl::MutexLock lock(&mu_);
-  auto it = dra_health_.find(driver);
-  return it == dra_health_.end() ? std::map<std::string, DraDeviceHealth>() : it->second;
+  auto it = health_.find(driver);
+  return it == health_.end() ? std::map<std::string, DeviceHealth>() : it->second;
 }
 
-void KubeletSim::DeleteNodeSlices() {
+void DraManager::DeleteNodeSlices() {
   // The real kubelet retries in the background; a start here reports the
   // failure as an event and goes on.
   auto fail = [this](const std::string& why) {
-    events_.Emit("node_slices_delete_failed",
+    events_->Emit("node_slices_delete_failed",
                  {{"node", options_.node_name}, {"error", why}});
   };
   absl::StatusOr<KubeConfig> kc = LoadKubeconfig(options_.kubeconfig);
@@ -242,21 +283,21 @@ void KubeletSim::DeleteNodeSlices() {
     }
     ++deleted;
   }
-  events_.Emit("node_slices_deleted", {{"node", options_.node_name}, {"slices", deleted}});
+  events_->Emit("node_slices_deleted", {{"node", options_.node_name}, {"slices", deleted}});
 }
 
-std::optional<KubeletSim::DraDriver> KubeletSim::dra_driver(const std::string& name) {
+std::optional<DraManager::Driver> DraManager::driver(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  auto it = dra_drivers_.find(name);
-  if (it == dra_drivers_.end()) return std::nullopt;
+  auto it = drivers_.find(name);
+  if (it == drivers_.end()) return std::nullopt;
   return it->second;
 }
 
-int KubeletSim::dra_instances(const std::string& name) {
+int DraManager::instances(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  if (dra_drivers_.count(name) == 0) return 0;
-  auto older = dra_older_.find(name);
-  return 1 + (older == dra_older_.end() ? 0 : static_cast<int>(older->second.size()));
+  if (drivers_.count(name) == 0) return 0;
+  auto older = older_.find(name);
+  return 1 + (older == older_.end() ? 0 : static_cast<int>(older->second.size()));
 }
 
 namespace {
@@ -266,9 +307,9 @@ template <typename Stub, typename Request, typename Response>
 absl::StatusOr<nlohmann::json> DraCall(
     std::unique_ptr<Stub> stub,
     grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-    const std::vector<KubeletSim::DraClaim>& claims) {
+    const std::vector<DraManager::Claim>& claims) {
   Request req;
-  for (const KubeletSim::DraClaim& c : claims) {
+  for (const DraManager::Claim& c : claims) {
     auto* rc = req.add_claims();
     rc->set_namespace_(c.namespace_);
     rc->set_name(c.name);
@@ -303,20 +344,19 @@ absl::StatusOr<nlohmann::json> DraCall(
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> KubeletSim::PrepareClaims(const std::string& driver,
-                                                         const std::vector<DraClaim>& claims) {
-  return DraClaims(driver, claims, /*prepare=*/true);
+absl::StatusOr<nlohmann::json> DraManager::Prepare(const std::string& driver,
+                                                   const std::vector<Claim>& claims) {
+  return Call(driver, claims, /*prepare=*/true);
 }
 
-absl::StatusOr<nlohmann::json> KubeletSim::UnprepareClaims(const std::string& driver,
-                                                           const std::vector<DraClaim>& claims) {
-  return DraClaims(driver, claims, /*prepare=*/false);
+absl::StatusOr<nlohmann::json> DraManager::Unprepare(const std::string& driver,
+                                                     const std::vector<Claim>& claims) {
+  return Call(driver, claims, /*prepare=*/false);
 }
 
-absl::StatusOr<nlohmann::json> KubeletSim::DraClaims(const std::string& driver,
-                                                     const std::vector<DraClaim>& claims,
-                                                     bool prepare) {
-  std::optional<DraDriver> d = dra_driver(driver);
+absl::StatusOr<nlohmann::json> DraManager::Call(const std::string& driver,
+                                                const std::vector<Claim>& claims, bool prepare) {
+  std::optional<Driver> d = this->driver(driver);
   if (!d.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("DRA driver ", driver, " is not registered with this kubelet"));
@@ -342,12 +382,12 @@ absl::StatusOr<nlohmann::json> KubeletSim::DraClaims(const std::string& driver,
             options_.cdi_dirs, dev["cdi_device_ids"].get<std::vector<std::string>>());
         dev["runtime"] = {{"edits", cdi.edits}, {"errors", cdi.errors}};
         for (const std::string& e : cdi.errors) {
-          events_.Emit("cdi_unresolved", {{"driver", driver}, {"claim_uid", uid}, {"error", e}});
+          events_->Emit("cdi_unresolved", {{"driver", driver}, {"claim_uid", uid}, {"error", e}});
         }
       }
     }
   }
-  events_.Emit(prepare ? "dra_prepared" : "dra_unprepared",
+  events_->Emit(prepare ? "dra_prepared" : "dra_unprepared",
                {{"driver", driver},
                 {"service", d->service},
                 {"result", r.ok() ? *r : nlohmann::json(std::string(r.status().message()))}});

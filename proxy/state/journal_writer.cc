@@ -32,6 +32,7 @@ void JournalWriter::SetTestHook(std::function<void(const char* where)> hook) {
 }
 
 bool JournalWriter::EnqueueLocked(std::unique_ptr<Entry> e) {
+  mu_->AssertHeld();
   e->encoded = JournalFile::Encode(e->records);
   queue_.push_back(std::move(e));
   ++queued_;
@@ -134,6 +135,7 @@ void JournalWriter::NoteWrittenLocked(const Batch& batch, const Written& w, bool
 }
 
 void JournalWriter::AcquireLocked() {
+  mu_->AssertHeld();
   ++savers_waiting_;
   mu_->Await(absl::Condition(
       +[](JournalWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return !w->busy_; }, this));
@@ -142,6 +144,7 @@ void JournalWriter::AcquireLocked() {
 }
 
 void JournalWriter::ReleaseLocked() {
+  mu_->AssertHeld();
   if (queue_.empty()) {
     busy_ = false;
     return;
@@ -152,6 +155,7 @@ void JournalWriter::ReleaseLocked() {
 }
 
 void JournalWriter::CloseLocked() {
+  mu_->AssertHeld();
   mu_->Await(absl::Condition(
       +[](JournalWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
         return !w->busy_ && w->queue_.empty();

@@ -17,8 +17,9 @@
 // The writer knows nothing of what the records mean. It shares its owner's
 // mutex, because a batch's outcome and the owner's state change together:
 // a snapshot encoded under the lock covers exactly the records applied.
-// Every method named ...Locked is called with that mutex held; the others
-// without it.
+// Every method named ...Locked, and open(), is called with that mutex held
+// (asserted: the thread-safety analysis cannot tell that the owner's lock
+// is this one); the others without it.
 #ifndef DPPROXY_PROXY_STATE_JOURNAL_WRITER_H_
 #define DPPROXY_PROXY_STATE_JOURNAL_WRITER_H_
 
@@ -94,13 +95,19 @@ class JournalWriter {
 
   // Whether entries may be queued: the file is open and was not closed by
   // CloseLocked. Set once the file was opened.
-  bool open() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_; }
-  void SetOpenLocked(bool open) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { open_ = open; }
+  bool open() const {
+    mu_->AssertHeld();
+    return open_;
+  }
+  void SetOpenLocked(bool open) {
+    mu_->AssertHeld();
+    open_ = open;
+  }
 
   // Queues `e`. True if the caller is to write the queue: it calls
   // WriteQueued once it has let go of the lock. False: the writer at work
   // takes `e` with its next batch.
-  bool EnqueueLocked(std::unique_ptr<Entry> e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EnqueueLocked(std::unique_ptr<Entry> e);
   // Writes the queue, batch after batch, until it is empty or a saver wants
   // the journal; then frees it. Only after EnqueueLocked returned true.
   void WriteQueued() ABSL_LOCKS_EXCLUDED(mu_);
@@ -108,13 +115,13 @@ class JournalWriter {
   // Exclusive use of the journal for a saver (dropping the records a
   // snapshot covers): waits, letting go of the lock meanwhile, for the
   // writer at work to hand it over between two batches.
-  void AcquireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AcquireLocked();
   // Frees the journal, or writes what queued while it was held (letting go
   // of the lock meanwhile).
-  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked() ABSL_NO_THREAD_SAFETY_ANALYSIS;  // lets go and takes it again
   // Waits for every queued entry to be written, syncs and closes the
   // file; nothing may be queued after it (open() is false).
-  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseLocked();
 
   // Whether `n` entries are queued (including those being written) within
   // `timeout`.

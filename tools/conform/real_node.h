@@ -1,0 +1,336 @@
+// File: real_node.h
+//
+// dpconform's view of a real node (real.h): its kubelet's pod-resources
+// socket and its API server, through which the real-kubelet cells start
+// and end pods and read what the kubelet did with them. Shared by the
+// files of real.cc's cells only.
+#ifndef DPPROXY_TOOLS_CONFORM_REAL_NODE_H_
+#define DPPROXY_TOOLS_CONFORM_REAL_NODE_H_
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+#include <variant>
+
+#include <grpcpp/client_context.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "proto/podresources/api.grpc.pb.h"
+#include "proxy/kube/kube_client.h"
+#include "proxy/kube/kube_config.h"
+#include "proxy/rpc/grpc_util.h"
+#include "proxy/util/files.h"
+#include "tools/conform/cell.h"
+#include "tools/conform/grid_scenarios.h"
+
+namespace dpproxy::conform {
+
+using grid::Ms;
+
+using Json = nlohmann::json;
+
+// How often a wait looks again at the kubelet or the API server.
+inline constexpr absl::Duration kPoll = absl::Milliseconds(200);
+// The longest --restart_kubelet may take before the cell fails.
+inline constexpr absl::Duration kRestartLimit = absl::Minutes(3);
+inline constexpr char kManagedBy[] = "dpconform";
+// The pods' containers: ended at once by the SIGTERM of a deletion.
+inline constexpr char kPodScript[] = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+// What the kubelet does with a pod.
+struct PodOutcome {
+  enum Kind { kRunning, kRefused, kContainerError, kImage, kTimeout } kind = kTimeout;
+  std::string reason;   // the kubelet's or the runtime's word
+  std::string message;  // its text
+  Json pod;
+};
+
+// The node, its kubelet's pod-resources socket and the API server.
+class RealNode {
+ public:
+  static absl::StatusOr<std::unique_ptr<RealNode>> Connect(const ConformOptions& o) {
+    absl::StatusOr<KubeConfig> config = LoadKubeconfig(o.real.kubeconfig);
+    if (!config.ok()) return config.status();
+    absl::StatusOr<std::unique_ptr<KubeClient>> api = KubeClient::Create(*config);
+    if (!api.ok()) return api.status();
+    auto node = std::unique_ptr<RealNode>(new RealNode(o, *std::move(api)));
+    if (absl::Status s = node->FindNode(); !s.ok()) return s;
+    return node;
+  }
+
+  const std::string& name() const { return name_; }
+  // "v1.37.2", as the node reports its kubelet.
+  const std::string& kubelet_version() const { return kubelet_version_; }
+  // "1.37".
+  std::string minor() const {
+    const size_t second = kubelet_version_.find('.', kubelet_version_.find('.') + 1);
+    return kubelet_version_.substr(1, second == std::string::npos ? std::string::npos : second - 1);
+  }
+  const std::string& pod_resources_socket() const { return pod_resources_; }
+
+  // The IDs of `resource`'s devices the kubelet lists as allocatable.
+  absl::StatusOr<std::set<std::string>> Allocatable(const std::string& resource) {
+    v1::AllocatableResourcesResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status st = stub_->GetAllocatableResources(&ctx, {}, &resp);
+    if (!st.ok()) return Unreachable("GetAllocatableResources", st);
+    std::set<std::string> ids;
+    for (const v1::ContainerDevices& d : resp.devices()) {
+      if (d.resource_name() == resource) ids.insert(d.device_ids().begin(), d.device_ids().end());
+    }
+    return ids;
+  }
+
+  // The IDs of `resource` the kubelet lists for each container of a pod.
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> ContainerDevices(
+      const std::string& pod, const std::string& resource) {
+    v1::ListPodResourcesResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status st = stub_->List(&ctx, {}, &resp);
+    if (!st.ok()) return Unreachable("List", st);
+    std::map<std::string, std::vector<std::string>> out;
+    for (const v1::PodResources& p : resp.pod_resources()) {
+      if (p.name() != pod || p.namespace_() != namespace_) continue;
+      for (const v1::ContainerResources& c : p.containers()) {
+        std::vector<std::string>& ids = out[c.name()];
+        for (const v1::ContainerDevices& d : c.devices()) {
+          if (d.resource_name() != resource) continue;
+          ids.insert(ids.end(), d.device_ids().begin(), d.device_ids().end());
+        }
+      }
+    }
+    return out;
+  }
+
+  // The node's allocatable count of `resource` as the API server has it.
+  absl::StatusOr<int64_t> NodeAllocatable(const std::string& resource) {
+    absl::StatusOr<Json> node = api_->Get(absl::StrCat("/api/v1/nodes/", name_));
+    if (!node.ok()) return node.status();
+    const Json& a = (*node)["status"].value("allocatable", Json::object());
+    int64_t n = 0;
+    if (a.contains(resource) && a[resource].is_string() &&
+        !absl::SimpleAtoi(a[resource].get<std::string>(), &n)) {
+      return absl::InternalError(absl::StrCat("the node's allocatable ", resource, " is ",
+                                              a[resource].dump()));
+    }
+    return n;
+  }
+
+  // Makes a pod bound to this node, one container c0, c1, ... per entry of
+  // `counts` asking for that many devices of `resource`.
+  absl::Status CreatePod(const std::string& pod, const std::string& resource,
+                         const std::vector<int>& counts) {
+    Json containers = Json::array();
+    for (size_t i = 0; i < counts.size(); ++i) {
+      containers.push_back(
+          {{"name", absl::StrCat("c", i)},
+           {"image", o_.real.pod_image},
+           {"imagePullPolicy", "Never"},
+           {"command", {"/bin/sh", "-c", kPodScript}},
+           {"resources", {{"limits", {{resource, absl::StrCat(counts[i])}}}}}});
+    }
+    Json manifest = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata",
+         {{"name", pod},
+          {"namespace", namespace_},
+          {"labels", {{"app.kubernetes.io/managed-by", kManagedBy}}}}},
+        {"spec",
+         {{"nodeName", name_},
+          {"hostNetwork", true},
+          // It needs no API access, and a cluster may have no service
+          // account or CA config map in the namespace yet.
+          {"automountServiceAccountToken", false},
+          {"restartPolicy", "Never"},
+          {"terminationGracePeriodSeconds", 5},
+          {"tolerations", {{{"operator", "Exists"}}}},
+          {"containers", containers}}}};
+    return api_->Post(PodsPath(), manifest).status();
+  }
+
+  absl::StatusOr<Json> GetPod(const std::string& pod) {
+    return api_->Get(absl::StrCat(PodsPath(), "/", pod));
+  }
+
+  // Waits up to `timeout` until the pod runs, the kubelet refuses it, its
+  // container cannot be made, or it ended.
+  PodOutcome WaitPod(const std::string& pod, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    PodOutcome out;
+    while (true) {
+      absl::StatusOr<Json> p = GetPod(pod);
+      if (p.ok()) {
+        out.pod = *p;
+        const Json& status = (*p).value("status", Json::object());
+        const std::string phase = status.value("phase", "");
+        if (phase == "Failed" || phase == "Succeeded") {
+          out.kind = PodOutcome::kRefused;
+          out.reason = status.value("reason", phase);
+          out.message = status.value("message", "");
+          if (out.message.empty()) out.message = TerminatedText(status);
+          return out;
+        }
+        bool all_running = phase == "Running";
+        for (const Json& c : status.value("containerStatuses", Json::array())) {
+          const Json& state = c.value("state", Json::object());
+          if (!state.contains("running")) all_running = false;
+          if (!state.contains("waiting")) continue;
+          const std::string why = state["waiting"].value("reason", "");
+          if (why == "ErrImageNeverPull" || why == "ErrImagePull" ||
+              why == "ImagePullBackOff" || why == "InvalidImageName") {
+            out.kind = PodOutcome::kImage;
+          } else if (why == "CreateContainerError" || why == "CreateContainerConfigError" ||
+                     why == "RunContainerError" || why == "StartError") {
+            out.kind = PodOutcome::kContainerError;
+          } else {
+            continue;
+          }
+          out.reason = why;
+          out.message = state["waiting"].value("message", "");
+          return out;
+        }
+        if (all_running) {
+          out.kind = PodOutcome::kRunning;
+          return out;
+        }
+        out.reason = phase;
+      } else {
+        out.reason = std::string(p.status().message());
+      }
+      if (absl::Now() >= deadline) {
+        out.kind = PodOutcome::kTimeout;
+        if (std::string warning = LatestWarning(pod); !warning.empty()) {
+          absl::StrAppend(&out.reason, "; the latest warning: ", warning);
+        }
+        return out;
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  // The newest Warning event about the pod ("FailedMount: ..."), or "".
+  std::string LatestWarning(const std::string& pod) {
+    absl::StatusOr<Json> events = api_->Get(absl::StrCat(
+        "/api/v1/namespaces/", namespace_, "/events?fieldSelector=involvedObject.name%3D", pod));
+    if (!events.ok()) return "";
+    std::string newest, text;
+    for (const Json& e : (*events).value("items", Json::array())) {
+      if (e.value("type", "") != "Warning") continue;
+      const std::string at = e.value("lastTimestamp", e.value("eventTime", ""));
+      if (!text.empty() && at < newest) continue;
+      newest = at;
+      text = absl::StrCat(e.value("reason", ""), ": ", e.value("message", ""));
+    }
+    return text;
+  }
+
+  // Deletes the pod and waits until it is gone (its containers stopped), up
+  // to `timeout`.
+  absl::Status DeletePod(const std::string& pod, absl::Duration timeout) {
+    absl::StatusOr<Json> d = api_->Delete(absl::StrCat(PodsPath(), "/", pod));
+    if (!d.ok() && !absl::IsNotFound(d.status())) return d.status();
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      absl::StatusOr<Json> p = GetPod(pod);
+      if (absl::IsNotFound(p.status())) return absl::OkStatus();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "pod ", namespace_, "/", pod, " was not gone ", absl::FormatDuration(timeout),
+            " after its deletion"));
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  // Deletes every pod dpconform made in the namespace (a run stopped half
+  // way leaves some).
+  absl::Status DeleteOurPods(absl::Duration timeout) {
+    absl::StatusOr<Json> list = api_->Get(absl::StrCat(
+        PodsPath(), "?labelSelector=app.kubernetes.io%2Fmanaged-by%3D", kManagedBy));
+    if (!list.ok()) return list.status();
+    for (const Json& p : (*list).value("items", Json::array())) {
+      if (absl::Status s = DeletePod(p["metadata"].value("name", ""), timeout); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  RealNode(const ConformOptions& o, std::unique_ptr<KubeClient> api)
+      : o_(o),
+        api_(std::move(api)),
+        namespace_(o.real.namespace_),
+        pod_resources_(JoinPath(o.real.kubelet_root, "pod-resources/kubelet.sock")),
+        stub_(v1::PodResourcesLister::NewStub(MakeUnixChannel(pod_resources_, 64 << 20))) {}
+
+  std::string PodsPath() const { return absl::StrCat("/api/v1/namespaces/", namespace_, "/pods"); }
+
+  absl::Status FindNode() {
+    name_ = o_.real.node;
+    if (name_.empty()) {
+      absl::StatusOr<Json> nodes = api_->Get("/api/v1/nodes");
+      if (!nodes.ok()) return nodes.status();
+      std::vector<std::string> names;
+      for (const Json& n : (*nodes).value("items", Json::array())) {
+        names.push_back(n["metadata"].value("name", ""));
+      }
+      if (names.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--node: the cluster has ", names.size(), " nodes (", absl::StrJoin(names, ", "),
+            "); name the one whose kubelet runs here"));
+      }
+      name_ = names[0];
+    }
+    absl::StatusOr<Json> node = api_->Get(absl::StrCat("/api/v1/nodes/", name_));
+    if (!node.ok()) return node.status();
+    kubelet_version_ = (*node)["status"]["nodeInfo"].value("kubeletVersion", "");
+    if (kubelet_version_.size() < 4 || kubelet_version_[0] != 'v') {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", name_, " reports no kubelet version (\"", kubelet_version_, "\")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Unreachable(const char* call, const grpc::Status& st) const {
+    return absl::UnavailableError(absl::StrCat("the kubelet's pod-resources socket ",
+                                               pod_resources_, " did not answer ", call, ": ",
+                                               st.error_message()));
+  }
+
+  static std::string TerminatedText(const Json& status) {
+    for (const Json& c : status.value("containerStatuses", Json::array())) {
+      const Json& t = c.value("state", Json::object()).value("terminated", Json::object());
+      if (!t.empty()) {
+        return absl::StrCat("container ", c.value("name", ""), " ended: ",
+                            t.value("reason", ""), " (exit ", t.value("exitCode", -1), ")");
+      }
+    }
+    return "";
+  }
+
+  const ConformOptions& o_;
+  std::unique_ptr<KubeClient> api_;
+  const std::string namespace_;
+  const std::string pod_resources_;
+  std::unique_ptr<v1::PodResourcesLister::Stub> stub_;
+  std::string name_;
+  std::string kubelet_version_;
+};
+
+}  // namespace dpproxy::conform
+
+#endif  // DPPROXY_TOOLS_CONFORM_REAL_NODE_H_

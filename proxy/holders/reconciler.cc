@@ -268,9 +268,9 @@ absl::Status Reconciler::ReconcileOnce() {
   if (!v.forgotten_gone.empty()) forgotten_.Release(v.forgotten_gone, v.forgotten_why);
   if (!v.contradicted.empty()) {
     forgotten_.Mark(v.contradicted,
-               absl::StrCat("the kubelet's pod-resources API lists ",
-                            absl::StrJoin(v.contradicted_pods, ", "),
-                            " without the devices dpproxy allocated to it"));
+                    absl::StrCat("the kubelet's pod-resources API lists ",
+                                 absl::StrJoin(v.contradicted_pods, ", "),
+                                 " without the devices dpproxy allocated to it"));
   }
   events_->Emit("reconciled", {{"pods", list->pod_resources_size()},
                               {"annotated", *annotated},

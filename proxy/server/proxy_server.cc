@@ -268,7 +268,7 @@ absl::Status ProxyServer::OpenState() {
         keeper_.get(), &events_, [this] { Wake(); });
   }
   withheld_ = std::make_unique<Withheld>(&table_, statics_.get(), keeper_.get(),
-                                             reconciler_.get(), &events_);
+                                         reconciler_.get(), &events_);
   if (reconciler_ && keeper_->damaged_at_load()) {
     // The kubelet's checkpoint still lists what the damaged state lost:
     // learned back for the resources served meanwhile (their plugins

@@ -47,7 +47,7 @@ class Reporter {
     BackendRegistrationServer* registration = nullptr;
     StateKeeper* keeper = nullptr;                     // with a state directory
     Reconciler* reconciler = nullptr;                  // with one, not in DRA mode
-    Withheld* withheld = nullptr;                  // with a state directory
+    Withheld* withheld = nullptr;                      // with a state directory
     DraSide* dra = nullptr;                            // the side, in DRA mode
     Redialer* redialer = nullptr;                      // once serving
   };

@@ -44,7 +44,7 @@ class Withheld {
  public:
   // `reconciler` is null in DRA mode (nothing forgotten there).
   Withheld(ResourceTable* table, StaticBackends* statics, StateKeeper* keeper,
-             Reconciler* reconciler, EventLog* events)
+           Reconciler* reconciler, EventLog* events)
       : table_(table), statics_(statics), keeper_(keeper), reconciler_(reconciler),
         events_(events) {}
 

@@ -21,6 +21,7 @@
 #include "proxy/state/journal_file.h"
 #include "proxy/state/state_dir.h"
 #include "proxy/state/state_keeper.h"
+#include "tests/state/state_samples.h"
 #include "tests/testing/file_size_limit.h"
 #include "tests/testing/temp_dir.h"
 
@@ -29,43 +30,9 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::FileSizeLimit;
-
-// Sets one environment variable of an allocation's response.
-void SetEnv(state::Allocation* a, const std::string& name, const std::string& value) {
-  v1beta1::ContainerAllocateResponse r = ResponseOf(*a);
-  (*r.mutable_envs())[name] = value;
-  SetResponse(a, r);
-}
-
-state::State Sample() {
-  state::State s;
-  state::Resource* r = s.add_resources();
-  r->set_name("vendor.com/gpu");
-  r->set_kubelet_api("v1beta1");
-  r->mutable_backend()->set_endpoint("/var/lib/dpproxy/device-plugins/gpu.sock");
-  r->mutable_backend()->set_api_version("v1alpha2");
-  auto* d = r->add_devices();
-  d->set_id("gpu-0");
-  d->set_health("Healthy");
-  state::Allocation* a = s.add_allocations();
-  a->set_id(1);
-  a->set_resource("vendor.com/gpu");
-  a->add_device_ids("gpu-0");
-  SetEnv(a, "GPU", "gpu-0");
-  s.set_next_allocation_id(1);
-  return s;
-}
-
-std::vector<std::string> Names(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = opendir(dir.c_str());
-  while (struct dirent* e = readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") out.push_back(n);
-  }
-  closedir(d);
-  return out;
-}
+using testing::Names;
+using testing::Sample;
+using testing::SetEnv;
 
 // The response is held as bytes under the field number and wire type the
 // message field always had: an allocation written with the message reads

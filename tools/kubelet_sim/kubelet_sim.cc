@@ -296,7 +296,10 @@ KubeletSim::KubeletSim(KubeletSimOptions options)
     : options_(std::move(options)),
       kubelet_(options_.kubelet.value_or(KubeletVersionOf(options_.personality))),
       late_wipe_delay_(options_.late_wipe),
-      dra_({options_.cdi_dirs, options_.kubeconfig, options_.node_name}, &events_) {}
+      dra_({options_.cdi_dirs, options_.kubeconfig, options_.node_name}, &events_),
+      device_plugin_handler_(MakeDevicePluginHandler()),
+      dra_plugin_handler_(MakeDraPluginHandler()),
+      plugin_manager_(plugins_registry_dir(), options_.dial_timeout, &events_) {}
 
 void KubeletSim::SetLateWipe(absl::Duration late_wipe) {
   absl::MutexLock lock(&mu_);
@@ -496,16 +499,9 @@ absl::Status KubeletSim::Start() {
     });
   }
   if (kubelet.plugin_watcher) {
-    // Events only record deletions; Housekeeping reconciles at each
-    // watcher_period, as the kubelet's plugin manager does.
-    watcher_ = std::make_unique<DirWatcher>(
-        plugins_registry_dir(), [this](const DirWatcher::Event& e) {
-          if (e.kind == DirWatcher::Event::kDeleted) {
-            absl::MutexLock lock(&mu_);
-            deleted_.insert(JoinPath(plugins_registry_dir(), e.name));
-          }
-        });
-    DPP_RETURN_IF_ERROR(watcher_->Start());
+    // Housekeeping runs the manager's reconciler at each watcher_period.
+    DPP_RETURN_IF_ERROR(plugin_manager_.Start(
+        [this](const std::string& type) { return PluginHandlerFor(type); }));
   }
   int64_t starts;
   {
@@ -534,14 +530,9 @@ void KubeletSim::Stop() {
     endpoints_.clear();
     socket_clients_.clear();
     endpoint_store_.clear();
-    watched_.clear();
-    deleted_.clear();
   }
+  plugin_manager_.Stop();
   dra_.Clear();  // drivers register again through the plugin watcher
-  if (watcher_) {
-    watcher_->Stop();
-    watcher_.reset();
-  }
   for (auto& c : clients) c->Cancel();
   if (registration_server_) {
     registration_server_->Shutdown(std::chrono::system_clock::now());

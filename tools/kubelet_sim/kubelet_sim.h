@@ -41,12 +41,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proxy/util/dir_watcher.h"
 #include "proxy/events/event_log.h"
 #include "proto/pluginregistration/api.pb.h"
 #include "tools/kubelet_sim/control.pb.h"
 #include "tools/kubelet_sim/device_manager.h"
 #include "tools/kubelet_sim/dra_manager.h"
+#include "tools/kubelet_sim/plugin_manager.h"
 
 namespace dpproxy::sim {
 
@@ -292,6 +292,8 @@ class KubeletSim {
   class PodResources;
   class ContainerRuntime;
   class Control;
+  class DevicePluginHandler;
+  class DraPluginHandler;
 
   absl::Duration Grace() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunClient(std::shared_ptr<PluginClient> client);
@@ -322,8 +324,14 @@ class KubeletSim {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Housekeeping();
-  void ReconcileWatcher();
-  void RegisterWatcherPlugin(const std::string& socket_path);
+  std::unique_ptr<PluginManager::Handler> MakeDevicePluginHandler();
+  std::unique_ptr<PluginManager::Handler> MakeDraPluginHandler();
+  // The plugin watcher's handler of a plugin type (PluginManager).
+  PluginManager::Handler* PluginHandlerFor(const std::string& type);
+  // The plugin watcher saw the registration socket `path` of `resource`
+  // deleted or replaced: the device manager's DeRegisterPlugin.
+  void DeregisterWatcherPluginLocked(const std::string& resource, const std::string& path)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AdmitPod(const AllocateRequest& request, AllocateResponse* response);
   // The devices the kubelet picks for one container: the plugin's preferred
   // allocation where offered (advice, topped up), else the first available.
@@ -391,21 +399,11 @@ class KubeletSim {
   std::map<std::string, BySocket> endpoint_store_ ABSL_GUARDED_BY(mu_);
   // Every client whose thread may still run (current and replaced).
   std::vector<std::shared_ptr<PluginClient>> all_clients_ ABSL_GUARDED_BY(mu_);
-  // plugins_registry socket path -> (inode, resource) of registered plugins,
-  // and inodes whose registration failed (not retried until replaced).
-  struct WatchedSocket {
-    std::string inode_key;
-    std::string resource;
-    bool registered = false;
-  };
-  std::map<std::string, WatchedSocket> watched_ ABSL_GUARDED_BY(mu_);
-  // Sockets in plugins_registry/ whose deletion was seen (inotify
-  // IN_DELETE). The kubelet's plugin watcher acts on creations and
-  // deletions only: a registered socket that is gone without one (renamed
-  // away) stays registered until a file at its path is created or deleted
-  // again, or the kubelet restarts.
-  std::set<std::string> deleted_ ABSL_GUARDED_BY(mu_);
   DraManager dra_;
+  std::unique_ptr<PluginManager::Handler> device_plugin_handler_;
+  std::unique_ptr<PluginManager::Handler> dra_plugin_handler_;
+  // Declared after the handlers: destroyed (stopped) before them.
+  PluginManager plugin_manager_;
   // Prepares the pod's extended-resource claim: what each mapped container
   // is given.
   absl::StatusOr<std::vector<RuntimeDevices>> PrepareExtendedResourceClaim(
@@ -420,7 +418,6 @@ class KubeletSim {
   std::unique_ptr<grpc::Service> pod_resources_service_;
   std::unique_ptr<grpc::Service> control_service_;
   std::unique_ptr<grpc::CallbackGenericService> unknown_handler_;
-  std::unique_ptr<DirWatcher> watcher_;
   std::thread housekeeping_;
   std::thread late_wipe_;
   // Set while the late wipe is still to come (this start).

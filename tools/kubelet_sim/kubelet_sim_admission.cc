@@ -54,7 +54,7 @@ void KubeletSim::Housekeeping() {
         absl::MutexLock lock(&mu_);
         watching = running_ && kubelet_.plugin_watcher;
       }
-      if (watching) ReconcileWatcher();
+      if (watching) plugin_manager_.Reconcile();
     }
     absl::MutexLock lock(&mu_);
     if (!running_) continue;

@@ -80,15 +80,6 @@ inline Json DevicesJson(const std::vector<v1beta1::Device>& devices) {
   return out;
 }
 
-// Identity of a socket file: device, inode and change time (a socket
-// removed and created again often gets its inode number back; a real
-// kubelet sees the delete and the create as fsnotify events).
-inline std::string InodeKey(const std::string& path) {
-  std::optional<FileId> id = StatFileId(path);
-  if (!id.has_value()) return "";
-  return absl::StrCat(id->dev, ":", id->ino, ":", id->ctime_ns);
-}
-
 // Dials in short slices so that `cancelled` (checked between slices) can end
 // the wait early.
 inline absl::Status Dial(grpc::Channel* channel, absl::Duration timeout,

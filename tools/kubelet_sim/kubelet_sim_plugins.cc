@@ -7,7 +7,6 @@ namespace dpproxy::sim {
 
 using kubelet_sim_internal::DevicesJson;
 using kubelet_sim_internal::Dial;
-using kubelet_sim_internal::InodeKey;
 
 void KubeletSim::StopEndpoint(const std::shared_ptr<PluginClient>& client) {
   auto it = endpoints_.find(client->resource);
@@ -396,169 +395,122 @@ void KubeletSim::DisconnectSocketLocked(const std::string& resource,
   LoseEndpointLocked(lost, why);
 }
 
-void KubeletSim::ReconcileWatcher() {
-  const std::vector<std::string> present = ListSockets(plugins_registry_dir());
-  std::vector<std::string> to_register;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!running_) return;
-    // Sockets that went away, or were replaced: deregister.
-    for (auto it = watched_.begin(); it != watched_.end();) {
-      const std::string& path = it->first;
-      const bool listed = std::find(present.begin(), present.end(), path) != present.end();
-      bool still = listed && InodeKey(path) == it->second.inode_key;
-      // Gone without a deletion (renamed away, or its event not read yet):
-      // nothing the kubelet acts on.
-      if (!listed && deleted_.count(path) == 0) still = true;
-      deleted_.erase(path);
-      if (still) {
-        ++it;
-        continue;
-      }
-      if (it->second.registered && dra_.Serves(it->second.resource)) {
-        dra_.SocketRemoved(path, it->second.resource);
-      } else if (it->second.registered) {
-        // Deregistration. The plugin's stream may already have ended (then
-        // its devices are unhealthy already); the watcher reports it anyway.
-        events_.Emit("plugin_deregistered",
-                     {{"resource", it->second.resource}, {"socket", path}});
-        if (kubelet_.TracksClientsPerSocket()) {
-          // DeRegisterPlugin: the client of that registration, by socket.
-          auto clients = socket_clients_.find(it->second.resource);
-          std::shared_ptr<PluginClient> client;
-          if (clients != socket_clients_.end()) {
-            for (const auto& [socket, c] : clients->second) {
-              if (c->watch_socket == path) client = c;
-            }
-          }
-          if (client != nullptr) {
-            clients->second.erase(client->socket_path);
-            if (clients->second.empty()) socket_clients_.erase(clients);
-            client->Cancel();
-            DisconnectSocketLocked(client->resource, client->socket_path,
-                                   "its registration socket was removed");
-          }
-          it = watched_.erase(it);
-          continue;
-        }
-        auto c = clients_.find(it->second.resource);
-        if (c != clients_.end() && c->second->watch_socket == path) {
-          std::shared_ptr<PluginClient> client = c->second;
-          clients_.erase(c);
-          StopEndpoint(client);
-          client->Cancel();
-          if (state_.EndpointLost(client->resource, client->generation, absl::Now())) {
-            for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
-              events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
-            }
-            WriteCheckpointLocked();
-          }
-        }
-      }
-      it = watched_.erase(it);
+// The device manager's handler of the plugin watcher's device plugins
+// (pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go).
+class KubeletSim::DevicePluginHandler final : public PluginManager::Handler {
+ public:
+  explicit DevicePluginHandler(KubeletSim* sim) : sim_(sim) {}
+
+  std::string RegisterPlugin(const pluginregistration::PluginInfo& info,
+                             const std::string& socket_path) override {
+    std::vector<std::string> versions(info.supported_versions().begin(),
+                                      info.supported_versions().end());
+    absl::Status s = CheckWatcherVersions(versions);
+    if (s.ok()) s = CheckResourceName(info.name());
+    const std::string endpoint = info.endpoint().empty() ? socket_path : info.endpoint();
+    if (s.ok()) s = sim_->ConnectSync(info.name(), endpoint, "plugin-watcher", socket_path).status();
+    if (!s.ok()) {
+      sim_->events_.Emit("registration_rejected", {{"resource", info.name()},
+                                                  {"socket", socket_path},
+                                                  {"via", "plugin-watcher"},
+                                                  {"error", std::string(s.message())}});
+      return std::string(s.message());
     }
-    for (const std::string& path : present) {
-      if (watched_.count(path) == 0) to_register.push_back(path);
-    }
+    sim_->events_.Emit("registered", {{"resource", info.name()},
+                                     {"endpoint", endpoint},
+                                     {"api_version", std::string(kV1Beta1Version)},
+                                     {"via", "plugin-watcher"},
+                                     {"mode", "sync"}});
+    return "";
   }
-  for (const std::string& path : to_register) RegisterWatcherPlugin(path);
+
+  void DeregisterPlugin(const std::string& name, const std::string& socket_path) override {
+    absl::MutexLock lock(&sim_->mu_);
+    if (sim_->running_) sim_->DeregisterWatcherPluginLocked(name, socket_path);
+  }
+
+ private:
+  KubeletSim* const sim_;
+};
+
+// The kubelet's plugin watcher in turn hands DRA plugins to the DRA manager.
+class KubeletSim::DraPluginHandler final : public PluginManager::Handler {
+ public:
+  explicit DraPluginHandler(DraManager* dra, EventLog* events) : dra_(dra), events_(events) {}
+
+  std::string RegisterPlugin(const pluginregistration::PluginInfo& info,
+                             const std::string& socket_path) override {
+    const std::string endpoint = info.endpoint().empty() ? socket_path : info.endpoint();
+    std::string error = dra_->Register(info, endpoint, socket_path);
+    if (!error.empty()) {
+      events_->Emit("registration_rejected", {{"driver", info.name()},
+                                              {"socket", socket_path},
+                                              {"via", "plugin-watcher"},
+                                              {"error", error}});
+    }
+    return error;
+  }
+  void DeregisterPlugin(const std::string& name, const std::string& socket_path) override {
+    dra_->SocketRemoved(socket_path, name);
+  }
+
+ private:
+  DraManager* const dra_;
+  EventLog* const events_;
+};
+
+std::unique_ptr<PluginManager::Handler> KubeletSim::MakeDevicePluginHandler() {
+  return std::make_unique<DevicePluginHandler>(this);
 }
 
-void KubeletSim::RegisterWatcherPlugin(const std::string& socket_path) {
-  const std::string inode = InodeKey(socket_path);
-  events_.Emit("watcher_found", {{"socket", socket_path}});
-  auto channel = MakeUnixChannel(socket_path);
-  auto stopping = [this] {
-    absl::MutexLock lock(&mu_);
-    return !running_;
-  };
-  auto remember = [&](const std::string& resource, bool registered) {
-    absl::MutexLock lock(&mu_);
-    watched_[socket_path] = WatchedSocket{inode, resource, registered};
-  };
-  auto stub = pluginregistration::Registration::NewStub(channel);
-  auto notify = [&](bool ok, const std::string& error) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    pluginregistration::RegistrationStatus st;
-    st.set_plugin_registered(ok);
-    st.set_error(error);
-    pluginregistration::RegistrationStatusResponse resp;
-    stub->NotifyRegistrationStatus(&ctx, st, &resp);
-  };
-  if (absl::Status s = Dial(channel.get(), options_.dial_timeout, stopping); !s.ok()) {
-    events_.Emit("watcher_registration_failed",
-                 {{"socket", socket_path},
-                  {"error", absl::StrCat("failed to dial socket ", socket_path, ", err: ",
-                                         s.message())}});
-    remember("", false);
-    return;
-  }
-  pluginregistration::PluginInfo info;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-    grpc::Status st = stub->GetInfo(&ctx, pluginregistration::InfoRequest(), &info);
-    if (!st.ok()) {
-      events_.Emit("watcher_registration_failed",
-                   {{"socket", socket_path},
-                    {"error", absl::StrCat("failed to get plugin info using RPC GetInfo at "
-                                           "socket ", socket_path, ", err: ", GoRpcError(st))}});
-      remember("", false);
-      return;
-    }
-  }
-  std::string error;
-  const std::string endpoint_of_info = info.endpoint().empty() ? socket_path : info.endpoint();
+std::unique_ptr<PluginManager::Handler> KubeletSim::MakeDraPluginHandler() {
+  return std::make_unique<DraPluginHandler>(&dra_, &events_);
+}
+
+PluginManager::Handler* KubeletSim::PluginHandlerFor(const std::string& type) {
   int minor = 0;
   {
     absl::MutexLock lock(&mu_);
     minor = kubelet_.minor;
   }
-  if (info.type() == "DRAPlugin" && minor >= 32) {
-    error = dra_.Register(info, endpoint_of_info, socket_path);
-    remember(info.name(), error.empty());
-    notify(error.empty(), error);
-    if (!error.empty()) {
-      events_.Emit("registration_rejected", {{"driver", info.name()},
-                                             {"socket", socket_path},
-                                             {"via", "plugin-watcher"},
-                                             {"error", error}});
+  if (type == kDevicePluginType) return device_plugin_handler_.get();
+  if (type == "DRAPlugin" && minor >= 32) return dra_plugin_handler_.get();
+  return nullptr;
+}
+
+void KubeletSim::DeregisterWatcherPluginLocked(const std::string& resource,
+                                               const std::string& path) {
+  // The plugin's stream may already have ended (then its devices are
+  // unhealthy already); the watcher reports it anyway.
+  events_.Emit("plugin_deregistered", {{"resource", resource}, {"socket", path}});
+  if (kubelet_.TracksClientsPerSocket()) {
+    // DeRegisterPlugin: the client of that registration, by socket.
+    auto clients = socket_clients_.find(resource);
+    if (clients == socket_clients_.end()) return;
+    std::shared_ptr<PluginClient> client;
+    for (const auto& [socket, c] : clients->second) {
+      if (c->watch_socket == path) client = c;
     }
+    if (client == nullptr) return;
+    clients->second.erase(client->socket_path);
+    if (clients->second.empty()) socket_clients_.erase(clients);
+    client->Cancel();
+    DisconnectSocketLocked(client->resource, client->socket_path,
+                           "its registration socket was removed");
     return;
   }
-  if (info.type() != kDevicePluginType) {
-    error = absl::StrCat("no handler registered for plugin type: ", info.type(),
-                         " at socket ", socket_path);
-  } else {
-    std::vector<std::string> versions(info.supported_versions().begin(),
-                                      info.supported_versions().end());
-    absl::Status s = CheckWatcherVersions(versions);
-    if (s.ok()) s = CheckResourceName(info.name());
-    if (!s.ok()) error = std::string(s.message());
+  auto c = clients_.find(resource);
+  if (c == clients_.end() || c->second->watch_socket != path) return;
+  std::shared_ptr<PluginClient> client = c->second;
+  clients_.erase(c);
+  StopEndpoint(client);
+  client->Cancel();
+  if (state_.EndpointLost(client->resource, client->generation, absl::Now())) {
+    for (const std::string& r : state_.ExpireResources(absl::Now(), Grace())) {
+      events_.Emit("resource_removed", {{"resource", r}, {"reason", "plugin lost"}});
+    }
+    WriteCheckpointLocked();
   }
-  const std::string endpoint = info.endpoint().empty() ? socket_path : info.endpoint();
-  if (error.empty()) {
-    absl::StatusOr<std::shared_ptr<PluginClient>> c =
-        ConnectSync(info.name(), endpoint, "plugin-watcher", socket_path);
-    if (!c.ok()) error = std::string(c.status().message());
-  }
-  if (!error.empty()) {
-    events_.Emit("registration_rejected", {{"resource", info.name()},
-                                           {"socket", socket_path},
-                                           {"via", "plugin-watcher"},
-                                           {"error", error}});
-    notify(false, error);
-    remember(info.name(), false);
-    return;
-  }
-  remember(info.name(), true);
-  notify(true, "");
-  events_.Emit("registered", {{"resource", info.name()},
-                              {"endpoint", endpoint},
-                              {"api_version", std::string(kV1Beta1Version)},
-                              {"via", "plugin-watcher"},
-                              {"mode", "sync"}});
 }
 
 }  // namespace dpproxy::sim

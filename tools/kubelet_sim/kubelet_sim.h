@@ -287,11 +287,6 @@ class KubeletSim {
                               const v1beta1::DevicePluginOptions* request_options);
 
  private:
-  class RegistrationV1Beta1;
-  class RegistrationV1Alpha;
-  class PodResources;
-  class ContainerRuntime;
-  class Control;
   class DevicePluginHandler;
   class DraPluginHandler;
 

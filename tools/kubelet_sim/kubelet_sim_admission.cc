@@ -220,7 +220,7 @@ absl::StatusOr<AllocateResponse> KubeletSim::Allocate(const AllocateRequest& req
   if (req.has_extended_resource_claim()) {
     const ExtendedResourceClaim& e = req.extended_resource_claim();
     // DRAExtendedResource: alpha and off by default in 1.34-1.35, beta and
-    // on from 1.36 (dra-facts.md); the simulator plays the defaults.
+    // on from 1.36 (the kubelet's feature gates); the simulator plays the defaults.
     if (kubelet().minor < 36) {
       return absl::FailedPreconditionError(absl::StrCat(
           "extended resources served through DRA need kubelet 1.36 or later, where "

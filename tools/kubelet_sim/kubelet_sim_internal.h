@@ -1,11 +1,12 @@
 // File: kubelet_sim_internal.h
 //
-// What the files of KubeletSim share (kubelet_sim.cc: start, stop and the
-// gRPC services; kubelet_sim_plugins.cc: registration and the plugin
-// streams; kubelet_sim_admission.cc: admission, re-admission and the
-// checkpoint; kubelet_sim_pods.cc: pods and state; the DRA manager is a
-// class of its own, dra_manager.h): one registered plugin's connection, and
-// small helpers.
+// What the files of KubeletSim share: kubelet_sim.cc (start and stop),
+// kubelet_sim_services.cc (the gRPC services), kubelet_sim_plugins.cc
+// (registration and the plugin streams), kubelet_sim_admission.cc
+// (admission, re-admission and the checkpoint) and kubelet_sim_pods.cc
+// (pods and state): one registered plugin's connection, and small helpers.
+// The plugin manager and the DRA manager are classes of their own
+// (plugin_manager.h, dra_manager.h).
 // Not for users of the simulator: include kubelet_sim.h.
 #ifndef DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_INTERNAL_H_
 #define DPPROXY_TOOLS_KUBELET_SIM_KUBELET_SIM_INTERNAL_H_
@@ -110,6 +111,15 @@ inline ContainerAllocation MakeAllocation(const std::string& uid, const std::str
   *a.mutable_response() = response;
   return a;
 }
+
+// The kubelet's gRPC services (kubelet_sim_services.cc), answering from
+// `sim`'s public interface: registration as `personality` serves it,
+// pod-resources, the container runtime's CRI (ListContainers) and the
+// control API (control.proto).
+std::unique_ptr<grpc::Service> NewRegistrationService(KubeletSim* sim, Personality personality);
+std::unique_ptr<grpc::Service> NewPodResourcesService(KubeletSim* sim);
+std::unique_ptr<grpc::Service> NewContainerRuntimeService(KubeletSim* sim);
+std::unique_ptr<grpc::Service> NewControlService(KubeletSim* sim);
 
 }  // namespace kubelet_sim_internal
 

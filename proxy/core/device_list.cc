@@ -189,50 +189,101 @@ std::shared_ptr<const DeviceList> DeviceList::Builder::Build() && {
   return Make(std::move(wire_), std::move(starts_));
 }
 
+namespace {
+
+bool LengthDelimited(uint64_t tag) {
+  return (tag & 7) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+}
+
+// Skips the field `tag` introduces the way protobuf skips an unknown one (a
+// known field number with another wire type is unknown too); a group is
+// skipped to its end. False if the field is cut short or of an unknown
+// wire type.
+bool SkipField(uint64_t tag, const char** p, const char* end, int depth) {
+  uint64_t v = 0;
+  switch (static_cast<int>(tag & 7)) {
+    case WireFormatLite::WIRETYPE_VARINT:
+      return ReadVarint(p, end, &v);
+    case WireFormatLite::WIRETYPE_FIXED64:
+      if (end - *p < 8) return false;
+      *p += 8;
+      return true;
+    case WireFormatLite::WIRETYPE_FIXED32:
+      if (end - *p < 4) return false;
+      *p += 4;
+      return true;
+    case WireFormatLite::WIRETYPE_LENGTH_DELIMITED:
+      if (!ReadSize(p, end, &v)) return false;
+      *p += v;
+      return true;
+    case WireFormatLite::WIRETYPE_START_GROUP:
+      if (depth > 64) return false;
+      while (*p < end) {
+        uint64_t inner = 0;
+        if (!ReadTag(p, end, &inner)) return false;
+        if ((inner & 7) == WireFormatLite::WIRETYPE_END_GROUP) return (inner >> 3) == (tag >> 3);
+        if (!SkipField(inner, p, end, depth + 1)) return false;
+      }
+      return false;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+absl::Status DeviceList::ReadDevice(absl::string_view bytes, bool with_topology, View* d,
+                                    std::string* merged) {
+  const char* q = bytes.data();
+  const char* const end = q + bytes.size();
+  while (q < end) {
+    uint64_t tag = 0;
+    if (!ReadTag(&q, end, &tag)) return absl::InvalidArgumentError("a malformed field tag");
+    const int field = static_cast<int>(tag >> 3);
+    const bool known = LengthDelimited(tag) && (field == kIdField || field == kHealthField ||
+                                                (with_topology && field == kTopologyField));
+    if (!known) {
+      if (!SkipField(tag, &q, end, 0)) {
+        return absl::InvalidArgumentError("a field cut short or of an unknown type");
+      }
+      continue;
+    }
+    uint64_t n = 0;
+    if (!ReadSize(&q, end, &n)) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", field, " is cut short"));
+    }
+    const absl::string_view value(q, static_cast<size_t>(n));
+    q += n;
+    // The last occurrence of a string wins, as protobuf reads it; a message
+    // sent twice is merged, which for TopologyInfo (one repeated field) is
+    // the concatenation of its parts.
+    if (field == kTopologyField) {
+      v1beta1::TopologyInfo t;
+      if (!t.ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+        return absl::InvalidArgumentError("its topology is not a TopologyInfo");
+      }
+      if (d->has_topology) {
+        *merged = absl::StrCat(d->topology, value);
+        d->topology = *merged;
+      } else {
+        d->has_topology = true;
+        d->topology = value;
+      }
+      continue;
+    }
+    if (!google::protobuf::internal::IsStructurallyValidUTF8(value.data(),
+                                                             static_cast<int>(value.size()))) {
+      return absl::InvalidArgumentError(field == kIdField ? "its ID is not UTF-8"
+                                                          : "its health is not UTF-8");
+    }
+    (field == kIdField ? d->id : d->health) = value;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const DeviceList>> DeviceList::FromWire(absl::string_view wire,
                                                                        bool with_topology) {
-  auto bad = [](int device, absl::string_view what) {
-    return absl::InvalidArgumentError(
-        device < 0 ? absl::StrCat("not a ListAndWatchResponse: ", what)
-                   : absl::StrCat("not a ListAndWatchResponse: device ", device, ": ", what));
-  };
-  // A field this reader does not keep is skipped the way protobuf skips an
-  // unknown one (a known field number with another wire type is unknown
-  // too); a group is skipped to its end.
-  std::function<bool(uint64_t, const char**, const char*, int)> skip =
-      [&skip](uint64_t tag, const char** p, const char* end, int depth) {
-        uint64_t v = 0;
-        switch (static_cast<int>(tag & 7)) {
-          case WireFormatLite::WIRETYPE_VARINT:
-            return ReadVarint(p, end, &v);
-          case WireFormatLite::WIRETYPE_FIXED64:
-            if (end - *p < 8) return false;
-            *p += 8;
-            return true;
-          case WireFormatLite::WIRETYPE_FIXED32:
-            if (end - *p < 4) return false;
-            *p += 4;
-            return true;
-          case WireFormatLite::WIRETYPE_LENGTH_DELIMITED:
-            if (!ReadSize(p, end, &v)) return false;
-            *p += v;
-            return true;
-          case WireFormatLite::WIRETYPE_START_GROUP:
-            if (depth > 64) return false;
-            while (*p < end) {
-              uint64_t inner = 0;
-              if (!ReadTag(p, end, &inner)) return false;
-              if ((inner & 7) == WireFormatLite::WIRETYPE_END_GROUP) return (inner >> 3) == (tag >> 3);
-              if (!skip(inner, p, end, depth + 1)) return false;
-            }
-            return false;
-          default:
-            return false;
-        }
-      };
-  auto length_delimited = [](uint64_t tag) {
-    return (tag & 7) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-  };
+  constexpr absl::string_view kNot = "not a ListAndWatchResponse: ";
   Builder out(0, wire.size());
   const char* p = wire.data();
   const char* end = p + wire.size();
@@ -240,63 +291,26 @@ absl::StatusOr<std::shared_ptr<const DeviceList>> DeviceList::FromWire(absl::str
   while (p < end) {
     uint64_t tag = 0;
     if (!ReadTag(&p, end, &tag)) {
-      return bad(-1, "a malformed field tag");
+      return absl::InvalidArgumentError(absl::StrCat(kNot, "a malformed field tag"));
     }
-    if ((tag >> 3) != static_cast<uint64_t>(kDevicesField) || !length_delimited(tag)) {
-      if (!skip(tag, &p, end, 0)) return bad(-1, "a field cut short or of an unknown wire type");
+    if ((tag >> 3) != static_cast<uint64_t>(kDevicesField) || !LengthDelimited(tag)) {
+      if (!SkipField(tag, &p, end, 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kNot, "a field cut short or of an unknown wire type"));
+      }
       continue;
     }
     uint64_t len = 0;
     if (!ReadSize(&p, end, &len)) {
-      return bad(index, "cut short");
+      return absl::InvalidArgumentError(absl::StrCat(kNot, "device ", index, ": cut short"));
     }
-    const char* q = p;
-    const char* dend = p + len;
-    p = dend;
     View d;
     std::string merged;  // a topology sent in parts
-    while (q < dend) {
-      uint64_t dtag = 0;
-      if (!ReadTag(&q, dend, &dtag)) {
-        return bad(index, "a malformed field tag");
-      }
-      const int field = static_cast<int>(dtag >> 3);
-      const bool known = length_delimited(dtag) &&
-                         (field == kIdField || field == kHealthField ||
-                          (with_topology && field == kTopologyField));
-      if (!known) {
-        if (!skip(dtag, &q, dend, 0)) return bad(index, "a field cut short or of an unknown type");
-        continue;
-      }
-      uint64_t n = 0;
-      if (!ReadSize(&q, dend, &n)) {
-        return bad(index, absl::StrCat("field ", field, " is cut short"));
-      }
-      const absl::string_view bytes(q, static_cast<size_t>(n));
-      q += n;
-      // The last occurrence of a string wins, as protobuf reads it; a
-      // message sent twice is merged, which for TopologyInfo (one repeated
-      // field) is the concatenation of its parts.
-      if (field == kTopologyField) {
-        v1beta1::TopologyInfo t;
-        if (!t.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-          return bad(index, "its topology is not a TopologyInfo");
-        }
-        if (d.has_topology) {
-          merged = absl::StrCat(d.topology, bytes);
-          d.topology = merged;
-        } else {
-          d.has_topology = true;
-          d.topology = bytes;
-        }
-        continue;
-      }
-      if (!google::protobuf::internal::IsStructurallyValidUTF8(bytes.data(),
-                                                               static_cast<int>(bytes.size()))) {
-        return bad(index, field == kIdField ? "its ID is not UTF-8" : "its health is not UTF-8");
-      }
-      (field == kIdField ? d.id : d.health) = bytes;
+    if (absl::Status s = ReadDevice(absl::string_view(p, len), with_topology, &d, &merged);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(kNot, "device ", index, ": ", s.message()));
     }
+    p += len;
     out.Add(d);
     ++index;
   }

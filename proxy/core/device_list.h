@@ -123,6 +123,10 @@ class DeviceList : public std::enable_shared_from_this<DeviceList> {
  private:
   absl::string_view IdAt(uint32_t i) const;
   static std::shared_ptr<const DeviceList> Make(std::string wire, std::vector<uint32_t> starts);
+  // FromWire's reading of one Device message (`bytes`) into `d`, whose
+  // views point into `bytes` or, for a topology sent in parts, `merged`.
+  static absl::Status ReadDevice(absl::string_view bytes, bool with_topology, View* d,
+                                 std::string* merged);
 
   const std::string wire_;
   // Where device i's entry (its field tag in the ListAndWatchResponse)

@@ -198,48 +198,8 @@ absl::Status ProxyServer::OpenState() {
   }
   DPP_RETURN_IF_ERROR(MakeSide());
   DPP_RETURN_IF_ERROR(RestoreState());
-  if (lost_since.has_value()) {
-    keeper_->MarkDamagedAtLoad();
-    LOG(ERROR) << "state directory " << config_.state_dir << " has none of its files, and "
-               << JoinPath(config_.plugin_dir, kStateNoteName) << " says dpproxy has used it "
-               << "since " << *lost_since << ": the state was lost, this is not a first start; "
-               << "dpproxy learns back from the kubelet the allocations it lists";
-    events_.Emit("state_lost", {{"path", config_.state_dir},
-                                {"in_use_since", *lost_since},
-                                {"note", JoinPath(config_.plugin_dir, kStateNoteName)}});
-  }
-  // Pods of the extended resource and DRA claims may both hold devices:
-  // both sides serve, or the journal holds the other path's allocations (a
-  // path changed while pods ran). Each device then has one holder, and
-  // pods of the extended resource are reconciled whichever side serves.
-  const StateKeeper::Kinds kinds = keeper_->AllocationKinds();
-  const bool plugin_pods = ServesDevicePlugins(config_) || kinds.others > 0;
-  const bool claims = ServesDra(config_) || kinds.claims > 0;
-  if (plugin_pods && claims) {
-    keeper_->SetOneHolderAcrossPaths(true);
-    // The other side stops offering what one path took: soon, not at the
-    // next second's pass.
-    // And a reconciliation pass names a new pod of the device plugin while
-    // it runs, so that its end returns its device to the pool at the pass
-    // after (Reconciler::Nudge).
-    keeper_->SetHeldAcrossObserver([this] {
-      housekeeping_.Wake();
-      if (Reconciler* r = reconciler_.get()) r->Nudge();
-    });
-    if (config_.reconcile_start_grace < absl::Seconds(2)) {
-      LOG(WARNING) << "reconcile.start_grace is "
-                   << absl::FormatDuration(config_.reconcile_start_grace)
-                   << ": right after a kubelet start its pod list is empty for a moment, and "
-                   << "a pod found missing then has its devices released to DRA claims while "
-                   << "it runs; keep it at a few seconds (default 10s)";
-    }
-    if (!ServesDra(config_) && kinds.claims > 0) {
-      LOG(WARNING) << kinds.claims << " allocation(s) of DRA claims are in the journal, and no "
-                   << "resource is served through DRA: their devices are shown Unhealthy to "
-                   << "the kubelet's device manager until the claims are unprepared, which "
-                   << "needs the DRA side (paths: both) until their pods end";
-    }
-  }
+  if (lost_since.has_value()) ReportStateLost(*lost_since);
+  const bool plugin_pods = ShareDevicesAcrossPaths();
   // A later dpproxy may take over from this one (--takeover).
   handover_ = std::make_unique<Handover>(
       Handover::Options{config_.state_dir, socket_generation_, config_.handoff_timeout,
@@ -250,23 +210,7 @@ absl::Status ProxyServer::OpenState() {
   handover_->Serve();
   // Only device-plugin allocations are reconciled: DRA claims are the
   // kubelet's to end, with NodeUnprepareResources.
-  if (plugin_pods) {
-    reconciler_ = std::make_unique<Reconciler>(
-        Reconciler::Options{
-            config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
-            config_.reconcile_start_grace, config_.container_runtime_endpoint,
-            // A resource served through DRA whose pool lacks devices pods
-            // of the device plugin hold: claims may wait for them.
-            [this] {
-              for (const auto& [resource, held] : keeper_->HeldAcrossPaths()) {
-                if (!held.by_pods.empty() && table_.PathOf(resource) != KubeletPath::kDevicePlugin) {
-                  return true;
-                }
-              }
-              return false;
-            }},
-        keeper_.get(), &events_, [this] { Wake(); });
-  }
+  if (plugin_pods) MakeReconciler();
   withheld_ = std::make_unique<Withheld>(&table_, statics_.get(), keeper_.get(),
                                          reconciler_.get(), &events_);
   if (reconciler_ && keeper_->damaged_at_load()) {
@@ -278,6 +222,69 @@ absl::Status ProxyServer::OpenState() {
     });
   }
   return absl::OkStatus();
+}
+
+void ProxyServer::ReportStateLost(const std::string& in_use_since) {
+  keeper_->MarkDamagedAtLoad();
+  LOG(ERROR) << "state directory " << config_.state_dir << " has none of its files, and "
+             << JoinPath(config_.plugin_dir, kStateNoteName) << " says dpproxy has used it "
+             << "since " << in_use_since << ": the state was lost, this is not a first start; "
+             << "dpproxy learns back from the kubelet the allocations it lists";
+  events_.Emit("state_lost", {{"path", config_.state_dir},
+                              {"in_use_since", in_use_since},
+                              {"note", JoinPath(config_.plugin_dir, kStateNoteName)}});
+}
+
+bool ProxyServer::ShareDevicesAcrossPaths() {
+  // Pods of the extended resource and DRA claims may both hold devices:
+  // both sides serve, or the journal holds the other path's allocations (a
+  // path changed while pods ran). Each device then has one holder, and
+  // pods of the extended resource are reconciled whichever side serves.
+  const StateKeeper::Kinds kinds = keeper_->AllocationKinds();
+  const bool plugin_pods = ServesDevicePlugins(config_) || kinds.others > 0;
+  const bool claims = ServesDra(config_) || kinds.claims > 0;
+  if (!plugin_pods || !claims) return plugin_pods;
+  keeper_->SetOneHolderAcrossPaths(true);
+  // The other side stops offering what one path took: soon, not at the
+  // next second's pass. And a reconciliation pass names a new pod of the
+  // device plugin while it runs, so that its end returns its device to the
+  // pool at the pass after (Reconciler::Nudge).
+  keeper_->SetHeldAcrossObserver([this] {
+    housekeeping_.Wake();
+    if (Reconciler* r = reconciler_.get()) r->Nudge();
+  });
+  if (config_.reconcile_start_grace < absl::Seconds(2)) {
+    LOG(WARNING) << "reconcile.start_grace is "
+                 << absl::FormatDuration(config_.reconcile_start_grace)
+                 << ": right after a kubelet start its pod list is empty for a moment, and "
+                 << "a pod found missing then has its devices released to DRA claims while "
+                 << "it runs; keep it at a few seconds (default 10s)";
+  }
+  if (!ServesDra(config_) && kinds.claims > 0) {
+    LOG(WARNING) << kinds.claims << " allocation(s) of DRA claims are in the journal, and no "
+                 << "resource is served through DRA: their devices are shown Unhealthy to "
+                 << "the kubelet's device manager until the claims are unprepared, which "
+                 << "needs the DRA side (paths: both) until their pods end";
+  }
+  return plugin_pods;
+}
+
+void ProxyServer::MakeReconciler() {
+  reconciler_ = std::make_unique<Reconciler>(
+      Reconciler::Options{
+          config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
+          config_.reconcile_start_grace, config_.container_runtime_endpoint,
+          // A resource served through DRA whose pool lacks devices pods of
+          // the device plugin hold: claims may wait for them.
+          [this] {
+            for (const auto& [resource, held] : keeper_->HeldAcrossPaths()) {
+              if (!held.by_pods.empty() && table_.PathOf(resource) != KubeletPath::kDevicePlugin) {
+                return true;
+              }
+            }
+            return false;
+          }},
+      keeper_.get(), &events_, [this] { Wake(); });
 }
 
 std::unique_ptr<DraSide> ProxyServer::MakeDraSide() {

@@ -186,6 +186,14 @@ class ProxyServer : private Handover::Host {
   // then the parts that serve.
   absl::Status OpenState();
   absl::Status LockState();
+  // OpenState's steps: the state directory's files were lost while the
+  // plugin directory's note names it (in use since `in_use_since`);
+  // device-plugin pods and DRA claims share one holder per device where
+  // both paths may hold devices (true: device-plugin pods are to be
+  // reconciled); the reconciler of device-plugin pods.
+  void ReportStateLost(const std::string& in_use_since);
+  bool ShareDevicesAcrossPaths();
+  void MakeReconciler();
   absl::Status StartServing();
   // StartServing's parts: where plugins register (and the plugins that
   // served before this start, and the static ones), and dpproxy's own

@@ -91,6 +91,43 @@ void DevicePluginServer::RelistBeforeStop() {
   relist_ = *std::move(r);
 }
 
+grpc::Status DevicePluginServer::SendRegister(ApiVersion api,
+                                              const std::shared_ptr<grpc::Channel>& channel,
+                                              grpc::ClientContext* ctx) {
+  if (api == ApiVersion::kV1Beta1) {
+    v1beta1::RegisterRequest req;
+    req.set_version(std::string(kV1Beta1Version));
+    req.set_endpoint(socket_name_);
+    req.set_resource_name(resource_->name());
+    *req.mutable_options() = resource_->options();
+    // A kubelet before 1.25 reads them here (a later one asks for them).
+    NoteOptionsTold(req.options());
+    v1beta1::Empty resp;
+    return v1beta1::Registration::NewStub(channel)->Register(ctx, req, &resp);
+  }
+  deviceplugin::RegisterRequest req;
+  req.set_version(std::string(kV1AlphaVersion));
+  req.set_endpoint(socket_name_);
+  req.set_resource_name(resource_->name());
+  deviceplugin::Empty resp;
+  return deviceplugin::Registration::NewStub(channel)->Register(ctx, req, &resp);
+}
+
+void DevicePluginServer::NoteRegistered(const std::string& version,
+                                        const std::vector<std::string>& refusals) {
+  std::shared_ptr<Backend> b = resource_->backend();
+  LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as " << version
+            << " (backend "
+            << (b ? std::string(ApiWireVersion(b->api())) + " at " + b->endpoint()
+                  : "not connected")
+            << ")";
+  events_->Emit("kubelet_registered", {{"resource", resource_->name()},
+                                       {"kubelet_api", version},
+                                       {"backend_api", b ? std::string(ApiWireVersion(b->api())) : ""},
+                                       {"socket", socket_path_},
+                                       {"refused_first", refusals}});
+}
+
 absl::Status DevicePluginServer::Register() {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
   absl::MutexLock serial(&register_serial_mu_);
@@ -129,30 +166,10 @@ absl::Status DevicePluginServer::Register() {
         e->register_ctx_ = nullptr;
       }
     } clear{this};
-    grpc::Status st;
-    std::string version;
     registering_ = true;
     options_asked_ = false;
-    if (api == ApiVersion::kV1Beta1) {
-      version = std::string(kV1Beta1Version);
-      v1beta1::RegisterRequest req;
-      req.set_version(version);
-      req.set_endpoint(socket_name_);
-      req.set_resource_name(resource_->name());
-      *req.mutable_options() = resource_->options();
-      // A kubelet before 1.25 reads them here (a later one asks for them).
-      NoteOptionsTold(req.options());
-      v1beta1::Empty resp;
-      st = v1beta1::Registration::NewStub(channel)->Register(&ctx, req, &resp);
-    } else {
-      version = std::string(kV1AlphaVersion);
-      deviceplugin::RegisterRequest req;
-      req.set_version(version);
-      req.set_endpoint(socket_name_);
-      req.set_resource_name(resource_->name());
-      deviceplugin::Empty resp;
-      st = deviceplugin::Registration::NewStub(channel)->Register(&ctx, req, &resp);
-    }
+    const std::string version(api == ApiVersion::kV1Beta1 ? kV1Beta1Version : kV1AlphaVersion);
+    grpc::Status st = SendRegister(api, channel, &ctx);
     registering_ = false;
     if (st.ok()) {
       // A 1.25+ kubelet dials back and asks for the options before it
@@ -160,17 +177,7 @@ absl::Status DevicePluginServer::Register() {
       kubelet_sync_ = options_asked_.load() ? 1 : 0;
       unlisted_ = false;
       SetNegotiated(version);
-      std::shared_ptr<Backend> b = resource_->backend();
-      LOG(INFO) << "resource " << resource_->name() << ": registered with the kubelet as "
-                << version << " (backend "
-                << (b ? std::string(ApiWireVersion(b->api())) + " at " + b->endpoint() : "not connected")
-                << ")";
-      events_->Emit("kubelet_registered",
-                    {{"resource", resource_->name()},
-                     {"kubelet_api", version},
-                     {"backend_api", b ? std::string(ApiWireVersion(b->api())) : ""},
-                     {"socket", socket_path_},
-                     {"refused_first", refusals}});
+      NoteRegistered(version, refusals);
       return absl::OkStatus();
     }
     refusals.push_back(absl::StrCat(version, ": ", DescribeGrpcStatus(st)));

@@ -196,6 +196,13 @@ class DevicePluginServer : public KubeletGate {
   void NoteLoss(const Loss& loss);
 
  private:
+  // Register's steps: one RegisterRequest in `api` on `channel`; the log
+  // line and event of a registration the kubelet accepted (`refusals`: the
+  // versions it refused first).
+  grpc::Status SendRegister(ApiVersion api, const std::shared_ptr<grpc::Channel>& channel,
+                            grpc::ClientContext* ctx);
+  void NoteRegistered(const std::string& version, const std::vector<std::string>& refusals);
+
   Resource* const resource_;
   const KubeletSideOptions options_;
   std::atomic<int64_t> backend_timeout_ns_;

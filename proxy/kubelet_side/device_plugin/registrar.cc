@@ -197,76 +197,15 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
   std::optional<bool> listening;
   for (Slot* e : slots) {
     std::string options = e->resource->options().SerializeAsString();
-    uint64_t served;
-    bool dropped_by_live_kubelet = false;
+    uint64_t served = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (result.kubelet_restarted.has_value()) {
-        // A new kubelet: no backoff left from the old one's drops.
-        e->backoff = absl::ZeroDuration();
-        e->retry_at = absl::InfinitePast();
-        e->dropped = false;
-      }
-      if (e->dropped && e->registered_with == kubelet && !held_ && !e->registering) {
-        if (now < e->retry_at) {
-          next_retry_ = std::min(next_retry_, e->retry_at);
-          continue;
-        }
-        // Still the same kubelet, listening, and our socket where it was:
-        // that kubelet dropped this endpoint.
-        if (!e->endpoint->SocketPresent()) continue;  // ServeRemoved's
-        if (!listening.has_value()) {
-          mu_.Unlock();
-          listening = SocketAccepts(KubeletSocketPath(kubelet_));
-          mu_.Lock();
-        }
-        if (!*listening) continue;
-        dropped_by_live_kubelet = true;
-      }
-      if (held_ || e->registering) continue;
-      if (e->reclaim_at != absl::InfinitePast()) continue;  // CheckReclaims
-      served = e->served;
-      bool options_changed = false;
-      if (e->registered_with == kubelet && !e->dropped) {
-        if (e->registered_options == options) continue;
-        if (e->endpoint->kubelet_registers_synchronously()) {
-          // A 1.25+ kubelet read the options when it dialled and keeps
-          // them; registering again at this socket while it streams from
-          // it is refused by a 1.37 kubelet, which then never disconnects
-          // the socket. The endpoint follows what the kubelet was told
-          // (PreStartContainer: device_plugin_server.h).
-          LOG(INFO) << "resource " << e->resource->name() << ": the backend's options changed; "
-                    << "the kubelet keeps the ones it read (PreStartContainer "
-                    << (e->endpoint->kubelet_calls_pre_start().value_or(false) ? "" : "not ")
-                    << "called by it), and dpproxy serves the difference";
-          e->registered_options = std::move(options);
-          continue;
-        }
-        options_changed = true;
-      } else if (e->registered_with == kubelet) {
-        // Dropped by this kubelet, which still runs (OnStreamDropped): it
-        // disconnected this resource's client.
-        if (dropped_by_live_kubelet && now >= e->retry_at) {
-          LOG(INFO) << "resource " << e->resource->name()
-                    << ": the running kubelet dropped our endpoint; registering again";
-        }
-      } else if (e->registered_with.has_value()) {
-        LOG(INFO) << "resource " << e->resource->name()
-                  << ": kubelet restart detected (new kubelet.sock); registering again";
-        events_->Emit("kubelet_restart_detected", {{"resource", e->resource->name()},
-                                                   {"signal", "kubelet.sock recreated"}});
-        e->registered_with.reset();
-        e->backoff = absl::ZeroDuration();
-        e->retry_at = absl::InfinitePast();
-      }
-      if (now < e->retry_at) {
-        next_retry_ = std::min(next_retry_, e->retry_at);
+      if (!RegistrationDueLocked(e, *kubelet, result.kubelet_restarted.has_value(), now,
+                                 &options, &listening)) {
         continue;
       }
-      if (options_changed) {
-        LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
-      }
       e->registering = true;
+      served = e->served;
     }
     if (!workers_->Submit([this, e, k = *kubelet, o = std::move(options), served]() mutable {
           RegisterOnWorker(e, k, std::move(o), served);
@@ -278,6 +217,77 @@ Registrar::PassResult Registrar::Pass(absl::Time now) {
   absl::MutexLock lock(&mu_);
   result.next_retry = next_retry_;
   return result;
+}
+
+bool Registrar::RegistrationDueLocked(Slot* e, const FileId& kubelet, bool kubelet_restarted,
+                                      absl::Time now, std::string* options,
+                                      std::optional<bool>* listening) {
+  if (kubelet_restarted) {
+    // A new kubelet: no backoff left from the old one's drops.
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::InfinitePast();
+    e->dropped = false;
+  }
+  bool dropped_by_live_kubelet = false;
+  if (e->dropped && e->registered_with == kubelet && !held_ && !e->registering) {
+    if (now < e->retry_at) {
+      next_retry_ = std::min(next_retry_, e->retry_at);
+      return false;
+    }
+    // Still the same kubelet, listening, and our socket where it was: that
+    // kubelet dropped this endpoint.
+    if (!e->endpoint->SocketPresent()) return false;  // ServeRemoved's
+    if (!listening->has_value()) {
+      mu_.Unlock();
+      *listening = SocketAccepts(KubeletSocketPath(kubelet_));
+      mu_.Lock();
+    }
+    if (!**listening) return false;
+    dropped_by_live_kubelet = true;
+  }
+  if (held_ || e->registering) return false;
+  if (e->reclaim_at != absl::InfinitePast()) return false;  // CheckReclaims
+  bool options_changed = false;
+  if (e->registered_with == kubelet && !e->dropped) {
+    if (e->registered_options == *options) return false;
+    if (e->endpoint->kubelet_registers_synchronously()) {
+      // A 1.25+ kubelet read the options when it dialled and keeps them;
+      // registering again at this socket while it streams from it is
+      // refused by a 1.37 kubelet, which then never disconnects the socket.
+      // The endpoint follows what the kubelet was told (PreStartContainer:
+      // device_plugin_server.h).
+      LOG(INFO) << "resource " << e->resource->name() << ": the backend's options changed; "
+                << "the kubelet keeps the ones it read (PreStartContainer "
+                << (e->endpoint->kubelet_calls_pre_start().value_or(false) ? "" : "not ")
+                << "called by it), and dpproxy serves the difference";
+      e->registered_options = std::move(*options);
+      return false;
+    }
+    options_changed = true;
+  } else if (e->registered_with == kubelet) {
+    // Dropped by this kubelet, which still runs (OnStreamDropped): it
+    // disconnected this resource's client.
+    if (dropped_by_live_kubelet && now >= e->retry_at) {
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": the running kubelet dropped our endpoint; registering again";
+    }
+  } else if (e->registered_with.has_value()) {
+    LOG(INFO) << "resource " << e->resource->name()
+              << ": kubelet restart detected (new kubelet.sock); registering again";
+    events_->Emit("kubelet_restart_detected", {{"resource", e->resource->name()},
+                                               {"signal", "kubelet.sock recreated"}});
+    e->registered_with.reset();
+    e->backoff = absl::ZeroDuration();
+    e->retry_at = absl::InfinitePast();
+  }
+  if (now < e->retry_at) {
+    next_retry_ = std::min(next_retry_, e->retry_at);
+    return false;
+  }
+  if (options_changed) {
+    LOG(INFO) << "resource " << e->resource->name() << ": options changed; registering again";
+  }
+  return true;
 }
 
 void Registrar::Resume(bool successor_registered) {

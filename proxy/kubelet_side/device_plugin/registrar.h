@@ -161,6 +161,15 @@ class Registrar {
   void OnStreamDropped(Slot* slot);
 
   void ServeRemoved(const std::vector<Slot*>& slots);
+  // Pass's decision for one slot, at `kubelet` (whose socket is new at this
+  // pass if `kubelet_restarted`): whether to register now. Resets what a
+  // new kubelet makes moot, notes the next retry, and takes in `options`
+  // when the kubelet keeps the ones it read. `listening`: whether the
+  // kubelet accepts at its socket, asked at most once a pass (with mu_
+  // released).
+  bool RegistrationDueLocked(Slot* e, const FileId& kubelet, bool kubelet_restarted,
+                             absl::Time now, std::string* options,
+                             std::optional<bool>* listening) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterOnWorker(Slot* slot, FileId kubelet, std::string options, uint64_t served);
   // After a failed registration (`s`): when to try again. At once if the
   // kubelet was replaced meanwhile, or once when the socket was found not

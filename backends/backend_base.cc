@@ -1,5 +1,9 @@
 #include "backends/backend_base.h"
 
+#include <set>
+
+#include <grpcpp/generic/generic_stub.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace dpproxy {
@@ -182,6 +186,85 @@ bool ListReader::Enter(bool end, std::shared_ptr<const DeviceList>* list) {
 void ListReader::Leave() {
   absl::MutexLock lock(&mu_);
   callback_thread_ = std::thread::id();
+}
+
+class BackendBase::Probes {
+ public:
+  struct Ask {
+    grpc::ClientContext ctx;
+    // An empty message: no bytes (a default ByteBuffer is no message at
+    // all, which gRPC refuses to send).
+    grpc::Slice empty;
+    grpc::ByteBuffer request{&empty, 1};
+    grpc::ByteBuffer response;
+  };
+  // Registers `ask`; false once CancelAll() ran (the backend stopped).
+  bool Add(Ask* ask) {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return false;
+    asks_.insert(ask);
+    return true;
+  }
+  void Remove(Ask* ask) {
+    absl::MutexLock lock(&mu_);
+    asks_.erase(ask);
+  }
+  void CancelAll() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    // Each ask is alive while listed: its callback removes it first.
+    for (Ask* ask : asks_) ask->ctx.TryCancel();
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<Ask*> asks_ ABSL_GUARDED_BY(mu_);
+};
+
+BackendBase::BackendBase(std::string resource, std::string endpoint,
+                         std::shared_ptr<grpc::Channel> ch)
+    : resource_(std::move(resource)),
+      endpoint_(std::move(endpoint)),
+      channel_(std::move(ch)),
+      probes_(std::make_shared<Probes>()) {}
+
+void BackendBase::Stop() {
+  std::shared_ptr<ListStream> stream;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    stream = stream_;
+  }
+  if (stream != nullptr) stream->Stop();
+  probes_->CancelAll();
+}
+
+void BackendBase::ProbeAsync(absl::Duration timeout, std::function<void(absl::Status)> done) {
+  if (channel_ == nullptr) {
+    // A test's mock stub: no plugin to ask, and nothing to find silent.
+    done(absl::OkStatus());
+    return;
+  }
+  auto ask = std::make_shared<Probes::Ask>();
+  ask->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!probes_->Add(ask.get())) {
+    done(absl::CancelledError("backend stopped"));
+    return;
+  }
+  grpc::GenericStub stub(channel_);
+  stub.UnaryCall(&ask->ctx, std::string(kWatchdogMethod), grpc::StubOptions(), &ask->request, &ask->response,
+                 [ask, probes = probes_, done = std::move(done)](grpc::Status s) {
+                   probes->Remove(ask.get());
+                   switch (s.error_code()) {
+                     case grpc::StatusCode::DEADLINE_EXCEEDED:
+                     case grpc::StatusCode::UNAVAILABLE:
+                     case grpc::StatusCode::CANCELLED:
+                       return done(FromGrpcStatus(s));
+                     default:
+                       return done(absl::OkStatus());  // it answered
+                   }
+                 });
 }
 
 }  // namespace dpproxy

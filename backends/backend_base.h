@@ -130,11 +130,13 @@ class ListReader final : public grpc::ClientReadReactor<grpc::ByteBuffer>,
   std::shared_ptr<ListReader> self_ ABSL_GUARDED_BY(mu_);
 };
 
+// The method the watchdog calls (ProbeAsync): a service no plugin has.
+inline constexpr absl::string_view kWatchdogMethod = "/dpproxy.Watchdog/Probe";
+
 // What both adapters share: the channel, the one stream, Stop().
 class BackendBase : public Backend {
  public:
-  BackendBase(std::string resource, std::string endpoint, std::shared_ptr<grpc::Channel> ch)
-      : resource_(std::move(resource)), endpoint_(std::move(endpoint)), channel_(std::move(ch)) {}
+  BackendBase(std::string resource, std::string endpoint, std::shared_ptr<grpc::Channel> ch);
   ~BackendBase() override { Stop(); }
 
   const std::string& endpoint() const override { return endpoint_; }
@@ -158,15 +160,14 @@ class BackendBase : public Backend {
         });
   }
 
-  void Stop() override {
-    std::shared_ptr<ListStream> stream;
-    {
-      absl::MutexLock lock(&mu_);
-      stopped_ = true;
-      stream = stream_;
-    }
-    if (stream != nullptr) stream->Stop();
-  }
+  // Ends the stream and withdraws the watchdog's asks in flight.
+  void Stop() override;
+
+  // A call of kWatchdogMethod, which no plugin serves: the plugin's gRPC
+  // server answers Unimplemented at once if the process serves at all.
+  // Not GetDevicePluginOptions: some plugins crash when asked for their
+  // options, and v1alpha has no such call.
+  void ProbeAsync(absl::Duration timeout, std::function<void(absl::Status)> done) override;
 
  protected:
   // The one stream: opened now, or the one a probe already opened.
@@ -177,6 +178,11 @@ class BackendBase : public Backend {
   const std::shared_ptr<grpc::Channel> channel_;
 
  private:
+  // The watchdog's asks in flight, cancelled by Stop(). Shared with each
+  // ask's callback, which may run after the backend is gone.
+  class Probes;
+  const std::shared_ptr<Probes> probes_;
+
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;

@@ -182,7 +182,7 @@ absl::Status ApplyRestoreAndReconcile(Reader& r, const YAML::Node& root, ProxyCo
   return absl::OkStatus();
 }
 
-// timeouts, limits, backend_loss and cdi_annotations.
+// timeouts, limits, backend_loss, backend_probe and cdi_annotations.
 absl::Status ApplyLimitsAndPolicy(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node t = root["timeouts"]) {
     DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));
@@ -213,6 +213,13 @@ absl::Status ApplyLimitsAndPolicy(Reader& r, const YAML::Node& root, ProxyConfig
     }
     if (b["hold"]) DPP_CFG(r.Duration(b["hold"], "backend_loss.hold", &c->policy.hold));
     if (b["grace"]) DPP_CFG(r.Duration(b["grace"], "backend_loss.grace", &c->policy.grace));
+  }
+  if (const YAML::Node p = root["backend_probe"]) {
+    DPP_CFG(r.CheckKeys(p, "backend_probe", {"interval", "timeout", "misses"}));
+    BackendProbe& probe = c->policy.probe;
+    if (p["interval"]) DPP_CFG(r.Duration(p["interval"], "backend_probe.interval", &probe.interval));
+    if (p["timeout"]) DPP_CFG(r.Duration(p["timeout"], "backend_probe.timeout", &probe.timeout));
+    if (p["misses"]) DPP_CFG(r.IntIn(p["misses"], "backend_probe.misses", 1, 100, &probe.misses));
   }
   if (root["cdi_annotations"]) {
     DPP_CFG(r.Bool(root["cdi_annotations"], "cdi_annotations", &c->kubelet.cdi_annotations));
@@ -298,7 +305,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
                        "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
-                       "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
+                       "backend_probe", "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
                        "dra", "paths", "pod_resources_socket", "container_runtime_endpoint"}));
   // Section by section, in this order: the first problem found is reported.
   for (absl::Status (*apply)(Reader&, const YAML::Node&, ProxyConfig*) :
@@ -390,6 +397,10 @@ std::string ConfigToYaml(const ProxyConfig& c) {
       << YAML::Value << (c.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy")
       << YAML::Key << "hold" << YAML::Value << duration(c.policy.hold) << YAML::Key << "grace"
       << YAML::Value << duration(c.policy.grace) << YAML::EndMap;
+  out << YAML::Key << "backend_probe" << YAML::Value << YAML::BeginMap << YAML::Key << "interval"
+      << YAML::Value << duration(c.policy.probe.interval) << YAML::Key << "timeout"
+      << YAML::Value << duration(c.policy.probe.timeout) << YAML::Key << "misses"
+      << YAML::Value << c.policy.probe.misses << YAML::EndMap;
   out << YAML::Key << "cdi_annotations" << YAML::Value << c.kubelet.cdi_annotations;
   EmitResourceMaps(c, &out);
   out << YAML::EndMap;

@@ -62,6 +62,18 @@ DEFINE_string(backend_loss_grace, "1s",
               "their health before they are reported Unhealthy, so that a plugin restarting\n"
               "itself is no flap to the kubelet. 0s: at once.");
 DEFINE_string(backend_hold, "30s", "Hold time for --backend_loss_policy=hold.");
+DEFINE_string(backend_probe_interval, "10s",
+              "How often dpproxy asks each plugin's gRPC server a call it does not serve\n"
+              "(answered Unimplemented at once), to catch a plugin that holds its stream\n"
+              "open but answers no call (a hung or stopped process). After --backend_probe_misses asks in a row without an\n"
+              "answer the plugin is treated as lost (--backend_loss_policy) until it answers\n"
+              "again. 0s: never asked. At least 1s.");
+DEFINE_string(backend_probe_timeout, "10s",
+              "How long each of those asks waits for an answer. A plugin slow under load\n"
+              "still answers this call well within 10s.");
+DEFINE_int32(backend_probe_misses, 3,
+             "Unanswered asks in a row that make a plugin silent (1-100). With the\n"
+             "defaults, a plugin silent for 30-40s is treated as lost.");
 DEFINE_string(rename, "",
               "Serve backend resources under other names, comma-separated FROM=TO, e.g.\n"
               "\"legacy.com/gpu=vendor.com/gpu\".");
@@ -211,6 +223,10 @@ absl::Status ApplyDurationFlags(const FlagFilter& set, ProxyConfig* c) {
       {"backend_hold", FLAGS_backend_hold, [](ProxyConfig& c) -> auto& { return c.policy.hold; }},
       {"backend_loss_grace", FLAGS_backend_loss_grace,
        [](ProxyConfig& c) -> auto& { return c.policy.grace; }},
+      {"backend_probe_interval", FLAGS_backend_probe_interval,
+       [](ProxyConfig& c) -> auto& { return c.policy.probe.interval; }},
+      {"backend_probe_timeout", FLAGS_backend_probe_timeout,
+       [](ProxyConfig& c) -> auto& { return c.policy.probe.timeout; }},
       {"reconcile_interval", FLAGS_reconcile_interval,
        [](ProxyConfig& c) -> auto& { return c.reconcile_interval; }},
       {"reconcile_grace", FLAGS_reconcile_grace,
@@ -266,6 +282,7 @@ absl::Status ApplyLimitAndPolicyFlags(const FlagFilter& set, ProxyConfig* c) {
     }
     c->backend_max_list_bytes = FLAGS_backend_max_list_mib << 20;
   }
+  if (set("backend_probe_misses")) c->policy.probe.misses = FLAGS_backend_probe_misses;
   if (set("api_max_body_mib")) {
     if (FLAGS_api_max_body_mib < 1 || FLAGS_api_max_body_mib > 1024) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -274,6 +274,21 @@ absl::Status CheckPolicy(const ProxyConfig& c) {
         "backend_loss.grace ", absl::FormatDuration(c.policy.grace),
         " is not between 0s and 1m (for longer, use backend_loss.policy: hold)"));
   }
+  const BackendProbe& probe = c.policy.probe;
+  if (probe.interval != absl::ZeroDuration() && probe.interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend_probe.interval ", absl::FormatDuration(probe.interval),
+        " is not 0s (off) or at least 1s (dpproxy's passes run once a second)"));
+  }
+  if (probe.timeout <= absl::ZeroDuration() || probe.timeout > absl::Minutes(5)) {
+    return absl::InvalidArgumentError(absl::StrCat("backend_probe.timeout ",
+                                                   absl::FormatDuration(probe.timeout),
+                                                   " is not more than 0s and at most 5m"));
+  }
+  if (probe.misses < 1 || probe.misses > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend_probe.misses ", probe.misses, " is not between 1 and 100"));
+  }
   return absl::OkStatus();
 }
 

@@ -64,11 +64,27 @@ enum class LossPolicy {
   kHold,
 };
 
+// The watchdog's asks of a backend (backend_watchdog.h): a plugin that
+// holds its stream open but answers nothing for `misses` asks in a row,
+// each given `timeout`, asked every `interval`, is treated as lost. The
+// ask is a method no plugin serves, which the plugin's gRPC server answers
+// (Unimplemented) without calling the plugin's code: a plugin slow under
+// load still answers it well within 10 s (the kubelet itself gives a
+// plugin 10 s to answer its dial), and a plugin that crashes when asked
+// for its options is never asked. With the defaults a plugin is declared
+// silent after 30 to 40 s without an answer.
+struct BackendProbe {
+  absl::Duration interval = absl::Seconds(10);  // zero: no watchdog
+  absl::Duration timeout = absl::Seconds(10);
+  int misses = 3;
+};
+
 struct ResourcePolicy {
   LossPolicy loss_policy = LossPolicy::kUnhealthy;
   absl::Duration hold = absl::ZeroDuration();
   // kUnhealthy's grace (backend_loss.grace); 0: Unhealthy at once.
   absl::Duration grace = absl::Seconds(1);
+  BackendProbe probe;
   // Backend device ID -> the ID the kubelet sees, for a backend that names
   // devices differently from its predecessor (indexes vs UUIDs). IDs not in
   // the map pass through unchanged.

@@ -109,6 +109,14 @@ class Backend {
     done(PreStartContainer(request, timeout, caller));
   }
 
+  // Asks the plugin something cheap, for the watchdog (backend_watchdog.h),
+  // with no thread waiting: `done` gets OK for any answer (an error the
+  // plugin sent back is an answer too), kDeadlineExceeded if none came
+  // within `timeout`, kUnavailable if the plugin could not be reached,
+  // kCancelled if Stop() withdrew the ask. Called once, on one of gRPC's
+  // callback threads (or the caller's); it must not block.
+  virtual void ProbeAsync(absl::Duration timeout, std::function<void(absl::Status)> done) = 0;
+
   // Ends the stream; no callback runs after it returns. Idempotent; from
   // within a callback it returns at once (that callback is the last).
   virtual void Stop() = 0;

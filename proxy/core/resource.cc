@@ -21,7 +21,15 @@ Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
     : name_(std::move(name)), policy_(std::move(policy)), events_(events),
       hooks_(std::move(hooks)), loss_policy_(policy_.loss_policy), hold_(policy_.hold),
       grace_(policy_.grace),
-      ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})) {}
+      ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})),
+      watchdog_({[this](uint64_t generation, absl::Duration silent_for) {
+                   OnSilent(generation, silent_for);
+                 },
+                 [this](uint64_t generation, absl::Duration silent_for) {
+                   OnAnswering(generation, silent_for);
+                 }}) {
+  watchdog_.SetSettings(policy_.probe);
+}
 
 void Resource::SetIdPolicy(std::map<std::string, std::string> id_map, bool compact_ids) {
   absl::MutexLock lock(&mu_);
@@ -77,6 +85,7 @@ bool Resource::AttachBackend(std::shared_ptr<Backend> backend) {
     generation = ++generation_;
     connected_ = true;
     listed_ = false;  // calls wait for its first device list
+    silent_ = false;
     lost_at_.reset();
     hold_override_.reset();
     last_endpoint_ = backend->endpoint();
@@ -373,8 +382,58 @@ std::string CompactDeviceId(absl::string_view backend_id) {
 void Resource::OnLost(uint64_t generation, const std::string& why) {
   ChangeLock lock(this);
   if (generation != generation_) return;
+  if (silent_) {
+    // Its stream ended too: lost since it fell silent, policy applied then.
+    silent_ = false;
+    LOG(WARNING) << "resource " << name_ << ": silent backend "
+                 << (backend_ ? backend_->endpoint() : std::string("?")) << " ended its stream ("
+                 << why << ")";
+    return;
+  }
   connected_ = false;
   ++changes_;
+  LoseBackendLocked(why, "backend_down");
+}
+
+void Resource::OnSilent(uint64_t generation, absl::Duration silent_for) {
+  ChangeLock lock(this);
+  if (generation != generation_ || !connected_) return;
+  connected_ = false;
+  silent_ = true;
+  ++changes_;
+  LoseBackendLocked(
+      absl::StrCat("plugin silent for ",
+                   absl::FormatDuration(absl::Trunc(silent_for, absl::Milliseconds(100))),
+                   ": it holds its stream open but answered none of the watchdog's last asks"),
+      "backend_silent", {{"silent_ms", absl::ToInt64Milliseconds(silent_for)}});
+}
+
+void Resource::OnAnswering(uint64_t generation, absl::Duration silent_for) {
+  ChangeLock lock(this);
+  if (generation != generation_ || !silent_) return;
+  silent_ = false;
+  connected_ = true;
+  lost_at_.reset();
+  hold_override_.reset();
+  ++changes_;
+  // What the backend last listed, with its own health, is shown again.
+  PublishBaseLocked(reported_);
+  const std::string endpoint = backend_ ? backend_->endpoint() : "";
+  LOG(WARNING) << "resource " << name_ << ": backend " << endpoint << " answers again after "
+               << absl::FormatDuration(absl::Trunc(silent_for, absl::Seconds(1)))
+               << " of silence; its devices are reported as it lists them";
+  events_->Emit("backend_answering",
+                {{"resource", name_},
+                 {"endpoint", endpoint},
+                 {"silent_ms", absl::ToInt64Milliseconds(silent_for)}});
+}
+
+bool Resource::backend_silent() {
+  absl::MutexLock lock(&mu_);
+  return silent_;
+}
+
+void Resource::LoseBackendLocked(const std::string& why, const char* event, Json fields) {
   lost_at_ = absl::Now();
   hold_override_.reset();
   LOG(WARNING) << "resource " << name_ << ": backend "
@@ -386,9 +445,10 @@ void Resource::OnLost(uint64_t generation, const std::string& why) {
                        ? "reported Unhealthy unless it is back within " +
                              absl::FormatDuration(grace_)
                        : "held at their last health for " + absl::FormatDuration(hold_));
-  events_->Emit("backend_down", {{"resource", name_},
-                                 {"endpoint", backend_ ? backend_->endpoint() : ""},
-                                 {"reason", why}});
+  fields["resource"] = name_;
+  fields["endpoint"] = backend_ ? backend_->endpoint() : "";
+  fields["reason"] = why;
+  events_->Emit(event, std::move(fields));
   if (keep_health_) return;
   if (LossHoldLocked() <= absl::ZeroDuration()) MarkAllLocked(std::string(kUnhealthy));
 }
@@ -465,6 +525,14 @@ void Resource::KeepHealthOnLoss(bool keep) {
 }
 
 void Resource::Tick(absl::Time now) {
+  std::shared_ptr<Backend> asked;
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (connected_ || silent_) asked = backend_;
+    generation = generation_;
+  }
+  watchdog_.Tick(now, asked, generation);
   ChangeLock lock(this);
   if (connected_ || !lost_at_.has_value() || keep_health_) return;
   absl::Duration hold;

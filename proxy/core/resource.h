@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proxy/core/backend.h"
+#include "proxy/core/backend_watchdog.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/device_list.h"
 #include "proxy/core/forgotten_devices.h"
@@ -85,6 +86,11 @@ class Resource {
   // backend lost and held now is marked Unhealthy at once if the new
   // policy would have done so by now.
   void SetLossPolicy(LossPolicy policy, absl::Duration hold, absl::Duration grace);
+  // How the watchdog asks the backend from now on (a configuration reload).
+  void SetProbe(const BackendProbe& probe) { watchdog_.SetSettings(probe); }
+  // The current backend holds its stream but answers no call (the
+  // watchdog): it is treated as lost until it answers again.
+  bool backend_silent();
 
   const std::string& name() const { return name_; }
 
@@ -265,6 +271,15 @@ class Resource {
  private:
   void OnDevices(uint64_t generation, std::shared_ptr<const DeviceList> devices);
   void OnLost(uint64_t generation, const std::string& why);
+  // The watchdog's verdicts on the backend of `generation`: silent (the
+  // loss policy applies, as if it was lost, but its stream is kept), and
+  // answering again (its last list is shown again).
+  void OnSilent(uint64_t generation, absl::Duration silent_for);
+  void OnAnswering(uint64_t generation, absl::Duration silent_for);
+  // Logs the loss of the backend (`why`), tells it as `event` (with
+  // `fields`), and applies the policy.
+  void LoseBackendLocked(const std::string& why, const char* event,
+                         Json fields = Json::object()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkAllLocked(const std::string& health) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishBaseLocked(std::shared_ptr<const DeviceList> base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -350,6 +365,9 @@ class Resource {
   // Hold for the current absence, when it is not the loss policy's (restore).
   std::optional<absl::Duration> hold_override_ ABSL_GUARDED_BY(mu_);
   bool keep_health_ ABSL_GUARDED_BY(mu_) = false;  // KeepHealthOnLoss()
+  // The current backend is attached but silent (OnSilent); connected_ is
+  // false meanwhile.
+  bool silent_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_endpoint_ ABSL_GUARDED_BY(mu_);
   std::string last_api_ ABSL_GUARDED_BY(mu_);
   std::optional<v1beta1::DevicePluginOptions> last_options_ ABSL_GUARDED_BY(mu_);
@@ -381,6 +399,8 @@ class Resource {
   absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<uint64_t, std::function<void(const Snapshot&)>> watchers_ ABSL_GUARDED_BY(watch_mu_);
   uint64_t next_watcher_ ABSL_GUARDED_BY(watch_mu_) = 0;
+  // Last: destroyed first, after Shutdown() withdrew its ask.
+  BackendWatchdog watchdog_;
 };
 
 }  // namespace dpproxy

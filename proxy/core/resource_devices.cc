@@ -337,6 +337,12 @@ bool Resource::Publish(uint64_t generation, Renamed r) {
       // What the backend reports is what the kubelet is shown: one list.
       PublishBaseLocked(std::move(shown));
       reported_ = base_;
+      // A silent backend's list (its stream still delivers) is kept for
+      // when it answers; the loss policy's marking stays until then.
+      if (silent_ && !keep_health_ && lost_at_.has_value() &&
+          absl::Now() - *lost_at_ >= LossHoldLocked()) {
+        MarkAllLocked(std::string(kUnhealthy));
+      }
       VLOG(1) << "resource " << name_ << ": " << reported_->size() << " devices, "
               << snapshot_.list->healthy() << " healthy";
       events_->Emit("devices", {{"resource", name_},

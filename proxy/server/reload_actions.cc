@@ -15,9 +15,11 @@ void ReloadActions::ApplyLossPolicy(const ProxyConfig& next) {
     live.policy.loss_policy = next.policy.loss_policy;
     live.policy.hold = next.policy.hold;
     live.policy.grace = next.policy.grace;
+    live.policy.probe = next.policy.probe;
   });
   for (ServedResource* e : p_.table->All()) {
     e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold, next.policy.grace);
+    e->resource->SetProbe(next.policy.probe);
   }
 }
 

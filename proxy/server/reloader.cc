@@ -38,7 +38,8 @@ Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig&
       kind = &paths;
     } else if (absl::StartsWith(c.path, "backends[")) {
       kind = &backends;
-    } else if (absl::StartsWith(c.path, "backend_loss.")) {
+    } else if (absl::StartsWith(c.path, "backend_loss.") ||
+               absl::StartsWith(c.path, "backend_probe.")) {
       kind = &loss;
     } else if (c.path == "timeouts.backend" || c.path == "timeouts.dial" ||
                c.path == "cdi_annotations") {
@@ -57,7 +58,10 @@ Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig&
                   {{"setting", "backend_loss"},
                    {"policy", next.policy.loss_policy == LossPolicy::kHold ? "hold" : "unhealthy"},
                    {"hold", absl::FormatDuration(next.policy.hold)},
-                   {"grace", absl::FormatDuration(next.policy.grace)}});
+                   {"grace", absl::FormatDuration(next.policy.grace)},
+                   {"probe_interval", absl::FormatDuration(next.policy.probe.interval)},
+                   {"probe_timeout", absl::FormatDuration(next.policy.probe.timeout)},
+                   {"probe_misses", next.policy.probe.misses}});
   }
   if (calls) {
     // From the next call on; calls under way keep the limit they began with.

@@ -89,6 +89,7 @@ ResourceStatus Reporter::ResourceStatusOf(ServedResource* e, bool with_devices) 
   r.kubelet_api = kubelet.api;
   r.kubelet_socket = kubelet.socket;
   r.backend_connected = e->resource->backend_connected();
+  r.backend_silent = e->resource->backend_silent();
   r.backend_api = backend_api;
   r.backend_endpoint = endpoint;
   // From the static backends, not from the last withheld pass: a reload
@@ -201,6 +202,14 @@ std::vector<HealthCheck> Reporter::Readiness() {
   for (ServedResource* e : p_.table->All()) {
     const std::string& name = e->resource->name();
     if (e->resource->backend_connected()) continue;
+    if (e->resource->backend_silent()) {
+      checks.push_back(
+          {absl::StrCat("backend:", name), false,
+           absl::StrCat("its plugin at ", e->resource->last_backend().endpoint,
+                        " holds its stream open but answers no call (the watchdog's asks); "
+                        "its devices are shown as the loss policy says until it answers")});
+      continue;
+    }
     auto redial = redials.find(name);
     const std::optional<absl::Time> trusted = e->resource->trusted_until();
     if (redial != redials.end() && redial->second.outcome == Redialer::Outcome::kDialling) {

@@ -102,7 +102,8 @@ void StaticBackends::Tick(const std::vector<ServedResource*>& served) {
       absl::MutexLock lock(&mu_);
       auto it = by_name_.find(name);
       if (it == by_name_.end() || !it->second.dialled || it->second.connecting) continue;
-      if (e->resource->backend_connected()) continue;
+      // A silent one is still attached: the watchdog sees it answer again.
+      if (e->resource->backend_connected() || e->resource->backend_silent()) continue;
       it->second.connecting = true;
     }
     const bool queued = workers_->Submit([this, name] {

@@ -9,7 +9,7 @@ namespace dpproxy {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DeviceStatus, id, health)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ResourceStatus, resource, kubelet_api,
-                                                kubelet_registered, kubelet_socket, backend_connected, backend_api,
+                                                kubelet_registered, kubelet_socket, backend_connected, backend_silent, backend_api,
                                                 backend_endpoint, static_backend,
                                                 backend_error, backend_dial_failures,
                                                 pre_start_required,
@@ -250,7 +250,9 @@ std::string ResourceRows(const ProxyStatus& st) {
         r.kubelet_registered ? r.kubelet_api
         : r.kubelet_api.empty() ? std::string("(not registered)")
                                 : absl::StrCat("(away; was ", r.kubelet_api, ")"),
-        r.backend_connected ? r.backend_api : "down",
+        r.backend_connected ? r.backend_api
+        : r.backend_silent  ? "silent"
+                            : "down",
         r.backend_endpoint.empty() ? "-" : r.backend_endpoint, r.devices_healthy,
         r.devices_total);
     out += ResourceNotes(r);

@@ -40,6 +40,9 @@ struct ResourceStatus {
   bool kubelet_registered = false;
   std::string kubelet_socket;
   bool backend_connected = false;
+  // The backend holds its stream open but answers none of the watchdog's
+  // asks: treated as lost (backend_connected false) until it answers.
+  bool backend_silent = false;
   std::string backend_api;       // of the last backend seen ("" if none yet)
   std::string backend_endpoint;  // ditto
   bool static_backend = false;

@@ -38,6 +38,7 @@ socket_group: "0"
 timeouts: {backend: 5s, dial: 2s}
 limits: {backend_list_mib: 64}
 backend_loss: {policy: hold, hold: 45s}
+backend_probe: {interval: 20s, timeout: 5s, misses: 4}
 cdi_annotations: true
 renames:
   legacy.example.com/gpu: vendor.com/gpu
@@ -61,6 +62,9 @@ backends:
   EXPECT_EQ(c.backend_max_list_bytes, 64 << 20);
   EXPECT_EQ(c.policy.loss_policy, LossPolicy::kHold);
   EXPECT_EQ(c.policy.hold, absl::Seconds(45));
+  EXPECT_EQ(c.policy.probe.interval, absl::Seconds(20));
+  EXPECT_EQ(c.policy.probe.timeout, absl::Seconds(5));
+  EXPECT_EQ(c.policy.probe.misses, 4);
   EXPECT_TRUE(c.kubelet.cdi_annotations);
   EXPECT_EQ(c.renames.at("legacy.example.com/gpu"), "vendor.com/gpu");
   EXPECT_EQ(c.compact_ids, std::set<std::string>{"vendor.com/gpu"});
@@ -137,6 +141,11 @@ TEST(ConfigFileTest, ProblemsNameFileLineKeyAndReason) {
       {"kubelet: {api: v2}\n", "kubelet.api: \"v2\" is not one of auto, dra, v1alpha, v1beta1"},
       {"backend_loss: {policy: maybe}\n", "backend_loss.policy: \"maybe\" is not one of hold, unhealthy"},
       {"cdi_annotations: sometimes\n", "cdi_annotations: must be true or false"},
+      {"backend_probe: {interval: 500ms}\n",
+       "backend_probe.interval 500ms is not 0s (off) or at least 1s"},
+      {"backend_probe: {timeout: 0s}\n", "backend_probe.timeout 0 is not more than 0s"},
+      {"backend_probe: {misses: 0}\n", "backend_probe.misses: must be a whole number from 1 to 100"},
+      {"backend_probe: {every: 1s}\n", "backend_probe.every: unknown key"},
       {"compact_ids: vendor.com/gpu\n", "compact_ids: must be a list of resource names"},
       {"compact_ids: [gpu]\n", "compact IDs: "},
       {"limits: {backend_list_mib: 3}\n",

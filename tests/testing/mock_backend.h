@@ -11,6 +11,7 @@
 #ifndef DPPROXY_TESTS_TESTING_MOCK_BACKEND_H_
 #define DPPROXY_TESTS_TESTING_MOCK_BACKEND_H_
 
+#include <atomic>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -48,8 +49,17 @@ class MockBackend : public Backend {
                const grpc::ServerContextBase* caller),
               (override));
   MOCK_METHOD(void, Stop, (), (override));
+  // The watchdog's ask: answered at once with `probe_answer` (not a mock
+  // method: a resource's pass asks now and then, which tests of other
+  // things need not spell out).
+  void ProbeAsync(absl::Duration, std::function<void(absl::Status)> done) override {
+    ++probes;
+    done(probe_answer);
+  }
 
   v1beta1::DevicePluginOptions plugin_options;
+  absl::Status probe_answer;
+  std::atomic<int> probes{0};
   // Where a test keeps what Start() was given.
   BackendCallbacks callbacks;
 

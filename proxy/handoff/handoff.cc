@@ -1,12 +1,9 @@
 #include "proxy/handoff/handoff.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <climits>
@@ -21,7 +18,6 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/server_builder.h>
-#include <grpcpp/server_posix.h>
 #include <glog/logging.h>
 
 #include "absl/strings/numbers.h"
@@ -32,6 +28,7 @@
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/rpc/grpc_status.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proxy/rpc/owner_only_socket.h"
 #include "proxy/util/files.h"
 #include "proxy/util/job_threads.h"
 #include "proxy/util/thread_name.h"
@@ -154,31 +151,6 @@ absl::Status CheckHandBack(const handoff::v1::HandBackRequest& req) {
 
 }  // namespace
 
-// The pid of each accepted connection's peer as the kernel gave it
-// (SO_PEERCRED: numbered in this process's PID namespace, 0 for a process
-// this namespace cannot see), by descriptor: gRPC names a connection made
-// from a descriptor "fd:N" (ServerContext::peer).
-class HandoffServer::PeerPids {
- public:
-  void Note(int fd, int64_t pid) {
-    absl::MutexLock lock(&mu_);
-    by_fd_[fd] = pid;
-  }
-  // The pid of connection `peer` ("fd:N"), or nullopt if not known.
-  std::optional<int64_t> Of(absl::string_view peer) {
-    int fd = -1;
-    if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) return std::nullopt;
-    absl::MutexLock lock(&mu_);
-    auto it = by_fd_.find(fd);
-    if (it == by_fd_.end()) return std::nullopt;
-    return it->second;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<int, int64_t> by_fd_ ABSL_GUARDED_BY(mu_);
-};
-
 // Served with gRPC's callback API: a synchronous service would keep a
 // thread of its own polling gRPC's completion queues for the whole life of
 // the process, waking for other servers' work too (measured: about a tenth
@@ -187,13 +159,18 @@ class HandoffServer::PeerPids {
 // on a thread of its own, never on gRPC's.
 class HandoffServer::Service final : public handoff::v1::Handoff::CallbackService {
  public:
-  Service(Hooks hooks, PeerPids* peers) : hooks_(std::move(hooks)), peers_(peers) {}
+  Service(Hooks hooks) : hooks_(std::move(hooks)) {}
+  // The socket whose callers it serves (set once, before the first call).
+  void SetSocket(OwnerOnlySocket* socket) { socket_ = socket; }
   ~Service() override { JoinWorkers(); }
 
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
                                     const handoff::v1::ReleaseRequest* req,
                                     handoff::v1::ReleaseReply* reply) override {
-    const std::optional<int64_t> here = peers_->Of(ctx->peer());
+    std::optional<int64_t> here;
+    if (std::optional<OwnerOnlySocket::Peer> peer = socket_->PeerOf(ctx->peer())) {
+      here = peer->pid;
+    }
     return Run(ctx, [this, req, reply, here] { return DoRelease(req, here, reply); });
   }
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx,
@@ -341,122 +318,18 @@ class HandoffServer::Service final : public handoff::v1::Handoff::CallbackServic
 
   enum class Stage { kServing, kReleasing, kReleased, kForwarding, kFinished };
   const Hooks hooks_;
-  PeerPids* const peers_;
+  OwnerOnlySocket* socket_ = nullptr;
   JobThreads workers_;  // each call's work, joined as later calls come
   absl::Mutex mu_;
   Stage stage_ ABSL_GUARDED_BY(mu_) = Stage::kServing;
   int64_t peer_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Accepts the handoff socket's connections itself, so that each caller's
-// credentials are known (SO_PEERCRED, which gRPC does not expose): a
-// process of this dpproxy's user, or root, is handed to the gRPC server; any
-// other is refused, logged, and closed. One thread, woken by an eventfd to
-// stop.
-class HandoffServer::Acceptor {
- public:
-  static absl::StatusOr<std::unique_ptr<Acceptor>> Listen(const std::string& path,
-                                                          grpc::Server* server,
-                                                          PeerPids* peers) {
-    auto a = std::unique_ptr<Acceptor>(new Acceptor(path, server, peers));
-    if (absl::Status s = a->Open(); !s.ok()) return s;
-    a->thread_ = std::thread([raw = a.get()] { raw->Loop(); });
-    return a;
-  }
-  ~Acceptor() {
-    if (thread_.joinable()) {
-      const uint64_t one = 1;
-      (void)!::write(wake_, &one, sizeof(one));
-      thread_.join();
-    }
-    if (listen_ >= 0) {
-      ::close(listen_);
-      ::unlink(path_.c_str());
-    }
-    if (wake_ >= 0) ::close(wake_);
-  }
-
- private:
-  Acceptor(std::string path, grpc::Server* server, PeerPids* peers)
-      : path_(std::move(path)), server_(server), peers_(peers) {}
-
-  absl::Status Open() {
-    wake_ = ::eventfd(0, EFD_CLOEXEC);
-    if (wake_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", ErrnoText(errno)));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path_.size() >= sizeof(addr.sun_path)) {
-      return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path_));
-    }
-    std::memcpy(addr.sun_path, path_.data(), path_.size());
-    // A stale socket of a dpproxy that died is replaced; anything else is not.
-    struct stat st;
-    if (::lstat(path_.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(path_, " exists and is not a socket; it is left alone"));
-      }
-      ::unlink(path_.c_str());
-    }
-    listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (listen_ < 0) return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
-    if (::bind(listen_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listen_, 16) != 0) {
-      const int err = errno;
-      ::close(listen_);
-      listen_ = -1;
-      return absl::UnavailableError(
-          absl::StrCat("cannot serve the handoff socket ", path_, ": ", ErrnoText(err)));
-    }
-    return SetMode(path_, 0600);
-  }
-
-  void Loop() {
-    NameThisThread("dpp-handoff-acc");
-    for (;;) {
-      pollfd fds[2] = {{listen_, POLLIN, 0}, {wake_, POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        LOG(ERROR) << "handoff socket " << path_ << ": poll: " << ErrnoText(errno);
-        return;
-      }
-      if (fds[1].revents != 0) return;
-      const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;  // EAGAIN, a connection that went away, EMFILE (logged by none)
-      ucred cred{};
-      socklen_t len = sizeof(cred);
-      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-        LOG(WARNING) << "handoff socket " << path_ << ": a connection whose credentials "
-                     << "cannot be read (" << ErrnoText(errno) << ") is refused";
-        ::close(fd);
-        continue;
-      }
-      if (cred.uid != ::geteuid() && cred.uid != 0) {
-        LOG(WARNING) << "handoff socket " << path_ << ": refused a connection from pid "
-                     << cred.pid << " (uid " << cred.uid << "): only this dpproxy's user (uid "
-                     << ::geteuid() << ") or root may take over";
-        ::close(fd);
-        continue;
-      }
-      peers_->Note(fd, cred.pid);
-      grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns it from here
-    }
-  }
-
-  const std::string path_;
-  grpc::Server* const server_;
-  PeerPids* const peers_;
-  int listen_ = -1;
-  int wake_ = -1;
-  std::thread thread_;
-};
-
 absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& socket,
                                                                     Hooks hooks) {
   std::unique_ptr<HandoffServer> s(new HandoffServer());
   s->socket_ = socket;
-  s->peer_pids_ = std::make_unique<PeerPids>();
-  s->service_ = std::make_unique<Service>(std::move(hooks), s->peer_pids_.get());
+  s->service_ = std::make_unique<Service>(std::move(hooks));
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.RegisterService(s->service_.get());
@@ -464,10 +337,11 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
   if (s->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve the handoff socket ", socket));
   }
-  absl::StatusOr<std::unique_ptr<Acceptor>> acceptor =
-      Acceptor::Listen(socket, s->server_.get(), s->peer_pids_.get());
+  absl::StatusOr<std::unique_ptr<OwnerOnlySocket>> acceptor =
+      OwnerOnlySocket::Listen(socket, s->server_.get(), "handoff socket", "take over");
   if (!acceptor.ok()) return acceptor.status();
   s->acceptor_ = *std::move(acceptor);
+  s->service_->SetSocket(s->acceptor_.get());
   return s;
 }
 

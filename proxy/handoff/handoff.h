@@ -29,6 +29,7 @@
 
 #include <grpcpp/server.h>
 
+#include "proxy/rpc/owner_only_socket.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -73,14 +74,11 @@ class HandoffServer {
 
  private:
   class Service;
-  class Acceptor;
-  class PeerPids;
   HandoffServer() = default;
   std::string socket_;
-  std::unique_ptr<PeerPids> peer_pids_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<Acceptor> acceptor_;
+  std::unique_ptr<OwnerOnlySocket> acceptor_;
 };
 
 class HandoffClient {

@@ -40,7 +40,12 @@ OwnerOnlySocket::~OwnerOnlySocket() {
   }
   if (listen_ >= 0) {
     ::close(listen_);
-    ::unlink(path_.c_str());
+    // Only the socket this one bound: another process (a dpproxy taking
+    // over) may have bound the path anew since.
+    struct stat st;
+    if (::lstat(path_.c_str(), &st) == 0 && st.st_dev == bound_dev_ && st.st_ino == bound_ino_) {
+      ::unlink(path_.c_str());
+    }
   }
   if (wake_ >= 0) ::close(wake_);
 }
@@ -81,6 +86,11 @@ absl::Status OwnerOnlySocket::Open() {
     listen_ = -1;
     return absl::UnavailableError(
         absl::StrCat("cannot serve the ", what_, " ", path_, ": ", ErrnoText(err)));
+  }
+  struct stat bound;
+  if (::lstat(path_.c_str(), &bound) == 0) {
+    bound_dev_ = bound.st_dev;
+    bound_ino_ = bound.st_ino;
   }
   return SetMode(path_, 0600);
 }

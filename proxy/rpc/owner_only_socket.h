@@ -50,8 +50,8 @@ class OwnerOnlySocket {
                                                                  grpc::Server* server,
                                                                  std::string what,
                                                                  std::string purpose);
-  // Stops accepting and removes the socket; connections handed over stay
-  // the server's.
+  // Stops accepting and removes the socket (unless another process bound
+  // the path since); connections handed over stay the server's.
   ~OwnerOnlySocket();
   OwnerOnlySocket(const OwnerOnlySocket&) = delete;
   OwnerOnlySocket& operator=(const OwnerOnlySocket&) = delete;
@@ -74,6 +74,8 @@ class OwnerOnlySocket {
   const std::string what_;
   const std::string purpose_;
   int listen_ = -1;
+  dev_t bound_dev_ = 0;
+  ino_t bound_ino_ = 0;
   int wake_ = -1;
   std::thread thread_;
   absl::Mutex mu_;

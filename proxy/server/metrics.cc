@@ -355,6 +355,18 @@ void AppendRecoveryFamilies(const ProxyStatus& status, std::vector<MetricFamily>
     AddGauge(&elsewhere, {{"resource", res}}, static_cast<double>(n));
   }
   out->push_back(std::move(elsewhere));
+  MetricFamily cordoned = Family(
+      "dpproxy_devices_cordoned",
+      "Devices an operator took out of service (dpctl cordon): reported Unhealthy until "
+      "uncordoned.",
+      MetricType::Gauge);
+  std::map<std::string, size_t> cordoned_per_resource;
+  for (const ResourceStatus& r : status.resources) cordoned_per_resource[r.resource] = 0;
+  for (const CordonStatus& c : status.cordoned) ++cordoned_per_resource[c.resource];
+  for (const auto& [res, n] : cordoned_per_resource) {
+    AddGauge(&cordoned, {{"resource", res}}, static_cast<double>(n));
+  }
+  out->push_back(std::move(cordoned));
   MetricFamily twice = Family("dpproxy_devices_held_twice_total",
                               "Devices found allocated to a second pod while a pod the "
                               "kubelet lost track of held them.",

@@ -211,8 +211,9 @@ absl::Status ProxyServer::OpenState() {
   // Only device-plugin allocations are reconciled: DRA claims are the
   // kubelet's to end, with NodeUnprepareResources.
   if (plugin_pods) MakeReconciler();
+  DPP_RETURN_IF_ERROR(OpenCordons());
   withheld_ = std::make_unique<Withheld>(&table_, statics_.get(), keeper_.get(),
-                                         reconciler_.get(), &events_);
+                                         reconciler_.get(), cordon_book_.get(), &events_);
   if (reconciler_ && keeper_->damaged_at_load()) {
     // The kubelet's checkpoint still lists what the damaged state lost:
     // learned back for the resources served meanwhile (their plugins
@@ -222,6 +223,45 @@ absl::Status ProxyServer::OpenState() {
     });
   }
   return absl::OkStatus();
+}
+
+absl::Status ProxyServer::OpenCordons() {
+  DPP_ASSIGN_OR_RETURN(cordon_book_,
+                       CordonBook::Open(JoinPath(config_.state_dir, CordonBook::kFileName)));
+  cordon_control_ = std::make_unique<CordonControl>(
+      cordon_book_.get(),
+      [this](const std::string& resource) -> std::optional<std::vector<std::string>> {
+        ServedResource* e = table_.Find(resource);
+        if (e == nullptr) return std::nullopt;
+        const Resource::Snapshot snap = e->resource->Current();
+        std::vector<std::string> ids;
+        ids.reserve(static_cast<size_t>(snap.list->size()));
+        for (int i = 0; i < snap.list->size(); ++i) ids.emplace_back(snap.list->device(i).id);
+        return ids;
+      },
+      &events_,
+      [this] {
+        // Shown to the kubelet before the caller hears it was taken.
+        ApplyWithheld();
+        Wake();
+      });
+  if (const size_t n = cordon_book_->List().size(); n > 0) {
+    LOG(WARNING) << n << " device(s) are cordoned (" << cordon_book_->path()
+                 << "): reported Unhealthy until dpctl uncordon";
+  }
+  return absl::OkStatus();
+}
+
+void ProxyServer::StartControl() {
+  absl::StatusOr<std::unique_ptr<ControlServer>> control = ControlServer::Start(
+      JoinPath(config_.state_dir, kControlSocketName), cordon_control_.get());
+  if (!control.ok()) {
+    LOG(ERROR) << control.status().message() << "; dpctl cordon and uncordon cannot reach this "
+               << "dpproxy (the kubelet is served as usual)";
+    events_.Emit("control_socket_failed", {{"error", std::string(control.status().message())}});
+    return;
+  }
+  control_ = *std::move(control);
 }
 
 void ProxyServer::ReportStateLost(const std::string& in_use_since) {
@@ -291,7 +331,14 @@ std::unique_ptr<DraSide> ProxyServer::MakeDraSide() {
   return std::make_unique<DraSide>(
       DraSide::Options{config_.dra, config_.kubelet.kubelet_root, config_.state_dir,
                        keeper_.get(), config_.kubelet.backend_timeout,
-                       config_.api_max_body_bytes, socket_generation_},
+                       config_.api_max_body_bytes, socket_generation_,
+                       [this](const std::string& resource) {
+                         std::map<std::string, std::string> out;
+                         if (cordon_book_ == nullptr) return out;
+                         auto all = cordon_book_->ByResource();
+                         if (auto it = all.find(resource); it != all.end()) out = it->second;
+                         return out;
+                       }},
       [this] {
         // The resources whose path goes through DRA, as the last reload
         // left them.
@@ -426,6 +473,7 @@ absl::Status ProxyServer::StartServing() {
   housekeeping_.Start({&table_, statics_.get(), withheld_.get(), side_.get(),
                        reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
   saver_->Start();
+  if (cordon_control_) StartControl();
   if (reconciler_) reconciler_->Start();
   return StartPodResourcesView();
 }
@@ -437,6 +485,7 @@ void ProxyServer::Shutdown() {
     running_ = false;
   }
   LOG(INFO) << "dpproxy shutting down";
+  control_.reset();
   if (handover_) handover_->StopServing();
   if (pod_resources_view_) pod_resources_view_->Stop();
   stopping_ = true;
@@ -630,6 +679,8 @@ absl::Duration ProxyServer::AllocateWait() {
 }
 
 void ProxyServer::StopWriting() {
+  // The new one serves the control socket, and keeps the cordons.
+  control_.reset();
   side_->Hold();
   for (ServedResource* e : table_.All()) e->resource->KeepHealthOnLoss();
   if (reconciler_) reconciler_->Stop();
@@ -674,6 +725,14 @@ absl::StatusOr<int> ProxyServer::ResumeWriting() {
   ::unlink(marker.c_str());
   side_->Resume(successor_registered);
   saver_->Forget();
+  if (cordon_book_) {
+    // The new one may have cordoned or uncordoned meanwhile.
+    if (absl::Status s = cordon_book_->Reload(); !s.ok()) {
+      LOG(ERROR) << "handoff: taking the state back: " << s.message()
+                 << "; the cordons are kept as they were before the handoff";
+    }
+    StartControl();
+  }
   Wake();
   return loaded->allocations_size();
 }

@@ -56,6 +56,9 @@
 #include "proxy/server/handover.h"
 #include "proxy/server/housekeeping.h"
 #include "proxy/server/withheld.h"
+#include "proxy/control/control_server.h"
+#include "proxy/holders/cordon_control.h"
+#include "proxy/state/cordon_book.h"
 #include "proxy/server/redialer.h"
 #include "proxy/holders/reconciler.h"
 #include "proxy/server/reload_actions.h"
@@ -192,6 +195,11 @@ class ProxyServer : private Handover::Host {
   // both paths may hold devices (true: device-plugin pods are to be
   // reconciled); the reconciler of device-plugin pods.
   void ReportStateLost(const std::string& in_use_since);
+  // The cordon book (an unreadable one fails the start) and the control
+  // socket that changes it (a failure to serve it is logged: the kubelet
+  // is served all the same).
+  absl::Status OpenCordons();
+  void StartControl();
   bool ShareDevicesAcrossPaths();
   void MakeReconciler();
   absl::Status StartServing();
@@ -266,6 +274,9 @@ class ProxyServer : private Handover::Host {
   SplitSide* split_ = nullptr;              // side_, where it has both
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<Withheld> withheld_;  // with a state directory only
+  std::unique_ptr<CordonBook> cordon_book_;        // ditto
+  std::unique_ptr<CordonControl> cordon_control_;  // ditto
+  std::unique_ptr<ControlServer> control_;         // ditto, while this one writes
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<Saver> saver_;
   std::unique_ptr<PodResourcesView> pod_resources_view_;  // --pod_resources_socket

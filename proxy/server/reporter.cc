@@ -50,6 +50,7 @@ ProxyStatus Reporter::Status(bool with_devices) {
     Withheld::Rows rows = p_.withheld->rows();
     st.forgotten = std::move(rows.forgotten);
     st.held_elsewhere = std::move(rows.held_elsewhere);
+    st.cordoned = std::move(rows.cordoned);
     for (ResourceStatus& r : st.resources) {
       auto it = rows.renamed.find(r.resource);
       if (it != rows.renamed.end()) r.now_served_as = it->second;

@@ -12,10 +12,12 @@ bool Withheld::Changed() {
   const uint64_t version = reconciler_ ? reconciler_->forgotten()->version() : 0;
   const uint64_t released = keeper_->released_version();
   const uint64_t served = table_->served_version();
+  const uint64_t cordons = cordons_ ? cordons_->version() : 0;
   if (version == applied_forgotten_ && released == applied_released_ &&
-      served == applied_served_) {
+      served == applied_served_ && cordons == applied_cordons_) {
     return false;
   }
+  applied_cordons_ = cordons;
   applied_forgotten_ = version;
   applied_released_ = released;
   applied_served_ = served;
@@ -80,6 +82,14 @@ void Withheld::Apply() {
       held[resource].insert(id);
       rows.held_elsewhere.push_back(HeldElsewhereStatus{resource, id, h.held_as_resource,
                                                         h.held_as_device, h.allocation, h.pod});
+    }
+  }
+  // Taken out of service by hand.
+  if (cordons_) {
+    for (const Cordon& c : cordons_->List()) {
+      held[c.resource].insert(c.device);
+      rows.cordoned.push_back(CordonStatus{c.resource, c.device, c.reason,
+                                           absl::ToUnixMillis(c.since), c.by_uid, c.by_pid});
     }
   }
   // The resources first: once the status shows a hold, Allocates see it.

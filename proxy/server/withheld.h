@@ -11,6 +11,8 @@
 //     Unhealthy;
 //   - every device of a name no longer served (renamed away, or whose
 //     static backend a reload removed): shown Unhealthy;
+//   - devices an operator took out of service (dpctl cordon, the cordon
+//     book): shown Unhealthy;
 //   - where dpproxy serves both as device plugins and through DRA, devices
 //     one path holds: hidden from the other side only
 //     (Resource::SetHeldAcrossPaths), at each change of the holdings.
@@ -36,6 +38,7 @@
 #include "proxy/server/resource_table.h"
 #include "proxy/server/static_backends.h"
 #include "proxy/status/status_model.h"
+#include "proxy/state/cordon_book.h"
 #include "proxy/state/state_keeper.h"
 
 namespace dpproxy {
@@ -44,9 +47,9 @@ class Withheld {
  public:
   // `reconciler` is null in DRA mode (nothing forgotten there).
   Withheld(ResourceTable* table, StaticBackends* statics, StateKeeper* keeper,
-           Reconciler* reconciler, EventLog* events)
+           Reconciler* reconciler, CordonBook* cordons, EventLog* events)
       : table_(table), statics_(statics), keeper_(keeper), reconciler_(reconciler),
-        events_(events) {}
+        cordons_(cordons), events_(events) {}
 
   Withheld(const Withheld&) = delete;
   Withheld& operator=(const Withheld&) = delete;
@@ -57,6 +60,7 @@ class Withheld {
   struct Rows {
     std::vector<ForgottenStatus> forgotten;
     std::vector<HeldElsewhereStatus> held_elsewhere;
+    std::vector<CordonStatus> cordoned;
     std::map<std::string, std::string> renamed;  // kubelet name -> served as now
   };
   Rows rows() ABSL_LOCKS_EXCLUDED(rows_mu_);
@@ -75,12 +79,14 @@ class Withheld {
   StaticBackends* const statics_;
   StateKeeper* const keeper_;
   Reconciler* const reconciler_;
+  CordonBook* const cordons_;
   EventLog* const events_;
 
   absl::Mutex apply_mu_ ABSL_ACQUIRED_BEFORE(rows_mu_);
   uint64_t applied_forgotten_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_released_ ABSL_GUARDED_BY(apply_mu_) = 0;
   uint64_t applied_served_ ABSL_GUARDED_BY(apply_mu_) = 0;
+  uint64_t applied_cordons_ ABSL_GUARDED_BY(apply_mu_) = 0;
   // What each side must not offer because the other path holds it
   // (StateKeeper::HeldAcrossPaths), at each change.
   void ApplyHeldAcrossPaths() ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);

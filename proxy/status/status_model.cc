@@ -26,6 +26,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ForgottenStatus, resource, alloc
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(HeldElsewhereStatus, resource, device,
                                                 held_as_resource, held_as_device, allocation,
                                                 pod)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(CordonStatus, resource, device, reason,
+                                                since_unix_ms, by_uid, by_pid)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StateStatus, path, allocations, save_failures,
                                                 writable, last_write_error, journal_writes,
                                                 journal_records, compactions,
@@ -68,6 +70,7 @@ Json StatusToJson(const ProxyStatus& s) {
           {"state", s.state ? Json(*s.state) : Json(nullptr)},
           {"forgotten", s.forgotten},
           {"held_elsewhere", s.held_elsewhere},
+          {"cordoned", s.cordoned},
           {"devices_held_twice", s.devices_held_twice},
           {"forgotten_released", s.forgotten_released},
           {"allocations_recovered", s.allocations_recovered},
@@ -134,6 +137,7 @@ absl::StatusOr<ProxyStatus> StatusFromJson(const Json& j) {
     if (j.contains("state") && j["state"].is_object()) s.state = j["state"].get<StateStatus>();
     if (j.contains("forgotten")) j["forgotten"].get_to(s.forgotten);
     if (j.contains("held_elsewhere")) j["held_elsewhere"].get_to(s.held_elsewhere);
+    if (j.contains("cordoned")) j["cordoned"].get_to(s.cordoned);
     s.devices_held_twice = j.value("devices_held_twice", int64_t{0});
     s.forgotten_released = j.value("forgotten_released", int64_t{0});
     s.allocations_recovered = j.value("allocations_recovered", int64_t{0});
@@ -323,6 +327,16 @@ std::string HeldDevices(const ProxyStatus& st) {
                       h.pod.empty() ? absl::StrCat("allocation ", h.allocation, " (pod unknown)")
                                     : h.pod,
                       "\n");
+    }
+  }
+  if (!st.cordoned.empty()) {
+    absl::StrAppend(&out, "\nCORDONED (taken out of service by hand; reported Unhealthy until "
+                          "dpctl uncordon):\n");
+    for (const CordonStatus& c : st.cordoned) {
+      absl::StrAppend(&out, "  ", c.resource, " ", PrintableId(c.device), " since ",
+                      absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(c.since_unix_ms),
+                                       absl::LocalTimeZone()),
+                      " by uid ", c.by_uid, ": ", c.reason, "\n");
     }
   }
   if (st.devices_held_twice > 0) {

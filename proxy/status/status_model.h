@@ -120,6 +120,16 @@ struct HeldElsewhereStatus {
   std::string pod;  // "namespace/name" or "" if unknown
 };
 
+// A device an operator took out of service (dpctl cordon): shown Unhealthy
+// to the kubelet until uncordoned.
+struct CordonStatus {
+  std::string resource, device;
+  std::string reason;
+  int64_t since_unix_ms = 0;
+  uint32_t by_uid = 0;
+  int64_t by_pid = 0;
+};
+
 struct StateStatus {
   std::string path;
   int64_t allocations = 0;
@@ -156,6 +166,7 @@ struct ProxyStatus {
   std::optional<StateStatus> state;  // nullopt without a state directory
   std::vector<ForgottenStatus> forgotten;
   std::vector<HeldElsewhereStatus> held_elsewhere;
+  std::vector<CordonStatus> cordoned;
   int64_t devices_held_twice = 0;
   // Forgotten allocations released because their holder was gone.
   int64_t forgotten_released = 0;

@@ -27,6 +27,7 @@
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tests/proxy/proxy_harness.h"
+#include "tools/dpctl/control_commands.h"
 #include "proxy/kube/kube_client.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
 #include "tools/apiserver_sim/extended_pods.h"
@@ -988,6 +989,20 @@ TEST_P(DraHealthTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
   EXPECT_THAT(h->sim().DraHealth(kDriver)[absl::StrCat(kPool, "/gpu-1")].message,
               HasSubstr("reports gpu-1 Unhealthy"));
   EXPECT_GT(h->sim().DraHealth(kDriver)[absl::StrCat(kPool, "/gpu-1")].last_updated_time, 0);
+  // A device cordoned by hand: Unhealthy, with the operator's reason.
+  from = h->sim().events().Size();
+  ASSERT_EQ(RunControlCommand("cordon", {"vendor.com/gpu", "gpu-2"}, h->config().state_dir,
+                              "fan failure", "table"),
+            0);
+  ASSERT_TRUE(h->sim().events().WaitForEvent("dra_health", {{"driver", kDriver}, {"unhealthy", 2}},
+                                             testing::kWait, from));
+  EXPECT_EQ(health("gpu-2"), "UNHEALTHY");
+  EXPECT_EQ(h->sim().DraHealth(kDriver)[absl::StrCat(kPool, "/gpu-2")].message,
+            "cordoned: fan failure");
+  ASSERT_EQ(RunControlCommand("uncordon", {"vendor.com/gpu", "gpu-2"}, h->config().state_dir, "",
+                              "table"),
+            0);
+  EXPECT_TRUE(h->WaitFor([&] { return health("gpu-2") == "HEALTHY"; }));
   // The plugin goes away: nobody can say, so Unknown.
   from = h->sim().events().Size();
   h->StopPlugins();

@@ -18,9 +18,13 @@
 #include "proxy/state/state_dir.h"
 #include "proxy/state/allocation_response.h"
 #include "proxy/state/state_store.h"
+#include "tools/dpctl/control_commands.h"
 
 DEFINE_string(state_dir, "/var/lib/dpproxy", "dpproxy's --state_dir; the file is state.pb in it.");
 DEFINE_string(output, "table", "table or json.");
+DEFINE_string(reason, "",
+              "cordon: why the device is taken out of service (one line, at most 1 KiB),\n"
+              "shown in dpproxy status, its events and its log. Required.");
 DEFINE_string(plugin_dir, "/var/lib/dpproxy/device-plugins",
               "dpproxy's --plugin_dir: its note there tells a state directory that lost\n"
               "every file (damage) from a new one (a first start).");
@@ -50,11 +54,23 @@ std::string StateJson(const state::State& s) {
   return j.dump(2);
 }
 
-constexpr char kUsage[] = R"(dpctl: inspect dpproxy's durable state.
+constexpr char kUsage[] = R"(dpctl: inspect dpproxy's durable state, and take devices out of service.
 
 Usage:
   dpctl state  [--state_dir=DIR] [--output=table|json]   resources, devices, allocations
   dpctl verify [--state_dir=DIR] [--plugin_dir=DIR]      exit 0 if the state is intact
+  dpctl cordon RESOURCE DEVICE --reason=TEXT [--state_dir=DIR]
+  dpctl uncordon RESOURCE DEVICE [--state_dir=DIR]
+  dpctl cordons [--state_dir=DIR] [--output=table|json]
+
+cordon takes a device out of service on the running dpproxy: the kubelet is
+shown it Unhealthy (in DRA mode it leaves the pool) whatever its plugin
+says, so no new pod gets it; a pod that holds it keeps running. The cordon
+is kept in the state directory (cordons.json) across restarts, crashes and
+takeovers until uncordon puts the device back. RESOURCE and DEVICE are as
+the kubelet sees them (dpproxy status lists them). These three ask dpproxy
+on <state_dir>/control.sock, which only root and dpproxy's own user may use;
+each change is logged and an event, naming the caller's uid and pid.
 
 The state (state.pb, the journal beside it, and their previous generation
 state.pb.prev and journal.wal.prev) is read, never written. verify lists
@@ -185,10 +201,20 @@ int main(int argc, char** argv) {
     std::cout << dpproxy::kUsage << dpproxy::FlagsHelp({"tools/dpctl/main.cc"});
     return 0;
   }
-  if (command != "state" && command != "verify") {
+  const bool control = dpproxy::IsControlCommand(command);
+  if (command != "state" && command != "verify" && !control) {
     std::cerr << "dpctl: unknown subcommand \"" << command << "\"; see dpctl --help\n";
     return 2;
   }
+  // The positional arguments of cordon and uncordon: RESOURCE DEVICE.
+  std::vector<std::string> args;
+  while (control && argc >= 2 && argv[1][0] != '-') {
+    args.emplace_back(argv[1]);
+    dpproxy::ShiftArgs(&argc, argv);
+  }
   if (!dpproxy::ParseFlags("dpctl", &argc, &argv)) return 2;
+  if (control) {
+    return dpproxy::RunControlCommand(command, args, FLAGS_state_dir, FLAGS_reason, FLAGS_output);
+  }
   return dpproxy::Run(command);
 }

@@ -290,11 +290,16 @@ void DraSide::PublishHealth(const std::string& resource, const Resource::Snapsho
                                 bool connected) {
   std::vector<DeviceHealthEntry> health;
   health.reserve(static_cast<size_t>(snap.list->size()));
+  const std::map<std::string, std::string> cordoned =
+      options_.cordons_of ? options_.cordons_of(resource) : std::map<std::string, std::string>();
   for (int i = 0; i < snap.list->size(); ++i) {
     const DeviceList::View d = snap.list->device(i);
     DeviceHealthEntry h;
     h.device = DraDeviceName(d.id);
-    if (!connected) {
+    if (auto c = cordoned.find(std::string(d.id)); c != cordoned.end()) {
+      h.health = DeviceHealthEntry::Health::kUnhealthy;
+      h.message = absl::StrCat("cordoned: ", c->second);
+    } else if (!connected) {
       h.health = DeviceHealthEntry::Health::kUnknown;
       h.message = absl::StrCat("no device plugin is connected for ", resource);
     } else if (d.health == kHealthy) {

@@ -54,6 +54,9 @@ class DraSide : public KubeletSide {
     // Names the kubelet-facing sockets (dra_server.h): the other one than
     // a takeover's predecessor's.
     int socket_generation = 0;
+    // The devices of a resource cordoned by hand, with their reasons: the
+    // health stream says "cordoned: REASON" for them. May be empty.
+    std::function<std::map<std::string, std::string>(const std::string& resource)> cordons_of;
   };
   // The resources dpproxy serves now, each through its allocator (any
   // thread; they outlive this).

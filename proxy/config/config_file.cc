@@ -182,7 +182,7 @@ absl::Status ApplyRestoreAndReconcile(Reader& r, const YAML::Node& root, ProxyCo
   return absl::OkStatus();
 }
 
-// timeouts, limits, backend_loss, backend_probe and cdi_annotations.
+// timeouts, limits, backend_loss, backend_probe, flap_damping and cdi_annotations.
 absl::Status ApplyLimitsAndPolicy(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   if (const YAML::Node t = root["timeouts"]) {
     DPP_CFG(r.CheckKeys(t, "timeouts", {"backend", "dial"}));
@@ -220,6 +220,16 @@ absl::Status ApplyLimitsAndPolicy(Reader& r, const YAML::Node& root, ProxyConfig
     if (p["interval"]) DPP_CFG(r.Duration(p["interval"], "backend_probe.interval", &probe.interval));
     if (p["timeout"]) DPP_CFG(r.Duration(p["timeout"], "backend_probe.timeout", &probe.timeout));
     if (p["misses"]) DPP_CFG(r.IntIn(p["misses"], "backend_probe.misses", 1, 100, &probe.misses));
+  }
+  if (const YAML::Node f = root["flap_damping"]) {
+    DPP_CFG(r.CheckKeys(f, "flap_damping", {"flaps", "window", "backoff", "max_backoff"}));
+    FlapDamping& flap = c->policy.flap_damping;
+    if (f["flaps"]) DPP_CFG(r.IntIn(f["flaps"], "flap_damping.flaps", 0, 1000, &flap.flaps));
+    if (f["window"]) DPP_CFG(r.Duration(f["window"], "flap_damping.window", &flap.window));
+    if (f["backoff"]) DPP_CFG(r.Duration(f["backoff"], "flap_damping.backoff", &flap.backoff));
+    if (f["max_backoff"]) {
+      DPP_CFG(r.Duration(f["max_backoff"], "flap_damping.max_backoff", &flap.max_backoff));
+    }
   }
   if (root["cdi_annotations"]) {
     DPP_CFG(r.Bool(root["cdi_annotations"], "cdi_annotations", &c->kubelet.cdi_annotations));
@@ -305,7 +315,7 @@ absl::Status Apply(Reader& r, const YAML::Node& root, ProxyConfig* c) {
   DPP_CFG(r.CheckKeys(root, "",
                       {"kubelet", "plugin_dir", "status_file", "state_dir", "restore", "reconcile",
                        "metrics_address", "socket_group", "timeouts", "limits", "backend_loss",
-                       "backend_probe", "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
+                       "backend_probe", "flap_damping", "cdi_annotations", "renames", "id_maps", "compact_ids", "backends",
                        "dra", "paths", "pod_resources_socket", "container_runtime_endpoint"}));
   // Section by section, in this order: the first problem found is reported.
   for (absl::Status (*apply)(Reader&, const YAML::Node&, ProxyConfig*) :
@@ -401,6 +411,11 @@ std::string ConfigToYaml(const ProxyConfig& c) {
       << YAML::Value << duration(c.policy.probe.interval) << YAML::Key << "timeout"
       << YAML::Value << duration(c.policy.probe.timeout) << YAML::Key << "misses"
       << YAML::Value << c.policy.probe.misses << YAML::EndMap;
+  out << YAML::Key << "flap_damping" << YAML::Value << YAML::BeginMap << YAML::Key << "flaps"
+      << YAML::Value << c.policy.flap_damping.flaps << YAML::Key << "window" << YAML::Value
+      << duration(c.policy.flap_damping.window) << YAML::Key << "backoff" << YAML::Value
+      << duration(c.policy.flap_damping.backoff) << YAML::Key << "max_backoff" << YAML::Value
+      << duration(c.policy.flap_damping.max_backoff) << YAML::EndMap;
   out << YAML::Key << "cdi_annotations" << YAML::Value << c.kubelet.cdi_annotations;
   EmitResourceMaps(c, &out);
   out << YAML::EndMap;

@@ -71,6 +71,15 @@ DEFINE_string(backend_probe_interval, "10s",
 DEFINE_string(backend_probe_timeout, "10s",
               "How long each of those asks waits for an answer. A plugin slow under load\n"
               "still answers this call well within 10s.");
+DEFINE_int32(flap_damping_flaps, 0,
+             "Damp devices whose health flaps: a device that turns Unhealthy more than\n"
+             "this many times within --flap_damping_window is held Unhealthy for\n"
+             "--flap_damping_backoff, doubled by each further turn while held (up to\n"
+             "--flap_damping_max_backoff), and reported once per episode. 0: off, health\n"
+             "passes through as the plugin reports it.");
+DEFINE_string(flap_damping_window, "5m", "See --flap_damping_flaps.");
+DEFINE_string(flap_damping_backoff, "1m", "See --flap_damping_flaps.");
+DEFINE_string(flap_damping_max_backoff, "30m", "See --flap_damping_flaps.");
 DEFINE_int32(backend_probe_misses, 3,
              "Unanswered asks in a row that make a plugin silent (1-100). With the\n"
              "defaults, a plugin silent for 30-40s is treated as lost.");
@@ -227,6 +236,12 @@ absl::Status ApplyDurationFlags(const FlagFilter& set, ProxyConfig* c) {
        [](ProxyConfig& c) -> auto& { return c.policy.probe.interval; }},
       {"backend_probe_timeout", FLAGS_backend_probe_timeout,
        [](ProxyConfig& c) -> auto& { return c.policy.probe.timeout; }},
+      {"flap_damping_window", FLAGS_flap_damping_window,
+       [](ProxyConfig& c) -> auto& { return c.policy.flap_damping.window; }},
+      {"flap_damping_backoff", FLAGS_flap_damping_backoff,
+       [](ProxyConfig& c) -> auto& { return c.policy.flap_damping.backoff; }},
+      {"flap_damping_max_backoff", FLAGS_flap_damping_max_backoff,
+       [](ProxyConfig& c) -> auto& { return c.policy.flap_damping.max_backoff; }},
       {"reconcile_interval", FLAGS_reconcile_interval,
        [](ProxyConfig& c) -> auto& { return c.reconcile_interval; }},
       {"reconcile_grace", FLAGS_reconcile_grace,
@@ -283,6 +298,7 @@ absl::Status ApplyLimitAndPolicyFlags(const FlagFilter& set, ProxyConfig* c) {
     c->backend_max_list_bytes = FLAGS_backend_max_list_mib << 20;
   }
   if (set("backend_probe_misses")) c->policy.probe.misses = FLAGS_backend_probe_misses;
+  if (set("flap_damping_flaps")) c->policy.flap_damping.flaps = FLAGS_flap_damping_flaps;
   if (set("api_max_body_mib")) {
     if (FLAGS_api_max_body_mib < 1 || FLAGS_api_max_body_mib > 1024) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -285,6 +285,23 @@ absl::Status CheckPolicy(const ProxyConfig& c) {
                                                    absl::FormatDuration(probe.timeout),
                                                    " is not more than 0s and at most 5m"));
   }
+  const FlapDamping& flap = c.policy.flap_damping;
+  if (flap.flaps < 0 || flap.flaps > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flap_damping.flaps ", flap.flaps, " is not between 0 (off) and 1000"));
+  }
+  if (flap.window <= absl::ZeroDuration() || flap.window > absl::Hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat("flap_damping.window ",
+                                                   absl::FormatDuration(flap.window),
+                                                   " is not more than 0s and at most 24h"));
+  }
+  if (flap.backoff < absl::Seconds(1) || flap.max_backoff < flap.backoff ||
+      flap.max_backoff > absl::Hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flap_damping.backoff ", absl::FormatDuration(flap.backoff), " and max_backoff ",
+        absl::FormatDuration(flap.max_backoff),
+        ": the backoff must be at least 1s, and max_backoff at least the backoff and at most 24h"));
+  }
   if (probe.misses < 1 || probe.misses > 100) {
     return absl::InvalidArgumentError(
         absl::StrCat("backend_probe.misses ", probe.misses, " is not between 1 and 100"));

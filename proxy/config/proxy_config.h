@@ -79,12 +79,25 @@ struct BackendProbe {
   int misses = 3;
 };
 
+// Damping of devices whose health flaps (flap_damper.h): a device that
+// turns Unhealthy more than `flaps` times within `window` is held
+// Unhealthy for `backoff`, doubled by each further turn while held, up to
+// `max_backoff`. `flaps` 0: off, health passes through as the plugin
+// reports it.
+struct FlapDamping {
+  int flaps = 0;
+  absl::Duration window = absl::Minutes(5);
+  absl::Duration backoff = absl::Minutes(1);
+  absl::Duration max_backoff = absl::Minutes(30);
+};
+
 struct ResourcePolicy {
   LossPolicy loss_policy = LossPolicy::kUnhealthy;
   absl::Duration hold = absl::ZeroDuration();
   // kUnhealthy's grace (backend_loss.grace); 0: Unhealthy at once.
   absl::Duration grace = absl::Seconds(1);
   BackendProbe probe;
+  FlapDamping flap_damping;
   // Backend device ID -> the ID the kubelet sees, for a backend that names
   // devices differently from its predecessor (indexes vs UUIDs). IDs not in
   // the map pass through unchanged.

@@ -22,6 +22,8 @@ Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
       hooks_(std::move(hooks)), loss_policy_(policy_.loss_policy), hold_(policy_.hold),
       grace_(policy_.grace),
       ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})),
+      damper_(policy_.flap_damping),
+      damper_window_(policy_.flap_damping.window),
       watchdog_({[this](uint64_t generation, absl::Duration silent_for) {
                    OnSilent(generation, silent_for);
                  },
@@ -196,10 +198,12 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
   // override (a rename, a device held under another ID) sets the health
   // of a device in it.
   std::shared_ptr<const DeviceList> shown = base_;
-  if (!shown_unhealthy_.empty()) {
+  const std::set<std::string> damped = damper_.Damped();
+  if (!shown_unhealthy_.empty() || !damped.empty()) {
     // Looked up by view: no ID is copied per device.
-    const absl::flat_hash_set<absl::string_view> unhealthy(shown_unhealthy_.begin(),
-                                                           shown_unhealthy_.end());
+    absl::flat_hash_set<absl::string_view> unhealthy(shown_unhealthy_.begin(),
+                                                     shown_unhealthy_.end());
+    unhealthy.insert(damped.begin(), damped.end());
     shown = base_->WithHealth([&unhealthy](const DeviceList::View& d) -> absl::string_view {
       return unhealthy.contains(d.id) ? kUnhealthy : absl::string_view();
     });
@@ -240,6 +244,45 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
                    {"bytes", bytes},
                    {"limit", kKubeletMaxListBytes},
                    {"devices", snapshot_.list->size()}});
+  }
+}
+
+void Resource::SetFlapDamping(const FlapDamping& settings) {
+  {
+    ChangeLock lock(this);
+    damper_window_ = settings.window;
+    const FlapDamper::Changes ended = damper_.SetSettings(settings, absl::Now());
+    if (ended.empty()) return;
+    TellFlapsLocked(ended);
+    PublishBaseLocked(base_);
+  }
+  if (hooks_.on_change) hooks_.on_change();
+}
+
+std::set<std::string> Resource::damped() {
+  absl::MutexLock lock(&mu_);
+  return damper_.Damped();
+}
+
+void Resource::TellFlapsLocked(const FlapDamper::Changes& changes) {
+  for (const FlapDamper::Episode& e : changes.started) {
+    LOG(WARNING) << "resource " << name_ << ": device " << e.device << " turned Unhealthy "
+                 << e.flaps << " times within " << absl::FormatDuration(damper_window_)
+                 << "; held Unhealthy for " << absl::FormatDuration(e.held_for)
+                 << ", longer with each further flap (flap_damping)";
+    events_->Emit("device_flapping", {{"resource", name_},
+                                      {"device", e.device},
+                                      {"flaps", e.flaps},
+                                      {"held_ms", absl::ToInt64Milliseconds(e.held_for)}});
+  }
+  for (const FlapDamper::Episode& e : changes.ended) {
+    LOG(WARNING) << "resource " << name_ << ": device " << e.device << " no longer held for "
+                 << "flapping (held " << absl::FormatDuration(absl::Trunc(e.held_for, absl::Seconds(1)))
+                 << "); shown as the plugin reports it";
+    events_->Emit("device_flapping_ended",
+                  {{"resource", name_},
+                   {"device", e.device},
+                   {"held_ms", absl::ToInt64Milliseconds(e.held_for)}});
   }
 }
 
@@ -534,6 +577,10 @@ void Resource::Tick(absl::Time now) {
   }
   watchdog_.Tick(now, asked, generation);
   ChangeLock lock(this);
+  if (const FlapDamper::Changes ended = damper_.Tick(now); !ended.empty()) {
+    TellFlapsLocked(ended);
+    PublishBaseLocked(base_);
+  }
   if (connected_ || !lost_at_.has_value() || keep_health_) return;
   absl::Duration hold;
   if (hold_override_.has_value()) {

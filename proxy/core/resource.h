@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "proxy/core/backend.h"
 #include "proxy/core/backend_watchdog.h"
+#include "proxy/core/flap_damper.h"
 #include "proxy/config/proxy_config.h"
 #include "proxy/core/device_list.h"
 #include "proxy/core/forgotten_devices.h"
@@ -86,6 +87,11 @@ class Resource {
   // backend lost and held now is marked Unhealthy at once if the new
   // policy would have done so by now.
   void SetLossPolicy(LossPolicy policy, absl::Duration hold, absl::Duration grace);
+  // Flap damping from now on (a configuration reload); turned off, every
+  // device held for flapping is shown as its plugin reports it again.
+  void SetFlapDamping(const FlapDamping& settings);
+  // The devices held Unhealthy for flapping now.
+  std::set<std::string> damped();
   // How the watchdog asks the backend from now on (a configuration reload).
   void SetProbe(const BackendProbe& probe) { watchdog_.SetSettings(probe); }
   // The current backend holds its stream but answers no call (the
@@ -276,6 +282,8 @@ class Resource {
   // answering again (its last list is shown again).
   void OnSilent(uint64_t generation, absl::Duration silent_for);
   void OnAnswering(uint64_t generation, absl::Duration silent_for);
+  // Logs and tells flap episodes that started or ended.
+  void TellFlapsLocked(const FlapDamper::Changes& changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs the loss of the backend (`why`), tells it as `event` (with
   // `fields`), and applies the policy.
   void LoseBackendLocked(const std::string& why, const char* event,
@@ -376,6 +384,9 @@ class Resource {
   // The list before health overrides (what snapshot_ shows without them).
   std::shared_ptr<const DeviceList> base_ ABSL_GUARDED_BY(mu_) = DeviceList::Empty();
   std::set<std::string> shown_unhealthy_ ABSL_GUARDED_BY(mu_);
+  // Devices whose health flaps, held Unhealthy in what is shown.
+  FlapDamper damper_ ABSL_GUARDED_BY(mu_);
+  absl::Duration damper_window_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_claims_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_pod_claims_ ABSL_GUARDED_BY(mu_);
   bool withdrawn_from_device_plugins_ ABSL_GUARDED_BY(mu_) = false;

@@ -334,6 +334,16 @@ bool Resource::Publish(uint64_t generation, Renamed r) {
         ids_mapped_ = r.mapped;
         if (r.mapped > 0) TellMapped(r);
       }
+      // Each device's health as the plugin reports it, for the damper
+      // (which holds a flapping one Unhealthy in what is shown).
+      if (damper_.on()) {
+        const absl::Time now = absl::Now();
+        for (int i = 0; i < r.list->size(); ++i) {
+          const DeviceList::View d = r.list->device(i);
+          damper_.Observe(d.id, d.health == kHealthy, now);
+        }
+        TellFlapsLocked(damper_.TakeStarted());
+      }
       // What the backend reports is what the kubelet is shown: one list.
       PublishBaseLocked(std::move(shown));
       reported_ = base_;

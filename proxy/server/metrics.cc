@@ -158,6 +158,10 @@ void AppendEventCounters(const ProxyStatus& status,
        "Backends that held their stream open but answered none of the watchdog's last asks "
        "(treated as lost until they answer), by resource.",
        nullptr},
+      {"device_flapping", "dpproxy_device_flap_episodes_total",
+       "Episodes of a device held Unhealthy because its health flapped (flap_damping), by "
+       "resource.",
+       nullptr},
       {"device_list_refused", "dpproxy_device_lists_refused_total",
        "Device lists from a backend that dpproxy refused (bad IDs), by resource.", nullptr},
       {"dra_pool_published", "dpproxy_dra_pool_writes_total",

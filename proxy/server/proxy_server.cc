@@ -527,6 +527,8 @@ std::unique_ptr<ServedResource> ProxyServer::MakeEntry(const std::string& name) 
   policy.loss_policy = live.policy.loss_policy;
   policy.hold = live.policy.hold;
   policy.grace = live.policy.grace;
+  policy.probe = live.policy.probe;
+  policy.flap_damping = live.policy.flap_damping;
   auto m = live.id_maps.find(name);
   if (m != live.id_maps.end()) policy.id_map = m->second;
   policy.compact_ids = live.compact_ids.count(name) > 0;

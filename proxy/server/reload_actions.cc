@@ -16,10 +16,12 @@ void ReloadActions::ApplyLossPolicy(const ProxyConfig& next) {
     live.policy.hold = next.policy.hold;
     live.policy.grace = next.policy.grace;
     live.policy.probe = next.policy.probe;
+    live.policy.flap_damping = next.policy.flap_damping;
   });
   for (ServedResource* e : p_.table->All()) {
     e->resource->SetLossPolicy(next.policy.loss_policy, next.policy.hold, next.policy.grace);
     e->resource->SetProbe(next.policy.probe);
+    e->resource->SetFlapDamping(next.policy.flap_damping);
   }
 }
 

@@ -39,7 +39,8 @@ Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig&
     } else if (absl::StartsWith(c.path, "backends[")) {
       kind = &backends;
     } else if (absl::StartsWith(c.path, "backend_loss.") ||
-               absl::StartsWith(c.path, "backend_probe.")) {
+               absl::StartsWith(c.path, "backend_probe.") ||
+               absl::StartsWith(c.path, "flap_damping.")) {
       kind = &loss;
     } else if (c.path == "timeouts.backend" || c.path == "timeouts.dial" ||
                c.path == "cdi_annotations") {
@@ -61,7 +62,8 @@ Reloader::Result Reloader::Reload(const ProxyConfig& running, const ProxyConfig&
                    {"grace", absl::FormatDuration(next.policy.grace)},
                    {"probe_interval", absl::FormatDuration(next.policy.probe.interval)},
                    {"probe_timeout", absl::FormatDuration(next.policy.probe.timeout)},
-                   {"probe_misses", next.policy.probe.misses}});
+                   {"probe_misses", next.policy.probe.misses},
+                   {"flap_damping_flaps", next.policy.flap_damping.flaps}});
   }
   if (calls) {
     // From the next call on; calls under way keep the limit they began with.

@@ -1251,6 +1251,75 @@ def scenario_health_in_pod_status(s):
                    lambda: _status_health(s, pod, name) == ["Unhealthy"], 90)
 
 
+def _dpctl(s, *args):
+    return realnode.run([s.args.dpctl, "--state_dir=" + os.path.join(s.work, "state")]
+                        + list(args))
+
+
+def scenario_cordon_in_pod_status(s):
+    """A device cordoned by hand (dpctl cordon) shows Unhealthy in the
+    status of the pod that holds it, on both paths (a pod of the device
+    plugin, a claim's pod), and the pod runs on, its container never
+    restarted; the node's allocatable drops by one; uncordoned, the
+    devices show Healthy again."""
+    _both_ways_node(s, "both")
+    s.pod("d1", 1, SCRIPT, tolerate=False)
+    claim_pod(s, "c1")
+    s.wait_running("d1")
+    s.wait_running("c1")
+    before = s.allocatable()
+    cordoned = []
+    for pod, name in (("d1", s.resource), ("c1", "claim:gpu")):
+        (device,) = s.devices_of(pod)
+        wait_until("%s's status showing %s Healthy" % (pod, device),
+                   lambda: _status_health(s, pod, name) == ["Healthy"], 60)
+        _dpctl(s, "cordon", s.resource, device, "--reason=e2e: taken out by hand")
+        cordoned.append(device)
+        wait_until("%s's status showing the cordoned %s Unhealthy" % (pod, device),
+                   lambda: _status_health(s, pod, name) == ["Unhealthy"], 90)
+    listed = _dpctl(s, "cordons", "--output=json")
+    check(sorted(c["device"] for c in json.loads(listed)["cordons"]) == sorted(cordoned),
+          "dpctl cordons lists %s, not %s" % (listed, cordoned))
+    for pod in ("d1", "c1"):
+        st = s.pod_json(pod)["status"]
+        check(st.get("phase") == "Running", "%s is %s with its device cordoned" % (
+            pod, st.get("phase")))
+        restarts = [c.get("restartCount", 0) for c in st.get("containerStatuses", [])]
+        check(restarts == [0] * len(restarts), "%s's containers restarted: %s" % (pod, restarts))
+    wait_until("the node's allocatable of %s one less than %d" % (s.resource, before),
+               lambda: s.allocatable() == before - 1, 60)
+    for device in cordoned:
+        _dpctl(s, "uncordon", s.resource, device)
+    for pod, name in (("d1", s.resource), ("c1", "claim:gpu")):
+        wait_until("%s's status showing its device Healthy again" % pod,
+                   lambda: _status_health(s, pod, name) == ["Healthy"], 90)
+
+
+def scenario_silent_plugin(s):
+    """A plugin stopped with SIGSTOP (its stream open, nothing answered):
+    dpproxy's watchdog finds it silent, the node's allocatable drops to 0
+    so the kubelet admits no pod to it, and the pod holding a device runs
+    on; resumed, the devices are Healthy again and a new pod starts."""
+    s.dpproxy("--backend_probe_interval=1s", "--backend_probe_timeout=1s",
+              "--backend_probe_misses=2")
+    plugin = s.plugin("v1beta1")
+    s.wait_allocatable(DEVICES, 60)
+    s.pod("p1", 1)
+    s.wait_running("p1")
+    os.kill(plugin.p.pid, signal.SIGSTOP)
+    try:
+        wait_until("the node's allocatable of %s at 0" % s.resource,
+                   lambda: s.allocatable() == 0, 60)
+        check("plugin silent for" in open(os.path.join(s.work, "events.jsonl")).read(),
+              "no backend_silent event naming how long the plugin was silent")
+        check(s.pod_json("p1")["status"].get("phase") == "Running", "p1 stopped running")
+    finally:
+        os.kill(plugin.p.pid, signal.SIGCONT)
+    s.wait_allocatable(DEVICES, 60)
+    s.pod("p2", 1)
+    s.wait_running("p2")
+
+
 K8S_SAMPLE_RESOURCE = "example.com/resource"
 
 
@@ -1793,6 +1862,8 @@ SCENARIOS = [
     ("move-to-dra", scenario_move_to_dra, 36),
     ("both-one-device-free", scenario_both_one_device_free, 36),
     ("health-in-pod-status", scenario_health_in_pod_status, 36),
+    ("cordon-in-pod-status", scenario_cordon_in_pod_status, 36),
+    ("silent-plugin", scenario_silent_plugin),
     # Waits out the kubelet's 5-minute endpoint grace.
     ("dra-after-endpoint-grace", scenario_dra_after_endpoint_grace, 36),
     ("k8s-sample-device-plugin", scenario_k8s_sample_device_plugin),
@@ -1814,6 +1885,7 @@ def main(argv):
     ap.add_argument("--release", default=None)
     ap.add_argument("--dpproxy", required=True)
     ap.add_argument("--sample_plugin", required=True)
+    ap.add_argument("--dpctl", required=True)
     ap.add_argument("--logs", required=True)
     ap.add_argument("--image", default="",
                     help="dpproxy's OCI image (tools/image); the helm-chart scenario needs it")

@@ -59,6 +59,7 @@ DEFINE_string(register_version, "",
               "testing how a kubelet rejects a wrong version.");
 DEFINE_string(flip_device, "", "Toggle this device's health every --flip_interval.");
 DEFINE_string(flip_interval, "0s", "Period of health flips, e.g. 10s.");
+DEFINE_int32(flip_count, 0, "Stop after this many flips (0: flip until stopped).");
 DEFINE_bool(single_stream_updates, false,
             "Give each device-list update to only one ListAndWatch stream, as the\n"
             "kubelet's stub plugin does.");
@@ -169,6 +170,7 @@ absl::StatusOr<SamplePluginOptions> OptionsFromFlags() {
   o.plugins_registry_dir = FLAGS_plugins_registry_dir;
   o.register_version = FLAGS_register_version;
   o.flip_device = FLAGS_flip_device;
+  o.flip_count = FLAGS_flip_count;
   DPP_ASSIGN_OR_RETURN(o.flip_interval, ParseFlagDuration("flip_interval", FLAGS_flip_interval));
   o.single_stream_updates = FLAGS_single_stream_updates;
   DPP_ASSIGN_OR_RETURN(o.allocate_delay, ParseFlagDuration("allocate_delay", FLAGS_allocate_delay));

@@ -335,7 +335,7 @@ void SamplePlugin::Stop() {
 }
 
 void SamplePlugin::FlipLoop() {
-  for (;;) {
+  for (int flips = 0; options_.flip_count == 0 || flips < options_.flip_count; ++flips) {
     absl::Time until = absl::Now() + options_.flip_interval;
     while (absl::Now() < until) {
       if (!started_) return;

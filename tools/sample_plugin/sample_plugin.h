@@ -90,6 +90,8 @@ struct SamplePluginOptions {
   // Toggle this device's health every flip_interval (0: never).
   std::string flip_device;
   absl::Duration flip_interval = absl::ZeroDuration();
+  // Stop after this many flips (0: flip until stopped).
+  int flip_count = 0;
   // Hand each device-list update to only one ListAndWatch stream, as the
   // kubelet's own stub plugin does.
   bool single_stream_updates = false;

@@ -149,6 +149,10 @@ absl::Status ValidateOptions(const SamplePluginOptions& o) {
       return absl::InvalidArgumentError("--flip_device needs a positive --flip_interval");
     }
   }
+  if (o.flip_count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--flip_count=", o.flip_count, " must be 0 (until stopped) or more"));
+  }
   if (o.registration == RegistrationMode::kKubelet) {
     DPP_RETURN_IF_ERROR(ValidateSocketPath(o.kubelet_socket));
   }

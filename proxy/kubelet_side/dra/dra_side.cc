@@ -287,7 +287,7 @@ std::optional<BridgedResource> DraSide::ResourceOfPool(const std::string& pool) 
 }
 
 void DraSide::PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
-                                bool connected) {
+                            bool connected, const std::set<std::string>& flapping) {
   std::vector<DeviceHealthEntry> health;
   health.reserve(static_cast<size_t>(snap.list->size()));
   const std::map<std::string, std::string> cordoned =
@@ -299,6 +299,9 @@ void DraSide::PublishHealth(const std::string& resource, const Resource::Snapsho
     if (auto c = cordoned.find(std::string(d.id)); c != cordoned.end()) {
       h.health = DeviceHealthEntry::Health::kUnhealthy;
       h.message = absl::StrCat("cordoned: ", c->second);
+    } else if (flapping.count(std::string(d.id)) > 0) {
+      h.health = DeviceHealthEntry::Health::kUnhealthy;
+      h.message = "flapping: held Unhealthy until its health stays put (flap_damping)";
     } else if (!connected) {
       h.health = DeviceHealthEntry::Health::kUnknown;
       h.message = absl::StrCat("no device plugin is connected for ", resource);
@@ -380,7 +383,7 @@ void DraSide::PublishPool(LoopState* st, Resource* res, bool full, bool held) {
   // and a pool waiting out an API backoff is not recomputed each pass.
   auto sent = st->health_sent.find(name);
   if (sent == st->health_sent.end() || sent->second != changes) {
-    PublishHealth(name, snap, connected);
+    PublishHealth(name, snap, connected, res->damped());
     st->health_sent[name] = changes;
   }
   if (held) return;  // the successor publishes

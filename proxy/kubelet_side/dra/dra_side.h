@@ -16,6 +16,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,9 +118,10 @@ class DraSide : public KubeletSide {
 
  private:
   std::optional<BridgedResource> ResourceOfPool(const std::string& pool);
-  // The health stream's view of one resource's devices.
+  // The health stream's view of one resource's devices (`flapping`: held
+  // Unhealthy by the flap damper).
   void PublishHealth(const std::string& resource, const Resource::Snapshot& snap,
-                     bool connected);
+                     bool connected, const std::set<std::string>& flapping);
   // The publishing thread: each pass publishes the pools that changed, and
   // every 30 s all of them (the publisher writes nothing when the API
   // server already agrees, and repairs what a kubelet start deleted).

@@ -1,0 +1,146 @@
+// Devices whose health flaps, with real processes: dpproxy and a sample
+// plugin that flips one device's health every 50 ms as processes, the
+// kubelet simulator in the test. With flap damping the kubelet sees the
+// device turn Unhealthy no more than the allowed flaps and one more, then
+// held Unhealthy while it flaps, told once; once the flapping stops and
+// the hold runs out it is Healthy again. Off, every flip passes through.
+#include <signal.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/util/files.h"
+#include "tests/testing/file_wait.h"
+#include "tests/testing/process.h"
+#include "tests/testing/sim_helpers.h"
+#include "tests/testing/temp_dir.h"
+#include "tools/kubelet_sim/kubelet_sim.h"
+
+namespace dpproxy {
+namespace {
+
+using testing::Runfile;
+using testing::Spawn;
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+constexpr char kGpu[] = "vendor.com/gpu";
+constexpr char kFlapping[] = "dev-1";
+
+// dev-1's health in a "devices" event of the simulated kubelet ("" if the
+// event is another).
+std::string Dev1(const Json& e) {
+  if (e.value("event", "") != "devices" || e.value("resource", "") != kGpu) return "";
+  for (const Json& d : e["devices"]) {
+    if (d.value("id", "") == kFlapping) return d.value("health", "");
+  }
+  return "";
+}
+
+class FlapDampingTest : public ::testing::Test {
+ protected:
+  void Start(std::vector<std::string> proxy_flags, int flips) {
+    ASSERT_TRUE(MakeDirs(tmp_.Sub("p")).ok());
+    ASSERT_TRUE(sim_.Start().ok());
+    std::vector<std::string> args = {
+        Runfile("proxy/dpproxy"), "--kubelet_root=" + tmp_.Sub("k"),
+        "--plugin_dir=" + tmp_.Sub("p"), "--state_dir=" + tmp_.Sub("s"), "--status_file=",
+        "--metrics_address=", "--minloglevel=2", "--events=" + events_};
+    args.insert(args.end(), proxy_flags.begin(), proxy_flags.end());
+    proxy_ = Spawn(args);
+    ASSERT_NE(proxy_, nullptr);
+    plugin_ = Spawn({Runfile("tools/sample_plugin/sample_plugin"), "--resource=vendor.com/gpu",
+                     "--devices=4", "--kubelet_socket=" + tmp_.Sub("p") + "/kubelet.sock",
+                     absl::StrCat("--flip_device=", kFlapping), "--flip_interval=50ms",
+                     absl::StrCat("--flip_count=", flips), "--quiet"});
+    ASSERT_NE(plugin_, nullptr);
+  }
+
+  // The lines of dpproxy's events file with `event`, once there are `n`
+  // (or what there is at the deadline).
+  std::vector<std::string> ProxyEvents(const std::string& event, size_t n) {
+    std::vector<std::string> lines;
+    testing::WaitForFile(
+        events_,
+        [&](const std::string& file) {
+          lines.clear();
+          for (absl::string_view line : absl::StrSplit(file, '\n')) {
+            if (absl::StrContains(line, absl::StrCat("\"event\":\"", event, "\""))) {
+              lines.emplace_back(line);
+            }
+          }
+          return lines.size() >= n;
+        },
+        kWait);
+    return lines;
+  }
+
+  // How many times the kubelet saw dev-1 turn from Healthy to Unhealthy.
+  int Turns() {
+    int turns = 0;
+    std::string last;
+    for (const Json& e : sim_.events().Snapshot()) {
+      const std::string h = Dev1(e);
+      if (h.empty()) continue;
+      turns += last == "Healthy" && h == "Unhealthy";
+      last = h;
+    }
+    return turns;
+  }
+
+  testing::ShortTempDir tmp_;
+  const std::string events_ = tmp_.Sub("proxy.jsonl");
+  sim::KubeletSim sim_{[this] {
+    sim::KubeletSimOptions o;
+    o.root_dir = tmp_.Sub("k");
+    o.personality = sim::Personality::kV1Beta1Sync;
+    o.container_runtime = false;
+    return o;
+  }()};
+  std::unique_ptr<ChildProcess> proxy_;
+  std::unique_ptr<ChildProcess> plugin_;
+};
+
+TEST_F(FlapDampingTest, AFlappingDeviceIsHeldUnhealthyOnceThenReleased) {
+  // 40 flips, 2 s: the fourth turn within the minute starts the hold, each
+  // later one doubles it (2 s, capped at 4 s); it ends Healthy.
+  Start({"--flap_damping_flaps=3", "--flap_damping_window=1m", "--flap_damping_backoff=2s",
+         "--flap_damping_max_backoff=4s"},
+        40);
+  ASSERT_EQ(ProxyEvents("device_flapping", 1).size(), 1u);
+  const size_t held = sim_.events().Size();
+  const std::vector<std::string> ended = ProxyEvents("device_flapping_ended", 1);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_TRUE(sim_.events()
+                  .WaitFor([](const Json& e) { return Dev1(e) == "Healthy"; }, kWait, held)
+                  .has_value());
+  // Told once, and the kubelet saw three turns and the one that started
+  // the hold: not twenty.
+  EXPECT_EQ(ProxyEvents("device_flapping", 1).size(), 1u);
+  EXPECT_EQ(Turns(), 4);
+  EXPECT_TRUE(absl::StrContains(ProxyEvents("device_flapping", 1)[0], "\"flaps\":4"));
+}
+
+TEST_F(FlapDampingTest, OffEveryFlipPassesThrough) {
+  Start({}, 10);
+  // Ten flips: the kubelet sees all five turns to Unhealthy (the
+  // predicate sees each event once, in order).
+  int turns = 0;
+  std::string last;
+  EXPECT_TRUE(sim_.events()
+                  .WaitFor(
+                      [&](const Json& e) {
+                        const std::string h = Dev1(e);
+                        if (h.empty()) return false;
+                        turns += last == "Healthy" && h == "Unhealthy";
+                        last = h;
+                        return turns == 5;
+                      },
+                      kWait)
+                  .has_value());
+  EXPECT_TRUE(ProxyEvents("device_flapping", 0).empty());
+}
+
+}  // namespace
+}  // namespace dpproxy

@@ -208,21 +208,29 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
       return unhealthy.contains(d.id) ? kUnhealthy : absl::string_view();
     });
   }
-  snapshot_.list = std::move(shown);
-  snapshot_.to_device_plugins = snapshot_.list;
+  std::shared_ptr<const DeviceList> to_device_plugins = shown;
   if (withdrawn_from_device_plugins_) {
-    snapshot_.to_device_plugins = snapshot_.list->WithHealth(
+    to_device_plugins = shown->WithHealth(
         [](const DeviceList::View&) -> absl::string_view { return kUnhealthy; });
   } else if (held_by_claims_.size() > held_by_pod_claims_.size()) {
     absl::flat_hash_set<absl::string_view> claimed;
     for (const std::string& d : held_by_claims_) {
       if (held_by_pod_claims_.count(d) == 0) claimed.insert(d);
     }
-    snapshot_.to_device_plugins =
-        snapshot_.list->WithHealth([&claimed](const DeviceList::View& d) -> absl::string_view {
+    to_device_plugins =
+        shown->WithHealth([&claimed](const DeviceList::View& d) -> absl::string_view {
           return claimed.contains(d.id) ? kUnhealthy : absl::string_view();
         });
   }
+  // A device held for flapping hides the plugin's flips: a list that shows
+  // nothing new is not sent again (the storm costs the kubelet nothing).
+  if (!damped.empty() && snapshot_.list != nullptr && snapshot_.to_device_plugins != nullptr &&
+      shown->wire() == snapshot_.list->wire() &&
+      to_device_plugins->wire() == snapshot_.to_device_plugins->wire()) {
+    return;
+  }
+  snapshot_.list = std::move(shown);
+  snapshot_.to_device_plugins = std::move(to_device_plugins);
   ++snapshot_.version;
   const size_t bytes = snapshot_.list->bytes();
   const bool over = bytes > kKubeletMaxListBytes;

@@ -345,6 +345,7 @@ bool Resource::Publish(uint64_t generation, Renamed r) {
         TellFlapsLocked(damper_.TakeStarted());
       }
       // What the backend reports is what the kubelet is shown: one list.
+      const uint64_t shown_before = snapshot_.version;
       PublishBaseLocked(std::move(shown));
       reported_ = base_;
       // A silent backend's list (its stream still delivers) is kept for
@@ -353,6 +354,8 @@ bool Resource::Publish(uint64_t generation, Renamed r) {
           absl::Now() - *lost_at_ >= LossHoldLocked()) {
         MarkAllLocked(std::string(kUnhealthy));
       }
+      // Nothing new shown (a flip of a device held for flapping): no event.
+      if (snapshot_.version == shown_before) break;
       VLOG(1) << "resource " << name_ << ": " << reported_->size() << " devices, "
               << snapshot_.list->healthy() << " healthy";
       events_->Emit("devices", {{"resource", name_},

@@ -249,6 +249,13 @@ kill -TERM "$P2" "$SIM2"; wait "$P2" "$SIM2" 2>/dev/null
 # dpctl reads the state dpproxy left behind, without dpproxy running.
 expect_exit "dpctl verify" 0 "$DPCTL" verify --state_dir="$R2/state"
 expect_contains "dpctl verify counts" "$LAST_OUT" "1 allocation(s)"
+# Flags before the subcommand, and a flag's value after a space, alike.
+expect_exit "dpctl flags first" 0 "$DPCTL" --state_dir "$R2/state" verify
+expect_exit "dpctl: an argument verify does not take" 2 "$DPCTL" verify extra --state_dir="$R2/state"
+expect_contains "dpctl names the argument" "$LAST_OUT" 'unexpected argument "extra"'
+expect_exit "dpctl cordon without dpproxy running" 1 "$DPCTL" --state_dir="$R2/state" \
+  cordon vendor.com/gpu dev-0 --reason "ECC errors"
+expect_contains "dpctl says no dpproxy serves the control socket" "$LAST_OUT" "control.sock"
 expect_exit "dpctl state table" 0 "$DPCTL" state --state_dir="$R2/state"
 expect_contains "dpctl table lists the resource" "$LAST_OUT" "vendor.com/gpu"
 expect_contains "dpctl table lists the allocation" "$LAST_OUT" "dev-0,dev-1"
@@ -259,7 +266,7 @@ expect_contains "dpctl json" "$LAST_OUT" '"backend_api": "v1alpha2"'
 expect_contains "dpctl json shows the plugin's answer as a message" "$LAST_OUT" \
   '"SAMPLE_PLUGIN_API": "v1alpha"'
 help="$("$DPCTL" --help)"
-for flag in state_dir output plugin_dir; do
+for flag in state_dir output plugin_dir reason; do
   expect_contains "dpctl --help lists --$flag" "$help" "--$flag ("
 done
 # Every state file gone: damage, since dpproxy's note in its plugin

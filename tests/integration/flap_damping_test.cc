@@ -115,17 +115,21 @@ TEST_F(FlapDampingTest, AFlappingDeviceIsHeldUnhealthyOnceThenReleased) {
   EXPECT_TRUE(sim_.events()
                   .WaitFor([](const Json& e) { return Dev1(e) == "Healthy"; }, kWait, held)
                   .has_value());
-  // Told once, and the kubelet saw three turns and the one that started
-  // the hold: not twenty.
+  // Told once, and the kubelet saw at most the three allowed turns and the
+  // one that started the hold (fewer where two flips reached it as one
+  // list): never the twenty the plugin made.
   EXPECT_EQ(ProxyEvents("device_flapping", 1).size(), 1u);
-  EXPECT_EQ(Turns(), 4);
+  EXPECT_GE(Turns(), 1);
+  EXPECT_LE(Turns(), 4);
   EXPECT_TRUE(absl::StrContains(ProxyEvents("device_flapping", 1)[0], "\"flaps\":4"));
 }
 
 TEST_F(FlapDampingTest, OffEveryFlipPassesThrough) {
-  Start({}, 10);
-  // Ten flips: the kubelet sees all five turns to Unhealthy (the
-  // predicate sees each event once, in order).
+  Start({}, 40);
+  // Forty flips, twenty turns to Unhealthy: the kubelet sees more than
+  // damping would ever let through (a loaded machine may deliver two
+  // flips as one list, so not necessarily all twenty). The predicate sees
+  // each event once, in order.
   int turns = 0;
   std::string last;
   EXPECT_TRUE(sim_.events()

@@ -1,5 +1,6 @@
 // dpctl: inspect dpproxy's durable state. Reads the state file directly and
 // never changes it, so it works while dpproxy is stopped (upgrade windows).
+#include <algorithm>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -191,11 +192,51 @@ int Run(const std::string& command) {
 }  // namespace
 }  // namespace dpproxy
 
+namespace dpproxy {
+namespace {
+
+// Splits the command line into its flags (kept in argv, in order, for
+// ParseFlags) and its positional arguments (the subcommand and its
+// arguments), wherever each stands: `dpctl --state_dir=D cordon R D
+// --reason X` and `dpctl cordon R D --state_dir D --reason=X` alike. A
+// flag given as "--name value" takes the next argument as its value
+// unless it is a boolean flag.
+std::vector<std::string> TakePositional(int* argc, char** argv) {
+  std::vector<std::string> positional;
+  int kept = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      for (++i; i < *argc; ++i) positional.emplace_back(argv[i]);
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      positional.push_back(a);
+      continue;
+    }
+    argv[kept++] = argv[i];
+    if (a.find('=') != std::string::npos) continue;
+    std::string name = a.substr(a.find_first_not_of('-'));
+    std::replace(name.begin(), name.end(), '-', '_');
+    gflags::CommandLineFlagInfo info;
+    if (gflags::GetCommandLineFlagInfo(name.c_str(), &info) && info.type != "bool" &&
+        i + 1 < *argc) {
+      argv[kept++] = argv[++i];
+    }
+  }
+  *argc = kept;
+  return positional;
+}
+
+}  // namespace
+}  // namespace dpproxy
+
 int main(int argc, char** argv) {
+  std::vector<std::string> args = dpproxy::TakePositional(&argc, argv);
   std::string command = "state";
-  if (argc >= 2 && argv[1][0] != '-') {
-    command = argv[1];
-    dpproxy::ShiftArgs(&argc, argv);
+  if (!args.empty()) {
+    command = args.front();
+    args.erase(args.begin());
   }
   if (dpproxy::WantsHelp(argc, argv) || command == "help") {
     std::cout << dpproxy::kUsage << dpproxy::FlagsHelp({"tools/dpctl/main.cc"});
@@ -206,11 +247,10 @@ int main(int argc, char** argv) {
     std::cerr << "dpctl: unknown subcommand \"" << command << "\"; see dpctl --help\n";
     return 2;
   }
-  // The positional arguments of cordon and uncordon: RESOURCE DEVICE.
-  std::vector<std::string> args;
-  while (control && argc >= 2 && argv[1][0] != '-') {
-    args.emplace_back(argv[1]);
-    dpproxy::ShiftArgs(&argc, argv);
+  if (!control && !args.empty()) {
+    std::cerr << "dpctl " << command << ": unexpected argument \"" << args.front()
+              << "\"; see dpctl --help\n";
+    return 2;
   }
   if (!dpproxy::ParseFlags("dpctl", &argc, &argv)) return 2;
   if (control) {

@@ -287,6 +287,13 @@ void AppendResourceFamilies(const ProxyStatus& status, std::vector<MetricFamily>
   }
 }
 
+// One gauge sample per resource, labelled with its name.
+void AddPerResource(MetricFamily* f, const std::map<std::string, size_t>& per_resource) {
+  for (const auto& [res, n] : per_resource) {
+    AddGauge(f, {{"resource", res}}, static_cast<double>(n));
+  }
+}
+
 // Devices the kubelet forgot, and what dpproxy did about them.
 void AppendForgottenFamilies(const ProxyStatus& status, std::vector<MetricFamily>* out) {
   MetricFamily forgotten = Family(
@@ -296,9 +303,7 @@ void AppendForgottenFamilies(const ProxyStatus& status, std::vector<MetricFamily
       MetricType::Gauge);
   std::map<std::string, size_t> per_resource;
   for (const ForgottenStatus& q : status.forgotten) per_resource[q.resource] += q.devices.size();
-  for (const auto& [res, n] : per_resource) {
-    AddGauge(&forgotten, {{"resource", res}}, static_cast<double>(n));
-  }
+  AddPerResource(&forgotten, per_resource);
   out->push_back(std::move(forgotten));
   MetricFamily steered = Family(
       "dpproxy_forgotten_devices_steered_total",
@@ -355,9 +360,7 @@ void AppendRecoveryFamilies(const ProxyStatus& status, std::vector<MetricFamily>
       MetricType::Gauge);
   std::map<std::string, size_t> held_per_resource;
   for (const HeldElsewhereStatus& h : status.held_elsewhere) ++held_per_resource[h.resource];
-  for (const auto& [res, n] : held_per_resource) {
-    AddGauge(&elsewhere, {{"resource", res}}, static_cast<double>(n));
-  }
+  AddPerResource(&elsewhere, held_per_resource);
   out->push_back(std::move(elsewhere));
   MetricFamily cordoned = Family(
       "dpproxy_devices_cordoned",
@@ -367,9 +370,7 @@ void AppendRecoveryFamilies(const ProxyStatus& status, std::vector<MetricFamily>
   std::map<std::string, size_t> cordoned_per_resource;
   for (const ResourceStatus& r : status.resources) cordoned_per_resource[r.resource] = 0;
   for (const CordonStatus& c : status.cordoned) ++cordoned_per_resource[c.resource];
-  for (const auto& [res, n] : cordoned_per_resource) {
-    AddGauge(&cordoned, {{"resource", res}}, static_cast<double>(n));
-  }
+  AddPerResource(&cordoned, cordoned_per_resource);
   out->push_back(std::move(cordoned));
   MetricFamily twice = Family("dpproxy_devices_held_twice_total",
                               "Devices found allocated to a second pod while a pod the "

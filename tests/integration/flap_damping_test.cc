@@ -8,23 +8,16 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proxy/util/files.h"
-#include "tests/testing/file_wait.h"
-#include "tests/testing/process.h"
-#include "tests/testing/sim_helpers.h"
-#include "tests/testing/temp_dir.h"
-#include "tools/kubelet_sim/kubelet_sim.h"
+#include "tests/testing/process_node.h"
 
 namespace dpproxy {
 namespace {
 
-using testing::Runfile;
-using testing::Spawn;
+using testing::ProcessNode;
 
-constexpr absl::Duration kWait = absl::Seconds(30);
+constexpr absl::Duration kWait = ProcessNode::kWait;
 constexpr char kGpu[] = "vendor.com/gpu";
 constexpr char kFlapping[] = "dev-1";
 
@@ -40,47 +33,27 @@ std::string Dev1(const Json& e) {
 
 class FlapDampingTest : public ::testing::Test {
  protected:
-  void Start(std::vector<std::string> proxy_flags, int flips) {
-    ASSERT_TRUE(MakeDirs(tmp_.Sub("p")).ok());
-    ASSERT_TRUE(sim_.Start().ok());
-    std::vector<std::string> args = {
-        Runfile("proxy/dpproxy"), "--kubelet_root=" + tmp_.Sub("k"),
-        "--plugin_dir=" + tmp_.Sub("p"), "--state_dir=" + tmp_.Sub("s"), "--status_file=",
-        "--metrics_address=", "--minloglevel=2", "--events=" + events_};
-    args.insert(args.end(), proxy_flags.begin(), proxy_flags.end());
-    proxy_ = Spawn(args);
+  void Start(const std::vector<std::string>& proxy_flags, int flips) {
+    ASSERT_TRUE(sim().Start().ok());
+    proxy_ = node_.SpawnProxy(proxy_flags);
     ASSERT_NE(proxy_, nullptr);
-    plugin_ = Spawn({Runfile("tools/sample_plugin/sample_plugin"), "--resource=vendor.com/gpu",
-                     "--devices=4", "--kubelet_socket=" + tmp_.Sub("p") + "/kubelet.sock",
-                     absl::StrCat("--flip_device=", kFlapping), "--flip_interval=50ms",
-                     absl::StrCat("--flip_count=", flips), "--quiet"});
+    plugin_ = node_.SpawnPlugin(kGpu, {absl::StrCat("--flip_device=", kFlapping),
+                                       "--flip_interval=50ms",
+                                       absl::StrCat("--flip_count=", flips)});
     ASSERT_NE(plugin_, nullptr);
   }
 
-  // The lines of dpproxy's events file with `event`, once there are `n`
-  // (or what there is at the deadline).
+  sim::KubeletSim& sim() { return node_.sim(); }
+  // The lines of dpproxy's events file with `event`, once there are `n`.
   std::vector<std::string> ProxyEvents(const std::string& event, size_t n) {
-    std::vector<std::string> lines;
-    testing::WaitForFile(
-        events_,
-        [&](const std::string& file) {
-          lines.clear();
-          for (absl::string_view line : absl::StrSplit(file, '\n')) {
-            if (absl::StrContains(line, absl::StrCat("\"event\":\"", event, "\""))) {
-              lines.emplace_back(line);
-            }
-          }
-          return lines.size() >= n;
-        },
-        kWait);
-    return lines;
+    return node_.ProxyLines({ProcessNode::Event(event)}, n);
   }
 
   // How many times the kubelet saw dev-1 turn from Healthy to Unhealthy.
   int Turns() {
     int turns = 0;
     std::string last;
-    for (const Json& e : sim_.events().Snapshot()) {
+    for (const Json& e : sim().events().Snapshot()) {
       const std::string h = Dev1(e);
       if (h.empty()) continue;
       turns += last == "Healthy" && h == "Unhealthy";
@@ -89,15 +62,7 @@ class FlapDampingTest : public ::testing::Test {
     return turns;
   }
 
-  testing::ShortTempDir tmp_;
-  const std::string events_ = tmp_.Sub("proxy.jsonl");
-  sim::KubeletSim sim_{[this] {
-    sim::KubeletSimOptions o;
-    o.root_dir = tmp_.Sub("k");
-    o.personality = sim::Personality::kV1Beta1Sync;
-    o.container_runtime = false;
-    return o;
-  }()};
+  ProcessNode node_;
   std::unique_ptr<ChildProcess> proxy_;
   std::unique_ptr<ChildProcess> plugin_;
 };
@@ -109,10 +74,10 @@ TEST_F(FlapDampingTest, AFlappingDeviceIsHeldUnhealthyOnceThenReleased) {
          "--flap_damping_max_backoff=4s"},
         40);
   ASSERT_EQ(ProxyEvents("device_flapping", 1).size(), 1u);
-  const size_t held = sim_.events().Size();
+  const size_t held = sim().events().Size();
   const std::vector<std::string> ended = ProxyEvents("device_flapping_ended", 1);
   ASSERT_EQ(ended.size(), 1u);
-  EXPECT_TRUE(sim_.events()
+  EXPECT_TRUE(sim().events()
                   .WaitFor([](const Json& e) { return Dev1(e) == "Healthy"; }, kWait, held)
                   .has_value());
   // Told once, and the kubelet saw at most the three allowed turns and the
@@ -132,7 +97,7 @@ TEST_F(FlapDampingTest, OffEveryFlipPassesThrough) {
   // each event once, in order.
   int turns = 0;
   std::string last;
-  EXPECT_TRUE(sim_.events()
+  EXPECT_TRUE(sim().events()
                   .WaitFor(
                       [&](const Json& e) {
                         const std::string h = Dev1(e);

@@ -334,6 +334,20 @@ absl::Status CheckRenamesAndIds(const ProxyConfig& c) {
       }
     }
   }
+  // Two resources' maps onto one ID: a kubelet before 1.37 puts one's
+  // device health on the other's pods (kubernetes#140323).
+  std::map<std::string, std::string> mapped_to;  // target ID -> resource
+  for (const auto& [resource, map] : c.id_maps) {
+    for (const auto& [from, to] : map) {
+      auto [it, fresh] = mapped_to.try_emplace(to, resource);
+      if (!fresh && it->second != resource) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "id maps of ", it->second, " and ", resource, " both map a device to \"", to,
+            "\": a kubelet before 1.37 would show one resource's device health on the other's "
+            "pods; give each resource IDs of its own"));
+      }
+    }
+  }
   for (const std::string& resource : c.compact_ids) {
     if (absl::Status s = ValidateResourceName(resource); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("compact IDs: ", s.message()));

@@ -63,6 +63,7 @@ void Housekeeping::Loop() {
     const std::vector<ServedResource*> served = p_.table->All();
     for (ServedResource* e : served) e->resource->Tick(now);
     p_.statics->Tick(served);
+    if (p_.shared_ids) p_.shared_ids->Check();
     // Before a new resource is registered: its first list already shows
     // what it must not hand out.
     if (p_.withheld) p_.withheld->Apply();

@@ -38,6 +38,7 @@
 #include "proxy/holders/reconciler.h"
 #include "proxy/server/resource_table.h"
 #include "proxy/server/saver.h"
+#include "proxy/server/shared_ids.h"
 #include "proxy/server/static_backends.h"
 #include "proxy/status/status_model.h"
 #include "proxy/util/waitable_count.h"
@@ -54,6 +55,7 @@ class Housekeeping {
     Reconciler* reconciler = nullptr;  // with a state directory, not in DRA mode
     Handover* handover = nullptr;      // the same
     Saver* saver = nullptr;
+    SharedIds* shared_ids = nullptr;
     // Called at the end of every pass, on the housekeeping thread.
     std::function<void()> after_pass;
   };

@@ -471,7 +471,8 @@ absl::Status ProxyServer::StartServing() {
   saver_ = std::make_unique<Saver>(Saver::Options{config_.status_file}, keeper_.get(),
                                    reporter_.get(), &events_, [this] { return released(); });
   housekeeping_.Start({&table_, statics_.get(), withheld_.get(), side_.get(),
-                       reconciler_.get(), handover_.get(), saver_.get(), housekeeping_hook_});
+                       reconciler_.get(), handover_.get(), saver_.get(), &shared_ids_,
+                       housekeeping_hook_});
   saver_->Start();
   if (cordon_control_) StartControl();
   if (reconciler_) reconciler_->Start();

@@ -274,6 +274,7 @@ class ProxyServer : private Handover::Host {
   SplitSide* split_ = nullptr;              // side_, where it has both
   std::unique_ptr<Reconciler> reconciler_;  // with a state directory only
   std::unique_ptr<Withheld> withheld_;  // with a state directory only
+  SharedIds shared_ids_{&table_, &events_};
   std::unique_ptr<CordonBook> cordon_book_;        // ditto
   std::unique_ptr<CordonControl> cordon_control_;  // ditto
   std::unique_ptr<ControlServer> control_;         // ditto, while this one writes

@@ -1639,5 +1639,39 @@ TEST(ProxyConfigTest, BadConfigurationsAreNamed) {
               HasSubstr("must be 4 to 2047 MiB (gRPC's limit); got 1 MiB"));
 }
 
+// Two plugins that both number their devices dev-0..dev-3: a kubelet
+// before 1.37 would put one resource's device health on the other's pods.
+// dpproxy says so once per pair, and says nothing of resources whose IDs
+// differ.
+TEST_F(ProxyTest, ResourcesShowingTheSameDeviceIdsAreNamedOnce) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false);
+  Start(h);
+  for (const char* resource : {"vendor.com/gpu", "vendor.com/nic", "vendor.com/fpga"}) {
+    sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+    o.resource = resource;
+    o.socket_name = absl::StrCat(absl::StripPrefix(resource, "vendor.com/"), ".sock");
+    o.id_pattern = std::string(resource) == "vendor.com/fpga" ? "fpga-{i}" : "dev-{i}";
+    ASSERT_NE(h.StartPlugin(o), nullptr);
+    ASSERT_TRUE(h.sim().WaitForResource(resource, 4, kWait)) << resource;
+  }
+  std::optional<Json> told = h.proxy().events().WaitForEvent(
+      "device_ids_shared", {{"resources", {"vendor.com/gpu", "vendor.com/nic"}}}, kWait);
+  ASSERT_TRUE(told.has_value());
+  EXPECT_EQ((*told)["count"], 4);
+  EXPECT_EQ((*told)["first"][0], "dev-0");
+  // Two more passes, each after every list above was taken: told once,
+  // and fpga shares nothing.
+  const int64_t passes = h.proxy().housekeeping_passes();
+  ASSERT_TRUE(h.proxy().WaitForHousekeepingPasses(passes + 2, kWait));
+  int shared = 0;
+  for (const Json& e : h.proxy().events().Snapshot()) {
+    if (e.value("event", "") == "device_ids_shared") {
+      ++shared;
+      EXPECT_EQ(e["resources"], Json({"vendor.com/gpu", "vendor.com/nic"}));
+    }
+  }
+  EXPECT_EQ(shared, 1);
+}
+
 }  // namespace
 }  // namespace dpproxy

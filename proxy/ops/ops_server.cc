@@ -116,7 +116,9 @@ ProbeAnswer AnswerProbe(const std::string& probe, const std::vector<HealthCheck>
   }
   for (const HealthCheck& c : checks) {
     absl::StrAppend(&a.body, c.ok ? "[+]" : "[-]", c.name,
-                    c.ok ? " ok" : absl::StrCat(" failed: ", c.reason), "\n");
+                    c.ok ? (c.reason.empty() ? std::string(" ok") : absl::StrCat(" ok: ", c.reason))
+                         : absl::StrCat(" failed: ", c.reason),
+                    "\n");
   }
   absl::StrAppend(&a.body, probe, ok ? " check passed" : " check failed", "\n");
   return a;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "proxy/kubelet_rules/kubelet_rules.h"
 #include "proxy/util/files.h"
 
@@ -234,6 +235,19 @@ std::vector<HealthCheck> Reporter::Readiness() {
     if (refused.empty()) continue;
     checks.push_back({absl::StrCat("device-list:", e->resource->name()), false,
                       absl::StrCat("the plugin's device list was refused: ", refused)});
+  }
+  // Devices cordoned by hand: the node is ready, and /readyz?verbose says
+  // which are out of service.
+  if (p_.withheld) {
+    std::map<std::string, std::vector<std::string>> cordoned;
+    for (const CordonStatus& c : p_.withheld->rows().cordoned) {
+      cordoned[c.resource].push_back(absl::StrCat(c.device, " (", c.reason, ")"));
+    }
+    for (const auto& [resource, devices] : cordoned) {
+      checks.push_back({absl::StrCat("cordoned:", resource), true,
+                        absl::StrCat(devices.size(), " device(s) cordoned: ",
+                                     absl::StrJoin(devices, ", "))});
+    }
   }
   if (p_.keeper) {
     HealthCheck c;

@@ -12,7 +12,9 @@ namespace dpproxy {
 struct HealthCheck {
   std::string name;
   bool ok = false;
-  std::string reason;  // empty when ok
+  // Why it fails; for a check that passes, what a reader should know
+  // (e.g. the devices cordoned by hand), or empty.
+  std::string reason;
 };
 
 }  // namespace dpproxy

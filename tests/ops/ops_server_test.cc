@@ -482,5 +482,20 @@ TEST(AnswerProbeTest, NoChecksIsOk) {
   EXPECT_EQ(AnswerProbe("readyz", {}, true).body, "readyz check passed\n");
 }
 
+// A check that passes may say what a reader should know (the devices
+// cordoned by hand); only the verbose answer shows it.
+TEST(AnswerProbeTest, APassingCheckShowsItsNoteWhenVerbose) {
+  const std::vector<HealthCheck> checks = {
+      {"registered:vendor.com/gpu", true, ""},
+      {"cordoned:vendor.com/gpu", true, "1 device(s) cordoned: gpu-2 (fan failure)"}};
+  EXPECT_EQ(AnswerProbe("readyz", checks, false).body, "ok");
+  ProbeAnswer a = AnswerProbe("readyz", checks, true);
+  EXPECT_EQ(a.http_status, 200);
+  EXPECT_EQ(a.body,
+            "[+]registered:vendor.com/gpu ok\n"
+            "[+]cordoned:vendor.com/gpu ok: 1 device(s) cordoned: gpu-2 (fan failure)\n"
+            "readyz check passed\n");
+}
+
 }  // namespace
 }  // namespace dpproxy

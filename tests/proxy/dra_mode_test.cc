@@ -999,6 +999,15 @@ TEST_P(DraHealthTest, TheKubeletSeesThePluginsDeviceHealthOnTheHealthStream) {
   EXPECT_EQ(health("gpu-2"), "UNHEALTHY");
   EXPECT_EQ(h->sim().DraHealth(kDriver)[absl::StrCat(kPool, "/gpu-2")].message,
             "cordoned: fan failure");
+  // /readyz?verbose names it, and the node stays ready.
+  bool named = false;
+  for (const HealthCheck& c : h->proxy().Readiness()) {
+    if (c.name != "cordoned:vendor.com/gpu") continue;
+    named = true;
+    EXPECT_TRUE(c.ok);
+    EXPECT_EQ(c.reason, "1 device(s) cordoned: gpu-2 (fan failure)");
+  }
+  EXPECT_TRUE(named);
   ASSERT_EQ(RunControlCommand("uncordon", {"vendor.com/gpu", "gpu-2"}, h->config().state_dir, "",
                               "table"),
             0);

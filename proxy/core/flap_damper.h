@@ -40,6 +40,7 @@ class FlapDamper {
   // From now on; turned off, every hold ends (and is told as ended).
   Changes SetSettings(const FlapDamping& settings, absl::Time now);
   bool on() const { return settings_.flaps > 0; }
+  const FlapDamping& settings() const { return settings_; }
 
   // A device's health as the plugin reported it at `now` (every device of
   // each list, in any order).

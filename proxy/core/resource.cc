@@ -23,7 +23,6 @@ Resource::Resource(std::string name, ResourcePolicy policy, EventLog* events,
       grace_(policy_.grace),
       ids_(std::make_shared<const IdPolicy>(IdPolicy{policy_.id_map, policy_.compact_ids})),
       damper_(policy_.flap_damping),
-      damper_window_(policy_.flap_damping.window),
       watchdog_({[this](uint64_t generation, absl::Duration silent_for) {
                    OnSilent(generation, silent_for);
                  },
@@ -258,7 +257,6 @@ void Resource::PublishBaseLocked(std::shared_ptr<const DeviceList> base) {
 void Resource::SetFlapDamping(const FlapDamping& settings) {
   {
     ChangeLock lock(this);
-    damper_window_ = settings.window;
     const FlapDamper::Changes ended = damper_.SetSettings(settings, absl::Now());
     if (ended.empty()) return;
     TellFlapsLocked(ended);
@@ -275,7 +273,7 @@ std::set<std::string> Resource::damped() {
 void Resource::TellFlapsLocked(const FlapDamper::Changes& changes) {
   for (const FlapDamper::Episode& e : changes.started) {
     LOG(WARNING) << "resource " << name_ << ": device " << e.device << " turned Unhealthy "
-                 << e.flaps << " times within " << absl::FormatDuration(damper_window_)
+                 << e.flaps << " times within " << absl::FormatDuration(damper_.settings().window)
                  << "; held Unhealthy for " << absl::FormatDuration(e.held_for)
                  << ", longer with each further flap (flap_damping)";
     events_->Emit("device_flapping", {{"resource", name_},

@@ -386,7 +386,6 @@ class Resource {
   std::set<std::string> shown_unhealthy_ ABSL_GUARDED_BY(mu_);
   // Devices whose health flaps, held Unhealthy in what is shown.
   FlapDamper damper_ ABSL_GUARDED_BY(mu_);
-  absl::Duration damper_window_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_claims_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_by_pod_claims_ ABSL_GUARDED_BY(mu_);
   bool withdrawn_from_device_plugins_ ABSL_GUARDED_BY(mu_) = false;

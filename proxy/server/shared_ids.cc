@@ -4,6 +4,8 @@
 
 #include <glog/logging.h>
 
+#include "absl/time/clock.h"
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_join.h"
 
@@ -17,9 +19,10 @@ void SharedIds::Check() {
     lists.emplace_back(e->resource->name(), e->resource->Current());
     versions += lists.back().second.version;
   }
-  if (versions == checked_) return;
+  const absl::Time now = absl::Now();
+  if (versions == checked_ || now < checked_at_ + absl::Seconds(2)) return;
   checked_ = versions;
-  last_.clear();
+  checked_at_ = now;
   if (lists.size() < 2) return;
   // Each ID to the first resource listing it; a later one listing it too
   // is a pair.
@@ -51,7 +54,6 @@ void SharedIds::Check() {
                                           {"count", s.count},
                                           {"first", s.ids}});
     }
-    last_.push_back(std::move(s));
   }
 }
 

@@ -12,7 +12,8 @@
 // them an ID map or compact IDs.
 //
 // Checked at each housekeeping pass, at the cost of a pass over the lists
-// only when one of them changed.
+// only when one of them changed, and at most once in 2 s (a plugin whose
+// health flips does not make it a pass over every list each second).
 #ifndef DPPROXY_PROXY_SERVER_SHARED_IDS_H_
 #define DPPROXY_PROXY_SERVER_SHARED_IDS_H_
 
@@ -22,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "proxy/events/event_log.h"
 #include "proxy/server/resource_table.h"
 
@@ -34,20 +36,18 @@ class SharedIds {
   // One pass; the housekeeping thread only.
   void Check();
 
+ private:
   struct Shared {
     std::string a, b;  // the two resources, a < b
     std::vector<std::string> ids;  // the first few IDs both list
     size_t count = 0;
   };
-  // What the pass found (tests).
-  const std::vector<Shared>& last() const { return last_; }
 
- private:
   ResourceTable* const table_;
   EventLog* const events_;
   uint64_t checked_ = 0;  // the sum of the lists' versions at the last pass
+  absl::Time checked_at_ = absl::InfinitePast();
   std::set<std::pair<std::string, std::string>> told_;
-  std::vector<Shared> last_;
 };
 
 }  // namespace dpproxy

@@ -12,6 +12,7 @@
 #ifndef DPPROXY_TESTS_TESTING_PROCESS_NODE_H_
 #define DPPROXY_TESTS_TESTING_PROCESS_NODE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +34,19 @@ class ProcessNode {
  public:
   static constexpr absl::Duration kWait = absl::Seconds(30);
 
-  ProcessNode() { (void)MakeDirs(plugin_dir()); }
+  ProcessNode() : ProcessNode(nullptr) {}
+  // `tweak` changes the simulator's options (its root stays Sub("k")).
+  explicit ProcessNode(const std::function<void(sim::KubeletSimOptions&)>& tweak)
+      : sim_([&] {
+          sim::KubeletSimOptions o;
+          o.root_dir = tmp_.Sub("k");
+          o.personality = sim::Personality::kV1Beta1Sync;
+          o.container_runtime = false;
+          if (tweak) tweak(o);
+          return o;
+        }()) {
+    (void)MakeDirs(plugin_dir());
+  }
 
   sim::KubeletSim& sim() { return sim_; }
   std::string Sub(const std::string& name) const { return tmp_.Sub(name); }
@@ -96,13 +109,7 @@ class ProcessNode {
 
  private:
   ShortTempDir tmp_;
-  sim::KubeletSim sim_{[this] {
-    sim::KubeletSimOptions o;
-    o.root_dir = tmp_.Sub("k");
-    o.personality = sim::Personality::kV1Beta1Sync;
-    o.container_runtime = false;
-    return o;
-  }()};
+  sim::KubeletSim sim_;
 };
 
 }  // namespace dpproxy::testing

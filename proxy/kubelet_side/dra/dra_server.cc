@@ -222,16 +222,63 @@ DraServer::DraServer(Options options, ClaimPreparer* preparer, EventLog* events)
 DraServer::~DraServer() { Stop(); }
 
 std::string DraServer::registration_socket() const {
-  const int g = options_.socket_generation;
+  return RegistrationSocketOf(options_.socket_generation);
+}
+
+std::string DraServer::service_socket() const {
+  return ServiceSocketOf(options_.socket_generation);
+}
+
+std::string DraServer::RegistrationSocketOf(int g) const {
   return JoinPath(JoinPath(options_.kubelet_root, "plugins_registry"),
                   g == 0 ? absl::StrCat(options_.driver, "-reg.sock")
                          : absl::StrCat(options_.driver, "-reg-", g, ".sock"));
 }
 
-std::string DraServer::service_socket() const {
-  const int g = options_.socket_generation;
+std::string DraServer::ServiceSocketOf(int g) const {
   return JoinPath(JoinPath(JoinPath(options_.kubelet_root, "plugins"), options_.driver),
                   g == 0 ? std::string("dra.sock") : absl::StrCat("dra-", g, ".sock"));
+}
+
+namespace {
+
+// Whether `path` is a Unix socket (not a link to one) that nobody listens on.
+bool DeadSocket(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && !SomeoneListens(path);
+}
+
+}  // namespace
+
+void DraServer::RemoveDeadInstances() {
+  const int other = options_.socket_generation == 0 ? 1 : 0;
+  const std::string reg = RegistrationSocketOf(other);
+  const std::string dir = reg.substr(0, reg.rfind('/'));
+  const std::string own = registration_socket();
+  // The other generation's registration, and what a hand-over renamed away
+  // (".NAME.old", which the plugin watcher ignores): left by a dpproxy that
+  // was killed, or whose successor was. A live one (a predecessor handing
+  // over) answers the connect and is left alone.
+  for (const std::string& path :
+       {reg, JoinPath(dir, absl::StrCat(".", reg.substr(reg.rfind('/') + 1), ".old")),
+        JoinPath(dir, absl::StrCat(".", own.substr(own.rfind('/') + 1), ".old"))}) {
+    if (!DeadSocket(path)) continue;
+    if (::unlink(path.c_str()) != 0) {
+      LOG(WARNING) << "DRA driver " << options_.driver << ": cannot remove " << path
+                   << ", a registration nobody serves (" << ErrnoText(errno) << ")";
+      continue;
+    }
+    const bool watched = path == reg;
+    LOG(WARNING) << "DRA driver " << options_.driver << ": removed " << path
+                 << ", a registration of an earlier dpproxy that nobody serves"
+                 << (watched ? " (the kubelet forgets that instance, and stops calling and "
+                               "watching its dead endpoint)"
+                             : "");
+    events_->Emit("dra_dead_instance_removed",
+                  {{"driver", options_.driver}, {"registration", path}});
+  }
+  const std::string service = ServiceSocketOf(other);
+  if (DeadSocket(service)) ::unlink(service.c_str());
 }
 
 bool DraServer::SocketPresent() {
@@ -262,6 +309,9 @@ absl::Status DraServer::Start() {
     if (absl::Status s = MakeDirs(path.substr(0, path.rfind('/'))); !s.ok()) return s;
     ::unlink(path.c_str());  // a previous run's socket
   }
+  // Before this instance's registration exists: up to 1.32 the deletion of
+  // any registration socket of the driver deregisters it by name.
+  RemoveDeadInstances();
   // The service socket first: the kubelet dials it once it read GetInfo.
   {
     grpc::ServerBuilder b;

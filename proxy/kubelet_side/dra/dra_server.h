@@ -106,6 +106,15 @@ class DraServer : public KubeletGate {
  private:
   class Services;
 
+  std::string RegistrationSocketOf(int generation) const;
+  std::string ServiceSocketOf(int generation) const;
+  // Removes the registration sockets of this driver that an earlier
+  // dpproxy left and nobody serves (it was killed), so that the kubelet,
+  // whose plugin watcher acts on their deletion, forgets those instances:
+  // a 1.33+ kubelet keeps each one, retries its health stream every 5 s
+  // and falls back to it when this one goes. Event dra_dead_instance_removed.
+  void RemoveDeadInstances();
+
   const Options options_;
   ClaimPreparer* const preparer_;
   EventLog* const events_;

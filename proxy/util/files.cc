@@ -275,6 +275,22 @@ absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_byt
   return out;
 }
 
+absl::StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<uint64_t>(st.st_size) > max_bytes &&
+      ::lseek(fd, st.st_size - static_cast<off_t>(max_bytes), SEEK_SET) < 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat("seek in ", path));
+  }
+  absl::StatusOr<std::string> out = ReadAndClose(fd, path, max_bytes);
+  if (out.ok() && out->size() > max_bytes) out->erase(0, out->size() - max_bytes);
+  return out;
+}
+
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
                              mode_t mode) {
   std::string tmp = absl::StrCat(path, ".tmp.XXXXXX");

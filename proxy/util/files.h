@@ -87,6 +87,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // even of a file that grows meanwhile.
 absl::StatusOr<std::string> ReadFileUpTo(const std::string& path, size_t max_bytes);
 
+// The last `max_bytes` of a file (all of it when shorter): kNotFound if it
+// does not exist. Reads no more than that, however large the file.
+absl::StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes);
+
 // Reads a whole file that must be a regular file reached without following
 // a symbolic link (dpproxy's own state): kNotFound if it does not exist,
 // kFailedPrecondition naming the path if it is a link, a directory or

@@ -1431,6 +1431,50 @@ def _cells(report):
     return {c["scenario"]: c for c in report["cells"]}
 
 
+def scenario_dpconform_k8s_sample_grid(s):
+    """dpconform as a plugin's authors would run it in CI: Kubernetes' own
+    e2e sample device plugin, built from this release's module, against
+    every simulated kubelet (--kubelets=all), with its known limitations
+    declared in tests/realnode/testdata/k8s-sample-device-plugin.expect.
+    The plugin hard-codes the kubelet's socket path, so each cell runs it in
+    a mount namespace of its own with the cell's device-plugins/ directory
+    bind-mounted over /var/lib/kubelet/device-plugins, as a DaemonSet pod
+    would mount it. No new failure, every release from 1.25 passes every
+    cell that applies (the simulated kubelets agree with the real one this
+    plugin works with), and dpconform prints the run's wall time."""
+    check(s.args.dpconform, "--dpconform (the dpconform binary) is not given")
+    binary = s.node.kube_bin("sample-device-plugin")
+    check(os.access(binary, os.X_OK), "%s is not built (tools/realnode/build)" % binary)
+    for dev in ("Dev-1", "Dev-2"):  # the files its Allocate creates
+        s.host_paths.append("/tmp/" + dev)
+    os.makedirs(os.path.join(realnode.KUBELET_ROOT, "device-plugins"), exist_ok=True)
+    plugin = ("exec unshare --mount --propagation private -- /bin/sh -c "
+              "'mount --bind \"$1\" %s/device-plugins && "
+              "exec env PLUGIN_SOCK_DIR=%s/device-plugins \"$2\"' sh {plugin_dir} %s"
+              % (realnode.KUBELET_ROOT, realnode.KUBELET_ROOT, binary))
+    expect = os.path.join(ROOT, "tests", "realnode", "testdata",
+                          "k8s-sample-device-plugin.expect")
+    work = tempfile.mkdtemp(prefix="dpc.", dir="/tmp")
+    s.at_end.append(lambda: shutil.rmtree(work, ignore_errors=True))
+    args = [s.args.dpconform, "--kubelets=all", "--resource=example.com/resource",
+            "--plugin=" + plugin, "--expect=" + expect, "--output=json", "--work_dir=" + work,
+            "--quiet"]
+    rc, report = run_dpconform(s, args, "k8s-sample-grid")
+    new = ["%s on %s: %s %s" % (c["scenario"], c["kubelet"], c["outcome"], c["summary"])
+           for c in report["cells"]
+           if c["outcome"] in ("fail", "blocked") and not c.get("known")]
+    check(rc == 0 and not new, "new failures of the e2e sample plugin (exit %d):\n%s"
+          % (rc, "\n".join(new)))
+    late = [c for c in report["cells"] if int(c["kubelet"].split(".")[1]) >= 25]
+    bad = ["%s on %s: %s" % (c["scenario"], c["kubelet"], c["outcome"]) for c in late
+           if c["outcome"] not in ("pass", "n/a")]
+    check(late and not bad, "the e2e sample plugin did not pass on 1.25 and later:\n%s"
+          % "\n".join(bad))
+    check(report.get("wall_seconds", 0) > 0, "the report has no wall time")
+    print("e2e: dpconform-k8s-sample-plugin-grid: %d cells in %.0f s" % (
+        len(report["cells"]), report["wall_seconds"]), file=sys.stderr, flush=True)
+
+
 def scenario_dpconform_real(s):
     """dpconform on the real kubelet: the sample plugin, registered at the
     kubelet's own socket, passes every scenario a real kubelet can judge,
@@ -1876,6 +1920,8 @@ SCENARIOS = [
     ("dpconform-real", scenario_dpconform_real),
     # Kubernetes' DRA test driver is built for the newest release only.
     ("dpconform-dra-test-driver", scenario_dpconform_dra_test_driver, 37),
+    # Simulated kubelets only: once, with the newest release's build.
+    ("dpconform-k8s-sample-plugin-grid", scenario_dpconform_k8s_sample_grid, 37),
     ("dpproxy-sigkill-own-socket-plugin",
      lambda s: scenario_dpproxy_sigkill(s, "own-socket")),
     ("dpproxy-sigkill-kubelet-socket-plugin",

@@ -97,6 +97,19 @@ TEST(FilesTest, ReadMissingFileIsNotFound) {
   EXPECT_EQ(ReadFile("/nonexistent/dpp/file").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(FilesTest, ReadFileTailReadsOnlyTheEnd) {
+  testing::ShortTempDir dir;
+  const std::string path = dir.Sub("log");
+  std::string text;
+  for (int i = 0; i < 10000; ++i) absl::StrAppend(&text, "line ", i, "\n");
+  ASSERT_TRUE(WriteFileAtomic(path, text).ok());
+  absl::StatusOr<std::string> tail = ReadFileTail(path, 20);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(*tail, text.substr(text.size() - 20));
+  EXPECT_EQ(*ReadFileTail(path, text.size() + 100), text);  // shorter: all of it
+  EXPECT_EQ(ReadFileTail(dir.Sub("missing"), 20).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(FilesTest, RemoveFilesExceptKeepsDirectoriesAndNamedFiles) {
   testing::ShortTempDir dir;
   ASSERT_TRUE(WriteFileAtomic(dir.Sub("kubelet_internal_checkpoint"), "{}").ok());

@@ -1,6 +1,7 @@
 #include "tools/conform/cell.h"
 
 #include <algorithm>
+#include <csignal>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "proxy/util/files.h"
+#include "tools/kubelet_sim/kubelet_texts.h"
 
 namespace dpproxy::conform {
 namespace {
@@ -133,7 +135,8 @@ bool Cell::PluginRunning() {
 }
 
 std::string Cell::PluginOutputTail(int lines) const {
-  absl::StatusOr<std::string> out = ReadFile(JoinPath(dir_, "plugin.log"));
+  // The last 64 KiB at most: the log may be as large as a plugin wrote.
+  absl::StatusOr<std::string> out = ReadFileTail(JoinPath(dir_, "plugin.log"), 64 << 10);
   if (!out.ok() || out->empty()) return "(no output)";
   std::vector<std::string> all = absl::StrSplit(*out, '\n', absl::SkipEmpty());
   const size_t first = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
@@ -157,7 +160,9 @@ std::vector<sim::DeviceState> Cell::Devices(const std::string& resource) {
 
 std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, size_t from,
                                    bool tolerate_rejections) {
-  const absl::Time deadline = absl::Now() + options_.timeout;
+  waited_ = first_wait_.value_or(options_.timeout);
+  first_wait_.reset();
+  const absl::Time deadline = absl::Now() + waited_;
   bool connected = false;
   int64_t healthy = -1;  // allocatable in the latest list; -1: no list yet
   std::optional<Json> failure;
@@ -219,7 +224,7 @@ std::optional<Problem> Cell::Reach(Stage stage, const std::string& resource, siz
 }
 
 Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& seen) {
-  const std::string t = absl::FormatDuration(options_.timeout);
+  const std::string t = absl::FormatDuration(waited_);
   std::optional<Json> request, rejected, dial_failed, watcher_failed, lost, last_list, unknown;
   std::vector<std::string> other_resources;
   bool connected = false;
@@ -258,10 +263,15 @@ Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& see
   }
   Problem p;
   const bool exited = !PluginRunning();
-  const std::string exit_note =
+  std::string exit_note =
       exited ? absl::StrCat("; the plugin ", plugin_ended_, ", its output ends: ",
                             PluginOutputTail())
              : "";
+  if (exited && absl::StrContains(plugin_ended_, absl::StrCat("signal ", SIGXFSZ, " "))) {
+    absl::StrAppend(&exit_note, " (it wrote ", kMaxPluginOutputBytes >> 20,
+                    " MiB, dpconform's limit for its output: a plugin that floods its log "
+                    "fills a node's disk)");
+  }
 
   if (lost.has_value() && absl::StrContains(lost->value("reason", ""), "RESOURCE_EXHAUSTED")) {
     p.owner = "list-size";
@@ -398,6 +408,15 @@ Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& see
                                        : "did not register (no Register call arrived on "
                                          "kubelet.sock, no plugin-watcher socket appeared)";
     p.plugin_did += exit_note;
+    if (!request.has_value() &&
+        PathExists(JoinPath(sim_->device_plugin_dir(), std::string(sim::kDeprecationMarkerName)))) {
+      // Plugins built on the kubelet's own stub (its e2e sample plugin)
+      // register nowhere where they find the marker.
+      p.plugin_did += absl::StrCat(
+          "; device-plugins/", sim::kDeprecationMarkerName, " exists on this release, as a "
+          "real ", version_.name, " kubelet leaves it (1.13-1.24), and a plugin built on the "
+          "kubelet's device-plugin stub skips its kubelet.sock registration where it finds it");
+    }
     p.kubelet_expects = ExpectedRegistration(version_);
     p.users_see = "the resource never appears on the node";
     return p;

@@ -84,6 +84,10 @@ class Cell {
   // whole timeout to recover). nullopt: reached.
   std::optional<Problem> Reach(Stage stage, const std::string& resource, size_t from = 0,
                                bool tolerate_rejections = false);
+  // The first Reach waits at most `d` (a release whose registers cell
+  // failed: the plugin gets a short while, not the whole timeout); later
+  // ones the timeout.
+  void LimitFirstWait(absl::Duration d) { first_wait_ = d; }
 
   // The plugin command's placeholder values, plus `extra`.
   std::vector<std::pair<std::string, std::string>> Values(
@@ -110,6 +114,8 @@ class Cell {
   std::unique_ptr<ChildProcess> plugin_;
   std::unique_ptr<ChildProcess> second_;  // StartSecondInstance's
   std::string plugin_ended_;  // how the last plugin process ended
+  std::optional<absl::Duration> first_wait_;  // LimitFirstWait's, until used
+  absl::Duration waited_;  // the limit of the latest Reach, for its messages
   // Start a plugin process, {instance} = `instance`.
   absl::StatusOr<std::unique_ptr<ChildProcess>> StartInstance(int instance);
 };

@@ -18,6 +18,7 @@
 #ifndef DPPROXY_TOOLS_CONFORM_CONFORM_H_
 #define DPPROXY_TOOLS_CONFORM_CONFORM_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +33,16 @@
 namespace dpproxy::conform {
 
 enum class Outcome { kPass, kFail, kBlocked, kNotApplicable };
+
+// The most a plugin process (and its health command) may write to any
+// file, its output in plugin.log included: a plugin that floods its output
+// is killed with SIGXFSZ there, and the cell says so.
+inline constexpr uint64_t kMaxPluginOutputBytes = 64ull << 20;
+inline constexpr char kPrlimit[] = "/usr/bin/prlimit";
+
+// How long a release's other cells wait for a registration once its
+// registers cell failed.
+inline constexpr absl::Duration kAfterFailedRegisters = absl::Seconds(2);
 // "pass", "fail", "blocked", "n/a".
 const char* OutcomeName(Outcome o);
 
@@ -54,6 +65,11 @@ struct CellResult {
   absl::Duration duration;
   // The cell's directory (plugin output in plugin.log) when it was kept.
   std::string dir;
+  // Set by --expect (expect.h): a failed or blocked cell the plugin's
+  // authors declared a known limitation ("FILE:LINE: reason"), or a cell
+  // that passes where they declared a failure.
+  std::string known;
+  std::string fixed;
 };
 
 // A real node for cells on a real kubelet (real.h). The node is the

@@ -2,6 +2,7 @@
 // cell is and docs/conformance.md for the scenarios and a CI setup.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -20,8 +21,10 @@
 #include "proxy/util/files.h"
 #include "tools/conform/conform.h"
 #include "tools/conform/dra.h"
+#include "tools/conform/expect.h"
 #include "tools/conform/real.h"
 #include "tools/conform/report.h"
+#include "tools/conform/upstream.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
 DEFINE_string(plugin, "",
@@ -81,7 +84,9 @@ DEFINE_string(dial_timeout, "10s",
               "How long the kubelet tries to dial a plugin (10 s in every release). Lower\n"
               "it to make runs with plugins that register before serving end sooner.");
 DEFINE_string(stop_grace, "10s", "Time between SIGTERM and SIGKILL when the plugin is stopped.");
-DEFINE_int32(jobs, 2, "Cells run at once, each with its own kubelet and plugin process.");
+DEFINE_int32(jobs, 4,
+             "Cells run at once, each with its own kubelet and plugin process (a cell mostly "
+             "waits for the plugin: more than the CPUs).");
 DEFINE_string(env, "",
               "Extra environment for the plugin: NAME=VALUE, comma-separated.");
 DEFINE_string(output, "table", "What to print on stdout: table or json.");
@@ -98,6 +103,11 @@ DEFINE_string(work_dir, "/tmp",
               "Where the run's directory goes (kept for failed cells, with the plugin's\n"
               "output in plugin.log and the kubelet's events). At most 40 bytes: sockets\n"
               "live inside.");
+DEFINE_string(expect, "",
+              "A file of known limitations, one per line: SCENARIO RELEASES OUTCOME REASON "
+              "(e.g. \"serves-first 1.25-1.37 FAIL registers before it serves\"). Cells it "
+              "covers are reported as known and do not fail the run; a declared failure that "
+              "passes is reported. See docs/conformance.md.");
 DEFINE_bool(keep, false, "Keep every cell's directory, not only failed and blocked ones'.");
 DEFINE_bool(list, false, "Print the kubelet generations and the scenarios, then exit.");
 DEFINE_bool(quiet, false, "No progress lines on stderr.");
@@ -153,6 +163,13 @@ std::vector<std::string> List(const std::string& flag) {
   return absl::StrSplit(flag, ',', absl::SkipWhitespace());
 }
 
+// The upstream tests a scenario stands for (upstream.h).
+void PrintUpstream(const char* scenario, const std::string& indent) {
+  if (const UpstreamMapping* m = UpstreamOf(scenario); m != nullptr) {
+    std::cout << indent << "upstream: " << UpstreamText(*m) << " (" << m->relation << ")\n";
+  }
+}
+
 void PrintList() {
   std::cout << "Kubelet generations (--kubelets takes any minor from 1."
             << sim::kOldestKubeletMinor << " to 1." << sim::kNewestKubeletMinor
@@ -164,6 +181,7 @@ void PrintList() {
   for (const ScenarioInfo& s : Scenarios()) {
     std::cout << absl::StrFormat("  %-16s %s\n", s.name, s.title);
     std::cout << "                   " << s.checks << "\n";
+    PrintUpstream(s.name, "                   ");
   }
   std::cout << "\nOn a real kubelet (--kubelets=real:1.MINOR), the scenarios it can judge: "
             << absl::StrJoin(RealScenarios(), ", ")
@@ -177,6 +195,7 @@ void PrintList() {
   for (const ScenarioInfo& s : DraScenarios()) {
     std::cout << absl::StrFormat("  %-20s %s\n", s.name, s.title);
     std::cout << "                       " << s.checks << "\n";
+    PrintUpstream(s.name, "                       ");
   }
   std::cout << "and the placeholders in the driver's --plugin command:\n";
   for (const Placeholder& p : DraPlaceholders()) {
@@ -265,6 +284,19 @@ int Run() {
   }
   absl::StatusOr<ConformOptions> o = OptionsFromFlags();
   if (!o.ok()) return Usage(std::string(o.status().message()));
+  std::vector<Expectation> expectations;
+  if (!FLAGS_expect.empty()) {
+    absl::StatusOr<std::string> text = ReadFileUpTo(FLAGS_expect, 1 << 20);
+    if (!text.ok()) return Usage(absl::StrCat("--expect: ", text.status().message()));
+    std::vector<std::string> names;
+    for (const auto* list : {&Scenarios(), &DraScenarios()}) {
+      for (const ScenarioInfo& s : *list) names.push_back(s.name);
+    }
+    absl::StatusOr<std::vector<Expectation>> parsed =
+        ParseExpectations(*text, FLAGS_expect, names);
+    if (!parsed.ok()) return Usage(absl::StrCat("--expect: ", parsed.status().message()));
+    expectations = *std::move(parsed);
+  }
   // On a terminal: one line per cell with [n/N] and the time left,
   // estimated from the cells done so far. Elsewhere (CI logs): the same
   // lines without the estimate.
@@ -293,7 +325,9 @@ int Run() {
     std::cerr << "dpconform: " << cells.status().message() << "\n";
     return 2;
   }
-  std::cout << (FLAGS_output == "json" ? RenderJson(*o, *cells) : RenderTable(*cells));
+  ApplyExpectations(expectations, FLAGS_expect, &*cells);
+  const absl::Duration wall = absl::Now() - started;
+  std::cout << (FLAGS_output == "json" ? RenderJson(*o, *cells, wall) : RenderTable(*cells));
   if (!FLAGS_junit.empty()) {
     if (absl::Status s = WriteFileAtomic(FLAGS_junit, RenderJUnit(*o, *cells)); !s.ok()) {
       std::cerr << "dpconform: --junit: " << s.message() << "\n";
@@ -312,8 +346,17 @@ int Run() {
       return 2;
     }
   }
-  const Totals t = Count(*cells);
-  return t.failed + t.blocked == 0 ? 0 : 1;
+  const int failing = static_cast<int>(std::count_if(cells->begin(), cells->end(), NewFailure));
+  // The wall time, for a CI job's budget (the cells' own times overlap).
+  if (!FLAGS_quiet) {
+    std::cerr << "dpconform: " << cells->size() << " cells in "
+              << absl::FormatDuration(absl::Trunc(wall, absl::Milliseconds(100))) << " ("
+              << o->jobs << " at once); "
+              << (failing == 0 ? std::string("no new failure")
+                               : absl::StrCat(failing, " failed or blocked"))
+              << (expectations.empty() ? "" : " beside the known ones") << "\n";
+  }
+  return failing == 0 ? 0 : 1;
 }
 
 }  // namespace

@@ -4,12 +4,14 @@
 #include <map>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "proxy/events/event_log.h"
 #include "proxy/version/version.h"
+#include "tools/conform/expect.h"
 
 namespace dpproxy::conform {
 
@@ -61,6 +63,7 @@ struct Grid {
 };
 
 std::string Mark(const CellResult& c) {
+  if (!c.known.empty()) return "known";
   switch (c.outcome) {
     case Outcome::kPass: return "pass";
     case Outcome::kFail: return "FAIL";
@@ -100,6 +103,10 @@ std::string Details(const CellResult& c) {
     absl::StrAppend(&out, "kubelet ", c.kubelet, " expects: ", c.kubelet_expects, "\n");
   }
   if (!c.users_see.empty()) absl::StrAppend(&out, "users see: ", c.users_see, "\n");
+  if (!c.known.empty()) absl::StrAppend(&out, "known limitation: ", c.known, "\n");
+  if (!c.fixed.empty()) {
+    absl::StrAppend(&out, "declared a failure, now passes: ", c.fixed, "\n");
+  }
   for (const std::string& n : c.notes) absl::StrAppend(&out, "note: ", n, "\n");
   if (!c.dir.empty()) absl::StrAppend(&out, "files: ", c.dir, "\n");
   return out;
@@ -116,8 +123,22 @@ Totals Count(const std::vector<CellResult>& cells) {
       case Outcome::kBlocked: ++t.blocked; break;
       case Outcome::kNotApplicable: ++t.not_applicable; break;
     }
+    t.known += !c.known.empty();
+    t.fixed += !c.fixed.empty();
   }
   return t;
+}
+
+std::string TotalsLine(const std::vector<CellResult>& cells) {
+  const Totals t = Count(cells);
+  std::string out = absl::StrCat(cells.size(), " cells: ", t.passed, " passed, ", t.failed,
+                                 " failed, ", t.blocked, " blocked, ", t.not_applicable,
+                                 " not applicable");
+  if (t.known > 0 || t.fixed > 0) {
+    absl::StrAppend(&out, "; ", t.known, " of the failed and blocked known (--expect), ", t.fixed,
+                    " declared failure(s) now passing");
+  }
+  return out;
 }
 
 namespace {
@@ -203,7 +224,7 @@ std::string RenderTable(const std::vector<CellResult>& cells) {
   }
   bool header = false;
   for (const CellResult& c : cells) {
-    if (c.outcome != Outcome::kFail) continue;
+    if (c.outcome != Outcome::kFail || !c.known.empty()) continue;
     if (!header) {
       out += "\nFailures:\n";
       header = true;
@@ -217,7 +238,7 @@ std::string RenderTable(const std::vector<CellResult>& cells) {
   }
   header = false;
   for (const CellResult& c : cells) {
-    if (c.outcome != Outcome::kBlocked) continue;
+    if (c.outcome != Outcome::kBlocked || !c.known.empty()) continue;
     if (!header) {
       out += "\nBlocked (by the failure named):\n";
       header = true;
@@ -225,13 +246,39 @@ std::string RenderTable(const std::vector<CellResult>& cells) {
     absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, ": ",
                     Printable(c.summary), "\n");
   }
-  const Totals t = Count(cells);
-  absl::StrAppend(&out, "\n", cells.size(), " cells: ", t.passed, " passed, ", t.failed,
-                  " failed, ", t.blocked, " blocked, ", t.not_applicable, " not applicable\n");
+  header = false;
+  for (const CellResult& c : cells) {
+    if (c.known.empty()) continue;
+    if (!header) {
+      out += "\nKnown limitations (--expect; not counted against the run):\n";
+      header = true;
+    }
+    if (c.outcome == Outcome::kBlocked && absl::StartsWith(c.known, "blocked by ")) {
+      // Its reason is the blocking failure's, listed with it.
+      absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, " (blocked by ",
+                      c.blocked_by, ")\n");
+      continue;
+    }
+    absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, " (",
+                    c.outcome == Outcome::kBlocked ? "blocked" : "FAIL", "): ",
+                    Printable(c.summary), "\n    ", Printable(c.known), "\n");
+  }
+  header = false;
+  for (const CellResult& c : cells) {
+    if (c.fixed.empty()) continue;
+    if (!header) {
+      out += "\nDeclared failures that now pass (take them out of the --expect file):\n";
+      header = true;
+    }
+    absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, ": ", Printable(c.fixed),
+                    "\n");
+  }
+  absl::StrAppend(&out, "\n", TotalsLine(cells), "\n");
   return out;
 }
 
-std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells) {
+std::string RenderJson(const ConformOptions& options, const std::vector<CellResult>& cells,
+                       absl::Duration wall) {
   Json j;
   j["plugin"] = options.plugin_command;
   j["resources"] = options.resources;
@@ -251,6 +298,8 @@ std::string RenderJson(const ConformOptions& options, const std::vector<CellResu
     if (!c.users_see.empty()) e["users_see"] = c.users_see;
     if (!c.blocked_by.empty()) e["blocked_by"] = c.blocked_by;
     if (!c.dir.empty()) e["dir"] = c.dir;
+    if (!c.known.empty()) e["known"] = c.known;
+    if (!c.fixed.empty()) e["fixed"] = c.fixed;
     list.push_back(e);
   }
   j["cells"] = list;
@@ -259,7 +308,10 @@ std::string RenderJson(const ConformOptions& options, const std::vector<CellResu
                  {"passed", t.passed},
                  {"failed", t.failed},
                  {"blocked", t.blocked},
-                 {"not_applicable", t.not_applicable}};
+                 {"not_applicable", t.not_applicable},
+                 {"known", t.known},
+                 {"fixed", t.fixed}};
+  if (wall > absl::ZeroDuration()) j["wall_seconds"] = absl::ToDoubleSeconds(wall);
   return j.dump(2) + "\n";
 }
 
@@ -272,11 +324,20 @@ std::string JUnitCase(const std::string& kubelet, const CellResult& c) {
   std::string out = absl::StrCat("    <testcase classname=\"dpconform.kubelet-", XmlEscape(kubelet),
                                  "\" name=\"", XmlEscape(c.scenario), "\" time=\"",
                                  Seconds(c.duration), "\"");
+  if (!c.known.empty()) {
+    // Declared by the plugin's authors: not a failure of this run.
+    return absl::StrCat(out, ">\n      <skipped message=\"",
+                        XmlEscape(absl::StrCat("known limitation (", c.known, "): ", c.summary)),
+                        "\"/>\n    </testcase>\n");
+  }
   switch (c.outcome) {
-    case Outcome::kPass:
-      if (c.notes.empty()) return out + "/>\n";
-      return absl::StrCat(out, ">\n      <system-out>", XmlEscape(absl::StrJoin(c.notes, "\n")),
+    case Outcome::kPass: {
+      std::vector<std::string> lines = c.notes;
+      if (!c.fixed.empty()) lines.push_back(absl::StrCat("declared a failure, now passes: ", c.fixed));
+      if (lines.empty()) return out + "/>\n";
+      return absl::StrCat(out, ">\n      <system-out>", XmlEscape(absl::StrJoin(lines, "\n")),
                           "</system-out>\n    </testcase>\n");
+    }
     case Outcome::kFail:
       return absl::StrCat(out, ">\n      <failure message=\"", XmlEscape(c.summary),
                           "\" type=\"conformance\">", XmlEscape(Details(c)),
@@ -305,7 +366,7 @@ std::string RenderJUnit(const ConformOptions& options, const std::vector<CellRes
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   // <testsuites> carries no skipped count: the common schema has none there.
   absl::StrAppend(&out, "<testsuites name=\"dpconform\" tests=\"", cells.size(),
-                  "\" failures=\"", all.failed + all.blocked, "\" errors=\"0\" time=\"",
+                  "\" failures=\"", all.failed + all.blocked - all.known, "\" errors=\"0\" time=\"",
                   Seconds(total), "\">\n");
   for (const std::string& k : Ordered(cells, &CellResult::kubelet)) {
     std::vector<const CellResult*> mine;
@@ -318,8 +379,8 @@ std::string RenderJUnit(const ConformOptions& options, const std::vector<CellRes
     }
     int failures = 0, skipped = 0;
     for (const CellResult* c : mine) {
-      failures += c->outcome == Outcome::kFail || c->outcome == Outcome::kBlocked;
-      skipped += c->outcome == Outcome::kNotApplicable;
+      failures += NewFailure(*c);
+      skipped += c->outcome == Outcome::kNotApplicable || !c->known.empty();
     }
     absl::StrAppend(&out, "  <testsuite name=\"kubelet ", XmlEscape(k), " (",
                     XmlEscape(mine.front()->generation), ")\" tests=\"", mine.size(),
@@ -365,11 +426,8 @@ std::string RenderMarkdown(const ConformOptions& options, const std::vector<Cell
   const Grid g(cells);
   const std::vector<std::string>& kubelets = g.kubelets;
   const std::vector<std::string>& scenarios = g.scenarios;
-  const Totals t = Count(cells);
   std::string out = absl::StrCat("## dpconform: ", MarkdownText(options.plugin_command), "\n\n",
-                                 cells.size(), " cells: ", t.passed, " passed, ", t.failed,
-                                 " failed, ", t.blocked, " blocked, ", t.not_applicable,
-                                 " not applicable\n\n| kubelet |");
+                                 TotalsLine(cells), "\n\n| kubelet |");
   for (const std::string& s : scenarios) absl::StrAppend(&out, " ", s, " |");
   out += "\n|---|";
   for (size_t i = 0; i < scenarios.size(); ++i) out += "---|";
@@ -379,7 +437,9 @@ std::string RenderMarkdown(const ConformOptions& options, const std::vector<Cell
     for (const std::string& s : scenarios) {
       const CellResult* c = g.At(s, k);
       std::string mark;
-      if (c != nullptr) {
+      if (c != nullptr && !c->known.empty()) {
+        mark = "known";
+      } else if (c != nullptr) {
         switch (c->outcome) {
           case Outcome::kPass: mark = "pass"; break;
           case Outcome::kFail: mark = "**FAIL**"; break;
@@ -399,7 +459,8 @@ std::string RenderMarkdown(const ConformOptions& options, const std::vector<Cell
       header = true;
     }
     absl::StrAppend(&out, "- **", c.scenario, " on ", c.kubelet, "** (",
-                    c.outcome == Outcome::kFail ? "failed" : "blocked", "): ",
+                    c.outcome == Outcome::kFail ? "failed" : "blocked",
+                    c.known.empty() ? "" : ", known", "): ",
                     MarkdownText(c.summary), "\n");
     for (absl::string_view line : absl::StrSplit(Details(c), '\n', absl::SkipEmpty())) {
       absl::StrAppend(&out, "  - ", MarkdownText(line), "\n");
@@ -442,6 +503,7 @@ constexpr char kHtmlStyle[] =
     "th,td{border:1px solid #bbb;padding:3px 6px;text-align:center;font-size:90%}"
     "th.k{text-align:left}td.pass{background:#c8e6c9}td.fail{background:#ef9a9a;"
     "font-weight:bold}td.blocked{background:#ffcc80}td.na{background:#eee;color:#777}"
+    "td.known{background:#fff59d}"
     "li{margin-bottom:.6em}pre{margin:.2em 0;white-space:pre-wrap}";
 
 std::string HtmlClass(Outcome o) {
@@ -460,13 +522,11 @@ std::string RenderHtml(const ConformOptions& options, const std::vector<CellResu
   const Grid g(cells);
   const std::vector<std::string>& kubelets = g.kubelets;
   const std::vector<std::string>& scenarios = g.scenarios;
-  const Totals t = Count(cells);
   std::string out = absl::StrCat(
       "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dpconform: ",
       HtmlText(options.plugin_command), "</title><style>", kHtmlStyle,
       "</style></head><body>\n<h1>dpconform</h1>\n<p><code>", HtmlText(options.plugin_command),
-      "</code></p>\n<p>", cells.size(), " cells: ", t.passed, " passed, ", t.failed, " failed, ",
-      t.blocked, " blocked, ", t.not_applicable, " not applicable</p>\n<table>\n<tr><th>kubelet</th>");
+      "</code></p>\n<p>", HtmlText(TotalsLine(cells)), "</p>\n<table>\n<tr><th>kubelet</th>");
   for (const std::string& s : scenarios) absl::StrAppend(&out, "<th>", HtmlText(s), "</th>");
   out += "</tr>\n";
   for (const std::string& k : kubelets) {
@@ -480,7 +540,8 @@ std::string RenderHtml(const ConformOptions& options, const std::vector<CellResu
       const CellResult& c = *g.At(s, k);
       const std::string mark = HtmlText(Mark(c));
       const bool listed = c.outcome == Outcome::kFail || c.outcome == Outcome::kBlocked;
-      absl::StrAppend(&out, "<td class=\"", HtmlClass(c.outcome), "\" title=\"",
+      absl::StrAppend(&out, "<td class=\"", c.known.empty() ? HtmlClass(c.outcome) : "known",
+                      "\" title=\"",
                       HtmlText(absl::StrCat(c.summary, "\n", Details(c))), "\">",
                       listed ? absl::StrCat("<a href=\"#", CellId(c), "\">", mark, "</a>") : mark,
                       "</td>");
@@ -497,7 +558,8 @@ std::string RenderHtml(const ConformOptions& options, const std::vector<CellResu
     }
     absl::StrAppend(&out, "<li id=\"", CellId(c), "\"><b>", HtmlText(c.scenario), " on ",
                     HtmlText(c.kubelet), "</b> (",
-                    c.outcome == Outcome::kFail ? "failed" : "blocked", "): ",
+                    c.outcome == Outcome::kFail ? "failed" : "blocked",
+                    c.known.empty() ? "" : ", known", "): ",
                     HtmlText(c.summary), "<pre>", HtmlText(Details(c)), "</pre>");
     if (!c.dir.empty()) {
       absl::StrAppend(&out, "kept in <code>", HtmlText(c.dir),

@@ -124,7 +124,12 @@ absl::Status KubeletSim::Start() {
   if (!removed.ok()) return removed.status();
   events_.Emit("directory_cleaned", {{"dir", device_plugin_dir()}, {"removed", *removed}});
   const Personality personality = kubelet.personality;
-  if (kubelet.plugin_watcher) {
+  // The marker comes with the device manager's watcher handler up to 1.24;
+  // from 1.25 (the device manager's refactor, kubernetes#109016) the
+  // handler is the plugin server itself and nothing writes it. Plugins
+  // built on the kubelet's own stub (its e2e sample plugin) skip their
+  // kubelet.sock registration where they find it.
+  if (kubelet.plugin_watcher && kubelet.minor < 25) {
     DPP_RETURN_IF_ERROR(WriteFileAtomic(
         JoinPath(device_plugin_dir(), kDeprecationMarkerName), ""));
   }

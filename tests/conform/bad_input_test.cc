@@ -1,0 +1,101 @@
+// dpconform given plugin commands that misbehave before any device-plugin
+// call: one that does not exist, one that exits at once, one that floods
+// its output, one that never registers. Each gets a verdict naming the
+// cause, and the run ends (a deadline, never a hang), with no process of
+// the plugin left behind.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proxy/util/files.h"
+#include "tests/conform/conform_testing.h"
+#include "tools/conform/conform.h"
+
+namespace dpproxy::conform {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The registers cell of `command` on 1.37, the other scenarios blocked by it.
+CellResult Registers(const std::string& command, absl::Duration timeout = absl::Seconds(18)) {
+  ConformOptions o;
+  o.work_root = testing::ConformWorkRoot();
+  o.resources = {"example.com/gpu"};
+  o.plugin_command = command;
+  o.kubelets = {*sim::ParseKubeletVersion("1.37")};
+  o.scenarios = {"registers", "device-list"};
+  o.dial_timeout = absl::Seconds(1);
+  o.timeout = timeout;
+  o.stop_grace = absl::Seconds(2);
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  EXPECT_TRUE(cells.ok()) << cells.status();
+  if (!cells.ok() || cells->size() != 2) return {};
+  EXPECT_EQ((*cells)[1].outcome, Outcome::kBlocked) << testing::DescribeCell((*cells)[1]);
+  EXPECT_EQ((*cells)[1].blocked_by, "registers");
+  return (*cells)[0];
+}
+
+// Whether a process whose command line contains `marker` is running.
+bool AnyProcessWith(const std::string& marker) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream f(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(marker) != std::string::npos &&
+        cmdline.find("bad_input_test") == std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST(BadInputTest, ACommandThatDoesNotExistIsNamed) {
+  const CellResult c = Registers("/nonexistent/vendor-plugin --socket={kubelet_socket}");
+  EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
+  EXPECT_THAT(c.plugin_did, HasSubstr("the plugin exited with status 127"));
+  EXPECT_THAT(c.plugin_did, HasSubstr("/nonexistent/vendor-plugin"));
+  EXPECT_THAT(c.plugin_did, HasSubstr("not found"));
+}
+
+TEST(BadInputTest, APluginThatExitsAtOnceIsNamedWithItsLastWords) {
+  const CellResult c = Registers("echo 'vendor-plugin: no GPU found'; exit 3");
+  EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
+  EXPECT_THAT(c.plugin_did, HasSubstr("the plugin exited with status 3"));
+  EXPECT_THAT(c.plugin_did, HasSubstr("vendor-plugin: no GPU found"));
+}
+
+// A plugin that writes without end is stopped at dpconform's limit: the
+// cell names it, and its log is no larger than the limit.
+TEST(BadInputTest, APluginThatFloodsItsOutputIsStoppedAtTheLimit) {
+  const CellResult c = Registers("exec yes 'vendor-plugin: retrying'", absl::Seconds(60));
+  EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
+  EXPECT_THAT(c.plugin_did, HasSubstr(absl::StrCat("killed by signal ", SIGXFSZ)));
+  EXPECT_THAT(c.plugin_did, HasSubstr("it wrote 64 MiB, dpconform's limit for its output"));
+  EXPECT_THAT(c.plugin_did, HasSubstr("vendor-plugin: retrying"));
+  ASSERT_FALSE(c.dir.empty());
+  struct stat st;
+  ASSERT_EQ(::stat(JoinPath(c.dir, "plugin.log").c_str(), &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_size), kMaxPluginOutputBytes);
+  EXPECT_GT(static_cast<uint64_t>(st.st_size), kMaxPluginOutputBytes / 2);
+}
+
+// A plugin that runs and never registers: the cell waits its deadline and
+// says what it waited for; the plugin is stopped with the run.
+TEST(BadInputTest, APluginThatNeverRegistersEndsAtTheDeadline) {
+  const std::string marker = absl::StrCat("61", ::getpid() % 1000, ".25");
+  const CellResult c = Registers(absl::StrCat("exec sleep ", marker), absl::Seconds(3));
+  EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
+  EXPECT_THAT(c.summary, HasSubstr("no registration this kubelet understands within 3s"));
+  EXPECT_THAT(c.plugin_did, HasSubstr("did not register"));
+  EXPECT_FALSE(AnyProcessWith(absl::StrCat("sleep ", marker)))
+      << "the plugin outlived its cell";
+}
+
+}  // namespace
+}  // namespace dpproxy::conform

@@ -44,14 +44,15 @@ check "dpkg installs it" install
 mode() { stat -c '%a %U:%G' "$R$1"; }
 check "dpproxy 0755 root" [ "$(mode /usr/bin/dpproxy)" = "755 root:root" ]
 check "dpctl 0755 root" [ "$(mode /usr/bin/dpctl)" = "755 root:root" ]
+check "dpconform 0755 root" [ "$(mode /usr/bin/dpconform)" = "755 root:root" ]
 check "unit 0644" [ "$(mode /lib/systemd/system/dpproxy.service)" = "644 root:root" ]
 check "config 0644" [ "$(mode /etc/dpproxy/dpproxy.yaml)" = "644 root:root" ]
 check "state dir 0700, made by postinst" [ "$(mode /var/lib/dpproxy)" = "700 root:root" ]
 check "HTTPS module 0644 root" [ "$(mode /usr/lib/dpproxy/dpproxy-https.so)" = "644 root:root" ]
-check "binaries stripped" bash -c "! readelf -S '$R/usr/bin/dpproxy' '$R/usr/bin/dpctl' '$R/usr/lib/dpproxy/dpproxy-https.so' | grep -q symtab"
+check "binaries stripped" bash -c "! readelf -S '$R/usr/bin/dpproxy' '$R/usr/bin/dpctl' '$R/usr/bin/dpconform' '$R/usr/lib/dpproxy/dpproxy-https.so' | grep -q symtab"
 check "copyright file" grep -q "^License: Apache-2.0" "$R/usr/share/doc/dpproxy/copyright"
 check "changelog names this version" bash -c "zcat '$R/usr/share/doc/dpproxy/changelog.gz' | head -1 | grep -qF '($VERSION)'"
-for page in dpproxy dpctl; do
+for page in dpproxy dpctl dpconform; do
   check "manual page $page(1)" bash -c "zcat '$R/usr/share/man/man1/$page.1.gz' | grep -q '^.TH'"
 done
 check "config is a conffile" grep -qx /etc/dpproxy/dpproxy.yaml "$R/var/lib/dpkg/info/dpproxy.conffiles"
@@ -59,6 +60,8 @@ check "unit runs /usr/bin/dpproxy" grep -q '^ExecStart=/usr/bin/dpproxy ' "$R/li
 check "unit is Type=notify with a watchdog" grep -q '^WatchdogSec=' "$R/lib/systemd/system/dpproxy.service"
 check "installed dpproxy runs" grep -q "^dpproxy 0\." <<<"$("$R/usr/bin/dpproxy" --version)"
 check "installed dpctl runs" "$R/usr/bin/dpctl" --help >/dev/null
+check "installed dpconform lists its scenarios" grep -q "^  registers " \
+  <<<"$("$R/usr/bin/dpconform" --list)"
 # The installed dpproxy finds the installed HTTPS module: a DRA start whose
 # kubeconfig holds a CA that is not a certificate is refused by the module's
 # check of it (not with "the HTTPS module is not installed").

@@ -963,7 +963,21 @@ def scenario_dra(s):
     check_inside(s, "c3", "v1beta1", 1, cdi=True)
 
     new.kill(signal.SIGKILL)
+    log_offset = os.path.getsize(os.path.join(s.node.logs, "kubelet.log"))
     dra_dpproxy(s, name="dpproxy-after-kill")
+    if s.minor >= 33:
+        # The killed one's registration (generation 1) was left behind: the
+        # next dpproxy removes it, and the kubelet forgets that dead
+        # instance instead of keeping it (and, on 1.36, retrying its health
+        # stream every 5 s).
+        dead = os.path.join(realnode.KUBELET_ROOT, "plugins_registry", DRIVER + "-reg-1.sock")
+        wait_until("the kubelet unregistering the killed dpproxy's instance",
+                   lambda: [line for line in _kubelet_log_from(s.node, log_offset).splitlines()
+                            if "UnregisterPlugin started" in line and '"%s"' % dead in line], 60)
+        check(not os.path.exists(dead), "%s is still there" % dead)
+        check([e for e in _events(s, "dra_dead_instance_removed")
+               if e.get("registration") == dead],
+              "dpproxy did not say it removed %s" % dead)
     wait_until("c2 gone", lambda: "c2" not in [
         p["metadata"]["name"] for p in s.node.get_json("pods")["items"]], 60)
     claim_pod(s, "c4")

@@ -10,7 +10,7 @@ output, the kubelet's events). dpconform's inputs hold no randomness: a
 run is named by its number, and its cells' directories are its record.
 
     tools/bench/conform_flakes.py --dpconform=BIN --sample_plugin=BIN
-        [--k8s_sample_plugin=BIN] [--cells=1000] [--jobs=2] [--work=DIR]
+        [--k8s_sample_plugin=BIN] [--cells=1000] [--jobs=4] [--work=DIR]
 
 A benchmark that prints figures; it asserts nothing and has no time limit.
 """
@@ -59,7 +59,7 @@ def main(argv):
     ap.add_argument("--sample_plugin", required=True)
     ap.add_argument("--k8s_sample_plugin", default="")
     ap.add_argument("--cells", type=int, default=1000)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--work", default="")
     args = ap.parse_args(argv)
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tools/package/build_deb.sh: the dpproxy Debian package, built with dpkg-deb.
 #
-#   build_deb.sh DPPROXY DPCTL HTTPS_MODULE UNIT CONFIG VERSION CHANGELOG.md COPYRIGHT OUT.deb
+#   build_deb.sh DPPROXY DPCTL DPCONFORM HTTPS_MODULE UNIT CONFIG VERSION CHANGELOG.md COPYRIGHT OUT.deb
 #
 # Contents:
-#   /usr/bin/dpproxy, /usr/bin/dpctl                    0755, stripped
+#   /usr/bin/dpproxy, /usr/bin/dpctl, /usr/bin/dpconform 0755, stripped
 #   /usr/lib/dpproxy/dpproxy-https.so                   0644, stripped: the API
 #                                                       client's TLS, loaded on use
-#   /usr/share/man/man1/dpproxy.1.gz, dpctl.1.gz        from their --help (help2man)
+#   /usr/share/man/man1/dpproxy.1.gz, dpctl.1.gz,
+#     dpconform.1.gz                                    from their --help (help2man)
 #   /usr/share/doc/dpproxy/copyright                    machine-readable (DEP-5; tools/package/copyright)
 #   /usr/share/doc/dpproxy/changelog.gz                 this release, from CHANGELOG.md
 #   /lib/systemd/system/dpproxy.service                 0644 (ExecStart=/usr/bin/dpproxy)
@@ -22,8 +23,8 @@
 # DPPROXY_MAINTAINER overrides the Maintainer field.
 set -euo pipefail
 
-dpproxy="$1"; dpctl="$2"; module="$3"; unit="$4"; config="$5"; version="$6"; changelog="$7"
-copyright="$8"; out="$9"
+dpproxy="$1"; dpctl="$2"; dpconform="$3"; module="$4"; unit="$5"; config="$6"; version="$7"
+changelog="$8"; copyright="$9"; out="${10}"
 maintainer="${DPPROXY_MAINTAINER:-dpproxy developers <dpproxy-developers@example.org>}"
 root="$(mktemp -d "${TMPDIR:-/tmp}/dpproxy-deb.XXXXXX")"
 trap 'rm -rf "$root"' EXIT
@@ -34,9 +35,11 @@ install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/dpproxy" \
   "$root/lib/systemd/system" "$root/etc/dpproxy" "$doc" "$root/usr/share/man/man1"
 install -m 0755 "$dpproxy" "$root/usr/bin/dpproxy"
 install -m 0755 "$dpctl" "$root/usr/bin/dpctl"
+install -m 0755 "$dpconform" "$root/usr/bin/dpconform"
 install -m 0644 "$module" "$root/usr/lib/dpproxy/dpproxy-https.so"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note \
-  "$root/usr/bin/dpproxy" "$root/usr/bin/dpctl" "$root/usr/lib/dpproxy/dpproxy-https.so"
+  "$root/usr/bin/dpproxy" "$root/usr/bin/dpctl" "$root/usr/bin/dpconform" \
+  "$root/usr/lib/dpproxy/dpproxy-https.so"
 sed 's|/usr/local/bin/dpproxy|/usr/bin/dpproxy|g' "$unit" >"$root/lib/systemd/system/dpproxy.service"
 chmod 0644 "$root/lib/systemd/system/dpproxy.service"
 install -m 0644 "$config" "$root/etc/dpproxy/dpproxy.yaml"
@@ -50,6 +53,7 @@ manpage() {
 }
 manpage "$root/usr/bin/dpproxy" "bridges Kubernetes device-plugin API versions"
 manpage "$root/usr/bin/dpctl" "inspects dpproxy's durable state"
+manpage "$root/usr/bin/dpconform" "tests a device plugin against every kubelet generation"
 
 # The changelog of a native package: this release's entries from
 # CHANGELOG.md ("## VERSION (DATE)", then "- " items).
@@ -85,7 +89,7 @@ libs() {
     ldd "$bin" | awk -v so="$so" '$1 == so && $3 ~ /^\// {print $3}'
   done
 }
-depends="$(for b in "$dpproxy" "$dpctl" "$module"; do libs "$b"; done | sort -u |
+depends="$(for b in "$dpproxy" "$dpctl" "$dpconform" "$module"; do libs "$b"; done | sort -u |
   while read -r lib; do
     dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null || true
   done | cut -d: -f1 | sort -u | paste -sd, - | sed 's/,/, /g')"
@@ -108,7 +112,8 @@ Description: bridges Kubernetes device-plugin API versions
  whatever device-plugin API each side speaks (v1alpha of Kubernetes 1.9,
  v1beta1 from 1.10, the plugin watcher, DRA), translating every call and
  keeping allocations safe on disk across kubelet, plugin and dpproxy
- restarts.
+ restarts. dpconform, the conformance suite for device plugins, comes
+ with it.
 CONTROL
 echo "/etc/dpproxy/dpproxy.yaml" >"$root/DEBIAN/conffiles"
 # The scripts act under $DPKG_ROOT, so an install into another root

@@ -3,18 +3,26 @@
 // its output, one that never registers. Each gets a verdict naming the
 // cause, and the run ends (a deadline, never a hang), with no process of
 // the plugin left behind.
+#include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proxy/util/files.h"
+#include "proxy/util/child_process.h"
 #include "tests/conform/conform_testing.h"
+#include "tests/testing/file_wait.h"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
 #include "tools/conform/conform.h"
 
 namespace dpproxy::conform {
@@ -41,18 +49,22 @@ CellResult Registers(const std::string& command, absl::Duration timeout = absl::
   return (*cells)[0];
 }
 
-// Whether a process whose command line contains `marker` is running.
-bool AnyProcessWith(const std::string& marker) {
+
+// The pid of a process whose command line contains `marker` (not this
+// test, not `except`), 0 if none.
+int ProcessWith(const std::string& marker, int except) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    std::ifstream f(entry.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(marker) != std::string::npos &&
-        cmdline.find("bad_input_test") == std::string::npos) {
-      return true;
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid) || pid == except ||
+        pid == ::getpid()) {
+      continue;
     }
+    absl::StatusOr<std::string> cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+    if (!cmdline.ok()) continue;  // gone meanwhile
+    std::replace(cmdline->begin(), cmdline->end(), '\0', ' ');
+    if (cmdline->find(marker) != std::string::npos) return pid;
   }
-  return false;
+  return 0;
 }
 
 TEST(BadInputTest, ACommandThatDoesNotExistIsNamed) {
@@ -93,8 +105,42 @@ TEST(BadInputTest, APluginThatNeverRegistersEndsAtTheDeadline) {
   EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
   EXPECT_THAT(c.summary, HasSubstr("no registration this kubelet understands within 3s"));
   EXPECT_THAT(c.plugin_did, HasSubstr("did not register"));
-  EXPECT_FALSE(AnyProcessWith(absl::StrCat("sleep ", marker)))
+  EXPECT_EQ(ProcessWith(absl::StrCat("sleep ", marker), 0), 0)
       << "the plugin outlived its cell";
+}
+
+// dpconform interrupted (Ctrl-C, a cancelled CI job) while cells run: the
+// plugins, each in a process group of its own that the signal does not
+// reach, are stopped with it.
+TEST(BadInputTest, AnInterruptedRunLeavesNoPluginBehind) {
+  testing::ShortTempDir dir;
+  const std::string marker = absl::StrCat("62", ::getpid() % 1000, ".5");
+  const std::string started = dir.Sub("started");
+  ChildSpec spec;
+  spec.argv = {testing::Runfile("tools/conform/dpconform"),
+               absl::StrCat("--plugin=echo up > ", started, "; exec sleep ", marker),
+               "--resource=example.com/gpu", "--kubelets=1.37", "--scenarios=registers",
+               "--timeout=60s", "--dial_timeout=1s", "--quiet", "--work_dir=" + dir.path()};
+  spec.output_path = dir.Sub("out");
+  absl::StatusOr<std::unique_ptr<ChildProcess>> run = ChildProcess::Start(spec);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(testing::WaitForFile(
+      started, [](const std::string& text) { return text == "up\n"; }, absl::Seconds(30)));
+  // The plugin's shell (its command line names the marker), which becomes
+  // sleep in place once it execs it.
+  const int plugin = ProcessWith(absl::StrCat("sleep ", marker), (*run)->pid());
+  ASSERT_NE(plugin, 0) << "the plugin is not running";
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, plugin, 0));
+  ASSERT_GE(pidfd, 0);
+
+  ::kill((*run)->pid(), SIGINT);  // dpconform alone, as a terminal's Ctrl-C reaches it
+  const std::optional<int> status = (*run)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value()) << "dpconform did not end on SIGINT";
+  EXPECT_EQ(ChildProcess::DescribeExit(*status), "exited with status 130");
+  EXPECT_THAT(*ReadFile(dir.Sub("out")), HasSubstr("stopped 1 plugin process group(s)"));
+  pollfd p{pidfd, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 30000), 1) << "the plugin outlived dpconform";
+  ::close(pidfd);
 }
 
 }  // namespace

@@ -1451,9 +1451,9 @@ def scenario_dpconform_k8s_sample_grid(s):
     every simulated kubelet (--kubelets=all), with its known limitations
     declared in tests/realnode/testdata/k8s-sample-device-plugin.expect.
     The plugin hard-codes the kubelet's socket path, so each cell runs it in
-    a mount namespace of its own with the cell's device-plugins/ directory
-    bind-mounted over /var/lib/kubelet/device-plugins, as a DaemonSet pod
-    would mount it. No new failure, every release from 1.25 passes every
+    a mount namespace of its own, a tmpfs over /var/lib holding that path
+    with the cell's device-plugins/ directory bind-mounted on it, as a
+    DaemonSet pod would mount it. No new failure, every release from 1.25 passes every
     cell that applies (the simulated kubelets agree with the real one this
     plugin works with), and dpconform prints the run's wall time."""
     check(s.args.dpconform, "--dpconform (the dpconform binary) is not given")
@@ -1461,11 +1461,15 @@ def scenario_dpconform_k8s_sample_grid(s):
     check(os.access(binary, os.X_OK), "%s is not built (tools/realnode/build)" % binary)
     for dev in ("Dev-1", "Dev-2"):  # the files its Allocate creates
         s.host_paths.append("/tmp/" + dev)
-    os.makedirs(os.path.join(realnode.KUBELET_ROOT, "device-plugins"), exist_ok=True)
+    # A tmpfs over the root's parent in the plugin's own mount namespace
+    # holds the path it hard-codes, so the node's directory is never used.
+    parent = os.path.dirname(realnode.KUBELET_ROOT)
     plugin = ("exec unshare --mount --propagation private -- /bin/sh -c "
-              "'mount --bind \"$1\" %s/device-plugins && "
+              "'mount -t tmpfs dpconform %s && mkdir -p %s/device-plugins && "
+              "mount --bind \"$1\" %s/device-plugins && "
               "exec env PLUGIN_SOCK_DIR=%s/device-plugins \"$2\"' sh {plugin_dir} %s"
-              % (realnode.KUBELET_ROOT, realnode.KUBELET_ROOT, binary))
+              % (parent, realnode.KUBELET_ROOT, realnode.KUBELET_ROOT, realnode.KUBELET_ROOT,
+                 binary))
     expect = os.path.join(ROOT, "tests", "realnode", "testdata",
                           "k8s-sample-device-plugin.expect")
     work = tempfile.mkdtemp(prefix="dpc.", dir="/tmp")

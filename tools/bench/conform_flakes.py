@@ -41,8 +41,12 @@ def sample_plugin_run(sp):
 
 
 def k8s_sample_plugin_run(binary):
+    # It hard-codes the kubelet's path: in a mount namespace of its own, a
+    # tmpfs over /var/lib (nothing is made on the host) holds that path,
+    # with the cell's device-plugins/ bind-mounted on it.
     plugin = ("exec unshare --mount --propagation private -- /bin/sh -c "
-              "'mount --bind \"$1\" /var/lib/kubelet/device-plugins && "
+              "'mount -t tmpfs dpconform /var/lib && mkdir -p /var/lib/kubelet/device-plugins && "
+              "mount --bind \"$1\" /var/lib/kubelet/device-plugins && "
               "exec env PLUGIN_SOCK_DIR=/var/lib/kubelet/device-plugins \"$2\"' sh {plugin_dir} "
               + binary)
     return {
@@ -71,7 +75,6 @@ def main(argv):
         elif os.geteuid() != 0:
             print("k8s sample device plugin: needs root (a mount namespace per cell); left out")
         else:
-            os.makedirs("/var/lib/kubelet/device-plugins", exist_ok=True)
             plugins.append(k8s_sample_plugin_run(args.k8s_sample_plugin))
     work = args.work or tempfile.mkdtemp(prefix="dpc-flakes.", dir="/tmp")
     print("load average at start: %s" % open("/proc/loadavg").read().split()[:3])

@@ -538,6 +538,87 @@ CellResult UnknownClaim(DraCell& c) {
   return Result(Outcome::kPass, absl::StrCat("refused in its entry: ", error));
 }
 
+// The health stream (DRAResourceHealth, KEP-4680): what a kubelet that
+// watches it (1.36 every driver, 1.37 those that list the service) reads.
+CellResult Health(DraCell& c) {
+  if (c.version().minor < 36) {
+    return Result(Outcome::kNotApplicable,
+                  absl::StrCat("kubelet ", c.version().name, " watches no device health"));
+  }
+  const size_t from = c.kubelet().events().Size();
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  const std::string driver = c.options().dra_driver;
+  const std::optional<sim::KubeletSim::DraDriver> d = c.kubelet().dra_driver(driver);
+  if (!d.has_value() || d->health.empty()) {
+    return Result(Outcome::kNotApplicable,
+                  "the driver lists no health service (v1.DRAResourceHealth or "
+                  "v1alpha1.DRAResourceHealth) in its GetInfo");
+  }
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  const bool sent = c.kubelet()
+                        .events()
+                        .WaitFor(
+                            [&](const Json& e) {
+                              const std::string n = e.value("event", "");
+                              return e.value("driver", "") == driver &&
+                                     (n == "dra_health" || n == "dra_health_unsupported");
+                            },
+                            c.options().timeout, from)
+                        .has_value();
+  const bool unsupported =
+      c.kubelet().events().WaitForEvent("dra_health_unsupported", {{"driver", driver}},
+                                        absl::ZeroDuration(), from).has_value();
+  const std::string users =
+      "pods' status shows no health for the driver's devices (allocatedResourcesStatus), and "
+      "a failing device is not seen";
+  if (c.version().minor == 36 && unsupported) {
+    // 1.36 asks every driver, whether it lists the service or not.
+    return Result(Outcome::kNotApplicable,
+                  "the driver serves no v1alpha1.DRAResourceHealth (kubelet 1.36 asks every "
+                  "driver, and asks again every 5 s)");
+  }
+  if (!sent || unsupported) {
+    return Failed(
+        unsupported ? "the health service it lists answered Unimplemented"
+                    : "no health message within the timeout",
+        unsupported ? absl::StrCat("listed ", d->health, " in GetInfo but does not serve it")
+                    : absl::StrCat("accepted NodeWatchResources (", d->health,
+                                   ") and sent nothing within ",
+                                   absl::FormatDuration(c.options().timeout)),
+        "a driver that lists a health service sends the full state of its devices at once, "
+        "then again at each change",
+        users);
+  }
+  std::set<std::string> published;
+  for (const auto& [pool, names] : pools) {
+    for (const std::string& n : names) published.insert(absl::StrCat(pool, "/", n));
+  }
+  const std::map<std::string, sim::KubeletSim::DraDeviceHealth> health =
+      c.kubelet().DraHealth(driver);
+  std::vector<std::string> unknown_devices;
+  int healthy = 0;
+  for (const auto& [key, h] : health) {
+    if (!published.count(key)) unknown_devices.push_back(key);
+    healthy += h.health == "HEALTHY";
+  }
+  if (health.empty() || !unknown_devices.empty()) {
+    return Failed(
+        health.empty() ? "its health messages name no device"
+                       : "its health messages name devices it does not publish",
+        health.empty()
+            ? "sent NodeWatchResources messages with no device"
+            : absl::StrCat("named ", absl::StrJoin(unknown_devices, ", "),
+                           "; its slices publish ", absl::StrJoin(published, ", ")),
+        "each message lists the driver's devices by pool and name, as its ResourceSlices "
+        "publish them",
+        users);
+  }
+  return Result(Outcome::kPass,
+                absl::StrCat(health.size(), " device(s) reported on ", d->health, ", ", healthy,
+                             " healthy"));
+}
+
 struct DraEntry {
   ScenarioInfo info;
   CellResult (*run)(DraCell&);
@@ -566,6 +647,12 @@ const std::vector<DraEntry>& DraEntries() {
         "the driver restarts (an upgrade, a crash): it registers again, and a claim prepared "
         "before is answered the same and unprepared"},
        DriverRestart},
+      {{"dra-health", "device health stream",
+        "from 1.36, where the kubelet watches it (1.36 every driver's v1alpha1 stream, 1.37 "
+        "the service the driver lists, v1 first): the stream sends at once the health of "
+        "devices the driver publishes, by pool and name; n/a where the driver lists no "
+        "health service"},
+       Health},
       {{"dra-unknown-claim", "unknown claim",
         "a claim the API server does not have is an error naming it, in its entry or as the "
         "call's (the kubelet gives the pod up at either)"},

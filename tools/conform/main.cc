@@ -1,17 +1,22 @@
 // dpconform: a conformance kit for device plugins. See conform.h for what a
 // cell is and docs/conformance.md for the scenarios and a CI setup.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gflags/gflags.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -153,6 +158,44 @@ Example:
 
 Flags:
 )";
+
+// Each plugin runs in a process group of its own, which a Ctrl-C (SIGINT
+// to dpconform's group) or a cancelled CI job's SIGTERM does not reach.
+// On SIGINT, SIGTERM or SIGHUP every group dpconform started is killed
+// (each is led by a child dpconform has not reaped yet, so none is another
+// process's), then dpconform exits with 128 + the signal.
+void StopPluginsOnSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  // Before any thread starts, so that every thread inherits the mask.
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) return;
+    int groups = 0;
+    const std::string self = std::to_string(::getpid());
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+      int pid = 0;
+      if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+      absl::StatusOr<std::string> stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+      if (!stat.ok()) continue;  // gone meanwhile
+      // pid (comm) state ppid ...: the fields after the last ')'.
+      const size_t close = stat->rfind(')');
+      if (close == std::string::npos) continue;
+      std::vector<std::string> fields =
+          absl::StrSplit(stat->substr(close + 1), ' ', absl::SkipEmpty());
+      if (fields.size() < 2 || fields[1] != self) continue;
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+      ++groups;
+    }
+    std::cerr << "dpconform: " << strsignal(sig) << ": stopped " << groups
+              << " plugin process group(s); no report\n";
+    std::_Exit(128 + sig);
+  }).detach();
+}
 
 int Usage(const std::string& msg) {
   std::cerr << "dpconform: " << msg << "\n";
@@ -368,5 +411,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!dpproxy::ParseFlags("dpconform", &argc, &argv)) return 2;
+  dpproxy::conform::StopPluginsOnSignals();
   return dpproxy::conform::Run();
 }

@@ -1,6 +1,7 @@
 #include "tools/conform/report.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "absl/strings/ascii.h"
@@ -190,6 +191,17 @@ std::string ColumnMark(const std::map<std::pair<std::string, std::string>, const
   return absl::StrJoin(marks, "/");
 }
 
+// Appends `title` on a line of its own after an empty one, then the text
+// `line` gives each cell (empty: none); nothing at all when no cell gives
+// any.
+void AppendSection(std::string* out, absl::string_view title,
+                   const std::vector<CellResult>& cells,
+                   const std::function<std::string(const CellResult&)>& line) {
+  std::string body;
+  for (const CellResult& c : cells) body += line(c);
+  if (!body.empty()) absl::StrAppend(out, "\n", title, "\n", body);
+}
+
 }  // namespace
 
 std::string RenderTable(const std::vector<CellResult>& cells) {
@@ -222,57 +234,38 @@ std::string RenderTable(const std::vector<CellResult>& cells) {
     out += "(a column per kubelet generation, its first and last release run; the failures "
            "below name each release)\n";
   }
-  bool header = false;
-  for (const CellResult& c : cells) {
-    if (c.outcome != Outcome::kFail || !c.known.empty()) continue;
-    if (!header) {
-      out += "\nFailures:\n";
-      header = true;
+  AppendSection(&out, "Failures:", cells, [](const CellResult& c) {
+    if (c.outcome != Outcome::kFail || !c.known.empty()) return std::string();
+    std::string text = absl::StrCat("\n", c.scenario, " on kubelet ", c.kubelet, " (",
+                                    c.generation, "): ", Printable(c.summary), "\n");
+    for (absl::string_view line : absl::StrSplit(Details(c), '\n', absl::SkipEmpty())) {
+      absl::StrAppend(&text, "  ", Printable(line), "\n");
     }
-    absl::StrAppend(&out, "\n", c.scenario, " on kubelet ", c.kubelet, " (", c.generation,
-                    "): ", Printable(c.summary), "\n");
-    std::string details = Details(c);
-    for (absl::string_view line : absl::StrSplit(details, '\n', absl::SkipEmpty())) {
-      absl::StrAppend(&out, "  ", Printable(line), "\n");
-    }
-  }
-  header = false;
-  for (const CellResult& c : cells) {
-    if (c.outcome != Outcome::kBlocked || !c.known.empty()) continue;
-    if (!header) {
-      out += "\nBlocked (by the failure named):\n";
-      header = true;
-    }
-    absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, ": ",
-                    Printable(c.summary), "\n");
-  }
-  header = false;
-  for (const CellResult& c : cells) {
-    if (c.known.empty()) continue;
-    if (!header) {
-      out += "\nKnown limitations (--expect; not counted against the run):\n";
-      header = true;
-    }
-    if (c.outcome == Outcome::kBlocked && absl::StartsWith(c.known, "blocked by ")) {
-      // Its reason is the blocking failure's, listed with it.
-      absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, " (blocked by ",
-                      c.blocked_by, ")\n");
-      continue;
-    }
-    absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, " (",
-                    c.outcome == Outcome::kBlocked ? "blocked" : "FAIL", "): ",
-                    Printable(c.summary), "\n    ", Printable(c.known), "\n");
-  }
-  header = false;
-  for (const CellResult& c : cells) {
-    if (c.fixed.empty()) continue;
-    if (!header) {
-      out += "\nDeclared failures that now pass (take them out of the --expect file):\n";
-      header = true;
-    }
-    absl::StrAppend(&out, "  ", c.scenario, " on kubelet ", c.kubelet, ": ", Printable(c.fixed),
-                    "\n");
-  }
+    return text;
+  });
+  AppendSection(&out, "Blocked (by the failure named):", cells, [](const CellResult& c) {
+    if (c.outcome != Outcome::kBlocked || !c.known.empty()) return std::string();
+    return absl::StrCat("  ", c.scenario, " on kubelet ", c.kubelet, ": ", Printable(c.summary),
+                        "\n");
+  });
+  AppendSection(&out, "Known limitations (--expect; not counted against the run):", cells,
+                [](const CellResult& c) {
+                  if (c.known.empty()) return std::string();
+                  if (c.outcome == Outcome::kBlocked && absl::StartsWith(c.known, "blocked by ")) {
+                    // Its reason is the blocking failure's, listed with it.
+                    return absl::StrCat("  ", c.scenario, " on kubelet ", c.kubelet,
+                                        " (blocked by ", c.blocked_by, ")\n");
+                  }
+                  return absl::StrCat("  ", c.scenario, " on kubelet ", c.kubelet, " (",
+                                      c.outcome == Outcome::kBlocked ? "blocked" : "FAIL", "): ",
+                                      Printable(c.summary), "\n    ", Printable(c.known), "\n");
+                });
+  AppendSection(&out, "Declared failures that now pass (take them out of the --expect file):",
+                cells, [](const CellResult& c) {
+                  if (c.fixed.empty()) return std::string();
+                  return absl::StrCat("  ", c.scenario, " on kubelet ", c.kubelet, ": ",
+                                      Printable(c.fixed), "\n");
+                });
   absl::StrAppend(&out, "\n", TotalsLine(cells), "\n");
   return out;
 }

@@ -104,6 +104,8 @@ const std::vector<UpstreamMapping>& UpstreamMappings() {
       {"dra-driver-restart",
        {{kDra, "must register after plugin restart"}},
        "same check, and dpconform also prepares and unprepares a claim prepared before"},
+      {"dra-health", {},
+       "no node e2e test of the health stream (KEP-4680) in test/e2e_node/dra_test.go"},
       {"dra-unknown-claim", {},
        "the test driver is never asked for a claim the API server lacks"},
   };

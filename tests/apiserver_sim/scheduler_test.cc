@@ -83,6 +83,22 @@ TEST_F(SchedulerTest, FreeDevicesOfTheNewestGenerationArePickedOnce) {
   EXPECT_EQ(Picked(*got), Picked(*second));
 }
 
+// A claim of several requests: each result names its own.
+TEST_F(SchedulerTest, EachDeviceCanBeForARequestOfItsOwn) {
+  ClaimAllocation a = Ask("two", 2);
+  a.requests = {"first", "second"};
+  absl::StatusOr<Json> c = CreateAllocatedClaim(client_.get(), a);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Json results = (*c)["status"]["allocation"]["devices"]["results"];
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0]["request"], "first");
+  EXPECT_EQ(results[1]["request"], "second");
+  a.name = "three";
+  a.requests = {"only"};
+  EXPECT_EQ(CreateAllocatedClaim(client_.get(), a).status().message(),
+            "1 request(s) for 2 device(s)");
+}
+
 TEST_F(SchedulerTest, ANodeOrPoolNarrowsThePickAndAShortfallCreatesNothing) {
   ClaimAllocation on2 = Ask("on-2", 1);
   on2.node = "node-2";

@@ -219,6 +219,11 @@ absl::StatusOr<GeneratedClaim> CreateExtendedResourceClaim(
 }
 
 absl::StatusOr<Json> CreateAllocatedClaim(KubeClient* client, const ClaimAllocation& a) {
+  const size_t devices = a.devices.empty() ? static_cast<size_t>(a.count) : a.devices.size();
+  if (!a.requests.empty() && a.requests.size() != devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(a.requests.size(), " request(s) for ", devices, " device(s)"));
+  }
   absl::StatusOr<std::string> version_or = PreferredVersion(client);
   if (!version_or.ok()) return version_or.status();
   const std::string& version = *version_or;
@@ -241,9 +246,11 @@ absl::StatusOr<Json> CreateAllocatedClaim(KubeClient* client, const ClaimAllocat
       client->Post(base, {{"metadata", {{"name", a.name}}}, {"spec", Json::object()}});
   if (!made.ok()) return made.status();
   Json results = Json::array();
-  for (const auto& [pool, device] : chosen) {
-    results.push_back(
-        {{"request", a.request}, {"driver", a.driver}, {"pool", pool}, {"device", device}});
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    results.push_back({{"request", a.requests.empty() ? a.request : a.requests[i]},
+                       {"driver", a.driver},
+                       {"pool", chosen[i].first},
+                       {"device", chosen[i].second}});
   }
   (*made)["status"] = {{"allocation", {{"devices", {{"results", results}}}}}};
   return client->Put(absl::StrCat(base, "/", a.name, "/status"), *made);

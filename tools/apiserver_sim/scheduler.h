@@ -32,6 +32,8 @@ struct ClaimAllocation {
   std::string name;
   std::string driver;
   std::string request = "gpu";  // the claim's request the devices are for
+  // Else one request per device, in order (as many as the devices).
+  std::vector<std::string> requests;
   // Devices named by the caller (with `pool`), or else `count` devices
   // picked from the published slices of `pool` ("" any pool of the
   // driver) on `node` ("" any node).

@@ -2,10 +2,12 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -309,8 +311,11 @@ std::optional<CellResult> Published(DraCell& c, std::map<std::string, std::vecto
 
 struct Prepared {
   std::string uid;
-  Json answer;  // the claim's entry in the kubelet's answer
+  Json answer;   // the claim's entry in the kubelet's answer
+  Json results;  // the claim's allocation: [{request, driver, pool, device}]
 };
+
+std::optional<CellResult> AllocateAndPrepare(DraCell& c, sim::ClaimAllocation a, Prepared* p);
 
 // The answer's devices and CDI names, to compare two answers.
 std::vector<std::string> AnswerIds(const Json& answer) {
@@ -341,12 +346,19 @@ std::optional<CellResult> SameAnswer(DraCell& c, const Prepared& before, const s
                 "containers of running pods restart without their devices, or with others");
 }
 
+// A claim of one device allocated and prepared: every allocated device in
+// the answer, each CDI name resolvable.
 std::optional<CellResult> AllocateAndPrepare(DraCell& c, const std::string& name, Prepared* p) {
   sim::ClaimAllocation a;
   a.name = name;
+  a.count = 1;
+  return AllocateAndPrepare(c, std::move(a), p);
+}
+
+std::optional<CellResult> AllocateAndPrepare(DraCell& c, sim::ClaimAllocation a, Prepared* p) {
+  const std::string name = a.name;
   a.driver = c.options().dra_driver;
   a.node = kNode;
-  a.count = 1;
   absl::StatusOr<Json> claim = sim::CreateAllocatedClaim(c.client(), a);
   if (!claim.ok()) {
     return Failed(absl::StrCat("the scheduler could not allocate a device: ",
@@ -374,12 +386,12 @@ std::optional<CellResult> AllocateAndPrepare(DraCell& c, const std::string& name
                   absl::StrCat("answered the claim with error: ", error),
                   "its devices prepared and their CDI names", "the pod stays ContainerCreating");
   }
-  const Json results = claim->value("/status/allocation/devices/results"_json_pointer, Json());
-  const std::string want = results.empty() ? "" : results[0].value("device", "");
-  bool found = false;
+  p->results = claim->value("/status/allocation/devices/results"_json_pointer, Json::array());
+  std::set<std::string> missing;
+  for (const Json& r : p->results) missing.insert(r.value("device", ""));
   std::vector<std::string> errors;
   for (const Json& d : p->answer.value("devices", Json::array())) {
-    if (d.value("device", "") == want) found = true;
+    missing.erase(d.value("device", ""));
     if (d.value("cdi_device_ids", Json::array()).empty()) {
       errors.push_back(absl::StrCat("device ", d.value("device", ""), " has no CDI name"));
     }
@@ -387,10 +399,11 @@ std::optional<CellResult> AllocateAndPrepare(DraCell& c, const std::string& name
       errors.push_back(e.get<std::string>());
     }
   }
-  if (!found) {
+  if (!missing.empty()) {
     return Failed("the answer does not name the allocated device",
                   absl::StrCat("answered devices ", p->answer.value("devices", Json()).dump()),
-                  absl::StrCat("device ", want, " of the claim's allocation"),
+                  absl::StrCat("device(s) ", absl::StrJoin(missing, ", "),
+                               " of the claim's allocation"),
                   "the container is started without the device it was allocated");
   }
   if (!errors.empty()) {
@@ -619,6 +632,49 @@ CellResult Health(DraCell& c) {
                              " healthy"));
 }
 
+// A claim of two requests, one device each: the kubelet gives a container
+// that names one request (resources.claims[].request) the devices whose
+// request_names hold it.
+CellResult SeveralRequests(DraCell& c) {
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  size_t n = 0;
+  for (const auto& [pool, devices] : pools) n += devices.size();
+  if (n < 2) {
+    return Result(Outcome::kNotApplicable,
+                  "the driver publishes one device: a claim of two requests needs two");
+  }
+  sim::ClaimAllocation a;
+  a.name = "two-requests";
+  a.count = 2;
+  a.requests = {"first", "second"};
+  Prepared p;
+  if (auto f = AllocateAndPrepare(c, std::move(a), &p)) return *f;
+  std::vector<std::string> wrong;
+  for (const Json& r : p.results) {
+    const std::string request = r.value("request", ""), device = r.value("device", "");
+    for (const Json& d : p.answer.value("devices", Json::array())) {
+      if (d.value("device", "") != device) continue;
+      const Json names = d.value("request_names", Json::array());
+      if (std::find(names.begin(), names.end(), Json(request)) == names.end()) {
+        wrong.push_back(absl::StrCat("device ", device, " (request ", request,
+                                     ") answered with request_names ", names.dump()));
+      }
+    }
+  }
+  if (!wrong.empty()) {
+    return Failed("devices answered without the request they were allocated for",
+                  absl::StrJoin(wrong, "; "),
+                  "each device answered with request_names naming its claim request (the "
+                  "allocation's results[].request)",
+                  "a container that names one request of the claim is started without that "
+                  "request's device");
+  }
+  return Result(Outcome::kPass,
+                "a claim of two requests prepared: each device answered with its request");
+}
+
 struct DraEntry {
   ScenarioInfo info;
   CellResult (*run)(DraCell&);
@@ -639,6 +695,11 @@ const std::vector<DraEntry>& DraEntries() {
         "allocated device in the answer, every CDI name defined by one spec in the CDI "
         "directory; unprepare succeeds, twice"},
        Prepare},
+      {{"dra-several-requests", "claim of several requests",
+        "a claim of two requests, one device each, is prepared with both devices, each "
+        "answered with request_names naming its request; n/a where fewer than two devices "
+        "are published"},
+       SeveralRequests},
       {{"dra-kubelet-restart", "kubelet restart",
         "after a kubelet restart (which deletes the node's slices) the driver registers and "
         "publishes again, and preparing the same claim again answers the same"},

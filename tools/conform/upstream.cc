@@ -98,6 +98,8 @@ const std::vector<UpstreamMapping>& UpstreamMappings() {
         {kDra, "must call NodeUnprepareResources for deleted pod"}},
        "part: upstream runs a pod through prepare and unprepare; dpconform checks the "
        "answer's devices and CDI names and that unprepare succeeds twice"},
+      {"dra-several-requests", {},
+       "no node e2e test of a claim with several requests in test/e2e_node/dra_test.go"},
       {"dra-kubelet-restart",
        {{kDra, "must register after Kubelet restart"}},
        "same check, and dpconform also prepares the same claim again"},

@@ -441,6 +441,47 @@ absl::StatusOr<std::vector<CellResult>> RunCells(
   return results;
 }
 
+absl::StatusOr<std::vector<CellResult>> RunGatedCells(
+    const ConformOptions& o, const std::vector<std::pair<const void*, std::string>>& cells,
+    const std::string& gate,
+    const std::function<CellResult(size_t, const std::string&, std::optional<absl::Duration>)>&
+        run) {
+  // The gate cells first, the rest in the report's order.
+  std::vector<size_t> order(cells.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t i) { return cells[i].second == gate; });
+  struct Gate {
+    absl::Notification done;
+    bool failed = false;  // written before done is notified
+  };
+  std::map<const void*, std::unique_ptr<Gate>> gates;
+  for (const auto& [release, scenario] : cells) {
+    if (scenario == gate) gates[release] = std::make_unique<Gate>();
+  }
+  absl::StatusOr<std::vector<CellResult>> ran =
+      RunCells(o, order.size(), [&](size_t j, const std::string& dir) {
+        const size_t i = order[j];
+        auto g = gates.find(cells[i].first);
+        if (g == gates.end()) return run(i, dir, std::nullopt);
+        if (cells[i].second == gate) {
+          CellResult r = run(i, dir, std::nullopt);
+          g->second->failed = r.outcome == Outcome::kFail;
+          g->second->done.Notify();
+          return r;
+        }
+        g->second->done.WaitForNotification();
+        return run(i, dir,
+                   g->second->failed
+                       ? std::optional<absl::Duration>(std::min(o.timeout, kAfterFailedRegisters))
+                       : std::nullopt);
+      });
+  if (!ran.ok()) return ran;
+  std::vector<CellResult> results(cells.size());
+  for (size_t j = 0; j < order.size(); ++j) results[order[j]] = std::move((*ran)[j]);
+  return results;
+}
+
 void SettleBlocked(std::vector<CellResult>* results) {
   std::map<std::pair<std::string, std::string>, Outcome> outcome;
   for (const CellResult& r : *results) outcome[{r.kubelet, r.scenario}] = r.outcome;
@@ -479,54 +520,23 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
   // simulated cells take their time.
   absl::StatusOr<std::vector<CellResult>> real = RunRealConformance(o);
   if (!real.ok()) return real.status();
-  // Each release's registers cell runs first. Where it failed, the
-  // release's other cells give the plugin only a short while to register
-  // (their outcome is blocked by it either way, or n/a where the release
-  // alone decides), instead of waiting the whole timeout each: a plugin
-  // that cannot register on a range of releases costs one timeout per
-  // release, not one per cell.
-  struct Job {
-    const sim::KubeletVersion* kubelet;
-    const ScenarioEntry* scenario;
-    size_t index;  // in the report's order: release, then scenario
-  };
-  std::vector<Job> jobs;
+  std::vector<std::pair<const sim::KubeletVersion*, const ScenarioEntry*>> jobs;
+  std::vector<std::pair<const void*, std::string>> grid;
   for (const sim::KubeletVersion& k : o.kubelets) {
-    for (const ScenarioEntry* s : scenarios) jobs.push_back({&k, s, jobs.size()});
-  }
-  std::stable_partition(jobs.begin(), jobs.end(), [](const Job& j) {
-    return std::string(j.scenario->info.name) == "registers";
-  });
-  struct Gate {
-    absl::Notification done;
-    bool failed = false;  // written before done is notified
-  };
-  std::map<const sim::KubeletVersion*, std::unique_ptr<Gate>> gates;
-  for (const Job& j : jobs) {
-    if (std::string(j.scenario->info.name) == "registers") {
-      gates[j.kubelet] = std::make_unique<Gate>();
+    for (const ScenarioEntry* s : scenarios) {
+      jobs.emplace_back(&k, s);
+      grid.emplace_back(&k, s->info.name);
     }
   }
-  absl::StatusOr<std::vector<CellResult>> ran =
-      jobs.empty() ? std::vector<CellResult>{}
-                   : RunCells(o, jobs.size(), [&](size_t i, const std::string& dir) {
-                       const Job& j = jobs[i];
-                       auto gate = gates.find(j.kubelet);
-                       if (gate == gates.end()) return RunCell(o, *j.kubelet, *j.scenario, dir);
-                       if (std::string(j.scenario->info.name) == "registers") {
-                         CellResult r = RunCell(o, *j.kubelet, *j.scenario, dir);
-                         gate->second->failed = r.outcome == Outcome::kFail;
-                         gate->second->done.Notify();
-                         return r;
-                       }
-                       gate->second->done.WaitForNotification();
-                       if (!gate->second->failed) return RunCell(o, *j.kubelet, *j.scenario, dir);
-                       return RunCell(o, *j.kubelet, *j.scenario, dir,
-                                      std::min(o.timeout, kAfterFailedRegisters));
-                     });
-  if (!ran.ok()) return ran;
-  absl::StatusOr<std::vector<CellResult>> results = std::vector<CellResult>(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) (*results)[jobs[i].index] = std::move((*ran)[i]);
+  absl::StatusOr<std::vector<CellResult>> results =
+      jobs.empty()
+          ? std::vector<CellResult>{}
+          : RunGatedCells(o, grid, "registers",
+                          [&](size_t i, const std::string& dir,
+                              std::optional<absl::Duration> first_wait) {
+                            return RunCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
+                          });
+  if (!results.ok()) return results;
   results->insert(results->end(), real->begin(), real->end());
   SettleBlocked(&*results);
   return results;

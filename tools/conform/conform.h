@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -202,6 +203,18 @@ absl::Status RunCommandToEnd(const ConformOptions& options, const std::string& f
 absl::StatusOr<std::vector<CellResult>> RunCells(
     const ConformOptions& options, size_t n,
     const std::function<CellResult(size_t i, const std::string& dir)>& run);
+
+// RunCells over a grid whose cells each have a release and a scenario
+// (`cells[i]`: release key, scenario name). Each release's `gate` cell
+// (its registration scenario) runs first; where it failed, `run` is given
+// kAfterFailedRegisters as the longest first wait of the release's other
+// cells (they are blocked by it either way, or n/a where the release alone
+// decides), instead of the whole timeout. Results in `cells`' order.
+absl::StatusOr<std::vector<CellResult>> RunGatedCells(
+    const ConformOptions& options, const std::vector<std::pair<const void*, std::string>>& cells,
+    const std::string& gate,
+    const std::function<CellResult(size_t i, const std::string& dir,
+                                   std::optional<absl::Duration> first_wait)>& run);
 
 }  // namespace dpproxy::conform
 

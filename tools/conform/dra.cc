@@ -119,6 +119,15 @@ class DraCell {
     return StartDriver();
   }
 
+  // The first wait for the registration takes at most `d` (conform.h,
+  // RunGatedCells); later ones the timeout.
+  void LimitFirstWait(absl::Duration d) { first_wait_ = d; }
+  absl::Duration TakeWait() {
+    const absl::Duration d = first_wait_.value_or(o_.timeout);
+    first_wait_.reset();
+    return d;
+  }
+
   absl::Status StartDriver() {
     absl::StatusOr<std::unique_ptr<ChildProcess>> child =
         StartCommand(o_, o_.plugin_command, Values(), JoinPath(dir_, "driver.log"));
@@ -232,6 +241,7 @@ class DraCell {
   std::unique_ptr<KubeClient> client_;
   std::unique_ptr<sim::KubeletSim> kubelet_;
   std::unique_ptr<ChildProcess> driver_;
+  std::optional<absl::Duration> first_wait_;
 };
 
 const char* const kUsersRegister =
@@ -241,8 +251,9 @@ const char* const kUsersRegister =
 // Registered through the plugin watcher, on a service this release knows.
 std::optional<CellResult> Registered(DraCell& c, size_t from = 0) {
   const std::string driver = c.options().dra_driver;
-  if (c.kubelet().events().WaitForEvent("dra_driver_registered", {{"driver", driver}},
-                                        c.options().timeout, from)) {
+  const absl::Duration wait = c.TakeWait();
+  if (c.kubelet().events().WaitForEvent("dra_driver_registered", {{"driver", driver}}, wait,
+                                        from)) {
     return std::nullopt;
   }
   std::optional<Json> rejected = c.kubelet().events().WaitForEvent(
@@ -251,8 +262,7 @@ std::optional<CellResult> Registered(DraCell& c, size_t from = 0) {
       rejected.has_value()
           ? absl::StrCat("registered and was refused: ", rejected->value("error", rejected->dump()))
           : absl::StrCat("no DRAPlugin named ", driver, " appeared in ",
-                         c.Values()[1].second, " within ",
-                         absl::FormatDuration(c.options().timeout),
+                         c.Values()[1].second, " within ", absl::FormatDuration(wait),
                          "; its output ends: ", c.DriverOutputTail());
   return Failed("the driver did not register with the kubelet", did,
                 absl::StrCat("kubelet ", c.version().name,
@@ -730,11 +740,12 @@ const DraEntry* FindDra(const std::string& name) {
 }
 
 CellResult RunDraCell(const ConformOptions& o, const sim::KubeletVersion& k, const DraEntry& e,
-                      const std::string& dir) {
+                      const std::string& dir, std::optional<absl::Duration> first_wait) {
   const absl::Time start = absl::Now();
   CellResult result;
   {
     DraCell cell(o, k, dir);
+    if (first_wait.has_value()) cell.LimitFirstWait(*first_wait);
     if (absl::Status s = cell.Start(); !s.ok()) {
       result = Result(Outcome::kFail, absl::StrCat("could not start the cell: ", s.message()));
     } else {
@@ -823,12 +834,18 @@ absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& 
     for (const std::string& s : o.scenarios) scenarios.push_back(FindDra(s));
   }
   std::vector<std::pair<const sim::KubeletVersion*, const DraEntry*>> jobs;
+  std::vector<std::pair<const void*, std::string>> grid;
   for (const sim::KubeletVersion& k : o.kubelets) {
-    for (const DraEntry* s : scenarios) jobs.emplace_back(&k, s);
+    for (const DraEntry* s : scenarios) {
+      jobs.emplace_back(&k, s);
+      grid.emplace_back(&k, s->info.name);
+    }
   }
-  return RunCells(o, jobs.size(), [&](size_t i, const std::string& dir) {
-    return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir);
-  });
+  return RunGatedCells(
+      o, grid, "dra-registers",
+      [&](size_t i, const std::string& dir, std::optional<absl::Duration> first_wait) {
+        return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
+      });
 }
 
 }  // namespace dpproxy::conform

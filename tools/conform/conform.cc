@@ -145,16 +145,16 @@ const ScenarioEntry* FindScenario(const std::string& name) {
   return nullptr;
 }
 
-// `first_registration`: how long the cell's first wait for the plugin may
-// take, if not the timeout.
+// `first_wait`: how long the cell's first wait for the plugin may take, if
+// not the timeout.
 CellResult RunCell(const ConformOptions& o, const sim::KubeletVersion& k,
                    const ScenarioEntry& scenario, const std::string& dir,
-                   std::optional<absl::Duration> first_registration = std::nullopt) {
+                   std::optional<absl::Duration> first_wait = std::nullopt) {
   const absl::Time start = absl::Now();
   CellResult result;
   {
     Cell cell(o, k, dir);
-    if (first_registration.has_value()) cell.LimitFirstWait(*first_registration);
+    if (first_wait.has_value()) cell.LimitFirstWait(*first_wait);
     if (absl::Status s = cell.StartKubelet(); !s.ok()) {
       result = Fail(absl::StrCat("dpconform could not start its kubelet: ", s.message()), "", "",
                     "");
@@ -395,7 +395,8 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartCommand(
 
 absl::StatusOr<std::vector<CellResult>> RunCells(
     const ConformOptions& o, size_t n,
-    const std::function<CellResult(size_t, const std::string&)>& run) {
+    const std::function<CellResult(size_t, const std::string&)>& run,
+    const std::function<void(size_t)>& not_run) {
   if (absl::Status s = MakeDirs(o.work_root); !s.ok()) return s;
   std::string root = JoinPath(o.work_root, "dpconform.XXXXXX");
   if (::mkdtemp(root.data()) == nullptr) {
@@ -412,6 +413,7 @@ absl::StatusOr<std::vector<CellResult>> RunCells(
       if (absl::Status s = MakeDirs(dir); !s.ok()) {
         results[i].outcome = Outcome::kFail;
         results[i].summary = std::string(s.message());
+        if (not_run) not_run(i);
       } else {
         results[i] = run(i, dir);
       }
@@ -459,15 +461,22 @@ absl::StatusOr<std::vector<CellResult>> RunGatedCells(
   for (const auto& [release, scenario] : cells) {
     if (scenario == gate) gates[release] = std::make_unique<Gate>();
   }
-  absl::StatusOr<std::vector<CellResult>> ran =
-      RunCells(o, order.size(), [&](size_t j, const std::string& dir) {
+  // A gate cell that ends (or never runs) opens its release's gate.
+  auto open = [&](size_t i, bool failed) {
+    auto g = gates.find(cells[i].first);
+    if (g == gates.end() || cells[i].second != gate) return;
+    g->second->failed = failed;
+    g->second->done.Notify();
+  };
+  absl::StatusOr<std::vector<CellResult>> ran = RunCells(
+      o, order.size(),
+      [&](size_t j, const std::string& dir) {
         const size_t i = order[j];
         auto g = gates.find(cells[i].first);
         if (g == gates.end()) return run(i, dir, std::nullopt);
         if (cells[i].second == gate) {
           CellResult r = run(i, dir, std::nullopt);
-          g->second->failed = r.outcome == Outcome::kFail;
-          g->second->done.Notify();
+          open(i, r.outcome == Outcome::kFail);
           return r;
         }
         g->second->done.WaitForNotification();
@@ -475,7 +484,8 @@ absl::StatusOr<std::vector<CellResult>> RunGatedCells(
                    g->second->failed
                        ? std::optional<absl::Duration>(std::min(o.timeout, kAfterFailedRegisters))
                        : std::nullopt);
-      });
+      },
+      [&](size_t j) { open(order[j], true); });
   if (!ran.ok()) return ran;
   std::vector<CellResult> results(cells.size());
   for (size_t j = 0; j < order.size(); ++j) results[order[j]] = std::move((*ran)[j]);

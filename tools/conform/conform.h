@@ -200,9 +200,12 @@ absl::Status RunCommandToEnd(const ConformOptions& options, const std::string& f
 // Runs `n` cells on options.jobs workers, each in a fresh directory of a
 // run directory under options.work_root (removed unless kept: --keep, or
 // the cell failed or was blocked), each result handed to options.on_cell.
+// A cell whose directory cannot be made fails without `run`; `not_run` is
+// told of it.
 absl::StatusOr<std::vector<CellResult>> RunCells(
     const ConformOptions& options, size_t n,
-    const std::function<CellResult(size_t i, const std::string& dir)>& run);
+    const std::function<CellResult(size_t i, const std::string& dir)>& run,
+    const std::function<void(size_t i)>& not_run = nullptr);
 
 // RunCells over a grid whose cells each have a release and a scenario
 // (`cells[i]`: release key, scenario name). Each release's `gate` cell

@@ -242,6 +242,13 @@ std::string DraServer::ServiceSocketOf(int g) const {
 
 namespace {
 
+// Where a hand-over renames a registration socket away: ".NAME.old" beside
+// it (the plugin watcher ignores names starting with '.').
+std::string RenamedAway(const std::string& reg) {
+  return JoinPath(reg.substr(0, reg.rfind('/')),
+                  absl::StrCat(".", reg.substr(reg.rfind('/') + 1), ".old"));
+}
+
 // Whether `path` is a Unix socket (not a link to one) that nobody listens on.
 bool DeadSocket(const std::string& path) {
   struct stat st;
@@ -253,15 +260,11 @@ bool DeadSocket(const std::string& path) {
 void DraServer::RemoveDeadInstances() {
   const int other = options_.socket_generation == 0 ? 1 : 0;
   const std::string reg = RegistrationSocketOf(other);
-  const std::string dir = reg.substr(0, reg.rfind('/'));
-  const std::string own = registration_socket();
   // The other generation's registration, and what a hand-over renamed away
   // (".NAME.old", which the plugin watcher ignores): left by a dpproxy that
   // was killed, or whose successor was. A live one (a predecessor handing
   // over) answers the connect and is left alone.
-  for (const std::string& path :
-       {reg, JoinPath(dir, absl::StrCat(".", reg.substr(reg.rfind('/') + 1), ".old")),
-        JoinPath(dir, absl::StrCat(".", own.substr(own.rfind('/') + 1), ".old"))}) {
+  for (const std::string& path : {reg, RenamedAway(reg), RenamedAway(registration_socket())}) {
     if (!DeadSocket(path)) continue;
     if (::unlink(path.c_str()) != 0) {
       LOG(WARNING) << "DRA driver " << options_.driver << ": cannot remove " << path
@@ -354,8 +357,7 @@ void DraServer::Stop(bool handed_over, Withdrawal how) {
   if (!gate_.Stop()) return;  // the first one says how (the destructor's does not)
   health_.Stop();  // the streams end, or Shutdown would wait for them
   const std::string reg = registration_socket();
-  const std::string away = JoinPath(reg.substr(0, reg.rfind('/')),
-                                    absl::StrCat(".", reg.substr(reg.rfind('/') + 1), ".old"));
+  const std::string away = RenamedAway(reg);
   const bool rename_away = handed_over && how == Withdrawal::kRename;
   if (registration_server_ != nullptr) {
     // The registration socket goes first, while the service still answers:

@@ -12,6 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -45,37 +49,47 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   return out;
 }
 
-// Whether a process of group `pgid` still runs (zombies do not: an init
-// that reaps late must not hold a stop up).
-bool GroupRuns(pid_t pgid) {
+// The state letter of /proc/<path>/stat and, for a process, its group: nullopt
+// if it cannot be read (a process may end while it is read).
+std::optional<std::pair<char, long>> ReadStat(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return std::nullopt;
+  const std::string stat(buf, static_cast<size_t>(n));
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return std::nullopt;
+  // After the command: state, ppid, pgrp.
+  std::istringstream fields(stat.substr(close + 2));
+  char state = 0;
+  long ppid = 0, pgrp = 0;
+  fields >> state >> ppid >> pgrp;
+  return std::make_pair(state, pgrp);
+}
+
+// The processes of group `pgid` that still run (zombies do not: an init
+// that reaps late must not hold a stop up); nullopt without /proc.
+std::optional<std::vector<std::string>> GroupMembers(pid_t pgid) {
   DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return ::kill(-pgid, 0) == 0;
-  bool runs = false;
+  if (proc == nullptr) return std::nullopt;
+  std::vector<std::string> members;
   while (dirent* e = ::readdir(proc)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    // A process may end while it is read: a failed read is no process.
-    const int fd = ::open(absl::StrCat("/proc/", e->d_name, "/stat").c_str(),
-                          O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    char buf[1024];
-    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-    ::close(fd);
-    if (n <= 0) continue;
-    const std::string stat(buf, static_cast<size_t>(n));
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    // After the command: state, ppid, pgrp.
-    std::istringstream fields(stat.substr(close + 2));
-    char state = 0;
-    long ppid = 0, pgrp = 0;
-    fields >> state >> ppid >> pgrp;
-    if (pgrp == pgid && state != 'Z' && state != 'X') {
-      runs = true;
-      break;
+    std::optional<std::pair<char, long>> st = ReadStat(absl::StrCat("/proc/", e->d_name, "/stat"));
+    if (st && st->second == pgid && st->first != 'Z' && st->first != 'X') {
+      members.emplace_back(e->d_name);
     }
   }
   ::closedir(proc);
-  return runs;
+  return members;
+}
+
+bool GroupRuns(pid_t pgid) {
+  std::optional<std::vector<std::string>> members = GroupMembers(pgid);
+  if (!members.has_value()) return ::kill(-pgid, 0) == 0;
+  return !members->empty();
 }
 
 }  // namespace
@@ -187,6 +201,38 @@ std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
 }
 
 bool ChildProcess::Running() { return !Wait(absl::ZeroDuration()).has_value(); }
+
+bool ChildProcess::Freeze(absl::Duration timeout) {
+  KillGroup(SIGSTOP);
+  // kill() returns before the stop has taken effect: one thread of each
+  // process is woken to stop the others, and until it has run another
+  // thread may still wake (to a request on its socket) and serve it. The
+  // group is frozen once every thread of every member is stopped; there is
+  // nothing to wait on for that, so it is looked at every millisecond.
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    bool stopped = true;
+    std::optional<std::vector<std::string>> members =
+        group_ ? GroupMembers(pid_) : std::vector<std::string>{std::to_string(pid_)};
+    if (!members.has_value()) return false;
+    for (const std::string& pid : *members) {
+      DIR* tasks = ::opendir(absl::StrCat("/proc/", pid, "/task").c_str());
+      if (tasks == nullptr) continue;  // it ended meanwhile
+      while (dirent* t = ::readdir(tasks)) {
+        if (t->d_name[0] < '0' || t->d_name[0] > '9') continue;
+        std::optional<std::pair<char, long>> st =
+            ReadStat(absl::StrCat("/proc/", pid, "/task/", t->d_name, "/stat"));
+        if (st && st->first != 'T' && st->first != 't' && st->first != 'Z' && st->first != 'X') {
+          stopped = false;
+        }
+      }
+      ::closedir(tasks);
+    }
+    if (stopped) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
 
 int ChildProcess::Stop(absl::Duration grace) {
   const absl::Time deadline = absl::Now() + grace;

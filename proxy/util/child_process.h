@@ -57,6 +57,10 @@ class ChildProcess {
   // Sends `sig` to the process group (or the child alone without one).
   // Nothing once the child has been reaped and its group is empty.
   void Signal(int sig);
+  // SIGSTOP to the group, then waits up to `timeout` until every thread of
+  // every process in it has stopped (kill() returns before they have);
+  // false if some still ran at the deadline. SIGCONT resumes them.
+  bool Freeze(absl::Duration timeout);
   // Waits up to `timeout` for the child to end; its wait status if it did.
   std::optional<int> Wait(absl::Duration timeout);
   // True until the child has ended (it is reaped when seen ended).

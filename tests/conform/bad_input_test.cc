@@ -78,6 +78,7 @@ TEST(BadInputTest, ACommandThatDoesNotExistIsNamed) {
 TEST(BadInputTest, APluginThatExitsAtOnceIsNamedWithItsLastWords) {
   const CellResult c = Registers("echo 'vendor-plugin: no GPU found'; exit 3");
   EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
+  EXPECT_EQ(c.summary, "the plugin exited without registering");
   EXPECT_THAT(c.plugin_did, HasSubstr("the plugin exited with status 3"));
   EXPECT_THAT(c.plugin_did, HasSubstr("vendor-plugin: no GPU found"));
 }

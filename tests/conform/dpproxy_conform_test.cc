@@ -48,7 +48,7 @@ TEST(ConformTest, DpproxyWithALegacyPluginPassesEveryGeneration) {
   // kubelet calls it (1.19+), since dpproxy answers it for every plugin.
   for (const std::string& k : DefaultKubelets()) {
     const int minor = sim::ParseKubeletVersion(k)->minor;
-    EXPECT_EQ(passed[k], minor >= 19 ? 10 : 9) << k;
+    EXPECT_EQ(passed[k], minor >= 19 ? 11 : 10) << k;
   }
 }
 

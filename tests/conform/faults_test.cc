@@ -120,6 +120,7 @@ INSTANTIATE_TEST_SUITE_P(
         FaultCase{"late-wipe-blind", "", "kubelet-crash", 9, 36},
         FaultCase{"unstable-ids", "", "plugin-restart", 9, 36},
         FaultCase{"huge-list", "", "list-size", 9, 36},
+        FaultCase{"stale-socket-blocks", "", "allocate-restart", 9, 36},
         FaultCase{"watcher-wrong-type", "--registration=plugin-watcher", "plugin-watcher", 13,
                   36}),
     [](const ::testing::TestParamInfo<FaultCase>& i) {

@@ -409,7 +409,7 @@ TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {
                                             "device-list", "list-size", "health", "allocate",
                                             "allocate-two", "preferred", "prestart",
                                             "kubelet-restart", "kubelet-crash", "plugin-restart",
-                                            "checkpoint-lost", "rolling-update",
+                                            "allocate-restart", "checkpoint-lost", "rolling-update",
                                             "multi-resource"));
   for (const ScenarioInfo& s : Scenarios()) {
     const std::string name = s.name;

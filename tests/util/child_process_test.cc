@@ -105,6 +105,35 @@ TEST(ChildProcessTest, StopEndsTheWholeGroupAndEscalates) {
   }
 }
 
+char ProcessState(int pid) {
+  absl::StatusOr<std::string> stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return '?';
+  const size_t close = stat->rfind(')');
+  return close + 2 < stat->size() ? (*stat)[close + 2] : '?';
+}
+
+// Freeze returns once the whole group has stopped, a process busy on a CPU
+// included (kill() returns before the stop has taken effect); SIGCONT lets
+// it run on.
+TEST(ChildProcessTest, FreezeStopsTheWholeGroupBeforeItReturns) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("f").c_str(), 0600), 0);
+  auto c = Shell("while :; do :; done & echo $! > " + dir.Sub("f") + "; wait");
+  ASSERT_NE(c, nullptr);
+  int busy = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(ReadFifoLine(dir.Sub("f")), &busy));
+  ASSERT_TRUE(c->Freeze(absl::Seconds(30)));
+  EXPECT_EQ(ProcessState(busy), 'T');
+  EXPECT_EQ(ProcessState(c->pid()), 'T');
+  c->Signal(SIGCONT);
+  // The shell (our child) is reported continued; the wait is the kernel's.
+  siginfo_t info = {};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(c->pid()), &info, WCONTINUED | WNOWAIT), 0)
+      << std::strerror(errno);
+  EXPECT_EQ(info.si_code, CLD_CONTINUED);
+  EXPECT_EQ(c->Stop(absl::Seconds(10)), SIGTERM);
+}
+
 // The grace is the whole group's: a shell leader ends at once on SIGTERM,
 // and what it started still gets the time to shut down cleanly (a plugin
 // removing its socket) before anything is killed.

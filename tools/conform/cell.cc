@@ -127,6 +127,20 @@ std::string Cell::StopPlugin() {
   return plugin_ended_;
 }
 
+bool Cell::FreezePlugin() {
+  return plugin_ != nullptr && plugin_->Freeze(options_.timeout);
+}
+
+std::string Cell::KillPlugin() {
+  if (plugin_ == nullptr) return plugin_ended_;
+  plugin_->Signal(SIGKILL);
+  std::optional<int> status = plugin_->Wait(options_.timeout);
+  // Stop() reaps what the signal did not end in time (it cannot be).
+  plugin_ended_ = ChildProcess::DescribeExit(status ? *status : plugin_->Stop(absl::ZeroDuration()));
+  plugin_.reset();
+  return plugin_ended_;
+}
+
 bool Cell::PluginRunning() {
   if (plugin_ == nullptr) return false;
   if (plugin_->Running()) return true;
@@ -403,12 +417,13 @@ Problem Cell::Diagnose(const std::string& resource, const std::vector<Json>& see
     }
     p.summary = request.has_value()
                     ? absl::StrCat("Register arrived but the kubelet never connected within ", t)
-                    : absl::StrCat("no registration this kubelet understands within ", t);
+                    : exited ? "the plugin exited without registering"
+                             : absl::StrCat("no registration this kubelet understands within ", t);
     p.plugin_did = request.has_value() ? "called Register; no ListAndWatch stream followed"
                                        : "did not register (no Register call arrived on "
                                          "kubelet.sock, no plugin-watcher socket appeared)";
     p.plugin_did += exit_note;
-    if (!request.has_value() &&
+    if (!request.has_value() && !exited &&
         PathExists(JoinPath(sim_->device_plugin_dir(), std::string(sim::kDeprecationMarkerName)))) {
       // Plugins built on the kubelet's own stub (its e2e sample plugin)
       // register nowhere where they find the marker.

@@ -65,6 +65,12 @@ class Cell {
   // SIGTERM, the grace period, then SIGKILL; how the plugin ended.
   std::string StopPlugin();
   bool PluginRunning();
+  // Freezes the plugin's process group (SIGSTOP), waiting up to the
+  // timeout until every thread of it has stopped; false if not.
+  bool FreezePlugin();
+  // SIGKILL to the group, as the OOM killer or a crash ends a plugin: no
+  // grace, nothing cleaned up. How the plugin ended.
+  std::string KillPlugin();
   // A rolling update with surge: a second instance of the plugin command
   // ({instance} = 2, output in plugin-2.log) while the first still runs.
   absl::Status StartSecondInstance();

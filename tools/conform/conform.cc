@@ -41,6 +41,7 @@ using grid::Health;
 using grid::MultiResource;
 using grid::Allocate;
 using grid::AllocateTwo;
+using grid::AllocateRestart;
 using grid::Preferred;
 using grid::PreStart;
 using grid::KubeletRestart;
@@ -114,6 +115,12 @@ const std::vector<ScenarioEntry>& Entries() {
         "With a pod running, the plugin is stopped (SIGTERM) and started again: it registers "
         "again, the pod's device keeps its ID, the pod is re-admitted and new pods are too."},
        PluginRestart},
+      {{"allocate-restart", "survives being killed during an Allocate",
+        "The plugin is frozen as the kubelet sends it an Allocate and killed (SIGKILL) with the "
+        "call unanswered; the kubelet fails that pod and gives its device back. Started again, "
+        "the plugin registers although its old socket file is still there, and answers an "
+        "Allocate for the same device."},
+       AllocateRestart},
       {{"checkpoint-lost", "a kubelet without its checkpoint kills no running pod and hands out no device twice",
         "Opt-in (name it in --scenarios). With a pod running, the kubelet restarts without its "
         "checkpoint, as after a deletion, corruption or an upgrade across checkpoint layouts "

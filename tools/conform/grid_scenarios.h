@@ -46,6 +46,7 @@ CellResult PreStart(Cell& c);
 CellResult KubeletRestart(Cell& c);
 CellResult KubeletCrash(Cell& c);
 CellResult PluginRestart(Cell& c);
+CellResult AllocateRestart(Cell& c);
 CellResult CheckpointLost(Cell& c);
 CellResult RollingUpdate(Cell& c);
 

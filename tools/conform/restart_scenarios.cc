@@ -4,10 +4,12 @@
 
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <filesystem>
 #include <map>
@@ -175,6 +177,132 @@ CellResult PluginRestart(Cell& c) {
     return FromProblem("plugin-restart", p2);
   }
   return Pass(absl::StrCat("the running pod keeps ", held, "; new pods are admitted"), notes);
+}
+
+// A plugin that dies with an Allocate unanswered (a crash, the OOM killer,
+// its pod deleted with no grace) and is started again. The kubelet fails
+// that pod (UnexpectedAdmissionError) and gives back the devices it had
+// picked: when Allocate fails, its device manager resets allocatedDevices
+// to what its pods hold (devicemanager/manager.go,
+// allocateContainerResources). The plugin must register again, although
+// the killed process left its socket file behind, and answer an Allocate
+// for the same devices, holding nothing over from the call it never
+// answered.
+CellResult AllocateRestart(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("allocate-restart", *p);
+  // The plugin is frozen (SIGSTOP) just before the kubelet sends it the
+  // Allocate, then killed with the call unanswered: the same moment in
+  // every run, whatever the plugin's speed.
+  absl::Mutex mu;
+  std::vector<std::string> in_flight;  // the frozen call's devices
+  bool admission_ended = false;
+  bool frozen_in_time = false;  // every thread stopped before the call went out
+  Problem problem;
+  absl::StatusOr<sim::AllocateResponse> admitted;
+  c.kubelet().SetBeforeAllocate(
+      [&](const std::string& resource, const std::vector<std::vector<std::string>>& ids) {
+        absl::MutexLock lock(&mu);
+        if (resource != c.resource() || !in_flight.empty()) return;
+        for (const auto& container : ids) {
+          in_flight.insert(in_flight.end(), container.begin(), container.end());
+        }
+        frozen_in_time = c.FreezePlugin();
+      });
+  std::thread admit([&] {
+    Problem p;
+    absl::StatusOr<sim::AllocateResponse> r = Admit(c, "killed-in-allocate", {{c.resource(), 1}}, &p);
+    absl::MutexLock lock(&mu);
+    problem = p;
+    admitted = std::move(r);
+    admission_ended = true;
+  });
+  bool frozen = false;
+  {
+    absl::MutexLock lock(&mu);
+    auto sent = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return !in_flight.empty() || admission_ended;
+    };
+    mu.AwaitWithTimeout(absl::Condition(&sent), c.options().timeout);
+    frozen = !in_flight.empty();
+  }
+  const size_t before_kill = c.events().Size();
+  // Killing the plugin ends the kubelet's call (the connection closes).
+  const std::string ended = frozen ? c.KillPlugin() : std::string();
+  admit.join();
+  c.kubelet().SetBeforeAllocate(nullptr);
+  if (!frozen) {
+    if (!admitted.ok()) return FromProblem("allocate-restart", problem);
+    return Fail("the kubelet admitted the pod without an Allocate reaching the plugin", "", "",
+                "");
+  }
+  if (!frozen_in_time) {
+    return Fail(absl::StrCat("dpconform could not freeze the plugin within ",
+                             absl::FormatDuration(c.options().timeout),
+                             " (SIGSTOP to its process group)"),
+                "", "", "");
+  }
+  if (admitted.ok()) {
+    return Fail("the pod was admitted although its Allocate was never answered", "", "", "");
+  }
+  const std::string device = in_flight.front();
+  std::vector<std::string> notes = {
+      absl::StrCat("killed (", ended, ") with the Allocate for ", device,
+                   " unanswered; the kubelet failed that pod: ", admitted.status().message())};
+  c.events().WaitForEvent("plugin_lost", {{"resource", c.resource()}}, c.options().timeout,
+                          before_kill);
+  // The socket the killed process served, if it is still there.
+  std::string left;
+  if (std::optional<Json> reg = c.events().WaitForEvent(
+          "register_request", {{"resource", c.resource()}}, absl::ZeroDuration());
+      reg.has_value()) {
+    const std::string path = JoinPath(c.kubelet().device_plugin_dir(), reg->value("endpoint", ""));
+    struct stat st;
+    if (!reg->value("endpoint", "").empty() && ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      left = path;
+      notes.push_back(absl::StrCat("the killed process left its socket ", path));
+    }
+  }
+  const size_t from = c.events().Size();
+  if (absl::Status s = c.StartPlugin(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()), "",
+                "", "");
+  }
+  const absl::Time start = absl::Now();
+  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
+    if (p->owner == "registers" || p->owner == "serves-first") p->owner = "allocate-restart";
+    if (!left.empty() && p->owner == "allocate-restart") {
+      p->kubelet_expects = absl::StrCat(
+          p->kubelet_expects, p->kubelet_expects.empty() ? "" : "; ",
+          "a plugin started after a SIGKILL finds its old socket file (", left,
+          ") and removes it before it listens");
+    }
+    return FromProblem("allocate-restart", *p);
+  }
+  notes.push_back(absl::StrCat("registered again in ", Ms(absl::Now() - start)));
+  Problem again;
+  absl::StatusOr<sim::AllocateResponse> r = Admit(c, "after-restart", {{c.resource(), 1}}, &again);
+  if (!r.ok()) {
+    // A malformed answer is the allocate cell's failure; an error status
+    // from the restarted plugin is this one's.
+    if (again.owner == "allocate" && absl::StrContains(r.status().message(), "rpc error")) {
+      again.owner = "allocate-restart";
+      again.plugin_did = absl::StrCat(
+          "refused or failed the Allocate after its restart (the kubelet asked for ", device,
+          ", the device of the call the killed process never answered)");
+      again.kubelet_expects =
+          "an Allocate that was never answered allocated nothing: the kubelet gave the device "
+          "back, and the plugin answers for it again";
+    }
+    return FromProblem("allocate-restart", again);
+  }
+  const std::string got = r->allocations(0).device_ids(0);
+  if (got != device) {
+    notes.push_back(absl::StrCat("the kubelet chose ", got, " rather than ", device,
+                                 " (the plugin's preferred allocation)"));
+  }
+  return Pass(absl::StrCat("registered again after a SIGKILL during Allocate; ", got,
+                           " allocated to a new pod"),
+              notes);
 }
 
 // A kubelet that starts without its checkpoint (deleted, corrupt, or

@@ -80,6 +80,12 @@ const std::vector<UpstreamMapping>& UpstreamMappings() {
          "Keeps device plugin assignments after kubelet restart and device plugin restart "
          "(no pod restart)"}},
        "same check, and dpconform also requires the held device to keep its ID"},
+      {"allocate-restart",
+       {{kFailures,
+         "when device plugin is stopped after provisioning devices, node allocatable will be "
+         "set to zero"}},
+       "part: upstream stops the plugin between calls; dpconform kills it with an Allocate in "
+       "flight and requires it to come back and allocate the same device"},
       {"checkpoint-lost", {},
        "the closest, \"Keeps device plugin assignments across node reboots "
        "(no pod restart, no device plugin re-registration)\", keeps the checkpoint"},

@@ -26,6 +26,11 @@ void KubeletSim::SetLateWipe(absl::Duration late_wipe) {
   late_wipe_delay_ = late_wipe;
 }
 
+void KubeletSim::SetBeforeAllocate(AllocateHook hook) {
+  absl::MutexLock lock(&mu_);
+  before_allocate_ = std::move(hook);
+}
+
 void KubeletSim::HoldCheckpointWrites(bool hold) {
   absl::MutexLock lock(&mu_);
   checkpoint_writes_held_ = hold;

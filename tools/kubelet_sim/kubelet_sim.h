@@ -217,6 +217,14 @@ class KubeletSim {
   // simulator's own record of its pods is written as usual.
   void HoldCheckpointWrites(bool hold);
 
+  // Called on the admitting thread just before each Allocate goes to a
+  // plugin, with the resource and the device IDs of each container in the
+  // call (a test freezes the plugin there, to have a call in flight when
+  // the plugin dies). Null: none.
+  using AllocateHook = std::function<void(const std::string& resource,
+                                          const std::vector<std::vector<std::string>>& ids)>;
+  void SetBeforeAllocate(AllocateHook hook);
+
   // Serves the control API on `socket_path` (outlives kubelet restarts).
   absl::Status StartControl(const std::string& socket_path);
   void StopControl();
@@ -365,6 +373,7 @@ class KubeletSim {
   KubeletVersion kubelet_ ABSL_GUARDED_BY(mu_);
   absl::Duration late_wipe_delay_ ABSL_GUARDED_BY(mu_);
   bool checkpoint_writes_held_ ABSL_GUARDED_BY(mu_) = false;
+  AllocateHook before_allocate_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_at_ ABSL_GUARDED_BY(mu_);

@@ -451,15 +451,18 @@ absl::StatusOr<std::vector<v1beta1::ContainerAllocateResponse>> KubeletSim::Call
     const std::string& resource, const std::vector<std::vector<std::string>>& ids,
     std::shared_ptr<PluginClient>* used) {
   std::shared_ptr<PluginClient> client;
+  AllocateHook hook;
   {
     absl::MutexLock lock(&mu_);
     auto it = endpoints_.find(resource);
     if (it != endpoints_.end()) client = it->second;
+    hook = before_allocate_;
   }
   if (client == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("endpoint for ", resource, " has been stopped"));
   }
+  if (hook) hook(resource, ids);
   if (used != nullptr) *used = client;
   std::vector<v1beta1::ContainerAllocateResponse> responses(ids.size());
   grpc::ClientContext ctx;

@@ -104,7 +104,8 @@ DEFINE_string(fault, "",
               "cdi-only, preferred-wrong-size, prestart-fails, no-reregister,\n"
               "late-wipe-blind, unstable-ids, huge-list, watcher-wrong-type,\n"
               "shared-socket (every --resource on one socket name), slow-reserve\n"
-              "(serves its socket again 1.5 s after a removal: not a bug; it recovers)\n"
+              "(serves its socket again 1.5 s after a removal: not a bug; it recovers),\n"
+              "stale-socket-blocks (will not start where its socket file is left)\n"
               "(docs/conformance.md says what each does and which scenario it fails).");
 DEFINE_string(control_socket, "",
               "Serve the control API here (set-health, status). Empty: no control\n"

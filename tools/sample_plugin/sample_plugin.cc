@@ -270,6 +270,12 @@ absl::Status SamplePlugin::Start() {
       (s.ok() ? registered_kubelet_ : failed_kubelet_) = id;
     }
   }
+  if (Faulty("stale-socket-blocks") && ::access(socket_path_.c_str(), F_OK) == 0) {
+    // The bug: binding without removing what a killed instance left, as
+    // Go's net.Listen("unix", ...) does (gRPC's own listener removes it).
+    return absl::UnavailableError(
+        absl::StrCat("listen unix ", socket_path_, ": bind: address already in use"));
+  }
   {
     absl::MutexLock lock(&server_mu_);
     ServeLocked();

@@ -159,11 +159,14 @@ struct SamplePluginOptions {
 //   huge-list              sends more than 4 MiB of device list           list-size
 //   watcher-wrong-type     plugin-watcher GetInfo says "CSIPlugin"        plugin-watcher
 //   shared-socket          serves every resource on socket "sample.sock"  multi-resource
+//   stale-socket-blocks    will not start where its socket file is left,  allocate-restart
+//                          as Go's net.Listen on a unix socket
 inline constexpr const char* kPluginFaults[] = {
     "wrong-version",        "register-before-serve", "no-devices",      "stream-per-update",
     "no-container-response", "same-device-node",     "cdi-only",        "preferred-wrong-size",
     "prestart-fails",       "no-reregister",         "late-wipe-blind", "unstable-ids",
-    "huge-list",            "watcher-wrong-type",    "shared-socket",  "slow-reserve"};
+    "huge-list",            "watcher-wrong-type",    "shared-socket",  "slow-reserve",
+    "stale-socket-blocks"};
 
 // The values SamplePluginOptions::device_list_fault accepts.
 inline constexpr const char* kDeviceListFaults[] = {"duplicate-id", "empty-id", "newline-id",

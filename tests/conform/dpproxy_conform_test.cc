@@ -1,6 +1,6 @@
 // dpconform against dpproxy: a v1alpha plugin behind it passes every
-// kubelet generation, and the opt-in checkpoint-lost scenario that a plain
-// plugin fails.
+// kubelet generation, and the opt-in checkpoint-lost scenario and
+// list-growth, which a plain plugin fails.
 #include <map>
 #include <string>
 #include <vector>
@@ -84,6 +84,48 @@ TEST(ConformTest, CheckpointLostFailsAPlainPluginAndPassesBehindDpproxy) {
   ASSERT_TRUE(cells.ok()) << cells.status();
   ASSERT_EQ(cells->size(), 3u);
   for (const CellResult& c : *cells) EXPECT_EQ(c.outcome, Outcome::kPass) << DescribeCell(c);
+}
+
+// list-growth: a plain plugin whose list grows past 4 MiB loses its
+// stream (RESOURCE_EXHAUSTED) and stays lost; behind dpproxy the same
+// plugin passes, dpproxy shortening its long IDs by itself (no pod holds a
+// device) so that every device reaches the kubelet.
+TEST(ConformTest, AListGrowingPast4MiBFailsAPlainPluginAndPassesBehindDpproxy) {
+  const std::string grow = absl::StrCat(SamplePlugin(),
+                                        " set-devices --control_socket={work_dir}/control.sock"
+                                        " --count={count} >/dev/null");
+  ConformOptions plain = SamplePluginRun("--id_pattern='{'uuid'}'");
+  plain.grow_command = grow;
+  plain.kubelets = {*sim::ParseKubeletVersion("1.24"), *sim::ParseKubeletVersion("1.37")};
+  plain.scenarios = {"list-growth"};
+  plain.timeout = absl::Seconds(10);
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(plain);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 2u);
+  for (const CellResult& c : *cells) {
+    EXPECT_EQ(c.outcome, Outcome::kFail) << DescribeCell(c);
+    EXPECT_THAT(c.summary, HasSubstr("ended the kubelet's stream")) << DescribeCell(c);
+    EXPECT_THAT(c.plugin_did, HasSubstr("RESOURCE_EXHAUSTED")) << DescribeCell(c);
+  }
+
+  ConformOptions behind = plain;
+  behind.plugin_command = absl::StrCat(
+      testing::Runfile("proxy/dpproxy"),
+      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
+      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & ",
+      testing::Runfile("proxy/dpproxy"), " wait --plugin_dir={work_dir}/p && exec ",
+      SamplePlugin(),
+      " --quiet --resource=example.com/gpu --id_pattern='{'uuid'}'"
+      " --kubelet_socket={work_dir}/p/kubelet.sock --control_socket={work_dir}/control.sock");
+  behind.timeout = absl::Seconds(30);
+  behind.settle = absl::Seconds(10);
+  cells = RunConformance(behind);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 2u);
+  for (const CellResult& c : *cells) {
+    EXPECT_EQ(c.outcome, Outcome::kPass) << DescribeCell(c);
+    EXPECT_THAT(c.summary, HasSubstr("devices reached the kubelet")) << DescribeCell(c);
+  }
 }
 
 }  // namespace

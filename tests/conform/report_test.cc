@@ -406,7 +406,7 @@ TEST(ScenariosTest, EveryScenarioIsListedWithWhatItChecks) {
     EXPECT_GT(std::string(s.checks).size(), 40u) << s.name;
   }
   EXPECT_THAT(names, ::testing::ElementsAre("registers", "serves-first", "plugin-watcher",
-                                            "device-list", "list-size", "health", "allocate",
+                                            "device-list", "list-size", "list-growth", "health", "allocate",
                                             "allocate-two", "preferred", "prestart",
                                             "kubelet-restart", "kubelet-crash", "plugin-restart",
                                             "allocate-restart", "checkpoint-lost", "rolling-update",

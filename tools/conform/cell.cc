@@ -164,6 +164,12 @@ absl::Status Cell::SetHealth(const std::string& device, const std::string& healt
                          JoinPath(dir_, "health_command.log"), options_.timeout);
 }
 
+absl::Status Cell::Grow(int64_t count) {
+  return RunCommandToEnd(options_, "grow_command", options_.grow_command,
+                         Values({{"count", absl::StrCat(count)}}),
+                         JoinPath(dir_, "grow_command.log"), options_.timeout);
+}
+
 std::vector<sim::DeviceState> Cell::Devices(const std::string& resource) {
   sim::State st = sim_->GetState();
   for (const sim::ResourceState& r : st.resources()) {

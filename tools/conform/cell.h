@@ -102,6 +102,8 @@ class Cell {
   // Runs the health command for `device`; an error with its exit status and
   // output if it fails or outlives the timeout.
   absl::Status SetHealth(const std::string& device, const std::string& health);
+  // Runs the grow command for `count` devices, the same way.
+  absl::Status Grow(int64_t count);
 
   // The last lines of the plugin's output, for failure messages.
   std::string PluginOutputTail(int lines = 5) const;

@@ -36,6 +36,7 @@ using grid::Registers;
 using grid::ServesFirst;
 using grid::DeviceList;
 using grid::ListSize;
+using grid::ListGrowth;
 using grid::PluginWatcher;
 using grid::Health;
 using grid::MultiResource;
@@ -79,6 +80,13 @@ const std::vector<ScenarioEntry>& Entries() {
         "The list fits the kubelet's gRPC receive limit (4 MiB, gRPC's default); the cell "
         "reports how much of it the list uses."},
        ListSize},
+      {{"list-growth", "a list growing past 4 MiB",
+        "With --grow_command: the plugin lists twice its devices, which reach the kubelet on "
+        "the same stream, then enough for a quarter over 4 MiB. A list over the kubelet's "
+        "receive limit ends the stream and leaves every device unhealthy: the cell passes if "
+        "the kubelet keeps healthy devices on a live stream (the list kept within the limit, "
+        "or a new registration with one that fits)."},
+       ListGrowth},
       {{"health", "health change propagates",
         "A device made Unhealthy, then Healthy (by --health_command) reaches the kubelet as a "
         "new full list on the same stream."},
@@ -339,6 +347,13 @@ absl::Status ValidateOptions(const ConformOptions& o) {
     values.emplace_back("health", "x");
     if (absl::StatusOr<std::string> s = Expand(o.health_command, values); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--health_command: ", s.status().message()));
+    }
+  }
+  if (!o.grow_command.empty()) {
+    std::vector<std::pair<std::string, std::string>> grow = values;
+    grow.emplace_back("count", "x");
+    if (absl::StatusOr<std::string> s = Expand(o.grow_command, grow); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--grow_command: ", s.status().message()));
     }
   }
   if (o.resources.empty()) {

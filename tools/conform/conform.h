@@ -111,6 +111,10 @@ struct ConformOptions {
   // (Healthy or Unhealthy) besides the usual placeholders. Empty: the
   // health scenario is not applicable.
   std::string health_command;
+  // Makes the plugin list {count} devices from now on: run by /bin/sh -c
+  // with {count} besides the usual placeholders. Empty: list-growth is not
+  // applicable.
+  std::string grow_command;
   // The longest any one wait in a scenario may take (a registration, a
   // device list, a re-registration).
   absl::Duration timeout = absl::Seconds(30);

@@ -130,19 +130,134 @@ CellResult DeviceList(Cell& c) {
   return Pass(absl::StrCat(devices.size(), " devices, ", healthy, " healthy"), notes);
 }
 
-CellResult ListSize(Cell& c) {
-  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("list-size", *p);
+// The size of `devices` as one v1beta1 ListAndWatchResponse on the wire.
+int64_t ListBytes(const std::vector<sim::DeviceState>& devices) {
   v1beta1::ListAndWatchResponse list;
-  for (const sim::DeviceState& d : c.Devices(c.resource())) {
+  for (const sim::DeviceState& d : devices) {
     v1beta1::Device* out = list.add_devices();
     out->set_id(d.id());
     out->set_health(d.health());
     for (int64_t n : d.numa_nodes()) out->mutable_topology()->add_nodes()->set_id(n);
   }
-  const int64_t bytes = static_cast<int64_t>(list.ByteSizeLong());
+  return static_cast<int64_t>(list.ByteSizeLong());
+}
+
+CellResult ListSize(Cell& c) {
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("list-size", *p);
+  const std::vector<sim::DeviceState> devices = c.Devices(c.resource());
+  const int64_t bytes = ListBytes(devices);
   return Pass(absl::StrFormat("%d devices in %.1f KiB: %.2f%% of the kubelet's 4 MiB limit",
-                              list.devices_size(), bytes / 1024.0,
+                              devices.size(), bytes / 1024.0,
                               100.0 * static_cast<double>(bytes) / kKubeletReceiveLimit));
+}
+
+// A list that grows, as hardware is plugged in or a partitioning (MIG,
+// vGPU) multiplies the devices: the plugin (told by --grow_command) lists
+// twice its devices, which must reach the kubelet on the same stream, then
+// enough for a quarter over the kubelet's 4 MiB. Every list is sent whole
+// and the kubelet's client takes at most 4 MiB (gRPC's default): a larger
+// one ends the stream (RESOURCE_EXHAUSTED), every device turns unhealthy,
+// and nothing changes until the plugin registers again. The cell passes if
+// the kubelet keeps healthy devices on a live stream: the plugin kept its
+// list within the limit (capped it, shortened its IDs), or registered
+// again with a list that fits.
+CellResult ListGrowth(Cell& c) {
+  if (c.options().grow_command.empty()) {
+    return NotApplicable("no --grow_command: dpconform cannot make the plugin list more devices");
+  }
+  if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("list-growth", *p);
+  auto harness = [](const absl::Status& s) {
+    return Fail(absl::StrCat("the grow command failed: ", s.message()),
+                "(the test harness, not the plugin: --grow_command failed)",
+                "a way to change how many devices the plugin lists",
+                "nothing: fix --grow_command");
+  };
+  // The kubelet's latest list of the resource, from `from` on: its device
+  // count (capacity), or -1 if the stream ended first; nullopt: neither
+  // within `wait`.
+  auto next_list = [&](size_t from, absl::Duration wait,
+                       const std::function<bool(int64_t)>& wanted) -> std::optional<Json> {
+    return c.events().WaitFor(
+        [&](const Json& j) {
+          const std::string n = j.value("event", "");
+          if (j.value("resource", "") != c.resource()) return false;
+          if (n == "plugin_lost") return true;
+          return n == "devices" && wanted(j.value("capacity", int64_t{0}));
+        },
+        wait, from);
+  };
+  const size_t before = c.Devices(c.resource()).size();
+  const int64_t doubled = static_cast<int64_t>(before) * 2;
+  size_t from = c.events().Size();
+  if (absl::Status s = c.Grow(doubled); !s.ok()) return harness(s);
+  std::optional<Json> e =
+      next_list(from, c.options().timeout, [&](int64_t n) { return n == doubled; });
+  if (!e.has_value() || e->value("event", "") == "plugin_lost") {
+    return Fail(
+        absl::StrCat("the kubelet never got the list of ", doubled, " devices"),
+        e.has_value() ? absl::StrCat("was told to list ", doubled, " devices (from ", before,
+                                     "); its stream ended: ", e->value("reason", ""))
+                      : absl::StrCat("was told to list ", doubled, " devices (from ", before,
+                                     "); no such list followed within ",
+                                     absl::FormatDuration(c.options().timeout)),
+        "a new full list on the open ListAndWatch stream at every change, more devices included",
+        "new hardware never becomes allocatable until the plugin restarts");
+  }
+  const std::vector<sim::DeviceState> grown = c.Devices(c.resource());
+  const double per_device =
+      static_cast<double>(ListBytes(grown)) / static_cast<double>(std::max<size_t>(1, grown.size()));
+  const int64_t target = std::max<int64_t>(
+      doubled + 1, static_cast<int64_t>(1.25 * kKubeletReceiveLimit / per_device) + 1);
+  std::vector<std::string> notes = {
+      absl::StrCat(doubled, " devices reached the kubelet on the same stream"),
+      absl::StrFormat("told to list %d devices (about %.1f MiB at the %.0f bytes a device of "
+                      "the list of %d)",
+                      target, target * per_device / (1 << 20), per_device, doubled)};
+  from = c.events().Size();
+  if (absl::Status s = c.Grow(target); !s.ok()) return harness(s);
+  // The whole list arrives (it fits after all), the stream ends, or, when
+  // the plugin keeps its list within the limit, nothing changes.
+  e = next_list(from, c.options().settle + c.options().timeout / 2,
+                [&](int64_t n) { return n == target; });
+  if (e.has_value() && e->value("event", "") == "devices") {
+    return Pass(absl::StrCat("all ", target, " devices reached the kubelet"), notes);
+  }
+  if (!e.has_value()) {
+    const std::vector<sim::DeviceState> now = c.Devices(c.resource());
+    const int64_t healthy = std::count_if(now.begin(), now.end(), [](const sim::DeviceState& d) {
+      return d.health() == "Healthy";
+    });
+    if (healthy == 0) {
+      return Fail("the kubelet has no healthy device after the list grew",
+                  absl::StrCat("was told to list ", target, " devices; its stream stayed open "
+                               "with no healthy device in it"),
+                  "the devices that exist listed Healthy",
+                  "allocatable 0: pods needing the resource stay Pending");
+    }
+    notes.push_back(absl::StrFormat("the kubelet holds %d devices (%.1f MiB) on its stream",
+                                    now.size(), ListBytes(now) / double(1 << 20)));
+    return Pass(absl::StrCat("kept its list within the kubelet's limit: ", now.size(), " of ",
+                             target, " devices listed"),
+                notes);
+  }
+  const std::string reason = e->value("reason", "");
+  const size_t lost = c.events().Size();
+  const absl::Time start = absl::Now();
+  if (!c.Reach(Stage::kDevices, c.resource(), lost, /*tolerate_rejections=*/true).has_value()) {
+    notes.push_back(absl::StrCat("its stream ended (", reason, "); registered again with a list "
+                                 "that fits in ", Ms(absl::Now() - start)));
+    return Pass("registered again with a list within the limit after the stream ended", notes);
+  }
+  return Fail(
+      absl::StrCat("a list of ", target, " devices ended the kubelet's stream"),
+      absl::StrCat("sent the whole list on its stream as it grew past the kubelet's 4 MiB "
+                   "receive limit (", reason, ") and did not register again with a list "
+                   "that fits within ", absl::FormatDuration(c.options().timeout)),
+      "every list within 4 MiB (gRPC's default, which the kubelet's client keeps): fewer "
+      "devices per resource, shorter IDs, or no topology where it is the same for all; "
+      "dpproxy in front shortens long IDs by itself when no pod holds a device",
+      "every device of the resource turns unhealthy: allocatable 0, pods needing it stay "
+      "Pending, until the plugin restarts (and fails again at the same size)");
 }
 
 CellResult PluginWatcher(Cell& c) {

@@ -32,6 +32,7 @@ CellResult Registers(Cell& c);
 CellResult ServesFirst(Cell& c);
 CellResult DeviceList(Cell& c);
 CellResult ListSize(Cell& c);
+CellResult ListGrowth(Cell& c);
 CellResult PluginWatcher(Cell& c);
 CellResult Health(Cell& c);
 CellResult MultiResource(Cell& c);

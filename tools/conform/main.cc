@@ -82,6 +82,10 @@ DEFINE_string(health_command, "",
               "Sets a device's health, for the health scenario: run by /bin/sh -c with\n"
               "{device} and {health} (Healthy or Unhealthy) besides the --plugin\n"
               "placeholders. Empty: the health scenario is n/a.");
+DEFINE_string(grow_command, "",
+              "Makes the plugin list {count} devices from now on, for the list-growth\n"
+              "scenario: run by /bin/sh -c with {count} besides the --plugin placeholders.\n"
+              "Empty: list-growth is n/a.");
 DEFINE_string(timeout, "30s",
               "The longest any one wait in a scenario may take (a registration, a device\n"
               "list, a re-registration). At least a second over --dial_timeout.");
@@ -253,6 +257,7 @@ absl::StatusOr<ConformOptions> OptionsFromFlags() {
   o.resources = List(FLAGS_resource);
   o.scenarios = List(FLAGS_scenarios);
   o.health_command = FLAGS_health_command;
+  o.grow_command = FLAGS_grow_command;
   o.jobs = FLAGS_jobs;
   o.work_root = FLAGS_work_dir;
   o.keep = FLAGS_keep;

@@ -37,6 +37,7 @@ const std::vector<UpstreamMapping>& UpstreamMappings() {
       {"list-size", {},
        "the sample plugin lists two devices; the 4 MiB receive limit is "
        "gRPC's default in the kubelet's client"},
+      {"list-growth", {}, "the sample plugin lists two devices and never changes the count"},
       {"health",
        {{kFailures,
          "will set allocatable to zero when a single device became unhealthy and then back "

@@ -108,12 +108,15 @@ DEFINE_string(fault, "",
               "stale-socket-blocks (will not start where its socket file is left)\n"
               "(docs/conformance.md says what each does and which scenario it fails).");
 DEFINE_string(control_socket, "",
-              "Serve the control API here (set-health, status). Empty: no control\n"
-              "socket for serve; required for set-health and status.");
+              "Serve the control API here (set-health, set-devices, status). Empty: no\n"
+              "control socket for serve; required by the other subcommands.");
 DEFINE_string(events, "", "Append JSON-lines events to this file. Empty: none.");
 DEFINE_bool(quiet, false, "Do not print events to stdout.");
 DEFINE_string(device, "", "Device ID. [set-health]");
 DEFINE_string(health, "Unhealthy", "Healthy or Unhealthy. [set-health]");
+DEFINE_int32(count, 0,
+             "How many devices the plugin lists from now on, as --devices names\n"
+             "them (1 to 1,000,000; those listed keep their health). [set-devices]");
 
 namespace dpproxy::sample {
 namespace {
@@ -123,6 +126,7 @@ constexpr char kUsage[] = R"(sample_plugin: a configurable device plugin (v1alph
 Usage:
   sample_plugin [serve] [flags]                       serve and register
   sample_plugin set-health --control_socket=S --device=ID --health=Unhealthy
+  sample_plugin set-devices --control_socket=S --count=N  list N devices from now on
   sample_plugin status --control_socket=S             counters and devices (JSON)
 
 It serves its socket before registering, re-registers whenever the kubelet
@@ -260,6 +264,15 @@ int RunClient(const std::string& command) {
     req.set_device_id(FLAGS_device);
     req.set_health(FLAGS_health);
     st = stub->SetHealth(&ctx, req, &status);
+  } else if (command == "set-devices") {
+    if (FLAGS_count < 1) return Fail(2, "set-devices needs --count (1 or more)");
+    SetDeviceCountRequest req;
+    req.set_devices(FLAGS_count);
+    SetDeviceCountResponse resp;
+    st = stub->SetDeviceCount(&ctx, req, &resp);
+    if (!st.ok()) return Fail(1, DescribeGrpcStatus(st));
+    std::cout << "{\"devices\": " << resp.devices() << "}\n";
+    return 0;
   } else {
     st = stub->GetStatus(&ctx, GetStatusRequest(), &status);
   }
@@ -286,7 +299,8 @@ int main(int argc, char** argv) {
     std::cout << dpproxy::sample::kUsage << dpproxy::FlagsHelp({"sample_plugin/main.cc"});
     return 0;
   }
-  if (command != "serve" && command != "set-health" && command != "status") {
+  if (command != "serve" && command != "set-health" && command != "set-devices" &&
+      command != "status") {
     std::cerr << "sample_plugin: unknown subcommand \"" << command
               << "\"; see sample_plugin --help\n";
     return 2;

@@ -167,6 +167,14 @@ class ControlService final : public PluginControl::Service {
     *resp = plugin_->Status();
     return grpc::Status::OK;
   }
+  grpc::Status SetDeviceCount(grpc::ServerContext*, const SetDeviceCountRequest* req,
+                              SetDeviceCountResponse* resp) override {
+    if (absl::Status s = plugin_->SetDeviceCount(req->devices()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    resp->set_devices(req->devices());
+    return grpc::Status::OK;
+  }
   grpc::Status GetStatus(grpc::ServerContext*, const GetStatusRequest*,
                          PluginStatus* resp) override {
     *resp = plugin_->Status();
@@ -357,6 +365,8 @@ void SamplePlugin::FlipLoop() {
 absl::Status SamplePlugin::SetHealth(const std::string& id, const std::string& health) {
   return impl_->SetHealth(id, health);
 }
+
+absl::Status SamplePlugin::SetDeviceCount(int count) { return impl_->SetDeviceCount(count); }
 
 PluginStatus SamplePlugin::Status() { return impl_->Status(); }
 

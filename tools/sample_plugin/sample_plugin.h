@@ -168,6 +168,9 @@ inline constexpr const char* kPluginFaults[] = {
     "huge-list",            "watcher-wrong-type",    "shared-socket",  "slow-reserve",
     "stale-socket-blocks"};
 
+// The most devices set-devices may ask for (--devices takes up to 100,000).
+inline constexpr int kMaxDevicesAtRuntime = 1000000;
+
 // The values SamplePluginOptions::device_list_fault accepts.
 inline constexpr const char* kDeviceListFaults[] = {"duplicate-id", "empty-id", "newline-id",
                                                     "unknown-health"};
@@ -197,6 +200,9 @@ class SamplePlugin {
   // Changes one device's health and sends the new list. kNotFound for an
   // unknown ID, kInvalidArgument for a health other than Healthy/Unhealthy.
   absl::Status SetHealth(const std::string& id, const std::string& health);
+  // Lists `count` devices from now on (the IDs of --devices=count), as
+  // hardware plugged in or taken out, on every open stream.
+  absl::Status SetDeviceCount(int count);
 
   absl::Status StartControl(const std::string& socket_path);
   void StopControl();

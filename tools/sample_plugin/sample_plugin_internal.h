@@ -58,16 +58,25 @@ class SamplePlugin::Impl {
  public:
   Impl(const SamplePluginOptions& o, EventLog* events, std::string socket_path)
       : o_(o), events_(events), socket_path_(std::move(socket_path)) {
-    std::vector<std::string> ids = DeviceIds(o);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      v1beta1::Device d;
-      d.set_id(ids[i]);
-      d.set_health(std::string(kHealthy));
-      if (o.numa_nodes > 0) {
-        d.mutable_topology()->add_nodes()->set_id(static_cast<int64_t>(i) % o.numa_nodes);
-      }
-      devices_.push_back(std::move(d));
+    devices_ = MakeDevices(o, {});
+  }
+
+  // Lists the devices of --devices=`count` from now on, as hardware
+  // plugged in or taken out; those listed already keep their health.
+  absl::Status SetDeviceCount(int count) {
+    if (count < 1 || count > kMaxDevicesAtRuntime) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a device count of ", count, " is not between 1 and ", kMaxDevicesAtRuntime));
     }
+    SamplePluginOptions o = o_;
+    o.devices = count;
+    absl::MutexLock lock(&mu_);
+    std::map<std::string, std::string> health;
+    for (const v1beta1::Device& d : devices_) health[d.id()] = d.health();
+    devices_ = MakeDevices(o, health);
+    ++version_;
+    events_->Emit("device_count_changed", {{"devices", count}});
+    return absl::OkStatus();
   }
 
   bool options_only_in_register() const { return o_.options_only_in_register; }
@@ -371,6 +380,25 @@ class SamplePlugin::Impl {
 
  private:
   absl::Mutex mu_;
+  // The devices `o` describes; an ID in `health` keeps that health.
+  static std::vector<v1beta1::Device> MakeDevices(const SamplePluginOptions& o,
+                                                  const std::map<std::string, std::string>& health) {
+    std::vector<std::string> ids = DeviceIds(o);
+    std::vector<v1beta1::Device> out;
+    out.reserve(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      v1beta1::Device d;
+      auto it = health.find(ids[i]);
+      d.set_health(it != health.end() ? it->second : std::string(kHealthy));
+      d.set_id(std::move(ids[i]));
+      if (o.numa_nodes > 0) {
+        d.mutable_topology()->add_nodes()->set_id(static_cast<int64_t>(i) % o.numa_nodes);
+      }
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+
   std::vector<v1beta1::Device> devices_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t delivered_ ABSL_GUARDED_BY(mu_) = 0;

@@ -114,6 +114,20 @@ for i, s in enumerate(["vendor.com/gpu", "kubernetes.io/gpu", "requests.x/y", "a
                        "v1alpha2", "dev\nid", ""]):
     write("kubelet_rules", f"s{i}", s.encode("utf-8", "surrogateescape"))
 
+with open(os.path.join(os.path.dirname(ROOT), "..", "..", "tools", "conform",
+                       "sample_plugin.expect")) as f:
+    write("expect", "sample_plugin.expect", f.read())
+write("expect", "docs_example.expect",
+      "# SCENARIO  RELEASES   OUTCOME  REASON\n"
+      "registers   1.9        FAIL     v1beta1 only\n"
+      "serves-first 1.25-1.37 FAIL     registers before serving\n"
+      "allocate    1.9-1.27,1.28 FAIL  CDI only\n"
+      "kubelet-restart real:1.37 blocked  by hand\n"
+      "health real FAIL any real kubelet\n")
+write("expect", "bad_lines.expect",
+      "registers 1.37-1.9 FAIL reversed\nnope all FAIL x\nallocate 1.99 FAIL y\n"
+      "allocate all PASS z\nallocate all FAIL\tok\x01\n")
+
 write("config", "minimal.yaml", "kubelet:\n  root: /var/lib/kubelet\nplugin_dir: /var/lib/dpproxy/device-plugins\n")
 write("config", "renames.yaml", "renames:\n  legacy.com/gpu: vendor.com/gpu\nid_maps:\n  vendor.com/gpu:\n    GPU-abc: gpu-0\n")
 write("config", "bad.yaml", "timeouts: {backend: 5s\n")

@@ -14,6 +14,14 @@
 namespace dpproxy::conform {
 namespace {
 
+// A word of the file as an error message shows it: quoted, and cut at 80
+// bytes (a line may be as long as the file).
+std::string Echo(absl::string_view word) {
+  constexpr size_t kMax = 80;
+  if (word.size() <= kMax) return absl::StrCat("\"", word, "\"");
+  return absl::StrCat("\"", word.substr(0, kMax), "...\" (", word.size(), " bytes)");
+}
+
 // "1.N" -> N; nullopt for anything else.
 std::optional<int> Minor(absl::string_view release) {
   if (!absl::ConsumePrefix(&release, "1.")) return std::nullopt;
@@ -34,7 +42,7 @@ absl::Status ParseReleases(absl::string_view item, Expectation* e) {
     if (item == "real") return absl::OkStatus();
     std::optional<int> m = Minor(item.substr(5));
     if (!m.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", item, "\" is not real:1.MINOR"));
+      return absl::InvalidArgumentError(absl::StrCat(Echo(item), " is not real:1.MINOR"));
     }
     e->real_minor = *m;
     return absl::OkStatus();
@@ -44,7 +52,7 @@ absl::Status ParseReleases(absl::string_view item, Expectation* e) {
   std::optional<int> last = ends.size() == 2 ? Minor(ends[1]) : first;
   if (!first.has_value() || !last.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "\"", item, "\" is not a release (1.25), a range (1.25-1.37), all, or real:1.37"));
+        Echo(item), " is not a release (1.25), a range (1.25-1.37), all, or real:1.37"));
   }
   for (int m : {*first, *last}) {
     if (m < sim::kOldestKubeletMinor || m > sim::kNewestKubeletMinor) {
@@ -54,7 +62,7 @@ absl::Status ParseReleases(absl::string_view item, Expectation* e) {
     }
   }
   if (*first > *last) {
-    return absl::InvalidArgumentError(absl::StrCat("the range \"", item, "\" ends before it starts"));
+    return absl::InvalidArgumentError(absl::StrCat("the range ", Echo(item), " ends before it starts"));
   }
   e->first_minor = *first;
   e->last_minor = *last;
@@ -109,8 +117,8 @@ absl::StatusOr<std::vector<Expectation>> ParseExpectations(
     e.line = n;
     e.scenario = std::string(words[0]);
     if (std::find(scenarios.begin(), scenarios.end(), e.scenario) == scenarios.end()) {
-      return error(absl::StrCat("unknown scenario \"", e.scenario,
-                                "\" (scenarios: ", absl::StrJoin(scenarios, ", "), ")"));
+      return error(absl::StrCat("unknown scenario ", Echo(e.scenario),
+                                " (scenarios: ", absl::StrJoin(scenarios, ", "), ")"));
     }
     const std::string outcome = absl::AsciiStrToLower(words[2]);
     if (outcome == "fail") {
@@ -118,7 +126,7 @@ absl::StatusOr<std::vector<Expectation>> ParseExpectations(
     } else if (outcome == "blocked") {
       e.outcome = Outcome::kBlocked;
     } else {
-      return error(absl::StrCat("outcome \"", words[2], "\" is neither FAIL nor blocked"));
+      return error(absl::StrCat("outcome ", Echo(words[2]), " is neither FAIL nor blocked"));
     }
     // The reason: the line after the third word, as written.
     absl::string_view rest = line;

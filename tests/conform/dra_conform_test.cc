@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proxy/util/files.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/conform/conform.h"
@@ -72,9 +73,20 @@ const CellResult* Find(const std::vector<CellResult>& cells, const std::string& 
   return nullptr;
 }
 
+// A dpproxy configuration that serves example.com/gpu both ways: as the
+// DRA driver's pool and as a device plugin's extended resource.
+std::string BothWaysConfig() {
+  const std::string path = JoinPath(WorkRoot(), "both.yaml");
+  EXPECT_TRUE(WriteFileAtomic(path, "paths:\n  example.com/gpu: both\n").ok());
+  return path;
+}
+
 TEST(DraConformTest, DpproxyWithALegacyPluginPassesEveryScenario) {
-  absl::StatusOr<std::vector<CellResult>> cells =
-      RunConformance(Options(kDriver, "--api=v1alpha"));
+  // Both ways, so that the scenarios of a device plugin beside the driver
+  // apply too.
+  ConformOptions o = Options(kDriver, "--api=v1alpha", "--config=" + BothWaysConfig());
+  o.resources = {"example.com/gpu"};
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
   ASSERT_TRUE(cells.ok()) << cells.status();
   EXPECT_EQ(cells->size(), 3 * DraScenarios().size());
   for (const auto& [scenario, outcomes] : Outcomes(*cells)) {
@@ -134,6 +146,36 @@ TEST(DraConformTest, CdiNamesNoSpecDefinesFailPrepare) {
   for (const auto& [scenario, outcome] : Outcomes(*cells)) EXPECT_EQ(outcome, "pass") << scenario;
 }
 
+// A device plugin and a separate DRA driver for the same devices (each a
+// sample plugin; the driver dpproxy in DRA mode only): each hands out what
+// the other holds, and both scenarios fail naming the shared device node.
+// Without --resource they do not apply.
+TEST(DraConformTest, APluginAndADriverThatShareDevicesFailBesideEachOther) {
+  ConformOptions o = Options(kDriver, "--cdi_dir={cdi_dir}");
+  o.plugin_command = absl::StrCat(testing::Runfile("tools/sample_plugin/sample_plugin"),
+                                  " --quiet --resource=example.com/gpu --devices=4"
+                                  " --cdi_dir={cdi_dir} --kubelet_socket={kubelet_socket} & ",
+                                  o.plugin_command);
+  o.resources = {"example.com/gpu"};
+  o.kubelets.resize(1);
+  o.scenarios = {"dra-beside-device-plugin", "dra-device-plugin-beside-claim"};
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  const std::map<std::string, std::string> got = Outcomes(*cells);
+  EXPECT_EQ(got.at("dra-beside-device-plugin"), "fail");
+  EXPECT_EQ(got.at("dra-device-plugin-beside-claim"), "fail");
+  EXPECT_THAT(Find(*cells, "dra-beside-device-plugin")->summary,
+              HasSubstr("which a device-plugin pod holds"));
+  EXPECT_THAT(Find(*cells, "dra-device-plugin-beside-claim")->summary,
+              HasSubstr("which a prepared claim holds"));
+  EXPECT_THAT(Find(*cells, "dra-device-plugin-beside-claim")->users_see,
+              HasSubstr("two pods use one device at once"));
+  o.resources.clear();
+  cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  for (const auto& [scenario, outcome] : Outcomes(*cells)) EXPECT_EQ(outcome, "n/a") << scenario;
+}
+
 TEST(DraConformTest, BadOptionsAreNamed) {
   ConformOptions o = Options(kDriver, "");
   o.kubelets = {*sim::ParseKubeletVersion("1.31")};
@@ -142,8 +184,8 @@ TEST(DraConformTest, BadOptionsAreNamed) {
   o.scenarios = {"allocate"};
   EXPECT_THAT(std::string(ValidateOptions(o).message()),
               HasSubstr("unknown DRA scenario \"allocate\""));
-  o = Options(kDriver, "--id_pattern=x-{resource}");
-  EXPECT_THAT(std::string(ValidateOptions(o).message()), HasSubstr("unknown placeholder {resource}"));
+  o = Options(kDriver, "--id_pattern=x-{instance}");
+  EXPECT_THAT(std::string(ValidateOptions(o).message()), HasSubstr("unknown placeholder {instance}"));
 }
 
 }  // namespace

@@ -1556,7 +1556,8 @@ def dpconform_dra_driver(s, driver_flags, *flags):
 def scenario_dpconform_dra_test_driver(s):
     """dpconform --dra_driver judges a real DRA driver: Kubernetes' own test
     driver passes every DRA scenario (dra-health is n/a: on 1.37 it serves
-    the health stream but names no device in it) on the oldest and newest DRA releases
+    the health stream but names no device in it; the scenarios of a device
+    plugin beside it are n/a without one) on the oldest and newest DRA releases
     dpconform plays (resource.k8s.io v1beta1 and v1; its ResourceSlices come
     as Kubernetes protobuf, and it follows them with the informer's watch);
     the same driver registering under another name fails dra-registers, and
@@ -1564,14 +1565,18 @@ def scenario_dpconform_dra_test_driver(s):
     rc, report = dpconform_dra_driver(s, [], "--kubelets=1.32,1.37")
     cells = report["cells"]
     want = ["dra-registers", "dra-publishes", "dra-prepare", "dra-several-requests",
+            "dra-beside-device-plugin", "dra-device-plugin-beside-claim",
             "dra-kubelet-restart", "dra-driver-restart", "dra-health", "dra-unknown-claim"]
+    # n/a: no --resource (no device plugin for the same hardware beside it).
+    not_applicable = {"dra-beside-device-plugin", "dra-device-plugin-beside-claim"}
     check(sorted({c["scenario"] for c in cells}) == sorted(want),
           "dpconform ran %s, not %s" % (sorted({c["scenario"] for c in cells}), sorted(want)))
     # dra-health: n/a on 1.32 (no health watched), and on 1.37 the driver
     # serves the stream but names no device in it.
     bad = ["%s on %s: %s %s" % (c["scenario"], c["kubelet"], c["outcome"], c["summary"])
            for c in cells
-           if c["outcome"] != ("n/a" if c["scenario"] == "dra-health" else "pass")]
+           if c["outcome"] != ("n/a" if c["scenario"] == "dra-health" or
+                               c["scenario"] in not_applicable else "pass")]
     check(not bad and rc == 0, "the test driver did not pass (exit %d):\n%s"
           % (rc, "\n".join(bad)))
 

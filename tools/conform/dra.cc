@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -18,6 +20,7 @@
 #include "proxy/util/files.h"
 #include "tools/apiserver_sim/apiserver_sim.h"
 #include "tools/apiserver_sim/scheduler.h"
+#include "tools/kubelet_sim/cdi_registry.h"
 
 namespace dpproxy::conform {
 namespace {
@@ -143,6 +146,9 @@ class DraCell {
   std::vector<std::pair<std::string, std::string>> Values() const {
     return {{"kubelet_root", JoinPath(dir_, "k")},
             {"plugins_registry", JoinPath(dir_, "k/plugins_registry")},
+            {"kubelet_socket", JoinPath(dir_, "k/device-plugins/kubelet.sock")},
+            {"plugin_dir", JoinPath(dir_, "k/device-plugins")},
+            {"resource", o_.resources.empty() ? std::string() : o_.resources.front()},
             {"kubeconfig", kubeconfig_},
             {"node_name", kNode},
             {"cdi_dir", CdiDir()},
@@ -689,6 +695,221 @@ CellResult SeveralRequests(DraCell& c) {
                 "a claim of two requests prepared: each device answered with its request");
 }
 
+// The host device nodes CDI names give a container, as the runtime
+// resolves them in the cell's CDI directory.
+std::set<std::string> CdiNodes(DraCell& c, const std::vector<std::string>& names) {
+  std::set<std::string> out;
+  if (names.empty()) return out;
+  const sim::CdiResolution r = sim::ResolveCdiDevices({c.CdiDir()}, names);
+  for (const Json& n : r.edits["deviceNodes"]) out.insert(n.value("hostPath", n.value("path", "")));
+  return out;
+}
+
+// The host device nodes of a device plugin's answer: its device specs and
+// its CDI devices.
+std::set<std::string> DevicePluginNodes(DraCell& c, const sim::ContainerAllocation& a) {
+  std::vector<std::string> cdi;
+  for (const auto& d : a.response().cdi_devices()) cdi.push_back(d.name());
+  std::set<std::string> out = CdiNodes(c, cdi);
+  for (const auto& d : a.response().devices()) out.insert(d.host_path());
+  return out;
+}
+
+// The host device nodes of a prepared claim, as the runtime resolved them.
+std::set<std::string> ClaimNodes(const Json& answer) {
+  std::set<std::string> out;
+  for (const Json& d : answer.value("devices", Json::array())) {
+    for (const Json& n : d.value("/runtime/edits/deviceNodes"_json_pointer, Json::array())) {
+      out.insert(n.value("hostPath", n.value("path", "")));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Common(const std::set<std::string>& a, const std::set<std::string>& b) {
+  std::vector<std::string> out;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+// The device plugin's healthy devices once it has registered with some;
+// nullopt: it did not within the timeout.
+std::optional<int> DevicePluginReady(DraCell& c) {
+  const std::string resource = c.options().resources.front();
+  std::optional<Json> e = c.kubelet().events().WaitFor(
+      [&](const Json& j) {
+        return j.value("event", "") == "devices" && j.value("resource", "") == resource &&
+               j.value("allocatable", int64_t{0}) > 0;
+      },
+      c.options().timeout);
+  if (!e.has_value()) return std::nullopt;
+  return static_cast<int>(e->value("allocatable", int64_t{0}));
+}
+
+CellResult NoDevicePlugin(DraCell& c) {
+  const std::string resource = c.options().resources.front();
+  return Failed(absl::StrCat("the device plugin for ", resource, " never listed a healthy device"),
+                absl::StrCat("no device-plugin registration of ", resource,
+                             " with a healthy device within ",
+                             absl::FormatDuration(c.options().timeout)),
+                "the device plugin for the same hardware registered at {kubelet_socket}",
+                absl::StrCat("pods asking for ", resource, " stay Pending"));
+}
+
+// Admits a pod of one container asking for `count` of the device plugin's
+// resource.
+absl::StatusOr<sim::AllocateResponse> AdmitDevicePluginPod(DraCell& c, const std::string& pod,
+                                                           int count) {
+  sim::AllocateRequest req;
+  req.set_pod_name(pod);
+  sim::ContainerRequest* container = req.add_containers();
+  container->set_name("c0");
+  container->set_resource(c.options().resources.front());
+  container->set_count(count);
+  return c.kubelet().Allocate(req);
+}
+
+constexpr char kOneHolder[] =
+    "a device has one holder: the driver leaves out of its pool (or refuses to prepare) what "
+    "device-plugin pods hold, and the plugin lists as unhealthy (or refuses to allocate) what "
+    "claims hold";
+constexpr char kUsersShare[] =
+    "two pods use one device at once: the kubelet's device manager and its DRA manager do not "
+    "know of each other, and the scheduler counts the extended resource and the pool apart";
+
+// A device plugin and a DRA driver for the same hardware (--resource with
+// --dra_driver: a vendor serving both, or moving from one to the other):
+// device-plugin pods take every device the plugin lists, then a claim of
+// one device is allocated from the driver's pool and prepared. It must not
+// get a device node those pods hold: the scheduler finds no free device
+// (the driver withdrew them), or the driver refuses the claim, or the
+// claim's device nodes are others.
+CellResult ClaimBesidePods(DraCell& c) {
+  if (c.options().resources.empty()) {
+    return Result(Outcome::kNotApplicable,
+                  "no --resource: no device plugin for the same hardware beside the driver");
+  }
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  std::optional<int> healthy = DevicePluginReady(c);
+  if (!healthy.has_value()) return NoDevicePlugin(c);
+  const size_t slices_from = c.api().events().Size();
+  absl::StatusOr<sim::AllocateResponse> pods = AdmitDevicePluginPod(c, "every-device", *healthy);
+  if (!pods.ok()) {
+    return Failed(absl::StrCat("a pod of all ", *healthy, " healthy devices was not admitted: ",
+                               pods.status().message()),
+                  "refused an Allocate for every device it lists as healthy",
+                  "the devices a plugin lists Healthy can be allocated",
+                  "pods fail with UnexpectedAdmissionError");
+  }
+  std::set<std::string> held;
+  for (const sim::ContainerAllocation& a : pods->allocations()) {
+    const std::set<std::string> nodes = DevicePluginNodes(c, a);
+    held.insert(nodes.begin(), nodes.end());
+  }
+  sim::ClaimAllocation a;
+  a.name = "beside-pods";
+  a.count = 1;
+  a.driver = c.options().dra_driver;
+  a.node = kNode;
+  // A driver that withdraws the held devices writes its slices: it gets
+  // `settle` to start, and the write its answer.
+  (void)c.api().events().WaitFor(
+      [](const Json& j) {
+        return j.value("event", "") == "request" && j.value("method", "") != "GET" &&
+               absl::StrContains(j.value("path", ""), "/resourceslices");
+      },
+      c.options().settle, slices_from);
+  absl::StatusOr<Json> claim = sim::CreateAllocatedClaim(c.client(), a);
+  if (!claim.ok()) {
+    return Result(Outcome::kPass,
+                  absl::StrCat("with every device held by device-plugin pods, the scheduler "
+                               "finds none free in the driver's pool (",
+                               claim.status().message(), ")"));
+  }
+  const std::string uid = (*claim)["metadata"]["uid"].get<std::string>();
+  absl::StatusOr<Json> r =
+      c.kubelet().PrepareClaims(c.options().dra_driver, {{"default", a.name, uid}});
+  const Json entry = r.ok() ? r->value(uid, Json()) : Json();
+  if (!r.ok() || entry.is_null() || !entry.value("error", "").empty()) {
+    return Result(Outcome::kPass,
+                  absl::StrCat("the driver refused a claim of a device that device-plugin pods "
+                               "hold: ",
+                               !r.ok() ? std::string(r.status().message())
+                                       : entry.value("error", std::string("no entry"))));
+  }
+  const std::vector<std::string> shared = Common(held, ClaimNodes(entry));
+  if (!shared.empty()) {
+    return Failed(absl::StrCat("a claim was prepared with ", shared.front(),
+                               ", which a device-plugin pod holds"),
+                  absl::StrCat("prepared claim ", a.name, " with device node(s) ",
+                               absl::StrJoin(shared, ", "),
+                               " while the device plugin had allocated them to pod every-device"),
+                  kOneHolder, kUsersShare);
+  }
+  return Result(Outcome::kPass, "the claim's device nodes are none that device-plugin pods hold");
+}
+
+// The other order: a claim of one device is prepared first, then a pod
+// asks the device plugin for every device it lists. It must not be
+// admitted onto the claim's device: the plugin lists that device as
+// unhealthy (the kubelet then admits fewer) or refuses the Allocate, or
+// its device nodes are others.
+CellResult PodsBesideClaim(DraCell& c) {
+  if (c.options().resources.empty()) {
+    return Result(Outcome::kNotApplicable,
+                  "no --resource: no device plugin for the same hardware beside the driver");
+  }
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
+  if (!DevicePluginReady(c).has_value()) return NoDevicePlugin(c);
+  const size_t lists_from = c.kubelet().events().Size();
+  Prepared claim;
+  if (auto f = AllocateAndPrepare(c, "before-pods", &claim)) return Blocked("dra-prepare", *f);
+  const std::set<std::string> claimed = ClaimNodes(claim.answer);
+  // The plugin's list as the kubelet holds it once the claim is prepared:
+  // a plugin that turns the claim's device unhealthy gets `settle` to.
+  const std::string resource = c.options().resources.front();
+  (void)c.kubelet().events().WaitFor(
+      [&](const Json& j) {
+        return j.value("event", "") == "devices" && j.value("resource", "") == resource;
+      },
+      c.options().settle, lists_from);
+  int healthy = 0;
+  const sim::State state = c.kubelet().GetState();
+  for (const sim::ResourceState& rs : state.resources()) {
+    if (rs.name() != resource) continue;
+    for (const sim::DeviceState& d : rs.devices()) healthy += d.health() == "Healthy";
+  }
+  if (healthy == 0) {
+    return Result(Outcome::kPass, "the device plugin lists no healthy device while the claim "
+                                  "holds one");
+  }
+  absl::StatusOr<sim::AllocateResponse> pods = AdmitDevicePluginPod(c, "every-device", healthy);
+  if (!pods.ok()) {
+    return Result(Outcome::kPass, absl::StrCat("a pod of every healthy device was refused while "
+                                               "a claim holds one: ",
+                                               pods.status().message()));
+  }
+  std::set<std::string> got;
+  for (const sim::ContainerAllocation& a : pods->allocations()) {
+    const std::set<std::string> nodes = DevicePluginNodes(c, a);
+    got.insert(nodes.begin(), nodes.end());
+  }
+  const std::vector<std::string> shared = Common(claimed, got);
+  if (!shared.empty()) {
+    return Failed(absl::StrCat("a device-plugin pod was given ", shared.front(),
+                               ", which a prepared claim holds"),
+                  absl::StrCat("listed the claim's device as healthy and allocated device "
+                               "node(s) ", absl::StrJoin(shared, ", "), " to pod every-device"),
+                  kOneHolder, kUsersShare);
+  }
+  return Result(Outcome::kPass, absl::StrCat("the pod of ", healthy,
+                                             " devices got none of the claim's device nodes"));
+}
+
 struct DraEntry {
   ScenarioInfo info;
   CellResult (*run)(DraCell&);
@@ -714,6 +935,18 @@ const std::vector<DraEntry>& DraEntries() {
         "answered with request_names naming its request; n/a where fewer than two devices "
         "are published"},
        SeveralRequests},
+      {{"dra-beside-device-plugin", "a claim beside device-plugin pods",
+        "with --resource, a device plugin for the same hardware: pods take every device the "
+        "plugin lists, then a claim of one device is allocated and prepared; it must get none "
+        "of their device nodes (the scheduler finds none free, the driver refuses, or the "
+        "nodes are others); n/a without --resource"},
+       ClaimBesidePods},
+      {{"dra-device-plugin-beside-claim", "device-plugin pods beside a claim",
+        "with --resource: a claim of one device is prepared, then a pod asks the device plugin "
+        "for every device it lists as healthy; it must get none of the claim's device nodes "
+        "(the plugin lists it unhealthy, refuses, or the nodes are others); n/a without "
+        "--resource"},
+       PodsBesideClaim},
       {{"dra-kubelet-restart", "kubelet restart",
         "after a kubelet restart (which deletes the node's slices) the driver registers and "
         "publishes again, and preparing the same claim again answers the same"},
@@ -781,6 +1014,10 @@ const std::vector<Placeholder>& DraPlaceholders() {
                        "<kubelet_root>/plugins_registry, the service socket conventionally in "
                        "<kubelet_root>/plugins/<driver>"},
       {"plugins_registry", "<kubelet_root>/plugins_registry"},
+      {"kubelet_socket", "<kubelet_root>/device-plugins/kubelet.sock, where a device plugin for "
+                         "the same hardware registers (--resource)"},
+      {"plugin_dir", "<kubelet_root>/device-plugins"},
+      {"resource", "the first --resource, the device plugin's resource; empty without one"},
       {"kubeconfig", "a kubeconfig for the cell's API server (HTTPS with its CA, a bearer token)"},
       {"node_name", "the node's name (node-1), as NODE_NAME from the downward API"},
       {"cdi_dir", "the CDI spec directory the cell's runtime reads (for /var/run/cdi)"},

@@ -41,8 +41,9 @@ DEFINE_string(plugin, "",
 DEFINE_string(dra_driver, "",
               "Test a DRA driver of this name instead of a device plugin: --plugin is the\n"
               "driver's command, run against a 1.32+ kubelet with an API-server simulator\n"
-              "beside it; the DRA scenarios and placeholders run (see --list). --resource\n"
-              "is not used.");
+              "beside it; the DRA scenarios and placeholders run (see --list). With\n"
+              "--resource, --plugin also starts a device plugin for the same hardware\n"
+              "(at {kubelet_socket}), for the scenarios of the two side by side.");
 DEFINE_string(resource, "",
               "The extended resource(s) the plugin serves, comma-separated, e.g.\n"
               "vendor.com/gpu. The first is the one single-resource scenarios use;\n"

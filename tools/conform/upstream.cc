@@ -9,6 +9,7 @@ namespace {
 constexpr char kDp[] = "test/e2e_node/device_plugin_test.go";
 constexpr char kFailures[] = "test/e2e_node/device_plugin_failures_test.go";
 constexpr char kDra[] = "test/e2e_node/dra_test.go";
+constexpr char kDraCluster[] = "test/e2e/dra/dra.go";
 
 }  // namespace
 
@@ -107,6 +108,16 @@ const std::vector<UpstreamMapping>& UpstreamMappings() {
        "answer's devices and CDI names and that unprepare succeeds twice"},
       {"dra-several-requests", {},
        "no node e2e test of a claim with several requests in test/e2e_node/dra_test.go"},
+      {"dra-beside-device-plugin",
+       {{kDraCluster, "supports extended resources together with ResourceClaim"},
+        {kDraCluster, "must prefer device plugin over DRA when both advertise the same "
+                      "resource on a node"}},
+       "part: upstream runs its e2e sample device plugin beside the DRA test driver, each with "
+       "devices of its own, and checks how pods are scheduled; dpconform checks that a plugin "
+       "and a driver for the same devices never give one to two pods"},
+      {"dra-device-plugin-beside-claim",
+       {{kDraCluster, "supports extended resources together with ResourceClaim"}},
+       "part: as for dra-beside-device-plugin, in the other order"},
       {"dra-kubelet-restart",
        {{kDra, "must register after Kubelet restart"}},
        "same check, and dpconform also prepares the same claim again"},

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <vector>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -232,6 +234,46 @@ bool ChildProcess::Freeze(absl::Duration timeout) {
     if (absl::Now() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(1));
   }
+}
+
+std::optional<int64_t> ChildProcess::UnreadSocketBytes() const {
+  std::optional<std::vector<std::string>> members =
+      group_ ? GroupMembers(pid_) : std::vector<std::string>{std::to_string(pid_)};
+  if (!members.has_value()) return std::nullopt;
+  int64_t total = 0;
+  for (const std::string& pid : *members) {
+    int id = 0;
+    if (!absl::SimpleAtoi(pid, &id)) continue;
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, id, 0));
+    if (pidfd < 0) continue;  // it ended meanwhile
+    DIR* fds = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+    if (fds == nullptr) {
+      ::close(pidfd);
+      continue;
+    }
+    bool refused = false;
+    while (dirent* e = ::readdir(fds)) {
+      int fd = 0;
+      if (!absl::SimpleAtoi(e->d_name, &fd)) continue;
+      char link[64] = {};
+      const ssize_t n = ::readlink(absl::StrCat("/proc/", pid, "/fd/", fd).c_str(), link,
+                                   sizeof(link) - 1);
+      if (n <= 0 || std::string(link, static_cast<size_t>(n)).rfind("socket:", 0) != 0) continue;
+      const int copy = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+      if (copy < 0) {
+        refused = errno == ENOSYS || errno == EPERM;
+        if (refused) break;
+        continue;
+      }
+      int unread = 0;
+      if (::ioctl(copy, FIONREAD, &unread) == 0 && unread > 0) total += unread;
+      ::close(copy);
+    }
+    ::closedir(fds);
+    ::close(pidfd);
+    if (refused) return std::nullopt;
+  }
+  return total;
 }
 
 int ChildProcess::Stop(absl::Duration grace) {

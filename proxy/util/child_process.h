@@ -61,6 +61,11 @@ class ChildProcess {
   // every process in it has stopped (kill() returns before they have);
   // false if some still ran at the deadline. SIGCONT resumes them.
   bool Freeze(absl::Duration timeout);
+  // Bytes waiting unread in the sockets of the group's processes: a request
+  // has reached a frozen child when they grow. nullopt where another
+  // process's sockets cannot be looked into (pidfd_getfd: Linux 5.6 and
+  // ptrace rights over the child).
+  std::optional<int64_t> UnreadSocketBytes() const;
   // Waits up to `timeout` for the child to end; its wait status if it did.
   std::optional<int> Wait(absl::Duration timeout);
   // True until the child has ended (it is reaped when seen ended).

@@ -1498,13 +1498,16 @@ def scenario_dpconform_k8s_sample_grid(s):
 def scenario_dpconform_real(s):
     """dpconform on the real kubelet: the sample plugin, registered at the
     kubelet's own socket, passes every scenario a real kubelet can judge,
-    and the report names the kubelet's version; the same plugin made not to
-    register again after a kubelet restart fails kubelet-restart there, and
-    one whose Allocate fails fails allocate with the kubelet's own error."""
+    and the report names the kubelet's version; killed with the kubelet's
+    Allocate unread it has its pod failed and comes back; the same plugin
+    made not to register again after a kubelet restart fails kubelet-restart
+    there, one that cannot listen over its killed process's socket fails
+    allocate-restart, and one whose Allocate fails fails allocate with the
+    kubelet's own error."""
     rc, report = dpconform_real(s, [])
     cells = _cells(report)
     want = ["registers", "device-list", "health", "allocate", "allocate-two",
-            "kubelet-restart", "plugin-restart"]
+            "kubelet-restart", "plugin-restart", "allocate-restart"]
     check(sorted(cells) == sorted(want), "dpconform ran %s on the real kubelet, not %s"
           % (sorted(cells), sorted(want)))
     bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
@@ -1522,6 +1525,22 @@ def scenario_dpconform_real(s):
           in cell.get("summary", ""),
           "a plugin that does not register again was not failed on kubelet-restart "
           "(exit %d): %s" % (rc, cell))
+
+    # Killed with the kubelet's call unread: the kubelet fails that pod, and
+    # a plugin that cannot listen where its killed process left the socket
+    # file never comes back.
+    restart = cells.get("allocate-restart", {})
+    check(any("unread in its socket" in n for n in restart.get("notes", [])) and
+          any("UnexpectedAdmissionError" in n for n in restart.get("notes", [])),
+          "allocate-restart did not see the kubelet fail the pod whose call was unread: %s"
+          % restart)
+    rc, report = dpconform_real(s, ["--fault=stale-socket-blocks"],
+                                "--scenarios=allocate-restart")
+    cell = _cells(report).get("allocate-restart", {})
+    check(rc == 1 and cell.get("outcome") == "fail" and "address already in use"
+          in cell.get("plugin_did", ""),
+          "a plugin that cannot listen over its left socket was not failed on "
+          "allocate-restart (exit %d): %s" % (rc, cell))
 
     rc, report = dpconform_real(s, ["--fail_allocate=dpconform-e2e-refused"],
                                 "--scenarios=allocate")

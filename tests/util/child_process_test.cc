@@ -134,6 +134,22 @@ TEST(ChildProcessTest, FreezeStopsTheWholeGroupBeforeItReturns) {
   EXPECT_EQ(c->Stop(absl::Seconds(10)), SIGTERM);
 }
 
+// What waits unread in the group's sockets is counted, in a process the
+// child started (python3 sends 10 bytes over a socket pair to itself).
+TEST(ChildProcessTest, UnreadSocketBytesCountsTheGroupsWaitingBytes) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("f").c_str(), 0600), 0);
+  auto c = Shell("python3 -c 'import socket, time; a, b = socket.socketpair(); "
+                 "a.send(b\"0123456789\"); open(\"" + dir.Sub("f") + "\", \"w\").write(\"up\\n\"); "
+                 "time.sleep(1000)'");
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(ReadFifoLine(dir.Sub("f")), "up");
+  std::optional<int64_t> unread = c->UnreadSocketBytes();
+  ASSERT_TRUE(unread.has_value()) << "pidfd_getfd refused (Linux before 5.6?)";
+  EXPECT_EQ(*unread, 10);
+  c->Stop(absl::Seconds(10));
+}
+
 // The grace is the whole group's: a shell leader ends at once on SIGTERM,
 // and what it started still gets the time to shut down cleanly (a plugin
 // removing its socket) before anything is killed.

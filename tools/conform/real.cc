@@ -1,5 +1,7 @@
 #include "tools/conform/real.h"
 
+#include <csignal>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -153,16 +155,38 @@ class RealCell {
 
   // Makes a pod (named for the cell) and waits for the kubelet's verdict.
   PodOutcome Pod(const std::vector<int>& counts, std::string* name) {
-    *name = absl::StrCat(pod_prefix_, "-", pods_made_++);
     PodOutcome out;
-    if (absl::Status s = node_.CreatePod(*name, resource(), counts); !s.ok()) {
+    if (absl::Status s = StartPod(counts, name); !s.ok()) {
       out.kind = PodOutcome::kImage;  // the harness's problem, not the plugin's
       out.reason = "not created";
       out.message = std::string(s.message());
       return out;
     }
-    pods_.push_back(*name);
     return node_.WaitPod(*name, o_.timeout);
+  }
+
+  // Makes a pod (named for the cell) and does not wait.
+  absl::Status StartPod(const std::vector<int>& counts, std::string* name) {
+    *name = absl::StrCat(pod_prefix_, "-", pods_made_++);
+    if (absl::Status s = node_.CreatePod(*name, resource(), counts); !s.ok()) return s;
+    pods_.push_back(*name);
+    return absl::OkStatus();
+  }
+
+  // The plugin's process group frozen (SIGSTOP) once every thread stopped.
+  bool FreezePlugin() { return plugin_ != nullptr && plugin_->Freeze(o_.timeout); }
+  // SIGKILL to the group, no grace; how the plugin ended.
+  std::string KillPlugin() {
+    if (plugin_ == nullptr) return ended_;
+    plugin_->Signal(SIGKILL);
+    std::optional<int> status = plugin_->Wait(o_.timeout);
+    ended_ = ChildProcess::DescribeExit(status ? *status : plugin_->Stop(absl::ZeroDuration()));
+    plugin_.reset();
+    return ended_;
+  }
+  // Bytes waiting unread in the plugin's sockets (ChildProcess).
+  std::optional<int64_t> UnreadBytes() const {
+    return plugin_ == nullptr ? std::nullopt : plugin_->UnreadSocketBytes();
   }
 
   // A pod outcome that is not kRunning, as the Problem of `owner` (or the
@@ -443,6 +467,74 @@ CellResult RealPluginRestart(RealCell& c) {
                    " stays 0"));
 }
 
+// allocate-restart on the node's kubelet: the plugin is frozen, a pod is
+// made, and once the kubelet's request waits unread in the plugin's
+// sockets the plugin is killed (SIGKILL). The kubelet must fail that pod
+// and give its device back; the plugin, started again, registers (its
+// socket file left behind), and a new pod runs.
+CellResult RealAllocateRestart(RealCell& c) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("allocate-restart", *p);
+  const std::optional<int64_t> before = c.UnreadBytes();
+  if (!c.FreezePlugin()) {
+    return Fail("dpconform could not freeze the plugin (SIGSTOP to its process group)",
+                "(the test harness, not the plugin)", "", "");
+  }
+  std::string first;
+  if (absl::Status s = c.StartPod({1}, &first); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not make a pod: ", s.message()),
+                "(the test harness, not the plugin)", "", "");
+  }
+  // The kubelet's Allocate (or GetPreferredAllocation) arrives as bytes the
+  // frozen plugin cannot read; there is nothing to wait on but the count.
+  bool seen = false;
+  const absl::Time deadline = absl::Now() + c.options().timeout;
+  while (before.has_value()) {
+    std::optional<int64_t> now = c.UnreadBytes();
+    if (!now.has_value()) break;
+    if (*now > *before) {
+      seen = true;
+      break;
+    }
+    if (absl::Now() >= deadline) break;
+    absl::SleepFor(kPoll);
+  }
+  const std::string ended = c.KillPlugin();
+  std::vector<std::string> notes = {
+      seen ? absl::StrCat("killed (", ended, ") with the kubelet's call for pod ", first,
+                          " unread in its socket")
+           : absl::StrCat("killed (", ended, "); no call for pod ", first,
+                          " was seen arriving first")};
+  PodOutcome out = c.node().WaitPod(first, c.options().timeout);
+  if (out.kind == PodOutcome::kRunning) {
+    return Fail(absl::StrCat("pod ", first, " runs although the plugin was killed before it "
+                                            "answered"),
+                "(the kubelet's own account)",
+                "a failed Allocate fails the pod (UnexpectedAdmissionError)",
+                "a container runs without the plugin's answer: no device access");
+  }
+  notes.push_back(absl::StrCat("the kubelet failed pod ", first, ": ", out.reason,
+                               out.message.empty() ? "" : absl::StrCat(": ", out.message)));
+  if (absl::Status s = c.StartPlugin(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()),
+                "(the test harness, not the plugin)", "", "");
+  }
+  Registration again = c.Registered("allocate-restart", "after it was killed during an Allocate");
+  if (auto* p = std::get_if<Problem>(&again)) {
+    p->kubelet_expects = absl::StrCat(p->kubelet_expects,
+                                      "; a plugin started after a SIGKILL removes the socket "
+                                      "file its killed process left before it listens");
+    return FromProblem("allocate-restart", *p);
+  }
+  std::string second;
+  out = c.Pod({1}, &second);
+  if (out.kind != PodOutcome::kRunning) {
+    return FromProblem("allocate-restart", c.PodProblem("allocate-restart", second, out));
+  }
+  notes.push_back(absl::StrCat(second, " runs with ", absl::StrJoin(c.DevicesOf(second)["c0"], ",")));
+  return Pass("registered again after a SIGKILL during Allocate; a new pod runs", notes);
+}
+
 struct RealEntry {
   const char* name;
   CellResult (*run)(RealCell&);
@@ -454,6 +546,7 @@ const std::vector<RealEntry>& RealEntries() {
       {"health", RealHealth},           {"allocate", RealAllocate},
       {"allocate-two", RealAllocateTwo}, {"kubelet-restart", RealKubeletRestart},
       {"plugin-restart", RealPluginRestart},
+      {"allocate-restart", RealAllocateRestart},
   };
   return *kEntries;
 }

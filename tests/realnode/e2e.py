@@ -1422,7 +1422,7 @@ def dpconform_real(s, plugin_flags, *flags):
             "--restart_kubelet=" + restart, "--kubeconfig=" + s.node.admin_kubeconfig,
             "--pod_image=" + realnode.BUSYBOX_IMAGE, "--timeout=30s", "--output=json",
             "--work_dir=" + work, "--quiet"] + list(flags)
-    return run_dpconform(s, args, "-".join(flags or ["all"]))
+    return run_dpconform(s, args, "-".join(flags or ["all"])[:100])
 
 
 def run_dpconform(s, args, label):
@@ -1502,16 +1502,18 @@ def scenario_dpconform_real(s):
     Allocate unread it has its pod failed and comes back; the same plugin
     made not to register again after a kubelet restart fails kubelet-restart
     there, one that cannot listen over its killed process's socket fails
-    allocate-restart, and one whose Allocate fails fails allocate with the
-    kubelet's own error."""
+    allocate-restart, its list grown past 4 MiB fails list-growth (the
+    kubelet lists no device after it), and one whose Allocate fails fails
+    allocate with the kubelet's own error."""
     rc, report = dpconform_real(s, [])
     cells = _cells(report)
     want = ["registers", "device-list", "health", "allocate", "allocate-two",
-            "kubelet-restart", "plugin-restart", "allocate-restart"]
+            "kubelet-restart", "plugin-restart", "allocate-restart", "list-growth"]
     check(sorted(cells) == sorted(want), "dpconform ran %s on the real kubelet, not %s"
           % (sorted(cells), sorted(want)))
+    # list-growth is n/a without --grow_command (run below with one).
     bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
-           if c["outcome"] != "pass"]
+           if c["outcome"] != ("n/a" if n == "list-growth" else "pass")]
     check(not bad and rc == 0, "the sample plugin did not pass on the real kubelet (exit %d):\n%s"
           % (rc, "\n".join(bad)))
     version = realnode.run([s.node.kube_bin("kubelet"), "--version"]).split()[-1]
@@ -1534,6 +1536,19 @@ def scenario_dpconform_real(s):
           any("UnexpectedAdmissionError" in n for n in restart.get("notes", [])),
           "allocate-restart did not see the kubelet fail the pod whose call was unread: %s"
           % restart)
+    # A list grown past 4 MiB: the real kubelet shows every device at twice
+    # the count, then none (its stream ended), and the plain plugin never
+    # comes back.
+    grow = ("--grow_command=%s set-devices --control_socket={work_dir}/control.sock "
+            "--count={count} >/dev/null" % s.args.sample_plugin)
+    rc, report = dpconform_real(s, [], "--scenarios=list-growth", grow)
+    cell = _cells(report).get("list-growth", {})
+    check(rc == 1 and cell.get("outcome") == "fail" and "no allocatable device"
+          in cell.get("summary", "") and
+          any("listed as allocatable" in n for n in cell.get("notes", [])),
+          "the sample plugin's list grown past 4 MiB was not failed on list-growth as the "
+          "real kubelet dropped it (exit %d): %s" % (rc, cell))
+
     rc, report = dpconform_real(s, ["--fault=stale-socket-blocks"],
                                 "--scenarios=allocate-restart")
     cell = _cells(report).get("allocate-restart", {})

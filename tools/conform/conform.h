@@ -41,6 +41,10 @@ enum class Outcome { kPass, kFail, kBlocked, kNotApplicable };
 inline constexpr uint64_t kMaxPluginOutputBytes = 64ull << 20;
 inline constexpr char kPrlimit[] = "/usr/bin/prlimit";
 
+// What the kubelet's gRPC client receives in one message: gRPC's default,
+// which every release keeps. A larger device list ends its stream.
+inline constexpr int64_t kKubeletReceiveLimit = 4 * 1024 * 1024;
+
 // How long a release's other cells wait for a registration once its
 // registers cell failed.
 inline constexpr absl::Duration kAfterFailedRegisters = absl::Seconds(2);

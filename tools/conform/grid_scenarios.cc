@@ -31,7 +31,6 @@
 namespace dpproxy::conform::grid {
 namespace {
 
-constexpr int64_t kKubeletReceiveLimit = 4 * 1024 * 1024;
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -26,6 +27,7 @@
 #include "proxy/kube/kube_client.h"
 #include "proxy/kube/kube_config.h"
 #include "proxy/rpc/grpc_util.h"
+#include "proto/v1beta1/api.pb.h"
 #include "proxy/util/files.h"
 #include "tools/conform/cell.h"
 #include "tools/conform/grid_scenarios.h"
@@ -105,6 +107,12 @@ class RealCell {
     return RunCommandToEnd(o_, "health_command", o_.health_command,
                            Values({{"device", device}, {"health", health}}),
                            JoinPath(dir_, "health_command.log"), o_.timeout);
+  }
+
+  absl::Status Grow(int64_t count) {
+    return RunCommandToEnd(o_, "grow_command", o_.grow_command,
+                           Values({{"count", absl::StrCat(count)}}),
+                           JoinPath(dir_, "grow_command.log"), o_.timeout);
   }
 
   absl::Status RestartKubelet() {
@@ -535,6 +543,89 @@ CellResult RealAllocateRestart(RealCell& c) {
   return Pass("registered again after a SIGKILL during Allocate; a new pod runs", notes);
 }
 
+// list-growth on the node's kubelet: the plugin lists twice its devices,
+// which the kubelet must list as allocatable, then enough for a quarter
+// over 4 MiB (estimated from the doubled list). The kubelet shows all of
+// them (the list fit), or none (its stream ended: every device unhealthy)
+// until the plugin registers again with a list that fits, or the list
+// the plugin kept within the limit.
+CellResult RealListGrowth(RealCell& c) {
+  if (c.options().grow_command.empty()) {
+    return NotApplicable("no --grow_command: dpconform cannot make the plugin list more devices");
+  }
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("list-growth", *p);
+  auto harness = [](const absl::Status& s) {
+    return Fail(absl::StrCat("the grow command failed: ", s.message()),
+                "(the test harness, not the plugin: --grow_command failed)",
+                "a way to change how many devices the plugin lists", "nothing: fix --grow_command");
+  };
+  // Waits until `done` holds for the kubelet's allocatable IDs, up to `wait`.
+  auto until = [&](absl::Duration wait, const std::function<bool(const std::set<std::string>&)>& done)
+      -> std::optional<std::set<std::string>> {
+    const absl::Time deadline = absl::Now() + wait;
+    while (true) {
+      absl::StatusOr<std::set<std::string>> ids = c.node().Allocatable(c.resource());
+      if (ids.ok() && done(*ids)) return *ids;
+      if (absl::Now() >= deadline) return std::nullopt;
+      absl::SleepFor(kPoll);
+    }
+  };
+  const int64_t doubled = 2 * static_cast<int64_t>(std::get<std::set<std::string>>(r).size());
+  if (absl::Status s = c.Grow(doubled); !s.ok()) return harness(s);
+  std::optional<std::set<std::string>> grown = until(
+      c.options().timeout, [&](const std::set<std::string>& ids) {
+        return static_cast<int64_t>(ids.size()) == doubled;
+      });
+  if (!grown.has_value()) {
+    return Fail(absl::StrCat("the kubelet never listed ", doubled, " allocatable devices"),
+                absl::StrCat("was told to list ", doubled, " devices; the kubelet did not show "
+                             "them within ", absl::FormatDuration(c.options().timeout)),
+                "a new full list on the open ListAndWatch stream at every change, more devices "
+                "included",
+                "new hardware never becomes allocatable until the plugin restarts");
+  }
+  v1beta1::ListAndWatchResponse list;
+  for (const std::string& id : *grown) {
+    v1beta1::Device* d = list.add_devices();
+    d->set_id(id);
+    d->set_health("Healthy");
+  }
+  const double per_device = static_cast<double>(list.ByteSizeLong()) / static_cast<double>(doubled);
+  const int64_t target = std::max<int64_t>(
+      doubled + 1, static_cast<int64_t>(1.25 * kKubeletReceiveLimit / per_device) + 1);
+  std::vector<std::string> notes = {
+      absl::StrCat(doubled, " devices listed as allocatable by the kubelet"),
+      absl::StrFormat("told to list %d devices (about %.1f MiB at %.0f bytes a device)", target,
+                      target * per_device / (1 << 20), per_device)};
+  if (absl::Status s = c.Grow(target); !s.ok()) return harness(s);
+  std::optional<std::set<std::string>> after =
+      until(c.options().settle + c.options().timeout / 2, [&](const std::set<std::string>& ids) {
+        return ids.empty() || static_cast<int64_t>(ids.size()) == target;
+      });
+  if (after.has_value() && !after->empty()) {
+    return Pass(absl::StrCat("all ", target, " devices are allocatable on the kubelet"), notes);
+  }
+  if (!after.has_value()) {
+    return Pass("kept its list within the kubelet's limit: the kubelet still lists devices",
+                notes);
+  }
+  const absl::Time lost = absl::Now();
+  if (until(c.options().timeout, [](const std::set<std::string>& ids) { return !ids.empty(); })) {
+    notes.push_back(absl::StrCat("no device allocatable at ", target, "; devices back ",
+                                 Ms(absl::Now() - lost), " later"));
+    return Pass("registered again with a list the kubelet takes", notes);
+  }
+  return Fail(
+      absl::StrCat("a list of ", target, " devices left the kubelet no allocatable device"),
+      absl::StrCat("sent its list as it grew past the kubelet's 4 MiB receive limit; the kubelet "
+                   "listed no allocatable ", c.resource(), " for ",
+                   absl::FormatDuration(c.options().timeout), " after"),
+      "every list within 4 MiB (gRPC's default, which the kubelet's client keeps)",
+      absl::StrCat("the node's allocatable ", c.resource(),
+                   " drops to 0 and stays there until the plugin restarts"));
+}
+
 struct RealEntry {
   const char* name;
   CellResult (*run)(RealCell&);
@@ -547,6 +638,7 @@ const std::vector<RealEntry>& RealEntries() {
       {"allocate-two", RealAllocateTwo}, {"kubelet-restart", RealKubeletRestart},
       {"plugin-restart", RealPluginRestart},
       {"allocate-restart", RealAllocateRestart},
+      {"list-growth", RealListGrowth},
   };
   return *kEntries;
 }

@@ -52,6 +52,19 @@ TEST(ConformTest, DpproxyWithALegacyPluginPassesEveryGeneration) {
   }
 }
 
+// dpproxy with a state directory, and the sample plugin of `flags` behind
+// it once dpproxy serves its registration socket.
+std::string BehindDpproxy(const std::string& flags) {
+  return absl::StrCat(testing::Runfile("proxy/dpproxy"),
+                      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p"
+                      " --state_dir={work_dir}/s --status_file= --metrics_address="
+                      " 2>>{work_dir}/dpproxy.log & ",
+                      testing::Runfile("proxy/dpproxy"),
+                      " wait --plugin_dir={work_dir}/p && exec ", SamplePlugin(),
+                      " --quiet --resource=example.com/gpu"
+                      " --kubelet_socket={work_dir}/p/kubelet.sock ", flags);
+}
+
 // checkpoint-lost is opt-in: a plain plugin fails it on 1.25+ (the kubelet
 // forgets the running pod's device and a new pod gets it); dpproxy with a
 // state directory in front of the same plugin passes it (it steers new
@@ -70,14 +83,7 @@ TEST(ConformTest, CheckpointLostFailsAPlainPluginAndPassesBehindDpproxy) {
   }
 
   ConformOptions behind = plain;
-  behind.plugin_command = absl::StrCat(
-      testing::Runfile("proxy/dpproxy"),
-      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
-      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & ",
-      testing::Runfile("proxy/dpproxy"), " wait --plugin_dir={work_dir}/p && exec ",
-      SamplePlugin(),
-      " --quiet --api=v1alpha --resource=example.com/gpu --devices=2"
-      " --kubelet_socket={work_dir}/p/kubelet.sock");
+  behind.plugin_command = BehindDpproxy("--api=v1alpha --devices=2");
   behind.settle = absl::Seconds(10);
   behind.kubelets.push_back(*sim::ParseKubeletVersion("1.24"));
   cells = RunConformance(behind);
@@ -109,14 +115,8 @@ TEST(ConformTest, AListGrowingPast4MiBFailsAPlainPluginAndPassesBehindDpproxy) {
   }
 
   ConformOptions behind = plain;
-  behind.plugin_command = absl::StrCat(
-      testing::Runfile("proxy/dpproxy"),
-      " --kubelet_root={kubelet_root} --plugin_dir={work_dir}/p --state_dir={work_dir}/s"
-      " --status_file= --metrics_address= 2>>{work_dir}/dpproxy.log & ",
-      testing::Runfile("proxy/dpproxy"), " wait --plugin_dir={work_dir}/p && exec ",
-      SamplePlugin(),
-      " --quiet --resource=example.com/gpu --id_pattern='{'uuid'}'"
-      " --kubelet_socket={work_dir}/p/kubelet.sock --control_socket={work_dir}/control.sock");
+  behind.plugin_command =
+      BehindDpproxy("--id_pattern='{'uuid'}' --control_socket={work_dir}/control.sock");
   behind.timeout = absl::Seconds(30);
   behind.settle = absl::Seconds(10);
   cells = RunConformance(behind);

@@ -732,9 +732,17 @@ std::vector<std::string> Common(const std::set<std::string>& a, const std::set<s
   return out;
 }
 
-// The device plugin's healthy devices once it has registered with some;
-// nullopt: it did not within the timeout.
-std::optional<int> DevicePluginReady(DraCell& c) {
+// The driver registered and published, and the device plugin beside it
+// registered with healthy devices (`*healthy` of them); else the cell's
+// result: n/a without --resource, blocked, or failed.
+std::optional<CellResult> BothReady(DraCell& c, int* healthy) {
+  if (c.options().resources.empty()) {
+    return Result(Outcome::kNotApplicable,
+                  "no --resource: no device plugin for the same hardware beside the driver");
+  }
+  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
+  std::map<std::string, std::vector<std::string>> pools;
+  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
   const std::string resource = c.options().resources.front();
   std::optional<Json> e = c.kubelet().events().WaitFor(
       [&](const Json& j) {
@@ -742,18 +750,16 @@ std::optional<int> DevicePluginReady(DraCell& c) {
                j.value("allocatable", int64_t{0}) > 0;
       },
       c.options().timeout);
-  if (!e.has_value()) return std::nullopt;
-  return static_cast<int>(e->value("allocatable", int64_t{0}));
-}
-
-CellResult NoDevicePlugin(DraCell& c) {
-  const std::string resource = c.options().resources.front();
-  return Failed(absl::StrCat("the device plugin for ", resource, " never listed a healthy device"),
-                absl::StrCat("no device-plugin registration of ", resource,
-                             " with a healthy device within ",
-                             absl::FormatDuration(c.options().timeout)),
-                "the device plugin for the same hardware registered at {kubelet_socket}",
-                absl::StrCat("pods asking for ", resource, " stay Pending"));
+  if (!e.has_value()) {
+    return Failed(
+        absl::StrCat("the device plugin for ", resource, " never listed a healthy device"),
+        absl::StrCat("no device-plugin registration of ", resource,
+                     " with a healthy device within ", absl::FormatDuration(c.options().timeout)),
+        "the device plugin for the same hardware registered at {kubelet_socket}",
+        absl::StrCat("pods asking for ", resource, " stay Pending"));
+  }
+  *healthy = static_cast<int>(e->value("allocatable", int64_t{0}));
+  return std::nullopt;
 }
 
 // Admits a pod of one container asking for `count` of the device plugin's
@@ -785,19 +791,12 @@ constexpr char kUsersShare[] =
 // (the driver withdrew them), or the driver refuses the claim, or the
 // claim's device nodes are others.
 CellResult ClaimBesidePods(DraCell& c) {
-  if (c.options().resources.empty()) {
-    return Result(Outcome::kNotApplicable,
-                  "no --resource: no device plugin for the same hardware beside the driver");
-  }
-  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
-  std::map<std::string, std::vector<std::string>> pools;
-  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
-  std::optional<int> healthy = DevicePluginReady(c);
-  if (!healthy.has_value()) return NoDevicePlugin(c);
+  int healthy = 0;
+  if (auto f = BothReady(c, &healthy)) return *f;
   const size_t slices_from = c.api().events().Size();
-  absl::StatusOr<sim::AllocateResponse> pods = AdmitDevicePluginPod(c, "every-device", *healthy);
+  absl::StatusOr<sim::AllocateResponse> pods = AdmitDevicePluginPod(c, "every-device", healthy);
   if (!pods.ok()) {
-    return Failed(absl::StrCat("a pod of all ", *healthy, " healthy devices was not admitted: ",
+    return Failed(absl::StrCat("a pod of all ", healthy, " healthy devices was not admitted: ",
                                pods.status().message()),
                   "refused an Allocate for every device it lists as healthy",
                   "the devices a plugin lists Healthy can be allocated",
@@ -857,14 +856,8 @@ CellResult ClaimBesidePods(DraCell& c) {
 // unhealthy (the kubelet then admits fewer) or refuses the Allocate, or
 // its device nodes are others.
 CellResult PodsBesideClaim(DraCell& c) {
-  if (c.options().resources.empty()) {
-    return Result(Outcome::kNotApplicable,
-                  "no --resource: no device plugin for the same hardware beside the driver");
-  }
-  if (auto f = Registered(c)) return Blocked("dra-registers", *f);
-  std::map<std::string, std::vector<std::string>> pools;
-  if (auto f = Published(c, &pools)) return Blocked("dra-publishes", *f);
-  if (!DevicePluginReady(c).has_value()) return NoDevicePlugin(c);
+  int listed = 0;  // before the claim: the plugin may turn its device unhealthy
+  if (auto f = BothReady(c, &listed)) return *f;
   const size_t lists_from = c.kubelet().events().Size();
   Prepared claim;
   if (auto f = AllocateAndPrepare(c, "before-pods", &claim)) return Blocked("dra-prepare", *f);

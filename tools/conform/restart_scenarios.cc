@@ -12,6 +12,7 @@
 #include <csignal>
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -31,6 +32,30 @@
 
 
 namespace dpproxy::conform::grid {
+
+namespace {
+
+// Starts the plugin again and waits for its devices in events from `from`
+// on: registering again is `scenario`'s own step, so a failure to is its
+// own (`amend` may add to what it says). nullopt: back, after `*took`.
+std::optional<CellResult> StartAgain(Cell& c, const std::string& scenario, size_t from,
+                                     absl::Duration* took,
+                                     const std::function<void(Problem*)>& amend = nullptr) {
+  if (absl::Status s = c.StartPlugin(); !s.ok()) {
+    return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()), "",
+                "", "");
+  }
+  const absl::Time start = absl::Now();
+  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
+    if (p->owner == "registers" || p->owner == "serves-first") p->owner = scenario;
+    if (amend) amend(&*p);
+    return FromProblem(scenario, *p);
+  }
+  *took = absl::Now() - start;
+  return std::nullopt;
+}
+
+}  // namespace
 
 CellResult KubeletRestart(Cell& c) {
   if (auto p = c.Reach(Stage::kDevices, c.resource())) return FromProblem("kubelet-restart", *p);
@@ -135,18 +160,10 @@ CellResult PluginRestart(Cell& c) {
   // would then tear the new registration down by name).
   c.events().WaitForEvent("plugin_lost", {{"resource", c.resource()}}, c.options().timeout,
                           before_stop);
-  const size_t from = c.events().Size();
-  if (absl::Status s = c.StartPlugin(); !s.ok()) {
-    return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()), "",
-                "", "");
-  }
-  const absl::Time start = absl::Now();
-  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
-    if (p->owner == "registers" || p->owner == "serves-first") p->owner = "plugin-restart";
-    return FromProblem("plugin-restart", *p);
-  }
+  absl::Duration took;
+  if (auto f = StartAgain(c, "plugin-restart", c.events().Size(), &took)) return *f;
   std::vector<std::string> notes = {absl::StrCat("stopped with SIGTERM: ", ended),
-                                    absl::StrCat("registered again in ", Ms(absl::Now() - start))};
+                                    absl::StrCat("registered again in ", Ms(took))};
   bool listed = false;
   std::vector<std::string> ids;
   for (const sim::DeviceState& d : c.Devices(c.resource())) {
@@ -262,23 +279,17 @@ CellResult AllocateRestart(Cell& c) {
       notes.push_back(absl::StrCat("the killed process left its socket ", path));
     }
   }
-  const size_t from = c.events().Size();
-  if (absl::Status s = c.StartPlugin(); !s.ok()) {
-    return Fail(absl::StrCat("dpconform could not start the plugin again: ", s.message()), "",
-                "", "");
+  absl::Duration took;
+  if (auto f = StartAgain(c, "allocate-restart", c.events().Size(), &took, [&](Problem* p) {
+        if (left.empty() || p->owner != "allocate-restart") return;
+        p->kubelet_expects = absl::StrCat(
+            p->kubelet_expects, p->kubelet_expects.empty() ? "" : "; ",
+            "a plugin started after a SIGKILL finds its old socket file (", left,
+            ") and removes it before it listens");
+      })) {
+    return *f;
   }
-  const absl::Time start = absl::Now();
-  if (auto p = c.Reach(Stage::kDevices, c.resource(), from)) {
-    if (p->owner == "registers" || p->owner == "serves-first") p->owner = "allocate-restart";
-    if (!left.empty() && p->owner == "allocate-restart") {
-      p->kubelet_expects = absl::StrCat(
-          p->kubelet_expects, p->kubelet_expects.empty() ? "" : "; ",
-          "a plugin started after a SIGKILL finds its old socket file (", left,
-          ") and removes it before it listens");
-    }
-    return FromProblem("allocate-restart", *p);
-  }
-  notes.push_back(absl::StrCat("registered again in ", Ms(absl::Now() - start)));
+  notes.push_back(absl::StrCat("registered again in ", Ms(took)));
   Problem again;
   absl::StatusOr<sim::AllocateResponse> r = Admit(c, "after-restart", {{c.resource(), 1}}, &again);
   if (!r.ok()) {

@@ -4,7 +4,9 @@
 # README under ROOT (or the FILEs given, relative to ROOT) and prints:
 #   - each `--flag` that no source of ours defines or passes (gflags and
 #     Python flags accept - and _ alike, so both spellings count); a flag on
-#     a line that runs Bazel is Bazel's own and not looked for;
+#     a line that runs Bazel is Bazel's own and not looked for, nor are the
+#     flags of `podman run` or `docker run` up to its first word that is not
+#     a flag (the image's command's flags, after it, are);
 #   - each GoogleTest name (`SuiteTest.Name`, or `SuiteTest.Prefix*` as a
 #     filter) with no TEST, TEST_F or TEST_P of that suite and name under
 #     tests/.
@@ -21,6 +23,7 @@ sources=(proxy backends tools tests deploy .ci)
 report="$(for f in "${files[@]}"; do
   # A command continued with a backslash counts as one line.
   sed -e ':a' -e '/\\$/N; s/\\\n/ /; ta' "$f" | grep -vE '(^|[ `])bazel (test|build|run|query) ' |
+    sed -E 's/(^|[ `])(podman|docker) run( -[^ ]+)* [^ -][^ ]*/\1\2-run IMAGE/' |
     grep -oE "(^|[][ \`(\"'=])--[a-z][a-z0-9_-]+" | sed -E "s/^[][ \`(\"'=]//" | sort -u |
     while read -r flag; do
       name="${flag#--}"

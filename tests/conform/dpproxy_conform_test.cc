@@ -112,6 +112,8 @@ TEST(ConformTest, AListGrowingPast4MiBFailsAPlainPluginAndPassesBehindDpproxy) {
     EXPECT_EQ(c.outcome, Outcome::kFail) << DescribeCell(c);
     EXPECT_THAT(c.summary, HasSubstr("ended the kubelet's stream")) << DescribeCell(c);
     EXPECT_THAT(c.plugin_did, HasSubstr("RESOURCE_EXHAUSTED")) << DescribeCell(c);
+    EXPECT_THAT(c.notes, ::testing::Contains(HasSubstr("reached the kubelet on the same stream")))
+        << DescribeCell(c);
   }
 
   ConformOptions behind = plain;

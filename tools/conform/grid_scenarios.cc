@@ -247,7 +247,7 @@ CellResult ListGrowth(Cell& c) {
                                  "that fits in ", Ms(absl::Now() - start)));
     return Pass("registered again with a list within the limit after the stream ended", notes);
   }
-  return Fail(
+  CellResult failed = Fail(
       absl::StrCat("a list of ", target, " devices ended the kubelet's stream"),
       absl::StrCat("sent the whole list on its stream as it grew past the kubelet's 4 MiB "
                    "receive limit (", reason, ") and did not register again with a list "
@@ -257,6 +257,8 @@ CellResult ListGrowth(Cell& c) {
       "dpproxy in front shortens long IDs by itself when no pod holds a device",
       "every device of the resource turns unhealthy: allocatable 0, pods needing it stay "
       "Pending, until the plugin restarts (and fails again at the same size)");
+  failed.notes = notes;
+  return failed;
 }
 
 CellResult PluginWatcher(Cell& c) {

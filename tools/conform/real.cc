@@ -616,7 +616,7 @@ CellResult RealListGrowth(RealCell& c) {
                                  Ms(absl::Now() - lost), " later"));
     return Pass("registered again with a list the kubelet takes", notes);
   }
-  return Fail(
+  CellResult failed = Fail(
       absl::StrCat("a list of ", target, " devices left the kubelet no allocatable device"),
       absl::StrCat("sent its list as it grew past the kubelet's 4 MiB receive limit; the kubelet "
                    "listed no allocatable ", c.resource(), " for ",
@@ -624,6 +624,8 @@ CellResult RealListGrowth(RealCell& c) {
       "every list within 4 MiB (gRPC's default, which the kubelet's client keeps)",
       absl::StrCat("the node's allocatable ", c.resource(),
                    " drops to 0 and stays there until the plugin restarts"));
+  failed.notes = notes;
+  return failed;
 }
 
 struct RealEntry {

@@ -1,6 +1,7 @@
 // dpconform given plugin commands that misbehave before any device-plugin
 // call: one that does not exist, one that exits at once, one that floods
-// its output, one that never registers. Each gets a verdict naming the
+// its output, one that never registers, one that deletes dpconform's run
+// directory. Each gets a verdict naming the
 // cause, and the run ends (a deadline, never a hang), with no process of
 // the plugin left behind.
 #include <poll.h>
@@ -96,6 +97,38 @@ TEST(BadInputTest, APluginThatFloodsItsOutputIsStoppedAtTheLimit) {
   ASSERT_EQ(::stat(JoinPath(c.dir, "plugin.log").c_str(), &st), 0);
   EXPECT_LE(static_cast<uint64_t>(st.st_size), kMaxPluginOutputBytes);
   EXPECT_GT(static_cast<uint64_t>(st.st_size), kMaxPluginOutputBytes / 2);
+}
+
+// A plugin that deletes dpconform's run directory and leaves a file in its
+// place: the cells after it cannot get a directory. Each says so, and a
+// cell waiting on its release's registers cell, which never ran, is let
+// go (one worker: the gate cells come first, and 1.36's cannot start).
+TEST(BadInputTest, APluginThatDeletesTheRunDirectoryEndsTheRunNamingIt) {
+  ConformOptions o;
+  o.work_root = testing::ConformWorkRoot();
+  o.resources = {"example.com/gpu"};
+  o.plugin_command =
+      "run=\"$(dirname \"$(dirname \"$DPCONFORM_WORK_DIR\")\")\"; rm -rf \"$run\"; : > \"$run\"";
+  o.kubelets = {*sim::ParseKubeletVersion("1.37"), *sim::ParseKubeletVersion("1.36")};
+  o.scenarios = {"registers", "device-list"};
+  o.dial_timeout = absl::Seconds(1);
+  o.timeout = absl::Seconds(5);
+  o.jobs = 1;
+  absl::StatusOr<std::vector<CellResult>> cells = RunConformance(o);
+  ASSERT_TRUE(cells.ok()) << cells.status();
+  ASSERT_EQ(cells->size(), 4u);
+  int unmade = 0;
+  for (const CellResult& c : *cells) {
+    EXPECT_NE(c.outcome, Outcome::kPass) << testing::DescribeCell(c);
+    if (c.kubelet == "1.36") {
+      EXPECT_EQ(c.outcome, Outcome::kFail) << testing::DescribeCell(c);
+      EXPECT_THAT(c.summary, HasSubstr("dpconform could not make the cell's directory: "))
+          << testing::DescribeCell(c);
+      EXPECT_EQ(c.generation, "1.31-1.36") << testing::DescribeCell(c);
+      ++unmade;
+    }
+  }
+  EXPECT_EQ(unmade, 2);
 }
 
 // A plugin that runs and never registers: the cell waits its deadline and

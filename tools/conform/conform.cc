@@ -415,10 +415,19 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> StartCommand(
   return ChildProcess::Start(spec);
 }
 
+CellResult UnmadeResult(const std::string& why) {
+  CellResult r;
+  r.outcome = Outcome::kFail;
+  r.summary = absl::StrCat("dpconform could not make the cell's directory: ", why);
+  r.plugin_did = "(the test harness, not the plugin: the run's directory was removed or "
+                 "replaced while it ran, or its disk is full)";
+  return r;
+}
+
 absl::StatusOr<std::vector<CellResult>> RunCells(
     const ConformOptions& o, size_t n,
     const std::function<CellResult(size_t, const std::string&)>& run,
-    const std::function<void(size_t)>& not_run) {
+    const UnmadeCell& unmade) {
   if (absl::Status s = MakeDirs(o.work_root); !s.ok()) return s;
   std::string root = JoinPath(o.work_root, "dpconform.XXXXXX");
   if (::mkdtemp(root.data()) == nullptr) {
@@ -433,9 +442,7 @@ absl::StatusOr<std::vector<CellResult>> RunCells(
     for (size_t i = next++; i < n; i = next++) {
       const std::string dir = JoinPath(root, absl::StrCat("c", i));
       if (absl::Status s = MakeDirs(dir); !s.ok()) {
-        results[i].outcome = Outcome::kFail;
-        results[i].summary = std::string(s.message());
-        if (not_run) not_run(i);
+        results[i] = unmade(i, std::string(s.message()));
       } else {
         results[i] = run(i, dir);
       }
@@ -469,7 +476,8 @@ absl::StatusOr<std::vector<CellResult>> RunGatedCells(
     const ConformOptions& o, const std::vector<std::pair<const void*, std::string>>& cells,
     const std::string& gate,
     const std::function<CellResult(size_t, const std::string&, std::optional<absl::Duration>)>&
-        run) {
+        run,
+    const UnmadeCell& unmade) {
   // The gate cells first, the rest in the report's order.
   std::vector<size_t> order(cells.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -507,7 +515,10 @@ absl::StatusOr<std::vector<CellResult>> RunGatedCells(
                        ? std::optional<absl::Duration>(std::min(o.timeout, kAfterFailedRegisters))
                        : std::nullopt);
       },
-      [&](size_t j) { open(order[j], true); });
+      [&](size_t j, const std::string& why) {
+        open(order[j], true);
+        return unmade(order[j], why);
+      });
   if (!ran.ok()) return ran;
   std::vector<CellResult> results(cells.size());
   for (size_t j = 0; j < order.size(); ++j) results[order[j]] = std::move((*ran)[j]);
@@ -563,11 +574,18 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
   absl::StatusOr<std::vector<CellResult>> results =
       jobs.empty()
           ? std::vector<CellResult>{}
-          : RunGatedCells(o, grid, "registers",
-                          [&](size_t i, const std::string& dir,
-                              std::optional<absl::Duration> first_wait) {
-                            return RunCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
-                          });
+          : RunGatedCells(
+                o, grid, "registers",
+                [&](size_t i, const std::string& dir, std::optional<absl::Duration> first_wait) {
+                  return RunCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
+                },
+                [&](size_t i, const std::string& why) {
+                  CellResult r = UnmadeResult(why);
+                  r.kubelet = jobs[i].first->name;
+                  r.generation = jobs[i].first->GenerationName();
+                  r.scenario = jobs[i].second->info.name;
+                  return r;
+                });
   if (!results.ok()) return results;
   results->insert(results->end(), real->begin(), real->end());
   SettleBlocked(&*results);

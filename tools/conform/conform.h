@@ -208,12 +208,17 @@ absl::Status RunCommandToEnd(const ConformOptions& options, const std::string& f
 // Runs `n` cells on options.jobs workers, each in a fresh directory of a
 // run directory under options.work_root (removed unless kept: --keep, or
 // the cell failed or was blocked), each result handed to options.on_cell.
-// A cell whose directory cannot be made fails without `run`; `not_run` is
-// told of it.
+// A cell whose directory cannot be made is not run: its result is
+// `unmade`'s, given why (a failure naming the cell, its release and
+// scenario).
+using UnmadeCell = std::function<CellResult(size_t i, const std::string& why)>;
 absl::StatusOr<std::vector<CellResult>> RunCells(
     const ConformOptions& options, size_t n,
     const std::function<CellResult(size_t i, const std::string& dir)>& run,
-    const std::function<void(size_t i)>& not_run = nullptr);
+    const UnmadeCell& unmade);
+
+// The failed result of a cell dpconform could not make a directory for.
+CellResult UnmadeResult(const std::string& why);
 
 // RunCells over a grid whose cells each have a release and a scenario
 // (`cells[i]`: release key, scenario name). Each release's `gate` cell
@@ -225,7 +230,8 @@ absl::StatusOr<std::vector<CellResult>> RunGatedCells(
     const ConformOptions& options, const std::vector<std::pair<const void*, std::string>>& cells,
     const std::string& gate,
     const std::function<CellResult(size_t i, const std::string& dir,
-                                   std::optional<absl::Duration> first_wait)>& run);
+                                   std::optional<absl::Duration> first_wait)>& run,
+    const UnmadeCell& unmade);
 
 }  // namespace dpproxy::conform
 

@@ -1079,6 +1079,13 @@ absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& 
       o, grid, "dra-registers",
       [&](size_t i, const std::string& dir, std::optional<absl::Duration> first_wait) {
         return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
+      },
+      [&](size_t i, const std::string& why) {
+        CellResult r = UnmadeResult(why);
+        r.kubelet = jobs[i].first->name;
+        r.generation = jobs[i].first->GenerationName();
+        r.scenario = jobs[i].second->info.name;
+        return r;
       });
 }
 

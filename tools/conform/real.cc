@@ -760,27 +760,37 @@ absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions&
   const std::string run = absl::StrCat(
       absl::Hex((static_cast<uint64_t>(::getpid()) << 20 ^ absl::ToUnixMillis(absl::Now())) &
                 0xffffff));
-  return RunCells(serial, jobs.size(), [&](size_t i, const std::string& dir) {
-    const absl::Time start = absl::Now();
-    CellResult result;
-    if (absl::Status s = WaitIdle(n, o); !s.ok()) {
-      result = Fail(std::string(s.message()), "(not the plugin under test)", "", "");
-    } else {
-      RealCell cell(o, n, dir, absl::StrCat("dpconform-", run, "-", i));
-      if (absl::Status s = cell.StartPlugin(); !s.ok()) {
-        result = Fail(absl::StrCat("could not start the plugin command: ", s.message()), "", "",
-                      "");
-      } else {
-        result = jobs[i].second->run(cell);
-      }
-    }
-    result.kubelet = jobs[i].first->empty() ? "real" : absl::StrCat("real:", *jobs[i].first);
-    result.generation = absl::StrCat("real kubelet ", n.kubelet_version());
-    result.scenario = jobs[i].second->name;
-    result.duration = absl::Now() - start;
-    result.dir = dir;
-    return result;
-  });
+  auto name = [&](size_t i, CellResult* result) {
+    result->kubelet = jobs[i].first->empty() ? "real" : absl::StrCat("real:", *jobs[i].first);
+    result->generation = absl::StrCat("real kubelet ", n.kubelet_version());
+    result->scenario = jobs[i].second->name;
+  };
+  return RunCells(
+      serial, jobs.size(),
+      [&](size_t i, const std::string& dir) {
+        const absl::Time start = absl::Now();
+        CellResult result;
+        if (absl::Status s = WaitIdle(n, o); !s.ok()) {
+          result = Fail(std::string(s.message()), "(not the plugin under test)", "", "");
+        } else {
+          RealCell cell(o, n, dir, absl::StrCat("dpconform-", run, "-", i));
+          if (absl::Status s = cell.StartPlugin(); !s.ok()) {
+            result = Fail(absl::StrCat("could not start the plugin command: ", s.message()), "", "",
+                          "");
+          } else {
+            result = jobs[i].second->run(cell);
+          }
+        }
+        name(i, &result);
+        result.duration = absl::Now() - start;
+        result.dir = dir;
+        return result;
+      },
+      [&](size_t i, const std::string& why) {
+        CellResult result = UnmadeResult(why);
+        name(i, &result);
+        return result;
+      });
 }
 
 }  // namespace dpproxy::conform

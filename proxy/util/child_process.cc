@@ -276,6 +276,11 @@ std::optional<int64_t> ChildProcess::UnreadSocketBytes() const {
   return total;
 }
 
+int ChildProcess::Kill() {
+  KillGroup(SIGKILL);
+  return *Wait(absl::InfiniteDuration());
+}
+
 int ChildProcess::Stop(absl::Duration grace) {
   const absl::Time deadline = absl::Now() + grace;
   if (!status_.has_value()) {

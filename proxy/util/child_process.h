@@ -70,6 +70,9 @@ class ChildProcess {
   std::optional<int> Wait(absl::Duration timeout);
   // True until the child has ended (it is reaped when seen ended).
   bool Running();
+  // SIGKILL to the group, no grace (as the OOM killer or a crash ends a
+  // process: nothing cleaned up); the child's wait status.
+  int Kill();
   // SIGTERM to the group, up to `grace` for the whole group to end (not
   // only the child: a shell that leads it ends at once), then SIGKILL to
   // whatever is left; the child's wait status. Nothing it started

@@ -134,6 +134,26 @@ TEST(ChildProcessTest, FreezeStopsTheWholeGroupBeforeItReturns) {
   EXPECT_EQ(c->Stop(absl::Seconds(10)), SIGTERM);
 }
 
+// Kill ends the whole group at once, a frozen one and one that ignores
+// SIGTERM included.
+TEST(ChildProcessTest, KillEndsTheGroupWithNoGrace) {
+  testing::ShortTempDir dir;
+  ASSERT_EQ(::mkfifo(dir.Sub("f").c_str(), 0600), 0);
+  auto c = Shell("trap '' TERM; sleep 1000 & echo $! > " + dir.Sub("f") + "; wait");
+  ASSERT_NE(c, nullptr);
+  int background = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(ReadFifoLine(dir.Sub("f")), &background));
+  ASSERT_TRUE(c->Freeze(absl::Seconds(30)));
+  EXPECT_EQ(ChildProcess::DescribeExit(c->Kill()), "killed by signal 9 (Killed)");
+  // The background sleep was in the group: its exit, through a pidfd.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, background, 0));
+  if (pidfd >= 0) {
+    struct pollfd p = {pidfd, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the background process still runs";
+    ::close(pidfd);
+  }
+}
+
 // What waits unread in the group's sockets is counted, in a process the
 // child started (python3 sends 10 bytes over a socket pair to itself).
 TEST(ChildProcessTest, UnreadSocketBytesCountsTheGroupsWaitingBytes) {

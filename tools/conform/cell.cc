@@ -133,10 +133,7 @@ bool Cell::FreezePlugin() {
 
 std::string Cell::KillPlugin() {
   if (plugin_ == nullptr) return plugin_ended_;
-  plugin_->Signal(SIGKILL);
-  std::optional<int> status = plugin_->Wait(options_.timeout);
-  // Stop() reaps what the signal did not end in time (it cannot be).
-  plugin_ended_ = ChildProcess::DescribeExit(status ? *status : plugin_->Stop(absl::ZeroDuration()));
+  plugin_ended_ = ChildProcess::DescribeExit(plugin_->Kill());
   plugin_.reset();
   return plugin_ended_;
 }

@@ -424,6 +424,15 @@ CellResult UnmadeResult(const std::string& why) {
   return r;
 }
 
+CellResult UnmadeResult(const std::string& why, const sim::KubeletVersion& k,
+                        const std::string& scenario) {
+  CellResult r = UnmadeResult(why);
+  r.kubelet = k.name;
+  r.generation = k.GenerationName();
+  r.scenario = scenario;
+  return r;
+}
+
 absl::StatusOr<std::vector<CellResult>> RunCells(
     const ConformOptions& o, size_t n,
     const std::function<CellResult(size_t, const std::string&)>& run,
@@ -580,11 +589,7 @@ absl::StatusOr<std::vector<CellResult>> RunConformance(const ConformOptions& o) 
                   return RunCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
                 },
                 [&](size_t i, const std::string& why) {
-                  CellResult r = UnmadeResult(why);
-                  r.kubelet = jobs[i].first->name;
-                  r.generation = jobs[i].first->GenerationName();
-                  r.scenario = jobs[i].second->info.name;
-                  return r;
+                  return UnmadeResult(why, *jobs[i].first, jobs[i].second->info.name);
                 });
   if (!results.ok()) return results;
   results->insert(results->end(), real->begin(), real->end());

@@ -217,8 +217,11 @@ absl::StatusOr<std::vector<CellResult>> RunCells(
     const std::function<CellResult(size_t i, const std::string& dir)>& run,
     const UnmadeCell& unmade);
 
-// The failed result of a cell dpconform could not make a directory for.
+// The failed result of a cell dpconform could not make a directory for;
+// with `k` and `scenario`, named as a simulated release's cell.
 CellResult UnmadeResult(const std::string& why);
+CellResult UnmadeResult(const std::string& why, const sim::KubeletVersion& k,
+                        const std::string& scenario);
 
 // RunCells over a grid whose cells each have a release and a scenario
 // (`cells[i]`: release key, scenario name). Each release's `gate` cell

@@ -145,7 +145,7 @@ class DraCell {
 
   std::vector<std::pair<std::string, std::string>> Values() const {
     return {{"kubelet_root", JoinPath(dir_, "k")},
-            {"plugins_registry", JoinPath(dir_, "k/plugins_registry")},
+            {"plugins_registry", PluginsRegistry()},
             {"kubelet_socket", JoinPath(dir_, "k/device-plugins/kubelet.sock")},
             {"plugin_dir", JoinPath(dir_, "k/device-plugins")},
             {"resource", o_.resources.empty() ? std::string() : o_.resources.front()},
@@ -158,6 +158,7 @@ class DraCell {
   }
 
   std::string CdiDir() const { return JoinPath(dir_, "cdi"); }
+  std::string PluginsRegistry() const { return JoinPath(dir_, "k/plugins_registry"); }
   // The API server's certificate for 127.0.0.1, its own CA (the
   // kubeconfig's certificate-authority), and its key.
   std::string CertFile() const { return JoinPath(dir_, "apiserver.crt"); }
@@ -268,7 +269,7 @@ std::optional<CellResult> Registered(DraCell& c, size_t from = 0) {
       rejected.has_value()
           ? absl::StrCat("registered and was refused: ", rejected->value("error", rejected->dump()))
           : absl::StrCat("no DRAPlugin named ", driver, " appeared in ",
-                         c.Values()[1].second, " within ", absl::FormatDuration(wait),
+                         c.PluginsRegistry(), " within ", absl::FormatDuration(wait),
                          "; its output ends: ", c.DriverOutputTail());
   return Failed("the driver did not register with the kubelet", did,
                 absl::StrCat("kubelet ", c.version().name,
@@ -1081,11 +1082,7 @@ absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& 
         return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
       },
       [&](size_t i, const std::string& why) {
-        CellResult r = UnmadeResult(why);
-        r.kubelet = jobs[i].first->name;
-        r.generation = jobs[i].first->GenerationName();
-        r.scenario = jobs[i].second->info.name;
-        return r;
+        return UnmadeResult(why, *jobs[i].first, jobs[i].second->info.name);
       });
 }
 

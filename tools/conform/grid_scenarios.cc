@@ -171,9 +171,9 @@ CellResult ListGrowth(Cell& c) {
                 "a way to change how many devices the plugin lists",
                 "nothing: fix --grow_command");
   };
-  // The kubelet's latest list of the resource, from `from` on: its device
-  // count (capacity), or -1 if the stream ended first; nullopt: neither
-  // within `wait`.
+  // The first event from `from` on of the resource's stream ending, or of a
+  // list whose device count (capacity) is `wanted`; nullopt: neither within
+  // `wait`.
   auto next_list = [&](size_t from, absl::Duration wait,
                        const std::function<bool(int64_t)>& wanted) -> std::optional<Json> {
     return c.events().WaitFor(

@@ -186,9 +186,7 @@ class RealCell {
   // SIGKILL to the group, no grace; how the plugin ended.
   std::string KillPlugin() {
     if (plugin_ == nullptr) return ended_;
-    plugin_->Signal(SIGKILL);
-    std::optional<int> status = plugin_->Wait(o_.timeout);
-    ended_ = ChildProcess::DescribeExit(status ? *status : plugin_->Stop(absl::ZeroDuration()));
+    ended_ = ChildProcess::DescribeExit(plugin_->Kill());
     plugin_.reset();
     return ended_;
   }

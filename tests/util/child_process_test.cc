@@ -53,6 +53,20 @@ std::string ReadFifoLine(const std::string& path) {
   return std::string(absl::StripTrailingAsciiWhitespace(line));
 }
 
+// `pid` (not our child) ends within 10 s. SIGKILL is sent, not finished:
+// the process may still be on its way out when the call returns, so its
+// exit is waited for through a pidfd (gone already: ESRCH).
+void ExpectEnds(int pid) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    EXPECT_EQ(errno, ESRCH) << "pidfd_open: " << std::strerror(errno);
+    return;
+  }
+  struct pollfd p = {pidfd, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 10000), 1) << "process " << pid << " still runs";
+  ::close(pidfd);
+}
+
 TEST(ChildProcessTest, OutputEnvironmentAndExitStatus) {
   testing::ShortTempDir dir;
   auto c = Shell("echo out-$DPP_TEST_VALUE; echo err >&2; exit 3", dir.Sub("log"),
@@ -91,18 +105,8 @@ TEST(ChildProcessTest, StopEndsTheWholeGroupAndEscalates) {
   ASSERT_EQ(::kill(background, 0), 0);
   int status = c->Stop(absl::Milliseconds(200));
   EXPECT_EQ(ChildProcess::DescribeExit(status), "killed by signal 9 (Killed)");
-  // The background sleep was in the group: it ends. SIGKILL is sent, not
-  // finished: the process may still be on its way out when Stop returns,
-  // so wait (up to 10 s) for its exit, which a pidfd reports (also for a
-  // process that is not our child; gone already: ESRCH).
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, background, 0));
-  if (pidfd < 0) {
-    EXPECT_EQ(errno, ESRCH) << "pidfd_open: " << std::strerror(errno);
-  } else {
-    struct pollfd p = {pidfd, POLLIN, 0};
-    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the background process still runs";
-    ::close(pidfd);
-  }
+  // The background sleep was in the group: it ends.
+  ExpectEnds(background);
 }
 
 char ProcessState(int pid) {
@@ -145,13 +149,7 @@ TEST(ChildProcessTest, KillEndsTheGroupWithNoGrace) {
   ASSERT_TRUE(absl::SimpleAtoi(ReadFifoLine(dir.Sub("f")), &background));
   ASSERT_TRUE(c->Freeze(absl::Seconds(30)));
   EXPECT_EQ(ChildProcess::DescribeExit(c->Kill()), "killed by signal 9 (Killed)");
-  // The background sleep was in the group: its exit, through a pidfd.
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, background, 0));
-  if (pidfd >= 0) {
-    struct pollfd p = {pidfd, POLLIN, 0};
-    EXPECT_EQ(::poll(&p, 1, 10000), 1) << "the background process still runs";
-    ::close(pidfd);
-  }
+  ExpectEnds(background);  // it was in the group
 }
 
 // What waits unread in the group's sockets is counted, in a process the

@@ -162,8 +162,8 @@ absl::StatusOr<KubeClient::Json> KubeClient::FromAnswer(const std::string& what,
                                          message.empty() ? "" : absl::StrCat(": ", message)));
 }
 
-absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std::string& path,
-                                                  const Json* body) {
+absl::StatusOr<https::Answer> KubeClient::Exchange(const char* method, const std::string& path,
+                                                   const Json* body, const char* accept) {
   const std::string what = absl::StrCat(method, " ", path);
   std::string token = config_.token;
   if (!config_.token_file.empty()) {
@@ -178,7 +178,7 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
   https::Request req = base_;
   req.method = method;
   req.path += path;
-  req.headers = {{"Accept", "application/json"}};
+  req.headers = {{"Accept", accept}};
   if (!token.empty()) req.headers.emplace_back("Authorization", absl::StrCat("Bearer ", token));
   if (body != nullptr) {
     req.body = body->dump();
@@ -204,7 +204,21 @@ absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std:
     case https::Answer::Outcome::kTransport:
       return absl::UnavailableError(absl::StrCat(what, " at ", config_.server, ": ", answer.error));
   }
-  return FromAnswer(what, answer);
+  return answer;
+}
+
+absl::StatusOr<KubeClient::Json> KubeClient::Call(const char* method, const std::string& path,
+                                                  const Json* body) {
+  absl::StatusOr<https::Answer> answer = Exchange(method, path, body, "application/json");
+  if (!answer.ok()) return answer.status();
+  return FromAnswer(absl::StrCat(method, " ", path), *answer);
+}
+
+absl::StatusOr<std::string> KubeClient::GetText(const std::string& path) {
+  absl::StatusOr<https::Answer> answer = Exchange("GET", path, nullptr, "text/plain");
+  if (!answer.ok()) return answer.status();
+  if (answer->status >= 200 && answer->status < 300) return std::move(answer->body);
+  return FromAnswer(absl::StrCat("GET ", path), *answer).status();
 }
 
 }  // namespace dpproxy

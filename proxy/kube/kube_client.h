@@ -49,6 +49,10 @@ class KubeClient {
   absl::StatusOr<Json> Post(const std::string& path, const Json& body);
   absl::StatusOr<Json> Put(const std::string& path, const Json& body);
   absl::StatusOr<Json> Delete(const std::string& path);
+  // A GET whose answer is not JSON (a kubelet's /metrics through the API
+  // server's node proxy): the body of a 2xx as it came; any other answer
+  // is a Status as above.
+  absl::StatusOr<std::string> GetText(const std::string& path);
 
   const KubeConfig& config() const { return config_; }
 
@@ -64,6 +68,10 @@ class KubeClient {
  private:
   KubeClient(KubeConfig config, absl::Duration timeout, const https::Module* https);
   absl::StatusOr<Json> Call(const char* method, const std::string& path, const Json* body);
+  // One exchange (`what`: the method and path); a Status for an answer
+  // that never came whole, else the answer, whatever its HTTP status.
+  absl::StatusOr<https::Answer> Exchange(const char* method, const std::string& path,
+                                         const Json* body, const char* accept);
   // An answer the API server gave (`what`: the method and path): its JSON
   // for a 2xx, else a Status with the code Kubernetes meant and its reason.
   static absl::StatusOr<Json> FromAnswer(const std::string& what, const https::Answer& answer);

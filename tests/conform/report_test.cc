@@ -12,6 +12,8 @@
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
 #include "tools/conform/conform.h"
+#include "tools/apiserver_sim/apiserver_sim.h"
+#include "tools/conform/dra.h"
 #include "tools/conform/real.h"
 
 namespace dpproxy::conform {
@@ -361,15 +363,78 @@ TEST(RealKubeletTest, OptionsNameWhatTheNodeNeeds) {
   c.kubelets = {*sim::ParseKubeletVersion("1.31")};
   c.scenarios = {"serves-first", "allocate"};
   EXPECT_TRUE(ValidateOptions(c).ok());
+  // A DRA driver on a real kubelet alone, with the DRA scenarios it judges.
   c = o;
   c.dra_driver = "gpu.example.com";
-  EXPECT_THAT(message(c), HasSubstr("simulated kubelets only"));
+  c.resources.clear();
+  EXPECT_TRUE(ValidateOptions(c).ok()) << ValidateOptions(c);
+  c.scenarios = {"dra-health", "dra-unknown-claim"};
+  EXPECT_THAT(message(c), HasSubstr("none of them can be judged on a real kubelet"));
+  EXPECT_THAT(message(c), HasSubstr("dra-several-requests"));
+  c.scenarios = {"dra-kubelet-restart"};
+  EXPECT_THAT(message(c), HasSubstr("--restart_kubelet"));
   // Every scenario a real kubelet judges is one of the simulated ones.
   for (const std::string& name : RealScenarios()) {
     EXPECT_TRUE(std::any_of(Scenarios().begin(), Scenarios().end(),
                             [&](const ScenarioInfo& s) { return name == s.name; }))
         << name;
   }
+  for (const std::string& name : RealDraScenarios()) {
+    EXPECT_TRUE(std::any_of(DraScenarios().begin(), DraScenarios().end(),
+                            [&](const ScenarioInfo& s) { return name == s.name; }))
+        << name;
+  }
+}
+
+// A DRA run on a real node needs the cluster's resource.k8s.io and the
+// kubelet's metrics (its registrations): a cluster without either is named
+// before any cell runs.
+class RealDraNodeTest : public ::testing::Test {
+ protected:
+  ConformOptions Options(sim::ApiServerSim& api) {
+    EXPECT_TRUE(api.Start().ok());
+    api.PutNode("node-a", "v1.37.2");
+    const std::string kubeconfig = JoinPath(dir_.path(), "kubeconfig");
+    EXPECT_TRUE(WriteFileAtomic(kubeconfig, absl::StrCat(R"(apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: ")", api.url(), R"("}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+)")).ok());
+    ConformOptions o;
+    o.dra_driver = "gpu.example.com";
+    o.plugin_command = "exit 1";
+    o.real_kubelets = {"1.37"};
+    o.real.kubeconfig = kubeconfig;
+    o.real.node = "node-a";
+    o.real.pod_image = "busybox";
+    o.work_root = dir_.path();
+    o.on_cell = [this](const CellResult&, size_t, size_t) { ++cells_; };
+    return o;
+  }
+  testing::ShortTempDir dir_;
+  int cells_ = 0;
+};
+
+TEST_F(RealDraNodeTest, AClusterWithoutAResourceVersionWeSpeakIsNamed) {
+  sim::ApiServerSim api({"", "", "t", {"v1alpha3"}});
+  absl::StatusOr<std::vector<CellResult>> r = RunConformance(Options(api));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("serves resource.k8s.io v1alpha3; dpconform speaks v1, v1beta2 and v1beta1"));
+  EXPECT_EQ(cells_, 0);
+}
+
+TEST_F(RealDraNodeTest, KubeletMetricsThatCannotBeReadAreNamed) {
+  sim::ApiServerSim api({"", "", "t", {"v1"}});
+  absl::StatusOr<std::vector<CellResult>> r = RunConformance(Options(api));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("the kubelet's registrations are read from its metrics"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("GET /api/v1/nodes/node-a/proxy/metrics: HTTP 404"));
+  EXPECT_EQ(cells_, 0);
 }
 
 TEST(RealKubeletTest, AnUnreachableNodeIsNamedBeforeAnyCellRuns) {

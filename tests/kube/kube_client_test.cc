@@ -145,6 +145,33 @@ TEST_F(KubeClientTest, RequestsCarryTheTokenAndAnswersAreJson) {
   EXPECT_EQ(Json::parse(api.last_body()), Json({{"name", "a"}}));
 }
 
+
+// A kubelet's metrics through the node proxy are text, not JSON: GetText
+// gives the body as it came, and a refusal the code and reason the API
+// server gave.
+TEST_F(KubeClientTest, GetTextGivesATextAnswerAsItCame) {
+  FakeApiServer api(dir_.path());
+  const std::string metrics =
+      "# TYPE plugin_manager_total_plugins gauge\n"
+      "plugin_manager_total_plugins{socket_path=\"/r/a.sock\",state=\"actual_state_of_world\"} 1\n";
+  api.http().Get("/api/v1/nodes/n/proxy/metrics",
+                 [&metrics](const httplib::Request& req, httplib::Response& res) {
+                   res.set_content(req.get_header_value("Accept") == "text/plain" ? metrics : "",
+                                   "text/plain; version=0.0.4");
+                 });
+  api.http().Get("/api/v1/nodes/m/proxy/metrics", [](const httplib::Request&, httplib::Response& res) {
+    Status(res, 403, "Forbidden", "nodes \"m\" is forbidden: cannot get resource nodes/proxy");
+  });
+  absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(Config(api.url()));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<std::string> text = (*c)->GetText("/api/v1/nodes/n/proxy/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, metrics);
+  absl::StatusOr<std::string> refused = (*c)->GetText("/api/v1/nodes/m/proxy/metrics");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("GET /api/v1/nodes/m/proxy/metrics: HTTP 403 Forbidden"));
+}
 // An answer nested tens of thousands deep (120 KB) once ended dpproxy with
 // SIGSEGV in a recursive walk: it is refused, naming the call and the
 // depth, and an answer at the limit is read with its nulls dropped.

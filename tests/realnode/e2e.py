@@ -1626,6 +1626,95 @@ def scenario_dpconform_dra_test_driver(s):
           "dra-prepare was not blocked behind the failed registration: %s" % prepare)
 
 
+def dpconform_real_dra(s, driver, plugin, *flags):
+    """dpconform --dra_driver=`driver` on this node's real kubelet, the
+    driver's command `plugin`; its exit status and JSON report."""
+    check(s.args.dpconform, "--dpconform (the dpconform binary) is not given")
+    restart = "%s %s restart-kubelet --dir=%s" % (
+        sys.executable, os.path.join(ROOT, "tools", "realnode", "realnode.py"), s.node.dir)
+    work = tempfile.mkdtemp(prefix="dpc.", dir="/tmp")
+    s.at_end.append(lambda: shutil.rmtree(work, ignore_errors=True))
+    args = [s.args.dpconform, "--dra_driver=" + driver,
+            "--kubelets=real:%s" % s.node.release.rsplit(".", 1)[0], "--plugin=" + plugin,
+            "--restart_kubelet=" + restart, "--kubeconfig=" + s.node.admin_kubeconfig,
+            "--pod_image=" + realnode.BUSYBOX_IMAGE, "--timeout=30s", "--output=json",
+            "--work_dir=" + work, "--quiet"] + list(flags)
+    return run_dpconform(s, args, "-".join(["real-dra", driver] + [
+        f.strip("-") for f in flags])[:100])
+
+
+def scenario_dpconform_real_dra(s):
+    """dpconform --dra_driver on the real kubelet: Kubernetes' own DRA test
+    driver, registered in the kubelet's plugins_registry and publishing to
+    the real API server, passes every DRA scenario a real kubelet can judge
+    (claims the real scheduler allocates, prepared for pods the real kubelet
+    runs, a kubelet restart and a driver restart), and the report names the
+    kubelet's version; the same driver registering under another name fails
+    dra-registers, naming what did register, with the rest blocked; and
+    dpproxy in DRA mode over a v1beta1 sample plugin that answers CDI names
+    without writing their spec fails dra-prepare with the runtime's
+    CreateContainerError."""
+    binary = s.node.kube_bin("test-driver")
+    check(os.access(binary, os.X_OK), "%s is not built (tools/realnode/build)" % binary)
+
+    def test_driver(name, flags=""):
+        s.host_paths.append(os.path.join(realnode.KUBELET_ROOT, "plugins", name))
+        return ("mkdir -p {kubelet_root}/plugins/%s && exec %s --kubeconfig={kubeconfig} %s "
+                "kubelet-plugin --node-name={node_name} --cdi-dir={cdi_dir} "
+                "--plugin-registration-path={plugins_registry} --datadir={kubelet_root}/plugins"
+                % (name, binary, flags))
+    rc, report = dpconform_real_dra(s, TEST_DRIVER, test_driver(TEST_DRIVER))
+    cells = _cells(report)
+    want = ["dra-registers", "dra-publishes", "dra-prepare", "dra-several-requests",
+            "dra-kubelet-restart", "dra-driver-restart"]
+    check(sorted(cells) == sorted(want), "dpconform ran %s on the real kubelet, not %s"
+          % (sorted(cells), sorted(want)))
+    bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
+           if c["outcome"] != "pass"]
+    check(not bad and rc == 0, "the DRA test driver did not pass on the real kubelet "
+          "(exit %d):\n%s" % (rc, "\n".join(bad)))
+    version = realnode.run([s.node.kube_bin("kubelet"), "--version"]).split()[-1]
+    check(all(c["generation"] == "real kubelet " + version for c in cells.values()),
+          "the report does not name the real kubelet %s: %s" % (
+              version, sorted({c["generation"] for c in cells.values()})))
+    several = cells["dra-several-requests"]
+    check(any("r0: " in n and "r1: " in n for n in several.get("notes", [])),
+          "dra-several-requests does not name the two requests' devices: %s" % several)
+
+    other = "other.example.com"
+    s.at_end.append(lambda: s.node.kubectl("delete", "resourceslices", "--field-selector",
+                                           "spec.driver=" + other, "--wait=false",
+                                           check=False))
+    rc, report = dpconform_real_dra(s, TEST_DRIVER,
+                                    test_driver(other, "--drivername=" + other),
+                                    "--scenarios=dra-registers,dra-prepare", "--timeout=10s")
+    cells = _cells(report)
+    registers, prepare = cells.get("dra-registers", {}), cells.get("dra-prepare", {})
+    check(rc == 1 and registers.get("outcome") == "fail" and
+          "DRAPlugin " + other in registers.get("plugin_did", ""),
+          "a driver registering as %s was not failed on dra-registers naming it (exit %d): %s"
+          % (other, rc, registers))
+    check(prepare.get("outcome") == "blocked",
+          "dra-prepare was not blocked behind the failed registration: %s" % prepare)
+
+    s.device_nodes("gpu", DEVICES, prefix="dev")  # the sample plugin's default IDs
+    plugin = ("%s --kubelet_api=dra --dra_driver=%s --node_name={node_name} "
+              "--kubeconfig={kubeconfig} --cdi_dir={cdi_dir} --kubelet_root={kubelet_root} "
+              "--plugin_dir={work_dir}/p --state_dir={work_dir}/s --metrics_address= "
+              "2>>{work_dir}/dpproxy.log & exec %s --quiet --api=v1beta1 "
+              "--resource=example.com/gpu --devices=%d --kubelet_socket={work_dir}/p/kubelet.sock"
+              % (s.args.dpproxy, DRIVER, s.args.sample_plugin, DEVICES))
+    rc, report = dpconform_real_dra(s, DRIVER, plugin,
+                                    "--scenarios=dra-registers,dra-publishes,dra-prepare")
+    cells = _cells(report)
+    outcomes = {n: c["outcome"] for n, c in cells.items()}
+    check(rc == 1 and outcomes == {"dra-registers": "pass", "dra-publishes": "pass",
+                                   "dra-prepare": "fail"} and
+          "CreateContainerError" in cells["dra-prepare"]["summary"],
+          "dpproxy over a plugin whose CDI names have no spec was not failed on dra-prepare "
+          "with CreateContainerError alone (exit %d): %s" % (rc, json.dumps(cells)))
+
+
 CHART = os.path.join(ROOT, "deploy", "helm", "dpproxy")
 
 
@@ -1987,6 +2076,7 @@ SCENARIOS = [
     ("dpconform-real", scenario_dpconform_real),
     # Kubernetes' DRA test driver is built for the newest release only.
     ("dpconform-dra-test-driver", scenario_dpconform_dra_test_driver, 37),
+    ("dpconform-real-dra", scenario_dpconform_real_dra, 37),
     # Simulated kubelets only: once, with the newest release's build.
     ("dpconform-k8s-sample-plugin-grid", scenario_dpconform_k8s_sample_grid, 37),
     ("dpproxy-sigkill-own-socket-plugin",

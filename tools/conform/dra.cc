@@ -1,4 +1,5 @@
 #include "tools/conform/dra.h"
+#include "tools/conform/real.h"
 
 #include <stdlib.h>
 
@@ -197,46 +198,11 @@ class DraCell {
     return out->size() <= 400 ? *out : "..." + out->substr(out->size() - 400);
   }
 
-  // The driver's devices on the node, by pool (the newest generation of
-  // each pool), and whether every pool is whole (resourceSliceCount slices
-  // of one generation).
+  // The driver's devices on the node, by pool (PublishedPools).
   std::map<std::string, std::vector<std::string>> Pools(std::string* problem) {
-    // The driver's slices for the node, one read of the server's.
-    std::vector<Json> ours;
-    for (const auto& [name, s] : api_.Slices()) {
-      const Json spec = s.value("spec", Json::object());
-      if (spec.value("driver", "") == o_.dra_driver && spec.value("nodeName", "") == kNode) {
-        ours.push_back(spec);
-      }
-    }
-    std::map<std::string, std::pair<int64_t, int64_t>> meta;  // newest generation, count
-    std::map<std::string, std::map<int64_t, int>> seen;       // slices per generation
-    for (const Json& spec : ours) {
-      const Json pool = spec.value("pool", Json::object());
-      const std::string pool_name = pool.value("name", "");
-      const int64_t g = pool.value("generation", int64_t{0});
-      ++seen[pool_name][g];
-      auto& m = meta[pool_name];
-      if (g >= m.first) m = {g, pool.value("resourceSliceCount", int64_t{0})};
-    }
-    std::map<std::string, std::vector<std::string>> pools;
-    for (const Json& spec : ours) {
-      const std::string pool_name = spec.value("/pool/name"_json_pointer, std::string());
-      if (spec.value("/pool/generation"_json_pointer, int64_t{0}) != meta[pool_name].first) {
-        continue;
-      }
-      for (const Json& d : spec.value("devices", Json::array())) {
-        pools[pool_name].push_back(d.value("name", ""));
-      }
-    }
-    for (const auto& [pool, m] : meta) {
-      if (seen[pool][m.first] != m.second && problem != nullptr) {
-        *problem = absl::StrCat("pool ", pool, " at generation ", m.first, " has ",
-                                seen[pool][m.first], " slice(s) of the ", m.second,
-                                " its resourceSliceCount says");
-      }
-    }
-    return pools;
+    std::vector<Json> slices;
+    for (auto& [name, s] : api_.Slices()) slices.push_back(std::move(s));
+    return PublishedPools(slices, o_.dra_driver, kNode, problem);
   }
 
  private:
@@ -993,6 +959,47 @@ CellResult RunDraCell(const ConformOptions& o, const sim::KubeletVersion& k, con
 
 }  // namespace
 
+std::map<std::string, std::vector<std::string>> PublishedPools(const std::vector<Json>& slices,
+                                                               const std::string& driver,
+                                                               const std::string& node,
+                                                               std::string* problem) {
+  std::vector<Json> ours;
+  for (const Json& s : slices) {
+    const Json spec = s.value("spec", Json::object());
+    if (spec.value("driver", "") == driver && spec.value("nodeName", "") == node) {
+      ours.push_back(spec);
+    }
+  }
+  std::map<std::string, std::pair<int64_t, int64_t>> meta;  // newest generation, count
+  std::map<std::string, std::map<int64_t, int>> seen;       // slices per generation
+  for (const Json& spec : ours) {
+    const Json pool = spec.value("pool", Json::object());
+    const std::string pool_name = pool.value("name", "");
+    const int64_t g = pool.value("generation", int64_t{0});
+    ++seen[pool_name][g];
+    auto& m = meta[pool_name];
+    if (g >= m.first) m = {g, pool.value("resourceSliceCount", int64_t{0})};
+  }
+  std::map<std::string, std::vector<std::string>> pools;
+  for (const Json& spec : ours) {
+    const std::string pool_name = spec.value("/pool/name"_json_pointer, std::string());
+    if (spec.value("/pool/generation"_json_pointer, int64_t{0}) != meta[pool_name].first) {
+      continue;
+    }
+    for (const Json& d : spec.value("devices", Json::array())) {
+      pools[pool_name].push_back(d.value("name", ""));
+    }
+  }
+  for (const auto& [pool, m] : meta) {
+    if (seen[pool][m.first] != m.second && problem != nullptr) {
+      *problem = absl::StrCat("pool ", pool, " at generation ", m.first, " has ",
+                              seen[pool][m.first], " slice(s) of the ", m.second,
+                              " its resourceSliceCount says");
+    }
+  }
+  return pools;
+}
+
 const std::vector<ScenarioInfo>& DraScenarios() {
   static const auto* const kInfos = [] {
     auto* v = new std::vector<ScenarioInfo>;
@@ -1041,7 +1048,9 @@ absl::Status ValidateDraOptions(const ConformOptions& o) {
                                                      "\"; known: ", absl::StrJoin(names, ", ")));
     }
   }
-  if (o.kubelets.empty()) return absl::InvalidArgumentError("--kubelets: no kubelet release");
+  if (o.kubelets.empty() && o.real_kubelets.empty()) {
+    return absl::InvalidArgumentError("--kubelets: no kubelet release");
+  }
   for (const sim::KubeletVersion& k : o.kubelets) {
     if (k.minor < 32) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1062,6 +1071,10 @@ absl::Status ValidateDraOptions(const ConformOptions& o) {
 
 absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& o) {
   if (absl::Status s = ValidateDraOptions(o); !s.ok()) return s;
+  // The real node first: a node that cannot be used says so before the
+  // simulated cells take their time.
+  absl::StatusOr<std::vector<CellResult>> real = RunRealDraConformance(o);
+  if (!real.ok()) return real.status();
   std::vector<const DraEntry*> scenarios;
   if (o.scenarios.empty()) {
     for (const DraEntry& e : DraEntries()) scenarios.push_back(&e);
@@ -1076,14 +1089,20 @@ absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& 
       grid.emplace_back(&k, s->info.name);
     }
   }
-  return RunGatedCells(
-      o, grid, "dra-registers",
-      [&](size_t i, const std::string& dir, std::optional<absl::Duration> first_wait) {
-        return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
-      },
-      [&](size_t i, const std::string& why) {
-        return UnmadeResult(why, *jobs[i].first, jobs[i].second->info.name);
-      });
+  absl::StatusOr<std::vector<CellResult>> results =
+      jobs.empty()
+          ? std::vector<CellResult>{}
+          : RunGatedCells(
+                o, grid, "dra-registers",
+                [&](size_t i, const std::string& dir, std::optional<absl::Duration> first_wait) {
+                  return RunDraCell(o, *jobs[i].first, *jobs[i].second, dir, first_wait);
+                },
+                [&](size_t i, const std::string& why) {
+                  return UnmadeResult(why, *jobs[i].first, jobs[i].second->info.name);
+                });
+  if (!results.ok()) return results;
+  results->insert(results->end(), real->begin(), real->end());
+  return results;
 }
 
 }  // namespace dpproxy::conform

@@ -25,8 +25,11 @@
 #ifndef DPPROXY_TOOLS_CONFORM_DRA_H_
 #define DPPROXY_TOOLS_CONFORM_DRA_H_
 
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "tools/conform/conform.h"
@@ -42,7 +45,17 @@ std::vector<std::string> DefaultDraKubelets();
 
 // ValidateOptions for DRA mode: kInvalidArgument naming the flag.
 absl::Status ValidateDraOptions(const ConformOptions& options);
+// Runs the DRA scenarios on the simulated releases of options.kubelets and,
+// first, on the real node of options.real_kubelets (real.h).
 absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& options);
+
+// The devices of `driver`'s ResourceSlices for `node` among `slices`
+// (ResourceSlice objects), by pool, from the newest generation of each
+// pool. Sets `*problem` (when given) to name a pool whose newest generation
+// has fewer or more slices than its resourceSliceCount says.
+std::map<std::string, std::vector<std::string>> PublishedPools(
+    const std::vector<nlohmann::json>& slices, const std::string& driver,
+    const std::string& node, std::string* problem);
 
 }  // namespace dpproxy::conform
 

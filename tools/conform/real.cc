@@ -689,10 +689,6 @@ const std::vector<std::string>& RealScenarios() {
 
 absl::Status ValidateRealOptions(const ConformOptions& o) {
   if (o.real_kubelets.empty()) return absl::OkStatus();
-  if (!o.dra_driver.empty()) {
-    return absl::InvalidArgumentError(
-        "--kubelets: a DRA driver (--dra_driver) runs on simulated kubelets only");
-  }
   if (o.real.kubeconfig.empty()) {
     return absl::InvalidArgumentError(
         "--kubeconfig: a real kubelet needs the API server of its node (or set KUBECONFIG)");
@@ -702,20 +698,21 @@ absl::Status ValidateRealOptions(const ConformOptions& o) {
         "--pod_image: a real kubelet needs an image already on the node, with /bin/sh and "
         "sleep (busybox), for the pods it admits");
   }
+  const bool dra = !o.dra_driver.empty();
+  const std::vector<std::string>& can = dra ? RealDraScenarios() : RealScenarios();
+  const char* const restart = dra ? "dra-kubelet-restart" : "kubelet-restart";
   bool any = o.scenarios.empty();
   for (const std::string& s : o.scenarios) {
-    any = any || std::find(RealScenarios().begin(), RealScenarios().end(), s) !=
-                     RealScenarios().end();
-    if (s == "kubelet-restart" && o.real.restart_kubelet.empty()) {
-      return absl::InvalidArgumentError(
-          "--restart_kubelet: kubelet-restart on a real kubelet needs the command that "
-          "restarts it");
+    any = any || std::find(can.begin(), can.end(), s) != can.end();
+    if (s == restart && o.real.restart_kubelet.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--restart_kubelet: ", restart, " on a real kubelet needs the command that restarts it"));
     }
   }
   if (!any) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--scenarios: none of them can be judged on a real kubelet; these can: ",
-        absl::StrJoin(RealScenarios(), ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scenarios: none of them can be judged on a real kubelet; these can: ",
+                     absl::StrJoin(can, ", ")));
   }
   return absl::OkStatus();
 }

@@ -42,6 +42,8 @@ absl::StatusOr<std::optional<std::string>> ParseRealKubelet(const std::string& n
 
 // The scenarios a real kubelet can judge, in the order they run.
 const std::vector<std::string>& RealScenarios();
+// The same for a DRA driver (--dra_driver; real_dra.cc).
+const std::vector<std::string>& RealDraScenarios();
 
 // Checks the options real kubelets need (--kubeconfig, --pod_image, a
 // scenario named that only simulated kubelets can judge): kInvalidArgument
@@ -55,6 +57,17 @@ absl::Status ValidateRealOptions(const ConformOptions& options);
 // cannot be used: unreachable, another release, another plugin already
 // serving the resource; the message names which.
 absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions& options);
+
+// The same for a DRA driver (--dra_driver): its command runs against the
+// node's kubelet and API server with the placeholders naming the node's
+// own paths, and the cells judge what those show: the kubelet's
+// registrations (its plugin-manager metric, through the API server's node
+// proxy), the node's ResourceSlices, and pods the scheduler places on the
+// node with claims dpconform makes (a DeviceClass of the driver's devices
+// for the run, one ResourceClaim per pod, deleted at the end). An error
+// before any cell ran when the cluster serves no resource.k8s.io version
+// dpconform speaks, or the kubelet's metrics cannot be read.
+absl::StatusOr<std::vector<CellResult>> RunRealDraConformance(const ConformOptions& options);
 
 }  // namespace dpproxy::conform
 

@@ -79,6 +79,69 @@ class RealNode {
     return kubelet_version_.substr(1, second == std::string::npos ? std::string::npos : second - 1);
   }
   const std::string& pod_resources_socket() const { return pod_resources_; }
+  const std::string& namespace_name() const { return namespace_; }
+  KubeClient& api() { return *api_; }
+
+  // The kubelet's metrics: through the API server's node proxy (as
+  // `kubectl get --raw /api/v1/nodes/NAME/proxy/metrics`), or, where the
+  // API server cannot reach the kubelet (a kubelet serving on loopback
+  // only), from the kubelet's own port on 127.0.0.1 with --kubeconfig's
+  // credentials and CA.
+  absl::StatusOr<std::string> KubeletMetrics() {
+    if (!direct_) {
+      absl::StatusOr<std::string> text =
+          api_->GetText(absl::StrCat("/api/v1/nodes/", name_, "/proxy/metrics"));
+      if (text.ok() || kubelet_port_ == 0) return text;
+      proxy_error_ = std::string(text.status().message());
+    }
+    if (kubelet_ == nullptr) {
+      KubeConfig direct = api_->config();
+      direct.server = absl::StrCat("https://127.0.0.1:", kubelet_port_);
+      absl::StatusOr<std::unique_ptr<KubeClient>> c = KubeClient::Create(direct);
+      if (!c.ok()) return c.status();
+      kubelet_ = *std::move(c);
+    }
+    absl::StatusOr<std::string> text = kubelet_->GetText("/metrics");
+    if (text.ok()) {
+      direct_ = true;
+      return text;
+    }
+    return absl::Status(text.status().code(),
+                        absl::StrCat("the kubelet's metrics: through the API server, ",
+                                     proxy_error_, "; from 127.0.0.1:", kubelet_port_, ", ",
+                                     text.status().message()));
+  }
+
+  // One device a DRA claim gave a container, as the pod-resources socket
+  // lists it (from 1.34; earlier kubelets list none).
+  struct ClaimDevice {
+    std::string claim, driver, pool, device;
+    std::vector<std::string> cdi;
+  };
+  // The claims' devices the kubelet lists for each container of a pod.
+  absl::StatusOr<std::map<std::string, std::vector<ClaimDevice>>> ContainerClaims(
+      const std::string& pod) {
+    v1::ListPodResourcesResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::Status st = stub_->List(&ctx, {}, &resp);
+    if (!st.ok()) return Unreachable("List", st);
+    std::map<std::string, std::vector<ClaimDevice>> out;
+    for (const v1::PodResources& p : resp.pod_resources()) {
+      if (p.name() != pod || p.namespace_() != namespace_) continue;
+      for (const v1::ContainerResources& c : p.containers()) {
+        std::vector<ClaimDevice>& devices = out[c.name()];
+        for (const v1::DynamicResource& d : c.dynamic_resources()) {
+          for (const v1::ClaimResource& r : d.claim_resources()) {
+            ClaimDevice cd{d.claim_name(), r.driver_name(), r.pool_name(), r.device_name(), {}};
+            for (const v1::CDIDevice& n : r.cdi_devices()) cd.cdi.push_back(n.name());
+            devices.push_back(std::move(cd));
+          }
+        }
+      }
+    }
+    return out;
+  }
 
   // The IDs of `resource`'s devices the kubelet lists as allocatable.
   absl::StatusOr<std::set<std::string>> Allocatable(const std::string& resource) {
@@ -137,30 +200,39 @@ class RealNode {
     Json containers = Json::array();
     for (size_t i = 0; i < counts.size(); ++i) {
       containers.push_back(
-          {{"name", absl::StrCat("c", i)},
-           {"image", o_.real.pod_image},
-           {"imagePullPolicy", "Never"},
-           {"command", {"/bin/sh", "-c", kPodScript}},
-           {"resources", {{"limits", {{resource, absl::StrCat(counts[i])}}}}}});
+          Container(absl::StrCat("c", i),
+                    {{"limits", {{resource, absl::StrCat(counts[i])}}}}));
     }
-    Json manifest = {
-        {"apiVersion", "v1"},
-        {"kind", "Pod"},
-        {"metadata",
-         {{"name", pod},
-          {"namespace", namespace_},
-          {"labels", {{"app.kubernetes.io/managed-by", kManagedBy}}}}},
-        {"spec",
-         {{"nodeName", name_},
-          {"hostNetwork", true},
-          // It needs no API access, and a cluster may have no service
-          // account or CA config map in the namespace yet.
-          {"automountServiceAccountToken", false},
-          {"restartPolicy", "Never"},
-          {"terminationGracePeriodSeconds", 5},
-          {"tolerations", {{{"operator", "Exists"}}}},
-          {"containers", containers}}}};
-    return api_->Post(PodsPath(), manifest).status();
+    return api_->Post(PodsPath(), PodManifest(pod, containers, {{"nodeName", name_}})).status();
+  }
+
+  // Makes a pod of the claim `claim` (made beforehand in the namespace),
+  // one container c0, c1, ... per entry of `requests`, each given the
+  // claim's requests named in its entry (all of it for an empty entry).
+  // The scheduler places it, on this node only: a claim is allocated while
+  // the pod is scheduled, so a pod bound by name would never get one.
+  absl::Status CreateClaimPod(const std::string& pod, const std::string& claim,
+                              const std::vector<std::vector<std::string>>& requests) {
+    Json containers = Json::array();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Json claims = Json::array();
+      if (requests[i].empty()) claims.push_back({{"name", "claim"}});
+      for (const std::string& r : requests[i]) claims.push_back({{"name", "claim"}, {"request", r}});
+      containers.push_back(Container(absl::StrCat("c", i), {{"claims", claims}}));
+    }
+    Json term = {{"matchFields", {{{"key", "metadata.name"},
+                                   {"operator", "In"},
+                                   {"values", {name_}}}}}};
+    return api_
+        ->Post(PodsPath(),
+               PodManifest(pod, containers,
+                           {{"affinity",
+                             {{"nodeAffinity",
+                               {{"requiredDuringSchedulingIgnoredDuringExecution",
+                                 {{"nodeSelectorTerms", {term}}}}}}}},
+                            {"resourceClaims",
+                             {{{"name", "claim"}, {"resourceClaimName", claim}}}}}))
+        .status();
   }
 
   absl::StatusOr<Json> GetPod(const std::string& pod) {
@@ -279,6 +351,33 @@ class RealNode {
 
   std::string PodsPath() const { return absl::StrCat("/api/v1/namespaces/", namespace_, "/pods"); }
 
+  Json Container(const std::string& name, const Json& resources) const {
+    return {{"name", name},
+            {"image", o_.real.pod_image},
+            {"imagePullPolicy", "Never"},
+            {"command", {"/bin/sh", "-c", kPodScript}},
+            {"resources", resources}};
+  }
+
+  // A pod of dpconform's, its spec `spec` with what every pod has.
+  Json PodManifest(const std::string& pod, const Json& containers, Json spec) const {
+    spec["hostNetwork"] = true;
+    // It needs no API access, and a cluster may have no service account or
+    // CA config map in the namespace yet.
+    spec["automountServiceAccountToken"] = false;
+    spec["restartPolicy"] = "Never";
+    spec["terminationGracePeriodSeconds"] = 5;
+    spec["tolerations"] = {{{"operator", "Exists"}}};
+    spec["containers"] = containers;
+    return {{"apiVersion", "v1"},
+            {"kind", "Pod"},
+            {"metadata",
+             {{"name", pod},
+              {"namespace", namespace_},
+              {"labels", {{"app.kubernetes.io/managed-by", kManagedBy}}}}},
+            {"spec", std::move(spec)}};
+  }
+
   absl::Status FindNode() {
     name_ = o_.real.node;
     if (name_.empty()) {
@@ -298,6 +397,7 @@ class RealNode {
     absl::StatusOr<Json> node = api_->Get(absl::StrCat("/api/v1/nodes/", name_));
     if (!node.ok()) return node.status();
     kubelet_version_ = (*node)["status"]["nodeInfo"].value("kubeletVersion", "");
+    kubelet_port_ = (*node)["status"].value("/daemonEndpoints/kubeletEndpoint/Port"_json_pointer, 0);
     if (kubelet_version_.size() < 4 || kubelet_version_[0] != 'v') {
       return absl::FailedPreconditionError(absl::StrCat(
           "node ", name_, " reports no kubelet version (\"", kubelet_version_, "\")"));
@@ -329,6 +429,12 @@ class RealNode {
   std::unique_ptr<v1::PodResourcesLister::Stub> stub_;
   std::string name_;
   std::string kubelet_version_;
+  int kubelet_port_ = 0;
+  // The kubelet's port, for its metrics where the API server cannot reach
+  // it (KubeletMetrics).
+  std::unique_ptr<KubeClient> kubelet_;
+  bool direct_ = false;
+  std::string proxy_error_;
 };
 
 }  // namespace dpproxy::conform

@@ -41,6 +41,10 @@ expect_contains "bad resource message" "$LAST_OUT" 'the ResourceName "gpu" is in
 expect_exit "bad duration" 2 "$PLUGIN" --flip_interval=soon
 expect_contains "bad duration message" "$LAST_OUT" "--flip_interval=soon is not a duration"
 expect_exit "v1alpha with preferred" 2 "$PLUGIN" --api=v1alpha --preferred
+expect_exit "one socket name, two resources" 2 "$PLUGIN" --resource=vendor.com/a,vendor.com/b \
+  --socket_name=one.sock --kubelet_socket="$ROOT/x.sock"
+expect_contains "one socket name, two resources message" "$LAST_OUT" \
+  "--socket_name=one.sock names one socket, and 2 resources each need their own"
 expect_exit "too long socket path" 2 "$PLUGIN" --kubelet_socket="/tmp/$(printf 'x%.0s' {1..120})/kubelet.sock"
 expect_contains "too long socket message" "$LAST_OUT" "at most 107 bytes"
 expect_exit "client without simulator" 1 "$SIM" state --root_dir="$DIR/nothing"

@@ -1508,18 +1508,40 @@ def scenario_dpconform_real(s):
     rc, report = dpconform_real(s, [])
     cells = _cells(report)
     want = ["registers", "device-list", "health", "allocate", "allocate-two",
-            "kubelet-restart", "plugin-restart", "allocate-restart", "list-growth"]
+            "kubelet-restart", "plugin-restart", "allocate-restart", "list-growth",
+            "plugin-watcher", "multi-resource"]
     check(sorted(cells) == sorted(want), "dpconform ran %s on the real kubelet, not %s"
           % (sorted(cells), sorted(want)))
-    # list-growth is n/a without --grow_command (run below with one).
+    # n/a: list-growth without --grow_command, plugin-watcher for a plugin
+    # registering at kubelet.sock, multi-resource with one resource (each
+    # run below with what it needs).
+    not_applicable = {"list-growth", "plugin-watcher", "multi-resource"}
     bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
-           if c["outcome"] != ("n/a" if n == "list-growth" else "pass")]
+           if c["outcome"] != ("n/a" if n in not_applicable else "pass")]
     check(not bad and rc == 0, "the sample plugin did not pass on the real kubelet (exit %d):\n%s"
           % (rc, "\n".join(bad)))
     version = realnode.run([s.node.kube_bin("kubelet"), "--version"]).split()[-1]
     check(all(c["generation"] == "real kubelet " + version for c in cells.values()),
           "the report does not name the real kubelet %s: %s" % (
               version, sorted({c["generation"] for c in cells.values()})))
+
+    # Registered through the kubelet's plugin watcher, two resources from
+    # one process: the kubelet lists the registration socket among the
+    # plugins it registered, and a pod of both runs.
+    second = "example.com/conform2"
+    s.host_paths.append("%s/sample-plugin-%s.json" % (CDI_DIR, second.replace("/", "-")))
+    rc, report = dpconform_real(
+        s, ["--registration=plugin-watcher", "--plugins_registry_dir={plugins_registry}",
+            "--resource=example.com/conform," + second, "--socket_name="],
+        "--scenarios=plugin-watcher,multi-resource", "--resource=example.com/conform," + second)
+    cells = _cells(report)
+    bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
+           if c["outcome"] != "pass"]
+    check(rc == 0 and sorted(cells) == ["multi-resource", "plugin-watcher"] and not bad,
+          "the sample plugin through the plugin watcher with two resources did not pass "
+          "(exit %d): %s" % (rc, bad or sorted(cells)))
+    check("plugins_registry" in cells["plugin-watcher"]["summary"],
+          "plugin-watcher does not name the registration socket: %s" % cells["plugin-watcher"])
 
     rc, report = dpconform_real(s, ["--fault=no-reregister"], "--scenarios=kubelet-restart")
     cell = _cells(report).get("kubelet-restart", {})

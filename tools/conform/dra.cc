@@ -1019,9 +1019,11 @@ const std::vector<Placeholder>& DraPlaceholders() {
                          "the same hardware registers (--resource)"},
       {"plugin_dir", "<kubelet_root>/device-plugins"},
       {"resource", "the first --resource, the device plugin's resource; empty without one"},
-      {"kubeconfig", "a kubeconfig for the cell's API server (HTTPS with its CA, a bearer token)"},
+      {"kubeconfig", "a kubeconfig for the cell's API server (HTTPS with its CA, a bearer "
+                     "token); on a real kubelet, --kubeconfig"},
       {"node_name", "the node's name (node-1), as NODE_NAME from the downward API"},
-      {"cdi_dir", "the CDI spec directory the cell's runtime reads (for /var/run/cdi)"},
+      {"cdi_dir", "the CDI spec directory the cell's runtime reads (for /var/run/cdi); on a "
+                  "real kubelet, /var/run/cdi"},
       {"driver", "--dra_driver"},
       {"work_dir", "a directory of the driver's own for this cell (state, control sockets)"},
       {"kubelet_version", "the kubelet release this cell plays, e.g. 1.34"},

@@ -41,7 +41,8 @@ DEFINE_string(plugin, "",
 DEFINE_string(dra_driver, "",
               "Test a DRA driver of this name instead of a device plugin: --plugin is the\n"
               "driver's command, run against a 1.32+ kubelet with an API-server simulator\n"
-              "beside it; the DRA scenarios and placeholders run (see --list). With\n"
+              "beside it, or a real node's (real:1.37); the DRA scenarios and\n"
+              "placeholders run (see --list). With\n"
               "--resource, --plugin also starts a device plugin for the same hardware\n"
               "(at {kubelet_socket}), for the scenarios of the two side by side.");
 DEFINE_string(resource, "",
@@ -57,7 +58,11 @@ DEFINE_string(kubelets, "",
               "with --kubeconfig and --pod_image (see \"On a real kubelet\" above).");
 DEFINE_string(kubeconfig, "",
               "Real kubelets: a kubeconfig for the node's API server that may read nodes\n"
-              "and make and delete pods in --namespace. Empty: $KUBECONFIG.");
+              "and make and delete pods in --namespace. With --dra_driver also: make and\n"
+              "delete DeviceClasses and ResourceClaims, list ResourceSlices and read the\n"
+              "kubelet's metrics (nodes/proxy, or nodes/metrics at the kubelet's port on\n"
+              "127.0.0.1 where the API server cannot reach it); it is the driver's\n"
+              "{kubeconfig} too. Empty: $KUBECONFIG.");
 DEFINE_string(node, "", "Real kubelets: the node whose kubelet runs here. Empty: the only node.");
 DEFINE_string(kubelet_root, "/var/lib/kubelet", "Real kubelets: the kubelet's --root-dir.");
 DEFINE_string(pod_image, "",
@@ -69,7 +74,7 @@ DEFINE_string(namespace, "default",
 DEFINE_string(restart_kubelet, "",
               "Real kubelets: a command (/bin/sh -c) that restarts the node's kubelet and\n"
               "ends when it is back, e.g. 'systemctl restart kubelet'. Empty:\n"
-              "kubelet-restart is not run on the real kubelet.");
+              "kubelet-restart (dra-kubelet-restart) is not run on the real kubelet.");
 DEFINE_string(cdi_gate, "",
               "The DevicePluginCDIDevices gate of 1.28-1.30 kubelets: on or off. Empty:\n"
               "each release's default (off in 1.28, on in 1.29-1.30).");
@@ -141,10 +146,15 @@ that kubelet release expects and what users would see on a node.
 On a real kubelet (--kubelets=real:1.37): the plugin runs against this
 machine's kubelet, one cell at a time, for the scenarios a real kubelet can
 judge: registers, device-list, health, allocate, allocate-two,
-kubelet-restart (with --restart_kubelet) and plugin-restart. Each check reads
-the kubelet's pod-resources socket, the node's allocatable and pods bound to
-the node; the report names the kubelet's version in that column. Nothing
-else on the node may serve --resource.
+kubelet-restart (with --restart_kubelet), plugin-restart, allocate-restart,
+list-growth, plugin-watcher and multi-resource. Each check reads the
+kubelet's pod-resources socket and metrics, the node's allocatable and pods
+bound to the node; the report names the kubelet's version in that column. Nothing else on the node may serve
+--resource. A DRA driver (--dra_driver) runs there too, for dra-registers,
+dra-publishes, dra-prepare, dra-several-requests, dra-kubelet-restart and
+dra-driver-restart: the kubelet's registrations (its metrics), the node's
+ResourceSlices, and pods with claims dpconform makes, placed by the
+cluster's scheduler.
 
 Outcomes: pass; FAIL; blocked (the plugin failed another scenario's check on
 the way; that cell fails); n/a (the release never makes the call, or the

@@ -125,11 +125,17 @@ class RealCell {
   // step is to come back) saying what was seen.
   std::variant<std::set<std::string>, Problem> Registered(const std::string& owner,
                                                           const std::string& after) {
+    return Registered(owner, after, resource());
+  }
+  // The same for `resource`, one of --resource.
+  std::variant<std::set<std::string>, Problem> Registered(const std::string& owner,
+                                                          const std::string& after,
+                                                          const std::string& resource) {
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + o_.timeout;
     absl::Status last = absl::OkStatus();
     while (true) {
-      absl::StatusOr<std::set<std::string>> ids = node_.Allocatable(resource());
+      absl::StatusOr<std::set<std::string>> ids = node_.Allocatable(resource);
       if (ids.ok() && !ids->empty()) {
         registered_after_ = absl::Now() - start;
         return *ids;
@@ -141,18 +147,18 @@ class RealCell {
                                     " before the kubelet listed its devices"),
                        absl::StrCat(*ended, " ", after, "; its output: ", PluginOutputTail()),
                        ExpectedRegistration(),
-                       absl::StrCat("the node shows no allocatable ", resource())};
+                       absl::StrCat("the node shows no allocatable ", resource)};
       }
       if (absl::Now() >= deadline) {
         return Problem{
             owner,
-            absl::StrCat("the kubelet listed no allocatable ", resource(), " within ",
+            absl::StrCat("the kubelet listed no allocatable ", resource, " within ",
                          absl::FormatDuration(o_.timeout), " ", after),
             absl::StrCat("ran, but the kubelet's pod-resources socket lists no healthy ",
-                         resource(), last.ok() ? "" : absl::StrCat(" (", last.message(), ")"),
+                         resource, last.ok() ? "" : absl::StrCat(" (", last.message(), ")"),
                          "; its output: ", PluginOutputTail()),
             ExpectedRegistration(),
-            absl::StrCat("the node's allocatable ", resource(), " stays 0: pods asking for it "
+            absl::StrCat("the node's allocatable ", resource, " stays 0: pods asking for it "
                          "are not scheduled, or fail UnexpectedAdmissionError on the node")};
       }
       absl::SleepFor(kPoll);
@@ -163,8 +169,15 @@ class RealCell {
 
   // Makes a pod (named for the cell) and waits for the kubelet's verdict.
   PodOutcome Pod(const std::vector<int>& counts, std::string* name) {
+    std::vector<std::pair<std::string, int>> containers;
+    for (int n : counts) containers.emplace_back(resource(), n);
+    return PodOf(containers, name);
+  }
+  // The same with one container per entry of `containers` (resource, count).
+  PodOutcome PodOf(const std::vector<std::pair<std::string, int>>& containers,
+                   std::string* name) {
     PodOutcome out;
-    if (absl::Status s = StartPod(counts, name); !s.ok()) {
+    if (absl::Status s = StartPodOf(containers, name); !s.ok()) {
       out.kind = PodOutcome::kImage;  // the harness's problem, not the plugin's
       out.reason = "not created";
       out.message = std::string(s.message());
@@ -175,8 +188,14 @@ class RealCell {
 
   // Makes a pod (named for the cell) and does not wait.
   absl::Status StartPod(const std::vector<int>& counts, std::string* name) {
+    std::vector<std::pair<std::string, int>> containers;
+    for (int n : counts) containers.emplace_back(resource(), n);
+    return StartPodOf(containers, name);
+  }
+  absl::Status StartPodOf(const std::vector<std::pair<std::string, int>>& containers,
+                          std::string* name) {
     *name = absl::StrCat(pod_prefix_, "-", pods_made_++);
-    if (absl::Status s = node_.CreatePod(*name, resource(), counts); !s.ok()) return s;
+    if (absl::Status s = node_.CreatePod(*name, containers); !s.ok()) return s;
     pods_.push_back(*name);
     return absl::OkStatus();
   }
@@ -243,10 +262,12 @@ class RealCell {
     return p;
   }
 
-  // The devices the kubelet lists for each container of `pod`.
-  std::map<std::string, std::vector<std::string>> DevicesOf(const std::string& pod) {
+  // The devices of `resource` (default: the first --resource) the kubelet
+  // lists for each container of `pod`.
+  std::map<std::string, std::vector<std::string>> DevicesOf(const std::string& pod,
+                                                            const std::string& resource = "") {
     absl::StatusOr<std::map<std::string, std::vector<std::string>>> d =
-        node_.ContainerDevices(pod, resource());
+        node_.ContainerDevices(pod, resource.empty() ? this->resource() : resource);
     return d.ok() ? *d : std::map<std::string, std::vector<std::string>>{};
   }
 
@@ -626,6 +647,86 @@ CellResult RealListGrowth(RealCell& c) {
   return failed;
 }
 
+// plugin-watcher on the node's kubelet: the plugin offers a socket in
+// plugins_registry/ whose GetInfo says DevicePlugin and the resource (n/a
+// if none: it registers through kubelet.sock), and the kubelet lists that
+// socket among the plugins it registered (its metric
+// plugin_manager_total_plugins) and the resource's devices as allocatable.
+CellResult RealPluginWatcher(RealCell& c) {
+  Registration r = c.Registered("registers", "after it started");
+  if (auto* p = std::get_if<Problem>(&r)) return FromProblem("plugin-watcher", *p);
+  const std::string registry = JoinPath(c.options().real.kubelet_root, "plugins_registry");
+  std::string socket;
+  for (const std::string& s : SocketsIn(registry)) {
+    const RegistrationInfo info = GetInfo(s);
+    if (info.answered && info.type == "DevicePlugin" && info.name == c.resource()) socket = s;
+  }
+  if (socket.empty()) {
+    return NotApplicable(absl::StrCat("registers through kubelet.sock; no socket in ", registry,
+                                      " answers GetInfo as a DevicePlugin of ", c.resource()));
+  }
+  const absl::Time deadline = absl::Now() + c.options().timeout;
+  absl::StatusOr<std::string> metrics = c.node().KubeletMetrics();
+  while (metrics.ok() && RegisteredSockets(*metrics).count(socket) == 0 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(kPoll);
+    metrics = c.node().KubeletMetrics();
+  }
+  if (!metrics.ok()) {
+    return Fail(absl::StrCat("dpconform could not read the kubelet's metrics: ",
+                             metrics.status().message()),
+                "(the test harness, not the plugin: --kubeconfig may not read nodes/proxy)", "",
+                "nothing: fix --kubeconfig");
+  }
+  if (RegisteredSockets(*metrics).count(socket) == 0) {
+    return Fail(absl::StrCat(socket, " answers GetInfo, but the kubelet has not registered it"),
+                "offers a plugin-watcher socket the kubelet does not register (its versions, "
+                "or its endpoint, refused), and registered through kubelet.sock",
+                "GetInfo with a version the kubelet supports (v1beta1) and an endpoint it "
+                "can dial",
+                "nothing while kubelet.sock takes the registration; none on a kubelet that "
+                "only watches plugins_registry/");
+  }
+  return Pass(absl::StrCat("registered through ", socket), {absl::StrCat(
+      "the kubelet lists ", std::get<std::set<std::string>>(r).size(), " allocatable ",
+      c.resource())});
+}
+
+// multi-resource on the node's kubelet: every --resource listed as
+// allocatable, and a pod with one container per resource, one device each,
+// runs with a device of each.
+CellResult RealMultiResource(RealCell& c) {
+  const std::vector<std::string>& resources = c.options().resources;
+  if (resources.size() < 2) return NotApplicable("one --resource given");
+  for (const std::string& resource : resources) {
+    Registration r = c.Registered(resource == resources.front() ? "registers" : "multi-resource",
+                                  "after it started", resource);
+    if (auto* p = std::get_if<Problem>(&r)) return FromProblem("multi-resource", *p);
+  }
+  std::vector<std::pair<std::string, int>> containers;
+  for (const std::string& resource : resources) containers.emplace_back(resource, 1);
+  std::string pod;
+  PodOutcome out = c.PodOf(containers, &pod);
+  if (out.kind != PodOutcome::kRunning) {
+    return FromProblem("multi-resource", c.PodProblem("multi-resource", pod, out));
+  }
+  std::vector<std::string> got;
+  for (size_t i = 0; i < resources.size(); ++i) {
+    const std::vector<std::string> ids = c.DevicesOf(pod, resources[i])[absl::StrCat("c", i)];
+    if (ids.size() != 1) {
+      return Fail(absl::StrCat("pod ", pod, "'s container c", i, " is listed with ", ids.size(),
+                               " devices of ", resources[i], " (", absl::StrJoin(ids, ","), ")"),
+                  "(the kubelet's own account of the Allocates)",
+                  "one device of each resource for the container asking for it",
+                  "containers get the wrong resource's devices");
+    }
+    got.push_back(absl::StrCat(resources[i], " ", ids[0]));
+  }
+  return Pass(absl::StrCat(resources.size(), " resources registered; a pod using all of them "
+                           "runs"),
+              {absl::StrJoin(got, ", ")});
+}
+
 struct RealEntry {
   const char* name;
   CellResult (*run)(RealCell&);
@@ -639,27 +740,32 @@ const std::vector<RealEntry>& RealEntries() {
       {"plugin-restart", RealPluginRestart},
       {"allocate-restart", RealAllocateRestart},
       {"list-growth", RealListGrowth},
+      {"plugin-watcher", RealPluginWatcher},
+      {"multi-resource", RealMultiResource},
   };
   return *kEntries;
 }
 
-// Waits until no device of the resource is allocatable (the last cell's
-// plugin is gone, and no other serves it).
+// Waits until no device of the resources is allocatable (the last cell's
+// plugin is gone, and no other serves them).
 absl::Status WaitIdle(RealNode& node, const ConformOptions& o) {
   const absl::Time deadline = absl::Now() + o.timeout;
-  while (true) {
-    absl::StatusOr<std::set<std::string>> ids = node.Allocatable(o.resources.front());
-    if (ids.ok() && ids->empty()) return absl::OkStatus();
-    if (absl::Now() >= deadline) {
-      if (!ids.ok()) return ids.status();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the kubelet of node ", node.name(), " lists ", ids->size(), " allocatable ",
-          o.resources.front(), " (", absl::StrJoin(*ids, ","),
-          ") while dpconform's plugin is not running: another plugin serves it; stop it, or "
-          "test under another --resource"));
+  for (const std::string& resource : o.resources) {
+    while (true) {
+      absl::StatusOr<std::set<std::string>> ids = node.Allocatable(resource);
+      if (ids.ok() && ids->empty()) break;
+      if (absl::Now() >= deadline) {
+        if (!ids.ok()) return ids.status();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the kubelet of node ", node.name(), " lists ", ids->size(), " allocatable ",
+            resource, " (", absl::StrJoin(*ids, ","),
+            ") while dpconform's plugin is not running: another plugin serves it; stop it, or "
+            "test under another --resource"));
+      }
+      absl::SleepFor(kPoll);
     }
-    absl::SleepFor(kPoll);
   }
+  return absl::OkStatus();
 }
 
 }  // namespace

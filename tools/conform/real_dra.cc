@@ -12,7 +12,7 @@
 //     ResourceClaim a cell), pods the scheduler places on this node with
 //     them, what the kubelet does with those pods, the claim's allocation,
 //     and the devices the pod-resources socket lists for the containers.
-#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,7 +33,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "proto/pluginregistration/api.grpc.pb.h"
 #include "proxy/rpc/grpc_util.h"
 #include "proxy/util/files.h"
 #include "tools/conform/cell.h"
@@ -52,6 +51,10 @@ constexpr absl::Duration kHelperSyncDelay = absl::Seconds(30);
 constexpr const char* kResourceVersions[] = {"v1", "v1beta2", "v1beta1"};
 // The CDI spec directory the container runtime reads ({cdi_dir}).
 constexpr char kRuntimeCdiDir[] = "/var/run/cdi";
+// How often the kubelet's plugin-manager reconciler registers and
+// unregisters what its plugin watcher saw (pluginmanager's
+// loopSleepDuration).
+constexpr absl::Duration kReconcilerPeriod = absl::Seconds(1);
 
 const char* const kUsersRegister =
     "the kubelet never calls the driver: pods with claims for its devices stay "
@@ -69,68 +72,6 @@ struct DraRun {
 
 std::string ResourcePath(const DraRun& run, const std::string& rest) {
   return absl::StrCat("/apis/resource.k8s.io/", run.version, "/", rest);
-}
-
-// The sockets the kubelet's plugin manager registered, from its metrics
-// text: plugin_manager_total_plugins{socket_path="...",state="actual_state_of_world"}.
-std::set<std::string> RegisteredSockets(const std::string& metrics) {
-  std::set<std::string> out;
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::StartsWith(line, "plugin_manager_total_plugins{")) continue;
-    const size_t close = line.find('}');
-    if (close == absl::string_view::npos) continue;
-    std::string socket;
-    bool actual = false;
-    absl::string_view labels = line.substr(29, close - 29);
-    for (absl::string_view label : absl::StrSplit(labels, "\",", absl::SkipEmpty())) {
-      const size_t eq = label.find("=\"");
-      if (eq == absl::string_view::npos) continue;
-      absl::string_view key = absl::StripLeadingAsciiWhitespace(label.substr(0, eq));
-      absl::string_view value = absl::StripSuffix(label.substr(eq + 2), "\"");
-      if (key == "socket_path") socket = std::string(value);
-      if (key == "state") actual = value == "actual_state_of_world";
-    }
-    const absl::string_view count = absl::StripAsciiWhitespace(line.substr(close + 1));
-    if (actual && !socket.empty() && count != "0") out.insert(socket);
-  }
-  return out;
-}
-
-// GetInfo on a registration socket, as the kubelet asks it: "DRAPlugin
-// name [versions]", or why it did not answer.
-struct Info {
-  bool answered = false;
-  std::string type, name;
-  std::vector<std::string> versions;
-  std::string Describe() const {
-    return absl::StrCat(type, " ", name, " [", absl::StrJoin(versions, ", "), "]");
-  }
-};
-Info GetInfo(const std::string& socket) {
-  Info info;
-  auto stub = pluginregistration::Registration::NewStub(MakeUnixChannel(socket, 1 << 20));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  pluginregistration::PluginInfo resp;
-  if (!stub->GetInfo(&ctx, {}, &resp).ok()) return info;
-  info.answered = true;
-  info.type = resp.type();
-  info.name = resp.name();
-  info.versions.assign(resp.supported_versions().begin(), resp.supported_versions().end());
-  return info;
-}
-
-std::vector<std::string> SocketsIn(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") out.push_back(JoinPath(dir, name));
-  }
-  ::closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 using Pools = std::map<std::string, std::vector<std::string>>;
@@ -182,6 +123,7 @@ class RealDraCell {
 
   absl::Status StartDriver() {
     if (absl::Status s = MakeDirs(JoinPath(dir_, "w")); !s.ok()) return s;
+    driver_started_ = absl::Now();
     absl::StatusOr<std::unique_ptr<ChildProcess>> child =
         StartCommand(o_, o_.plugin_command, Values(), JoinPath(dir_, "driver.log"));
     if (!child.ok()) return child.status();
@@ -226,10 +168,17 @@ class RealDraCell {
       std::set<std::string> registered;
       if (metrics.ok()) {
         registered = RegisteredSockets(*metrics);
-        // The kubelet unregisters the old process's registration and,
-        // a reconciler pass (1 s) later, registers the new one.
+        // The kubelet's reconciler, once a second, unregisters the old
+        // process's registration and registers the new one, in the same
+        // pass or the next: a stale path counts once seen unregistered, or
+        // once its new file is two passes old.
         for (auto it = stale_.begin(); it != stale_.end();) {
-          it = registered.count(*it) > 0 ? std::next(it) : stale_.erase(it);
+          struct stat st;
+          const bool replaced =
+              ::stat(it->c_str(), &st) == 0 &&
+              absl::Now() - absl::TimeFromTimespec(st.st_mtim) >= 2 * kReconcilerPeriod &&
+              absl::TimeFromTimespec(st.st_mtim) > driver_started_;
+          it = registered.count(*it) > 0 && !replaced ? std::next(it) : stale_.erase(it);
         }
         for (const std::string& s : stale_) registered.erase(s);
         seen.clear();
@@ -239,7 +188,7 @@ class RealDraCell {
       }
       std::vector<std::string> others;
       for (const std::string& socket : SocketsIn(PluginsRegistry())) {
-        const Info info = GetInfo(socket);
+        const RegistrationInfo info = GetInfo(socket);
         if (!info.answered) continue;
         const bool ours = info.type == "DRAPlugin" && info.name == driver();
         if (ours && registered.count(socket) > 0) {
@@ -551,6 +500,7 @@ class RealDraCell {
   std::vector<std::string> claims_;
   int made_ = 0;
   std::set<std::string> stale_;  // NoteLeftBehind
+  absl::Time driver_started_;
   absl::Duration registered_after_;
   absl::Duration published_after_;
 };

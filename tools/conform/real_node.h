@@ -7,6 +7,7 @@
 #ifndef DPPROXY_TOOLS_CONFORM_REAL_NODE_H_
 #define DPPROXY_TOOLS_CONFORM_REAL_NODE_H_
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "proto/pluginregistration/api.grpc.pb.h"
 #include "proto/podresources/api.grpc.pb.h"
 #include "proxy/kube/kube_client.h"
 #include "proxy/kube/kube_config.h"
@@ -48,6 +50,69 @@ inline constexpr absl::Duration kRestartLimit = absl::Minutes(3);
 inline constexpr char kManagedBy[] = "dpconform";
 // The pods' containers: ended at once by the SIGTERM of a deletion.
 inline constexpr char kPodScript[] = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+// The sockets the kubelet's plugin manager registered, from its metrics
+// text: plugin_manager_total_plugins{socket_path="...",state="actual_state_of_world"}.
+inline std::set<std::string> RegisteredSockets(const std::string& metrics) {
+  std::set<std::string> out;
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::StartsWith(line, "plugin_manager_total_plugins{")) continue;
+    const size_t close = line.find('}');
+    if (close == absl::string_view::npos) continue;
+    std::string socket;
+    bool actual = false;
+    absl::string_view labels = line.substr(29, close - 29);
+    for (absl::string_view label : absl::StrSplit(labels, "\",", absl::SkipEmpty())) {
+      const size_t eq = label.find("=\"");
+      if (eq == absl::string_view::npos) continue;
+      absl::string_view key = absl::StripLeadingAsciiWhitespace(label.substr(0, eq));
+      absl::string_view value = absl::StripSuffix(label.substr(eq + 2), "\"");
+      if (key == "socket_path") socket = std::string(value);
+      if (key == "state") actual = value == "actual_state_of_world";
+    }
+    const absl::string_view count = absl::StripAsciiWhitespace(line.substr(close + 1));
+    if (actual && !socket.empty() && count != "0") out.insert(socket);
+  }
+  return out;
+}
+
+// GetInfo on a registration socket, as the kubelet asks it: "DRAPlugin
+// name [versions]", or why it did not answer.
+struct RegistrationInfo {
+  bool answered = false;
+  std::string type, name;
+  std::vector<std::string> versions;
+  std::string Describe() const {
+    return absl::StrCat(type, " ", name, " [", absl::StrJoin(versions, ", "), "]");
+  }
+};
+inline RegistrationInfo GetInfo(const std::string& socket) {
+  RegistrationInfo info;
+  auto stub = pluginregistration::Registration::NewStub(MakeUnixChannel(socket, 1 << 20));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  pluginregistration::PluginInfo resp;
+  if (!stub->GetInfo(&ctx, {}, &resp).ok()) return info;
+  info.answered = true;
+  info.type = resp.type();
+  info.name = resp.name();
+  info.versions.assign(resp.supported_versions().begin(), resp.supported_versions().end());
+  return info;
+}
+
+// The paths in `dir`, sorted.
+inline std::vector<std::string> SocketsIn(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(JoinPath(dir, name));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 // What the kubelet does with a pod.
 struct PodOutcome {
@@ -194,16 +259,16 @@ class RealNode {
   }
 
   // Makes a pod bound to this node, one container c0, c1, ... per entry of
-  // `counts` asking for that many devices of `resource`.
-  absl::Status CreatePod(const std::string& pod, const std::string& resource,
-                         const std::vector<int>& counts) {
-    Json containers = Json::array();
-    for (size_t i = 0; i < counts.size(); ++i) {
-      containers.push_back(
-          Container(absl::StrCat("c", i),
-                    {{"limits", {{resource, absl::StrCat(counts[i])}}}}));
+  // `containers`, each asking for that many devices of that resource.
+  absl::Status CreatePod(const std::string& pod,
+                         const std::vector<std::pair<std::string, int>>& containers) {
+    Json list = Json::array();
+    for (size_t i = 0; i < containers.size(); ++i) {
+      const auto& [resource, count] = containers[i];
+      list.push_back(
+          Container(absl::StrCat("c", i), {{"limits", {{resource, absl::StrCat(count)}}}}));
     }
-    return api_->Post(PodsPath(), PodManifest(pod, containers, {{"nodeName", name_}})).status();
+    return api_->Post(PodsPath(), PodManifest(pod, list, {{"nodeName", name_}})).status();
   }
 
   // Makes a pod of the claim `claim` (made beforehand in the namespace),

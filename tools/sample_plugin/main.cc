@@ -211,6 +211,11 @@ int Serve() {
   if (!options.ok()) return Fail(2, std::string(options.status().message()));
   const std::vector<std::string> resources = absl::StrSplit(FLAGS_resource, ',',
                                                             absl::SkipWhitespace());
+  if (resources.size() > 1 && !FLAGS_socket_name.empty()) {
+    return Fail(2, absl::StrCat("--socket_name=", FLAGS_socket_name, " names one socket, and ",
+                                resources.size(), " resources each need their own: leave it "
+                                "empty (sample-<name>.sock each)"));
+  }
   std::vector<std::unique_ptr<SamplePlugin>> plugins;
   for (const std::string& r : resources) {
     SamplePluginOptions o = *options;

@@ -1534,14 +1534,14 @@ def scenario_dpconform_real(s):
         s, ["--registration=plugin-watcher", "--plugins_registry_dir={plugins_registry}",
             "--resource=example.com/conform," + second, "--socket_name="],
         "--scenarios=plugin-watcher,multi-resource", "--resource=example.com/conform," + second)
-    cells = _cells(report)
-    bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in cells.items()
+    watched = _cells(report)
+    bad = ["%s: %s %s" % (n, c["outcome"], c["summary"]) for n, c in watched.items()
            if c["outcome"] != "pass"]
-    check(rc == 0 and sorted(cells) == ["multi-resource", "plugin-watcher"] and not bad,
+    check(rc == 0 and sorted(watched) == ["multi-resource", "plugin-watcher"] and not bad,
           "the sample plugin through the plugin watcher with two resources did not pass "
-          "(exit %d): %s" % (rc, bad or sorted(cells)))
-    check("plugins_registry" in cells["plugin-watcher"]["summary"],
-          "plugin-watcher does not name the registration socket: %s" % cells["plugin-watcher"])
+          "(exit %d): %s" % (rc, bad or sorted(watched)))
+    check("plugins_registry" in watched["plugin-watcher"]["summary"],
+          "plugin-watcher does not name the registration socket: %s" % watched["plugin-watcher"])
 
     rc, report = dpconform_real(s, ["--fault=no-reregister"], "--scenarios=kubelet-restart")
     cell = _cells(report).get("kubelet-restart", {})

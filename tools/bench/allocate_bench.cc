@@ -77,44 +77,6 @@ DEFINE_int32(checkpoint_losses, 3,
 
 namespace dpproxy::bench {
 
-Child Spawn(const std::vector<std::string>& args) {
-  ChildSpec spec;
-  spec.argv = args;
-  absl::StatusOr<Child> child = ChildProcess::Start(spec);
-  if (!child.ok()) {
-    std::cerr << "allocate_bench: " << child.status().message() << "\n";
-    exit(1);
-  }
-  return *std::move(child);
-}
-
-// SIGTERM, and SIGKILL after 10 s; nothing for a process never started.
-void Stop(Child& child) {
-  if (child != nullptr) child->Stop(absl::Seconds(10));
-  child.reset();
-}
-
-std::string ProcField(const Child& child, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", child->pid(), "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) {
-      std::string v = line.substr(field.size() + 1);
-      v.erase(0, v.find_first_not_of(" \t"));
-      return v;
-    }
-  }
-  return "?";
-}
-
-bool WaitForPath(const std::string& path, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (PathExists(path)) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
-}
 
 
 namespace {

@@ -15,22 +15,10 @@
 
 #include "absl/time/time.h"
 #include "proxy/util/child_process.h"
+#include "tools/bench/bench_util.h"
 #include "tools/kubelet_sim/kubelet_sim.h"
 
 namespace dpproxy::bench {
-
-// The bench's processes: dpproxy, plugins, the bare hop (proxy/util's
-// ChildProcess, as dpconform's; output inherited).
-using Child = std::unique_ptr<ChildProcess>;
-Child Spawn(const std::vector<std::string>& args);
-// SIGTERM, then waits.
-void Stop(Child& child);
-// A field of the child's /proc/<pid>/status ("VmRSS"), as it reads.
-std::string ProcField(const Child& child, const std::string& field);
-bool WaitForPath(const std::string& path, absl::Duration timeout);
-
-// The value at fraction `p` (0..1) of `v`, sorted; 0 if `v` is empty.
-double Percentile(std::vector<double> v, double p);
 
 // The CPU time the calling thread spends in a floor's writes and
 // fdatasyncs (user and system), and how many it made.

@@ -13,12 +13,6 @@
 
 namespace dpproxy::bench {
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
-  return v[i];
-}
 
 namespace {
 

@@ -1057,6 +1057,54 @@ TEST_P(NewOptionsTest, ABackendWithNewOptionsIsServedWithoutRegisteringAgain) {
                                             stop_mark));
 }
 
+// A kubelet's start wipes dpproxy's socket while a registration is on its
+// way, dpproxy serves it again, and the kubelet's dial-back reaches the new
+// server: the kubelet holds the socket as served now. dpproxy keeps that
+// registration. Registering again there was refused by a 1.37 kubelet
+// ("device plugin already connected") and retried for as long as the
+// kubelet ran, the resource's registration check failing all along (seen
+// in tools/dev bench storm).
+TEST(RegistrationRaceTest, ARegistrationThatReachedTheSocketServedAgainIsKept) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [](sim::KubeletSimOptions& so) {
+    so.kubelet = *sim::ParseKubeletVersion("1.37");
+  });
+  std::atomic<bool> rewired{false};
+  h.sim().SetBeforeDialBack([&](const std::string& socket) {
+    if (rewired.load() || !absl::StrContains(socket, "dpproxy-")) return;
+    // As a kubelet's start removes it; dpproxy serves it again (a new
+    // file, though it may reuse the inode).
+    if (::unlink(socket.c_str()) != 0) return;
+    const absl::Time deadline = absl::Now() + kWait;
+    struct stat now;
+    while (absl::Now() < deadline) {
+      if (::stat(socket.c_str(), &now) == 0) {
+        rewired = true;
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  ASSERT_NE(h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1)), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  std::optional<nlohmann::json> served_again = h.proxy().events().WaitForEvent(
+      "kubelet_registration_served_again", {{"resource", kGpu}}, kWait);
+  ASSERT_TRUE(rewired.load());
+  ASSERT_TRUE(served_again.has_value());
+  EXPECT_EQ(served_again->value("kubelet_holds_it", false), true) << served_again->dump();
+  // The next kubelet start registers the resource anew; until then nothing
+  // was refused and nothing failed.
+  h.sim().SetBeforeDialBack(nullptr);
+  const size_t mark = h.proxy().events().Size();
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(h.proxy().events().WaitForEvent("kubelet_registered", {{"resource", kGpu}}, kWait,
+                                              mark));
+  EXPECT_FALSE(h.sim().events().WaitForEvent("registration_rejected", {}, absl::ZeroDuration()));
+  EXPECT_FALSE(h.proxy().events().WaitForEvent("kubelet_registration_failed", {},
+                                               absl::ZeroDuration()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Kubelets, NewOptionsTest, ::testing::Values("1.31", "1.37"),
                          [](const auto& info) {
                            return absl::StrReplaceAll(info.param, {{".", "_"}});

@@ -145,17 +145,8 @@ class DraCell {
   }
 
   std::vector<std::pair<std::string, std::string>> Values() const {
-    return {{"kubelet_root", JoinPath(dir_, "k")},
-            {"plugins_registry", PluginsRegistry()},
-            {"kubelet_socket", JoinPath(dir_, "k/device-plugins/kubelet.sock")},
-            {"plugin_dir", JoinPath(dir_, "k/device-plugins")},
-            {"resource", o_.resources.empty() ? std::string() : o_.resources.front()},
-            {"kubeconfig", kubeconfig_},
-            {"node_name", kNode},
-            {"cdi_dir", CdiDir()},
-            {"driver", o_.dra_driver},
-            {"work_dir", JoinPath(dir_, "work")},
-            {"kubelet_version", version_.name}};
+    return DraValues(o_, JoinPath(dir_, "k"), kubeconfig_, kNode, CdiDir(), JoinPath(dir_, "work"),
+                     version_.name);
   }
 
   std::string CdiDir() const { return JoinPath(dir_, "cdi"); }
@@ -958,6 +949,23 @@ CellResult RunDraCell(const ConformOptions& o, const sim::KubeletVersion& k, con
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> DraValues(
+    const ConformOptions& o, const std::string& kubelet_root, const std::string& kubeconfig,
+    const std::string& node_name, const std::string& cdi_dir, const std::string& work_dir,
+    const std::string& kubelet_version) {
+  return {{"kubelet_root", kubelet_root},
+          {"plugins_registry", JoinPath(kubelet_root, "plugins_registry")},
+          {"kubelet_socket", JoinPath(kubelet_root, "device-plugins/kubelet.sock")},
+          {"plugin_dir", JoinPath(kubelet_root, "device-plugins")},
+          {"resource", o.resources.empty() ? std::string() : o.resources.front()},
+          {"kubeconfig", kubeconfig},
+          {"node_name", node_name},
+          {"cdi_dir", cdi_dir},
+          {"driver", o.dra_driver},
+          {"work_dir", work_dir},
+          {"kubelet_version", kubelet_version}};
+}
 
 std::map<std::string, std::vector<std::string>> PublishedPools(const std::vector<Json>& slices,
                                                                const std::string& driver,

@@ -27,6 +27,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,6 +49,13 @@ absl::Status ValidateDraOptions(const ConformOptions& options);
 // Runs the DRA scenarios on the simulated releases of options.kubelets and,
 // first, on the real node of options.real_kubelets (real.h).
 absl::StatusOr<std::vector<CellResult>> RunDraConformance(const ConformOptions& options);
+
+// The driver command's placeholder values (DraPlaceholders) for a kubelet
+// whose root is `kubelet_root`, the rest as named.
+std::vector<std::pair<std::string, std::string>> DraValues(
+    const ConformOptions& o, const std::string& kubelet_root, const std::string& kubeconfig,
+    const std::string& node_name, const std::string& cdi_dir, const std::string& work_dir,
+    const std::string& kubelet_version);
 
 // The devices of `driver`'s ResourceSlices for `node` among `slices`
 // (ResourceSlice objects), by pool, from the newest generation of each

@@ -217,49 +217,22 @@ class RealCell {
   // A pod outcome that is not kRunning, as the Problem of `owner` (or the
   // harness's, or the device list's, by what the kubelet said).
   Problem PodProblem(const std::string& owner, const std::string& pod, const PodOutcome& out) {
-    Problem p;
-    p.owner = owner;
-    switch (out.kind) {
-      case PodOutcome::kRefused:
-        p.owner = AdmissionOwner(out.message) == "device-list" ? "registers" : owner;
-        p.summary = absl::StrCat("the kubelet refused pod ", pod, ": ", out.reason, ": ",
-                                 out.message);
-        p.plugin_did = p.owner == "registers"
-                           ? "had too few healthy devices registered when the pod came"
-                           : "answered so that the kubelet failed the pod (Allocate, "
-                             "GetPreferredAllocation or PreStartContainer)";
-        p.kubelet_expects = "an answer for every container it asks about, within its deadline";
-        p.users_see = absl::StrCat("pods fail with ", out.reason, ": ", out.message);
-        break;
-      case PodOutcome::kContainerError:
-        p.summary = absl::StrCat("pod ", pod, "'s container could not be made: ", out.reason,
-                                 ": ", out.message);
-        p.plugin_did = "answered Allocate with something the container runtime refused "
-                       "(a host path or device node that does not exist, a CDI device "
-                       "without a spec)";
-        p.kubelet_expects = "mounts, device nodes and CDI devices that exist on the node";
-        p.users_see = absl::StrCat("pods stuck in ", out.reason);
-        break;
-      case PodOutcome::kImage:
-        p.owner = owner;
-        p.summary = absl::StrCat("dpconform could not run pod ", pod, ": ", out.reason, ": ",
-                                 out.message);
-        p.plugin_did = "(the test harness, not the plugin: --pod_image must be on the node, "
-                       "and --kubeconfig may make pods in --namespace)";
-        p.kubelet_expects = "an image it need not pull";
-        p.users_see = "nothing: fix the flags";
-        break;
-      case PodOutcome::kTimeout:
-      case PodOutcome::kRunning:
-        p.summary = absl::StrCat("pod ", pod, " was not running after ",
-                                 absl::FormatDuration(o_.timeout), " (", out.reason, ")");
-        p.plugin_did = "the kubelet neither ran the pod nor refused it in time: a slow "
-                       "Allocate (the kubelet waits 30 s for it), or a slow runtime";
-        p.kubelet_expects = "an Allocate answer well within its 30 s deadline";
-        p.users_see = "pods stay Pending, then fail";
-        break;
-    }
-    return p;
+    const bool list = out.kind == PodOutcome::kRefused &&
+                      AdmissionOwner(out.message) == "device-list";
+    return OutcomeProblem(
+        list ? "registers" : owner, pod, out, o_.timeout,
+        {list ? "had too few healthy devices registered when the pod came"
+              : "answered so that the kubelet failed the pod (Allocate, GetPreferredAllocation "
+                "or PreStartContainer)",
+         "an answer for every container it asks about, within its deadline",
+         "answered Allocate with something the container runtime refused (a host path or "
+         "device node that does not exist, a CDI device without a spec)",
+         "mounts, device nodes and CDI devices that exist on the node",
+         "(the test harness, not the plugin: --pod_image must be on the node, and "
+         "--kubeconfig may make pods in --namespace)",
+         "the kubelet neither ran the pod nor refused it in time: a slow Allocate (the kubelet "
+         "waits 30 s for it), or a slow runtime",
+         "an Allocate answer well within its 30 s deadline", "pods stay Pending, then fail"});
   }
 
   // The devices of `resource` (default: the first --resource) the kubelet
@@ -271,15 +244,7 @@ class RealCell {
     return d.ok() ? *d : std::map<std::string, std::vector<std::string>>{};
   }
 
-  // The ID of the pod's first container as it runs, "" if it does not.
-  std::string ContainerId(const std::string& pod) {
-    absl::StatusOr<Json> p = node_.GetPod(pod);
-    if (!p.ok()) return "";
-    for (const Json& c : (*p)["status"].value("containerStatuses", Json::array())) {
-      if (c.value("state", Json::object()).contains("running")) return c.value("containerID", "");
-    }
-    return "";
-  }
+  std::string ContainerId(const std::string& pod) { return node_.RunningContainerId(pod); }
 
  private:
   std::string ExpectedRegistration() const {
@@ -823,65 +788,56 @@ absl::Status ValidateRealOptions(const ConformOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions& o) {
-  if (o.real_kubelets.empty()) return std::vector<CellResult>{};
-  if (absl::Status s = ValidateRealOptions(o); !s.ok()) return s;
+absl::StatusOr<std::unique_ptr<RealNode>> ConnectRealNode(const ConformOptions& o) {
   absl::StatusOr<std::unique_ptr<RealNode>> node = RealNode::Connect(o);
   if (!node.ok()) {
     return absl::Status(node.status().code(),
                         absl::StrCat("the real node: ", node.status().message()));
   }
-  RealNode& n = **node;
   for (const std::string& want : o.real_kubelets) {
-    if (!want.empty() && n.minor() != want) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--kubelets=real:", want, ": node ", n.name(), "'s kubelet is ", n.kubelet_version()));
+    if (!want.empty() && (*node)->minor() != want) {
+      return absl::FailedPreconditionError(absl::StrCat("--kubelets=real:", want, ": node ",
+                                                        (*node)->name(), "'s kubelet is ",
+                                                        (*node)->kubelet_version()));
     }
   }
-  if (absl::Status s = n.Allocatable(o.resources.front()).status(); !s.ok()) return s;
-  if (absl::Status s = n.DeleteOurPods(o.timeout); !s.ok()) return s;
-  if (absl::Status s = WaitIdle(n, o); !s.ok()) return s;
+  return node;
+}
 
-  std::vector<const RealEntry*> scenarios;
-  for (const RealEntry& e : RealEntries()) {
-    const bool selected = o.scenarios.empty()
-                              ? (std::string(e.name) != "kubelet-restart" ||
-                                 !o.real.restart_kubelet.empty())
-                              : std::find(o.scenarios.begin(), o.scenarios.end(), e.name) !=
-                                    o.scenarios.end();
+std::string RealRunId() {
+  return absl::StrCat(
+      absl::Hex((static_cast<uint64_t>(::getpid()) << 20 ^ absl::ToUnixMillis(absl::Now())) &
+                0xffffff));
+}
+
+absl::StatusOr<std::vector<CellResult>> RunRealCells(const ConformOptions& o, const RealNode& n,
+                                                     const std::vector<std::string>& all,
+                                                     const std::string& needs_restart,
+                                                     const PlayRealCell& play) {
+  std::vector<const std::string*> scenarios;
+  for (const std::string& e : all) {
+    const bool selected =
+        o.scenarios.empty()
+            ? (e != needs_restart || !o.real.restart_kubelet.empty())
+            : std::find(o.scenarios.begin(), o.scenarios.end(), e) != o.scenarios.end();
     if (selected) scenarios.push_back(&e);
   }
-  std::vector<std::pair<const std::string*, const RealEntry*>> jobs;
+  std::vector<std::pair<const std::string*, const std::string*>> jobs;
   for (const std::string& k : o.real_kubelets) {
-    for (const RealEntry* e : scenarios) jobs.emplace_back(&k, e);
+    for (const std::string* e : scenarios) jobs.emplace_back(&k, e);
   }
   ConformOptions serial = o;
   serial.jobs = 1;  // one kubelet
-  // Pod names of this run: dpconform-<run>-<cell>-<n>.
-  const std::string run = absl::StrCat(
-      absl::Hex((static_cast<uint64_t>(::getpid()) << 20 ^ absl::ToUnixMillis(absl::Now())) &
-                0xffffff));
   auto name = [&](size_t i, CellResult* result) {
     result->kubelet = jobs[i].first->empty() ? "real" : absl::StrCat("real:", *jobs[i].first);
     result->generation = absl::StrCat("real kubelet ", n.kubelet_version());
-    result->scenario = jobs[i].second->name;
+    result->scenario = *jobs[i].second;
   };
   return RunCells(
       serial, jobs.size(),
       [&](size_t i, const std::string& dir) {
         const absl::Time start = absl::Now();
-        CellResult result;
-        if (absl::Status s = WaitIdle(n, o); !s.ok()) {
-          result = Fail(std::string(s.message()), "(not the plugin under test)", "", "");
-        } else {
-          RealCell cell(o, n, dir, absl::StrCat("dpconform-", run, "-", i));
-          if (absl::Status s = cell.StartPlugin(); !s.ok()) {
-            result = Fail(absl::StrCat("could not start the plugin command: ", s.message()), "", "",
-                          "");
-          } else {
-            result = jobs[i].second->run(cell);
-          }
-        }
+        CellResult result = play(*jobs[i].second, i, dir);
         name(i, &result);
         result.duration = absl::Now() - start;
         result.dir = dir;
@@ -891,6 +847,34 @@ absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions&
         CellResult result = UnmadeResult(why);
         name(i, &result);
         return result;
+      });
+}
+
+absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions& o) {
+  if (o.real_kubelets.empty()) return std::vector<CellResult>{};
+  if (absl::Status s = ValidateRealOptions(o); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<RealNode>> node = ConnectRealNode(o);
+  if (!node.ok()) return node.status();
+  RealNode& n = **node;
+  if (absl::Status s = n.Allocatable(o.resources.front()).status(); !s.ok()) return s;
+  if (absl::Status s = n.DeleteOurPods(o.timeout); !s.ok()) return s;
+  if (absl::Status s = WaitIdle(n, o); !s.ok()) return s;
+  const std::string run = RealRunId();
+  return RunRealCells(
+      o, n, RealScenarios(), "kubelet-restart",
+      [&](const std::string& scenario, size_t i, const std::string& dir) {
+        if (absl::Status s = WaitIdle(n, o); !s.ok()) {
+          return Fail(std::string(s.message()), "(not the plugin under test)", "", "");
+        }
+        RealCell cell(o, n, dir, absl::StrCat("dpconform-", run, "-", i));
+        if (absl::Status s = cell.StartPlugin(); !s.ok()) {
+          return Fail(absl::StrCat("could not start the plugin command: ", s.message()), "", "",
+                      "");
+        }
+        for (const RealEntry& e : RealEntries()) {
+          if (scenario == e.name) return e.run(cell);
+        }
+        return Fail(absl::StrCat("no real-kubelet scenario ", scenario), "", "", "");
       });
 }
 

@@ -107,18 +107,8 @@ class RealDraCell {
   std::string PluginsRegistry() const { return JoinPath(o_.real.kubelet_root, "plugins_registry"); }
 
   std::vector<std::pair<std::string, std::string>> Values() const {
-    const std::string& root = o_.real.kubelet_root;
-    return {{"kubelet_root", root},
-            {"plugins_registry", PluginsRegistry()},
-            {"kubelet_socket", JoinPath(root, "device-plugins/kubelet.sock")},
-            {"plugin_dir", JoinPath(root, "device-plugins")},
-            {"resource", o_.resources.empty() ? std::string() : o_.resources.front()},
-            {"kubeconfig", o_.real.kubeconfig},
-            {"node_name", node_.name()},
-            {"cdi_dir", kRuntimeCdiDir},
-            {"driver", o_.dra_driver},
-            {"work_dir", JoinPath(dir_, "w")},
-            {"kubelet_version", node_.minor()}};
+    return DraValues(o_, o_.real.kubelet_root, o_.real.kubeconfig, node_.name(), kRuntimeCdiDir,
+                     JoinPath(dir_, "w"), node_.minor());
   }
 
   absl::Status StartDriver() {
@@ -368,46 +358,21 @@ class RealDraCell {
 
   // A claim pod's outcome that is not kRunning, as `owner`'s Problem.
   Problem PodProblem(const std::string& owner, const std::string& pod, const PodOutcome& out) {
-    Problem p;
-    p.owner = owner;
-    switch (out.kind) {
-      case PodOutcome::kRefused:
-        p.summary = absl::StrCat("the kubelet failed pod ", pod, ": ", out.reason, ": ",
-                                 out.message);
-        p.plugin_did = "answered NodePrepareResources so that the kubelet failed the pod";
-        p.kubelet_expects = "a prepared claim with every allocated device in the answer";
-        p.users_see = absl::StrCat("pods fail with ", out.reason);
-        break;
-      case PodOutcome::kContainerError:
-        p.summary = absl::StrCat("pod ", pod, "'s container could not be made: ", out.reason,
-                                 ": ", out.message);
-        p.plugin_did = "answered NodePrepareResources with CDI device names the container "
-                       "runtime could not resolve (no spec in its CDI directories, or a spec "
-                       "naming what does not exist)";
-        p.kubelet_expects = absl::StrCat("CDI names whose specs are in the runtime's CDI "
-                                         "directories (", kRuntimeCdiDir, ")");
-        p.users_see = absl::StrCat("pods stuck in ", out.reason);
-        break;
-      case PodOutcome::kImage:
-        p.summary = absl::StrCat("dpconform could not run pod ", pod, ": ", out.reason, ": ",
-                                 out.message);
-        p.plugin_did = "(the test harness, not the driver: --pod_image must be on the node, "
-                       "and --kubeconfig may make pods and ResourceClaims in --namespace)";
-        p.kubelet_expects = "an image it need not pull";
-        p.users_see = "nothing: fix the flags";
-        break;
-      case PodOutcome::kTimeout:
-      case PodOutcome::kRunning:
-        p.summary = absl::StrCat("pod ", pod, " was not running after ",
-                                 absl::FormatDuration(o_.timeout), " (", out.reason, ")");
-        p.plugin_did = "published devices the claim was allocated from, but the kubelet did "
-                       "not get the claim prepared in time (a failed or slow "
-                       "NodePrepareResources), or the scheduler found no device";
-        p.kubelet_expects = "NodePrepareResources answered well within its 45 s deadline";
-        p.users_see = "pods with claims stay Pending or ContainerCreating";
-        break;
-    }
-    return p;
+    return OutcomeProblem(
+        owner, pod, out, o_.timeout,
+        {"answered NodePrepareResources so that the kubelet failed the pod",
+         "a prepared claim with every allocated device in the answer",
+         "answered NodePrepareResources with CDI device names the container runtime could not "
+         "resolve (no spec in its CDI directories, or a spec naming what does not exist)",
+         absl::StrCat("CDI names whose specs are in the runtime's CDI directories (",
+                      kRuntimeCdiDir, ")"),
+         "(the test harness, not the driver: --pod_image must be on the node, and --kubeconfig "
+         "may make pods and ResourceClaims in --namespace)",
+         "published devices the claim was allocated from, but the kubelet did not get the "
+         "claim prepared in time (a failed or slow NodePrepareResources), or the scheduler "
+         "found no device",
+         "NodePrepareResources answered well within its 45 s deadline",
+         "pods with claims stay Pending or ContainerCreating"});
   }
 
   // Deletes `pod` and waits until the kubelet let it go: it unprepares the
@@ -471,15 +436,7 @@ class RealDraCell {
     return out;
   }
 
-  // The ID of the pod's first container as it runs, "" if it does not.
-  std::string ContainerId(const std::string& pod) {
-    absl::StatusOr<Json> p = node_.GetPod(pod);
-    if (!p.ok()) return "";
-    for (const Json& c : (*p)["status"].value("containerStatuses", Json::array())) {
-      if (c.value("state", Json::object()).contains("running")) return c.value("containerID", "");
-    }
-    return "";
-  }
+  std::string ContainerId(const std::string& pod) { return node_.RunningContainerId(pod); }
 
  private:
   std::string Expected() const {
@@ -770,18 +727,9 @@ const std::vector<std::string>& RealDraScenarios() {
 absl::StatusOr<std::vector<CellResult>> RunRealDraConformance(const ConformOptions& o) {
   if (o.real_kubelets.empty()) return std::vector<CellResult>{};
   if (absl::Status s = ValidateRealOptions(o); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<RealNode>> node = RealNode::Connect(o);
-  if (!node.ok()) {
-    return absl::Status(node.status().code(),
-                        absl::StrCat("the real node: ", node.status().message()));
-  }
+  absl::StatusOr<std::unique_ptr<RealNode>> node = ConnectRealNode(o);
+  if (!node.ok()) return node.status();
   RealNode& n = **node;
-  for (const std::string& want : o.real_kubelets) {
-    if (!want.empty() && n.minor() != want) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--kubelets=real:", want, ": node ", n.name(), "'s kubelet is ", n.kubelet_version()));
-    }
-  }
   DraRun run;
   absl::StatusOr<std::string> version = ResourceVersion(n);
   if (!version.ok()) return version.status();
@@ -792,9 +740,7 @@ absl::StatusOr<std::vector<CellResult>> RunRealDraConformance(const ConformOptio
         "proxy, which --kubeconfig may not read: ", m.status().message()));
   }
   if (absl::Status s = n.DeleteOurPods(o.timeout); !s.ok()) return s;
-  run.run = absl::StrCat(
-      absl::Hex((static_cast<uint64_t>(::getpid()) << 20 ^ absl::ToUnixMillis(absl::Now())) &
-                0xffffff));
+  run.run = RealRunId();
   run.device_class = absl::StrCat("dpconform-", run.run);
   Json device_class = {
       {"apiVersion", absl::StrCat("resource.k8s.io/", run.version)},
@@ -818,49 +764,19 @@ absl::StatusOr<std::vector<CellResult>> RunRealDraConformance(const ConformOptio
     }
   } remove_class{n, run};
 
-  std::vector<const RealDraEntry*> scenarios;
-  for (const RealDraEntry& e : RealDraEntries()) {
-    const bool selected =
-        o.scenarios.empty()
-            ? (std::string(e.name) != "dra-kubelet-restart" || !o.real.restart_kubelet.empty())
-            : std::find(o.scenarios.begin(), o.scenarios.end(), e.name) != o.scenarios.end();
-    if (selected) scenarios.push_back(&e);
-  }
-  std::vector<std::pair<const std::string*, const RealDraEntry*>> jobs;
-  for (const std::string& k : o.real_kubelets) {
-    for (const RealDraEntry* e : scenarios) jobs.emplace_back(&k, e);
-  }
-  ConformOptions serial = o;
-  serial.jobs = 1;  // one kubelet
-  auto name = [&](size_t i, CellResult* result) {
-    result->kubelet = jobs[i].first->empty() ? "real" : absl::StrCat("real:", *jobs[i].first);
-    result->generation = absl::StrCat("real kubelet ", n.kubelet_version());
-    result->scenario = jobs[i].second->name;
-  };
-  return RunCells(
-      serial, jobs.size(),
-      [&](size_t i, const std::string& dir) {
-        const absl::Time start = absl::Now();
-        CellResult result;
-        {
-          RealDraCell cell(o, n, run, dir, absl::StrCat("dpconform-", run.run, "-", i));
-          cell.NoteLeftBehind();
-          if (absl::Status s = cell.StartDriver(); !s.ok()) {
-            result = Fail(absl::StrCat("could not start the driver command: ", s.message()), "",
-                          "", "");
-          } else {
-            result = jobs[i].second->run(cell);
-          }
+  return RunRealCells(
+      o, n, RealDraScenarios(), "dra-kubelet-restart",
+      [&](const std::string& scenario, size_t i, const std::string& dir) {
+        RealDraCell cell(o, n, run, dir, absl::StrCat("dpconform-", run.run, "-", i));
+        cell.NoteLeftBehind();
+        if (absl::Status s = cell.StartDriver(); !s.ok()) {
+          return Fail(absl::StrCat("could not start the driver command: ", s.message()), "", "",
+                      "");
         }
-        name(i, &result);
-        result.duration = absl::Now() - start;
-        result.dir = dir;
-        return result;
-      },
-      [&](size_t i, const std::string& why) {
-        CellResult result = UnmadeResult(why);
-        name(i, &result);
-        return result;
+        for (const RealDraEntry& e : RealDraEntries()) {
+          if (scenario == e.name) return e.run(cell);
+        }
+        return Fail(absl::StrCat("no real-kubelet DRA scenario ", scenario), "", "", "");
       });
 }
 

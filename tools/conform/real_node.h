@@ -122,6 +122,56 @@ struct PodOutcome {
   Json pod;
 };
 
+// What a plugin's (or driver's) side of each pod outcome says, for
+// OutcomeProblem.
+struct PodOutcomeTexts {
+  std::string refused_did, refused_expects;
+  std::string container_did, container_expects;
+  std::string harness_did;  // the flags the harness needs (kImage)
+  std::string late_did, late_expects, late_users;
+};
+
+// A pod outcome that is not kRunning as a Problem of `owner`'s, in the
+// kubelet's or the runtime's words, after `timeout`.
+inline Problem OutcomeProblem(const std::string& owner, const std::string& pod,
+                              const PodOutcome& out, absl::Duration timeout,
+                              const PodOutcomeTexts& t) {
+  Problem p;
+  p.owner = owner;
+  switch (out.kind) {
+    case PodOutcome::kRefused:
+      p.summary = absl::StrCat("the kubelet refused pod ", pod, ": ", out.reason, ": ",
+                               out.message);
+      p.plugin_did = t.refused_did;
+      p.kubelet_expects = t.refused_expects;
+      p.users_see = absl::StrCat("pods fail with ", out.reason, ": ", out.message);
+      break;
+    case PodOutcome::kContainerError:
+      p.summary = absl::StrCat("pod ", pod, "'s container could not be made: ", out.reason, ": ",
+                               out.message);
+      p.plugin_did = t.container_did;
+      p.kubelet_expects = t.container_expects;
+      p.users_see = absl::StrCat("pods stuck in ", out.reason);
+      break;
+    case PodOutcome::kImage:
+      p.summary = absl::StrCat("dpconform could not run pod ", pod, ": ", out.reason, ": ",
+                               out.message);
+      p.plugin_did = t.harness_did;
+      p.kubelet_expects = "an image it need not pull";
+      p.users_see = "nothing: fix the flags";
+      break;
+    case PodOutcome::kTimeout:
+    case PodOutcome::kRunning:
+      p.summary = absl::StrCat("pod ", pod, " was not running after ",
+                               absl::FormatDuration(timeout), " (", out.reason, ")");
+      p.plugin_did = t.late_did;
+      p.kubelet_expects = t.late_expects;
+      p.users_see = t.late_users;
+      break;
+  }
+  return p;
+}
+
 // The node, its kubelet's pod-resources socket and the API server.
 class RealNode {
  public:
@@ -302,6 +352,16 @@ class RealNode {
 
   absl::StatusOr<Json> GetPod(const std::string& pod) {
     return api_->Get(absl::StrCat(PodsPath(), "/", pod));
+  }
+
+  // The ID of the pod's first running container, "" if none runs.
+  std::string RunningContainerId(const std::string& pod) {
+    absl::StatusOr<Json> p = GetPod(pod);
+    if (!p.ok()) return "";
+    for (const Json& c : (*p)["status"].value("containerStatuses", Json::array())) {
+      if (c.value("state", Json::object()).contains("running")) return c.value("containerID", "");
+    }
+    return "";
   }
 
   // Waits up to `timeout` until the pod runs, the kubelet refuses it, its
@@ -501,6 +561,25 @@ class RealNode {
   bool direct_ = false;
   std::string proxy_error_;
 };
+
+// The node of options.real_kubelets, connected, its kubelet checked to be
+// the release each names; an error naming what is wrong otherwise.
+absl::StatusOr<std::unique_ptr<RealNode>> ConnectRealNode(const ConformOptions& o);
+
+// A short ID of this run: its pods' (and claims') names begin
+// dpconform-<id>-<cell>.
+std::string RealRunId();
+
+// Plays the scenarios of `all` the options select (--scenarios, or every
+// one but `needs_restart` without --restart_kubelet) on each real kubelet,
+// one cell at a time: `play(scenario, i, dir)` is cell i's result, named and
+// timed here.
+using PlayRealCell =
+    std::function<CellResult(const std::string& scenario, size_t i, const std::string& dir)>;
+absl::StatusOr<std::vector<CellResult>> RunRealCells(const ConformOptions& o, const RealNode& n,
+                                                     const std::vector<std::string>& all,
+                                                     const std::string& needs_restart,
+                                                     const PlayRealCell& play);
 
 }  // namespace dpproxy::conform
 

@@ -31,6 +31,11 @@ void KubeletSim::SetBeforeAllocate(AllocateHook hook) {
   before_allocate_ = std::move(hook);
 }
 
+void KubeletSim::SetBeforeDialBack(DialBackHook hook) {
+  absl::MutexLock lock(&mu_);
+  before_dial_back_ = std::move(hook);
+}
+
 void KubeletSim::HoldCheckpointWrites(bool hold) {
   absl::MutexLock lock(&mu_);
   checkpoint_writes_held_ = hold;

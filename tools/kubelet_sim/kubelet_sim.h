@@ -225,6 +225,12 @@ class KubeletSim {
                                           const std::vector<std::vector<std::string>>& ids)>;
   void SetBeforeAllocate(AllocateHook hook);
 
+  // Called with the plugin's socket path just before a 1.25+ kubelet dials
+  // a registering plugin back (a test re-serves the socket there, as a
+  // kubelet's start wiping it mid-registration does). Null: none.
+  using DialBackHook = std::function<void(const std::string& socket_path)>;
+  void SetBeforeDialBack(DialBackHook hook);
+
   // Serves the control API on `socket_path` (outlives kubelet restarts).
   absl::Status StartControl(const std::string& socket_path);
   void StopControl();
@@ -374,6 +380,7 @@ class KubeletSim {
   absl::Duration late_wipe_delay_ ABSL_GUARDED_BY(mu_);
   bool checkpoint_writes_held_ ABSL_GUARDED_BY(mu_) = false;
   AllocateHook before_allocate_ ABSL_GUARDED_BY(mu_);
+  DialBackHook before_dial_back_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_at_ ABSL_GUARDED_BY(mu_);

@@ -164,6 +164,12 @@ absl::StatusOr<std::shared_ptr<KubeletSim::PluginClient>> KubeletSim::TryConnect
   client->via = via;
   client->watch_socket = watch_socket;
   client->dialled = true;
+  DialBackHook hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = before_dial_back_;
+  }
+  if (hook) hook(socket_path);
   client->channel = MakeUnixChannel(socket_path);
   auto stopping = [this] {
     absl::MutexLock lock(&mu_);

@@ -46,7 +46,9 @@ void DevicePluginServer::NoteSteering(const PreferredChoice& choice) {
 
 
 void DevicePluginServer::NoteOptionsAsked() {
-  if (registering_.load()) options_asked_ = true;
+  if (!registering_.load()) return;
+  options_asked_serve_ = serves_.load();
+  options_asked_ = true;
 }
 
 bool DevicePluginServer::kubelet_may_reallocate_running() const {

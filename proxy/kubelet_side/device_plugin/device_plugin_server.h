@@ -132,6 +132,14 @@ class DevicePluginServer : public KubeletGate {
   // Whether the kubelet asked for the options before it answered the last
   // Register (1.25+).
   bool kubelet_registers_synchronously() const { return kubelet_sync_.load() == 1; }
+  // Whether the kubelet's dial-back during the last Register that it
+  // answered (1.25+) reached the server that serves now: the kubelet holds
+  // this socket as served now, even if it was served again while the
+  // kubelet answered. A 1.37 kubelet refuses another registration there
+  // ("device plugin already connected").
+  bool registration_reached_current_server() const {
+    return kubelet_sync_.load() == 1 && options_asked_serve_.load() == serves_.load();
+  }
   // Empties a 1.25-1.36 kubelet's entry for this resource's client
   // (client_name_release.h), so that the end of a replaced endpoint's
   // stream (a takeover's predecessor exiting) disconnects nothing. The
@@ -217,6 +225,9 @@ class DevicePluginServer : public KubeletGate {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> avoided_{0}, held_named_{0};
   std::atomic<bool> registering_{false}, options_asked_{false};
+  // Serve() calls so far, and the one serving when the kubelet asked for
+  // the options during a registration.
+  std::atomic<uint64_t> serves_{0}, options_asked_serve_{0};
   std::atomic<bool> unlisted_{false};
   // One Register (or release) at a time.
   absl::Mutex register_serial_mu_;

@@ -675,6 +675,7 @@ absl::Status DevicePluginServer::Serve() {
   }
   server_ = *std::move(server);
   served_id_ = StatFileId(socket_path_);
+  ++serves_;
   return absl::OkStatus();
 }
 

@@ -388,9 +388,23 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
   {
     absl::MutexLock lock(&mu_);
     e->registering = false;
+    const bool reached_current = s.ok() && e->served != served &&
+                                 e->endpoint->registration_reached_current_server();
     if (s.ok() && e->served != served) {
-      // Served again while the kubelet was answering: register once more,
-      // toward the new server.
+      events_->Emit("kubelet_registration_served_again",
+                    {{"resource", e->resource->name()}, {"kubelet_holds_it", reached_current}});
+    }
+    if (reached_current) {
+      // Served again while the kubelet was answering, and the kubelet's
+      // dial-back reached the new server: it holds the socket as served
+      // now. Registering again there is refused by a 1.37 kubelet ("device
+      // plugin already connected"), again and again.
+      LOG(INFO) << "resource " << e->resource->name()
+                << ": served again during registration; the kubelet dialled the new server";
+    }
+    if (s.ok() && e->served != served && !reached_current) {
+      // Served again while the kubelet was answering, and its dial-back
+      // reached the old server: register once more, toward the new one.
       LOG(INFO) << "resource " << e->resource->name()
                 << ": served again during registration; registering again";
     } else if (s.ok()) {

@@ -523,7 +523,8 @@ CellResult RealAllocateRestart(RealCell& c) {
   if (out.kind != PodOutcome::kRunning) {
     return FromProblem("allocate-restart", c.PodProblem("allocate-restart", second, out));
   }
-  notes.push_back(absl::StrCat(second, " runs with ", absl::StrJoin(c.DevicesOf(second)["c0"], ",")));
+  notes.push_back(
+      absl::StrCat(second, " runs with ", absl::StrJoin(c.DevicesOf(second)["c0"], ",")));
   return Pass("registered again after a SIGKILL during Allocate; a new pod runs", notes);
 }
 
@@ -545,7 +546,8 @@ CellResult RealListGrowth(RealCell& c) {
                 "a way to change how many devices the plugin lists", "nothing: fix --grow_command");
   };
   // Waits until `done` holds for the kubelet's allocatable IDs, up to `wait`.
-  auto until = [&](absl::Duration wait, const std::function<bool(const std::set<std::string>&)>& done)
+  auto until = [&](absl::Duration wait,
+                   const std::function<bool(const std::set<std::string>&)>& done)
       -> std::optional<std::set<std::string>> {
     const absl::Time deadline = absl::Now() + wait;
     while (true) {

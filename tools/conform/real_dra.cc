@@ -549,7 +549,8 @@ CellResult RealDraSeveralRequests(RealDraCell& c) {
   std::map<std::string, std::string> allocated =
       got.ok() ? c.Allocation(*got, &problem) : std::map<std::string, std::string>{};
   if (problem.empty() && (allocated.size() != 2 || allocated["r0"] == allocated["r1"])) {
-    problem = absl::StrCat("the claim's allocation is ", got.ok() ? got->value("status", Json::object()).dump() : "");
+    problem = absl::StrCat("the claim's allocation is ",
+                           got.ok() ? got->value("status", Json::object()).dump() : "");
   }
   if (!problem.empty()) {
     return Fail(absl::StrCat("pod ", pod, " runs, but its claim ", claim, ": ", problem),
@@ -704,7 +705,9 @@ absl::StatusOr<std::string> ResourceVersion(RealNode& node) {
         "): DRA is not enabled in this cluster"));
   }
   std::set<std::string> served;
-  for (const Json& v : (*group).value("versions", Json::array())) served.insert(v.value("version", ""));
+  for (const Json& v : (*group).value("versions", Json::array())) {
+    served.insert(v.value("version", ""));
+  }
   for (const char* v : kResourceVersions) {
     if (served.count(v) > 0) return std::string(v);
   }
@@ -760,7 +763,9 @@ absl::StatusOr<std::vector<CellResult>> RunRealDraConformance(const ConformOptio
     RealNode& n;
     DraRun& run;
     ~RemoveClass() {
-      n.api().Delete(ResourcePath(run, absl::StrCat("deviceclasses/", run.device_class))).IgnoreError();
+      n.api()
+          .Delete(ResourcePath(run, absl::StrCat("deviceclasses/", run.device_class)))
+          .IgnoreError();
     }
   } remove_class{n, run};
 

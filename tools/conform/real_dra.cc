@@ -196,11 +196,13 @@ class RealDraCell {
                                         registered.count(socket) > 0 ? " (registered)" : ""));
         }
       }
-      if (!others.empty()) seen = absl::StrJoin(others, "; ");
       if (!stale_.empty()) {
-        seen = absl::StrCat(seen, seen.empty() ? "" : "; ", "the kubelet still holds its "
-                            "registration of ", absl::StrJoin(stale_, ", "),
-                            " for a process that is gone (its file was left behind)");
+        others.push_back(absl::StrCat("the kubelet still holds its registration of ",
+                                      absl::StrJoin(stale_, ", "),
+                                      " for a process that is gone (its file was left behind)"));
+      }
+      if (!others.empty()) {
+        seen = absl::StrCat(seen, seen.empty() ? "" : "; ", absl::StrJoin(others, "; "));
       }
       if (std::optional<std::string> ended = DriverEnded()) {
         return Problem{owner,
@@ -220,7 +222,8 @@ class RealDraCell {
                          "; its output ends: ", DriverOutputTail()),
             Expected(), kUsersRegister};
       }
-      // The kubelet's gap between the two registrations is a second.
+      // Sooner while a stale registration may be replaced: the kubelet may
+      // be without it for less than a second.
       absl::SleepFor(stale_.empty() ? kPoll : absl::Milliseconds(50));
     }
   }

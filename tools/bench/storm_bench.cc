@@ -74,17 +74,19 @@ const std::vector<Backend>& Backends() {
   return *kBackends;
 }
 
-// What one side (direct or through dpproxy) saw.
+// What one side (direct or through dpproxy) saw in one phase (the
+// kubelet restarts, or the reboots).
+struct Phase {
+  std::vector<double> ms;             // start -> every resource registered, full lists
+  std::vector<double> registered_ms;  // ... registered (Register answered)
+  int failed_pods = 0;                // re-admissions refused
+  std::string first_failure;          // the first one's pod and the kubelet's message
+  int registered_first = 0;           // every resource before the first re-admission
+  int judged = 0;
+};
 struct Side {
-  std::vector<double> restart_ms;  // restart -> every resource registered, full lists
-  std::vector<double> restart_registered_ms;  // ... registered (Register answered)
-  std::vector<double> reboot_ms;
-  std::vector<double> reboot_registered_ms;
-  int missed = 0;                  // a start after which some resource never came
-  int restart_failed_pods = 0;     // re-admissions refused after restarts
-  int reboot_failed_pods = 0;
-  int reboots_registered_first = 0;  // every resource before the first re-admission
-  int reboots_judged = 0;
+  Phase restarts, reboots;
+  int missed = 0;  // a start after which some resource never came
 };
 
 // One node: a kubelet, its plugins and, for the proxied side, dpproxy.
@@ -176,7 +178,7 @@ class Node {
   // After a start whose events begin at `from`: waits for the re-admission
   // of the pods the kubelet found; the pods it failed, and whether every
   // resource had registered before the first re-admission.
-  int Readmitted(size_t from, bool* registered_first) {
+  int Readmitted(size_t from, bool* registered_first, std::string* first_failure) {
     kubelet_->WaitForPodsSynced(absl::Seconds(30));
     // The kubelet's pass over the pods it found (kubelet_sim's
     // ReadmitAfterStart): a pod that does not fit is denied, one whose
@@ -196,7 +198,11 @@ class Node {
         first_seen = true;
         *registered_first = registered.size() == Backends().size();
       }
-      if (name == "readmission_denied" || name == "readmission_failed") ++failed;
+      if (name != "readmission_denied" && name != "readmission_failed") continue;
+      if (++failed == 1 && first_failure->empty()) {
+        *first_failure = absl::StrCat(e.value("pod", ""), ": ", e.value("reason", ""), ": ",
+                                      e.value("message", ""));
+      }
     }
     return failed;
   }
@@ -223,6 +229,24 @@ class Node {
   Child proxy_;
   std::vector<Child> plugins_;
 };
+
+// A start of `n` (its events from `from`, begun at `t0`): how long every
+// resource took to register and to list in full, and what the kubelet's
+// re-admission of its pods made of them.
+void Judge(Node& n, size_t from, absl::Time t0, Phase* phase, int* missed) {
+  double registered = 0;
+  const double ms = n.AllRegistered(from, t0, &registered);
+  if (ms < 0) {
+    ++*missed;
+  } else {
+    phase->ms.push_back(ms);
+    phase->registered_ms.push_back(registered);
+  }
+  bool first = false;
+  phase->failed_pods += n.Readmitted(from, &first, &phase->first_failure);
+  ++phase->judged;
+  if (first) ++phase->registered_first;
+}
 
 std::string Figure(const std::vector<double>& ms) {
   if (ms.empty()) return "-";
@@ -264,16 +288,7 @@ int Run() {
         ++sides[k].missed;
         continue;
       }
-      double registered = 0;
-      const double ms = n.AllRegistered(from, absl::Now(), &registered);
-      if (ms < 0) {
-        ++sides[k].missed;
-      } else {
-        sides[k].restart_ms.push_back(ms);
-        sides[k].restart_registered_ms.push_back(registered);
-      }
-      bool first = false;
-      sides[k].restart_failed_pods += n.Readmitted(from, &first);
+      Judge(n, from, absl::Now(), &sides[k].restarts, &sides[k].missed);
     }
   }
   const std::string threads_after = ProcField(proxied.proxy(), "Threads");
@@ -287,18 +302,7 @@ int Run() {
         ++sides[k].missed;
         continue;
       }
-      double registered = 0;
-      const double ms = n.AllRegistered(from, t0, &registered);
-      if (ms < 0) {
-        ++sides[k].missed;
-      } else {
-        sides[k].reboot_ms.push_back(ms);
-        sides[k].reboot_registered_ms.push_back(registered);
-      }
-      bool first = false;
-      sides[k].reboot_failed_pods += n.Readmitted(from, &first);
-      ++sides[k].reboots_judged;
-      if (first) ++sides[k].reboots_registered_first;
+      Judge(n, from, t0, &sides[k].reboots, &sides[k].missed);
     }
   }
   const std::string threads_end = ProcField(proxied.proxy(), "Threads");
@@ -313,23 +317,32 @@ int Run() {
   auto row = [](const std::string& what, const std::string& a, const std::string& b) {
     std::cout << absl::StrFormat("  %-66s %-18s %s\n", what, a, b);
   };
-  row("kubelet restart -> all registered, p50 / p99 ms", Figure(sides[0].restart_registered_ms),
-      Figure(sides[1].restart_registered_ms));
-  row("kubelet restart -> all registered, full lists, p50 / p99 ms", Figure(sides[0].restart_ms),
-      Figure(sides[1].restart_ms));
-  row("pods failed UnexpectedAdmissionError after the restarts",
-      absl::StrCat(sides[0].restart_failed_pods), absl::StrCat(sides[1].restart_failed_pods));
-  row("reboot -> all registered, p50 / p99 ms", Figure(sides[0].reboot_registered_ms),
-      Figure(sides[1].reboot_registered_ms));
-  row("reboot -> all registered, full lists, p50 / p99 ms", Figure(sides[0].reboot_ms),
-      Figure(sides[1].reboot_ms));
-  row("reboots with every resource registered before the first admission",
-      absl::StrCat(sides[0].reboots_registered_first, " of ", sides[0].reboots_judged),
-      absl::StrCat(sides[1].reboots_registered_first, " of ", sides[1].reboots_judged));
-  row("pods failed UnexpectedAdmissionError after the reboots",
-      absl::StrCat(sides[0].reboot_failed_pods), absl::StrCat(sides[1].reboot_failed_pods));
+  using PhaseOf = std::pair<const char*, Phase Side::*>;
+  for (const auto& [what, phase] :
+       {PhaseOf{"kubelet restart", &Side::restarts}, PhaseOf{"reboot", &Side::reboots}}) {
+    const Phase& a = sides[0].*phase;
+    const Phase& b = sides[1].*phase;
+    row(absl::StrCat(what, " -> all registered, p50 / p99 ms"), Figure(a.registered_ms),
+        Figure(b.registered_ms));
+    row(absl::StrCat(what, " -> all registered, full lists, p50 / p99 ms"), Figure(a.ms),
+        Figure(b.ms));
+    row(absl::StrCat(what, "s with every resource registered before the first admission"),
+        absl::StrCat(a.registered_first, " of ", a.judged),
+        absl::StrCat(b.registered_first, " of ", b.judged));
+    row(absl::StrCat("pods failed UnexpectedAdmissionError after the ", what, "s"),
+        absl::StrCat(a.failed_pods), absl::StrCat(b.failed_pods));
+  }
   row("starts after which a resource never came back (30 s)", absl::StrCat(sides[0].missed),
       absl::StrCat(sides[1].missed));
+  for (int k = 0; k < 2; ++k) {
+    for (const Phase* phase : {&sides[k].restarts, &sides[k].reboots}) {
+      if (!phase->first_failure.empty()) {
+        std::cout << "  first pod failed " << (k == 0 ? "direct" : "through dpproxy") << " after "
+                  << (phase == &sides[k].restarts ? "a restart" : "a reboot") << ": "
+                  << phase->first_failure << "\n";
+      }
+    }
+  }
   std::cout << absl::StrFormat(
       "\n  dpproxy threads: %s before the restarts, %s after; %s after the last reboot\n"
       "  dpproxy RSS: %s before the restarts, %s after; %s after the last reboot\n",

@@ -89,13 +89,48 @@ void EventLog::Emit(const std::string& event, Json fields) {
   e.emplace("ts", EventTimestamp(now));
   e.emplace("source", source_);
   e.emplace("event", event);
+  // Its lines are made outside the lock: a large event (a 10,000-device
+  // list is 370 KB of JSON) takes milliseconds to format, and every other
+  // emitting thread would wait on it.
+  Outputs outputs;
+  {
+    absl::MutexLock lock(&mu_);
+    outputs = Outputs{file_ != nullptr, json_log_, echo_};
+  }
+  const Lines lines = FormatLines(e, now, outputs);
   std::vector<std::shared_ptr<const std::function<void()>>> listeners;
   {
     absl::MutexLock lock(&mu_);
-    RecordLocked(std::move(e), now);
+    RecordLocked(std::move(e), lines);
     if (!listeners_.empty()) listeners = listeners_;
   }
   for (const auto& l : listeners) (*l)();
+}
+
+EventLog::Lines EventLog::FormatLines(const Json& e, absl::Time now, Outputs outputs) {
+  Lines lines;
+  if (outputs.file) {
+    lines.file = e.dump(-1, ' ', false, Json::error_handler_t::replace);
+    lines.file += '\n';
+  }
+  if (outputs.json_log) {
+    // As klog's JSON format writes an info line of verbosity 1
+    // (proxy/ops/json_log.h).
+    nlohmann::ordered_json j;
+    j["ts"] = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+    j["msg"] = std::string(CountedField(e, "event", std::string_view()));
+    j["v"] = 1;
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      if (it.key() != "ts") j[it.key()] = it.value();
+    }
+    lines.json_log = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+    lines.json_log += '\n';
+  }
+  if (outputs.echo) {
+    lines.echo = Format(e);
+    lines.echo += '\n';
+  }
+  return lines;
 }
 
 void EventLog::AddListener(std::function<void()> listener) {
@@ -103,33 +138,20 @@ void EventLog::AddListener(std::function<void()> listener) {
   listeners_.push_back(std::make_shared<const std::function<void()>>(std::move(listener)));
 }
 
-void EventLog::RecordLocked(Json e, absl::Time now) {
+void EventLog::RecordLocked(Json e, const Lines& lines) {
   const std::string_view event = CountedField(e, "event", std::string_view());
   CountLocked(event, CountedField(e, "resource", std::string_view()));
-  if (file_ != nullptr) {
-    std::string line = e.dump(-1, ' ', false, Json::error_handler_t::replace);
-    line += '\n';
-    fwrite(line.data(), 1, line.size(), file_);
+  // An output turned on between the formatting and now starts with the
+  // next event; one turned off gets nothing more.
+  if (file_ != nullptr && !lines.file.empty()) {
+    fwrite(lines.file.data(), 1, lines.file.size(), file_);
     fflush(file_);
   }
-  if (json_log_) {
-    // As klog's JSON format writes an info line of verbosity 1
-    // (proxy/ops/json_log.h).
-    nlohmann::ordered_json j;
-    j["ts"] = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-    j["msg"] = std::string(event);
-    j["v"] = 1;
-    for (auto it = e.begin(); it != e.end(); ++it) {
-      if (it.key() != "ts") j[it.key()] = it.value();
-    }
-    std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace);
-    line += '\n';
-    fwrite(line.data(), 1, line.size(), stderr);
+  if (json_log_ && !lines.json_log.empty()) {
+    fwrite(lines.json_log.data(), 1, lines.json_log.size(), stderr);
   }
-  if (echo_) {
-    std::string line = Format(e);
-    line += '\n';
-    fwrite(line.data(), 1, line.size(), stdout);
+  if (echo_ && !lines.echo.empty()) {
+    fwrite(lines.echo.data(), 1, lines.echo.size(), stdout);
     fflush(stdout);
   }
   events_.push_back(std::move(e));

@@ -104,8 +104,17 @@ class EventLog {
   static std::string Format(const Json& e);
 
  private:
-  // Counts, writes, echoes and keeps one event.
-  void RecordLocked(Json e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where an event goes besides memory, and its line for each.
+  struct Outputs {
+    bool file = false, json_log = false, echo = false;
+  };
+  struct Lines {
+    std::string file, json_log, echo;
+  };
+  static Lines FormatLines(const Json& e, absl::Time now, Outputs outputs);
+  // Counts, writes (`lines`, made by FormatLines), echoes and keeps one
+  // event.
+  void RecordLocked(Json e, const Lines& lines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts the event and returns true if nothing takes it beyond its count
   // (no history, file, echo, JSON log or listener).
   bool CountIfNothingTakes(std::string_view event, std::string_view resource);

@@ -332,6 +332,19 @@ class KubeletSim {
   void StopEndpoint(const std::shared_ptr<PluginClient>& client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriteCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The checkpoint and the pods file as the state is now, numbered in the
+  // order they were made.
+  struct CheckpointFiles {
+    uint64_t seq = 0;
+    std::optional<std::string> checkpoint;  // none while writes are held
+    std::string pods;
+  };
+  CheckpointFiles CheckpointFilesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `files` unless later ones were written first; with or without
+  // mu_ held. The kubelet writes its checkpoint after its device manager's
+  // lock is released (writeCheckpoint), so that a large list's update does
+  // not hold up another plugin's registration.
+  void WriteCheckpoint(const CheckpointFiles& files) ABSL_LOCKS_EXCLUDED(checkpoint_mu_);
   void Housekeeping();
   std::unique_ptr<PluginManager::Handler> MakeDevicePluginHandler();
   std::unique_ptr<PluginManager::Handler> MakeDraPluginHandler();
@@ -379,6 +392,9 @@ class KubeletSim {
   KubeletVersion kubelet_ ABSL_GUARDED_BY(mu_);
   absl::Duration late_wipe_delay_ ABSL_GUARDED_BY(mu_);
   bool checkpoint_writes_held_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t checkpoint_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex checkpoint_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  uint64_t checkpoint_written_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
   AllocateHook before_allocate_ ABSL_GUARDED_BY(mu_);
   DialBackHook before_dial_back_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;

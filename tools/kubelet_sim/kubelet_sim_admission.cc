@@ -172,13 +172,24 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
                                {"failed", failed}});
 }
 
-void KubeletSim::WriteCheckpointLocked() {
-  absl::Status s = checkpoint_writes_held_
-                       ? absl::OkStatus()
-                       : WriteFileAtomic(checkpoint_path(), state_.CheckpointJson(kubelet_.minor));
-  if (s.ok()) {
-    s = WriteFileAtomic(JoinPath(options_.root_dir, kPodsFileName), state_.PodsJson());
-  }
+void KubeletSim::WriteCheckpointLocked() { WriteCheckpoint(CheckpointFilesLocked()); }
+
+KubeletSim::CheckpointFiles KubeletSim::CheckpointFilesLocked() {
+  CheckpointFiles files;
+  files.seq = ++checkpoint_seq_;
+  if (!checkpoint_writes_held_) files.checkpoint = state_.CheckpointJson(kubelet_.minor);
+  files.pods = state_.PodsJson();
+  return files;
+}
+
+void KubeletSim::WriteCheckpoint(const CheckpointFiles& files) {
+  absl::MutexLock lock(&checkpoint_mu_);
+  if (files.seq <= checkpoint_written_) return;  // newer ones are on disk
+  checkpoint_written_ = files.seq;
+  absl::Status s = files.checkpoint.has_value()
+                       ? WriteFileAtomic(checkpoint_path(), *files.checkpoint)
+                       : absl::OkStatus();
+  if (s.ok()) s = WriteFileAtomic(JoinPath(options_.root_dir, kPodsFileName), files.pods);
   if (!s.ok()) events_.Emit("checkpoint_write_failed", {{"error", std::string(s.message())}});
 }
 

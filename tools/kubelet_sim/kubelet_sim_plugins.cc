@@ -279,28 +279,37 @@ void KubeletSim::RunClient(std::shared_ptr<PluginClient> client) {
 
 void KubeletSim::OnDevices(const std::shared_ptr<PluginClient>& client,
                            const std::vector<v1beta1::Device>& devices) {
-  absl::MutexLock lock(&mu_);
-  if (!running_) return;
   // Before 1.16 Device had no topology field: the kubelet never saw it.
   std::vector<v1beta1::Device> without_topology;
   const std::vector<v1beta1::Device>* read = &devices;
-  if (!kubelet_.ReadsTopology()) {
-    without_topology = devices;
-    for (v1beta1::Device& d : without_topology) d.clear_topology();
-    read = &without_topology;
+  int64_t capacity = 0, allocatable = 0;
+  CheckpointFiles files;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!running_) return;
+    if (!kubelet_.ReadsTopology()) {
+      without_topology = devices;
+      for (v1beta1::Device& d : without_topology) d.clear_topology();
+      read = &without_topology;
+    }
+    // From 1.10 a replaced client keeps running (InstallClient), and its
+    // lists reach the device manager by the resource's name (on a real
+    // 1.36.3 node a list from the old dpproxy's stream, after the new one's
+    // client had died, turned the devices Healthy again while every
+    // Allocate failed on the stopped endpoint).
+    const bool by_name = kubelet_.minor >= 10;
+    if (!state_.UpdateDevices(client->resource, client->generation, by_name, *read)) return;
+    capacity = state_.Capacity(client->resource);
+    allocatable = state_.Allocatable(client->resource);
+    files = CheckpointFilesLocked();
   }
-  // From 1.10 a replaced client keeps running (InstallClient), and its
-  // lists reach the device manager by the resource's name (on a real
-  // 1.36.3 node a list from the old dpproxy's stream, after the new one's
-  // client had died, turned the devices Healthy again while every
-  // Allocate failed on the stopped endpoint).
-  const bool by_name = kubelet_.minor >= 10;
-  if (!state_.UpdateDevices(client->resource, client->generation, by_name, *read)) return;
+  // As genericDeviceUpdateCallback: the sets are replaced under the device
+  // manager's lock, the checkpoint is written once it is released.
+  WriteCheckpoint(files);
   events_.Emit("devices", {{"resource", client->resource},
                            {"devices", DevicesJson(*read)},
-                           {"capacity", state_.Capacity(client->resource)},
-                           {"allocatable", state_.Allocatable(client->resource)}});
-  WriteCheckpointLocked();
+                           {"capacity", capacity},
+                           {"allocatable", allocatable}});
 }
 
 void KubeletSim::OnClientLost(const std::shared_ptr<PluginClient>& client,

@@ -6,12 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -621,6 +623,48 @@ TEST(SamplePluginOptionsTest, BadConfigurationIsNamed) {
   o.resource = "example.com/other";
   EXPECT_THAT(sample::DeviceIds(o),
               ElementsAre("da2c965b-2d90-b1e4-e24e-a17a9d3ebc4a", ::testing::_));
+}
+
+// The kubelet replaces a resource's device sets under its device manager's
+// lock and writes its checkpoint once the lock is released
+// (genericDeviceUpdateCallback): a large list being written holds up no
+// other plugin's registration.
+TEST(DeviceListTest, AListBeingCheckpointedHoldsUpNoOtherRegistration) {
+  Harness h(Personality::kV1Beta1Sync);
+  ASSERT_TRUE(h.sim().Start().ok());
+  constexpr char kNic[] = "example.com/nic";
+  absl::Notification held, released;
+  std::atomic<bool> other_registered{false};
+  h.sim().SetBeforeListCheckpoint([&](const std::string& resource) {
+    if (resource != kGpu || held.HasBeenNotified()) return;
+    held.Notify();
+    other_registered = h.sim()
+                           .events()
+                           .WaitForEvent("registered", {{"resource", kNic}}, kWait)
+                           .has_value();
+    released.Notify();
+  });
+  h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet));
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(kWait));
+  SamplePluginOptions nic = h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet);
+  nic.resource = kNic;
+  nic.socket_name = "nic.sock";
+  nic.id_pattern = "nic-{i}";
+  h.StartPlugin(nic);
+  ASSERT_TRUE(released.WaitForNotificationWithTimeout(kWait + kWait));
+  EXPECT_TRUE(other_registered) << "the second plugin's registration waited on the first list";
+  h.sim().SetBeforeListCheckpoint(nullptr);
+  // Both lists reached the device manager, and the held one's checkpoint
+  // was written after all.
+  EXPECT_TRUE(h.WaitState([&](const sim::State& st) {
+    const sim::ResourceState* gpu = h.Resource(st, kGpu);
+    const sim::ResourceState* other = h.Resource(st, kNic);
+    return gpu != nullptr && other != nullptr && gpu->allocatable() == 4 &&
+           other->allocatable() == 4;
+  }));
+  absl::StatusOr<std::string> checkpoint = ReadFile(h.sim().checkpoint_path());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_THAT(*checkpoint, HasSubstr("gpu-3"));
 }
 
 TEST(SamplePluginTest, ScheduledHealthFlip) {

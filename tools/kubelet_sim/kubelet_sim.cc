@@ -36,6 +36,11 @@ void KubeletSim::SetBeforeDialBack(DialBackHook hook) {
   before_dial_back_ = std::move(hook);
 }
 
+void KubeletSim::SetBeforeListCheckpoint(ListHook hook) {
+  absl::MutexLock lock(&mu_);
+  before_list_checkpoint_ = std::move(hook);
+}
+
 void KubeletSim::HoldCheckpointWrites(bool hold) {
   absl::MutexLock lock(&mu_);
   checkpoint_writes_held_ = hold;

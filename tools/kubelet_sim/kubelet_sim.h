@@ -231,6 +231,13 @@ class KubeletSim {
   using DialBackHook = std::function<void(const std::string& socket_path)>;
   void SetBeforeDialBack(DialBackHook hook);
 
+  // Called with the resource on a plugin's stream thread once a device
+  // list it sent has updated the device manager, outside the device
+  // manager's lock, before the checkpoint is written (a test holds a list
+  // there to see another plugin register meanwhile). Null: none.
+  using ListHook = std::function<void(const std::string& resource)>;
+  void SetBeforeListCheckpoint(ListHook hook);
+
   // Serves the control API on `socket_path` (outlives kubelet restarts).
   absl::Status StartControl(const std::string& socket_path);
   void StopControl();
@@ -397,6 +404,7 @@ class KubeletSim {
   uint64_t checkpoint_written_ ABSL_GUARDED_BY(checkpoint_mu_) = 0;
   AllocateHook before_allocate_ ABSL_GUARDED_BY(mu_);
   DialBackHook before_dial_back_ ABSL_GUARDED_BY(mu_);
+  ListHook before_list_checkpoint_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time started_at_ ABSL_GUARDED_BY(mu_);

@@ -284,6 +284,7 @@ void KubeletSim::OnDevices(const std::shared_ptr<PluginClient>& client,
   const std::vector<v1beta1::Device>* read = &devices;
   int64_t capacity = 0, allocatable = 0;
   CheckpointFiles files;
+  ListHook hook;
   {
     absl::MutexLock lock(&mu_);
     if (!running_) return;
@@ -302,9 +303,11 @@ void KubeletSim::OnDevices(const std::shared_ptr<PluginClient>& client,
     capacity = state_.Capacity(client->resource);
     allocatable = state_.Allocatable(client->resource);
     files = CheckpointFilesLocked();
+    hook = before_list_checkpoint_;
   }
   // As genericDeviceUpdateCallback: the sets are replaced under the device
   // manager's lock, the checkpoint is written once it is released.
+  if (hook) hook(client->resource);
   WriteCheckpoint(files);
   events_.Emit("devices", {{"resource", client->resource},
                            {"devices", DevicesJson(*read)},

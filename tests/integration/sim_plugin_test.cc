@@ -662,6 +662,10 @@ TEST(DeviceListTest, AListBeingCheckpointedHoldsUpNoOtherRegistration) {
     return gpu != nullptr && other != nullptr && gpu->allocatable() == 4 &&
            other->allocatable() == 4;
   }));
+  // A list's event follows its checkpoint's write (or a later one's).
+  for (const char* r : {kGpu, kNic}) {
+    EXPECT_TRUE(h.sim().events().WaitForEvent("devices", {{"resource", r}}, kWait)) << r;
+  }
   absl::StatusOr<std::string> checkpoint = ReadFile(h.sim().checkpoint_path());
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   EXPECT_THAT(*checkpoint, HasSubstr("gpu-3"));

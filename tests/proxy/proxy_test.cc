@@ -1433,7 +1433,16 @@ TEST_F(ProxyTest, CompactIdsThatWentOnByThemselvesOutliveARestart) {
   h.RestartProxy();
   ASSERT_TRUE(h.proxy().Start().ok());
   o.devices = 1000;
+  const size_t from = h.sim().events().Size();
   ASSERT_NE(h.StartPlugin(o), nullptr);
+  // The plugin's list, not the 100,000 remembered ones dpproxy registers
+  // first (those are as many and more).
+  ASSERT_TRUE(h.sim().events().WaitFor(
+      [](const Json& e) {
+        return e.value("event", "") == "devices" && e.value("resource", "") == kGpu &&
+               e.value("capacity", 0) < 100000;
+      },
+      absl::Seconds(30), from));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 1000, absl::Seconds(30)));
   ASSERT_TRUE(h.proxy().WaitForSavePasses(h.proxy().save_passes() + 2, kWait));
   EXPECT_FALSE(h.proxy().events().WaitForEvent("devices_held_elsewhere", {},

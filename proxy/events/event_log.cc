@@ -79,8 +79,9 @@ std::string_view CountedField(const Json& e, const char* key, std::string_view a
 
 void EventLog::Emit(const std::string& event, Json fields) {
   // Counted as RecordLocked counts it (a field of the same name wins).
+  Outputs outputs;
   if (CountIfNothingTakes(CountedField(fields, "event", event),
-                          CountedField(fields, "resource", std::string_view()))) {
+                          CountedField(fields, "resource", std::string_view()), &outputs)) {
     return;
   }
   // The event is its fields, which win over the names added here.
@@ -92,11 +93,6 @@ void EventLog::Emit(const std::string& event, Json fields) {
   // Its lines are made outside the lock: a large event (a 10,000-device
   // list is 370 KB of JSON) takes milliseconds to format, and every other
   // emitting thread would wait on it.
-  Outputs outputs;
-  {
-    absl::MutexLock lock(&mu_);
-    outputs = Outputs{file_ != nullptr, json_log_, echo_};
-  }
   const Lines lines = FormatLines(e, now, outputs);
   std::vector<std::shared_ptr<const std::function<void()>>> listeners;
   {
@@ -161,9 +157,13 @@ void EventLog::RecordLocked(Json e, const Lines& lines) {
   }
 }
 
-bool EventLog::CountIfNothingTakes(std::string_view event, std::string_view resource) {
+bool EventLog::CountIfNothingTakes(std::string_view event, std::string_view resource,
+                                   Outputs* outputs) {
   absl::MutexLock lock(&mu_);
-  if (!NothingTakesLocked()) return false;
+  if (!NothingTakesLocked()) {
+    if (outputs != nullptr) *outputs = Outputs{file_ != nullptr, json_log_, echo_};
+    return false;
+  }
   CountLocked(event, resource);
   ++dropped_;
   return true;

@@ -116,8 +116,10 @@ class EventLog {
   // event.
   void RecordLocked(Json e, const Lines& lines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts the event and returns true if nothing takes it beyond its count
-  // (no history, file, echo, JSON log or listener).
-  bool CountIfNothingTakes(std::string_view event, std::string_view resource);
+  // (no history, file, echo, JSON log or listener); otherwise false, with
+  // the outputs it goes to in `*outputs` (if given).
+  bool CountIfNothingTakes(std::string_view event, std::string_view resource,
+                           Outputs* outputs = nullptr);
   bool NothingTakesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return history_ == 0 && file_ == nullptr && !echo_ && !json_log_ && listeners_.empty();
   }

@@ -384,8 +384,12 @@ absl::Status ProxyServer::MakeSide() {
     auto side = std::make_unique<DevicePluginSide>(
         kubelet, DevicePluginSide::Parts{&events_, &losses_, &telemetry_, workers_.get(),
                                          [this] { Wake(); }});
-    if (!config_.state_dir.empty()) {
-      side->SetBeforeRegisterHook([this] { NoteRegisteringWhileTakingOver(); });
+    const bool taking_over_notes = !config_.state_dir.empty();
+    if (taking_over_notes || before_register_hook_) {
+      side->SetBeforeRegisterHook([this, taking_over_notes] {
+        if (taking_over_notes) NoteRegisteringWhileTakingOver();
+        if (before_register_hook_) before_register_hook_();
+      });
     }
     device_plugins = std::move(side);
   }

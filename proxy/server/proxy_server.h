@@ -118,6 +118,12 @@ class ProxyServer : private Handover::Host {
   // once a second): the systemd watchdog's keep-alive comes from the thread
   // that would hang. Set before Start().
   void SetHousekeepingHook(std::function<void()> hook) { housekeeping_hook_ = std::move(hook); }
+  // Called on a registration worker just before each Register goes to the
+  // kubelet at kubelet.sock (a test restarts the kubelet there). Set before
+  // Start().
+  void SetBeforeKubeletRegisterHook(std::function<void()> hook) {
+    before_register_hook_ = std::move(hook);
+  }
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return reporter_ ? reporter_->status_builds() : 0; }
@@ -292,6 +298,7 @@ class ProxyServer : private Handover::Host {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> marked_registered_{false};  // NoteRegisteringWhileTakingOver
   std::function<void()> housekeeping_hook_;  // set before Start()
+  std::function<void()> before_register_hook_;  // set before Start()
 
   // Handoff: the running side (with a state directory),
   // and the taking-over side (--takeover only).

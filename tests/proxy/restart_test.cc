@@ -6,6 +6,7 @@
 // registration hold up another's, and retry a failed registration with
 // backoff instead of waiting for the next restart.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 
@@ -131,6 +132,66 @@ TEST(KubeletRestartTest, AnAllocateStuckOnABackendDoesNotHoldUpServingAgain) {
   EXPECT_EQ(h.proxy().state()->AllocationCount(), 0);  // never answered, never journaled
   // The cancellation reached the backend's call.
   EXPECT_TRUE(plugin->events().WaitForEvent("allocate_cancelled", {}, kWait).has_value());
+}
+
+// The kubelet restarts between dpproxy's look at kubelet.sock and its
+// Register: the new kubelet wipes our socket, dpproxy serves it again, and
+// the Register reaches the new kubelet, which accepts it. dpproxy counts
+// itself registered with that kubelet. Had it noted the kubelet.sock it
+// looked at, the next pass would take the new one for a restart and
+// register again, which a 1.37 kubelet refuses while it streams from the
+// socket ("device plugin already connected"), and then for good.
+TEST(KubeletRestartTest, ARegistrationThatReachesANewerKubeletIsNotMadeAgain) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [](sim::KubeletSimOptions& o) {
+    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion("1.37");
+    ASSERT_TRUE(v.ok());
+    o.kubelet = *v;
+  });
+  std::atomic<bool> armed{false};
+  absl::Notification hooked;
+  absl::Status restarted;
+  h.proxy().SetBeforeKubeletRegisterHook([&] {
+    if (!armed.exchange(false)) return;
+    const size_t from = h.proxy().events().Size();
+    restarted = h.sim().Restart();
+    if (restarted.ok() && !h.proxy()
+                               .events()
+                               .WaitForEvent("kubelet_restart_detected",
+                                             {{"signal", "socket removed"}}, kWait, from)
+                               .has_value()) {
+      restarted = absl::DeadlineExceededError("dpproxy did not serve its socket again");
+    }
+    hooked.Notify();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(h.sim().WaitForResource(o.resource, 4, kWait));
+  const size_t from = h.sim().events().Size();
+  // A kubelet restart; the registration that follows it goes out as the
+  // kubelet restarts once more.
+  armed = true;
+  ASSERT_TRUE(h.sim().Restart().ok());
+  ASSERT_TRUE(hooked.WaitForNotificationWithTimeout(kWait)) << "dpproxy never registered again";
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  const std::string check = absl::StrCat("registered:", o.resource);
+  std::string why;
+  EXPECT_TRUE(h.WaitFor([&] {
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == check) {
+        why = c.reason;
+        return c.ok;
+      }
+    }
+    return false;
+  })) << "not registered with the kubelet that runs: " << why;
+  ASSERT_TRUE(h.sim().WaitForResource(o.resource, 4, kWait));
+  EXPECT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, o.resource)).ok());
+  const std::vector<Json> events = h.sim().events().Snapshot();
+  for (size_t i = from; i < events.size(); ++i) {
+    EXPECT_NE(events[i].value("event", ""), "registration_rejected") << events[i].dump();
+  }
 }
 
 // dpproxy and its plugin restart together: the kubelet's Allocate is held

@@ -130,7 +130,7 @@ void DevicePluginServer::NoteRegistered(const std::string& version,
                                        {"refused_first", refusals}});
 }
 
-absl::Status DevicePluginServer::Register() {
+absl::Status DevicePluginServer::Register(std::optional<FileId>* reached) {
   if (options_.registration == KubeletRegistration::kPluginWatcher) return absl::OkStatus();
   absl::MutexLock serial(&register_serial_mu_);
   const std::string kubelet = KubeletSocketPath(options_);
@@ -144,6 +144,10 @@ absl::Status DevicePluginServer::Register() {
     return absl::UnavailableError(absl::StrCat("kubelet socket ", kubelet, " is not answering"));
   }
   std::shared_ptr<grpc::Channel> channel = *std::move(dialled);
+  // The socket just connected to: whatever the caller saw at kubelet.sock
+  // before, a kubelet that made it anew since is the one this registers
+  // with.
+  if (reached != nullptr) *reached = StatFileId(kubelet);
   std::vector<ApiVersion> tries;
   if (!options_.api || options_.api == ApiVersion::kV1Beta1) {
     tries.push_back(ApiVersion::kV1Beta1);

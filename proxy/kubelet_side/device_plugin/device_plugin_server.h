@@ -66,8 +66,12 @@ class DevicePluginServer : public KubeletGate {
   // kubelet is not answering (worth retrying); other codes if it refused.
   // Does nothing in plugin-watcher mode (the kubelet comes to us). Blocks
   // (a 1.25+ kubelet dials back for up to 10 s): call it off the threads
-  // that serve, detect and keep timers. Stop() cancels it.
-  absl::Status Register();
+  // that serve, detect and keep timers. Stop() cancels it. `reached`, if
+  // given, is set to the kubelet.sock the registration was made at, read
+  // once the connection to it was made: a kubelet that restarted between
+  // the caller's look at kubelet.sock and the dial is the one registered
+  // with (unset if no connection was made).
+  absl::Status Register(std::optional<FileId>* reached = nullptr);
   // "v1beta1", "v1alpha2", "v1beta1 (plugin-watcher)" or "" if not yet.
   std::string negotiated();
   void Stop();  // idempotent

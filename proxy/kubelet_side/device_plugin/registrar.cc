@@ -104,18 +104,22 @@ void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
       LOG(ERROR) << "resource " << e->resource->name() << ": " << s.message();
       continue;
     }
+    {
+      absl::MutexLock lock(&mu_);
+      ++e->served;
+      e->registered_with.reset();
+      e->dropped = false;
+      e->backoff = absl::ZeroDuration();
+      e->retry_at = absl::InfinitePast();
+    }
+    // Said once the registrar knows: a Register that ends from now on
+    // counts as one made while the socket was served again.
     if (!first) {
       LOG(INFO) << "resource " << e->resource->name()
                 << ": kubelet restart detected (our socket was removed); serving again";
       events_->Emit("kubelet_restart_detected",
                     {{"resource", e->resource->name()}, {"signal", "socket removed"}});
     }
-    absl::MutexLock lock(&mu_);
-    ++e->served;
-    e->registered_with.reset();
-    e->dropped = false;
-    e->backoff = absl::ZeroDuration();
-    e->retry_at = absl::InfinitePast();
   }
 }
 
@@ -371,6 +375,9 @@ void Registrar::ScheduleRetryLocked(Slot* e, const absl::Status& s, bool kubelet
 void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, uint64_t served) {
   absl::Status s;
   bool not_serving = false;
+  // The kubelet.sock the registration reached: a kubelet that started
+  // since the pass looked (`kubelet`) is the one registered with.
+  std::optional<FileId> reached;
   if (!e->endpoint->SocketPresent()) {
     // Never ask a kubelet to dial a socket that is not serving (a kubelet's
     // wipe removed it after this was queued): the next pass serves it again,
@@ -379,7 +386,7 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
     not_serving = true;
   } else {
     if (before_register_hook_) before_register_hook_();
-    s = e->endpoint->Register();
+    s = e->endpoint->Register(&reached);
   }
   // A registration that failed because its kubelet went away says nothing
   // about the one that replaced it.
@@ -408,13 +415,21 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
       LOG(INFO) << "resource " << e->resource->name()
                 << ": served again during registration; registering again";
     } else if (s.ok()) {
+      const FileId with = reached.value_or(kubelet);
+      if (with != kubelet) {
+        // Recording the old kubelet.sock here had the next pass take the
+        // new one for a restart and register again, which a 1.37 kubelet
+        // refuses ("device plugin already connected") for good.
+        LOG(INFO) << "resource " << e->resource->name() << ": the kubelet restarted while this "
+                  << "registration was on its way; registered with the new one";
+      }
       // The time from a kubelet's start (its new socket) to this resource
       // registered with it: for kubelets that started while dpproxy ran.
-      const absl::Time kubelet_start = absl::FromUnixNanos(kubelet.ctime_ns);
-      if (telemetry_ != nullptr && e->registered_with != kubelet && kubelet_start > started_) {
+      const absl::Time kubelet_start = absl::FromUnixNanos(with.ctime_ns);
+      if (telemetry_ != nullptr && e->registered_with != with && kubelet_start > started_) {
         telemetry_->ObserveRegistration(e->resource->name(), absl::Now() - kubelet_start);
       }
-      e->registered_with = kubelet;
+      e->registered_with = with;
       e->dropped = false;
       e->registered_options = std::move(options);
       e->backoff = absl::ZeroDuration();

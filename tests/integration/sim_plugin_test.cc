@@ -571,6 +571,59 @@ TEST(KubeletRestartTest, WipesPluginFilesButKeepsCheckpointAndDirectories) {
   EXPECT_TRUE(PathExists(h.sim().kubelet_socket()));
 }
 
+// A kubelet that starts while the plugin's registration attempts fail
+// (the old one is gone): the attempt that succeeds reaches the new kubelet,
+// after the plugin served the socket that kubelet wiped, and the plugin
+// counts itself registered there. Had it noted the kubelet.sock it read
+// before its attempts, its next look would take the new one for another
+// restart and register again, which a 1.37 kubelet refuses ("device plugin
+// already connected") and then never lets the socket go: on a real 1.37.2
+// node the devices stayed allocatable after the plugin stopped.
+TEST(KubeletRestartTest, APluginRegistersOnceWithAKubeletThatStartsDuringItsAttempts) {
+  Harness h(Personality::kV1Beta1Sync);
+  ASSERT_TRUE(h.sim().Start().ok());
+  absl::StatusOr<sim::KubeletVersion> v137 = sim::ParseKubeletVersion("1.37");
+  ASSERT_TRUE(v137.ok());
+  ASSERT_TRUE(h.sim().Restart(*v137).ok());
+  // 1: the next attempt finds the kubelet stopped; 2: the one after finds
+  // it started again.
+  std::atomic<int> step{0};
+  absl::Status started;
+  absl::Notification restart_returned, restarted;
+  SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet);
+  o.before_register_attempt = [&] {
+    if (step.load() == 1) {
+      // Not while the test's restart is still starting the kubelet.
+      restart_returned.WaitForNotificationWithTimeout(kWait);
+      h.sim().Stop();
+      step = 2;
+    } else if (step.load() == 2) {
+      started = h.sim().Start();
+      step = 0;
+      restarted.Notify();
+    }
+  };
+  SamplePlugin& plugin = h.StartPlugin(o);
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  step = 1;
+  const size_t from = h.sim().events().Size();
+  const absl::Status restart = h.sim().Restart();
+  restart_returned.Notify();
+  ASSERT_TRUE(restart.ok()) << restart;
+  ASSERT_TRUE(restarted.WaitForNotificationWithTimeout(kWait)) << "the plugin made no attempts";
+  ASSERT_TRUE(started.ok()) << started;
+  EXPECT_TRUE(h.WaitState([&](const sim::State&) {
+    return plugin.registered_kubelet().has_value() &&
+           plugin.registered_kubelet() == StatFileId(h.sim().kubelet_socket());
+  })) << "the plugin counts itself registered with another kubelet than the one running";
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_TRUE(h.sim().Allocate(Pod("after", {{"main", 1}})).ok());
+  const std::vector<Json> events = h.sim().events().Snapshot();
+  for (size_t i = from; i < events.size(); ++i) {
+    EXPECT_NE(events[i].value("event", ""), "registration_rejected") << events[i].dump();
+  }
+}
+
 TEST(KubeletRestartTest, UpgradeToAnotherPersonalityKeepsAllocations) {
   Harness h(Personality::kV1Beta1Async);
   ASSERT_TRUE(h.sim().Start().ok());

@@ -272,10 +272,11 @@ absl::Status SamplePlugin::Start() {
     absl::MutexLock lock(&check_mu_);
     std::optional<FileId> id = StatFileId(options_.kubelet_socket);
     if (id.has_value()) {
-      absl::Status s = RegisterOnce();
+      std::optional<FileId> reached;
+      absl::Status s = RegisterOnce(&reached);
       last_registration_ = s;
       impl_->NoteRegistration(s);
-      (s.ok() ? registered_kubelet_ : failed_kubelet_) = id;
+      (s.ok() ? registered_kubelet_ : failed_kubelet_) = s.ok() ? reached.value_or(*id) : *id;
     }
   }
   if (Faulty("stale-socket-blocks") && ::access(socket_path_.c_str(), F_OK) == 0) {
@@ -375,6 +376,11 @@ absl::Status SamplePlugin::last_registration() {
   return last_registration_;
 }
 
+std::optional<FileId> SamplePlugin::registered_kubelet() {
+  absl::MutexLock lock(&check_mu_);
+  return registered_kubelet_;
+}
+
 bool SamplePlugin::ServeAgainIfRemoved() {
   absl::MutexLock slock(&server_mu_);
   if (dead_) return false;
@@ -401,7 +407,7 @@ bool SamplePlugin::ServeAgainIfRemoved() {
     gone_since_.reset();
   }
   ServeAnewLocked();
-  socket_recreated_ = true;
+  ++served_again_;
   return true;
 }
 
@@ -472,7 +478,8 @@ void SamplePlugin::CheckKubelet() {
   if (!started_) return;
   ServeAgainIfRemoved();
   absl::MutexLock lock(&check_mu_);
-  if (socket_recreated_.exchange(false)) {
+  if (const uint64_t serves = served_again_.load(); serves != answered_serves_) {
+    answered_serves_ = serves;
     // Only a kubelet start removes our socket: whatever kubelet.sock is
     // there now belongs to a new kubelet.
     registered_kubelet_.reset();
@@ -497,11 +504,17 @@ void SamplePlugin::CheckKubelet() {
   }
   absl::Time deadline = absl::Now() + absl::Seconds(5);
   absl::Status s;
+  std::optional<FileId> reached;
+  uint64_t attempt_serves = 0;
   for (;;) {
+    if (options_.before_register_attempt) options_.before_register_attempt();
     // Never ask a kubelet to dial a socket that is not served: a kubelet
-    // that (re)started while we retried may have wiped it.
+    // that (re)started while we retried may have wiped it. This attempt
+    // answers every serve before it, here or on the watcher's thread.
     ServeAgainIfRemoved();
-    s = RegisterOnce();
+    attempt_serves = served_again_.load();
+    reached.reset();
+    s = RegisterOnce(&reached);
     if (s.ok() || s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline ||
         !started_) {
       break;
@@ -511,19 +524,26 @@ void SamplePlugin::CheckKubelet() {
   last_registration_ = s;
   impl_->NoteRegistration(s);
   if (s.ok()) {
-    registered_kubelet_ = id;
+    // The kubelet.sock connected to: one made anew since `id` was read (a
+    // kubelet that started while the first attempts failed) is the one
+    // registered with. Noting `id` had the next check take it for another
+    // restart and register again, which a 1.37 kubelet refuses ("device
+    // plugin already connected") and then never lets the socket go.
+    registered_kubelet_ = reached.value_or(*id);
+    answered_serves_ = attempt_serves;
     failed_kubelet_.reset();
   } else {
     failed_kubelet_ = id;
   }
 }
 
-absl::Status SamplePlugin::RegisterOnce() {
+absl::Status SamplePlugin::RegisterOnce(std::optional<FileId>* reached) {
   auto channel = MakeUnixChannel(options_.kubelet_socket);
   if (!WaitForConnected(channel.get(), absl::Seconds(1)).ok()) {
     return absl::UnavailableError(
         absl::StrCat("kubelet socket ", options_.kubelet_socket, " is not accepting connections"));
   }
+  *reached = StatFileId(options_.kubelet_socket);
   grpc::ClientContext ctx;
   // A 1.25+ kubelet dials back and may take up to 10 s to give up.
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(15)));

@@ -121,6 +121,10 @@ struct SamplePluginOptions {
   bool exit_on_panic = false;
   // What makes it register again; see RestartSignal.
   RestartSignal restart_signal = RestartSignal::kEither;
+  // Called on the registering thread before each registration attempt,
+  // before the socket is looked at (a test restarts the kubelet there).
+  // Null: none; the binary never sets it.
+  std::function<void()> before_register_attempt;
   // Fault injection: send malformed device lists (see kDeviceListFaults):
   // "duplicate-id" repeats the first device, "empty-id" adds a device with
   // an empty ID, "newline-id" adds "bad\nid", "unknown-health" reports the
@@ -212,6 +216,10 @@ class SamplePlugin {
   std::string socket_path() const { return socket_path_; }
   // Last registration attempt's result (OK before any attempt).
   absl::Status last_registration();
+  // The kubelet.sock the plugin counts itself registered at (as the file
+  // was when its Register connected); none before the first registration
+  // and after a kubelet start removed the plugin's socket.
+  std::optional<FileId> registered_kubelet();
 
   // Implementation, public for the .cc file's services.
   class Impl;
@@ -232,7 +240,9 @@ class SamplePlugin {
   void RestartServer();
   // The panic of panic_on_options: stops serving, from a thread of its own.
   void Die();
-  absl::Status RegisterOnce();
+  // One Register at options_.kubelet_socket. `reached`: that file as it
+  // was once the connection to it was made (unset if none was).
+  absl::Status RegisterOnce(std::optional<FileId>* reached);
   absl::Status WriteCdiSpec();
   void FlipLoop();
 
@@ -255,8 +265,12 @@ class SamplePlugin {
   bool stop_registrar_ ABSL_GUARDED_BY(wake_mu_) = false;
 
   absl::Mutex check_mu_;  // one registration at a time
-  // Set when the socket was served again (a kubelet start removed it).
-  std::atomic<bool> socket_recreated_{false};
+  // How many times the socket was served again (a kubelet start removed
+  // it), and how many of those a registration has answered: one made once
+  // the socket was served again answers it; a serve during a Register asks
+  // for another.
+  std::atomic<uint64_t> served_again_{0};
+  uint64_t answered_serves_ ABSL_GUARDED_BY(check_mu_) = 0;
   std::optional<FileId> registered_kubelet_ ABSL_GUARDED_BY(check_mu_);
   std::optional<FileId> failed_kubelet_ ABSL_GUARDED_BY(check_mu_);
   absl::Status last_registration_ ABSL_GUARDED_BY(check_mu_);

@@ -1073,9 +1073,10 @@ def _unschedulable(s, pod):
 
 # The kubelet drops a stopped device plugin's endpoint this long after it
 # stopped (endpointStopGracePeriod, pkg/kubelet/cm/devicemanager/types.go),
-# at its next GetCapacity (each node-status update, every 10 s).
+# at its next GetCapacity (each node-status update: every second on the
+# test node, nodeStatusUpdateFrequency in tools/realnode/realnode.py).
 ENDPOINT_STOP_GRACE = 5 * 60
-NODE_STATUS_PERIOD = 10
+NODE_STATUS_PERIOD = 1
 
 
 def scenario_dra_after_endpoint_grace(s):

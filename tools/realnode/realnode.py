@@ -631,6 +631,11 @@ state = "{state}"
             "imagefs.available: '0%', nodefs.inodesFree: '0%'}",
             "imageGCHighThresholdPercent: 100",
             "imageGCLowThresholdPercent: 99",
+            # The node's status (its allocatable devices) reaches the API
+            # server within a second of a change, not ten: the scenarios
+            # wait for it. Unchanged status is still reported once a minute.
+            "nodeStatusUpdateFrequency: 1s",
+            "nodeStatusReportFrequency: 1m",
         ]
         if minor >= 27:
             lines.append("containerRuntimeEndpoint: unix://" + CONTAINERD_SOCKET)

@@ -714,8 +714,9 @@ const std::vector<RealEntry>& RealEntries() {
 }
 
 // Waits until no device of the resources is allocatable (the last cell's
-// plugin is gone, and no other serves them).
-absl::Status WaitIdle(RealNode& node, const ConformOptions& o) {
+// plugin is gone, and no other serves them). `previous`: the cell that ran
+// last ("" before the first).
+absl::Status WaitIdle(RealNode& node, const ConformOptions& o, const std::string& previous = "") {
   const absl::Time deadline = absl::Now() + o.timeout;
   for (const std::string& resource : o.resources) {
     while (true) {
@@ -723,6 +724,16 @@ absl::Status WaitIdle(RealNode& node, const ConformOptions& o) {
       if (ids.ok() && ids->empty()) break;
       if (absl::Now() >= deadline) {
         if (!ids.ok()) return ids.status();
+        if (!previous.empty()) {
+          // The plugin under test stopped at the end of that cell, and
+          // the kubelet did not let its devices go.
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the kubelet of node ", node.name(), " still lists ", ids->size(), " allocatable ",
+              resource, " (", absl::StrJoin(*ids, ","), ") after the plugin of cell ", previous,
+              " stopped: it kept that plugin's endpoint. A 1.37 kubelet does so after it "
+              "refuses a second Register at a socket it streams from (\"device plugin already "
+              "connected\"): the plugin registered twice with one kubelet in ", previous));
+        }
         return absl::FailedPreconditionError(absl::StrCat(
             "the kubelet of node ", node.name(), " lists ", ids->size(), " allocatable ",
             resource, " (", absl::StrJoin(*ids, ","),
@@ -862,11 +873,16 @@ absl::StatusOr<std::vector<CellResult>> RunRealConformance(const ConformOptions&
   if (absl::Status s = n.DeleteOurPods(o.timeout); !s.ok()) return s;
   if (absl::Status s = WaitIdle(n, o); !s.ok()) return s;
   const std::string run = RealRunId();
+  std::string previous;
   return RunRealCells(
       o, n, RealScenarios(), "kubelet-restart",
       [&](const std::string& scenario, size_t i, const std::string& dir) {
-        if (absl::Status s = WaitIdle(n, o); !s.ok()) {
-          return Fail(std::string(s.message()), "(not the plugin under test)", "", "");
+        const std::string last = std::exchange(previous, scenario);
+        if (absl::Status s = WaitIdle(n, o, last); !s.ok()) {
+          return Fail(std::string(s.message()),
+                      last.empty() ? "(not the plugin under test)"
+                                   : absl::StrCat("(the plugin under test, in ", last, ")"),
+                      "", "");
         }
         RealCell cell(o, n, dir, absl::StrCat("dpconform-", run, "-", i));
         if (absl::Status s = cell.StartPlugin(); !s.ok()) {

@@ -27,8 +27,9 @@ namespace {
 constexpr absl::Duration kLearnBackWindow = absl::Minutes(10);
 
 // Registrations and static connects in parallel; a fixed number, whatever
-// the resource count.
-constexpr int kWorkers = 4;
+// the resource count. Eight: a GPU node's resources register in one round
+// after a reboot (each Register waits on the kubelet's dial-back).
+constexpr int kWorkers = 8;
 
 }  // namespace
 

@@ -416,17 +416,21 @@ void Reconciler::CheckCheckpoint() {
   // every kCheckpointReadGap, and the last one within a second (this runs
   // at least once a second).
   if (!due && now - last_checkpoint_parse_ < kCheckpointReadGap) return;
-  absl::StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return;
-  absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
-  last_checkpoint_ = id;
-  last_checkpoint_parse_ = now;
-  if (!ckpt.ok()) {
-    VLOG(1) << "kubelet checkpoint not used: " << ckpt.status().message();
-    return;
+  {
+    absl::StatusOr<std::string> text = ReadFile(path);
+    if (!text.ok()) return;
+    absl::StatusOr<KubeletCheckpoint> ckpt = ParseKubeletCheckpoint(*text);
+    last_checkpoint_ = id;
+    last_checkpoint_parse_ = now;
+    if (!ckpt.ok()) {
+      VLOG(1) << "kubelet checkpoint not used: " << ckpt.status().message();
+    } else {
+      absl::MutexLock lock(&checkpoint_mu_);
+      (void)CheckpointPass(*ckpt);
+    }
   }
-  absl::MutexLock lock(&checkpoint_mu_);
-  (void)CheckpointPass(*ckpt);
+  // The text and its parse are gone now.
+  if (options_.freed) options_.freed();
 }
 
 absl::Status Reconciler::ReconcileCheckpointOnce() {

@@ -76,6 +76,10 @@ class Reconciler {
     // kubelet lists a pod in pod-resources once its admission, which the
     // Allocate is part of, is done.
     absl::Duration nudge_delay = absl::Seconds(1);
+    // Called (reconciler's thread, no locks held) after a parse of the
+    // kubelet's checkpoint, whose text and parse are dropped then: as large
+    // as every registered device's ID. Empty: never.
+    std::function<void()> freed = nullptr;
   };
   // `changed` is called (no locks held) when the quarantine changed.
   Reconciler(Options options, StateKeeper* keeper, EventLog* events,

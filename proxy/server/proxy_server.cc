@@ -311,21 +311,26 @@ bool ProxyServer::ShareDevicesAcrossPaths() {
 }
 
 void ProxyServer::MakeReconciler() {
-  reconciler_ = std::make_unique<Reconciler>(
-      Reconciler::Options{
-          config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
-          config_.reconcile_start_grace, config_.container_runtime_endpoint,
-          // A resource served through DRA whose pool lacks devices pods of
-          // the device plugin hold: claims may wait for them.
-          [this] {
-            for (const auto& [resource, held] : keeper_->HeldAcrossPaths()) {
-              if (!held.by_pods.empty() && table_.PathOf(resource) != KubeletPath::kDevicePlugin) {
-                return true;
-              }
-            }
-            return false;
-          }},
-      keeper_.get(), &events_, [this] { Wake(); });
+  Reconciler::Options o{
+      config_.kubelet, config_.reconcile_interval, config_.reconcile_grace,
+      config_.reconcile_start_grace, config_.container_runtime_endpoint,
+      // A resource served through DRA whose pool lacks devices pods of
+      // the device plugin hold: claims may wait for them.
+      [this] {
+        for (const auto& [resource, held] : keeper_->HeldAcrossPaths()) {
+          if (!held.by_pods.empty() && table_.PathOf(resource) != KubeletPath::kDevicePlugin) {
+            return true;
+          }
+        }
+        return false;
+      }};
+  // A checkpoint's parse dropped: handed back once things settle (the
+  // saver is made before the reconciler starts, and outlives its passes).
+  o.freed = [this] {
+    if (saver_) saver_->NoteFreed();
+  };
+  reconciler_ =
+      std::make_unique<Reconciler>(std::move(o), keeper_.get(), &events_, [this] { Wake(); });
 }
 
 std::unique_ptr<DraSide> ProxyServer::MakeDraSide() {

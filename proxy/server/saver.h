@@ -19,6 +19,7 @@
 #define DPPROXY_PROXY_SERVER_SAVER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
@@ -59,6 +60,12 @@ class Saver {
   // whatever was saved before.
   void Forget() ABSL_LOCKS_EXCLUDED(pass_mu_);
 
+  // Another thread dropped memory as large as the device lists (the
+  // kubelet's checkpoint, parsed): handed back once things have settled,
+  // as after a change, even when nothing the saver watches changed. Any
+  // thread.
+  void NoteFreed() { freed_at_ns_.store(absl::ToUnixNanos(absl::Now())); }
+
   const WaitableCount& passes() const { return passes_; }
 
  private:
@@ -94,6 +101,7 @@ class Saver {
   absl::Time trimmed_at_ ABSL_GUARDED_BY(pass_mu_);
   bool trim_due_ ABSL_GUARDED_BY(pass_mu_) = false;
   absl::Time changed_at_ ABSL_GUARDED_BY(pass_mu_);
+  std::atomic<int64_t> freed_at_ns_{0};  // NoteFreed; 0: nothing since
   WaitableCount passes_;
 };
 

@@ -148,10 +148,13 @@ TEST(KubeletRestartTest, ARegistrationThatReachesANewerKubeletIsNotMadeAgain) {
     o.kubelet = *v;
   });
   std::atomic<bool> armed{false};
-  absl::Notification hooked;
+  absl::Notification restart_returned, hooked;
   absl::Status restarted;
   h.proxy().SetBeforeKubeletRegisterHook([&] {
     if (!armed.exchange(false)) return;
+    // Not while the test's restart is still starting the kubelet (its wipe
+    // comes before it returns, and dpproxy registers at once).
+    restart_returned.WaitForNotificationWithTimeout(kWait);
     const size_t from = h.proxy().events().Size();
     restarted = h.sim().Restart();
     if (restarted.ok() && !h.proxy()
@@ -172,7 +175,9 @@ TEST(KubeletRestartTest, ARegistrationThatReachesANewerKubeletIsNotMadeAgain) {
   // A kubelet restart; the registration that follows it goes out as the
   // kubelet restarts once more.
   armed = true;
-  ASSERT_TRUE(h.sim().Restart().ok());
+  const absl::Status restart = h.sim().Restart();
+  restart_returned.Notify();
+  ASSERT_TRUE(restart.ok()) << restart;
   ASSERT_TRUE(hooked.WaitForNotificationWithTimeout(kWait)) << "dpproxy never registered again";
   ASSERT_TRUE(restarted.ok()) << restarted;
   const std::string check = absl::StrCat("registered:", o.resource);

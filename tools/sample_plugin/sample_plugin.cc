@@ -276,7 +276,11 @@ absl::Status SamplePlugin::Start() {
       absl::Status s = RegisterOnce(&reached);
       last_registration_ = s;
       impl_->NoteRegistration(s);
-      (s.ok() ? registered_kubelet_ : failed_kubelet_) = s.ok() ? reached.value_or(*id) : *id;
+      if (s.ok()) {
+        registered_kubelet_ = reached.value_or(*id);
+      } else {
+        failed_kubelet_ = id;
+      }
     }
   }
   if (Faulty("stale-socket-blocks") && ::access(socket_path_.c_str(), F_OK) == 0) {

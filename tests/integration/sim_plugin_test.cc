@@ -144,6 +144,10 @@ TEST_P(PersonalityTest, RegistersAndReportsDevices) {
                                                                 : "kubelet.sock");
   EXPECT_EQ(r->endpoint(), plugin.socket_path());
   EXPECT_TRUE(h_.sim().events().WaitForEvent("registered", {{"resource", kGpu}}, kWait));
+  // Through the plugin watcher the plugin counts its registration when
+  // NotifyRegistrationStatus arrives, after the kubelet's own event.
+  EXPECT_TRUE(
+      h_.WaitState([&](const sim::State&) { return plugin.Status().registrations() == 1; }));
   EXPECT_EQ(plugin.Status().registrations(), 1);
   EXPECT_EQ(plugin.Status().list_and_watch_streams(), 1);
   // The plugin's own start event counts its devices instead of listing them.
@@ -534,7 +538,9 @@ TEST(PluginWatcherTest, MarkerAndDeregistrationBySocketRemoval) {
   SamplePlugin& p =
       h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kPluginWatcher));
   ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
-  EXPECT_EQ(p.Status().registrations(), 1);  // from NotifyRegistrationStatus
+  // The kubelet opens ListAndWatch before it sends NotifyRegistrationStatus,
+  // so the devices can be listed before the plugin hears it is registered.
+  EXPECT_TRUE(h.WaitState([&](const sim::State&) { return p.Status().registrations() == 1; }));
   // Removing the registration socket is deregistration. The plugin keeps
   // running, notices, and serves a new socket, which the watcher picks up.
   size_t mark = h.sim().events().Size();

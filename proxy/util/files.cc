@@ -520,7 +520,7 @@ absl::Status SetMode(const std::string& path, mode_t mode, gid_t gid) {
 }
 
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
-    const std::string& dir, const std::vector<std::string>& keep) {
+    const std::string& dir, const std::vector<std::string>& keep, Wipe wipe) {
   std::error_code ec;
   std::filesystem::directory_iterator it(dir, ec);
   if (ec) return ErrnoStatus(ec.value(), absl::StrCat("open directory ", dir));
@@ -529,9 +529,15 @@ absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
     const std::string name = e.path().filename().string();
     if (std::find(keep.begin(), keep.end(), name) != keep.end()) continue;
     std::error_code type_ec;
-    const std::filesystem::file_type type = e.symlink_status(type_ec).type();
-    // Directories stay; links are removed, never followed.
-    if (type_ec || type == std::filesystem::file_type::directory) continue;
+    if (wipe == Wipe::kSocketsOnly) {
+      // What the entry names, through links; one that names nothing stays.
+      const std::filesystem::file_type type = e.status(type_ec).type();
+      if (type_ec || type != std::filesystem::file_type::socket) continue;
+    } else {
+      // Directories stay; links are removed, never followed.
+      const std::filesystem::file_type type = e.symlink_status(type_ec).type();
+      if (type_ec || type == std::filesystem::file_type::directory) continue;
+    }
     const std::string full = JoinPath(dir, name);
     if (::unlink(full.c_str()) != 0 && errno != ENOENT) {
       return ErrnoStatus(errno, absl::StrCat("remove ", full));

@@ -119,10 +119,18 @@ absl::Status SyncDir(const std::string& dir);
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
                              mode_t mode = 0600);
 
-// What a kubelet does to device-plugins/ at start: removes every entry that
-// is not a directory, except the names in `keep`. Returns the removed names.
+// What a kubelet does to device-plugins/ at start, except the names in
+// `keep`. Returns the removed names.
+enum class Wipe {
+  // Every entry that is not a directory; a link is removed, never followed
+  // (kubelets up to 1.32, but 1.31.0).
+  kEveryFile,
+  // Only sockets, looked at through links: a link to a socket is removed
+  // (the link), anything else stays, a dangling link too (1.31.0, 1.33+).
+  kSocketsOnly,
+};
 absl::StatusOr<std::vector<std::string>> RemoveFilesExcept(
-    const std::string& dir, const std::vector<std::string>& keep);
+    const std::string& dir, const std::vector<std::string>& keep, Wipe wipe = Wipe::kEveryFile);
 
 // Whether a process listens on the Unix socket at `path`: a non-blocking
 // connect is refused (ECONNREFUSED) only when nobody does; a full backlog

@@ -577,6 +577,28 @@ TEST(KubeletRestartTest, WipesPluginFilesButKeepsCheckpointAndDirectories) {
   EXPECT_TRUE(PathExists(h.sim().kubelet_socket()));
 }
 
+// From 1.33 the kubelet's start removes only sockets: a plugin's other
+// files in device-plugins/ stay.
+TEST(KubeletRestartTest, From133OnlySocketsAreWiped) {
+  Harness h(Personality::kV1Beta1Sync);
+  absl::StatusOr<sim::KubeletVersion> v132 = sim::ParseKubeletVersion("1.32");
+  absl::StatusOr<sim::KubeletVersion> v133 = sim::ParseKubeletVersion("1.33");
+  ASSERT_TRUE(v132.ok() && v133.ok());
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.sim().Restart(*v133).ok());
+  const std::string dp = h.sim().device_plugin_dir();
+  ASSERT_TRUE(WriteFileAtomic(JoinPath(dp, "vendor.conf"), "x").ok());
+  {
+    testing::SilentSocket plugin(JoinPath(dp, "vendor.sock"));
+    ASSERT_GE(plugin.fd(), 0);
+  }
+  ASSERT_TRUE(h.sim().Restart(*v133).ok());
+  EXPECT_TRUE(PathExists(JoinPath(dp, "vendor.conf")));
+  EXPECT_FALSE(PathExists(JoinPath(dp, "vendor.sock")));
+  ASSERT_TRUE(h.sim().Restart(*v132).ok());
+  EXPECT_FALSE(PathExists(JoinPath(dp, "vendor.conf")));
+}
+
 // A kubelet that starts while the plugin's registration attempts fail
 // (the old one is gone): the attempt that succeeds reaches the new kubelet,
 // after the plugin served the socket that kubelet wiped, and the plugin

@@ -146,6 +146,35 @@ void MakeSocketFile(const std::string& path) {
   ::close(fd);
 }
 
+// Kubelets 1.33+ (and 1.31.0) remove only sockets, seen through links.
+TEST(FilesTest, RemoveFilesExceptSocketsOnlyKeepsEverythingButSockets) {
+  testing::ShortTempDir dir;
+  testing::ShortTempDir elsewhere;
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("kubelet_internal_checkpoint"), "{}").ok());
+  ASSERT_TRUE(WriteFileAtomic(dir.Sub("regular.sock"), "").ok());
+  ASSERT_TRUE(MakeDirs(dir.Sub("subdir")).ok());
+  MakeSocketFile(dir.Sub("a.sock"));
+  MakeSocketFile(dir.Sub("kept.sock"));
+  MakeSocketFile(elsewhere.Sub("theirs.sock"));
+  ASSERT_TRUE(WriteFileAtomic(elsewhere.Sub("theirs"), "x").ok());
+  ASSERT_EQ(::symlink(elsewhere.Sub("theirs.sock").c_str(), dir.Sub("to-socket").c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.Sub("theirs").c_str(), dir.Sub("to-file").c_str()), 0);
+  ASSERT_EQ(::symlink(elsewhere.path().c_str(), dir.Sub("to-dir").c_str()), 0);
+  ASSERT_EQ(::symlink(dir.Sub("nothing").c_str(), dir.Sub("dangling").c_str()), 0);
+  absl::StatusOr<std::vector<std::string>> removed =
+      RemoveFilesExcept(dir.path(), {"kubelet_internal_checkpoint", "kept.sock"},
+                        Wipe::kSocketsOnly);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(*removed, ElementsAre("a.sock", "to-socket"));
+  for (const char* name : {"kubelet_internal_checkpoint", "kept.sock", "regular.sock", "subdir",
+                           "to-file", "to-dir"}) {
+    EXPECT_TRUE(PathExists(dir.Sub(name))) << name;
+  }
+  struct stat st;
+  EXPECT_EQ(::lstat(dir.Sub("dangling").c_str(), &st), 0);
+  EXPECT_TRUE(PathExists(elsewhere.Sub("theirs.sock")));  // the link went, not its target
+}
+
 TEST(FilesTest, LockFileIsExclusiveNamesItsHolderAndIsFreedOnClose) {
   testing::ShortTempDir dir;
   absl::StatusOr<int> first = LockFile(dir.Sub("lock"), absl::ZeroDuration());

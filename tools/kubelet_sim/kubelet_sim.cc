@@ -10,6 +10,14 @@ using kubelet_sim_internal::NewControlService;
 using kubelet_sim_internal::NewPodResourcesService;
 using kubelet_sim_internal::NewRegistrationService;
 
+namespace {
+
+Wipe WipeOf(const KubeletVersion& k) {
+  return k.WipesOnlySockets() ? Wipe::kSocketsOnly : Wipe::kEveryFile;
+}
+
+}  // namespace
+
 // --- KubeletSim -----------------------------------------------------------------
 
 KubeletSim::KubeletSim(KubeletSimOptions options)
@@ -132,10 +140,12 @@ absl::Status KubeletSim::Start() {
   dra_.SetKubelet(kubelet.minor, kubelet.name);
   if (kubelet.minor >= 32 && !options_.kubeconfig.empty()) dra_.DeleteNodeSlices();
 
-  // Remove every non-directory entry but the checkpoint: plugins see their
-  // sockets vanish and know the kubelet restarted.
+  // Remove the sockets (up to 1.32: every non-directory entry) but the
+  // checkpoint: plugins see their sockets vanish and know the kubelet
+  // restarted.
   absl::StatusOr<std::vector<std::string>> removed =
-      RemoveFilesExcept(device_plugin_dir(), {std::string(kKubeletCheckpointName)});
+      RemoveFilesExcept(device_plugin_dir(), {std::string(kKubeletCheckpointName)},
+                        WipeOf(kubelet));
   if (!removed.ok()) return removed.status();
   events_.Emit("directory_cleaned", {{"dir", device_plugin_dir()}, {"removed", *removed}});
   const Personality personality = kubelet.personality;
@@ -346,8 +356,10 @@ void KubeletSim::StopControl() {
 void KubeletSim::LateWipe() {
   if (!late_wipe_pending_.exchange(false)) return;  // once per start
   absl::StatusOr<std::vector<std::string>> removed = RemoveFilesExcept(
-      device_plugin_dir(), {std::string(kKubeletCheckpointName), std::string(kKubeletSocketName),
-                            std::string(kDeprecationMarkerName)});
+      device_plugin_dir(),
+      {std::string(kKubeletCheckpointName), std::string(kKubeletSocketName),
+       std::string(kDeprecationMarkerName)},
+      WipeOf(kubelet()));
   if (removed.ok()) {
     events_.Emit("directory_cleaned",
                  {{"dir", device_plugin_dir()}, {"removed", *removed}, {"late", true}});

@@ -97,6 +97,13 @@ struct KubeletVersion {
   // (pkg/kubelet/cm/devicemanager: plugin/v1beta1/handler.go, manager.go
   // PluginConnected/PluginDisconnected, 1.37.2).
   bool TracksClientsPerSocket() const { return minor >= 37; }
+  // At start the device manager removes only the sockets of device-plugins/
+  // (os.Stat: through links), where older releases remove every entry that
+  // is not a directory (os.Lstat). 1.31.0 did it too, and 1.31.1 went back;
+  // a minor plays its latest patch (CleanupPluginDirectory in
+  // pkg/kubelet/cm/devicemanager/manager.go: 1.31.0, 1.31.14, 1.32.13,
+  // 1.33.0).
+  bool WipesOnlySockets() const { return minor >= 33; }
   // The kubelet's generation, e.g. "1.19-1.24" for 1.21.
   std::string GenerationName() const;
 };
@@ -197,8 +204,9 @@ class KubeletSim {
   KubeletSim& operator=(const KubeletSim&) = delete;
 
   // Starts the kubelet part as a kubelet does: loads the checkpoint, removes
-  // every non-directory file in device-plugins/ except the checkpoint, then
-  // listens on kubelet.sock (and watches plugins_registry/).
+  // the sockets in device-plugins/ (up to 1.32 every non-directory file)
+  // except the checkpoint, then listens on kubelet.sock (and watches
+  // plugins_registry/).
   absl::Status Start();
   // Stops the kubelet part abruptly, as a killed kubelet: servers and plugin
   // streams close, nothing more is written. Idempotent.

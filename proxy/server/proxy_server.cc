@@ -397,6 +397,7 @@ absl::Status ProxyServer::MakeSide() {
         if (before_register_hook_) before_register_hook_();
       });
     }
+    if (after_served_again_hook_) side->SetAfterServedAgainHook(after_served_again_hook_);
     device_plugins = std::move(side);
   }
   if (!ServesDra(config_)) {

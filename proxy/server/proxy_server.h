@@ -124,6 +124,12 @@ class ProxyServer : private Handover::Host {
   void SetBeforeKubeletRegisterHook(std::function<void()> hook) {
     before_register_hook_ = std::move(hook);
   }
+  // Called on the pass's thread when a resource's socket, removed (a
+  // kubelet's start), has just been served again, before the registrar
+  // notes it. Set before Start().
+  void SetAfterServedAgainHook(std::function<void()> hook) {
+    after_served_again_hook_ = std::move(hook);
+  }
   // How often a status with devices was built, and how many housekeeping
   // passes ran (tests: an idle proxy builds nothing).
   int64_t status_builds() const { return reporter_ ? reporter_->status_builds() : 0; }
@@ -299,6 +305,7 @@ class ProxyServer : private Handover::Host {
   std::atomic<bool> marked_registered_{false};  // NoteRegisteringWhileTakingOver
   std::function<void()> housekeeping_hook_;  // set before Start()
   std::function<void()> before_register_hook_;  // set before Start()
+  std::function<void()> after_served_again_hook_;  // set before Start()
 
   // Handoff: the running side (with a state directory),
   // and the taking-over side (--takeover only).

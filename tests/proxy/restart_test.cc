@@ -199,6 +199,68 @@ TEST(KubeletRestartTest, ARegistrationThatReachesANewerKubeletIsNotMadeAgain) {
   }
 }
 
+// A kubelet that wipes our socket as our Register arrives (the late wipe)
+// dials back while dpproxy serves it again, and answers once the new
+// server is dialled. When that answer comes after the socket is served
+// again but before the registrar has noted the serve, the registration
+// counts as made with the new server: the kubelet holds it. Counted as made
+// before the serve, it was made again, which a 1.37 kubelet refuses
+// ("device plugin already connected") and then never lets the socket go.
+TEST(KubeletRestartTest, ARegistrationEndingWhileServedAgainIsNotMadeAgain) {
+  ProxyHarness h(Personality::kV1Beta1Sync, false, nullptr, [](sim::KubeletSimOptions& o) {
+    absl::StatusOr<sim::KubeletVersion> v = sim::ParseKubeletVersion("1.37");
+    ASSERT_TRUE(v.ok());
+    o.kubelet = *v;
+    o.late_wipe = absl::Seconds(30);  // lands when the first Register arrives
+  });
+  const std::string resource = h.PluginOptions(ApiVersion::kV1Beta1).resource;
+  const std::string check = absl::StrCat("registered:", resource);
+  auto registered = [&] {
+    for (const HealthCheck& c : h.proxy().Readiness()) {
+      if (c.name == check) return c.ok;
+    }
+    return false;
+  };
+  std::atomic<bool> armed{false};
+  absl::Notification hooked;
+  bool ended_in_window = false;
+  h.proxy().SetAfterServedAgainHook([&] {
+    // Not the first serve (the backend's arrival): the one after the wipe.
+    if (!h.sim().events().WaitForEvent("directory_cleaned", {{"late", true}},
+                                       absl::ZeroDuration())) {
+      return;
+    }
+    if (!armed.exchange(false)) return;
+    // The Register the wipe interrupted ends now, its dial-back on the new
+    // server, before the registrar notes the serve.
+    ended_in_window = h.WaitFor(registered);
+    hooked.Notify();
+  });
+  ASSERT_TRUE(h.sim().Start().ok());
+  ASSERT_TRUE(h.proxy().Start().ok());
+  armed = true;
+  const size_t from = h.sim().events().Size();
+  sample::SamplePluginOptions o = h.PluginOptions(ApiVersion::kV1Beta1);
+  ASSERT_NE(h.StartPlugin(o), nullptr);
+  ASSERT_TRUE(hooked.WaitForNotificationWithTimeout(kWait)) << "dpproxy never served again";
+  ASSERT_TRUE(ended_in_window) << "the registration did not end while served again";
+  EXPECT_TRUE(h.sim().events().WaitForEvent("directory_cleaned", {{"late", true}},
+                                            absl::ZeroDuration(), from));
+  ASSERT_TRUE(h.sim().WaitForResource(o.resource, 4, kWait));
+  // The registrar's next passes: nothing more to register.
+  const int64_t passes = h.proxy().housekeeping_passes();
+  EXPECT_TRUE(h.proxy().WaitForHousekeepingPasses(passes + 3, kWait));
+  EXPECT_TRUE(registered());
+  EXPECT_TRUE(h.sim().Allocate(testing::PodRequest("after", {{"main", 1}}, o.resource)).ok());
+  const std::vector<Json> events = h.sim().events().Snapshot();
+  int registrations = 0;
+  for (size_t i = from; i < events.size(); ++i) {
+    EXPECT_NE(events[i].value("event", ""), "registration_rejected") << events[i].dump();
+    if (events[i].value("event", "") == "registered") ++registrations;
+  }
+  EXPECT_EQ(registrations, 1);
+}
+
 // dpproxy and its plugin restart together: the kubelet's Allocate is held
 // until the plugin is back, and then until the plugin has sent its first
 // device list, as a kubelet would wait. A plugin that learns its devices in

@@ -653,6 +653,9 @@ absl::Status DevicePluginServer::Serve() {
     server_.reset();
   }
   services_->unknown.reset();  // served only that server
+  // Counted before the new server listens: a kubelet's dial-back that
+  // reaches it is noted as reaching this serve (NoteOptionsAsked).
+  ++serves_;
   size_t slash = socket_path_.rfind('/');
   DPP_RETURN_IF_ERROR(MakeDirs(socket_path_.substr(0, slash)));
   std::vector<std::string> served = {"v1beta1.DevicePlugin", "deviceplugin.DevicePlugin"};
@@ -675,7 +678,6 @@ absl::Status DevicePluginServer::Serve() {
   }
   server_ = *std::move(server);
   served_id_ = StatFileId(socket_path_);
-  ++serves_;
   return absl::OkStatus();
 }
 

@@ -96,18 +96,32 @@ void Registrar::ServeRemoved(const std::vector<Slot*>& slots) {
   for (Slot* e : slots) {
     if (e->endpoint->SocketPresent()) continue;
     bool first;
+    uint64_t registrations;
     {
       absl::MutexLock lock(&mu_);
       first = !e->registered_with.has_value() && e->endpoint->negotiated().empty();
+      registrations = e->registrations;
     }
     if (absl::Status s = e->endpoint->Serve(); !s.ok()) {
       LOG(ERROR) << "resource " << e->resource->name() << ": " << s.message();
       continue;
     }
+    if (after_served_again_hook_) after_served_again_hook_();
     {
       absl::MutexLock lock(&mu_);
       ++e->served;
-      e->registered_with.reset();
+      // A Register that ended while the socket was served again counted as
+      // made before it. If the kubelet's dial-back reached the new server,
+      // the kubelet holds the socket as served now: registering there again
+      // is refused by a 1.37 kubelet ("device plugin already connected").
+      const bool held = e->registrations != registrations &&
+                        e->endpoint->registration_reached_current_server();
+      if (held) {
+        LOG(INFO) << "resource " << e->resource->name()
+                  << ": registered while served again; the kubelet dialled the new server";
+      } else {
+        e->registered_with.reset();
+      }
       e->dropped = false;
       e->backoff = absl::ZeroDuration();
       e->retry_at = absl::InfinitePast();
@@ -430,6 +444,7 @@ void Registrar::RegisterOnWorker(Slot* e, FileId kubelet, std::string options, u
         telemetry_->ObserveRegistration(e->resource->name(), absl::Now() - kubelet_start);
       }
       e->registered_with = with;
+      ++e->registrations;
       e->dropped = false;
       e->registered_options = std::move(options);
       e->backoff = absl::ZeroDuration();

@@ -112,6 +112,12 @@ class Registrar {
   void SetBeforeRegisterHook(std::function<void()> hook) {
     before_register_hook_ = std::move(hook);
   }
+  // Called (on the pass's thread, no lock held) when a removed socket has
+  // just been served again, before the registrar notes it (a test lets a
+  // registration end there). Set before Add().
+  void SetAfterServedAgainHook(std::function<void()> hook) {
+    after_served_again_hook_ = std::move(hook);
+  }
 
   // For `window` from now, a stream the kubelet ends is answered with a
   // new registration at once, not after the settle time that tells a
@@ -137,6 +143,9 @@ class Registrar {
     // Bumped each time the socket is served again: a Register that began
     // before does not count (the kubelet's stream is on the old server).
     uint64_t served = 0;
+    // Registrations counted as made (registered_with set): one that ends
+    // while the socket is being served again is judged once it is served.
+    uint64_t registrations = 0;
     bool registering = false;  // at most one Register at a time
     // After a failed Register: not before retry_at, then backoff doubles.
     absl::Time retry_at = absl::InfinitePast();
@@ -181,6 +190,7 @@ class Registrar {
   const KubeletSideOptions kubelet_;
   EventLog* const events_;
   std::function<void()> before_register_hook_;
+  std::function<void()> after_served_again_hook_;
   WorkQueue* const workers_;
   const std::function<void()> wake_;
   const absl::Time started_ = absl::Now();

@@ -577,6 +577,23 @@ TEST(KubeletRestartTest, WipesPluginFilesButKeepsCheckpointAndDirectories) {
   EXPECT_TRUE(PathExists(h.sim().kubelet_socket()));
 }
 
+// WaitForPodsSynced returns once the re-admission pass is said: its
+// "pods_synced" event is already in the log (a bench judges the pass by it).
+TEST(KubeletRestartTest, PodsSyncedIsSaidBeforeTheWaitForItEnds) {
+  Harness h(Personality::kV1Beta1Sync);
+  ASSERT_TRUE(h.sim().Start().ok());
+  h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  ASSERT_TRUE(h.sim().Allocate(Pod("running", {{"c", 1}})).ok());
+  for (int i = 0; i < 3; ++i) {
+    const size_t from = h.sim().events().Size();
+    ASSERT_TRUE(h.sim().Restart().ok());
+    ASSERT_TRUE(h.sim().WaitForPodsSynced(kWait));
+    EXPECT_TRUE(h.sim().events().WaitForEvent("pods_synced", {}, absl::ZeroDuration(), from))
+        << "restart " << i;
+  }
+}
+
 // From 1.33 the kubelet's start removes only sockets: a plugin's other
 // files in device-plugins/ stay.
 TEST(KubeletRestartTest, From133OnlySocketsAreWiped) {

@@ -166,6 +166,7 @@ absl::Status KubeletSim::Start() {
     started_at_ = absl::Now();
     status_due_ = started_at_;  // a starting kubelet writes the node's status at once
     pods_synced_ = false;
+    pods_synced_said_ = false;
     unsynced_pods_.clear();
     for (const auto& [uid, pod] : state_.pods()) unsynced_pods_.insert(uid);
   }

@@ -290,7 +290,9 @@ class KubeletSim {
   // True once `resource` is registered and has >= min_healthy healthy devices.
   bool WaitForResource(const std::string& resource, int min_healthy,
                        absl::Duration timeout);
-  // True once the kubelet has re-admitted the pods it found at its start.
+  // True once the kubelet has re-admitted the pods it found at its start,
+  // and said so: every event of that pass, "pods_synced" last, is in
+  // events().
   bool WaitForPodsSynced(absl::Duration timeout);
   // Pods found at this start and not yet re-admitted.
   std::set<std::string> UnsyncedPods();
@@ -419,6 +421,8 @@ class KubeletSim {
   // Pods found at this start are listed by pod-resources only once they
   // have been re-admitted (pods_synced_).
   bool pods_synced_ ABSL_GUARDED_BY(mu_) = false;
+  // ... and its "pods_synced" event is out (WaitForPodsSynced).
+  bool pods_synced_said_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> unsynced_pods_ ABSL_GUARDED_BY(mu_);
   // Deleted pods' directories under <root>/pods, and when they go.
   std::map<std::string, absl::Time> pod_dirs_gone_at_ ABSL_GUARDED_BY(mu_);

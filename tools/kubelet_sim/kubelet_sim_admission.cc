@@ -170,6 +170,8 @@ void KubeletSim::ReadmitAfterStart(int64_t start) {
                                {"denied", denied},
                                {"reallocated", reallocated},
                                {"failed", failed}});
+  absl::MutexLock lock(&mu_);
+  if (starts_ == start) pods_synced_said_ = true;
 }
 
 void KubeletSim::WriteCheckpointLocked() { WriteCheckpoint(CheckpointFilesLocked()); }

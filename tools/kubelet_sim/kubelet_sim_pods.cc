@@ -227,7 +227,7 @@ absl::StatusOr<RestartContainerResponse> KubeletSim::RestartContainer(
 bool KubeletSim::WaitForPodsSynced(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto synced = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> bool {
-    return running_ && pods_synced_;
+    return running_ && pods_synced_said_;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&synced), timeout);
 }

@@ -68,11 +68,12 @@ class DevicePluginSide : public KubeletSide {
     registrar_.Resume(successor_registered);
   }
   // Called before each registration is sent to the kubelet.
-  void SetAfterServedAgainHook(std::function<void()> hook) {
-    registrar_.SetAfterServedAgainHook(std::move(hook));
-  }
   void SetBeforeRegisterHook(std::function<void()> hook) {
     registrar_.SetBeforeRegisterHook(std::move(hook));
+  }
+  // Called when a removed socket has just been served again (Registrar).
+  void SetAfterServedAgainHook(std::function<void()> hook) {
+    registrar_.SetAfterServedAgainHook(std::move(hook));
   }
   void BeforePredecessorExits() override;
 

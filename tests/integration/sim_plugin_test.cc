@@ -577,6 +577,38 @@ TEST(KubeletRestartTest, WipesPluginFilesButKeepsCheckpointAndDirectories) {
   EXPECT_TRUE(PathExists(h.sim().kubelet_socket()));
 }
 
+// A kubelet that wipes the plugin's socket as the plugin's first Register
+// arrives (the simulator's late wipe) dials it back while the plugin
+// serves it again, and answers once the new server is dialled: the
+// plugin watches its directory from before that Register, and counts the
+// registration as made with the new server. Registering there again is
+// refused by a 1.37 kubelet ("device plugin already connected"), which
+// then never lets the socket go.
+TEST(KubeletRestartTest, APluginWipedAsItRegistersRegistersOnce) {
+  Harness h(Personality::kV1Beta1Sync);
+  h.sim().SetLateWipe(absl::Seconds(30));  // lands when the first Register arrives
+  ASSERT_TRUE(h.sim().Start().ok());
+  absl::StatusOr<sim::KubeletVersion> v137 = sim::ParseKubeletVersion("1.37");
+  ASSERT_TRUE(v137.ok());
+  ASSERT_TRUE(h.sim().Restart(*v137).ok());
+  const size_t from = h.sim().events().Size();
+  SamplePlugin& p =
+      h.StartPlugin(h.PluginOptions(ApiVersion::kV1Beta1, RegistrationMode::kKubelet));
+  ASSERT_TRUE(h.sim().WaitForResource(kGpu, 4, kWait));
+  EXPECT_TRUE(
+      h.sim().events().WaitForEvent("directory_cleaned", {{"late", true}}, absl::ZeroDuration(), from));
+  // Two more looks at the kubelet: the one after the registration's has
+  // ended.
+  ASSERT_TRUE(p.kubelet_checks().WaitFor(p.kubelet_checks().Get() + 2, kWait));
+  int registered = 0;
+  for (const Json& e : h.sim().events().Since(from)) {
+    EXPECT_NE(e.value("event", ""), "registration_rejected") << e.dump();
+    registered += e.value("event", "") == "registered";
+  }
+  EXPECT_EQ(registered, 1);
+  EXPECT_EQ(p.Status().registrations(), 1);
+}
+
 // WaitForPodsSynced returns once the re-admission pass is said: its
 // "pods_synced" event is already in the log (a bench judges the pass by it).
 TEST(KubeletRestartTest, PodsSyncedIsSaidBeforeTheWaitForItEnds) {

@@ -20,6 +20,7 @@ class BetaService final : public v1beta1::DevicePlugin::Service {
       return grpc::Status(grpc::StatusCode::INTERNAL,
                           "grpc: error while marshaling: proto: Marshal called with nil");
     }
+    impl_->NoteOptionsAsked();
     *resp = impl_->Options();
     return grpc::Status::OK;
   }
@@ -310,18 +311,20 @@ absl::Status SamplePlugin::Start() {
                            {"api", options_.api == ApiVersion::kV1Alpha ? "v1alpha" : "v1beta1"},
                            {"devices", count},
                            {"first_devices", ids}});
+  // Our socket's directory (device-plugins/, beside kubelet.sock, or
+  // plugins_registry/) is watched before the first Register: a kubelet
+  // that wipes our socket as that Register arrives dials the socket served
+  // again.
+  watcher_ = std::make_unique<DirWatcher>(
+      DirName(socket_path_), [this](const DirWatcher::Event&) { OnDirEvent(); });
+  DPP_RETURN_IF_ERROR(watcher_->Start());
   // Register now (CheckKubelet), then on every change of the directory.
   CheckKubelet();
-  // Our socket's directory: device-plugins/ (beside kubelet.sock) or
-  // plugins_registry/.
   {
     absl::MutexLock lock(&wake_mu_);
     stop_registrar_ = false;
   }
   registrar_ = std::thread([this] { RegistrarLoop(); });
-  watcher_ = std::make_unique<DirWatcher>(
-      DirName(socket_path_), [this](const DirWatcher::Event&) { OnDirEvent(); });
-  DPP_RETURN_IF_ERROR(watcher_->Start());
   if (!options_.flip_device.empty()) flipper_ = std::thread([this] { FlipLoop(); });
   return absl::OkStatus();
 }
@@ -410,8 +413,10 @@ bool SamplePlugin::ServeAgainIfRemoved() {
     if (absl::Now() - *gone_since_ < absl::Milliseconds(1500)) return false;
     gone_since_.reset();
   }
-  ServeAnewLocked();
+  // Counted first: a Register that ends from here on ended during the
+  // serve (CheckKubelet).
   ++served_again_;
+  ServeAnewLocked();
   return true;
 }
 
@@ -421,6 +426,7 @@ void SamplePlugin::ServeAnewLocked() {
     server_->Shutdown(std::chrono::system_clock::now());
     server_->Wait();
   }
+  impl_->NoteServe();
   ServeLocked();
   events_.Emit("socket_recreated", {{"socket", socket_path_}, {"ok", server_ != nullptr}});
 }
@@ -479,6 +485,11 @@ void SamplePlugin::RegistrarLoop() {
 }
 
 void SamplePlugin::CheckKubelet() {
+  CheckKubeletOnce();
+  kubelet_checks_.Add();
+}
+
+void SamplePlugin::CheckKubeletOnce() {
   if (!started_) return;
   ServeAgainIfRemoved();
   absl::MutexLock lock(&check_mu_);
@@ -510,6 +521,7 @@ void SamplePlugin::CheckKubelet() {
   absl::Status s;
   std::optional<FileId> reached;
   uint64_t attempt_serves = 0;
+  int64_t attempt_asks = 0;
   for (;;) {
     if (options_.before_register_attempt) options_.before_register_attempt();
     // Never ask a kubelet to dial a socket that is not served: a kubelet
@@ -517,6 +529,7 @@ void SamplePlugin::CheckKubelet() {
     // answers every serve before it, here or on the watcher's thread.
     ServeAgainIfRemoved();
     attempt_serves = served_again_.load();
+    attempt_asks = impl_->options_asks();
     reached.reset();
     s = RegisterOnce(&reached);
     if (s.ok() || s.code() != absl::StatusCode::kUnavailable || absl::Now() >= deadline ||
@@ -534,7 +547,16 @@ void SamplePlugin::CheckKubelet() {
     // restart and register again, which a 1.37 kubelet refuses ("device
     // plugin already connected") and then never lets the socket go.
     registered_kubelet_ = reached.value_or(*id);
-    answered_serves_ = attempt_serves;
+    // Served again while the kubelet answered: if its dial-back asked the
+    // new server for the options, the kubelet holds that server, and a
+    // 1.37 kubelet refuses another registration there. Otherwise the
+    // serve still asks for one. Judged between serves, never during one.
+    absl::MutexLock slock(&server_mu_);
+    const uint64_t serves = served_again_.load();
+    answered_serves_ = serves != attempt_serves && impl_->options_asks() != attempt_asks &&
+                               impl_->OptionsAskedOfCurrentServer()
+                           ? serves
+                           : attempt_serves;
     failed_kubelet_.reset();
   } else {
     failed_kubelet_ = id;

@@ -39,6 +39,7 @@
 #include "proxy/util/dir_watcher.h"
 #include "proxy/events/event_log.h"
 #include "proxy/util/files.h"
+#include "proxy/util/waitable_count.h"
 #include "tools/sample_plugin/control.pb.h"
 
 namespace dpproxy::sample {
@@ -220,6 +221,9 @@ class SamplePlugin {
   // was when its Register connected); none before the first registration
   // and after a kubelet start removed the plugin's socket.
   std::optional<FileId> registered_kubelet();
+  // Looks at the kubelet (and registers where due) made so far: once a
+  // second, and at each change of the socket's directory.
+  const WaitableCount& kubelet_checks() const { return kubelet_checks_; }
 
   // Implementation, public for the .cc file's services.
   class Impl;
@@ -227,8 +231,10 @@ class SamplePlugin {
 
  private:
   void ServeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
-  // Registers when a new kubelet is there (registrar thread, and Start()).
+  // Registers when a new kubelet is there (registrar thread, and Start()),
+  // and counts the look (kubelet_checks_).
   void CheckKubelet();
+  void CheckKubeletOnce();
   // The directory watcher's callback: serves again, wakes the registrar.
   void OnDirEvent();
   void RegistrarLoop();
@@ -265,6 +271,7 @@ class SamplePlugin {
   bool stop_registrar_ ABSL_GUARDED_BY(wake_mu_) = false;
 
   absl::Mutex check_mu_;  // one registration at a time
+  WaitableCount kubelet_checks_;
   // How many times the socket was served again (a kubelet start removed
   // it), and how many of those a registration has answered: one made once
   // the socket was served again answers it; a serve during a Register asks

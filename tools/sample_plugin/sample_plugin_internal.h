@@ -366,6 +366,18 @@ class SamplePlugin::Impl {
     return st;
   }
 
+  // The kubelet asked for the options (a 1.25+ kubelet's dial-back during
+  // Register), on the server of the serve counted now.
+  void NoteOptionsAsked() {
+    options_serve_ = serves_.load();
+    ++options_asks_;
+  }
+  // Counted before each new server listens (the old one gone).
+  void NoteServe() { ++serves_; }
+  int64_t options_asks() const { return options_asks_; }
+  // Whether the last options asked were asked of the server serving now.
+  bool OptionsAskedOfCurrentServer() const { return options_serve_.load() == serves_.load(); }
+
   void NoteRegistration(const absl::Status& s) {
     if (s.ok()) ++registrations_;
     absl::MutexLock lock(&mu_);
@@ -377,6 +389,8 @@ class SamplePlugin::Impl {
   const std::string socket_path_;
   std::atomic<int64_t> allocate_calls_{0}, preferred_calls_{0}, pre_start_calls_{0},
       streams_{0}, registrations_{0};
+  std::atomic<uint64_t> serves_{0}, options_serve_{0};
+  std::atomic<int64_t> options_asks_{0};
 
  private:
   absl::Mutex mu_;
